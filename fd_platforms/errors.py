@@ -1,0 +1,106 @@
+"""Typed errors: each says what was wrong, the value, what is allowed and how to fix it.
+
+Every error fd-platforms raises on purpose derives from :class:`FdPlatformsError`. The CLI prints
+its message on one line of stderr and exits with its ``exit_code`` (2 for configuration and usage
+errors), never with a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class FdPlatformsError(Exception):
+    """Base of every deliberate fd-platforms error."""
+
+    exit_code = 1
+
+
+class ConfigError(FdPlatformsError, ValueError):
+    """A value given by the user (env var, CLI flag, config field) is not allowed.
+
+    The message names the field, the value, what is allowed and the fix; ``source`` names the
+    file the value came from, when it came from one.
+    """
+
+    exit_code = 2
+
+    def __init__(
+        self, field: str, value: object, allowed: str, fix: str, *, source: str | None = None
+    ) -> None:
+        self.field, self.value, self.allowed, self.fix, self.source = field, value, allowed, fix, source
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}{field}={value!r} is not valid; allowed: {allowed}. Fix: {fix}")
+
+
+class SelectionError(FdPlatformsError):
+    """The platform named or detected cannot be used (a configuration error)."""
+
+    exit_code = 2
+
+
+class UnknownPlatformError(SelectionError, ConfigError):
+    """``FD_PLATFORM`` (or an allow-list entry) names a platform that is not installed."""
+
+    def __init__(self, variable: str, name: str, installed: Iterable[str], fix: str) -> None:
+        self.installed = sorted(installed)
+        ConfigError.__init__(
+            self,
+            variable,
+            name,
+            f"an installed platform. Choose one of: {', '.join(self.installed)}",
+            fix,
+        )
+
+
+class PlatformUnavailableError(SelectionError):
+    """The selected platform is installed but its detection says it cannot run here."""
+
+
+class AmbiguousPlatformError(SelectionError):
+    """Several platforms were detected and ``FD_PLATFORM`` does not choose between them."""
+
+
+class DuplicatePlatformError(SelectionError):
+    """Two distributions register the same platform name."""
+
+
+class PluginError(FdPlatformsError):
+    """A plugin could not be imported, registered, or broke the hook contract.
+
+    ``plugin`` is the platform name, ``distribution`` the installed distribution providing it.
+    """
+
+    exit_code = 2
+
+    def __init__(self, plugin: str, distribution: str, message: str) -> None:
+        self.plugin, self.distribution = plugin, distribution
+        super().__init__(f"platform plugin {plugin!r} (distribution {distribution}): {message}")
+
+
+class PluginLoadError(PluginError):
+    """Importing the plugin's entry point failed."""
+
+
+class PluginHookError(PluginError):
+    """The plugin's hook implementations do not match the specs (unknown name, bad arguments, missing hook)."""
+
+
+class PluginContractError(PluginError):
+    """A hook returned something other than the record its spec promises."""
+
+
+class NotImplementedYetError(FdPlatformsError, NotImplementedError):
+    """A hook whose behaviour belongs to a later piece of work was called."""
+
+    def __init__(self, hook: str, owner: str) -> None:
+        self.hook = hook
+        super().__init__(f"hook {hook!r} is specified but not implemented yet ({owner})")
+
+
+class HostAllocError(FdPlatformsError, MemoryError):
+    """Host memory could not be allocated as asked (size, or pinning the caller demanded)."""
+
+
+class BufferInUseError(FdPlatformsError):
+    """A host buffer was released while numpy or paddle views of it were still alive."""

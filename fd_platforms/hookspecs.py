@@ -1,0 +1,192 @@
+"""Hook specifications: the whole contract between the core and a platform plugin.
+
+A platform plugin is a module (or object) exposed in the entry-point group ``fd_platforms`` under
+its platform name. It implements some of these hooks with :data:`fd_platforms.hookimpl`:
+
+.. code-block:: python
+
+    from fd_platforms import hookimpl
+    from fd_platforms.types import Detection, PlatformIdentity
+
+    @hookimpl
+    def platform_identity():
+        return PlatformIdentity(name="acme", device_type="acme_npu",
+                                visible_devices_env="ACME_VISIBLE_DEVICES")
+
+    @hookimpl
+    def detect_platform():
+        return Detection(available=False, reason="paddle-acme-npu is not installed")
+
+Rules for every hook:
+
+- The core calls hooks with keyword arguments only; an implementation may accept any subset of a
+  spec's parameters (pluggy passes what it asks for).
+- Every hook is ``firstresult``: each platform is its own plugin manager holding the core's
+  defaults (registered ``trylast``) and one platform plugin, so the plugin's answer wins and the
+  core's default answers where the plugin is silent or returns ``None``.
+- Return the record named in ``Returns``; anything else raises
+  :class:`~fd_platforms.errors.PluginContractError`.
+- ``platform_identity`` and ``detect_platform`` are required; a plugin missing either, or
+  implementing a hook name not defined here, is refused at registration with
+  :class:`~fd_platforms.errors.PluginHookError`.
+- Module-level code and ``detect_platform`` must stay cheap: no ``import paddle``, no device
+  runtime start-up. Import paddle inside the hooks that need tensors or live device facts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from .types import CacheDecision, Detection, DeviceMemory, HostBuffer, PlatformIdentity, Plan
+
+PROJECT = "fd_platforms"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+REQUIRED_HOOKS = ("platform_identity", "detect_platform")
+
+
+@hookspec(firstresult=True)
+def platform_identity() -> PlatformIdentity:
+    """Say who the platform is.
+
+    :returns: a :class:`~fd_platforms.types.PlatformIdentity`. ``name`` must equal the name
+        the plugin is registered under in the ``fd_platforms`` entry-point group.
+
+    firstresult: yes. Required. Errors: a name that differs from the entry-point name is
+    refused with :class:`~fd_platforms.errors.PluginContractError`.
+
+    Example::
+
+        @hookimpl
+        def platform_identity():
+            return PlatformIdentity("cuda", "gpu", "CUDA_VISIBLE_DEVICES")
+    """
+
+
+@hookspec(firstresult=True)
+def detect_platform() -> Detection:
+    """Tell whether the platform can run on this machine, cheaply.
+
+    Check installed distributions, device nodes or vendor tools; never import paddle or start a
+    device runtime here (``fd-platforms list`` runs this for every installed platform).
+
+    :returns: a :class:`~fd_platforms.types.Detection` with ``available``, a ``reason`` a user
+        can act on (always, but especially when unavailable) and ``device_count``.
+
+    firstresult: yes. Required. Errors: an exception raised here marks the platform broken,
+    with the exception as its error; it never stops other platforms from being detected.
+
+    Example::
+
+        @hookimpl
+        def detect_platform():
+            return Detection(True, "paddlepaddle-gpu 3.3.1 installed, 8 devices", 8)
+    """
+
+
+@hookspec(firstresult=True)
+def should_create_cache_tensor(
+    profile: bool, num_cpu_blocks: int, storage_backend: str | None, splitwise_role: str
+) -> CacheDecision:
+    """Decide whether this worker allocates the KV cache itself or attaches to a cache manager's.
+
+    The core's default is the one rule
+    ``profile or not (num_cpu_blocks > 0 or storage_backend or splitwise_role != "mixed")``;
+    platforms should not implement this hook.
+
+    :param profile: this is the memory-profiling run, which always creates a temporary cache.
+    :param num_cpu_blocks: host swap blocks; > 0 means a cache-transfer process owns the cache.
+    :param storage_backend: ``None``, ``"mooncake"``, ``"attention_store"`` or ``"file"``.
+    :param splitwise_role: ``"mixed"``, ``"prefill"`` or ``"decode"``.
+    :returns: a :class:`~fd_platforms.types.CacheDecision` (``create``, the deciding term, reason).
+
+    firstresult: yes. Errors: :class:`~fd_platforms.errors.ConfigError` for a value outside the
+    allowed ones.
+
+    Example::
+
+        platform.should_create_cache_tensor(profile=False, num_cpu_blocks=0,
+                                            storage_backend=None, splitwise_role="mixed")
+        # CacheDecision(create=True, deciding_term="none", ...)
+    """
+
+
+@hookspec(firstresult=True)
+def device_memory(device_id: int) -> DeviceMemory:
+    """Report memory facts of one local device, for the planner.
+
+    :param device_id: local device index (after the visibility variable is applied).
+    :returns: a :class:`~fd_platforms.types.DeviceMemory`; ``free_bytes`` is ``None`` where the
+        platform cannot tell free memory, ``process_bytes`` what this process already holds.
+
+    firstresult: yes. May import paddle. Errors: :class:`~fd_platforms.errors.ConfigError` for a
+    device id the platform does not have.
+
+    Example::
+
+        @hookimpl
+        def device_memory(device_id):
+            free, total = paddle.cuda.mem_get_info(device_id)
+            return DeviceMemory(total, free, paddle.device.memory_reserved(device_id), "cuda")
+    """
+
+
+@hookspec(firstresult=True)
+def max_num_blocks(layout: object, memory: DeviceMemory, cache: object, limits: tuple) -> Plan:
+    """Plan how many KV cache blocks one rank gets.
+
+    The core's default divides the memory budget by the layout's bytes per block, then applies
+    the platform's declared limits and any override; platforms should not implement this hook.
+
+    :param layout: the rank's cache layout (tensors in their stated order, bytes per block).
+    :param memory: the device's :class:`~fd_platforms.types.DeviceMemory`.
+    :param cache: the validated cache configuration.
+    :param limits: the platform's declared :class:`~fd_platforms.types.PlatformLimit` records.
+    :returns: a :class:`~fd_platforms.types.Plan`.
+
+    firstresult: yes. Errors: not enough memory for one block is a typed error with the numbers
+    and what to change.
+    """
+
+
+@hookspec(firstresult=True)
+def host_alloc(nbytes: int, require_pinned: bool) -> HostBuffer:
+    """Allocate host memory for swap space, pinned where the platform can pin it.
+
+    :param nbytes: size in bytes, > 0.
+    :param require_pinned: when true, memory that cannot be pinned is an error instead of a
+        pageable buffer with ``pinned=False``.
+    :returns: a :class:`~fd_platforms.types.HostBuffer` (address, size, ``pinned``, zero-copy
+        numpy and paddle views, explicit ``release()``; usable as a context manager).
+
+    firstresult: yes. The core's default returns page-aligned pageable memory with
+    ``pinned=False``. Errors: :class:`~fd_platforms.errors.HostAllocError` naming the requested
+    size when allocation fails or pinning was required but is impossible; nothing is leaked.
+
+    Example::
+
+        with platform.host_alloc(nbytes=1 << 30, require_pinned=False) as buf:
+            buf.numpy()[:4] = 1
+    """
+
+
+@hookspec(firstresult=True)
+def wait_cache_ready(
+    signal_name: str, rank: int, timeout: float | None, setter_pid: int | None
+) -> float:
+    """Block until the cache-ready slot of ``rank`` is set by the process that owns the cache.
+
+    :param signal_name: name of the engine's shared-memory cache-ready signal.
+    :param rank: local rank whose slot to wait on.
+    :param timeout: seconds to wait at most (``None``: ``FD_CACHE_READY_TIMEOUT``, default 600).
+    :param setter_pid: pid of the process expected to set the slot; its death ends the wait.
+    :returns: seconds waited.
+
+    firstresult: yes; platforms should not implement this hook. Errors: a typed error naming the
+    signal, the rank and the elapsed time on timeout or when the setter died.
+    """
