@@ -1,0 +1,63 @@
+"""The one rule that decides whether a worker creates its KV cache or attaches to a cache manager's.
+
+``create = profile or not (num_cpu_blocks > 0 or storage_backend or splitwise_role != "mixed")``
+
+It lives here only; every platform answers ``should_create_cache_tensor`` through it.
+"""
+
+from __future__ import annotations
+
+from .errors import ConfigError
+from .types import CacheDecision
+
+STORAGE_BACKENDS = ("mooncake", "attention_store", "file")
+SPLITWISE_ROLES = ("mixed", "prefill", "decode")
+
+
+def decide_cache_creation(
+    *, profile: bool, num_cpu_blocks: int, storage_backend: str | None, splitwise_role: str
+) -> CacheDecision:
+    """Apply the rule; the record names the term that decided and why, in words."""
+    _validate(profile, num_cpu_blocks, storage_backend, splitwise_role)
+    create = profile or not (num_cpu_blocks > 0 or bool(storage_backend) or splitwise_role != "mixed")
+    if profile:
+        return CacheDecision(create, "profile", "profiling run: it always creates its own temporary cache")
+    if num_cpu_blocks > 0:
+        return CacheDecision(
+            create,
+            "num_cpu_blocks",
+            f"host swap space is on ({num_cpu_blocks} CPU blocks): the cache-transfer process owns the cache",
+        )
+    if storage_backend:
+        return CacheDecision(
+            create,
+            "storage_backend",
+            f"storage backend {storage_backend!r} is on: the cache-manager process owns the cache",
+        )
+    if splitwise_role != "mixed":
+        return CacheDecision(
+            create,
+            "splitwise_role",
+            f"disaggregated role {splitwise_role!r}: the cache-manager process owns the cache",
+        )
+    return CacheDecision(
+        create, "none", "mixed role without swap space or storage backend: the worker creates the cache"
+    )
+
+
+def _validate(profile: object, num_cpu_blocks: object, storage_backend: object, role: object) -> None:
+    if not isinstance(profile, bool):
+        raise ConfigError("profile", profile, "True or False", "pass a bool")
+    if isinstance(num_cpu_blocks, bool) or not isinstance(num_cpu_blocks, int) or num_cpu_blocks < 0:
+        raise ConfigError("num_cpu_blocks", num_cpu_blocks, "an int >= 0", "pass 0 to turn host swap space off")
+    if storage_backend is not None and storage_backend not in STORAGE_BACKENDS:
+        raise ConfigError(
+            "kvcache_storage_backend",
+            storage_backend,
+            f"None or one of {', '.join(STORAGE_BACKENDS)}",
+            "pick a listed backend or leave it unset",
+        )
+    if role not in SPLITWISE_ROLES:
+        raise ConfigError(
+            "splitwise_role", role, f"one of {', '.join(SPLITWISE_ROLES)}", "use 'mixed' for a single instance"
+        )

@@ -1,0 +1,55 @@
+"""The core's default hook implementations, registered ``trylast`` beside every platform plugin.
+
+A plugin's own answer wins; these answer where it is silent. The rules live here (through
+:mod:`fd_platforms.decision` and the planner), so platforms only supply device facts.
+"""
+
+from __future__ import annotations
+
+from .decision import decide_cache_creation
+from .errors import HostAllocError, NotImplementedYetError
+from .hookspecs import hookimpl
+from .host_memory import allocate_pageable
+from .types import CacheDecision, HostBuffer
+
+
+@hookimpl(trylast=True)
+def should_create_cache_tensor(
+    profile: bool, num_cpu_blocks: int, storage_backend: str | None, splitwise_role: str
+) -> CacheDecision:
+    """The one decision rule."""
+    return decide_cache_creation(
+        profile=profile,
+        num_cpu_blocks=num_cpu_blocks,
+        storage_backend=storage_backend,
+        splitwise_role=splitwise_role,
+    )
+
+
+@hookimpl(trylast=True)
+def host_alloc(nbytes: int, require_pinned: bool) -> HostBuffer:
+    """Pageable memory marked ``pinned=False``; an error when the caller demands pinned memory."""
+    if require_pinned:
+        raise HostAllocError(
+            f"pinned host memory of {nbytes} bytes was required, but this platform cannot pin host memory. "
+            "Fix: call host_alloc(require_pinned=False) to accept pageable memory, or use a platform that pins"
+        )
+    return allocate_pageable(nbytes)
+
+
+@hookimpl(trylast=True)
+def device_memory(device_id: int) -> None:
+    """No default: memory facts are the platform's to give."""
+    raise NotImplementedYetError("device_memory", "the platform's device facts arrive with the vendor-plugin issue #5")
+
+
+@hookimpl(trylast=True)
+def max_num_blocks(layout: object, memory: object, cache: object, limits: tuple) -> None:
+    """The planner arrives with the KV-cache model issue."""
+    raise NotImplementedYetError("max_num_blocks", "the planner arrives with the KV-cache model issue #3")
+
+
+@hookimpl(trylast=True)
+def wait_cache_ready(signal_name: str, rank: int, timeout: float | None, setter_pid: int | None) -> None:
+    """The cache-ready wait arrives with its own issue."""
+    raise NotImplementedYetError("wait_cache_ready", "the cache-ready signal arrives with issue #4")

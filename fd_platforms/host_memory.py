@@ -1,0 +1,64 @@
+"""Host memory: page-aligned pageable buffers, and the machine's memory facts from the OS."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+
+from .errors import ConfigError, HostAllocError
+from .types import DeviceMemory, HostBuffer
+
+
+def allocate_pageable(nbytes: int) -> HostBuffer:
+    """Allocate ``nbytes`` of zeroed, page-aligned, pageable host memory (``pinned=False``)."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+        raise ConfigError("nbytes", nbytes, "an int > 0", "ask for a positive number of bytes")
+    try:
+        region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (OSError, OverflowError, MemoryError) as exc:
+        raise HostAllocError(
+            f"could not allocate {nbytes} bytes of pageable host memory: {exc}. "
+            "Fix: ask for less (smaller swap_space) or free host memory"
+        ) from exc
+    anchor = ctypes.c_char.from_buffer(region)
+    address = ctypes.addressof(anchor)
+    del anchor  # drop the export so the region can be closed on release
+    return HostBuffer(address=address, nbytes=nbytes, pinned=False, kind="pageable", _free=region.close)
+
+
+def system_memory() -> DeviceMemory:
+    """Total and available host memory, and this process's resident set, from the OS."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = page * os.sysconf("SC_PHYS_PAGES")
+    free: int | None = None
+    source = "os.sysconf"
+    meminfo = _read_meminfo()
+    if meminfo:
+        total = meminfo.get("MemTotal", total)
+        free = meminfo.get("MemAvailable")
+        source = "/proc/meminfo"
+    return DeviceMemory(total_bytes=total, free_bytes=free, process_bytes=_resident_bytes(page), source=source)
+
+
+def _read_meminfo() -> dict[str, int]:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return {}
+    values: dict[str, int] = {}
+    for line in lines:
+        key, _, rest = line.partition(":")
+        number, _, unit = rest.strip().partition(" ")
+        if number.isdigit():
+            values[key] = int(number) * (1024 if unit == "kB" else 1)
+    return values
+
+
+def _resident_bytes(page: int) -> int | None:
+    try:
+        with open("/proc/self/statm", encoding="ascii") as handle:
+            return int(handle.read().split()[1]) * page
+    except (OSError, IndexError, ValueError):
+        return None
