@@ -1,0 +1,32 @@
+"""fd-platforms: one set of KV-cache rules for every accelerator, selected with ``FD_PLATFORM``.
+
+Importing this package is cheap: it never imports paddle, and pluggy and the plugin machinery load
+on first use of a name below (PEP 562). The platform is resolved on the first call to
+:func:`current_platform`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from .current import current_platform, current_selection, reset_platform
+    from .hookspecs import hookimpl
+
+_LAZY = {
+    "current_platform": "current",
+    "current_selection": "current",
+    "reset_platform": "current",
+    "hookimpl": "hookspecs",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fd_platforms' has no attribute {name!r}")

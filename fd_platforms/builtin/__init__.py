@@ -1,0 +1,1 @@
+"""Platforms shipped inside the core, registered through the same loader as external plugins."""

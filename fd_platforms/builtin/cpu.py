@@ -1,0 +1,36 @@
+"""The built-in ``cpu`` reference platform: host memory facts from the OS, Paddle CPU tensors.
+
+It runs everywhere, so every rule of the core can be exercised on any machine. ``host_alloc`` is
+the core's default: page-aligned pageable memory marked ``pinned=False``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import ConfigError
+from ..hookspecs import hookimpl
+from ..host_memory import system_memory
+from ..types import Detection, DeviceMemory, PlatformIdentity
+
+
+@hookimpl
+def platform_identity() -> PlatformIdentity:
+    return PlatformIdentity(
+        name="cpu",
+        device_type="cpu",
+        visible_devices_env=None,
+        description="built-in reference platform: host memory, Paddle CPU tensors",
+    )
+
+
+@hookimpl
+def detect_platform() -> Detection:
+    return Detection(True, f"built in, always available ({os.cpu_count() or 1} logical CPUs as one device)", 1)
+
+
+@hookimpl
+def device_memory(device_id: int) -> DeviceMemory:
+    if device_id != 0:
+        raise ConfigError("device_id", device_id, "0 (the cpu platform has one device)", "use device_id=0")
+    return system_memory()

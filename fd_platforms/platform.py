@@ -1,0 +1,145 @@
+"""A loaded platform: one plugin manager holding the core's defaults and one platform plugin.
+
+Callers use :class:`Platform` methods; each calls its hook with keyword arguments and checks the
+record it returns, so a plugin's mistake is reported with its name, not as a later ``TypeError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import pluggy
+
+from . import defaults, hookspecs
+from .discovery import Candidate
+from .errors import FdPlatformsError, PluginContractError, PluginError, PluginHookError, PluginLoadError
+from .types import CacheDecision, Detection, DeviceMemory, HostBuffer, PlatformIdentity
+
+RecordT = TypeVar("RecordT")
+
+
+class Platform:
+    """The selected (or inspected) platform, with the hooks as typed methods."""
+
+    def __init__(self, candidate: Candidate, manager: pluggy.PluginManager, identity: PlatformIdentity) -> None:
+        self.candidate = candidate
+        self.manager = manager
+        self.identity = identity
+
+    @property
+    def name(self) -> str:
+        return self.candidate.name
+
+    @property
+    def distribution(self) -> str:
+        return self.candidate.distribution
+
+    @property
+    def version(self) -> str:
+        return self.candidate.version
+
+    def __repr__(self) -> str:
+        return f"<Platform {self.name} from {self.distribution} {self.version}>"
+
+    def detect(self) -> Detection:
+        """The plugin's detection record."""
+        return self._call("detect_platform", Detection)
+
+    def should_create_cache_tensor(
+        self, *, profile: bool, num_cpu_blocks: int, storage_backend: str | None, splitwise_role: str
+    ) -> CacheDecision:
+        """Create the KV cache in this worker, or attach to the cache manager's (see the hook spec)."""
+        return self._call(
+            "should_create_cache_tensor",
+            CacheDecision,
+            profile=profile,
+            num_cpu_blocks=num_cpu_blocks,
+            storage_backend=storage_backend,
+            splitwise_role=splitwise_role,
+        )
+
+    def device_memory(self, device_id: int = 0) -> DeviceMemory:
+        """Memory facts of one local device."""
+        return self._call("device_memory", DeviceMemory, device_id=device_id)
+
+    def host_alloc(self, nbytes: int, *, require_pinned: bool = False) -> HostBuffer:
+        """Host memory, pinned where the platform can pin it (see the hook spec)."""
+        return self._call("host_alloc", HostBuffer, nbytes=nbytes, require_pinned=require_pinned)
+
+    def wait_cache_ready(
+        self, signal_name: str, rank: int, *, timeout: float | None = None, setter_pid: int | None = None
+    ) -> float:
+        """Block until ``rank``'s cache-ready slot is set; seconds waited."""
+        return self._call(
+            "wait_cache_ready", float, signal_name=signal_name, rank=rank, timeout=timeout, setter_pid=setter_pid
+        )
+
+    def _call(self, hook: str, expected: type[RecordT], **kwargs: Any) -> RecordT:
+        return call_hook(self.candidate, self.manager, hook, expected, **kwargs)
+
+
+def call_hook(
+    candidate: Candidate, manager: pluggy.PluginManager, hook: str, expected: type[RecordT], **kwargs: Any
+) -> RecordT:
+    """Call ``hook`` with keyword arguments; the result must be an ``expected`` record.
+
+    A plugin's stray exception becomes a PluginError naming it; a wrong result type a
+    PluginContractError. Deliberate fd-platforms errors pass through unchanged.
+    """
+    try:
+        result = getattr(manager.hook, hook)(**kwargs)
+    except FdPlatformsError:
+        raise
+    except Exception as exc:
+        raise PluginError(
+            candidate.name, candidate.distribution, f"hook {hook} raised {type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(result, expected):
+        raise PluginContractError(
+            candidate.name,
+            candidate.distribution,
+            f"hook {hook} returned {type(result).__name__} ({result!r:.80}); it must return {expected.__name__}",
+        )
+    return result
+
+
+def load_platform(candidate: Candidate) -> Platform:
+    """Import a candidate, register it beside the core defaults and validate it against the specs."""
+    try:
+        plugin = candidate.load()
+    except Exception as exc:
+        raise PluginLoadError(
+            candidate.name,
+            candidate.distribution,
+            f"importing {candidate.entry_point.value!r} failed: {type(exc).__name__}: {exc}. "
+            f"Fix: reinstall {candidate.distribution} or uninstall it",
+        ) from exc
+    manager = pluggy.PluginManager(hookspecs.PROJECT)
+    manager.add_hookspecs(hookspecs)
+    manager.register(defaults, name="fd_platforms.defaults")
+    try:
+        manager.register(plugin, name=candidate.name)
+        manager.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise PluginHookError(
+            candidate.name,
+            candidate.distribution,
+            f"{exc}. Fix: use only the hook names and arguments defined in fd_platforms.hookspecs",
+        ) from exc
+    implemented = {caller.name for caller in manager.get_hookcallers(plugin) or []}
+    missing = [hook for hook in hookspecs.REQUIRED_HOOKS if hook not in implemented]
+    if missing:
+        raise PluginHookError(
+            candidate.name,
+            candidate.distribution,
+            f"required hook(s) {', '.join(missing)} not implemented. Fix: add them with @fd_platforms.hookimpl",
+        )
+    identity = call_hook(candidate, manager, "platform_identity", PlatformIdentity)
+    if identity.name != candidate.name:
+        raise PluginContractError(
+            candidate.name,
+            candidate.distribution,
+            f"platform_identity says name {identity.name!r} but the entry point registers {candidate.name!r}. "
+            "Fix: make them equal",
+        )
+    return Platform(candidate, manager, identity)
