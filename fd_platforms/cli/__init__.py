@@ -1,0 +1,40 @@
+"""The ``fd-platforms`` command: ``list`` (more subcommands join as they are built).
+
+Exit codes: 0 success, 2 usage or configuration error (one message on stderr, no traceback),
+1 any other deliberate failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from ..errors import FdPlatformsError
+from . import list_command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fd-platforms", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log INFO messages on stderr")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    list_command.add_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="fd-platforms: %(levelname)s: %(message)s"
+    )
+    try:
+        return int(args.run(args))
+    except FdPlatformsError as exc:
+        print(f"fd-platforms: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""``python -m fd_platforms.cli``."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

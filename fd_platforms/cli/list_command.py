@@ -1,0 +1,53 @@
+"""``fd-platforms list``: every discovered platform, its status, and which one is selected and why."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from ..selection import survey
+from .table import format_table
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser("list", help="show discovered platforms and the selected one")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = survey()
+    selected = None
+    if result.selection is not None:
+        selection = result.selection
+        selected = {"name": selection.platform.name, "how": selection.how, "reason": selection.reason}
+    error = None if result.error is None else str(result.error)
+    if args.json:
+        payload = {
+            "platforms": [dataclasses.asdict(report) for report in result.reports],
+            "selected": selected,
+            "error": error,
+        }
+        print(json.dumps(payload, indent=2))
+    else:
+        rows = [
+            (
+                r.name,
+                r.distribution + (" (built-in)" if r.builtin else ""),
+                r.version,
+                r.status,
+                r.device_count,
+                r.reason,
+            )
+            for r in result.reports
+        ]
+        print(format_table(("PLATFORM", "DISTRIBUTION", "VERSION", "STATUS", "DEVICES", "REASON"), rows))
+        if selected is not None:
+            print(f"\nselected: {selected['name']} ({selected['how']}: {selected['reason']})")
+    if result.error is not None:
+        print(f"fd-platforms: error: {error}", file=sys.stderr)
+        return result.error.exit_code
+    return 0
