@@ -1,0 +1,78 @@
+"""``fd-platforms list`` through the installed console script: output, exit codes, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")  # the console script of this environment
+
+
+def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k not in ("FD_PLATFORM", "FD_PLATFORM_PLUGINS")}
+    environ.update(env)
+    return subprocess.run([SCRIPT, *args], capture_output=True, text=True, env=environ, timeout=120)
+
+
+def test_list_json_on_a_machine_without_accelerators() -> None:
+    result = cli("list", "--json")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    platforms = {p["name"]: p for p in payload["platforms"]}
+    assert list(platforms) == ["cpu", "cuda", "iluvatar", "metax", "xpu"]
+    assert platforms["cpu"]["status"] == "available" and platforms["cpu"]["builtin"]
+    for name in ("cuda", "iluvatar", "metax", "xpu"):
+        assert platforms[name]["status"] == "unavailable"
+        assert platforms[name]["distribution"] == f"fd-platforms-{name}"
+        assert platforms[name]["version"] == "0.1.0"
+        assert "not installed" in platforms[name]["reason"]
+    assert payload["selected"]["name"] == "cpu" and payload["selected"]["how"] == "fallback"
+    assert payload["error"] is None
+
+
+def test_list_table_names_the_selection() -> None:
+    result = cli("list")
+    assert result.returncode == 0
+    assert result.stdout.splitlines()[0].split() == ["PLATFORM", "DISTRIBUTION", "VERSION", "STATUS", "DEVICES", "REASON"]
+    assert "selected: cpu (fallback:" in result.stdout
+
+
+def test_unknown_platform_exits_2_naming_every_installed_one() -> None:
+    result = cli("list", FD_PLATFORM="nosuch")
+    assert result.returncode == 2
+    assert "Choose one of: cpu, cuda, iluvatar, metax, xpu" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_selected_unavailable_platform_exits_2_with_the_reason() -> None:
+    result = cli("list", "--json", FD_PLATFORM="cuda")
+    assert result.returncode == 2
+    assert "paddlepaddle-gpu is not installed" in result.stderr and "Traceback" not in result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["selected"] is None and "not available here" in payload["error"]
+
+
+def test_broken_plugin_is_listed_with_its_error(make_plugin) -> None:
+    site = make_plugin("broken", source="raise RuntimeError('vendor SDK too old')\n")
+    result = cli("list", "--json", PYTHONPATH=str(site))
+    assert result.returncode == 0, result.stderr
+    broken = {p["name"]: p for p in json.loads(result.stdout)["platforms"]}["broken"]
+    assert broken["status"] == "broken" and "RuntimeError: vendor SDK too old" in broken["reason"]
+    assert "skipping broken platform plugin" in result.stderr
+
+
+def test_allow_list_shows_excluded_platforms() -> None:
+    result = cli("list", "--json", FD_PLATFORM_PLUGINS="cuda")
+    statuses = {p["name"]: p["status"] for p in json.loads(result.stdout)["platforms"]}
+    assert statuses == {"cpu": "available", "cuda": "unavailable", "iluvatar": "excluded", "metax": "excluded", "xpu": "excluded"}
+
+
+@pytest.mark.parametrize("args", [(), ("lst",), ("list", "--jsn")])
+def test_usage_errors_exit_2(args: tuple[str, ...]) -> None:
+    result = cli(*args)
+    assert result.returncode == 2 and "usage: fd-platforms" in result.stderr and "Traceback" not in result.stderr

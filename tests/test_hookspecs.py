@@ -1,0 +1,31 @@
+"""Every hook spec is documented like pytest's and conda's: params, returns, firstresult, errors."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from fd_platforms import hookspecs
+
+SPECS = [
+    name for name, obj in vars(hookspecs).items()
+    if inspect.isfunction(obj) and hasattr(obj, f"{hookspecs.PROJECT}_spec")
+]
+
+
+def test_the_contract_has_the_designed_hooks() -> None:
+    assert set(SPECS) == {
+        "platform_identity", "detect_platform", "should_create_cache_tensor", "device_memory",
+        "max_num_blocks", "host_alloc", "wait_cache_ready",
+    }
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_each_spec_documents_params_returns_firstresult_and_errors(name: str) -> None:
+    spec = getattr(hookspecs, name)
+    doc = inspect.getdoc(spec) or ""
+    for parameter in inspect.signature(spec).parameters:
+        assert f":param {parameter}:" in doc, f"{name} does not document {parameter}"
+    assert ":returns:" in doc and "firstresult: yes" in doc and "Errors:" in doc
+    assert getattr(spec, f"{hookspecs.PROJECT}_spec")["firstresult"] is True

@@ -1,0 +1,206 @@
+"""Every branch of FD_PLATFORM / FD_PLATFORM_PLUGINS selection, through real entry points."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from fd_platforms.discovery import discover
+from fd_platforms.errors import (
+    AmbiguousPlatformError,
+    DuplicatePlatformError,
+    PlatformUnavailableError,
+    PluginContractError,
+    PluginHookError,
+    PluginLoadError,
+    SelectionError,
+    UnknownPlatformError,
+)
+from fd_platforms.selection import Prober, select_platform, survey
+
+IN_REPO = ["cuda", "iluvatar", "metax", "xpu"]
+
+
+def test_in_repo_plugins_are_discovered_through_entry_points() -> None:
+    found = discover()
+    assert list(found)[:1] == ["cpu"]
+    for name in IN_REPO:
+        (candidate,) = found[name]
+        assert candidate.distribution == f"fd-platforms-{name}"
+        assert candidate.entry_point.value == f"fd_platforms_{name}"
+        assert not candidate.builtin
+
+
+def test_nothing_detected_falls_back_to_cpu_with_one_info_line(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="fd_platforms")
+    selection = select_platform({})
+    assert (selection.platform.name, selection.how) == ("cpu", "fallback")
+    assert "cuda, iluvatar, metax, xpu not available" in selection.reason
+    infos = [r for r in caplog.records if r.name == "fd_platforms" and r.levelno == logging.INFO]
+    assert len(infos) == 1 and "built-in cpu" in infos[0].getMessage()
+
+
+def test_fd_platform_selects_by_name() -> None:
+    selection = select_platform({"FD_PLATFORM": "cpu"})
+    assert (selection.platform.name, selection.how, selection.reason) == ("cpu", "env", "FD_PLATFORM=cpu")
+
+
+def test_selected_but_not_detected_is_a_hard_error_with_the_reason() -> None:
+    with pytest.raises(PlatformUnavailableError) as info:
+        select_platform({"FD_PLATFORM": "cuda"})
+    message = str(info.value)
+    assert "FD_PLATFORM='cuda'" in message and "fd-platforms-cuda" in message
+    assert "paddlepaddle-gpu is not installed" in message and "pip install paddlepaddle-gpu" in message
+
+
+def test_unknown_name_lists_installed_platforms() -> None:
+    with pytest.raises(UnknownPlatformError) as info:
+        select_platform({"FD_PLATFORM": "nosuch"})
+    assert info.value.exit_code == 2
+    assert "FD_PLATFORM='nosuch'" in str(info.value)
+    assert "Choose one of: cpu, cuda, iluvatar, metax, xpu" in str(info.value)
+
+
+def test_missing_in_repo_plugin_says_how_to_install_it() -> None:
+    without_xpu = {name: cands for name, cands in discover().items() if name != "xpu"}
+    with pytest.raises(UnknownPlatformError) as info:
+        select_platform({"FD_PLATFORM": "xpu"}, Prober(found=without_xpu))
+    assert "pip install ./plugins/xpu" in str(info.value)
+    assert "Choose one of: cpu, cuda, iluvatar, metax." in str(info.value)
+
+
+def test_exactly_one_available_is_detected(make_plugin) -> None:
+    make_plugin("acme", reason="acme driver 1.2, 2 devices")
+    selection = select_platform({})
+    assert (selection.platform.name, selection.how) == ("acme", "detected")
+    assert "acme driver 1.2" in selection.reason
+    assert selection.platform.distribution == "fd-test-acme"
+
+
+def test_several_available_is_an_error_naming_them(make_plugin) -> None:
+    make_plugin("acme")
+    make_plugin("zeta")
+    with pytest.raises(AmbiguousPlatformError) as info:
+        select_platform({})
+    assert "acme" in str(info.value) and "zeta" in str(info.value)
+    assert "set FD_PLATFORM to one of: acme, zeta" in str(info.value)
+
+
+def test_fd_platform_chooses_among_several(make_plugin) -> None:
+    make_plugin("acme")
+    make_plugin("zeta")
+    assert select_platform({"FD_PLATFORM": "zeta"}).platform.name == "zeta"
+
+
+def test_allow_list_limits_the_plugins_considered(make_plugin) -> None:
+    make_plugin("acme")
+    make_plugin("zeta")
+    assert select_platform({"FD_PLATFORM_PLUGINS": "zeta, cuda"}).platform.name == "zeta"
+    empty = select_platform({"FD_PLATFORM_PLUGINS": ""})
+    assert (empty.platform.name, empty.how) == ("cpu", "fallback")
+    assert "no plugin considered" in empty.reason
+
+
+def test_allow_list_with_unknown_name_is_an_error() -> None:
+    with pytest.raises(UnknownPlatformError) as info:
+        select_platform({"FD_PLATFORM_PLUGINS": "cuda,cdua"})
+    assert "FD_PLATFORM_PLUGINS='cdua'" in str(info.value)
+    assert "Choose one of: cpu, cuda" in str(info.value)
+
+
+def test_fd_platform_excluded_by_allow_list_is_an_error(make_plugin) -> None:
+    make_plugin("acme")
+    with pytest.raises(SelectionError) as info:
+        select_platform({"FD_PLATFORM": "acme", "FD_PLATFORM_PLUGINS": "cuda"})
+    assert "excluded by FD_PLATFORM_PLUGINS='cuda'" in str(info.value)
+    assert "add acme to FD_PLATFORM_PLUGINS" in str(info.value)
+
+
+BROKEN_IMPORT = "import fd_platforms\nraise ImportError('libacme.so.3: cannot open shared object file')\n"
+
+
+def test_broken_plugin_never_stops_the_others(make_plugin, caplog: pytest.LogCaptureFixture) -> None:
+    make_plugin("broken", source=BROKEN_IMPORT)
+    make_plugin("acme")
+    selection = select_platform({})
+    assert selection.platform.name == "acme"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("broken" in w and "libacme.so.3" in w for w in warnings)
+    report = {r.name: r for r in survey({}).reports}["broken"]
+    assert report.status == "broken" and "libacme.so.3" in report.reason
+
+
+def test_selected_broken_plugin_names_plugin_distribution_and_cause(make_plugin) -> None:
+    make_plugin("broken", source=BROKEN_IMPORT)
+    with pytest.raises(PluginLoadError) as info:
+        select_platform({"FD_PLATFORM": "broken"})
+    message = str(info.value)
+    assert "'broken'" in message and "fd-test-broken" in message
+    assert "ImportError: libacme.so.3" in message
+
+
+def test_detection_that_raises_marks_the_plugin_broken(make_plugin) -> None:
+    source = (
+        "from fd_platforms import hookimpl\nfrom fd_platforms.types import PlatformIdentity\n"
+        "@hookimpl\ndef platform_identity():\n    return PlatformIdentity('flaky', 'flaky', None)\n"
+        "@hookimpl\ndef detect_platform():\n    raise OSError('vendor SMI crashed')\n"
+    )
+    make_plugin("flaky", source=source)
+    assert select_platform({}).platform.name == "cpu"
+    report = {r.name: r for r in survey({}).reports}["flaky"]
+    assert report.status == "broken" and "OSError: vendor SMI crashed" in report.reason
+
+
+def test_two_distributions_with_one_name_are_an_error_naming_both(make_plugin) -> None:
+    make_plugin("acme", dist="fd-acme-one")
+    make_plugin("acme", dist="fd-acme-two")
+    for env in ({"FD_PLATFORM": "acme"}, {}):
+        with pytest.raises(DuplicatePlatformError) as info:
+            select_platform(env)
+        assert "fd-acme-one 1.0" in str(info.value) and "fd-acme-two 1.0" in str(info.value)
+
+
+def test_external_plugin_cannot_shadow_the_builtin_cpu(make_plugin) -> None:
+    make_plugin("cpu", dist="fd-fake-cpu")
+    with pytest.raises(DuplicatePlatformError) as info:
+        select_platform({})
+    assert "fd-platforms" in str(info.value) and "fd-fake-cpu" in str(info.value)
+
+
+IDENTITY = (
+    "from fd_platforms import hookimpl\nfrom fd_platforms.types import Detection, PlatformIdentity\n"
+    "@hookimpl\ndef platform_identity():\n    return PlatformIdentity('odd', 'odd', None)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ("@hookimpl\ndef detect_platfrom():\n    return Detection(True, 'x', 1)\n", "detect_platfrom"),
+        ("@hookimpl\ndef detect_platform(device):\n    return Detection(True, 'x', 1)\n", "device"),
+        ("", "required hook(s) detect_platform not implemented"),
+    ],
+    ids=["misspelled-hook", "unknown-argument", "missing-required-hook"],
+)
+def test_hook_mistakes_are_caught_at_registration(make_plugin, extra: str, expected: str) -> None:
+    make_plugin("odd", source=IDENTITY + extra)
+    with pytest.raises(PluginHookError) as info:
+        select_platform({"FD_PLATFORM": "odd"})
+    assert "platform plugin 'odd' (distribution fd-test-odd)" in str(info.value)
+    assert expected in str(info.value)
+
+
+def test_identity_must_match_the_entry_point_name(make_plugin) -> None:
+    make_plugin("named", source=IDENTITY + "@hookimpl\ndef detect_platform():\n    return Detection(True, 'x', 1)\n")
+    with pytest.raises(PluginContractError) as info:
+        select_platform({"FD_PLATFORM": "named"})
+    assert "says name 'odd' but the entry point registers 'named'" in str(info.value)
+
+
+def test_wrong_record_type_is_a_contract_error(make_plugin) -> None:
+    source = IDENTITY.replace("'odd'", "'liar'", 1) + "@hookimpl\ndef detect_platform():\n    return True\n"
+    make_plugin("liar", source=source)
+    with pytest.raises(PluginContractError) as info:
+        select_platform({"FD_PLATFORM": "liar"})
+    assert "detect_platform returned bool" in str(info.value) and "must return Detection" in str(info.value)
