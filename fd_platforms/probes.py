@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
 
+from .hookspecs import hookimpl
 from .types import Detection, PlatformIdentity
 
 
@@ -43,7 +44,9 @@ def visible_count(physical: int, env_var: str, environ: Mapping[str, str]) -> in
 
 @dataclass(frozen=True)
 class RuntimeFacts:
-    """What a device platform plugin states about its runtime; the core turns it into hooks' answers.
+    """What a device platform plugin states about its runtime; the record answers the identity and
+    detection hooks itself, so a plugin whose entry point names it (``cuda = "pkg:PLATFORM"``)
+    needs no hook code of its own.
 
     ``distributions``: Paddle builds or runtime plugins providing the device (any one will do);
     ``device_glob``: numbered device nodes (``/dev/nvidia[0-9]*``), or None where the nodes are
@@ -58,11 +61,13 @@ class RuntimeFacts:
     install_hint: str
     description: str = ""
 
-    def identity(self) -> PlatformIdentity:
+    @hookimpl
+    def platform_identity(self) -> PlatformIdentity:
         """The platform's identity record."""
         return PlatformIdentity(self.name, self.device_type, self.visible_devices_env, self.description)
 
-    def detect(self, environ: Mapping[str, str] | None = None) -> Detection:
+    @hookimpl
+    def detect_platform(self, environ: Mapping[str, str] | None = None) -> Detection:
         """Detect from the runtime distribution and device nodes; never imports paddle.
 
         Available when one of ``distributions`` is installed and, where ``device_glob`` is given,

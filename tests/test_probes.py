@@ -46,7 +46,7 @@ def fake_nodes(folder: Path, *names: str) -> str:
 @pytest.mark.parametrize("name", PLUGINS)
 def test_identity_facts(name: str) -> None:
     module, device_type, env_var, _ = PLUGINS[name]
-    identity = module.platform_identity()
+    identity = module.PLATFORM.platform_identity()
     assert (identity.name, identity.device_type, identity.visible_devices_env) == (name, device_type, env_var)
     assert identity.device_string(3) == f"{device_type}:3"
 
@@ -54,7 +54,7 @@ def test_identity_facts(name: str) -> None:
 @pytest.mark.parametrize("name", PLUGINS)
 def test_unavailable_without_the_runtime_says_what_to_install(name: str) -> None:
     module, _, _, dist = PLUGINS[name]
-    detection = module.detect_platform()
+    detection = module.PLATFORM.detect_platform()
     assert not detection.available and detection.device_count == 0
     assert f"{dist} is not installed" in detection.reason and f"pip install {dist}" in detection.reason
 
@@ -62,26 +62,26 @@ def test_unavailable_without_the_runtime_says_what_to_install(name: str) -> None
 def test_runtime_and_nodes_make_a_platform_available(tmp_path: Path, fake_dist) -> None:
     fake_dist("paddlepaddle-gpu")
     facts = dataclasses.replace(
-        fd_platforms_cuda.FACTS, device_glob=fake_nodes(tmp_path / "dev", "nvidia0", "nvidia1", "nvidiactl")
+        fd_platforms_cuda.PLATFORM, device_glob=fake_nodes(tmp_path / "dev", "nvidia0", "nvidia1", "nvidiactl")
     )
-    detection = facts.detect(environ={})
+    detection = facts.detect_platform(environ={})
     assert detection.available and detection.device_count == 2
     assert "paddlepaddle-gpu 3.3.1 installed, 2 of 2 devices visible" == detection.reason
-    assert facts.detect(environ={"CUDA_VISIBLE_DEVICES": "1"}).device_count == 1
-    hidden = facts.detect(environ={"CUDA_VISIBLE_DEVICES": ""})
+    assert facts.detect_platform(environ={"CUDA_VISIBLE_DEVICES": "1"}).device_count == 1
+    hidden = facts.detect_platform(environ={"CUDA_VISIBLE_DEVICES": ""})
     assert not hidden.available and "hides all" in hidden.reason and "unset CUDA_VISIBLE_DEVICES" in hidden.reason
 
 
 def test_runtime_without_device_nodes_is_unavailable(tmp_path: Path, fake_dist) -> None:
     fake_dist("paddlepaddle-xpu")
-    facts = dataclasses.replace(fd_platforms_xpu.FACTS, device_glob=str(tmp_path / "xpu[0-9]*"))
-    detection = facts.detect(environ={})
+    facts = dataclasses.replace(fd_platforms_xpu.PLATFORM, device_glob=str(tmp_path / "xpu[0-9]*"))
+    detection = facts.detect_platform(environ={})
     assert not detection.available and "no device node matches" in detection.reason
 
 
 def test_metax_count_is_left_to_paddle(fake_dist) -> None:
     fake_dist("paddle-metax-gpu", "3.3.0")
-    detection = fd_platforms_metax.detect_platform()
+    detection = fd_platforms_metax.PLATFORM.detect_platform()
     assert detection.available and detection.device_count == 0
     assert "known once paddle starts" in detection.reason
 

@@ -28,7 +28,7 @@ def test_in_repo_plugins_are_discovered_through_entry_points() -> None:
     for name in IN_REPO:
         (candidate,) = found[name]
         assert candidate.distribution == f"fd-platforms-{name}"
-        assert candidate.entry_point.value == f"fd_platforms_{name}"
+        assert candidate.entry_point.value == f"fd_platforms_{name}:PLATFORM"
         assert not candidate.builtin
 
 

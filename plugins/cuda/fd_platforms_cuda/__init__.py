@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from fd_platforms import hookimpl
 from fd_platforms.probes import RuntimeFacts
-from fd_platforms.types import Detection, PlatformIdentity
 
-FACTS = RuntimeFacts(
+PLATFORM = RuntimeFacts(
     name="cuda",
     device_type="gpu",
     visible_devices_env="CUDA_VISIBLE_DEVICES",
@@ -16,12 +14,3 @@ FACTS = RuntimeFacts(
     description="NVIDIA CUDA GPUs",
 )
 
-
-@hookimpl
-def platform_identity() -> PlatformIdentity:
-    return FACTS.identity()
-
-
-@hookimpl
-def detect_platform() -> Detection:
-    return FACTS.detect()
