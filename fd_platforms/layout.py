@@ -1,0 +1,157 @@
+"""The KV cache layout contract: which tensors one rank holds, in which order, named how.
+
+Order (attention kernels index the flat cache list by position, e.g. ``caches[2 * layer]``):
+layer-major; within a layer the roles come in the order ``key``, ``value``, ``key_scale``,
+``value_scale``, ``indexer``, keeping only the roles the attention variant has:
+
+- ``mha`` / ``gqa``: key, value, each ``(kv_heads_per_rank, block_size, head_dim)`` in the cache
+  dtype, ``kv_heads_per_rank = max(1, num_key_value_heads // tensor_parallel_size)``; with
+  ``block_wise_fp8`` also key_scale, value_scale ``(kv_heads_per_rank, block_size)`` float32.
+- ``mla``: key only, ``(1, block_size, kv_lora_rank + qk_rope_head_dim)`` in the cache dtype,
+  the same on every rank.
+- ``dsa``: key ``(1, block_size, kv_lora_rank + kv_lora_rank // 128 * 4 + 2 * qk_rope_head_dim)``
+  and indexer ``(1, block_size, index_head_dim + index_head_dim // 128 * 4)``, both uint8 whatever
+  the cache dtype (the packed format carries its own fp8 scales).
+
+Layers: ``num_hidden_layers``, plus ``num_nextn_predict_layers`` when MTP is used.
+
+Names: ``key_caches_{layer}_rank{rank}.device{device}``, ``value_caches_...``,
+``key_cache_scales_...``, ``value_cache_scales_...``, ``indexer_caches_...`` with ``rank`` the
+local tensor-parallel rank.
+
+Each spec gives the shape of ONE block; a tensor of ``n`` blocks has shape ``(n, *block_shape)``.
+:attr:`CacheLayout.bytes_per_block` is the only per-rank bytes-per-block figure: device blocks
+and host swap blocks are both counted with it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from .config import CacheConfig, ModelConfig, ParallelConfig
+from .errors import ConfigError
+
+Role = Literal["key", "value", "key_scale", "value_scale", "indexer"]
+
+ROLE_ORDER: tuple[Role, ...] = ("key", "value", "key_scale", "value_scale", "indexer")
+DTYPE_BYTES: dict[str, int] = {
+    "bfloat16": 2,
+    "float16": 2,
+    "float8_e4m3fn": 1,
+    "int8": 1,
+    "uint8": 1,
+    "float32": 4,
+}
+_NAME_PREFIX: dict[Role, str] = {
+    "key": "key_caches",
+    "value": "value_caches",
+    "key_scale": "key_cache_scales",
+    "value_scale": "value_cache_scales",
+    "indexer": "indexer_caches",
+}
+
+
+@dataclass(frozen=True)
+class CacheTensorSpec:
+    """One cache tensor of one layer; ``block_shape`` is the shape of a single block."""
+
+    name: str
+    layer: int
+    role: Role
+    block_shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def elements_per_block(self) -> int:
+        """Elements one block of this tensor holds."""
+        return math.prod(self.block_shape)
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes one block of this tensor takes."""
+        return self.elements_per_block * DTYPE_BYTES[self.dtype]
+
+    def shape(self, num_blocks: int) -> tuple[int, ...]:
+        """Shape of this tensor holding ``num_blocks`` blocks."""
+        return (num_blocks, *self.block_shape)
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """All cache tensors of one rank, in the contract order (see the module docstring)."""
+
+    tensors: tuple[CacheTensorSpec, ...]
+    num_layers: int
+    block_size: int
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes of one block across every tensor of every layer: the one per-rank figure."""
+        return sum(spec.bytes_per_block for spec in self.tensors)
+
+    @property
+    def max_elements_per_block(self) -> int:
+        """Elements per block of the largest single tensor (what element-count limits apply to)."""
+        return max(spec.elements_per_block for spec in self.tensors)
+
+    def names(self) -> tuple[str, ...]:
+        """Tensor names in contract order."""
+        return tuple(spec.name for spec in self.tensors)
+
+
+def _layer_roles(
+    model: ModelConfig, cache: CacheConfig, parallel: ParallelConfig
+) -> tuple[tuple[Role, tuple[int, ...], str], ...]:
+    """(role, block shape, dtype) of one layer's tensors, in role order."""
+    block = cache.block_size
+    if model.attention in ("mla", "dsa") and cache.kv_cache_quant_type != "none":
+        raise ConfigError(
+            "kv_cache_quant_type",
+            cache.kv_cache_quant_type,
+            f"none for {model.attention} attention (scale tensors exist only for mha/gqa)",
+            "set kv_cache_quant_type to none; use cache_dtype for an 8-bit MLA cache",
+        )
+    if model.attention == "dsa":
+        lora, rope, index = model.kv_lora_rank, model.qk_rope_head_dim, model.index_head_dim
+        assert lora is not None and rope is not None and index is not None  # ModelConfig checked
+        return (
+            ("key", (1, block, lora + lora // 128 * 4 + 2 * rope), "uint8"),
+            ("indexer", (1, block, index + index // 128 * 4), "uint8"),
+        )
+    if model.attention == "mla":
+        lora, rope = model.kv_lora_rank, model.qk_rope_head_dim
+        assert lora is not None and rope is not None  # ModelConfig checked
+        return (("key", (1, block, lora + rope), cache.cache_dtype),)
+    heads = max(1, model.num_key_value_heads // parallel.tensor_parallel_size)
+    kv = (heads, block, model.head_dim)
+    roles: tuple[tuple[Role, tuple[int, ...], str], ...] = (
+        ("key", kv, cache.cache_dtype),
+        ("value", kv, cache.cache_dtype),
+    )
+    if cache.kv_cache_quant_type == "block_wise_fp8":
+        roles += (("key_scale", (heads, block), "float32"), ("value_scale", (heads, block), "float32"))
+    return roles
+
+
+def build_layout(
+    model: ModelConfig, cache: CacheConfig, parallel: ParallelConfig, *, device_id: int = 0
+) -> CacheLayout:
+    """The cache tensors rank ``parallel.local_rank`` holds on device ``device_id``."""
+    if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
+        raise ConfigError("device_id", device_id, "an integer >= 0", "pass the local device id")
+    roles = _layer_roles(model, cache, parallel)
+    rank = parallel.local_rank
+    tensors = tuple(
+        CacheTensorSpec(
+            name=f"{_NAME_PREFIX[role]}_{layer}_rank{rank}.device{device_id}",
+            layer=layer,
+            role=role,
+            block_shape=shape,
+            dtype=dtype,
+        )
+        for layer in range(model.num_cache_layers)
+        for role, shape, dtype in roles
+    )
+    return CacheLayout(tensors=tensors, num_layers=model.num_cache_layers, block_size=cache.block_size)

@@ -1,0 +1,181 @@
+"""The KV cache layout contract: per-variant shapes and bytes (hand-computed), order, names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fd_platforms.config import CacheConfig, ModelConfig, ParallelConfig, load_model_config
+from fd_platforms.errors import ConfigError
+from fd_platforms.layout import DTYPE_BYTES, ROLE_ORDER, CacheLayout, build_layout
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+QWEN = load_model_config(EXAMPLES / "qwen3-30b-a3b")
+LLAMA = load_model_config(EXAMPLES / "llama-3.1-8b")
+DEEPSEEK_V3 = load_model_config(EXAMPLES / "deepseek-v3")
+DEEPSEEK_V32 = load_model_config(EXAMPLES / "deepseek-v3.2")
+BF16 = CacheConfig(block_size=64, cache_dtype="bfloat16")
+TP1, TP4 = ParallelConfig(1, 0), ParallelConfig(4, 0)
+
+
+def assert_contract_order(layout: CacheLayout) -> None:
+    """Layer-major, then key, value, key_scale, value_scale, indexer."""
+    keys = [(spec.layer, ROLE_ORDER.index(spec.role)) for spec in layout.tensors]
+    assert keys == sorted(keys) and len(set(keys)) == len(keys)
+    assert {spec.layer for spec in layout.tensors} == set(range(layout.num_layers))
+
+
+def test_qwen3_tp4_bf16() -> None:
+    layout = build_layout(QWEN, BF16, TP4)
+    # bf16 2 bytes * (key + value) * block 64 * head_dim 128 * (4 kv heads // tp 4) * 48 layers
+    assert layout.bytes_per_block == 2 * 2 * 64 * 128 * 1 * 48
+    assert layout.num_layers == 48 and layout.block_size == 64
+    assert len(layout.tensors) == 2 * 48
+    assert {spec.block_shape for spec in layout.tensors} == {(1, 64, 128)}
+    assert {spec.dtype for spec in layout.tensors} == {"bfloat16"}
+    assert layout.max_elements_per_block == 1 * 64 * 128
+    assert_contract_order(layout)
+
+
+def test_llama_tp_splits_kv_heads() -> None:
+    assert build_layout(LLAMA, BF16, TP1).bytes_per_block == 2 * 2 * 64 * 128 * 8 * 32
+    assert build_layout(LLAMA, BF16, TP4).bytes_per_block == 2 * 2 * 64 * 128 * 2 * 32
+    assert build_layout(LLAMA, BF16, ParallelConfig(8, 0)).bytes_per_block == 2 * 2 * 64 * 128 * 1 * 32
+
+
+def test_kv_heads_per_rank_floor_is_one() -> None:
+    layout = build_layout(LLAMA, BF16, ParallelConfig(16, 15))  # 8 kv heads // 16 ranks = 0 -> 1
+    assert layout.tensors[0].block_shape == (1, 64, 128)
+    assert layout.bytes_per_block == 2 * 2 * 64 * 128 * 1 * 32
+
+
+def test_mha() -> None:
+    mha = ModelConfig("mha", num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=12, head_dim=64)
+    assert mha.attention == "mha"
+    layout = build_layout(mha, CacheConfig(block_size=16, cache_dtype="float16"), ParallelConfig(2, 1))
+    assert layout.bytes_per_block == 2 * 2 * 16 * 64 * 6 * 12
+    assert layout.tensors[0].block_shape == (6, 16, 64)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp8"])
+def test_8bit_cache_halves_bytes(dtype: str) -> None:
+    layout = build_layout(QWEN, CacheConfig(cache_dtype=dtype), TP4)
+    assert layout.bytes_per_block == 1 * 2 * 64 * 128 * 1 * 48
+
+
+def test_block_wise_fp8_scales() -> None:
+    cache = CacheConfig(cache_dtype="fp8", kv_cache_quant_type="block_wise_fp8")
+    layout = build_layout(LLAMA, cache, TP4)
+    # per layer: fp8 key + value (2 heads/rank) + float32 key and value scales per head per token
+    assert layout.bytes_per_block == (1 * 2 * 64 * 128 * 2 + 4 * 2 * 2 * 64) * 32
+    first_layer = layout.tensors[:4]
+    assert [spec.role for spec in first_layer] == ["key", "value", "key_scale", "value_scale"]
+    assert [spec.dtype for spec in first_layer] == ["float8_e4m3fn", "float8_e4m3fn", "float32", "float32"]
+    assert first_layer[2].block_shape == (2, 64)
+    assert layout.names()[:4] == (
+        "key_caches_0_rank0.device0",
+        "value_caches_0_rank0.device0",
+        "key_cache_scales_0_rank0.device0",
+        "value_cache_scales_0_rank0.device0",
+    )
+    assert_contract_order(layout)
+
+
+def test_deepseek_v3_mla() -> None:
+    layout = build_layout(DEEPSEEK_V3, BF16, TP4)
+    assert (DEEPSEEK_V3.kv_lora_rank or 0) + (DEEPSEEK_V3.qk_rope_head_dim or 0) == 576  # values per token per layer
+    assert layout.bytes_per_block == 2 * 576 * 64 * 61
+    assert [spec.role for spec in layout.tensors] == ["key"] * 61
+    assert layout.tensors[0].block_shape == (1, 64, 576)
+    assert build_layout(DEEPSEEK_V3, BF16, TP1).bytes_per_block == layout.bytes_per_block  # not split by tp
+    assert build_layout(DEEPSEEK_V3, CacheConfig(cache_dtype="fp8"), TP4).bytes_per_block == 1 * 576 * 64 * 61
+
+
+def test_deepseek_v3_mtp_adds_a_layer() -> None:
+    mtp = load_model_config(EXAMPLES / "deepseek-v3", use_mtp=True)
+    layout = build_layout(mtp, BF16, TP4)
+    assert layout.num_layers == 62
+    assert layout.bytes_per_block == 2 * 576 * 64 * (61 + 1)
+    assert layout.names()[-1] == "key_caches_61_rank0.device0"
+
+
+def test_deepseek_v32_dsa() -> None:
+    layout = build_layout(DEEPSEEK_V32, BF16, TP4)
+    key = 512 + 512 // 128 * 4 + 2 * 64  # 656
+    indexer = 128 + 128 // 128 * 4  # 132
+    assert layout.bytes_per_block == (key + indexer) * 64 * 61
+    assert layout.bytes_per_block == (512 + 512 // 128 * 4 + 2 * 64 + 128 + 128 // 128 * 4) * 64 * 61
+    assert [spec.role for spec in layout.tensors[:2]] == ["key", "indexer"]
+    assert layout.tensors[0].block_shape == (1, 64, 656) and layout.tensors[1].block_shape == (1, 64, 132)
+    assert {spec.dtype for spec in layout.tensors} == {"uint8"}
+    assert layout.max_elements_per_block == 656 * 64
+    assert layout.names()[:2] == ("key_caches_0_rank0.device0", "indexer_caches_0_rank0.device0")
+    assert_contract_order(layout)
+    # uint8 whatever the cache dtype; MTP adds a layer
+    assert build_layout(DEEPSEEK_V32, CacheConfig(cache_dtype="fp8"), TP4).bytes_per_block == layout.bytes_per_block
+    mtp = load_model_config(EXAMPLES / "deepseek-v3.2", use_mtp=True)
+    assert build_layout(mtp, BF16, TP4).bytes_per_block == (656 + 132) * 64 * 62
+
+
+def test_names_carry_rank_and_device() -> None:
+    layout = build_layout(QWEN, BF16, ParallelConfig(4, 3), device_id=5)
+    assert layout.names()[:4] == (
+        "key_caches_0_rank3.device5",
+        "value_caches_0_rank3.device5",
+        "key_caches_1_rank3.device5",
+        "value_caches_1_rank3.device5",
+    )
+    assert layout.names()[-1] == "value_caches_47_rank3.device5"
+    assert len(set(layout.names())) == len(layout.names())
+
+
+def test_spec_shape_and_bytes() -> None:
+    spec = build_layout(LLAMA, BF16, TP4).tensors[0]
+    assert spec.shape(1000) == (1000, 2, 64, 128)
+    assert spec.elements_per_block == 2 * 64 * 128
+    assert spec.bytes_per_block == 2 * 2 * 64 * 128
+
+
+@pytest.mark.parametrize("model", [DEEPSEEK_V3, DEEPSEEK_V32])
+def test_block_wise_fp8_is_refused_for_latent_caches(model: ModelConfig) -> None:
+    cache = CacheConfig(cache_dtype="fp8", kv_cache_quant_type="block_wise_fp8")
+    with pytest.raises(ConfigError) as info:
+        build_layout(model, cache, TP4)
+    message = str(info.value)
+    assert "kv_cache_quant_type='block_wise_fp8'" in message and str(model.attention) in message and "Fix:" in message
+
+
+@pytest.mark.parametrize("device_id", [-1, True, "0"])
+def test_bad_device_id(device_id: object) -> None:
+    with pytest.raises(ConfigError, match=r"device_id=.*allowed: an integer >= 0.*Fix:"):
+        build_layout(QWEN, BF16, TP4, device_id=device_id)  # type: ignore[arg-type]
+
+
+def test_dtype_bytes() -> None:
+    assert DTYPE_BYTES == {"bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "int8": 1, "uint8": 1, "float32": 4}
+
+
+@given(
+    kv_heads=st.sampled_from([1, 2, 4, 8, 16, 32]),
+    group=st.sampled_from([1, 2, 4, 8]),
+    tp=st.sampled_from([1, 2, 4, 8, 16]),
+    head_dim=st.sampled_from([64, 96, 128, 256]),
+    block=st.integers(min_value=1, max_value=256),
+    layers=st.integers(min_value=1, max_value=96),
+    dtype=st.sampled_from(["bfloat16", "float16", "int8", "fp8"]),
+)
+def test_gqa_bytes_property(
+    kv_heads: int, group: int, tp: int, head_dim: int, block: int, layers: int, dtype: str
+) -> None:
+    gqa = ModelConfig("p", layers, kv_heads * group, kv_heads, head_dim)
+    cache = CacheConfig(block_size=block, cache_dtype=dtype)
+    layout = build_layout(gqa, cache, ParallelConfig(tp, tp - 1))
+    per_rank = max(1, kv_heads // tp)
+    dtype_bytes = 2 if dtype in ("bfloat16", "float16") else 1
+    assert layout.bytes_per_block == dtype_bytes * 2 * block * head_dim * per_rank * layers
+    assert layout.bytes_per_block == sum(spec.bytes_per_block for spec in layout.tensors)
+    assert layout.max_elements_per_block == per_rank * block * head_dim
+    assert_contract_order(layout)
