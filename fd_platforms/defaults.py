@@ -6,11 +6,18 @@ A plugin's own answer wins; these answer where it is silent. The rules live here
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .decision import decide_cache_creation
 from .errors import HostAllocError, NotImplementedYetError
 from .hookspecs import hookimpl
 from .host_memory import allocate_pageable
-from .types import CacheDecision, HostBuffer
+from .planner import plan_blocks
+from .types import CacheDecision, DeviceMemory, HostBuffer, Plan, PlatformLimit
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from .config import CacheConfig
+    from .layout import CacheLayout
 
 
 @hookimpl(trylast=True)
@@ -44,9 +51,21 @@ def device_memory(device_id: int) -> None:
 
 
 @hookimpl(trylast=True)
-def max_num_blocks(layout: object, memory: object, cache: object, limits: tuple) -> None:
-    """The planner arrives with the KV-cache model issue."""
-    raise NotImplementedYetError("max_num_blocks", "the planner arrives with the KV-cache model issue #3")
+def declared_limits() -> tuple[PlatformLimit, ...]:
+    """No limit unless the platform declares one."""
+    return ()
+
+
+@hookimpl(trylast=True)
+def max_num_blocks(
+    layout: CacheLayout,
+    memory: DeviceMemory,
+    cache: CacheConfig,
+    limits: tuple[PlatformLimit, ...],
+    non_cache_bytes: int | None,
+) -> Plan:
+    """The planner."""
+    return plan_blocks(layout, memory, cache, non_cache_bytes=non_cache_bytes, limits=limits)
 
 
 @hookimpl(trylast=True)

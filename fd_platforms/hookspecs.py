@@ -40,7 +40,9 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from .types import CacheDecision, Detection, DeviceMemory, HostBuffer, PlatformIdentity, Plan
+    from .config import CacheConfig
+    from .layout import CacheLayout
+    from .types import CacheDecision, Detection, DeviceMemory, HostBuffer, PlatformIdentity, PlatformLimit, Plan
 
 PROJECT = "fd_platforms"
 
@@ -137,20 +139,54 @@ def device_memory(device_id: int) -> DeviceMemory:
 
 
 @hookspec(firstresult=True)
-def max_num_blocks(layout: object, memory: DeviceMemory, cache: object, limits: tuple) -> Plan:
+def declared_limits() -> tuple[PlatformLimit, ...]:
+    """Declare the platform's limits on the KV cache, each with the reason it exists.
+
+    :returns: a tuple of :class:`~fd_platforms.types.PlatformLimit` (empty: no limit). The core's
+        default declares none.
+
+    firstresult: yes. Errors: none expected; the planner explains a binding limit with its reason.
+
+    Example::
+
+        @hookimpl
+        def declared_limits():
+            return (PlatformLimit("max_tensor_elements", 2**31 - 1,
+                                  "attention kernels address one cache tensor with int32 offsets"),)
+    """
+
+
+@hookspec(firstresult=True)
+def max_num_blocks(
+    layout: CacheLayout,
+    memory: DeviceMemory,
+    cache: CacheConfig,
+    limits: tuple[PlatformLimit, ...],
+    non_cache_bytes: int | None,
+) -> Plan:
     """Plan how many KV cache blocks one rank gets.
 
-    The core's default divides the memory budget by the layout's bytes per block, then applies
-    the platform's declared limits and any override; platforms should not implement this hook.
+    The core's default (:func:`fd_platforms.planner.plan_blocks`) divides the budget
+    ``floor(total * memory_utilization) - non_cache`` (capped by free memory where known) by the
+    layout's bytes per block, then applies declared limits and any override; platforms should not
+    implement this hook.
 
-    :param layout: the rank's cache layout (tensors in their stated order, bytes per block).
+    :param layout: the rank's :class:`~fd_platforms.layout.CacheLayout`.
     :param memory: the device's :class:`~fd_platforms.types.DeviceMemory`.
-    :param cache: the validated cache configuration.
+    :param cache: the validated :class:`~fd_platforms.config.CacheConfig`.
     :param limits: the platform's declared :class:`~fd_platforms.types.PlatformLimit` records.
-    :returns: a :class:`~fd_platforms.types.Plan`.
+    :param non_cache_bytes: bytes the process holds outside the cache (weights, activation peak);
+        ``None``: ``memory.process_bytes``.
+    :returns: a :class:`~fd_platforms.types.Plan` (blocks, bytes per block, budget, binding constraint).
 
-    firstresult: yes. Errors: not enough memory for one block is a typed error with the numbers
-    and what to change.
+    firstresult: yes. Errors: :class:`~fd_platforms.planner.InsufficientMemoryError` (with the
+    numbers and what to change) when the budget holds no block;
+    :class:`~fd_platforms.errors.ConfigError` for an override above a limit or the budget.
+
+    Example::
+
+        plan = platform.max_num_blocks(layout=layout, cache=cache, memory=memory)
+        plan.num_blocks, plan.binding  # (43690, "memory")
     """
 
 

@@ -6,14 +6,18 @@ record it returns, so a plugin's mistake is reported with its name, not as a lat
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
 from . import defaults, hookspecs
 from .discovery import Candidate
 from .errors import FdPlatformsError, PluginContractError, PluginError, PluginHookError, PluginLoadError
-from .types import CacheDecision, Detection, DeviceMemory, HostBuffer, PlatformIdentity
+from .types import CacheDecision, Detection, DeviceMemory, HostBuffer, PlatformIdentity, PlatformLimit, Plan
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from .config import CacheConfig
+    from .layout import CacheLayout
 
 RecordT = TypeVar("RecordT")
 
@@ -62,6 +66,33 @@ class Platform:
         """Memory facts of one local device."""
         return self._call("device_memory", DeviceMemory, device_id=device_id)
 
+    def declared_limits(self) -> tuple[PlatformLimit, ...]:
+        """The platform's declared KV-cache limits, each with its reason."""
+        limits = self._call("declared_limits", tuple)
+        for limit in limits:
+            check_type(self.candidate, "declared_limits", limit, PlatformLimit)
+        return limits
+
+    def max_num_blocks(
+        self,
+        *,
+        layout: CacheLayout,
+        cache: CacheConfig,
+        memory: DeviceMemory | None = None,
+        device_id: int = 0,
+        non_cache_bytes: int | None = None,
+    ) -> Plan:
+        """Plan one rank's blocks on ``memory`` (default: this platform's live facts of ``device_id``)."""
+        return self._call(
+            "max_num_blocks",
+            Plan,
+            layout=layout,
+            memory=memory if memory is not None else self.device_memory(device_id),
+            cache=cache,
+            limits=self.declared_limits(),
+            non_cache_bytes=non_cache_bytes,
+        )
+
     def host_alloc(self, nbytes: int, *, require_pinned: bool = False) -> HostBuffer:
         """Host memory, pinned where the platform can pin it (see the hook spec)."""
         return self._call("host_alloc", HostBuffer, nbytes=nbytes, require_pinned=require_pinned)
@@ -94,6 +125,11 @@ def call_hook(
         raise PluginError(
             candidate.name, candidate.distribution, f"hook {hook} raised {type(exc).__name__}: {exc}"
         ) from exc
+    return check_type(candidate, hook, result, expected)
+
+
+def check_type(candidate: Candidate, hook: str, result: object, expected: type[RecordT]) -> RecordT:
+    """``result`` when it is an ``expected``, else a PluginContractError naming the plugin and hook."""
     if not isinstance(result, expected):
         raise PluginContractError(
             candidate.name,
