@@ -1,0 +1,199 @@
+"""``fd-platforms plan``: KV cache blocks for a model on a platform, and whether the worker creates them.
+
+Values come from ``--config deploy.toml`` with flags winning over the file. With
+``--device-memory`` the plan uses that size (nothing live is asked); without it the platform's live
+facts of device 0 are used, which may import paddle on accelerator platforms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..config import ATTENTION_KINDS, CACHE_DTYPES, DeployConfig, deploy_config_from_overrides, load_deploy_config
+from ..decision import SPLITWISE_ROLES, STORAGE_BACKENDS
+from ..errors import ConfigError, PlatformUnavailableError
+from ..layout import build_layout
+from ..platform import Platform
+from ..selection import Prober, select_platform
+from ..sizes import format_size, parse_size
+from ..types import DeviceMemory
+from .table import format_table
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser("plan", help="plan KV cache blocks for a model on a platform")
+    parser.add_argument("--config", metavar="FILE", help="deployment TOML ([model], [cache], [scheduler], [parallel])")
+    parser.add_argument("--model", metavar="PATH", help="Hugging Face config.json, or a folder holding one")
+    parser.add_argument("--attention", choices=ATTENTION_KINDS, help="override the inferred attention variant")
+    parser.add_argument("--mtp", action="store_true", default=None, help="add the model's MTP layers to the cache")
+    parser.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size")
+    parser.add_argument("--block-size", type=int, metavar="N", help="tokens per block")
+    parser.add_argument("--cache-dtype", choices=(*CACHE_DTYPES, "fp8"), help="cache element type")
+    parser.add_argument("--kv-cache-quant-type", choices=("none", "block_wise_fp8"), help="cache quantization")
+    parser.add_argument("--memory-utilization", type=float, metavar="F", help="fraction of device memory to use")
+    parser.add_argument("--device-memory", metavar="SIZE", help="device memory (80GiB, 80GB, 81920MiB, bytes)")
+    parser.add_argument(
+        "--non-cache-memory", metavar="SIZE", help="memory held outside the cache: weights + activation peak"
+    )
+    parser.add_argument("--swap-space", metavar="SIZE", help="host swap space per rank")
+    parser.add_argument("--num-gpu-blocks-override", type=int, metavar="N", help="use exactly N blocks")
+    parser.add_argument("--role", choices=SPLITWISE_ROLES, help="splitwise role")
+    parser.add_argument("--storage-backend", choices=("none", *STORAGE_BACKENDS), help="KV cache storage backend")
+    parser.add_argument("--platform", metavar="NAME|all", help="platform to plan for (default: the selected one)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    deploy = _deploy_config(args)
+    if args.platform == "all" and args.device_memory is None:
+        raise ConfigError(
+            "--device-memory", None, "a SIZE with --platform all", "pass e.g. --device-memory 80GiB to compare platforms"
+        )
+    device_memory = None if args.device_memory is None else parse_size(args.device_memory, "--device-memory")
+    non_cache = None if args.non_cache_memory is None else parse_size(args.non_cache_memory, "--non-cache-memory")
+    rows = [_plan_row(platform, deploy, device_memory, non_cache) for platform in _platforms(args.platform)]
+    if args.json:
+        print(json.dumps(rows if args.platform == "all" else rows[0], indent=2))
+    elif args.platform == "all":
+        print(_side_by_side(rows))
+    else:
+        print(_details(rows[0]))
+    return 0
+
+
+def _deploy_config(args: argparse.Namespace) -> DeployConfig:
+    overrides = {
+        "model": {"path": args.model, "attention": args.attention, "use_mtp": args.mtp},
+        "cache": {
+            "block_size": args.block_size,
+            "cache_dtype": args.cache_dtype,
+            "kv_cache_quant_type": args.kv_cache_quant_type,
+            "memory_utilization": args.memory_utilization,
+            "swap_space": args.swap_space,
+            "kvcache_storage_backend": args.storage_backend,
+            "num_gpu_blocks_override": args.num_gpu_blocks_override,
+        },
+        "scheduler": {"splitwise_role": args.role},
+        "parallel": {"tensor_parallel_size": args.tp},
+    }
+    if args.config:
+        return load_deploy_config(args.config, overrides)
+    if args.model is None:
+        raise ConfigError("--model", None, "a config.json or a folder holding one", "pass --model PATH or --config FILE")
+    return deploy_config_from_overrides(overrides)
+
+
+def _platforms(choice: str | None) -> list[Platform]:
+    """The selected platform, one named platform, or every installed one that loads."""
+    if choice is None:
+        return [select_platform().platform]
+    prober = Prober()
+    names = list(prober.found) if choice == "all" else [choice]
+    if choice != "all" and choice not in prober.found:
+        raise ConfigError(
+            "--platform", choice, f"all, or an installed platform: {', '.join(prober.found)}", "pick one of those"
+        )
+    platforms = []
+    for name in names:
+        probe = prober.probe(name)
+        if probe.platform is None:
+            if choice != "all":
+                raise probe.error  # type: ignore[misc]
+            continue  # a broken plugin has no facts to plan with; `fd-platforms list` shows why
+        platforms.append(probe.platform)
+    return platforms
+
+
+def _plan_row(
+    platform: Platform, deploy: DeployConfig, device_memory: int | None, non_cache: int | None
+) -> dict[str, Any]:
+    cache, parallel = deploy.cache, deploy.parallel
+    layout = build_layout(deploy.model, cache, parallel)
+    if device_memory is None:
+        detection = platform.detect()
+        if not detection.available:
+            raise PlatformUnavailableError(
+                f"platform {platform.name} has no live memory facts here: {detection.reason}. "
+                "Fix: pass --device-memory SIZE to plan without the device"
+            )
+        memory = platform.device_memory(0)
+    else:
+        memory = DeviceMemory(device_memory, None, None, "--device-memory")
+    plan = platform.max_num_blocks(layout=layout, cache=cache, memory=memory, non_cache_bytes=non_cache)
+    decision = platform.should_create_cache_tensor(
+        profile=False,
+        num_cpu_blocks=plan.num_cpu_blocks,
+        storage_backend=cache.kvcache_storage_backend,
+        splitwise_role=deploy.scheduler.splitwise_role,
+    )
+    return {
+        "platform": platform.name,
+        "model": deploy.model.name,
+        "attention": deploy.model.attention,
+        "tensor_parallel_size": parallel.tensor_parallel_size,
+        "block_size": cache.block_size,
+        "cache_dtype": cache.cache_dtype,
+        "num_layers": layout.num_layers,
+        "num_blocks": plan.num_blocks,
+        "memory_blocks": plan.memory_blocks,
+        "bytes_per_block": plan.bytes_per_block,
+        "budget_bytes": plan.budget_bytes,
+        "tokens": plan.tokens,
+        "binding": plan.binding,
+        "binding_reason": plan.binding_reason,
+        "num_cpu_blocks": plan.num_cpu_blocks,
+        "create_cache_tensor": decision.create,
+        "decision_term": decision.deciding_term,
+        "decision_reason": decision.reason,
+        "device_memory": {
+            "total_bytes": memory.total_bytes,
+            "free_bytes": memory.free_bytes,
+            "non_cache_bytes": non_cache if non_cache is not None else memory.process_bytes,
+            "source": memory.source,
+        },
+        "limits": [
+            {"kind": limit.kind, "value": limit.value, "reason": limit.reason} for limit in platform.declared_limits()
+        ],
+    }
+
+
+def _details(row: dict[str, Any]) -> str:
+    memory = row["device_memory"]
+    limits = "; ".join(f"{l['kind']}={l['value']} ({l['reason']})" for l in row["limits"]) or "none declared"
+    lines = [
+        ("platform", row["platform"]),
+        ("model", f"{row['model']} ({row['attention']}, {row['num_layers']} cache layers)"),
+        ("parallel", f"tp={row['tensor_parallel_size']}, block_size={row['block_size']}, {row['cache_dtype']}"),
+        ("device memory", f"{format_size(memory['total_bytes'])} from {memory['source']}"),
+        ("budget", f"{format_size(row['budget_bytes'])} ({row['budget_bytes']} B)"),
+        ("bytes per block", f"{row['bytes_per_block']} ({format_size(row['bytes_per_block'])})"),
+        ("num_blocks", f"{row['num_blocks']} ({row['tokens']} tokens)"),
+        ("binding", f"{row['binding']}: {row['binding_reason']}"),
+        ("declared limits", limits),
+        ("num_cpu_blocks", row["num_cpu_blocks"]),
+        ("create cache", f"{row['create_cache_tensor']} ({row['decision_term']}: {row['decision_reason']})"),
+    ]
+    return format_table(("FIELD", "VALUE"), lines)
+
+
+def _side_by_side(rows: list[dict[str, Any]]) -> str:
+    headers = ("PLATFORM", "NUM_BLOCKS", "BYTES/BLOCK", "BUDGET", "TOKENS", "CPU_BLOCKS", "CREATE", "BINDING")
+    return format_table(
+        headers,
+        [
+            (
+                r["platform"],
+                r["num_blocks"],
+                r["bytes_per_block"],
+                format_size(r["budget_bytes"]),
+                r["tokens"],
+                r["num_cpu_blocks"],
+                r["create_cache_tensor"],
+                f"{r['binding']}: {r['binding_reason']}",
+            )
+            for r in rows
+        ],
+    )

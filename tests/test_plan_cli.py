@@ -1,0 +1,148 @@
+"""``fd-platforms plan``: exact figures from the formulas, platform rows, config files, error paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")
+GIB = 2**30
+DONE_WHEN = ["--tp", "4", "--block-size", "64", "--device-memory", "80GiB", "--memory-utilization", "0.9",
+             "--non-cache-memory", "20GiB", "--json"]
+
+# Bytes of one block per rank, written out from facts.md §2 for tp 4, block 64, bf16.
+HAND_BYTES_PER_BLOCK = {
+    "qwen3-30b-a3b": ("gqa", 2 * 2 * 64 * 128 * (4 // 4) * 48),
+    "llama-3.1-8b": ("gqa", 2 * 2 * 64 * 128 * (8 // 4) * 32),
+    "deepseek-v3": ("mla", 2 * (512 + 64) * 64 * 61),
+    "deepseek-v3.2": ("dsa", (512 + 512 // 128 * 4 + 2 * 64 + 128 + 128 // 128 * 4) * 64 * 61),
+}
+
+
+def plan(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k not in ("FD_PLATFORM", "FD_PLATFORM_PLUGINS")}
+    environ.update(env)
+    return subprocess.run([SCRIPT, "plan", *args], capture_output=True, text=True, env=environ, cwd=ROOT, timeout=120)
+
+
+def plan_json(*args: str, **env: str) -> dict:
+    result = plan(*args, **env)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("model", HAND_BYTES_PER_BLOCK)
+def test_exact_figures_for_each_example_model(model: str) -> None:
+    attention, per_block = HAND_BYTES_PER_BLOCK[model]
+    row = plan_json("--model", f"examples/{model}", *DONE_WHEN)
+    budget = 80 * GIB * 9 // 10 - 20 * GIB
+    assert (row["attention"], row["bytes_per_block"], row["budget_bytes"]) == (attention, per_block, budget)
+    assert row["num_blocks"] == row["memory_blocks"] == budget // per_block
+    assert row["tokens"] == row["num_blocks"] * 64
+    assert (row["binding"], row["num_cpu_blocks"], row["create_cache_tensor"]) == ("memory", 0, True)
+    assert row["platform"] == "cpu"
+
+
+def test_mtp_swap_space_and_role_change_the_plan() -> None:
+    row = plan_json("--model", "examples/deepseek-v3", "--mtp", "--device-memory", "141GiB",
+                    "--swap-space", "64GiB", "--role", "decode", "--json")
+    per_block = 2 * 576 * 64 * (61 + 1)
+    assert row["bytes_per_block"] == per_block and row["num_layers"] == 62
+    assert row["num_cpu_blocks"] == 64 * GIB // per_block  # the same bytes per block as the device
+    assert row["create_cache_tensor"] is False and row["decision_term"] == "num_cpu_blocks"
+
+
+def test_platform_all_gives_one_row_per_installed_platform() -> None:
+    rows = plan_json("--model", "examples/llama-3.1-8b", "--platform", "all", "--device-memory", "32GiB",
+                     "--storage-backend", "mooncake", "--json")
+    assert [r["platform"] for r in rows] == ["cpu", "cuda", "iluvatar", "metax", "xpu"]
+    assert {r["num_blocks"] for r in rows} == {32 * GIB * 9 // 10 // (2 * 2 * 64 * 128 * 8 * 32)}
+    assert all(r["create_cache_tensor"] is False and r["decision_term"] == "storage_backend" for r in rows)
+    table = plan("--model", "examples/llama-3.1-8b", "--platform", "all", "--device-memory", "32GiB")
+    assert table.returncode == 0 and table.stdout.splitlines()[0].startswith("PLATFORM")
+    assert len(table.stdout.splitlines()) == 6
+
+
+def test_config_file_with_flags_winning_and_live_cpu_facts() -> None:
+    row = plan_json("--config", "examples/deploy.toml", "--tp", "2", "--json")
+    assert row["tensor_parallel_size"] == 2 and row["model"] == "qwen3-30b-a3b"
+    assert row["device_memory"]["source"] == "/proc/meminfo"
+    assert row["bytes_per_block"] == 2 * 2 * 64 * 128 * (4 // 2) * 48
+    assert 0 < row["num_blocks"] * row["bytes_per_block"] <= row["budget_bytes"]
+
+
+LIMITED_PLUGIN = '''
+from fd_platforms import hookimpl
+from fd_platforms.types import Detection, PlatformIdentity, PlatformLimit
+
+@hookimpl
+def platform_identity():
+    return PlatformIdentity("acme", "acme_npu", "ACME_VISIBLE_DEVICES")
+
+@hookimpl
+def detect_platform():
+    return Detection(False, "no acme device here")
+
+@hookimpl
+def declared_limits():
+    return (PlatformLimit("max_tensor_elements", 2**28 - 1, "acme kernels address at most 2**28 elements per cache tensor"),)
+'''
+
+
+def test_declared_limit_binds_with_its_reason(make_plugin) -> None:
+    site = make_plugin("acme", source=LIMITED_PLUGIN)
+    row = plan_json("--model", "examples/llama-3.1-8b", "--platform", "acme", "--device-memory", "141GiB",
+                    "--block-size", "16", "--json", PYTHONPATH=str(site))
+    elements_per_block = 8 * 16 * 128  # one layer's key tensor at tp 1
+    assert row["memory_blocks"] > (2**28 - 1) // elements_per_block
+    assert row["num_blocks"] == (2**28 - 1) // elements_per_block
+    assert row["binding"] == "platform_limit" and "acme kernels address at most 2**28 elements per cache tensor" in row["binding_reason"]
+    assert row["limits"] == [{"kind": "max_tensor_elements", "value": 2**28 - 1,
+                              "reason": "acme kernels address at most 2**28 elements per cache tensor"}]
+
+
+def test_unavailable_platform_without_device_memory_says_to_pass_it() -> None:
+    result = plan("--model", "examples/llama-3.1-8b", "--platform", "cuda")
+    assert result.returncode == 2 and "pass --device-memory SIZE" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--model", "examples/llama-3.1-8b", "--device-memory", "8GiB", "--non-cache-memory", "16GB"],
+         "holds no block"),
+        (["--model", "examples/llama-3.1-8b", "--device-memory", "8GiX"], "--device-memory='8GiX'"),
+        (["--model", "examples/llama-3.1-8b", "--platform", "nosuch", "--device-memory", "8GiB"],
+         "--platform='nosuch'"),
+        (["--model", "examples/llama-3.1-8b", "--platform", "all"], "--device-memory=None"),
+        (["--device-memory", "8GiB"], "--model=None"),
+        (["--model", "examples/no-such-model", "--device-memory", "8GiB"], "no-such-model"),
+        (["--model", "examples/llama-3.1-8b", "--tp", "0", "--device-memory", "8GiB"], "tensor_parallel_size=0"),
+        (["--model", "examples/llama-3.1-8b", "--memory-utilization", "1.5", "--device-memory", "8GiB"],
+         "memory_utilization=1.5"),
+        (["--model", "examples/llama-3.1-8b", "--role", "both"], "invalid choice: 'both'"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args: list[str], words: str) -> None:
+    result = plan(*args)
+    assert result.returncode == 2, result.stdout
+    assert words in result.stderr and "Traceback" not in result.stderr
+    if "invalid choice" not in words:
+        assert len(result.stderr.strip().splitlines()) == 1 and "Fix:" in result.stderr
+
+
+def test_planning_with_given_memory_never_imports_paddle() -> None:
+    code = (
+        "import sys\nfrom fd_platforms.cli import main\n"
+        "assert main(['plan', '--model', 'examples/deepseek-v3', '--device-memory', '80GiB', '--platform', 'all',"
+        " '--json']) == 0\nassert 'paddle' not in sys.modules\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
