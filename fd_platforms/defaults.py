@@ -12,7 +12,6 @@ from .decision import decide_cache_creation
 from .errors import HostAllocError, NotImplementedYetError
 from .hookspecs import hookimpl
 from .host_memory import allocate_pageable
-from .planner import plan_blocks
 from .types import CacheDecision, DeviceMemory, HostBuffer, Plan, PlatformLimit
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -64,7 +63,9 @@ def max_num_blocks(
     limits: tuple[PlatformLimit, ...],
     non_cache_bytes: int | None,
 ) -> Plan:
-    """The planner."""
+    """The planner (imported here: selection never needs its config and TOML machinery)."""
+    from .planner import plan_blocks
+
     return plan_blocks(layout, memory, cache, non_cache_bytes=non_cache_bytes, limits=limits)
 
 
