@@ -146,3 +146,14 @@ def test_planning_with_given_memory_never_imports_paddle() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_bad_limit_record_and_broken_platform_are_named(make_plugin) -> None:
+    site = make_plugin("acme", source=LIMITED_PLUGIN.replace('(PlatformLimit("max_tensor_elements"', '(("max_tensor_elements"'))
+    make_plugin("broken", source="raise ImportError('libbroken.so missing')\n")
+    bad = plan("--model", "examples/llama-3.1-8b", "--platform", "acme", "--device-memory", "8GiB", PYTHONPATH=str(site))
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "'acme' (distribution fd-test-acme)" in bad.stderr and "must return PlatformLimit" in bad.stderr
+    broken = plan("--model", "examples/llama-3.1-8b", "--platform", "broken", "--device-memory", "8GiB",
+                  PYTHONPATH=str(site))
+    assert broken.returncode == 2 and "libbroken.so missing" in broken.stderr and "fd-test-broken" in broken.stderr
