@@ -29,8 +29,8 @@ def installed_distribution(*names: str) -> tuple[str, str] | None:
 
 def device_nodes(pattern: str) -> list[str]:
     """Numbered device nodes matching ``pattern`` (``/dev/nvidia[0-9]*``), in numeric order."""
-    numbered = [path for path in glob.glob(pattern) if re.search(r"\d+$", path)]
-    return sorted(numbered, key=lambda path: int(re.search(r"(\d+)$", path).group(1)))  # type: ignore[union-attr]
+    numbered = [(int(match.group(1)), path) for path in glob.glob(pattern) if (match := re.search(r"(\d+)$", path))]
+    return [path for _, path in sorted(numbered)]
 
 
 def visible_count(physical: int, env_var: str, environ: Mapping[str, str]) -> int:
