@@ -70,6 +70,9 @@ def max_num_blocks(
 
 
 @hookimpl(trylast=True)
-def wait_cache_ready(signal_name: str, rank: int, timeout: float | None, setter_pid: int | None) -> None:
-    """The cache-ready wait arrives with its own issue."""
-    raise NotImplementedYetError("wait_cache_ready", "the cache-ready signal arrives with issue #4")
+def wait_cache_ready(signal_name: str, rank: int, timeout: float | None, setter_pid: int | None) -> float:
+    """Attach to the engine's signal and sleep on the rank's slot (see :mod:`fd_platforms.cache_signal`)."""
+    from .cache_signal import CacheReadySignal
+
+    with CacheReadySignal.attach(signal_name) as signal:
+        return signal.wait(rank, timeout=timeout, setter_pid=setter_pid)

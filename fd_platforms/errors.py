@@ -104,3 +104,25 @@ class HostAllocError(FdPlatformsError, MemoryError):
 
 class BufferInUseError(FdPlatformsError):
     """A host buffer was released while numpy or paddle views of it were still alive."""
+
+
+class CacheSignalError(FdPlatformsError):
+    """A cache-ready signal cannot be created or attached: name in use, missing, or not a signal."""
+
+
+class CacheNotReadyError(FdPlatformsError):
+    """A wait for a cache-ready slot ended without the slot being set.
+
+    ``cause`` is ``"timeout"`` or ``"setter_exited"``; ``slots`` holds every rank's slot value
+    (1 set, 0 clear) at the moment the wait gave up.
+    """
+
+    def __init__(
+        self, signal_name: str, rank: int, elapsed: float, slots: tuple[int, ...], cause: str, detail: str, fix: str
+    ) -> None:
+        self.signal_name, self.rank, self.elapsed, self.slots, self.cause = signal_name, rank, elapsed, slots, cause
+        states = ", ".join(f"rank {index} {'set' if value else 'clear'}" for index, value in enumerate(slots))
+        super().__init__(
+            f"cache-ready signal {signal_name!r}: rank {rank} was not set after {elapsed:.1f} s: {detail}. "
+            f"Slots: {states}. Fix: {fix}"
+        )

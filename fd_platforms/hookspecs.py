@@ -217,12 +217,24 @@ def wait_cache_ready(
 ) -> float:
     """Block until the cache-ready slot of ``rank`` is set by the process that owns the cache.
 
-    :param signal_name: name of the engine's shared-memory cache-ready signal.
+    The core's implementation attaches to the signal (:mod:`fd_platforms.cache_signal`) and
+    sleeps on the slot with a futex: no CPU while waiting, woken within microseconds of the set.
+
+    :param signal_name: name of the engine's shared-memory cache-ready signal
+        (:func:`fd_platforms.cache_signal.new_signal_name`).
     :param rank: local rank whose slot to wait on.
     :param timeout: seconds to wait at most (``None``: ``FD_CACHE_READY_TIMEOUT``, default 600).
-    :param setter_pid: pid of the process expected to set the slot; its death ends the wait.
+    :param setter_pid: pid of the process expected to set the slot; its exit ends the wait
+        within about a quarter of a second.
     :returns: seconds waited.
 
-    firstresult: yes; platforms should not implement this hook. Errors: a typed error naming the
-    signal, the rank and the elapsed time on timeout or when the setter died.
+    firstresult: yes; platforms should not implement this hook. Errors:
+    :class:`~fd_platforms.errors.CacheNotReadyError` (cause ``"timeout"`` or ``"setter_exited"``)
+    naming the signal, the rank, the elapsed time and every slot's state;
+    :class:`~fd_platforms.errors.CacheSignalError` when no such signal exists;
+    :class:`~fd_platforms.errors.ConfigError` for a bad rank, timeout or ``FD_CACHE_READY_TIMEOUT``.
+
+    Example::
+
+        waited = platform.wait_cache_ready("fd_cache_ready.engine-8188", rank=0, setter_pid=manager.pid)
     """

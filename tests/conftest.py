@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import textwrap
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,7 +14,31 @@ import pytest
 
 import fd_platforms
 
-SELECTION_VARS = ("FD_PLATFORM", "FD_PLATFORM_PLUGINS")
+ISOLATED_VARS = ("FD_PLATFORM", "FD_PLATFORM_PLUGINS", "FD_CACHE_READY_TIMEOUT")
+SHM_DIR = Path("/dev/shm")
+TEST_SIGNAL_PREFIX = "fd_cache_ready.test-"
+
+
+def shm_entries() -> set[str]:
+    """Names in ``/dev/shm`` that belong to fd-platforms (empty where there is no /dev/shm)."""
+    return {entry for entry in os.listdir(SHM_DIR) if entry.startswith("fd_cache_ready.")} if SHM_DIR.is_dir() else set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_shared_memory_left_behind() -> Iterator[None]:
+    """The whole suite leaves no cache-ready segment in /dev/shm that was not there before it."""
+    before = shm_entries()
+    yield
+    left = shm_entries() - before
+    assert not left, f"the test suite left shared memory behind: {sorted(left)}"
+
+
+@pytest.fixture
+def signal_name() -> Iterator[str]:
+    """A signal name no other test or engine uses; the test must leave no segment under it."""
+    name = f"{TEST_SIGNAL_PREFIX}{uuid.uuid4().hex[:12]}"
+    yield name
+    assert name not in shm_entries(), f"test left /dev/shm/{name} behind"
 
 PLUGIN_TEMPLATE = '''
 from fd_platforms import hookimpl
@@ -30,8 +56,8 @@ def detect_platform():
 
 @pytest.fixture(autouse=True)
 def clean_selection(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No selection variables from the outer environment, and no cached platform, in any test."""
-    for name in SELECTION_VARS:
+    """No fd-platforms variables from the outer environment, and no cached platform, in any test."""
+    for name in ISOLATED_VARS:
         monkeypatch.delenv(name, raising=False)
     fd_platforms.reset_platform()
     yield

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 
 import numpy as np
 import pytest
 
-from fd_platforms.errors import BufferInUseError, ConfigError, HostAllocError, NotImplementedYetError
+from fd_platforms.cache_signal import CacheReadySignal
+from fd_platforms.errors import BufferInUseError, CacheNotReadyError, ConfigError, HostAllocError
 from fd_platforms.selection import select_platform
 
 
@@ -40,9 +42,13 @@ def test_decision_hook_uses_the_core_rule(cpu) -> None:
     assert not decision.create and decision.deciding_term == "storage_backend"
 
 
-def test_hooks_owned_by_later_work_say_so(cpu) -> None:
-    with pytest.raises(NotImplementedYetError, match="wait_cache_ready"):
-        cpu.wait_cache_ready("cache_ready_signal.x", 0, timeout=1)
+def test_wait_cache_ready_is_the_cores_signal_wait(cpu, signal_name: str) -> None:
+    with CacheReadySignal.create(2, signal_name) as signal:
+        threading.Timer(0.1, signal.set, (1,)).start()
+        waited = cpu.wait_cache_ready(signal_name, 1, timeout=10)
+        assert 0.05 < waited < 5
+        with pytest.raises(CacheNotReadyError, match="rank 0 was not set"):
+            cpu.wait_cache_ready(signal_name, 0, timeout=0.2)
 
 
 def test_host_alloc_is_pageable_aligned_and_zero_copy(cpu) -> None:

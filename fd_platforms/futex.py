@@ -1,0 +1,76 @@
+"""Linux futex wait and wake on a 32-bit word in shared memory, through ``ctypes``.
+
+A futex lets a waiter sleep in the kernel until another process changes the word and wakes it:
+no polling, no extra file or socket to create and clean up. The word is the cache-ready slot
+itself, so the shared memory stays the single source of truth. Where futexes are unavailable
+(not Linux, or an architecture whose syscall number is not listed) :data:`AVAILABLE` is false
+and callers fall back to polling.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import sys
+
+# SYS_futex per machine; the generic syscall table (aarch64, riscv64, loongarch64) uses 98.
+_SYSCALL_NUMBERS = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98, "riscv64": 98, "loongarch64": 98}
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared (not FUTEX_PRIVATE): the word is mapped by several processes
+_WAKE_ALL = 2**31 - 1
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _load() -> tuple[object, int] | None:
+    number = _SYSCALL_NUMBERS.get(platform.machine().lower())
+    if not sys.platform.startswith("linux") or number is None:
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        syscall = libc.syscall
+    except (OSError, AttributeError):
+        return None
+    syscall.restype = ctypes.c_long
+    return syscall, number
+
+
+_SYSCALL = _load()
+AVAILABLE = _SYSCALL is not None
+
+
+def wait(address: int, expected: int, timeout: float) -> None:
+    """Sleep while the int32 at ``address`` equals ``expected``, for at most ``timeout`` seconds.
+
+    Returns on a wake, a timeout, a changed word or a signal (the caller re-checks the word; a
+    pending ``KeyboardInterrupt`` is raised by Python as soon as this returns).
+    """
+    assert _SYSCALL is not None, "futex.wait called where futex.AVAILABLE is false"
+    syscall, number = _SYSCALL
+    seconds = max(timeout, 0.0)
+    span = _Timespec(int(seconds), int((seconds % 1.0) * 1e9))
+    result = syscall(
+        ctypes.c_long(number), ctypes.c_void_p(address), ctypes.c_int(_FUTEX_WAIT), ctypes.c_int(expected),
+        ctypes.byref(span), None, ctypes.c_int(0),
+    )
+    if result == -1:
+        code = ctypes.get_errno()
+        if code not in (errno.EAGAIN, errno.ETIMEDOUT, errno.EINTR):
+            raise OSError(code, f"futex wait failed: {os.strerror(code)}")
+
+
+def wake(address: int) -> int:
+    """Wake every process sleeping on the int32 at ``address``; the number woken."""
+    assert _SYSCALL is not None, "futex.wake called where futex.AVAILABLE is false"
+    syscall, number = _SYSCALL
+    result = syscall(
+        ctypes.c_long(number), ctypes.c_void_p(address), ctypes.c_int(_FUTEX_WAKE), ctypes.c_int(_WAKE_ALL),
+        None, None, ctypes.c_int(0),
+    )
+    if result == -1:
+        code = ctypes.get_errno()
+        raise OSError(code, f"futex wake failed: {os.strerror(code)}")
+    return int(result)

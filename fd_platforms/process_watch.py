@@ -1,0 +1,85 @@
+"""Whether a given process is still running, robust to pid reuse where Linux pidfds exist."""
+
+from __future__ import annotations
+
+import os
+import select
+
+from .errors import ConfigError
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks after boot (``/proc/<pid>/stat``), or ``None``."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses; fields after its last ')' are plain.
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
+
+
+def pid_running(pid: int, start_ticks: int | None = None) -> bool:
+    """True while ``pid`` exists, is not a zombie, and (if given) started at ``start_ticks``."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    if _is_zombie(pid):
+        return False
+    if start_ticks is None:
+        return True
+    current = process_start_ticks(pid)
+    return current is None or current == start_ticks
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            stat = handle.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :].startswith(("Z", "X"))
+
+
+class ProcessWatch:
+    """Watches one process; :meth:`exited` is cheap enough to call several times a second.
+
+    With a pidfd (Linux 5.3+) the watch follows the very process it was opened on, so a reused
+    pid cannot fool it; elsewhere it falls back to :func:`pid_running` with the start time.
+    """
+
+    def __init__(self, pid: int) -> None:
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise ConfigError("setter_pid", pid, "a process id > 0", "pass the pid of the process that sets the slot")
+        self.pid = pid
+        self._start_ticks = process_start_ticks(pid)
+        self._pidfd: int | None = None
+        self._poller = select.poll()
+        self._gone = False
+        try:
+            self._pidfd = os.pidfd_open(pid)
+            self._poller.register(self._pidfd, select.POLLIN)
+        except ProcessLookupError:
+            self._gone = True
+        except (AttributeError, OSError):
+            self._gone = not pid_running(pid)
+
+    def exited(self) -> bool:
+        """True once the watched process has exited (zombies count as exited)."""
+        if self._gone:
+            return True
+        if self._pidfd is not None:
+            self._gone = bool(self._poller.poll(0))
+        else:
+            self._gone = not pid_running(self.pid, self._start_ticks)
+        return self._gone
+
+    def close(self) -> None:
+        """Release the pidfd, if one was opened."""
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None

@@ -1,0 +1,42 @@
+"""Bodies of the processes the cache-signal tests spawn (importable by spawned children)."""
+
+from __future__ import annotations
+
+import time
+from multiprocessing.connection import Connection
+
+from fd_platforms.cache_signal import CacheReadySignal
+from fd_platforms.errors import CacheNotReadyError
+
+
+def wait_and_report(name: str, rank: int, timeout: float, setter_pid: int | None, results: Connection) -> None:
+    """Attach, wait on ``rank`` and send back ``(rank, "ready", seconds)`` or ``(rank, cause, message)``."""
+    with CacheReadySignal.attach(name) as signal:
+        try:
+            waited = signal.wait(rank, timeout=timeout, setter_pid=setter_pid)
+        except CacheNotReadyError as error:
+            results.send((rank, error.cause, str(error)))
+        else:
+            results.send((rank, "ready", waited))
+
+
+def set_ranks(name: str, ranks: list[int], delay: float) -> None:
+    """Attach, then set each of ``ranks`` after ``delay`` seconds, like a cache manager."""
+    with CacheReadySignal.attach(name) as signal:
+        for rank in ranks:
+            time.sleep(delay)
+            signal.set(rank)
+
+
+def sleep_forever() -> None:
+    """A cache manager that never sets anything (the tests kill it)."""
+    while True:
+        time.sleep(60)
+
+
+def create_and_report(num_ranks: int, results: Connection) -> None:
+    """An engine: create a signal under a fresh name, report the name, hold it until told to stop."""
+    with CacheReadySignal.create(num_ranks) as signal:
+        signal.set(0)
+        results.send(signal.name)
+        results.recv()
