@@ -6,10 +6,11 @@ owns and sets, as a cache manager would:
 1. **CPU**: the waiter waits ``--cpu-seconds`` (default 10) before the slot is set; its CPU time
    over that wait (``time.process_time``) divided by the wall time is ``cpu_percent`` of one core.
 2. **Latency**: ``--rounds`` times the slot is cleared, the waiter starts waiting, and after a
-   random 1-5 ms the slot is set; latency is the waiter's return time minus the moment just
-   before the set, both on ``CLOCK_MONOTONIC`` (one clock for every process). The wake of the
-   CPU phase is one more sample. Sleep-polling strategies get fewer rounds, so that each takes
-   about 15 s; their latency is spread evenly over the poll interval anyway.
+   random 1-5 ms the slot is set (for a poller, plus a random part of its interval, so the set
+   lands at a random point of its sleep as it would in an engine); latency is the waiter's return
+   time minus the moment just before the set, both on ``CLOCK_MONOTONIC`` (one clock for every
+   process). The wake of the CPU phase is one more sample. Sleep-polling strategies get fewer
+   rounds, so that none takes much over 15 s.
 
 Strategies: ``futex`` is :meth:`fd_platforms.cache_signal.CacheReadySignal.wait` itself (with a
 setter pid to watch, as workers use it); ``spin`` is FastDeploy's XPU ``while not ready: pass``;
@@ -82,7 +83,7 @@ def rounds_for(strategy: str, rounds: int) -> int:
     interval = POLL_INTERVALS.get(strategy)
     if interval is None:
         return rounds
-    return min(rounds, max(10, int(SECONDS_PER_STRATEGY / (interval / 2 + 0.003))))
+    return min(rounds, max(10, int(SECONDS_PER_STRATEGY / (interval + 0.003))))
 
 
 def measure(strategy: str, cpu_seconds: float, rounds: int) -> dict[str, object]:
@@ -105,7 +106,7 @@ def measure(strategy: str, cpu_seconds: float, rounds: int) -> dict[str, object]
             signal.clear(0)
             link.send("go")
             link.recv()
-            time.sleep(random.uniform(0.001, 0.005))
+            time.sleep(random.uniform(0.001, 0.005) + random.uniform(0, POLL_INTERVALS.get(strategy, 0)))
             set_at = time.monotonic_ns()
             signal.set(0)
             latencies.append(link.recv() - set_at)
