@@ -20,6 +20,12 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 
 @hookimpl(trylast=True)
+def confirm_platform() -> None:
+    """Nothing to confirm beyond the cheap detection."""
+    return None
+
+
+@hookimpl(trylast=True)
 def should_create_cache_tensor(
     profile: bool, num_cpu_blocks: int, storage_backend: str | None, splitwise_role: str
 ) -> CacheDecision:

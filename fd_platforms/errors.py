@@ -126,3 +126,7 @@ class CacheNotReadyError(FdPlatformsError):
             f"cache-ready signal {signal_name!r}: rank {rank} was not set after {elapsed:.1f} s: {detail}. "
             f"Slots: {states}. Fix: {fix}"
         )
+
+
+class DeviceAllocError(FdPlatformsError, MemoryError):
+    """A KV cache tensor could not be allocated on the device; nothing allocated before it is kept."""

@@ -92,6 +92,32 @@ def detect_platform() -> Detection:
 
 
 @hookspec(firstresult=True)
+def confirm_platform() -> Detection | None:
+    """Confirm detection through Paddle, once, when the platform is about to be selected.
+
+    Here a plugin may import paddle and start its device runtime: check that the Paddle build
+    supports the device (``is_compiled_with_cuda()``, a registered custom-device type, ...) and
+    count the devices it sees. Unselected platforms are never asked.
+
+    :returns: a :class:`~fd_platforms.types.Detection` that replaces the cheap one (available,
+        reason, device count from Paddle), or ``None`` when the cheap detection is all there is.
+
+    firstresult: yes. Optional (the core's default returns ``None``). Errors: an exception
+    raised here marks the platform broken; ``available=False`` makes selecting it an error
+    carrying ``reason``.
+
+    Example::
+
+        @hookimpl
+        def confirm_platform():
+            import paddle
+            if not paddle.is_compiled_with_cuda():
+                return Detection(False, "paddle is not built with CUDA. Fix: pip install paddlepaddle-gpu")
+            return Detection(True, "paddle sees 8 CUDA devices", paddle.device.cuda.device_count())
+    """
+
+
+@hookspec(firstresult=True)
 def should_create_cache_tensor(
     profile: bool, num_cpu_blocks: int, storage_backend: str | None, splitwise_role: str
 ) -> CacheDecision:

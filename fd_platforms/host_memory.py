@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import mmap
 import os
+from collections.abc import Callable
 
+from .device_facts import PinningUnavailable
 from .errors import ConfigError, HostAllocError
 from .types import DeviceMemory, HostBuffer
+
+logger = logging.getLogger(__name__)
 
 
 def allocate_pageable(nbytes: int) -> HostBuffer:
@@ -25,6 +30,29 @@ def allocate_pageable(nbytes: int) -> HostBuffer:
     address = ctypes.addressof(anchor)
     del anchor  # drop the export so the region can be closed on release
     return HostBuffer(address=address, nbytes=nbytes, pinned=False, kind="pageable", _free=region.close)
+
+
+def allocate_host(nbytes: int, require_pinned: bool, pin: Callable[[int], HostBuffer], platform: str) -> HostBuffer:
+    """The one host-memory contract: pinned when ``pin`` can, else pageable with a warning.
+
+    ``pin`` raising :class:`PinningUnavailable` means pinning cannot be had here: a caller that
+    demanded pinned memory gets :class:`HostAllocError` with the reason; any other caller gets
+    pageable memory marked ``pinned=False`` and one WARNING line. A failed allocation is a
+    :class:`HostAllocError` naming the size, whichever path failed.
+    """
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+        raise ConfigError("nbytes", nbytes, "an int > 0", "ask for a positive number of bytes")
+    try:
+        return pin(nbytes)
+    except PinningUnavailable as exc:
+        if require_pinned:
+            raise HostAllocError(
+                f"pinned host memory of {nbytes} bytes was required, but platform {platform!r} cannot pin "
+                f"here: {exc}. Fix: call host_alloc(require_pinned=False) to accept pageable memory, "
+                "or install the device runtime named above"
+            ) from None
+        logger.warning("platform %r cannot pin host memory (%s); using %d bytes of pageable memory", platform, exc, nbytes)
+    return allocate_pageable(nbytes)
 
 
 def system_memory() -> DeviceMemory:

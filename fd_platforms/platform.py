@@ -17,6 +17,7 @@ from .types import CacheDecision, Detection, DeviceMemory, HostBuffer, PlatformI
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .config import CacheConfig
+    from .kv_cache import KVCache
     from .layout import CacheLayout
 
 RecordT = TypeVar("RecordT")
@@ -48,6 +49,11 @@ class Platform:
     def detect(self) -> Detection:
         """The plugin's detection record."""
         return self._call("detect_platform", Detection)
+
+    def confirm(self) -> Detection | None:
+        """Detection confirmed through Paddle, or ``None`` where the cheap one is all there is."""
+        result = self._call("confirm_platform", object)
+        return None if result is None else check_type(self.candidate, "confirm_platform", result, Detection)
 
     def should_create_cache_tensor(
         self, *, profile: bool, num_cpu_blocks: int, storage_backend: str | None, splitwise_role: str
@@ -104,6 +110,12 @@ class Platform:
         return self._call(
             "wait_cache_ready", float, signal_name=signal_name, rank=rank, timeout=timeout, setter_pid=setter_pid
         )
+
+    def allocate_kv_cache(self, layout: CacheLayout, num_blocks: int, device_id: int = 0) -> KVCache:
+        """Allocate one rank's KV cache tensors on this platform's device ``device_id`` (the creator path)."""
+        from .kv_cache import allocate_kv_cache
+
+        return allocate_kv_cache(layout, num_blocks, self.identity.device_string(device_id))
 
     def _call(self, hook: str, expected: type[RecordT], **kwargs: Any) -> RecordT:
         return call_hook(self.candidate, self.manager, hook, expected, **kwargs)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from .hookspecs import hookimpl
-from .types import Detection, PlatformIdentity
+from .types import Detection, PlatformIdentity, PlatformLimit
 
 
 def installed_distribution(*names: str) -> tuple[str, str] | None:
@@ -50,7 +50,10 @@ class RuntimeFacts:
 
     ``distributions``: Paddle builds or runtime plugins providing the device (any one will do);
     ``device_glob``: numbered device nodes (``/dev/nvidia[0-9]*``), or None where the nodes are
-    not a reliable count; ``install_hint``: what a user runs to get the runtime.
+    not a reliable count; ``install_hint``: what a user runs to get the runtime;
+    ``custom_device_library``: for a Paddle custom device, a file pattern (``*iluvatar*.so``)
+    that finds its runtime library in the folder ``CUSTOM_DEVICE_ROOT`` names, which counts as
+    the runtime being installed; ``limits``: the KV-cache limits the platform declares.
     """
 
     name: str
@@ -60,6 +63,8 @@ class RuntimeFacts:
     device_glob: str | None
     install_hint: str
     description: str = ""
+    custom_device_library: str | None = None
+    limits: tuple[PlatformLimit, ...] = ()
 
     @hookimpl
     def platform_identity(self) -> PlatformIdentity:
@@ -76,6 +81,9 @@ class RuntimeFacts:
         """
         env = os.environ if environ is None else environ
         found = installed_distribution(*self.distributions)
+        library = self._custom_device_library(env) if found is None else None
+        if library is not None:
+            return Detection(True, f"custom-device runtime {library} (CUSTOM_DEVICE_ROOT); the device count is known once paddle starts", 0)
         if found is None:
             plain = installed_distribution("paddlepaddle")
             extra = f" (found {plain[0]} {plain[1]}, the CPU build)" if plain else ""
@@ -96,3 +104,15 @@ class RuntimeFacts:
                 f"Fix: unset {self.visible_devices_env} or list device ids in it",
             )
         return Detection(True, f"{runtime}, {count} of {len(nodes)} devices visible", count)
+
+    @hookimpl
+    def declared_limits(self) -> tuple[PlatformLimit, ...]:
+        """The limits this platform declares, each with its reason."""
+        return self.limits
+
+    def _custom_device_library(self, env: Mapping[str, str]) -> str | None:
+        root = env.get("CUSTOM_DEVICE_ROOT")
+        if self.custom_device_library is None or not root:
+            return None
+        matches = sorted(glob.glob(os.path.join(glob.escape(root), self.custom_device_library)))
+        return matches[0] if matches else None

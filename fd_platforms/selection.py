@@ -69,6 +69,7 @@ class Prober:
 
     found: dict[str, list[Candidate]] = field(default_factory=discover)
     probes: dict[str, Probe] = field(default_factory=dict)
+    confirmed: set[str] = field(default_factory=set)
 
     def probe(self, name: str) -> Probe:
         """Load and detect the single candidate registered as ``name``."""
@@ -79,6 +80,25 @@ class Prober:
                 self.probes[name] = Probe(candidate, platform, platform.detect())
             except FdPlatformsError as exc:
                 self.probes[name] = Probe(candidate, error=exc)
+        return self.probes[name]
+
+    def confirm(self, name: str) -> Probe:
+        """Probe ``name`` and, if it is available, confirm it through its ``confirm_platform`` hook.
+
+        The confirmed detection replaces the cheap one (or the error marks the platform broken),
+        so reports show what Paddle said. Each platform is confirmed at most once.
+        """
+        probe = self.probe(name)
+        if not probe.available or name in self.confirmed:
+            return probe
+        self.confirmed.add(name)
+        try:
+            confirmed = probe.platform.confirm()  # type: ignore[union-attr]
+        except FdPlatformsError as exc:
+            self.probes[name] = Probe(probe.candidate, error=exc)
+        else:
+            if confirmed is not None:
+                self.probes[name] = Probe(probe.candidate, probe.platform, confirmed)
         return self.probes[name]
 
 
@@ -123,7 +143,9 @@ def select_platform(environ: Mapping[str, str] | None = None, prober: Prober | N
         return _select_requested(requested, allowed, prober, env)
     for name in allowed:
         single_candidate(prober.found, name)  # a duplicate anywhere is an error before anything is imported
+    # Cheap detection for every platform; Paddle confirms only those that detected a runtime.
     probes = [prober.probe(name) for name in allowed if name != FALLBACK_PLATFORM]
+    probes = [prober.confirm(probe.candidate.name) if probe.available else probe for probe in probes]
     for probe in probes:
         if probe.error is not None:
             logger.warning("skipping broken platform plugin: %s", probe.error)
@@ -158,7 +180,7 @@ def _select_requested(requested: str, allowed: list[str], prober: Prober, env: M
             f"{ENV_PLATFORM}={requested!r} is excluded by {ENV_PLUGINS}={env.get(ENV_PLUGINS)!r}. "
             f"Fix: add {requested} to {ENV_PLUGINS} or unset it"
         )
-    probe = prober.probe(requested)
+    probe = prober.confirm(requested)
     if probe.error is not None:
         raise probe.error
     if not probe.available:
@@ -196,15 +218,12 @@ def survey(environ: Mapping[str, str] | None = None) -> Survey:
         allowed = allowed_names(prober.found, env)
     except FdPlatformsError:
         allowed = list(prober.found)  # the same error is reported by the selection below
-    reports = [
-        report
-        for name in prober.found
-        for report in _reports_for(name, name in allowed, prober)
-    ]
     try:
-        return Survey(reports, select_platform(env, prober), None)
+        selection, error = select_platform(env, prober), None
     except FdPlatformsError as exc:
-        return Survey(reports, None, exc)
+        selection, error = None, exc
+    reports = [report for name in prober.found for report in _reports_for(name, name in allowed, prober)]
+    return Survey(reports, selection, error)
 
 
 def _reports_for(name: str, allowed: bool, prober: Prober) -> list[PlatformReport]:

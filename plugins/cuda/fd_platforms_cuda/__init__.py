@@ -2,15 +2,62 @@
 
 from __future__ import annotations
 
-from fd_platforms.probes import RuntimeFacts
+from fd_platforms.device_facts import DeviceFacts, PinningUnavailable, pinned_tensor_buffer
+from fd_platforms.paddle_platform import PaddlePlatform
+from fd_platforms.types import Detection, DeviceMemory, HostBuffer
 
-PLATFORM = RuntimeFacts(
+INSTALL_HINT = "pip install paddlepaddle-gpu (Paddle's CUDA build) on a machine with an NVIDIA GPU and driver"
+
+
+class CudaFacts(DeviceFacts):
+    """What Paddle's CUDA build says about NVIDIA GPUs."""
+
+    paddle_calls = (
+        "is_compiled_with_cuda",
+        "is_compiled_with_rocm",
+        "device.cuda.device_count",
+        "cuda.mem_get_info",
+        "device.cuda.max_memory_allocated",
+        "CUDAPinnedPlace",
+        "empty",
+    )
+
+    def confirm(self) -> Detection:
+        if not self.paddle.is_compiled_with_cuda():
+            return Detection(
+                False, f"this paddle build has no CUDA (paddle.is_compiled_with_cuda() is False). Fix: {INSTALL_HINT}"
+            )
+        if self.paddle.is_compiled_with_rocm():
+            return Detection(False, f"this paddle build is for ROCm, not CUDA. Fix: {INSTALL_HINT}")
+        count = int(self.paddle.device.cuda.device_count())
+        if count == 0:
+            return Detection(
+                False, f"paddle sees no CUDA device. Fix: check the driver (nvidia-smi) and {self.visible_devices_env}"
+            )
+        return Detection(True, f"paddle sees {count} CUDA devices", count)
+
+    def memory(self, device_id: int) -> DeviceMemory:
+        free, total = self.paddle.cuda.mem_get_info(device_id)
+        return DeviceMemory(
+            total_bytes=int(total),
+            free_bytes=int(free),
+            process_bytes=int(self.paddle.device.cuda.max_memory_allocated(device_id)),
+            source=f"paddle.cuda.mem_get_info({device_id}) and paddle.device.cuda.max_memory_allocated",
+        )
+
+    def pin(self, nbytes: int) -> HostBuffer:
+        if not self.paddle.is_compiled_with_cuda():
+            raise PinningUnavailable("this paddle build has no CUDA")
+        return pinned_tensor_buffer(self.paddle, nbytes, "CUDAPinnedPlace", "cuda_pinned")
+
+
+PLATFORM = PaddlePlatform(
     name="cuda",
     device_type="gpu",
     visible_devices_env="CUDA_VISIBLE_DEVICES",
     distributions=("paddlepaddle-gpu",),
     device_glob="/dev/nvidia[0-9]*",
-    install_hint="pip install paddlepaddle-gpu (Paddle's CUDA build) on a machine with an NVIDIA GPU and driver",
+    install_hint=INSTALL_HINT,
     description="NVIDIA CUDA GPUs",
+    facts=CudaFacts,
 )
-

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
-from fd_platforms.probes import RuntimeFacts
+from fd_platforms.custom_device import CustomDeviceFacts
+from fd_platforms.paddle_platform import PaddlePlatform
+from fd_platforms.types import PlatformLimit
+from fd_platforms.vendor_host import VendorHostRuntime
 
-PLATFORM = RuntimeFacts(
+PLATFORM = PaddlePlatform(
     name="iluvatar",
     device_type="iluvatar_gpu",
-    visible_devices_env="CUDA_VISIBLE_DEVICES",
+    visible_devices_env="CUDA_VISIBLE_DEVICES",  # CoreX keeps CUDA's variable
     distributions=("paddle-iluvatar-gpu",),
-    device_glob="/dev/iluvatar[0-9]*",
+    device_glob=None,  # Paddle's custom-device runtime counts the devices
     install_hint="pip install paddle-iluvatar-gpu beside paddlepaddle on a machine with Iluvatar GPUs",
     description="Iluvatar CoreX GPUs",
+    custom_device_library="*iluvatar*.so",
+    limits=(
+        PlatformLimit(
+            "max_tensor_elements",
+            2**31 - 1,
+            "Iluvatar attention kernels address a cache tensor with 32-bit element offsets; past 2**31 "
+            "elements they read out of bounds (why FastDeploy's Iluvatar runner kept a 40000-block cap)",
+        ),
+    ),
+    facts=CustomDeviceFacts,
+    host_runtime=VendorHostRuntime(library="libcudart.so", alloc="cudaHostAlloc", free="cudaFreeHost"),
 )
-

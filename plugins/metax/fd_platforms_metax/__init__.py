@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from fd_platforms.probes import RuntimeFacts
+from fd_platforms.custom_device import CustomDeviceFacts
+from fd_platforms.paddle_platform import PaddlePlatform
+from fd_platforms.vendor_host import VendorHostRuntime
 
-PLATFORM = RuntimeFacts(
+PLATFORM = PaddlePlatform(
     name="metax",
     device_type="metax_gpu",
     visible_devices_env="MACA_VISIBLE_DEVICES",
     distributions=("paddle-metax-gpu",),
-    device_glob=None,  # MetaX device nodes give no reliable count; paddle tells it
+    device_glob=None,  # Paddle's custom-device runtime counts the devices
     install_hint="pip install paddle-metax-gpu beside paddlepaddle on a machine with MetaX GPUs",
     description="MetaX GPUs",
+    custom_device_library="*metax*.so",
+    facts=CustomDeviceFacts,
+    host_runtime=VendorHostRuntime(library="libmcruntime.so", alloc="mcMallocHost", free="mcFreeHost"),
 )
-

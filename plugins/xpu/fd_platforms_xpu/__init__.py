@@ -2,15 +2,61 @@
 
 from __future__ import annotations
 
-from fd_platforms.probes import RuntimeFacts
+from fd_platforms.device_facts import DeviceFacts, PinningUnavailable, pinned_tensor_buffer
+from fd_platforms.paddle_platform import PaddlePlatform
+from fd_platforms.types import Detection, DeviceMemory, HostBuffer
 
-PLATFORM = RuntimeFacts(
+INSTALL_HINT = "pip install paddlepaddle-xpu (Paddle's Kunlun build) on a machine with Kunlun XPUs"
+
+
+class XpuFacts(DeviceFacts):
+    """What Paddle's XPU build says about Kunlun XPUs."""
+
+    paddle_calls = (
+        "is_compiled_with_xpu",
+        "device.xpu.device_count",
+        "device.xpu.memory_total",
+        "device.xpu.memory_used",
+        "device.xpu.max_memory_allocated",
+        "XPUPinnedPlace",
+        "empty",
+    )
+
+    def confirm(self) -> Detection:
+        if not self.paddle.is_compiled_with_xpu():
+            return Detection(
+                False, f"this paddle build has no XPU support (paddle.is_compiled_with_xpu() is False). Fix: {INSTALL_HINT}"
+            )
+        count = int(self.paddle.device.xpu.device_count())
+        if count == 0:
+            return Detection(
+                False, f"paddle sees no Kunlun XPU. Fix: check the driver (xpu-smi) and {self.visible_devices_env}"
+            )
+        return Detection(True, f"paddle sees {count} Kunlun XPUs", count)
+
+    def memory(self, device_id: int) -> DeviceMemory:
+        xpu = self.paddle.device.xpu
+        total, used = int(xpu.memory_total(device_id)), int(xpu.memory_used(device_id))
+        return DeviceMemory(
+            total_bytes=total,
+            free_bytes=max(total - used, 0),
+            process_bytes=int(xpu.max_memory_allocated(device_id)),
+            source=f"paddle.device.xpu.memory_total/memory_used({device_id}) and max_memory_allocated",
+        )
+
+    def pin(self, nbytes: int) -> HostBuffer:
+        if not self.paddle.is_compiled_with_xpu():
+            raise PinningUnavailable("this paddle build has no XPU support")
+        return pinned_tensor_buffer(self.paddle, nbytes, "XPUPinnedPlace", "xpu_pinned")
+
+
+PLATFORM = PaddlePlatform(
     name="xpu",
     device_type="xpu",
     visible_devices_env="XPU_VISIBLE_DEVICES",
     distributions=("paddlepaddle-xpu",),
     device_glob="/dev/xpu[0-9]*",
-    install_hint="pip install paddlepaddle-xpu (Paddle's Kunlun build) on a machine with Kunlun XPUs",
+    install_hint=INSTALL_HINT,
     description="Kunlun XPUs",
+    facts=XpuFacts,
 )
-
