@@ -13,7 +13,7 @@ from typing import Any
 
 from .device_facts import import_paddle
 from .errors import ConfigError, DeviceAllocError
-from .layout import DTYPE_BYTES, CacheLayout
+from .layout import DTYPE_BYTES, CacheLayout, CacheTensorSpec
 from .sizes import format_size
 
 
@@ -51,8 +51,7 @@ def allocate_kv_cache(layout: CacheLayout, num_blocks: int, device: str, paddle:
         shape = spec.shape(num_blocks)
         nbytes = num_blocks * spec.bytes_per_block
         try:
-            raw = paddle.empty([*shape[:-1], shape[-1] * DTYPE_BYTES[spec.dtype]], dtype="uint8", device=device)
-            tensors.append(raw if spec.dtype == "uint8" else raw.view(getattr(paddle, spec.dtype)))
+            tensors.append(_allocate_tensor(paddle, spec, num_blocks, device))
         except (RuntimeError, MemoryError, OSError, ValueError) as exc:
             done = len(tensors)
             tensors.clear()
@@ -64,3 +63,11 @@ def allocate_kv_cache(layout: CacheLayout, num_blocks: int, device: str, paddle:
             ) from exc
         total += nbytes
     return KVCache(device=device, num_blocks=num_blocks, names=layout.names(), tensors=tensors, nbytes=total)
+
+
+def _allocate_tensor(paddle: Any, spec: CacheTensorSpec, num_blocks: int, device: str) -> Any:
+    """One tensor as raw bytes viewed as its dtype (kept out of the caller's frame, so an error's
+    traceback holds no tensor)."""
+    shape = spec.shape(num_blocks)
+    raw = paddle.empty([*shape[:-1], shape[-1] * DTYPE_BYTES[spec.dtype]], dtype="uint8", device=device)
+    return raw if spec.dtype == "uint8" else raw.view(getattr(paddle, spec.dtype))

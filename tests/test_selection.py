@@ -12,6 +12,7 @@ from fd_platforms.errors import (
     DuplicatePlatformError,
     PlatformUnavailableError,
     PluginContractError,
+    PluginError,
     PluginHookError,
     PluginLoadError,
     SelectionError,
@@ -204,3 +205,71 @@ def test_wrong_record_type_is_a_contract_error(make_plugin) -> None:
     with pytest.raises(PluginContractError) as info:
         select_platform({"FD_PLATFORM": "liar"})
     assert "detect_platform returned bool" in str(info.value) and "must return Detection" in str(info.value)
+
+
+CONFIRMING_PLUGIN = """
+from fd_platforms import hookimpl
+from fd_platforms.types import Detection, PlatformIdentity
+
+@hookimpl
+def platform_identity():
+    return PlatformIdentity("acme", "acme_npu", "ACME_VISIBLE_DEVICES")
+
+@hookimpl
+def detect_platform():
+    return Detection(True, "libacme installed; count known once paddle starts", 0)
+
+@hookimpl
+def confirm_platform():
+    {body}
+"""
+
+
+def confirming(make_plugin, body: str) -> None:
+    make_plugin("acme", source=CONFIRMING_PLUGIN.format(body=body))
+
+
+def test_confirmation_replaces_the_cheap_detection(make_plugin) -> None:
+    confirming(make_plugin, 'return Detection(True, "paddle registers acme_npu with 4 devices", 4)')
+    selection = select_platform({})
+    assert (selection.platform.name, selection.how) == ("acme", "detected")
+    assert "paddle registers acme_npu with 4 devices" in selection.reason
+    report = {r.name: r for r in survey({"FD_PLATFORM": "acme"}).reports}["acme"]
+    assert (report.status, report.device_count) == ("available", 4)
+
+
+def test_refused_confirmation_of_the_requested_platform_is_a_hard_error(make_plugin) -> None:
+    confirming(make_plugin, 'return Detection(False, "paddle registers no acme_npu device. Fix: install libacme")')
+    with pytest.raises(PlatformUnavailableError, match="not available here: paddle registers no acme_npu device"):
+        select_platform({"FD_PLATFORM": "acme"})
+
+
+def test_refused_confirmation_of_a_detected_platform_falls_back_to_cpu(make_plugin) -> None:
+    confirming(make_plugin, 'return Detection(False, "paddle registers no acme_npu device")')
+    selection = select_platform({})
+    assert selection.platform.name == "cpu" and "detected: acme, cuda" in selection.reason
+    report = {r.name: r for r in survey({}).reports}["acme"]
+    assert report.status == "unavailable" and "paddle registers no acme_npu device" in report.reason
+
+
+def test_confirmation_that_raises_marks_the_plugin_broken(make_plugin) -> None:
+    confirming(make_plugin, 'raise OSError("driver mismatch")')
+    with pytest.raises(PluginError, match="hook confirm_platform raised OSError: driver mismatch"):
+        select_platform({"FD_PLATFORM": "acme"})
+    assert select_platform({}).platform.name == "cpu"
+
+
+def test_confirmation_must_return_a_detection(make_plugin) -> None:
+    confirming(make_plugin, 'return "yes"')
+    with pytest.raises(PluginContractError, match="confirm_platform returned str"):
+        select_platform({"FD_PLATFORM": "acme"})
+
+
+def test_unselected_platforms_are_never_confirmed(make_plugin, tmp_path) -> None:
+    marker = tmp_path / "confirmed"
+    confirming(make_plugin, f'open({str(marker)!r}, "w").close(); return None')
+    make_plugin("zeta")
+    assert select_platform({"FD_PLATFORM": "zeta"}).platform.name == "zeta"
+    assert not marker.exists()
+    select_platform({"FD_PLATFORM": "acme"})
+    assert marker.exists()

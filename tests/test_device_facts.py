@@ -1,0 +1,327 @@
+"""Device facts of every Paddle-driven platform through the seam: a fake ``paddle`` holding exactly
+the calls each facts class declares, and a check that each of those calls exists in the installed
+Paddle (so a renamed API fails here, without hardware)."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import logging
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import fd_platforms_cuda
+import fd_platforms_iluvatar
+import fd_platforms_metax
+import fd_platforms_xpu
+from fd_platforms.custom_device import CustomDeviceFacts
+from fd_platforms.device_facts import DeviceFacts, PinningUnavailable
+from fd_platforms.errors import HostAllocError
+from fd_platforms.host_memory import allocate_host
+from fd_platforms.paddle_platform import PaddlePlatform
+
+PLATFORMS = {
+    "cuda": fd_platforms_cuda.PLATFORM,
+    "xpu": fd_platforms_xpu.PLATFORM,
+    "iluvatar": fd_platforms_iluvatar.PLATFORM,
+    "metax": fd_platforms_metax.PLATFORM,
+}
+GiB = 2**30
+
+
+def fake_paddle(facts: type[DeviceFacts], **calls: Any) -> SimpleNamespace:
+    """A ``paddle`` stand-in with exactly ``facts.paddle_calls`` (``device__cuda__device_count=...``)."""
+    named = {name.replace("__", "."): value for name, value in calls.items()}
+    assert set(named) == set(facts.paddle_calls), "the fake must hold exactly the declared calls"
+    root = SimpleNamespace()
+    for dotted, value in named.items():
+        node = root
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            if not hasattr(node, part):
+                setattr(node, part, SimpleNamespace())
+            node = getattr(node, part)
+        setattr(node, leaf, value)
+    return root
+
+
+class FakeTensor:
+    """A uint8 'tensor' over real memory, as paddle.empty would return one."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.memory = (ctypes.c_uint8 * nbytes)()
+
+    def data_ptr(self) -> int:
+        return ctypes.addressof(self.memory)
+
+
+def no_pinned_place() -> None:
+    raise RuntimeError("(PermissionDenied) Cannot use CUDAPinnedPlace in CPU only version")
+
+
+def cuda_paddle(
+    compiled: bool = True, rocm: bool = False, count: int = 8, empty: Callable[..., Any] | None = None
+) -> SimpleNamespace:
+    return fake_paddle(
+        fd_platforms_cuda.CudaFacts,
+        is_compiled_with_cuda=lambda: compiled,
+        is_compiled_with_rocm=lambda: rocm,
+        device__cuda__device_count=lambda: count,
+        cuda__mem_get_info=lambda device: (70 * GiB + device, 80 * GiB),
+        device__cuda__max_memory_allocated=lambda device: 3 * GiB,
+        CUDAPinnedPlace=(lambda: "pinned") if compiled else no_pinned_place,
+        empty=empty or (lambda shape, dtype, device: FakeTensor(shape[0])),
+    )
+
+
+def xpu_paddle(compiled: bool = True, count: int = 8) -> SimpleNamespace:
+    return fake_paddle(
+        fd_platforms_xpu.XpuFacts,
+        is_compiled_with_xpu=lambda: compiled,
+        device__xpu__device_count=lambda: count,
+        device__xpu__memory_total=lambda device: 96 * GiB,
+        device__xpu__memory_used=lambda device: 10 * GiB,
+        device__xpu__max_memory_allocated=lambda device: 2 * GiB,
+        XPUPinnedPlace=lambda: "xpu_pinned",
+        empty=lambda shape, dtype, device: FakeTensor(shape[0]),
+    )
+
+
+def custom_paddle(types: list[str], count: int = 2) -> SimpleNamespace:
+    return fake_paddle(
+        CustomDeviceFacts,
+        device__get_all_custom_device_type=lambda: types,
+        device__device_count=lambda device_type: count,
+        device__get_device_properties=lambda place: SimpleNamespace(total_memory=64 * GiB),
+        device__max_memory_allocated=lambda place: GiB,
+    )
+
+
+def facts_of(name: str, paddle: SimpleNamespace) -> DeviceFacts:
+    platform = PLATFORMS[name]
+    return platform.facts(paddle, platform.device_type, platform.visible_devices_env, platform.host_runtime)
+
+
+# -- CUDA --------------------------------------------------------------------------------------
+
+
+def test_cuda_confirms_a_cuda_build_with_devices() -> None:
+    detection = facts_of("cuda", cuda_paddle()).confirm()
+    assert (detection.available, detection.device_count) == (True, 8)
+
+
+@pytest.mark.parametrize(
+    ("paddle", "reason"),
+    [
+        (cuda_paddle(compiled=False), "no CUDA (paddle.is_compiled_with_cuda() is False). Fix: pip install paddlepaddle-gpu"),
+        (cuda_paddle(rocm=True), "for ROCm, not CUDA"),
+        (cuda_paddle(count=0), "paddle sees no CUDA device. Fix: check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES"),
+    ],
+)
+def test_cuda_refuses_builds_and_machines_it_cannot_use(paddle: SimpleNamespace, reason: str) -> None:
+    detection = facts_of("cuda", paddle).confirm()
+    assert not detection.available and reason in detection.reason
+
+
+def test_cuda_memory_comes_from_mem_get_info_and_the_allocator_peak() -> None:
+    memory = facts_of("cuda", cuda_paddle()).memory(1)
+    assert (memory.total_bytes, memory.free_bytes, memory.process_bytes) == (80 * GiB, 70 * GiB + 1, 3 * GiB)
+    assert "paddle.cuda.mem_get_info(1)" in memory.source
+
+
+def test_cuda_pins_through_a_pinned_place_and_release_drops_the_tensor() -> None:
+    made: list[tuple[list[int], str, object]] = []
+
+    def empty(shape: list[int], dtype: str, device: object) -> FakeTensor:
+        made.append((shape, dtype, device))
+        return FakeTensor(shape[0])
+
+    buffer = facts_of("cuda", cuda_paddle(empty=empty)).pin(4096)
+    assert made == [([4096], "uint8", "pinned")]
+    assert (buffer.pinned, buffer.kind, buffer.nbytes) == (True, "cuda_pinned", 4096)
+    view = buffer.numpy()
+    view[:3] = [1, 2, 3]
+    assert list(buffer.numpy()[:3]) == [1, 2, 3]
+    del view
+    buffer.release()
+    assert buffer.released
+
+
+def test_cuda_without_cuda_cannot_pin() -> None:
+    with pytest.raises(PinningUnavailable, match="no CUDA"):
+        facts_of("cuda", cuda_paddle(compiled=False)).pin(4096)
+
+
+def test_cuda_pinned_allocation_failure_names_the_size() -> None:
+    def empty(shape: list[int], dtype: str, device: object) -> FakeTensor:
+        raise MemoryError("cudaHostAlloc failed")
+
+    with pytest.raises(HostAllocError, match="could not allocate 4096 bytes of pinned host memory"):
+        facts_of("cuda", cuda_paddle(empty=empty)).pin(4096)
+
+
+def test_a_build_without_the_pinned_place_cannot_pin() -> None:
+    paddle = cuda_paddle()
+    paddle.CUDAPinnedPlace = no_pinned_place
+    with pytest.raises(PinningUnavailable, match="CUDAPinnedPlace"):
+        facts_of("cuda", paddle).pin(64)
+
+
+# -- XPU ---------------------------------------------------------------------------------------
+
+
+def test_xpu_confirms_and_reports_free_as_total_minus_used() -> None:
+    facts = facts_of("xpu", xpu_paddle())
+    assert facts.confirm().device_count == 8
+    memory = facts.memory(0)
+    assert (memory.total_bytes, memory.free_bytes, memory.process_bytes) == (96 * GiB, 86 * GiB, 2 * GiB)
+
+
+@pytest.mark.parametrize(("paddle", "reason"), [
+    (xpu_paddle(compiled=False), "no XPU support (paddle.is_compiled_with_xpu() is False). Fix: pip install paddlepaddle-xpu"),
+    (xpu_paddle(count=0), "no Kunlun XPU. Fix: check the driver (xpu-smi) and XPU_VISIBLE_DEVICES"),
+])
+def test_xpu_refuses_with_a_reason(paddle: SimpleNamespace, reason: str) -> None:
+    detection = facts_of("xpu", paddle).confirm()
+    assert not detection.available and reason in detection.reason
+
+
+def test_xpu_pins_through_the_xpu_pinned_place() -> None:
+    with facts_of("xpu", xpu_paddle()).pin(128) as buffer:
+        assert (buffer.pinned, buffer.kind) == (True, "xpu_pinned")
+    with pytest.raises(PinningUnavailable, match="no XPU support"):
+        facts_of("xpu", xpu_paddle(compiled=False)).pin(128)
+
+
+# -- custom devices (Iluvatar, MetaX): one implementation in the core ----------------------------
+
+
+@pytest.mark.parametrize("name", ["iluvatar", "metax"])
+def test_custom_device_confirms_its_registered_type(name: str) -> None:
+    device_type = PLATFORMS[name].device_type
+    detection = facts_of(name, custom_paddle(["other_npu", device_type])).confirm()
+    assert (detection.available, detection.device_count) == (True, 2)
+    missing = facts_of(name, custom_paddle(["other_npu"])).confirm()
+    assert not missing.available
+    assert f"registers no {device_type!r} device (custom device types: other_npu)" in missing.reason
+    assert "CUSTOM_DEVICE_ROOT" in missing.reason
+    empty = facts_of(name, custom_paddle([device_type], count=0)).confirm()
+    assert not empty.available and PLATFORMS[name].visible_devices_env in empty.reason
+
+
+@pytest.mark.parametrize("name", ["iluvatar", "metax"])
+def test_custom_device_memory_says_free_is_unknown(name: str) -> None:
+    memory = facts_of(name, custom_paddle([PLATFORMS[name].device_type])).memory(1)
+    assert (memory.total_bytes, memory.free_bytes, memory.process_bytes) == (64 * GiB, None, GiB)
+    assert f"{PLATFORMS[name].device_type}:1" in memory.source and "free memory is unknown" in memory.source
+
+
+def test_custom_device_without_a_vendor_allocator_cannot_pin() -> None:
+    facts = CustomDeviceFacts(custom_paddle(["npu"]), "npu", "NPU_VISIBLE_DEVICES")
+    with pytest.raises(PinningUnavailable, match="no vendor host allocator is known for 'npu'"):
+        facts.pin(64)
+
+
+def test_custom_device_with_an_absent_vendor_library_cannot_pin() -> None:
+    metax = PLATFORMS["metax"]
+    assert metax.host_runtime is not None and metax.host_runtime.library == "libmcruntime.so"
+    facts = facts_of("metax", custom_paddle(["metax_gpu"]))
+    try:
+        ctypes.CDLL("libmcruntime.so")
+    except OSError:
+        with pytest.raises(PinningUnavailable, match="libmcruntime.so"):
+            facts.pin(64)
+    else:  # pragma: no cover - a MetaX machine
+        pytest.skip("libmcruntime.so is installed here")
+
+
+# -- the host-memory contract, one for every platform -------------------------------------------
+
+
+def cannot_pin(nbytes: int) -> Any:
+    raise PinningUnavailable("the runtime is absent")
+
+
+def test_unpinnable_memory_falls_back_to_pageable_with_one_warning(caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="fd_platforms"):
+        buffer = allocate_host(8192, False, cannot_pin, "acme")
+    with buffer:
+        assert (buffer.pinned, buffer.kind, buffer.nbytes) == (False, "pageable", 8192)
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert warnings == ["platform 'acme' cannot pin host memory (the runtime is absent); using 8192 bytes of pageable memory"]
+
+
+def test_demanded_pinned_memory_that_cannot_be_had_is_an_error() -> None:
+    with pytest.raises(HostAllocError, match=r"pinned host memory of 8192 bytes was required, but platform 'acme' "
+                                             r"cannot pin here: the runtime is absent\. Fix: call host_alloc\(require_pinned=False\)"):
+        allocate_host(8192, True, cannot_pin, "acme")
+
+
+def test_a_failed_pinned_allocation_is_not_hidden_by_the_fallback() -> None:
+    def out_of_memory(nbytes: int) -> Any:
+        raise HostAllocError(f"could not allocate {nbytes} bytes")
+
+    with pytest.raises(HostAllocError, match="could not allocate 8192 bytes"):
+        allocate_host(8192, False, out_of_memory, "acme")
+
+
+@pytest.mark.parametrize("nbytes", [0, -1, True, 1.5])
+def test_host_alloc_sizes_are_validated(nbytes: object) -> None:
+    with pytest.raises(ValueError, match="nbytes="):
+        allocate_host(nbytes, False, cannot_pin, "acme")  # type: ignore[arg-type]
+
+
+# -- the platforms as plugins, with the seam filled by a fake -------------------------------------
+
+
+def with_paddle(name: str, paddle: SimpleNamespace) -> PaddlePlatform:
+    import dataclasses
+
+    return dataclasses.replace(PLATFORMS[name], load_paddle=lambda: paddle)
+
+
+def test_platform_hooks_use_the_facts_and_the_core_contract(caplog) -> None:
+    cuda = with_paddle("cuda", cuda_paddle(compiled=False))
+    assert not cuda.confirm_platform().available
+    with caplog.at_level(logging.WARNING, logger="fd_platforms"), cuda.host_alloc(4096, False) as buffer:
+        assert not buffer.pinned
+    assert "platform 'cuda' cannot pin host memory" in caplog.text
+    assert cuda.device_memory(0).total_bytes == 80 * GiB
+    with pytest.raises(ValueError, match="device_id=-1"):
+        cuda.device_memory(-1)
+
+
+def test_only_iluvatar_declares_a_limit_and_says_why() -> None:
+    limits = {name: platform.declared_limits() for name, platform in PLATFORMS.items()}
+    assert limits["cuda"] == limits["xpu"] == limits["metax"] == ()
+    (limit,) = limits["iluvatar"]
+    assert (limit.kind, limit.value) == ("max_tensor_elements", 2**31 - 1)
+    assert "32-bit element offsets" in limit.reason
+
+
+def test_plugins_hold_facts_not_logic() -> None:
+    """Every plugin is a PaddlePlatform record; the custom-device ones share the core's facts class."""
+    assert all(isinstance(platform, PaddlePlatform) for platform in PLATFORMS.values())
+    assert PLATFORMS["iluvatar"].facts is PLATFORMS["metax"].facts is CustomDeviceFacts
+    for name in ("cuda", "xpu"):
+        methods = {key for key, value in vars(PLATFORMS[name].facts).items() if callable(value)}
+        assert methods == {"confirm", "memory", "pin"}, f"{name} implements only the device-fact seam"
+
+
+# -- the declared calls exist in the installed Paddle --------------------------------------------
+
+
+@pytest.mark.parametrize("facts", [fd_platforms_cuda.CudaFacts, fd_platforms_xpu.XpuFacts, CustomDeviceFacts])
+def test_every_declared_paddle_call_exists_in_the_installed_paddle(facts: type[DeviceFacts]) -> None:
+    paddle = importlib.import_module("paddle")
+    missing = []
+    for dotted in facts.paddle_calls:
+        node: Any = paddle
+        for part in dotted.split("."):
+            node = getattr(node, part, None)
+        if not callable(node):
+            missing.append(f"paddle.{dotted}")
+    assert not missing, f"{facts.__name__} calls names this paddle {paddle.__version__} lacks: {missing}"
