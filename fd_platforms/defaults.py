@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .decision import decide_cache_creation
-from .errors import HostAllocError, NotImplementedYetError
+from .errors import DeviceFactsUnavailableError, HostAllocError
 from .hookspecs import hookimpl
 from .host_memory import allocate_pageable
 from .types import CacheDecision, DeviceMemory, HostBuffer, Plan, PlatformLimit
@@ -52,7 +52,11 @@ def host_alloc(nbytes: int, require_pinned: bool) -> HostBuffer:
 @hookimpl(trylast=True)
 def device_memory(device_id: int) -> None:
     """No default: memory facts are the platform's to give."""
-    raise NotImplementedYetError("device_memory", "the platform's device facts arrive with the vendor-plugin issue #5")
+    raise DeviceFactsUnavailableError(
+        f"this platform does not report the memory of device {device_id} (its plugin implements no "
+        "device_memory hook). Fix: give the size explicitly (fd-platforms plan --device-memory SIZE), "
+        "or add a device_memory hook to the plugin"
+    )
 
 
 @hookimpl(trylast=True)

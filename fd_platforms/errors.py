@@ -90,12 +90,10 @@ class PluginContractError(PluginError):
     """A hook returned something other than the record its spec promises."""
 
 
-class NotImplementedYetError(FdPlatformsError, NotImplementedError):
-    """A hook whose behaviour belongs to a later piece of work was called."""
+class DeviceFactsUnavailableError(FdPlatformsError):
+    """The platform does not report a fact the caller needs (its plugin has no such hook)."""
 
-    def __init__(self, hook: str, owner: str) -> None:
-        self.hook = hook
-        super().__init__(f"hook {hook!r} is specified but not implemented yet ({owner})")
+    exit_code = 2
 
 
 class HostAllocError(FdPlatformsError, MemoryError):
