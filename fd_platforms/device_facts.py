@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 from abc import ABC, abstractmethod
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -37,10 +38,13 @@ def import_paddle() -> ModuleType:
     """``import paddle``, done only once a device platform needs it.
 
     Paddle's C++ INFO log lines (custom-device loading, ...) are hidden unless the user set
-    ``GLOG_minloglevel``; warnings and errors still show.
+    ``GLOG_minloglevel``, and the Python warnings its import prints ("No ccache found", ...) are
+    silenced, so a command's stderr stays one line on error; Paddle's errors still show.
     """
     os.environ.setdefault("GLOG_minloglevel", "1")
-    return importlib.import_module("paddle")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return importlib.import_module("paddle")
 
 
 class DeviceFacts(ABC):

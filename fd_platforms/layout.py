@@ -80,11 +80,16 @@ class CacheTensorSpec:
 
 @dataclass(frozen=True)
 class CacheLayout:
-    """All cache tensors of one rank, in the contract order (see the module docstring)."""
+    """All cache tensors of one rank, in the contract order (see the module docstring).
+
+    ``device_id`` is the local device the names were made for (``.device{N}``); the tensors are
+    allocated there.
+    """
 
     tensors: tuple[CacheTensorSpec, ...]
     num_layers: int
     block_size: int
+    device_id: int = 0
 
     @property
     def bytes_per_block(self) -> int:
@@ -154,4 +159,6 @@ def build_layout(
         for layer in range(model.num_cache_layers)
         for role, shape, dtype in roles
     )
-    return CacheLayout(tensors=tensors, num_layers=model.num_cache_layers, block_size=cache.block_size)
+    return CacheLayout(
+        tensors=tensors, num_layers=model.num_cache_layers, block_size=cache.block_size, device_id=device_id
+    )

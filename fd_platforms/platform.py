@@ -111,11 +111,11 @@ class Platform:
             "wait_cache_ready", float, signal_name=signal_name, rank=rank, timeout=timeout, setter_pid=setter_pid
         )
 
-    def allocate_kv_cache(self, layout: CacheLayout, num_blocks: int, device_id: int = 0) -> KVCache:
-        """Allocate one rank's KV cache tensors on this platform's device ``device_id`` (the creator path)."""
+    def allocate_kv_cache(self, layout: CacheLayout, num_blocks: int) -> KVCache:
+        """Allocate one rank's KV cache tensors on the device the layout was built for (the creator path)."""
         from .kv_cache import allocate_kv_cache
 
-        return allocate_kv_cache(layout, num_blocks, self.identity.device_string(device_id))
+        return allocate_kv_cache(layout, num_blocks, self.identity.device_string(layout.device_id))
 
     def _call(self, hook: str, expected: type[RecordT], **kwargs: Any) -> RecordT:
         return call_hook(self.candidate, self.manager, hook, expected, **kwargs)

@@ -88,6 +88,9 @@ class RuntimeFacts:
             plain = installed_distribution("paddlepaddle")
             extra = f" (found {plain[0]} {plain[1]}, the CPU build)" if plain else ""
             wanted = " or ".join(self.distributions)
+            root = env.get("CUSTOM_DEVICE_ROOT")
+            if self.custom_device_library is not None and root:
+                extra += f", and CUSTOM_DEVICE_ROOT={root} holds no {self.custom_device_library}"
             return Detection(False, f"{wanted} is not installed{extra}. Fix: {self.install_hint}")
         runtime = f"{found[0]} {found[1]} installed"
         if self.device_glob is None:

@@ -51,6 +51,10 @@ class VendorHostRuntime:
         address = pointer.value
 
         def release() -> None:
-            free(address)
+            status = free(address)
+            if status != 0:
+                raise HostAllocError(
+                    f"{self.free} could not free {nbytes} bytes of pinned host memory at {address:#x} (status {status})"
+                )
 
         return HostBuffer(address=address, nbytes=nbytes, pinned=True, kind=self.alloc, _free=release)
