@@ -47,7 +47,7 @@ from types import TracebackType
 
 from . import futex
 from .errors import CacheNotReadyError, CacheSignalError, ConfigError
-from .process_watch import ProcessWatch, pid_running, process_start_ticks
+from .process_watch import START_TICKS_MASK, ProcessWatch, pid_running, process_start_ticks
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def check_signal_name(name: str) -> str:
 def resolve_timeout(timeout: float | None, environ: Mapping[str, str] | None = None) -> float:
     """The wait limit in seconds: ``timeout``, else ``FD_CACHE_READY_TIMEOUT``, else 600."""
     if timeout is not None:
-        return _positive_seconds("timeout", timeout, "pass a finite number of seconds > 0")
+        return _positive_seconds("timeout", timeout, timeout, "pass a finite number of seconds > 0")
     raw = (os.environ if environ is None else environ).get(ENV_TIMEOUT)
     if raw is None or raw.strip() == "":
         return DEFAULT_TIMEOUT
@@ -100,11 +100,11 @@ def resolve_timeout(timeout: float | None, environ: Mapping[str, str] | None = N
         value = float(raw)
     except ValueError:
         value = math.nan
-    return _positive_seconds(ENV_TIMEOUT, raw, f"set {ENV_TIMEOUT} to seconds, e.g. {ENV_TIMEOUT}=900", value)
+    return _positive_seconds(ENV_TIMEOUT, raw, value, f"set {ENV_TIMEOUT} to seconds, e.g. {ENV_TIMEOUT}=900")
 
 
-def _positive_seconds(field: str, shown: object, fix: str, value: object = None) -> float:
-    number = shown if value is None else value
+def _positive_seconds(field: str, shown: object, number: object, fix: str) -> float:
+    """``number`` as float if it is finite and > 0; else a ConfigError showing ``field=shown``."""
     if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) or number <= 0:
         raise ConfigError(field, shown, "a finite number of seconds > 0", fix)
     return float(number)
@@ -153,7 +153,7 @@ class CacheReadySignal:
         words = signal._view()
         words[_WORD_VERSION], words[_WORD_RANKS], words[_WORD_PID] = LAYOUT_VERSION, num_ranks, os.getpid()
         start = process_start_ticks(os.getpid())
-        words[_WORD_START] = -1 if start is None else start & 0x7FFFFFFF
+        words[_WORD_START] = -1 if start is None else start & START_TICKS_MASK
         words[_WORD_MAGIC] = MAGIC
         return signal
 
@@ -365,7 +365,7 @@ def _reclaim_stale(name: str) -> None:
                 f"Fix: choose another name, or remove /dev/shm/{name} if no engine is using it"
             )
         pid, start = header[_WORD_PID], header[_WORD_START]
-        if pid_running(pid) and _same_start(pid, start):
+        if pid_running(pid, None if start < 0 else start):
             raise CacheSignalError(
                 f"cache-ready signal {name!r} is in use by a running engine (pid {pid}). "
                 "Fix: give this engine instance another name, or stop that engine first"
@@ -375,8 +375,3 @@ def _reclaim_stale(name: str) -> None:
     finally:
         segment.close()
 
-
-def _same_start(pid: int, recorded: int) -> bool:
-    """Whether ``pid`` is the same process that recorded ``recorded`` (unknown counts as the same)."""
-    current = process_start_ticks(pid)
-    return recorded < 0 or current is None or current & 0x7FFFFFFF == recorded

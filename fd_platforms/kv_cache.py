@@ -51,23 +51,23 @@ def allocate_kv_cache(layout: CacheLayout, num_blocks: int, device: str, paddle:
         shape = spec.shape(num_blocks)
         nbytes = num_blocks * spec.bytes_per_block
         try:
-            tensors.append(_allocate_tensor(paddle, spec, num_blocks, device))
+            tensors.append(_allocate_tensor(paddle, spec, shape, device))
         except (RuntimeError, MemoryError, OSError, ValueError) as exc:
             done = len(tensors)
             tensors.clear()
+            first_line = next(iter(str(exc).strip().splitlines()), "")
             raise DeviceAllocError(
                 f"could not allocate KV cache tensor {spec.name} {list(shape)} {spec.dtype} ({format_size(nbytes)}) "
                 f"on {device} after {done} of {len(layout.tensors)} tensors ({format_size(total)}): "
-                f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}. "
+                f"{type(exc).__name__}: {first_line}. "
                 "Fix: plan fewer blocks (lower memory_utilization or num_gpu_blocks_override) or free device memory"
             ) from exc
         total += nbytes
     return KVCache(device=device, num_blocks=num_blocks, names=layout.names(), tensors=tensors, nbytes=total)
 
 
-def _allocate_tensor(paddle: Any, spec: CacheTensorSpec, num_blocks: int, device: str) -> Any:
+def _allocate_tensor(paddle: Any, spec: CacheTensorSpec, shape: tuple[int, ...], device: str) -> Any:
     """One tensor as raw bytes viewed as its dtype (kept out of the caller's frame, so an error's
     traceback holds no tensor)."""
-    shape = spec.shape(num_blocks)
     raw = paddle.empty([*shape[:-1], shape[-1] * DTYPE_BYTES[spec.dtype]], dtype="uint8", device=device)
     return raw if spec.dtype == "uint8" else raw.view(getattr(paddle, spec.dtype))

@@ -81,17 +81,8 @@ class RuntimeFacts:
         """
         env = os.environ if environ is None else environ
         found = installed_distribution(*self.distributions)
-        library = self._custom_device_library(env) if found is None else None
-        if library is not None:
-            return Detection(True, f"custom-device runtime {library} (CUSTOM_DEVICE_ROOT); the device count is known once paddle starts", 0)
         if found is None:
-            plain = installed_distribution("paddlepaddle")
-            extra = f" (found {plain[0]} {plain[1]}, the CPU build)" if plain else ""
-            wanted = " or ".join(self.distributions)
-            root = env.get("CUSTOM_DEVICE_ROOT")
-            if self.custom_device_library is not None and root:
-                extra += f", and CUSTOM_DEVICE_ROOT={root} holds no {self.custom_device_library}"
-            return Detection(False, f"{wanted} is not installed{extra}. Fix: {self.install_hint}")
+            return self._detect_without_distribution(env)
         runtime = f"{found[0]} {found[1]} installed"
         if self.device_glob is None:
             return Detection(True, f"{runtime}; the device count is known once paddle starts", 0)
@@ -113,9 +104,19 @@ class RuntimeFacts:
         """The limits this platform declares, each with its reason."""
         return self.limits
 
-    def _custom_device_library(self, env: Mapping[str, str]) -> str | None:
+    def _detect_without_distribution(self, env: Mapping[str, str]) -> Detection:
+        """Available through a custom-device library in ``CUSTOM_DEVICE_ROOT``, else why not."""
+        plain = installed_distribution("paddlepaddle")
+        extra = f" (found {plain[0]} {plain[1]}, the CPU build)" if plain else ""
         root = env.get("CUSTOM_DEVICE_ROOT")
-        if self.custom_device_library is None or not root:
-            return None
-        matches = sorted(glob.glob(os.path.join(glob.escape(root), self.custom_device_library)))
-        return matches[0] if matches else None
+        if self.custom_device_library is not None and root:
+            matches = sorted(glob.glob(os.path.join(glob.escape(root), self.custom_device_library)))
+            if matches:
+                return Detection(
+                    True,
+                    f"custom-device runtime {matches[0]} (CUSTOM_DEVICE_ROOT); the device count is known once paddle starts",
+                    0,
+                )
+            extra += f", and CUSTOM_DEVICE_ROOT={root} holds no {self.custom_device_library}"
+        wanted = " or ".join(self.distributions)
+        return Detection(False, f"{wanted} is not installed{extra}. Fix: {self.install_hint}")

@@ -8,41 +8,45 @@ import select
 from .errors import ConfigError
 
 
-def process_start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks after boot (``/proc/<pid>/stat``), or ``None``."""
+START_TICKS_MASK = 0x7FFFFFFF  # start times are compared on their low 31 bits (they fit an int32 word)
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields 3 onwards of ``/proc/<pid>/stat`` (state first), or ``None`` when unreadable."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
             stat = handle.read()
     except OSError:
         return None
     # The command name (field 2) may hold spaces and parentheses; fields after its last ')' are plain.
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
+    return stat[stat.rfind(")") + 2 :].split()
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks after boot (``/proc/<pid>/stat``), or ``None``."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields and len(fields) > 19 and fields[19].isdigit() else None
 
 
 def pid_running(pid: int, start_ticks: int | None = None) -> bool:
-    """True while ``pid`` exists, is not a zombie, and (if given) started at ``start_ticks``."""
+    """True while ``pid`` exists, is not a zombie, and (if given) started at ``start_ticks``.
+
+    Start times are compared under :data:`START_TICKS_MASK`; an unreadable start time counts
+    as a match.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass  # exists, owned by someone else
-    if _is_zombie(pid):
+    fields = _stat_fields(pid)
+    if fields and fields[0] in ("Z", "X"):
         return False
     if start_ticks is None:
         return True
     current = process_start_ticks(pid)
-    return current is None or current == start_ticks
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            stat = handle.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2 :].startswith(("Z", "X"))
+    return current is None or current & START_TICKS_MASK == start_ticks & START_TICKS_MASK
 
 
 class ProcessWatch:

@@ -144,8 +144,7 @@ def select_platform(environ: Mapping[str, str] | None = None, prober: Prober | N
     for name in allowed:
         single_candidate(prober.found, name)  # a duplicate anywhere is an error before anything is imported
     # Cheap detection for every platform; Paddle confirms only those that detected a runtime.
-    probes = [prober.probe(name) for name in allowed if name != FALLBACK_PLATFORM]
-    probes = [prober.confirm(probe.candidate.name) if probe.available else probe for probe in probes]
+    probes = [prober.confirm(name) for name in allowed if name != FALLBACK_PLATFORM]
     for probe in probes:
         if probe.error is not None:
             logger.warning("skipping broken platform plugin: %s", probe.error)
