@@ -11,10 +11,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from .api_version import API_VERSION
     from .current import current_platform, current_selection, reset_platform
     from .hookspecs import hookimpl
 
 _LAZY = {
+    "API_VERSION": "api_version",
     "current_platform": "current",
     "current_selection": "current",
     "reset_platform": "current",

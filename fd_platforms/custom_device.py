@@ -2,7 +2,7 @@
 
 A custom device is a runtime library Paddle loads from ``CUSTOM_DEVICE_ROOT`` that registers a
 device type (``iluvatar_gpu``, ``metax_gpu``). Paddle tells the device count, each device's total
-memory (``get_device_properties``) and this process's allocator peak, but not free memory, so the
+memory (the runtime's device properties) and this process's allocator peak, but not free memory, so the
 planner budgets ``total * utilization - this process's peak``. Paddle cannot pin host memory for
 custom devices; the vendor runtime can, so pinned memory comes from its host allocator through
 ``ctypes`` when its library loads (:class:`~fd_platforms.vendor_host.VendorHostRuntime`).
@@ -20,7 +20,7 @@ class CustomDeviceFacts(DeviceFacts):
     paddle_calls = (
         "device.get_all_custom_device_type",
         "device.device_count",
-        "device.get_device_properties",
+        "base.core.get_device_properties",
         "device.max_memory_allocated",
     )
 
@@ -43,15 +43,17 @@ class CustomDeviceFacts(DeviceFacts):
         return Detection(True, f"paddle registers {self.device_type!r} with {count} devices", count)
 
     def memory(self, device_id: int) -> DeviceMemory:
+        # Paddle 3.3's public paddle.device.get_device_properties serves only metax_gpu and
+        # iluvatar_gpu and raises for every other custom type; the core call it wraps serves all.
+        total = int(self.paddle.base.core.get_device_properties(self.device_type, device_id).total_memory)
         place = f"{self.device_type}:{device_id}"
-        total = int(self.paddle.device.get_device_properties(place).total_memory)
         peak = int(self.paddle.device.max_memory_allocated(place))
         return DeviceMemory(
             total_bytes=total,
             free_bytes=None,
             process_bytes=peak,
-            source=f"paddle.device.get_device_properties({place!r}).total_memory and max_memory_allocated; "
-            "free memory is unknown on custom devices",
+            source=f"paddle.base.core.get_device_properties({self.device_type!r}, {device_id}).total_memory "
+            "and max_memory_allocated; free memory is unknown on custom devices",
         )
 
     def pin(self, nbytes: int) -> HostBuffer:

@@ -2,16 +2,48 @@
 
 ``create = profile or not (num_cpu_blocks > 0 or storage_backend or splitwise_role != "mixed")``
 
-It lives here only; every platform answers ``should_create_cache_tensor`` through it.
+It lives here only; every platform answers ``should_create_cache_tensor`` through it, and a
+plugin that implements the hook itself is held to :data:`TRUTH_TABLE` (:mod:`fd_platforms.drift`).
 """
 
 from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from .errors import ConfigError
 from .types import CacheDecision
 
 STORAGE_BACKENDS = ("mooncake", "attention_store", "file")
 SPLITWISE_ROLES = ("mixed", "prefill", "decode")
+RULE = 'profile or not (num_cpu_blocks > 0 or storage_backend or splitwise_role != "mixed")'
+
+
+@dataclass(frozen=True)
+class DecisionInputs:
+    """One row of the truth table: the four inputs of the rule."""
+
+    profile: bool
+    num_cpu_blocks: int
+    storage_backend: str | None
+    splitwise_role: str
+
+    def kwargs(self) -> dict[str, Any]:
+        """The inputs as the keyword arguments of the rule and of the hook."""
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return ", ".join(f"{key}={value!r}" for key, value in self.kwargs().items())
+
+
+TRUTH_TABLE = tuple(
+    DecisionInputs(profile, num_cpu_blocks, backend, role)
+    for profile in (False, True)
+    for num_cpu_blocks in (0, 64)
+    for backend in (None, "mooncake")
+    for role in SPLITWISE_ROLES
+)
+"""The 24 input combinations every platform must answer exactly as the rule does."""
 
 
 def decide_cache_creation(

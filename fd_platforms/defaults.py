@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from .decision import decide_cache_creation
 from .errors import DeviceFactsUnavailableError, HostAllocError
 from .hookspecs import hookimpl
-from .host_memory import allocate_pageable
+from .host_memory import allocate_pageable, check_host_nbytes
 from .types import CacheDecision, DeviceMemory, HostBuffer, Plan, PlatformLimit
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -41,6 +41,7 @@ def should_create_cache_tensor(
 @hookimpl(trylast=True)
 def host_alloc(nbytes: int, require_pinned: bool) -> HostBuffer:
     """Pageable memory marked ``pinned=False``; an error when the caller demands pinned memory."""
+    check_host_nbytes(nbytes)
     if require_pinned:
         raise HostAllocError(
             f"pinned host memory of {nbytes} bytes was required, but this platform cannot pin host memory. "

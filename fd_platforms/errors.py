@@ -90,6 +90,21 @@ class PluginContractError(PluginError):
     """A hook returned something other than the record its spec promises."""
 
 
+class PluginVersionError(PluginError):
+    """The plugin supports plugin API versions that exclude the installed core's."""
+
+
+class PlatformDriftError(PluginContractError):
+    """The plugin's ``should_create_cache_tensor`` disagrees with the core rule on some inputs.
+
+    ``cases`` lists each differing case as ``(inputs, expected, got)``.
+    """
+
+    def __init__(self, plugin: str, distribution: str, message: str, cases: tuple[object, ...] = ()) -> None:
+        self.cases = cases
+        super().__init__(plugin, distribution, message)
+
+
 class DeviceFactsUnavailableError(FdPlatformsError):
     """The platform does not report a fact the caller needs (its plugin has no such hook)."""
 
@@ -128,3 +143,4 @@ class CacheNotReadyError(FdPlatformsError):
 
 class DeviceAllocError(FdPlatformsError, MemoryError):
     """A KV cache tensor could not be allocated on the device; nothing allocated before it is kept."""
+

@@ -17,6 +17,10 @@ its platform name. It implements some of these hooks with :data:`fd_platforms.ho
     def detect_platform():
         return Detection(available=False, reason="paddle-acme-npu is not installed")
 
+    @hookimpl
+    def supported_api_versions():
+        return ">=1.0,<2"
+
 Rules for every hook:
 
 - The core calls hooks with keyword arguments only; an implementation may accept any subset of a
@@ -26,7 +30,7 @@ Rules for every hook:
   core's default answers where the plugin is silent or returns ``None``.
 - Return the record named in ``Returns``; anything else raises
   :class:`~fd_platforms.errors.PluginContractError`.
-- ``platform_identity`` and ``detect_platform`` are required; a plugin missing either, or
+- ``platform_identity``, ``detect_platform`` and ``supported_api_versions`` are required; a plugin missing either, or
   implementing a hook name not defined here, is refused at registration with
   :class:`~fd_platforms.errors.PluginHookError`.
 - Module-level code and ``detect_platform`` must stay cheap: no ``import paddle``, no device
@@ -49,7 +53,7 @@ PROJECT = "fd_platforms"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
-REQUIRED_HOOKS = ("platform_identity", "detect_platform")
+REQUIRED_HOOKS = ("platform_identity", "detect_platform", "supported_api_versions")
 
 
 @hookspec(firstresult=True)
@@ -88,6 +92,29 @@ def detect_platform() -> Detection:
         @hookimpl
         def detect_platform():
             return Detection(True, "paddlepaddle-gpu 3.3.1 installed, 8 devices", 8)
+    """
+
+
+@hookspec(firstresult=True)
+def supported_api_versions() -> str:
+    """Declare the plugin API versions the plugin was written for.
+
+    The plugin API (these hooks and the records in :mod:`fd_platforms.types`) has the version
+    :data:`fd_platforms.API_VERSION` (``MAJOR.MINOR``; MAJOR changes break plugins). The core
+    checks the declaration when it loads the plugin.
+
+    :returns: a PEP 440 version specifier string, e.g. ``">=1.0,<2"`` for a plugin written
+        against API 1.0 that trusts every 1.x.
+
+    firstresult: yes. Required. Errors: a range that excludes the core's API version is refused
+    with :class:`~fd_platforms.errors.PluginVersionError` naming both versions and the fix; a
+    value that is not a specifier string with :class:`~fd_platforms.errors.PluginContractError`.
+
+    Example::
+
+        @hookimpl
+        def supported_api_versions():
+            return ">=1.0,<2"
     """
 
 

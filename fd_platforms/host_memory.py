@@ -15,10 +15,15 @@ from .types import DeviceMemory, HostBuffer
 logger = logging.getLogger(__name__)
 
 
-def allocate_pageable(nbytes: int) -> HostBuffer:
-    """Allocate ``nbytes`` of zeroed, page-aligned, pageable host memory (``pinned=False``)."""
+def check_host_nbytes(nbytes: object) -> None:
+    """A host allocation's size must be an int > 0 (ConfigError naming ``nbytes`` otherwise)."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
         raise ConfigError("nbytes", nbytes, "an int > 0", "ask for a positive number of bytes")
+
+
+def allocate_pageable(nbytes: int) -> HostBuffer:
+    """Allocate ``nbytes`` of zeroed, page-aligned, pageable host memory (``pinned=False``)."""
+    check_host_nbytes(nbytes)
     try:
         region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     except (OSError, OverflowError, MemoryError) as exc:
@@ -40,8 +45,7 @@ def allocate_host(nbytes: int, require_pinned: bool, pin: Callable[[int], HostBu
     pageable memory marked ``pinned=False`` and one WARNING line. A failed allocation is a
     :class:`HostAllocError` naming the size, whichever path failed.
     """
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
-        raise ConfigError("nbytes", nbytes, "an int > 0", "ask for a positive number of bytes")
+    check_host_nbytes(nbytes)
     try:
         return pin(nbytes)
     except PinningUnavailable as exc:

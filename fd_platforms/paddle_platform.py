@@ -52,6 +52,16 @@ class PaddlePlatform(RuntimeFacts):
             raise ConfigError(
                 "device_id", device_id, "a local device index >= 0", f"pass 0 for the first visible {self.name} device"
             )
+        count = self.device.confirm().device_count
+        if device_id >= count:
+            raise ConfigError(
+                "device_id",
+                device_id,
+                f"a local device index below {count} (paddle sees {count} {self.name} device(s))",
+                f"pass 0 to {count - 1}, or make more devices visible ({self.visible_devices_env})"
+                if count
+                else f"run where paddle sees a {self.name} device",
+            )
         return self.device.memory(device_id)
 
     @hookimpl

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pluggy
 
 from . import defaults, hookspecs
-from .discovery import Candidate
+from .api_version import check_api_compatibility
+from .discovery import Candidate, core_version
+from .drift import refuse_drift
 from .errors import FdPlatformsError, PluginContractError, PluginError, PluginHookError, PluginLoadError
 from .types import CacheDecision, Detection, DeviceMemory, HostBuffer, PlatformIdentity, PlatformLimit, Plan
 
@@ -45,6 +47,11 @@ class Platform:
 
     def __repr__(self) -> str:
         return f"<Platform {self.name} from {self.distribution} {self.version}>"
+
+    def implemented_hooks(self) -> set[str]:
+        """Names of the hooks the platform plugin itself implements (the core's defaults excluded)."""
+        plugin = self.manager.get_plugin(self.name)
+        return {caller.name for caller in self.manager.get_hookcallers(plugin) or []}
 
     def detect(self) -> Detection:
         """The plugin's detection record."""
@@ -151,8 +158,14 @@ def check_type(candidate: Candidate, hook: str, result: object, expected: type[R
     return result
 
 
-def load_platform(candidate: Candidate) -> Platform:
-    """Import a candidate, register it beside the core defaults and validate it against the specs."""
+def load_platform(candidate: Candidate, *, drift_guard: bool = True) -> Platform:
+    """Import a candidate, register it beside the core defaults and validate it.
+
+    Checks, in order: the hooks match the specs and the required ones are there, the declared
+    plugin API range holds the core's, the identity's name is the entry point's, and (unless
+    ``drift_guard`` is off, as the conformance kit does to report the cases itself) a plugin
+    answering ``should_create_cache_tensor`` agrees with the rule on the whole truth table.
+    """
     try:
         plugin = candidate.load()
     except Exception as exc:
@@ -182,6 +195,8 @@ def load_platform(candidate: Candidate) -> Platform:
             candidate.distribution,
             f"required hook(s) {', '.join(missing)} not implemented. Fix: add them with @fd_platforms.hookimpl",
         )
+    declared = call_hook(candidate, manager, "supported_api_versions", object)
+    check_api_compatibility(declared, candidate.name, candidate.distribution, core_version())
     identity = call_hook(candidate, manager, "platform_identity", PlatformIdentity)
     if identity.name != candidate.name:
         raise PluginContractError(
@@ -190,4 +205,7 @@ def load_platform(candidate: Candidate) -> Platform:
             f"platform_identity says name {identity.name!r} but the entry point registers {candidate.name!r}. "
             "Fix: make them equal",
         )
-    return Platform(candidate, manager, identity)
+    platform = Platform(candidate, manager, identity)
+    if drift_guard:
+        refuse_drift(platform)
+    return platform

@@ -10,7 +10,7 @@ import glob
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 
 from .hookspecs import hookimpl
@@ -53,7 +53,9 @@ class RuntimeFacts:
     not a reliable count; ``install_hint``: what a user runs to get the runtime;
     ``custom_device_library``: for a Paddle custom device, a file pattern (``*iluvatar*.so``)
     that finds its runtime library in the folder ``CUSTOM_DEVICE_ROOT`` names, which counts as
-    the runtime being installed; ``limits``: the KV-cache limits the platform declares.
+    the runtime being installed; ``limits``: the KV-cache limits the platform declares;
+    ``api_versions``: the plugin API versions the plugin supports (``">=1.0,<2"``), always stated
+    by the plugin itself so a core with another API refuses it.
     """
 
     name: str
@@ -65,6 +67,12 @@ class RuntimeFacts:
     description: str = ""
     custom_device_library: str | None = None
     limits: tuple[PlatformLimit, ...] = ()
+    api_versions: str = field(kw_only=True)
+
+    @hookimpl
+    def supported_api_versions(self) -> str:
+        """The plugin API range the plugin declared."""
+        return self.api_versions
 
     @hookimpl
     def platform_identity(self) -> PlatformIdentity:

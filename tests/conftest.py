@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import struct
+import subprocess
 import sys
 import textwrap
 import uuid
@@ -71,6 +73,10 @@ def platform_identity():
 @hookimpl
 def detect_platform():
     return Detection({available!r}, {reason!r}, {count!r})
+
+@hookimpl
+def supported_api_versions():
+    return ">=1.0,<2"
 '''
 
 
@@ -127,3 +133,28 @@ def make_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Plu
     yield make
     for module in modules:
         sys.modules.pop(module, None)
+
+
+FAKE_DEVICE_TOOLS = Path(__file__).resolve().parent.parent / "tools" / "fake-custom-device"
+
+
+@pytest.fixture(scope="session")
+def fake_device_root(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``fake_device_root("iluvatar_gpu")``: a CUSTOM_DEVICE_ROOT holding the fake runtime for that
+    device type, compiled once per session (skips where g++ is missing)."""
+    built: dict[str, Path] = {}
+
+    def build(device_type: str) -> Path:
+        if device_type not in built:
+            if shutil.which("g++") is None:
+                pytest.skip("g++ not found on PATH: cannot compile the fake custom-device runtime")
+            root = tmp_path_factory.mktemp(f"fake-{device_type}")
+            done = subprocess.run(
+                ["bash", str(FAKE_DEVICE_TOOLS / "build.sh"), device_type, str(root)],
+                capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable}, timeout=300,
+            )  # fmt: skip
+            assert done.returncode == 0, f"building the fake {device_type} runtime failed:\n{done.stderr}"
+            built[device_type] = root
+        return built[device_type]
+
+    return build

@@ -19,7 +19,7 @@ import fd_platforms_metax
 import fd_platforms_xpu
 from fd_platforms.custom_device import CustomDeviceFacts
 from fd_platforms.device_facts import DeviceFacts, PinningUnavailable
-from fd_platforms.errors import HostAllocError
+from fd_platforms.errors import ConfigError, HostAllocError
 from fd_platforms.host_memory import allocate_host
 from fd_platforms.paddle_platform import PaddlePlatform
 
@@ -95,7 +95,7 @@ def custom_paddle(types: list[str], count: int = 2) -> SimpleNamespace:
         CustomDeviceFacts,
         device__get_all_custom_device_type=lambda: types,
         device__device_count=lambda device_type: count,
-        device__get_device_properties=lambda place: SimpleNamespace(total_memory=64 * GiB),
+        base__core__get_device_properties=lambda device_type, device_id: SimpleNamespace(total_memory=64 * GiB),
         device__max_memory_allocated=lambda place: GiB,
     )
 
@@ -216,7 +216,8 @@ def test_custom_device_confirms_its_registered_type(name: str) -> None:
 def test_custom_device_memory_says_free_is_unknown(name: str) -> None:
     memory = facts_of(name, custom_paddle([PLATFORMS[name].device_type])).memory(1)
     assert (memory.total_bytes, memory.free_bytes, memory.process_bytes) == (64 * GiB, None, GiB)
-    assert f"{PLATFORMS[name].device_type}:1" in memory.source and "free memory is unknown" in memory.source
+    assert f"get_device_properties({PLATFORMS[name].device_type!r}, 1)" in memory.source
+    assert "free memory is unknown" in memory.source
 
 
 def test_custom_device_without_a_vendor_allocator_cannot_pin() -> None:
@@ -289,9 +290,17 @@ def test_platform_hooks_use_the_facts_and_the_core_contract(caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="fd_platforms"), cuda.host_alloc(4096, False) as buffer:
         assert not buffer.pinned
     assert "platform 'cuda' cannot pin host memory" in caplog.text
-    assert cuda.device_memory(0).total_bytes == 80 * GiB
-    with pytest.raises(ValueError, match="device_id=-1"):
+    with pytest.raises(ConfigError, match="device_id=0 .*paddle sees 0 cuda device"):
+        cuda.device_memory(0)
+    with pytest.raises(ConfigError, match="device_id=-1"):
         cuda.device_memory(-1)
+
+
+def test_device_memory_is_asked_only_of_devices_paddle_sees() -> None:
+    cuda = with_paddle("cuda", cuda_paddle(count=2))
+    assert cuda.device_memory(1).total_bytes == 80 * GiB
+    with pytest.raises(ConfigError, match=r"device_id=2 .*below 2 .*CUDA_VISIBLE_DEVICES"):
+        cuda.device_memory(2)
 
 
 def test_only_iluvatar_declares_a_limit_and_says_why() -> None:

@@ -16,7 +16,7 @@ SPECS = [
 
 def test_the_contract_has_the_designed_hooks() -> None:
     assert set(SPECS) == {
-        "platform_identity", "detect_platform", "confirm_platform", "should_create_cache_tensor", "device_memory",
+        "platform_identity", "detect_platform", "supported_api_versions", "confirm_platform", "should_create_cache_tensor", "device_memory",
         "max_num_blocks", "declared_limits", "host_alloc", "wait_cache_ready",
     }
 

@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import os
 
+from ..api_version import API_VERSION
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..host_memory import system_memory
 from ..types import Detection, DeviceMemory, PlatformIdentity
+
+
+@hookimpl
+def supported_api_versions() -> str:
+    """Built into the core, so exactly the core's API."""
+    return f"=={API_VERSION}"
 
 
 @hookimpl

@@ -1,4 +1,4 @@
-"""The ``fd-platforms`` command: ``list`` platforms, ``plan`` KV cache blocks.
+"""The ``fd-platforms`` command: ``list`` platforms, ``plan`` KV cache blocks, ``check`` conformance.
 
 Exit codes: 0 success, 2 usage or configuration error (one message on stderr, no traceback),
 1 any other deliberate failure.
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import FdPlatformsError
-from . import list_command, plan_command
+from . import check_command, list_command, plan_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     list_command.add_parser(commands)
     plan_command.add_parser(commands)
+    check_command.add_parser(commands)
     return parser
 
 

@@ -58,6 +58,7 @@ PLATFORM = PaddlePlatform(
     distributions=("paddlepaddle-gpu",),
     device_glob="/dev/nvidia[0-9]*",
     install_hint=INSTALL_HINT,
+    api_versions=">=1.0,<2",
     description="NVIDIA CUDA GPUs",
     facts=CudaFacts,
 )

@@ -57,6 +57,7 @@ PLATFORM = PaddlePlatform(
     distributions=("paddlepaddle-xpu",),
     device_glob="/dev/xpu[0-9]*",
     install_hint=INSTALL_HINT,
+    api_versions=">=1.0,<2",
     description="Kunlun XPUs",
     facts=XpuFacts,
 )

@@ -1,0 +1,62 @@
+"""The plugin API version and the check that refuses plugins written for another one.
+
+The plugin API is the hook specs (:mod:`fd_platforms.hookspecs`) and the records they pass
+(:mod:`fd_platforms.types`). Its version is ``MAJOR.MINOR``: a new optional hook or record field
+raises MINOR; removing or changing a hook, a parameter or a record field raises MAJOR. A plugin
+declares the versions it supports as a PEP 440 specifier (``">=1.0,<2"``) through its
+``supported_api_versions`` hook.
+"""
+
+from __future__ import annotations
+
+from .errors import PluginContractError, PluginVersionError
+
+API_VERSION = "1.0"
+PLUGIN_API_MODULES = (
+    "fd_platforms",  # hookimpl, API_VERSION
+    "fd_platforms.types",  # the records hooks return
+    "fd_platforms.errors",  # the errors hooks raise
+    "fd_platforms.probes",  # RuntimeFacts: identity and cheap detection from stated facts
+    "fd_platforms.paddle_platform",  # PaddlePlatform: a Paddle-driven device platform record
+    "fd_platforms.device_facts",  # DeviceFacts, PinningUnavailable, pinned_tensor_buffer
+    "fd_platforms.custom_device",  # CustomDeviceFacts: Paddle custom devices
+    "fd_platforms.vendor_host",  # VendorHostRuntime: a vendor's pinned host allocator via ctypes
+    "fd_platforms.host_memory",  # allocate_host, allocate_pageable: the host-memory contract
+)
+"""The modules a plugin may import; everything else in the core may change within an API version."""
+API_MAJOR = API_VERSION.split(".")[0]
+RECOMMENDED_RANGE = f">={API_VERSION},<{int(API_MAJOR) + 1}"
+
+
+def check_api_compatibility(declared: object, plugin: str, distribution: str, core_version: str) -> None:
+    """Refuse a plugin whose declared range does not contain :data:`API_VERSION`.
+
+    Raises :class:`PluginContractError` for a declaration that is not a specifier string and
+    :class:`PluginVersionError` naming both versions and the fix when the range excludes ours.
+    """
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    if not isinstance(declared, str) or not declared.strip():
+        raise PluginContractError(
+            plugin,
+            distribution,
+            f"supported_api_versions returned {declared!r}; it must be a PEP 440 version specifier string. "
+            f"Fix: return {RECOMMENDED_RANGE!r} for a plugin written against API {API_VERSION}",
+        )
+    try:
+        supported = SpecifierSet(declared)
+    except InvalidSpecifier:
+        raise PluginContractError(
+            plugin,
+            distribution,
+            f"supported_api_versions returned {declared!r}, which is not a PEP 440 version specifier. "
+            f"Fix: return a range such as {RECOMMENDED_RANGE!r}",
+        ) from None
+    if not supported.contains(API_VERSION, prereleases=True):
+        raise PluginVersionError(
+            plugin,
+            distribution,
+            f"it supports fd-platforms plugin API {declared}, but the installed fd-platforms {core_version} "
+            f"provides plugin API {API_VERSION}. Fix: install a release of {distribution} that supports API "
+            f"{API_VERSION}, or an fd-platforms release whose plugin API is in {declared}",
+        )

@@ -1,0 +1,94 @@
+"""``fd-platforms check``: the conformance suite for installed platforms, as a platform x check matrix.
+
+Exit 0 when every platform passes (skips are not failures), 1 when any fails, 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from ..api_version import API_VERSION
+from ..conformance import CHECKS, PlatformResult, run_suites
+from ..discovery import Candidate, discover
+from ..errors import ConfigError
+from ..selection import single_candidate
+from .table import format_table
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser("check", help="run the conformance suite against installed platforms")
+    parser.add_argument("names", nargs="*", metavar="NAME", help="platforms to check (default: the selected one)")
+    parser.add_argument("--all", action="store_true", help="check every installed platform")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the matrix")
+    parser.add_argument(
+        "--jobs", type=int, default=min(4, os.cpu_count() or 1), metavar="N", help="platforms checked at once"
+    )
+    parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="per platform")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.jobs < 1:
+        raise ConfigError("--jobs", args.jobs, "an integer >= 1", "pass e.g. --jobs 2")
+    if args.timeout <= 0:
+        raise ConfigError("--timeout", args.timeout, "seconds > 0", "pass e.g. --timeout 600")
+    results = run_suites(_candidates(args.names, args.all), jobs=args.jobs, timeout=args.timeout)
+    passed = all(result.passed for result in results)
+    if args.json:
+        payload = {
+            "api_version": API_VERSION,
+            "checks": list(CHECKS),
+            "passed": passed,
+            "platforms": [result.as_dict() for result in results],
+        }
+        print(json.dumps(payload, indent=2))
+    else:
+        print(_matrix(results))
+    return 0 if passed else 1
+
+
+def _candidates(names: list[str], everything: bool) -> list[Candidate]:
+    found = discover()
+    if everything and names:
+        raise ConfigError("NAME", " ".join(names), "platform names or --all, not both", "drop --all or the names")
+    if everything:
+        return [single_candidate(found, name) for name in found]
+    if not names:
+        from ..current import current_platform
+
+        return [current_platform().candidate]
+    for name in names:
+        if name not in found:
+            raise ConfigError(
+                "NAME", name, f"an installed platform. Choose one of: {', '.join(found)}", "check an installed name"
+            )
+    return [single_candidate(found, name) for name in names]
+
+
+def _cell(result: PlatformResult, check: str) -> str:
+    outcome = next(c for c in result.checks if c.check == check)
+    if outcome.status == "fail":
+        return f"FAIL {outcome.failed}/{outcome.passed + outcome.failed + outcome.skipped}"
+    if outcome.status == "skip":
+        return "skip"
+    return f"pass {outcome.passed}" + (f" ({outcome.skipped} skip)" if outcome.skipped else "")
+
+
+def _matrix(results: list[PlatformResult]) -> str:
+    rows = []
+    notes = []
+    for result in results:
+        if result.error is not None:
+            rows.append((result.name, *("-" for _ in CHECKS), "ERROR"))
+            notes.append(f"{result.name}: {result.error}")
+            continue
+        rows.append((result.name, *(_cell(result, check) for check in CHECKS), "ok" if result.passed else "FAILED"))
+        for outcome in result.checks:
+            notes.extend(f"{result.name} {outcome.check} FAILED {test}: {message}" for test, message in outcome.failures)
+            notes.extend(f"{result.name} {outcome.check} skipped: {reason}" for reason in outcome.skip_reasons)
+    verdict = "all platforms pass" if all(r.passed for r in results) else "some platforms FAIL"
+    table = format_table(("PLATFORM", *(check.upper() for check in CHECKS), "RESULT"), rows)
+    return "\n".join([table, "", *notes, "", f"{verdict} (plugin API {API_VERSION})"]).replace("\n\n\n", "\n\n")

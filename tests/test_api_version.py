@@ -1,0 +1,95 @@
+"""The plugin API version contract: a plugin declares the range it supports; others are refused."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import fd_platforms
+from fd_platforms.api_version import API_VERSION, PLUGIN_API_MODULES
+from fd_platforms.discovery import core_version
+from fd_platforms.errors import PluginContractError, PluginHookError, PluginVersionError
+from fd_platforms.selection import select_platform, survey
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PLUGIN = """
+from fd_platforms import hookimpl
+from fd_platforms.types import Detection, PlatformIdentity
+
+@hookimpl
+def platform_identity():
+    return PlatformIdentity("future", "future_npu", None)
+
+@hookimpl
+def detect_platform():
+    return Detection(True, "future device present", 1)
+"""
+
+
+def versioned(make_plugin, declared: object) -> None:
+    make_plugin("future", source=PLUGIN + f"\n@hookimpl\ndef supported_api_versions():\n    return {declared!r}\n")
+
+
+def test_the_api_version_is_exported_lazily() -> None:
+    assert fd_platforms.API_VERSION == API_VERSION == "1.0"
+
+
+@pytest.mark.parametrize("declared", [">=1.0,<2", ">=0.9", "==1.*", "~=1.0"])
+def test_a_range_holding_the_core_api_is_accepted(make_plugin, declared: str) -> None:
+    versioned(make_plugin, declared)
+    assert select_platform({"FD_PLATFORM": "future"}).platform.name == "future"
+
+
+def test_an_incompatible_plugin_is_refused_naming_both_versions_and_the_fix(make_plugin) -> None:
+    versioned(make_plugin, ">=2.0,<3")
+    with pytest.raises(PluginVersionError) as info:
+        select_platform({"FD_PLATFORM": "future"})
+    message = str(info.value)
+    assert info.value.exit_code == 2 and "fd-test-future" in message
+    assert "supports fd-platforms plugin API >=2.0,<3" in message
+    assert f"the installed fd-platforms {core_version()} provides plugin API {API_VERSION}" in message
+    assert "Fix: install a release of fd-test-future that supports API 1.0" in message
+
+
+def test_an_incompatible_plugin_is_listed_as_broken_and_not_detected(make_plugin) -> None:
+    versioned(make_plugin, "<1.0")
+    assert select_platform({}).platform.name == "cpu"
+    report = {r.name: r for r in survey({}).reports}["future"]
+    assert report.status == "broken" and "provides plugin API 1.0" in report.reason
+
+
+@pytest.mark.parametrize("declared", ["1.x", "", 1.0, None])
+def test_a_declaration_that_is_not_a_specifier_is_a_contract_error(make_plugin, declared: object) -> None:
+    versioned(make_plugin, declared)
+    with pytest.raises(PluginContractError, match="supported_api_versions returned .*Fix: return"):
+        select_platform({"FD_PLATFORM": "future"})
+
+
+def test_a_plugin_without_a_declaration_is_refused(make_plugin) -> None:
+    make_plugin("future", source=PLUGIN)
+    with pytest.raises(PluginHookError, match="required hook.*supported_api_versions not implemented"):
+        select_platform({"FD_PLATFORM": "future"})
+
+
+def _imported_modules(path: Path) -> set[str]:
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            modules.add(node.module)
+        elif isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+    return modules
+
+
+@pytest.mark.parametrize(
+    "package",
+    ["examples/plugin-template/src/fd_platforms_nimbus", *(f"plugins/{name}/fd_platforms_{name}" for name in
+                                                           ("cuda", "xpu", "iluvatar", "metax"))],
+)
+def test_plugins_import_only_the_public_plugin_api(package: str) -> None:
+    for source in (ROOT / package).rglob("*.py"):
+        core = {m for m in _imported_modules(source) if m.split(".")[0] == "fd_platforms"}
+        assert core <= set(PLUGIN_API_MODULES), f"{source} imports non-public {sorted(core - set(PLUGIN_API_MODULES))}"

@@ -1,0 +1,209 @@
+"""The conformance kit: ``fd-platforms check``, ``pytest --fd-platform``, hook coverage and the guide."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fd_platforms import hookspecs
+from fd_platforms.conformance import CHECKS, ConformanceUnavailableError, require_pytest
+from fd_platforms.discovery import discover
+from fd_platforms.selection import IN_REPO_PLUGINS
+from fd_platforms.testing import HOOKS_MARKER, suite_files
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")
+EXAMPLE = "nimbus"  # examples/plugin-template, installed by .ci/run
+SPECS = {name: obj for name, obj in vars(hookspecs).items() if hasattr(obj, f"{hookspecs.PROJECT}_spec")}
+
+OLD_XPU_PLUGIN = """
+from fd_platforms import hookimpl
+from fd_platforms.types import CacheDecision, Detection, PlatformIdentity
+
+@hookimpl
+def platform_identity():
+    return PlatformIdentity("oldxpu", "oldxpu", None)
+
+@hookimpl
+def detect_platform():
+    return Detection(False, "no old XPU here. Fix: none, it is a test plugin")
+
+@hookimpl
+def supported_api_versions():
+    return ">=1.0,<2"
+
+@hookimpl
+def should_create_cache_tensor(profile, splitwise_role):
+    create = profile or splitwise_role == "mixed"
+    return CacheDecision(create, "profile" if profile else ("none" if create else "splitwise_role"), "old XPU rule")
+"""
+
+
+def check(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k not in ("FD_PLATFORM", "FD_PLATFORM_PLUGINS")}
+    environ.update(env)
+    return subprocess.run([SCRIPT, "check", *args], capture_output=True, text=True, env=environ, timeout=600)
+
+
+def checks_of(payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {platform["name"]: platform for platform in payload["platforms"]}
+
+
+def test_check_all_passes_for_every_installed_platform() -> None:
+    done = check("--all", "--json", "--jobs", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    payload = json.loads(done.stdout)
+    assert payload["passed"] is True and payload["checks"] == list(CHECKS) and payload["api_version"] == "1.0"
+    platforms = checks_of(payload)
+    assert list(platforms) == list(discover())
+    if os.environ.get("CI") and EXAMPLE not in platforms:
+        pytest.fail(f"CI must install examples/plugin-template (platform {EXAMPLE!r}) before the tests")
+    for name, result in platforms.items():
+        assert result["passed"] and result["error"] is None, name
+        assert result["checks"]["decision"] == {
+            "status": "pass", "passed": 28, "failed": 0, "skipped": 0, "failures": [], "skip_reasons": []
+        }, name  # fmt: skip
+        for check_name in ("planner", "host_alloc", "wait"):
+            assert result["checks"][check_name]["status"] == "pass", (name, check_name)
+    assert all(status["status"] == "pass" for status in platforms["cpu"]["checks"].values())
+    for name in IN_REPO_PLUGINS:  # no accelerator here: the device check skips, saying why
+        device = platforms[name]["checks"]["device"]
+        assert (device["status"], device["passed"], device["failed"]) == ("skip", 0, 0)
+        assert all("not available here" in reason and "Fix:" in reason for reason in device["skip_reasons"])
+
+
+@pytest.mark.parametrize(("platform", "device_type"), [("iluvatar", "iluvatar_gpu"), (EXAMPLE, "nimbus_npu")])
+def test_hardware_checks_run_on_the_fake_custom_device(fake_device_root, platform: str, device_type: str) -> None:
+    if platform not in discover():
+        pytest.skip(f"platform {platform!r} is not installed (pip install ./examples/plugin-template)")
+    done = check(platform, "--json", CUSTOM_DEVICE_ROOT=str(fake_device_root(device_type)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = checks_of(json.loads(done.stdout))[platform]
+    assert {name: c["status"] for name, c in result["checks"].items()} == dict.fromkeys(CHECKS, "pass")
+    assert result["checks"]["device"]["passed"] == 4 and result["checks"]["identity"]["skipped"] == 0
+
+
+def test_a_drifting_plugin_fails_the_decision_check_with_its_cases(make_plugin) -> None:
+    site = make_plugin("oldxpu", source=OLD_XPU_PLUGIN)
+    done = check("oldxpu", "--json", PYTHONPATH=str(site))
+    assert done.returncode == 1, done.stderr
+    result = checks_of(json.loads(done.stdout))["oldxpu"]
+    assert result["passed"] is False
+    decision = result["checks"]["decision"]
+    # 9 differing cases, the guard's test, and 3 bad inputs it accepts instead of raising ConfigError
+    assert decision["status"] == "fail" and decision["failed"] == 9 + 1 + 3
+    failed_cases = [f["test"] for f in decision["failures"]]
+    assert sum("test_bad_inputs_are_config_errors" in case for case in failed_cases) == 3
+    assert "test_decision.py::test_answers_as_the_rule[profile=False, num_cpu_blocks=64, storage_backend=None, " \
+           "splitwise_role='mixed']" in failed_cases
+    guard = next(f["message"] for f in decision["failures"] if "drift_guard" in f["test"])
+    assert "in 9 of 24 cases" in guard
+    assert all(result["checks"][name]["status"] != "fail" for name in CHECKS if name != "decision")
+    table = check("oldxpu", PYTHONPATH=str(site))
+    assert table.returncode == 1 and "FAIL 13/28" in table.stdout and "some platforms FAIL" in table.stdout
+
+
+def test_the_matrix_table() -> None:
+    done = check("cpu")
+    assert done.returncode == 0, done.stderr
+    header, row = done.stdout.splitlines()[:2]
+    assert header.split() == ["PLATFORM", *(name.upper() for name in CHECKS), "RESULT"]
+    assert row.split()[0] == "cpu" and row.split()[-1] == "ok"
+    assert done.stdout.rstrip().endswith("all platforms pass (plugin API 1.0)")
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("nosuch",), "NAME='nosuch' is not valid; allowed: an installed platform. Choose one of: cpu"),
+        (("--all", "cpu"), "platform names or --all, not both"),
+        (("cpu", "--jobs", "0"), "--jobs=0"),
+    ],
+)
+def test_usage_errors_exit_2_in_one_line(args: tuple[str, ...], words: str) -> None:
+    done = check(*args)
+    assert done.returncode == 2 and words in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_check_without_pytest_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(ConformanceUnavailableError, match=r"Fix: pip install 'pytest>=8'"):
+        require_pytest()
+
+
+def test_pytest_fd_platform_runs_the_suite_beside_a_projects_own_tests(tmp_path: Path) -> None:
+    """What a vendor team types in its own repository: its tests and the suite, in one run."""
+    (tmp_path / "test_own.py").write_text("def test_vendor_specific():\n    assert True\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--fd-platform", "cpu", "test_own.py", "-q", "-p", "no:cacheprovider"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = done.stdout.strip().splitlines()[-1]
+    suite_size = 6 + 28 + 9 + 8 + 5 + 4  # identity, decision, planner, host_alloc, wait, device
+    assert f"{suite_size} passed, 1 skipped" in summary, summary  # cpu declares no limit to bind
+    assert "No ccache found" not in done.stdout
+
+
+def test_pytest_with_an_unknown_platform_is_a_usage_error(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--fd-platform", "nosuch", "-p", "no:cacheprovider"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 4  # pytest's usage-error exit code
+    assert "--fd-platform 'nosuch' is not an installed platform. Choose one of: cpu" in done.stderr
+
+
+def test_without_the_option_the_plugin_adds_nothing(tmp_path: Path) -> None:
+    (tmp_path / "test_own.py").write_text("def test_only():\n    pass\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], capture_output=True, text=True,
+        cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip().splitlines()[-1].startswith("1 passed")
+
+
+def _suite_hooks() -> dict[str, list[str]]:
+    """Each hook the suite exercises, with the tests that declare it."""
+    import importlib
+
+    covered: dict[str, list[str]] = {}
+    for path in suite_files():
+        module = importlib.import_module(f"fd_platforms.testing.suite.{path.stem}")
+        for name, test in vars(module).items():
+            if name.startswith("test_") and callable(test):
+                for mark in getattr(test, "pytestmark", []):
+                    if mark.name == HOOKS_MARKER:
+                        for hook in mark.args:
+                            covered.setdefault(hook, []).append(f"{path.stem}.{name}")
+    return covered
+
+
+def test_every_hook_spec_has_a_conformance_test() -> None:
+    covered = _suite_hooks()
+    assert set(covered) <= set(SPECS), f"tests declare unknown hooks: {set(covered) - set(SPECS)}"
+    missing = sorted(set(SPECS) - set(covered))
+    assert not missing, f"hook specs without a conformance test: {missing}"
+
+
+def exact_signature(name: str) -> str:
+    """``def name(param: type, ...) -> type`` as written in hookspecs.py."""
+    signature = inspect.signature(SPECS[name])
+    params = ", ".join(f"{p.name}: {p.annotation}" for p in signature.parameters.values())
+    return f"def {name}({params}) -> {signature.return_annotation}"
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_every_hook_is_in_the_guide_with_its_exact_signature(name: str) -> None:
+    guide = (ROOT / "docs" / "writing-a-plugin.md").read_text()
+    assert f"### `{name}`" in guide, f"docs/writing-a-plugin.md has no section for hook {name}"
+    assert exact_signature(name) in guide, f"the guide's signature of {name} differs from: {exact_signature(name)}"

@@ -1,0 +1,109 @@
+"""The drift guard: a plugin answering should_create_cache_tensor itself is held to the rule's truth table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from fd_platforms.decision import TRUTH_TABLE
+from fd_platforms.errors import PlatformDriftError
+from fd_platforms.selection import select_platform, survey
+
+SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")
+
+PLUGIN = """
+from fd_platforms import hookimpl
+from fd_platforms.decision import decide_cache_creation
+from fd_platforms.types import CacheDecision, Detection, PlatformIdentity
+
+@hookimpl
+def platform_identity():
+    return PlatformIdentity({name!r}, {name!r}, None)
+
+@hookimpl
+def detect_platform():
+    return Detection(True, "a device that is always there", 1)
+
+@hookimpl
+def supported_api_versions():
+    return ">=1.0,<2"
+
+@hookimpl
+def should_create_cache_tensor(profile, num_cpu_blocks, storage_backend, splitwise_role):
+{body}
+"""
+OLD_XPU_RULE = """    # FastDeploy's old XPU runner: `profile or role == "mixed"`, blind to swap space and storage
+    create = profile or splitwise_role == "mixed"
+    term = "profile" if profile else ("none" if create else "splitwise_role")
+    return CacheDecision(create, term, "the old XPU rule")
+"""
+SAME_AS_THE_RULE = """    return decide_cache_creation(profile=profile, num_cpu_blocks=num_cpu_blocks,
+                                 storage_backend=storage_backend, splitwise_role=splitwise_role)
+"""
+RAISES_ON_DECODE = """    if splitwise_role == "decode":
+        raise RuntimeError("decode is not supported")
+    return decide_cache_creation(profile=profile, num_cpu_blocks=num_cpu_blocks,
+                                 storage_backend=storage_backend, splitwise_role=splitwise_role)
+"""
+
+
+def drifting(make_plugin, name: str = "oldxpu", body: str = OLD_XPU_RULE) -> Path:
+    return make_plugin(name, source=PLUGIN.format(name=name, body=body))
+
+
+def test_the_old_xpu_rule_is_refused_with_every_differing_case(make_plugin) -> None:
+    drifting(make_plugin)
+    with pytest.raises(PlatformDriftError) as info:
+        select_platform({"FD_PLATFORM": "oldxpu"})
+    error = info.value
+    assert error.exit_code == 2 and error.distribution == "fd-test-oldxpu"
+    flipped = [case for case in error.cases if case.got.create != case.expected.create]
+    # create differs where swap space or a storage backend is on in a mixed instance
+    assert {(c.inputs.num_cpu_blocks, c.inputs.storage_backend) for c in flipped} == {
+        (0, "mooncake"), (64, None), (64, "mooncake"),
+    } and len(flipped) == 3
+    assert all(c.inputs.splitwise_role == "mixed" and not c.inputs.profile for c in flipped)
+    assert all(case.got.create is True and case.expected.create is False for case in flipped)
+    message = str(error)
+    assert f"in {len(error.cases)} of 24 cases" in message and "fd-test-oldxpu" in message
+    assert (
+        "profile=False, num_cpu_blocks=64, storage_backend=None, splitwise_role='mixed': "
+        "expected create=False (term 'num_cpu_blocks'), got create=True (term 'none')"
+    ) in message
+    assert "Fix: delete the plugin's should_create_cache_tensor hook" in message
+
+
+def test_a_drifting_plugin_is_never_selected_by_detection(make_plugin, caplog) -> None:
+    drifting(make_plugin)
+    selection = select_platform({})
+    assert selection.platform.name == "cpu" and "oldxpu broken" in selection.reason
+    report = {r.name: r for r in survey({}).reports}["oldxpu"]
+    assert report.status == "broken" and "disagrees with the core rule" in report.reason
+
+
+def test_a_plugin_that_repeats_the_rule_exactly_is_accepted(make_plugin) -> None:
+    drifting(make_plugin, "faithful", SAME_AS_THE_RULE)
+    platform = select_platform({"FD_PLATFORM": "faithful"}).platform
+    assert "should_create_cache_tensor" in platform.implemented_hooks()
+
+
+def test_an_answer_that_raises_is_a_differing_case(make_plugin) -> None:
+    drifting(make_plugin, "partial", RAISES_ON_DECODE)
+    with pytest.raises(PlatformDriftError) as info:
+        select_platform({"FD_PLATFORM": "partial"})
+    assert len(info.value.cases) == sum(case.splitwise_role == "decode" for case in TRUTH_TABLE) == 8
+    assert "got PluginError: " in str(info.value) and "decode is not supported" in str(info.value)
+
+
+def test_the_cli_refuses_it_in_one_line_per_case(make_plugin) -> None:
+    site = drifting(make_plugin)
+    env = {**os.environ, "PYTHONPATH": str(site), "FD_PLATFORM": "oldxpu"}
+    done = subprocess.run([SCRIPT, "list", "--json"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.count("\n  - profile=") == 9  # 3 flipped decisions, 6 with another deciding term
+    assert "disagrees with the core rule" in json.loads(done.stdout)["error"]
