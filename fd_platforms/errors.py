@@ -144,3 +144,17 @@ class CacheNotReadyError(FdPlatformsError):
 class DeviceAllocError(FdPlatformsError, MemoryError):
     """A KV cache tensor could not be allocated on the device; nothing allocated before it is kept."""
 
+
+class RunError(FdPlatformsError):
+    """A process of ``fd-platforms run`` failed or fell silent.
+
+    ``failures`` holds ``(process, what happened)`` pairs (``("rank 1", "CacheNotReadyError: ...")``);
+    ``exit_code`` is the first failure's (2 for a child's configuration or memory error).
+    """
+
+    def __init__(self, failures: tuple[tuple[str, str], ...], exit_code: int = 1) -> None:
+        self.failures, self.exit_code = failures, exit_code
+        grouped: dict[str, list[str]] = {}
+        for process, what in failures:
+            grouped.setdefault(what, []).append(process)
+        super().__init__("; ".join(f"{', '.join(processes)}: {what}" for what, processes in grouped.items()))

@@ -8,6 +8,7 @@ same path on every device. The order and names are the layout's contract.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,17 +37,30 @@ class KVCache:
         self.tensors.clear()
 
 
-def allocate_kv_cache(layout: CacheLayout, num_blocks: int, device: str, paddle: Any = None) -> KVCache:
+#: Called after each tensor with (bytes allocated so far, bytes in all).
+AllocationProgress = Callable[[int, int], None]
+
+
+def allocate_kv_cache(
+    layout: CacheLayout,
+    num_blocks: int,
+    device: str,
+    paddle: Any = None,
+    *,
+    progress: AllocationProgress | None = None,
+) -> KVCache:
     """Allocate ``layout``'s tensors for ``num_blocks`` blocks on ``device`` (``"cpu"``, ``"gpu:0"``).
 
     Raises :class:`DeviceAllocError` naming the tensor, its size and the device when Paddle
-    cannot allocate it; tensors allocated before it are dropped first.
+    cannot allocate it; tensors allocated before it are dropped first. ``progress`` is called
+    after every tensor (throttling is the caller's).
     """
     if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks <= 0:
         raise ConfigError("num_blocks", num_blocks, "an int > 0", "plan the blocks first (max_num_blocks)")
     paddle = import_paddle() if paddle is None else paddle
     tensors: list[Any] = []
     total = 0
+    expected = num_blocks * layout.bytes_per_block
     for spec in layout.tensors:
         shape = spec.shape(num_blocks)
         nbytes = num_blocks * spec.bytes_per_block
@@ -63,6 +77,8 @@ def allocate_kv_cache(layout: CacheLayout, num_blocks: int, device: str, paddle:
                 "Fix: plan fewer blocks (lower memory_utilization or num_gpu_blocks_override) or free device memory"
             ) from exc
         total += nbytes
+        if progress is not None:
+            progress(total, expected)
     return KVCache(device=device, num_blocks=num_blocks, names=layout.names(), tensors=tensors, nbytes=total)
 
 

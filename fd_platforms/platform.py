@@ -19,7 +19,7 @@ from .types import CacheDecision, Detection, DeviceMemory, HostBuffer, PlatformI
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .config import CacheConfig
-    from .kv_cache import KVCache
+    from .kv_cache import AllocationProgress, KVCache
     from .layout import CacheLayout
 
 RecordT = TypeVar("RecordT")
@@ -118,11 +118,17 @@ class Platform:
             "wait_cache_ready", float, signal_name=signal_name, rank=rank, timeout=timeout, setter_pid=setter_pid
         )
 
-    def allocate_kv_cache(self, layout: CacheLayout, num_blocks: int) -> KVCache:
-        """Allocate one rank's KV cache tensors on the device the layout was built for (the creator path)."""
+    def allocate_kv_cache(
+        self, layout: CacheLayout, num_blocks: int, *, progress: AllocationProgress | None = None
+    ) -> KVCache:
+        """Allocate one rank's KV cache tensors on the device the layout was built for (the creator path).
+
+        ``progress(done_bytes, total_bytes)`` is called after each tensor.
+        """
         from .kv_cache import allocate_kv_cache
 
-        return allocate_kv_cache(layout, num_blocks, self.identity.device_string(layout.device_id))
+        device = self.identity.device_string(layout.device_id)
+        return allocate_kv_cache(layout, num_blocks, device, progress=progress)
 
     def _call(self, hook: str, expected: type[RecordT], **kwargs: Any) -> RecordT:
         return call_hook(self.candidate, self.manager, hook, expected, **kwargs)

@@ -1,18 +1,19 @@
-"""The ``fd-platforms`` command: ``list`` platforms, ``plan`` KV cache blocks, ``check`` conformance.
+"""The ``fd-platforms`` command: ``list`` platforms, ``plan`` KV cache blocks, ``run`` the lifecycle, ``check`` conformance.
 
 Exit codes: 0 success, 2 usage or configuration error (one message on stderr, no traceback),
-1 any other deliberate failure.
+1 any other deliberate failure, 141 the reader of stdout went away.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 from ..errors import FdPlatformsError
-from . import check_command, list_command, plan_command
+from . import check_command, list_command, plan_command, run_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     list_command.add_parser(commands)
     plan_command.add_parser(commands)
+    run_command.add_parser(commands)
     check_command.add_parser(commands)
     return parser
 
@@ -33,6 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.run(args))
+    except BrokenPipeError:  # the reader went away (``| head``): stop quietly, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except FdPlatformsError as exc:
         print(f"fd-platforms: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -11,49 +11,32 @@ import argparse
 import json
 from typing import Any
 
-from ..config import ATTENTION_KINDS, CACHE_DTYPES, DeployConfig, deploy_config_from_overrides, load_deploy_config
-from ..decision import SPLITWISE_ROLES, STORAGE_BACKENDS
+from ..config import DeployConfig
 from ..errors import ConfigError, PlatformUnavailableError
 from ..layout import build_layout
 from ..platform import Platform
 from ..selection import Prober, select_platform
-from ..sizes import format_size, parse_size
+from ..sizes import format_size
 from ..types import DeviceMemory
+from .deploy_args import add_deploy_arguments, deploy_config, memory_sizes
 from .table import format_table
 
 
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser("plan", help="plan KV cache blocks for a model on a platform")
-    parser.add_argument("--config", metavar="FILE", help="deployment TOML ([model], [cache], [scheduler], [parallel])")
-    parser.add_argument("--model", metavar="PATH", help="Hugging Face config.json, or a folder holding one")
-    parser.add_argument("--attention", choices=ATTENTION_KINDS, help="override the inferred attention variant")
-    parser.add_argument("--mtp", action="store_true", default=None, help="add the model's MTP layers to the cache")
-    parser.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size")
-    parser.add_argument("--block-size", type=int, metavar="N", help="tokens per block")
-    parser.add_argument("--cache-dtype", choices=(*CACHE_DTYPES, "fp8"), help="cache element type")
-    parser.add_argument("--kv-cache-quant-type", choices=("none", "block_wise_fp8"), help="cache quantization")
-    parser.add_argument("--memory-utilization", type=float, metavar="F", help="fraction of device memory to use")
-    parser.add_argument("--device-memory", metavar="SIZE", help="device memory (80GiB, 80GB, 81920MiB, bytes)")
-    parser.add_argument(
-        "--non-cache-memory", metavar="SIZE", help="memory held outside the cache: weights + activation peak"
-    )
-    parser.add_argument("--swap-space", metavar="SIZE", help="host swap space per rank")
-    parser.add_argument("--num-gpu-blocks-override", type=int, metavar="N", help="use exactly N blocks")
-    parser.add_argument("--role", choices=SPLITWISE_ROLES, help="splitwise role")
-    parser.add_argument("--storage-backend", choices=("none", *STORAGE_BACKENDS), help="KV cache storage backend")
+    add_deploy_arguments(parser)
     parser.add_argument("--platform", metavar="NAME|all", help="platform to plan for (default: the selected one)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    deploy = _deploy_config(args)
+    deploy = deploy_config(args)
     if args.platform == "all" and args.device_memory is None:
         raise ConfigError(
             "--device-memory", None, "a SIZE with --platform all", "pass e.g. --device-memory 80GiB to compare platforms"
         )
-    device_memory = None if args.device_memory is None else parse_size(args.device_memory, "--device-memory")
-    non_cache = None if args.non_cache_memory is None else parse_size(args.non_cache_memory, "--non-cache-memory")
+    device_memory, non_cache = memory_sizes(args)
     rows = [_plan_row(platform, deploy, device_memory, non_cache) for platform in _platforms(args.platform)]
     if args.json:
         print(json.dumps(rows if args.platform == "all" else rows[0], indent=2))
@@ -62,28 +45,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(_details(rows[0]))
     return 0
-
-
-def _deploy_config(args: argparse.Namespace) -> DeployConfig:
-    overrides = {
-        "model": {"path": args.model, "attention": args.attention, "use_mtp": args.mtp},
-        "cache": {
-            "block_size": args.block_size,
-            "cache_dtype": args.cache_dtype,
-            "kv_cache_quant_type": args.kv_cache_quant_type,
-            "memory_utilization": args.memory_utilization,
-            "swap_space": args.swap_space,
-            "kvcache_storage_backend": args.storage_backend,
-            "num_gpu_blocks_override": args.num_gpu_blocks_override,
-        },
-        "scheduler": {"splitwise_role": args.role},
-        "parallel": {"tensor_parallel_size": args.tp},
-    }
-    if args.config:
-        return load_deploy_config(args.config, overrides)
-    if args.model is None:
-        raise ConfigError("--model", None, "a config.json or a folder holding one", "pass --model PATH or --config FILE")
-    return deploy_config_from_overrides(overrides)
 
 
 def _platforms(choice: str | None) -> list[Platform]:

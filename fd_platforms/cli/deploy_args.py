@@ -1,0 +1,65 @@
+"""The deployment flags ``plan`` and ``run`` share, and the :class:`DeployConfig` they build.
+
+Values come from ``--config deploy.toml`` with flags winning over the file. ``--device-memory``
+and ``--non-cache-memory`` are sizes the commands read themselves (:func:`memory_sizes`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..config import ATTENTION_KINDS, CACHE_DTYPES, DeployConfig, deploy_config_from_overrides, load_deploy_config
+from ..decision import SPLITWISE_ROLES, STORAGE_BACKENDS
+from ..errors import ConfigError
+from ..sizes import parse_size
+
+
+def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the model, cache, scheduler, parallel and memory flags to ``parser``."""
+    parser.add_argument("--config", metavar="FILE", help="deployment TOML ([model], [cache], [scheduler], [parallel])")
+    parser.add_argument("--model", metavar="PATH", help="Hugging Face config.json, or a folder holding one")
+    parser.add_argument("--attention", choices=ATTENTION_KINDS, help="override the inferred attention variant")
+    parser.add_argument("--mtp", action="store_true", default=None, help="add the model's MTP layers to the cache")
+    parser.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size")
+    parser.add_argument("--block-size", type=int, metavar="N", help="tokens per block")
+    parser.add_argument("--cache-dtype", choices=(*CACHE_DTYPES, "fp8"), help="cache element type")
+    parser.add_argument("--kv-cache-quant-type", choices=("none", "block_wise_fp8"), help="cache quantization")
+    parser.add_argument("--memory-utilization", type=float, metavar="F", help="fraction of device memory to use")
+    parser.add_argument("--device-memory", metavar="SIZE", help="device memory (80GiB, 80GB, 81920MiB, bytes)")
+    parser.add_argument(
+        "--non-cache-memory", metavar="SIZE", help="memory held outside the cache: weights + activation peak"
+    )
+    parser.add_argument("--swap-space", metavar="SIZE", help="host swap space per rank")
+    parser.add_argument("--num-gpu-blocks-override", type=int, metavar="N", help="use exactly N blocks")
+    parser.add_argument("--role", choices=SPLITWISE_ROLES, help="splitwise role")
+    parser.add_argument("--storage-backend", choices=("none", *STORAGE_BACKENDS), help="KV cache storage backend")
+
+
+def deploy_config(args: argparse.Namespace) -> DeployConfig:
+    """The deployment from ``--config`` (if given) with the flags as overrides."""
+    overrides = {
+        "model": {"path": args.model, "attention": args.attention, "use_mtp": args.mtp},
+        "cache": {
+            "block_size": args.block_size,
+            "cache_dtype": args.cache_dtype,
+            "kv_cache_quant_type": args.kv_cache_quant_type,
+            "memory_utilization": args.memory_utilization,
+            "swap_space": args.swap_space,
+            "kvcache_storage_backend": args.storage_backend,
+            "num_gpu_blocks_override": args.num_gpu_blocks_override,
+        },
+        "scheduler": {"splitwise_role": args.role},
+        "parallel": {"tensor_parallel_size": args.tp},
+    }
+    if args.config:
+        return load_deploy_config(args.config, overrides)
+    if args.model is None:
+        raise ConfigError("--model", None, "a config.json or a folder holding one", "pass --model PATH or --config FILE")
+    return deploy_config_from_overrides(overrides)
+
+
+def memory_sizes(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """``--device-memory`` and ``--non-cache-memory`` in bytes, None where not given."""
+    device = None if args.device_memory is None else parse_size(args.device_memory, "--device-memory")
+    non_cache = None if args.non_cache_memory is None else parse_size(args.non_cache_memory, "--non-cache-memory")
+    return device, non_cache

@@ -1,0 +1,118 @@
+"""``fd-platforms run``: the KV-cache initialization lifecycle across real processes, with a report.
+
+The engine (this process) creates the cache-ready signal; one worker process per local rank
+plans its blocks (every rank then uses the minimum) and asks the platform whether it creates its
+KV cache; creators allocate it, the others wait while one cache-manager process allocates it
+(plus host swap space). Rank ``r`` uses local device ``r``; on cpu every rank shares the host's
+memory, and without ``--device-memory`` each plans on an even share of it. Progress goes to
+stderr (not with ``--json``). Exit codes: 0, 1 a process failed, 2 a configuration or memory
+error (also a child's), 130 Ctrl-C, 143 SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+from ..lifecycle.interrupts import Terminated, sigterm_raises
+from ..sizes import format_size
+from .deploy_args import add_deploy_arguments, deploy_config, memory_sizes
+from .table import format_table
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..lifecycle.report import RunReport
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser("run", help="run the KV cache start-up lifecycle across processes, with a report")
+    add_deploy_arguments(parser)
+    parser.add_argument("--ranks", type=int, metavar="N", help="local ranks, one worker process each (default: --tp)")
+    parser.add_argument("--profile", action="store_true", help="a profiling run: every worker creates its cache")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="limit of each phase and of the wait for the cache (default: FD_CACHE_READY_TIMEOUT or 600)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON, without progress lines")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        print("fd-platforms: interrupted", file=sys.stderr)
+        return 130
+    except Terminated:
+        print("fd-platforms: terminated", file=sys.stderr)
+        return 143
+
+
+def _run(args: argparse.Namespace) -> int:
+    # Imported here: the other commands never pay for multiprocessing and the lifecycle.
+    from ..cache_signal import resolve_timeout
+    from ..lifecycle.engine import run_lifecycle, select_run_platform
+    from ..lifecycle.progress import Progress
+    from ..lifecycle.spec import RunSpec
+
+    deploy = deploy_config(args)
+    tp = deploy.parallel.tensor_parallel_size
+    ranks = tp if args.ranks is None else args.ranks
+    if not 1 <= ranks <= tp:
+        raise ConfigError(
+            "--ranks", ranks, f"1 to tensor_parallel_size={tp} (each local rank is one tensor-parallel rank)",
+            "pass --ranks between 1 and --tp, or raise --tp",
+        )
+    device_memory, non_cache = memory_sizes(args)
+    timeout = resolve_timeout(args.timeout)
+    platform = select_run_platform(ranks)  # before SIGTERM is ours: it may import paddle, which sets a handler
+    spec = RunSpec(
+        deploy=deploy,
+        platform=platform.name,
+        device_type=platform.identity.device_type,
+        ranks=ranks,
+        timeout=timeout,
+        profile=args.profile,
+        device_memory=device_memory,
+        non_cache=non_cache,
+        quiet=args.json,
+    )
+    with sigterm_raises():
+        report = run_lifecycle(spec, Progress(quiet=args.json))
+    print(json.dumps(report.to_json(), indent=2) if args.json else format_report(report))
+    return 0
+
+
+def format_report(report: RunReport) -> str:
+    """A header line, then one table row per rank."""
+    header = (
+        f"platform {report.platform}, model {report.model}, {len(report.ranks)} rank(s), "
+        f"role {report.splitwise_role}, storage backend {report.storage_backend or 'none'}"
+        f"{', profile run' if report.profile else ''}: {format_size(report.bytes_per_block)} per block, "
+        f"wall {report.wall_seconds:.2f} s"
+    )
+    headers = ("RANK", "DEVICE", "CREATE", "DECIDED BY", "ALLOCATED BY", "BLOCKS", "CPU BLOCKS", "DEVICE MEM",
+               "HOST MEM", "PINNED", "PLAN S", "ALLOCATE S", "WAIT S")
+    rows = [
+        (
+            rank.rank,
+            rank.device,
+            "yes" if rank.create else "no",
+            rank.deciding_term,
+            rank.allocated_by,
+            rank.num_blocks,
+            rank.num_cpu_blocks,
+            format_size(rank.device_bytes),
+            format_size(rank.host_bytes),
+            "-" if rank.pinned is None else ("yes" if rank.pinned else "no"),
+            f"{rank.plan_seconds:.3f}",
+            f"{rank.allocate_seconds:.3f}",
+            "-" if rank.wait_seconds is None else f"{rank.wait_seconds:.3f}",
+        )
+        for rank in report.ranks
+    ]
+    return header + "\n" + format_table(headers, rows)

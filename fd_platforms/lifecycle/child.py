@@ -1,0 +1,97 @@
+"""What every child process of a run does around its body: signals, logging, errors sent to the engine.
+
+Children are started with SIGINT ignored (:mod:`.interrupts`): on Ctrl-C the engine stops them.
+SIGTERM (the engine's stop) becomes ``SystemExit(143)``, so a child releases what it holds and
+exits without a traceback. Paddle's import installs a handler printing a C++ report on SIGTERM, so
+:func:`load_paddle` holds SIGTERM while importing and puts the quiet one back afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from types import FrameType
+from typing import Any
+
+from ..device_facts import import_paddle
+from ..errors import FdPlatformsError
+from ..platform import Platform
+from ..selection import ENV_PLATFORM, select_platform
+from .progress import Progress
+from .spec import RunSpec
+
+STOPPED_EXIT = 128 + signal.SIGTERM
+
+#: A child's body: ``body(conn, say, *args)``.
+Body = Callable[..., None]
+
+
+def run_child(label: str, conn: Connection, quiet: bool, body: Body, *args: Any) -> None:
+    """Run ``body``; a failure goes to the engine as ``("error", (type, message, exit code))``."""
+    signal.signal(signal.SIGTERM, _stop)
+    logging.basicConfig(level=logging.WARNING, format="fd-platforms: %(levelname)s: %(message)s")
+    if not quiet:
+        logging.getLogger("fd_platforms.cache_signal").setLevel(logging.INFO)  # the wait's 5 s progress
+    say = Progress(quiet, f"{label}: ")
+    try:
+        body(conn, say, *args)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        say("the engine process is gone; stopping")
+        sys.exit(1)
+    except FdPlatformsError as exc:
+        _send_error(conn, type(exc).__name__, str(exc), exc.exit_code)
+    except Exception as exc:  # not ours: still one line for the engine, never a traceback
+        _send_error(conn, type(exc).__name__, str(exc) or repr(exc), 1)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # exiting already: let the exit handlers finish
+        conn.close()
+
+
+def _send_error(conn: Connection, kind: str, message: str, exit_code: int) -> None:
+    try:
+        conn.send(("error", (kind, message, exit_code)))
+    except OSError:
+        pass  # the engine is gone; it will not read the error
+    sys.exit(exit_code)
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(STOPPED_EXIT)
+
+
+def load_paddle() -> None:
+    """Import paddle with SIGTERM held, then restore the quiet SIGTERM handler."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        import_paddle()
+    finally:
+        signal.signal(signal.SIGTERM, _stop)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+def child_platform(spec: RunSpec) -> Platform:
+    """The platform the engine selected, selected again here by name.
+
+    Every platform but cpu confirms itself through Paddle at selection, so paddle is loaded first.
+    """
+    if spec.device_type != "cpu":
+        load_paddle()
+    os.environ[ENV_PLATFORM] = spec.platform
+    return select_platform().platform
+
+
+def expect(conn: Connection, kind: str, timeout: float) -> Any:
+    """The payload of the engine's next message, which must be ``kind``, within ``timeout`` seconds."""
+    if not conn.poll(timeout):
+        raise FdPlatformsError(
+            f"the engine sent no {kind!r} within {timeout:g} s. Fix: check the engine's output; "
+            "raise --timeout if the run legitimately takes longer"
+        )
+    got, payload = conn.recv()
+    if got != kind:
+        raise FdPlatformsError(f"expected {kind!r} from the engine, got {got!r}. Fix: report this as a bug")
+    return payload

@@ -1,0 +1,163 @@
+"""The engine's child processes: start them (spawn), collect one message from each, stop them all.
+
+Every wait here is bounded. A child that dies without a message is a failure naming it and how
+it ended; after the first failure of a phase the others get :data:`FAILURE_GRACE` seconds to
+report theirs, so one error message tells what happened to every process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from types import TracebackType
+from typing import Any
+
+from ..errors import RunError
+from .interrupts import sigint_ignored_by_children
+
+FAILURE_GRACE = 2.0  # seconds the rest of a phase may still report after its first failure
+STOP_SECONDS = 5.0  # seconds children get to exit after "stop" or SIGTERM, before SIGKILL
+
+
+@dataclass(eq=False)
+class Child:
+    """One child process and the engine's end of its pipe."""
+
+    label: str
+    process: BaseProcess
+    conn: Connection
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid or 0
+
+
+def describe_exit(code: int | None) -> str:
+    """``exited with code 3`` or ``was killed by SIGKILL``."""
+    if code is None:
+        return "is still running"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class Children:
+    """Child processes of one run; leaving the ``with`` block stops every one of them."""
+
+    def __init__(self) -> None:
+        self._context = multiprocessing.get_context("spawn")
+        self.started: list[Child] = []
+
+    def start(self, label: str, target: Callable[..., None], *args: Any) -> Child:
+        """Start ``target(*args, conn)`` in a spawned process labelled ``label``."""
+        ours, theirs = self._context.Pipe()
+        process = self._context.Process(target=target, args=(*args, theirs), name=label, daemon=True)
+        with sigint_ignored_by_children():
+            process.start()
+        theirs.close()
+        child = Child(label, process, ours)
+        self.started.append(child)
+        return child
+
+    def send(self, children: Sequence[Child], kind: str, payload: Any = None) -> None:
+        """Send ``(kind, payload)`` to each child; one that is gone is reported by the next collect."""
+        for child in children:
+            try:
+                child.conn.send((kind, payload))
+            except OSError:
+                pass
+
+    def collect(self, children: Sequence[Child], kind: str, timeout: float) -> dict[Child, Any]:
+        """The payload of each child's next message, which must be ``kind``; :class:`RunError` otherwise.
+
+        Fails when a child reports an error, dies, or sends nothing within ``timeout`` seconds;
+        failures are listed in the order of ``children``, and the first one's exit code is the error's.
+        """
+        deadline = time.monotonic() + timeout
+        waiting = list(children)
+        got: dict[Child, Any] = {}
+        failed: dict[Child, tuple[str, int]] = {}
+        while waiting:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            handles: dict[Any, Child] = {c.conn: c for c in waiting} | {c.process.sentinel: c for c in waiting}
+            for handle in wait(list(handles), timeout=remaining):
+                child = handles[handle]
+                if child not in waiting:
+                    continue  # its pipe and its sentinel were both ready
+                waiting.remove(child)
+                message = self._receive(child)
+                if message is not None and message[0] == kind:
+                    got[child] = message[1]
+                    continue
+                if not failed:
+                    deadline = min(deadline, time.monotonic() + FAILURE_GRACE)
+                failed[child] = self._failure(child, kind, message)
+        if not failed:
+            for child in waiting:
+                failed[child] = (
+                    f"sent no {kind!r} within {timeout:g} s (pid {child.pid} still running). "
+                    "Fix: raise --timeout if this phase legitimately takes longer",
+                    1,
+                )
+        if failed:
+            ordered = [child for child in children if child in failed]
+            raise RunError(tuple((c.label, failed[c][0]) for c in ordered), failed[ordered[0]][1])
+        return got
+
+    def _receive(self, child: Child) -> tuple[str, Any] | None:
+        """The child's next message, or None when it has closed its pipe (it ended)."""
+        if not child.conn.poll(0):
+            return None  # only the sentinel was ready: it ended without a message
+        try:
+            return child.conn.recv()  # type: ignore[no-any-return]
+        except (EOFError, OSError):
+            return None
+
+    def _failure(self, child: Child, kind: str, message: tuple[str, Any] | None) -> tuple[str, int]:
+        """(what happened, exit code) for a child that did not send ``kind``."""
+        if message is None:
+            child.process.join(STOP_SECONDS)
+            return f"pid {child.pid} {describe_exit(child.process.exitcode)} before sending its {kind!r}", 1
+        if message[0] == "error":
+            error_type, text, code = message[1]
+            return f"{error_type}: {text}", code
+        return f"sent {message[0]!r} where {kind!r} was expected. Fix: report this as a bug", 1
+
+    def stop(self, graceful: bool) -> None:
+        """Stop every child: a ``stop`` message when ``graceful``, then SIGTERM, then SIGKILL, each with a timeout."""
+        if graceful:
+            self.send(self.started, "stop")
+            self._join_all()
+        for child in self.started:
+            if child.process.is_alive():
+                child.process.terminate()
+        self._join_all()
+        for child in self.started:
+            if child.process.is_alive():
+                child.process.kill()
+                child.process.join(STOP_SECONDS)
+        for child in self.started:
+            child.conn.close()
+
+    def _join_all(self) -> None:
+        deadline = time.monotonic() + STOP_SECONDS
+        for child in self.started:
+            child.process.join(max(0.0, deadline - time.monotonic()))
+
+    def __enter__(self) -> Children:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.stop(graceful=kind is None)

@@ -1,0 +1,69 @@
+"""The run report's records: one per rank, and the run's totals."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What one process allocated for one rank: device cache, host swap space, and how long it took."""
+
+    rank: int
+    device: str
+    device_bytes: int
+    host_bytes: int
+    pinned: bool | None
+    host_kind: str | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """One rank of the run.
+
+    ``deciding_term`` is the term of the rule that decided ``create``; ``allocated_by`` is
+    ``worker`` or ``cache manager``; ``planned_blocks`` is the rank's own plan and ``num_blocks``
+    the minimum across ranks, which every rank uses; ``pinned`` is None when no host memory was allocated;
+    ``wait_seconds`` is None for a rank that created its cache (it did not wait).
+    """
+
+    rank: int
+    device: str
+    create: bool
+    deciding_term: str
+    allocated_by: str
+    planned_blocks: int
+    num_blocks: int
+    num_cpu_blocks: int
+    device_bytes: int
+    host_bytes: int
+    pinned: bool | None
+    host_kind: str | None
+    plan_seconds: float
+    allocate_seconds: float
+    wait_seconds: float | None
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """The whole run: the platform, the deployment's key settings, every rank, and the wall time."""
+
+    platform: str
+    model: str
+    signal: str
+    splitwise_role: str
+    storage_backend: str | None
+    profile: bool
+    bytes_per_block: int
+    manager_pid: int | None
+    wall_seconds: float
+    ranks: tuple[RankReport, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as a JSON-ready dict (``ranks`` a list of dicts)."""
+        data = asdict(self)
+        data["num_ranks"] = len(self.ranks)
+        return data
+

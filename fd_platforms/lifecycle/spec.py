@@ -1,0 +1,51 @@
+"""What one ``fd-platforms run`` does, as a frozen record every process of the run receives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..config import DeployConfig
+from ..layout import CacheLayout, build_layout
+
+#: Seconds the engine's last phase and the children's holds add to ``timeout``, so that a wait
+#: which times out is reported by the waiter itself before anyone else gives up on it.
+MARGIN_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """The deployment, the platform the engine selected, and the run's settings.
+
+    ``platform`` is the selected platform's name (children select it through ``FD_PLATFORM``);
+    ``device_type`` its Paddle device type. ``device_memory`` is the size each rank plans on
+    (``--device-memory``), None for the live facts; ``timeout`` bounds every wait of the run.
+    """
+
+    deploy: DeployConfig
+    platform: str
+    device_type: str
+    ranks: int
+    timeout: float
+    profile: bool = False
+    device_memory: int | None = None
+    non_cache: int | None = None
+    quiet: bool = False
+
+    @property
+    def hold_timeout(self) -> float:
+        """How long a child holding its allocation waits for the engine's stop."""
+        return self.timeout + MARGIN_SECONDS
+
+    @property
+    def shares_device(self) -> bool:
+        """Whether every rank uses the one device (cpu: host memory), rather than device ``rank``."""
+        return self.device_type == "cpu"
+
+    def device_id(self, rank: int) -> int:
+        """The local device of ``rank``."""
+        return 0 if self.shares_device else rank
+
+    def layout(self, rank: int) -> CacheLayout:
+        """The cache tensors of ``rank`` on its device."""
+        parallel = replace(self.deploy.parallel, local_rank=rank)
+        return build_layout(self.deploy.model, self.deploy.cache, parallel, device_id=self.device_id(rank))

@@ -1,0 +1,70 @@
+"""Running ``fd-platforms run`` as the real console script, and reading what it left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")
+MIB = 2**20
+QWEN = "examples/qwen3-30b-a3b"
+
+
+def qwen_bytes_per_block(tp: int) -> int:
+    """One qwen3-30b-a3b block per rank: bf16, key + value, block 64, head_dim 128, 4 KV heads, 48 layers."""
+    return 2 * 2 * 64 * 128 * max(1, 4 // tp) * 48
+
+
+def clean_env(**env: str) -> dict[str, str]:
+    """The outer environment without selection, timeout or fake-device settings, plus ``env``."""
+    drop = ("FD_PLATFORM", "FD_CACHE_READY_TIMEOUT", "CUSTOM_DEVICE_ROOT", "FLAGS_selected_", "FAKE_")
+    return {**{k: v for k, v in os.environ.items() if not k.startswith(drop)}, **env}
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SCRIPT, "run", *args], capture_output=True, text=True, env=env or clean_env(), cwd=ROOT, timeout=120
+    )
+
+
+def run_json(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The report of a successful ``run --json``."""
+    done = run_cli(*args, "--json", env=env)
+    assert done.returncode == 0, f"rc={done.returncode}\nstderr:\n{done.stderr}"
+    progress = [line for line in done.stderr.splitlines() if ": WARNING: " not in line]
+    assert not progress, f"--json prints no progress: {progress}"
+    report = json.loads(done.stdout)
+    assert not Path("/dev/shm", report["signal"]).exists(), "the run left its cache-ready signal behind"
+    return report
+
+
+def expected_decision(role: str, backend: str, swap: bool = False, profile: bool = False) -> tuple[bool, str]:
+    """(create, deciding term) as the issue states the rule: the first term that holds decides."""
+    if profile:
+        return True, "profile"
+    if swap:
+        return False, "num_cpu_blocks"
+    if backend != "none":
+        return False, "storage_backend"
+    if role != "mixed":
+        return False, "splitwise_role"
+    return True, "none"
+
+
+def check_rank(rank: dict[str, Any], bytes_per_block: int, create: bool, term: str) -> None:
+    """One rank's row: the decision, who allocated, the bytes, and a wait only for non-creators."""
+    assert (rank["create"], rank["deciding_term"]) == (create, term), rank
+    assert rank["allocated_by"] == ("worker" if create else "cache manager")
+    assert rank["num_blocks"] > 0 and rank["device_bytes"] == rank["num_blocks"] * bytes_per_block
+    assert rank["host_bytes"] == (0 if create else rank["num_cpu_blocks"] * bytes_per_block)
+    assert (rank["pinned"] is None) if rank["host_bytes"] == 0 else isinstance(rank["pinned"], bool)
+    assert rank["plan_seconds"] >= 0 and rank["allocate_seconds"] >= 0
+    if create:
+        assert rank["wait_seconds"] is None
+    else:
+        assert rank["wait_seconds"] >= 0

@@ -1,0 +1,83 @@
+"""``fd-platforms run`` end to end on the cpu platform: every role and storage backend, swap space,
+several ranks sharing host memory, the profile run, the table and its progress lines."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from run_helpers import MIB, QWEN, check_rank, expected_decision, qwen_bytes_per_block, run_cli, run_json
+
+ROLES = ("mixed", "prefill", "decode")
+BACKENDS = ("none", "mooncake", "attention_store", "file")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("role", ROLES)
+def test_every_role_and_storage_backend(role: str, backend: str) -> None:
+    report = run_json("--model", QWEN, "--tp", "1", "--device-memory", "256MiB", "--role", role,
+                      "--storage-backend", backend)
+    per_block = qwen_bytes_per_block(1)
+    create, term = expected_decision(role, backend)
+    assert (report["platform"], report["model"], report["num_ranks"]) == ("cpu", "qwen3-30b-a3b", 1)
+    assert report["bytes_per_block"] == per_block
+    assert report["splitwise_role"] == role
+    assert report["storage_backend"] == (None if backend == "none" else backend)
+    [rank] = report["ranks"]
+    check_rank(rank, per_block, create, term)
+    assert rank["device"] == "cpu" and rank["num_cpu_blocks"] == 0
+    assert rank["num_blocks"] == rank["planned_blocks"] == 256 * MIB * 9 // 10 // per_block
+    assert (report["manager_pid"] is None) == create
+    assert report["wall_seconds"] > 0
+
+
+def test_swap_space_goes_to_the_cache_manager_with_host_memory() -> None:
+    report = run_json("--model", QWEN, "--tp", "1", "--device-memory", "256MiB", "--swap-space", "64MiB")
+    per_block = qwen_bytes_per_block(1)
+    [rank] = report["ranks"]
+    check_rank(rank, per_block, *expected_decision("mixed", "none", swap=True))
+    assert rank["num_cpu_blocks"] == 64 * MIB // per_block
+    assert rank["host_bytes"] == rank["num_cpu_blocks"] * per_block > 0
+    assert (rank["pinned"], rank["host_kind"]) == (False, "pageable")  # the cpu platform cannot pin
+
+
+def test_two_ranks_share_host_memory_evenly_and_use_the_minimum() -> None:
+    report = run_json("--model", QWEN, "--tp", "2", "--memory-utilization", "0.01", "--non-cache-memory", "0",
+                      "--storage-backend", "file")
+    per_block = qwen_bytes_per_block(2)
+    with open("/proc/meminfo", encoding="ascii") as meminfo:
+        total = int(re.search(r"MemTotal:\s+(\d+) kB", meminfo.read()).group(1)) * 1024  # type: ignore[union-attr]
+    ranks = report["ranks"]
+    assert [rank["rank"] for rank in ranks] == [0, 1]
+    for rank in ranks:
+        check_rank(rank, per_block, *expected_decision("mixed", "file"))
+        assert rank["device"] == "cpu"
+        assert rank["planned_blocks"] <= total // 2 // 100 // per_block, "each rank plans on half the host"
+    assert {rank["num_blocks"] for rank in ranks} == {min(rank["planned_blocks"] for rank in ranks)}
+
+
+def test_profile_run_creates_even_for_a_disaggregated_role() -> None:
+    report = run_json("--model", QWEN, "--tp", "1", "--device-memory", "256MiB", "--role", "prefill",
+                      "--storage-backend", "mooncake", "--profile")
+    [rank] = report["ranks"]
+    check_rank(rank, qwen_bytes_per_block(1), *expected_decision("prefill", "mooncake", profile=True))
+    assert report["profile"] is True and report["manager_pid"] is None
+
+
+def test_table_and_progress_from_a_config_file_with_ranks_from_tp() -> None:
+    done = run_cli("--config", "examples/deploy.toml", "--tp", "2", "--device-memory", "256MiB", "--role", "decode")
+    assert done.returncode == 0, done.stderr
+    title, header, *rows = done.stdout.splitlines()
+    assert title.startswith("platform cpu, model qwen3-30b-a3b, 2 rank(s), role decode, storage backend none")
+    assert header.split()[:4] == ["RANK", "DEVICE", "CREATE", "DECIDED"]
+    assert [row.split()[:4] for row in rows] == [[str(rank), "cpu", "no", "splitwise_role"] for rank in (0, 1)]
+    assert all("cache manager" in row for row in rows)
+    manager = re.search(r"starting the cache manager \(pid (\d+)\) for rank\(s\) 0, 1", done.stderr)
+    assert manager, done.stderr
+    pid = manager.group(1)
+    for expected in ("started 2 worker(s)", "rank 0: planned 76 blocks",
+                     f"rank 1: waiting for the cache manager (pid {pid})",
+                     f"cache manager (pid {pid}): allocating 228.00 MiB of KV cache for rank 1"):
+        assert expected in done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,171 @@
+"""``fd-platforms run`` when things go wrong: the cache manager killed, Ctrl-C, SIGTERM, no memory,
+bad ranks. Each ends with one error line (or one ``interrupted`` line), the documented exit code,
+no process left and nothing in ``/dev/shm``."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from fd_platforms.process_watch import pid_running
+from run_helpers import QWEN, ROOT, SCRIPT, clean_env, run_cli
+
+MANAGER_PATH = ("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode")
+
+
+class Run:
+    """``fd-platforms run`` in its own process group, its stderr read line by line."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process = process
+        self.lines: list[str] = []
+
+    def read_until(self, pattern: str) -> re.Match[str]:
+        """Read stderr until a line matches ``pattern`` (the process must print it: it ends otherwise)."""
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.lines.append(line)
+            found = re.search(pattern, line)
+            if found:
+                return found
+        raise AssertionError(f"no line matched {pattern!r}; stderr:\n{''.join(self.lines)}")
+
+    def finish(self) -> tuple[int, str]:
+        """Exit code and the whole stderr, waiting at most 60 s."""
+        _, rest = self.process.communicate(timeout=60)
+        return self.process.returncode, "".join(self.lines) + rest
+
+    def group(self) -> list[int]:
+        """Live processes of the run's process group (the engine and its children)."""
+        pids = []
+        for entry in Path("/proc").iterdir():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2 :].split()
+            if entry.name.isdigit() and int(fields[2]) == self.process.pid and fields[0] not in "ZX":
+                pids.append(int(entry.name))
+        return pids
+
+
+@contextmanager
+def started(*args: str) -> Iterator[Run]:
+    process = subprocess.Popen([SCRIPT, "run", *args], cwd=ROOT, env=clean_env(), text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        yield Run(process)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate(timeout=30)
+
+
+def signal_name(stderr: str) -> str:
+    found = re.search(r"cache-ready signal (fd_cache_ready\.\S+)", stderr)
+    assert found, stderr
+    return found.group(1)
+
+
+def all_gone(pids: list[int], within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
+    while any(pid_running(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_cache_manager_killed_fails_every_worker_quickly_and_cleans_up() -> None:
+    with started(*MANAGER_PATH) as run:
+        workers = [int(pid) for pid in run.read_until(r"started 2 worker\(s\) \(pid (\d+), (\d+)\)").groups()]
+        manager = int(run.read_until(r"starting the cache manager \(pid (\d+)\)").group(1))
+        killed_at = time.monotonic()
+        os.kill(manager, signal.SIGKILL)
+        code, stderr = run.finish()
+        elapsed = time.monotonic() - killed_at
+    assert code == 1, stderr
+    assert elapsed < 5, f"the run took {elapsed:.1f} s to fail after the cache manager was killed"
+    error = stderr.splitlines()[-1]
+    assert error.startswith("fd-platforms: error: ") and "Traceback" not in stderr
+    assert f"cache manager: pid {manager} was killed by SIGKILL before sending its 'ready'" in error
+    for rank in (0, 1):
+        assert re.search(rf"rank {rank}: CacheNotReadyError: .*rank {rank} was not set after [0-9.]+ s: "
+                         rf"the process expected to set it \(pid {manager}\) exited without setting it", error), error
+    assert not Path("/dev/shm", signal_name(stderr)).exists()
+    assert all_gone([*workers, manager])
+
+
+def test_ctrl_c_while_waiting_stops_every_process() -> None:
+    with started(*MANAGER_PATH) as run:
+        run.read_until(r"rank \d: waiting for the cache manager")
+        processes = run.group()
+        os.killpg(run.process.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        code, stderr = run.finish()
+    assert code == 130, stderr
+    assert stderr.splitlines()[-1] == "fd-platforms: interrupted"
+    assert "Traceback" not in stderr and "error" not in stderr
+    assert len(processes) >= 4, "the engine, two workers and the cache manager"
+    assert all_gone(processes)
+    assert not Path("/dev/shm", signal_name(stderr)).exists()
+
+
+def test_ctrl_c_while_workers_start_prints_no_traceback() -> None:
+    with started(*MANAGER_PATH) as run:
+        run.read_until(r"started 2 worker\(s\)")
+        processes = run.group()
+        os.killpg(run.process.pid, signal.SIGINT)
+        code, stderr = run.finish()
+    assert code == 130, stderr
+    assert stderr.splitlines()[-1] == "fd-platforms: interrupted" and "Traceback" not in stderr
+    assert all_gone(processes)
+    assert not Path("/dev/shm", signal_name(stderr)).exists()
+
+
+def test_sigterm_to_the_engine_stops_every_process() -> None:
+    with started(*MANAGER_PATH) as run:
+        run.read_until(r"rank \d: waiting for the cache manager")
+        processes = run.group()
+        run.process.terminate()
+        code, stderr = run.finish()
+    assert code == 143, stderr
+    assert stderr.splitlines()[-1] == "fd-platforms: terminated" and "Traceback" not in stderr
+    assert all_gone(processes)
+    assert not Path("/dev/shm", signal_name(stderr)).exists()
+
+
+def test_not_enough_memory_is_the_planners_error_with_exit_2() -> None:
+    done = run_cli("--model", QWEN, "--device-memory", "1MiB", "--json")
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("fd-platforms: error: rank 0: InsufficientMemoryError: KV cache budget")
+    assert "holds no block" in line and "Fix: raise memory_utilization" in line
+    assert done.stdout == ""
+
+
+def test_two_ranks_failing_alike_are_reported_once() -> None:
+    done = run_cli("--model", QWEN, "--tp", "2", "--device-memory", "1MiB", "--json")
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("fd-platforms: error: rank 0, rank 1: InsufficientMemoryError: ")
+    assert line.count("InsufficientMemoryError") == 1
+
+
+def test_bad_ranks_are_configuration_errors() -> None:
+    for ranks, allowed in (("0", "1 to tensor_parallel_size=2"), ("3", "1 to tensor_parallel_size=2")):
+        done = run_cli("--model", QWEN, "--tp", "2", "--ranks", ranks, "--device-memory", "1GiB")
+        assert done.returncode == 2, done.stderr
+        [line] = done.stderr.splitlines()
+        assert line.startswith(f"fd-platforms: error: --ranks={int(ranks)} is not valid; allowed: {allowed}")
+
+
+def test_bad_timeout_is_a_configuration_error() -> None:
+    done = run_cli("--model", QWEN, "--device-memory", "1GiB", "--timeout", "0")
+    assert done.returncode == 2
+    assert "timeout=0.0 is not valid" in done.stderr and "Traceback" not in done.stderr
