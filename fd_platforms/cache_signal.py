@@ -351,12 +351,33 @@ def _read_header(segment: SharedMemory) -> tuple[int, ...] | None:
     return header if complete else None
 
 
-def _reclaim_stale(name: str) -> None:
-    """Unlink ``name`` if the owner that created it has exited; refuse if it is alive or unknown."""
+def reclaim_stale_signals(shm_dir: str = "/dev/shm") -> list[str]:
+    """Unlink every cache-ready signal whose owning engine has exited; the names reclaimed.
+
+    An engine killed with SIGKILL cannot remove its signal, and a fresh engine uses a fresh name,
+    so ``fd-platforms run`` sweeps at start. Segments whose owner is alive, that are still being
+    written, or that are not fd-platforms signals are left alone.
+    """
+    try:
+        names = sorted(entry for entry in os.listdir(shm_dir) if entry.startswith(SIGNAL_PREFIX))
+    except OSError:
+        return []
+    reclaimed = []
+    for name in names:
+        try:
+            if _reclaim_stale(name):
+                reclaimed.append(name)
+        except CacheSignalError:
+            continue  # alive, incomplete or foreign: not ours to remove
+    return reclaimed
+
+
+def _reclaim_stale(name: str) -> bool:
+    """Unlink ``name`` if the owner that created it has exited (True); refuse if it is alive or unknown."""
     try:
         segment = _open_segment(name, create=False)
     except FileNotFoundError:
-        return  # its owner closed it in the meantime
+        return False  # its owner closed it in the meantime
     try:
         header = _read_header(segment)
         if header is None:
@@ -372,6 +393,7 @@ def _reclaim_stale(name: str) -> None:
             )
         logger.warning("reclaiming cache-ready signal %r left behind by pid %d, which has exited", name, pid)
         _unlink_segment(segment)
+        return True
     finally:
         segment.close()
 

@@ -19,7 +19,9 @@ import pytest
 import signal_processes
 from conftest import SHM_DIR, shm_entries
 from fd_platforms import futex
-from fd_platforms.cache_signal import CacheReadySignal, new_signal_name, resolve_timeout
+from fd_platforms.cache_signal import (
+    SIGNAL_PREFIX, CacheReadySignal, new_signal_name, reclaim_stale_signals, resolve_timeout,
+)
 from fd_platforms.errors import CacheNotReadyError, CacheSignalError, ConfigError
 from fd_platforms.process_watch import ProcessWatch, pid_running
 
@@ -150,6 +152,36 @@ def test_stale_segment_of_a_killed_owner_is_reclaimed(signal_name: str, caplog) 
         with CacheReadySignal.create(3, signal_name) as reclaimed:
             assert reclaimed.slots() == (0, 0, 0)
     assert f"left behind by pid {engine.pid}" in caplog.text
+
+
+def test_the_sweep_reclaims_only_signals_whose_owner_is_gone(tmp_path, caplog) -> None:
+    killed = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\n"
+         "from fd_platforms.cache_signal import CacheReadySignal\n"
+         "signal = CacheReadySignal.create(1)\n"
+         "print(signal.name, flush=True)\n"
+         "time.sleep(120)\n"],
+        stdout=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        assert killed.stdout is not None
+        stale = killed.stdout.readline().strip()
+    finally:
+        killed.kill()
+        killed.wait()
+    foreign = SharedMemory(f"{SIGNAL_PREFIX}test-foreign-{os.getpid()}", create=True, size=64)
+    try:
+        with CacheReadySignal.create(1) as alive, caplog.at_level(logging.WARNING, logger="fd_platforms"):
+            assert (SHM_DIR / stale).exists()
+            reclaimed = reclaim_stale_signals()
+            assert stale in reclaimed and not (SHM_DIR / stale).exists()
+            assert alive.name not in reclaimed and (SHM_DIR / alive.name).exists()
+            assert foreign.name not in reclaimed and (SHM_DIR / foreign.name).exists()
+        assert f"left behind by pid {killed.pid}" in caplog.text
+    finally:
+        foreign.close()
+        foreign.unlink()
+    assert reclaim_stale_signals(str(tmp_path / "no-such-dir")) == []
 
 
 def test_foreign_segment_is_neither_attached_nor_reclaimed(signal_name: str) -> None:

@@ -169,3 +169,18 @@ def test_bad_timeout_is_a_configuration_error() -> None:
     done = run_cli("--model", QWEN, "--device-memory", "1GiB", "--timeout", "0")
     assert done.returncode == 2
     assert "timeout=0.0 is not valid" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_signal_left_by_an_engine_killed_with_sigkill_is_reclaimed_by_the_next_run() -> None:
+    with started(*MANAGER_PATH) as run:
+        left = run.read_until(r"cache-ready signal (fd_cache_ready\.\S+)").group(1)
+        run.read_until(r"rank \d: waiting for the cache manager")
+        processes = run.group()
+        os.killpg(run.process.pid, signal.SIGKILL)  # no cleanup runs anywhere
+        run.finish()
+    assert all_gone(processes)
+    assert Path("/dev/shm", left).exists(), "SIGKILL skips the engine's cleanup"
+    done = run_cli("--model", QWEN, "--device-memory", "256MiB")
+    assert done.returncode == 0, done.stderr
+    assert f"reclaiming cache-ready signal {left!r} left behind by pid" in done.stderr
+    assert not Path("/dev/shm", left).exists()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from ..cache_signal import CacheReadySignal
+from ..cache_signal import CacheReadySignal, reclaim_stale_signals
 from ..errors import ConfigError
 from ..planner import min_across_ranks
 from ..platform import Platform
@@ -50,6 +50,7 @@ def select_run_platform(ranks: int) -> Platform:
 def run_lifecycle(spec: RunSpec, say: Progress) -> RunReport:
     """Run the lifecycle once; raises :class:`~fd_platforms.errors.RunError` when a process fails."""
     started = time.monotonic()
+    reclaim_stale_signals()  # what engines killed with SIGKILL left behind (each warned about)
     with CacheReadySignal.create(spec.ranks) as signal, Children() as children:
         workers = [children.start(f"rank {rank}", worker_main, spec, rank, signal.name) for rank in range(spec.ranks)]
         pids = ", ".join(str(worker.pid) for worker in workers)
