@@ -41,8 +41,8 @@ def should_create_cache_tensor(
 @hookimpl(trylast=True)
 def host_alloc(nbytes: int, require_pinned: bool) -> HostBuffer:
     """Pageable memory marked ``pinned=False``; an error when the caller demands pinned memory."""
-    check_host_nbytes(nbytes)
     if require_pinned:
+        check_host_nbytes(nbytes)  # a bad size is a ConfigError before anything else
         raise HostAllocError(
             f"pinned host memory of {nbytes} bytes was required, but this platform cannot pin host memory. "
             "Fix: call host_alloc(require_pinned=False) to accept pageable memory, or use a platform that pins"

@@ -56,6 +56,11 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 REQUIRED_HOOKS = ("platform_identity", "detect_platform", "supported_api_versions")
 
 
+def hook_names() -> tuple[str, ...]:
+    """Every hook specified in this module, in the order they are defined."""
+    return tuple(name for name, obj in globals().items() if hasattr(obj, f"{PROJECT}_spec"))
+
+
 @hookspec(firstresult=True)
 def platform_identity() -> PlatformIdentity:
     """Say who the platform is.

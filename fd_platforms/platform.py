@@ -50,8 +50,7 @@ class Platform:
 
     def implemented_hooks(self) -> set[str]:
         """Names of the hooks the platform plugin itself implements (the core's defaults excluded)."""
-        plugin = self.manager.get_plugin(self.name)
-        return {caller.name for caller in self.manager.get_hookcallers(plugin) or []}
+        return implemented_hooks(self.manager, self.manager.get_plugin(self.name))
 
     def detect(self) -> Detection:
         """The plugin's detection record."""
@@ -134,6 +133,11 @@ class Platform:
         return call_hook(self.candidate, self.manager, hook, expected, **kwargs)
 
 
+def implemented_hooks(manager: pluggy.PluginManager, plugin: object) -> set[str]:
+    """Names of the hooks ``plugin`` implements in ``manager``."""
+    return {caller.name for caller in manager.get_hookcallers(plugin) or []}
+
+
 def call_hook(
     candidate: Candidate, manager: pluggy.PluginManager, hook: str, expected: type[RecordT], **kwargs: Any
 ) -> RecordT:
@@ -193,7 +197,7 @@ def load_platform(candidate: Candidate, *, drift_guard: bool = True) -> Platform
             candidate.distribution,
             f"{exc}. Fix: use only the hook names and arguments defined in fd_platforms.hookspecs",
         ) from exc
-    implemented = {caller.name for caller in manager.get_hookcallers(plugin) or []}
+    implemented = implemented_hooks(manager, plugin)
     missing = [hook for hook in hookspecs.REQUIRED_HOOKS if hook not in implemented]
     if missing:
         raise PluginHookError(

@@ -22,7 +22,7 @@ from fd_platforms.testing import HOOKS_MARKER, suite_files
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")
 EXAMPLE = "nimbus"  # examples/plugin-template, installed by .ci/run
-SPECS = {name: obj for name, obj in vars(hookspecs).items() if hasattr(obj, f"{hookspecs.PROJECT}_spec")}
+SPECS = {name: getattr(hookspecs, name) for name in hookspecs.hook_names()}
 
 OLD_XPU_PLUGIN = """
 from fd_platforms import hookimpl

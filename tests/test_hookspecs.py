@@ -8,10 +8,7 @@ import pytest
 
 from fd_platforms import hookspecs
 
-SPECS = [
-    name for name, obj in vars(hookspecs).items()
-    if inspect.isfunction(obj) and hasattr(obj, f"{hookspecs.PROJECT}_spec")
-]
+SPECS = list(hookspecs.hook_names())
 
 
 def test_the_contract_has_the_designed_hooks() -> None:

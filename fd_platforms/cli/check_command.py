@@ -91,4 +91,5 @@ def _matrix(results: list[PlatformResult]) -> str:
             notes.extend(f"{result.name} {outcome.check} skipped: {reason}" for reason in outcome.skip_reasons)
     verdict = "all platforms pass" if all(r.passed for r in results) else "some platforms FAIL"
     table = format_table(("PLATFORM", *(check.upper() for check in CHECKS), "RESULT"), rows)
-    return "\n".join([table, "", *notes, "", f"{verdict} (plugin API {API_VERSION})"]).replace("\n\n\n", "\n\n")
+    sections = [table, "\n".join(notes), f"{verdict} (plugin API {API_VERSION})"]
+    return "\n\n".join(section for section in sections if section)

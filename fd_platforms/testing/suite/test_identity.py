@@ -14,7 +14,7 @@ from ...platform import Platform
 from ...types import Detection, PlatformIdentity
 from . import hooks
 
-ALL_HOOKS = {name for name in dir(hookspecs) if hasattr(getattr(hookspecs, name), f"{hookspecs.PROJECT}_spec")}
+ALL_HOOKS = set(hookspecs.hook_names())
 DEVICE_TYPE = re.compile(r"[a-z][a-z0-9_]*")
 ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 
