@@ -11,19 +11,25 @@ that wants to read it without this package:
 word   meaning
 ====== ==============================================================================
 0      magic ``0x46444352`` (``"FDCR"``), written last when the owner creates it
-1      layout version, ``1``
+1      layout version, ``2``
 2      number of ranks ``N``
-3      owner pid
-4      owner start time in clock ticks after boot (``/proc/<pid>/stat``), ``& 0x7fffffff``; -1 if unknown
-5-7    reserved, 0
+3      owner pid, in the owner's PID namespace (for messages only; never for liveness)
+4-7    reserved, 0
 8 + r  slot of local rank ``r``: 0 clear, anything else set (this package writes 1)
 ====== ==============================================================================
 
+Liveness (layout 2): every process using the signal holds a shared ``flock`` on the segment for
+as long as it has it open, and the kernel drops it when the process exits, however it exits and
+whatever PID namespace it runs in (see :mod:`fd_platforms.shm`). A signal nobody holds is left
+over from an engine that died; one somebody holds is in use, even if its owner pid means nothing
+here (containers sharing ``/dev/shm`` but not PIDs).
+
 Lifetimes: the owner unlinks the segment on :meth:`~CacheReadySignal.close`, at interpreter exit,
 or when the owner object is garbage-collected (keep a reference while the engine runs); a forked
-child of the owner never does; attachers never unlink (Python's ``resource_tracker`` is kept out of it, so an attacher's
-exit cannot remove a segment it merely used). A segment left by an owner that crashed is
-reclaimed by the next owner creating the same name. The segment is mode 0600: the owning user only.
+child of the owner never does; attachers never unlink, and no segment is ever registered with
+Python's ``resource_tracker``. A segment left by an owner that was killed is reclaimed by the next
+owner creating the same name, or by :func:`reclaim_stale_signals`. The segment is mode 0600: the
+owning user only.
 
 Waking: a waiter sleeps on its slot with a Linux futex and the setter wakes it after writing the
 slot, so waiting costs no CPU and a wake takes microseconds. See the README for the measurements.
@@ -32,28 +38,27 @@ slot, so waiting costs no CPU and a wake takes microseconds. See the README for 
 from __future__ import annotations
 
 import ctypes
+import enum
 import logging
-import math
 import os
 import re
 import secrets
-import sys
+import struct
 import time
 import weakref
 from collections.abc import Mapping
-from multiprocessing import resource_tracker
-from multiprocessing.shared_memory import SharedMemory
 from types import TracebackType
 
-from . import futex
+from . import futex, shm
 from .errors import CacheNotReadyError, CacheSignalError, ConfigError
-from .process_watch import START_TICKS_MASK, ProcessWatch, pid_running, process_start_ticks
+from .process_watch import ProcessWatch
+from .timeouts import check_seconds, env_seconds
 
 logger = logging.getLogger(__name__)
 
 SIGNAL_PREFIX = "fd_cache_ready."
 MAGIC = 0x46444352
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 HEADER_WORDS = 8
 WORD_BYTES = 4
 MAX_RANKS = 1024
@@ -62,9 +67,10 @@ DEFAULT_TIMEOUT = 600.0
 PROGRESS_SECONDS = 5.0
 CHECK_SECONDS = 0.25  # how often a waiter looks at the setter's liveness and the clock
 POLL_SECONDS = 0.002  # the sleep between looks where futexes are unavailable
+HEADER_BYTES = HEADER_WORDS * WORD_BYTES
 
 _NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
-_WORD_MAGIC, _WORD_VERSION, _WORD_RANKS, _WORD_PID, _WORD_START = range(5)
+_WORD_MAGIC, _WORD_VERSION, _WORD_RANKS, _WORD_PID = range(4)
 
 
 def new_signal_name(instance: str | None = None) -> str:
@@ -92,31 +98,25 @@ def check_signal_name(name: str) -> str:
 def resolve_timeout(timeout: float | None, environ: Mapping[str, str] | None = None) -> float:
     """The wait limit in seconds: ``timeout``, else ``FD_CACHE_READY_TIMEOUT``, else 600."""
     if timeout is not None:
-        return _positive_seconds("timeout", timeout, timeout, "pass a finite number of seconds > 0")
-    raw = (os.environ if environ is None else environ).get(ENV_TIMEOUT)
-    if raw is None or raw.strip() == "":
-        return DEFAULT_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    return _positive_seconds(ENV_TIMEOUT, raw, value, f"set {ENV_TIMEOUT} to seconds, e.g. {ENV_TIMEOUT}=900")
+        return check_seconds("timeout", timeout, "pass a finite number of seconds > 0")
+    return env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT, environ)
 
 
-def _positive_seconds(field: str, shown: object, number: object, fix: str) -> float:
-    """``number`` as float if it is finite and > 0; else a ConfigError showing ``field=shown``."""
-    if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) or number <= 0:
-        raise ConfigError(field, shown, "a finite number of seconds > 0", fix)
-    return float(number)
+def check_rank_count(num_ranks: object) -> int:
+    """``num_ranks`` if it is an int from 1 to :data:`MAX_RANKS`, else a ConfigError."""
+    if isinstance(num_ranks, bool) or not isinstance(num_ranks, int) or not 1 <= num_ranks <= MAX_RANKS:
+        raise ConfigError("num_ranks", num_ranks, f"an int from 1 to {MAX_RANKS}", "pass the number of local ranks")
+    return num_ranks
 
 
 class CacheReadySignal:
     """One engine instance's cache-ready slots. Build it with :meth:`create` or :meth:`attach`."""
 
-    def __init__(self, segment: SharedMemory, name: str, num_ranks: int, *, owner: bool) -> None:
+    def __init__(self, segment: shm.Segment, name: str, num_ranks: int, *, owner: bool) -> None:
         self._segment = segment
-        self._words: memoryview | None = segment.buf.cast("i")
-        anchor = ctypes.c_char.from_buffer(segment.buf)
+        mapped = segment.map()
+        self._words: memoryview | None = memoryview(mapped).cast("i")
+        anchor = ctypes.c_char.from_buffer(mapped)
         self._base_address = ctypes.addressof(anchor)
         del anchor  # keep no buffer export alive, so the segment can be closed
         self.name, self.num_ranks, self.owner = name, num_ranks, owner
@@ -129,21 +129,18 @@ class CacheReadySignal:
     def create(cls, num_ranks: int, name: str | None = None) -> CacheReadySignal:
         """Create the segment (this process becomes its owner), all slots clear.
 
-        A segment of the same name whose owner has exited is reclaimed with a warning; one whose
-        owner is alive is a :class:`CacheSignalError`.
+        A segment of the same name that no living process holds is reclaimed with a warning;
+        one in use, or one that is not a signal of this user's, is a :class:`CacheSignalError`.
         """
-        if isinstance(num_ranks, bool) or not isinstance(num_ranks, int) or not 1 <= num_ranks <= MAX_RANKS:
-            raise ConfigError(
-                "num_ranks", num_ranks, f"an int from 1 to {MAX_RANKS}", "pass the number of local ranks"
-            )
+        check_rank_count(num_ranks)
         name = check_signal_name(name) if name is not None else new_signal_name()
         size = (HEADER_WORDS + num_ranks) * WORD_BYTES
         try:
-            segment = _open_segment(name, create=True, size=size)
+            segment = _create_segment(name, size)
         except FileExistsError:
-            _reclaim_stale(name)
+            _reclaim_or_refuse(name)
             try:
-                segment = _open_segment(name, create=True, size=size)
+                segment = _create_segment(name, size)
             except FileExistsError:
                 raise CacheSignalError(
                     f"cache-ready signal {name!r} was created by another process while this one reclaimed it. "
@@ -152,8 +149,6 @@ class CacheReadySignal:
         signal = cls(segment, name, num_ranks, owner=True)
         words = signal._view()
         words[_WORD_VERSION], words[_WORD_RANKS], words[_WORD_PID] = LAYOUT_VERSION, num_ranks, os.getpid()
-        start = process_start_ticks(os.getpid())
-        words[_WORD_START] = -1 if start is None else start & START_TICKS_MASK
         words[_WORD_MAGIC] = MAGIC
         return signal
 
@@ -162,19 +157,18 @@ class CacheReadySignal:
         """Attach to a signal the engine created; closing an attached signal never unlinks it."""
         check_signal_name(name)
         try:
-            segment = _open_segment(name, create=False)
+            segment = shm.Segment.open(name, HEADER_BYTES)
         except FileNotFoundError:
             raise CacheSignalError(
                 f"cache-ready signal {name!r} does not exist (no /dev/shm/{name}). "
                 "Fix: the engine process creates it before starting workers; check that this name is the one it created"
             ) from None
+        except shm.SegmentUnusable as exc:
+            raise _not_a_signal(name, str(exc)) from None
         header = _read_header(segment)
         if header is None:
             segment.close()
-            raise CacheSignalError(
-                f"shared memory {name!r} is not an fd-platforms cache-ready signal (layout {LAYOUT_VERSION}). "
-                "Fix: check the signal name; a segment from another program or version cannot be used"
-            )
+            raise _not_a_signal(name, f"its header is not a complete fd-platforms signal of layout {LAYOUT_VERSION}")
         return cls(segment, name, header[_WORD_RANKS], owner=False)
 
     # -- slots --------------------------------------------------------------------------------
@@ -301,99 +295,130 @@ class CacheReadySignal:
         return self._base_address + (HEADER_WORDS + rank) * WORD_BYTES
 
 
-# -- the segment itself, kept away from Python's resource_tracker ------------------------------
+# -- the segment itself (see fd_platforms.shm for the rules) -----------------------------------
 
 
-def _open_segment(name: str, *, create: bool, size: int = 0) -> SharedMemory:
-    """Open or create ``name`` without resource tracking (whose exit hook unlinks attached segments)."""
-    if sys.version_info >= (3, 13):
-        return SharedMemory(name, create=create, size=size, track=False)
-    segment = SharedMemory(name, create=create, size=size)
-    resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
-    return segment
+def _create_segment(name: str, size: int) -> shm.Segment:
+    try:
+        return shm.Segment.create(name, size)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        raise CacheSignalError(
+            f"cache-ready signal {name!r} cannot be created in /dev/shm: {exc.strerror or exc}. "
+            "Fix: check that /dev/shm exists and is writable (containers: mount a memory-backed /dev/shm)"
+        ) from None
 
 
-def _release(words: memoryview, segment: SharedMemory, owner_pid: int | None) -> None:
+def _release(words: memoryview, segment: shm.Segment, owner_pid: int | None) -> None:
     """Unmap the segment; unlink it too if this is the owner (not a forked child of it)."""
     words.release()
-    segment.close()
     if owner_pid == os.getpid():
-        _unlink_segment(segment)
-
-
-def _unlink_segment(segment: SharedMemory) -> None:
-    """Unlink a segment opened by :func:`_open_segment`; a segment already gone is fine."""
-    if sys.version_info < (3, 13):
-        # unlink() also unregisters; register first so the tracker's books stay balanced.
-        resource_tracker.register(segment._name, "shared_memory")  # type: ignore[attr-defined]
-    try:
         segment.unlink()
-    except FileNotFoundError:
-        if sys.version_info < (3, 13):
-            resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
+    segment.close()
 
 
-def _read_header(segment: SharedMemory) -> tuple[int, ...] | None:
-    """The header words if the segment is a complete signal of this layout, else ``None``."""
-    if segment.size < HEADER_WORDS * WORD_BYTES:
+def _not_a_signal(name: str, why: str) -> CacheSignalError:
+    return CacheSignalError(
+        f"shared memory {name!r} is not a usable fd-platforms cache-ready signal (layout {LAYOUT_VERSION}): {why}. "
+        "Fix: check the signal name; a segment from another program, user or version cannot be used"
+    )
+
+
+def _read_header(segment: shm.Segment) -> tuple[int, ...] | None:
+    """The header words if the segment is a complete signal of this layout (read, not mapped), else ``None``."""
+    raw = segment.read(HEADER_BYTES)
+    if len(raw) < HEADER_BYTES:
         return None
-    words = segment.buf.cast("i")
-    try:
-        header = tuple(words[:HEADER_WORDS])
-        complete = (
-            header[_WORD_MAGIC] == MAGIC
-            and header[_WORD_VERSION] == LAYOUT_VERSION
-            and 1 <= header[_WORD_RANKS] <= MAX_RANKS
-            and segment.size >= (HEADER_WORDS + header[_WORD_RANKS]) * WORD_BYTES
-        )
-    finally:
-        words.release()
+    header = struct.unpack(f"={HEADER_WORDS}i", raw)
+    complete = (
+        header[_WORD_MAGIC] == MAGIC
+        and header[_WORD_VERSION] == LAYOUT_VERSION
+        and 1 <= header[_WORD_RANKS] <= MAX_RANKS
+        and segment.size >= (HEADER_WORDS + header[_WORD_RANKS]) * WORD_BYTES
+    )
     return header if complete else None
 
 
-def reclaim_stale_signals(shm_dir: str = "/dev/shm") -> list[str]:
-    """Unlink every cache-ready signal whose owning engine has exited; the names reclaimed.
+class _Verdict(enum.Enum):
+    """What a reclaim found under one name."""
 
-    An engine killed with SIGKILL cannot remove its signal, and a fresh engine uses a fresh name,
-    so ``fd-platforms run`` sweeps at start. Segments whose owner is alive, that are still being
-    written, or that are not fd-platforms signals are left alone.
+    RECLAIMED = "reclaimed"  # a dead signal of this user's, now unlinked
+    IN_USE = "in use"  # some living process holds it
+    GONE = "gone"  # removed or replaced meanwhile
+    SKIPPED = "skipped"  # not provably a signal of this user's: left alone
+
+
+def _reclaim(name: str) -> tuple[_Verdict, str]:
+    """Unlink ``name`` if it is provably a dead signal of this user's: (verdict, detail).
+
+    Never raises for what it finds in ``/dev/shm``: anything it cannot open, does not recognise
+    or cannot prove dead is left alone, with the reason.
     """
     try:
-        names = sorted(entry for entry in os.listdir(shm_dir) if entry.startswith(SIGNAL_PREFIX))
-    except OSError:
-        return []
-    reclaimed = []
-    for name in names:
-        try:
-            if _reclaim_stale(name):
-                reclaimed.append(name)
-        except CacheSignalError:
-            continue  # alive, incomplete or foreign: not ours to remove
-    return reclaimed
-
-
-def _reclaim_stale(name: str) -> bool:
-    """Unlink ``name`` if the owner that created it has exited (True); refuse if it is alive or unknown."""
-    try:
-        segment = _open_segment(name, create=False)
+        segment = shm.Segment.inspect(name, HEADER_BYTES)
     except FileNotFoundError:
-        return False  # its owner closed it in the meantime
+        return _Verdict.GONE, "its owner removed it meanwhile"
+    except shm.SegmentUnusable as exc:
+        return _Verdict.SKIPPED, str(exc)
+    except OSError as exc:
+        return _Verdict.SKIPPED, f"/dev/shm/{name} cannot be inspected: {exc.strerror or exc}"
     try:
         header = _read_header(segment)
+        if not segment.unused():
+            owner = f" (pid {header[_WORD_PID]} in its PID namespace)" if header is not None else ""
+            return _Verdict.IN_USE, f"a living process holds it{owner}"
         if header is None:
-            raise CacheSignalError(
-                f"shared memory {name!r} exists but is not a complete fd-platforms cache-ready signal. "
-                f"Fix: choose another name, or remove /dev/shm/{name} if no engine is using it"
-            )
-        pid, start = header[_WORD_PID], header[_WORD_START]
-        if pid_running(pid, None if start < 0 else start):
-            raise CacheSignalError(
-                f"cache-ready signal {name!r} is in use by a running engine (pid {pid}). "
-                "Fix: give this engine instance another name, or stop that engine first"
-            )
-        logger.warning("reclaiming cache-ready signal %r left behind by pid %d, which has exited", name, pid)
-        _unlink_segment(segment)
-        return True
+            return _Verdict.SKIPPED, f"/dev/shm/{name} is not a complete fd-platforms signal of layout {LAYOUT_VERSION}"
+        if not segment.unlink():
+            return _Verdict.GONE, "it was replaced or removed meanwhile"
+        logger.warning(
+            "reclaiming cache-ready signal %r left behind by pid %d (no living process holds it)",
+            name, header[_WORD_PID],
+        )
+        return _Verdict.RECLAIMED, ""
     finally:
         segment.close()
 
+
+def _reclaim_or_refuse(name: str) -> None:
+    """Make room for a new signal called ``name``: reclaim a dead one, refuse anything else."""
+    verdict, detail = _reclaim(name)
+    if verdict == _Verdict.IN_USE:
+        raise CacheSignalError(
+            f"cache-ready signal {name!r} is in use by a running engine: {detail}. "
+            "Fix: give this engine instance another name, or stop that engine first"
+        )
+    if verdict == _Verdict.SKIPPED:
+        raise CacheSignalError(
+            f"shared memory {name!r} exists and cannot be reclaimed: {detail}. "
+            f"Fix: choose another name, or remove /dev/shm/{name} if nothing uses it"
+        )
+
+
+def reclaim_stale_signals() -> list[str]:
+    """Unlink every cache-ready signal of this user's that no living process holds; the names reclaimed.
+
+    An engine killed with SIGKILL cannot remove its signal, and a fresh engine uses a fresh name,
+    so ``fd-platforms run`` sweeps at start. Signals in use (in any PID namespace) are left
+    alone; entries it cannot open or does not recognise (other users' segments, directories,
+    symlinks, FIFOs, other layouts) are left alone too, named in one WARNING line. It never raises
+    for what it finds.
+    """
+    try:
+        names = sorted(entry for entry in os.listdir(shm.SHM_DIR) if entry.startswith(SIGNAL_PREFIX))
+    except OSError:
+        return []
+    reclaimed, skipped = [], []
+    for name in names:
+        verdict, detail = _reclaim(name)
+        if verdict == _Verdict.RECLAIMED:
+            reclaimed.append(name)
+        elif verdict == _Verdict.SKIPPED:
+            skipped.append(detail)
+    if skipped:
+        logger.warning(
+            "left %d entr%s in /dev/shm alone (not a cache-ready signal this user can prove unused): %s",
+            len(skipped), "y" if len(skipped) == 1 else "ies", "; ".join(skipped),
+        )
+    return reclaimed

@@ -16,6 +16,21 @@ class FdPlatformsError(Exception):
     exit_code = 1
 
 
+MAX_SHOWN = 120  # characters of a value's repr an error message shows
+
+
+def show_value(value: object) -> str:
+    """``repr(value)`` for a message, safe for any value: a huge integer is described by its digits,
+    a long repr is cut at :data:`MAX_SHOWN` characters."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1000:
+        return f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>"
+    try:
+        shown = repr(value)
+    except Exception as exc:  # a repr that fails must not hide the error being reported
+        shown = f"<{type(value).__name__} whose repr raised {type(exc).__name__}>"
+    return shown if len(shown) <= MAX_SHOWN else shown[: MAX_SHOWN - 3] + "..."
+
+
 class ConfigError(FdPlatformsError, ValueError):
     """A value given by the user (env var, CLI flag, config field) is not allowed.
 
@@ -30,7 +45,7 @@ class ConfigError(FdPlatformsError, ValueError):
     ) -> None:
         self.field, self.value, self.allowed, self.fix, self.source = field, value, allowed, fix, source
         where = f"{source}: " if source else ""
-        super().__init__(f"{where}{field}={value!r} is not valid; allowed: {allowed}. Fix: {fix}")
+        super().__init__(f"{where}{field}={show_value(value)} is not valid; allowed: {allowed}. Fix: {fix}")
 
 
 class SelectionError(FdPlatformsError):

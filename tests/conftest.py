@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import textwrap
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import fd_platforms
-from fd_platforms.process_watch import pid_running
+from fd_platforms.shm import Segment, SegmentUnusable
 
 ISOLATED_VARS = ("FD_PLATFORM", "FD_PLATFORM_PLUGINS", "FD_CACHE_READY_TIMEOUT")
 SHM_DIR = Path("/dev/shm")
@@ -28,30 +27,28 @@ def shm_entries() -> set[str]:
     return {entry for entry in os.listdir(SHM_DIR) if entry.startswith("fd_cache_ready.")} if SHM_DIR.is_dir() else set()
 
 
-def segment_owner(name: str) -> int | None:
-    """The owner pid recorded in a signal's header (word 3 of the documented layout)."""
+def held_by_a_living_process(name: str) -> bool:
+    """Whether some living process (in any PID namespace) holds the segment's lock."""
     try:
-        with open(SHM_DIR / name, "rb") as segment:
-            header = segment.read(16)
-    except OSError:
-        return None
-    return struct.unpack("4i", header)[3] if len(header) == 16 else None
+        segment = Segment.inspect(name)
+    except (OSError, SegmentUnusable):
+        return False
+    try:
+        return not segment.unused()
+    finally:
+        segment.close()
 
 
 @pytest.fixture(scope="session", autouse=True)
 def no_shared_memory_left_behind() -> Iterator[None]:
-    """The suite leaves no cache-ready segment behind: none owned by it, none whose owner is dead.
+    """The suite leaves no cache-ready segment behind: every new entry is gone or held by a living process.
 
-    A segment whose owner is some other live process (an engine, or a second test run on the
-    same machine) is not this suite's doing and is ignored.
+    A segment some other live process holds (an engine, or a second test run on the same machine)
+    is not this suite's doing and is ignored.
     """
     before = shm_entries()
     yield
-    left = []
-    for name in sorted(shm_entries() - before):
-        owner = segment_owner(name)
-        if owner is None or owner == os.getpid() or not pid_running(owner):
-            left.append(name)
+    left = sorted(name for name in shm_entries() - before if not held_by_a_living_process(name))
     assert not left, f"the test suite left shared memory behind: {left}"
 
 

@@ -10,15 +10,15 @@ import subprocess
 import sys
 import textwrap
 import threading
+import struct
 import time
-from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 
 import pytest
 
 import signal_processes
 from conftest import SHM_DIR, shm_entries
-from fd_platforms import futex
+from fd_platforms import futex, shm
 from fd_platforms.cache_signal import (
     SIGNAL_PREFIX, CacheReadySignal, new_signal_name, reclaim_stale_signals, resolve_timeout,
 )
@@ -44,18 +44,9 @@ def run_python(code: str, timeout: float = 30) -> subprocess.CompletedProcess[st
 def test_layout_is_the_documented_int32_words(signal_name: str) -> None:
     with CacheReadySignal.create(3, signal_name) as owner:
         owner.set(1)
-        segment = SharedMemory(signal_name)  # a reader that knows only the documented layout
-        try:
-            words = segment.buf.cast("i")
-            assert list(words[:4]) == [0x46444352, 1, 3, os.getpid()]
-            assert list(words[8:11]) == [0, 1, 0]
-            words.release()
-        finally:
-            segment.close()
-            # This plain SharedMemory registered the name with the resource tracker; balance it.
-            from multiprocessing import resource_tracker
-
-            resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
+        words = struct.unpack("11i", (SHM_DIR / signal_name).read_bytes())  # a reader knowing only the layout
+    assert list(words[:8]) == [0x46444352, 2, 3, os.getpid(), 0, 0, 0, 0]
+    assert list(words[8:11]) == [0, 1, 0]
 
 
 def test_segment_is_private_to_the_user(signal_name: str) -> None:
@@ -142,7 +133,7 @@ def test_stale_segment_of_a_killed_owner_is_reclaimed(signal_name: str, caplog) 
     )
     try:
         assert engine.stdout is not None and engine.stdout.readline().strip() == "created"
-        with pytest.raises(CacheSignalError, match=rf"in use by a running engine \(pid {engine.pid}\)"):
+        with pytest.raises(CacheSignalError, match=rf"in use by a running engine: .*\(pid {engine.pid} in its PID namespace\)"):
             CacheReadySignal.create(2, signal_name)
     finally:
         engine.kill()
@@ -154,7 +145,7 @@ def test_stale_segment_of_a_killed_owner_is_reclaimed(signal_name: str, caplog) 
     assert f"left behind by pid {engine.pid}" in caplog.text
 
 
-def test_the_sweep_reclaims_only_signals_whose_owner_is_gone(tmp_path, caplog) -> None:
+def test_the_sweep_reclaims_only_signals_whose_owner_is_gone(tmp_path, caplog, monkeypatch) -> None:
     killed = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\n"
          "from fd_platforms.cache_signal import CacheReadySignal\n"
@@ -169,31 +160,58 @@ def test_the_sweep_reclaims_only_signals_whose_owner_is_gone(tmp_path, caplog) -
     finally:
         killed.kill()
         killed.wait()
-    foreign = SharedMemory(f"{SIGNAL_PREFIX}test-foreign-{os.getpid()}", create=True, size=64)
+    foreign = SHM_DIR / f"{SIGNAL_PREFIX}test-foreign-{os.getpid()}"
+    foreign.write_bytes(bytes(64))
     try:
         with CacheReadySignal.create(1) as alive, caplog.at_level(logging.WARNING, logger="fd_platforms"):
             assert (SHM_DIR / stale).exists()
             reclaimed = reclaim_stale_signals()
             assert stale in reclaimed and not (SHM_DIR / stale).exists()
             assert alive.name not in reclaimed and (SHM_DIR / alive.name).exists()
-            assert foreign.name not in reclaimed and (SHM_DIR / foreign.name).exists()
+            assert foreign.name not in reclaimed and foreign.exists()
         assert f"left behind by pid {killed.pid}" in caplog.text
     finally:
-        foreign.close()
         foreign.unlink()
-    assert reclaim_stale_signals(str(tmp_path / "no-such-dir")) == []
+    monkeypatch.setattr(shm, "SHM_DIR", str(tmp_path / "no-such-dir"))
+    assert reclaim_stale_signals() == []
 
 
 def test_foreign_segment_is_neither_attached_nor_reclaimed(signal_name: str) -> None:
-    foreign = SharedMemory(signal_name, create=True, size=64)
+    foreign = SHM_DIR / signal_name
+    foreign.write_bytes(bytes(64))
     try:
-        with pytest.raises(CacheSignalError, match="not an fd-platforms cache-ready signal"):
+        with pytest.raises(CacheSignalError, match="not a usable fd-platforms cache-ready signal"):
             CacheReadySignal.attach(signal_name)
         with pytest.raises(CacheSignalError, match=f"remove /dev/shm/{signal_name}"):
             CacheReadySignal.create(1, signal_name)
+        assert foreign.read_bytes() == bytes(64)
     finally:
-        foreign.close()
         foreign.unlink()
+
+
+def test_a_signal_of_the_previous_layout_is_left_alone(signal_name: str) -> None:
+    """Layout 1 judged liveness by a pid; nothing proves such a segment unused, so it is never removed."""
+    old = SHM_DIR / signal_name
+    old.write_bytes(struct.pack("10i", 0x46444352, 1, 2, 999_999, -1, 0, 0, 0, 0, 0))
+    try:
+        assert signal_name not in reclaim_stale_signals()
+        with pytest.raises(CacheSignalError, match="not a usable fd-platforms cache-ready signal \\(layout 2\\)"):
+            CacheReadySignal.attach(signal_name)
+        assert old.exists()
+    finally:
+        old.unlink()
+
+
+def test_attach_checks_the_size_before_mapping(signal_name: str) -> None:
+    """A header claiming more ranks than the file holds is refused, never mapped (no SIGBUS)."""
+    short = SHM_DIR / signal_name
+    short.write_bytes(struct.pack("10i", 0x46444352, 2, 1000, 1, 0, 0, 0, 0, 0, 0))
+    short.chmod(0o600)
+    try:
+        with pytest.raises(CacheSignalError, match="not a complete fd-platforms signal of layout 2"):
+            CacheReadySignal.attach(signal_name)
+    finally:
+        short.unlink()
 
 
 def test_attaching_a_missing_signal_says_who_creates_it(signal_name: str) -> None:
@@ -300,13 +318,13 @@ def test_timeout_comes_from_the_environment_when_not_given(signal_name: str, mon
             owner.wait(0)
 
 
-@pytest.mark.parametrize("raw", ["soon", "0", "-5", "inf", "nan"])
+@pytest.mark.parametrize("raw", ["soon", "0", "-5", "inf", "nan", "1e9", "604801"])
 def test_bad_timeout_variable_is_a_config_error(raw: str) -> None:
-    with pytest.raises(ConfigError, match=rf"FD_CACHE_READY_TIMEOUT='{raw}'.*seconds > 0.*FD_CACHE_READY_TIMEOUT=900"):
+    with pytest.raises(ConfigError, match=rf"FD_CACHE_READY_TIMEOUT='{raw}'.*seconds > 0 and at most 604800 .*FD_CACHE_READY_TIMEOUT=600"):
         resolve_timeout(None, {"FD_CACHE_READY_TIMEOUT": raw})
 
 
-@pytest.mark.parametrize("timeout", [0, -1.0, float("inf"), float("nan"), "10", True])
+@pytest.mark.parametrize("timeout", [0, -1.0, float("inf"), float("nan"), "10", True, 3e6, pytest.param(10**5000, id="5000-digits")])
 def test_bad_timeout_argument_is_a_config_error(timeout: object) -> None:
     with pytest.raises(ConfigError, match=r"timeout=.*seconds > 0"):
         resolve_timeout(timeout)  # type: ignore[arg-type]
@@ -316,6 +334,7 @@ def test_default_timeout_is_600_seconds() -> None:
     assert resolve_timeout(None, {}) == 600.0
     assert resolve_timeout(None, {"FD_CACHE_READY_TIMEOUT": " "}) == 600.0
     assert resolve_timeout(2) == 2.0
+    assert resolve_timeout(604800) == resolve_timeout(None, {"FD_CACHE_READY_TIMEOUT": "604800"}) == 604800.0
 
 
 def test_setter_killed_with_sigkill_ends_the_wait_within_a_second(signal_name: str) -> None:
