@@ -1,8 +1,15 @@
-"""The drift guard: a plugin that answers ``should_create_cache_tensor`` itself must agree with the rule.
+"""The drift guard: a plugin that answers a rule hook itself must answer as the core's rule.
 
-The core's rule (:mod:`fd_platforms.decision`) answers for every platform; a plugin that implements
-the hook anyway is compared with it on all of :data:`~fd_platforms.decision.TRUTH_TABLE` when it is
-loaded, and refused with every differing case listed.
+The core's rules (:mod:`fd_platforms.decision`, :mod:`fd_platforms.planner`) answer for every
+platform. A plugin that implements ``should_create_cache_tensor`` anyway is checked twice:
+
+- when it is loaded, against all of :data:`~fd_platforms.decision.TRUTH_TABLE`, and refused with
+  every differing case listed (an early, complete report);
+- on every call, against the rule on the very inputs of the call (sampling cannot prove a rule:
+  a plugin may special-case inputs the table does not hold).
+
+A ``max_num_blocks`` answer is checked on every call against the planner's invariants
+(:func:`fd_platforms.planner.plan_violations`). Either drift is a :class:`PlatformDriftError`.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from .platform import Platform
 
 DECISION_HOOK = "should_create_cache_tensor"
+PLAN_HOOK = "max_num_blocks"
 
 
 @dataclass(frozen=True)
@@ -39,12 +47,12 @@ def _describe(answer: CacheDecision | FdPlatformsError) -> str:
 
 
 def decision_drift(platform: Platform) -> list[DecisionDrift]:
-    """Every truth-table case where ``platform`` answers other than the rule (create and deciding term)."""
+    """Every truth-table case where ``platform``'s hook answers other than the rule (create and deciding term)."""
     drifts = []
     for inputs in TRUTH_TABLE:
         expected = decide_cache_creation(**inputs.kwargs())
         try:
-            got: CacheDecision | FdPlatformsError = platform.should_create_cache_tensor(**inputs.kwargs())
+            got: CacheDecision | FdPlatformsError = platform.plugin_decision(inputs)
         except FdPlatformsError as exc:
             got = exc
         if not isinstance(got, CacheDecision) or (got.create, got.deciding_term) != (
@@ -55,16 +63,29 @@ def decision_drift(platform: Platform) -> list[DecisionDrift]:
     return drifts
 
 
-def drift_error(platform: Platform, drifts: list[DecisionDrift]) -> PlatformDriftError:
-    """The refusal, listing each differing case."""
+def drift_error(platform: Platform, drifts: list[DecisionDrift], *, at_call: bool = False) -> PlatformDriftError:
+    """The refusal, listing each differing case (of the truth table at load, or the one call's)."""
     listing = "".join(f"\n  - {drift}" for drift in drifts)
+    where = "on the inputs of this call" if at_call else f"in {len(drifts)} of {len(TRUTH_TABLE)} cases"
     return PlatformDriftError(
         platform.name,
         platform.distribution,
-        f"its {DECISION_HOOK} hook disagrees with the core rule `{RULE}` in {len(drifts)} of "
-        f"{len(TRUTH_TABLE)} cases:{listing}\n"
+        f"its {DECISION_HOOK} hook disagrees with the core rule `{RULE}` {where}:{listing}\n"
         f"Fix: delete the plugin's {DECISION_HOOK} hook (the core's rule answers for every platform)",
         tuple(drifts),
+    )
+
+
+def plan_drift_error(platform: Platform, violations: list[str]) -> PlatformDriftError:
+    """The refusal of a ``max_num_blocks`` answer that breaks the planner's invariants."""
+    listing = "".join(f"\n  - {violation}" for violation in violations)
+    return PlatformDriftError(
+        platform.name,
+        platform.distribution,
+        f"its {PLAN_HOOK} answer breaks the planner's invariants:{listing}\n"
+        f"Fix: delete the plugin's {PLAN_HOOK} hook (the core's planner answers for every platform; "
+        "declare a kernel limit with declared_limits instead)",
+        tuple(violations),
     )
 
 

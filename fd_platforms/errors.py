@@ -48,6 +48,23 @@ class ConfigError(FdPlatformsError, ValueError):
         super().__init__(f"{where}{field}={show_value(value)} is not valid; allowed: {allowed}. Fix: {fix}")
 
 
+class RecordError(FdPlatformsError, TypeError):
+    """A record of :mod:`fd_platforms.types` was built with a field of the wrong type or value.
+
+    Raised where the record is built; a record a plugin builds badly is reported as that plugin's
+    :class:`PluginContractError`.
+    """
+
+    exit_code = 2
+
+    def __init__(self, record: str, field: str, value: object, allowed: str) -> None:
+        self.record, self.field, self.value, self.allowed = record, field, value, allowed
+        fix = f"build {record} with {field} as allowed"
+        if field.endswith("bytes"):
+            fix += " (a size such as '80GiB' becomes an int with fd_platforms.sizes.parse_size)"
+        super().__init__(f"{record}.{field}={show_value(value)} is not valid; allowed: {allowed}. Fix: {fix}")
+
+
 class SelectionError(FdPlatformsError):
     """The platform named or detected cannot be used (a configuration error)."""
 
@@ -99,6 +116,14 @@ class PluginLoadError(PluginError):
 
 class PluginHookError(PluginError):
     """The plugin's hook implementations do not match the specs (unknown name, bad arguments, missing hook)."""
+
+
+class PluginTimeoutError(PluginError):
+    """A call into plugin code did not return within its bound; ``step`` names it, ``seconds`` the bound."""
+
+    def __init__(self, plugin: str, distribution: str, message: str, *, step: str, seconds: float) -> None:
+        self.step, self.seconds = step, seconds
+        super().__init__(plugin, distribution, message)
 
 
 class PluginContractError(PluginError):

@@ -14,8 +14,9 @@ from fractions import Fraction
 
 from .config import CacheConfig
 from .errors import ConfigError, FdPlatformsError
+from .host_memory import system_memory
 from .layout import CacheLayout
-from .sizes import format_size
+from .sizes import MAX_BYTES, format_size
 from .types import Binding, DeviceMemory, Plan, PlatformLimit
 
 
@@ -61,15 +62,10 @@ def budget_bytes(memory: DeviceMemory, utilization: float, non_cache_bytes: int 
 
 
 def _limit_cap(limit: PlatformLimit, layout: CacheLayout) -> int:
-    """Blocks a declared limit allows for this layout."""
+    """Blocks a declared limit allows for this layout (the record admits only these two kinds)."""
     if limit.kind == "max_num_blocks":
         return limit.value
-    if limit.kind == "max_tensor_elements":
-        return limit.value // layout.max_elements_per_block
-    raise FdPlatformsError(
-        f"PlatformLimit kind {limit.kind!r} is unknown; allowed: max_num_blocks, max_tensor_elements. "
-        "Fix: declare the limit with one of those kinds"
-    )
+    return limit.value // layout.max_elements_per_block
 
 
 def _tightest(layout: CacheLayout, limits: Sequence[PlatformLimit]) -> tuple[int, PlatformLimit] | None:
@@ -147,6 +143,99 @@ def plan_blocks(
         binding=binding,
         binding_reason=reason,
         num_cpu_blocks=num_cpu_blocks,
+    )
+
+
+def check_plan_arguments(
+    layout: object, cache: object, memory: object, non_cache_bytes: object
+) -> None:
+    """The planner's arguments as a caller gave them; a ConfigError naming the first bad one."""
+    if not isinstance(layout, CacheLayout):
+        raise ConfigError(
+            "layout", layout, "a CacheLayout", "build the rank's layout with fd_platforms.layout.build_layout"
+        )
+    if not isinstance(cache, CacheConfig):
+        raise ConfigError("cache", cache, "a CacheConfig", "pass the deployment's fd_platforms.config.CacheConfig")
+    if memory is not None and not isinstance(memory, DeviceMemory):
+        raise ConfigError("memory", memory, "None or a DeviceMemory", "pass platform.device_memory(id) or None")
+    if non_cache_bytes is not None and (
+        isinstance(non_cache_bytes, bool) or not isinstance(non_cache_bytes, int) or not 0 <= non_cache_bytes <= MAX_BYTES
+    ):
+        raise ConfigError(
+            "non_cache_bytes", non_cache_bytes, f"None or an int from 0 to {MAX_BYTES}",
+            "pass the bytes held outside the cache (weights, activation peak), or None",
+        )  # fmt: skip
+
+
+def plan_violations(
+    plan: Plan,
+    layout: CacheLayout,
+    memory: DeviceMemory,
+    cache: CacheConfig,
+    limits: Sequence[PlatformLimit],
+    non_cache_bytes: int | None,
+) -> list[str]:
+    """Every invariant of the planner that ``plan`` breaks for these inputs (empty: a sound plan).
+
+    A plan may be more cautious than the core's, never bolder: its bytes per block and block size
+    are the layout's, its budget at most the core's, ``memory_blocks`` the floor of its budget over
+    the bytes per block, ``num_blocks`` at least 1 and within that floor, the core's budget and
+    every declared limit, an override obeyed exactly, and the host swap blocks the config's.
+    """
+    per_block, budget = layout.bytes_per_block, budget_bytes(memory, cache.memory_utilization, non_cache_bytes)
+    broken = []
+    if plan.bytes_per_block != per_block:
+        broken.append(f"bytes_per_block={plan.bytes_per_block}, but the layout's block takes {per_block} B")
+    if plan.block_size != layout.block_size:
+        broken.append(f"block_size={plan.block_size}, but the layout's is {layout.block_size}")
+    if plan.budget_bytes > budget:
+        broken.append(f"budget_bytes={plan.budget_bytes} exceeds the core's budget of {budget} B")
+    if plan.bytes_per_block > 0 and plan.memory_blocks != max(plan.budget_bytes, 0) // plan.bytes_per_block:
+        broken.append(
+            f"memory_blocks={plan.memory_blocks} is not the floor of budget_bytes / bytes_per_block "
+            f"({max(plan.budget_bytes, 0) // plan.bytes_per_block})"
+        )
+    if plan.num_blocks < 1:
+        broken.append(f"num_blocks={plan.num_blocks}: a plan holds at least one block")
+    if plan.num_blocks > plan.memory_blocks:
+        broken.append(f"num_blocks={plan.num_blocks} exceeds its own memory_blocks={plan.memory_blocks}")
+    if plan.num_blocks * per_block > budget:
+        broken.append(
+            f"num_blocks={plan.num_blocks} x {per_block} B = {plan.num_blocks * per_block} B is over the core's budget "
+            f"of {budget} B"
+        )
+    for limit in limits:
+        cap = _limit_cap(limit, layout)
+        if plan.num_blocks > cap:
+            broken.append(f"num_blocks={plan.num_blocks} is over the declared {limit.kind}={limit.value} ({cap} blocks)")
+    override = cache.num_gpu_blocks_override
+    if override is not None and plan.num_blocks != override:
+        broken.append(f"num_blocks={plan.num_blocks}, but num_gpu_blocks_override={override}")
+    cpu_blocks = cache.num_cpu_blocks or cache.swap_space_bytes // per_block
+    if plan.num_cpu_blocks != cpu_blocks:
+        broken.append(f"num_cpu_blocks={plan.num_cpu_blocks}, but the cache config gives {cpu_blocks}")
+    return broken
+
+
+def check_host_swap(plan: Plan, cache: CacheConfig, *, host_bytes: int | None = None, ranks: int = 1) -> None:
+    """Refuse host swap space that ``ranks`` ranks of this plan cannot have on a host of ``host_bytes``
+    (default: this host's total memory)."""
+    wanted = plan.num_cpu_blocks * plan.bytes_per_block * ranks
+    total = system_memory().total_bytes if host_bytes is None else host_bytes
+    if wanted <= total:
+        return
+    field = "num_cpu_blocks" if cache.num_cpu_blocks else "swap_space"
+    given = cache.num_cpu_blocks if cache.num_cpu_blocks else format_size(cache.swap_space_bytes)
+    each = format_size(plan.num_cpu_blocks * plan.bytes_per_block)
+    ranks_text = f" for each of {ranks} ranks, {format_size(wanted)} in all," if ranks > 1 else ""
+    host = "this host has" if host_bytes is None else "the host memory given is"
+    raise ConfigError(
+        field,
+        given,
+        f"host swap space that fits in host memory: {each} ({plan.num_cpu_blocks} blocks of {plan.bytes_per_block} B)"
+        f"{ranks_text} is more than the {format_size(total)} {host.split(' ', 1)[1]}",
+        f"lower {field} (it is per rank) or turn host swap off; to plan for another machine, give its memory "
+        "(--host-memory SIZE)",
     )
 
 

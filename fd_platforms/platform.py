@@ -1,7 +1,18 @@
 """A loaded platform: one plugin manager holding the core's defaults and one platform plugin.
 
-Callers use :class:`Platform` methods; each calls its hook with keyword arguments and checks the
-record it returns, so a plugin's mistake is reported with its name, not as a later ``TypeError``.
+Callers use :class:`Platform` methods. Each one, in order:
+
+1. validates the caller's arguments in the core, so a bad argument is the caller's
+   :class:`~fd_platforms.errors.ConfigError` before any plugin code runs;
+2. calls the hook: a hook the plugin implements runs as untrusted code (:mod:`fd_platforms.isolation`:
+   bounded in time, isolated from every exception); a hook answered by the core's default runs
+   directly;
+3. checks the answer on every call: its record type, and for the rule hooks the rule itself
+   (:mod:`fd_platforms.drift`): a decision other than the core rule's, or a plan that breaks the
+   planner's invariants, is a :class:`~fd_platforms.errors.PlatformDriftError` naming the case.
+
+A plugin call that runs past its bound marks the platform broken; every later call raises that
+error at once.
 """
 
 from __future__ import annotations
@@ -12,9 +23,13 @@ import pluggy
 
 from . import defaults, hookspecs
 from .api_version import check_api_compatibility
+from .decision import DecisionInputs, decide_cache_creation
 from .discovery import Candidate, core_version
-from .drift import refuse_drift
-from .errors import FdPlatformsError, PluginContractError, PluginError, PluginHookError, PluginLoadError
+from .drift import DecisionDrift, drift_error, plan_drift_error, refuse_drift
+from .errors import ConfigError, PluginContractError, PluginError, PluginHookError, PluginLoadError, PluginTimeoutError
+from .host_memory import check_host_nbytes
+from .sizes import parse_size
+from .isolation import call_plugin, detect_timeout
 from .types import CacheDecision, Detection, DeviceMemory, HostBuffer, PlatformIdentity, PlatformLimit, Plan
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -24,14 +39,19 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 RecordT = TypeVar("RecordT")
 
+PID_MAX = 2**22  # Linux's PID_MAX_LIMIT: no process id is larger
+WAIT_MARGIN_SECONDS = 5.0  # what a plugin's own wait_cache_ready gets beyond the wait's timeout
+
 
 class Platform:
-    """The selected (or inspected) platform, with the hooks as typed methods."""
+    """The selected (or inspected) platform, with the hooks as typed, checked methods."""
 
     def __init__(self, candidate: Candidate, manager: pluggy.PluginManager, identity: PlatformIdentity) -> None:
         self.candidate = candidate
         self.manager = manager
         self.identity = identity
+        self._implemented = frozenset(implemented_hooks(manager, manager.get_plugin(candidate.name)))
+        self.broken: PluginError | None = None
 
     @property
     def name(self) -> str:
@@ -50,7 +70,7 @@ class Platform:
 
     def implemented_hooks(self) -> set[str]:
         """Names of the hooks the platform plugin itself implements (the core's defaults excluded)."""
-        return implemented_hooks(self.manager, self.manager.get_plugin(self.name))
+        return set(self._implemented)
 
     def detect(self) -> Detection:
         """The plugin's detection record."""
@@ -64,18 +84,24 @@ class Platform:
     def should_create_cache_tensor(
         self, *, profile: bool, num_cpu_blocks: int, storage_backend: str | None, splitwise_role: str
     ) -> CacheDecision:
-        """Create the KV cache in this worker, or attach to the cache manager's (see the hook spec)."""
-        return self._call(
-            "should_create_cache_tensor",
-            CacheDecision,
-            profile=profile,
-            num_cpu_blocks=num_cpu_blocks,
-            storage_backend=storage_backend,
-            splitwise_role=splitwise_role,
-        )
+        """Create the KV cache in this worker, or attach to the cache manager's (see the hook spec).
+
+        The answer must be the core rule's on these very inputs, on every call.
+        """
+        inputs = DecisionInputs(profile, num_cpu_blocks, storage_backend, splitwise_role)  # validates
+        got = self.plugin_decision(inputs)
+        expected = decide_cache_creation(**inputs.kwargs())
+        if (got.create, got.deciding_term) != (expected.create, expected.deciding_term):
+            raise drift_error(self, [DecisionDrift(inputs, expected, got)], at_call=True)
+        return got
+
+    def plugin_decision(self, inputs: DecisionInputs) -> CacheDecision:
+        """The hook's raw answer for ``inputs``, not yet held to the rule (the drift guard's table uses it)."""
+        return self._call("should_create_cache_tensor", CacheDecision, **inputs.kwargs())
 
     def device_memory(self, device_id: int = 0) -> DeviceMemory:
         """Memory facts of one local device."""
+        _check_index("device_id", device_id, "pass the local device index, 0 for the first visible device")
         return self._call("device_memory", DeviceMemory, device_id=device_id)
 
     def declared_limits(self) -> tuple[PlatformLimit, ...]:
@@ -93,29 +119,69 @@ class Platform:
         memory: DeviceMemory | None = None,
         device_id: int = 0,
         non_cache_bytes: int | None = None,
+        host_memory: int | None = None,
     ) -> Plan:
-        """Plan one rank's blocks on ``memory`` (default: this platform's live facts of ``device_id``)."""
-        return self._call(
-            "max_num_blocks",
-            Plan,
-            layout=layout,
-            memory=memory if memory is not None else self.device_memory(device_id),
-            cache=cache,
-            limits=self.declared_limits(),
+        """Plan one rank's blocks on ``memory`` (default: this platform's live facts of ``device_id``).
+
+        The plan must keep the planner's invariants (:func:`~fd_platforms.planner.plan_violations`),
+        and its host swap space must fit in ``host_memory`` bytes (default: this host's total).
+        """
+        from .planner import check_host_swap, check_plan_arguments, plan_violations
+
+        check_plan_arguments(layout, cache, memory, non_cache_bytes)
+        if host_memory is not None:
+            host_memory = parse_size(host_memory, "host_memory")
+        memory = memory if memory is not None else self.device_memory(device_id)
+        limits = self.declared_limits()
+        plan = self._call(
+            "max_num_blocks", Plan, layout=layout, memory=memory, cache=cache, limits=limits,
             non_cache_bytes=non_cache_bytes,
-        )
+        )  # fmt: skip
+        violations = plan_violations(plan, layout, memory, cache, limits, non_cache_bytes)
+        if violations:
+            raise plan_drift_error(self, violations)
+        check_host_swap(plan, cache, host_bytes=host_memory)
+        return plan
 
     def host_alloc(self, nbytes: int, *, require_pinned: bool = False) -> HostBuffer:
         """Host memory, pinned where the platform can pin it (see the hook spec)."""
-        return self._call("host_alloc", HostBuffer, nbytes=nbytes, require_pinned=require_pinned)
+        check_host_nbytes(nbytes)
+        if not isinstance(require_pinned, bool):
+            raise ConfigError("require_pinned", require_pinned, "True or False", "pass a bool")
+        buffer = self._call("host_alloc", HostBuffer, nbytes=nbytes, require_pinned=require_pinned)
+        if buffer.nbytes < nbytes or (require_pinned and not buffer.pinned):
+            raise PluginContractError(
+                self.name,
+                self.distribution,
+                f"hook host_alloc returned {buffer.nbytes} bytes, pinned={buffer.pinned}, for a request of {nbytes} "
+                f"bytes with require_pinned={require_pinned}. Fix: return at least the bytes asked for, pinned when "
+                "required (or raise HostAllocError)",
+            )
+        return buffer
 
     def wait_cache_ready(
         self, signal_name: str, rank: int, *, timeout: float | None = None, setter_pid: int | None = None
     ) -> float:
         """Block until ``rank``'s cache-ready slot is set; seconds waited."""
-        return self._call(
-            "wait_cache_ready", float, signal_name=signal_name, rank=rank, timeout=timeout, setter_pid=setter_pid
+        from .cache_signal import MAX_RANKS, check_signal_name, resolve_timeout
+
+        check_signal_name(signal_name)
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < MAX_RANKS:
+            raise ConfigError("rank", rank, f"a local rank from 0 to {MAX_RANKS - 1}", "pass this worker's local rank")
+        limit = resolve_timeout(timeout)
+        if setter_pid is not None and (
+            isinstance(setter_pid, bool) or not isinstance(setter_pid, int) or not 0 < setter_pid <= PID_MAX
+        ):
+            raise ConfigError(
+                "setter_pid", setter_pid, f"None or a process id from 1 to {PID_MAX}",
+                "pass the pid of the process that sets the slot (the cache manager), or None",
+            )  # fmt: skip
+        waited = self._call(
+            "wait_cache_ready", float, signal_name=signal_name, rank=rank, timeout=limit, setter_pid=setter_pid
         )
+        if waited < 0:
+            raise PluginContractError(self.name, self.distribution, f"hook wait_cache_ready returned {waited} seconds")
+        return waited
 
     def allocate_kv_cache(
         self, layout: CacheLayout, num_blocks: int, *, progress: AllocationProgress | None = None
@@ -130,7 +196,35 @@ class Platform:
         return allocate_kv_cache(layout, num_blocks, device, progress=progress)
 
     def _call(self, hook: str, expected: type[RecordT], **kwargs: Any) -> RecordT:
-        return call_hook(self.candidate, self.manager, hook, expected, **kwargs)
+        """Call ``hook``: as bounded, isolated plugin code where the plugin implements it."""
+        if self.broken is not None:
+            raise self.broken
+        caller = getattr(self.manager.hook, hook)
+        if hook not in self._implemented:
+            return check_type(self.candidate, hook, caller(**kwargs), expected)  # the core's own default
+        try:
+            result = call_plugin(self.candidate, f"hook {hook}", lambda: caller(**kwargs), _bound(hook, kwargs))
+        except PluginTimeoutError as exc:
+            self.broken = exc
+            raise
+        return check_type(self.candidate, hook, result, expected)
+
+
+def _bound(hook: str, kwargs: dict[str, Any]) -> float:
+    """How long a plugin's hook may run: a wait its own timeout, an allocation as long as a worker
+    waits for it, every other hook the detection bound."""
+    if hook == "wait_cache_ready":
+        return float(kwargs["timeout"]) + WAIT_MARGIN_SECONDS
+    if hook == "host_alloc":
+        from .cache_signal import resolve_timeout
+
+        return resolve_timeout(None)
+    return detect_timeout()
+
+
+def _check_index(field: str, value: object, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+        raise ConfigError(field, value, "an int from 0 to 2**31 - 1", fix)
 
 
 def implemented_hooks(manager: pluggy.PluginManager, plugin: object) -> set[str]:
@@ -141,19 +235,9 @@ def implemented_hooks(manager: pluggy.PluginManager, plugin: object) -> set[str]
 def call_hook(
     candidate: Candidate, manager: pluggy.PluginManager, hook: str, expected: type[RecordT], **kwargs: Any
 ) -> RecordT:
-    """Call ``hook`` with keyword arguments; the result must be an ``expected`` record.
-
-    A plugin's stray exception becomes a PluginError naming it; a wrong result type a
-    PluginContractError. Deliberate fd-platforms errors pass through unchanged.
-    """
-    try:
-        result = getattr(manager.hook, hook)(**kwargs)
-    except FdPlatformsError:
-        raise
-    except Exception as exc:
-        raise PluginError(
-            candidate.name, candidate.distribution, f"hook {hook} raised {type(exc).__name__}: {exc}"
-        ) from exc
+    """Call ``hook`` as plugin code (bounded, isolated); the result must be an ``expected`` record."""
+    caller = getattr(manager.hook, hook)
+    result = call_plugin(candidate, f"hook {hook}", lambda: caller(**kwargs), detect_timeout())
     return check_type(candidate, hook, result, expected)
 
 
@@ -169,22 +253,27 @@ def check_type(candidate: Candidate, hook: str, result: object, expected: type[R
 
 
 def load_platform(candidate: Candidate, *, drift_guard: bool = True) -> Platform:
-    """Import a candidate, register it beside the core defaults and validate it.
+    """Import a candidate, register it beside the core defaults and validate it, as bounded plugin code.
 
     Checks, in order: the hooks match the specs and the required ones are there, the declared
     plugin API range holds the core's, the identity's name is the entry point's, and (unless
     ``drift_guard`` is off, as the conformance kit does to report the cases itself) a plugin
-    answering ``should_create_cache_tensor`` agrees with the rule on the whole truth table.
+    answering ``should_create_cache_tensor`` agrees with the rule on the whole truth table. The
+    whole load gets ``FD_PLATFORM_DETECT_TIMEOUT`` seconds.
     """
-    try:
-        plugin = candidate.load()
-    except Exception as exc:
-        raise PluginLoadError(
-            candidate.name,
-            candidate.distribution,
-            f"importing {candidate.entry_point.value!r} failed: {type(exc).__name__}: {exc}. "
-            f"Fix: reinstall {candidate.distribution} or uninstall it",
-        ) from exc
+    return call_plugin(candidate, "loading", lambda: _load(candidate, drift_guard), detect_timeout())
+
+
+def _load(candidate: Candidate, drift_guard: bool) -> Platform:
+    plugin = call_plugin(
+        candidate,
+        f"importing {candidate.entry_point.value!r}",
+        candidate.load,
+        detect_timeout(),
+        error=PluginLoadError,
+        fix=f"reinstall {candidate.distribution} or uninstall it",
+        verb="failed:",
+    )
     manager = pluggy.PluginManager(hookspecs.PROJECT)
     manager.add_hookspecs(hookspecs)
     manager.register(defaults, name="fd_platforms.defaults")

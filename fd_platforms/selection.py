@@ -5,14 +5,16 @@
 - Unset: every allowed plugin is imported and detected; one available is selected, several are an
   error asking for ``FD_PLATFORM``, none selects the built-in ``cpu`` (one INFO line says why).
 - ``FD_PLATFORM_PLUGINS=a,b`` limits the external plugins considered; the built-in cpu is always there.
-- A plugin that fails to import or detect is recorded as broken and never stops the others.
+- A plugin that fails to import or detect, hangs past ``FD_PLATFORM_DETECT_TIMEOUT`` (each plugin is
+  loaded and detected in a bounded thread of its own, all at once), or shares its name with another
+  distribution is recorded as broken and never stops the others.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .discovery import Candidate, discover
@@ -24,6 +26,7 @@ from .errors import (
     SelectionError,
     UnknownPlatformError,
 )
+from .isolation import PluginCall, detect_timeout
 from .platform import Platform, load_platform
 from .types import Detection, PlatformReport, SelectedHow
 
@@ -73,14 +76,32 @@ class Prober:
 
     def probe(self, name: str) -> Probe:
         """Load and detect the single candidate registered as ``name``."""
-        if name not in self.probes:
-            candidate = single_candidate(self.found, name)
+        return self.probe_all([name])[name]
+
+    def probe_all(self, names: Iterable[str]) -> dict[str, Probe]:
+        """Load and detect every one of ``names`` at once, each in its own bounded thread.
+
+        All of them share one deadline of ``FD_PLATFORM_DETECT_TIMEOUT`` seconds, so plugins that
+        hang cost that once, not once each. A name registered by several distributions is broken.
+        """
+        names, bound = list(names), detect_timeout()
+        pending: dict[str, PluginCall[tuple[Platform, Detection]]] = {}
+        for name in names:
+            if name in self.probes or name in pending:
+                continue
+            candidates = self.found[name]
+            if len(candidates) > 1:
+                self.probes[name] = Probe(candidates[0], error=duplicate_error(name, candidates))
+                continue
+            pending[name] = PluginCall(candidates[0], "loading", lambda c=candidates[0]: _load_and_detect(c), bound)
+        for name, call in pending.items():
             try:
-                platform = load_platform(candidate)
-                self.probes[name] = Probe(candidate, platform, platform.detect())
+                platform, detection = call.result()
             except FdPlatformsError as exc:
-                self.probes[name] = Probe(candidate, error=exc)
-        return self.probes[name]
+                self.probes[name] = Probe(call.candidate, error=exc)
+            else:
+                self.probes[name] = Probe(call.candidate, platform, detection)
+        return {name: self.probes[name] for name in names}
 
     def confirm(self, name: str) -> Probe:
         """Probe ``name`` and, if it is available, confirm it through its ``confirm_platform`` hook.
@@ -100,6 +121,11 @@ class Prober:
             if confirmed is not None:
                 self.probes[name] = Probe(probe.candidate, probe.platform, confirmed)
         return self.probes[name]
+
+
+def _load_and_detect(candidate: Candidate) -> tuple[Platform, Detection]:
+    platform = load_platform(candidate)
+    return platform, platform.detect()
 
 
 def single_candidate(found: Mapping[str, list[Candidate]], name: str) -> Candidate:
@@ -141,10 +167,10 @@ def select_platform(environ: Mapping[str, str] | None = None, prober: Prober | N
     requested = env.get(ENV_PLATFORM, "").strip()
     if requested:
         return _select_requested(requested, allowed, prober, env)
-    for name in allowed:
-        single_candidate(prober.found, name)  # a duplicate anywhere is an error before anything is imported
-    # Cheap detection for every platform; Paddle confirms only those that detected a runtime.
-    probes = [prober.confirm(name) for name in allowed if name != FALLBACK_PLATFORM]
+    # Cheap detection for every platform at once; Paddle confirms only those that detected a runtime.
+    accelerators = [name for name in allowed if name != FALLBACK_PLATFORM]
+    prober.probe_all(accelerators)
+    probes = [prober.confirm(name) for name in accelerators]
     for probe in probes:
         if probe.error is not None:
             logger.warning("skipping broken platform plugin: %s", probe.error)
@@ -179,6 +205,7 @@ def _select_requested(requested: str, allowed: list[str], prober: Prober, env: M
             f"{ENV_PLATFORM}={requested!r} is excluded by {ENV_PLUGINS}={env.get(ENV_PLUGINS)!r}. "
             f"Fix: add {requested} to {ENV_PLUGINS} or unset it"
         )
+    single_candidate(prober.found, requested)  # a duplicate of the requested name is refused unimported
     probe = prober.confirm(requested)
     if probe.error is not None:
         raise probe.error
@@ -217,6 +244,7 @@ def survey(environ: Mapping[str, str] | None = None) -> Survey:
         allowed = allowed_names(prober.found, env)
     except FdPlatformsError:
         allowed = list(prober.found)  # the same error is reported by the selection below
+    prober.probe_all(allowed)  # every allowed plugin at once, so hung ones cost one bound in all
     try:
         selection, error = select_platform(env, prober), None
     except FdPlatformsError as exc:

@@ -1,4 +1,10 @@
-"""Typed records that hooks return and the core reports. Importing this module never imports paddle."""
+"""Typed records that hooks return and the core reports. Importing this module never imports paddle.
+
+Every record checks its fields when it is built: a field of the wrong type (``"80GiB"`` or
+``8.0e10`` for a byte count, ``"no"`` for a bool) or out of range is a
+:class:`~fd_platforms.errors.RecordError` naming the record, the field, the value and what is
+allowed. Counts of bytes, blocks and elements are ints from 0 (or 1) to ``2**63 - 1``.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +12,46 @@ import ctypes
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from .errors import BufferInUseError
+from .errors import BufferInUseError, RecordError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import numpy
     import paddle
+
+
+MAX_COUNT = 2**63 - 1  # bytes, blocks and elements are int64 counts
+
+
+def _check_int(record: object, name: str, minimum: int, *, optional: bool = False) -> None:
+    value = getattr(record, name)
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_COUNT:
+        allowed = f"{'None or ' if optional else ''}an int from {minimum} to 2**63 - 1"
+        raise RecordError(type(record).__name__, name, value, allowed)
+
+
+def _check_type(record: object, name: str, kind: type | tuple[type, ...], allowed: str) -> None:
+    value = getattr(record, name)
+    if not isinstance(value, kind):
+        raise RecordError(type(record).__name__, name, value, allowed)
+
+
+def _check_text(record: object, name: str, *, optional: bool = False, empty: bool = True) -> None:
+    value = getattr(record, name)
+    if optional and value is None:
+        return
+    if not isinstance(value, str) or (not empty and not value.strip()):
+        text = "a non-empty str" if not empty else "a str"
+        raise RecordError(type(record).__name__, name, value, f"None or {text}" if optional else text)
+
+
+def _check_choice(record: object, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(record, name)
+    if not isinstance(value, str) or value not in choices:
+        raise RecordError(type(record).__name__, name, value, f"one of {', '.join(choices)}")
 
 
 @dataclass(frozen=True)
@@ -29,6 +68,12 @@ class PlatformIdentity:
     visible_devices_env: str | None
     description: str = ""
 
+    def __post_init__(self) -> None:
+        _check_text(self, "name", empty=False)
+        _check_text(self, "device_type", empty=False)
+        _check_text(self, "visible_devices_env", optional=True, empty=False)
+        _check_text(self, "description")
+
     def device_string(self, device_id: int) -> str:
         """Paddle's device string for a local device id: ``gpu:0``; ``cpu`` has no id."""
         return self.device_type if self.device_type == "cpu" else f"{self.device_type}:{device_id}"
@@ -42,6 +87,11 @@ class Detection:
     reason: str
     device_count: int = 0
 
+    def __post_init__(self) -> None:
+        _check_type(self, "available", bool, "True or False")
+        _check_text(self, "reason")
+        _check_int(self, "device_count", 0)
+
 
 DecidingTerm = Literal["profile", "num_cpu_blocks", "storage_backend", "splitwise_role", "none"]
 
@@ -53,6 +103,11 @@ class CacheDecision:
     create: bool
     deciding_term: DecidingTerm
     reason: str
+
+    def __post_init__(self) -> None:
+        _check_type(self, "create", bool, "True or False")
+        _check_choice(self, "deciding_term", get_args(DecidingTerm))
+        _check_text(self, "reason")
 
 
 @dataclass(frozen=True)
@@ -69,6 +124,19 @@ class DeviceMemory:
     process_bytes: int | None
     source: str
 
+    def __post_init__(self) -> None:
+        _check_int(self, "total_bytes", 1)
+        _check_int(self, "free_bytes", 0, optional=True)
+        _check_int(self, "process_bytes", 0, optional=True)
+        _check_text(self, "source")
+        if self.free_bytes is not None and self.free_bytes > self.total_bytes:
+            raise RecordError(
+                "DeviceMemory", "free_bytes", self.free_bytes, f"at most total_bytes={self.total_bytes}"
+            )
+
+
+LimitKind = Literal["max_tensor_elements", "max_num_blocks"]
+
 
 @dataclass(frozen=True)
 class PlatformLimit:
@@ -78,9 +146,14 @@ class PlatformLimit:
     using 32-bit element offsets: ``2**31 - 1``); ``max_num_blocks``: the most blocks in all.
     """
 
-    kind: Literal["max_tensor_elements", "max_num_blocks"]
+    kind: LimitKind
     value: int
     reason: str
+
+    def __post_init__(self) -> None:
+        _check_choice(self, "kind", get_args(LimitKind))
+        _check_int(self, "value", 1)
+        _check_text(self, "reason", empty=False)
 
 
 Binding = Literal["memory", "platform_limit", "override"]
@@ -103,6 +176,14 @@ class Plan:
     binding: Binding
     binding_reason: str
     num_cpu_blocks: int
+
+    def __post_init__(self) -> None:
+        for name in ("num_blocks", "memory_blocks", "bytes_per_block", "block_size", "num_cpu_blocks"):
+            _check_int(self, name, 0)
+        if isinstance(self.budget_bytes, bool) or not isinstance(self.budget_bytes, int) or abs(self.budget_bytes) > MAX_COUNT:
+            raise RecordError("Plan", "budget_bytes", self.budget_bytes, "an int (negative when nothing fits)")
+        _check_choice(self, "binding", get_args(Binding))
+        _check_text(self, "binding_reason")
 
     @property
     def tokens(self) -> int:
@@ -147,6 +228,14 @@ class HostBuffer:
     _free: Callable[[], None] = field(repr=False)
     _views: list[weakref.ref[Any]] = field(default_factory=list, repr=False)
     released: bool = False
+
+    def __post_init__(self) -> None:
+        _check_int(self, "address", 1)
+        _check_int(self, "nbytes", 1)
+        _check_type(self, "pinned", bool, "True or False")
+        _check_text(self, "kind", empty=False)
+        if not callable(self._free):
+            raise RecordError("HostBuffer", "_free", self._free, "a callable that frees the memory")
 
     def numpy(self) -> numpy.ndarray:
         """A zero-copy ``numpy.uint8`` view of the whole buffer."""

@@ -77,6 +77,20 @@ def test_allow_list_shows_excluded_platforms() -> None:
     assert set(statuses) >= {"iluvatar", "metax", "xpu"} and set(statuses.values()) == {"excluded"}
 
 
+def test_list_shows_every_platform_beside_a_duplicate_name(make_plugin) -> None:
+    make_plugin("acme", dist="fd-acme-one")
+    site = make_plugin("acme", dist="fd-acme-two")
+    result = cli("list", "--json", PYTHONPATH=str(site))
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    rows = [(p["name"], p["distribution"], p["status"]) for p in payload["platforms"]]
+    assert [row[0] for row in rows] == ["cpu", "acme", "acme", *sorted(set(discover()) - {"cpu", "acme"})]
+    assert ("acme", "fd-acme-one", "broken") in rows and ("acme", "fd-acme-two", "broken") in rows
+    assert payload["selected"]["name"] == "cpu" and "acme broken" in payload["selected"]["reason"]
+    table = cli("list", PYTHONPATH=str(site))
+    assert table.returncode == 0 and table.stdout.count("registered by 2 distributions") == 2
+
+
 @pytest.mark.parametrize("args", [(), ("lst",), ("list", "--jsn")])
 def test_usage_errors_exit_2(args: tuple[str, ...]) -> None:
     result = cli(*args)

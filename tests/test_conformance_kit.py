@@ -15,6 +15,7 @@ import pytest
 
 from fd_platforms import hookspecs
 from fd_platforms.conformance import CHECKS, ConformanceUnavailableError, require_pytest
+from fd_platforms.decision import TRUTH_TABLE
 from fd_platforms.discovery import discover
 from fd_platforms.selection import IN_REPO_PLUGINS
 from fd_platforms.testing import HOOKS_MARKER, suite_files
@@ -22,6 +23,7 @@ from fd_platforms.testing import HOOKS_MARKER, suite_files
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")
 EXAMPLE = "nimbus"  # examples/plugin-template, installed by .ci/run
+DECISION_TESTS = len(TRUTH_TABLE) + 1 + 3  # every table case, the drift guard's test, three bad inputs
 SPECS = {name: getattr(hookspecs, name) for name in hookspecs.hook_names()}
 
 OLD_XPU_PLUGIN = """
@@ -69,7 +71,7 @@ def test_check_all_passes_for_every_installed_platform() -> None:
     for name, result in platforms.items():
         assert result["passed"] and result["error"] is None, name
         assert result["checks"]["decision"] == {
-            "status": "pass", "passed": 28, "failed": 0, "skipped": 0, "failures": [], "skip_reasons": []
+            "status": "pass", "passed": DECISION_TESTS, "failed": 0, "skipped": 0, "failures": [], "skip_reasons": []
         }, name  # fmt: skip
         for check_name in ("planner", "host_alloc", "wait"):
             assert result["checks"][check_name]["status"] == "pass", (name, check_name)
@@ -98,17 +100,17 @@ def test_a_drifting_plugin_fails_the_decision_check_with_its_cases(make_plugin) 
     result = checks_of(json.loads(done.stdout))["oldxpu"]
     assert result["passed"] is False
     decision = result["checks"]["decision"]
-    # 9 differing cases, the guard's test, and 3 bad inputs it accepts instead of raising ConfigError
-    assert decision["status"] == "fail" and decision["failed"] == 9 + 1 + 3
+    # 21 differing cases and the guard's test; bad inputs are the core's ConfigError before the hook runs
+    assert decision["status"] == "fail" and decision["failed"] == 21 + 1
     failed_cases = [f["test"] for f in decision["failures"]]
-    assert sum("test_bad_inputs_are_config_errors" in case for case in failed_cases) == 3
+    assert not any("test_bad_inputs_are_config_errors" in case for case in failed_cases)
     assert "test_decision.py::test_answers_as_the_rule[profile=False, num_cpu_blocks=64, storage_backend=None, " \
            "splitwise_role='mixed']" in failed_cases
     guard = next(f["message"] for f in decision["failures"] if "drift_guard" in f["test"])
-    assert "in 9 of 24 cases" in guard
+    assert f"in 21 of {len(TRUTH_TABLE)} cases" in guard
     assert all(result["checks"][name]["status"] != "fail" for name in CHECKS if name != "decision")
     table = check("oldxpu", PYTHONPATH=str(site))
-    assert table.returncode == 1 and "FAIL 13/28" in table.stdout and "some platforms FAIL" in table.stdout
+    assert table.returncode == 1 and f"FAIL 22/{DECISION_TESTS}" in table.stdout and "some platforms FAIL" in table.stdout
 
 
 def test_the_matrix_table() -> None:
@@ -149,7 +151,7 @@ def test_pytest_fd_platform_runs_the_suite_beside_a_projects_own_tests(tmp_path:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     summary = done.stdout.strip().splitlines()[-1]
-    suite_size = 6 + 28 + 9 + 8 + 5 + 4  # identity, decision, planner, host_alloc, wait, device
+    suite_size = 6 + DECISION_TESTS + 9 + 8 + 5 + 4  # identity, decision, planner, host_alloc, wait, device
     assert f"{suite_size} passed, 1 skipped" in summary, summary  # cpu declares no limit to bind
     assert "No ccache found" not in done.stdout
 

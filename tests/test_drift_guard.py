@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sysconfig
 from pathlib import Path
@@ -63,14 +64,16 @@ def test_the_old_xpu_rule_is_refused_with_every_differing_case(make_plugin) -> N
     error = info.value
     assert error.exit_code == 2 and error.distribution == "fd-test-oldxpu"
     flipped = [case for case in error.cases if case.got.create != case.expected.create]
-    # create differs where swap space or a storage backend is on in a mixed instance
+    # create differs where swap space or any storage backend is on in a mixed instance
     assert {(c.inputs.num_cpu_blocks, c.inputs.storage_backend) for c in flipped} == {
-        (0, "mooncake"), (64, None), (64, "mooncake"),
-    } and len(flipped) == 3
+        (0, "mooncake"), (0, "attention_store"), (0, "file"),
+        (64, None), (64, "mooncake"), (64, "attention_store"), (64, "file"),
+    } and len(flipped) == 7
     assert all(c.inputs.splitwise_role == "mixed" and not c.inputs.profile for c in flipped)
     assert all(case.got.create is True and case.expected.create is False for case in flipped)
     message = str(error)
-    assert f"in {len(error.cases)} of 24 cases" in message and "fd-test-oldxpu" in message
+    assert f"in {len(error.cases)} of {len(TRUTH_TABLE)} cases" in message and "fd-test-oldxpu" in message
+    assert len(TRUTH_TABLE) == 48 and len(error.cases) == 21
     assert (
         "profile=False, num_cpu_blocks=64, storage_backend=None, splitwise_role='mixed': "
         "expected create=False (term 'num_cpu_blocks'), got create=True (term 'none')"
@@ -96,7 +99,7 @@ def test_an_answer_that_raises_is_a_differing_case(make_plugin) -> None:
     drifting(make_plugin, "partial", RAISES_ON_DECODE)
     with pytest.raises(PlatformDriftError) as info:
         select_platform({"FD_PLATFORM": "partial"})
-    assert len(info.value.cases) == sum(case.splitwise_role == "decode" for case in TRUTH_TABLE) == 8
+    assert len(info.value.cases) == sum(case.splitwise_role == "decode" for case in TRUTH_TABLE) == 16
     assert "got PluginError: " in str(info.value) and "decode is not supported" in str(info.value)
 
 
@@ -105,5 +108,59 @@ def test_the_cli_refuses_it_in_one_line_per_case(make_plugin) -> None:
     env = {**os.environ, "PYTHONPATH": str(site), "FD_PLATFORM": "oldxpu"}
     done = subprocess.run([SCRIPT, "list", "--json"], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert done.stderr.count("\n  - profile=") == 9  # 3 flipped decisions, 6 with another deciding term
+    assert done.stderr.count("\n  - profile=") == 21  # 7 flipped decisions, 14 with another deciding term
     assert "disagrees with the core rule" in json.loads(done.stdout)["error"]
+
+
+MOONCAKE_ONLY = """    # a backend test that knows only mooncake: `storage_backend == "mooncake"` for `storage_backend`
+    create = profile or not (num_cpu_blocks > 0 or storage_backend == "mooncake" or splitwise_role != "mixed")
+    return decide_cache_creation(profile=profile, num_cpu_blocks=num_cpu_blocks,
+                                 storage_backend=storage_backend if not create else None,
+                                 splitwise_role=splitwise_role)
+"""
+SWAP_THRESHOLD = """    # treats a little swap space as none: passes every table case (0 and 64 CPU blocks) and drifts between
+    blocks = num_cpu_blocks if num_cpu_blocks == 0 or num_cpu_blocks >= 64 else 0
+    return decide_cache_creation(profile=profile, num_cpu_blocks=blocks,
+                                 storage_backend=storage_backend, splitwise_role=splitwise_role)
+"""
+
+
+def test_a_rule_that_knows_one_storage_backend_is_refused_at_load(make_plugin) -> None:
+    """The attack's bypass: sampling only None and mooncake let `== "mooncake"` through."""
+    drifting(make_plugin, "onebackend", MOONCAKE_ONLY)
+    with pytest.raises(PlatformDriftError) as info:
+        select_platform({"FD_PLATFORM": "onebackend"})
+    backends = {case.inputs.storage_backend for case in info.value.cases}
+    assert backends == {"attention_store", "file"}
+
+
+def test_a_drift_outside_the_table_passes_load_and_is_refused_at_the_call(make_plugin) -> None:
+    drifting(make_plugin, "threshold", SWAP_THRESHOLD)
+    platform = select_platform({"FD_PLATFORM": "threshold"}).platform  # every table case agrees
+    assert platform.should_create_cache_tensor(
+        profile=False, num_cpu_blocks=64, storage_backend=None, splitwise_role="mixed"
+    ).create is False
+    with pytest.raises(PlatformDriftError) as info:
+        platform.should_create_cache_tensor(profile=False, num_cpu_blocks=10, storage_backend=None, splitwise_role="mixed")
+    message = str(info.value)
+    assert "disagrees with the core rule" in message and "on the inputs of this call" in message
+    assert (
+        "profile=False, num_cpu_blocks=10, storage_backend=None, splitwise_role='mixed': "
+        "expected create=False (term 'num_cpu_blocks'), got create=True (term 'none')"
+    ) in message
+    [case] = info.value.cases
+    assert case.inputs.num_cpu_blocks == 10
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_the_call_check_stops_plan_and_run_before_a_worker_creates_wrongly(make_plugin, command: str) -> None:
+    site = drifting(make_plugin, "threshold", SWAP_THRESHOLD)
+    env = {**os.environ, "PYTHONPATH": str(site), "FD_PLATFORM": "threshold"}
+    done = subprocess.run(
+        [SCRIPT, command, "--model", "examples/qwen3-30b-a3b", "--device-memory", "1GiB", "--swap-space", "12MiB"],
+        capture_output=True, text=True, env=env, timeout=120, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert re.search(r"num_cpu_blocks=2, storage_backend=None, splitwise_role='mixed': expected create=False "
+                     r"\(term 'num_cpu_blocks'\), got create=True", done.stderr), done.stderr
+    assert "on the inputs of this call" in done.stderr

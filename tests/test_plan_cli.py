@@ -54,11 +54,25 @@ def test_exact_figures_for_each_example_model(model: str) -> None:
 
 def test_mtp_swap_space_and_role_change_the_plan() -> None:
     row = plan_json("--model", "examples/deepseek-v3", "--mtp", "--device-memory", "141GiB",
-                    "--swap-space", "64GiB", "--role", "decode", "--json")
+                    "--swap-space", "64GiB", "--host-memory", "2TiB", "--role", "decode", "--json")
     per_block = 2 * 576 * 64 * (61 + 1)
     assert row["bytes_per_block"] == per_block and row["num_layers"] == 62
     assert row["num_cpu_blocks"] == 64 * GIB // per_block  # the same bytes per block as the device
     assert row["create_cache_tensor"] is False and row["decision_term"] == "num_cpu_blocks"
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("--swap-space", "999999TiB"), "swap_space='999999.00 TiB' is not valid; allowed: host swap space that fits"),
+        (("--swap-space", "2GiB", "--host-memory", "1GiB"), "is more than the 1.00 GiB host memory given"),
+    ],
+)
+def test_host_swap_beyond_the_hosts_memory_is_refused(args: tuple[str, ...], words: str) -> None:
+    result = plan("--model", "examples/qwen3-30b-a3b", "--device-memory", "80GiB", *args)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    [line] = result.stderr.splitlines()
+    assert words in line and "Fix: lower swap_space (it is per rank)" in line and "--host-memory SIZE" in line
 
 
 def test_platform_all_gives_one_row_per_installed_platform() -> None:

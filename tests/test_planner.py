@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fd_platforms.config import CacheConfig, ModelConfig, ParallelConfig, load_model_config
-from fd_platforms.errors import ConfigError, FdPlatformsError
+from fd_platforms.errors import ConfigError, FdPlatformsError, RecordError
 from fd_platforms.layout import CacheLayout, build_layout
-from fd_platforms.planner import InsufficientMemoryError, budget_bytes, min_across_ranks, plan_blocks
+from fd_platforms.planner import InsufficientMemoryError, budget_bytes, min_across_ranks, plan_blocks, plan_violations
 from fd_platforms.types import DeviceMemory, Plan, PlatformLimit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,9 +129,9 @@ def test_limit_that_allows_no_block() -> None:
     assert "smaller block_size" in info.value.fix
 
 
-def test_unknown_limit_kind() -> None:
-    with pytest.raises(FdPlatformsError, match="max_num_blocks, max_tensor_elements"):
-        plan_blocks(TINY, device(80), CacheConfig(), limits=[PlatformLimit("max_bytes", 1, "r")])  # type: ignore[arg-type]
+def test_unknown_limit_kind_is_refused_by_the_record() -> None:
+    with pytest.raises(RecordError, match="PlatformLimit.kind='max_bytes'.*one of max_tensor_elements, max_num_blocks"):
+        PlatformLimit("max_bytes", 1, "r")  # type: ignore[arg-type]
 
 
 def test_override_binds() -> None:
@@ -268,12 +268,11 @@ def test_more_memory_never_fewer_blocks(
 def test_plan_never_exceeds_budget_or_limits(
     layout: CacheLayout, total: int, free: int | None, utilization: float, other: int, limits: list[PlatformLimit]
 ) -> None:
-    memory = DeviceMemory(total, free, None, "t")
+    memory = DeviceMemory(total, None if free is None else min(free, total), None, "t")
     budget = budget_bytes(memory, utilization, other)
+    cache = CacheConfig(memory_utilization=utilization)
     try:
-        plan = plan_blocks(
-            layout, memory, CacheConfig(memory_utilization=utilization), non_cache_bytes=other, limits=limits
-        )
+        plan = plan_blocks(layout, memory, cache, non_cache_bytes=other, limits=limits)
     except InsufficientMemoryError:
         assert budget < layout.bytes_per_block
         return
@@ -284,6 +283,7 @@ def test_plan_never_exceeds_budget_or_limits(
     assert plan.num_blocks == min([plan.memory_blocks, *(limit.value for limit in limits)])
     assert (plan.binding == "platform_limit") == (plan.num_blocks < plan.memory_blocks)
     assert plan.tokens == plan.num_blocks * 64
+    assert plan_violations(plan, layout, memory, cache, limits, other) == [], "the planner keeps its own invariants"
 
 
 # purity --------------------------------------------------------------------------------------

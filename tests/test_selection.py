@@ -159,10 +159,22 @@ def test_detection_that_raises_marks_the_plugin_broken(make_plugin) -> None:
 def test_two_distributions_with_one_name_are_an_error_naming_both(make_plugin) -> None:
     make_plugin("acme", dist="fd-acme-one")
     make_plugin("acme", dist="fd-acme-two")
-    for env in ({"FD_PLATFORM": "acme"}, {}):
-        with pytest.raises(DuplicatePlatformError) as info:
-            select_platform(env)
-        assert "fd-acme-one 1.0" in str(info.value) and "fd-acme-two 1.0" in str(info.value)
+    with pytest.raises(DuplicatePlatformError) as info:
+        select_platform({"FD_PLATFORM": "acme"})
+    assert "fd-acme-one 1.0" in str(info.value) and "fd-acme-two 1.0" in str(info.value)
+
+
+def test_a_duplicate_name_never_blocks_the_other_platforms(make_plugin) -> None:
+    make_plugin("acme", dist="fd-acme-one")
+    make_plugin("acme", dist="fd-acme-two")
+    make_plugin("other", available=True)
+    assert select_platform({"FD_PLATFORM": "other"}).platform.name == "other"
+    assert select_platform({"FD_PLATFORM": "cpu"}).platform.name == "cpu"
+    detected = select_platform({})  # acme is broken, so other is the only platform detected
+    assert (detected.platform.name, detected.how) == ("other", "detected")
+    reports = [report for report in survey({}).reports if report.name == "acme"]
+    assert [(r.distribution, r.status) for r in reports] == [("fd-acme-one", "broken"), ("fd-acme-two", "broken")]
+    assert all("fd-acme-one 1.0 and fd-acme-two 1.0" in r.reason for r in reports)
 
 
 def test_external_plugin_cannot_shadow_the_builtin_cpu(make_plugin) -> None:

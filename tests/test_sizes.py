@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fd_platforms.errors import ConfigError
-from fd_platforms.sizes import format_size, parse_size
+from fd_platforms.sizes import MAX_BYTES, format_size, parse_size
 
 UNITS = {
     "B": 1,
@@ -74,7 +74,25 @@ def test_parse_size_unknown_unit_is_named() -> None:
 @given(st.integers(min_value=0, max_value=2**40), st.sampled_from(sorted(UNITS)), st.booleans())
 def test_parse_size_is_number_times_unit_any_case(number: int, unit: str, upper: bool) -> None:
     written = unit.upper() if upper else unit.lower()
-    assert parse_size(f"{number}{written}", "size") == number * UNITS[unit]
+    if number * UNITS[unit] > MAX_BYTES:
+        with pytest.raises(ConfigError, match="at most 8 EiB"):
+            parse_size(f"{number}{written}", "size")
+    else:
+        assert parse_size(f"{number}{written}", "size") == number * UNITS[unit]
+
+
+@pytest.mark.parametrize(
+    "text", ["9223372036854775808B", "8388608TiB", pytest.param("9" * 5000, id="5000-digit-text"), 2**63,
+             pytest.param(10**5000, id="5000-digit-int")]
+)
+def test_sizes_beyond_8_eib_are_refused_naming_the_field(text: object) -> None:
+    with pytest.raises(ConfigError, match=r"swap_space=.* is not valid; allowed: .*at most 8 EiB") as info:
+        parse_size(text, "swap_space")  # type: ignore[arg-type]
+    assert len(str(info.value)) < 600
+
+
+def test_the_largest_size_is_accepted() -> None:
+    assert parse_size(MAX_BYTES, "size") == parse_size(f"{MAX_BYTES}B", "size") == 2**63 - 1
 
 
 @pytest.mark.parametrize(

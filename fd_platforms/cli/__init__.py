@@ -1,7 +1,8 @@
 """The ``fd-platforms`` command: ``list`` platforms, ``plan`` KV cache blocks, ``run`` the lifecycle, ``check`` conformance.
 
 Exit codes: 0 success, 2 usage or configuration error (one message on stderr, no traceback),
-1 any other deliberate failure, 141 the reader of stdout went away.
+1 any other failure (an unexpected one is one ``internal error`` line; ``-v`` adds the traceback),
+130 Ctrl-C, 143 SIGTERM during ``run``, 141 the reader of stdout went away.
 """
 
 from __future__ import annotations
@@ -10,9 +11,13 @@ import argparse
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
+from ..console import write_line
 from ..errors import FdPlatformsError
+from ..isolation import describe
+from ..lifecycle.interrupts import Terminated
 from . import check_command, list_command, plan_command, run_command
 
 
@@ -39,8 +44,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except FdPlatformsError as exc:
-        print(f"fd-platforms: error: {exc}", file=sys.stderr)
+        write_line(f"fd-platforms: error: {exc}")
         return exc.exit_code
+    except KeyboardInterrupt:
+        write_line("fd-platforms: interrupted")
+        return 130
+    except Terminated:
+        write_line("fd-platforms: terminated")
+        return 143
+    except Exception as exc:  # a bug of ours: still one line, the traceback only when asked for
+        if args.verbose:
+            traceback.print_exc()
+        write_line(
+            f"fd-platforms: internal error: {describe(exc)}. This is a bug in fd-platforms; "
+            "rerun with -v for the traceback and report it"
+        )
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -30,6 +30,9 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
         "--non-cache-memory", metavar="SIZE", help="memory held outside the cache: weights + activation peak"
     )
     parser.add_argument("--swap-space", metavar="SIZE", help="host swap space per rank")
+    parser.add_argument(
+        "--host-memory", metavar="SIZE", help="host memory the swap space must fit in (default: this host's total)"
+    )
     parser.add_argument("--num-gpu-blocks-override", type=int, metavar="N", help="use exactly N blocks")
     parser.add_argument("--role", choices=SPLITWISE_ROLES, help="splitwise role")
     parser.add_argument("--storage-backend", choices=("none", *STORAGE_BACKENDS), help="KV cache storage backend")
@@ -58,8 +61,9 @@ def deploy_config(args: argparse.Namespace) -> DeployConfig:
     return deploy_config_from_overrides(overrides)
 
 
-def memory_sizes(args: argparse.Namespace) -> tuple[int | None, int | None]:
-    """``--device-memory`` and ``--non-cache-memory`` in bytes, None where not given."""
+def memory_sizes(args: argparse.Namespace) -> tuple[int | None, int | None, int | None]:
+    """``--device-memory``, ``--non-cache-memory`` and ``--host-memory`` in bytes, None where not given."""
     device = None if args.device_memory is None else parse_size(args.device_memory, "--device-memory")
     non_cache = None if args.non_cache_memory is None else parse_size(args.non_cache_memory, "--non-cache-memory")
-    return device, non_cache
+    host = None if args.host_memory is None else parse_size(args.host_memory, "--host-memory")
+    return device, non_cache, host

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from typing import Any
 
+from ..console import write_line
 from ..selection import survey
 from .table import format_table
 
@@ -48,6 +48,6 @@ def run(args: argparse.Namespace) -> int:
         if selected is not None:
             print(f"\nselected: {selected['name']} ({selected['how']}: {selected['reason']})")
     if result.error is not None:
-        print(f"fd-platforms: error: {error}", file=sys.stderr)
+        write_line(f"fd-platforms: error: {error}")
         return result.error.exit_code
     return 0

@@ -36,8 +36,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             "--device-memory", None, "a SIZE with --platform all", "pass e.g. --device-memory 80GiB to compare platforms"
         )
-    device_memory, non_cache = memory_sizes(args)
-    rows = [_plan_row(platform, deploy, device_memory, non_cache) for platform in _platforms(args.platform)]
+    device_memory, non_cache, host_memory = memory_sizes(args)
+    rows = [
+        _plan_row(platform, deploy, device_memory, non_cache, host_memory) for platform in _platforms(args.platform)
+    ]
     if args.json:
         print(json.dumps(rows if args.platform == "all" else rows[0], indent=2))
     elif args.platform == "all":
@@ -69,7 +71,11 @@ def _platforms(choice: str | None) -> list[Platform]:
 
 
 def _plan_row(
-    platform: Platform, deploy: DeployConfig, device_memory: int | None, non_cache: int | None
+    platform: Platform,
+    deploy: DeployConfig,
+    device_memory: int | None,
+    non_cache: int | None,
+    host_memory: int | None,
 ) -> dict[str, Any]:
     cache, parallel = deploy.cache, deploy.parallel
     layout = build_layout(deploy.model, cache, parallel)
@@ -83,7 +89,9 @@ def _plan_row(
         memory = platform.device_memory(0)
     else:
         memory = DeviceMemory(device_memory, None, None, "--device-memory")
-    plan = platform.max_num_blocks(layout=layout, cache=cache, memory=memory, non_cache_bytes=non_cache)
+    plan = platform.max_num_blocks(
+        layout=layout, cache=cache, memory=memory, non_cache_bytes=non_cache, host_memory=host_memory
+    )
     decision = platform.should_create_cache_tensor(
         profile=False,
         num_cpu_blocks=plan.num_cpu_blocks,

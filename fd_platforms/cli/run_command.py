@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from ..lifecycle.interrupts import Terminated, sigterm_raises
+from ..lifecycle.interrupts import sigterm_raises
 from ..sizes import format_size
 from .deploy_args import add_deploy_arguments, deploy_config, memory_sizes
 from .table import format_table
@@ -42,17 +41,6 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except KeyboardInterrupt:
-        print("fd-platforms: interrupted", file=sys.stderr)
-        return 130
-    except Terminated:
-        print("fd-platforms: terminated", file=sys.stderr)
-        return 143
-
-
-def _run(args: argparse.Namespace) -> int:
     # Imported here: the other commands never pay for multiprocessing and the lifecycle.
     from ..cache_signal import resolve_timeout
     from ..lifecycle.engine import run_lifecycle, select_run_platform
@@ -67,7 +55,7 @@ def _run(args: argparse.Namespace) -> int:
             "--ranks", ranks, f"1 to tensor_parallel_size={tp} (each local rank is one tensor-parallel rank)",
             "pass --ranks between 1 and --tp, or raise --tp",
         )
-    device_memory, non_cache = memory_sizes(args)
+    device_memory, non_cache, host_memory = memory_sizes(args)
     timeout = resolve_timeout(args.timeout)
     platform = select_run_platform(ranks)  # before SIGTERM is ours: it may import paddle, which sets a handler
     spec = RunSpec(
@@ -79,6 +67,7 @@ def _run(args: argparse.Namespace) -> int:
         profile=args.profile,
         device_memory=device_memory,
         non_cache=non_cache,
+        host_memory=host_memory,
         quiet=args.json,
     )
     with sigterm_raises():

@@ -13,7 +13,7 @@ import time
 
 from ..cache_signal import CacheReadySignal, reclaim_stale_signals
 from ..errors import ConfigError
-from ..planner import min_across_ranks
+from ..planner import check_host_swap, min_across_ranks
 from ..platform import Platform
 from ..selection import Prober, select_platform
 from ..types import CacheDecision, Plan
@@ -57,6 +57,7 @@ def run_lifecycle(spec: RunSpec, say: Progress) -> RunReport:
         say(f"platform {spec.platform}: started {spec.ranks} worker(s) (pid {pids}), cache-ready signal {signal.name}")
         planned = children.collect(workers, "plan", spec.timeout)
         final = min_across_ranks([planned[worker][0] for worker in workers])
+        check_host_swap(final, spec.deploy.cache, host_bytes=spec.host_memory, ranks=spec.ranks)
         say(f"every rank planned; each uses {final.num_blocks} blocks (the minimum across ranks)")
         children.send(workers, "final", final)
         decisions: dict[Child, CacheDecision] = children.collect(workers, "decision", spec.timeout)

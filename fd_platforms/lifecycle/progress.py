@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 import time
 
+from ..console import write_line
 from ..kv_cache import AllocationProgress
 from ..sizes import format_size
 
@@ -19,7 +19,7 @@ class Progress:
 
     def __call__(self, message: str) -> None:
         if not self.quiet:
-            print(f"fd-platforms: {self.prefix}{message}", file=sys.stderr, flush=True)
+            write_line(f"fd-platforms: {self.prefix}{message}")
 
     def allocation(self, what: str) -> AllocationProgress | None:
         """A KV-cache allocation callback printing ``what: X of Y`` at most once a second."""

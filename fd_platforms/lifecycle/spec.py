@@ -18,7 +18,8 @@ class RunSpec:
 
     ``platform`` is the selected platform's name (children select it through ``FD_PLATFORM``);
     ``device_type`` its Paddle device type. ``device_memory`` is the size each rank plans on
-    (``--device-memory``), None for the live facts; ``timeout`` bounds every wait of the run.
+    (``--device-memory``), None for the live facts; ``host_memory`` the host memory swap space must
+    fit in (``--host-memory``), None for this host's; ``timeout`` bounds every wait of the run.
     """
 
     deploy: DeployConfig
@@ -29,6 +30,7 @@ class RunSpec:
     profile: bool = False
     device_memory: int | None = None
     non_cache: int | None = None
+    host_memory: int | None = None
     quiet: bool = False
 
     @property

@@ -58,7 +58,11 @@ def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, signal_name
     layout = spec.layout(rank)
     cache_config = spec.deploy.cache
     plan = platform.max_num_blocks(
-        layout=layout, cache=cache_config, memory=rank_memory(spec, platform, rank), non_cache_bytes=spec.non_cache
+        layout=layout,
+        cache=cache_config,
+        memory=rank_memory(spec, platform, rank),
+        non_cache_bytes=spec.non_cache,
+        host_memory=spec.host_memory,
     )
     conn.send(("plan", (plan, time.monotonic() - started)))
     say(f"planned {plan.num_blocks} blocks of {format_size(plan.bytes_per_block)} ({plan.binding_reason})")
