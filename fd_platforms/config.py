@@ -65,14 +65,64 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+MAX_COUNT = 2**63 - 1  # blocks and bytes are int64 counts
+MAX_LAYERS = 10_000  # the largest public models have fewer than 200 layers
+MAX_WIDTH = 65_536  # heads, head dims, latent ranks, block sizes: every real one is far below
+MAX_RANKS = 65_536  # tensor-parallel ranks
+LIMITS: dict[str, int] = {
+    "num_hidden_layers": MAX_LAYERS,
+    "num_nextn_predict_layers": MAX_LAYERS,
+    "num_attention_heads": MAX_WIDTH,
+    "num_key_value_heads": MAX_WIDTH,
+    "head_dim": MAX_WIDTH,
+    "kv_lora_rank": MAX_WIDTH,
+    "qk_rope_head_dim": MAX_WIDTH,
+    "index_head_dim": MAX_WIDTH,
+    "block_size": MAX_WIDTH,
+    "tensor_parallel_size": MAX_RANKS,
+    "local_rank": MAX_RANKS,
+}
+"""Upper bounds of the sizes a config may give: far above any real model, low enough that an absurd
+value (``num_hidden_layers: 1e30``) is a ConfigError at once instead of a layout the size of memory."""
+
+
 def _check_int(field: str, value: object, minimum: int) -> None:
-    if not _is_int(value) or cast(int, value) < minimum:
-        raise ConfigError(field, value, f"an integer >= {minimum}", f"set {field} to a whole number >= {minimum}")
+    maximum = LIMITS.get(field, MAX_COUNT)
+    if not _is_int(value) or not minimum <= cast(int, value) <= maximum:
+        raise ConfigError(
+            field, value, f"an integer from {minimum} to {maximum}", f"set {field} to a whole number in that range"
+        )
 
 
 def _check_optional_int(field: str, value: object, minimum: int) -> None:
     if value is not None:
         _check_int(field, value, minimum)
+
+
+def tensor_parallel_sizes(model: ModelConfig, upto: int = 64) -> list[int]:
+    """Tensor-parallel sizes up to ``upto`` that split ``model``'s heads (see :func:`check_tensor_parallel`)."""
+    heads, kv_heads = model.num_attention_heads, model.num_key_value_heads
+    return [tp for tp in range(1, upto + 1) if heads % tp == 0 and (kv_heads % tp == 0 or tp % kv_heads == 0)]
+
+
+def check_tensor_parallel(model: ModelConfig, tp: int) -> None:
+    """A tensor-parallel split needs ``num_attention_heads % tp == 0`` and KV heads either divisible
+    by ``tp`` or dividing it (then each KV head is replicated on ``tp // kv_heads`` ranks)."""
+    heads, kv_heads = model.num_attention_heads, model.num_key_value_heads
+    if heads % tp == 0 and (kv_heads % tp == 0 or tp % kv_heads == 0):
+        return
+    why = (
+        f"num_attention_heads={heads} is not divisible by {tp}"
+        if heads % tp
+        else f"num_key_value_heads={kv_heads} neither is divisible by {tp} nor divides it"
+    )
+    works = ", ".join(map(str, tensor_parallel_sizes(model)))
+    raise ConfigError(
+        "tensor_parallel_size",
+        tp,
+        f"a size that splits the model's heads evenly ({why}); for {model.name}: {works}",
+        "choose one of those tensor-parallel sizes",
+    )
 
 
 def _choice(field: str, value: object, choices: tuple[str, ...], aliases: Mapping[str, str] | None = None) -> str:
@@ -262,9 +312,12 @@ def load_model_config(path: str | Path, *, attention: str | None = None, use_mtp
     source = str(file)
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise ConfigError("path", source, "a readable config.json", f"check the file ({exc.strerror})") from None
+    except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8, an integer too long, nesting too deep
         raise ConfigError(
-            "json", str(exc), "a valid JSON object", "fix or re-download config.json", source=source
+            "json", _first_line(exc), "a valid JSON object of plain numbers", "fix or re-download config.json",
+            source=source,
         ) from None
     if not isinstance(raw, dict):
         raise ConfigError(
@@ -357,6 +410,12 @@ def _check_shape(sections: Mapping[str, object], source: str | None) -> None:
                 )
 
 
+def _first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line and 200 characters, for an error of ours."""
+    text = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 def _did_you_mean(word: str, known: Iterable[str]) -> str:
     close = difflib.get_close_matches(word, list(known), n=1)
     return f"did you mean {close[0]!r}?" if close else "remove it or use one of the allowed names"
@@ -399,6 +458,8 @@ def _build(sections: Mapping[str, Mapping[str, Any]], origin: Origin, source: st
         parallel = ParallelConfig(**sections.get("parallel", {}))
     with _section("model", origin):
         model = load_model_config(model_path, **model_keys)
+    with _section("parallel", origin):
+        check_tensor_parallel(model, parallel.tensor_parallel_size)
     return DeployConfig(model_path=model_path, model=model, cache=cache, scheduler=scheduler, parallel=parallel)
 
 
@@ -427,9 +488,15 @@ def load_deploy_config(path: str | Path, overrides: Mapping[str, Mapping[str, ob
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError("config", source, "a readable TOML file", f"check the path ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            "config", source, "a UTF-8 text file in TOML", f"this is not text ({_first_line(exc)}); pass the deploy TOML"
+        ) from None
     try:
         sections = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # TOMLDecodeError is a ValueError
+        if not isinstance(exc, tomllib.TOMLDecodeError):
+            raise ConfigError("toml", _first_line(exc), "valid TOML", "correct the file", source=source) from None
         line = re.search(r"line (\d+)", str(exc))
         where = f"line {line.group(1)}" if line else "the reported position"
         raise ConfigError("toml", str(exc), "valid TOML", f"correct the syntax at {where}", source=source) from None

@@ -7,6 +7,7 @@ errors), never with a traceback.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 
@@ -23,7 +24,9 @@ def show_value(value: object) -> str:
     """``repr(value)`` for a message, safe for any value: a huge integer is described by its digits,
     a long repr is cut at :data:`MAX_SHOWN` characters."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1000:
-        return f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>"
+        digits = int(math.log10(abs(value))) + 1
+        digits -= 10 ** (digits - 1) > abs(value)  # log10 rounds up just below a power of ten
+        return f"<an integer of {digits} digits>"
     try:
         shown = repr(value)
     except Exception as exc:  # a repr that fails must not hide the error being reported

@@ -10,15 +10,16 @@ from collections.abc import Callable
 
 from .device_facts import PinningUnavailable
 from .errors import ConfigError, HostAllocError
+from .sizes import MAX_BYTES
 from .types import DeviceMemory, HostBuffer
 
 logger = logging.getLogger(__name__)
 
 
 def check_host_nbytes(nbytes: object) -> None:
-    """A host allocation's size must be an int > 0 (ConfigError naming ``nbytes`` otherwise)."""
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
-        raise ConfigError("nbytes", nbytes, "an int > 0", "ask for a positive number of bytes")
+    """A host allocation's size must be an int from 1 to 2**63 - 1 (ConfigError naming ``nbytes`` otherwise)."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or not 0 < nbytes <= MAX_BYTES:
+        raise ConfigError("nbytes", nbytes, "an int from 1 to 2**63 - 1", "ask for a positive number of bytes")
 
 
 def allocate_pageable(nbytes: int) -> HostBuffer:

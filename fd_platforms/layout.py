@@ -21,16 +21,18 @@ local tensor-parallel rank.
 
 Each spec gives the shape of ONE block; a tensor of ``n`` blocks has shape ``(n, *block_shape)``.
 :attr:`CacheLayout.bytes_per_block` is the only per-rank bytes-per-block figure: device blocks
-and host swap blocks are both counted with it.
+and host swap blocks are both counted with it. It comes from one layer's roles times the number
+of layers; the per-layer tensor specs are built only when something asks for them.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
-from .config import CacheConfig, ModelConfig, ParallelConfig
+from .config import CacheConfig, ModelConfig, ParallelConfig, check_tensor_parallel
 from .errors import ConfigError
 
 Role = Literal["key", "value", "key_scale", "value_scale", "indexer"]
@@ -79,37 +81,69 @@ class CacheTensorSpec:
 
 
 @dataclass(frozen=True)
+class LayerRole:
+    """One tensor every layer holds: its role, the shape of one block and its dtype."""
+
+    role: Role
+    block_shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def elements_per_block(self) -> int:
+        return math.prod(self.block_shape)
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.elements_per_block * DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
 class CacheLayout:
     """All cache tensors of one rank, in the contract order (see the module docstring).
 
-    ``device_id`` is the local device the names were made for (``.device{N}``); the tensors are
-    allocated there.
+    ``roles`` are the tensors of one layer, in role order; every one of the ``num_layers`` layers
+    holds them. ``rank`` is the local tensor-parallel rank and ``device_id`` the local device the
+    names were made for (``.device{N}``); the tensors are allocated there.
     """
 
-    tensors: tuple[CacheTensorSpec, ...]
+    roles: tuple[LayerRole, ...]
     num_layers: int
     block_size: int
+    rank: int = 0
     device_id: int = 0
 
     @property
     def bytes_per_block(self) -> int:
         """Bytes of one block across every tensor of every layer: the one per-rank figure."""
-        return sum(spec.bytes_per_block for spec in self.tensors)
+        return self.num_layers * sum(role.bytes_per_block for role in self.roles)
 
     @property
     def max_elements_per_block(self) -> int:
         """Elements per block of the largest single tensor (what element-count limits apply to)."""
-        return max(spec.elements_per_block for spec in self.tensors)
+        return max(role.elements_per_block for role in self.roles)
+
+    @cached_property
+    def tensors(self) -> tuple[CacheTensorSpec, ...]:
+        """Every tensor of every layer, in contract order (built on first use)."""
+        return tuple(
+            CacheTensorSpec(
+                name=f"{_NAME_PREFIX[role.role]}_{layer}_rank{self.rank}.device{self.device_id}",
+                layer=layer,
+                role=role.role,
+                block_shape=role.block_shape,
+                dtype=role.dtype,
+            )
+            for layer in range(self.num_layers)
+            for role in self.roles
+        )
 
     def names(self) -> tuple[str, ...]:
         """Tensor names in contract order."""
         return tuple(spec.name for spec in self.tensors)
 
 
-def _layer_roles(
-    model: ModelConfig, cache: CacheConfig, parallel: ParallelConfig
-) -> tuple[tuple[Role, tuple[int, ...], str], ...]:
-    """(role, block shape, dtype) of one layer's tensors, in role order."""
+def _layer_roles(model: ModelConfig, cache: CacheConfig, parallel: ParallelConfig) -> tuple[LayerRole, ...]:
+    """One layer's tensors, in role order."""
     block = cache.block_size
     if model.attention in ("mla", "dsa") and cache.kv_cache_quant_type != "none":
         raise ConfigError(
@@ -122,43 +156,35 @@ def _layer_roles(
         lora, rope, index = model.kv_lora_rank, model.qk_rope_head_dim, model.index_head_dim
         assert lora is not None and rope is not None and index is not None  # ModelConfig checked
         return (
-            ("key", (1, block, lora + lora // 128 * 4 + 2 * rope), "uint8"),
-            ("indexer", (1, block, index + index // 128 * 4), "uint8"),
+            LayerRole("key", (1, block, lora + lora // 128 * 4 + 2 * rope), "uint8"),
+            LayerRole("indexer", (1, block, index + index // 128 * 4), "uint8"),
         )
     if model.attention == "mla":
         lora, rope = model.kv_lora_rank, model.qk_rope_head_dim
         assert lora is not None and rope is not None  # ModelConfig checked
-        return (("key", (1, block, lora + rope), cache.cache_dtype),)
+        return (LayerRole("key", (1, block, lora + rope), cache.cache_dtype),)
     heads = max(1, model.num_key_value_heads // parallel.tensor_parallel_size)
     kv = (heads, block, model.head_dim)
-    roles: tuple[tuple[Role, tuple[int, ...], str], ...] = (
-        ("key", kv, cache.cache_dtype),
-        ("value", kv, cache.cache_dtype),
-    )
+    roles = (LayerRole("key", kv, cache.cache_dtype), LayerRole("value", kv, cache.cache_dtype))
     if cache.kv_cache_quant_type == "block_wise_fp8":
-        roles += (("key_scale", (heads, block), "float32"), ("value_scale", (heads, block), "float32"))
+        roles += (LayerRole("key_scale", (heads, block), "float32"), LayerRole("value_scale", (heads, block), "float32"))
     return roles
 
 
 def build_layout(
     model: ModelConfig, cache: CacheConfig, parallel: ParallelConfig, *, device_id: int = 0
 ) -> CacheLayout:
-    """The cache tensors rank ``parallel.local_rank`` holds on device ``device_id``."""
-    if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
-        raise ConfigError("device_id", device_id, "an integer >= 0", "pass the local device id")
-    roles = _layer_roles(model, cache, parallel)
-    rank = parallel.local_rank
-    tensors = tuple(
-        CacheTensorSpec(
-            name=f"{_NAME_PREFIX[role]}_{layer}_rank{rank}.device{device_id}",
-            layer=layer,
-            role=role,
-            block_shape=shape,
-            dtype=dtype,
-        )
-        for layer in range(model.num_cache_layers)
-        for role, shape, dtype in roles
-    )
+    """The cache tensors rank ``parallel.local_rank`` holds on device ``device_id``.
+
+    Raises ConfigError for a tensor-parallel size that does not split the model's heads.
+    """
+    if isinstance(device_id, bool) or not isinstance(device_id, int) or not 0 <= device_id < 2**31:
+        raise ConfigError("device_id", device_id, "an integer from 0 to 2**31 - 1", "pass the local device id")
+    check_tensor_parallel(model, parallel.tensor_parallel_size)
     return CacheLayout(
-        tensors=tensors, num_layers=model.num_cache_layers, block_size=cache.block_size, device_id=device_id
+        roles=_layer_roles(model, cache, parallel),
+        num_layers=model.num_cache_layers,
+        block_size=cache.block_size,
+        rank=parallel.local_rank,
+        device_id=device_id,
     )

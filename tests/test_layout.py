@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from fd_platforms.config import CacheConfig, ModelConfig, ParallelConfig, load_model_config
@@ -150,7 +151,7 @@ def test_block_wise_fp8_is_refused_for_latent_caches(model: ModelConfig) -> None
 
 @pytest.mark.parametrize("device_id", [-1, True, "0"])
 def test_bad_device_id(device_id: object) -> None:
-    with pytest.raises(ConfigError, match=r"device_id=.*allowed: an integer >= 0.*Fix:"):
+    with pytest.raises(ConfigError, match=r"device_id=.*allowed: an integer from 0 to 2\*\*31 - 1.*Fix:"):
         build_layout(QWEN, BF16, TP4, device_id=device_id)  # type: ignore[arg-type]
 
 
@@ -170,6 +171,7 @@ def test_dtype_bytes() -> None:
 def test_gqa_bytes_property(
     kv_heads: int, group: int, tp: int, head_dim: int, block: int, layers: int, dtype: str
 ) -> None:
+    assume(kv_heads * group % tp == 0)  # a split that does not divide the heads is refused (tested below)
     gqa = ModelConfig("p", layers, kv_heads * group, kv_heads, head_dim)
     cache = CacheConfig(block_size=block, cache_dtype=dtype)
     layout = build_layout(gqa, cache, ParallelConfig(tp, tp - 1))
@@ -179,3 +181,39 @@ def test_gqa_bytes_property(
     assert layout.bytes_per_block == sum(spec.bytes_per_block for spec in layout.tensors)
     assert layout.max_elements_per_block == per_rank * block * head_dim
     assert_contract_order(layout)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "tp", "why", "works"),
+    [
+        (32, 4, 3, "num_attention_heads=32 is not divisible by 3", "1, 2, 4, 8, 16, 32"),
+        (32, 32, 64, "num_attention_heads=32 is not divisible by 64", "1, 2, 4, 8, 16, 32"),
+        (24, 6, 4, "num_key_value_heads=6 neither is divisible by 4 nor divides it", "1, 2, 3, 6, 12, 24"),
+    ],
+)
+def test_a_tensor_parallel_size_that_does_not_split_the_heads_is_refused(
+    heads: int, kv_heads: int, tp: int, why: str, works: str
+) -> None:
+    model = ModelConfig("m", 2, heads, kv_heads, 64)
+    with pytest.raises(ConfigError) as info:
+        build_layout(model, BF16, ParallelConfig(tp, 0))
+    message = str(info.value)
+    assert f"tensor_parallel_size={tp} is not valid" in message and why in message
+    assert f"for m: {works}. Fix: choose one of those" in message
+
+
+def test_kv_heads_fewer_than_ranks_are_replicated() -> None:
+    """tp 8 with 4 KV heads: each KV head lives on two ranks, one head per rank (vLLM's rule)."""
+    layout = build_layout(ModelConfig("m", 2, 32, 4, 128), BF16, ParallelConfig(8, 7))
+    assert layout.roles[0].block_shape == (1, 64, 128)
+
+
+def test_an_absurd_layer_count_is_refused_at_once_and_planning_builds_no_tensor_list() -> None:
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=r"num_hidden_layers=1000000000000000000000000000000 is not valid; allowed: an integer from 1 to 10000"):
+        ModelConfig("m", 10**30, 32, 8, 128)
+    assert time.monotonic() - started < 0.1
+    deep = build_layout(ModelConfig("m", 10_000, 32, 8, 128), BF16, ParallelConfig(1, 0))
+    assert deep.bytes_per_block == 10_000 * 2 * 2 * 64 * 128 * 8
+    assert "tensors" not in vars(deep), "bytes per block needs no per-layer objects"
+    assert len(deep.tensors) == 20_000 and deep.tensors[-1].name == "value_caches_9999_rank0.device0"
