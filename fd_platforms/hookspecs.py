@@ -35,6 +35,15 @@ Rules for every hook:
   :class:`~fd_platforms.errors.PluginHookError`.
 - Module-level code and ``detect_platform`` must stay cheap: no ``import paddle``, no device
   runtime start-up. Import paddle inside the hooks that need tensors or live device facts.
+- Plugins are untrusted code (:mod:`fd_platforms.isolation`): the import, the registration and
+  every hook a plugin implements run in a thread of their own, bounded by
+  ``FD_PLATFORM_DETECT_TIMEOUT`` (default 10 s; ``host_alloc`` by ``FD_CACHE_READY_TIMEOUT``);
+  past it the platform is broken (:class:`~fd_platforms.errors.PluginTimeoutError`). Anything a
+  hook raises, ``SystemExit`` and ``KeyboardInterrupt`` included, becomes a
+  :class:`~fd_platforms.errors.PluginError` naming the plugin and the hook.
+- The core validates the caller's arguments before a hook runs, and checks every answer on every
+  call: the record type, and for the rule hooks the rule itself (a differing decision or a plan
+  breaking the planner's invariants is a :class:`~fd_platforms.errors.PlatformDriftError`).
 """
 
 from __future__ import annotations
@@ -157,7 +166,8 @@ def should_create_cache_tensor(
 
     The core's default is the one rule
     ``profile or not (num_cpu_blocks > 0 or storage_backend or splitwise_role != "mixed")``;
-    platforms should not implement this hook.
+    platforms should not implement this hook. One that does is checked against the whole truth
+    table when loaded and against the rule on every call's own inputs.
 
     :param profile: this is the memory-profiling run, which always creates a temporary cache.
     :param num_cpu_blocks: host swap blocks; > 0 means a cache-transfer process owns the cache.
@@ -227,7 +237,8 @@ def max_num_blocks(
     The core's default (:func:`fd_platforms.planner.plan_blocks`) divides the budget
     ``floor(total * memory_utilization) - non_cache`` (capped by free memory where known) by the
     layout's bytes per block, then applies declared limits and any override; platforms should not
-    implement this hook.
+    implement this hook. Any answer is checked on every call against the planner's invariants
+    (:func:`fd_platforms.planner.plan_violations`).
 
     :param layout: the rank's :class:`~fd_platforms.layout.CacheLayout`.
     :param memory: the device's :class:`~fd_platforms.types.DeviceMemory`.

@@ -198,11 +198,21 @@ class Segment:
 
 
 def _reserve(fd: int, name: str, size: int) -> None:
-    """Give the new segment its size with its pages reserved, or raise ShmSpaceError."""
+    """Give the new segment its size with its pages reserved, or raise ShmSpaceError.
+
+    Where the file system cannot reserve (no ``fallocate``), the size is checked against the free
+    space first and set with ``ftruncate``.
+    """
     try:
         os.posix_fallocate(fd, 0, size)
+        return
     except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
+        if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            free = shm_free_bytes()
+            if free is None or size <= free:
+                os.ftruncate(fd, size)
+                return
+        elif exc.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
             raise
         free = shm_free_bytes()
         raise ShmSpaceError(

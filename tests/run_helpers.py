@@ -26,6 +26,14 @@ def clean_env(**env: str) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if not k.startswith(drop)}, **env}
 
 
+SWEEP_LINES = (": WARNING: left ", ": WARNING: reclaiming cache-ready signal ")
+
+
+def without_sweep(stderr: str) -> list[str]:
+    """stderr's lines without the start-up sweep's warnings (which name whatever else is in /dev/shm)."""
+    return [line for line in stderr.splitlines() if not any(mark in line for mark in SWEEP_LINES)]
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [SCRIPT, "run", *args], capture_output=True, text=True, env=env or clean_env(), cwd=ROOT, timeout=120

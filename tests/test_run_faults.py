@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fd_platforms.process_watch import pid_running
-from run_helpers import QWEN, ROOT, SCRIPT, clean_env, run_cli
+from run_helpers import QWEN, ROOT, SCRIPT, clean_env, run_cli, without_sweep
 
 MANAGER_PATH = ("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode")
 
@@ -143,7 +143,7 @@ def test_sigterm_to_the_engine_stops_every_process() -> None:
 def test_not_enough_memory_is_the_planners_error_with_exit_2() -> None:
     done = run_cli("--model", QWEN, "--device-memory", "1MiB", "--json")
     assert done.returncode == 2, done.stderr
-    [line] = done.stderr.splitlines()
+    [line] = without_sweep(done.stderr)
     assert line.startswith("fd-platforms: error: rank 0: InsufficientMemoryError: KV cache budget")
     assert "holds no block" in line and "Fix: raise memory_utilization" in line
     assert done.stdout == ""
@@ -152,7 +152,7 @@ def test_not_enough_memory_is_the_planners_error_with_exit_2() -> None:
 def test_two_ranks_failing_alike_are_reported_once() -> None:
     done = run_cli("--model", QWEN, "--tp", "2", "--device-memory", "1MiB", "--json")
     assert done.returncode == 2, done.stderr
-    [line] = done.stderr.splitlines()
+    [line] = without_sweep(done.stderr)
     assert line.startswith("fd-platforms: error: rank 0, rank 1: InsufficientMemoryError: ")
     assert line.count("InsufficientMemoryError") == 1
 
@@ -161,7 +161,7 @@ def test_bad_ranks_are_configuration_errors() -> None:
     for ranks, allowed in (("0", "1 to tensor_parallel_size=2"), ("3", "1 to tensor_parallel_size=2")):
         done = run_cli("--model", QWEN, "--tp", "2", "--ranks", ranks, "--device-memory", "1GiB")
         assert done.returncode == 2, done.stderr
-        [line] = done.stderr.splitlines()
+        [line] = without_sweep(done.stderr)
         assert line.startswith(f"fd-platforms: error: --ranks={int(ranks)} is not valid; allowed: {allowed}")
 
 

@@ -1,0 +1,88 @@
+"""Shared-memory segments: sized before mapping, never a SIGBUS, and only proven-ours inodes unlinked."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fd_platforms import shm
+
+
+@pytest.fixture
+def small_shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A 1 MiB tmpfs standing in for a container's small /dev/shm (Docker's default is 64 MiB)."""
+    mount = tmp_path / "shm"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root and CAP_SYS_ADMIN): {done.stderr.strip()}")
+    monkeypatch.setattr(shm, "SHM_DIR", str(mount))
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_segment_larger_than_shm_is_refused_at_creation_naming_the_sizes(small_shm: Path) -> None:
+    with pytest.raises(shm.ShmSpaceError) as info:
+        shm.Segment.create("fd_test_big", 8 << 20)
+    message = str(info.value)
+    assert "cannot hold shared memory segment fd_test_big of 8388608 bytes" in message
+    assert "bytes free" in message and "--shm-size" in message
+    assert os.listdir(small_shm) == [], "a refused segment leaves nothing behind"
+
+
+def test_a_segment_that_fits_is_reserved_and_mapped_whole(small_shm: Path) -> None:
+    segment = shm.Segment.create("fd_test_fits", 256 << 10)
+    try:
+        mapped = segment.map()
+        mapped[-1] = 7  # the last page is real memory: no SIGBUS
+        assert os.stat(small_shm / "fd_test_fits").st_blocks * 512 >= 256 << 10, "pages reserved up front"
+    finally:
+        segment.unlink()
+        segment.close()
+
+
+def test_unlink_removes_only_the_inode_it_holds() -> None:
+    name = f"fd_test_inode_{uuid.uuid4().hex[:8]}"
+    segment = shm.Segment.create(name, 64)
+    path = Path(shm.SHM_DIR, name)
+    try:
+        path.unlink()
+        path.write_bytes(b"someone else's segment under the same name")
+        assert segment.unlink() is False
+        assert path.read_bytes() == b"someone else's segment under the same name"
+    finally:
+        segment.close()
+        path.unlink(missing_ok=True)
+
+
+def test_creating_a_taken_name_is_file_exists_and_leaves_it() -> None:
+    name = f"fd_test_taken_{uuid.uuid4().hex[:8]}"
+    first = shm.Segment.create(name, 64)
+    try:
+        with pytest.raises(FileExistsError):
+            shm.Segment.create(name, 128)
+        assert os.stat(shm.shm_path(name)).st_size == 64
+    finally:
+        first.unlink()
+        first.close()
+
+
+def test_a_held_segment_is_used_and_a_released_one_unused() -> None:
+    name = f"fd_test_held_{uuid.uuid4().hex[:8]}"
+    holder = shm.Segment.create(name, 64)
+    probe = shm.Segment.inspect(name)
+    try:
+        assert not probe.unused(), "this process holds it through another open file"
+        holder.close()
+        assert probe.unused()
+        assert probe.unlink()
+    finally:
+        probe.close()
+        holder.close()
