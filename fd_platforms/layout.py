@@ -56,11 +56,9 @@ _NAME_PREFIX: dict[Role, str] = {
 
 
 @dataclass(frozen=True)
-class CacheTensorSpec:
-    """One cache tensor of one layer; ``block_shape`` is the shape of a single block."""
+class LayerRole:
+    """One tensor every layer holds: its role, the shape of one block and its dtype."""
 
-    name: str
-    layer: int
     role: Role
     block_shape: tuple[int, ...]
     dtype: str
@@ -75,26 +73,17 @@ class CacheTensorSpec:
         """Bytes one block of this tensor takes."""
         return self.elements_per_block * DTYPE_BYTES[self.dtype]
 
+
+@dataclass(frozen=True, kw_only=True)
+class CacheTensorSpec(LayerRole):
+    """One cache tensor of one layer: a :class:`LayerRole` with its layer and its name."""
+
+    name: str
+    layer: int
+
     def shape(self, num_blocks: int) -> tuple[int, ...]:
         """Shape of this tensor holding ``num_blocks`` blocks."""
         return (num_blocks, *self.block_shape)
-
-
-@dataclass(frozen=True)
-class LayerRole:
-    """One tensor every layer holds: its role, the shape of one block and its dtype."""
-
-    role: Role
-    block_shape: tuple[int, ...]
-    dtype: str
-
-    @property
-    def elements_per_block(self) -> int:
-        return math.prod(self.block_shape)
-
-    @property
-    def bytes_per_block(self) -> int:
-        return self.elements_per_block * DTYPE_BYTES[self.dtype]
 
 
 @dataclass(frozen=True)
