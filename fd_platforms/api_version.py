@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .errors import PluginContractError, PluginVersionError
 
-API_VERSION = "1.0"
+API_VERSION = "1.1"
 PLUGIN_API_MODULES = (
     "fd_platforms",  # hookimpl, API_VERSION
     "fd_platforms.types",  # the records hooks return
@@ -22,6 +22,7 @@ PLUGIN_API_MODULES = (
     "fd_platforms.custom_device",  # CustomDeviceFacts: Paddle custom devices
     "fd_platforms.vendor_host",  # VendorHostRuntime: a vendor's pinned host allocator via ctypes
     "fd_platforms.host_memory",  # allocate_host, allocate_pageable: the host-memory contract
+    "fd_platforms.host_sharing",  # export_host_tensor, open_host_tensor: cache tensors in memfds (API 1.1)
 )
 """The modules a plugin may import; everything else in the core may change within an API version."""
 API_MAJOR = API_VERSION.split(".")[0]

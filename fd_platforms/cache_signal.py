@@ -38,7 +38,6 @@ slot, so waiting costs no CPU and a wake takes microseconds. See the README for 
 from __future__ import annotations
 
 import ctypes
-import enum
 import logging
 import os
 import re
@@ -340,56 +339,24 @@ def _read_header(segment: shm.Segment) -> tuple[int, ...] | None:
     return header if complete else None
 
 
-class _Verdict(enum.Enum):
-    """What a reclaim found under one name."""
-
-    RECLAIMED = "reclaimed"  # a dead signal of this user's, now unlinked
-    IN_USE = "in use"  # some living process holds it
-    GONE = "gone"  # removed or replaced meanwhile
-    SKIPPED = "skipped"  # not provably a signal of this user's: left alone
+def _recognise(segment: shm.Segment) -> str | None:
+    """Who made ``segment`` (``pid 42``) if it is a complete signal of this layout, else None."""
+    header = _read_header(segment)
+    return None if header is None else f"pid {header[_WORD_PID]}"
 
 
-def _reclaim(name: str) -> tuple[_Verdict, str]:
-    """Unlink ``name`` if it is provably a dead signal of this user's: (verdict, detail).
-
-    Never raises for what it finds in ``/dev/shm``: anything it cannot open, does not recognise
-    or cannot prove dead is left alone, with the reason.
-    """
-    try:
-        segment = shm.Segment.inspect(name, HEADER_BYTES)
-    except FileNotFoundError:
-        return _Verdict.GONE, "its owner removed it meanwhile"
-    except shm.SegmentUnusable as exc:
-        return _Verdict.SKIPPED, str(exc)
-    except OSError as exc:
-        return _Verdict.SKIPPED, f"/dev/shm/{name} cannot be inspected: {exc.strerror or exc}"
-    try:
-        header = _read_header(segment)
-        if not segment.unused():
-            owner = f" (pid {header[_WORD_PID]} in its PID namespace)" if header is not None else ""
-            return _Verdict.IN_USE, f"a living process holds it{owner}"
-        if header is None:
-            return _Verdict.SKIPPED, f"/dev/shm/{name} is not a complete fd-platforms signal of layout {LAYOUT_VERSION}"
-        if not segment.unlink():
-            return _Verdict.GONE, "it was replaced or removed meanwhile"
-        logger.warning(
-            "reclaiming cache-ready signal %r left behind by pid %d (no living process holds it)",
-            name, header[_WORD_PID],
-        )
-        return _Verdict.RECLAIMED, ""
-    finally:
-        segment.close()
+_WHAT = "cache-ready signal"
 
 
 def _reclaim_or_refuse(name: str) -> None:
     """Make room for a new signal called ``name``: reclaim a dead one, refuse anything else."""
-    verdict, detail = _reclaim(name)
-    if verdict == _Verdict.IN_USE:
+    verdict, detail = shm.reclaim(name, HEADER_BYTES, _recognise, _WHAT)
+    if verdict == shm.Verdict.IN_USE:
         raise CacheSignalError(
             f"cache-ready signal {name!r} is in use by a running engine: {detail}. "
             "Fix: give this engine instance another name, or stop that engine first"
         )
-    if verdict == _Verdict.SKIPPED:
+    if verdict == shm.Verdict.SKIPPED:
         raise CacheSignalError(
             f"shared memory {name!r} exists and cannot be reclaimed: {detail}. "
             f"Fix: choose another name, or remove /dev/shm/{name} if nothing uses it"
@@ -405,20 +372,4 @@ def reclaim_stale_signals() -> list[str]:
     symlinks, FIFOs, other layouts) are left alone too, named in one WARNING line. It never raises
     for what it finds.
     """
-    try:
-        names = sorted(entry for entry in os.listdir(shm.SHM_DIR) if entry.startswith(SIGNAL_PREFIX))
-    except OSError:
-        return []
-    reclaimed, skipped = [], []
-    for name in names:
-        verdict, detail = _reclaim(name)
-        if verdict == _Verdict.RECLAIMED:
-            reclaimed.append(name)
-        elif verdict == _Verdict.SKIPPED:
-            skipped.append(detail)
-    if skipped:
-        logger.warning(
-            "left %d entr%s in /dev/shm alone (not a cache-ready signal this user can prove unused): %s",
-            len(skipped), "y" if len(skipped) == 1 else "ies", "; ".join(skipped),
-        )
-    return reclaimed
+    return shm.sweep(SIGNAL_PREFIX, HEADER_BYTES, _recognise, _WHAT)

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from .discovery import Candidate
 from .errors import FdPlatformsError
 
-CHECKS = ("identity", "decision", "planner", "host_alloc", "wait", "device")
+CHECKS = ("identity", "decision", "planner", "host_alloc", "wait", "sharing", "device")
 """The suite's checks in report order: one module ``fd_platforms/testing/suite/test_<check>.py`` each."""
 CheckStatus = Literal["pass", "fail", "skip"]
 SCRATCH_INI = "[pytest]\n"

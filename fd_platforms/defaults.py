@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .decision import decide_cache_creation
-from .errors import DeviceFactsUnavailableError, HostAllocError
+from .errors import CacheSharingError, DeviceFactsUnavailableError, HostAllocError
 from .hookspecs import hookimpl
 from .host_memory import allocate_pageable, check_host_nbytes
 from .types import CacheDecision, DeviceMemory, HostBuffer, Plan, PlatformLimit
@@ -87,3 +87,27 @@ def wait_cache_ready(signal_name: str, rank: int, timeout: float | None, setter_
 
     with CacheReadySignal.attach(signal_name) as signal:
         return signal.wait(rank, timeout=timeout, setter_pid=setter_pid)
+
+
+@hookimpl(trylast=True)
+def cache_sharing() -> None:
+    """Tensors cannot cross processes unless the platform says how."""
+    return None
+
+
+@hookimpl(trylast=True)
+def export_cache_tensor(name: str, shape: tuple[int, ...], dtype: str, device: str) -> None:
+    """No default: sharing is the platform's to provide."""
+    raise CacheSharingError(
+        f"this platform cannot share KV cache tensor {name} between processes (its plugin implements no "
+        "export_cache_tensor hook). Fix: let the worker create its own cache, or add the hooks to the plugin"
+    )
+
+
+@hookimpl(trylast=True)
+def open_cache_tensor(name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str) -> None:
+    """No default: sharing is the platform's to provide."""
+    raise CacheSharingError(
+        f"this platform cannot open KV cache tensor {name} exported by another process (its plugin implements "
+        "no open_cache_tensor hook). Fix: let the worker create its own cache, or add the hooks to the plugin"
+    )

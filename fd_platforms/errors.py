@@ -184,6 +184,24 @@ class CacheNotReadyError(FdPlatformsError):
         )
 
 
+class CacheSharingError(FdPlatformsError):
+    """A KV cache cannot cross processes as asked: the platform cannot share tensors, a published
+    tensor differs from the attacher's layout, or the creator's cache is gone."""
+
+    exit_code = 2
+
+
+class CacheInUseError(FdPlatformsError):
+    """A cache could not be freed within the bound because other processes still hold it.
+
+    ``ranks`` names the local ranks whose attachers have not let go.
+    """
+
+    def __init__(self, message: str, ranks: tuple[int, ...] = ()) -> None:
+        self.ranks = ranks
+        super().__init__(message)
+
+
 class DeviceAllocError(FdPlatformsError, MemoryError):
     """A KV cache tensor could not be allocated on the device; nothing allocated before it is kept."""
 

@@ -55,7 +55,16 @@ import pluggy
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .config import CacheConfig
     from .layout import CacheLayout
-    from .types import CacheDecision, Detection, DeviceMemory, HostBuffer, PlatformIdentity, PlatformLimit, Plan
+    from .types import (
+        CacheDecision,
+        Detection,
+        DeviceMemory,
+        HostBuffer,
+        PlatformIdentity,
+        PlatformLimit,
+        Plan,
+        SharedTensor,
+    )
 
 PROJECT = "fd_platforms"
 
@@ -306,4 +315,75 @@ def wait_cache_ready(
     Example::
 
         waited = platform.wait_cache_ready("fd_cache_ready.engine-8188", rank=0, setter_pid=manager.pid)
+    """
+
+
+@hookspec(firstresult=True)
+def cache_sharing() -> str | None:
+    """Say how a KV cache tensor crosses processes on this platform, or that it cannot. (API 1.1)
+
+    A worker that does not create its cache attaches to the cache manager's tensors by name, with
+    :func:`export_cache_tensor` and :func:`open_cache_tensor`. Where they cannot work, the core
+    refuses such a worker when it decides (naming the rule's deciding term and the fix), never
+    later with a crash or a hang.
+
+    :returns: one sentence naming the mechanism (``"CUDA IPC handles through Paddle's
+        _share_cuda"``), or ``None`` where tensors cannot be shared. Must stay cheap: no paddle.
+
+    firstresult: yes. Optional (the core's default returns ``None``). Errors: none expected; an
+    answer that is neither a sentence nor ``None`` is a :class:`~fd_platforms.errors.PluginContractError`.
+
+    Example::
+
+        @hookimpl
+        def cache_sharing():
+            return "CUDA IPC handles through Paddle's DenseTensor._share_cuda / _new_shared_cuda"
+    """
+
+
+@hookspec(firstresult=True)
+def export_cache_tensor(name: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
+    """Allocate one zero-filled KV cache tensor that other processes can open. (API 1.1)
+
+    :param name: the tensor's published name, unique to the engine instance
+        (``fd_kv.<instance>.key_caches_0_rank0.device0``); use it to label what the platform creates.
+    :param shape: the tensor's shape, blocks first.
+    :param dtype: one of ``bfloat16``, ``float16``, ``float8_e4m3fn``, ``int8``, ``uint8``, ``float32``.
+    :param device: Paddle's device string (``gpu:0``, ``cpu``).
+    :returns: a :class:`~fd_platforms.types.SharedTensor` whose ``tensor`` is zero-filled and whose
+        ``handle`` is the text another process passes to :func:`open_cache_tensor`; closing it
+        frees the memory once no other process holds it.
+
+    firstresult: yes. Optional; the core's default raises
+    :class:`~fd_platforms.errors.CacheSharingError`. Errors:
+    :class:`~fd_platforms.errors.DeviceAllocError` naming the tensor and size when it cannot be
+    allocated; nothing is kept then.
+
+    Example::
+
+        shared = platform.export_cache_tensor("fd_kv.8188.key_caches_0_rank0.device0", (1024, 4, 64, 128),
+                                              "bfloat16", "gpu:0")
+        shared.handle  # published by the core; shared.close() when the cache is cleared
+    """
+
+
+@hookspec(firstresult=True)
+def open_cache_tensor(name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
+    """Open a tensor another process exported, zero-copy: the same memory, not a copy. (API 1.1)
+
+    :param name: the published name (as exported).
+    :param handle: the exporter's ``SharedTensor.handle``.
+    :param shape: the shape the caller's layout expects (checked against the publication first).
+    :param dtype: the dtype the caller's layout expects.
+    :param device: Paddle's device string of this process's device.
+    :returns: a :class:`~fd_platforms.types.SharedTensor` (``exported=False``); closing it drops
+        this process's mapping and never frees the exporter's memory.
+
+    firstresult: yes. Optional; the core's default raises
+    :class:`~fd_platforms.errors.CacheSharingError`. Errors: ``CacheSharingError`` naming the tensor
+    when the handle is stale (its exporter is gone) or does not hold ``shape`` and ``dtype``.
+
+    Example::
+
+        shared = platform.open_cache_tensor(name, handle, (1024, 4, 64, 128), "bfloat16", "gpu:0")
     """

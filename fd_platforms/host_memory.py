@@ -71,7 +71,37 @@ def system_memory() -> DeviceMemory:
         total = meminfo.get("MemTotal", total)
         free = meminfo.get("MemAvailable")
         source = "/proc/meminfo"
-    return DeviceMemory(total_bytes=total, free_bytes=free, process_bytes=_resident_bytes(page), source=source)
+    return DeviceMemory(total_bytes=total, free_bytes=free, process_bytes=resident_bytes(), source=source)
+
+
+_CGROUP_FILES = (  # (limit, usage): cgroup v2, then v1
+    ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+)
+
+
+def available_host_bytes() -> int | None:
+    """Host memory a new allocation can still take: ``MemAvailable``, and within a container the
+    room left under its cgroup's memory limit, whichever is smaller (None where neither is known)."""
+    candidates = []
+    available = _read_meminfo().get("MemAvailable")
+    if available is not None:
+        candidates.append(available)
+    for limit_file, usage_file in _CGROUP_FILES:
+        limit, usage = _read_int(limit_file), _read_int(usage_file)
+        if limit is not None and usage is not None and limit < 2**60:  # "max" or a huge value: no limit
+            candidates.append(max(0, limit - usage))
+            break
+    return min(candidates) if candidates else None
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as handle:
+            text = handle.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def _read_meminfo() -> dict[str, int]:
@@ -89,9 +119,10 @@ def _read_meminfo() -> dict[str, int]:
     return values
 
 
-def _resident_bytes(page: int) -> int | None:
+def resident_bytes() -> int | None:
+    """This process's resident set in bytes (``/proc/self/statm``), or None where unreadable."""
     try:
         with open("/proc/self/statm", encoding="ascii") as handle:
-            return int(handle.read().split()[1]) * page
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, IndexError, ValueError):
         return None

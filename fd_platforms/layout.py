@@ -17,7 +17,7 @@ Layers: ``num_hidden_layers``, plus ``num_nextn_predict_layers`` when MTP is use
 
 Names: ``key_caches_{layer}_rank{rank}.device{device}``, ``value_caches_...``,
 ``key_cache_scales_...``, ``value_cache_scales_...``, ``indexer_caches_...`` with ``rank`` the
-local tensor-parallel rank.
+local tensor-parallel rank; the host swap copies drop the ``.device{device}`` suffix.
 
 Each spec gives the shape of ONE block; a tensor of ``n`` blocks has shape ``(n, *block_shape)``.
 :attr:`CacheLayout.bytes_per_block` is the only per-rank bytes-per-block figure: device blocks
@@ -129,6 +129,10 @@ class CacheLayout:
     def names(self) -> tuple[str, ...]:
         """Tensor names in contract order."""
         return tuple(spec.name for spec in self.tensors)
+
+    def host_names(self) -> tuple[str, ...]:
+        """Names of the host swap tensors, in contract order: ``key_caches_{layer}_rank{rank}``, ... (no device)."""
+        return tuple(f"{_NAME_PREFIX[spec.role]}_{spec.layer}_rank{self.rank}" for spec in self.tensors)
 
 
 def _layer_roles(model: ModelConfig, cache: CacheConfig, parallel: ParallelConfig) -> tuple[LayerRole, ...]:

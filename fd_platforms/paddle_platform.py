@@ -18,7 +18,7 @@ from .errors import ConfigError
 from .hookspecs import hookimpl
 from .host_memory import allocate_host
 from .probes import RuntimeFacts
-from .types import Detection, DeviceMemory, HostBuffer
+from .types import Detection, DeviceMemory, HostBuffer, SharedTensor
 from .vendor_host import VendorHostRuntime
 
 
@@ -68,3 +68,20 @@ class PaddlePlatform(RuntimeFacts):
     def host_alloc(self, nbytes: int, require_pinned: bool) -> HostBuffer:
         """Pinned host memory where the device can have it, else the core's documented fallback."""
         return allocate_host(nbytes, require_pinned, self.device.pin, self.name)
+
+    @hookimpl
+    def cache_sharing(self) -> str | None:
+        """How the facts class moves a cache tensor between processes (a class fact: no paddle)."""
+        return self.facts.sharing
+
+    @hookimpl
+    def export_cache_tensor(self, name: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
+        """A zero-filled tensor exported through the device's IPC."""
+        return self.device.export(name, shape, dtype, device)
+
+    @hookimpl
+    def open_cache_tensor(
+        self, name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str
+    ) -> SharedTensor:
+        """A tensor another process exported, opened through the device's IPC."""
+        return self.device.open(name, handle, shape, dtype, device)

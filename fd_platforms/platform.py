@@ -17,6 +17,8 @@ error at once.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
@@ -30,11 +32,21 @@ from .errors import ConfigError, PluginContractError, PluginError, PluginHookErr
 from .host_memory import check_host_nbytes
 from .sizes import parse_size
 from .isolation import call_plugin, detect_timeout
-from .types import CacheDecision, Detection, DeviceMemory, HostBuffer, PlatformIdentity, PlatformLimit, Plan
+from .types import (
+    CacheDecision,
+    Detection,
+    DeviceMemory,
+    HostBuffer,
+    PlatformIdentity,
+    PlatformLimit,
+    Plan,
+    SharedTensor,
+)
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .config import CacheConfig
-    from .kv_cache import AllocationProgress, KVCache
+    from .engine.initialize import ManagedCache
+    from .engine.kv_cache import AllocationProgress, KVCache
     from .layout import CacheLayout
 
 RecordT = TypeVar("RecordT")
@@ -183,17 +195,121 @@ class Platform:
             raise PluginContractError(self.name, self.distribution, f"hook wait_cache_ready returned {waited} seconds")
         return waited
 
+    def cache_sharing(self) -> str | None:
+        """How a KV cache tensor crosses processes here, or None where it cannot (see the hook spec)."""
+        answer = self._call("cache_sharing", object)
+        if answer is not None and (not isinstance(answer, str) or not answer.strip()):
+            raise PluginContractError(
+                self.name, self.distribution, f"hook cache_sharing returned {answer!r}; it must return a sentence or None"
+            )
+        return answer
+
+    def export_cache_tensor(self, name: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
+        """A zero-filled cache tensor other processes can open by its handle (see the hook spec)."""
+        shape = check_tensor_request(name, shape, dtype, device)
+        shared = self._call("export_cache_tensor", SharedTensor, name=name, shape=shape, dtype=dtype, device=device)
+        return self._check_shared(shared, name, shape, dtype, exported=True)
+
+    def open_cache_tensor(
+        self, name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str
+    ) -> SharedTensor:
+        """Open, zero-copy, a tensor another process exported (see the hook spec)."""
+        shape = check_tensor_request(name, shape, dtype, device)
+        if not isinstance(handle, str) or not handle:
+            raise ConfigError("handle", handle, "the exporter's SharedTensor.handle", "pass the published handle")
+        shared = self._call(
+            "open_cache_tensor", SharedTensor, name=name, handle=handle, shape=shape, dtype=dtype, device=device
+        )
+        return self._check_shared(shared, name, shape, dtype, exported=False)
+
+    def _check_shared(
+        self, shared: SharedTensor, name: str, shape: tuple[int, ...], dtype: str, *, exported: bool
+    ) -> SharedTensor:
+        """The hook's tensor must be the one asked for; otherwise it is closed and refused."""
+        got_shape = tuple(int(extent) for extent in getattr(shared.tensor, "shape", ()))
+        got_dtype = str(getattr(shared.tensor, "dtype", "")).removeprefix("paddle.")
+        if (shared.name, shared.exported, got_shape, got_dtype) != (name, exported, shape, dtype):
+            shared.close()
+            raise PluginContractError(
+                self.name,
+                self.distribution,
+                f"{'export' if exported else 'open'}_cache_tensor returned {shared.name} {list(got_shape)} {got_dtype} "
+                f"(exported={shared.exported}) for {name} {list(shape)} {dtype}. Fix: return the tensor asked for",
+            )
+        return shared
+
     def allocate_kv_cache(
         self, layout: CacheLayout, num_blocks: int, *, progress: AllocationProgress | None = None
     ) -> KVCache:
-        """Allocate one rank's KV cache tensors on the device the layout was built for (the creator path).
+        """One rank's KV cache tensors on the layout's device, zero-filled and unshared.
 
         ``progress(done_bytes, total_bytes)`` is called after each tensor.
         """
-        from .kv_cache import allocate_kv_cache
+        from .engine.kv_cache import allocate_kv_cache
 
-        device = self.identity.device_string(layout.device_id)
-        return allocate_kv_cache(layout, num_blocks, device, progress=progress)
+        return allocate_kv_cache(layout, num_blocks, self.identity.device_string(layout.device_id), progress=progress)
+
+    def initialize_kv_cache(
+        self,
+        layout: CacheLayout,
+        num_blocks: int,
+        *,
+        profile: bool,
+        num_cpu_blocks: int,
+        storage_backend: str | None,
+        splitwise_role: str,
+        signal_name: str,
+        setter_pid: int | None = None,
+        timeout: float | None = None,
+        progress: AllocationProgress | None = None,
+    ) -> KVCache:
+        """A runner's whole KV-cache initialization for rank ``layout.rank``: decide with the rule, then
+        create (zero-filled, published where this platform can share, the rank's slot set) or wait for
+        the slot and attach zero-copy to the published tensors, each checked against ``layout``.
+
+        See :func:`fd_platforms.engine.initialize_kv_cache`; ``clear()`` on the result lets go.
+        """
+        from .engine.initialize import initialize_kv_cache
+
+        return initialize_kv_cache(
+            self, layout, num_blocks, profile=profile, num_cpu_blocks=num_cpu_blocks,
+            storage_backend=storage_backend, splitwise_role=splitwise_role, signal_name=signal_name,
+            setter_pid=setter_pid, timeout=timeout, progress=progress,
+        )  # fmt: skip
+
+    def manage_kv_cache(
+        self,
+        layout: CacheLayout,
+        num_blocks: int,
+        *,
+        num_cpu_blocks: int,
+        signal_name: str,
+        progress: AllocationProgress | None = None,
+    ) -> ManagedCache:
+        """The cache manager's side for rank ``layout.rank``: export and publish its device cache,
+        allocate its host swap cache (``num_cpu_blocks`` blocks in the layout's names), set its slot.
+
+        See :func:`fd_platforms.engine.manage_kv_cache`; ``clear()`` waits for the attacher to let go.
+        """
+        from .engine.initialize import manage_kv_cache
+
+        return manage_kv_cache(
+            self, layout, num_blocks, num_cpu_blocks=num_cpu_blocks, signal_name=signal_name, progress=progress
+        )
+
+    def batch(self, step: str, calls: Callable[[], RecordT]) -> RecordT:
+        """Run ``calls`` — many hook calls of this platform, e.g. opening every tensor of a rank — in
+        one bounded plugin thread (the hooks inside run inline instead of a thread each), bounded
+        like an allocation (``FD_CACHE_READY_TIMEOUT``)."""
+        from .cache_signal import resolve_timeout
+
+        if self.broken is not None:
+            raise self.broken
+        try:
+            return call_plugin(self.candidate, step, calls, resolve_timeout(None))
+        except PluginTimeoutError as exc:
+            self.broken = exc
+            raise
 
     def _call(self, hook: str, expected: type[RecordT], **kwargs: Any) -> RecordT:
         """Call ``hook``: as bounded, isolated plugin code where the plugin implements it."""
@@ -215,11 +331,35 @@ def _bound(hook: str, kwargs: dict[str, Any]) -> float:
     waits for it, every other hook the detection bound."""
     if hook == "wait_cache_ready":
         return float(kwargs["timeout"]) + WAIT_MARGIN_SECONDS
-    if hook == "host_alloc":
+    if hook in ("host_alloc", "export_cache_tensor", "open_cache_tensor"):
         from .cache_signal import resolve_timeout
 
         return resolve_timeout(None)
     return detect_timeout()
+
+
+TENSOR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,248}")
+
+
+def check_tensor_request(name: object, shape: object, dtype: object, device: object) -> tuple[int, ...]:
+    """A cache tensor request as the caller gave it; the shape as a tuple, or a ConfigError naming the field."""
+    from .layout import DTYPE_BYTES
+
+    if not isinstance(name, str) or not TENSOR_NAME.fullmatch(name):
+        raise ConfigError(
+            "name", name, "letters, digits, '.', '_' and '-', at most 249 characters", "pass the published tensor name"
+        )
+    if (
+        not isinstance(shape, (tuple, list))
+        or not shape
+        or any(isinstance(extent, bool) or not isinstance(extent, int) or not 0 < extent < 2**63 for extent in shape)
+    ):
+        raise ConfigError("shape", shape, "a non-empty tuple of ints > 0", "pass the tensor's shape, blocks first")
+    if dtype not in DTYPE_BYTES:
+        raise ConfigError("dtype", dtype, f"one of {', '.join(DTYPE_BYTES)}", "pass the layout's dtype")
+    if not isinstance(device, str) or not device:
+        raise ConfigError("device", device, "Paddle's device string (gpu:0, cpu)", "pass identity.device_string(id)")
+    return tuple(shape)
 
 
 def _check_index(field: str, value: object, fix: str) -> None:

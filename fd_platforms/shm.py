@@ -22,15 +22,20 @@ Real deployments share ``/dev/shm`` between pods, users and PID namespaces, so t
 
 from __future__ import annotations
 
+import enum
 import errno
 import fcntl
+import logging
 import mmap
 import os
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .errors import FdPlatformsError
+
+logger = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
 LOCK_RETRY_SECONDS = 1.0  # how long an attacher retries a shared lock a sweeper holds for a moment
@@ -234,3 +239,69 @@ def _unlink_if_same(path: str, inode: tuple[int, int] | os.stat_result) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+class Verdict(enum.Enum):
+    """What a reclaim found under one name."""
+
+    RECLAIMED = "reclaimed"  # a dead segment of this user's, now unlinked
+    IN_USE = "in use"  # some living process holds it
+    GONE = "gone"  # removed or replaced meanwhile
+    SKIPPED = "skipped"  # not provably a segment of this user's kind: left alone
+
+
+#: Says whether an open segment is a complete one of the caller's kind: who made it (``"pid 42"``), or None.
+Recognise = Callable[[Segment], "str | None"]
+
+
+def reclaim(name: str, min_size: int, recognise: Recognise, what: str) -> tuple[Verdict, str]:
+    """Unlink ``name`` if it is provably a dead ``what`` of this user's: (verdict, detail).
+
+    Never raises for what it finds: anything it cannot open, does not recognise or cannot prove
+    unused is left alone, with the reason.
+    """
+    try:
+        segment = Segment.inspect(name, min_size)
+    except FileNotFoundError:
+        return Verdict.GONE, "its owner removed it meanwhile"
+    except SegmentUnusable as exc:
+        return Verdict.SKIPPED, str(exc)
+    except OSError as exc:
+        return Verdict.SKIPPED, f"/dev/shm/{name} cannot be inspected: {exc.strerror or exc}"
+    try:
+        owner = recognise(segment)
+        if not segment.unused():
+            held = f" ({owner} in its PID namespace)" if owner is not None else ""
+            return Verdict.IN_USE, f"a living process holds it{held}"
+        if owner is None:
+            return Verdict.SKIPPED, f"/dev/shm/{name} is not a complete fd-platforms {what}"
+        if not segment.unlink():
+            return Verdict.GONE, "it was replaced or removed meanwhile"
+        logger.warning("reclaiming %s %r left behind by %s (no living process holds it)", what, name, owner)
+        return Verdict.RECLAIMED, ""
+    finally:
+        segment.close()
+
+
+def sweep(prefix: str, min_size: int, recognise: Recognise, what: str) -> list[str]:
+    """Reclaim every ``what`` named ``prefix*`` that no living process holds; the names reclaimed.
+
+    Entries it cannot open or does not recognise are left alone, named in one WARNING line.
+    """
+    try:
+        names = sorted(entry for entry in os.listdir(SHM_DIR) if entry.startswith(prefix))
+    except OSError:
+        return []
+    reclaimed, skipped = [], []
+    for name in names:
+        verdict, detail = reclaim(name, min_size, recognise, what)
+        if verdict == Verdict.RECLAIMED:
+            reclaimed.append(name)
+        elif verdict == Verdict.SKIPPED:
+            skipped.append(detail)
+    if skipped:
+        logger.warning(
+            "left %d entr%s in /dev/shm alone (not a %s this user can prove unused): %s",
+            len(skipped), "y" if len(skipped) == 1 else "ies", what, "; ".join(skipped),
+        )
+    return reclaimed

@@ -191,6 +191,43 @@ class Plan:
         return self.num_blocks * self.block_size
 
 
+@dataclass(eq=False)
+class SharedTensor:
+    """One KV cache tensor that crosses processes: returned by ``export_cache_tensor`` (the
+    creator's) and ``open_cache_tensor`` (an attacher's, the same memory, not a copy).
+
+    ``tensor`` is the Paddle tensor with the asked shape and dtype; ``handle`` the text another
+    process passes to ``open_cache_tensor`` to open it (its meaning is the platform's: a memfd,
+    a CUDA IPC handle, ...); ``nbytes`` its size. :meth:`close` drops this process's hold: the
+    tensor, its mapping or handle. Memory returns to the system once every process has closed
+    it (or exited). :meth:`close` refuses while other references to the tensor are alive.
+    """
+
+    name: str
+    tensor: Any = field(repr=False)
+    handle: str
+    nbytes: int
+    exported: bool
+    _close: Callable[[], None] = field(repr=False)
+    closed: bool = False
+
+    def __post_init__(self) -> None:
+        _check_text(self, "name", empty=False)
+        _check_text(self, "handle", empty=False)
+        _check_int(self, "nbytes", 1)
+        _check_type(self, "exported", bool, "True or False")
+        if not callable(self._close):
+            raise RecordError("SharedTensor", "_close", self._close, "a callable that drops this process's hold")
+
+    def close(self) -> None:
+        """Drop this process's hold on the tensor; a second call does nothing."""
+        if self.closed:
+            return
+        self.tensor = None
+        self._close()
+        self.closed = True
+
+
 SelectedHow = Literal["env", "detected", "fallback"]
 PlatformStatus = Literal["available", "unavailable", "broken", "excluded"]
 

@@ -22,9 +22,12 @@ SHM_DIR = Path("/dev/shm")
 TEST_SIGNAL_PREFIX = "fd_cache_ready.test-"
 
 
+OUR_PREFIXES = ("fd_cache_ready.", "fd_kv_cache.")
+
+
 def shm_entries() -> set[str]:
     """Names in ``/dev/shm`` that belong to fd-platforms (empty where there is no /dev/shm)."""
-    return {entry for entry in os.listdir(SHM_DIR) if entry.startswith("fd_cache_ready.")} if SHM_DIR.is_dir() else set()
+    return {entry for entry in os.listdir(SHM_DIR) if entry.startswith(OUR_PREFIXES)} if SHM_DIR.is_dir() else set()
 
 
 def held_by_a_living_process(name: str) -> bool:

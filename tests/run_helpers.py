@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")
 MIB = 2**20
 QWEN = "examples/qwen3-30b-a3b"
+TENSORS_PER_RANK = 2 * 48  # qwen3-30b-a3b: key and value for each of 48 layers
 
 
 def qwen_bytes_per_block(tp: int) -> int:
@@ -73,6 +74,9 @@ def check_rank(rank: dict[str, Any], bytes_per_block: int, create: bool, term: s
     assert (rank["pinned"] is None) if rank["host_bytes"] == 0 else isinstance(rank["pinned"], bool)
     assert rank["plan_seconds"] >= 0 and rank["allocate_seconds"] >= 0
     if create:
-        assert rank["wait_seconds"] is None
+        assert rank["wait_seconds"] is None and rank["attach_seconds"] is None
+        assert (rank["attached_tensors"], rank["verified"]) == (0, None)
     else:
-        assert rank["wait_seconds"] >= 0
+        assert rank["wait_seconds"] >= 0 and rank["attach_seconds"] >= 0
+        assert rank["attached_tensors"] == TENSORS_PER_RANK  # every tensor of the layout, opened zero-copy
+        assert rank["verified"] is True, "the worker read the manager's tokens and the manager read the worker's"

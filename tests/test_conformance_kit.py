@@ -63,7 +63,7 @@ def test_check_all_passes_for_every_installed_platform() -> None:
     done = check("--all", "--json", "--jobs", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     payload = json.loads(done.stdout)
-    assert payload["passed"] is True and payload["checks"] == list(CHECKS) and payload["api_version"] == "1.0"
+    assert payload["passed"] is True and payload["checks"] == list(CHECKS) and payload["api_version"] == "1.1"
     platforms = checks_of(payload)
     assert list(platforms) == list(discover())
     if os.environ.get("CI") and EXAMPLE not in platforms:
@@ -119,7 +119,7 @@ def test_the_matrix_table() -> None:
     header, row = done.stdout.splitlines()[:2]
     assert header.split() == ["PLATFORM", *(name.upper() for name in CHECKS), "RESULT"]
     assert row.split()[0] == "cpu" and row.split()[-1] == "ok"
-    assert done.stdout.rstrip().endswith("all platforms pass (plugin API 1.0)")
+    assert done.stdout.rstrip().endswith("all platforms pass (plugin API 1.1)")
 
 
 @pytest.mark.parametrize(
@@ -151,8 +151,8 @@ def test_pytest_fd_platform_runs_the_suite_beside_a_projects_own_tests(tmp_path:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     summary = done.stdout.strip().splitlines()[-1]
-    suite_size = 6 + DECISION_TESTS + 9 + 8 + 5 + 4  # identity, decision, planner, host_alloc, wait, device
-    assert f"{suite_size} passed, 1 skipped" in summary, summary  # cpu declares no limit to bind
+    suite_size = 6 + DECISION_TESTS + 9 + 8 + 5 + 3 + 4  # identity, decision, planner, host_alloc, wait, sharing, device
+    assert f"{suite_size} passed, 2 skipped" in summary, summary  # cpu declares no limit, and it can share
     assert "No ccache found" not in done.stdout
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import json
 import logging
+import math
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -19,7 +21,7 @@ import fd_platforms_metax
 import fd_platforms_xpu
 from fd_platforms.custom_device import CustomDeviceFacts
 from fd_platforms.device_facts import DeviceFacts, PinningUnavailable
-from fd_platforms.errors import ConfigError, HostAllocError
+from fd_platforms.errors import CacheSharingError, ConfigError, HostAllocError
 from fd_platforms.host_memory import allocate_host
 from fd_platforms.paddle_platform import PaddlePlatform
 
@@ -33,9 +35,10 @@ GiB = 2**30
 
 
 def fake_paddle(facts: type[DeviceFacts], **calls: Any) -> SimpleNamespace:
-    """A ``paddle`` stand-in with exactly ``facts.paddle_calls`` (``device__cuda__device_count=...``)."""
-    named = {name.replace("__", "."): value for name, value in calls.items()}
-    assert set(named) == set(facts.paddle_calls), "the fake must hold exactly the declared calls"
+    """A ``paddle`` stand-in (of the device's own build) with exactly ``facts.paddle_calls`` and
+    ``facts.device_build_calls`` (``device__cuda__device_count=...``)."""
+    named = {name.replace("___", "._").replace("__", "."): value for name, value in calls.items()}
+    assert set(named) == {*facts.paddle_calls, *facts.device_build_calls}, "the fake must hold exactly the declared calls"
     root = SimpleNamespace()
     for dotted, value in named.items():
         node = root
@@ -62,9 +65,47 @@ def no_pinned_place() -> None:
     raise RuntimeError("(PermissionDenied) Cannot use CUDAPinnedPlace in CPU only version")
 
 
+class FakeIpc:
+    """Paddle's device IPC as the CUDA/XPU builds offer it, over one dict of 'device allocations'.
+
+    ``zeros`` allocates; a DenseTensor's ``_share_<kind>`` gives the metadata tuple Paddle gives
+    (handle bytes, offset, size, dtype index, dims, lod, device); ``_new_shared_<kind>`` opens it
+    onto the same allocation, as another process would. ``current`` tracks CUDA's current device.
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind, self.allocations, self.current, self.switches = kind, {}, 0, []
+
+    def dense(self, key: bytes | None) -> SimpleNamespace:
+        dense = SimpleNamespace(key=key)
+        dense._share_data_with = lambda other: setattr(dense, "key", other.key)
+        setattr(dense, f"_share_{self.kind}", lambda: (dense.key, 0, len(self.allocations[dense.key]), 3,
+                                                       [len(self.allocations[dense.key])], [], self.current))
+        return dense
+
+    def tensor(self, key: bytes | None, dtype: str = "uint8") -> SimpleNamespace:
+        dense = self.dense(key)
+        return SimpleNamespace(get_tensor=lambda: dense, dtype=dtype, memory=lambda: self.allocations[dense.key],
+                               view=lambda new: self.tensor(dense.key, new))  # fmt: skip
+
+    def zeros(self, shape: list[int], dtype: str, device: str) -> SimpleNamespace:
+        key = f"ipc-{len(self.allocations)}".encode()
+        self.allocations[key] = bytearray(math.prod(shape))
+        return self.tensor(key)
+
+    def new_shared(self, metadata: tuple[Any, ...]) -> SimpleNamespace:
+        return self.dense(metadata[0])
+
+    def set_current(self, device: int) -> None:
+        self.switches.append(device)
+        self.current = device
+
+
 def cuda_paddle(
-    compiled: bool = True, rocm: bool = False, count: int = 8, empty: Callable[..., Any] | None = None
-) -> SimpleNamespace:
+    compiled: bool = True, rocm: bool = False, count: int = 8, empty: Callable[..., Any] | None = None,
+    ipc: FakeIpc | None = None,
+) -> SimpleNamespace:  # fmt: skip
+    ipc = ipc or FakeIpc("cuda")
     return fake_paddle(
         fd_platforms_cuda.CudaFacts,
         is_compiled_with_cuda=lambda: compiled,
@@ -74,10 +115,17 @@ def cuda_paddle(
         device__cuda__max_memory_allocated=lambda device: 3 * GiB,
         CUDAPinnedPlace=(lambda: "pinned") if compiled else no_pinned_place,
         empty=empty or (lambda shape, dtype, device: FakeTensor(shape[0])),
+        zeros=ipc.zeros,
+        base__core__eager__Tensor=lambda: ipc.tensor(None),
+        base__core__DenseTensor___share_cuda=lambda dense: dense._share_cuda(),
+        base__core__DenseTensor___new_shared_cuda=ipc.new_shared,
+        base__core__get_cuda_current_device_id=lambda: ipc.current,
+        base__core__set_cuda_current_device_id=ipc.set_current,
     )
 
 
-def xpu_paddle(compiled: bool = True, count: int = 8) -> SimpleNamespace:
+def xpu_paddle(compiled: bool = True, count: int = 8, ipc: FakeIpc | None = None) -> SimpleNamespace:
+    ipc = ipc or FakeIpc("xpu")
     return fake_paddle(
         fd_platforms_xpu.XpuFacts,
         is_compiled_with_xpu=lambda: compiled,
@@ -87,6 +135,10 @@ def xpu_paddle(compiled: bool = True, count: int = 8) -> SimpleNamespace:
         device__xpu__max_memory_allocated=lambda device: 2 * GiB,
         XPUPinnedPlace=lambda: "xpu_pinned",
         empty=lambda shape, dtype, device: FakeTensor(shape[0]),
+        zeros=ipc.zeros,
+        base__core__eager__Tensor=lambda: ipc.tensor(None),
+        base__core__DenseTensor___share_xpu=lambda dense: dense._share_xpu(),
+        base__core__DenseTensor___new_shared_xpu=ipc.new_shared,
     )
 
 
@@ -317,20 +369,75 @@ def test_plugins_hold_facts_not_logic() -> None:
     assert PLATFORMS["iluvatar"].facts is PLATFORMS["metax"].facts is CustomDeviceFacts
     for name in ("cuda", "xpu"):
         methods = {key for key, value in vars(PLATFORMS[name].facts).items() if callable(value)}
-        assert methods == {"confirm", "memory", "pin"}, f"{name} implements only the device-fact seam"
+        assert methods <= {"confirm", "memory", "pin", "export", "open", "_current"}, f"{name} implements only the seam"
 
 
 # -- the declared calls exist in the installed Paddle --------------------------------------------
 
 
-@pytest.mark.parametrize("facts", [fd_platforms_cuda.CudaFacts, fd_platforms_xpu.XpuFacts, CustomDeviceFacts])
-def test_every_declared_paddle_call_exists_in_the_installed_paddle(facts: type[DeviceFacts]) -> None:
-    paddle = importlib.import_module("paddle")
+def lacking(paddle: Any, names: tuple[str, ...]) -> list[str]:
     missing = []
-    for dotted in facts.paddle_calls:
+    for dotted in names:
         node: Any = paddle
         for part in dotted.split("."):
             node = getattr(node, part, None)
         if not callable(node):
             missing.append(f"paddle.{dotted}")
+    return missing
+
+
+@pytest.mark.parametrize("facts", [fd_platforms_cuda.CudaFacts, fd_platforms_xpu.XpuFacts, CustomDeviceFacts])
+def test_every_declared_paddle_call_exists_in_the_installed_paddle(facts: type[DeviceFacts]) -> None:
+    paddle = importlib.import_module("paddle")
+    missing = lacking(paddle, facts.paddle_calls)
     assert not missing, f"{facts.__name__} calls names this paddle {paddle.__version__} lacks: {missing}"
+
+
+@pytest.mark.parametrize(("facts", "build"), [(fd_platforms_cuda.CudaFacts, "cuda"), (fd_platforms_xpu.XpuFacts, "xpu")])
+def test_device_build_calls_exist_in_that_build_and_are_why_the_cpu_wheel_cannot_share(facts, build: str) -> None:
+    """The IPC calls are only in Paddle's device builds: present there, absent from the CPU wheel."""
+    paddle = importlib.import_module("paddle")
+    missing = lacking(paddle, facts.device_build_calls)
+    if getattr(paddle, f"is_compiled_with_{build}")():
+        assert not missing, f"{facts.__name__} calls names this {build} build lacks: {missing}"
+    else:
+        assert missing, f"the CPU wheel has {facts.device_build_calls}: they need not be device-build-only"
+
+
+# -- sharing through Paddle's device IPC -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "make", "device"), [("cuda", cuda_paddle, "gpu:3"), ("xpu", xpu_paddle, "xpu:1")])
+def test_ipc_export_and_open_map_the_same_device_memory(name: str, make: Callable[..., SimpleNamespace], device: str) -> None:
+    ipc = FakeIpc(name)
+    facts = facts_of(name, make(ipc=ipc))
+    shared = facts.export("fd_kv.x.key_caches_0_rank0.device3", (4, 2, 64, 128), "bfloat16", device)
+    assert (shared.exported, shared.nbytes, shared.tensor.dtype) == (True, 4 * 2 * 64 * 128 * 2, "bfloat16")
+    metadata = json.loads(shared.handle)
+    assert metadata[0] == {"b64": "aXBjLTA="} and metadata[2] == shared.nbytes, "bytes travel as base64 in JSON"
+    opened = facts.open(shared.name, shared.handle, (4, 2, 64, 128), "bfloat16", device)
+    assert opened.exported is False and opened.tensor.dtype == "bfloat16"
+    shared.tensor.memory()[7] = 9
+    assert opened.tensor.memory()[7] == 9, "the opener sees the exporter's allocation, not a copy"
+    opened.close()
+    shared.close()
+    assert shared.tensor is None and opened.closed
+
+
+def test_cuda_exports_with_the_tensors_device_current_and_restores_it() -> None:
+    ipc = FakeIpc("cuda")
+    facts_of("cuda", cuda_paddle(ipc=ipc)).export("fd_kv.x.t", (8,), "uint8", "gpu:5")
+    assert ipc.switches == [5, 0] and ipc.current == 0
+
+
+def test_a_stale_or_foreign_ipc_handle_is_a_sharing_error() -> None:
+    facts = facts_of("cuda", cuda_paddle())
+    with pytest.raises(CacheSharingError, match="is not JSON"):
+        facts.open("fd_kv.x.t", "not-json", (8,), "uint8", "gpu:0")
+
+
+def test_custom_devices_declare_no_sharing_and_refuse_it_by_name() -> None:
+    assert CustomDeviceFacts.sharing is None and fd_platforms_iluvatar.PLATFORM.cache_sharing() is None
+    facts = facts_of("iluvatar", custom_paddle(["iluvatar_gpu"]))
+    with pytest.raises(CacheSharingError, match=r"iluvatar_gpu tensors cannot be shared .*tensor fd_kv.x.t"):
+        facts.export("fd_kv.x.t", (8,), "uint8", "iluvatar_gpu:0")

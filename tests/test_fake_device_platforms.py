@@ -147,7 +147,7 @@ PROBE = textwrap.dedent(
             out["too_many"] = {"error": type(exc).__name__, "message": str(exc)}
         out["too_many"]["allocated_change"] = paddle.device.memory_allocated(device) - before
         out["too_many"]["num_blocks"] = too_many
-        kv.release()
+        kv.clear()
 
         out["host"] = host(platform, library, False)
         out["host_required"] = host(platform, library, True)

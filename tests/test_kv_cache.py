@@ -1,4 +1,4 @@
-"""Allocating one rank's KV cache on the cpu platform through Paddle: order, names, dtypes, failures."""
+"""Allocating one rank's plain (unshared) KV cache on the cpu platform: order, names, dtypes, zeros, failures."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from fd_platforms.config import CacheConfig, ParallelConfig, load_model_config
 from fd_platforms.errors import ConfigError, DeviceAllocError
-from fd_platforms.kv_cache import allocate_kv_cache
+from fd_platforms.engine.kv_cache import allocate_kv_cache
 from fd_platforms.layout import CacheLayout, build_layout
 from fd_platforms.selection import select_platform
 
@@ -37,15 +37,16 @@ def test_cpu_platform_allocates_the_layout_in_order_with_its_names() -> None:
         assert tensor.place.is_cpu_place()
     assert kv.nbytes == 4 * layout.bytes_per_block
     assert kv.by_name()["value_caches_47_rank0.device0"] is kv.tensors[-1]
-    kv.release()
-    assert kv.tensors == []
+    assert not any(t.view(paddle.uint8).numpy().any() for t in kv.tensors[:3]), "zero-filled"
+    kv.clear()
+    assert kv.tensors == [] and kv.cleared
 
 
 def test_tensors_are_zero_copy_views_of_raw_bytes() -> None:
     kv = allocate_kv_cache(layout_of("llama-3.1-8b"), 2, "cpu")
     first = kv.tensors[0]
     first[0, 0, 0, 0] = 1.5
-    assert float(first[0, 0, 0, 0]) == 1.5
+    assert first[0, 0, 0, 0].item() == 1.5
 
 
 @pytest.mark.parametrize(
@@ -79,7 +80,7 @@ class FailingPaddle:
     def __init__(self, fail_at: int) -> None:
         self.fail_at, self.calls, self.made = fail_at, 0, []
 
-    def empty(self, shape: list[int], dtype: str, device: str) -> Any:
+    def zeros(self, shape: list[int], dtype: str, device: str) -> Any:
         self.calls += 1
         if self.calls == self.fail_at:
             raise OSError("(External) CustomDevice error, the error code is : 2.\n  [more C++ context]")

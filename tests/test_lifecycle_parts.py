@@ -86,7 +86,7 @@ def test_quiet_progress_prints_nothing(capsys: pytest.CaptureFixture[str]) -> No
 
 def test_kv_cache_allocation_reports_progress_per_tensor() -> None:
     pytest.importorskip("paddle")
-    from fd_platforms.kv_cache import allocate_kv_cache
+    from fd_platforms.engine.kv_cache import allocate_kv_cache
 
     layout = spec("cpu").layout(0)
     calls: list[tuple[int, int]] = []
@@ -95,7 +95,7 @@ def test_kv_cache_allocation_reports_progress_per_tensor() -> None:
     assert len(calls) == len(layout.tensors)
     assert [done for done, _ in calls] == sorted(done for done, _ in calls) and calls[-1] == (total, total)
     assert {expected for _, expected in calls} == {total} == {cache.nbytes}
-    cache.release()
+    cache.clear()
 
 
 def test_run_error_groups_alike_failures_and_keeps_the_exit_code() -> None:

@@ -77,7 +77,9 @@ def test_table_and_progress_from_a_config_file_with_ranks_from_tp() -> None:
     assert manager, done.stderr
     pid = manager.group(1)
     for expected in ("started 2 worker(s)", "rank 0: planned 76 blocks",
-                     f"rank 1: waiting for the cache manager (pid {pid})",
-                     f"cache manager (pid {pid}): allocating 228.00 MiB of KV cache for rank 1"):
+                     f"rank 1: waiting for the cache manager (pid {pid}) to publish this rank's cache",
+                     f"cache manager (pid {pid}): publishing 228.00 MiB of KV cache for rank 1",
+                     "rank 0: attached to 96 tensors of the cache manager's KV cache in",
+                     "every rank's KV cache is ready; shared memory verified: True"):
         assert expected in done.stderr
     assert "Traceback" not in done.stderr

@@ -184,3 +184,64 @@ def test_a_signal_left_by_an_engine_killed_with_sigkill_is_reclaimed_by_the_next
     assert done.returncode == 0, done.stderr
     assert f"reclaiming cache-ready signal {left!r} left behind by pid" in done.stderr
     assert not Path("/dev/shm", left).exists()
+
+
+def test_a_cpu_run_larger_than_the_hosts_available_memory_is_refused_before_allocating() -> None:
+    twice_the_host = 2 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    done = run_cli("--model", QWEN, "--tp", "1", "--device-memory", str(twice_the_host), "--role", "decode")
+    assert done.returncode == 2, done.stderr
+    [line] = without_sweep(done.stderr)[-1:]
+    assert line.startswith("fd-platforms: error: --device-memory=") and "a KV cache the host can hold" in line
+    assert "is available" in line and "Fix: give a smaller --device-memory" in line
+    assert "starting the cache manager" not in done.stderr
+
+
+FLAKY_SHARE = """
+from fd_platforms import hookimpl
+from fd_platforms.errors import DeviceAllocError
+from fd_platforms.host_memory import system_memory
+from fd_platforms.host_sharing import export_host_tensor, open_host_tensor
+from fd_platforms.types import Detection, PlatformIdentity
+
+@hookimpl
+def platform_identity():
+    return PlatformIdentity("flakyshare", "cpu", None)
+
+@hookimpl
+def detect_platform():
+    return Detection(True, "host memory, like cpu", 1)
+
+@hookimpl
+def supported_api_versions():
+    return ">=1.1,<2"
+
+@hookimpl
+def device_memory(device_id):
+    return system_memory()
+
+@hookimpl
+def cache_sharing():
+    return "memfd, like cpu"
+
+@hookimpl
+def export_cache_tensor(name, shape, dtype):
+    if ".value_caches_3_" in name:
+        raise DeviceAllocError(f"could not allocate KV cache tensor {name}: the device is full. Fix: plan fewer blocks")
+    return export_host_tensor(name, shape, dtype)
+
+@hookimpl
+def open_cache_tensor(name, handle, shape, dtype):
+    return open_host_tensor(name, handle, shape, dtype)
+"""
+
+
+def test_a_cache_manager_that_cannot_allocate_fails_the_waiting_worker_with_its_error(make_plugin) -> None:
+    site = make_plugin("flakyshare", source=FLAKY_SHARE)
+    done = run_cli("--model", QWEN, "--tp", "1", "--device-memory", "64MiB", "--role", "decode", "--json",
+                   env=clean_env(FD_PLATFORM="flakyshare", PYTHONPATH=str(site)))  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    [line] = without_sweep(done.stderr)
+    assert line.startswith("fd-platforms: error: cache manager: DeviceAllocError: could not allocate KV cache tensor fd_kv.")
+    assert ".value_caches_3_rank0.device0: the device is full" in line
+    assert "rank 0: CacheNotReadyError: " in line and "exited without setting it" in line
+    assert done.stdout == ""

@@ -133,7 +133,7 @@ def odd_entries(tag: str) -> Iterator[dict[str, str]]:
         os.symlink("/etc/hostname", SHM_DIR / f"{base}-link")
         made[f"{base}-link"] = "is a symlink"
         (SHM_DIR / f"{base}-foreign").write_bytes(b"not a signal, just 64 bytes of someone's data".ljust(64))
-        made[f"{base}-foreign"] = "is not a complete fd-platforms signal"
+        made[f"{base}-foreign"] = "is not a complete fd-platforms cache-ready signal"
         if os.geteuid() == 0:  # only root can give a file to another user
             other = SHM_DIR / f"{base}-other-user"
             other.write_bytes(bytes(64))

@@ -1,7 +1,8 @@
 """The built-in ``cpu`` reference platform: host memory facts from the OS, Paddle CPU tensors.
 
 It runs everywhere, so every rule of the core can be exercised on any machine. ``host_alloc`` is
-the core's default: page-aligned pageable memory marked ``pinned=False``.
+the core's default: page-aligned pageable memory marked ``pinned=False``. KV cache tensors cross
+processes as memfds (:mod:`fd_platforms.host_sharing`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from ..api_version import API_VERSION
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..host_memory import system_memory
-from ..types import Detection, DeviceMemory, PlatformIdentity
+from ..types import Detection, DeviceMemory, PlatformIdentity, SharedTensor
 
 
 @hookimpl
@@ -41,3 +42,22 @@ def device_memory(device_id: int) -> DeviceMemory:
     if device_id != 0:
         raise ConfigError("device_id", device_id, "0 (the cpu platform has one device)", "use device_id=0")
     return system_memory()
+
+
+@hookimpl
+def cache_sharing() -> str:
+    return "one memfd per tensor, opened by other processes through /proc/<pid>/fd (fd_platforms.host_sharing)"
+
+
+@hookimpl
+def export_cache_tensor(name: str, shape: tuple[int, ...], dtype: str) -> SharedTensor:
+    from ..host_sharing import export_host_tensor  # not at selection: it needs the layout's dtypes
+
+    return export_host_tensor(name, shape, dtype)
+
+
+@hookimpl
+def open_cache_tensor(name: str, handle: str, shape: tuple[int, ...], dtype: str) -> SharedTensor:
+    from ..host_sharing import open_host_tensor
+
+    return open_host_tensor(name, handle, shape, dtype)

@@ -25,6 +25,9 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..lifecycle.report import RunReport
 
 
+MAX_CYCLES = 100_000
+
+
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser("run", help="run the KV cache start-up lifecycle across processes, with a report")
     add_deploy_arguments(parser)
@@ -36,6 +39,10 @@ def add_parser(commands: Any) -> None:
         metavar="SECONDS",
         help="limit of each phase and of the wait for the cache (default: FD_CACHE_READY_TIMEOUT or 600)",
     )
+    parser.add_argument(
+        "--cycles", type=int, default=0, metavar="N",
+        help="then clear every rank's cache and initialize it again N times (sleep mode); default 0",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the report as JSON, without progress lines")
     parser.set_defaults(run=run)
 
@@ -55,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
             "--ranks", ranks, f"1 to tensor_parallel_size={tp} (each local rank is one tensor-parallel rank)",
             "pass --ranks between 1 and --tp, or raise --tp",
         )
+    if not 0 <= args.cycles <= MAX_CYCLES:
+        raise ConfigError("--cycles", args.cycles, f"0 to {MAX_CYCLES}", "pass how many clear/re-initialize cycles to run")
     device_memory, non_cache, host_memory = memory_sizes(args)
     timeout = resolve_timeout(args.timeout)
     platform = select_run_platform(ranks)  # before SIGTERM is ours: it may import paddle, which sets a handler
@@ -69,15 +78,16 @@ def run(args: argparse.Namespace) -> int:
         non_cache=non_cache,
         host_memory=host_memory,
         quiet=args.json,
+        cycles=args.cycles,
     )
     with sigterm_raises():
-        report = run_lifecycle(spec, Progress(quiet=args.json))
+        report = run_lifecycle(spec, Progress(quiet=args.json), platform)
     print(json.dumps(report.to_json(), indent=2) if args.json else format_report(report))
     return 0
 
 
 def format_report(report: RunReport) -> str:
-    """A header line, then one table row per rank."""
+    """A header line, one table row per rank, then one per clear/re-initialize cycle."""
     header = (
         f"platform {report.platform}, model {report.model}, {len(report.ranks)} rank(s), "
         f"role {report.splitwise_role}, storage backend {report.storage_backend or 'none'}"
@@ -85,7 +95,7 @@ def format_report(report: RunReport) -> str:
         f"wall {report.wall_seconds:.2f} s"
     )
     headers = ("RANK", "DEVICE", "CREATE", "DECIDED BY", "ALLOCATED BY", "BLOCKS", "CPU BLOCKS", "DEVICE MEM",
-               "HOST MEM", "PINNED", "PLAN S", "ALLOCATE S", "WAIT S")
+               "HOST MEM", "PINNED", "PLAN S", "ALLOCATE S", "WAIT S", "ATTACHED", "ATTACH S", "VERIFIED")
     rows = [
         (
             rank.rank,
@@ -101,7 +111,26 @@ def format_report(report: RunReport) -> str:
             f"{rank.plan_seconds:.3f}",
             f"{rank.allocate_seconds:.3f}",
             "-" if rank.wait_seconds is None else f"{rank.wait_seconds:.3f}",
+            rank.attached_tensors or "-",
+            "-" if rank.attach_seconds is None else f"{rank.attach_seconds:.3f}",
+            _yes_no(rank.verified),
         )
         for rank in report.ranks
     ]
-    return header + "\n" + format_table(headers, rows)
+    table = header + "\n" + format_table(headers, rows)
+    if not report.cycles:
+        return table
+    cycles = [
+        (cycle.cycle, f"{cycle.clear_seconds:.3f}", f"{cycle.init_seconds:.3f}", _yes_no(cycle.verified),
+         ", ".join(f"{label} {_rss(rss['before'])} -> {_rss(rss['after'])}" for label, rss in cycle.rss.items()))
+        for cycle in report.cycles
+    ]  # fmt: skip
+    return table + "\n\n" + format_table(("CYCLE", "CLEAR S", "INIT S", "VERIFIED", "RSS BEFORE -> AFTER"), cycles)
+
+
+def _yes_no(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "NO")
+
+
+def _rss(value: int | None) -> str:
+    return "?" if value is None else format_size(value)

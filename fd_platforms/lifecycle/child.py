@@ -84,6 +84,23 @@ def child_platform(spec: RunSpec) -> Platform:
     return select_platform().platform
 
 
+def serve(conn: Connection, timeout: float, handlers: dict[str, Callable[[Any], Any]]) -> None:
+    """Answer the engine's requests until ``("stop", None)``: each ``(kind, payload)`` gets
+    ``(kind, handlers[kind](payload))``. At most ``timeout`` seconds between two requests."""
+    while True:
+        if not conn.poll(timeout):
+            raise FdPlatformsError(
+                f"the engine sent nothing for {timeout:g} s. Fix: check the engine's output; "
+                "raise --timeout if the run legitimately takes longer"
+            )
+        kind, payload = conn.recv()
+        if kind == "stop":
+            return
+        if kind not in handlers:
+            raise FdPlatformsError(f"unexpected request {kind!r} from the engine. Fix: report this as a bug")
+        conn.send((kind, handlers[kind](payload)))
+
+
 def expect(conn: Connection, kind: str, timeout: float) -> Any:
     """The payload of the engine's next message, which must be ``kind``, within ``timeout`` seconds."""
     if not conn.poll(timeout):

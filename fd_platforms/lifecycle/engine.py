@@ -1,26 +1,34 @@
-"""The engine's side of ``fd-platforms run``: select, create the signal, drive the children, report.
+"""The engine's side of ``fd-platforms run``: a thin driver over the public engine API.
 
 Phases, each bounded by the run's timeout: the workers' plans (the engine broadcasts the minimum
-across ranks), their decisions, then the ``ready`` of every worker and of the cache manager it
-starts when some rank does not create its cache (given one more margin, so a waiter that times
-out reports it itself). Whatever happens, leaving :func:`run_lifecycle` stops every child and
-removes the signal from ``/dev/shm``.
+across ranks); the rule, asked once here (every rank has the same inputs), tells whether a cache
+manager is needed, which is started first; then every worker makes the one public call
+(``initialize_kv_cache``) and the manager ``manage_kv_cache`` for the ranks it serves. When ranks
+attach, the driver proves each maps the manager's memory (tokens both ways). ``--cycles N`` clears
+and re-initializes N more times. Whatever happens, leaving :func:`run_lifecycle` stops every child
+and removes the signal from ``/dev/shm``.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
+from collections.abc import Sequence
 
 from ..cache_signal import CacheReadySignal, reclaim_stale_signals
+from ..engine.initialize import cannot_attach
+from ..engine.publication import reclaim_stale_publications
 from ..errors import ConfigError
+from ..host_memory import available_host_bytes, resident_bytes
 from ..planner import check_host_swap, min_across_ranks
 from ..platform import Platform
 from ..selection import Prober, select_platform
-from ..types import CacheDecision, Plan
+from ..sizes import format_size
+from ..types import Plan
 from .children import Child, Children
 from .manager import manager_main
 from .progress import Progress
-from .report import Allocation, RankReport, RunReport
+from .report import Allocation, CycleReport, RankReport, RunReport
 from .spec import MARGIN_SECONDS, RunSpec
 from .worker import WorkerResult, worker_main
 
@@ -47,32 +55,102 @@ def select_run_platform(ranks: int) -> Platform:
     return platform
 
 
-def run_lifecycle(spec: RunSpec, say: Progress) -> RunReport:
-    """Run the lifecycle once; raises :class:`~fd_platforms.errors.RunError` when a process fails."""
+class _Run:
+    """The children of one run and the phases the engine drives them through."""
+
+    def __init__(self, spec: RunSpec, children: Children, workers: list[Child], say: Progress) -> None:
+        self.spec, self.children, self.workers, self.say = spec, children, workers, say
+        self.manager: Child | None = None
+        self.attaching: tuple[int, ...] = ()
+        self.verified: dict[int, bool] = {}
+
+    @property
+    def everyone(self) -> list[Child]:
+        return self.workers if self.manager is None else [self.manager, *self.workers]  # a failing manager first
+
+    def initialize(self) -> tuple[dict[Child, WorkerResult], tuple[Allocation, ...], bool | None]:
+        """Every rank's cache, created or attached; with a manager, the tokens' proof both ways."""
+        limit = self.spec.timeout + MARGIN_SECONDS  # a waiter that times out reports it itself first
+        ready = self.children.collect(self.everyone, "ready", limit)
+        published: tuple[Allocation, ...] = () if self.manager is None else ready.pop(self.manager)
+        return ready, published, self.verify()
+
+    def verify(self) -> bool | None:
+        """Attachers read the manager's tokens and write theirs; the manager reads those back."""
+        if self.manager is None:
+            return None
+        ours, theirs = secrets.randbelow(2**31), secrets.randbelow(2**31)
+        self._ask([self.manager], "mark", ours)
+        attachers = [self.workers[rank] for rank in self.attaching]
+        seen = self._ask(attachers, "verify", (ours, theirs))
+        checked = self._ask([self.manager], "check", theirs)[self.manager]
+        self.verified = {rank: seen[self.workers[rank]] and checked[rank] for rank in self.attaching}
+        return all(self.verified.values())
+
+    def cycle(self, number: int) -> CycleReport:
+        """Clear every rank (attachers first, so the manager can free) and initialize again."""
+        before = self.rss()
+        started = time.monotonic()
+        self._ask(self.workers, "clear")
+        if self.manager is not None:
+            self._ask([self.manager], "clear")
+        cleared = time.monotonic()
+        self._ask(self.everyone, "init")
+        verified = self.verify()
+        done = time.monotonic()
+        after = self.rss()
+        self.say(f"cycle {number}: cleared in {cleared - started:.3f} s, initialized again in {done - cleared:.3f} s")
+        return CycleReport(
+            number, cleared - started, done - cleared, verified,
+            {label: {"before": before[label], "after": after[label]} for label in before},
+        )  # fmt: skip
+
+    def rss(self) -> dict[str, int | None]:
+        answers = self._ask(self.everyone, "rss")
+        return {"engine": resident_bytes(), **{child.label: answers[child] for child in self.everyone}}
+
+    def _ask(self, children: Sequence[Child], kind: str, payload: object = None) -> dict[Child, object]:
+        self.children.send(children, kind, payload)
+        return self.children.collect(children, kind, self.spec.timeout + MARGIN_SECONDS)
+
+
+def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport:
+    """Run the lifecycle (and ``spec.cycles`` more clears and re-initializations); raises
+    :class:`~fd_platforms.errors.RunError` when a process fails."""
     started = time.monotonic()
     reclaim_stale_signals()  # what engines killed with SIGKILL left behind (each warned about)
+    reclaim_stale_publications()
     with CacheReadySignal.create(spec.ranks) as signal, Children() as children:
         workers = [children.start(f"rank {rank}", worker_main, spec, rank, signal.name) for rank in range(spec.ranks)]
         pids = ", ".join(str(worker.pid) for worker in workers)
         say(f"platform {spec.platform}: started {spec.ranks} worker(s) (pid {pids}), cache-ready signal {signal.name}")
+        run = _Run(spec, children, workers, say)
         planned = children.collect(workers, "plan", spec.timeout)
         final = min_across_ranks([planned[worker][0] for worker in workers])
         check_host_swap(final, spec.deploy.cache, host_bytes=spec.host_memory, ranks=spec.ranks)
+        if spec.shares_device:
+            check_host_room(final, spec)
         say(f"every rank planned; each uses {final.num_blocks} blocks (the minimum across ranks)")
-        children.send(workers, "final", final)
-        decisions: dict[Child, CacheDecision] = children.collect(workers, "decision", spec.timeout)
-        attaching = tuple(rank for rank, worker in enumerate(workers) if not decisions[worker].create)
-        manager = None
-        if attaching:
-            manager = children.start("cache manager", manager_main, spec, attaching, final, signal.name)
-            say(f"starting the cache manager (pid {manager.pid}) for rank(s) {', '.join(map(str, attaching))}")
-            children.send([workers[rank] for rank in attaching], "manager", manager.pid)
-        expected = workers if manager is None else [manager, *workers]  # a failing manager is named first
-        ready = children.collect(expected, "ready", spec.timeout + MARGIN_SECONDS)
-        say("every rank's KV cache is ready; stopping")
-    managed: dict[int, Allocation] = {} if manager is None else {a.rank: a for a in ready[manager]}
+        decision = platform.should_create_cache_tensor(
+            profile=spec.profile,
+            num_cpu_blocks=final.num_cpu_blocks,
+            storage_backend=spec.deploy.cache.kvcache_storage_backend,
+            splitwise_role=spec.deploy.scheduler.splitwise_role,
+        )
+        if not decision.create:
+            if platform.cache_sharing() is None:  # refused now, before any cache is made
+                raise cannot_attach(platform, decision, f"platform {platform.name}")
+            run.attaching = tuple(range(spec.ranks))
+            run.manager = children.start("cache manager", manager_main, spec, run.attaching, final, signal.name)
+            say(f"starting the cache manager (pid {run.manager.pid}) for rank(s) {', '.join(map(str, run.attaching))}")
+        children.send(workers, "final", (final, None if run.manager is None else run.manager.pid))
+        ready, published, verified = run.initialize()
+        say("every rank's KV cache is ready" + ("" if verified is None else f"; shared memory verified: {verified}"))
+        cycles = tuple(run.cycle(number) for number in range(1, spec.cycles + 1))
+        say("stopping")
+    managed = {allocation.rank: allocation for allocation in published}
     ranks = tuple(
-        _rank_report(rank, final, planned[worker], decisions[worker], ready[worker], managed)
+        _rank_report(rank, final, planned[worker], ready[worker], managed, run.verified)
         for rank, worker in enumerate(workers)
     )
     return RunReport(
@@ -83,26 +161,42 @@ def run_lifecycle(spec: RunSpec, say: Progress) -> RunReport:
         storage_backend=spec.deploy.cache.kvcache_storage_backend,
         profile=spec.profile,
         bytes_per_block=final.bytes_per_block,
-        manager_pid=None if manager is None else manager.pid,
+        manager_pid=None if run.manager is None else run.manager.pid,
         wall_seconds=time.monotonic() - started,
         ranks=ranks,
+        cycles=cycles,
     )
+
+
+def check_host_room(final: Plan, spec: RunSpec) -> None:
+    """On a platform whose device is the host (cpu), every rank's cache and swap space must fit in the
+    host's available memory before anything is allocated (``--device-memory`` may claim more)."""
+    need = spec.ranks * (final.num_blocks + final.num_cpu_blocks) * final.bytes_per_block
+    available = available_host_bytes()
+    if available is not None and need > available:
+        raise ConfigError(
+            "--device-memory",
+            format_size(spec.device_memory) if spec.device_memory is not None else "the host's memory",
+            f"a KV cache the host can hold: {spec.ranks} rank(s) x ({final.num_blocks} + {final.num_cpu_blocks} swap) "
+            f"blocks x {final.bytes_per_block} B = {format_size(need)}, but {format_size(available)} is available",
+            "give a smaller --device-memory (on cpu it is host memory, shared by every rank) or free host memory",
+        )
 
 
 def _rank_report(
     rank: int,
     final: Plan,
     planned: tuple[Plan, float],
-    decision: CacheDecision,
     result: WorkerResult,
     managed: dict[int, Allocation],
+    verified: dict[int, bool],
 ) -> RankReport:
     allocation = result.allocation if result.allocation is not None else managed[rank]
     return RankReport(
         rank=rank,
         device=allocation.device,
-        create=decision.create,
-        deciding_term=decision.deciding_term,
+        create=result.decision.create,
+        deciding_term=result.decision.deciding_term,
         allocated_by="worker" if result.allocation is not None else "cache manager",
         planned_blocks=planned[0].num_blocks,
         num_blocks=final.num_blocks,
@@ -114,4 +208,7 @@ def _rank_report(
         plan_seconds=planned[1],
         allocate_seconds=allocation.seconds,
         wait_seconds=result.wait_seconds,
+        attached_tensors=result.attached_tensors,
+        attach_seconds=result.attach_seconds,
+        verified=verified.get(rank),
     )

@@ -1,9 +1,10 @@
-"""The cache-manager process: allocates the KV cache (and host swap space) of the ranks that do not.
+"""The cache-manager process: one public call per rank it serves, then what the engine asks.
 
-For each rank it serves, in order: the device cache with the rank's layout on the rank's device,
-then, when the plan has ``num_cpu_blocks``, host swap space of ``num_cpu_blocks * bytes_per_block``
-through ``host_alloc`` (pinned where the platform can); then it sets the rank's slot. It sends
-``("ready", allocations)`` and holds everything until ``("stop", None)``.
+For each rank: :meth:`Platform.manage_kv_cache` exports and publishes the device cache, carves the
+host swap space (``num_cpu_blocks`` blocks in the layout's names, pinned where the platform can) and
+sets the slot. It sends ``("ready", allocations)``, then serves until ``("stop", None)``: ``mark``
+(write its tokens into every tensor), ``check`` (read each attacher's tokens back), ``clear``
+(each rank waits for its attacher to let go, then frees) and ``init`` (publish again).
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ import os
 import time
 from multiprocessing.connection import Connection
 
-from ..cache_signal import CacheReadySignal
-from ..kv_cache import KVCache
+from ..engine.initialize import ManagedCache
+from ..host_memory import resident_bytes
+from ..platform import Platform
 from ..sizes import format_size
-from ..types import HostBuffer, Plan
-from .child import child_platform, expect, load_paddle, run_child
+from ..types import Plan
+from .child import child_platform, load_paddle, run_child, serve
 from .progress import Progress
 from .report import Allocation
 from .spec import RunSpec
+from .tokens import read_tokens, write_tokens
 
 
 def manager_main(spec: RunSpec, ranks: tuple[int, ...], plan: Plan, signal_name: str, conn: Connection) -> None:
@@ -32,40 +35,62 @@ def _manage(
 ) -> None:
     load_paddle()
     platform = child_platform(spec)
-    held: list[KVCache | HostBuffer] = []
+    held: dict[int, ManagedCache] = {}
     try:
-        allocations = []
-        with CacheReadySignal.attach(signal_name) as signal:
-            for rank in ranks:
-                layout = spec.layout(rank)
-                size = format_size(plan.num_blocks * plan.bytes_per_block)
-                say(f"allocating {size} of KV cache for rank {rank}")
-                started = time.monotonic()
-                cache = platform.allocate_kv_cache(
-                    layout, plan.num_blocks, progress=say.allocation(f"rank {rank}: allocating {size}")
-                )
-                held.append(cache)
-                host = None
-                if plan.num_cpu_blocks > 0:
-                    swap = format_size(plan.num_cpu_blocks * plan.bytes_per_block)
-                    say(f"allocating {swap} of host swap space ({plan.num_cpu_blocks} blocks) for rank {rank}")
-                    host = platform.host_alloc(plan.num_cpu_blocks * plan.bytes_per_block)
-                    held.append(host)
-                seconds = time.monotonic() - started
-                signal.set(rank)
-                allocations.append(
-                    Allocation(
-                        rank=rank,
-                        device=cache.device,
-                        device_bytes=cache.nbytes,
-                        host_bytes=0 if host is None else host.nbytes,
-                        pinned=None if host is None else host.pinned,
-                        host_kind=None if host is None else host.kind,
-                        seconds=seconds,
-                    )
-                )
-        conn.send(("ready", tuple(allocations)))
-        expect(conn, "stop", spec.hold_timeout)
+        conn.send(("ready", _publish_all(platform, spec, ranks, plan, signal_name, say, held)))
+
+        def clear(_: object) -> None:
+            for rank in list(held):
+                held[rank].clear(spec.timeout)
+                del held[rank]
+
+        serve(conn, spec.hold_timeout, {
+            "mark": lambda token: [write_tokens(cache.device.tensors, token, last=False) for cache in held.values()],
+            "check": lambda token: {rank: read_tokens(cache.device.tensors, token, last=True)
+                                    for rank, cache in held.items()},
+            "clear": clear,
+            "init": lambda _: _publish_all(platform, spec, ranks, plan, signal_name, say, held),
+            "rss": lambda _: resident_bytes(),
+        })  # fmt: skip
     finally:
-        for item in reversed(held):
-            item.release()
+        for cache in held.values():
+            cache.clear(spec.timeout)
+
+
+def _publish_all(
+    platform: Platform,
+    spec: RunSpec,
+    ranks: tuple[int, ...],
+    plan: Plan,
+    signal_name: str,
+    say: Progress,
+    held: dict[int, ManagedCache],
+) -> tuple[Allocation, ...]:
+    allocations = []
+    for rank in ranks:
+        size = format_size(plan.num_blocks * plan.bytes_per_block)
+        swap = f"{format_size(plan.num_cpu_blocks * plan.bytes_per_block)} of host swap space ({plan.num_cpu_blocks} blocks)"
+        say(f"publishing {size} of KV cache" + (f" and allocating {swap}" if plan.num_cpu_blocks else "") + f" for rank {rank}")
+        started = time.monotonic()
+        cache = platform.manage_kv_cache(
+            spec.layout(rank),
+            plan.num_blocks,
+            num_cpu_blocks=plan.num_cpu_blocks,
+            signal_name=signal_name,
+            progress=say.allocation(f"rank {rank}: publishing {size}"),
+        )
+        seconds = time.monotonic() - started
+        held[rank] = cache
+        host = cache.host
+        allocations.append(
+            Allocation(
+                rank=rank,
+                device=cache.device.device,
+                device_bytes=cache.device.nbytes,
+                host_bytes=0 if host is None else host.nbytes,
+                pinned=None if host is None else host.pinned,
+                host_kind=None if host is None else host.buffer.kind,
+                seconds=seconds,
+            )
+        )
+    return tuple(allocations)

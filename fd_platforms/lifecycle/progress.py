@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from ..console import write_line
-from ..kv_cache import AllocationProgress
+from ..engine.kv_cache import AllocationProgress
 from ..sizes import format_size
 
 ALLOCATION_INTERVAL = 1.0  # seconds between two lines about one allocation

@@ -26,7 +26,10 @@ class RankReport:
     ``deciding_term`` is the term of the rule that decided ``create``; ``allocated_by`` is
     ``worker`` or ``cache manager``; ``planned_blocks`` is the rank's own plan and ``num_blocks``
     the minimum across ranks, which every rank uses; ``pinned`` is None when no host memory was allocated;
-    ``wait_seconds`` is None for a rank that created its cache (it did not wait).
+    ``wait_seconds``, ``attach_seconds`` and ``verified`` are None for a rank that created its
+    cache (it did not wait or attach). ``attached_tensors`` counts the cache manager's tensors the
+    worker opened zero-copy; ``verified`` says whether a token written by each process was read by
+    the other in every one of them (the same memory, not a copy).
     """
 
     rank: int
@@ -44,6 +47,20 @@ class RankReport:
     plan_seconds: float
     allocate_seconds: float
     wait_seconds: float | None
+    attached_tensors: int
+    attach_seconds: float | None
+    verified: bool | None
+
+
+@dataclass(frozen=True)
+class CycleReport:
+    """One clear and re-initialization (``--cycles``): how long each took, and each process's RSS."""
+
+    cycle: int
+    clear_seconds: float
+    init_seconds: float
+    verified: bool | None
+    rss: dict[str, dict[str, int | None]]
 
 
 @dataclass(frozen=True)
@@ -60,6 +77,7 @@ class RunReport:
     manager_pid: int | None
     wall_seconds: float
     ranks: tuple[RankReport, ...]
+    cycles: tuple[CycleReport, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The report as a JSON-ready dict (``ranks`` a list of dicts)."""

@@ -19,7 +19,8 @@ class RunSpec:
     ``platform`` is the selected platform's name (children select it through ``FD_PLATFORM``);
     ``device_type`` its Paddle device type. ``device_memory`` is the size each rank plans on
     (``--device-memory``), None for the live facts; ``host_memory`` the host memory swap space must
-    fit in (``--host-memory``), None for this host's; ``timeout`` bounds every wait of the run.
+    fit in (``--host-memory``), None for this host's; ``timeout`` bounds every wait of the run;
+    ``cycles`` how many times every rank clears and re-initializes after the first start.
     """
 
     deploy: DeployConfig
@@ -32,6 +33,7 @@ class RunSpec:
     non_cache: int | None = None
     host_memory: int | None = None
     quiet: bool = False
+    cycles: int = 0
 
     @property
     def hold_timeout(self) -> float:

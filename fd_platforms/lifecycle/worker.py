@@ -1,9 +1,11 @@
-"""The worker process of one local rank: plan, decide, then create the KV cache or wait for it.
+"""The worker process of one local rank: plan, then the public engine call, then what the engine asks.
 
-Messages with the engine, in order: send ``("plan", (plan, seconds))``; receive ``("final", plan)``
-(the minimum across ranks); send ``("decision", decision)``; a non-creator receives
-``("manager", pid)`` and waits for its slot; send ``("ready", WorkerResult)``; hold the cache until
-``("stop", None)``.
+Messages with the engine, in order: send ``("plan", (plan, seconds))``; receive ``("final",
+(plan, manager_pid))`` (the minimum across ranks, and the cache manager's pid when there is one);
+call :meth:`Platform.initialize_kv_cache`, which creates or attaches; send ``("ready",
+WorkerResult)``. Then serve until ``("stop", None)``: ``verify`` (an attacher reads the cache
+manager's tokens and writes its own), ``clear`` and ``init`` (clear and re-initialize, for
+``--cycles``), ``rss``.
 """
 
 from __future__ import annotations
@@ -12,22 +14,27 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from ..cache_signal import CacheReadySignal
+from ..engine.kv_cache import KVCache
 from ..platform import Platform
 from ..sizes import format_size
-from ..types import DeviceMemory
-from .child import child_platform, expect, load_paddle, run_child
+from ..types import CacheDecision, DeviceMemory, Plan
+from ..host_memory import resident_bytes
+from .child import child_platform, expect, load_paddle, run_child, serve
 from .progress import Progress
 from .report import Allocation
 from .spec import RunSpec
+from .tokens import read_tokens, write_tokens
 
 
 @dataclass(frozen=True)
 class WorkerResult:
-    """A ready rank: what it allocated itself (creators), or how long it waited (the others)."""
+    """A ready rank: its decision, what it created (creators) or how it attached (the others)."""
 
+    decision: CacheDecision
     allocation: Allocation | None
     wait_seconds: float | None
+    attached_tensors: int
+    attach_seconds: float | None
 
 
 def worker_main(spec: RunSpec, rank: int, signal_name: str, conn: Connection) -> None:
@@ -56,43 +63,78 @@ def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, signal_name
     platform = child_platform(spec)
     started = time.monotonic()
     layout = spec.layout(rank)
-    cache_config = spec.deploy.cache
     plan = platform.max_num_blocks(
         layout=layout,
-        cache=cache_config,
+        cache=spec.deploy.cache,
         memory=rank_memory(spec, platform, rank),
         non_cache_bytes=spec.non_cache,
         host_memory=spec.host_memory,
     )
     conn.send(("plan", (plan, time.monotonic() - started)))
     say(f"planned {plan.num_blocks} blocks of {format_size(plan.bytes_per_block)} ({plan.binding_reason})")
-    final = expect(conn, "final", spec.timeout)
-    decision = platform.should_create_cache_tensor(
+    final, manager_pid = expect(conn, "final", spec.timeout)
+    load_paddle()
+    state = {"cache": _initialize(platform, spec, rank, signal_name, final, manager_pid, say)}
+    try:
+        conn.send(("ready", _result(state["cache"])))
+
+        def reinitialize(_: object) -> WorkerResult:
+            state["cache"] = _initialize(platform, spec, rank, signal_name, final, manager_pid, say)
+            return _result(state["cache"])
+
+        serve(conn, spec.hold_timeout, {
+            "verify": lambda tokens: _verify(state["cache"], *tokens),
+            "clear": lambda _: state["cache"].clear(spec.timeout),
+            "init": reinitialize,
+            "rss": lambda _: resident_bytes(),
+        })  # fmt: skip
+    finally:
+        state["cache"].clear(spec.timeout)
+
+
+def _initialize(
+    platform: Platform, spec: RunSpec, rank: int, signal_name: str, final: Plan, manager_pid: int | None, say: Progress
+) -> KVCache:
+    """The one public call every runner makes: create, or wait and attach."""
+    size = format_size(final.num_blocks * final.bytes_per_block)
+    if manager_pid is None:
+        say(f"creating {size} of KV cache")
+    else:
+        say(f"waiting for the cache manager (pid {manager_pid}) to publish this rank's cache")
+    cache = platform.initialize_kv_cache(
+        spec.layout(rank),
+        final.num_blocks,
         profile=spec.profile,
         num_cpu_blocks=final.num_cpu_blocks,
-        storage_backend=cache_config.kvcache_storage_backend,
+        storage_backend=spec.deploy.cache.kvcache_storage_backend,
         splitwise_role=spec.deploy.scheduler.splitwise_role,
+        signal_name=signal_name,
+        setter_pid=manager_pid,
+        timeout=spec.timeout,
+        progress=say.allocation(f"creating {size}"),
     )
-    conn.send(("decision", decision))
-    if not decision.create:
-        manager_pid = expect(conn, "manager", spec.timeout)
-        say(f"waiting for the cache manager (pid {manager_pid}) to allocate this rank's cache")
-        waited = platform.wait_cache_ready(signal_name, rank, timeout=spec.timeout, setter_pid=manager_pid)
-        say(f"cache ready after waiting {waited:.2f} s")
-        conn.send(("ready", WorkerResult(None, waited)))
-        expect(conn, "stop", spec.hold_timeout)
-        return
-    load_paddle()
-    size = format_size(final.num_blocks * final.bytes_per_block)
-    say(f"allocating {size} of KV cache ({decision.deciding_term}: {decision.reason})")
-    started = time.monotonic()
-    cache = platform.allocate_kv_cache(layout, final.num_blocks, progress=say.allocation(f"allocating {size}"))
-    try:
-        seconds = time.monotonic() - started
-        with CacheReadySignal.attach(signal_name) as signal:
-            signal.set(rank)
-        allocation = Allocation(rank, cache.device, cache.nbytes, 0, None, None, seconds)
-        conn.send(("ready", WorkerResult(allocation, None)))
-        expect(conn, "stop", spec.hold_timeout)
-    finally:
-        cache.release()
+    if cache.created:
+        say(f"created {format_size(cache.nbytes)} of KV cache ({cache.decision.deciding_term}: {cache.decision.reason})")  # type: ignore[union-attr]
+    else:
+        say(f"attached to {len(cache.tensors)} tensors of the cache manager's KV cache in {cache.attach_seconds:.3f} s")
+    return cache
+
+
+def _result(cache: KVCache) -> WorkerResult:
+    allocation = None
+    if cache.created:
+        allocation = Allocation(cache.rank, cache.device, cache.nbytes, 0, None, None, cache.create_seconds or 0.0)
+    return WorkerResult(
+        decision=cache.decision,  # type: ignore[arg-type]
+        allocation=allocation,
+        wait_seconds=cache.wait_seconds,
+        attached_tensors=0 if cache.created else len(cache.tensors),
+        attach_seconds=cache.attach_seconds,
+    )
+
+
+def _verify(cache: KVCache, creators: int, ours: int) -> bool:
+    """An attacher proves it maps the creator's memory: it reads the creator's tokens, writes its own."""
+    seen = read_tokens(cache.tensors, creators)
+    write_tokens(cache.tensors, ours)
+    return seen

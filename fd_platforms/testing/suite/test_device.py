@@ -44,4 +44,4 @@ def test_kv_cache_on_device_0_in_layout_order(fd_platform: Platform, fd_platform
         for spec, tensor in zip(layout.tensors, cache.tensors, strict=True):
             assert list(tensor.shape) == list(spec.shape(4))
     finally:
-        cache.release()
+        cache.clear()

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from fd_platforms.device_facts import DeviceFacts, PinningUnavailable, pinned_tensor_buffer
+from collections.abc import Callable
+from typing import Any
+
+from fd_platforms.device_facts import (
+    DeviceFacts,
+    PinningUnavailable,
+    open_ipc_tensor,
+    pinned_tensor_buffer,
+    share_ipc_tensor,
+)
 from fd_platforms.paddle_platform import PaddlePlatform
-from fd_platforms.types import Detection, DeviceMemory, HostBuffer
+from fd_platforms.types import Detection, DeviceMemory, HostBuffer, SharedTensor
 
 INSTALL_HINT = "pip install paddlepaddle-gpu (Paddle's CUDA build) on a machine with an NVIDIA GPU and driver"
 
@@ -20,6 +29,15 @@ class CudaFacts(DeviceFacts):
         "device.cuda.max_memory_allocated",
         "CUDAPinnedPlace",
         "empty",
+        "zeros",
+        "base.core.eager.Tensor",
+    )
+    sharing = "CUDA IPC handles through Paddle's DenseTensor._share_cuda and _new_shared_cuda (cudaIpcGetMemHandle)"
+    device_build_calls = (
+        "base.core.DenseTensor._share_cuda",
+        "base.core.DenseTensor._new_shared_cuda",
+        "base.core.get_cuda_current_device_id",
+        "base.core.set_cuda_current_device_id",
     )
 
     def confirm(self) -> Detection:
@@ -49,6 +67,28 @@ class CudaFacts(DeviceFacts):
         if not self.paddle.is_compiled_with_cuda():
             raise PinningUnavailable("this paddle build has no CUDA")
         return pinned_tensor_buffer(self.paddle, nbytes, "CUDAPinnedPlace", "cuda_pinned")
+
+    def export(self, name: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
+        return share_ipc_tensor(self.paddle, name, shape, dtype, device, "_share_cuda", on_device=self._current(device))
+
+    def open(self, name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
+        return open_ipc_tensor(self.paddle, name, handle, shape, dtype, "_new_shared_cuda")
+
+    def _current(self, device: str) -> Callable[[Callable[[], Any]], Any]:
+        """Run a call with ``device`` (``gpu:N``) as CUDA's current device, as an IPC export needs."""
+        core, wanted = self.paddle.base.core, int(device.rpartition(":")[2] or 0)
+
+        def run(call: Callable[[], Any]) -> Any:
+            previous = core.get_cuda_current_device_id()
+            if previous != wanted:
+                core.set_cuda_current_device_id(wanted)
+            try:
+                return call()
+            finally:
+                if previous != wanted:
+                    core.set_cuda_current_device_id(previous)
+
+        return run
 
 
 PLATFORM = PaddlePlatform(

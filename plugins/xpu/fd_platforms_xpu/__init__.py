@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from fd_platforms.device_facts import DeviceFacts, PinningUnavailable, pinned_tensor_buffer
+from fd_platforms.device_facts import (
+    DeviceFacts,
+    PinningUnavailable,
+    open_ipc_tensor,
+    pinned_tensor_buffer,
+    share_ipc_tensor,
+)
 from fd_platforms.paddle_platform import PaddlePlatform
-from fd_platforms.types import Detection, DeviceMemory, HostBuffer
+from fd_platforms.types import Detection, DeviceMemory, HostBuffer, SharedTensor
 
 INSTALL_HINT = "pip install paddlepaddle-xpu (Paddle's Kunlun build) on a machine with Kunlun XPUs"
 
@@ -20,7 +26,11 @@ class XpuFacts(DeviceFacts):
         "device.xpu.max_memory_allocated",
         "XPUPinnedPlace",
         "empty",
+        "zeros",
+        "base.core.eager.Tensor",
     )
+    sharing = "XPU IPC handles through Paddle's DenseTensor._share_xpu and _new_shared_xpu"
+    device_build_calls = ("base.core.DenseTensor._share_xpu", "base.core.DenseTensor._new_shared_xpu")
 
     def confirm(self) -> Detection:
         if not self.paddle.is_compiled_with_xpu():
@@ -48,6 +58,12 @@ class XpuFacts(DeviceFacts):
         if not self.paddle.is_compiled_with_xpu():
             raise PinningUnavailable("this paddle build has no XPU support")
         return pinned_tensor_buffer(self.paddle, nbytes, "XPUPinnedPlace", "xpu_pinned")
+
+    def export(self, name: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
+        return share_ipc_tensor(self.paddle, name, shape, dtype, device, "_share_xpu")
+
+    def open(self, name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
+        return open_ipc_tensor(self.paddle, name, handle, shape, dtype, "_new_shared_xpu")
 
 
 PLATFORM = PaddlePlatform(

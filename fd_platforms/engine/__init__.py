@@ -1,0 +1,20 @@
+"""The engine API: a model runner's whole KV-cache initialization, and the cache manager's side.
+
+A runner calls :meth:`Platform.initialize_kv_cache <fd_platforms.platform.Platform.initialize_kv_cache>`
+(decide with the rule, then create and publish, or wait and attach zero-copy by name); a cache
+manager calls :meth:`Platform.manage_kv_cache <fd_platforms.platform.Platform.manage_kv_cache>`
+(publish a rank's device cache, carve its host swap cache, set the slot). Both give back records
+whose ``clear()`` lets go, so the cache can be created again. See ``docs/engine-integration.md``.
+
+Modules: :mod:`.initialize` (the two calls), :mod:`.kv_cache` (the cache record; plain, exported and
+attached tensors), :mod:`.host_cache` (host swap tensors in the layout's names), :mod:`.publication`
+(where a rank's cache is published, by name).
+"""
+
+from __future__ import annotations
+
+from .host_cache import HostCache
+from .initialize import ManagedCache, initialize_kv_cache, manage_kv_cache
+from .kv_cache import KVCache
+
+__all__ = ["HostCache", "KVCache", "ManagedCache", "initialize_kv_cache", "manage_kv_cache"]

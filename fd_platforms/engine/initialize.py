@@ -1,0 +1,149 @@
+"""A runner's whole KV-cache initialization, and the cache manager's side of it, in one call each.
+
+:func:`initialize_kv_cache` is what every model runner calls (GPU, XPU, Iluvatar, MetaX alike):
+
+1. decide with the one rule (``should_create_cache_tensor``);
+2. create: the layout's tensors, zero-filled — exported and published where the platform can
+   share, plain otherwise — then set the rank's cache-ready slot; or
+3. attach: refuse at once where the platform cannot share (naming the rule's deciding term and the
+   fix); otherwise wait for the slot (futex, bounded, noticing a dead cache manager), then open every
+   published tensor zero-copy, each checked against this process's layout.
+
+:func:`manage_kv_cache` is the cache manager's: export and publish one rank's device cache, carve
+its host swap cache, set the slot. Both return records whose ``clear()`` lets go, so the cache can
+be initialized again (sleep mode and weight updates).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..cache_signal import CacheReadySignal, check_signal_name, resolve_timeout
+from ..errors import CacheSharingError
+from ..types import CacheDecision
+from .host_cache import HostCache, allocate_host_cache
+from .kv_cache import (
+    AllocationProgress,
+    KVCache,
+    allocate_kv_cache,
+    attach_kv_cache,
+    check_num_blocks,
+    export_kv_cache,
+)
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..layout import CacheLayout
+    from ..platform import Platform
+
+
+def initialize_kv_cache(
+    platform: Platform,
+    layout: CacheLayout,
+    num_blocks: int,
+    *,
+    profile: bool,
+    num_cpu_blocks: int,
+    storage_backend: str | None,
+    splitwise_role: str,
+    signal_name: str,
+    setter_pid: int | None = None,
+    timeout: float | None = None,
+    progress: AllocationProgress | None = None,
+) -> KVCache:
+    """Create or attach rank ``layout.rank``'s KV cache, as the rule decides; see the module docstring.
+
+    ``signal_name`` is the engine's cache-ready signal (its instance also names the publication);
+    ``setter_pid`` the cache manager's pid, so a waiting worker fails within a quarter second of its
+    death; ``timeout`` bounds the wait (default ``FD_CACHE_READY_TIMEOUT``).
+    """
+    check_num_blocks(num_blocks)
+    check_signal_name(signal_name)
+    limit = resolve_timeout(timeout)
+    decision = platform.should_create_cache_tensor(
+        profile=profile, num_cpu_blocks=num_cpu_blocks, storage_backend=storage_backend, splitwise_role=splitwise_role
+    )
+    sharing = platform.cache_sharing()
+    if decision.create:
+        started = time.monotonic()
+        if sharing is None:
+            cache = allocate_kv_cache(
+                layout, num_blocks, platform.identity.device_string(layout.device_id), progress=progress
+            )
+            cache._signal_name = signal_name
+        else:
+            cache = export_kv_cache(platform, layout, num_blocks, signal_name, progress=progress)
+        cache.create_seconds = time.monotonic() - started
+        _set_slot(signal_name, layout.rank)
+    else:
+        if sharing is None:
+            raise cannot_attach(platform, decision, f"rank {layout.rank}")
+        waited = platform.wait_cache_ready(signal_name, layout.rank, timeout=limit, setter_pid=setter_pid)
+        cache = attach_kv_cache(platform, layout, num_blocks, signal_name)
+        cache.wait_seconds = waited
+    cache.decision = decision
+    return cache
+
+
+@dataclass(eq=False)
+class ManagedCache:
+    """What the cache manager holds for one rank: the published device cache and its host swap cache."""
+
+    rank: int
+    device: KVCache
+    host: HostCache | None
+
+    def clear(self, timeout: float | None = None) -> None:
+        """Wait until the rank's attacher has let go (:class:`CacheInUseError` naming the rank after
+        ``timeout``, nothing freed), then unpublish and free the device cache and the host cache."""
+        self.device.clear(timeout)
+        if self.host is not None:
+            self.host.clear()
+            self.host = None
+
+
+def manage_kv_cache(
+    platform: Platform,
+    layout: CacheLayout,
+    num_blocks: int,
+    *,
+    num_cpu_blocks: int,
+    signal_name: str,
+    progress: AllocationProgress | None = None,
+) -> ManagedCache:
+    """Export and publish rank ``layout.rank``'s device cache, allocate its host swap cache
+    (``num_cpu_blocks`` blocks of the same layout; none when 0), then set the rank's slot."""
+    check_num_blocks(num_blocks)
+    check_signal_name(signal_name)
+    if platform.cache_sharing() is None:
+        raise CacheSharingError(
+            f"platform {platform.name} cannot share KV cache tensors between processes (it declares no cache_sharing), "
+            "so a cache manager cannot hold a worker's cache. Fix: let the workers create their caches (role mixed, "
+            "no swap space, no storage backend), or use a platform that can share"
+        )
+    started = time.monotonic()
+    device = export_kv_cache(platform, layout, num_blocks, signal_name, progress=progress)
+    device.create_seconds = time.monotonic() - started
+    try:
+        host = allocate_host_cache(platform, layout, num_cpu_blocks) if num_cpu_blocks else None
+    except BaseException:
+        device.clear(0.001)  # nobody attached yet
+        raise
+    _set_slot(signal_name, layout.rank)
+    return ManagedCache(layout.rank, device, host)
+
+
+def _set_slot(signal_name: str, rank: int) -> None:
+    with CacheReadySignal.attach(signal_name) as signal:
+        signal.set(rank)
+
+
+def cannot_attach(platform: Platform, decision: CacheDecision, who: str) -> CacheSharingError:
+    """The refusal, at decision time, of a worker the rule sends to attach on a platform that cannot share."""
+    return CacheSharingError(
+        f"{who}: the rule decided the workers attach to the cache manager's KV cache "
+        f"(deciding term {decision.deciding_term}: {decision.reason}), but platform {platform.name} cannot share KV "
+        "cache tensors between processes (it declares no cache_sharing). Fix: run so that workers create their own "
+        "cache (splitwise role mixed, no swap space, no storage backend), or use a platform that can share"
+    )

@@ -1,0 +1,254 @@
+"""One rank's KV cache tensors, in the layout's order, however they came to this process.
+
+Three ways in, one record out (:class:`KVCache`):
+
+- :func:`allocate_kv_cache` — plain Paddle tensors on the device, zero-filled, for a platform that
+  cannot share (a worker creating its own cache there);
+- :func:`export_kv_cache` — every tensor exported through the platform's ``export_cache_tensor``
+  and the rank's manifest published (:mod:`.publication`), so other processes can attach;
+- :func:`attach_kv_cache` — every tensor of a published cache opened zero-copy, after checking each
+  name, shape and dtype against this process's own layout.
+
+Each tensor is raw bytes viewed as its dtype, so every cache dtype, fp8 included, takes one path.
+:meth:`KVCache.clear` undoes whichever it was (see there).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..cache_signal import CacheReadySignal, resolve_timeout
+from ..device_facts import import_paddle
+from ..errors import CacheSharingError, ConfigError, DeviceAllocError
+from ..layout import DTYPE_BYTES, CacheLayout, CacheTensorSpec
+from ..sizes import format_size
+from ..types import CacheDecision, SharedTensor
+from .publication import Publication, PublishedTensor, publication_name, published_tensor_name
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..platform import Platform
+
+#: Called after each tensor with (bytes allocated so far, bytes in all).
+AllocationProgress = Callable[[int, int], None]
+
+
+@dataclass(eq=False)
+class KVCache:
+    """One rank's KV cache: ``tensors[i]`` is named ``names[i]``, in the layout's order.
+
+    ``created`` says whether this process created the memory (``False``: it attached to another
+    process's); ``decision`` is the rule's answer that led here (None for a cache manager's own
+    cache); ``shared`` whether other processes can attach (the cache is published). Seconds:
+    ``create_seconds`` allocating (creators), ``wait_seconds`` waiting for the cache-ready slot and
+    ``attach_seconds`` opening the published tensors (attachers).
+    """
+
+    device: str
+    num_blocks: int
+    names: tuple[str, ...]
+    tensors: list[Any] = field(repr=False)
+    nbytes: int
+    rank: int
+    created: bool
+    decision: CacheDecision | None = None
+    create_seconds: float | None = None
+    wait_seconds: float | None = None
+    attach_seconds: float | None = None
+    _shared: list[SharedTensor] = field(default_factory=list, repr=False)
+    _publication: Publication | None = field(default=None, repr=False)
+    _signal_name: str | None = field(default=None, repr=False)
+    cleared: bool = False
+
+    @property
+    def shared(self) -> bool:
+        """Whether the tensors are shared with other processes (exported or opened)."""
+        return bool(self._shared)
+
+    def by_name(self) -> dict[str, Any]:
+        """The tensors keyed by name (for lookups; kernels index :attr:`tensors` by position)."""
+        return dict(zip(self.names, self.tensors, strict=True))
+
+    def clear(self, timeout: float | None = None) -> None:
+        """Let go of the cache, so it can be created again (sleep mode, weight updates).
+
+        - An attacher drops its mappings, lets go of the publication and resets its rank's
+          cache-ready slot to 0.
+        - A creator whose cache is published first waits (at most ``timeout``, default
+          ``FD_CACHE_READY_TIMEOUT``) until no attacher holds it — :class:`CacheInUseError` naming
+          the rank otherwise, with nothing freed — then unpublishes and frees it and clears its slot.
+        - A plain cache drops its tensors, returning the memory to Paddle's allocator.
+
+        Drop your own references to the tensors first: a tensor still referenced is a
+        :class:`BufferInUseError` (nothing is unmapped under a live tensor). Idempotent.
+        """
+        if self.cleared:
+            return
+        limit = resolve_timeout(timeout)
+        if self._publication is not None and self._publication.creator:
+            self._publication.retract(limit)
+        self.tensors.clear()
+        while self._shared:
+            self._shared[-1].close()
+            self._shared.pop()
+        if self._publication is not None:
+            self._publication.let_go()
+            self._publication = None
+        if self._signal_name is not None:
+            with CacheReadySignal.attach(self._signal_name) as signal:
+                signal.clear(self.rank)
+        self.cleared = True
+
+
+def allocate_kv_cache(
+    layout: CacheLayout,
+    num_blocks: int,
+    device: str,
+    paddle: Any = None,
+    *,
+    progress: AllocationProgress | None = None,
+) -> KVCache:
+    """Allocate ``layout``'s tensors for ``num_blocks`` blocks on ``device``, zero-filled, unshared.
+
+    Raises :class:`DeviceAllocError` naming the tensor, its size and the device when Paddle cannot
+    allocate it; tensors allocated before it are dropped first. ``progress`` is called after
+    every tensor (throttling is the caller's).
+    """
+    check_num_blocks(num_blocks)
+    paddle = import_paddle() if paddle is None else paddle
+    tensors: list[Any] = []
+    done = 0
+    for spec in layout.tensors:
+        try:
+            tensors.append(_zeros(paddle, spec, spec.shape(num_blocks), device))
+        except (RuntimeError, MemoryError, OSError, ValueError) as exc:
+            count = len(tensors)
+            tensors.clear()
+            raise _alloc_error(spec, num_blocks, device, count, len(layout.tensors), done, exc) from exc
+        done += num_blocks * spec.bytes_per_block
+        if progress is not None:
+            progress(done, num_blocks * layout.bytes_per_block)
+    return KVCache(device, num_blocks, layout.names(), tensors, done, layout.rank, created=True)
+
+
+def export_kv_cache(
+    platform: Platform,
+    layout: CacheLayout,
+    num_blocks: int,
+    signal_name: str,
+    *,
+    progress: AllocationProgress | None = None,
+) -> KVCache:
+    """Export every tensor of ``layout`` (zero-filled) and publish the rank's manifest.
+
+    On any failure what was exported is closed again and nothing is published.
+    """
+    check_num_blocks(num_blocks)
+    device = platform.identity.device_string(layout.device_id)
+    shared: list[SharedTensor] = []
+
+    def export_all() -> None:
+        done = 0
+        for spec in layout.tensors:
+            name = published_tensor_name(signal_name, spec.name)
+            shared.append(platform.export_cache_tensor(name, spec.shape(num_blocks), spec.dtype, device))
+            done += num_blocks * spec.bytes_per_block
+            if progress is not None:
+                progress(done, num_blocks * layout.bytes_per_block)
+
+    try:
+        platform.batch(f"exporting rank {layout.rank}'s KV cache", export_all)
+        entries = [
+            PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, tensor.handle)
+            for spec, tensor in zip(layout.tensors, shared, strict=True)
+        ]
+        publication = Publication.create(publication_name(signal_name, layout.rank), layout.rank, device, entries)
+    except BaseException:
+        _close_all(shared)
+        raise
+    return KVCache(
+        device, num_blocks, layout.names(), [tensor.tensor for tensor in shared], num_blocks * layout.bytes_per_block,
+        layout.rank, created=True, _shared=shared, _publication=publication, _signal_name=signal_name,
+    )  # fmt: skip
+
+
+def attach_kv_cache(platform: Platform, layout: CacheLayout, num_blocks: int, signal_name: str) -> KVCache:
+    """Open every tensor of rank ``layout.rank``'s published cache, zero-copy, checked against ``layout``.
+
+    A published tensor whose name, shape or dtype differs from this process's layout is a
+    :class:`CacheSharingError` naming the tensor and both shapes; nothing is opened then.
+    """
+    check_num_blocks(num_blocks)
+    started = time.monotonic()
+    publication = Publication.open(publication_name(signal_name, layout.rank), layout.rank)
+    shared: list[SharedTensor] = []
+    device = platform.identity.device_string(layout.device_id)
+
+    def open_all() -> None:
+        for spec, entry in zip(layout.tensors, publication.tensors, strict=True):
+            name = published_tensor_name(signal_name, spec.name)
+            shared.append(platform.open_cache_tensor(name, entry.handle, entry.shape, entry.dtype, device))
+
+    try:
+        check_published(publication.tensors, layout, num_blocks)
+        platform.batch(f"attaching rank {layout.rank}'s KV cache", open_all)
+    except BaseException:
+        _close_all(shared)
+        publication.let_go()
+        raise
+    return KVCache(
+        device, num_blocks, layout.names(), [tensor.tensor for tensor in shared],
+        sum(tensor.nbytes for tensor in shared), layout.rank, created=False,
+        attach_seconds=time.monotonic() - started, _shared=shared, _publication=publication,
+        _signal_name=signal_name,
+    )  # fmt: skip
+
+
+def check_published(published: Sequence[PublishedTensor], layout: CacheLayout, num_blocks: int) -> None:
+    """Every published tensor must be the layout's, in its order, with its shape and dtype."""
+    if len(published) != len(layout.tensors):
+        raise CacheSharingError(
+            f"rank {layout.rank}'s published KV cache has {len(published)} tensors, this process's layout "
+            f"{len(layout.tensors)}. Fix: start every process of the engine with the same model, cache and parallel "
+            "settings"
+        )
+    for spec, entry in zip(layout.tensors, published, strict=True):
+        expected = (spec.name, spec.shape(num_blocks), spec.dtype)
+        if (entry.name, entry.shape, entry.dtype) != expected:
+            raise CacheSharingError(
+                f"KV cache tensor {spec.name}: published as {entry.name} {list(entry.shape)} {entry.dtype}, but this "
+                f"process's layout expects {spec.name} {list(expected[1])} {spec.dtype}. Fix: start every process of "
+                "the engine with the same model, cache and parallel settings and the same number of blocks"
+            )
+
+
+def check_num_blocks(num_blocks: object) -> None:
+    """``num_blocks`` must be an int from 1 to 2**63 - 1 (ConfigError otherwise)."""
+    if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or not 0 < num_blocks < 2**63:
+        raise ConfigError("num_blocks", num_blocks, "an int from 1 to 2**63 - 1", "plan the blocks first (max_num_blocks)")
+
+
+def _close_all(shared: list[SharedTensor]) -> None:
+    while shared:
+        shared.pop().close()
+
+
+def _zeros(paddle: Any, spec: CacheTensorSpec, shape: tuple[int, ...], device: str) -> Any:
+    """One zero-filled tensor as raw bytes viewed as its dtype (kept out of the caller's frame, so an
+    error's traceback holds no tensor)."""
+    raw = paddle.zeros([*shape[:-1], shape[-1] * DTYPE_BYTES[spec.dtype]], dtype="uint8", device=device)
+    return raw if spec.dtype == "uint8" else raw.view(spec.dtype)
+
+
+def _alloc_error(
+    spec: CacheTensorSpec, num_blocks: int, device: str, count: int, total: int, done: int, exc: BaseException
+) -> DeviceAllocError:
+    first_line = next(iter(str(exc).strip().splitlines()), "")
+    return DeviceAllocError(
+        f"could not allocate KV cache tensor {spec.name} {list(spec.shape(num_blocks))} {spec.dtype} "
+        f"({format_size(num_blocks * spec.bytes_per_block)}) on {device} after {count} of {total} tensors "
+        f"({format_size(done)}): {type(exc).__name__}: {first_line}. "
+        "Fix: plan fewer blocks (lower memory_utilization or num_gpu_blocks_override) or free device memory"
+    )

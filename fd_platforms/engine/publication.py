@@ -1,0 +1,218 @@
+"""Where one rank's shared KV cache is published: a small manifest in ``/dev/shm``, by name.
+
+The creator of a rank's cache (a worker, or the cache manager) exports each tensor through the
+platform and publishes the manifest; an attacher reads it, checks it against its own layout and
+opens each tensor by its handle. Names follow the engine instance of the cache-ready signal:
+signal ``fd_cache_ready.<instance>`` → manifest ``fd_kv_cache.<instance>.rank<r>`` and published
+tensor names ``fd_kv.<instance>.<layout name>``.
+
+Manifest: an 8-byte header (magic ``FDKV``, then the native uint32 length of the JSON that follows)
+and JSON ``{"format": 1, "rank", "creator_pid", "device", "tensors": [{"name", "shape", "dtype",
+"handle"}]}``, written before the magic. It is tiny (a few KB); the tensors' memory is wherever the
+platform keeps it.
+
+Holding is the kernel's business (:mod:`fd_platforms.shm`): the creator holds a shared lock while
+the cache is published, every attacher holds one while it is attached. Retracting waits until the
+creator alone holds it — every attacher has let go, or died (the kernel dropped its lock) — and only
+then unlinks it, so a creator never frees memory another process still maps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+import weakref
+from dataclasses import asdict, dataclass
+
+from .. import shm
+from ..cache_signal import SIGNAL_PREFIX, check_signal_name
+from ..errors import CacheInUseError, CacheSharingError
+
+PUBLICATION_PREFIX = "fd_kv_cache."
+TENSOR_PREFIX = "fd_kv."
+MAGIC = b"FDKV"
+FORMAT = 1
+HEADER = struct.Struct("=4sI")
+MAX_MANIFEST_BYTES = 64 << 20  # far above any layout (a few hundred bytes per tensor)
+POLL_SECONDS = 0.005
+
+
+def instance_of(signal_name: str) -> str:
+    """The engine instance a cache-ready signal name stands for (``fd_cache_ready.X`` → ``X``)."""
+    check_signal_name(signal_name)
+    return signal_name.removeprefix(SIGNAL_PREFIX)
+
+
+def publication_name(signal_name: str, rank: int) -> str:
+    """The manifest of ``rank``'s cache in the engine instance of ``signal_name``."""
+    return f"{PUBLICATION_PREFIX}{instance_of(signal_name)}.rank{rank}"
+
+
+def published_tensor_name(signal_name: str, layout_name: str) -> str:
+    """The name a tensor of the layout is exported under, unique to the engine instance."""
+    return f"{TENSOR_PREFIX}{instance_of(signal_name)}.{layout_name}"
+
+
+@dataclass(frozen=True)
+class PublishedTensor:
+    """One manifest entry: the layout's name of a tensor, its shape, dtype and the exporter's handle."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    handle: str
+
+
+class Publication:
+    """A rank's manifest, held open by this process (creator or attacher) until it lets go.
+
+    A creator that exits without retracting (or whose object is collected) unlinks it at exit, as
+    the cache-ready signal's owner does; only SIGKILL leaves it, for the next sweep.
+    """
+
+    def __init__(self, segment: shm.Segment, rank: int, creator_pid: int, device: str,
+                 tensors: tuple[PublishedTensor, ...], *, creator: bool) -> None:  # fmt: skip
+        self._held: dict[str, shm.Segment | None] = {"segment": segment}
+        self.name, self.rank, self.creator_pid, self.device = segment.name, rank, creator_pid, device
+        self.tensors, self.creator = tensors, creator
+        self._at_exit = weakref.finalize(self, _release, self._held, os.getpid() if creator else None)
+
+    @property
+    def _segment(self) -> shm.Segment | None:
+        return self._held["segment"]
+
+    @_segment.setter
+    def _segment(self, segment: shm.Segment | None) -> None:
+        self._held["segment"] = segment
+
+    @classmethod
+    def create(cls, name: str, rank: int, device: str, tensors: list[PublishedTensor]) -> Publication:
+        """Publish the manifest (this process holds it). A stale one under the name (its holders all
+        died) is reclaimed; one in use is a CacheSharingError."""
+        document = {
+            "format": FORMAT, "rank": rank, "creator_pid": os.getpid(), "device": device,
+            "tensors": [asdict(tensor) for tensor in tensors],
+        }  # fmt: skip
+        payload = json.dumps(document, separators=(",", ":")).encode()
+        try:
+            segment = shm.Segment.create(name, HEADER.size + len(payload))
+        except FileExistsError:
+            verdict, detail = shm.reclaim(name, HEADER.size, _recognise, "KV cache publication")
+            if verdict not in (shm.Verdict.RECLAIMED, shm.Verdict.GONE):
+                raise CacheSharingError(
+                    f"rank {rank}'s KV cache is already published as /dev/shm/{name} ({detail}). "
+                    "Fix: clear the published cache first, or give this engine instance its own signal name"
+                ) from None
+            segment = shm.Segment.create(name, HEADER.size + len(payload))
+        os.pwrite(segment.fd, payload, HEADER.size)
+        os.pwrite(segment.fd, HEADER.pack(MAGIC, len(payload)), 0)  # the magic last: complete once it is there
+        return cls(segment, rank, os.getpid(), device, tuple(tensors), creator=True)
+
+    @classmethod
+    def open(cls, name: str, rank: int) -> Publication:
+        """Read rank ``rank``'s manifest and hold it (an attacher) until :meth:`let_go`."""
+        missing = (
+            f"rank {rank}'s KV cache is not published (no /dev/shm/{name}) although its cache-ready slot is set. "
+            "Fix: the creator publishes before it sets the slot; check that every process uses the same signal name"
+        )
+        try:
+            segment = shm.Segment.open(name, HEADER.size)
+        except FileNotFoundError:
+            raise CacheSharingError(missing) from None
+        except shm.SegmentUnusable as exc:
+            raise CacheSharingError(f"rank {rank}'s KV cache publication cannot be read: {exc}") from None
+        try:
+            document = _read(segment)
+        except BaseException:
+            segment.close()
+            raise
+        if document is None or document.get("rank") != rank:
+            segment.close()
+            raise CacheSharingError(
+                f"/dev/shm/{name} is not a complete fd-platforms KV cache publication (format {FORMAT}) of rank {rank}. "
+                "Fix: check the signal name; a publication of another version or engine cannot be used"
+            )
+        tensors = tuple(
+            PublishedTensor(entry["name"], tuple(entry["shape"]), entry["dtype"], entry["handle"])
+            for entry in document["tensors"]
+        )
+        return cls(segment, rank, document["creator_pid"], document["device"], tensors, creator=False)
+
+    def let_go(self) -> None:
+        """Drop this process's hold (an attacher's clear). Idempotent."""
+        if self._segment is not None:
+            self._segment.close()
+            self._segment = None
+        self._at_exit.detach()
+
+    def retract(self, timeout: float) -> None:
+        """The creator's clear: wait (at most ``timeout`` s) until no attacher holds it, then unlink it.
+
+        Raises :class:`CacheInUseError` naming the rank when an attacher still holds it; the
+        publication then stays in place, held by this process, and the caller may retry.
+        """
+        if self._segment is None:
+            return
+        own = self._segment
+        own.close()  # let go of our own lock first: what remains are attachers' locks
+        self._segment = None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                probe = shm.Segment.inspect(self.name, HEADER.size)
+            except (FileNotFoundError, shm.SegmentUnusable):
+                return  # removed or replaced meanwhile: nothing of ours is left to retract
+            try:
+                if probe.unused():
+                    probe.unlink()
+                    self._at_exit.detach()
+                    return
+            finally:
+                probe.close()
+            if time.monotonic() >= deadline:
+                self._segment = shm.Segment.open(self.name, HEADER.size)  # hold it again: still published
+                raise CacheInUseError(
+                    f"rank {self.rank}'s KV cache is still held by its attaching process after {timeout:g} s, so it "
+                    "was not freed. Fix: clear the worker's cache first (KVCache.clear()), or stop that process",
+                    (self.rank,),
+                )
+            time.sleep(POLL_SECONDS)
+
+
+def _release(held: dict[str, shm.Segment | None], creator_pid: int | None) -> None:
+    """At exit or collection: the creator (not a forked child of it) unlinks what it published."""
+    segment = held["segment"]
+    if segment is None:
+        return
+    if creator_pid == os.getpid():
+        segment.unlink()
+    segment.close()
+    held["segment"] = None
+
+
+def _read(segment: shm.Segment) -> dict | None:
+    """The manifest's JSON if the segment holds a complete one (sizes checked before reading), else None."""
+    header = segment.read(HEADER.size)
+    if len(header) < HEADER.size:
+        return None
+    magic, length = HEADER.unpack(header)
+    if magic != MAGIC or length > min(MAX_MANIFEST_BYTES, segment.size - HEADER.size):
+        return None
+    try:
+        document = json.loads(segment.read(length, HEADER.size))
+    except ValueError:
+        return None
+    valid = isinstance(document, dict) and document.get("format") == FORMAT and isinstance(document.get("tensors"), list)
+    return document if valid else None
+
+
+def _recognise(segment: shm.Segment) -> str | None:
+    document = _read(segment)
+    return None if document is None else f"pid {document.get('creator_pid')}"
+
+
+def reclaim_stale_publications() -> list[str]:
+    """Unlink every KV cache publication of this user's that no living process holds (see the signal's sweep)."""
+    return shm.sweep(PUBLICATION_PREFIX, HEADER.size, _recognise, "KV cache publication")

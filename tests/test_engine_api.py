@@ -1,0 +1,217 @@
+"""The engine API on the cpu platform: one call creates or attaches zero-copy by name; the cache
+manager's side; clear and re-create; memory that comes back when every holder is gone, SIGKILL included."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+import engine_processes
+from conftest import SHM_DIR, shm_entries
+from engine_processes import qwen_layout
+from fd_platforms.cache_signal import CacheReadySignal
+from fd_platforms.errors import BufferInUseError, CacheInUseError, CacheNotReadyError, CacheSharingError
+from fd_platforms.host_memory import resident_bytes
+from fd_platforms.selection import select_platform
+
+paddle = pytest.importorskip("paddle")
+spawn = multiprocessing.get_context("spawn")
+DECODE = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "decode"}
+MIXED = {**DECODE, "splitwise_role": "mixed"}
+BLOCKS = 4
+
+
+@pytest.fixture
+def cpu():
+    return select_platform({"FD_PLATFORM": "cpu"}).platform
+
+
+@pytest.fixture
+def signal_owner(signal_name: str) -> Iterator[CacheReadySignal]:
+    with CacheReadySignal.create(2, signal_name) as owner:
+        yield owner
+
+
+@contextmanager
+def cache_manager(signal_name: str, num_cpu_blocks: int = 0, **cache: object) -> Iterator[tuple[object, int]]:
+    """A spawned cache manager that published rank 0's cache: yields (its end of the pipe, its pid)."""
+    ours, theirs = spawn.Pipe()
+    process = spawn.Process(target=engine_processes.manage, args=(signal_name, BLOCKS, num_cpu_blocks, theirs, cache))
+    process.start()
+    try:
+        assert ours.poll(60), "the cache manager never became ready"
+        assert ours.recv()[0] == "ready"
+        yield ours, process.pid
+    finally:
+        if process.is_alive():
+            ours.send(("stop", None))
+            process.join(30)
+        if process.is_alive():
+            process.kill()
+            process.join(10)
+
+
+def test_a_worker_that_creates_zero_fills_publishes_and_sets_its_slot(cpu, signal_owner) -> None:
+    layout = qwen_layout()
+    cache = cpu.initialize_kv_cache(layout, BLOCKS, signal_name=signal_owner.name, **MIXED)
+    assert cache.created and cache.shared and cache.decision.deciding_term == "none"
+    assert cache.names == layout.names() and len(cache.tensors) == 96
+    assert [tuple(t.shape) for t in cache.tensors] == [spec.shape(BLOCKS) for spec in layout.tensors]
+    assert all(not t.view(paddle.uint8).numpy().any() for t in cache.tensors[:4]), "zero-filled"
+    assert signal_owner.slots() == (1, 0)
+    publication = f"fd_kv_cache.{signal_owner.name.removeprefix('fd_cache_ready.')}.rank0"
+    assert (SHM_DIR / publication).exists()
+    cache.clear()
+    assert signal_owner.slots() == (0, 0) and not (SHM_DIR / publication).exists() and cache.tensors == []
+    cache.clear()  # idempotent
+
+
+def test_a_worker_attaches_zero_copy_to_the_cache_managers_tensors(cpu, signal_owner) -> None:
+    layout = qwen_layout()
+    with cache_manager(signal_owner.name) as (manager, pid):
+        cache = cpu.initialize_kv_cache(layout, BLOCKS, signal_name=signal_owner.name, setter_pid=pid, timeout=30,
+                                        **DECODE)  # fmt: skip
+        assert not cache.created and cache.shared
+        assert cache.decision.deciding_term == "splitwise_role"
+        assert cache.names == layout.names() and len(cache.tensors) == 96
+        assert cache.wait_seconds is not None and cache.attach_seconds is not None
+        assert cache.tensors[0][0, 0, 0, 0].item() == 5.0, "the manager's write is seen here"
+        cache.tensors[-1][-1, -1, -1, -1] = 7.0
+        manager.send(("read", None))
+        assert manager.recv() == 7.0, "this process's write is seen by the manager"
+        cache.clear()
+        assert signal_owner.slots()[0] == 0, "an attacher's clear resets its slot"
+
+
+def test_a_published_tensor_differing_from_the_attachers_layout_is_refused(cpu, signal_owner) -> None:
+    with cache_manager(signal_owner.name, block_size=32) as (_, pid):
+        with pytest.raises(CacheSharingError) as info:
+            cpu.initialize_kv_cache(qwen_layout(), BLOCKS, signal_name=signal_owner.name, setter_pid=pid, timeout=30,
+                                    **DECODE)  # fmt: skip
+    message = str(info.value)
+    assert "KV cache tensor key_caches_0_rank0.device0: published as key_caches_0_rank0.device0 [4, 4, 32, 128]" in message
+    assert "this process's layout expects key_caches_0_rank0.device0 [4, 4, 64, 128] bfloat16" in message
+    assert "Fix: start every process of the engine with the same model" in message
+
+
+def test_the_manager_frees_only_after_the_attacher_let_go(cpu, signal_owner) -> None:
+    with cache_manager(signal_owner.name) as (manager, pid):
+        cache = cpu.initialize_kv_cache(qwen_layout(), BLOCKS, signal_name=signal_owner.name, setter_pid=pid,
+                                        timeout=30, **DECODE)  # fmt: skip
+        started = time.monotonic()
+        manager.send(("clear", 0.3))
+        kind, message, ranks = manager.recv()
+        assert time.monotonic() - started < 5
+        assert kind == "CacheInUseError" and ranks == (0,)
+        assert "rank 0's KV cache is still held by its attaching process after 0.3 s, so it was not freed" in message
+        assert cache.tensors[0][0, 0, 0, 0].item() == 5.0, "nothing was freed"
+        cache.clear()
+        manager.send(("clear", 5.0))
+        assert manager.recv() == ("cleared", None, None)
+        assert signal_owner.slots()[0] == 0
+
+
+def test_clear_refuses_while_a_tensor_is_still_referenced(cpu, signal_owner) -> None:
+    cache = cpu.initialize_kv_cache(qwen_layout(), BLOCKS, signal_name=signal_owner.name, **MIXED)
+    kept = cache.tensors[3]
+    with pytest.raises(BufferInUseError, match=r"KV cache tensor fd_kv\..*value_caches_1_rank0.device0 is still referenced"):
+        cache.clear()
+    del kept
+    cache.clear()
+    assert cache.cleared and signal_owner.slots()[0] == 0
+
+
+def test_a_platform_that_cannot_share_is_refused_when_it_decides(make_plugin, signal_owner) -> None:
+    source = (
+        "from fd_platforms import hookimpl\nfrom fd_platforms.types import Detection, PlatformIdentity\n"
+        "@hookimpl\ndef platform_identity():\n    return PlatformIdentity('noshare', 'cpu', None)\n"
+        "@hookimpl\ndef detect_platform():\n    return Detection(True, 'here', 1)\n"
+        "@hookimpl\ndef supported_api_versions():\n    return '>=1.0,<2'\n"
+    )
+    make_plugin("noshare", source=source)
+    platform = select_platform({"FD_PLATFORM": "noshare"}).platform
+    assert platform.cache_sharing() is None
+    started = time.monotonic()
+    with pytest.raises(CacheSharingError) as info:
+        platform.initialize_kv_cache(qwen_layout(), BLOCKS, signal_name=signal_owner.name, timeout=60, **DECODE)
+    assert time.monotonic() - started < 5, "refused when deciding, not after waiting"
+    message = str(info.value)
+    assert "rank 0: the rule decided the workers attach to the cache manager's KV cache (deciding term splitwise_role" in message
+    assert "platform noshare cannot share KV cache tensors between processes" in message and "Fix: " in message
+    created = platform.initialize_kv_cache(qwen_layout(), BLOCKS, signal_name=signal_owner.name, **MIXED)
+    assert created.created and not created.shared, "a creator still works: plain tensors, nothing published"
+    created.clear()
+
+
+def test_a_dead_cache_manager_ends_the_wait(cpu, signal_owner) -> None:
+    ours, theirs = spawn.Pipe()
+    process = spawn.Process(target=time.sleep, args=(60,))
+    process.start()
+    try:
+        threading_kill = time.monotonic()
+        os.kill(process.pid, signal.SIGKILL)
+        with pytest.raises(CacheNotReadyError, match="exited without setting it"):
+            cpu.initialize_kv_cache(qwen_layout(), BLOCKS, signal_name=signal_owner.name, setter_pid=process.pid,
+                                    timeout=30, **DECODE)  # fmt: skip
+        assert time.monotonic() - threading_kill < 5
+    finally:
+        process.join(10)
+        ours.close()
+        theirs.close()
+
+
+def shmem_bytes() -> int:
+    """The kernel's shared memory in use (memfd and tmpfs pages), from /proc/meminfo."""
+    with open("/proc/meminfo", encoding="ascii") as meminfo:
+        return int(re.search(r"^Shmem:\s+(\d+) kB", meminfo.read(), re.M).group(1)) * 1024  # type: ignore[union-attr]
+
+
+def test_memory_comes_back_when_every_holder_is_gone_sigkill_included(cpu) -> None:
+    size = 256 << 20
+    before = shmem_bytes()
+    ours, theirs = spawn.Pipe()
+    holder = spawn.Process(target=engine_processes.export_and_hold, args=(size, theirs))
+    holder.start()
+    try:
+        assert ours.poll(60)
+        handle = ours.recv()
+        assert shmem_bytes() - before > size * 0.9, "the exported tensor's pages are reserved"
+        opened = cpu.open_cache_tensor("fd_kv.test-hold.blob", handle, (size,), "uint8", "cpu")
+        assert opened.tensor[0].item() == 42
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.join(10)
+        assert opened.tensor[0].item() == 42, "this process's mapping keeps the memory alive"
+        assert shmem_bytes() - before > size * 0.9
+        opened.close()
+    finally:
+        if holder.is_alive():
+            holder.kill()
+            holder.join(10)
+    deadline = time.monotonic() + 10
+    while shmem_bytes() - before > size * 0.1:  # the kernel frees it as the last holder lets go
+        assert time.monotonic() < deadline, f"{shmem_bytes() - before} bytes still held 10 s after every holder is gone"
+        time.sleep(0.05)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_100_clear_and_recreate_cycles_leave_shm_fds_and_rss_flat(cpu, signal_owner) -> None:
+    layout = qwen_layout()
+    for _ in range(3):  # warm Paddle's and Python's caches before measuring
+        creator = cpu.initialize_kv_cache(layout, BLOCKS, signal_name=signal_owner.name, **MIXED)
+        creator.clear()
+    entries, fds, rss = shm_entries(), open_fds(), resident_bytes()
+    for _ in range(100):
+        creator = cpu.initialize_kv_cache(layout, BLOCKS, signal_name=signal_owner.name, **MIXED)
+        creator.clear()
+    assert shm_entries() == entries and open_fds() == fds
+    assert resident_bytes() - rss <= rss // 100, f"RSS grew {resident_bytes() - rss} bytes over 100 cycles"
