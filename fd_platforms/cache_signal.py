@@ -273,6 +273,11 @@ class CacheReadySignal:
     ) -> None:
         self.close()
 
+    @property
+    def instance(self) -> str:
+        """The engine instance this signal stands for: its name without ``fd_cache_ready.``."""
+        return self.name.removeprefix(SIGNAL_PREFIX)
+
     def __repr__(self) -> str:
         role = "owner" if self.owner else "attached"
         return f"CacheReadySignal({self.name!r}, num_ranks={self.num_ranks}, {role})"

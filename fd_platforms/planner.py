@@ -239,6 +239,21 @@ def check_host_swap(plan: Plan, cache: CacheConfig, *, host_bytes: int | None = 
     )
 
 
+def shared_by(memory: DeviceMemory, ranks: int) -> DeviceMemory:
+    """One device's ``memory`` (on cpu: the host's) as each of ``ranks`` ranks sharing it plans on:
+    an even share of total and free memory, so the ranks together stay within the device."""
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        raise ConfigError("ranks", ranks, "an int >= 1", "pass how many ranks share the device")
+    if ranks == 1:
+        return memory
+    return DeviceMemory(
+        total_bytes=memory.total_bytes // ranks,
+        free_bytes=None if memory.free_bytes is None else memory.free_bytes // ranks,
+        process_bytes=memory.process_bytes,
+        source=f"{memory.source}, split evenly across {ranks} ranks sharing host memory",
+    )
+
+
 def min_across_ranks(plans: Sequence[Plan]) -> Plan:
     """The plan with the fewest blocks (the first such on ties): every rank must use that number."""
     if not plans:

@@ -441,3 +441,24 @@ def test_custom_devices_declare_no_sharing_and_refuse_it_by_name() -> None:
     facts = facts_of("iluvatar", custom_paddle(["iluvatar_gpu"]))
     with pytest.raises(CacheSharingError, match=r"iluvatar_gpu tensors cannot be shared .*tensor fd_kv.x.t"):
         facts.export("fd_kv.x.t", (8,), "uint8", "iluvatar_gpu:0")
+
+
+def test_importing_paddle_through_the_core_keeps_the_processs_sigterm_handler() -> None:
+    """A plain ``import paddle`` installs a handler that ends the process at once, skipping clean-up."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal, sys, time\n"
+        "def stop(*_):\n    print('clean-up ran'); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "{importing}\n"
+        "os.kill(os.getpid(), signal.SIGTERM); time.sleep(5); print('no handler ran')\n"
+    )
+    ours = subprocess.run([sys.executable, "-c", code.format(importing="from fd_platforms.device_facts import "
+                                                                        "import_paddle; import_paddle()")],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert ours.stdout.strip() == "clean-up ran", ours.stderr
+    plain = subprocess.run([sys.executable, "-c", code.format(importing="import paddle")],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert "clean-up ran" not in plain.stdout, "paddle's own handler: why the core keeps the previous one"

@@ -3,6 +3,7 @@ manager's side; clear and re-create; memory that comes back when every holder is
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import re
@@ -150,6 +151,32 @@ def test_a_platform_that_cannot_share_is_refused_when_it_decides(make_plugin, si
     created.clear()
 
 
+def test_a_profiling_run_makes_its_own_cache_beside_a_published_one(cpu, signal_owner) -> None:
+    """FastDeploy's profile run creates a temporary cache: never published, the slot untouched."""
+    with cache_manager(signal_owner.name):
+        before = signal_owner.slots()
+        profiled = cpu.initialize_kv_cache(qwen_layout(), BLOCKS, signal_name=signal_owner.name,
+                                           **{**DECODE, "profile": True})  # fmt: skip
+        assert profiled.created and not profiled.shared and profiled.decision.deciding_term == "profile"
+        assert signal_owner.slots() == before
+        profiled.clear()
+        assert signal_owner.slots() == before, "clearing the profiling cache leaves the manager's slot alone"
+
+
+def test_an_attacher_resets_its_slot_before_it_lets_go(cpu, signal_owner, monkeypatch) -> None:
+    """Otherwise a manager waiting to free could publish again in between, and the reset would erase that."""
+    from fd_platforms.engine import publication
+
+    with cache_manager(signal_owner.name) as (_, pid):
+        cache = cpu.initialize_kv_cache(qwen_layout(), BLOCKS, signal_name=signal_owner.name, setter_pid=pid,
+                                        timeout=30, **DECODE)  # fmt: skip
+        seen: list[tuple[int, ...]] = []
+        let_go = publication.Publication.let_go
+        monkeypatch.setattr(publication.Publication, "let_go", lambda self: (seen.append(signal_owner.slots()), let_go(self)))
+        cache.clear()
+        assert seen and seen[0][0] == 0, "the slot was already reset when the publication was let go"
+
+
 def test_a_dead_cache_manager_ends_the_wait(cpu, signal_owner) -> None:
     ours, theirs = spawn.Pipe()
     process = spawn.Process(target=time.sleep, args=(60,))
@@ -209,9 +236,45 @@ def test_100_clear_and_recreate_cycles_leave_shm_fds_and_rss_flat(cpu, signal_ow
     for _ in range(3):  # warm Paddle's and Python's caches before measuring
         creator = cpu.initialize_kv_cache(layout, BLOCKS, signal_name=signal_owner.name, **MIXED)
         creator.clear()
-    entries, fds, rss = shm_entries(), open_fds(), resident_bytes()
+    ours = signal_owner.instance  # other processes on the machine may make entries of their own meanwhile
+    gc.collect()  # pipes of earlier tests' processes, closed now rather than in the middle of the count
+    entries, fds, rss = {e for e in shm_entries() if ours in e}, open_fds(), resident_bytes()
     for _ in range(100):
         creator = cpu.initialize_kv_cache(layout, BLOCKS, signal_name=signal_owner.name, **MIXED)
         creator.clear()
-    assert shm_entries() == entries and open_fds() == fds
+    assert {e for e in shm_entries() if ours in e} == entries and open_fds() == fds
     assert resident_bytes() - rss <= rss // 100, f"RSS grew {resident_bytes() - rss} bytes over 100 cycles"
+
+
+def test_an_exporter_holds_one_descriptor_per_tensor_and_an_attacher_none(cpu, signal_owner) -> None:
+    layout = qwen_layout()
+    gc.collect()
+    before = open_fds()
+    creator = cpu.initialize_kv_cache(layout, BLOCKS, signal_name=signal_owner.name, **MIXED)
+    assert open_fds() - before == len(layout.tensors) + 1, "one memfd per exported tensor, and the publication"
+    opened = [cpu.open_cache_tensor(f"fd_kv.{signal_owner.instance}.{spec.name}", shared.handle,
+                                    spec.shape(BLOCKS), spec.dtype, "cpu")
+              for spec, shared in zip(layout.tensors, creator._shared, strict=True)]  # fmt: skip
+    assert open_fds() - before == len(layout.tensors) + 1, "opening maps without keeping a descriptor"
+    for tensor in opened:
+        tensor.close()
+    creator.clear()
+    assert open_fds() == before
+
+
+def test_running_out_of_descriptors_says_how_to_raise_the_limit(tmp_path) -> None:
+    code = (
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))\n"
+        "import fd_platforms\n"
+        "platform = fd_platforms.current_platform()\n"
+        "held = [platform.export_cache_tensor(f'fd_kv.test-nofile.t{i}', (64,), 'uint8', 'cpu') for i in range(60)]\n"
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "CacheSharingError: KV cache tensor fd_kv.test-nofile.t" in done.stderr
+    assert "needs a file descriptor, but this process has used all 40 it may open" in done.stderr
+    assert "Fix: raise the limit (ulimit -n" in done.stderr

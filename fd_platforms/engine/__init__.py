@@ -14,7 +14,17 @@ attached tensors), :mod:`.host_cache` (host swap tensors in the layout's names),
 from __future__ import annotations
 
 from .host_cache import HostCache
-from .initialize import ManagedCache, initialize_kv_cache, manage_kv_cache
+from .initialize import ManagedCache, check_can_attach, initialize_kv_cache, manage_kv_cache
 from .kv_cache import KVCache
+from .publication import publication_name, published_tensor_name
 
-__all__ = ["HostCache", "KVCache", "ManagedCache", "initialize_kv_cache", "manage_kv_cache"]
+__all__ = [
+    "HostCache",
+    "KVCache",
+    "ManagedCache",
+    "check_can_attach",
+    "initialize_kv_cache",
+    "manage_kv_cache",
+    "publication_name",
+    "published_tensor_name",
+]

@@ -67,18 +67,18 @@ def initialize_kv_cache(
     sharing = platform.cache_sharing()
     if decision.create:
         started = time.monotonic()
-        if sharing is None:
+        if profile or sharing is None:  # a profiling run's cache is its own, temporary: never published
             cache = allocate_kv_cache(
                 layout, num_blocks, platform.identity.device_string(layout.device_id), progress=progress
             )
-            cache._signal_name = signal_name
         else:
             cache = export_kv_cache(platform, layout, num_blocks, signal_name, progress=progress)
         cache.create_seconds = time.monotonic() - started
-        _set_slot(signal_name, layout.rank)
+        if not profile:
+            cache._signal_name = signal_name
+            _set_slot(signal_name, layout.rank)
     else:
-        if sharing is None:
-            raise cannot_attach(platform, decision, f"rank {layout.rank}")
+        check_can_attach(platform, decision, f"rank {layout.rank}")
         waited = platform.wait_cache_ready(signal_name, layout.rank, timeout=limit, setter_pid=setter_pid)
         cache = attach_kv_cache(platform, layout, num_blocks, signal_name)
         cache.wait_seconds = waited
@@ -139,8 +139,17 @@ def _set_slot(signal_name: str, rank: int) -> None:
         signal.set(rank)
 
 
-def cannot_attach(platform: Platform, decision: CacheDecision, who: str) -> CacheSharingError:
-    """The refusal, at decision time, of a worker the rule sends to attach on a platform that cannot share."""
+def check_can_attach(platform: Platform, decision: CacheDecision, who: str = "this worker") -> None:
+    """Refuse, when the rule decides, workers sent to attach on a platform that cannot share cache tensors.
+
+    An engine calls it before starting its cache manager (``fd-platforms run`` does);
+    :func:`initialize_kv_cache` calls it before it would wait. ``who`` starts the message.
+    """
+    if not decision.create and platform.cache_sharing() is None:
+        raise _cannot_attach(platform, decision, who)
+
+
+def _cannot_attach(platform: Platform, decision: CacheDecision, who: str) -> CacheSharingError:
     return CacheSharingError(
         f"{who}: the rule decided the workers attach to the cache manager's KV cache "
         f"(deciding term {decision.deciding_term}: {decision.reason}), but platform {platform.name} cannot share KV "

@@ -74,32 +74,40 @@ class KVCache:
     def clear(self, timeout: float | None = None) -> None:
         """Let go of the cache, so it can be created again (sleep mode, weight updates).
 
-        - An attacher drops its mappings, lets go of the publication and resets its rank's
-          cache-ready slot to 0.
+        - An attacher drops its mappings, resets its rank's cache-ready slot to 0 and only then
+          lets go of the publication (so a cache manager waiting to free cannot publish again in
+          between). Its next :func:`~fd_platforms.engine.initialize_kv_cache` waits until the
+          manager has cleared and published again.
         - A creator whose cache is published first waits (at most ``timeout``, default
           ``FD_CACHE_READY_TIMEOUT``) until no attacher holds it — :class:`CacheInUseError` naming
-          the rank otherwise, with nothing freed — then unpublishes and frees it and clears its slot.
+          the rank otherwise, with nothing freed — then unpublishes it, clears its slot and frees it.
         - A plain cache drops its tensors, returning the memory to Paddle's allocator.
 
-        Drop your own references to the tensors first: a tensor still referenced is a
-        :class:`BufferInUseError` (nothing is unmapped under a live tensor). Idempotent.
+        ``tensors`` is emptied in place: drop your own references (and views) first. One still
+        alive is a :class:`BufferInUseError` naming the tensor, raised before the slot or the
+        publication changes for an attacher; call ``clear()`` again once it is gone. Idempotent.
         """
         if self.cleared:
             return
         limit = resolve_timeout(timeout)
-        if self._publication is not None and self._publication.creator:
-            self._publication.retract(limit)
+        creator = self._publication is not None and self._publication.creator
+        if creator:
+            self._publication.retract(limit)  # type: ignore[union-attr]
+            self._clear_slot()  # unpublished: an attacher arriving now waits instead of failing to find it
         self.tensors.clear()
         while self._shared:
             self._shared[-1].close()
             self._shared.pop()
+        self._clear_slot()
         if self._publication is not None:
             self._publication.let_go()
             self._publication = None
+        self.cleared = True
+
+    def _clear_slot(self) -> None:
         if self._signal_name is not None:
             with CacheReadySignal.attach(self._signal_name) as signal:
                 signal.clear(self.rank)
-        self.cleared = True
 
 
 def allocate_kv_cache(

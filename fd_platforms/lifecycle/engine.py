@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 
 from ..cache_signal import CacheReadySignal, reclaim_stale_signals
-from ..engine.initialize import cannot_attach
+from ..engine.initialize import check_can_attach
 from ..engine.publication import reclaim_stale_publications
 from ..errors import ConfigError
 from ..host_memory import available_host_bytes, resident_bytes
@@ -138,8 +138,7 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
             splitwise_role=spec.deploy.scheduler.splitwise_role,
         )
         if not decision.create:
-            if platform.cache_sharing() is None:  # refused now, before any cache is made
-                raise cannot_attach(platform, decision, f"platform {platform.name}")
+            check_can_attach(platform, decision, f"platform {platform.name}")  # before any cache is made
             run.attaching = tuple(range(spec.ranks))
             run.manager = children.start("cache manager", manager_main, spec, run.attaching, final, signal.name)
             say(f"starting the cache manager (pid {run.manager.pid}) for rank(s) {', '.join(map(str, run.attaching))}")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from ..engine.kv_cache import KVCache
+from ..planner import shared_by
 from ..platform import Platform
 from ..sizes import format_size
 from ..types import CacheDecision, DeviceMemory, Plan
@@ -48,15 +49,7 @@ def rank_memory(spec: RunSpec, platform: Platform, rank: int) -> DeviceMemory:
     if spec.device_memory is not None:
         return DeviceMemory(spec.device_memory, None, None, "--device-memory")
     live = platform.device_memory(spec.device_id(rank))
-    if not spec.shares_device or spec.ranks == 1:
-        return live
-    share = spec.ranks
-    return DeviceMemory(
-        total_bytes=live.total_bytes // share,
-        free_bytes=None if live.free_bytes is None else live.free_bytes // share,
-        process_bytes=live.process_bytes,
-        source=f"{live.source}, split evenly across {share} ranks sharing host memory",
-    )
+    return shared_by(live, spec.ranks) if spec.shares_device else live
 
 
 def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, signal_name: str) -> None:
