@@ -83,3 +83,29 @@ def test_table_and_progress_from_a_config_file_with_ranks_from_tp() -> None:
                      "every rank's KV cache is ready; shared memory verified: True"):
         assert expected in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_cycles_clear_and_reinitialize_every_rank_with_the_memory_still_shared() -> None:
+    report = run_json("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode", "--cycles", "3")
+    per_block = qwen_bytes_per_block(2)
+    for rank in report["ranks"]:
+        check_rank(rank, per_block, *expected_decision("decode", "none"))
+    cycles = report["cycles"]
+    assert [cycle["cycle"] for cycle in cycles] == [1, 2, 3]
+    for cycle in cycles:
+        assert cycle["verified"] is True, "after every re-initialization each rank maps the manager's memory again"
+        assert cycle["clear_seconds"] > 0 and cycle["init_seconds"] > 0
+        assert set(cycle["rss"]) == {"engine", "cache manager", "rank 0", "rank 1"}
+        assert all(isinstance(rss["before"], int) and isinstance(rss["after"], int) for rss in cycle["rss"].values())
+
+
+def test_cycles_on_the_creator_path_have_nothing_to_verify() -> None:
+    report = run_json("--model", QWEN, "--tp", "1", "--device-memory", "256MiB", "--cycles", "2")
+    assert [cycle["verified"] for cycle in report["cycles"]] == [None, None]
+    assert set(report["cycles"][0]["rss"]) == {"engine", "rank 0"}
+
+
+@pytest.mark.parametrize("cycles", ["-1", "100001"])
+def test_a_bad_cycle_count_is_a_configuration_error(cycles: str) -> None:
+    done = run_cli("--model", QWEN, "--device-memory", "256MiB", "--cycles", cycles)
+    assert done.returncode == 2 and f"--cycles={cycles} is not valid; allowed: 0 to 100000" in done.stderr

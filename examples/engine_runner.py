@@ -1,0 +1,82 @@
+"""An engine (owning the signal), a spawned cache manager and a model runner that attaches, clears and
+attaches again, on the public engine API of docs/engine-integration.md. Runs from any folder."""
+
+import multiprocessing
+from pathlib import Path
+
+import fd_platforms
+from fd_platforms.cache_signal import CacheReadySignal
+from fd_platforms.config import CacheConfig, ParallelConfig, load_model_config
+from fd_platforms.layout import build_layout
+from fd_platforms.planner import min_across_ranks
+from fd_platforms.types import DeviceMemory
+
+MODEL = Path(__file__).resolve().parent / "qwen3-30b-a3b"
+CACHE = CacheConfig(swap_space_bytes=12 << 20)  # a little host swap space: 12 MiB per rank
+MEMORY = DeviceMemory(64 << 20, None, None, "this example's 64 MiB")  # leave out on a device: its live facts
+TIMEOUT = 30.0  # bounds every wait below
+
+
+def rank0_layout():
+    return build_layout(load_model_config(MODEL), CACHE, ParallelConfig(tensor_parallel_size=1, local_rank=0))
+
+
+def receive(conn, what):
+    if not conn.poll(TIMEOUT):
+        raise TimeoutError(f"no {what} within {TIMEOUT:g} s")
+    return conn.recv()
+
+
+def cache_manager(signal_name, num_blocks, num_cpu_blocks, conn):
+    platform = fd_platforms.current_platform()
+    for cycle in (1, 2):
+        managed = platform.manage_kv_cache(rank0_layout(), num_blocks, num_cpu_blocks=num_cpu_blocks,
+                                           signal_name=signal_name)  # publishes, then sets rank 0's slot
+        managed.device.tensors[0][0, 0, 0, 0] = 100.0 + cycle  # for the runner to read
+        conn.send(managed.host.num_blocks)
+        receive(conn, '"clear" from the engine')  # sent once the runner has let go
+        written = managed.device.tensors[-1][-1, -1, -1, -1].item()  # the runner's write
+        managed.clear(TIMEOUT)
+        conn.send(written)
+
+
+def main():
+    platform = fd_platforms.current_platform()
+    layout = rank0_layout()
+    plan = min_across_ranks([platform.max_num_blocks(layout=layout, cache=CACHE, memory=MEMORY)])
+    print(f"platform {platform.name}: {plan.num_blocks} blocks of {plan.bytes_per_block >> 20} MiB, "
+          f"{plan.num_cpu_blocks} host swap blocks")
+    spawn = multiprocessing.get_context("spawn")
+    with CacheReadySignal.create(1) as signal:  # the engine owns the signal
+        engine_end, manager_end = spawn.Pipe()
+        manager = spawn.Process(target=cache_manager, args=(signal.name, plan.num_blocks, plan.num_cpu_blocks,
+                                                            manager_end))
+        manager.start()
+        try:
+            for cycle in (1, 2):
+                cache = platform.initialize_kv_cache(
+                    layout, plan.num_blocks, profile=False, num_cpu_blocks=plan.num_cpu_blocks, storage_backend=None,
+                    splitwise_role="decode", signal_name=signal.name, setter_pid=manager.pid, timeout=TIMEOUT)
+                seen = cache.tensors[0][0, 0, 0, 0].item()
+                cache.tensors[-1][-1, -1, -1, -1] = 7.0 * cycle
+                print(f"cycle {cycle}: attached={not cache.created} (deciding term {cache.decision.deciding_term}), "
+                      f"{len(cache.tensors)} tensors, read {seen} written by the cache manager")
+                cache.clear(TIMEOUT)  # the attacher lets go first, then the cache manager clears
+                swap_blocks = receive(engine_end, "publication from the cache manager")
+                engine_end.send("clear")
+                written = receive(engine_end, "clear from the cache manager")
+                print(f"cycle {cycle}: cleared; the cache manager ({swap_blocks} host swap blocks) "
+                      f"read {written} written by the runner")
+        finally:
+            engine_end.close()  # a cache manager still waiting for "clear" sees EOF and exits
+            manager.join(TIMEOUT)
+            if manager.is_alive():
+                manager.kill()
+                manager.join(TIMEOUT)
+    left = Path("/dev/shm", signal.name).exists()
+    print(f"done: cache manager exited with {manager.exitcode}, signal {signal.name} removed: {not left}")
+    return 0 if manager.exitcode == 0 and not left else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
