@@ -1,6 +1,8 @@
 """The worker process of one local rank: plan, then the public engine call, then what the engine asks.
 
-Messages with the engine, in order: send ``("plan", (plan, seconds))``; receive ``("final",
+Paddle is imported first, while the ranks plan in parallel, so that a rank told to wait for a
+cache manager already waits by the time that manager could fail. Messages with the engine, in
+order: send ``("plan", (plan, seconds))``; receive ``("final",
 (plan, manager_pid))`` (the minimum across ranks, and the cache manager's pid when there is one);
 call :meth:`Platform.initialize_kv_cache`, which creates or attaches; send ``("ready",
 WorkerResult)``. Then serve until ``("stop", None)``: ``verify`` (an attacher reads the cache
@@ -53,6 +55,7 @@ def rank_memory(spec: RunSpec, platform: Platform, rank: int) -> DeviceMemory:
 
 
 def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, signal_name: str) -> None:
+    load_paddle()  # before planning, in parallel across ranks: once "final" comes, a rank acts at once
     platform = child_platform(spec)
     started = time.monotonic()
     layout = spec.layout(rank)
@@ -66,7 +69,6 @@ def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, signal_name
     conn.send(("plan", (plan, time.monotonic() - started)))
     say(f"planned {plan.num_blocks} blocks of {format_size(plan.bytes_per_block)} ({plan.binding_reason})")
     final, manager_pid = expect(conn, "final", spec.timeout)
-    load_paddle()
     state = {"cache": _initialize(platform, spec, rank, signal_name, final, manager_pid, say)}
     try:
         conn.send(("ready", _result(state["cache"])))
