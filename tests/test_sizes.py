@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fd_platforms.errors import ConfigError
-from fd_platforms.sizes import MAX_BYTES, format_size, parse_size
+from fd_platforms.sizes import MAX_BYTES, decimal_note, format_size, parse_size
 
 UNITS = {
     "B": 1,
@@ -52,7 +52,7 @@ def test_parse_size_rounds_fractional_bytes_down() -> None:
     assert parse_size("1.9", "swap_space") == 1
 
 
-@pytest.mark.parametrize("bad", ["-1GiB", "abc", "", "  ", "GiB", "1.2.3GB", "10 G iB", -5, True, 1.5, None])
+@pytest.mark.parametrize("bad", ["-1GiB", "abc", "", "  ", "GiB", "1.2.3GB", "10 G iB", -5, True, 1.5])
 def test_parse_size_rejects(bad: object) -> None:
     with pytest.raises(ConfigError) as info:
         parse_size(bad, "cache.swap_space")  # type: ignore[arg-type]
@@ -117,3 +117,43 @@ def test_format_then_parse_is_within_rounding(n: int) -> None:
     number, unit = format_size(n).split()
     factor = UNITS[unit]
     assert abs(parse_size(f"{number}{unit}", "size") - n) <= factor * 0.005 + 1
+
+
+def test_a_missing_size_says_not_given_never_none() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_size(None, "--device-memory")  # type: ignore[arg-type]
+    assert "--device-memory is not given" in str(info.value) and "None" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("16", 16 * 2**30), (16, 16 * 2**30), (1.5, 3 * 2**29), ("0.5", 2**29), ("512MiB", 512 * 2**20), ("4GB", 4 * 10**9)],
+)
+def test_a_bare_number_counts_in_the_fields_bare_unit(text: object, expected: int) -> None:
+    assert parse_size(text, "--swap-space", bare="GiB") == expected  # type: ignore[arg-type]
+
+
+def test_the_bare_unit_is_named_in_the_error() -> None:
+    with pytest.raises(ConfigError, match="a number alone counts in GiB"):
+        parse_size("-1", "--swap-space", bare="GiB")
+
+
+@pytest.mark.parametrize(("text", "meant"), [("80G", "80GiB"), ("80g", "80GiB"), ("512M", "512MiB"), ("1T", "1TiB")])
+def test_a_unit_letter_alone_is_refused_with_both_meanings(text: str, meant: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_size(text, "--device-memory")
+    decimal = meant.replace("iB", "B")
+    assert f"did you mean {meant} (powers of 1024) or {decimal} (powers of 1000)?" in str(info.value)
+
+
+def test_a_misspelled_unit_gets_the_closest_one() -> None:
+    with pytest.raises(ConfigError, match=r"did you mean 80GiB\?"):
+        parse_size("80GIiB", "--device-memory")
+
+
+def test_a_decimal_unit_gets_one_note_with_its_binary_value() -> None:
+    nbytes = parse_size("80GB", "--device-memory")
+    note = decimal_note("80GB", nbytes)
+    assert nbytes == 80 * 10**9 and note is not None and "\n" not in note
+    assert "80000000000 bytes (powers of 1000) = 74.51 GiB" in note and "write 80GiB for powers of 1024" in note
+    assert decimal_note("80GiB", 80 * 2**30) is None and decimal_note(1024, 1024) is None
