@@ -8,7 +8,8 @@ A deployment is described by a TOML file (see ``examples/deploy.toml``)::
 
     [model]      path (relative to the TOML file's folder), attention, use_mtp
     [cache]      block_size, cache_dtype, kv_cache_quant_type, memory_utilization,
-                 num_cpu_blocks, swap_space (a size such as "16GiB", or bytes),
+                 num_cpu_blocks, swap_space (per rank: GiB as a bare number, as FastDeploy's
+                 and vLLM's swap_space, or a size such as "512MiB"),
                  kvcache_storage_backend, num_gpu_blocks_override
     [scheduler]  splitwise_role
     [parallel]   tensor_parallel_size, local_rank
@@ -39,6 +40,7 @@ else:  # pragma: no cover - Python < 3.11
     import tomli as tomllib
 
 CACHE_DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float8_e4m3fn", "int8")
+MODEL_DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")
 EIGHT_BIT_DTYPES: tuple[str, ...] = ("float8_e4m3fn", "int8")
 DTYPE_ALIASES: dict[str, str] = {"fp8": "float8_e4m3fn"}
 QUANT_TYPES: tuple[str, ...] = ("none", "block_wise_fp8")
@@ -232,6 +234,8 @@ class ModelConfig:
     ``attention`` None means inferred: ``index_head_dim`` set → ``dsa``; ``kv_lora_rank`` set →
     ``mla``; fewer KV heads than attention heads → ``gqa``; else ``mha``. With ``use_mtp`` the
     cache holds ``num_nextn_predict_layers`` extra layers (see :attr:`num_cache_layers`).
+    ``dtype`` is the model's own dtype (``torch_dtype``/``dtype`` in config.json): FastDeploy's
+    workers make it Paddle's default dtype, which block-wise fp8 scale tensors are allocated in.
     """
 
     name: str
@@ -245,8 +249,10 @@ class ModelConfig:
     num_nextn_predict_layers: int = 0
     use_mtp: bool = False
     attention: str | None = None
+    dtype: str = "bfloat16"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", _choice("dtype", self.dtype, MODEL_DTYPES))
         for field in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim"):
             _check_int(field, getattr(self, field), 1)
         for field in ("kv_lora_rank", "qk_rope_head_dim", "index_head_dim"):
@@ -296,19 +302,16 @@ class ModelConfig:
 def load_model_config(path: str | Path, *, attention: str | None = None, use_mtp: bool = False) -> ModelConfig:
     """Read a Hugging Face ``config.json`` (the file, or a folder holding one) into a ModelConfig.
 
-    Absent ``num_key_value_heads`` means MHA (= ``num_attention_heads``); absent ``head_dim`` means
-    ``hidden_size // num_attention_heads``; JSON ``null`` counts as absent. ``attention`` and
-    ``use_mtp`` come from the caller; errors about them carry no file.
+    Multimodal and newer models keep the language model under ``text_config`` (Gemma-3, Llama-4,
+    Qwen2.5-VL in newer transformers, Mistral-3): when the top level has no
+    ``num_hidden_layers`` and a ``text_config`` does, the facts are read there, and errors name
+    the key as ``text_config.<key>``. Absent ``num_key_value_heads`` means MHA
+    (= ``num_attention_heads``); absent ``head_dim`` means ``hidden_size // num_attention_heads``;
+    the model dtype is ``torch_dtype`` or ``dtype`` (newer transformers), else bfloat16; JSON
+    ``null`` counts as absent. ``attention`` and ``use_mtp`` come from the caller; errors about
+    them carry no file.
     """
-    given = Path(path)
-    file = given / "config.json" if given.is_dir() else given
-    if not file.is_file():
-        raise ConfigError(
-            "path",
-            str(given),
-            "a Hugging Face config.json, or a folder containing one",
-            "point the model path at the model's folder",
-        )
+    file = _config_file(Path(path))
     source = str(file)
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
@@ -327,11 +330,16 @@ def load_model_config(path: str | Path, *, attention: str | None = None, use_mtp
             "fix or re-download config.json",
             source=source,
         )
-    values = {key: value for key, value in raw.items() if value is not None}
+    top = {key: value for key, value in raw.items() if value is not None}
+    nested = top.get("text_config")
+    scope, prefix = (nested, "text_config.") if isinstance(nested, dict) and "num_hidden_layers" not in top else (top, "")
+    values = {key: value for key, value in scope.items() if value is not None}
 
     def required(key: str) -> Any:
         if key not in values:
-            raise ConfigError(key, "<missing>", "a positive integer", f"add {key} to config.json", source=source)
+            raise ConfigError(
+                f"{prefix}{key}", None, "a positive integer", f"add {prefix}{key} to config.json", source=source
+            )
         return values[key]
 
     layers, heads = required("num_hidden_layers"), required("num_attention_heads")
@@ -340,15 +348,16 @@ def load_model_config(path: str | Path, *, attention: str | None = None, use_mtp
         hidden = required("hidden_size")
         if not (_is_int(hidden) and _is_int(heads) and heads > 0):
             raise ConfigError(
-                "hidden_size",
+                f"{prefix}hidden_size",
                 hidden,
                 "a positive integer",
                 "fix hidden_size and num_attention_heads in config.json",
                 source=source,
             )
         head_dim = hidden // heads
-    name = values.get("_name_or_path") or (file.parent.name if file.name == "config.json" else file.stem)
-    name = name or values.get("model_type", "model")
+    name = top.get("_name_or_path") or (file.parent.name if file.name == "config.json" else file.stem)
+    name = name or top.get("model_type", "model")
+    dtype = next((where[key] for where in (values, top) for key in ("torch_dtype", "dtype") if key in where), "bfloat16")
     try:
         return ModelConfig(
             name=str(name),
@@ -362,11 +371,35 @@ def load_model_config(path: str | Path, *, attention: str | None = None, use_mtp
             num_nextn_predict_layers=values.get("num_nextn_predict_layers", 0),
             use_mtp=use_mtp,
             attention=attention,
+            dtype=dtype,
         )
     except ConfigError as exc:
         if exc.field in ("attention", "use_mtp"):
             raise
-        raise ConfigError(exc.field, exc.value, exc.allowed, exc.fix, source=source) from None
+        field = exc.field if exc.field == "dtype" else f"{prefix}{exc.field}"
+        raise ConfigError(field, exc.value, exc.allowed, exc.fix, source=source) from None
+
+
+def _config_file(given: Path) -> Path:
+    """The config.json a model path names, or a ConfigError saying which of two things is wrong."""
+    if given.is_dir():
+        file = given / "config.json"
+        if not file.is_file():
+            raise ConfigError(
+                "path",
+                str(given),
+                "a model folder holding config.json (this folder has none)",
+                "point the model path at the folder of the model's Hugging Face files, or at its config.json",
+            )
+        return file
+    if not given.exists():
+        raise ConfigError(
+            "path",
+            str(given),
+            "an existing model folder or config.json (nothing is at this path)",
+            "check the path; relative paths start from the working folder (or the deploy TOML's folder)",
+        )
+    return given
 
 
 @dataclass(frozen=True)
@@ -438,7 +471,7 @@ def _build(sections: Mapping[str, Mapping[str, Any]], origin: Origin, source: st
     if "path" not in model_keys:
         raise ConfigError(
             "model.path",
-            "<missing>",
+            None,
             "a folder with a Hugging Face config.json, or the file itself",
             "set path under [model] in the TOML file, or pass the model path on the command line",
             source=source,
@@ -450,7 +483,7 @@ def _build(sections: Mapping[str, Mapping[str, Any]], origin: Origin, source: st
     model_path = Path(raw_path)
     with _section("cache", origin, {"swap_space_bytes": "swap_space"}):
         if "swap_space" in cache_keys:
-            cache_keys["swap_space_bytes"] = parse_size(cache_keys.pop("swap_space"), "swap_space")
+            cache_keys["swap_space_bytes"] = parse_size(cache_keys.pop("swap_space"), "swap_space", bare="GiB")
         cache = CacheConfig(**cache_keys)
     with _section("scheduler", origin):
         scheduler = SchedulerConfig(**sections.get("scheduler", {}))

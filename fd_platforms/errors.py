@@ -48,7 +48,8 @@ class ConfigError(FdPlatformsError, ValueError):
     ) -> None:
         self.field, self.value, self.allowed, self.fix, self.source = field, value, allowed, fix, source
         where = f"{source}: " if source else ""
-        super().__init__(f"{where}{field}={show_value(value)} is not valid; allowed: {allowed}. Fix: {fix}")
+        given = " is not given" if value is None else f"={show_value(value)} is not valid"
+        super().__init__(f"{where}{field}{given}; allowed: {allowed}. Fix: {fix}")
 
 
 class RecordError(FdPlatformsError, TypeError):

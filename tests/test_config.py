@@ -28,7 +28,7 @@ def check_error(error: ConfigError, field: str, value: object, source: str | Pat
     message = str(error)
     assert error.field == field, message
     assert error.value == value or (isinstance(value, float) and math.isnan(value)), message
-    assert f"{field}={value!r}" in message
+    assert (f"{field} is not given" if value is None else f"{field}={value!r}") in message, message
     assert "allowed: " in message and error.allowed
     assert "Fix: " in message and error.fix
     assert "\n" not in message
@@ -314,12 +314,56 @@ def test_hf_attention_override_and_mtp_errors_have_no_file() -> None:
     check_error(info.value, "use_mtp", True)
 
 
-def test_hf_missing_file(tmp_path: Path) -> None:
+def test_hf_missing_path_and_folder_without_config_json_say_different_things(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_model_config(tmp_path / "nowhere")
-    check_error(info.value, "path", str(tmp_path / "nowhere"))
-    with pytest.raises(ConfigError):
-        load_model_config(tmp_path)  # a folder without config.json
+    missing = check_error(info.value, "path", str(tmp_path / "nowhere"))
+    assert "nothing is at this path" in missing
+    with pytest.raises(ConfigError) as info:
+        load_model_config(tmp_path)
+    empty = check_error(info.value, "path", str(tmp_path))
+    assert "this folder has none" in empty and "nothing is at this path" not in empty
+
+
+def test_nested_text_config_models_load_their_language_model() -> None:
+    gemma = load_model_config(EXAMPLES / "gemma-3-27b")
+    facts = (gemma.num_hidden_layers, gemma.num_attention_heads, gemma.num_key_value_heads, gemma.head_dim)
+    assert (gemma.name, gemma.attention, gemma.dtype, facts) == ("gemma-3-27b", "gqa", "bfloat16", (62, 32, 16, 128))
+    llama4 = load_model_config(EXAMPLES / "llama-4-scout-17b-16e")
+    facts = (llama4.num_hidden_layers, llama4.num_attention_heads, llama4.num_key_value_heads, llama4.head_dim)
+    assert (llama4.attention, llama4.dtype, facts) == ("gqa", "bfloat16", (48, 40, 8, 128))  # dtype, not torch_dtype
+
+
+def test_a_key_missing_from_text_config_is_named_there(tmp_path: Path) -> None:
+    folder = write_model(tmp_path / "vl", model_type="vl", text_config={"num_attention_heads": 4, "head_dim": 8})
+    with pytest.raises(ConfigError) as info:
+        load_model_config(folder)
+    message = check_error(info.value, "text_config.num_hidden_layers", None, folder / "config.json")
+    assert "add text_config.num_hidden_layers to config.json" in message
+    write_model(folder, text_config={"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 0})
+    with pytest.raises(ConfigError) as info:
+        load_model_config(folder)
+    check_error(info.value, "text_config.head_dim", 0, folder / "config.json")
+
+
+def test_top_level_facts_win_over_text_config(tmp_path: Path) -> None:
+    folder = write_model(tmp_path / "m", num_hidden_layers=3, num_attention_heads=4, head_dim=8,
+                         text_config={"num_hidden_layers": 99, "num_attention_heads": 1, "head_dim": 8})
+    assert load_model_config(folder).num_hidden_layers == 3
+
+
+@pytest.mark.parametrize(("fields", "dtype"), [({"torch_dtype": "float16"}, "float16"), ({"dtype": "float32"}, "float32"),
+                                               ({}, "bfloat16"), ({"torch_dtype": None, "dtype": "float16"}, "float16")])
+def test_the_model_dtype_comes_from_torch_dtype_or_dtype(tmp_path: Path, fields: dict[str, object], dtype: str) -> None:
+    folder = write_model(tmp_path / "m", num_hidden_layers=1, num_attention_heads=1, head_dim=8, **fields)
+    assert load_model_config(folder).dtype == dtype
+
+
+def test_an_unknown_model_dtype_is_refused_naming_the_file(tmp_path: Path) -> None:
+    folder = write_model(tmp_path / "m", num_hidden_layers=1, num_attention_heads=1, head_dim=8, torch_dtype="int4")
+    with pytest.raises(ConfigError) as info:
+        load_model_config(folder)
+    check_error(info.value, "dtype", "int4", folder / "config.json")
 
 
 def test_hf_bad_json(tmp_path: Path) -> None:
@@ -341,9 +385,9 @@ def test_hf_not_an_object(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("fields", "field", "value"),
     [
-        ({"num_attention_heads": 4, "head_dim": 8}, "num_hidden_layers", "<missing>"),
-        ({"num_hidden_layers": 2, "head_dim": 8}, "num_attention_heads", "<missing>"),
-        ({"num_hidden_layers": 2, "num_attention_heads": 4}, "hidden_size", "<missing>"),
+        ({"num_attention_heads": 4, "head_dim": 8}, "num_hidden_layers", None),
+        ({"num_hidden_layers": 2, "head_dim": 8}, "num_attention_heads", None),
+        ({"num_hidden_layers": 2, "num_attention_heads": 4}, "hidden_size", None),
         ({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": "64"}, "hidden_size", "64"),
         ({"num_hidden_layers": "2", "num_attention_heads": 4, "head_dim": 8}, "num_hidden_layers", "2"),
         (
@@ -405,9 +449,11 @@ def test_toml_values(tmp_path: Path) -> None:
     assert deploy.parallel == ParallelConfig(2, 1)
 
 
-def test_swap_space_in_bytes(tmp_path: Path) -> None:
-    file = write_toml(tmp_path, '[model]\npath = "m"\n[cache]\nswap_space = 1073741824\n')
-    assert load_deploy_config(file).cache.swap_space_bytes == 1073741824
+@pytest.mark.parametrize(("written", "expected"), [("16", 16 * 2**30), ("1.5", 3 * 2**29), ('"16"', 16 * 2**30),
+                                                   ('"512MiB"', 512 * 2**20), ('"1073741824B"', 2**30)])
+def test_a_bare_swap_space_is_gib_like_fastdeploys_and_vllms(tmp_path: Path, written: str, expected: int) -> None:
+    file = write_toml(tmp_path, f'[model]\npath = "m"\n[cache]\nswap_space = {written}\n')
+    assert load_deploy_config(file).cache.swap_space_bytes == expected
 
 
 def test_overrides_win_over_file_values(tmp_path: Path) -> None:
@@ -529,7 +575,7 @@ def test_model_path_missing_or_wrong(tmp_path: Path) -> None:
     file = write_toml(tmp_path, "[cache]\nblock_size = 64\n")
     with pytest.raises(ConfigError) as info:
         load_deploy_config(file)
-    check_error(info.value, "model.path", "<missing>", file)
+    check_error(info.value, "model.path", None, file)
     file = write_toml(tmp_path, '[model]\npath = "nope"\n')
     with pytest.raises(ConfigError) as info:
         load_deploy_config(file)
@@ -541,7 +587,7 @@ def test_model_config_json_errors_name_the_json_file(tmp_path: Path) -> None:
     (tmp_path / "m" / "config.json").write_text('{"num_hidden_layers": 2}')
     with pytest.raises(ConfigError) as info:
         load_deploy_config(file)
-    check_error(info.value, "num_attention_heads", "<missing>", tmp_path / "m" / "config.json")
+    check_error(info.value, "num_attention_heads", None, tmp_path / "m" / "config.json")
 
 
 def test_mtp_from_toml(tmp_path: Path) -> None:
@@ -568,5 +614,5 @@ def test_deploy_config_from_overrides_alone(tmp_path: Path, monkeypatch: pytest.
 def test_deploy_config_from_overrides_needs_a_model() -> None:
     with pytest.raises(ConfigError) as info:
         deploy_config_from_overrides({"cache": {"block_size": 32}})
-    check_error(info.value, "model.path", "<missing>")
+    check_error(info.value, "model.path", None)
     assert "command line" in info.value.fix
