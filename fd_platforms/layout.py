@@ -4,16 +4,22 @@ Order (attention kernels index the flat cache list by position, e.g. ``caches[2 
 layer-major; within a layer the roles come in the order ``key``, ``value``, ``key_scale``,
 ``value_scale``, ``indexer``, keeping only the roles the attention variant has:
 
-- ``mha`` / ``gqa``: key, value, each ``(kv_heads_per_rank, block_size, head_dim)`` in the cache
-  dtype, ``kv_heads_per_rank = max(1, num_key_value_heads // tensor_parallel_size)``; with
-  ``block_wise_fp8`` also key_scale, value_scale ``(kv_heads_per_rank, block_size)`` float32.
-- ``mla``: key only, ``(1, block_size, kv_lora_rank + qk_rope_head_dim)`` in the cache dtype,
-  the same on every rank.
+- ``mha`` / ``gqa``: key, value, each ``(kv_heads_per_rank, block_size, head_dim)``,
+  ``kv_heads_per_rank = max(1, num_key_value_heads // tensor_parallel_size)``, in the cache dtype
+  — ``uint8`` for an 8-bit cache (fp8, int8), as FastDeploy allocates them; with
+  ``block_wise_fp8`` also key_scale, value_scale ``(kv_heads_per_rank, block_size)`` in the model's
+  dtype (FastDeploy's workers make it Paddle's default dtype, which the scales are allocated in).
+- ``mla``: key only, ``(1, block_size, kv_lora_rank + qk_rope_head_dim)`` in the cache dtype
+  (``uint8`` when 8-bit), the same on every rank.
 - ``dsa``: key ``(1, block_size, kv_lora_rank + kv_lora_rank // 128 * 4 + 2 * qk_rope_head_dim)``
-  and indexer ``(1, block_size, index_head_dim + index_head_dim // 128 * 4)``, both uint8 whatever
-  the cache dtype (the packed format carries its own fp8 scales).
+  and indexer ``(block_size, index_head_dim + index_head_dim // 128 * 4)`` (3-D with the blocks,
+  as FastDeploy's DSA backend shapes it), both uint8 whatever the cache dtype (the packed format
+  carries its own fp8 scales).
 
-Layers: ``num_hidden_layers``, plus ``num_nextn_predict_layers`` when MTP is used.
+Layers: ``num_hidden_layers``, plus ``num_nextn_predict_layers`` when MTP is used. For MLA with
+MTP, FastDeploy's proposer also makes a ``value_caches_{layer}_rank...`` tensor of shape ``[]`` for
+each draft layer: a placeholder that holds no block and is never shared, so it is not part of the
+layout; a proposer attaching through the engine API makes its own placeholder.
 
 Names: ``key_caches_{layer}_rank{rank}.device{device}``, ``value_caches_...``,
 ``key_cache_scales_...``, ``value_cache_scales_...``, ``indexer_caches_...`` with ``rank`` the
@@ -32,7 +38,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
 
-from .config import CacheConfig, ModelConfig, ParallelConfig, check_tensor_parallel
+from .config import EIGHT_BIT_DTYPES, CacheConfig, ModelConfig, ParallelConfig, check_tensor_parallel
 from .errors import ConfigError
 
 Role = Literal["key", "value", "key_scale", "value_scale", "indexer"]
@@ -150,18 +156,26 @@ def _layer_roles(model: ModelConfig, cache: CacheConfig, parallel: ParallelConfi
         assert lora is not None and rope is not None and index is not None  # ModelConfig checked
         return (
             LayerRole("key", (1, block, lora + lora // 128 * 4 + 2 * rope), "uint8"),
-            LayerRole("indexer", (1, block, index + index // 128 * 4), "uint8"),
+            LayerRole("indexer", (block, index + index // 128 * 4), "uint8"),
         )
+    dtype = cache_tensor_dtype(cache)
     if model.attention == "mla":
         lora, rope = model.kv_lora_rank, model.qk_rope_head_dim
         assert lora is not None and rope is not None  # ModelConfig checked
-        return (LayerRole("key", (1, block, lora + rope), cache.cache_dtype),)
+        return (LayerRole("key", (1, block, lora + rope), dtype),)
     heads = max(1, model.num_key_value_heads // parallel.tensor_parallel_size)
     kv = (heads, block, model.head_dim)
-    roles = (LayerRole("key", kv, cache.cache_dtype), LayerRole("value", kv, cache.cache_dtype))
+    roles = (LayerRole("key", kv, dtype), LayerRole("value", kv, dtype))
     if cache.kv_cache_quant_type == "block_wise_fp8":
-        roles += (LayerRole("key_scale", (heads, block), "float32"), LayerRole("value_scale", (heads, block), "float32"))
+        scale = (heads, block)
+        roles += (LayerRole("key_scale", scale, model.dtype), LayerRole("value_scale", scale, model.dtype))
     return roles
+
+
+def cache_tensor_dtype(cache: CacheConfig) -> str:
+    """The dtype key and value tensors are allocated in: the cache dtype, or ``uint8`` for an 8-bit
+    cache (FastDeploy allocates fp8 and int8 caches as ``uint8``; kernels view them as they need)."""
+    return "uint8" if cache.cache_dtype in EIGHT_BIT_DTYPES else cache.cache_dtype
 
 
 def build_layout(

@@ -15,7 +15,7 @@ from fractions import Fraction
 from .config import CacheConfig
 from .errors import ConfigError, FdPlatformsError
 from .host_memory import system_memory
-from .layout import CacheLayout
+from .layout import DTYPE_BYTES, CacheLayout
 from .sizes import MAX_BYTES, format_size
 from .types import Binding, DeviceMemory, Plan, PlatformLimit
 
@@ -26,16 +26,23 @@ class InsufficientMemoryError(FdPlatformsError):
     exit_code = 2
 
     def __init__(
-        self, memory: DeviceMemory, utilization: float, non_cache: int, budget: int, bytes_per_block: int
+        self, memory: DeviceMemory, utilization: float, non_cache: int, budget: int, layout: CacheLayout
     ) -> None:
+        bytes_per_block = layout.bytes_per_block
         self.budget, self.bytes_per_block = budget, bytes_per_block
         free = "unknown" if memory.free_bytes is None else format_size(memory.free_bytes)
+        # Only what shrinks this layout's block: tensor parallelism splits KV heads while a rank holds
+        # more than one (a latent MLA/DSA cache is the same on every rank); an 8-bit dtype halves a
+        # 2-byte cache (DSA's is uint8 already).
+        split = any(role.role == "value" and role.block_shape[0] > 1 for role in layout.roles)
+        tp = ", a larger tensor_parallel_size" if split else ""
+        fp8 = ", an 8-bit cache_dtype (fp8)" if DTYPE_BYTES[layout.roles[0].dtype] > 1 else ""
         super().__init__(
             f"KV cache budget {format_size(budget)} ({budget} B) holds no block of {format_size(bytes_per_block)} "
             f"({bytes_per_block} B): total {format_size(memory.total_bytes)} x memory_utilization {utilization} "
             f"- non-cache {format_size(non_cache)}, free {free} (from {memory.source}). "
-            "Fix: raise memory_utilization, lower non-cache memory (weights, activations), use a larger "
-            "tensor_parallel_size, an fp8 cache_dtype, or a smaller block_size"
+            "Fix: raise memory_utilization or lower non-cache memory (weights, activations); or shrink the "
+            f"block: a smaller block_size{tp}{fp8}"
         )
 
 
@@ -120,7 +127,7 @@ def plan_blocks(
     budget = budget_bytes(memory, cache.memory_utilization, non_cache_bytes)
     memory_blocks = max(budget, 0) // per_block
     if memory_blocks < 1:
-        raise InsufficientMemoryError(memory, cache.memory_utilization, non_cache, budget, per_block)
+        raise InsufficientMemoryError(memory, cache.memory_utilization, non_cache, budget, layout)
     tightest = _tightest(layout, limits)
     override = cache.num_gpu_blocks_override
     binding: Binding

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+import fd_platforms.layout as layout_module
 from fd_platforms.config import CacheConfig, ModelConfig, ParallelConfig, load_model_config
 from fd_platforms.errors import ConfigError
 from fd_platforms.layout import DTYPE_BYTES, ROLE_ORDER, CacheLayout, build_layout
@@ -70,12 +72,15 @@ def test_8bit_cache_halves_bytes(dtype: str) -> None:
 def test_block_wise_fp8_scales() -> None:
     cache = CacheConfig(cache_dtype="fp8", kv_cache_quant_type="block_wise_fp8")
     layout = build_layout(LLAMA, cache, TP4)
-    # per layer: fp8 key + value (2 heads/rank) + float32 key and value scales per head per token
-    assert layout.bytes_per_block == (1 * 2 * 64 * 128 * 2 + 4 * 2 * 2 * 64) * 32
+    # per layer: 8-bit key + value (2 heads/rank), allocated as uint8 as FastDeploy does, and key and
+    # value scales per head per token in the model's dtype (FastDeploy's default dtype: bf16, 2 bytes)
+    assert layout.bytes_per_block == (1 * 2 * 64 * 128 * 2 + 2 * 2 * 2 * 64) * 32
     first_layer = layout.tensors[:4]
     assert [spec.role for spec in first_layer] == ["key", "value", "key_scale", "value_scale"]
-    assert [spec.dtype for spec in first_layer] == ["float8_e4m3fn", "float8_e4m3fn", "float32", "float32"]
+    assert [spec.dtype for spec in first_layer] == ["uint8", "uint8", "bfloat16", "bfloat16"]
     assert first_layer[2].block_shape == (2, 64)
+    half = build_layout(replace(LLAMA, dtype="float16"), cache, TP4)
+    assert {spec.dtype for spec in half.tensors if spec.role.endswith("scale")} == {"float16"}
     assert layout.names()[:4] == (
         "key_caches_0_rank0.device0",
         "value_caches_0_rank0.device0",
@@ -103,6 +108,16 @@ def test_deepseek_v3_mtp_adds_a_layer() -> None:
     assert layout.names()[-1] == "key_caches_61_rank0.device0"
 
 
+def test_mla_with_mtp_has_no_value_placeholder_in_the_layout() -> None:
+    """FastDeploy's MTP proposer makes a ``value_caches_{L}_rank…`` tensor of shape [] per draft layer
+    for MLA; it holds no block and is never shared, so the layout (what is created, published and
+    attached by name) leaves it out and documents that a proposer makes its own."""
+    layout = build_layout(load_model_config(EXAMPLES / "deepseek-v3", use_mtp=True), BF16, TP4)
+    assert not [name for name in layout.names() if name.startswith("value_caches_")]
+    assert all(spec.shape(1)[0] == 1 for spec in layout.tensors), "every tensor holds blocks"
+    assert "value_caches_{layer}_rank" in layout_module.__doc__ and "shape ``[]``" in layout_module.__doc__
+
+
 def test_deepseek_v32_dsa() -> None:
     layout = build_layout(DEEPSEEK_V32, BF16, TP4)
     key = 512 + 512 // 128 * 4 + 2 * 64  # 656
@@ -110,7 +125,8 @@ def test_deepseek_v32_dsa() -> None:
     assert layout.bytes_per_block == (key + indexer) * 64 * 61
     assert layout.bytes_per_block == (512 + 512 // 128 * 4 + 2 * 64 + 128 + 128 // 128 * 4) * 64 * 61
     assert [spec.role for spec in layout.tensors[:2]] == ["key", "indexer"]
-    assert layout.tensors[0].block_shape == (1, 64, 656) and layout.tensors[1].block_shape == (1, 64, 132)
+    assert layout.tensors[0].block_shape == (1, 64, 656) and layout.tensors[1].block_shape == (64, 132)
+    assert layout.tensors[1].shape(9) == (9, 64, 132), "3-D, as FastDeploy's DSA backend shapes the indexer"
     assert {spec.dtype for spec in layout.tensors} == {"uint8"}
     assert layout.max_elements_per_block == 656 * 64
     assert layout.names()[:2] == ("key_caches_0_rank0.device0", "indexer_caches_0_rank0.device0")

@@ -184,12 +184,32 @@ def test_insufficient_memory() -> None:
     for fix in (
         "raise memory_utilization",
         "lower non-cache memory",
-        "tensor_parallel_size",
         "fp8",
         "smaller block_size",
     ):
         assert fix in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("model", "cache", "suggested", "not_suggested"),
+    [
+        ("llama-3.1-8b", {}, ("tensor_parallel_size", "8-bit cache_dtype"), ()),  # 2 KV heads per rank at tp 4
+        ("llama-3.1-8b", {"cache_dtype": "fp8"}, ("tensor_parallel_size",), ("8-bit cache_dtype",)),
+        ("qwen3-30b-a3b", {}, ("8-bit cache_dtype",), ("tensor_parallel_size",)),  # 1 KV head per rank at tp 4
+        ("deepseek-v3", {}, ("8-bit cache_dtype",), ("tensor_parallel_size",)),  # MLA: the same on every rank
+        ("deepseek-v3.2", {}, (), ("tensor_parallel_size", "8-bit cache_dtype")),  # DSA: uint8 whatever cache_dtype
+    ],
+)
+def test_the_out_of_memory_fix_suggests_only_what_shrinks_this_block(
+    model: str, cache: dict[str, str], suggested: tuple[str, ...], not_suggested: tuple[str, ...]
+) -> None:
+    layout = build_layout(load_model_config(ROOT / "examples" / model), CacheConfig(**cache), ParallelConfig(4, 0))
+    with pytest.raises(InsufficientMemoryError) as info:
+        plan_blocks(layout, DeviceMemory(2**20, None, None, "test"), CacheConfig(**cache))
+    fix = str(info.value).split("Fix: ", 1)[1]
+    assert "smaller block_size" in fix
+    assert all(word in fix for word in suggested) and not any(word in fix for word in not_suggested), fix
 
 
 def test_insufficient_memory_with_negative_budget_and_free_cap() -> None:
