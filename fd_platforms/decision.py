@@ -103,3 +103,9 @@ def decide_cache_creation(
     return CacheDecision(
         create, "none", "mixed role without swap space or storage backend: the worker creates the cache"
     )
+
+
+def decided_by(decision: CacheDecision) -> str:
+    """What decided, in words for a table: ``profile``, ``num_cpu_blocks``, ... or, where no term
+    holds, ``rule: no cache manager needed`` (the worker creates its cache)."""
+    return "rule: no cache manager needed" if decision.deciding_term == "none" else decision.deciding_term

@@ -71,6 +71,8 @@ def check_rank(rank: dict[str, Any], bytes_per_block: int, create: bool, term: s
     assert rank["allocated_by"] == ("worker" if create else "cache manager")
     assert rank["num_blocks"] > 0 and rank["device_bytes"] == rank["num_blocks"] * bytes_per_block
     assert rank["host_bytes"] == (0 if create else rank["num_cpu_blocks"] * bytes_per_block)
+    assert rank["num_cpu_blocks"] == (0 if create else rank["planned_cpu_blocks"])
+    assert rank["decided_by"] == ("rule: no cache manager needed" if term == "none" else term)
     assert (rank["pinned"] is None) if rank["host_bytes"] == 0 else isinstance(rank["pinned"], bool)
     assert rank["plan_seconds"] >= 0 and rank["allocate_seconds"] >= 0
     if create:

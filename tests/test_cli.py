@@ -91,7 +91,42 @@ def test_list_shows_every_platform_beside_a_duplicate_name(make_plugin) -> None:
     assert table.returncode == 0 and table.stdout.count("registered by 2 distributions") == 2
 
 
-@pytest.mark.parametrize("args", [(), ("lst",), ("list", "--jsn")])
-def test_usage_errors_exit_2(args: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    ("args", "prefix", "words"),
+    [
+        ((), "fd-platforms: error: ", "arguments are required: COMMAND"),
+        (("lst",), "fd-platforms: error: ", "invalid choice: 'lst'"),
+        (("list", "--jsn"), "fd-platforms list: error: ", "unrecognized arguments: --jsn"),
+        (("plan", "--role", "prefil"), "fd-platforms plan: error: ", "invalid choice: 'prefil'"),
+        (("run", "--cylces", "3"), "fd-platforms run: error: ", "unrecognized arguments: --cylces 3"),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(args: tuple[str, ...], prefix: str, words: str) -> None:
     result = cli(*args)
-    assert result.returncode == 2 and "usage: fd-platforms" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(prefix) and words in result.stderr, result.stderr
+    assert "usage:" not in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "meant"),
+    [
+        (("lst",), "did you mean 'list'?"),
+        (("list", "--jsn"), "did you mean --json?"),
+        (("plan", "--role", "prefil"), "did you mean 'prefill'?"),
+        (("run", "--cylces", "3"), "did you mean --cycles?"),
+    ],
+)
+def test_usage_errors_say_what_was_likely_meant(args: tuple[str, ...], meant: str) -> None:
+    assert meant in cli(*args).stderr
+
+
+def test_version_and_verbose_after_the_subcommand() -> None:
+    from importlib.metadata import version
+
+    from fd_platforms import API_VERSION
+
+    result = cli("--version")
+    expected = f"fd-platforms {version('fd-platforms')} (plugin API {API_VERSION})"
+    assert result.returncode == 0 and result.stdout.strip() == expected
+    assert cli("list", "-v").returncode == 0 and cli("-v", "list").returncode == 0

@@ -23,6 +23,8 @@ DONE_WHEN = ["--tp", "4", "--block-size", "64", "--device-memory", "80GiB", "--m
 HAND_BYTES_PER_BLOCK = {
     "qwen3-30b-a3b": ("gqa", 2 * 2 * 64 * 128 * (4 // 4) * 48),
     "llama-3.1-8b": ("gqa", 2 * 2 * 64 * 128 * (8 // 4) * 32),
+    "gemma-3-27b": ("gqa", 2 * 2 * 64 * 128 * (16 // 4) * 62),  # facts under text_config
+    "llama-4-scout-17b-16e": ("gqa", 2 * 2 * 64 * 128 * (8 // 4) * 48),  # facts under text_config
     "deepseek-v3": ("mla", 2 * (512 + 64) * 64 * 61),
     "deepseek-v3.2": ("dsa", (512 + 512 // 128 * 4 + 2 * 64 + 128 + 128 // 128 * 4) * 64 * 61),
 }
@@ -50,6 +52,90 @@ def test_exact_figures_for_each_example_model(model: str) -> None:
     assert row["tokens"] == row["num_blocks"] * 64
     assert (row["binding"], row["num_cpu_blocks"], row["create_cache_tensor"]) == ("memory", 0, True)
     assert row["platform"] == "cpu"
+
+
+@pytest.mark.parametrize(("swap", "gib"), [("16", 16), ("16GiB", 16), ("1.5", 1.5)])
+def test_a_bare_swap_space_is_gib_per_rank(swap: str, gib: float) -> None:
+    row = plan_json("--model", "examples/llama-3.1-8b", "--tp", "1", "--device-memory", "80GiB",
+                    "--swap-space", swap, "--json")
+    per_block = 2 * 2 * 64 * 128 * 8 * 32  # 8 MiB
+    assert row["num_cpu_blocks"] == int(gib * GIB) // per_block
+    assert swap != "16" or row["num_cpu_blocks"] == 2048
+
+
+@pytest.mark.parametrize(
+    ("model", "cache", "allocated", "dtypes"),
+    [
+        ("deepseek-v3.2", [], "uint8", {"key": "uint8", "indexer": "uint8"}),
+        ("deepseek-v3.2", ["--cache-dtype", "fp8"], "uint8", {"key": "uint8", "indexer": "uint8"}),
+        ("qwen3-30b-a3b", ["--cache-dtype", "fp8"], "uint8", {"key": "uint8", "value": "uint8"}),
+        ("qwen3-30b-a3b", ["--cache-dtype", "fp8", "--kv-cache-quant-type", "block_wise_fp8"], "uint8",
+         {"key": "uint8", "value": "uint8", "key_scale": "bfloat16", "value_scale": "bfloat16"}),
+        ("qwen3-30b-a3b", [], "bfloat16", {"key": "bfloat16", "value": "bfloat16"}),
+    ],
+)
+def test_the_plan_reports_the_dtypes_tensors_are_allocated_in(
+    model: str, cache: list[str], allocated: str, dtypes: dict[str, str]
+) -> None:
+    args = ["--model", f"examples/{model}", "--device-memory", "80GiB", *cache]
+    row = plan_json(*args, "--json")
+    assert (row["cache_dtype"], row["tensor_dtypes"]) == (allocated, dtypes)
+    assert row["configured_cache_dtype"] == ("float8_e4m3fn" if cache else "bfloat16")
+    line = next(line for line in plan(*args).stdout.splitlines() if line.startswith("cache dtype"))
+    if model == "deepseek-v3.2":
+        assert "DSA packs key and indexer as uint8; cache_dtype does not apply" in line
+    elif cache:
+        assert "float8_e4m3fn (allocated as " in line
+
+
+def test_a_decimal_size_gets_a_note_with_its_binary_value() -> None:
+    args = ("--model", "examples/llama-3.1-8b", "--device-memory", "80GB")
+    row = plan_json(*args, "--json")
+    assert row["device_memory"]["total_bytes"] == 80 * 10**9
+    assert row["notes"] == ["80GB is 80000000000 bytes (powers of 1000) = 74.51 GiB; write 80GiB for powers of 1024"]
+    table = plan(*args).stdout
+    assert "74.51 GiB (80000000000 B) from --device-memory" in table and table.count("powers of 1000") == 1
+    assert plan_json("--model", "examples/llama-3.1-8b", "--device-memory", "80GiB", "--json")["notes"] == []
+
+
+def test_a_unit_letter_alone_is_refused_with_a_did_you_mean() -> None:
+    result = plan("--model", "examples/llama-3.1-8b", "--device-memory", "80G")
+    assert result.returncode == 2
+    assert "did you mean 80GiB (powers of 1024) or 80GB (powers of 1000)?" in result.stderr
+
+
+def test_the_plan_says_what_non_cache_memory_it_assumed() -> None:
+    base = ("--model", "examples/llama-3.1-8b", "--device-memory", "80GiB")
+    row = plan_json(*base, "--json")["device_memory"]
+    assert row["non_cache_bytes"] == 0 and "weights and activations are not counted" in row["non_cache_source"]
+    assert "pass --non-cache-memory SIZE" in row["non_cache_source"]
+    line = next(line for line in plan(*base).stdout.splitlines() if line.startswith("non-cache memory"))
+    assert "0 B: none given: weights and activations are not counted; pass --non-cache-memory SIZE" in line
+    given = plan_json(*base, "--non-cache-memory", "20GiB", "--json")["device_memory"]
+    assert (given["non_cache_bytes"], given["non_cache_source"]) == (20 * GIB, "--non-cache-memory")
+
+
+def test_a_binding_limit_shows_what_memory_alone_would_allow() -> None:
+    base = ("--model", "examples/llama-3.1-8b", "--device-memory", "80GiB")
+    row = plan_json(*base, "--num-gpu-blocks-override", "10", "--json")
+    assert (row["num_blocks"], row["binding"]) == (10, "override") and row["memory_blocks"] > 10
+    table = plan(*base, "--num-gpu-blocks-override", "10").stdout
+    assert f"10 (640 tokens); memory alone would allow {row['memory_blocks']}" in table
+    assert "memory alone" not in plan(*base).stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "decided_by", "outcome"),
+    [
+        ((), "rule: no cache manager needed", "yes"),
+        (("--role", "decode"), "splitwise_role", "no, the worker attaches to the cache manager's"),
+    ],
+)
+def test_the_decision_names_what_decided(args: tuple[str, ...], decided_by: str, outcome: str) -> None:
+    base = ("--model", "examples/llama-3.1-8b", "--device-memory", "80GiB", *args)
+    assert plan_json(*base, "--json")["decided_by"] == decided_by
+    line = next(line for line in plan(*base).stdout.splitlines() if line.startswith("create cache"))
+    assert line.split(None, 2)[2].startswith(f"{outcome} ({decided_by}: ") and "none" not in line.split("(")[1][:10]
 
 
 def test_mtp_swap_space_and_role_change_the_plan() -> None:
@@ -141,8 +227,8 @@ def test_unavailable_platform_without_device_memory_says_to_pass_it() -> None:
         (["--model", "examples/llama-3.1-8b", "--device-memory", "8GiX"], "--device-memory='8GiX'"),
         (["--model", "examples/llama-3.1-8b", "--platform", "nosuch", "--device-memory", "8GiB"],
          "--platform='nosuch'"),
-        (["--model", "examples/llama-3.1-8b", "--platform", "all"], "--device-memory=None"),
-        (["--device-memory", "8GiB"], "--model=None"),
+        (["--model", "examples/llama-3.1-8b", "--platform", "all"], "--device-memory is not given"),
+        (["--device-memory", "8GiB"], "--model is not given"),
         (["--model", "examples/no-such-model", "--device-memory", "8GiB"], "no-such-model"),
         (["--model", "examples/llama-3.1-8b", "--tp", "0", "--device-memory", "8GiB"], "tensor_parallel_size=0"),
         (["--model", "examples/llama-3.1-8b", "--memory-utilization", "1.5", "--device-memory", "8GiB"],

@@ -65,6 +65,24 @@ def test_profile_run_creates_even_for_a_disaggregated_role() -> None:
     assert report["profile"] is True and report["manager_pid"] is None
 
 
+def test_a_profile_run_with_swap_space_reports_no_host_blocks_it_did_not_allocate() -> None:
+    report = run_json("--model", QWEN, "--tp", "1", "--device-memory", "256MiB", "--swap-space", "64MiB", "--profile")
+    [rank] = report["ranks"]
+    per_block = qwen_bytes_per_block(1)
+    assert rank["planned_cpu_blocks"] == 64 * MIB // per_block > 0
+    assert (rank["num_cpu_blocks"], rank["host_bytes"], report["manager_pid"]) == (0, 0, None)
+    done = run_cli("--model", QWEN, "--tp", "1", "--device-memory", "256MiB", "--swap-space", "64MiB", "--profile")
+    assert done.returncode == 0, done.stderr
+    assert f"0 ({rank['planned_cpu_blocks']} planned)" in done.stdout.splitlines()[2]
+
+
+def test_the_table_names_the_outcome_when_no_term_decides() -> None:
+    done = run_cli("--model", QWEN, "--tp", "1", "--device-memory", "256MiB")
+    assert done.returncode == 0, done.stderr
+    row = done.stdout.splitlines()[2]
+    assert "rule: no cache manager needed" in row and " none " not in row
+
+
 def test_table_and_progress_from_a_config_file_with_ranks_from_tp() -> None:
     done = run_cli("--config", "examples/deploy.toml", "--tp", "2", "--device-memory", "256MiB", "--role", "decode")
     assert done.returncode == 0, done.stderr

@@ -14,27 +14,44 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from ..api_version import API_VERSION
 from ..console import write_line
+from ..discovery import core_version
 from ..errors import FdPlatformsError
 from ..isolation import describe
 from ..lifecycle.interrupts import Terminated
 from . import check_command, list_command, plan_command, run_command
+from .parser import OneLineParser, plain
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fd-platforms", description=__doc__.splitlines()[0])
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="fd-platforms", description=plain(__doc__.splitlines()[0]))
     parser.add_argument("-v", "--verbose", action="store_true", help="log INFO messages on stderr")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    list_command.add_parser(commands)
-    plan_command.add_parser(commands)
-    run_command.add_parser(commands)
-    check_command.add_parser(commands)
+    parser.add_argument(
+        "--version", action="version", version=f"fd-platforms {core_version()} (plugin API {API_VERSION})"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
+    for module in (list_command, plan_command, run_command, check_command):
+        command = module.add_parser(commands)
+        command.add_argument(  # after the command too: fd-platforms plan ... -v
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log INFO messages on stderr"
+        )
     return parser
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The arguments; a flag the command does not know is that command's one-line error."""
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="fd-platforms: %(levelname)s: %(message)s"
     )

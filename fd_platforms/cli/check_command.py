@@ -18,7 +18,7 @@ from ..selection import single_candidate
 from .table import format_table
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser = commands.add_parser("check", help="run the conformance suite against installed platforms")
     parser.add_argument("names", nargs="*", metavar="NAME", help="platforms to check (default: the selected one)")
     parser.add_argument("--all", action="store_true", help="check every installed platform")
@@ -28,6 +28,7 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="per platform")
     parser.set_defaults(run=run)
+    return parser
 
 
 def run(args: argparse.Namespace) -> int:

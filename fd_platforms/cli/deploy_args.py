@@ -8,34 +8,66 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import ATTENTION_KINDS, CACHE_DTYPES, DeployConfig, deploy_config_from_overrides, load_deploy_config
+from ..config import (
+    ATTENTION_KINDS,
+    CACHE_DTYPES,
+    QUANT_TYPES,
+    CacheConfig,
+    DeployConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    deploy_config_from_overrides,
+    load_deploy_config,
+)
 from ..decision import SPLITWISE_ROLES, STORAGE_BACKENDS
 from ..errors import ConfigError
 from ..sizes import parse_size
 
 
 def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the model, cache, scheduler, parallel and memory flags to ``parser``."""
+    """Add the model, cache, scheduler, parallel and memory flags to ``parser``; the defaults shown
+    are the config records' own (``--config`` values win over them, flags over both)."""
+    cache, parallel, scheduler = CacheConfig(), ParallelConfig(), SchedulerConfig()
     parser.add_argument("--config", metavar="FILE", help="deployment TOML ([model], [cache], [scheduler], [parallel])")
-    parser.add_argument("--model", metavar="PATH", help="Hugging Face config.json, or a folder holding one")
-    parser.add_argument("--attention", choices=ATTENTION_KINDS, help="override the inferred attention variant")
+    parser.add_argument("--model", metavar="PATH", help="model folder holding a Hugging Face config.json, or the file")
+    parser.add_argument("--attention", choices=ATTENTION_KINDS, help="attention variant (default: inferred from config.json)")
     parser.add_argument("--mtp", action="store_true", default=None, help="add the model's MTP layers to the cache")
-    parser.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size")
-    parser.add_argument("--block-size", type=int, metavar="N", help="tokens per block")
-    parser.add_argument("--cache-dtype", choices=(*CACHE_DTYPES, "fp8"), help="cache element type")
-    parser.add_argument("--kv-cache-quant-type", choices=("none", "block_wise_fp8"), help="cache quantization")
-    parser.add_argument("--memory-utilization", type=float, metavar="F", help="fraction of device memory to use")
-    parser.add_argument("--device-memory", metavar="SIZE", help="device memory (80GiB, 80GB, 81920MiB, bytes)")
+    parser.add_argument("--tp", type=int, metavar="N", help=f"tensor-parallel size (default: {parallel.tensor_parallel_size})")
+    parser.add_argument("--block-size", type=int, metavar="N", help=f"tokens per block (default: {cache.block_size})")
     parser.add_argument(
-        "--non-cache-memory", metavar="SIZE", help="memory held outside the cache: weights + activation peak"
+        "--cache-dtype", choices=(*CACHE_DTYPES, "fp8"), help=f"cache element type (default: {cache.cache_dtype})"
     )
-    parser.add_argument("--swap-space", metavar="SIZE", help="host swap space per rank")
+    parser.add_argument(
+        "--kv-cache-quant-type", choices=QUANT_TYPES, help=f"cache quantization (default: {cache.kv_cache_quant_type})"
+    )
+    parser.add_argument(
+        "--memory-utilization", type=float, metavar="F",
+        help=f"fraction of device memory the process may use, weights and cache (default: {cache.memory_utilization})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--device-memory", metavar="SIZE",
+        help="device memory per rank: 80GiB, 81920MiB, 80GB (powers of 1000) or bytes (default: the device's live facts)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--non-cache-memory", metavar="SIZE",
+        help="memory held outside the cache: weights + activation peak (default: what the process holds now, "
+        "0 before the model is loaded: weights are then not counted)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--swap-space", metavar="SIZE",
+        help="host swap space per rank (vLLM's 'per GPU'; FastDeploy converts its swap_space for the instance): "
+        "GiB as a bare number, as their swap_space is, or a size such as 512MiB (default: 0, none)",
+    )  # fmt: skip
     parser.add_argument(
         "--host-memory", metavar="SIZE", help="host memory the swap space must fit in (default: this host's total)"
     )
-    parser.add_argument("--num-gpu-blocks-override", type=int, metavar="N", help="use exactly N blocks")
-    parser.add_argument("--role", choices=SPLITWISE_ROLES, help="splitwise role")
-    parser.add_argument("--storage-backend", choices=("none", *STORAGE_BACKENDS), help="KV cache storage backend")
+    parser.add_argument(
+        "--num-gpu-blocks-override", type=int, metavar="N", help="use exactly N blocks (default: what memory allows)"
+    )
+    parser.add_argument("--role", choices=SPLITWISE_ROLES, help=f"splitwise role (default: {scheduler.splitwise_role})")
+    parser.add_argument(
+        "--storage-backend", choices=("none", *STORAGE_BACKENDS), help="KV cache storage backend (default: none)"
+    )
 
 
 def deploy_config(args: argparse.Namespace) -> DeployConfig:

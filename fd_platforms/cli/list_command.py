@@ -12,10 +12,11 @@ from ..selection import survey
 from .table import format_table
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser = commands.add_parser("list", help="show discovered platforms and the selected one")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(run=run)
+    return parser
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,18 +16,20 @@ from ..errors import ConfigError, PlatformUnavailableError
 from ..layout import build_layout
 from ..platform import Platform
 from ..selection import Prober, select_platform
-from ..sizes import format_size
+from ..decision import decided_by
+from ..sizes import decimal_note, format_size
 from ..types import DeviceMemory
 from .deploy_args import add_deploy_arguments, deploy_config, memory_sizes
 from .table import format_table
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser = commands.add_parser("plan", help="plan KV cache blocks for a model on a platform")
     add_deploy_arguments(parser)
     parser.add_argument("--platform", metavar="NAME|all", help="platform to plan for (default: the selected one)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(run=run)
+    return parser
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,8 +39,13 @@ def run(args: argparse.Namespace) -> int:
             "--device-memory", None, "a SIZE with --platform all", "pass e.g. --device-memory 80GiB to compare platforms"
         )
     device_memory, non_cache, host_memory = memory_sizes(args)
+    notes = tuple(
+        note for text, size in ((args.device_memory, device_memory), (args.non_cache_memory, non_cache))
+        if size is not None and (note := decimal_note(text, size))
+    )  # fmt: skip
     rows = [
-        _plan_row(platform, deploy, device_memory, non_cache, host_memory) for platform in _platforms(args.platform)
+        _plan_row(platform, deploy, device_memory, non_cache, host_memory, notes)
+        for platform in _platforms(args.platform)
     ]
     if args.json:
         print(json.dumps(rows if args.platform == "all" else rows[0], indent=2))
@@ -76,6 +83,7 @@ def _plan_row(
     device_memory: int | None,
     non_cache: int | None,
     host_memory: int | None,
+    notes: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     cache, parallel = deploy.cache, deploy.parallel
     layout = build_layout(deploy.model, cache, parallel)
@@ -98,13 +106,20 @@ def _plan_row(
         storage_backend=cache.kvcache_storage_backend,
         splitwise_role=deploy.scheduler.splitwise_role,
     )
+    assumed = non_cache if non_cache is not None else memory.process_bytes or 0
+    non_cache_source = "--non-cache-memory" if non_cache is not None else (
+        f"what this process holds on the device ({memory.source})" if memory.process_bytes else
+        "none given: weights and activations are not counted; pass --non-cache-memory SIZE"
+    )  # fmt: skip
     return {
         "platform": platform.name,
         "model": deploy.model.name,
         "attention": deploy.model.attention,
         "tensor_parallel_size": parallel.tensor_parallel_size,
         "block_size": cache.block_size,
-        "cache_dtype": cache.cache_dtype,
+        "cache_dtype": layout.roles[0].dtype,
+        "configured_cache_dtype": cache.cache_dtype,
+        "tensor_dtypes": {role.role: role.dtype for role in layout.roles},
         "num_layers": layout.num_layers,
         "num_blocks": plan.num_blocks,
         "memory_blocks": plan.memory_blocks,
@@ -116,34 +131,54 @@ def _plan_row(
         "num_cpu_blocks": plan.num_cpu_blocks,
         "create_cache_tensor": decision.create,
         "decision_term": decision.deciding_term,
+        "decided_by": decided_by(decision),
         "decision_reason": decision.reason,
         "device_memory": {
             "total_bytes": memory.total_bytes,
             "free_bytes": memory.free_bytes,
-            "non_cache_bytes": non_cache if non_cache is not None else memory.process_bytes,
+            "non_cache_bytes": assumed,
+            "non_cache_source": non_cache_source,
             "source": memory.source,
         },
         "limits": [
             {"kind": limit.kind, "value": limit.value, "reason": limit.reason} for limit in platform.declared_limits()
         ],
+        "notes": list(notes),
     }
+
+
+def _dtype_text(row: dict[str, Any]) -> str:
+    """The cache's element type as allocated, and what was configured where that differs."""
+    dtypes = sorted(set(row["tensor_dtypes"].values()))
+    if row["attention"] == "dsa":
+        return f"{'/'.join(dtypes)} (DSA packs key and indexer as uint8; cache_dtype does not apply)"
+    if row["cache_dtype"] != row["configured_cache_dtype"]:
+        return f"{row['configured_cache_dtype']} (allocated as {'/'.join(dtypes)}, as FastDeploy does)"
+    return "/".join(dtypes)
 
 
 def _details(row: dict[str, Any]) -> str:
     memory = row["device_memory"]
     limits = "; ".join(f"{l['kind']}={l['value']} ({l['reason']})" for l in row["limits"]) or "none declared"
+    blocks = f"{row['num_blocks']} ({row['tokens']} tokens)"
+    if row["num_blocks"] != row["memory_blocks"]:
+        blocks += f"; memory alone would allow {row['memory_blocks']}"
+    outcome = "yes" if row["create_cache_tensor"] else "no, the worker attaches to the cache manager's"
     lines = [
         ("platform", row["platform"]),
         ("model", f"{row['model']} ({row['attention']}, {row['num_layers']} cache layers)"),
-        ("parallel", f"tp={row['tensor_parallel_size']}, block_size={row['block_size']}, {row['cache_dtype']}"),
-        ("device memory", f"{format_size(memory['total_bytes'])} from {memory['source']}"),
+        ("parallel", f"tp={row['tensor_parallel_size']}, block_size={row['block_size']}"),
+        ("cache dtype", _dtype_text(row)),
+        ("device memory", f"{format_size(memory['total_bytes'])} ({memory['total_bytes']} B) from {memory['source']}"),
+        *(("note", note) for note in row["notes"]),
+        ("non-cache memory", f"{format_size(memory['non_cache_bytes'])}: {memory['non_cache_source']}"),
         ("budget", f"{format_size(row['budget_bytes'])} ({row['budget_bytes']} B)"),
         ("bytes per block", f"{row['bytes_per_block']} ({format_size(row['bytes_per_block'])})"),
-        ("num_blocks", f"{row['num_blocks']} ({row['tokens']} tokens)"),
+        ("num_blocks", blocks),
         ("binding", f"{row['binding']}: {row['binding_reason']}"),
         ("declared limits", limits),
         ("num_cpu_blocks", row["num_cpu_blocks"]),
-        ("create cache", f"{row['create_cache_tensor']} ({row['decision_term']}: {row['decision_reason']})"),
+        ("create cache", f"{outcome} ({row['decided_by']}: {row['decision_reason']})"),
     ]
     return format_table(("FIELD", "VALUE"), lines)
 

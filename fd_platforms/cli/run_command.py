@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 MAX_CYCLES = 100_000
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser = commands.add_parser("run", help="run the KV cache start-up lifecycle across processes, with a report")
     add_deploy_arguments(parser)
     parser.add_argument("--ranks", type=int, metavar="N", help="local ranks, one worker process each (default: --tp)")
@@ -37,14 +37,18 @@ def add_parser(commands: Any) -> None:
         "--timeout",
         type=float,
         metavar="SECONDS",
-        help="limit of each phase and of the wait for the cache (default: FD_CACHE_READY_TIMEOUT or 600)",
+        help="limit of each phase and of the wait for the cache, in seconds (default: FD_CACHE_READY_TIMEOUT, else 600)",
     )
     parser.add_argument(
         "--cycles", type=int, default=0, metavar="N",
-        help="then clear every rank's cache and initialize it again N times (sleep mode); default 0",
+        help="then clear every rank's cache and initialize it again N times (sleep mode)",
     )  # fmt: skip
+    parser.add_argument(
+        "--platform", metavar="NAME", help="platform to run on, as FD_PLATFORM would name it (default: the selected one)"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON, without progress lines")
     parser.set_defaults(run=run)
+    return parser
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--cycles", args.cycles, f"0 to {MAX_CYCLES}", "pass how many clear/re-initialize cycles to run")
     device_memory, non_cache, host_memory = memory_sizes(args)
     timeout = resolve_timeout(args.timeout)
-    platform = select_run_platform(ranks)  # before SIGTERM is ours: it may import paddle, which sets a handler
+    platform = select_run_platform(ranks, args.platform)  # before SIGTERM is ours: it may import paddle, which sets a handler
     spec = RunSpec(
         deploy=deploy,
         platform=platform.name,
@@ -101,10 +105,10 @@ def format_report(report: RunReport) -> str:
             rank.rank,
             rank.device,
             "yes" if rank.create else "no",
-            rank.deciding_term,
+            rank.decided_by,
             rank.allocated_by,
             rank.num_blocks,
-            rank.num_cpu_blocks,
+            _cpu_blocks(rank.num_cpu_blocks, rank.planned_cpu_blocks),
             format_size(rank.device_bytes),
             format_size(rank.host_bytes),
             "-" if rank.pinned is None else ("yes" if rank.pinned else "no"),
@@ -126,6 +130,11 @@ def format_report(report: RunReport) -> str:
         for cycle in report.cycles
     ]  # fmt: skip
     return table + "\n\n" + format_table(("CYCLE", "CLEAR S", "INIT S", "VERIFIED", "RSS BEFORE -> AFTER"), cycles)
+
+
+def _cpu_blocks(allocated: int, planned: int) -> str:
+    """The host swap blocks allocated, and the planned ones where none are (no cache manager ran)."""
+    return str(allocated) if allocated == planned else f"{allocated} ({planned} planned)"
 
 
 def _yes_no(value: bool | None) -> str:

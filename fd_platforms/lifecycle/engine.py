@@ -11,18 +11,20 @@ and removes the signal from ``/dev/shm``.
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from collections.abc import Sequence
 
 from ..cache_signal import CacheReadySignal, reclaim_stale_signals
+from ..decision import decided_by
 from ..engine.initialize import check_can_attach
 from ..engine.publication import reclaim_stale_publications
 from ..errors import ConfigError
 from ..host_memory import available_host_bytes, resident_bytes
 from ..planner import check_host_swap, min_across_ranks
 from ..platform import Platform
-from ..selection import Prober, select_platform
+from ..selection import ENV_PLATFORM, Prober, select_platform
 from ..sizes import format_size
 from ..types import Plan
 from .children import Child, Children
@@ -33,13 +35,15 @@ from .spec import MARGIN_SECONDS, RunSpec
 from .worker import WorkerResult, worker_main
 
 
-def select_run_platform(ranks: int) -> Platform:
-    """The selected platform, checked to have a device for each of ``ranks`` local ranks.
+def select_run_platform(ranks: int, name: str | None = None) -> Platform:
+    """The selected platform (``name``, as ``FD_PLATFORM`` would name it, else the usual selection),
+    checked to have a device for each of ``ranks`` local ranks.
 
     On cpu every rank shares the host's memory, so any number of ranks fits.
     """
     prober = Prober()
-    platform = select_platform(prober=prober).platform
+    environ = None if name is None else {**os.environ, ENV_PLATFORM: name}
+    platform = select_platform(environ, prober=prober).platform
     if platform.identity.device_type == "cpu":
         return platform
     detection = prober.probe(platform.name).detection
@@ -196,10 +200,12 @@ def _rank_report(
         device=allocation.device,
         create=result.decision.create,
         deciding_term=result.decision.deciding_term,
+        decided_by=decided_by(result.decision),
         allocated_by="worker" if result.allocation is not None else "cache manager",
         planned_blocks=planned[0].num_blocks,
         num_blocks=final.num_blocks,
-        num_cpu_blocks=final.num_cpu_blocks,
+        planned_cpu_blocks=final.num_cpu_blocks,
+        num_cpu_blocks=allocation.host_bytes // final.bytes_per_block,
         device_bytes=allocation.device_bytes,
         host_bytes=allocation.host_bytes,
         pinned=allocation.pinned,

@@ -23,9 +23,12 @@ class Allocation:
 class RankReport:
     """One rank of the run.
 
-    ``deciding_term`` is the term of the rule that decided ``create``; ``allocated_by`` is
+    ``deciding_term`` is the term of the rule that decided ``create`` and ``decided_by`` the same in
+    words for a table (``rule: no cache manager needed`` where no term holds); ``allocated_by`` is
     ``worker`` or ``cache manager``; ``planned_blocks`` is the rank's own plan and ``num_blocks``
-    the minimum across ranks, which every rank uses; ``pinned`` is None when no host memory was allocated;
+    the minimum across ranks, which every rank uses; ``planned_cpu_blocks`` is the host swap space
+    planned and ``num_cpu_blocks`` the blocks of it allocated (0 where no cache manager runs, as
+    in a profile run); ``pinned`` is None when no host memory was allocated;
     ``wait_seconds``, ``attach_seconds`` and ``verified`` are None for a rank that created its
     cache (it did not wait or attach). ``attached_tensors`` counts the cache manager's tensors the
     worker opened zero-copy; ``verified`` says whether a token written by each process was read by
@@ -36,9 +39,11 @@ class RankReport:
     device: str
     create: bool
     deciding_term: str
+    decided_by: str
     allocated_by: str
     planned_blocks: int
     num_blocks: int
+    planned_cpu_blocks: int
     num_cpu_blocks: int
     device_bytes: int
     host_bytes: int
