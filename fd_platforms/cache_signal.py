@@ -51,7 +51,7 @@ from types import TracebackType
 from . import futex, shm
 from .errors import CacheNotReadyError, CacheSignalError, ConfigError
 from .process_watch import ProcessWatch
-from .timeouts import check_seconds, env_seconds
+from .timeouts import check_seconds, env_seconds, knob
 
 logger = logging.getLogger(__name__)
 
@@ -229,7 +229,7 @@ class CacheReadySignal:
                         "timeout",
                         f"the limit is {limit:g} s",
                         f"check that the cache manager is running and progressing; if allocation legitimately "
-                        f"takes longer, raise {ENV_TIMEOUT} (seconds)",
+                        f"takes longer, raise {knob(ENV_TIMEOUT, argument=timeout is not None)}",
                     )
                 if now >= next_progress:
                     ready = [index for index, value in enumerate(self.slots()) if value]

@@ -211,7 +211,8 @@ class RunError(FdPlatformsError):
     """A process of ``fd-platforms run`` failed or fell silent.
 
     ``failures`` holds ``(process, what happened)`` pairs (``("rank 1", "CacheNotReadyError: ...")``);
-    ``exit_code`` is the first failure's (2 for a child's configuration or memory error).
+    ``exit_code`` is the first failure's (2 for a child's configuration or memory error). Processes
+    failing alike share one line; several different failures are one line each under a heading.
     """
 
     def __init__(self, failures: tuple[tuple[str, str], ...], exit_code: int = 1) -> None:
@@ -219,4 +220,8 @@ class RunError(FdPlatformsError):
         grouped: dict[str, list[str]] = {}
         for process, what in failures:
             grouped.setdefault(what, []).append(process)
-        super().__init__("; ".join(f"{', '.join(processes)}: {what}" for what, processes in grouped.items()))
+        lines = [f"{', '.join(processes)}: {what}" for what, processes in grouped.items()]
+        if len(lines) == 1:
+            super().__init__(lines[0])
+        else:
+            super().__init__(f"{len(failures)} processes failed:" + "".join(f"\n  {line}" for line in lines))

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from .errors import FdPlatformsError, PluginContractError, PluginError, PluginTimeoutError, RecordError, show_value
-from .timeouts import env_seconds
+from .timeouts import env_seconds, knob
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .discovery import Candidate
@@ -52,7 +52,8 @@ class PluginCall(Generic[T]):
     its start; :meth:`result` waits for it (calls started together end together).
 
     ``step`` names what runs (``"hook detect_platform"``) and is shown in errors; ``error``,
-    ``fix`` and ``verb`` shape the error a raised exception becomes (see :func:`call_plugin`).
+    ``fix`` and ``verb`` shape the error a raised exception becomes (see :func:`call_plugin`);
+    ``limit`` is the environment variable the bound was read from, named in a timeout's fix.
     """
 
     def __init__(
@@ -65,8 +66,9 @@ class PluginCall(Generic[T]):
         error: type[PluginError] = PluginError,
         fix: str = "",
         verb: str = "raised",
+        limit: str = ENV_DETECT_TIMEOUT,
     ) -> None:
-        self.candidate, self.step, self.bound = candidate, step, bound
+        self.candidate, self.step, self.bound, self.limit = candidate, step, bound, limit
         self.started = time.monotonic()
         self._fn, self._error, self._fix, self._verb = fn, error, fix, verb
         self._done = threading.Event()
@@ -95,7 +97,7 @@ class PluginCall(Generic[T]):
                 self.candidate.distribution,
                 f"{self.step} did not return within {self.bound:g} s, so the plugin is marked broken. "
                 f"Fix: repair or uninstall {self.candidate.distribution}; if it legitimately takes longer, "
-                f"raise {ENV_DETECT_TIMEOUT} (seconds)",
+                f"raise {knob(self.limit)}",
                 step=self.step,
                 seconds=self.bound,
             )
@@ -114,15 +116,17 @@ def call_plugin(
     error: type[PluginError] = PluginError,
     fix: str = "",
     verb: str = "raised",
+    limit: str = ENV_DETECT_TIMEOUT,
 ) -> T:
     """Run ``fn()`` as plugin code: in its own bounded thread, or inline when already inside one.
 
     ``step`` names it in errors (``"hook detect_platform"``); a raised exception becomes
-    ``error`` with the message ``"<step> <verb> <exception>. Fix: <fix>"``.
+    ``error`` with the message ``"<step> <verb> <exception>. Fix: <fix>"``; ``limit`` is the
+    environment variable ``timeout`` was read from.
     """
     outer: PluginCall[object] | None = getattr(_current, "call", None)
     if outer is None:
-        return PluginCall(candidate, step, fn, timeout, error=error, fix=fix, verb=verb).result()
+        return PluginCall(candidate, step, fn, timeout, error=error, fix=fix, verb=verb, limit=limit).result()
     previous, outer.step = outer.step, step
     try:
         value = fn()

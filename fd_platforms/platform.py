@@ -31,7 +31,7 @@ from .drift import DecisionDrift, drift_error, plan_drift_error, refuse_drift
 from .errors import ConfigError, PluginContractError, PluginError, PluginHookError, PluginLoadError, PluginTimeoutError
 from .host_memory import check_host_nbytes
 from .sizes import parse_size
-from .isolation import call_plugin, detect_timeout
+from .isolation import ENV_DETECT_TIMEOUT, call_plugin, detect_timeout
 from .types import (
     CacheDecision,
     Detection,
@@ -301,12 +301,12 @@ class Platform:
         """Run ``calls`` — many hook calls of this platform, e.g. opening every tensor of a rank — in
         one bounded plugin thread (the hooks inside run inline instead of a thread each), bounded
         like an allocation (``FD_CACHE_READY_TIMEOUT``)."""
-        from .cache_signal import resolve_timeout
+        from .cache_signal import ENV_TIMEOUT, resolve_timeout
 
         if self.broken is not None:
             raise self.broken
         try:
-            return call_plugin(self.candidate, step, calls, resolve_timeout(None))
+            return call_plugin(self.candidate, step, calls, resolve_timeout(None), limit=ENV_TIMEOUT)
         except PluginTimeoutError as exc:
             self.broken = exc
             raise
@@ -318,24 +318,25 @@ class Platform:
         caller = getattr(self.manager.hook, hook)
         if hook not in self._implemented:
             return check_type(self.candidate, hook, caller(**kwargs), expected)  # the core's own default
+        bound, limit = _bound(hook, kwargs)
         try:
-            result = call_plugin(self.candidate, f"hook {hook}", lambda: caller(**kwargs), _bound(hook, kwargs))
+            result = call_plugin(self.candidate, f"hook {hook}", lambda: caller(**kwargs), bound, limit=limit)
         except PluginTimeoutError as exc:
             self.broken = exc
             raise
         return check_type(self.candidate, hook, result, expected)
 
 
-def _bound(hook: str, kwargs: dict[str, Any]) -> float:
-    """How long a plugin's hook may run: a wait its own timeout, an allocation as long as a worker
-    waits for it, every other hook the detection bound."""
-    if hook == "wait_cache_ready":
-        return float(kwargs["timeout"]) + WAIT_MARGIN_SECONDS
-    if hook in ("host_alloc", "export_cache_tensor", "open_cache_tensor"):
-        from .cache_signal import resolve_timeout
+def _bound(hook: str, kwargs: dict[str, Any]) -> tuple[float, str]:
+    """How long a plugin's hook may run, and the environment variable that sets it: a wait its own
+    timeout, an allocation as long as a worker waits for it, every other hook the detection bound."""
+    from .cache_signal import ENV_TIMEOUT, resolve_timeout
 
-        return resolve_timeout(None)
-    return detect_timeout()
+    if hook == "wait_cache_ready":
+        return float(kwargs["timeout"]) + WAIT_MARGIN_SECONDS, ENV_TIMEOUT
+    if hook in ("host_alloc", "export_cache_tensor", "open_cache_tensor"):
+        return resolve_timeout(None), ENV_TIMEOUT
+    return detect_timeout(), ENV_DETECT_TIMEOUT
 
 
 TENSOR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,248}")

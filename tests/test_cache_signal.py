@@ -18,7 +18,7 @@ import pytest
 
 import signal_processes
 from conftest import SHM_DIR, shm_entries
-from fd_platforms import futex, shm
+from fd_platforms import futex, shm, timeouts
 from fd_platforms.cache_signal import (
     SIGNAL_PREFIX, CacheReadySignal, new_signal_name, reclaim_stale_signals, resolve_timeout,
 )
@@ -307,15 +307,28 @@ def test_timeout_names_signal_rank_elapsed_and_every_slot(signal_name: str) -> N
     assert 0.4 <= error.elapsed < 1.5
     message = str(error)
     for part in (signal_name, "rank 1 was not set after 0.4 s", "limit is 0.4 s",
-                 "rank 0 clear, rank 1 clear, rank 2 set", "FD_CACHE_READY_TIMEOUT"):
+                 "rank 0 clear, rank 1 clear, rank 2 set", "raise the timeout argument (seconds)"):
         assert part in message
 
 
 def test_timeout_comes_from_the_environment_when_not_given(signal_name: str, monkeypatch) -> None:
     monkeypatch.setenv("FD_CACHE_READY_TIMEOUT", "0.3")
     with CacheReadySignal.create(1, signal_name) as owner:
-        with pytest.raises(CacheNotReadyError, match="limit is 0.3 s"):
+        with pytest.raises(CacheNotReadyError, match=r"limit is 0.3 s.*raise FD_CACHE_READY_TIMEOUT \(seconds\)"):
             owner.wait(0)
+
+
+def test_a_limit_a_command_flag_set_names_that_flag(signal_name: str, monkeypatch) -> None:
+    """``run --timeout`` sets the limit: its messages say to raise --timeout, not a variable it overrides."""
+    monkeypatch.setattr(timeouts, "_flags", {})
+    monkeypatch.setenv("FD_CACHE_READY_TIMEOUT", "600")
+    timeouts.set_by_flag("FD_CACHE_READY_TIMEOUT", "--timeout", 0.2)
+    assert resolve_timeout(None) == 0.2, "exported: the processes the command starts follow the flag too"
+    with CacheReadySignal.create(1, signal_name) as owner:
+        for timeout in (None, 0.2):
+            with pytest.raises(CacheNotReadyError) as raised:
+                owner.wait(0, timeout=timeout)
+            assert "raise --timeout (seconds)" in str(raised.value) and "FD_CACHE_READY_TIMEOUT" not in str(raised.value)
 
 
 @pytest.mark.parametrize("raw", ["soon", "0", "-5", "inf", "nan", "1e9", "604801"])

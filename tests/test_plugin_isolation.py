@@ -220,6 +220,23 @@ def test_a_platform_that_timed_out_once_is_broken_for_every_later_call(make_plug
     assert time.monotonic() - started < 0.1 and again.value is platform.broken
 
 
+def test_each_timeout_names_the_variable_that_set_its_bound(make_plugin, monkeypatch) -> None:
+    """A rule hook is bounded by FD_PLATFORM_DETECT_TIMEOUT, an allocation by FD_CACHE_READY_TIMEOUT:
+    the error sends the user to the one that would change the bound."""
+    monkeypatch.setenv("FD_PLATFORM_DETECT_TIMEOUT", "30")
+    monkeypatch.setenv("FD_CACHE_READY_TIMEOUT", "0.5")
+    source = plugin("slowalloc") + (
+        "\n@hookimpl\ndef host_alloc(nbytes, require_pinned):\n    time.sleep(3600)\n"
+    )
+    make_plugin("slowalloc", source=source)
+    platform = select_platform({"FD_PLATFORM": "slowalloc"}).platform
+    with pytest.raises(PluginTimeoutError) as info:
+        platform.host_alloc(4096)
+    message = str(info.value)
+    assert "hook host_alloc did not return within 0.5 s" in message, message
+    assert "raise FD_CACHE_READY_TIMEOUT (seconds)" in message and "FD_PLATFORM_DETECT_TIMEOUT" not in message
+
+
 def test_paddle_imported_by_a_plugin_thread_leaves_the_caller_in_eager_mode(make_plugin) -> None:
     """Paddle's mode is per thread: imported in a plugin's thread, the caller would get static graphs."""
     make_plugin("paddly", source=plugin("paddly", confirm="import paddle\n    return None"))

@@ -1,6 +1,6 @@
 """``fd-platforms run`` when things go wrong: the cache manager killed, Ctrl-C, SIGTERM, no memory,
-bad ranks. Each ends with one error line (or one ``interrupted`` line), the documented exit code,
-no process left and nothing in ``/dev/shm``."""
+bad ranks. Each ends with one error (one line, or one line per process under a heading) or one
+``interrupted`` line, the documented exit code, no process left and nothing in ``/dev/shm``."""
 
 from __future__ import annotations
 
@@ -92,12 +92,13 @@ def test_cache_manager_killed_fails_every_worker_quickly_and_cleans_up() -> None
         elapsed = time.monotonic() - killed_at
     assert code == 1, stderr
     assert elapsed < 5, f"the run took {elapsed:.1f} s to fail after the cache manager was killed"
-    error = stderr.splitlines()[-1]
-    assert error.startswith("fd-platforms: error: ") and "Traceback" not in stderr
-    assert f"cache manager: pid {manager} was killed by SIGKILL before sending its 'ready'" in error
-    for rank in (0, 1):
-        assert re.search(rf"rank {rank}: CacheNotReadyError: .*rank {rank} was not set after [0-9.]+ s: "
-                         rf"the process expected to set it \(pid {manager}\) exited without setting it", error), error
+    heading, *lines = stderr[stderr.index("fd-platforms: error: "):].splitlines()
+    assert heading == "fd-platforms: error: 3 processes failed:" and "Traceback" not in stderr, stderr
+    assert len(lines) == 3 and all(line.startswith("  ") for line in lines), "one line per process, under the heading"
+    assert lines[0] == f"  cache manager: pid {manager} was killed by SIGKILL before sending its 'ready'"
+    for rank, line in zip((0, 1), sorted(lines[1:])):
+        assert re.match(rf"  rank {rank}: CacheNotReadyError: .*rank {rank} was not set after [0-9.]+ s: "
+                        rf"the process expected to set it \(pid {manager}\) exited without setting it", line), line
     assert not Path("/dev/shm", signal_name(stderr)).exists()
     assert all_gone([*workers, manager])
 
@@ -107,8 +108,12 @@ def test_ctrl_c_while_waiting_stops_every_process() -> None:
         run.read_until(r"rank \d: waiting for the cache manager")
         processes = run.group()
         os.killpg(run.process.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        said = len(run.lines)
+        run.read_until(r"Ctrl-C: stopping every process of the run")
+        os.killpg(run.process.pid, signal.SIGINT)  # a second Ctrl-C does not cut the clean-up short
         code, stderr = run.finish()
     assert code == 130, stderr
+    assert run.lines[said:][-1].startswith("fd-platforms: Ctrl-C: stopping"), "said first, before anything stops"
     assert stderr.splitlines()[-1] == "fd-platforms: interrupted"
     assert "Traceback" not in stderr and "error" not in stderr
     assert len(processes) >= 4, "the engine, two workers and the cache manager"
@@ -240,8 +245,9 @@ def test_a_cache_manager_that_cannot_allocate_fails_the_waiting_worker_with_its_
     done = run_cli("--model", QWEN, "--tp", "1", "--device-memory", "64MiB", "--role", "decode", "--json",
                    env=clean_env(FD_PLATFORM="flakyshare", PYTHONPATH=str(site)))  # fmt: skip
     assert done.returncode == 1, done.stderr
-    [line] = without_sweep(done.stderr)
-    assert line.startswith("fd-platforms: error: cache manager: DeviceAllocError: could not allocate KV cache tensor fd_kv.")
-    assert ".value_caches_3_rank0.device0: the device is full" in line
-    assert "rank 0: CacheNotReadyError: " in line and "exited without setting it" in line
+    heading, manager, rank = without_sweep(done.stderr)
+    assert heading == "fd-platforms: error: 2 processes failed:"
+    assert manager.startswith("  cache manager: DeviceAllocError: could not allocate KV cache tensor fd_kv.")
+    assert ".value_caches_3_rank0.device0: the device is full" in manager
+    assert rank.startswith("  rank 0: CacheNotReadyError: ") and "exited without setting it" in rank
     assert done.stdout == ""

@@ -16,7 +16,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from ..lifecycle.interrupts import sigterm_raises
+from ..lifecycle.interrupts import sigint_says_stopping, sigterm_raises
 from ..sizes import format_size
 from .deploy_args import add_deploy_arguments, deploy_config, memory_sizes
 from .table import format_table
@@ -53,7 +53,8 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     # Imported here: the other commands never pay for multiprocessing and the lifecycle.
-    from ..cache_signal import resolve_timeout
+    from ..cache_signal import ENV_TIMEOUT, resolve_timeout
+    from ..timeouts import set_by_flag
     from ..lifecycle.engine import run_lifecycle, select_run_platform
     from ..lifecycle.progress import Progress
     from ..lifecycle.spec import RunSpec
@@ -70,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--cycles", args.cycles, f"0 to {MAX_CYCLES}", "pass how many clear/re-initialize cycles to run")
     device_memory, non_cache, host_memory = memory_sizes(args)
     timeout = resolve_timeout(args.timeout)
+    set_by_flag(ENV_TIMEOUT, "--timeout", timeout)  # the children's bounds follow it; messages name --timeout
     platform = select_run_platform(ranks, args.platform)  # before SIGTERM is ours: it may import paddle, which sets a handler
     spec = RunSpec(
         deploy=deploy,
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         quiet=args.json,
         cycles=args.cycles,
     )
-    with sigterm_raises():
+    with sigterm_raises(), sigint_says_stopping():
         report = run_lifecycle(spec, Progress(quiet=args.json), platform)
     print(json.dumps(report.to_json(), indent=2) if args.json else format_report(report))
     return 0

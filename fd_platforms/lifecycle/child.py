@@ -17,10 +17,12 @@ from multiprocessing.connection import Connection
 from types import FrameType
 from typing import Any
 
+from ..cache_signal import ENV_TIMEOUT
 from ..device_facts import import_paddle
 from ..errors import FdPlatformsError
 from ..platform import Platform
 from ..selection import ENV_PLATFORM, select_platform
+from ..timeouts import set_by_flag
 from .progress import Progress
 from .spec import RunSpec
 
@@ -30,13 +32,14 @@ STOPPED_EXIT = 128 + signal.SIGTERM
 Body = Callable[..., None]
 
 
-def run_child(label: str, conn: Connection, quiet: bool, body: Body, *args: Any) -> None:
+def run_child(label: str, conn: Connection, spec: RunSpec, body: Body, *args: Any) -> None:
     """Run ``body``; a failure goes to the engine as ``("error", (type, message, exit code))``."""
     signal.signal(signal.SIGTERM, _stop)
+    set_by_flag(ENV_TIMEOUT, "--timeout", spec.timeout)  # every bound here follows run --timeout, and says so
     logging.basicConfig(level=logging.WARNING, format="fd-platforms: %(levelname)s: %(message)s")
-    if not quiet:
+    if not spec.quiet:
         logging.getLogger("fd_platforms.cache_signal").setLevel(logging.INFO)  # the wait's 5 s progress
-    say = Progress(quiet, f"{label}: ")
+    say = Progress(spec.quiet, f"{label}: ")
     try:
         body(conn, say, *args)
     except (EOFError, BrokenPipeError, ConnectionResetError):

@@ -1,4 +1,4 @@
-"""The engine's signals: SIGTERM as an exception, and children started with SIGINT ignored.
+"""The engine's signals: SIGTERM as an exception, Ctrl-C said at once, children started with SIGINT ignored.
 
 Ctrl-C sends SIGINT to the whole foreground process group. Only the engine acts on it: it stops
 its children itself (in order, with timeouts) and removes the cache-ready signal, so children
@@ -11,6 +11,12 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+
+from ..console import write_line
+
+
+STOPPING = "fd-platforms: Ctrl-C: stopping every process of the run (this takes a few seconds)"
+STILL_STOPPING = "fd-platforms: still stopping; the run's processes are being ended in order"
 
 
 class Terminated(BaseException):
@@ -29,6 +35,29 @@ def sigterm_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def sigint_says_stopping() -> Iterator[None]:
+    """Inside, the first Ctrl-C says at once that the run is stopping, then raises KeyboardInterrupt
+    (every ``finally`` stops children and removes what the run made); later ones only say it is
+    still stopping, so a second Ctrl-C cannot cut that clean-up short."""
+    interrupted = False
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal interrupted
+        if interrupted:
+            write_line(STILL_STOPPING)
+            return
+        interrupted = True
+        write_line(STOPPING)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextmanager

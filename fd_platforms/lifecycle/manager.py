@@ -27,7 +27,7 @@ from .tokens import read_tokens, write_tokens
 
 def manager_main(spec: RunSpec, ranks: tuple[int, ...], plan: Plan, signal_name: str, conn: Connection) -> None:
     """Process target of the cache manager serving ``ranks``."""
-    run_child(f"cache manager (pid {os.getpid()})", conn, spec.quiet, _manage, spec, ranks, plan, signal_name)
+    run_child(f"cache manager (pid {os.getpid()})", conn, spec, _manage, spec, ranks, plan, signal_name)
 
 
 def _manage(

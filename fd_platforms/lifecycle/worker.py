@@ -42,7 +42,7 @@ class WorkerResult:
 
 def worker_main(spec: RunSpec, rank: int, signal_name: str, conn: Connection) -> None:
     """Process target of rank ``rank``'s worker."""
-    run_child(f"rank {rank}", conn, spec.quiet, _work, spec, rank, signal_name)
+    run_child(f"rank {rank}", conn, spec, _work, spec, rank, signal_name)
 
 
 def rank_memory(spec: RunSpec, platform: Platform, rank: int) -> DeviceMemory:
