@@ -19,7 +19,7 @@ from ..console import write_line
 from ..discovery import core_version
 from ..errors import FdPlatformsError
 from ..isolation import describe
-from ..lifecycle.interrupts import Terminated
+from ..lifecycle.interrupts import Terminated, redeliver_swallowed_signals
 from . import check_command, list_command, plan_command, run_command
 from .parser import OneLineParser, plain
 
@@ -52,6 +52,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     args = parse(argv)
+    redeliver_swallowed_signals()  # a Ctrl-C raised inside a garbage-collection callback still stops us
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="fd-platforms: %(levelname)s: %(message)s"
     )

@@ -23,10 +23,9 @@ from ..errors import FdPlatformsError
 from ..platform import Platform
 from ..selection import ENV_PLATFORM, select_platform
 from ..timeouts import set_by_flag
+from .interrupts import STOPPED_EXIT, redeliver_swallowed_signals
 from .progress import Progress
 from .spec import RunSpec
-
-STOPPED_EXIT = 128 + signal.SIGTERM
 
 #: A child's body: ``body(conn, say, *args)``.
 Body = Callable[..., None]
@@ -34,6 +33,7 @@ Body = Callable[..., None]
 
 def run_child(label: str, conn: Connection, spec: RunSpec, body: Body, *args: Any) -> None:
     """Run ``body``; a failure goes to the engine as ``("error", (type, message, exit code))``."""
+    redeliver_swallowed_signals()
     signal.signal(signal.SIGTERM, _stop)
     set_by_flag(ENV_TIMEOUT, "--timeout", spec.timeout)  # every bound here follows run --timeout, and says so
     logging.basicConfig(level=logging.WARNING, format="fd-platforms: %(levelname)s: %(message)s")

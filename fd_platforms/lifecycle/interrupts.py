@@ -3,20 +3,31 @@
 Ctrl-C sends SIGINT to the whole foreground process group. Only the engine acts on it: it stops
 its children itself (in order, with timeouts) and removes the cache-ready signal, so children
 inherit SIGINT ignored and never print a traceback from the middle of their start-up.
+
+A signal handler's exception is raised wherever the main thread is, and when that is a weakref
+callback or a ``__del__`` (garbage collection runs them anywhere), Python prints it as
+"Exception ignored" and drops it: the process would go on as if never signalled.
+:func:`redeliver_swallowed_signals` catches exactly those drops and delivers the signal again.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 from ..console import write_line
 
-
+STOPPED_EXIT = 128 + signal.SIGTERM  # a child's exit code when the engine stopped it with SIGTERM
 STOPPING = "fd-platforms: Ctrl-C: stopping every process of the run (this takes a few seconds)"
 STILL_STOPPING = "fd-platforms: still stopping; the run's processes are being ended in order"
+REDELIVER_SECONDS = 0.01  # the pause before a dropped signal is sent again
+_redelivered: set[int] = set()  # signals sent again after their exception was dropped, not yet handled
 
 
 class Terminated(BaseException):
@@ -46,6 +57,9 @@ def sigint_says_stopping() -> Iterator[None]:
 
     def handler(signum: int, frame: FrameType | None) -> None:
         nonlocal interrupted
+        if signum in _redelivered:  # the first Ctrl-C's exception was dropped: raise it again
+            _redelivered.discard(signum)
+            raise KeyboardInterrupt
         if interrupted:
             write_line(STILL_STOPPING)
             return
@@ -74,3 +88,44 @@ def sigint_ignored_by_children() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, previous)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _signal_of(exc: BaseException | None) -> int | None:
+    """The signal whose handler raised ``exc``, where ``exc`` is one of the run's signal exceptions."""
+    if isinstance(exc, KeyboardInterrupt):
+        return signal.SIGINT
+    if isinstance(exc, Terminated) or (isinstance(exc, SystemExit) and exc.code == STOPPED_EXIT):
+        return signal.SIGTERM
+    return None
+
+
+def redeliver_swallowed_signals() -> None:
+    """From now on in this process, a signal exception Python drops (raised inside a weakref
+    callback or ``__del__``) is not printed; the signal is sent to the main thread again, whose
+    handler then raises where the exception can propagate. Other dropped exceptions are reported
+    as before."""
+    previous = sys.unraisablehook
+    in_hook = threading.Event()
+
+    def deliver(signum: int, main: int) -> None:
+        # Not while the main thread is still in this hook: raised there, it would be dropped for good.
+        while in_hook.is_set():
+            time.sleep(REDELIVER_SECONDS)
+        time.sleep(REDELIVER_SECONDS)
+        signal.pthread_kill(main, signum)
+
+    def hook(unraisable: Any) -> None:
+        signum = _signal_of(unraisable.exc_value)
+        if signum is None:
+            previous(unraisable)
+            return
+        in_hook.set()
+        try:
+            _redelivered.add(signum)
+            main = threading.main_thread().ident
+            assert main is not None
+            threading.Thread(target=deliver, args=(signum, main), name="fd-platforms redeliver", daemon=True).start()
+        finally:
+            in_hook.clear()
+
+    sys.unraisablehook = hook

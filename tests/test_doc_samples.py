@@ -1,0 +1,157 @@
+"""Every code sample in the README and ``docs/`` runs, so none can drift from the code.
+
+- ``python`` blocks of a file run in order as one session (a later block uses what an earlier
+  one made), from the repository root, in a fresh interpreter; a block made only of ``def``
+  lines is a hook signature and must be the hook spec's own. ``docs/engine-integration.md`` is
+  run block by block in one session by ``test_engine_docs.py``, with its own checks.
+- ``sh`` blocks: every ``fd-platforms`` command runs and exits 0 (the fake runtime a line builds
+  with ``tools/fake-custom-device/build.sh`` is the session's built one); the set-up commands at
+  the README's top are what CI runs.
+- Inline calls such as ``platform.allocate_kv_cache(layout, num_blocks)`` in prose bind to the
+  real signature (a call the docs show must not be a ``TypeError``).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from conftest import held_by_a_living_process, shm_entries
+from fd_platforms import hookspecs
+from fd_platforms.platform import Platform
+from run_helpers import ROOT, SCRIPT, clean_env
+
+DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+SESSION_TESTED_ELSEWHERE = {ROOT / "docs" / "engine-integration.md": "test_engine_docs.py"}
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
+SIGNATURE = re.compile(r"def (\w+)\((.*)\) -> (.+)")
+INLINE_CALL = re.compile(r"`(platform|fd_platforms)\.(\w+)\(([^`]*)\)`")
+SETUP = ("python3 -m venv", "pip install", "pytest")  # CI's own commands, or a plugin author's in their folder
+
+
+def blocks(path: Path, language: str) -> list[str]:
+    return [body for lang, body in FENCE.findall(path.read_text()) if lang == language]
+
+
+def is_signature(block: str) -> bool:
+    lines = [line for line in block.splitlines() if line.strip()]
+    return bool(lines) and all(SIGNATURE.fullmatch(line) for line in lines)
+
+
+def test_every_file_with_samples_is_covered() -> None:
+    assert (ROOT / "tests" / "test_engine_docs.py").is_file()
+    assert sum(len(blocks(path, "python")) for path in DOCS) >= 20, "the samples were found"
+
+
+@pytest.mark.parametrize("path", [p for p in DOCS if p not in SESSION_TESTED_ELSEWHERE], ids=lambda p: p.name)
+def test_the_python_samples_of_a_file_run_as_one_session(path: Path) -> None:
+    code = "\n".join(block for block in blocks(path, "python") if not is_signature(block))
+    if not code:
+        pytest.skip(f"{path.name} has no python sample")
+    before = shm_entries()
+    env = {k: v for k, v in clean_env().items() if k != "FD_PLATFORM"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=180, env=env)
+    assert done.returncode == 0, f"{path.name}'s python samples failed:\n{done.stderr}"
+    left = [name for name in shm_entries() - before if not held_by_a_living_process(name)]
+    assert not left, f"{path.name}'s samples left {left} in /dev/shm"
+
+
+def hook_signatures() -> list[tuple[str, str, str, str]]:
+    return [
+        (path.name, *SIGNATURE.fullmatch(line).groups())  # type: ignore[union-attr]
+        for path in DOCS
+        for block in blocks(path, "python")
+        if is_signature(block)
+        for line in block.splitlines()
+        if line.strip()
+    ]
+
+
+@pytest.mark.parametrize(("doc", "hook", "params", "returns"), hook_signatures(), ids=lambda v: str(v)[:40])
+def test_a_documented_hook_signature_is_the_spec(doc: str, hook: str, params: str, returns: str) -> None:
+    spec = getattr(hookspecs, hook, None)
+    assert spec is not None and hasattr(spec, "fd_platforms_spec"), f"{doc} documents {hook}, which is no hook"
+    real = inspect.signature(spec)
+    assert f"({params}) -> {returns}" == str(real).replace("'", ""), f"{doc}: {hook}{real}"
+
+
+def inline_calls() -> list[tuple[str, str, str, str]]:
+    return [(path.name, owner, name, args) for path in DOCS for owner, name, args in INLINE_CALL.findall(path.read_text())]
+
+
+def target(owner: str, name: str) -> Callable[..., object]:
+    import fd_platforms
+
+    found = getattr(Platform if owner == "platform" else fd_platforms, name, None)
+    assert callable(found), f"{owner}.{name} does not exist"
+    return found  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(("doc", "owner", "name", "args"), inline_calls(), ids=lambda v: str(v)[:40])
+def test_an_inline_call_in_the_docs_fits_the_signature(doc: str, owner: str, name: str, args: str) -> None:
+    """Written as a call (``f(a, b=1)``): it binds; written as a signature (``f(a, *, b)``): the same
+    parameters, in order, as the code's."""
+    real = inspect.signature(target(owner, name))
+    parameters = [p for p in real.parameters.values() if p.name != "self"]
+    try:
+        call = ast.parse(f"f({args})", mode="eval").body
+    except SyntaxError:
+        call = None
+    if isinstance(call, ast.Call) and not any(isinstance(a, ast.Starred) for a in call.args):
+        fake = inspect.Signature(parameters)
+        fake.bind(*(None for _ in call.args), **{k.arg: None for k in call.keywords if k.arg})  # a TypeError fails
+        return
+    documented = ast.parse(f"def f({args}): pass").body[0].args  # type: ignore[attr-defined]
+    names = [a.arg for a in (*documented.posonlyargs, *documented.args, *documented.kwonlyargs)]
+    assert names == [p.name for p in parameters][: len(names)], f"{doc}: {owner}.{name}({args}) vs {real}"
+    keyword_only = [a.arg for a in documented.kwonlyargs]
+    assert keyword_only == [p.name for p in parameters if p.kind is p.KEYWORD_ONLY][: len(keyword_only)]
+
+
+def commands(path: Path) -> list[str]:
+    """The ``sh`` lines of ``path`` with continuations joined and comments dropped."""
+    lines = []
+    for block in blocks(path, "sh"):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = shlex.join(shlex.split(line, comments=True)) if line.strip() else ""
+            if line and not line.startswith(SETUP):
+                lines.append(line)
+    return lines
+
+
+SH_CASES = [(path.name, line) for path in DOCS for line in commands(path)]
+
+
+@pytest.mark.parametrize(("doc", "line"), SH_CASES, ids=[f"{doc}:{line[:50]}" for doc, line in SH_CASES])
+def test_a_documented_command_runs(doc: str, line: str, fake_device_root, tmp_path: Path) -> None:
+    words = shlex.split(line)
+    if words[0] == "tools/fake-custom-device/build.sh":
+        assert fake_device_root(words[1]).is_dir()  # the session's build of the same script
+        return
+    env = {k: v for k, v in clean_env().items() if k != "FD_PLATFORM"}
+    while "=" in words[0]:
+        key, value = words.pop(0).split("=", 1)
+        fake = re.fullmatch(r"/tmp/fake-(\w+)", value)
+        env[key] = str(fake_device_root(_device_type(fake.group(1)))) if fake else value
+    assert words[0] == "fd-platforms", f"{doc}: an unknown command {line!r}"
+    done = subprocess.run([SCRIPT, *words[1:]], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert done.returncode == 0, f"{doc}: {line}\n{done.stderr}"
+
+
+def _device_type(short: str) -> str:
+    return {"iluvatar": "iluvatar_gpu", "metax": "metax_gpu", "nimbus": "nimbus_npu"}[short]
+
+
+def test_the_setup_commands_are_the_readme_s_first_two() -> None:
+    first_two = blocks(ROOT / "README.md", "sh")[:2]
+    assert [block.strip().startswith("python3 -m venv .venv") for block in first_two] == [True, True]
+    assert first_two[1].strip().endswith("python -m pytest") and os.path.exists(ROOT / ".ci" / "run")
