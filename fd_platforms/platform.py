@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
@@ -393,6 +394,22 @@ def check_type(candidate: Candidate, hook: str, result: object, expected: type[R
     return result
 
 
+def refuse_unmarked_hooks(candidate: Candidate, plugin: object, implemented: set[str]) -> None:
+    """A PluginHookError for an attribute named like a hook that pluggy does not call: a method
+    overridden in a subclass (of ``PaddlePlatform``) or a module function without ``@hookimpl``
+    would otherwise be dropped silently, and the platform would answer with what it replaced."""
+    unmarked = [name for name in hookspecs.hook_names() if name not in implemented and hasattr(plugin, name)]
+    if unmarked:
+        where = type(plugin).__qualname__ if not isinstance(plugin, ModuleType) else f"module {plugin.__name__}"
+        raise PluginHookError(
+            candidate.name,
+            candidate.distribution,
+            f"{where} defines {', '.join(unmarked)} without @hookimpl, so pluggy would never call "
+            f"{'it' if len(unmarked) == 1 else 'them'} (an override without the marker silently drops the hook). "
+            "Fix: decorate each with @fd_platforms.hookimpl, or rename it",
+        )
+
+
 def load_platform(candidate: Candidate, *, drift_guard: bool = True) -> Platform:
     """Import a candidate, register it beside the core defaults and validate it, as bounded plugin code.
 
@@ -428,6 +445,7 @@ def _load(candidate: Candidate, drift_guard: bool) -> Platform:
             f"{exc}. Fix: use only the hook names and arguments defined in fd_platforms.hookspecs",
         ) from exc
     implemented = implemented_hooks(manager, plugin)
+    refuse_unmarked_hooks(candidate, plugin, implemented)
     missing = [hook for hook in hookspecs.REQUIRED_HOOKS if hook not in implemented]
     if missing:
         raise PluginHookError(

@@ -98,7 +98,8 @@ def make_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Plu
     """Install a throwaway plugin distribution: a module plus a ``*.dist-info`` with entry points.
 
     ``make_plugin("acme", available=True)`` registers platform ``acme`` from distribution
-    ``fd-test-acme``; ``source=`` replaces the module body; ``dist=`` and ``module=`` rename them.
+    ``fd-test-acme``; ``source=`` replaces the module body; ``dist=`` and ``module=`` rename them;
+    ``attribute=`` points the entry point at a module attribute (``module:PLATFORM``).
     The folder is put on ``sys.path`` (and returned, for subprocesses' ``PYTHONPATH``).
     """
     root = tmp_path / "site"
@@ -115,6 +116,7 @@ def make_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Plu
         source: str | None = None,
         dist: str | None = None,
         module: str | None = None,
+        attribute: str | None = None,
     ) -> Path:
         dist = dist or f"fd-test-{name}"
         module = module or f"fd_test_plugin_{dist.replace('-', '_')}"
@@ -125,7 +127,8 @@ def make_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Plu
         info = root / f"{dist.replace('-', '_')}-1.0.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
-        (info / "entry_points.txt").write_text(f"[fd_platforms]\n{name} = {module}\n")
+        target = module if attribute is None else f"{module}:{attribute}"
+        (info / "entry_points.txt").write_text(f"[fd_platforms]\n{name} = {target}\n")
         modules.append(module)
         importlib.invalidate_caches()
         return root

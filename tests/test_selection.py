@@ -19,7 +19,9 @@ from fd_platforms.errors import (
     SelectionError,
     UnknownPlatformError,
 )
+from fd_platforms.platform import Platform, load_platform
 from fd_platforms.selection import Prober, select_platform, survey
+from fd_platforms.types import DeviceMemory
 
 IN_REPO = ["cuda", "iluvatar", "metax", "xpu"]
 
@@ -206,6 +208,49 @@ def test_hook_mistakes_are_caught_at_registration(make_plugin, extra: str, expec
         select_platform({"FD_PLATFORM": "odd"})
     assert "platform plugin 'odd' (distribution fd-test-odd)" in str(info.value)
     assert expected in str(info.value)
+
+
+def test_a_module_function_named_like_a_hook_without_the_marker_is_refused(make_plugin) -> None:
+    source = IDENTITY + "@hookimpl\ndef detect_platform():\n    return Detection(True, 'x', 1)\n"
+    make_plugin("odd", source=source + "def device_memory(device_id):\n    return None\n")
+    with pytest.raises(PluginHookError) as info:
+        select_platform({"FD_PLATFORM": "odd"})
+    assert "defines device_memory without @hookimpl, so pluggy would never call it" in str(info.value)
+    assert "Fix: decorate each with @fd_platforms.hookimpl" in str(info.value)
+
+
+SUBCLASS = """
+from fd_platforms import hookimpl
+from fd_platforms.custom_device import CustomDeviceFacts
+from fd_platforms.paddle_platform import PaddlePlatform
+from fd_platforms.types import DeviceMemory
+
+class Nebula(PaddlePlatform):
+    {marker}
+    def device_memory(self, device_id):
+        return DeviceMemory(7 * 2**30, None, None, "Nebula's own reading")
+
+PLATFORM = Nebula(name="nebula", device_type="nebula_npu", visible_devices_env=None,
+                  distributions=("fd-test-nebula",), device_glob=None, install_hint="x", api_versions=">=1.0,<2",
+                  description="a subclass", facts=CustomDeviceFacts)
+"""
+
+
+def load_nebula() -> Platform:
+    [candidate] = discover()["nebula"]
+    return load_platform(candidate)
+
+
+def test_a_paddle_platform_subclass_overriding_a_hook_without_the_marker_is_refused(make_plugin) -> None:
+    make_plugin("nebula", source=SUBCLASS.format(marker=""), attribute="PLATFORM")
+    with pytest.raises(PluginHookError) as info:
+        load_nebula()
+    assert "Nebula defines device_memory without @hookimpl" in str(info.value)
+
+
+def test_a_paddle_platform_subclass_overriding_a_hook_with_the_marker_works(make_plugin) -> None:
+    make_plugin("nebula", source=SUBCLASS.format(marker="@hookimpl"), attribute="PLATFORM")
+    assert load_nebula().device_memory(0) == DeviceMemory(7 * 2**30, None, None, "Nebula's own reading")
 
 
 def test_identity_must_match_the_entry_point_name(make_plugin) -> None:
