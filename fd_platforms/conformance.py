@@ -14,7 +14,8 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any, Literal
 from .discovery import Candidate
 from .errors import FdPlatformsError
 
-CHECKS = ("identity", "decision", "planner", "host_alloc", "wait", "sharing", "device")
+CHECKS = ("identity", "decision", "planner", "host_alloc", "wait", "sharing", "simulated", "device")
 """The suite's checks in report order: one module ``fd_platforms/testing/suite/test_<check>.py`` each."""
 CheckStatus = Literal["pass", "fail", "skip"]
 SCRATCH_INI = "[pytest]\n"
@@ -124,11 +125,26 @@ def run_suite(candidate: Candidate, *, timeout: float, environ: Mapping[str, str
     return PlatformResult(base.name, base.distribution, base.version, tuple(_group(outcomes)))
 
 
-def run_suites(candidates: list[Candidate], *, jobs: int, timeout: float) -> list[PlatformResult]:
-    """Run the suite for several platforms, ``jobs`` processes at a time, in the given order."""
+def run_suites(
+    candidates: list[Candidate],
+    *,
+    jobs: int,
+    timeout: float,
+    finished: Callable[[PlatformResult, float], None] | None = None,
+) -> list[PlatformResult]:
+    """Run the suite for several platforms, ``jobs`` processes at a time; results in the given
+    order. ``finished(result, seconds)`` is called as each platform's suite ends (from a worker thread)."""
     require_pytest()
+
+    def one(candidate: Candidate) -> PlatformResult:
+        started = time.monotonic()
+        result = run_suite(candidate, timeout=timeout)
+        if finished is not None:
+            finished(result, time.monotonic() - started)
+        return result
+
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(lambda candidate: run_suite(candidate, timeout=timeout), candidates))
+        return list(pool.map(one, candidates))
 
 
 def _with_error(base: PlatformResult, error: str) -> PlatformResult:

@@ -10,6 +10,9 @@ custom devices; the vendor runtime can, so pinned memory comes from its host all
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 from .device_facts import DeviceFacts, PinningUnavailable
 from .types import Detection, DeviceMemory, HostBuffer
 
@@ -23,6 +26,18 @@ class CustomDeviceFacts(DeviceFacts):
         "base.core.get_device_properties",
         "device.max_memory_allocated",
     )
+
+    @classmethod
+    def simulated_paddle(cls, device_type: str, devices: int, total_bytes: int) -> Any:
+        properties = SimpleNamespace(total_memory=total_bytes)
+        return SimpleNamespace(
+            device=SimpleNamespace(
+                get_all_custom_device_type=lambda: [device_type],
+                device_count=lambda kind=None: devices if kind in (None, device_type) else 0,
+                max_memory_allocated=lambda place=None: 0,
+            ),
+            base=SimpleNamespace(core=SimpleNamespace(get_device_properties=lambda kind, index: properties)),
+        )
 
     def confirm(self) -> Detection:
         registered = list(self.paddle.device.get_all_custom_device_type() or [])

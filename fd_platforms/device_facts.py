@@ -92,6 +92,13 @@ class DeviceFacts(ABC):
         self.visible_devices_env = visible_devices_env
         self.host_runtime = host_runtime
 
+    @classmethod
+    def simulated_paddle(cls, device_type: str, devices: int, total_bytes: int) -> Any:
+        """A ``paddle`` stand-in answering this class's device and memory calls for ``devices``
+        devices of ``total_bytes`` each, or None where the class has none. The conformance kit
+        runs a platform's device hooks on it, so a wrong answer is found without the hardware."""
+        return None
+
     @abstractmethod
     def confirm(self) -> Detection:
         """Whether this Paddle build drives the device, with the number of devices it sees."""

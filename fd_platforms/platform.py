@@ -432,6 +432,12 @@ def _load(candidate: Candidate, drift_guard: bool) -> Platform:
         fix=f"reinstall {candidate.distribution} or uninstall it",
         verb="failed:",
     )
+    return register_platform(candidate, plugin, drift_guard=drift_guard)
+
+
+def register_platform(candidate: Candidate, plugin: object, *, drift_guard: bool = True) -> Platform:
+    """``plugin`` (what ``candidate``'s entry point names, or a copy of it) registered beside the
+    core defaults and validated as :func:`load_platform` describes; call it inside plugin isolation."""
     manager = pluggy.PluginManager(hookspecs.PROJECT)
     manager.add_hookspecs(hookspecs)
     manager.register(defaults, name="fd_platforms.defaults")

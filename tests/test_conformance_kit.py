@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -77,6 +78,8 @@ def test_check_all_passes_for_every_installed_platform() -> None:
             assert result["checks"][check_name]["status"] == "pass", (name, check_name)
     assert all(status["status"] == "pass" for status in platforms["cpu"]["checks"].values())
     for name in IN_REPO_PLUGINS:  # no accelerator here: the device check skips, saying why
+        simulated = platforms[name]["checks"]["simulated"]
+        assert (simulated["status"], simulated["passed"], simulated["skipped"]) == ("pass", 4, 0), name
         device = platforms[name]["checks"]["device"]
         assert (device["status"], device["passed"], device["failed"]) == ("skip", 0, 0)
         assert all("not available here" in reason and "Fix:" in reason for reason in device["skip_reasons"])
@@ -111,6 +114,76 @@ def test_a_drifting_plugin_fails_the_decision_check_with_its_cases(make_plugin) 
     assert all(result["checks"][name]["status"] != "fail" for name in CHECKS if name != "decision")
     table = check("oldxpu", PYTHONPATH=str(site))
     assert table.returncode == 1 and f"FAIL 22/{DECISION_TESTS}" in table.stdout and "some platforms FAIL" in table.stdout
+
+
+INT_MEMORY_MODULE = """
+from fd_platforms import hookimpl
+from fd_platforms.types import Detection, PlatformIdentity
+
+@hookimpl
+def platform_identity():
+    return PlatformIdentity("intmem", "intmem", None)
+
+@hookimpl
+def detect_platform():
+    return Detection(False, "no intmem device here. Fix: none, it is a test plugin")
+
+@hookimpl
+def supported_api_versions():
+    return ">=1.0,<2"
+
+@hookimpl
+def device_memory(device_id):
+    return 80 * 2**30
+"""
+
+INT_MEMORY_SUBCLASS = """
+from fd_platforms import hookimpl
+from fd_platforms.custom_device import CustomDeviceFacts
+from fd_platforms.paddle_platform import PaddlePlatform
+
+class IntMemory(PaddlePlatform):
+    @hookimpl
+    def device_memory(self, device_id):
+        count = self.device.confirm().device_count  # asks Paddle: the simulated one in the kit
+        return count * 80 * 2**30
+
+PLATFORM = IntMemory(name="intmem", device_type="intmem_npu", visible_devices_env=None,
+                     distributions=("paddle-intmem-npu",), device_glob=None, install_hint="x",
+                     api_versions=">=1.0,<2", description="a test plugin", facts=CustomDeviceFacts)
+"""
+
+
+@pytest.mark.parametrize(("source", "attribute"), [(INT_MEMORY_MODULE, None), (INT_MEMORY_SUBCLASS, "PLATFORM")],
+                         ids=["module-hook", "paddle-platform-override"])
+def test_a_device_memory_of_the_wrong_type_fails_without_hardware(make_plugin, source: str, attribute: str) -> None:
+    site = make_plugin("intmem", source=source, attribute=attribute)
+    done = check("intmem", "--json", PYTHONPATH=str(site))
+    assert done.returncode == 1, done.stdout + done.stderr
+    result = checks_of(json.loads(done.stdout))["intmem"]
+    simulated = result["checks"]["simulated"]
+    assert simulated["status"] == "fail", simulated
+    messages = " ".join(failure["message"] for failure in simulated["failures"])
+    assert "hook device_memory returned int" in messages and "it must return DeviceMemory" in messages
+    assert result["checks"]["device"]["status"] == "skip", "the hardware-only check could not have found it"
+
+
+def test_check_says_each_platform_as_it_finishes() -> None:
+    done = check("cpu", "xpu", "--jobs", "1")
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert [line.split(" (")[0] for line in lines] == ["fd-platforms: checked cpu", "fd-platforms: checked xpu"]
+    assert all(re.fullmatch(r"fd-platforms: checked \w+ \([12] of 2\): ok in [0-9.]+ s", line) for line in lines)
+    assert check("cpu", "--json").stderr == "", "no progress with --json"
+
+
+def test_the_readme_matrix_is_what_check_all_prints() -> None:
+    done = check("--all")
+    assert done.returncode == 0, done.stdout + done.stderr
+    matrix = done.stdout.split("\n\n")[0].splitlines()
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("  ```text\n  PLATFORM  IDENTITY") :].split("```")[1].splitlines()[1:]
+    assert [line.removeprefix("  ") for line in block if line.strip()] == matrix
 
 
 def test_the_matrix_table() -> None:
@@ -151,8 +224,9 @@ def test_pytest_fd_platform_runs_the_suite_beside_a_projects_own_tests(tmp_path:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     summary = done.stdout.strip().splitlines()[-1]
-    suite_size = 6 + DECISION_TESTS + 9 + 8 + 5 + 3 + 4  # identity, decision, planner, host_alloc, wait, sharing, device
-    assert f"{suite_size} passed, 2 skipped" in summary, summary  # cpu declares no limit, and it can share
+    # identity, decision, planner, host_alloc, wait, sharing, simulated (cpu: device_memory as it is), device
+    suite_size = 6 + DECISION_TESTS + 9 + 8 + 5 + 3 + 1 + 4
+    assert f"{suite_size} passed, 5 skipped" in summary, summary  # no limit, it can share, no simulated paddle (3)
     assert "No ccache found" not in done.stdout
 
 

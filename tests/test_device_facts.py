@@ -393,6 +393,27 @@ def test_every_declared_paddle_call_exists_in_the_installed_paddle(facts: type[D
     assert not missing, f"{facts.__name__} calls names this paddle {paddle.__version__} lacks: {missing}"
 
 
+def leaves(node: object, prefix: str = "") -> list[str]:
+    """Dotted names of the callables a SimpleNamespace tree holds."""
+    if callable(node):
+        return [prefix]
+    return [name for key, child in vars(node).items() for name in leaves(child, f"{prefix}.{key}" if prefix else key)]
+
+
+@pytest.mark.parametrize("facts", [fd_platforms_cuda.CudaFacts, fd_platforms_xpu.XpuFacts, CustomDeviceFacts])
+def test_the_simulated_paddle_answers_confirm_and_memory_with_declared_calls_only(facts: type[DeviceFacts]) -> None:
+    simulated = facts.simulated_paddle("sim_npu", 3, 5 * 2**30)
+    assert set(leaves(simulated)) <= set(facts.paddle_calls), "a simulation invents no call the class does not declare"
+    reader = facts(simulated, "sim_npu", "SIM_VISIBLE_DEVICES")
+    assert (reader.confirm().available, reader.confirm().device_count) == (True, 3)
+    memory = reader.memory(2)
+    assert memory.total_bytes == 5 * 2**30 and memory.process_bytes == 0
+
+
+def test_a_facts_class_without_a_simulation_says_none() -> None:
+    assert DeviceFacts.simulated_paddle("x", 1, 1) is None
+
+
 @pytest.mark.parametrize(("facts", "build"), [(fd_platforms_cuda.CudaFacts, "cuda"), (fd_platforms_xpu.XpuFacts, "xpu")])
 def test_device_build_calls_exist_in_that_build_and_are_why_the_cpu_wheel_cannot_share(facts, build: str) -> None:
     """The IPC calls are only in Paddle's device builds: present there, absent from the CPU wheel."""

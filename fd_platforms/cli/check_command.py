@@ -6,11 +6,15 @@ Exit 0 when every platform passes (skips are not failures), 1 when any fails, 2 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from ..api_version import API_VERSION
+from ..console import write_line
 from ..conformance import CHECKS, PlatformResult, run_suites
 from ..discovery import Candidate, discover
 from ..errors import ConfigError
@@ -36,7 +40,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--jobs", args.jobs, "an integer >= 1", "pass e.g. --jobs 2")
     if args.timeout <= 0:
         raise ConfigError("--timeout", args.timeout, "seconds > 0", "pass e.g. --timeout 600")
-    results = run_suites(_candidates(args.names, args.all), jobs=args.jobs, timeout=args.timeout)
+    candidates = _candidates(args.names, args.all)
+    results = run_suites(
+        candidates, jobs=args.jobs, timeout=args.timeout, finished=None if args.json else _said(len(candidates))
+    )
     passed = all(result.passed for result in results)
     if args.json:
         payload = {
@@ -49,6 +56,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(_matrix(results))
     return 0 if passed else 1
+
+
+def _said(total: int) -> Callable[[PlatformResult, float], None]:
+    """A progress line on stderr as each platform's suite ends: ``checked cuda (2 of 6): ok in 9.1 s``."""
+    done = itertools.count(1)
+    lock = threading.Lock()
+
+    def say(result: PlatformResult, seconds: float) -> None:
+        with lock:
+            outcome = "ok" if result.passed else ("FAIL" if result.error is None else f"error: {result.error}")
+            write_line(f"fd-platforms: checked {result.name} ({next(done)} of {total}): {outcome} in {seconds:.1f} s")
+
+    return say
 
 
 def _candidates(names: list[str], everything: bool) -> list[Candidate]:

@@ -13,6 +13,7 @@ the device itself skip with the detection's reason where the hardware is absent.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,15 @@ import pytest
 from ..conformance import CHECKS
 from ..discovery import discover
 from ..errors import FdPlatformsError
-from ..platform import Platform, load_platform
+from ..isolation import call_plugin, detect_timeout
+from ..paddle_platform import PaddlePlatform
+from ..platform import Platform, load_platform, register_platform
 from ..selection import single_candidate
 from ..types import Detection
 
 SUITE_DIR = Path(__file__).parent / "suite"
+SIMULATED_DEVICES = 2
+SIMULATED_BYTES = 16 * 2**30
 HOOKS_MARKER = "fd_hooks"
 
 
@@ -126,6 +131,22 @@ def fd_platform(fd_platform_name: str) -> Platform:
         return load_platform(single_candidate(discover(), fd_platform_name), drift_guard=False)
     except FdPlatformsError as exc:
         pytest.fail(f"platform {fd_platform_name!r} does not load: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def fd_platform_simulated(fd_platform: Platform) -> Platform:
+    """A copy of the platform whose ``paddle`` is its facts class's simulation (:data:`SIMULATED_DEVICES`
+    devices of :data:`SIMULATED_BYTES`), registered as a plugin again; skips where there is none."""
+    plugin = fd_platform.manager.get_plugin(fd_platform.name)
+    simulated = None
+    if isinstance(plugin, PaddlePlatform):
+        simulated = plugin.facts.simulated_paddle(plugin.device_type, SIMULATED_DEVICES, SIMULATED_BYTES)
+    if simulated is None:
+        pytest.skip(f"{fd_platform.name} is not a PaddlePlatform whose facts class simulates Paddle")
+    copy = dataclasses.replace(plugin, load_paddle=lambda: simulated)
+    candidate = fd_platform.candidate
+    return call_plugin(candidate, "loading a simulated copy", lambda: register_platform(candidate, copy, drift_guard=False),
+                       detect_timeout())  # fmt: skip
 
 
 @pytest.fixture(scope="session")

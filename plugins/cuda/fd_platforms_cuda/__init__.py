@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 from fd_platforms.device_facts import (
@@ -39,6 +40,16 @@ class CudaFacts(DeviceFacts):
         "base.core.get_cuda_current_device_id",
         "base.core.set_cuda_current_device_id",
     )
+
+    @classmethod
+    def simulated_paddle(cls, device_type: str, devices: int, total_bytes: int) -> Any:
+        return SimpleNamespace(
+            is_compiled_with_cuda=lambda: True,
+            is_compiled_with_rocm=lambda: False,
+            device=SimpleNamespace(cuda=SimpleNamespace(device_count=lambda: devices,
+                                                        max_memory_allocated=lambda device=None: 0)),
+            cuda=SimpleNamespace(mem_get_info=lambda device=None: (total_bytes, total_bytes)),
+        )  # fmt: skip
 
     def confirm(self) -> Detection:
         if not self.paddle.is_compiled_with_cuda():

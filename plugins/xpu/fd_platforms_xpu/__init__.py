@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 from fd_platforms.device_facts import (
     DeviceFacts,
     PinningUnavailable,
@@ -31,6 +34,12 @@ class XpuFacts(DeviceFacts):
     )
     sharing = "XPU IPC handles through Paddle's DenseTensor._share_xpu and _new_shared_xpu"
     device_build_calls = ("base.core.DenseTensor._share_xpu", "base.core.DenseTensor._new_shared_xpu")
+
+    @classmethod
+    def simulated_paddle(cls, device_type: str, devices: int, total_bytes: int) -> Any:
+        xpu = SimpleNamespace(device_count=lambda: devices, memory_total=lambda device=None: total_bytes,
+                              memory_used=lambda device=None: 0, max_memory_allocated=lambda device=None: 0)
+        return SimpleNamespace(is_compiled_with_xpu=lambda: True, device=SimpleNamespace(xpu=xpu))  # fmt: skip
 
     def confirm(self) -> Detection:
         if not self.paddle.is_compiled_with_xpu():
