@@ -91,6 +91,23 @@ def test_list_shows_every_platform_beside_a_duplicate_name(make_plugin) -> None:
     assert table.returncode == 0 and table.stdout.count("registered by 2 distributions") == 2
 
 
+def test_a_multi_line_reason_is_one_line_in_the_table_and_whole_with_verbose_or_json(make_plugin) -> None:
+    from test_drift_guard import drifting
+
+    site = drifting(make_plugin)
+    table = cli("list", PYTHONPATH=str(site))
+    assert table.returncode == 0, table.stderr
+    header, *rows = table.stdout.split("\n\n")[0].splitlines()
+    assert len(rows) == len({row.split()[0] for row in rows}), "one line per platform"
+    row = next(row for row in rows if row.startswith("oldxpu"))
+    assert "disagrees with the core rule" in row and "more lines: fd-platforms list -v, or --json]" in row
+    full = json.loads(cli("list", "--json", PYTHONPATH=str(site)).stdout)
+    reason = next(p["reason"] for p in full["platforms"] if p["name"] == "oldxpu")
+    assert reason.count("\n") > 20 and f"[{reason.count(chr(10))} more lines" in row
+    verbose = cli("list", "-v", PYTHONPATH=str(site)).stdout
+    assert f"oldxpu (fd-test-oldxpu): {reason}" in verbose
+
+
 @pytest.mark.parametrize(
     ("args", "prefix", "words"),
     [

@@ -1,4 +1,8 @@
-"""``fd-platforms list``: every discovered platform, its status, and which one is selected and why."""
+"""``fd-platforms list``: every discovered platform, its status, and which one is selected and why.
+
+The table shows each reason's first line; ``-v`` adds the multi-line ones (a drift report) in
+full below it, and ``--json`` has every reason whole.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from .table import format_table
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser = commands.add_parser("list", help="show discovered platforms and the selected one")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table (every reason in full)")
     parser.set_defaults(run=run)
     return parser
 
@@ -41,14 +45,25 @@ def run(args: argparse.Namespace) -> int:
                 r.version,
                 r.status,
                 r.device_count,
-                r.reason,
+                _one_line(r.reason),
             )
             for r in result.reports
         ]
         print(format_table(("PLATFORM", "DISTRIBUTION", "VERSION", "STATUS", "DEVICES", "REASON"), rows))
+        if args.verbose:
+            for r in result.reports:
+                if "\n" in r.reason:
+                    print(f"\n{r.name} ({r.distribution}): {r.reason}")
         if selected is not None:
             print(f"\nselected: {selected['name']} ({selected['how']}: {selected['reason']})")
     if result.error is not None:
         write_line(f"fd-platforms: error: {error}")
         return result.error.exit_code
     return 0
+
+
+def _one_line(reason: str) -> str:
+    """A reason for the table's last column: its first line, saying how to see the rest (a drift
+    report lists every differing case on a line of its own)."""
+    first, *rest = reason.splitlines() or [""]
+    return first if not rest else f"{first} [{len(rest)} more lines: fd-platforms list -v, or --json]"
