@@ -32,3 +32,8 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     raise AttributeError(f"module 'fd_platforms' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names with the lazy public ones, before any is loaded (for ``dir()`` and completion)."""
+    return sorted({*globals(), *__all__})

@@ -1,0 +1,37 @@
+"""``docs/api.md`` lists the public API as the code has it, and ``dir(fd_platforms)`` shows the lazy names."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import fd_platforms
+from fd_platforms.platform import Platform
+from run_helpers import ROOT
+
+API = (ROOT / "docs" / "api.md").read_text()
+PUBLIC_METHODS = sorted(name for name in vars(Platform) if not name.startswith("_"))
+
+
+@pytest.mark.parametrize("name", PUBLIC_METHODS)
+def test_every_public_platform_method_is_in_the_reference(name: str) -> None:
+    assert f"`{name}(" in API or f"`{name}`" in API, f"docs/api.md does not list Platform.{name}"
+
+
+@pytest.mark.parametrize("name", fd_platforms.__all__)
+def test_every_exported_name_is_in_the_reference(name: str) -> None:
+    assert f"`{name}(" in API or f"`{name}`" in API, f"docs/api.md does not list fd_platforms.{name}"
+
+
+def test_dir_lists_the_lazy_names_before_any_is_loaded() -> None:
+    code = (
+        "import sys, fd_platforms\n"
+        "names = dir(fd_platforms)\n"
+        "assert 'pluggy' not in sys.modules and 'paddle' not in sys.modules, 'dir() loaded nothing'\n"
+        "print(sorted(set(fd_platforms.__all__) - set(names)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
