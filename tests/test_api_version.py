@@ -6,9 +6,11 @@ import ast
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import fd_platforms
-from fd_platforms.api_version import API_VERSION, PLUGIN_API_MODULES
+from fd_platforms.api_version import API_VERSION, PLUGIN_API_MODULES, release_range_contains
 from fd_platforms.discovery import core_version
 from fd_platforms.errors import PluginContractError, PluginHookError, PluginVersionError
 from fd_platforms.selection import select_platform, survey
@@ -93,3 +95,23 @@ def test_plugins_import_only_the_public_plugin_api(package: str) -> None:
     for source in (ROOT / package).rglob("*.py"):
         core = {m for m in _imported_modules(source) if m.split(".")[0] == "fd_platforms"}
         assert core <= set(PLUGIN_API_MODULES), f"{source} imports non-public {sorted(core - set(PLUGIN_API_MODULES))}"
+
+
+VERSIONS = st.lists(st.integers(min_value=0, max_value=12), min_size=1, max_size=4).map(
+    lambda parts: ".".join(map(str, parts))
+)
+CLAUSES = st.tuples(st.sampled_from([">=", "<=", "==", "!=", "<", ">"]), VERSIONS, st.sampled_from(["", " "])).map(
+    lambda c: f"{c[2]}{c[0]}{c[2]}{c[1]}{c[2]}"
+)
+
+
+@given(st.lists(CLAUSES, min_size=1, max_size=3).map(",".join), VERSIONS)
+def test_the_fast_range_check_is_packagings_answer(declared: str, version: str) -> None:
+    from packaging.specifiers import SpecifierSet
+
+    assert release_range_contains(declared, version) == SpecifierSet(declared).contains(version, prereleases=True)
+
+
+@pytest.mark.parametrize("declared", ["~=1.0", "==1.*", "===1.1", ">=1.0,", ">=1.0.dev1", ">=1.0rc1,<2", "", ">=x"])
+def test_any_other_form_is_left_to_packaging(declared: str) -> None:
+    assert release_range_contains(declared, "1.1") is None
