@@ -331,13 +331,13 @@ class Platform:
 def _bound(hook: str, kwargs: dict[str, Any]) -> tuple[float, str]:
     """How long a plugin's hook may run, and the environment variable that sets it: a wait its own
     timeout, an allocation as long as a worker waits for it, every other hook the detection bound."""
+    if hook not in ("wait_cache_ready", "host_alloc", "export_cache_tensor", "open_cache_tensor"):
+        return detect_timeout(), ENV_DETECT_TIMEOUT  # selection's hooks: cache_signal stays unimported
     from .cache_signal import ENV_TIMEOUT, resolve_timeout
 
     if hook == "wait_cache_ready":
         return float(kwargs["timeout"]) + WAIT_MARGIN_SECONDS, ENV_TIMEOUT
-    if hook in ("host_alloc", "export_cache_tensor", "open_cache_tensor"):
-        return resolve_timeout(None), ENV_TIMEOUT
-    return detect_timeout(), ENV_DETECT_TIMEOUT
+    return resolve_timeout(None), ENV_TIMEOUT
 
 
 TENSOR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,248}")

@@ -86,3 +86,16 @@ def test_detection_of_every_plugin_never_imports_paddle() -> None:
     result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_selection_loads_nothing_only_later_steps_need() -> None:
+    """Every worker pays for selection: the cache signal, the engine API and packaging (a plugin
+    declaring the usual ``>=1.0,<2``) load when used, not when the platform is chosen."""
+    code = (
+        "import sys, fd_platforms\nfd_platforms.current_platform()\n"
+        "print(sorted(m for m in ('fd_platforms.cache_signal', 'fd_platforms.engine', 'packaging', 'secrets', 'paddle')"
+        " if m in sys.modules))\n"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
