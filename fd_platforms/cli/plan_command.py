@@ -12,11 +12,11 @@ import json
 from typing import Any
 
 from ..config import DeployConfig
+from ..decision import decided_by
 from ..errors import ConfigError, PlatformUnavailableError
 from ..layout import build_layout
 from ..platform import Platform
 from ..selection import Prober, select_platform
-from ..decision import decided_by
 from ..sizes import decimal_note, format_size
 from ..types import DeviceMemory
 from .deploy_args import add_deploy_arguments, deploy_config, memory_sizes
