@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from ..engine.kv_cache import KVCache
+from ..host_memory import resident_bytes
 from ..planner import shared_by
 from ..platform import Platform
 from ..sizes import format_size
 from ..types import CacheDecision, DeviceMemory, Plan
-from ..host_memory import resident_bytes
 from .child import child_platform, expect, load_paddle, run_child, serve
 from .progress import Progress
 from .report import Allocation
