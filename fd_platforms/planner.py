@@ -113,6 +113,12 @@ def _check_override(
         )
 
 
+def host_swap_blocks(cache: CacheConfig, bytes_per_block: int) -> int:
+    """Host swap blocks per rank: ``num_cpu_blocks``, else the swap space in whole blocks. It needs
+    no device facts, so an engine knows it (and the rule's answer) before any rank has planned."""
+    return cache.num_cpu_blocks or cache.swap_space_bytes // bytes_per_block
+
+
 def plan_blocks(
     layout: CacheLayout,
     memory: DeviceMemory,
@@ -140,7 +146,7 @@ def plan_blocks(
     else:
         num_blocks, binding = memory_blocks, "memory"
         reason = f"budget {format_size(budget)} // {format_size(per_block)} per block"
-    num_cpu_blocks = cache.num_cpu_blocks or cache.swap_space_bytes // per_block
+    num_cpu_blocks = host_swap_blocks(cache, per_block)
     return Plan(
         num_blocks=num_blocks,
         memory_blocks=memory_blocks,
@@ -218,7 +224,7 @@ def plan_violations(
     override = cache.num_gpu_blocks_override
     if override is not None and plan.num_blocks != override:
         broken.append(f"num_blocks={plan.num_blocks}, but num_gpu_blocks_override={override}")
-    cpu_blocks = cache.num_cpu_blocks or cache.swap_space_bytes // per_block
+    cpu_blocks = host_swap_blocks(cache, per_block)
     if plan.num_cpu_blocks != cpu_blocks:
         broken.append(f"num_cpu_blocks={plan.num_cpu_blocks}, but the cache config gives {cpu_blocks}")
     return broken

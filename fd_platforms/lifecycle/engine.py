@@ -1,9 +1,10 @@
 """The engine's side of ``fd-platforms run``: a thin driver over the public engine API.
 
-Phases, each bounded by the run's timeout: the workers' plans (the engine broadcasts the minimum
-across ranks); the rule, asked once here (every rank has the same inputs), tells whether a cache
-manager is needed, which is started first; then every worker makes the one public call
-(``initialize_kv_cache``) and the manager ``manage_kv_cache`` for the ranks it serves. When ranks
+Phases, each bounded by the run's timeout: the rule, asked once here (every rank has the same
+inputs, none of which needs a plan), tells whether a cache manager is needed, which then starts
+beside the workers; the workers' plans (the engine sends the minimum across ranks to every
+process); then every worker makes the one public call (``initialize_kv_cache``) and the manager
+``manage_kv_cache`` for the ranks it serves. When ranks
 attach, the driver proves each maps the manager's memory (tokens both ways). ``--cycles N`` clears
 and re-initializes N more times. Whatever happens, leaving :func:`run_lifecycle` stops every child
 and removes the signal from ``/dev/shm``.
@@ -22,7 +23,7 @@ from ..engine.initialize import check_can_attach
 from ..engine.publication import reclaim_stale_publications
 from ..errors import ConfigError
 from ..host_memory import available_host_bytes, resident_bytes
-from ..planner import check_host_swap, min_across_ranks
+from ..planner import check_host_swap, host_swap_blocks, min_across_ranks
 from ..platform import Platform
 from ..selection import ENV_PLATFORM, Prober, select_platform
 from ..sizes import format_size
@@ -125,27 +126,33 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
     reclaim_stale_signals()  # what engines killed with SIGKILL left behind (each warned about)
     reclaim_stale_publications()
     with CacheReadySignal.create(spec.ranks) as signal, Children() as children:
+        # The rule needs no plan (host swap blocks come from the config and the layout), so the
+        # engine decides first and starts the cache manager beside the workers: it imports paddle
+        # while they plan, as an engine starts its cache manager at once.
+        decision = platform.should_create_cache_tensor(
+            profile=spec.profile,
+            num_cpu_blocks=host_swap_blocks(spec.deploy.cache, spec.layout(0).bytes_per_block),
+            storage_backend=spec.deploy.cache.kvcache_storage_backend,
+            splitwise_role=spec.deploy.scheduler.splitwise_role,
+        )
+        if not decision.create:
+            check_can_attach(platform, decision, f"platform {platform.name}")  # before any process starts
         workers = [children.start(f"rank {rank}", worker_main, spec, rank, signal.name) for rank in range(spec.ranks)]
         pids = ", ".join(str(worker.pid) for worker in workers)
         say(f"platform {spec.platform}: started {spec.ranks} worker(s) (pid {pids}), cache-ready signal {signal.name}")
         run = _Run(spec, children, workers, say)
+        if not decision.create:
+            run.attaching = tuple(range(spec.ranks))
+            run.manager = children.start("cache manager", manager_main, spec, run.attaching, signal.name)
+            say(f"starting the cache manager (pid {run.manager.pid}) for rank(s) {', '.join(map(str, run.attaching))}")
         planned = children.collect(workers, "plan", spec.timeout)
         final = min_across_ranks([planned[worker][0] for worker in workers])
         check_host_swap(final, spec.deploy.cache, host_bytes=spec.host_memory, ranks=spec.ranks)
         if spec.shares_device:
             check_host_room(final, spec)
         say(f"every rank planned; each uses {final.num_blocks} blocks (the minimum across ranks)")
-        decision = platform.should_create_cache_tensor(
-            profile=spec.profile,
-            num_cpu_blocks=final.num_cpu_blocks,
-            storage_backend=spec.deploy.cache.kvcache_storage_backend,
-            splitwise_role=spec.deploy.scheduler.splitwise_role,
-        )
-        if not decision.create:
-            check_can_attach(platform, decision, f"platform {platform.name}")  # before any cache is made
-            run.attaching = tuple(range(spec.ranks))
-            run.manager = children.start("cache manager", manager_main, spec, run.attaching, final, signal.name)
-            say(f"starting the cache manager (pid {run.manager.pid}) for rank(s) {', '.join(map(str, run.attaching))}")
+        if run.manager is not None:
+            children.send([run.manager], "final", final)
         children.send(workers, "final", (final, None if run.manager is None else run.manager.pid))
         ready, published, verified = run.initialize()
         say("every rank's KV cache is ready" + ("" if verified is None else f"; shared memory verified: {verified}"))

@@ -1,6 +1,7 @@
 """The cache-manager process: one public call per rank it serves, then what the engine asks.
 
-For each rank: :meth:`Platform.manage_kv_cache` exports and publishes the device cache, carves the
+It starts beside the workers, imports paddle while they plan, and receives ``("final", plan)``
+(the minimum across ranks). For each rank: :meth:`Platform.manage_kv_cache` exports and publishes the device cache, carves the
 host swap space (``num_cpu_blocks`` blocks in the layout's names, pinned where the platform can) and
 sets the slot. It sends ``("ready", allocations)``, then serves until ``("stop", None)``: ``mark``
 (write its tokens into every tensor), ``check`` (read each attacher's tokens back), ``clear``
@@ -18,23 +19,22 @@ from ..host_memory import resident_bytes
 from ..platform import Platform
 from ..sizes import format_size
 from ..types import Plan
-from .child import child_platform, load_paddle, run_child, serve
+from .child import child_platform, expect, load_paddle, run_child, serve
 from .progress import Progress
 from .report import Allocation
 from .spec import RunSpec
 from .tokens import read_tokens, write_tokens
 
 
-def manager_main(spec: RunSpec, ranks: tuple[int, ...], plan: Plan, signal_name: str, conn: Connection) -> None:
+def manager_main(spec: RunSpec, ranks: tuple[int, ...], signal_name: str, conn: Connection) -> None:
     """Process target of the cache manager serving ``ranks``."""
-    run_child(f"cache manager (pid {os.getpid()})", conn, spec, _manage, spec, ranks, plan, signal_name)
+    run_child(f"cache manager (pid {os.getpid()})", conn, spec, _manage, spec, ranks, signal_name)
 
 
-def _manage(
-    conn: Connection, say: Progress, spec: RunSpec, ranks: tuple[int, ...], plan: Plan, signal_name: str
-) -> None:
-    load_paddle()
+def _manage(conn: Connection, say: Progress, spec: RunSpec, ranks: tuple[int, ...], signal_name: str) -> None:
+    load_paddle()  # while the workers plan
     platform = child_platform(spec)
+    plan: Plan = expect(conn, "final", spec.timeout)
     held: dict[int, ManagedCache] = {}
     try:
         conn.send(("ready", _publish_all(platform, spec, ranks, plan, signal_name, say, held)))
