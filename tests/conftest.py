@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -23,6 +24,15 @@ TEST_SIGNAL_PREFIX = "fd_cache_ready.test-"
 
 
 OUR_PREFIXES = ("fd_cache_ready.", "fd_kv_cache.")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests press Ctrl-C as a terminal does, on a foreground job. Started in the background
+    (``nohup pytest &``), pytest inherits SIGINT *ignored*, every process it starts would inherit
+    that too (an ignored signal survives exec), and Python then never raises KeyboardInterrupt:
+    give the processes the tests start the default disposition a foreground job has."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def shm_entries() -> set[str]:
