@@ -225,3 +225,8 @@ class RunError(FdPlatformsError):
             super().__init__(lines[0])
         else:
             super().__init__(f"{len(failures)} processes failed:" + "".join(f"\n  {line}" for line in lines))
+
+
+class NodeError(FdPlatformsError):
+    """Another node of a multi-node engine failed, vanished, or did not answer in time; the
+    message names the node (and rank) and what was being waited for."""

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sysconfig
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -82,3 +86,52 @@ def check_rank(rank: dict[str, Any], bytes_per_block: int, create: bool, term: s
         assert rank["wait_seconds"] >= 0 and rank["attach_seconds"] >= 0
         assert rank["attached_tensors"] == TENSORS_PER_RANK  # every tensor of the layout, opened zero-copy
         assert rank["verified"] is True, "the worker read the manager's tokens and the manager read the worker's"
+
+
+class Run:
+    """``fd-platforms run`` in its own process group, its stderr read line by line."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process = process
+        self.lines: list[str] = []
+
+    def read_until(self, pattern: str) -> re.Match[str]:
+        """Read stderr until a line matches ``pattern`` (the process must print it: it ends otherwise)."""
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.lines.append(line)
+            found = re.search(pattern, line)
+            if found:
+                return found
+        raise AssertionError(f"no line matched {pattern!r}; stderr:\n{''.join(self.lines)}")
+
+    def finish(self) -> tuple[int, str]:
+        """Exit code and the whole stderr, waiting at most 60 s."""
+        _, rest = self.process.communicate(timeout=60)
+        return self.process.returncode, "".join(self.lines) + rest
+
+    def group(self) -> list[int]:
+        """Live processes of the run's process group (the engine and its children)."""
+        pids = []
+        for entry in Path("/proc").iterdir():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2 :].split()
+            if entry.name.isdigit() and int(fields[2]) == self.process.pid and fields[0] not in "ZX":
+                pids.append(int(entry.name))
+        return pids
+
+
+@contextmanager
+def started(*args: str, env: dict[str, str] | None = None) -> Iterator[Run]:
+    """``fd-platforms run *args`` in a session of its own; killed with its children if still running at the end."""
+    process = subprocess.Popen([SCRIPT, "run", *args], cwd=ROOT, env=env or clean_env(), text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        yield Run(process)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate(timeout=30)

@@ -7,64 +7,13 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from fd_platforms.process_watch import pid_running
-from run_helpers import QWEN, ROOT, SCRIPT, clean_env, run_cli, without_sweep
+from run_helpers import QWEN, clean_env, run_cli, started, without_sweep
 
 MANAGER_PATH = ("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode")
-
-
-class Run:
-    """``fd-platforms run`` in its own process group, its stderr read line by line."""
-
-    def __init__(self, process: subprocess.Popen[str]) -> None:
-        self.process = process
-        self.lines: list[str] = []
-
-    def read_until(self, pattern: str) -> re.Match[str]:
-        """Read stderr until a line matches ``pattern`` (the process must print it: it ends otherwise)."""
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.lines.append(line)
-            found = re.search(pattern, line)
-            if found:
-                return found
-        raise AssertionError(f"no line matched {pattern!r}; stderr:\n{''.join(self.lines)}")
-
-    def finish(self) -> tuple[int, str]:
-        """Exit code and the whole stderr, waiting at most 60 s."""
-        _, rest = self.process.communicate(timeout=60)
-        return self.process.returncode, "".join(self.lines) + rest
-
-    def group(self) -> list[int]:
-        """Live processes of the run's process group (the engine and its children)."""
-        pids = []
-        for entry in Path("/proc").iterdir():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2 :].split()
-            if entry.name.isdigit() and int(fields[2]) == self.process.pid and fields[0] not in "ZX":
-                pids.append(int(entry.name))
-        return pids
-
-
-@contextmanager
-def started(*args: str) -> Iterator[Run]:
-    process = subprocess.Popen([SCRIPT, "run", *args], cwd=ROOT, env=clean_env(), text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        yield Run(process)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.communicate(timeout=30)
 
 
 def signal_name(stderr: str) -> str:

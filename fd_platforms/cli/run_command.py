@@ -46,6 +46,15 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--platform", metavar="NAME", help="platform to run on, as FD_PLATFORM would name it (default: the selected one)"
     )
+    parser.add_argument(
+        "--nnodes", type=int, default=1, metavar="N",
+        help="nodes (machines) the engine spans; each runs --tp / N ranks and all agree on the blocks (default: 1)",
+    )  # fmt: skip
+    parser.add_argument("--node-rank", type=int, metavar="I", help="this node's index, 0 to N-1 (with --nnodes)")
+    parser.add_argument(
+        "--master", metavar="HOST:PORT",
+        help="node 0's address, the same on every node; node 0 listens on PORT and PORT+1 (with --nnodes)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the report as JSON, without progress lines")
     parser.set_defaults(run=run)
     return parser
@@ -54,6 +63,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     # Imported here: the other commands never pay for multiprocessing and the lifecycle.
     from ..cache_signal import ENV_TIMEOUT, resolve_timeout
+    from ..engine.nodes import NodeSpec
     from ..timeouts import set_by_flag
     from ..lifecycle.engine import run_lifecycle, select_run_platform
     from ..lifecycle.progress import Progress
@@ -61,12 +71,15 @@ def run(args: argparse.Namespace) -> int:
 
     deploy = deploy_config(args)
     tp = deploy.parallel.tensor_parallel_size
-    ranks = tp if args.ranks is None else args.ranks
-    if not 1 <= ranks <= tp:
+    per_node = _ranks_per_node(args, tp)
+    ranks = per_node if args.ranks is None else args.ranks
+    if not 1 <= ranks <= per_node:
+        across = f" / --nnodes {args.nnodes}" if args.nnodes > 1 else ""
         raise ConfigError(
-            "--ranks", ranks, f"1 to tensor_parallel_size={tp} (each local rank is one tensor-parallel rank)",
-            "pass --ranks between 1 and --tp, or raise --tp",
+            "--ranks", ranks, f"1 to tensor_parallel_size={tp}{across} = {per_node} (each local rank is one tensor-parallel rank)",
+            f"pass --ranks between 1 and {per_node}, or raise --tp",
         )
+    nodes = None if args.nnodes == 1 else NodeSpec(args.nnodes, args.node_rank, args.master, ranks)
     if not 0 <= args.cycles <= MAX_CYCLES:
         raise ConfigError("--cycles", args.cycles, f"0 to {MAX_CYCLES}", "pass how many clear/re-initialize cycles to run")
     device_memory, non_cache, host_memory = memory_sizes(args)
@@ -85,11 +98,36 @@ def run(args: argparse.Namespace) -> int:
         host_memory=host_memory,
         quiet=args.json,
         cycles=args.cycles,
+        nodes=nodes,
     )
     with sigterm_raises(), sigint_says_stopping():
         report = run_lifecycle(spec, Progress(quiet=args.json), platform)
     print(json.dumps(report.to_json(), indent=2) if args.json else format_report(report))
     return 0
+
+
+def _ranks_per_node(args: argparse.Namespace, tp: int) -> int:
+    """``--tp / --nnodes``, once ``--nnodes``, ``--node-rank`` and ``--master`` are consistent."""
+    from ..engine.nodes import MAX_NODES, check_nodes
+
+    if not 1 <= args.nnodes <= MAX_NODES:
+        raise ConfigError("--nnodes", args.nnodes, f"1 to {MAX_NODES}", "pass how many nodes (machines) the engine spans")
+    if args.nnodes == 1:
+        for flag, value in (("--node-rank", args.node_rank), ("--master", args.master)):
+            if value is not None:
+                raise ConfigError(flag, value, "only with --nnodes 2 or more", f"pass --nnodes N, or drop {flag}")
+        return tp
+    for flag, value in (("--node-rank", args.node_rank), ("--master", args.master)):
+        if value is None:
+            raise ConfigError(flag, None, f"required with --nnodes {args.nnodes}", f"pass {flag} (see --help)")
+    check_nodes(args.nnodes, args.node_rank, args.master, 1, flags=True)
+    if tp % args.nnodes:
+        works = ", ".join(str(n) for n in range(2, tp + 1) if tp % n == 0) or "none"
+        raise ConfigError(
+            "--nnodes", args.nnodes, f"a number of nodes that divides --tp {tp} (every node runs as many ranks): {works}",
+            "pass --nnodes that divides --tp, or change --tp",
+        )  # fmt: skip
+    return tp // args.nnodes
 
 
 def format_report(report: RunReport) -> str:
@@ -123,6 +161,16 @@ def format_report(report: RunReport) -> str:
         )
         for rank in report.ranks
     ]
+    if report.nodes is not None:
+        nodes = report.nodes
+        header += (
+            f"\nnode {nodes.node_rank} of {nodes.nnodes} (master {nodes.master}): every rank uses the "
+            f"{nodes.bound_by_blocks} blocks of node {nodes.bound_by_node} rank {nodes.bound_by_rank} "
+            f"(global rank {nodes.bound_by_global_rank}), agreed in {nodes.agree_seconds * 1000:.1f} ms"
+            + ("" if nodes.all_ranks else "; node 0 shows every node's ranks")
+        )
+        headers = ("NODE", "GLOBAL", *headers, "JOIN S")
+        rows = [(rank.node, rank.global_rank, *row, _seconds(rank.join_seconds)) for rank, row in zip(report.ranks, rows)]
     table = header + "\n" + format_table(headers, rows)
     if not report.cycles:
         return table
@@ -137,6 +185,10 @@ def format_report(report: RunReport) -> str:
 def _cpu_blocks(allocated: int, planned: int) -> str:
     """The host swap blocks allocated, and the planned ones where none are (no cache manager ran)."""
     return str(allocated) if allocated == planned else f"{allocated} ({planned} planned)"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _yes_no(value: bool | None) -> str:

@@ -12,16 +12,21 @@ and removes the signal from ``/dev/shm``.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
 
 from ..cache_signal import CacheReadySignal, reclaim_stale_signals
 from ..decision import decided_by
+from ..engine.cluster import Agreement
 from ..engine.initialize import check_can_attach
+from ..engine.nodes import NodeSpec
 from ..engine.publication import reclaim_stale_publications
-from ..errors import ConfigError
+from ..errors import ConfigError, NodeError
 from ..host_memory import available_host_bytes, resident_bytes
 from ..planner import check_host_swap, host_swap_blocks, min_across_ranks
 from ..platform import Platform
@@ -31,7 +36,7 @@ from ..types import Plan
 from .children import Child, Children
 from .manager import manager_main
 from .progress import Progress
-from .report import Allocation, CycleReport, RankReport, RunReport
+from .report import Allocation, CycleReport, NodesReport, RankReport, RunReport
 from .spec import MARGIN_SECONDS, RunSpec
 from .worker import WorkerResult, worker_main
 
@@ -102,12 +107,37 @@ class _Run:
         cleared = time.monotonic()
         self._ask(self.everyone, "init")
         verified = self.verify()
+        if self.spec.nodes is not None:
+            self._ask(self.workers, "sync", f"cycle {number}")  # every node clears and re-initializes in step
         done = time.monotonic()
         after = self.rss()
         self.say(f"cycle {number}: cleared in {cleared - started:.3f} s, initialized again in {done - cleared:.3f} s")
         return CycleReport(
             number, cleared - started, done - cleared, verified,
             {label: {"before": before[label], "after": after[label]} for label in before},
+        )  # fmt: skip
+
+    def share(
+        self, ranks: tuple[RankReport, ...], agreement: Agreement, planned: dict[Child, tuple[Any, ...]]
+    ) -> tuple[tuple[RankReport, ...], NodesReport]:
+        """Every node's rank reports, gathered through the workers (node 0 reports them all), and
+        the agreement's summary; also the barrier that ends the run on every node together."""
+        nodes = self.spec.nodes
+        assert nodes is not None
+        for worker, report in zip(self.workers, ranks):  # each worker adds its own row
+            self.children.send([worker], "share", json.dumps(asdict(report)))
+        rows = self.children.collect(self.workers, "share", self.spec.timeout + MARGIN_SECONDS)
+        texts: list[str] = rows[self.workers[0]]
+        everyone = nodes.node_rank == 0
+        if everyone:
+            ranks = tuple(_parse_rank(text, nodes, rank) for rank, text in enumerate(texts))
+        bound = agreement.bound_by
+        return ranks, NodesReport(
+            nnodes=nodes.nnodes, node_rank=nodes.node_rank, master=nodes.master,
+            bound_by_node=bound.node, bound_by_rank=bound.local_rank, bound_by_global_rank=bound.global_rank,
+            bound_by_blocks=bound.plan.num_blocks,
+            agree_seconds=max(planned[worker][2].seconds for worker in self.workers),
+            all_ranks=everyone,
         )  # fmt: skip
 
     def rss(self) -> dict[str, int | None]:
@@ -145,24 +175,31 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
             run.attaching = tuple(range(spec.ranks))
             run.manager = children.start("cache manager", manager_main, spec, run.attaching, signal.name)
             say(f"starting the cache manager (pid {run.manager.pid}) for rank(s) {', '.join(map(str, run.attaching))}")
-        planned = children.collect(workers, "plan", spec.timeout)
-        final = min_across_ranks([planned[worker][0] for worker in workers])
+        planned = children.collect(workers, "plan", spec.timeout + (0 if spec.nodes is None else MARGIN_SECONDS))
+        agreement: Agreement | None = planned[workers[0]][2]
+        final = min_across_ranks([planned[worker][0] for worker in workers]) if agreement is None else agreement.plan
         check_host_swap(final, spec.deploy.cache, host_bytes=spec.host_memory, ranks=spec.ranks)
         if spec.shares_device:
             check_host_room(final, spec)
-        say(f"every rank planned; each uses {final.num_blocks} blocks (the minimum across ranks)")
+        if agreement is None:
+            say(f"every rank planned; each uses {final.num_blocks} blocks (the minimum across ranks)")
+        else:
+            bound = agreement.bound_by
+            say(f"every rank of {spec.nodes.nnodes} nodes planned; each uses {final.num_blocks} blocks "  # type: ignore[union-attr]
+                f"(the minimum, node {bound.node} rank {bound.local_rank}'s plan)")  # fmt: skip
         if run.manager is not None:
             children.send([run.manager], "final", final)
         children.send(workers, "final", (final, None if run.manager is None else run.manager.pid))
         ready, published, verified = run.initialize()
         say("every rank's KV cache is ready" + ("" if verified is None else f"; shared memory verified: {verified}"))
         cycles = tuple(run.cycle(number) for number in range(1, spec.cycles + 1))
+        managed = {allocation.rank: allocation for allocation in published}
+        ranks = tuple(
+            _rank_report(spec, rank, final, planned[worker], ready[worker], managed, run.verified)
+            for rank, worker in enumerate(workers)
+        )
+        nodes = None if agreement is None else run.share(ranks, agreement, planned)
         say("stopping")
-    managed = {allocation.rank: allocation for allocation in published}
-    ranks = tuple(
-        _rank_report(rank, final, planned[worker], ready[worker], managed, run.verified)
-        for rank, worker in enumerate(workers)
-    )
     return RunReport(
         platform=spec.platform,
         model=spec.deploy.model.name,
@@ -173,9 +210,20 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
         bytes_per_block=final.bytes_per_block,
         manager_pid=None if run.manager is None else run.manager.pid,
         wall_seconds=time.monotonic() - started,
-        ranks=ranks,
+        ranks=ranks if nodes is None else nodes[0],
         cycles=cycles,
+        nodes=None if nodes is None else nodes[1],
     )
+
+
+def _parse_rank(text: str, nodes: NodeSpec, rank: int) -> RankReport:
+    try:
+        return RankReport(**json.loads(text))
+    except (ValueError, TypeError) as exc:
+        raise NodeError(
+            f"{nodes.describe(rank)} sent a report this node cannot read ({exc}). "
+            "Fix: run the same fd-platforms version on every node"
+        ) from exc
 
 
 def check_host_room(final: Plan, spec: RunSpec) -> None:
@@ -194,9 +242,10 @@ def check_host_room(final: Plan, spec: RunSpec) -> None:
 
 
 def _rank_report(
+    spec: RunSpec,
     rank: int,
     final: Plan,
-    planned: tuple[Plan, float],
+    planned: tuple[Plan, float, Agreement | None, float | None],
     result: WorkerResult,
     managed: dict[int, Allocation],
     verified: dict[int, bool],
@@ -223,4 +272,7 @@ def _rank_report(
         attached_tensors=result.attached_tensors,
         attach_seconds=result.attach_seconds,
         verified=verified.get(rank),
+        node=0 if spec.nodes is None else spec.nodes.node_rank,
+        global_rank=rank if spec.nodes is None else spec.nodes.global_rank(rank),
+        join_seconds=planned[3],
     )

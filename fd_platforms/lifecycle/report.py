@@ -32,7 +32,9 @@ class RankReport:
     ``wait_seconds``, ``attach_seconds`` and ``verified`` are None for a rank that created its
     cache (it did not wait or attach). ``attached_tensors`` counts the cache manager's tensors the
     worker opened zero-copy; ``verified`` says whether a token written by each process was read by
-    the other in every one of them (the same memory, not a copy).
+    the other in every one of them (the same memory, not a copy). Across nodes, ``node`` and
+    ``global_rank`` place the rank and ``join_seconds`` is how long its handshake and joining
+    Paddle's process group took (None on one node).
     """
 
     rank: int
@@ -55,6 +57,9 @@ class RankReport:
     attached_tensors: int
     attach_seconds: float | None
     verified: bool | None
+    node: int = 0
+    global_rank: int = 0
+    join_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,25 @@ class CycleReport:
     init_seconds: float
     verified: bool | None
     rss: dict[str, dict[str, int | None]]
+
+
+@dataclass(frozen=True)
+class NodesReport:
+    """An engine spread over nodes: this node, and the rank whose plan bound every rank's blocks.
+
+    ``all_ranks`` says whether the run's ``ranks`` are every node's (node 0 gathers them) or this
+    node's own; ``agree_seconds`` is the slowest local rank's agreement (the gather of the plans).
+    """
+
+    nnodes: int
+    node_rank: int
+    master: str
+    bound_by_node: int
+    bound_by_rank: int
+    bound_by_global_rank: int
+    bound_by_blocks: int
+    agree_seconds: float
+    all_ranks: bool
 
 
 @dataclass(frozen=True)
@@ -83,6 +107,7 @@ class RunReport:
     wall_seconds: float
     ranks: tuple[RankReport, ...]
     cycles: tuple[CycleReport, ...] = ()
+    nodes: NodesReport | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The report as a JSON-ready dict (``ranks`` a list of dicts)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..config import DeployConfig
+from ..engine.nodes import NodeSpec
 from ..layout import CacheLayout, build_layout
 
 #: Seconds the engine's last phase and the children's holds add to ``timeout``, so that a wait
@@ -20,7 +21,8 @@ class RunSpec:
     ``device_type`` its Paddle device type. ``device_memory`` is the size each rank plans on
     (``--device-memory``), None for the live facts; ``host_memory`` the host memory swap space must
     fit in (``--host-memory``), None for this host's; ``timeout`` bounds every wait of the run;
-    ``cycles`` how many times every rank clears and re-initializes after the first start.
+    ``cycles`` how many times every rank clears and re-initializes after the first start;
+    ``nodes`` where this node stands when the engine spans several (None: one node).
     """
 
     deploy: DeployConfig
@@ -34,6 +36,7 @@ class RunSpec:
     host_memory: int | None = None
     quiet: bool = False
     cycles: int = 0
+    nodes: NodeSpec | None = None
 
     @property
     def hold_timeout(self) -> float:
@@ -44,6 +47,18 @@ class RunSpec:
     def shares_device(self) -> bool:
         """Whether every rank uses the one device (cpu: host memory), rather than device ``rank``."""
         return self.device_type == "cpu"
+
+    def node_facts(self) -> dict[str, object]:
+        """What every node of a multi-node engine must agree on, by the flag that sets it."""
+        assert self.nodes is not None
+        return {
+            "--nnodes": self.nodes.nnodes,
+            "--ranks": self.ranks,
+            "--tp": self.deploy.parallel.tensor_parallel_size,
+            "--model": self.deploy.model.name,
+            "--platform": self.platform,
+            "the cache layout's bytes per block": self.layout(0).bytes_per_block,
+        }
 
     def device_id(self, rank: int) -> int:
         """The local device of ``rank``."""

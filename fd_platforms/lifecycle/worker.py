@@ -2,12 +2,14 @@
 
 Paddle is imported first, while the ranks plan in parallel, so that a rank told to wait for a
 cache manager already waits by the time that manager could fail. Messages with the engine, in
-order: send ``("plan", (plan, seconds))``; receive ``("final",
+order: send ``("plan", (plan, seconds, agreement, join_seconds))`` (the agreement across nodes and
+the seconds joining them took, None on one node); receive ``("final",
 (plan, manager_pid))`` (the minimum across ranks, and the cache manager's pid when there is one);
 call :meth:`Platform.initialize_kv_cache`, which creates or attaches; send ``("ready",
 WorkerResult)``. Then serve until ``("stop", None)``: ``verify`` (an attacher reads the cache
 manager's tokens and writes its own), ``clear`` and ``init`` (clear and re-initialize, for
-``--cycles``), ``rss``.
+``--cycles``), ``rss``; across nodes also ``sync`` (a barrier of every rank of every node) and
+``share`` (every rank's text, gathered from every node).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
+from ..engine.cluster import Agreement, Cluster
 from ..engine.kv_cache import KVCache
 from ..host_memory import resident_bytes
 from ..planner import shared_by
@@ -66,8 +69,10 @@ def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, signal_name
         non_cache_bytes=spec.non_cache,
         host_memory=spec.host_memory,
     )
-    conn.send(("plan", (plan, time.monotonic() - started)))
+    seconds = time.monotonic() - started
     say(f"planned {plan.num_blocks} blocks of {format_size(plan.bytes_per_block)} ({plan.binding_reason})")
+    cluster, agreement = _agree(spec, platform, rank, plan, say) if spec.nodes is not None else (None, None)
+    conn.send(("plan", (plan, seconds, agreement, None if cluster is None else cluster.join_seconds)))
     final, manager_pid = expect(conn, "final", spec.timeout)
     state = {"cache": _initialize(platform, spec, rank, signal_name, final, manager_pid, say)}
     try:
@@ -77,14 +82,33 @@ def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, signal_name
             state["cache"] = _initialize(platform, spec, rank, signal_name, final, manager_pid, say)
             return _result(state["cache"])
 
-        serve(conn, spec.hold_timeout, {
+        handlers = {
             "verify": lambda tokens: _verify(state["cache"], *tokens),
             "clear": lambda _: state["cache"].clear(spec.timeout),
             "init": reinitialize,
             "rss": lambda _: resident_bytes(),
-        })  # fmt: skip
+        }
+        if cluster is not None:
+            handlers["sync"] = cluster.barrier
+            handlers["share"] = lambda text: cluster.gather_text(text, "sharing the report")
+        serve(conn, spec.hold_timeout, handlers)
     finally:
         state["cache"].clear(spec.timeout)
+
+
+def _agree(spec: RunSpec, platform: Platform, rank: int, plan: Plan, say: Progress) -> tuple[Cluster, Agreement]:
+    """Join every node's ranks in Paddle's process group and agree on the fewest blocks."""
+    assert spec.nodes is not None
+    say(f"joining {spec.nodes.nnodes} nodes at {spec.nodes.master} as global rank {spec.nodes.global_rank(rank)}")
+    cluster = Cluster.join(
+        spec.nodes, rank, facts=spec.node_facts(), timeout=spec.timeout,
+        device_type=spec.device_type, device_id=spec.device_id(rank),
+    )  # fmt: skip
+    agreement = cluster.agree(plan)
+    bound = agreement.bound_by
+    say(f"joined in {cluster.join_seconds:.3f} s; every rank of every node uses {agreement.plan.num_blocks} blocks "
+        f"(node {bound.node} rank {bound.local_rank}'s plan), agreed in {agreement.seconds * 1000:.1f} ms")  # fmt: skip
+    return cluster, agreement
 
 
 def _initialize(

@@ -1,0 +1,199 @@
+"""One engine over several nodes: every rank of every node agrees on its KV cache through Paddle's
+collective runtime.
+
+:meth:`Cluster.join` makes the handshake (:mod:`.rendezvous`), then joins Paddle's global process
+group (``paddle.distributed.init_parallel_env``) with the backend Paddle uses for the device type
+(gloo on cpu, nccl on gpu, bkcl on xpu, xccl on a custom device). :meth:`Cluster.agree` gathers
+every rank's plan (``all_gather``) and returns the minimum and the rank that bound it, as
+FastDeploy's worker takes ``all_reduce(num_blocks, MIN)``. :meth:`Cluster.barrier` and
+:meth:`Cluster.gather_text` keep the nodes in step. Every call is bounded; a peer that dies or
+stops answering is a :class:`~fd_platforms.errors.NodeError` naming its node and rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+from ..cache_signal import ENV_TIMEOUT
+from ..errors import FdPlatformsError, NodeError
+from ..timeouts import knob
+from ..types import Plan
+from .bounded import bounded
+from .nodes import NodeSpec
+from .rendezvous import PADDLE_ERRORS, Rendezvous, wait_for_listener
+
+T = TypeVar("T")
+
+#: Largest text one rank may contribute to :meth:`Cluster.gather_text` (a plan is ~300 bytes).
+MAX_TEXT_BYTES = 1 << 20
+_PAIR_RANK = re.compile(r"pair_rank\s*=\s*(\d+)")
+_FLAGS_BANNER = re.compile(r"=+ Modified FLAGS detected =+\n(FLAGS\(.*\)\n)*=+\n")
+
+
+def collective_backend(device_type: str) -> str:
+    """The backend Paddle's ``init_parallel_env`` uses for ``device_type``."""
+    return {"cpu": "gloo", "gpu": "nccl", "xpu": "bkcl"}.get(device_type, "xccl")
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank's own plan, and where the rank is."""
+
+    global_rank: int
+    node: int
+    local_rank: int
+    plan: Plan
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What every rank of every node uses: ``plan`` (the fewest blocks), the rank whose plan it is,
+    every rank's plan, and the seconds the agreement took."""
+
+    plan: Plan
+    bound_by: RankPlan
+    ranks: tuple[RankPlan, ...]
+    seconds: float
+
+
+class Cluster:
+    """This rank's place in the engine's global process group; see the module docstring."""
+
+    def __init__(self, nodes: NodeSpec, local_rank: int, device_type: str, device_id: int, timeout: float, limit: str) -> None:
+        self.nodes, self.local_rank, self.timeout, self.limit = nodes, local_rank, timeout, limit
+        self.device_type, self.device_id = device_type, device_id
+        self.backend = collective_backend(device_type)
+        self.global_rank = nodes.global_rank(local_rank)
+        self.me = nodes.describe(self.global_rank)
+        self.join_seconds = 0.0
+        self._rendezvous: Rendezvous | None = None
+
+    @classmethod
+    def join(
+        cls,
+        nodes: NodeSpec,
+        local_rank: int,
+        *,
+        facts: Mapping[str, object],
+        timeout: float,
+        device_type: str = "cpu",
+        device_id: int = 0,
+        limit: str = ENV_TIMEOUT,
+    ) -> Cluster:
+        """Handshake (every node's ``facts`` must equal this node's), then join the process group;
+        all within ``timeout`` seconds. ``limit`` names the setting that lengthens it in errors."""
+        if not 0 <= local_rank < nodes.local_ranks:
+            raise FdPlatformsError(f"local_rank={local_rank} is not one of this node's {nodes.local_ranks} ranks. "
+                                   "Fix: pass a local rank from 0 to local_ranks - 1")  # fmt: skip
+        started = time.monotonic()
+        cluster = cls(nodes, local_rank, device_type, device_id, timeout, limit)
+        cluster._rendezvous = Rendezvous(nodes, local_rank, timeout, limit)
+        cluster._rendezvous.handshake(facts)
+        cluster._init_group(started + timeout)
+        cluster.join_seconds = time.monotonic() - started
+        return cluster
+
+    def _init_group(self, deadline: float) -> None:
+        store = f"{self.nodes.host}:{self.nodes.port + 1}"
+        os.environ.update({
+            "PADDLE_TRAINER_ID": str(self.global_rank),
+            "PADDLE_TRAINERS_NUM": str(self.nodes.world_size),
+            "PADDLE_MASTER": store,
+            "PADDLE_CURRENT_ENDPOINT": store,
+            "PADDLE_DISTRI_BACKEND": self.backend,
+        })  # fmt: skip
+        if self.device_type != "cpu":
+            os.environ[f"FLAGS_selected_{self.device_type}s"] = str(self.device_id)
+        import paddle.distributed as dist
+
+        what = "joining Paddle's process group"
+        if self.global_rank != 0:  # rank 0 serves the group's store: connect once it listens
+            wait_for_listener(self.nodes.host, self.nodes.port + 1, deadline, lambda: self._timed_out(what))
+        with contextlib.redirect_stderr(io.StringIO()) as said:  # Paddle's banner of every modified FLAG
+            self._collective(dist.init_parallel_env, what, deadline)
+        sys.stderr.write(_FLAGS_BANNER.sub("", said.getvalue()))
+
+    def agree(self, plan: Plan) -> Agreement:
+        """Every rank's plan, and the one with the fewest blocks (the lowest global rank on ties)."""
+        started = time.monotonic()
+        rows = self.gather_text(json.dumps(asdict(plan)), "agreeing on the number of blocks")
+        ranks = tuple(RankPlan(rank, *self.nodes.locate(rank), self._plan(rank, row)) for rank, row in enumerate(rows))
+        bound = min(ranks, key=lambda ranked: (ranked.plan.num_blocks, ranked.global_rank))
+        return Agreement(bound.plan, bound, ranks, time.monotonic() - started)
+
+    def barrier(self, what: str) -> None:
+        """Wait until every rank of every node gets here."""
+        import paddle.distributed as dist
+
+        self._collective(dist.barrier, what)
+
+    def gather_text(self, text: str, what: str) -> list[str]:
+        """Every rank's ``text``, in global-rank order (``all_gather`` of the lengths, then the bytes)."""
+        import numpy as np
+        import paddle
+        import paddle.distributed as dist
+
+        data = text.encode()
+        if len(data) > MAX_TEXT_BYTES:
+            raise FdPlatformsError(f"gather_text got {len(data)} bytes; at most {MAX_TEXT_BYTES}. Fix: send less")
+        place = self._place(paddle)
+        lengths: list[Any] = []
+        self._collective(lambda: dist.all_gather(lengths, paddle.to_tensor([len(data)], dtype="int64", place=place)), what)
+        sizes = [int(length.numpy()[0]) for length in lengths]
+        for rank, size in enumerate(sizes):
+            if not 0 < size <= MAX_TEXT_BYTES:
+                raise NodeError(f"{self.me}: {self.nodes.describe(rank)} sent {size} bytes while {what}; "
+                                f"at most {MAX_TEXT_BYTES}. Fix: run the same fd-platforms on every node")  # fmt: skip
+        buffer = np.zeros(max(sizes), dtype=np.uint8)
+        buffer[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+        parts: list[Any] = []
+        self._collective(lambda: dist.all_gather(parts, paddle.to_tensor(buffer, place=place)), what)
+        return [bytes(part.numpy()[:size]).decode(errors="replace") for part, size in zip(parts, sizes)]
+
+    def _plan(self, rank: int, row: str) -> Plan:
+        try:
+            return Plan(**json.loads(row))
+        except (ValueError, TypeError, FdPlatformsError) as exc:
+            raise NodeError(f"{self.me}: {self.nodes.describe(rank)} sent a plan this node cannot read ({exc}). "
+                            "Fix: run the same fd-platforms version on every node") from exc  # fmt: skip
+
+    def _place(self, paddle: Any) -> Any:
+        if self.backend == "gloo":
+            return paddle.CPUPlace()
+        if self.backend == "nccl":
+            return paddle.CUDAPlace(self.device_id)
+        if self.backend == "bkcl":
+            return paddle.XPUPlace(self.device_id)
+        return paddle.CustomPlace(self.device_type, self.device_id)
+
+    def _collective(self, call: Callable[[], T], what: str, deadline: float | None = None) -> T:
+        seconds = self.timeout if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            return bounded(call, seconds, lambda: self._timed_out(what))
+        except PADDLE_ERRORS as exc:
+            raise NodeError(f"{self.me}: {what} failed: {self._peer(exc)}. Fix: check that node's output") from exc
+
+    def _timed_out(self, what: str) -> NodeError:
+        return NodeError(
+            f"{self.me}: {what} did not complete within {self.timeout:g} s: another node is not answering. "
+            f"Fix: check every node's output; raise {knob(self.limit, argument=True)} if a node is legitimately slower"
+        )
+
+    def _peer(self, exc: BaseException) -> str:
+        """Which rank's failure ``exc`` reports, in words, with Paddle's first line."""
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        found = _PAIR_RANK.search(str(exc))
+        if found and int(found.group(1)) < self.nodes.world_size:
+            return f"{self.nodes.describe(int(found.group(1)))} is gone ({first})"
+        if self.nodes.world_size == 2:
+            return f"{self.nodes.describe(1 - self.global_rank)} is gone ({first})"
+        return f"a rank of another node is gone ({first})"

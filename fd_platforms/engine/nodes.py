@@ -1,0 +1,88 @@
+"""Where one process stands in an engine spread over several nodes (machines): a plain record.
+
+Node ``I`` of ``N`` runs ``local_ranks`` ranks; global rank = ``I * local_ranks + local rank``, as
+``paddle.distributed.launch --nnodes N`` numbers them. Node 0 hosts the rendezvous at ``master``
+(``HOST:PORT``): the handshake's store on ``PORT`` and Paddle's process-group store on ``PORT + 1``.
+No paddle here: the CLI checks these values before starting anything.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+MAX_NODES = 4096
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """Node ``node_rank`` of ``nnodes``, each running ``local_ranks`` ranks; ``master`` is ``HOST:PORT``."""
+
+    nnodes: int
+    node_rank: int
+    master: str
+    local_ranks: int
+
+    def __post_init__(self) -> None:
+        check_nodes(self.nnodes, self.node_rank, self.master, self.local_ranks)
+
+    @property
+    def host(self) -> str:
+        return self.master.rsplit(":", 1)[0]
+
+    @property
+    def port(self) -> int:
+        """The handshake's port; Paddle's process-group store listens on the next one."""
+        return int(self.master.rsplit(":", 1)[1])
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.local_ranks
+
+    def global_rank(self, local_rank: int) -> int:
+        """This node's ``local_rank`` numbered across every node."""
+        return self.node_rank * self.local_ranks + local_rank
+
+    def locate(self, global_rank: int) -> tuple[int, int]:
+        """(node, local rank) of ``global_rank``."""
+        return divmod(global_rank, self.local_ranks)
+
+    def describe(self, global_rank: int) -> str:
+        """``node 1 rank 0 (global rank 2)``."""
+        node, local = self.locate(global_rank)
+        return f"node {node} rank {local} (global rank {global_rank})"
+
+
+def check_nodes(nnodes: object, node_rank: object, master: object, local_ranks: object, *, flags: bool = False) -> None:
+    """A ConfigError naming the first bad value (as ``--nnodes`` ... when ``flags``), else nothing."""
+    name = {"nnodes": "--nnodes", "node_rank": "--node-rank", "master": "--master", "local_ranks": "--ranks"}
+    field = (lambda key: name[key]) if flags else (lambda key: key)
+    if not _is_int(nnodes) or not 1 <= nnodes <= MAX_NODES:  # type: ignore[operator]
+        raise ConfigError(field("nnodes"), nnodes, f"1 to {MAX_NODES}", "pass how many nodes (machines) the engine spans")
+    if not _is_int(node_rank) or not 0 <= node_rank < nnodes:  # type: ignore[operator]
+        raise ConfigError(
+            field("node_rank"), node_rank, f"0 to {nnodes - 1} (one per node; node 0 hosts the master)",  # type: ignore[operator]
+            f"give each of the {nnodes} nodes its own {field('node_rank')} from 0 to {nnodes - 1}",  # type: ignore[operator]
+        )  # fmt: skip
+    if not _is_int(local_ranks) or local_ranks < 1:  # type: ignore[operator]
+        raise ConfigError(field("local_ranks"), local_ranks, "an int >= 1", "pass how many ranks this node runs")
+    parse_master(master, field("master"))
+
+
+def parse_master(master: object, field: str = "master") -> tuple[str, int]:
+    """``HOST:PORT`` as (host, port); PORT + 1 must be a port too (Paddle's process-group store)."""
+    allowed = "HOST:PORT with an IPv4 address or a host name and a port from 1 to 65534 (node 0 listens on PORT and PORT+1)"
+    fix = f"pass {field} as node 0's address, e.g. 10.0.0.1:29500, the same on every node"
+    if not isinstance(master, str) or master.count(":") != 1:
+        raise ConfigError(field, master, allowed, fix)
+    host, _, port = master.partition(":")
+    if not _HOST.fullmatch(host) or not re.fullmatch(r"[0-9]{1,5}", port) or not 1 <= int(port) <= 65534:
+        raise ConfigError(field, master, allowed, fix)
+    return host, int(port)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,201 @@
+"""The handshake every rank of a multi-node engine makes before joining Paddle's process group.
+
+It runs on Paddle's own key-value store (``paddle.base.core.TCPStore``): global rank 0 hosts it at
+the master's ``HOST:PORT``, every other rank connects. Each rank claims its global rank (a second
+node started with the same ``--node-rank`` is refused), publishes its node's facts (``--nnodes``,
+the model, ...) and waits until every node has joined with the same facts. So a mismatch is a
+``ConfigError`` naming both values, and a node that never comes is named, instead of a process
+group that waits for ranks that will never connect. Every store call is bounded
+(:mod:`.bounded`): Paddle's store waits endlessly for a master that does not answer.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..errors import ConfigError, NodeError
+from ..timeouts import knob
+from .bounded import bounded
+from .nodes import NodeSpec
+
+PREFIX = "fd-platforms/"
+#: What Paddle's store and collectives raise when a peer or the master fails.
+PADDLE_ERRORS = (RuntimeError, OSError, SystemError, ValueError)
+POLL_SECONDS = 0.02
+LINGER_SECONDS = 3.0  # the most the store's host waits, when refusing a node, for the others to read its facts
+OP_SECONDS = 2.0  # the least a store call is allowed, however close the handshake's deadline
+
+
+class Rendezvous:
+    """One rank's connection to the handshake's store; the master rank's keeps it serving."""
+
+    def __init__(self, nodes: NodeSpec, local_rank: int, timeout: float, limit: str) -> None:
+        """``timeout`` bounds the whole handshake; ``limit`` is the variable it was read from (for the fix)."""
+        self.nodes, self.local_rank, self.timeout, self.limit = nodes, local_rank, timeout, limit
+        self.deadline = time.monotonic() + timeout
+        self.global_rank = nodes.global_rank(local_rank)
+        self.me = nodes.describe(self.global_rank)
+        self.store: Any = None
+
+    def handshake(self, facts: Mapping[str, object]) -> None:
+        """Connect, claim this rank, publish this node's ``facts`` and wait for every node's."""
+        self.store = self._connect()
+        claims = self._call(lambda: self.store.add(f"{PREFIX}rank/{self.global_rank}", 1), "claiming its rank")
+        if claims > 1:
+            raise ConfigError(
+                "--node-rank", self.nodes.node_rank, "a node rank no other node of this engine uses",
+                f"another node already joined as node {self.nodes.node_rank}: give each of the {self.nodes.nnodes} "
+                f"nodes its own --node-rank from 0 to {self.nodes.nnodes - 1}",
+            )  # fmt: skip
+        ours = json.dumps(dict(facts), sort_keys=True)
+        node = self.nodes.node_rank
+        self._call(lambda: self.store.set(f"{PREFIX}node/{node}", ours.encode()), "publishing its node's facts")
+        self._call(lambda: self.store.add(f"{PREFIX}node/{node}/joined", 1), "joining")
+        try:
+            self._wait_for_nodes(dict(facts))
+        except ConfigError:
+            if self.global_rank == 0:
+                self._linger()
+            raise
+
+    def _linger(self) -> None:
+        """The store's host refusing a node keeps the store up until the nodes that joined have read
+        its facts (at most LINGER_SECONDS), so they refuse it too, naming both values."""
+        deadline = time.monotonic() + LINGER_SECONDS
+        others = range(1, self.nodes.nnodes)
+        try:
+            while time.monotonic() < deadline:
+                joined = sum(bounded(lambda n=n: self.store.add(f"{PREFIX}node/{n}/joined", 0), 1.0, _gave_up) for n in others)
+                if bounded(lambda: self.store.add(f"{PREFIX}node/0/read", 0), 1.0, _gave_up) >= joined:
+                    return
+                time.sleep(POLL_SECONDS)
+        except (NodeError, *PADDLE_ERRORS):
+            return  # the refusal is what matters; the others then see the master gone
+
+    def _connect(self) -> Any:
+        from paddle.base import core  # the selected platform's process imports paddle anyway
+
+        master = self.global_rank == 0
+        seconds = max(1, int(self.deadline - time.monotonic()) + 1)
+
+        def timed_out() -> NodeError:
+            return NodeError(
+                f"{self.me}: the master {self.nodes.master} did not answer within {self._limit_seconds()}. "
+                f"Fix: start node 0 with --master {self.nodes.master}, check the address and that the port is "
+                f"reachable from here; raise {knob(self.limit, argument=True)} if node 0 starts later"
+            )
+
+        if master:
+            for port in (self.nodes.port, self.nodes.port + 1):  # Paddle's store aborts the process on a taken port
+                check_free(port, self.nodes.master, self.me)
+        else:
+            wait_for_listener(self.nodes.host, self.nodes.port, self.deadline, timed_out)
+        try:
+            # world_size 1: the master serves at once and this handshake counts the nodes itself.
+            return bounded(lambda: core.TCPStore(self.nodes.host, self.nodes.port, master, 1, seconds),
+                           self._remaining(), timed_out)  # fmt: skip
+        except PADDLE_ERRORS as exc:
+            what = f"could not listen on {self.nodes.master}" if master else f"could not reach the master {self.nodes.master}"
+            raise NodeError(
+                f"{self.me}: {what}: {_first_line(exc)}. Fix: pass --master as node 0's address and a free port "
+                f"(node 0 also listens on port {self.nodes.port + 1})"
+            ) from exc
+
+    def _wait_for_nodes(self, ours: dict[str, object]) -> None:
+        pending = [node for node in range(self.nodes.nnodes) if node != self.nodes.node_rank]
+        joined = {node: 0 for node in range(self.nodes.nnodes)}
+        while True:
+            for node in list(pending):
+                joined[node] = self._call(lambda n=node: self.store.add(f"{PREFIX}node/{n}/joined", 0), "waiting")
+                if joined[node] == 0:
+                    continue
+                raw = self._call(lambda n=node: self.store.get(f"{PREFIX}node/{n}"), "reading facts")
+                if node == 0:
+                    self._call(lambda: self.store.add(f"{PREFIX}node/0/read", 1), "reading facts")
+                _compare(ours, json.loads(bytes(raw).decode()), node)
+                if joined[node] >= self.nodes.local_ranks:
+                    pending.remove(node)
+            if not pending:
+                return
+            if time.monotonic() >= self.deadline:
+                missing = ", ".join(f"node {node} ({joined[node]} of {self.nodes.local_ranks} ranks)" for node in pending)
+                raise NodeError(
+                    f"{self.me}: waited {self._limit_seconds()} at the master {self.nodes.master} for every node to join; "
+                    f"missing: {missing}. Fix: start each node with --nnodes {self.nodes.nnodes}, its own --node-rank "
+                    f"and --master {self.nodes.master}; raise {knob(self.limit, argument=True)} if a node starts later"
+                )
+            time.sleep(POLL_SECONDS)
+
+    def _call(self, call: Any, doing: str) -> Any:
+        def timed_out() -> NodeError:
+            return NodeError(
+                f"{self.me}: the master {self.nodes.master} stopped answering while {doing} "
+                f"(no answer within {max(OP_SECONDS, self._remaining()):g} s). Fix: check node 0's output"
+            )
+
+        try:  # at least OP_SECONDS: a poll near the deadline is not the master failing
+            return bounded(call, max(OP_SECONDS, self._remaining()), timed_out)
+        except PADDLE_ERRORS as exc:
+            raise NodeError(
+                f"{self.me}: lost the master {self.nodes.master} while {doing}: {_first_line(exc)}. "
+                "Fix: check node 0's output (node 0 ends the run for every node)"
+            ) from exc
+
+    def _remaining(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+    def _limit_seconds(self) -> str:
+        return f"{self.timeout:g} s"
+
+    def close(self) -> None:
+        self.store = None
+
+
+def _gave_up() -> NodeError:
+    return NodeError("the store did not answer")
+
+
+def check_free(port: int, master: str, me: str) -> None:
+    """A NodeError when ``port`` is taken on this machine (Paddle's store would abort the process)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Paddle's server binds
+        try:
+            probe.bind(("", port))
+        except OSError as exc:
+            raise NodeError(
+                f"{me}: cannot listen on port {port} for --master {master}: {exc.strerror or exc}. "
+                "Fix: pick a --master port whose next port is free too (node 0 listens on PORT and PORT+1)"
+            ) from exc
+
+
+def wait_for_listener(host: str, port: int, deadline: float, timed_out: Callable[[], NodeError]) -> None:
+    """Return once ``host:port`` accepts a connection (closed at once): Paddle's store retries a
+    refused connection only every 3 s, so a rank that starts before the master would wait that long."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise timed_out()
+        try:
+            socket.create_connection((host, port), timeout=min(1.0, remaining)).close()
+            return
+        except OSError:
+            time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+
+
+def _compare(ours: dict[str, object], theirs: dict[str, Any], node: int) -> None:
+    """A ConfigError naming the first fact on which ``node`` differs from this node, with both values."""
+    for key in sorted(ours.keys() | theirs.keys()):
+        if ours.get(key) != theirs.get(key):
+            raise ConfigError(
+                key, ours.get(key), f"the same on every node; node {node} was started with {key}={theirs.get(key)!r}",
+                f"start every node of the engine with the same {key}",
+            )  # fmt: skip
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__

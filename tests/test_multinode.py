@@ -1,0 +1,285 @@
+"""One engine over several nodes: ``fd-platforms run --nnodes N --node-rank I --master HOST:PORT``.
+
+Each "node" is its own ``fd-platforms run`` in its own session on 127.0.0.1 (its own engine,
+cache-ready signal and children), with its own ``--device-memory``; they agree through Paddle's
+collective runtime (gloo). Faults end in a typed error naming the node and what was waited for,
+within ``--timeout``, and nothing left in ``/dev/shm``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import shm_entries
+from fd_platforms.engine.nodes import NodeSpec, parse_master
+from fd_platforms.errors import ConfigError
+from run_helpers import ROOT, SCRIPT, Run, clean_env, run_cli, started, without_sweep
+
+LLAMA = "examples/llama-3.1-8b"
+SMALL = ("--model", LLAMA, "--tp", "2", "--device-memory", "64MiB")  # one rank per node, 28 blocks of 2 MiB
+
+
+def free_ports() -> str:
+    """``127.0.0.1:PORT`` where PORT and PORT + 1 are both free now."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port < 65534:
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return f"127.0.0.1:{port}"
+    raise AssertionError("no two free ports in a row")
+
+
+def node_args(master: str, node: int, nnodes: int, *extra: str) -> tuple[str, ...]:
+    return ("--nnodes", str(nnodes), "--node-rank", str(node), "--master", master, *extra)
+
+
+@contextmanager
+def nodes(*commands: tuple[str, ...]) -> Iterator[list[Run]]:
+    """Every command as its own ``fd-platforms run`` at once, each in a session of its own."""
+    with ExitStack() as stack:
+        yield [stack.enter_context(started(*command)) for command in commands]
+
+
+def finish_all(runs: list[Run]) -> list[tuple[int, str]]:
+    return [run.finish() for run in runs]
+
+
+def own_plan(memory: str, *args: str) -> int:
+    """The blocks ``fd-platforms plan`` gives one rank with ``memory`` (``args``: the model and tp)."""
+    done = subprocess.run([SCRIPT, "plan", *args, "--device-memory", memory, "--json"], capture_output=True,
+                          text=True, cwd=ROOT, env=clean_env(FD_PLATFORM="cpu"), timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return int(json.loads(done.stdout)["num_blocks"])
+
+
+def test_two_nodes_agree_on_the_smaller_nodes_plan_and_node_0_reports_every_rank() -> None:
+    master, model = free_ports(), ("--model", LLAMA, "--tp", "4")
+    before = shm_entries()
+    with nodes(
+        (*model, "--device-memory", "512MiB", "--json", *node_args(master, 0, 2)),
+        (*model, "--device-memory", "384MiB", "--json", *node_args(master, 1, 2)),
+    ) as runs:
+        first, second = finished_reports(runs)
+    expected = own_plan("384MiB", *model)
+    assert expected < own_plan("512MiB", *model), "the nodes' own plans differ"
+    for report in (first, second):
+        assert {rank["num_blocks"] for rank in report["ranks"]} == {expected}
+        bound = report["nodes"]
+        assert (bound["bound_by_node"], bound["bound_by_rank"], bound["bound_by_global_rank"]) == (1, 0, 2)
+        assert bound["bound_by_blocks"] == expected and bound["agree_seconds"] > 0
+    assert [(r["node"], r["rank"], r["global_rank"]) for r in first["ranks"]] == [(0, 0, 0), (0, 1, 1), (1, 0, 2), (1, 1, 3)]
+    assert [r["planned_blocks"] for r in first["ranks"]] == [own_plan("512MiB", *model)] * 2 + [expected] * 2
+    assert first["nodes"]["all_ranks"] and not second["nodes"]["all_ranks"]
+    assert [(r["node"], r["global_rank"]) for r in second["ranks"]] == [(1, 2), (1, 3)]
+    assert all(r["join_seconds"] > 0 for r in first["ranks"])
+    assert shm_entries() - before == set()
+
+
+def finished_reports(runs: list[Run]) -> list[dict[str, Any]]:
+    out = []
+    for run in runs:
+        stdout, stderr = run.process.communicate(timeout=120)
+        assert run.process.returncode == 0, stderr
+        out.append(json.loads(stdout))
+    return out
+
+
+def test_three_nodes_agree_and_the_table_names_the_binding_rank(tmp_path: Path) -> None:
+    config = json.loads((ROOT / LLAMA / "config.json").read_text())
+    config.update(num_attention_heads=48, num_key_value_heads=12, hidden_size=6144, _name_or_path="three-way")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    master, model = free_ports(), ("--model", str(tmp_path), "--tp", "3")
+    memories = ("512MiB", "256MiB", "384MiB")
+    with nodes(*[(*model, "--device-memory", memory, *node_args(master, node, 3)) for node, memory in enumerate(memories)]) as runs:
+        finished = [run.process.communicate(timeout=120) for run in runs]
+    for run, (_, stderr) in zip(runs, finished):
+        assert run.process.returncode == 0, stderr
+    expected = own_plan("256MiB", *model)
+    master_table = finished[0][0]
+    assert f"every rank uses the {expected} blocks of node 1 rank 0 (global rank 1)" in master_table
+    rows = [line.split() for line in master_table.splitlines()[3:]]
+    assert [row[:2] for row in rows] == [["0", "0"], ["1", "1"], ["2", "2"]], master_table
+    assert "node 0 shows every node's ranks" in finished[2][0]
+
+
+def test_a_node_that_never_joins_is_named_within_the_timeout() -> None:
+    master = free_ports()
+    before = shm_entries()
+    sent = time.monotonic()
+    done = run_cli(*SMALL, "--timeout", "3", *node_args(master, 0, 2))
+    assert done.returncode == 1, done.stderr
+    assert time.monotonic() - sent < 20
+    (line,) = without_sweep(done.stderr)[-1:]
+    assert re.search(rf"rank 0: NodeError: node 0 rank 0 \(global rank 0\): waited 3 s at the master {master} "
+                     r"for every node to join; missing: node 1 \(0 of 1 ranks\)\. Fix: .*--timeout", line), line  # fmt: skip
+    assert shm_entries() - before == set()
+
+
+def test_a_master_that_does_not_answer_is_named_within_the_timeout() -> None:
+    master = free_ports()
+    done = run_cli(*SMALL, "--timeout", "2", *node_args(master, 1, 2))
+    assert done.returncode == 1, done.stderr
+    assert f"node 1 rank 0 (global rank 1): the master {master} did not answer within 2 s" in done.stderr
+    assert "raise --timeout (seconds)" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("field", "first", "second"),
+    [
+        ("--nnodes", ("--model", LLAMA, "--tp", "4", "--ranks", "1"), ("--model", LLAMA, "--tp", "4", "--ranks", "1")),
+        ("--model", ("--model", LLAMA, "--tp", "2"), ("--model", "examples/qwen3-30b-a3b", "--tp", "2")),
+    ],
+)
+def test_nodes_started_differently_are_refused_naming_both_values(field: str, first: tuple[str, ...], second: tuple[str, ...]) -> None:
+    master = free_ports()
+    other_nnodes = 4 if field == "--nnodes" else 2
+    with nodes(
+        (*first, "--device-memory", "64MiB", "--timeout", "20", *node_args(master, 0, 2)),
+        (*second, "--device-memory", "64MiB", "--timeout", "20", *node_args(master, 1, other_nnodes)),
+    ) as runs:
+        (code0, err0), (code1, err1) = finish_all(runs)
+    assert (code0, code1) == (2, 2), err0 + err1
+    ours, theirs = ("2", "4") if field == "--nnodes" else ("'llama-3.1-8b'", "'qwen3-30b-a3b'")
+    if field == "--model":
+        ours, theirs = _names(err0, err1)
+    assert f"{field}={ours} is not valid; allowed: the same on every node; node 1 was started with {field}={theirs}" in err0
+    assert f"{field}={theirs} is not valid; allowed: the same on every node; node 0 was started with {field}={ours}" in err1
+
+
+def _names(err0: str, err1: str) -> tuple[str, str]:
+    found = re.search(r"--model=('[^']+') is not valid", err0)
+    other = re.search(r"--model=('[^']+') is not valid", err1)
+    assert found and other and found.group(1) != other.group(1), err0 + err1
+    return found.group(1), other.group(1)
+
+
+def test_two_nodes_with_the_same_node_rank_one_is_refused_and_the_others_run() -> None:
+    master, model = free_ports(), (*SMALL, "--timeout", "20")
+    with nodes((*model, *node_args(master, 0, 2)), (*model, *node_args(master, 1, 2))) as runs:
+        time.sleep(0.5)
+        with started(*model, *node_args(master, 1, 2)) as extra:
+            extra_code, extra_err = extra.finish()
+        results = finish_all(runs)
+    codes = sorted([extra_code, *[code for code, _ in results]])
+    assert codes == [0, 0, 2] or extra_code == 2, (extra_err, results)
+    refused = extra_err if extra_code == 2 else next(err for code, err in results if code == 2)
+    assert "--node-rank=1 is not valid; allowed: a node rank no other node of this engine uses" in refused
+
+
+def test_a_master_port_in_use_is_refused_before_paddle_could_abort() -> None:
+    master = free_ports()
+    port = int(master.rsplit(":", 1)[1])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port + 1))
+        taken.listen()
+        done = run_cli(*SMALL, "--timeout", "10", *node_args(master, 0, 2))
+    assert done.returncode == 1, done.stderr
+    assert f"cannot listen on port {port + 1} for --master {master}" in done.stderr
+    assert "Traceback" not in done.stderr and "Aborted" not in done.stderr
+
+
+CYCLING = (*SMALL, "--timeout", "30", "--cycles", "100000")
+
+
+def test_a_node_killed_mid_run_fails_the_other_within_seconds_and_its_leftovers_are_reclaimed() -> None:
+    master = free_ports()
+    before = shm_entries()
+    with nodes((*CYCLING, *node_args(master, 0, 2)), (*CYCLING, *node_args(master, 1, 2))) as (first, second):
+        second.read_until(r"cycle 3: cleared")
+        os.killpg(second.process.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        code, stderr = first.finish()
+        took = time.monotonic() - killed
+        second.finish()
+    assert code == 1 and took < 10, (code, took, stderr)
+    assert "NodeError: node 0 rank 0 (global rank 0): " in stderr and "node 1 rank 0 (global rank 1) is gone" in stderr
+    left = shm_entries() - before
+    assert left, "SIGKILL skips the killed node's clean-up"
+    assert all(f".{second.process.pid}-" in name for name in left), left  # the killed engine's, none of node 0's
+    run_cli("--model", LLAMA, "--device-memory", "64MiB")  # the next run on that node sweeps what it left
+    assert shm_entries() - before == set()
+
+
+def test_a_node_stopped_with_sigterm_cleans_up_and_the_other_fails_within_seconds() -> None:
+    master = free_ports()
+    before = shm_entries()
+    with nodes((*CYCLING, *node_args(master, 0, 2)), (*CYCLING, *node_args(master, 1, 2))) as (first, second):
+        second.read_until(r"cycle 3: cleared")
+        second.process.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        code, stderr = first.finish()
+        took = time.monotonic() - stopped
+        second_code, _ = second.finish()
+    assert second_code == 143
+    assert code == 1 and took < 10, (code, took, stderr)
+    assert "node 1 rank 0 (global rank 1) is gone" in stderr
+    assert shm_entries() - before == set()
+
+
+def test_a_node_that_stops_answering_fails_the_other_within_its_timeout() -> None:
+    """A hung machine (SIGSTOP: its sockets stay open, nothing answers) is found by the bound, not by gloo."""
+    master, hanging = free_ports(), (*SMALL, "--timeout", "4", "--cycles", "100000")
+    before = shm_entries()
+    with nodes((*hanging, *node_args(master, 0, 2)), (*hanging, *node_args(master, 1, 2))) as (first, second):
+        second.read_until(r"cycle 3: cleared")
+        os.killpg(second.process.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        code, stderr = first.finish()
+        took = time.monotonic() - stopped
+        os.killpg(second.process.pid, signal.SIGKILL)
+        second.finish()
+    assert code == 1 and took < 4 + 6, (code, took, stderr)
+    assert re.search(r"node 0 rank 0 \(global rank 0\): cycle \d+ did not complete within 4 s: another node is not "
+                     r"answering\. Fix: .*raise --timeout", stderr), stderr  # fmt: skip
+    run_cli("--model", LLAMA, "--device-memory", "64MiB")  # sweeps what the killed node left
+    assert shm_entries() - before == set()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--nnodes", "2"), "--node-rank is not given; allowed: required with --nnodes 2"),
+        (("--nnodes", "2", "--node-rank", "0"), "--master is not given; allowed: required with --nnodes 2"),
+        (("--master", "127.0.0.1:29500"), "--master='127.0.0.1:29500' is not valid; allowed: only with --nnodes 2 or more"),
+        (("--nnodes", "2", "--node-rank", "2", "--master", "h:1"), "--node-rank=2 is not valid; allowed: 0 to 1"),
+        (("--nnodes", "0"), "--nnodes=0 is not valid; allowed: 1 to 4096"),
+        (("--nnodes", "3", "--node-rank", "0", "--master", "h:1"), "allowed: a number of nodes that divides --tp 2"),
+        (("--nnodes", "2", "--node-rank", "0", "--master", "h"), "--master='h' is not valid; allowed: HOST:PORT"),
+        (("--nnodes", "2", "--node-rank", "0", "--master", "h:65535"), "--master='h:65535' is not valid"),
+        (("--nnodes", "2", "--node-rank", "0", "--master", "[::1]:5"), "--master='[::1]:5' is not valid"),
+        (("--nnodes", "2", "--node-rank", "0", "--master", "h:1", "--ranks", "2"), "--ranks=2 is not valid; allowed: 1 to tensor_parallel_size=2 / --nnodes 2 = 1"),
+    ],
+)
+def test_bad_node_flags_are_one_line_naming_the_flag(args: tuple[str, ...], message: str) -> None:
+    done = run_cli(*SMALL, *args)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_global_ranks_number_each_nodes_ranks_in_turn() -> None:
+    spec = NodeSpec(nnodes=3, node_rank=2, master="10.0.0.1:29500", local_ranks=8)
+    assert (spec.world_size, spec.global_rank(0), spec.global_rank(7)) == (24, 16, 23)
+    assert spec.locate(9) == (1, 1) and spec.describe(17) == "node 2 rank 1 (global rank 17)"
+    assert (spec.host, spec.port) == ("10.0.0.1", 29500)
+    assert parse_master("node-0.cluster.local:1") == ("node-0.cluster.local", 1)
+    for bad in ("10.0.0.1", ":29500", "10.0.0.1:", "a b:1", "h:0", "h:65535", "h:²", "h:+1", 29500, None):
+        with pytest.raises(ConfigError, match="HOST:PORT"):
+            parse_master(bad)
