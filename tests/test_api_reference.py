@@ -8,6 +8,8 @@ import sys
 import pytest
 
 import fd_platforms
+from fd_platforms import engine
+from fd_platforms.engine import Cluster
 from fd_platforms.platform import Platform
 from run_helpers import ROOT
 
@@ -23,6 +25,16 @@ def test_every_public_platform_method_is_in_the_reference(name: str) -> None:
 @pytest.mark.parametrize("name", fd_platforms.__all__)
 def test_every_exported_name_is_in_the_reference(name: str) -> None:
     assert f"`{name}(" in API or f"`{name}`" in API, f"docs/api.md does not list fd_platforms.{name}"
+
+
+@pytest.mark.parametrize("name", engine.__all__)
+def test_every_engine_api_name_is_in_the_reference(name: str) -> None:
+    assert f"`{name}`" in API, f"docs/api.md does not list fd_platforms.engine.{name}"
+
+
+@pytest.mark.parametrize("name", sorted(name for name in vars(Cluster) if not name.startswith("_")))
+def test_every_cluster_method_is_in_the_reference(name: str) -> None:
+    assert f"`{name}`" in API or f"`{name}(" in API, f"docs/api.md does not list Cluster.{name}"
 
 
 def test_dir_lists_the_lazy_names_before_any_is_loaded() -> None:

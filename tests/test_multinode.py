@@ -31,6 +31,19 @@ LLAMA = "examples/llama-3.1-8b"
 SMALL = ("--model", LLAMA, "--tp", "2", "--device-memory", "64MiB")  # one rank per node, 28 blocks of 2 MiB
 
 
+def left_by(*engine_pids: int) -> set[str]:
+    """Our /dev/shm entries made by the runs whose engines had these pids (every name carries it):
+    other tests or runs on this machine cannot change the answer."""
+    return {name for name in shm_entries() if any(f".{pid}-" in name for pid in engine_pids)}
+
+
+def engine_pid(stderr: str) -> int:
+    """The engine's pid, from its cache-ready signal's name in its progress lines."""
+    found = re.search(r"cache-ready signal fd_cache_ready\.(\d+)-", stderr)
+    assert found, stderr
+    return int(found.group(1))
+
+
 def free_ports() -> str:
     """``127.0.0.1:PORT`` where PORT and PORT + 1 are both free now."""
     for _ in range(50):
@@ -72,12 +85,12 @@ def own_plan(memory: str, *args: str) -> int:
 
 def test_two_nodes_agree_on_the_smaller_nodes_plan_and_node_0_reports_every_rank() -> None:
     master, model = free_ports(), ("--model", LLAMA, "--tp", "4")
-    before = shm_entries()
     with nodes(
         (*model, "--device-memory", "512MiB", "--json", *node_args(master, 0, 2)),
         (*model, "--device-memory", "384MiB", "--json", *node_args(master, 1, 2)),
     ) as runs:
         first, second = finished_reports(runs)
+        pids = [run.process.pid for run in runs]
     expected = own_plan("384MiB", *model)
     assert expected < own_plan("512MiB", *model), "the nodes' own plans differ"
     for report in (first, second):
@@ -90,7 +103,7 @@ def test_two_nodes_agree_on_the_smaller_nodes_plan_and_node_0_reports_every_rank
     assert first["nodes"]["all_ranks"] and not second["nodes"]["all_ranks"]
     assert [(r["node"], r["global_rank"]) for r in second["ranks"]] == [(1, 2), (1, 3)]
     assert all(r["join_seconds"] > 0 for r in first["ranks"])
-    assert shm_entries() - before == set()
+    assert left_by(*pids) == set()
 
 
 def finished_reports(runs: list[Run]) -> list[dict[str, Any]]:
@@ -118,11 +131,11 @@ def test_three_nodes_agree_and_the_table_names_the_binding_rank(tmp_path: Path) 
     rows = [line.split() for line in master_table.splitlines()[3:]]
     assert [row[:2] for row in rows] == [["0", "0"], ["1", "1"], ["2", "2"]], master_table
     assert "node 0 shows every node's ranks" in finished[2][0]
+    assert left_by(*[run.process.pid for run in runs]) == set()
 
 
 def test_a_node_that_never_joins_is_named_within_the_timeout() -> None:
     master = free_ports()
-    before = shm_entries()
     sent = time.monotonic()
     done = run_cli(*SMALL, "--timeout", "3", *node_args(master, 0, 2))
     assert done.returncode == 1, done.stderr
@@ -130,7 +143,7 @@ def test_a_node_that_never_joins_is_named_within_the_timeout() -> None:
     (line,) = without_sweep(done.stderr)[-1:]
     assert re.search(rf"rank 0: NodeError: node 0 rank 0 \(global rank 0\): waited 3 s at the master {master} "
                      r"for every node to join; missing: node 1 \(0 of 1 ranks\)\. Fix: .*--timeout", line), line  # fmt: skip
-    assert shm_entries() - before == set()
+    assert left_by(engine_pid(done.stderr)) == set()
 
 
 def test_a_master_that_does_not_answer_is_named_within_the_timeout() -> None:
@@ -157,6 +170,7 @@ def test_nodes_started_differently_are_refused_naming_both_values(field: str, fi
     ) as runs:
         (code0, err0), (code1, err1) = finish_all(runs)
     assert (code0, code1) == (2, 2), err0 + err1
+    assert left_by(*[run.process.pid for run in runs]) == set()
     ours, theirs = ("2", "4") if field == "--nnodes" else ("'llama-3.1-8b'", "'qwen3-30b-a3b'")
     if field == "--model":
         ours, theirs = _names(err0, err1)
@@ -178,6 +192,7 @@ def test_two_nodes_with_the_same_node_rank_one_is_refused_and_the_others_run() -
         with started(*model, *node_args(master, 1, 2)) as extra:
             extra_code, extra_err = extra.finish()
         results = finish_all(runs)
+    assert left_by(extra.process.pid, *[run.process.pid for run in runs]) == set()
     codes = sorted([extra_code, *[code for code, _ in results]])
     assert codes == [0, 0, 2] or extra_code == 2, (extra_err, results)
     refused = extra_err if extra_code == 2 else next(err for code, err in results if code == 2)
@@ -201,7 +216,6 @@ CYCLING = (*SMALL, "--timeout", "30", "--cycles", "100000")
 
 def test_a_node_killed_mid_run_fails_the_other_within_seconds_and_its_leftovers_are_reclaimed() -> None:
     master = free_ports()
-    before = shm_entries()
     with nodes((*CYCLING, *node_args(master, 0, 2)), (*CYCLING, *node_args(master, 1, 2))) as (first, second):
         second.read_until(r"cycle 3: cleared")
         os.killpg(second.process.pid, signal.SIGKILL)
@@ -211,16 +225,14 @@ def test_a_node_killed_mid_run_fails_the_other_within_seconds_and_its_leftovers_
         second.finish()
     assert code == 1 and took < 10, (code, took, stderr)
     assert "NodeError: node 0 rank 0 (global rank 0): " in stderr and "node 1 rank 0 (global rank 1) is gone" in stderr
-    left = shm_entries() - before
-    assert left, "SIGKILL skips the killed node's clean-up"
-    assert all(f".{second.process.pid}-" in name for name in left), left  # the killed engine's, none of node 0's
+    assert left_by(first.process.pid) == set()
+    assert left_by(second.process.pid), "SIGKILL skips the killed node's clean-up"
     run_cli("--model", LLAMA, "--device-memory", "64MiB")  # the next run on that node sweeps what it left
-    assert shm_entries() - before == set()
+    assert left_by(second.process.pid) == set()
 
 
 def test_a_node_stopped_with_sigterm_cleans_up_and_the_other_fails_within_seconds() -> None:
     master = free_ports()
-    before = shm_entries()
     with nodes((*CYCLING, *node_args(master, 0, 2)), (*CYCLING, *node_args(master, 1, 2))) as (first, second):
         second.read_until(r"cycle 3: cleared")
         second.process.send_signal(signal.SIGTERM)
@@ -231,13 +243,12 @@ def test_a_node_stopped_with_sigterm_cleans_up_and_the_other_fails_within_second
     assert second_code == 143
     assert code == 1 and took < 10, (code, took, stderr)
     assert "node 1 rank 0 (global rank 1) is gone" in stderr
-    assert shm_entries() - before == set()
+    assert left_by(first.process.pid, second.process.pid) == set()
 
 
 def test_a_node_that_stops_answering_fails_the_other_within_its_timeout() -> None:
     """A hung machine (SIGSTOP: its sockets stay open, nothing answers) is found by the bound, not by gloo."""
     master, hanging = free_ports(), (*SMALL, "--timeout", "4", "--cycles", "100000")
-    before = shm_entries()
     with nodes((*hanging, *node_args(master, 0, 2)), (*hanging, *node_args(master, 1, 2))) as (first, second):
         second.read_until(r"cycle 3: cleared")
         os.killpg(second.process.pid, signal.SIGSTOP)
@@ -249,8 +260,9 @@ def test_a_node_that_stops_answering_fails_the_other_within_its_timeout() -> Non
     assert code == 1 and took < 4 + 6, (code, took, stderr)
     assert re.search(r"node 0 rank 0 \(global rank 0\): cycle \d+ did not complete within 4 s: another node is not "
                      r"answering\. Fix: .*raise --timeout", stderr), stderr  # fmt: skip
+    assert left_by(first.process.pid) == set()
     run_cli("--model", LLAMA, "--device-memory", "64MiB")  # sweeps what the killed node left
-    assert shm_entries() - before == set()
+    assert left_by(second.process.pid) == set()
 
 
 @pytest.mark.parametrize(

@@ -4,25 +4,37 @@ A runner calls :meth:`Platform.initialize_kv_cache <fd_platforms.platform.Platfo
 (decide with the rule, then create and publish, or wait and attach zero-copy by name); a cache
 manager calls :meth:`Platform.manage_kv_cache <fd_platforms.platform.Platform.manage_kv_cache>`
 (publish a rank's device cache, carve its host swap cache, set the slot). Both give back records
-whose ``clear()`` lets go, so the cache can be created again. See ``docs/engine-integration.md``.
+whose ``clear()`` lets go, so the cache can be created again. An engine over several nodes joins
+them with :meth:`Cluster.join <fd_platforms.engine.cluster.Cluster.join>` and agrees on the blocks
+with :meth:`Cluster.agree <fd_platforms.engine.cluster.Cluster.agree>` (Paddle's collective
+runtime). See ``docs/engine-integration.md``.
 
 Modules: :mod:`.initialize` (the two calls), :mod:`.kv_cache` (the cache record; plain, exported and
 attached tensors), :mod:`.host_cache` (host swap tensors in the layout's names), :mod:`.publication`
-(where a rank's cache is published, by name).
+(where a rank's cache is published, by name), :mod:`.nodes` (where a rank stands among nodes),
+:mod:`.rendezvous` (the nodes' handshake), :mod:`.cluster` (the process group and the agreement),
+:mod:`.bounded` (Paddle's blocking calls, bounded).
 """
 
 from __future__ import annotations
 
+from .cluster import Agreement, Cluster, RankPlan, collective_backend
 from .host_cache import HostCache
 from .initialize import ManagedCache, check_can_attach, initialize_kv_cache, manage_kv_cache
 from .kv_cache import KVCache
+from .nodes import NodeSpec
 from .publication import publication_name, published_tensor_name
 
 __all__ = [
+    "Agreement",
+    "Cluster",
     "HostCache",
     "KVCache",
     "ManagedCache",
+    "NodeSpec",
+    "RankPlan",
     "check_can_attach",
+    "collective_backend",
     "initialize_kv_cache",
     "manage_kv_cache",
     "publication_name",
