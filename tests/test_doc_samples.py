@@ -4,6 +4,7 @@
   one made), from the repository root, in a fresh interpreter; a block made only of ``def``
   lines is a hook signature and must be the hook spec's own. ``docs/engine-integration.md`` is
   run block by block in one session by ``test_engine_docs.py``, with its own checks.
+- ``bash`` blocks: the README's commands for two machines, run together by ``test_multinode.py``.
 - ``sh`` blocks: every ``fd-platforms`` command runs and exits 0 (the fake runtime a line builds
   with ``tools/fake-custom-device/build.sh`` is the session's built one); the set-up commands at
   the README's top are what CI runs.
@@ -45,6 +46,13 @@ def blocks(path: Path, language: str) -> list[str]:
 def is_signature(block: str) -> bool:
     lines = [line for line in block.splitlines() if line.strip()]
     return bool(lines) and all(SIGNATURE.fullmatch(line) for line in lines)
+
+
+def test_the_only_bash_block_is_the_readmes_two_machine_commands() -> None:
+    """``bash`` marks commands that run on several machines at once: ``test_multinode.py`` runs the
+    README's one on 127.0.0.1; any other would run nowhere."""
+    found = {path.name: len(blocks(path, "bash")) for path in DOCS if blocks(path, "bash")}
+    assert found == {"README.md": 1}
 
 
 def test_every_file_with_samples_is_covered() -> None:

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from conftest import shm_entries
-from fd_platforms.engine.nodes import NodeSpec, parse_master
+from fd_platforms.engine import Cluster, NodeSpec
+from fd_platforms.engine.nodes import parse_master
 from fd_platforms.errors import ConfigError
 from run_helpers import ROOT, SCRIPT, Run, clean_env, run_cli, started, without_sweep
 
@@ -113,6 +114,21 @@ def finished_reports(runs: list[Run]) -> list[dict[str, Any]]:
         assert run.process.returncode == 0, stderr
         out.append(json.loads(stdout))
     return out
+
+
+def test_the_readme_two_machine_commands_agree_on_machine_1s_plan() -> None:
+    """The README's ```bash block (the only one anywhere in the docs), with 127.0.0.1 and a free port."""
+    (block,) = re.findall(r"^```bash\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)
+    master = free_ports()
+    commands = [line.replace("10.0.0.1:29500", master).split() for line in block.splitlines() if line.strip()]
+    assert len(commands) == 2 and all(words[:2] == ["fd-platforms", "run"] for words in commands), commands
+    with nodes(*[(*words[2:], "--json") for words in commands]) as runs:
+        reports = finished_reports(runs)
+    memory = commands[1][commands[1].index("--device-memory") + 1]
+    expected = own_plan(memory, "--model", LLAMA, "--tp", "2")
+    assert [rank["num_blocks"] for report in reports for rank in report["ranks"]] == [expected] * 3
+    assert f"Both report {expected} blocks per rank, machine 1's plan" in (ROOT / "README.md").read_text()
+    assert left_by(*[run.process.pid for run in runs]) == set()
 
 
 def test_three_nodes_agree_and_the_table_names_the_binding_rank(tmp_path: Path) -> None:
@@ -295,3 +311,27 @@ def test_global_ranks_number_each_nodes_ranks_in_turn() -> None:
     for bad in ("10.0.0.1", ":29500", "10.0.0.1:", "a b:1", "h:0", "h:65535", "h:²", "h:+1", 29500, None):
         with pytest.raises(ConfigError, match="HOST:PORT"):
             parse_master(bad)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"nodes": "node 0"}, "nodes"),
+        ({"local_rank": 1}, "local_rank"),
+        ({"local_rank": True}, "local_rank"),
+        ({"timeout": 0}, "timeout"),
+        ({"timeout": float("nan")}, "timeout"),
+        ({"facts": {"model": object()}}, "facts"),
+        ({"facts": {1: "x"}}, "facts"),
+        ({"facts": ["model"]}, "facts"),
+    ],
+)
+def test_cluster_join_blames_the_callers_argument_before_any_connection(change: dict[str, Any], field: str) -> None:
+    arguments: dict[str, Any] = {
+        "nodes": NodeSpec(nnodes=2, node_rank=0, master="127.0.0.1:1", local_ranks=1),
+        "local_rank": 0, "facts": {"model": "m"}, "timeout": 5,
+    }  # fmt: skip
+    arguments.update(change)
+    nodes, local_rank = arguments.pop("nodes"), arguments.pop("local_rank")
+    with pytest.raises(ConfigError, match=rf"^{field}=.* is not valid; allowed: .* Fix: "):
+        Cluster.join(nodes, local_rank, **arguments)

@@ -4,8 +4,10 @@ The engine (this process) creates the cache-ready signal; one worker process per
 plans its blocks (every rank then uses the minimum) and asks the platform whether it creates its
 KV cache; creators allocate it, the others wait while one cache-manager process allocates it
 (plus host swap space). Rank ``r`` uses local device ``r``; on cpu every rank shares the host's
-memory, and without ``--device-memory`` each plans on an even share of it. Progress goes to
-stderr (not with ``--json``). Exit codes: 0, 1 a process failed, 2 a configuration or memory
+memory, and without ``--device-memory`` each plans on an even share of it. With ``--nnodes N``
+this node is one of N running the same command: every rank of every node agrees on the blocks
+through Paddle's collective runtime (:mod:`fd_platforms.engine.cluster`). Progress goes to
+stderr (not with ``--json``). Exit codes: 0, 1 a process (or another node) failed, 2 a configuration or memory
 error (also a child's), 130 Ctrl-C, 143 SIGTERM.
 """
 

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from ..cache_signal import ENV_TIMEOUT
-from ..errors import FdPlatformsError, NodeError
-from ..timeouts import knob
+from ..errors import ConfigError, FdPlatformsError, NodeError
+from ..timeouts import check_seconds, knob
 from ..types import Plan
 from .bounded import bounded
 from .nodes import NodeSpec
@@ -37,6 +37,23 @@ T = TypeVar("T")
 MAX_TEXT_BYTES = 1 << 20
 _PAIR_RANK = re.compile(r"pair_rank\s*=\s*(\d+)")
 _FLAGS_BANNER = re.compile(r"=+ Modified FLAGS detected =+\n(FLAGS\(.*\)\n)*=+\n")
+
+
+def _check_join(nodes: object, local_rank: object, facts: object, timeout: object) -> None:
+    """The caller's arguments, checked before Paddle is touched: a ConfigError naming the first bad one."""
+    if not isinstance(nodes, NodeSpec):
+        raise ConfigError("nodes", nodes, "a NodeSpec", "pass NodeSpec(nnodes, node_rank, master, local_ranks)")
+    if isinstance(local_rank, bool) or not isinstance(local_rank, int) or not 0 <= local_rank < nodes.local_ranks:
+        raise ConfigError("local_rank", local_rank, f"0 to {nodes.local_ranks - 1} (this node's ranks)",
+                          "pass the rank's index on this node")  # fmt: skip
+    check_seconds("timeout", timeout, "pass the seconds the handshake and the join may take, e.g. 600")
+    try:
+        valid = isinstance(facts, Mapping) and all(isinstance(key, str) for key in facts) and bool(json.dumps(dict(facts)))
+    except (TypeError, ValueError):
+        valid = False
+    if not valid:
+        raise ConfigError("facts", facts, "a mapping of str to JSON values (what every node must agree on)",
+                          'pass e.g. {"model": "deepseek-v3", "tp": 16}')  # fmt: skip
 
 
 def collective_backend(device_type: str) -> str:
@@ -91,9 +108,7 @@ class Cluster:
     ) -> Cluster:
         """Handshake (every node's ``facts`` must equal this node's), then join the process group;
         all within ``timeout`` seconds. ``limit`` names the setting that lengthens it in errors."""
-        if not 0 <= local_rank < nodes.local_ranks:
-            raise FdPlatformsError(f"local_rank={local_rank} is not one of this node's {nodes.local_ranks} ranks. "
-                                   "Fix: pass a local rank from 0 to local_ranks - 1")  # fmt: skip
+        _check_join(nodes, local_rank, facts, timeout)
         started = time.monotonic()
         cluster = cls(nodes, local_rank, device_type, device_id, timeout, limit)
         cluster._rendezvous = Rendezvous(nodes, local_rank, timeout, limit)
@@ -124,6 +139,8 @@ class Cluster:
 
     def agree(self, plan: Plan) -> Agreement:
         """Every rank's plan, and the one with the fewest blocks (the lowest global rank on ties)."""
+        if not isinstance(plan, Plan):
+            raise ConfigError("plan", plan, "a Plan (what max_num_blocks returns)", "pass this rank's own plan")
         started = time.monotonic()
         rows = self.gather_text(json.dumps(asdict(plan)), "agreeing on the number of blocks")
         ranks = tuple(RankPlan(rank, *self.nodes.locate(rank), self._plan(rank, row)) for rank, row in enumerate(rows))

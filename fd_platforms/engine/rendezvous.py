@@ -108,15 +108,18 @@ class Rendezvous:
     def _wait_for_nodes(self, ours: dict[str, object]) -> None:
         pending = [node for node in range(self.nodes.nnodes) if node != self.nodes.node_rank]
         joined = {node: 0 for node in range(self.nodes.nnodes)}
+        compared: set[int] = set()
         while True:
             for node in list(pending):
                 joined[node] = self._call(lambda n=node: self.store.add(f"{PREFIX}node/{n}/joined", 0), "waiting")
                 if joined[node] == 0:
                     continue
-                raw = self._call(lambda n=node: self.store.get(f"{PREFIX}node/{n}"), "reading facts")
-                if node == 0:
-                    self._call(lambda: self.store.add(f"{PREFIX}node/0/read", 1), "reading facts")
-                _compare(ours, json.loads(bytes(raw).decode()), node)
+                if node not in compared:  # its facts were published before its first join
+                    raw = self._call(lambda n=node: self.store.get(f"{PREFIX}node/{n}"), "reading facts")
+                    if node == 0:
+                        self._call(lambda: self.store.add(f"{PREFIX}node/0/read", 1), "reading facts")
+                    _compare(ours, _facts(raw, node, self.me), node)
+                    compared.add(node)
                 if joined[node] >= self.nodes.local_ranks:
                     pending.remove(node)
             if not pending:
@@ -151,9 +154,6 @@ class Rendezvous:
     def _limit_seconds(self) -> str:
         return f"{self.timeout:g} s"
 
-    def close(self) -> None:
-        self.store = None
-
 
 def _gave_up() -> NodeError:
     return NodeError("the store did not answer")
@@ -184,6 +184,18 @@ def wait_for_listener(host: str, port: int, deadline: float, timed_out: Callable
             return
         except OSError:
             time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+
+
+def _facts(raw: Any, node: int, me: str) -> dict[str, Any]:
+    """Node ``node``'s published facts, or a NodeError when they are not a JSON object."""
+    try:
+        facts = json.loads(bytes(raw).decode())
+    except (ValueError, TypeError):
+        facts = None
+    if not isinstance(facts, dict):
+        raise NodeError(f"{me}: node {node} published facts this node cannot read. "
+                        "Fix: run the same fd-platforms version on every node")  # fmt: skip
+    return facts
 
 
 def _compare(ours: dict[str, object], theirs: dict[str, Any], node: int) -> None:

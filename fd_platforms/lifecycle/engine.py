@@ -8,6 +8,10 @@ process); then every worker makes the one public call (``initialize_kv_cache``) 
 attach, the driver proves each maps the manager's memory (tokens both ways). ``--cycles N`` clears
 and re-initializes N more times. Whatever happens, leaving :func:`run_lifecycle` stops every child
 and removes the signal from ``/dev/shm``.
+
+Across nodes (``spec.nodes``) each worker joins the other nodes' ranks after planning and sends
+the agreement (the fewest blocks of every rank of every node) with its plan; the nodes keep in
+step with a barrier per cycle and a gather of every rank's report at the end (node 0 shows them all).
 """
 
 from __future__ import annotations
