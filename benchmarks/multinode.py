@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,20 +29,7 @@ except ModuleNotFoundError:
     sys.path.insert(0, str(ROOT))
 
 from fd_platforms.cli.table import format_table  # noqa: E402
-
-
-def free_master() -> str:
-    """``127.0.0.1:PORT`` with PORT and PORT + 1 free now."""
-    while True:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        with socket.socket() as second:
-            try:
-                second.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return f"127.0.0.1:{port}"
+from fd_platforms.engine import free_master  # noqa: E402
 
 
 def command(model: str, memory: str, *extra: str) -> list[str]:

@@ -5,7 +5,6 @@ the fewest blocks through Paddle's collective runtime, and each node creates its
 ``... --node-rank I --master HOST:PORT --memory-mib M`` runs one node, as an engine's own launcher
 would on each machine. Runs from any folder."""
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import fd_platforms
 from fd_platforms.cache_signal import CacheReadySignal
 from fd_platforms.config import CacheConfig, ParallelConfig, load_model_config
-from fd_platforms.engine import Cluster, NodeSpec
+from fd_platforms.engine import Cluster, NodeSpec, free_master
 from fd_platforms.layout import build_layout
 from fd_platforms.types import DeviceMemory
 
@@ -46,9 +45,7 @@ def main(argv):
         node(int(argv[argv.index("--node-rank") + 1]), argv[argv.index("--master") + 1],
              int(argv[argv.index("--memory-mib") + 1]))
         return 0
-    with socket.socket() as probe:  # a free port for the demo (node 0 also listens on the next one)
-        probe.bind(("127.0.0.1", 0))
-        master = f"127.0.0.1:{probe.getsockname()[1]}"
+    master = free_master()  # this machine: node 0 listens on a free port and the next one
     nodes = [subprocess.Popen([sys.executable, __file__, "--node-rank", str(rank), "--master", master,
                                "--memory-mib", str(memory)]) for rank, memory in ((0, 96), (1, 64))]
     return max(process.wait(TIMEOUT + 30) for process in nodes)

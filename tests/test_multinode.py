@@ -17,13 +17,14 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conftest import shm_entries
-from fd_platforms.engine import Cluster, NodeSpec
+from fd_platforms.engine import Cluster, NodeSpec, free_master
 from fd_platforms.engine.nodes import parse_master
 from fd_platforms.errors import ConfigError
 from run_helpers import ROOT, SCRIPT, Run, clean_env, run_cli, started, without_sweep
@@ -43,22 +44,6 @@ def engine_pid(stderr: str) -> int:
     found = re.search(r"cache-ready signal fd_cache_ready\.(\d+)-", stderr)
     assert found, stderr
     return int(found.group(1))
-
-
-def free_ports() -> str:
-    """``127.0.0.1:PORT`` where PORT and PORT + 1 are both free now."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if port < 65534:
-            with socket.socket() as second:
-                try:
-                    second.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-            return f"127.0.0.1:{port}"
-    raise AssertionError("no two free ports in a row")
 
 
 def node_args(master: str, node: int, nnodes: int, *extra: str) -> tuple[str, ...]:
@@ -85,7 +70,7 @@ def own_plan(memory: str, *args: str) -> int:
 
 
 def test_two_nodes_agree_on_the_smaller_nodes_plan_and_node_0_reports_every_rank() -> None:
-    master, model = free_ports(), ("--model", LLAMA, "--tp", "4")
+    master, model = free_master(), ("--model", LLAMA, "--tp", "4")
     with nodes(
         (*model, "--device-memory", "512MiB", "--json", *node_args(master, 0, 2)),
         (*model, "--device-memory", "384MiB", "--json", *node_args(master, 1, 2)),
@@ -119,7 +104,7 @@ def finished_reports(runs: list[Run]) -> list[dict[str, Any]]:
 def test_the_readme_two_machine_commands_agree_on_machine_1s_plan() -> None:
     """The README's ```bash block (the only one anywhere in the docs), with 127.0.0.1 and a free port."""
     (block,) = re.findall(r"^```bash\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)
-    master = free_ports()
+    master = free_master()
     commands = [line.replace("10.0.0.1:29500", master).split() for line in block.splitlines() if line.strip()]
     assert len(commands) == 2 and all(words[:2] == ["fd-platforms", "run"] for words in commands), commands
     with nodes(*[(*words[2:], "--json") for words in commands]) as runs:
@@ -135,7 +120,7 @@ def test_three_nodes_agree_and_the_table_names_the_binding_rank(tmp_path: Path) 
     config = json.loads((ROOT / LLAMA / "config.json").read_text())
     config.update(num_attention_heads=48, num_key_value_heads=12, hidden_size=6144, _name_or_path="three-way")
     (tmp_path / "config.json").write_text(json.dumps(config))
-    master, model = free_ports(), ("--model", str(tmp_path), "--tp", "3")
+    master, model = free_master(), ("--model", str(tmp_path), "--tp", "3")
     memories = ("512MiB", "256MiB", "384MiB")
     with nodes(*[(*model, "--device-memory", memory, *node_args(master, node, 3)) for node, memory in enumerate(memories)]) as runs:
         finished = [run.process.communicate(timeout=120) for run in runs]
@@ -151,7 +136,7 @@ def test_three_nodes_agree_and_the_table_names_the_binding_rank(tmp_path: Path) 
 
 
 def test_a_node_that_never_joins_is_named_within_the_timeout() -> None:
-    master = free_ports()
+    master = free_master()
     sent = time.monotonic()
     done = run_cli(*SMALL, "--timeout", "3", *node_args(master, 0, 2))
     assert done.returncode == 1, done.stderr
@@ -163,7 +148,7 @@ def test_a_node_that_never_joins_is_named_within_the_timeout() -> None:
 
 
 def test_a_master_that_does_not_answer_is_named_within_the_timeout() -> None:
-    master = free_ports()
+    master = free_master()
     done = run_cli(*SMALL, "--timeout", "2", *node_args(master, 1, 2))
     assert done.returncode == 1, done.stderr
     assert f"node 1 rank 0 (global rank 1): the master {master} did not answer within 2 s" in done.stderr
@@ -178,7 +163,7 @@ def test_a_master_that_does_not_answer_is_named_within_the_timeout() -> None:
     ],
 )
 def test_nodes_started_differently_are_refused_naming_both_values(field: str, first: tuple[str, ...], second: tuple[str, ...]) -> None:
-    master = free_ports()
+    master = free_master()
     other_nnodes = 4 if field == "--nnodes" else 2
     with nodes(
         (*first, "--device-memory", "64MiB", "--timeout", "20", *node_args(master, 0, 2)),
@@ -202,7 +187,7 @@ def _names(err0: str, err1: str) -> tuple[str, str]:
 
 
 def test_two_nodes_with_the_same_node_rank_one_is_refused_and_the_others_run() -> None:
-    master, model = free_ports(), (*SMALL, "--timeout", "20")
+    master, model = free_master(), (*SMALL, "--timeout", "20")
     with nodes((*model, *node_args(master, 0, 2)), (*model, *node_args(master, 1, 2))) as runs:
         time.sleep(0.5)
         with started(*model, *node_args(master, 1, 2)) as extra:
@@ -216,7 +201,7 @@ def test_two_nodes_with_the_same_node_rank_one_is_refused_and_the_others_run() -
 
 
 def test_a_master_port_in_use_is_refused_before_paddle_could_abort() -> None:
-    master = free_ports()
+    master = free_master()
     port = int(master.rsplit(":", 1)[1])
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", port + 1))
@@ -230,55 +215,67 @@ def test_a_master_port_in_use_is_refused_before_paddle_could_abort() -> None:
 CYCLING = (*SMALL, "--timeout", "30", "--cycles", "100000")
 
 
-def test_a_node_killed_mid_run_fails_the_other_within_seconds_and_its_leftovers_are_reclaimed() -> None:
-    master = free_ports()
-    with nodes((*CYCLING, *node_args(master, 0, 2)), (*CYCLING, *node_args(master, 1, 2))) as (first, second):
+@dataclass(frozen=True)
+class Hurt:
+    """Node 0's exit code and stderr, the seconds it took to exit after node 1 was hurt, node 1's
+    exit code, and both engines' pids."""
+
+    code: int
+    stderr: str
+    took: float
+    other_code: int
+    pids: tuple[int, int]
+
+
+def hurt_node_1(args: tuple[str, ...], how: signal.Signals) -> Hurt:
+    """Two nodes clearing and re-creating their caches; in node 1's third cycle, ``how`` goes to its
+    engine (SIGTERM) or its whole process group; a stopped node 1 is killed once node 0 has exited."""
+    master = free_master()
+    with nodes((*args, *node_args(master, 0, 2)), (*args, *node_args(master, 1, 2))) as (first, second):
         second.read_until(r"cycle 3: cleared")
-        os.killpg(second.process.pid, signal.SIGKILL)
-        killed = time.monotonic()
+        if how == signal.SIGTERM:
+            second.process.send_signal(how)
+        else:
+            os.killpg(second.process.pid, how)
+        hurt = time.monotonic()
         code, stderr = first.finish()
-        took = time.monotonic() - killed
-        second.finish()
-    assert code == 1 and took < 10, (code, took, stderr)
-    assert "NodeError: node 0 rank 0 (global rank 0): " in stderr and "node 1 rank 0 (global rank 1) is gone" in stderr
-    assert left_by(first.process.pid) == set()
-    assert left_by(second.process.pid), "SIGKILL skips the killed node's clean-up"
-    run_cli("--model", LLAMA, "--device-memory", "64MiB")  # the next run on that node sweeps what it left
-    assert left_by(second.process.pid) == set()
+        took = time.monotonic() - hurt
+        if how == signal.SIGSTOP:
+            os.killpg(second.process.pid, signal.SIGKILL)
+        other_code, _ = second.finish()
+    return Hurt(code, stderr, took, other_code, (first.process.pid, second.process.pid))
+
+
+def test_a_node_killed_mid_run_fails_the_other_within_seconds_and_its_leftovers_are_reclaimed() -> None:
+    hurt = hurt_node_1(CYCLING, signal.SIGKILL)
+    assert hurt.code == 1 and hurt.took < 10, hurt
+    assert "NodeError: node 0 rank 0 (global rank 0): " in hurt.stderr
+    assert "node 1 rank 0 (global rank 1) is gone" in hurt.stderr
+    first, second = hurt.pids
+    assert left_by(first) == set()
+    assert left_by(second), "SIGKILL skips the killed node's clean-up"
+    run_cli(*SMALL)  # the next run on that node sweeps what it left
+    assert left_by(second) == set()
 
 
 def test_a_node_stopped_with_sigterm_cleans_up_and_the_other_fails_within_seconds() -> None:
-    master = free_ports()
-    with nodes((*CYCLING, *node_args(master, 0, 2)), (*CYCLING, *node_args(master, 1, 2))) as (first, second):
-        second.read_until(r"cycle 3: cleared")
-        second.process.send_signal(signal.SIGTERM)
-        stopped = time.monotonic()
-        code, stderr = first.finish()
-        took = time.monotonic() - stopped
-        second_code, _ = second.finish()
-    assert second_code == 143
-    assert code == 1 and took < 10, (code, took, stderr)
-    assert "node 1 rank 0 (global rank 1) is gone" in stderr
-    assert left_by(first.process.pid, second.process.pid) == set()
+    hurt = hurt_node_1(CYCLING, signal.SIGTERM)
+    assert hurt.other_code == 143
+    assert hurt.code == 1 and hurt.took < 10, hurt
+    assert "node 1 rank 0 (global rank 1) is gone" in hurt.stderr
+    assert left_by(*hurt.pids) == set()
 
 
 def test_a_node_that_stops_answering_fails_the_other_within_its_timeout() -> None:
     """A hung machine (SIGSTOP: its sockets stay open, nothing answers) is found by the bound, not by gloo."""
-    master, hanging = free_ports(), (*SMALL, "--timeout", "4", "--cycles", "100000")
-    with nodes((*hanging, *node_args(master, 0, 2)), (*hanging, *node_args(master, 1, 2))) as (first, second):
-        second.read_until(r"cycle 3: cleared")
-        os.killpg(second.process.pid, signal.SIGSTOP)
-        stopped = time.monotonic()
-        code, stderr = first.finish()
-        took = time.monotonic() - stopped
-        os.killpg(second.process.pid, signal.SIGKILL)
-        second.finish()
-    assert code == 1 and took < 4 + 6, (code, took, stderr)
+    hurt = hurt_node_1((*SMALL, "--timeout", "4", "--cycles", "100000"), signal.SIGSTOP)
+    assert hurt.code == 1 and hurt.took < 4 + 6, hurt
     assert re.search(r"node 0 rank 0 \(global rank 0\): cycle \d+ did not complete within 4 s: another node is not "
-                     r"answering\. Fix: .*raise --timeout", stderr), stderr  # fmt: skip
-    assert left_by(first.process.pid) == set()
-    run_cli("--model", LLAMA, "--device-memory", "64MiB")  # sweeps what the killed node left
-    assert left_by(second.process.pid) == set()
+                     r"answering\. Fix: .*raise --timeout", hurt.stderr), hurt.stderr  # fmt: skip
+    first, second = hurt.pids
+    assert left_by(first) == set()
+    run_cli(*SMALL)  # sweeps what the killed node left
+    assert left_by(second) == set()
 
 
 @pytest.mark.parametrize(
@@ -308,6 +305,10 @@ def test_global_ranks_number_each_nodes_ranks_in_turn() -> None:
     assert spec.locate(9) == (1, 1) and spec.describe(17) == "node 2 rank 1 (global rank 17)"
     assert (spec.host, spec.port) == ("10.0.0.1", 29500)
     assert parse_master("node-0.cluster.local:1") == ("node-0.cluster.local", 1)
+    host, port = parse_master(free_master())
+    for free in (port, port + 1):
+        with socket.socket() as probe:
+            probe.bind((host, free))
     for bad in ("10.0.0.1", ":29500", "10.0.0.1:", "a b:1", "h:0", "h:65535", "h:²", "h:+1", 29500, None):
         with pytest.raises(ConfigError, match="HOST:PORT"):
             parse_master(bad)

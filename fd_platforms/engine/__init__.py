@@ -22,7 +22,7 @@ from .cluster import Agreement, Cluster, RankPlan, collective_backend
 from .host_cache import HostCache
 from .initialize import ManagedCache, check_can_attach, initialize_kv_cache, manage_kv_cache
 from .kv_cache import KVCache
-from .nodes import NodeSpec
+from .nodes import NodeSpec, free_master
 from .publication import publication_name, published_tensor_name
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "RankPlan",
     "check_can_attach",
     "collective_backend",
+    "free_master",
     "initialize_kv_cache",
     "manage_kv_cache",
     "publication_name",

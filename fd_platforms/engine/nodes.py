@@ -9,6 +9,7 @@ No paddle here: the CLI checks these values before starting anything.
 from __future__ import annotations
 
 import re
+import socket
 from dataclasses import dataclass
 
 from ..errors import ConfigError
@@ -82,6 +83,24 @@ def parse_master(master: object, field: str = "master") -> tuple[str, int]:
     if not _HOST.fullmatch(host) or not re.fullmatch(r"[0-9]{1,5}", port) or not 1 <= int(port) <= 65534:
         raise ConfigError(field, master, allowed, fix)
     return host, int(port)
+
+
+def free_master(host: str = "127.0.0.1", attempts: int = 100) -> str:
+    """``HOST:PORT`` on this machine with PORT and PORT + 1 free now: for tests and demos that run
+    every node here (another process may still take them before node 0 listens)."""
+    for _ in range(attempts):
+        with socket.socket() as first:
+            first.bind((host, 0))
+            port = first.getsockname()[1]
+            if port >= 65534:
+                continue
+            with socket.socket() as second:
+                try:
+                    second.bind((host, port + 1))
+                except OSError:
+                    continue
+        return f"{host}:{port}"
+    raise OSError(f"no two free ports in a row on {host} after {attempts} tries")
 
 
 def _is_int(value: object) -> bool:
