@@ -70,10 +70,11 @@ def own_plan(memory: str, *args: str) -> int:
 
 
 def test_two_nodes_agree_on_the_smaller_nodes_plan_and_node_0_reports_every_rank() -> None:
+    """Two ranks per node, each node with its own cache manager (role decode) that every rank attaches to."""
     master, model = free_master(), ("--model", LLAMA, "--tp", "4")
     with nodes(
-        (*model, "--device-memory", "512MiB", "--json", *node_args(master, 0, 2)),
-        (*model, "--device-memory", "384MiB", "--json", *node_args(master, 1, 2)),
+        (*model, "--device-memory", "512MiB", "--role", "decode", "--json", *node_args(master, 0, 2)),
+        (*model, "--device-memory", "384MiB", "--role", "decode", "--json", *node_args(master, 1, 2)),
     ) as runs:
         first, second = finished_reports(runs)
         pids = [run.process.pid for run in runs]
@@ -89,6 +90,8 @@ def test_two_nodes_agree_on_the_smaller_nodes_plan_and_node_0_reports_every_rank
     assert first["nodes"]["all_ranks"] and not second["nodes"]["all_ranks"]
     assert [(r["node"], r["global_rank"]) for r in second["ranks"]] == [(1, 2), (1, 3)]
     assert all(r["join_seconds"] > 0 for r in first["ranks"])
+    assert {(r["allocated_by"], r["attached_tensors"], r["verified"]) for r in first["ranks"]} == {("cache manager", 64, True)}
+    assert first["manager_pid"] != second["manager_pid"], "each node has its own cache manager"
     assert left_by(*pids) == set()
 
 
