@@ -328,6 +328,8 @@ def test_global_ranks_number_each_nodes_ranks_in_turn() -> None:
         ({"facts": {"model": object()}}, "facts"),
         ({"facts": {1: "x"}}, "facts"),
         ({"facts": ["model"]}, "facts"),
+        ({"device_type": ""}, "device_type"),
+        ({"device_id": -1}, "device_id"),
     ],
 )
 def test_cluster_join_blames_the_callers_argument_before_any_connection(change: dict[str, Any], field: str) -> None:

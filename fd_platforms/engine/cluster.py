@@ -39,7 +39,9 @@ _PAIR_RANK = re.compile(r"pair_rank\s*=\s*(\d+)")
 _FLAGS_BANNER = re.compile(r"=+ Modified FLAGS detected =+\n(FLAGS\(.*\)\n)*=+\n")
 
 
-def _check_join(nodes: object, local_rank: object, facts: object, timeout: object) -> None:
+def _check_join(
+    nodes: object, local_rank: object, facts: object, timeout: object, device_type: object, device_id: object
+) -> None:
     """The caller's arguments, checked before Paddle is touched: a ConfigError naming the first bad one."""
     if not isinstance(nodes, NodeSpec):
         raise ConfigError("nodes", nodes, "a NodeSpec", "pass NodeSpec(nnodes, node_rank, master, local_ranks)")
@@ -47,6 +49,11 @@ def _check_join(nodes: object, local_rank: object, facts: object, timeout: objec
         raise ConfigError("local_rank", local_rank, f"0 to {nodes.local_ranks - 1} (this node's ranks)",
                           "pass the rank's index on this node")  # fmt: skip
     check_seconds("timeout", timeout, "pass the seconds the handshake and the join may take, e.g. 600")
+    if not isinstance(device_type, str) or not device_type:
+        raise ConfigError("device_type", device_type, "Paddle's device type (cpu, gpu, xpu, a custom device's)",
+                          "pass platform.identity.device_type")  # fmt: skip
+    if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
+        raise ConfigError("device_id", device_id, "an int >= 0", "pass the rank's local device id")
     try:
         valid = isinstance(facts, Mapping) and all(isinstance(key, str) for key in facts) and bool(json.dumps(dict(facts)))
     except (TypeError, ValueError):
@@ -92,7 +99,7 @@ class Cluster:
         self.global_rank = nodes.global_rank(local_rank)
         self.me = nodes.describe(self.global_rank)
         self.join_seconds = 0.0
-        self._rendezvous: Rendezvous | None = None
+        self._rendezvous: Rendezvous | None = None  # held: global rank 0's store serves the others while it lives
 
     @classmethod
     def join(
@@ -108,7 +115,7 @@ class Cluster:
     ) -> Cluster:
         """Handshake (every node's ``facts`` must equal this node's), then join the process group;
         all within ``timeout`` seconds. ``limit`` names the setting that lengthens it in errors."""
-        _check_join(nodes, local_rank, facts, timeout)
+        _check_join(nodes, local_rank, facts, timeout, device_type, device_id)
         started = time.monotonic()
         cluster = cls(nodes, local_rank, device_type, device_id, timeout, limit)
         cluster._rendezvous = Rendezvous(nodes, local_rank, timeout, limit)
@@ -133,9 +140,12 @@ class Cluster:
         what = "joining Paddle's process group"
         if self.global_rank != 0:  # rank 0 serves the group's store: connect once it listens
             wait_for_listener(self.nodes.host, self.nodes.port + 1, deadline, lambda: self._timed_out(what))
-        with contextlib.redirect_stderr(io.StringIO()) as said:  # Paddle's banner of every modified FLAG
-            self._collective(dist.init_parallel_env, what, deadline)
-        sys.stderr.write(_FLAGS_BANNER.sub("", said.getvalue()))
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said):  # Paddle's banner of every modified FLAG
+                self._collective(dist.init_parallel_env, what, deadline)
+        finally:
+            sys.stderr.write(_FLAGS_BANNER.sub("", said.getvalue()))
 
     def agree(self, plan: Plan) -> Agreement:
         """Every rank's plan, and the one with the fewest blocks (the lowest global rank on ties)."""
