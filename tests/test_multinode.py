@@ -294,6 +294,8 @@ def test_a_node_that_stops_answering_fails_the_other_within_its_timeout() -> Non
         (("--nnodes", "2", "--node-rank", "0", "--master", "h:65535"), "--master='h:65535' is not valid"),
         (("--nnodes", "2", "--node-rank", "0", "--master", "[::1]:5"), "--master='[::1]:5' is not valid"),
         (("--nnodes", "2", "--node-rank", "0", "--master", "h:1", "--ranks", "2"), "--ranks=2 is not valid; allowed: 1 to tensor_parallel_size=2 / --nnodes 2 = 1"),
+        (("--nnodes", "2", "--node-rank", "1", "--master", "nosuchhost.invalid:29500"),
+         "--master='nosuchhost.invalid:29500' is not valid; allowed: a host this machine resolves to an IPv4 address"),
     ],
 )
 def test_bad_node_flags_are_one_line_naming_the_flag(args: tuple[str, ...], message: str) -> None:
@@ -330,6 +332,7 @@ def test_global_ranks_number_each_nodes_ranks_in_turn() -> None:
         ({"facts": ["model"]}, "facts"),
         ({"device_type": ""}, "device_type"),
         ({"device_id": -1}, "device_id"),
+        ({"nodes": NodeSpec(nnodes=2, node_rank=1, master="nosuchhost.invalid:1", local_ranks=1)}, "nodes.master"),
     ],
 )
 def test_cluster_join_blames_the_callers_argument_before_any_connection(change: dict[str, Any], field: str) -> None:

@@ -65,7 +65,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     # Imported here: the other commands never pay for multiprocessing and the lifecycle.
     from ..cache_signal import ENV_TIMEOUT, resolve_timeout
-    from ..engine.nodes import NodeSpec
+    from ..engine.nodes import NodeSpec, check_resolves
     from ..timeouts import set_by_flag
     from ..lifecycle.engine import run_lifecycle, select_run_platform
     from ..lifecycle.progress import Progress
@@ -82,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
             f"pass --ranks between 1 and {per_node}, or raise --tp",
         )
     nodes = None if args.nnodes == 1 else NodeSpec(args.nnodes, args.node_rank, args.master, ranks)
+    if nodes is not None:
+        check_resolves(nodes.master, "--master")
     if not 0 <= args.cycles <= MAX_CYCLES:
         raise ConfigError("--cycles", args.cycles, f"0 to {MAX_CYCLES}", "pass how many clear/re-initialize cycles to run")
     device_memory, non_cache, host_memory = memory_sizes(args)

@@ -28,7 +28,7 @@ from ..errors import ConfigError, FdPlatformsError, NodeError
 from ..timeouts import check_seconds, knob
 from ..types import Plan
 from .bounded import bounded
-from .nodes import NodeSpec
+from .nodes import NodeSpec, check_resolves
 from .rendezvous import PADDLE_ERRORS, Rendezvous, wait_for_listener
 
 T = TypeVar("T")
@@ -45,6 +45,7 @@ def _check_join(
     """The caller's arguments, checked before Paddle is touched: a ConfigError naming the first bad one."""
     if not isinstance(nodes, NodeSpec):
         raise ConfigError("nodes", nodes, "a NodeSpec", "pass NodeSpec(nnodes, node_rank, master, local_ranks)")
+    check_resolves(nodes.master, "nodes.master")
     if isinstance(local_rank, bool) or not isinstance(local_rank, int) or not 0 <= local_rank < nodes.local_ranks:
         raise ConfigError("local_rank", local_rank, f"0 to {nodes.local_ranks - 1} (this node's ranks)",
                           "pass the rank's index on this node")  # fmt: skip

@@ -85,6 +85,20 @@ def parse_master(master: object, field: str = "master") -> tuple[str, int]:
     return host, int(port)
 
 
+def check_resolves(master: str, field: str = "master") -> None:
+    """A ConfigError naming ``field`` when ``master``'s host has no IPv4 address here: a typo would
+    otherwise wait the whole timeout for a master that cannot exist."""
+    host, port = parse_master(master, field)
+    try:
+        socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise ConfigError(
+            field, master, f"a host this machine resolves to an IPv4 address ({host!r}: {reason})",
+            "fix the host name, or pass node 0's IPv4 address",
+        ) from None
+
+
 def free_master(host: str = "127.0.0.1", attempts: int = 100) -> str:
     """``HOST:PORT`` on this machine with PORT and PORT + 1 free now: for tests and demos that run
     every node here (another process may still take them before node 0 listens)."""
