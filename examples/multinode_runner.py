@@ -47,8 +47,11 @@ def main(argv):
         return 0
     master = free_master()  # this machine: node 0 listens on a free port and the next one
     nodes = [subprocess.Popen([sys.executable, __file__, "--node-rank", str(rank), "--master", master,
-                               "--memory-mib", str(memory)]) for rank, memory in ((0, 96), (1, 64))]
-    return max(process.wait(TIMEOUT + 30) for process in nodes)
+                               "--memory-mib", str(memory)], stdout=subprocess.PIPE, text=True)
+             for rank, memory in ((0, 96), (1, 64))]
+    for process in nodes:  # each node's lines whole and in node order, not interleaved
+        print(process.communicate(timeout=TIMEOUT + 30)[0], end="")
+    return max(process.returncode for process in nodes)
 
 
 if __name__ == "__main__":
