@@ -29,7 +29,7 @@ from ..timeouts import check_seconds, knob
 from ..types import Plan
 from .bounded import bounded
 from .nodes import NodeSpec, check_resolves
-from .rendezvous import PADDLE_ERRORS, Rendezvous, wait_for_listener
+from .rendezvous import PADDLE_ERRORS, Rendezvous, first_line, wait_for_listener
 
 T = TypeVar("T")
 
@@ -218,7 +218,7 @@ class Cluster:
 
     def _peer(self, exc: BaseException) -> str:
         """Which rank's failure ``exc`` reports, in words, with Paddle's first line."""
-        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        first = first_line(exc)
         found = _PAIR_RANK.search(str(exc))
         if found and int(found.group(1)) < self.nodes.world_size:
             return f"{self.nodes.describe(int(found.group(1)))} is gone ({first})"

@@ -101,7 +101,7 @@ class Rendezvous:
         except PADDLE_ERRORS as exc:
             what = f"could not listen on {self.nodes.master}" if master else f"could not reach the master {self.nodes.master}"
             raise NodeError(
-                f"{self.me}: {what}: {_first_line(exc)}. Fix: pass --master as node 0's address and a free port "
+                f"{self.me}: {what}: {first_line(exc)}. Fix: pass --master as node 0's address and a free port "
                 f"(node 0 also listens on port {self.nodes.port + 1})"
             ) from exc
 
@@ -144,7 +144,7 @@ class Rendezvous:
             return bounded(call, max(OP_SECONDS, self._remaining()), timed_out)
         except PADDLE_ERRORS as exc:
             raise NodeError(
-                f"{self.me}: lost the master {self.nodes.master} while {doing}: {_first_line(exc)}. "
+                f"{self.me}: lost the master {self.nodes.master} while {doing}: {first_line(exc)}. "
                 "Fix: check node 0's output (node 0 ends the run for every node)"
             ) from exc
 
@@ -208,6 +208,7 @@ def _compare(ours: dict[str, object], theirs: dict[str, Any], node: int) -> None
             )  # fmt: skip
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first non-blank line of a Paddle error (its C++ stack follows), else its type's name."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
