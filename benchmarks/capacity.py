@@ -6,7 +6,7 @@ weights and activations; real runs measure it), on devices of 32, 64, 80, 96 and
 
 - ``memory``: ``budget // bytes_per_block``, what memory alone allows;
 - ``legacy``: ``min(memory, 40000)``, the hard cap FastDeploy used to apply;
-- ``planned``: :func:`fd_platforms.planner.plan_blocks` with one declared limit, 32-bit element
+- ``planned``: :func:`fd_platforms.rules.planner.plan_blocks` with one declared limit, 32-bit element
   offsets (``max_tensor_elements = 2**31 - 1``), the named reason the legacy cap stood in for.
 
 Run from the repository root: ``python benchmarks/capacity.py [--json]``.
@@ -25,10 +25,10 @@ try:
 except ModuleNotFoundError:
     sys.path.insert(0, str(ROOT))
 
-from fd_platforms.config import CacheConfig, ParallelConfig, load_model_config  # noqa: E402
-from fd_platforms.layout import build_layout  # noqa: E402
-from fd_platforms.planner import plan_blocks  # noqa: E402
-from fd_platforms.types import DeviceMemory, PlatformLimit  # noqa: E402
+from fd_platforms.contract.types import DeviceMemory, PlatformLimit  # noqa: E402
+from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config  # noqa: E402
+from fd_platforms.rules.layout import build_layout  # noqa: E402
+from fd_platforms.rules.planner import plan_blocks  # noqa: E402
 
 MODELS = ("qwen3-30b-a3b", "llama-3.1-8b", "deepseek-v3", "deepseek-v3.2")
 DEVICE_GIB = (32, 64, 80, 96, 141)

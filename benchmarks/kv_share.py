@@ -3,7 +3,7 @@
 One run, one size (``--size`` of cache per rank, default 1GiB), for each model (DeepSeek-V3: MLA,
 61 tensors per rank; Qwen3-30B-A3B: GQA, 96 tensors per rank). This process owns the engine's
 cache-ready signal and is the attaching worker; a spawned *creator* process is the cache manager:
-it publishes rank 0's cache with :meth:`Platform.manage_kv_cache` (every tensor exported into a
+it publishes rank 0's cache with :func:`~fd_platforms.engine.manage_kv_cache` (every tensor exported into a
 memfd zero-filled by the kernel, the manifest published in ``/dev/shm``, the slot set). Per model:
 
 1. **create**: the creator's ``manage_kv_cache`` call, as GiB/s of the rank's cache bytes, against a
@@ -11,7 +11,7 @@ memfd zero-filled by the kernel, the manifest published in ``/dev/shm``, the slo
    over a buffer already touched once, so the anchor is memory bandwidth, not page faults). Goal:
    create / memset >= 0.5.
 2. **attach**: with the creator's cache already published, this process times
-   ``platform.initialize_kv_cache(..., splitwise_role="decode", setter_pid=<creator>)``: the
+   ``initialize_kv_cache(platform, ..., splitwise_role="decode", setter_pid=<creator>)``: the
    KVCache's ``attach_seconds`` (opening every published tensor) apart from ``wait_seconds`` (the
    slot is set already, so the wait is near zero) and the whole call. Goal: attach <= 20 ms per rank.
    The model's first attach in this process (the first warm-up cycle: cold caches, as a worker's
@@ -62,13 +62,14 @@ try:
 except ModuleNotFoundError:
     sys.path.insert(0, str(ROOT))
 
-from fd_platforms.cache_signal import SIGNAL_PREFIX, CacheReadySignal, new_signal_name  # noqa: E402
 from fd_platforms.cli.table import format_table  # noqa: E402
-from fd_platforms.config import CacheConfig, ParallelConfig, load_model_config  # noqa: E402
+from fd_platforms.contract.errors import FdPlatformsError  # noqa: E402
+from fd_platforms.engine import initialize_kv_cache, manage_kv_cache  # noqa: E402
 from fd_platforms.engine.publication import PUBLICATION_PREFIX  # noqa: E402
-from fd_platforms.errors import FdPlatformsError  # noqa: E402
-from fd_platforms.layout import CacheLayout, build_layout  # noqa: E402
-from fd_platforms.sizes import format_size, parse_size  # noqa: E402
+from fd_platforms.ipc.cache_signal import SIGNAL_PREFIX, CacheReadySignal, new_signal_name  # noqa: E402
+from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config  # noqa: E402
+from fd_platforms.rules.layout import CacheLayout, build_layout  # noqa: E402
+from fd_platforms.rules.sizes import format_size, parse_size  # noqa: E402
 
 MODELS = {"deepseek-v3": ROOT / "examples" / "deepseek-v3", "qwen3-30b-a3b": ROOT / "examples" / "qwen3-30b-a3b"}
 GOAL = {"ratio": 0.5, "attach_ms": 20.0, "overhead_ms": 20.0, "rss_percent": 1.0}
@@ -91,7 +92,7 @@ def layout_of(model: str) -> CacheLayout:
 
 
 def cpu_platform() -> Any:
-    from fd_platforms.selection import select_platform
+    from fd_platforms.loading.selection import select_platform
 
     return select_platform({"FD_PLATFORM": "cpu"}).platform
 
@@ -101,7 +102,7 @@ def warm_paddle() -> None:
     long done: the first attach is then timed without Paddle's import (about a second)."""
     import numpy as np
 
-    from fd_platforms.device_facts import import_paddle
+    from fd_platforms.contract.paddle_import import import_paddle
 
     paddle = import_paddle()
     paddle.from_dlpack(np.zeros((2, 4), dtype=np.uint8)).view("bfloat16")
@@ -122,7 +123,7 @@ def creator(signal_name: str, link: Connection) -> None:
         nonlocal managed
         layout = layout_of(model)
         started = time.perf_counter()
-        managed = platform.manage_kv_cache(layout, num_blocks, num_cpu_blocks=0, signal_name=signal_name)
+        managed = manage_kv_cache(platform, layout, num_blocks, num_cpu_blocks=0, signal_name=signal_name)
         return {"create_s": time.perf_counter() - started, "export_s": managed.device.create_seconds}
 
     def clear() -> dict[str, float]:
@@ -249,8 +250,9 @@ class Run:
     def attach(self, layout: CacheLayout, num_blocks: int) -> float:
         """Initialize this process's cache by attaching; the whole call's seconds."""
         started = time.perf_counter()
-        self.cache = self.platform.initialize_kv_cache(
-            layout, num_blocks, signal_name=self.ready.name, setter_pid=self.pid, timeout=STEP_SECONDS, **DECODE
+        self.cache = initialize_kv_cache(
+            self.platform, layout, num_blocks, signal_name=self.ready.name, setter_pid=self.pid, timeout=STEP_SECONDS,
+            **DECODE,
         )
         return time.perf_counter() - started
 

@@ -12,7 +12,7 @@ owns and sets, as a cache manager would:
    process). The wake of the CPU phase is one more sample. Sleep-polling strategies get fewer
    rounds, so that none takes much over 15 s.
 
-Strategies: ``futex`` is :meth:`fd_platforms.cache_signal.CacheReadySignal.wait` itself (with a
+Strategies: ``futex`` is :meth:`fd_platforms.ipc.cache_signal.CacheReadySignal.wait` itself (with a
 setter pid to watch, as workers use it); ``spin`` is FastDeploy's XPU ``while not ready: pass``;
 ``poll-1s``/``poll-100ms``/``poll-10ms`` sleep between looks (FastDeploy's other runners used 1 s);
 ``poll-2ms`` is what the core falls back to where futexes are unavailable.
@@ -40,8 +40,8 @@ try:
 except ModuleNotFoundError:
     sys.path.insert(0, str(ROOT))
 
-from fd_platforms.cache_signal import CacheReadySignal  # noqa: E402
 from fd_platforms.cli.table import format_table  # noqa: E402
+from fd_platforms.ipc.cache_signal import CacheReadySignal  # noqa: E402
 
 POLL_INTERVALS = {"poll-1s": 1.0, "poll-100ms": 0.1, "poll-10ms": 0.01, "poll-2ms": 0.002}
 STRATEGIES = ("futex", "spin", *POLL_INTERVALS)

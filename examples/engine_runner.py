@@ -5,11 +5,12 @@ import multiprocessing
 from pathlib import Path
 
 import fd_platforms
-from fd_platforms.cache_signal import CacheReadySignal
-from fd_platforms.config import CacheConfig, ParallelConfig, load_model_config
-from fd_platforms.layout import build_layout
-from fd_platforms.planner import min_across_ranks
-from fd_platforms.types import DeviceMemory
+from fd_platforms.contract.types import DeviceMemory
+from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
+from fd_platforms.ipc.cache_signal import CacheReadySignal
+from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
+from fd_platforms.rules.layout import build_layout
+from fd_platforms.rules.planner import min_across_ranks
 
 MODEL = Path(__file__).resolve().parent / "qwen3-30b-a3b"
 CACHE = CacheConfig(swap_space_bytes=12 << 20)  # a little host swap space: 12 MiB per rank
@@ -30,7 +31,7 @@ def receive(conn, what):
 def cache_manager(signal_name, num_blocks, num_cpu_blocks, conn):
     platform = fd_platforms.current_platform()
     for cycle in (1, 2):
-        managed = platform.manage_kv_cache(rank0_layout(), num_blocks, num_cpu_blocks=num_cpu_blocks,
+        managed = manage_kv_cache(platform, rank0_layout(), num_blocks, num_cpu_blocks=num_cpu_blocks,
                                            signal_name=signal_name)  # publishes, then sets rank 0's slot
         managed.device.tensors[0][0, 0, 0, 0] = 100.0 + cycle  # for the runner to read
         conn.send(managed.host.num_blocks)
@@ -54,9 +55,10 @@ def main():
         manager.start()
         try:
             for cycle in (1, 2):
-                cache = platform.initialize_kv_cache(
-                    layout, plan.num_blocks, profile=False, num_cpu_blocks=plan.num_cpu_blocks, storage_backend=None,
-                    splitwise_role="decode", signal_name=signal.name, setter_pid=manager.pid, timeout=TIMEOUT)
+                cache = initialize_kv_cache(
+                    platform, layout, plan.num_blocks, profile=False, num_cpu_blocks=plan.num_cpu_blocks,
+                    storage_backend=None, splitwise_role="decode", signal_name=signal.name, setter_pid=manager.pid,
+                    timeout=TIMEOUT)
                 seen = cache.tensors[0][0, 0, 0, 0].item()
                 cache.tensors[-1][-1, -1, -1, -1] = 7.0 * cycle
                 print(f"cycle {cycle}: attached={not cache.created} (deciding term {cache.decision.deciding_term}), "

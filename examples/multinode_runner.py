@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import fd_platforms
-from fd_platforms.cache_signal import CacheReadySignal
-from fd_platforms.config import CacheConfig, ParallelConfig, load_model_config
-from fd_platforms.engine import Cluster, NodeSpec, free_master
-from fd_platforms.layout import build_layout
-from fd_platforms.types import DeviceMemory
+from fd_platforms.contract.types import DeviceMemory
+from fd_platforms.engine import Cluster, NodeSpec, free_master, initialize_kv_cache
+from fd_platforms.ipc.cache_signal import CacheReadySignal
+from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
+from fd_platforms.rules.layout import build_layout
 
 MODEL = Path(__file__).resolve().parent / "qwen3-30b-a3b"
 CACHE = CacheConfig()
@@ -31,8 +31,8 @@ def node(node_rank, master, memory_mib):
     agreement = cluster.agree(plan)  # every rank of every node: the fewest blocks
     bound = agreement.bound_by
     with CacheReadySignal.create(1) as signal:  # each node's engine owns its own signal
-        cache = platform.initialize_kv_cache(
-            layout, agreement.plan.num_blocks, profile=False, num_cpu_blocks=0, storage_backend=None,
+        cache = initialize_kv_cache(
+            platform, layout, agreement.plan.num_blocks, profile=False, num_cpu_blocks=0, storage_backend=None,
             splitwise_role="mixed", signal_name=signal.name, setter_pid=None, timeout=TIMEOUT)
         cluster.barrier("every node's cache is ready")
         print(f"node {node_rank}: planned {plan.num_blocks} blocks, uses {agreement.plan.num_blocks} "

@@ -11,16 +11,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from .api_version import API_VERSION
-    from .current import current_platform, current_selection, reset_platform
-    from .hookspecs import hookimpl
+    from .contract.api_version import API_VERSION
+    from .contract.hookspecs import hookimpl
+    from .loading.current import current_platform, current_selection, reset_platform
 
 _LAZY = {
-    "API_VERSION": "api_version",
-    "current_platform": "current",
-    "current_selection": "current",
-    "reset_platform": "current",
-    "hookimpl": "hookspecs",
+    "API_VERSION": "contract.api_version",
+    "current_platform": "loading.current",
+    "current_selection": "loading.current",
+    "reset_platform": "loading.current",
+    "hookimpl": "contract.hookspecs",
 }
 
 __all__ = sorted(_LAZY)

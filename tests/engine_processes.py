@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from multiprocessing.connection import Connection
 
-from fd_platforms.config import CacheConfig, ParallelConfig, load_model_config
-from fd_platforms.layout import CacheLayout, build_layout
+from fd_platforms.engine import manage_kv_cache
+from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
+from fd_platforms.rules.layout import CacheLayout, build_layout
 
 QWEN = os.path.join(os.path.dirname(__file__), "..", "examples", "qwen3-30b-a3b")
 
@@ -21,8 +22,8 @@ def manage(signal_name: str, num_blocks: int, num_cpu_blocks: int, conn: Connect
     import fd_platforms
 
     platform = fd_platforms.current_platform()
-    managed = platform.manage_kv_cache(
-        qwen_layout(**(cache or {})), num_blocks, num_cpu_blocks=num_cpu_blocks, signal_name=signal_name
+    managed = manage_kv_cache(
+        platform, qwen_layout(**(cache or {})), num_blocks, num_cpu_blocks=num_cpu_blocks, signal_name=signal_name
     )
     managed.device.tensors[0][0, 0, 0, 0] = 5.0
     conn.send(("ready", os.getpid()))

@@ -135,3 +135,52 @@ def started(*args: str, env: dict[str, str] | None = None) -> Iterator[Run]:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.communicate(timeout=30)
+
+
+HOST_SHARING_PLUGIN = """
+import errno
+from fd_platforms import hookimpl
+from fd_platforms.contract.errors import DeviceAllocError
+from fd_platforms.contract.types import Detection, PlatformIdentity, SharedTensor
+from fd_platforms.kit.host_memory import system_memory
+from fd_platforms.kit.host_sharing import export_host_tensor, open_host_tensor
+
+@hookimpl
+def platform_identity():
+    return PlatformIdentity({name!r}, "cpu", None)
+
+@hookimpl
+def detect_platform():
+    return Detection(True, "host memory, like cpu", 1)
+
+@hookimpl
+def supported_api_versions():
+    return ">=1.1,<2"
+
+@hookimpl
+def device_memory(device_id):
+    return system_memory()
+
+@hookimpl
+def cache_sharing():
+    return "memfds, like cpu"
+
+@hookimpl
+def export_cache_tensor(name, shape, dtype):
+{export}
+
+@hookimpl
+def open_cache_tensor(name, handle, shape, dtype):
+{open}
+"""
+
+
+def host_sharing_plugin(
+    name: str,
+    export: str = "return export_host_tensor(name, shape, dtype)",
+    open: str = "return open_host_tensor(name, handle, shape, dtype)",  # noqa: A002 - the hook's name
+) -> str:
+    """The source of platform ``name``, whose cache lives in host memory like cpu's, with the bodies
+    of its export and open hooks given (to make one of them misbehave)."""
+    indent = lambda body: "\n".join(f"    {line}" for line in body.strip("\n").splitlines())  # noqa: E731
+    return HOST_SHARING_PLUGIN.format(name=name, export=indent(export), open=indent(open))

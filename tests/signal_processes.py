@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from multiprocessing.connection import Connection
 
-from fd_platforms.cache_signal import CacheReadySignal
-from fd_platforms.errors import CacheNotReadyError
+from fd_platforms.contract.errors import CacheNotReadyError
+from fd_platforms.ipc.cache_signal import CacheReadySignal
 
 
 def wait_and_report(name: str, rank: int, timeout: float, setter_pid: int | None, results: Connection) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import re
 import subprocess
 import sys
 
@@ -10,7 +12,7 @@ import pytest
 import fd_platforms
 from fd_platforms import engine
 from fd_platforms.engine import Cluster
-from fd_platforms.platform import Platform
+from fd_platforms.loading.platform import Platform
 from run_helpers import ROOT
 
 API = (ROOT / "docs" / "api.md").read_text()
@@ -47,3 +49,8 @@ def test_dir_lists_the_lazy_names_before_any_is_loaded() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("module", sorted(set(re.findall(r"^\| `(fd_platforms[\w.]*)` \|", API, re.M))))
+def test_every_module_the_reference_names_exists(module: str) -> None:
+    importlib.import_module(module)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,16 +12,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fd_platforms
-from fd_platforms.api_version import API_VERSION, PLUGIN_API_MODULES, release_range_contains
-from fd_platforms.discovery import core_version
-from fd_platforms.errors import PluginContractError, PluginHookError, PluginVersionError
-from fd_platforms.selection import select_platform, survey
+from fd_platforms.contract.api_version import API_VERSION, PLUGIN_API_MODULES, release_range_contains
+from fd_platforms.contract.errors import PluginContractError, PluginHookError, PluginVersionError
+from fd_platforms.loading.discovery import core_version
+from fd_platforms.loading.selection import select_platform, survey
 
 ROOT = Path(__file__).resolve().parent.parent
 
 PLUGIN = """
 from fd_platforms import hookimpl
-from fd_platforms.types import Detection, PlatformIdentity
+from fd_platforms.contract.types import Detection, PlatformIdentity
 
 @hookimpl
 def platform_identity():
@@ -115,3 +117,14 @@ def test_the_fast_range_check_is_packagings_answer(declared: str, version: str) 
 @pytest.mark.parametrize("declared", ["~=1.0", "==1.*", "===1.1", ">=1.0,", ">=1.0.dev1", ">=1.0rc1,<2", "", ">=x"])
 def test_any_other_form_is_left_to_packaging(declared: str) -> None:
     assert release_range_contains(declared, "1.1") is None
+
+
+GUIDE = (ROOT / "docs" / "writing-a-plugin.md").read_text()
+
+
+@pytest.mark.parametrize("module", PLUGIN_API_MODULES)
+def test_every_plugin_api_module_is_in_the_guide_and_imports_without_paddle(module: str) -> None:
+    assert f"| `{module}` |" in GUIDE, f"docs/writing-a-plugin.md's module table does not list {module}"
+    code = f"import importlib, sys; importlib.import_module({module!r}); assert 'paddle' not in sys.modules"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from fd_platforms.config import CacheConfig, ModelConfig, ParallelConfig, load_deploy_config
-from fd_platforms.errors import ConfigError, PluginError, RecordError
-from fd_platforms.layout import build_layout
-from fd_platforms.selection import select_platform
-from fd_platforms.types import CacheDecision, Detection, DeviceMemory, HostBuffer, Plan, PlatformLimit
+from fd_platforms.contract.errors import ConfigError, PluginError, RecordError
+from fd_platforms.contract.types import CacheDecision, Detection, DeviceMemory, HostBuffer, Plan, PlatformLimit
+from fd_platforms.loading.selection import select_platform
+from fd_platforms.rules.config import CacheConfig, ModelConfig, ParallelConfig, load_deploy_config
+from fd_platforms.rules.layout import build_layout
 from run_helpers import QWEN, ROOT, SCRIPT, clean_env
 
 QWEN_DIR = ROOT / QWEN
@@ -145,7 +145,7 @@ def test_platform_calls_blame_the_callers_argument(cpu, call, field: str) -> Non
 
 def test_a_plugin_hook_never_runs_on_a_bad_argument(make_plugin) -> None:
     source = (
-        "from fd_platforms import hookimpl\nfrom fd_platforms.types import Detection, PlatformIdentity\n"
+        "from fd_platforms import hookimpl\nfrom fd_platforms.contract.types import Detection, PlatformIdentity\n"
         "CALLS = []\n"
         "@hookimpl\ndef platform_identity():\n    return PlatformIdentity('spy', 'spy', None)\n"
         "@hookimpl\ndef detect_platform():\n    return Detection(True, 'here', 1)\n"
@@ -198,7 +198,7 @@ def test_records_refuse_fields_of_the_wrong_type_or_range(build, words: str) -> 
 
 def test_a_plugin_building_a_bad_record_is_its_contract_error(make_plugin) -> None:
     source = (
-        "from fd_platforms import hookimpl\nfrom fd_platforms.types import Detection, DeviceMemory, PlatformIdentity\n"
+        "from fd_platforms import hookimpl\nfrom fd_platforms.contract.types import Detection, DeviceMemory, PlatformIdentity\n"
         "@hookimpl\ndef platform_identity():\n    return PlatformIdentity('sloppy', 'sloppy', None)\n"
         "@hookimpl\ndef detect_platform():\n    return Detection(True, 'here', 1)\n"
         "@hookimpl\ndef supported_api_versions():\n    return '>=1.0,<2'\n"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fd_platforms.discovery import discover
-from fd_platforms.selection import IN_REPO_PLUGINS as IN_REPO
+from fd_platforms.loading.discovery import discover
+from fd_platforms.loading.selection import IN_REPO_PLUGINS as IN_REPO
 
 SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")  # the console script of this environment
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fd_platforms.config import (
+from fd_platforms.contract.errors import ConfigError
+from fd_platforms.rules.config import (
     CacheConfig,
     DeployConfig,
     ModelConfig,
@@ -18,7 +19,6 @@ from fd_platforms.config import (
     load_deploy_config,
     load_model_config,
 )
-from fd_platforms.errors import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -14,12 +14,14 @@ from typing import Any
 
 import pytest
 
-from fd_platforms import hookspecs
 from fd_platforms.conformance import CHECKS, ConformanceUnavailableError, require_pytest
-from fd_platforms.decision import TRUTH_TABLE
-from fd_platforms.discovery import discover
-from fd_platforms.selection import IN_REPO_PLUGINS
-from fd_platforms.testing import HOOKS_MARKER, suite_files
+from fd_platforms.conformance.pytest_plugin import HOOKS_MARKER, suite_files
+from fd_platforms.contract import hookspecs
+from fd_platforms.loading.discovery import discover
+from fd_platforms.loading.selection import IN_REPO_PLUGINS
+from fd_platforms.rules.decision import TRUTH_TABLE
+
+pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")
@@ -29,7 +31,7 @@ SPECS = {name: getattr(hookspecs, name) for name in hookspecs.hook_names()}
 
 OLD_XPU_PLUGIN = """
 from fd_platforms import hookimpl
-from fd_platforms.types import CacheDecision, Detection, PlatformIdentity
+from fd_platforms.contract.types import CacheDecision, Detection, PlatformIdentity
 
 @hookimpl
 def platform_identity():
@@ -119,7 +121,7 @@ def test_a_drifting_plugin_fails_the_decision_check_with_its_cases(make_plugin) 
 
 INT_MEMORY_MODULE = """
 from fd_platforms import hookimpl
-from fd_platforms.types import Detection, PlatformIdentity
+from fd_platforms.contract.types import Detection, PlatformIdentity
 
 @hookimpl
 def platform_identity():
@@ -140,8 +142,8 @@ def device_memory(device_id):
 
 INT_MEMORY_SUBCLASS = """
 from fd_platforms import hookimpl
-from fd_platforms.custom_device import CustomDeviceFacts
-from fd_platforms.paddle_platform import PaddlePlatform
+from fd_platforms.kit.custom_device import CustomDeviceFacts
+from fd_platforms.kit.paddle_platform import PaddlePlatform
 
 class IntMemory(PaddlePlatform):
     @hookimpl
@@ -251,7 +253,7 @@ def _suite_hooks() -> dict[str, list[str]]:
 
     covered: dict[str, list[str]] = {}
     for path in suite_files():
-        module = importlib.import_module(f"fd_platforms.testing.suite.{path.stem}")
+        module = importlib.import_module(f"fd_platforms.conformance.suite.{path.stem}")
         for name, test in vars(module).items():
             if name.startswith("test_") and callable(test):
                 for mark in getattr(test, "pytestmark", []):
@@ -280,3 +282,11 @@ def test_every_hook_is_in_the_guide_with_its_exact_signature(name: str) -> None:
     guide = (ROOT / "docs" / "writing-a-plugin.md").read_text()
     assert f"### `{name}`" in guide, f"docs/writing-a-plugin.md has no section for hook {name}"
     assert exact_signature(name) in guide, f"the guide's signature of {name} differs from: {exact_signature(name)}"
+
+
+def test_a_check_that_could_not_run_is_named_beside_the_verdict() -> None:
+    done = check("nimbus")  # the example plugin, without its device here
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip().endswith(
+        "all platforms pass what could run here; not run: nimbus device (the reasons are above) (plugin API 1.1)"
+    )

@@ -9,9 +9,9 @@ import threading
 import numpy as np
 import pytest
 
-from fd_platforms.cache_signal import CacheReadySignal
-from fd_platforms.errors import BufferInUseError, CacheNotReadyError, ConfigError, HostAllocError
-from fd_platforms.selection import select_platform
+from fd_platforms.contract.errors import BufferInUseError, CacheNotReadyError, ConfigError, HostAllocError
+from fd_platforms.ipc.cache_signal import CacheReadySignal
+from fd_platforms.loading.selection import select_platform
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ def test_resolution_is_cached_until_reset(monkeypatch: pytest.MonkeyPatch, make_
 def test_errors_are_raised_again_not_cached(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FD_PLATFORM", "nosuch")
     for _ in range(2):
-        with pytest.raises(fd_platforms.errors.UnknownPlatformError):
+        with pytest.raises(fd_platforms.contract.errors.UnknownPlatformError):
             fd_platforms.current_platform()
     monkeypatch.setenv("FD_PLATFORM", "cpu")
     assert fd_platforms.current_platform().name == "cpu"
@@ -93,7 +93,7 @@ def test_selection_loads_nothing_only_later_steps_need() -> None:
     declaring the usual ``>=1.0,<2``) load when used, not when the platform is chosen."""
     code = (
         "import sys, fd_platforms\nfd_platforms.current_platform()\n"
-        "print(sorted(m for m in ('fd_platforms.cache_signal', 'fd_platforms.engine', 'packaging', 'secrets', 'paddle')"
+        "print(sorted(m for m in ('fd_platforms.ipc.cache_signal', 'fd_platforms.engine', 'packaging', 'secrets', 'paddle')"
         " if m in sys.modules))\n"
     )
     result = run_python(code)

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from fd_platforms.decision import decide_cache_creation
-from fd_platforms.errors import ConfigError
+from fd_platforms.contract.errors import ConfigError
+from fd_platforms.rules.decision import decide_cache_creation
 
 ROLES = ("mixed", "prefill", "decode")
 

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from fd_platforms.cache_signal import LAYOUT_VERSION
-from fd_platforms.config import MAX_LAYERS, MAX_RANKS, MAX_WIDTH, ModelConfig, tensor_parallel_sizes
-from fd_platforms.decision import TRUTH_TABLE
-from fd_platforms.errors import PlatformDriftError
-from fd_platforms.isolation import DEFAULT_DETECT_TIMEOUT, ENV_DETECT_TIMEOUT
-from fd_platforms.selection import select_platform
-from fd_platforms.timeouts import MAX_SECONDS
+from fd_platforms.contract.errors import PlatformDriftError
+from fd_platforms.ipc.cache_signal import LAYOUT_VERSION
+from fd_platforms.ipc.timeouts import MAX_SECONDS
+from fd_platforms.loading.isolation import DEFAULT_DETECT_TIMEOUT, ENV_DETECT_TIMEOUT
+from fd_platforms.loading.selection import select_platform
+from fd_platforms.rules.config import ModelConfig, tensor_parallel_sizes
+from fd_platforms.rules.config.limits import MAX_LAYERS, MAX_RANKS, MAX_WIDTH
+from fd_platforms.rules.decision import TRUTH_TABLE
 from test_drift_guard import OLD_XPU_RULE, drifting
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,16 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from fd_platforms.decision import TRUTH_TABLE
-from fd_platforms.errors import PlatformDriftError
-from fd_platforms.selection import select_platform, survey
+from fd_platforms.contract.errors import PlatformDriftError
+from fd_platforms.loading.selection import select_platform, survey
+from fd_platforms.rules.decision import TRUTH_TABLE
 
 SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")
 
-PLUGIN = """
+ALWAYS_THERE = """
+import dataclasses
 from fd_platforms import hookimpl
-from fd_platforms.decision import decide_cache_creation
-from fd_platforms.types import CacheDecision, Detection, PlatformIdentity
+from fd_platforms.contract.types import CacheDecision, Detection, DeviceMemory, PlatformIdentity, PlatformLimit
+from fd_platforms.rules.decision import decide_cache_creation
+from fd_platforms.rules.planner import plan_blocks
 
 @hookimpl
 def platform_identity():
@@ -33,7 +35,8 @@ def detect_platform():
 @hookimpl
 def supported_api_versions():
     return ">=1.0,<2"
-
+"""
+PLUGIN = ALWAYS_THERE + """
 @hookimpl
 def should_create_cache_tensor(profile, num_cpu_blocks, storage_backend, splitwise_role):
 {body}
@@ -164,3 +167,79 @@ def test_the_call_check_stops_plan_and_run_before_a_worker_creates_wrongly(make_
     assert re.search(r"num_cpu_blocks=2, storage_backend=None, splitwise_role='mixed': expected create=False "
                      r"\(term 'num_cpu_blocks'\), got create=True", done.stderr), done.stderr
     assert "on the inputs of this call" in done.stderr
+
+
+# -- max_num_blocks: fewer blocks than memory allows only through a declared limit -----------------
+
+CAPPED = ALWAYS_THERE + """
+@hookimpl
+def device_memory(device_id):
+    return DeviceMemory(2**30, None, 0, "stated")
+
+@hookimpl
+def declared_limits():
+    return {limits}
+
+@hookimpl
+def max_num_blocks(layout, memory, cache, limits, non_cache_bytes):
+    plan = plan_blocks(layout, memory, cache, non_cache_bytes=non_cache_bytes, limits=limits)
+    return dataclasses.replace(plan, num_blocks=min(plan.num_blocks, {cap}))
+"""
+DECLARED = '(PlatformLimit("max_num_blocks", 3, "the block table holds 3 entries"),)'
+
+
+def capped(make_plugin, name: str, cap: int, limits: str = "()") -> Path:
+    return make_plugin(name, source=CAPPED.format(name=name, cap=cap, limits=limits))
+
+
+def qwen_plan_inputs():
+    from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
+    from fd_platforms.rules.layout import build_layout
+
+    cache = CacheConfig()
+    return build_layout(load_model_config("examples/qwen3-30b-a3b"), cache, ParallelConfig()), cache
+
+
+def test_a_plan_with_fewer_blocks_than_memory_and_no_declared_limit_is_drift(make_plugin) -> None:
+    from fd_platforms.rules.planner import plan_blocks
+
+    capped(make_plugin, "capped", cap=1)
+    platform = select_platform({"FD_PLATFORM": "capped"}).platform
+    layout, cache = qwen_plan_inputs()
+    core = plan_blocks(layout, platform.device_memory(0), cache)
+    assert core.num_blocks > 1 and core.binding == "memory"
+    with pytest.raises(PlatformDriftError) as info:
+        platform.max_num_blocks(layout=layout, cache=cache)
+    message = str(info.value)
+    assert message.startswith("platform plugin 'capped' (distribution fd-test-capped): its max_num_blocks answer")
+    assert f"num_blocks=1, but the core plans {core.num_blocks} blocks (memory: " in message
+    assert "a platform plans fewer blocks only through a declared limit" in message
+    assert "Fix: delete the plugin's max_num_blocks hook" in message and "declared_limits" in message
+
+
+def test_the_same_cap_declared_as_a_limit_is_the_cores_own_plan(make_plugin) -> None:
+    capped(make_plugin, "declared", cap=3, limits=DECLARED)
+    platform = select_platform({"FD_PLATFORM": "declared"}).platform
+    layout, cache = qwen_plan_inputs()
+    plan = platform.max_num_blocks(layout=layout, cache=cache)
+    assert (plan.num_blocks, plan.binding) == (3, "platform_limit")
+    assert plan.binding_reason == "max_num_blocks=3: the block table holds 3 entries"
+
+
+def test_a_cap_that_does_not_bind_is_no_drift(make_plugin) -> None:
+    capped(make_plugin, "loose", cap=10**9)
+    platform = select_platform({"FD_PLATFORM": "loose"}).platform
+    layout, cache = qwen_plan_inputs()
+    assert platform.max_num_blocks(layout=layout, cache=cache).binding == "memory"
+
+
+def test_plan_refuses_an_undeclared_cap_naming_both_counts(make_plugin) -> None:
+    site = capped(make_plugin, "capped", cap=1)
+    env = {**os.environ, "PYTHONPATH": str(site), "FD_PLATFORM": "capped"}
+    done = subprocess.run(
+        [SCRIPT, "plan", "--model", "examples/qwen3-30b-a3b", "--device-memory", "1GiB"],
+        capture_output=True, text=True, env=env, timeout=120, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert re.search(r"num_blocks=1, but the core plans \d+ blocks \(memory: ", done.stderr), done.stderr
+    assert "binding: memory" not in done.stdout

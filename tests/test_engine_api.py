@@ -17,10 +17,11 @@ import pytest
 import engine_processes
 from conftest import SHM_DIR, shm_entries
 from engine_processes import qwen_layout
-from fd_platforms.cache_signal import CacheReadySignal
-from fd_platforms.errors import BufferInUseError, CacheInUseError, CacheNotReadyError, CacheSharingError
-from fd_platforms.host_memory import resident_bytes
-from fd_platforms.selection import select_platform
+from fd_platforms.contract.errors import BufferInUseError, CacheInUseError, CacheNotReadyError, CacheSharingError
+from fd_platforms.engine import initialize_kv_cache
+from fd_platforms.ipc.cache_signal import CacheReadySignal
+from fd_platforms.kit.host_memory import resident_bytes
+from fd_platforms.loading.selection import select_platform
 
 paddle = pytest.importorskip("paddle")
 spawn = multiprocessing.get_context("spawn")
@@ -61,7 +62,7 @@ def cache_manager(signal_name: str, num_cpu_blocks: int = 0, **cache: object) ->
 
 def test_a_worker_that_creates_zero_fills_publishes_and_sets_its_slot(cpu, signal_owner) -> None:
     layout = qwen_layout()
-    cache = cpu.initialize_kv_cache(layout, BLOCKS, signal_name=signal_owner.name, **MIXED)
+    cache = initialize_kv_cache(cpu, layout, BLOCKS, signal_name=signal_owner.name, **MIXED)
     assert cache.created and cache.shared and cache.decision.deciding_term == "none"
     assert cache.names == layout.names() and len(cache.tensors) == 96
     assert [tuple(t.shape) for t in cache.tensors] == [spec.shape(BLOCKS) for spec in layout.tensors]
@@ -74,10 +75,11 @@ def test_a_worker_that_creates_zero_fills_publishes_and_sets_its_slot(cpu, signa
     cache.clear()  # idempotent
 
 
+@pytest.mark.slow
 def test_a_worker_attaches_zero_copy_to_the_cache_managers_tensors(cpu, signal_owner) -> None:
     layout = qwen_layout()
     with cache_manager(signal_owner.name) as (manager, pid):
-        cache = cpu.initialize_kv_cache(layout, BLOCKS, signal_name=signal_owner.name, setter_pid=pid, timeout=30,
+        cache = initialize_kv_cache(cpu, layout, BLOCKS, signal_name=signal_owner.name, setter_pid=pid, timeout=30,
                                         **DECODE)  # fmt: skip
         assert not cache.created and cache.shared
         assert cache.decision.deciding_term == "splitwise_role"
@@ -91,10 +93,11 @@ def test_a_worker_attaches_zero_copy_to_the_cache_managers_tensors(cpu, signal_o
         assert signal_owner.slots()[0] == 0, "an attacher's clear resets its slot"
 
 
+@pytest.mark.slow
 def test_a_published_tensor_differing_from_the_attachers_layout_is_refused(cpu, signal_owner) -> None:
     with cache_manager(signal_owner.name, block_size=32) as (_, pid):
         with pytest.raises(CacheSharingError) as info:
-            cpu.initialize_kv_cache(qwen_layout(), BLOCKS, signal_name=signal_owner.name, setter_pid=pid, timeout=30,
+            initialize_kv_cache(cpu, qwen_layout(), BLOCKS, signal_name=signal_owner.name, setter_pid=pid, timeout=30,
                                     **DECODE)  # fmt: skip
     message = str(info.value)
     assert "KV cache tensor key_caches_0_rank0.device0: published as key_caches_0_rank0.device0 [4, 4, 32, 128]" in message
@@ -102,9 +105,10 @@ def test_a_published_tensor_differing_from_the_attachers_layout_is_refused(cpu, 
     assert "Fix: start every process of the engine with the same model" in message
 
 
+@pytest.mark.slow
 def test_the_manager_frees_only_after_the_attacher_let_go(cpu, signal_owner) -> None:
     with cache_manager(signal_owner.name) as (manager, pid):
-        cache = cpu.initialize_kv_cache(qwen_layout(), BLOCKS, signal_name=signal_owner.name, setter_pid=pid,
+        cache = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, signal_name=signal_owner.name, setter_pid=pid,
                                         timeout=30, **DECODE)  # fmt: skip
         started = time.monotonic()
         manager.send(("clear", 0.3))
@@ -120,7 +124,7 @@ def test_the_manager_frees_only_after_the_attacher_let_go(cpu, signal_owner) -> 
 
 
 def test_clear_refuses_while_a_tensor_is_still_referenced(cpu, signal_owner) -> None:
-    cache = cpu.initialize_kv_cache(qwen_layout(), BLOCKS, signal_name=signal_owner.name, **MIXED)
+    cache = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, signal_name=signal_owner.name, **MIXED)
     kept = cache.tensors[3]
     with pytest.raises(BufferInUseError, match=r"KV cache tensor fd_kv\..*value_caches_1_rank0.device0 is still referenced"):
         cache.clear()
@@ -131,7 +135,7 @@ def test_clear_refuses_while_a_tensor_is_still_referenced(cpu, signal_owner) -> 
 
 def test_a_platform_that_cannot_share_is_refused_when_it_decides(make_plugin, signal_owner) -> None:
     source = (
-        "from fd_platforms import hookimpl\nfrom fd_platforms.types import Detection, PlatformIdentity\n"
+        "from fd_platforms import hookimpl\nfrom fd_platforms.contract.types import Detection, PlatformIdentity\n"
         "@hookimpl\ndef platform_identity():\n    return PlatformIdentity('noshare', 'cpu', None)\n"
         "@hookimpl\ndef detect_platform():\n    return Detection(True, 'here', 1)\n"
         "@hookimpl\ndef supported_api_versions():\n    return '>=1.0,<2'\n"
@@ -141,21 +145,22 @@ def test_a_platform_that_cannot_share_is_refused_when_it_decides(make_plugin, si
     assert platform.cache_sharing() is None
     started = time.monotonic()
     with pytest.raises(CacheSharingError) as info:
-        platform.initialize_kv_cache(qwen_layout(), BLOCKS, signal_name=signal_owner.name, timeout=60, **DECODE)
+        initialize_kv_cache(platform, qwen_layout(), BLOCKS, signal_name=signal_owner.name, timeout=60, **DECODE)
     assert time.monotonic() - started < 5, "refused when deciding, not after waiting"
     message = str(info.value)
     assert "rank 0: the rule decided the workers attach to the cache manager's KV cache (deciding term splitwise_role" in message
     assert "platform noshare cannot share KV cache tensors between processes" in message and "Fix: " in message
-    created = platform.initialize_kv_cache(qwen_layout(), BLOCKS, signal_name=signal_owner.name, **MIXED)
+    created = initialize_kv_cache(platform, qwen_layout(), BLOCKS, signal_name=signal_owner.name, **MIXED)
     assert created.created and not created.shared, "a creator still works: plain tensors, nothing published"
     created.clear()
 
 
+@pytest.mark.slow
 def test_a_profiling_run_makes_its_own_cache_beside_a_published_one(cpu, signal_owner) -> None:
     """FastDeploy's profile run creates a temporary cache: never published, the slot untouched."""
     with cache_manager(signal_owner.name):
         before = signal_owner.slots()
-        profiled = cpu.initialize_kv_cache(qwen_layout(), BLOCKS, signal_name=signal_owner.name,
+        profiled = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, signal_name=signal_owner.name,
                                            **{**DECODE, "profile": True})  # fmt: skip
         assert profiled.created and not profiled.shared and profiled.decision.deciding_term == "profile"
         assert signal_owner.slots() == before
@@ -163,12 +168,13 @@ def test_a_profiling_run_makes_its_own_cache_beside_a_published_one(cpu, signal_
         assert signal_owner.slots() == before, "clearing the profiling cache leaves the manager's slot alone"
 
 
+@pytest.mark.slow
 def test_an_attacher_resets_its_slot_before_it_lets_go(cpu, signal_owner, monkeypatch) -> None:
     """Otherwise a manager waiting to free could publish again in between, and the reset would erase that."""
     from fd_platforms.engine import publication
 
     with cache_manager(signal_owner.name) as (_, pid):
-        cache = cpu.initialize_kv_cache(qwen_layout(), BLOCKS, signal_name=signal_owner.name, setter_pid=pid,
+        cache = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, signal_name=signal_owner.name, setter_pid=pid,
                                         timeout=30, **DECODE)  # fmt: skip
         seen: list[tuple[int, ...]] = []
         let_go = publication.Publication.let_go
@@ -185,7 +191,7 @@ def test_a_dead_cache_manager_ends_the_wait(cpu, signal_owner) -> None:
         threading_kill = time.monotonic()
         os.kill(process.pid, signal.SIGKILL)
         with pytest.raises(CacheNotReadyError, match="exited without setting it"):
-            cpu.initialize_kv_cache(qwen_layout(), BLOCKS, signal_name=signal_owner.name, setter_pid=process.pid,
+            initialize_kv_cache(cpu, qwen_layout(), BLOCKS, signal_name=signal_owner.name, setter_pid=process.pid,
                                     timeout=30, **DECODE)  # fmt: skip
         assert time.monotonic() - threading_kill < 5
     finally:
@@ -200,6 +206,7 @@ def shmem_bytes() -> int:
         return int(re.search(r"^Shmem:\s+(\d+) kB", meminfo.read(), re.M).group(1)) * 1024  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_memory_comes_back_when_every_holder_is_gone_sigkill_included(cpu) -> None:
     size = 256 << 20
     before = shmem_bytes()
@@ -231,16 +238,17 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+@pytest.mark.slow
 def test_100_clear_and_recreate_cycles_leave_shm_fds_and_rss_flat(cpu, signal_owner) -> None:
     layout = qwen_layout()
     for _ in range(3):  # warm Paddle's and Python's caches before measuring
-        creator = cpu.initialize_kv_cache(layout, BLOCKS, signal_name=signal_owner.name, **MIXED)
+        creator = initialize_kv_cache(cpu, layout, BLOCKS, signal_name=signal_owner.name, **MIXED)
         creator.clear()
     ours = signal_owner.instance  # other processes on the machine may make entries of their own meanwhile
     gc.collect()  # pipes of earlier tests' processes, closed now rather than in the middle of the count
     entries, fds, rss = {e for e in shm_entries() if ours in e}, open_fds(), resident_bytes()
     for _ in range(100):
-        creator = cpu.initialize_kv_cache(layout, BLOCKS, signal_name=signal_owner.name, **MIXED)
+        creator = initialize_kv_cache(cpu, layout, BLOCKS, signal_name=signal_owner.name, **MIXED)
         creator.clear()
     assert {e for e in shm_entries() if ours in e} == entries and open_fds() == fds
     assert resident_bytes() - rss <= rss // 100, f"RSS grew {resident_bytes() - rss} bytes over 100 cycles"
@@ -250,7 +258,7 @@ def test_an_exporter_holds_one_descriptor_per_tensor_and_an_attacher_none(cpu, s
     layout = qwen_layout()
     gc.collect()
     before = open_fds()
-    creator = cpu.initialize_kv_cache(layout, BLOCKS, signal_name=signal_owner.name, **MIXED)
+    creator = initialize_kv_cache(cpu, layout, BLOCKS, signal_name=signal_owner.name, **MIXED)
     assert open_fds() - before == len(layout.tensors) + 1, "one memfd per exported tensor, and the publication"
     opened = [cpu.open_cache_tensor(f"fd_kv.{signal_owner.instance}.{spec.name}", shared.handle,
                                     spec.shape(BLOCKS), spec.dtype, "cpu")
@@ -262,6 +270,7 @@ def test_an_exporter_holds_one_descriptor_per_tensor_and_an_attacher_none(cpu, s
     assert open_fds() == before
 
 
+@pytest.mark.slow
 def test_running_out_of_descriptors_says_how_to_raise_the_limit(tmp_path) -> None:
     code = (
         "import resource\n"

@@ -20,7 +20,10 @@ EXAMPLE = ROOT / "examples" / "engine_runner.py"
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```[ \t]*$", re.S | re.M)
 TIMEOUT = 120
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("paddle") is None, reason="paddle is not installed")
+pytestmark = [  # multi-process: left out of -m "not slow"
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("paddle") is None, reason="paddle is not installed"),
+]
 
 # Runs the blocks given as a JSON list, one after another in one namespace (the guide's session),
 # each compiled under its own name so a traceback says which block and line failed.

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
+
 BUILD_SH = Path(__file__).resolve().parents[1] / "tools" / "fake-custom-device" / "build.sh"
 DEVICE_TYPES = ("iluvatar_gpu", "metax_gpu")
 DEFAULT_TOTAL = 16 << 30

@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
+
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "tools" / "fake-custom-device"
 SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")
@@ -55,10 +57,11 @@ PROBE = textwrap.dedent(
     """
     import ctypes, json, logging, sys
     import fd_platforms
-    from fd_platforms.selection import Prober
-    from fd_platforms.config import CacheConfig, ParallelConfig, load_model_config
-    from fd_platforms.errors import FdPlatformsError
-    from fd_platforms.layout import build_layout
+    from fd_platforms.loading.selection import Prober
+    from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
+    from fd_platforms.contract.errors import FdPlatformsError
+    from fd_platforms.engine.kv_cache import allocate_kv_cache
+    from fd_platforms.rules.layout import build_layout
 
     warnings = []
 
@@ -66,7 +69,7 @@ PROBE = textwrap.dedent(
         def emit(self, record):
             warnings.append([record.levelname, record.getMessage()])
 
-    logging.getLogger("fd_platforms.host_memory").addHandler(Collect())
+    logging.getLogger("fd_platforms.kit.host_memory").addHandler(Collect())
 
     def memory(platform, device_id):
         m = platform.device_memory(device_id)
@@ -128,7 +131,7 @@ PROBE = textwrap.dedent(
         out["layout"] = {"names": list(layout.names()), "bytes_per_block": layout.bytes_per_block,
                          "shapes": [[64, *spec.block_shape] for spec in layout.tensors]}
         before = paddle.device.memory_allocated(device)
-        kv = platform.allocate_kv_cache(layout, num_blocks=64)
+        kv = allocate_kv_cache(layout, 64, platform.identity.device_string(layout.device_id))
         out["kv"] = {
             "device": kv.device, "num_blocks": kv.num_blocks, "names": list(kv.names), "nbytes": kv.nbytes,
             "places": sorted({str(t.place) for t in kv.tensors}),
@@ -141,7 +144,7 @@ PROBE = textwrap.dedent(
         before = paddle.device.memory_allocated(device)
         too_many = out["memory0"]["total"] // layout.bytes_per_block + 64
         try:
-            platform.allocate_kv_cache(layout, num_blocks=too_many)
+            allocate_kv_cache(layout, too_many, platform.identity.device_string(layout.device_id))
             out["too_many"] = {"error": None}
         except Exception as exc:
             out["too_many"] = {"error": type(exc).__name__, "message": str(exc)}

@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from fd_platforms import hookspecs
+from fd_platforms.contract import hookspecs
 
 SPECS = list(hookspecs.hook_names())
 

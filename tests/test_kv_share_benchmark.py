@@ -11,7 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import shm_entries
+
+pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
+
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "kv_share.py"
 MEASURES = ("create", "attach", "recreate", "growth")

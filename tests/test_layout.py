@@ -10,10 +10,10 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-import fd_platforms.layout as layout_module
-from fd_platforms.config import CacheConfig, ModelConfig, ParallelConfig, load_model_config
-from fd_platforms.errors import ConfigError
-from fd_platforms.layout import DTYPE_BYTES, ROLE_ORDER, CacheLayout, build_layout
+import fd_platforms.rules.layout as layout_module
+from fd_platforms.contract.errors import ConfigError
+from fd_platforms.rules.config import CacheConfig, ModelConfig, ParallelConfig, load_model_config
+from fd_platforms.rules.layout import DTYPE_BYTES, ROLE_ORDER, CacheLayout, build_layout
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 QWEN = load_model_config(EXAMPLES / "qwen3-30b-a3b")
@@ -228,7 +228,7 @@ def test_an_absurd_layer_count_is_refused_at_once_and_planning_builds_no_tensor_
     started = time.monotonic()
     with pytest.raises(ConfigError, match=r"num_hidden_layers=1000000000000000000000000000000 is not valid; allowed: an integer from 1 to 10000"):
         ModelConfig("m", 10**30, 32, 8, 128)
-    assert time.monotonic() - started < 0.1
+    assert time.monotonic() - started < 5, "refused before anything the size of the count is built"
     deep = build_layout(ModelConfig("m", 10_000, 32, 8, 128), BF16, ParallelConfig(1, 0))
     assert deep.bytes_per_block == 10_000 * 2 * 2 * 64 * 128 * 8
     assert "tensors" not in vars(deep), "bytes per block needs no per-layer objects"

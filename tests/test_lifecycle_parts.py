@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from fd_platforms.config import CacheConfig, DeployConfig, ParallelConfig, SchedulerConfig, load_model_config
-from fd_platforms.errors import RunError
+from fd_platforms.contract.errors import RunError
+from fd_platforms.contract.types import DeviceMemory
+from fd_platforms.ipc.process_watch import describe_exit
 from fd_platforms.lifecycle import progress as progress_module
-from fd_platforms.lifecycle.children import describe_exit
 from fd_platforms.lifecycle.progress import Progress
 from fd_platforms.lifecycle.spec import RunSpec
 from fd_platforms.lifecycle.worker import rank_memory
-from fd_platforms.types import DeviceMemory
+from fd_platforms.rules.config import CacheConfig, DeployConfig, ParallelConfig, SchedulerConfig, load_model_config
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 GIB = 2**30

@@ -24,10 +24,12 @@ from typing import Any
 import pytest
 
 from conftest import shm_entries
+from fd_platforms.contract.errors import ConfigError
 from fd_platforms.engine import Cluster, NodeSpec, free_master
 from fd_platforms.engine.nodes import parse_master
-from fd_platforms.errors import ConfigError
 from run_helpers import ROOT, SCRIPT, Run, clean_env, run_cli, started, without_sweep
+
+pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
 
 LLAMA = "examples/llama-3.1-8b"
 SMALL = ("--model", LLAMA, "--tp", "2", "--device-memory", "64MiB")  # one rank per node, 28 blocks of 2 MiB
@@ -135,6 +137,8 @@ def test_three_nodes_agree_and_the_table_names_the_binding_rank(tmp_path: Path) 
     rows = [line.split() for line in master_table.splitlines()[3:]]
     assert [row[:2] for row in rows] == [["0", "0"], ["1", "1"], ["2", "2"]], master_table
     assert "node 0 shows every node's ranks" in finished[2][0]
+    for out, _ in finished:  # every node counts the engine's ranks the same way
+        assert out.startswith("platform cpu, model three-way, 3 rank(s) on 3 nodes, 1 on this node, role mixed"), out
     assert left_by(*[run.process.pid for run in runs]) == set()
 
 
@@ -158,11 +162,18 @@ def test_a_master_that_does_not_answer_is_named_within_the_timeout() -> None:
     assert "raise --timeout (seconds)" in done.stderr
 
 
+TWO = ("--model", LLAMA, "--tp", "2")
+
+
 @pytest.mark.parametrize(
     ("field", "first", "second"),
     [
         ("--nnodes", ("--model", LLAMA, "--tp", "4", "--ranks", "1"), ("--model", LLAMA, "--tp", "4", "--ranks", "1")),
-        ("--model", ("--model", LLAMA, "--tp", "2"), ("--model", "examples/qwen3-30b-a3b", "--tp", "2")),
+        ("--model", TWO, ("--model", "examples/qwen3-30b-a3b", "--tp", "2")),
+        ("--role", (*TWO, "--role", "prefill"), (*TWO, "--role", "decode")),
+        ("--swap-space", (*TWO, "--swap-space", "16MiB"), TWO),
+        ("--cycles", (*TWO, "--cycles", "2"), TWO),
+        ("--storage-backend", (*TWO, "--storage-backend", "file"), (*TWO, "--storage-backend", "mooncake")),
     ],
 )
 def test_nodes_started_differently_are_refused_naming_both_values(field: str, first: tuple[str, ...], second: tuple[str, ...]) -> None:
@@ -175,7 +186,8 @@ def test_nodes_started_differently_are_refused_naming_both_values(field: str, fi
         (code0, err0), (code1, err1) = finish_all(runs)
     assert (code0, code1) == (2, 2), err0 + err1
     assert left_by(*[run.process.pid for run in runs]) == set()
-    ours, theirs = ("2", "4") if field == "--nnodes" else ("'llama-3.1-8b'", "'qwen3-30b-a3b'")
+    ours, theirs = {"--nnodes": ("2", "4"), "--role": ("'prefill'", "'decode'"), "--swap-space": ("16777216", "0"),
+                    "--cycles": ("2", "0"), "--storage-backend": ("'file'", "'mooncake'")}.get(field, ("", ""))  # fmt: skip
     if field == "--model":
         ours, theirs = _names(err0, err1)
     assert f"{field}={ours} is not valid; allowed: the same on every node; node 1 was started with {field}={theirs}" in err0
@@ -258,9 +270,11 @@ def test_a_node_killed_mid_run_fails_the_other_within_seconds_and_its_leftovers_
     assert hurt.code == 1 and hurt.took < 10, hurt
     assert "NodeError: node 0 rank 0 (global rank 0): " in hurt.stderr
     assert "node 1 rank 0 (global rank 1) is gone" in hurt.stderr
+    assert "Traceback" not in hurt.stderr, "no Python or Paddle C++ traceback reaches the user"
     first, second = hurt.pids
     assert left_by(first) == set()
-    assert left_by(second), "SIGKILL skips the killed node's clean-up"
+    # SIGKILL skips the killed node's clean-up; what it left is not asserted here, since the start-up
+    # sweep of any run beside this suite (another test run on the machine) may already have removed it
     run_cli(*SMALL)  # the next run on that node sweeps what it left
     assert left_by(second) == set()
 
@@ -270,6 +284,7 @@ def test_a_node_stopped_with_sigterm_cleans_up_and_the_other_fails_within_second
     assert hurt.other_code == 143
     assert hurt.code == 1 and hurt.took < 10, hurt
     assert "node 1 rank 0 (global rank 1) is gone" in hurt.stderr
+    assert "Traceback" not in hurt.stderr, "no Python or Paddle C++ traceback reaches the user"
     assert left_by(*hurt.pids) == set()
 
 
@@ -279,6 +294,7 @@ def test_a_node_that_stops_answering_fails_the_other_within_its_timeout() -> Non
     assert hurt.code == 1 and hurt.took < 4 + 6, hurt
     assert re.search(r"node 0 rank 0 \(global rank 0\): cycle \d+ did not complete within 4 s: another node is not "
                      r"answering\. Fix: .*raise --timeout", hurt.stderr), hurt.stderr  # fmt: skip
+    assert "Traceback" not in hurt.stderr, "no Python or Paddle C++ traceback reaches the user"
     first, second = hurt.pids
     assert left_by(first) == set()
     run_cli(*SMALL)  # sweeps what the killed node left

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fd_platforms.discovery import discover
+from fd_platforms.loading.discovery import discover
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")
@@ -175,14 +175,14 @@ def test_platform_all_gives_one_row_per_installed_platform() -> None:
 def test_config_file_with_flags_winning_and_live_cpu_facts() -> None:
     row = plan_json("--config", "examples/deploy.toml", "--tp", "2", "--json")
     assert row["tensor_parallel_size"] == 2 and row["model"] == "qwen3-30b-a3b"
-    assert row["device_memory"]["source"] == "/proc/meminfo"
+    assert row["device_memory"]["source"] == "/proc/meminfo, split evenly across 2 ranks sharing host memory"
     assert row["bytes_per_block"] == 2 * 2 * 64 * 128 * (4 // 2) * 48
     assert 0 < row["num_blocks"] * row["bytes_per_block"] <= row["budget_bytes"]
 
 
 LIMITED_PLUGIN = '''
 from fd_platforms import hookimpl
-from fd_platforms.types import Detection, PlatformIdentity, PlatformLimit
+from fd_platforms.contract.types import Detection, PlatformIdentity, PlatformLimit
 
 @hookimpl
 def platform_identity():

@@ -10,11 +10,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fd_platforms.config import CacheConfig, ModelConfig, ParallelConfig, load_model_config
-from fd_platforms.errors import ConfigError, FdPlatformsError, RecordError
-from fd_platforms.layout import CacheLayout, build_layout
-from fd_platforms.planner import InsufficientMemoryError, budget_bytes, min_across_ranks, plan_blocks, plan_violations
-from fd_platforms.types import DeviceMemory, Plan, PlatformLimit
+from fd_platforms.contract.errors import ConfigError, FdPlatformsError, RecordError
+from fd_platforms.contract.types import DeviceMemory, Plan, PlatformLimit
+from fd_platforms.rules.config import CacheConfig, ModelConfig, ParallelConfig, load_model_config
+from fd_platforms.rules.layout import CacheLayout, build_layout
+from fd_platforms.rules.planner import (
+    InsufficientMemoryError,
+    budget_bytes,
+    min_across_ranks,
+    plan_blocks,
+    plan_violations,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 GiB = 1024**3
@@ -311,7 +317,7 @@ def test_plan_never_exceeds_budget_or_limits(
 
 def test_no_paddle_import_and_no_magic_block_cap() -> None:
     code = (
-        "import sys; import fd_platforms.sizes, fd_platforms.config, fd_platforms.layout, fd_platforms.planner; "
+        "import sys; import fd_platforms.rules.sizes, fd_platforms.rules.config, fd_platforms.rules.layout, fd_platforms.rules.planner; "
         "assert 'paddle' not in sys.modules, 'paddle imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)})

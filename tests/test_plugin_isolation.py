@@ -14,14 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from fd_platforms.errors import PluginError, PluginLoadError, PluginTimeoutError, PlatformUnavailableError
-from fd_platforms.selection import select_platform, survey
+from fd_platforms.contract.errors import PlatformUnavailableError, PluginError, PluginLoadError, PluginTimeoutError
+from fd_platforms.loading.selection import select_platform, survey
 from run_helpers import QWEN, ROOT, SCRIPT
+
+pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
 
 HEADER = """
 import os, sys, time
 from fd_platforms import hookimpl
-from fd_platforms.types import Detection, PlatformIdentity
+from fd_platforms.contract.types import Detection, PlatformIdentity
 
 def mark(what):
     marker = os.environ.get("FD_TEST_MARKER")
@@ -93,10 +95,10 @@ def test_list_marks_a_hanging_plugin_broken_and_returns(make_plugin, source: str
 def test_hanging_plugins_cost_one_bound_together(make_plugin) -> None:
     make_plugin("hangone", source=plugin("hangone", detect=SLEEP_FOREVER))
     site = make_plugin("hangtwo", source=plugin("hangtwo", module_level="time.sleep(3600)"))
-    done, seconds = cli("list", "--json", site=site, FD_PLATFORM_DETECT_TIMEOUT="3")
+    done, seconds = cli("list", "--json", site=site, FD_PLATFORM_DETECT_TIMEOUT="5")
     assert done.returncode == 0, done.stderr
     assert {listed(done)[name]["status"] for name in ("hangone", "hangtwo")} == {"broken"}
-    assert seconds < 5.5, f"two hanging plugins took {seconds:.1f} s: they were waited for one after the other"
+    assert seconds < 2 * 5, f"two hanging plugins took {seconds:.1f} s: they were waited for one after the other"
 
 
 def test_a_hanging_confirmation_falls_back_to_cpu_and_fails_a_selection_promptly(make_plugin) -> None:
@@ -217,7 +219,7 @@ def test_a_platform_that_timed_out_once_is_broken_for_every_later_call(make_plug
     started = time.monotonic()
     with pytest.raises(PluginTimeoutError) as again:
         platform.detect()
-    assert time.monotonic() - started < 0.1 and again.value is platform.broken
+    assert time.monotonic() - started < 0.5 and again.value is platform.broken, "not another 0.5 s bound"
 
 
 def test_each_timeout_names_the_variable_that_set_its_bound(make_plugin, monkeypatch) -> None:
@@ -241,7 +243,7 @@ def test_paddle_imported_by_a_plugin_thread_leaves_the_caller_in_eager_mode(make
     """Paddle's mode is per thread: imported in a plugin's thread, the caller would get static graphs."""
     make_plugin("paddly", source=plugin("paddly", confirm="import paddle\n    return None"))
     code = (
-        "import fd_platforms.selection as s, sys\n"
+        "import fd_platforms.loading.selection as s, sys\n"
         "assert 'paddle' not in sys.modules\n"
         "s.select_platform({'FD_PLATFORM': 'paddly'})\n"
         "import paddle\n"

@@ -12,7 +12,7 @@ import fd_platforms_cuda
 import fd_platforms_iluvatar
 import fd_platforms_metax
 import fd_platforms_xpu
-from fd_platforms.probes import device_nodes, installed_distribution, visible_count
+from fd_platforms.kit.probes import device_nodes, installed_distribution, visible_count
 
 PLUGINS = {
     "cuda": (fd_platforms_cuda, "gpu", "CUDA_VISIBLE_DEVICES", "paddlepaddle-gpu"),

@@ -9,6 +9,8 @@ import pytest
 
 from run_helpers import MIB, QWEN, check_rank, expected_decision, qwen_bytes_per_block, run_cli, run_json
 
+pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
+
 ROLES = ("mixed", "prefill", "decode")
 BACKENDS = ("none", "mooncake", "attention_store", "file")
 

@@ -13,8 +13,19 @@ import sys
 import pytest
 
 from run_helpers import (
-    MIB, QWEN, ROOT, check_rank, clean_env, expected_decision, qwen_bytes_per_block, run_cli, run_json, without_sweep,
+    MIB,
+    QWEN,
+    ROOT,
+    check_rank,
+    clean_env,
+    expected_decision,
+    qwen_bytes_per_block,
+    run_cli,
+    run_json,
+    without_sweep,
 )
+
+pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
 
 TOOLS = ROOT / "tools" / "fake-custom-device"
 FAKE_TOTAL = 1024 * MIB
@@ -80,9 +91,9 @@ def test_each_rank_on_its_own_device_with_live_memory(env: dict[str, str]) -> No
 def test_host_swap_cache_is_carved_from_the_vendors_pinned_memory(env: dict[str, str]) -> None:
     code = (
         "import fd_platforms\n"
-        "from fd_platforms.config import CacheConfig, ParallelConfig, load_model_config\n"
+        "from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config\n"
         "from fd_platforms.engine.host_cache import allocate_host_cache\n"
-        "from fd_platforms.layout import build_layout\n"
+        "from fd_platforms.rules.layout import build_layout\n"
         "platform = fd_platforms.current_platform()\n"
         f"layout = build_layout(load_model_config({str(ROOT / QWEN)!r}), CacheConfig(), ParallelConfig(2, 1), device_id=1)\n"
         "host = allocate_host_cache(platform, layout, 3)\n"

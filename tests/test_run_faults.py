@@ -10,8 +10,12 @@ import signal
 import time
 from pathlib import Path
 
-from fd_platforms.process_watch import pid_running
-from run_helpers import QWEN, clean_env, run_cli, started, without_sweep
+import pytest
+
+from fd_platforms.ipc.process_watch import pid_running
+from run_helpers import QWEN, clean_env, host_sharing_plugin, run_cli, started, without_sweep
+
+pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
 
 MANAGER_PATH = ("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode")
 
@@ -40,7 +44,8 @@ def test_cache_manager_killed_fails_every_worker_quickly_and_cleans_up() -> None
         code, stderr = run.finish()
         elapsed = time.monotonic() - killed_at
     assert code == 1, stderr
-    assert elapsed < 5, f"the run took {elapsed:.1f} s to fail after the cache manager was killed"
+    # the workers' wait would end by its 600 s timeout; the manager's death ends it (0.25 s checks, 2 s grace)
+    assert elapsed < 60, f"the run took {elapsed:.1f} s to fail after the cache manager was killed"
     heading, *lines = stderr[stderr.index("fd-platforms: error: "):].splitlines()
     assert heading == "fd-platforms: error: 3 processes failed:" and "Traceback" not in stderr, stderr
     assert len(lines) == 3 and all(line.startswith("  ") for line in lines), "one line per process, under the heading"
@@ -145,48 +150,16 @@ def test_a_cpu_run_larger_than_the_hosts_available_memory_is_refused_before_allo
     done = run_cli("--model", QWEN, "--tp", "1", "--device-memory", str(twice_the_host), "--role", "decode")
     assert done.returncode == 2, done.stderr
     [line] = without_sweep(done.stderr)[-1:]
-    assert line.startswith("fd-platforms: error: --device-memory=") and "a KV cache the host can hold" in line
-    assert "is available" in line and "Fix: give a smaller --device-memory" in line
+    assert line.startswith("fd-platforms: error: --device-memory=") and "a KV cache that leaves the host" in line
+    assert "more than half of the" in line and "available. Fix: give --device-memory SIZE per rank" in line
     assert "publishing" not in done.stderr, "the cache manager, started beside the workers, allocated nothing"
 
 
-FLAKY_SHARE = """
-from fd_platforms import hookimpl
-from fd_platforms.errors import DeviceAllocError
-from fd_platforms.host_memory import system_memory
-from fd_platforms.host_sharing import export_host_tensor, open_host_tensor
-from fd_platforms.types import Detection, PlatformIdentity
-
-@hookimpl
-def platform_identity():
-    return PlatformIdentity("flakyshare", "cpu", None)
-
-@hookimpl
-def detect_platform():
-    return Detection(True, "host memory, like cpu", 1)
-
-@hookimpl
-def supported_api_versions():
-    return ">=1.1,<2"
-
-@hookimpl
-def device_memory(device_id):
-    return system_memory()
-
-@hookimpl
-def cache_sharing():
-    return "memfd, like cpu"
-
-@hookimpl
-def export_cache_tensor(name, shape, dtype):
-    if ".value_caches_3_" in name:
-        raise DeviceAllocError(f"could not allocate KV cache tensor {name}: the device is full. Fix: plan fewer blocks")
-    return export_host_tensor(name, shape, dtype)
-
-@hookimpl
-def open_cache_tensor(name, handle, shape, dtype):
-    return open_host_tensor(name, handle, shape, dtype)
-"""
+FLAKY_SHARE = host_sharing_plugin("flakyshare", export="""
+if ".value_caches_3_" in name:
+    raise DeviceAllocError(f"could not allocate KV cache tensor {name}: the device is full. Fix: plan fewer blocks")
+return export_host_tensor(name, shape, dtype)
+""")
 
 
 def test_a_cache_manager_that_cannot_allocate_fails_the_waiting_worker_with_its_error(make_plugin) -> None:

@@ -6,8 +6,7 @@ import logging
 
 import pytest
 
-from fd_platforms.discovery import discover
-from fd_platforms.errors import (
+from fd_platforms.contract.errors import (
     AmbiguousPlatformError,
     DeviceFactsUnavailableError,
     DuplicatePlatformError,
@@ -19,9 +18,10 @@ from fd_platforms.errors import (
     SelectionError,
     UnknownPlatformError,
 )
-from fd_platforms.platform import Platform, load_platform
-from fd_platforms.selection import Prober, select_platform, survey
-from fd_platforms.types import DeviceMemory
+from fd_platforms.contract.types import DeviceMemory
+from fd_platforms.loading.discovery import discover
+from fd_platforms.loading.platform import Platform, load_platform
+from fd_platforms.loading.selection import Prober, select_platform, survey
 
 IN_REPO = ["cuda", "iluvatar", "metax", "xpu"]
 
@@ -147,7 +147,7 @@ def test_selected_broken_plugin_names_plugin_distribution_and_cause(make_plugin)
 
 def test_detection_that_raises_marks_the_plugin_broken(make_plugin) -> None:
     source = (
-        "from fd_platforms import hookimpl\nfrom fd_platforms.types import PlatformIdentity\n"
+        "from fd_platforms import hookimpl\nfrom fd_platforms.contract.types import PlatformIdentity\n"
         "@hookimpl\ndef platform_identity():\n    return PlatformIdentity('flaky', 'flaky', None)\n"
         "@hookimpl\ndef supported_api_versions():\n    return '>=1.0,<2'\n"
         "@hookimpl\ndef detect_platform():\n    raise OSError('vendor SMI crashed')\n"
@@ -187,7 +187,7 @@ def test_external_plugin_cannot_shadow_the_builtin_cpu(make_plugin) -> None:
 
 
 IDENTITY = (
-    "from fd_platforms import hookimpl\nfrom fd_platforms.types import Detection, PlatformIdentity\n"
+    "from fd_platforms import hookimpl\nfrom fd_platforms.contract.types import Detection, PlatformIdentity\n"
     "@hookimpl\ndef platform_identity():\n    return PlatformIdentity('odd', 'odd', None)\n"
     "@hookimpl\ndef supported_api_versions():\n    return '>=1.0,<2'\n"
 )
@@ -221,9 +221,9 @@ def test_a_module_function_named_like_a_hook_without_the_marker_is_refused(make_
 
 SUBCLASS = """
 from fd_platforms import hookimpl
-from fd_platforms.custom_device import CustomDeviceFacts
-from fd_platforms.paddle_platform import PaddlePlatform
-from fd_platforms.types import DeviceMemory
+from fd_platforms.kit.custom_device import CustomDeviceFacts
+from fd_platforms.kit.paddle_platform import PaddlePlatform
+from fd_platforms.contract.types import DeviceMemory
 
 class Nebula(PaddlePlatform):
     {marker}
@@ -270,7 +270,7 @@ def test_wrong_record_type_is_a_contract_error(make_plugin) -> None:
 
 CONFIRMING_PLUGIN = """
 from fd_platforms import hookimpl
-from fd_platforms.types import Detection, PlatformIdentity
+from fd_platforms.contract.types import Detection, PlatformIdentity
 
 @hookimpl
 def platform_identity():

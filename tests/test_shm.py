@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fd_platforms import shm
+from fd_platforms.ipc import shm
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fd_platforms.errors import ConfigError
-from fd_platforms.sizes import MAX_BYTES, decimal_note, format_size, parse_size
+from fd_platforms.contract.errors import ConfigError
+from fd_platforms.rules.sizes import MAX_BYTES, decimal_note, format_size, parse_size
 
 UNITS = {
     "B": 1,

@@ -14,6 +14,8 @@ import pytest
 
 from run_helpers import ROOT
 
+pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
+
 PROGRAM = """
 import signal, sys, time, weakref
 from fd_platforms.lifecycle.interrupts import STOPPED_EXIT, Terminated, redeliver_swallowed_signals, sigint_says_stopping

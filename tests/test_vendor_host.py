@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from fd_platforms.device_facts import PinningUnavailable
-from fd_platforms.errors import HostAllocError
-from fd_platforms.host_memory import allocate_host
-from fd_platforms.vendor_host import VendorHostRuntime
+from fd_platforms.contract.errors import HostAllocError
+from fd_platforms.kit.host_memory import PinningUnavailable, allocate_host
+from fd_platforms.kit.vendor_host import VendorHostRuntime
 
 BUILD_SH = Path(__file__).resolve().parents[1] / "tools" / "fake-custom-device" / "build-host-runtime.sh"
-HOST_LOGGER = "fd_platforms.host_memory"
+HOST_LOGGER = "fd_platforms.kit.host_memory"
 
 
 def build(outdir: Path, **env: str) -> subprocess.CompletedProcess[str]:

@@ -10,6 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
+
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "wait_ready.py"
 
 

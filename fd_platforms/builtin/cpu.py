@@ -2,18 +2,18 @@
 
 It runs everywhere, so every rule of the core can be exercised on any machine. ``host_alloc`` is
 the core's default: page-aligned pageable memory marked ``pinned=False``. KV cache tensors cross
-processes as memfds (:mod:`fd_platforms.host_sharing`).
+processes as memfds (:mod:`fd_platforms.kit.host_sharing`).
 """
 
 from __future__ import annotations
 
 import os
 
-from ..api_version import API_VERSION
-from ..errors import ConfigError
-from ..hookspecs import hookimpl
-from ..host_memory import system_memory
-from ..types import Detection, DeviceMemory, PlatformIdentity, SharedTensor
+from ..contract.api_version import API_VERSION
+from ..contract.errors import ConfigError
+from ..contract.hookspecs import hookimpl
+from ..contract.types import Detection, DeviceMemory, PlatformIdentity, SharedTensor
+from ..kit.host_memory import system_memory
 
 
 @hookimpl
@@ -46,18 +46,18 @@ def device_memory(device_id: int) -> DeviceMemory:
 
 @hookimpl
 def cache_sharing() -> str:
-    return "one memfd per tensor, opened by other processes through /proc/<pid>/fd (fd_platforms.host_sharing)"
+    return "one memfd per tensor, opened by other processes through /proc/<pid>/fd (fd_platforms.kit.host_sharing)"
 
 
 @hookimpl
 def export_cache_tensor(name: str, shape: tuple[int, ...], dtype: str) -> SharedTensor:
-    from ..host_sharing import export_host_tensor  # not at selection: it needs the layout's dtypes
+    from ..kit.host_sharing import export_host_tensor  # not at selection: it needs the layout's dtypes
 
     return export_host_tensor(name, shape, dtype)
 
 
 @hookimpl
 def open_cache_tensor(name: str, handle: str, shape: tuple[int, ...], dtype: str) -> SharedTensor:
-    from ..host_sharing import open_host_tensor
+    from ..kit.host_sharing import open_host_tensor
 
     return open_host_tensor(name, handle, shape, dtype)

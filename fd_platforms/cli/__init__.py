@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import traceback
 from collections.abc import Sequence
 
-from ..api_version import API_VERSION
-from ..console import write_line
-from ..discovery import core_version
-from ..errors import FdPlatformsError
-from ..isolation import describe
+from ..contract.api_version import API_VERSION
+from ..contract.errors import FdPlatformsError
+from ..ipc.console import printable, write_line
 from ..lifecycle.interrupts import Terminated, redeliver_swallowed_signals
+from ..loading.discovery import core_version
+from ..loading.isolation import describe
 from . import check_command, list_command, plan_command, run_command
+from .output import flush_output, silence_stdout, stdout_failed, take_stdout
 from .parser import OneLineParser, plain
 
 
@@ -39,6 +39,13 @@ def build_parser() -> OneLineParser:
     return parser
 
 
+class PrintableFormatter(logging.Formatter):
+    """Log lines whose control characters are escaped (a plugin's text may hold any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
+
+
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     """The arguments; a flag the command does not know is that command's one-line error."""
     parser = build_parser()
@@ -52,14 +59,17 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     args = parse(argv)
+    take_stdout()
     redeliver_swallowed_signals()  # a Ctrl-C raised inside a garbage-collection callback still stops us
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="fd-platforms: %(levelname)s: %(message)s"
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(PrintableFormatter("fd-platforms: %(levelname)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     try:
-        return int(args.run(args))
+        code = int(args.run(args))
+        flush_output()  # a stdout that cannot take the output fails here, not at interpreter exit
+        return code
     except BrokenPipeError:  # the reader went away (``| head``): stop quietly, as other tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        silence_stdout()
         return 141
     except FdPlatformsError as exc:
         write_line(f"fd-platforms: error: {exc}")
@@ -71,6 +81,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_line("fd-platforms: terminated")
         return 143
     except Exception as exc:  # a bug of ours: still one line, the traceback only when asked for
+        if stdout_failed(exc):
+            silence_stdout()
+            write_line(
+                f"fd-platforms: error: cannot write the output to stdout: {exc.strerror or describe(exc)}. "
+                "Fix: free space where stdout goes (a full disk, /dev/full), or send it elsewhere"
+            )
+            return 1
         if args.verbose:
             traceback.print_exc()
         write_line(

@@ -13,12 +13,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..api_version import API_VERSION
-from ..console import write_line
 from ..conformance import CHECKS, PlatformResult, run_suites
-from ..discovery import Candidate, discover
-from ..errors import ConfigError
-from ..selection import single_candidate
+from ..contract.api_version import API_VERSION
+from ..contract.errors import ConfigError, UnknownPlatformError
+from ..ipc.console import write_line
+from ..ipc.timeouts import check_seconds
+from ..loading.discovery import Candidate, discover
+from ..loading.selection import single_candidate
+from .output import emit
 from .table import format_table
 
 
@@ -38,11 +40,10 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise ConfigError("--jobs", args.jobs, "an integer >= 1", "pass e.g. --jobs 2")
-    if args.timeout <= 0:
-        raise ConfigError("--timeout", args.timeout, "seconds > 0", "pass e.g. --timeout 600")
+    timeout = check_seconds("timeout", args.timeout, "pass a finite number of seconds > 0, e.g. --timeout 600")
     candidates = _candidates(args.names, args.all)
     results = run_suites(
-        candidates, jobs=args.jobs, timeout=args.timeout, finished=None if args.json else _said(len(candidates))
+        candidates, jobs=args.jobs, timeout=timeout, finished=None if args.json else _said(len(candidates))
     )
     passed = all(result.passed for result in results)
     if args.json:
@@ -52,9 +53,9 @@ def run(args: argparse.Namespace) -> int:
             "passed": passed,
             "platforms": [result.as_dict() for result in results],
         }
-        print(json.dumps(payload, indent=2))
+        emit(json.dumps(payload, indent=2))
     else:
-        print(_matrix(results))
+        emit(_matrix(results))
     return 0 if passed else 1
 
 
@@ -78,14 +79,12 @@ def _candidates(names: list[str], everything: bool) -> list[Candidate]:
     if everything:
         return [single_candidate(found, name) for name in found]
     if not names:
-        from ..current import current_platform
+        from ..loading.current import current_platform
 
         return [current_platform().candidate]
     for name in names:
         if name not in found:
-            raise ConfigError(
-                "NAME", name, f"an installed platform. Choose one of: {', '.join(found)}", "check an installed name"
-            )
+            raise UnknownPlatformError("NAME", name, found, "check an installed name")
     return [single_candidate(found, name) for name in names]
 
 
@@ -111,6 +110,9 @@ def _matrix(results: list[PlatformResult]) -> str:
             notes.extend(f"{result.name} {outcome.check} FAILED {test}: {message}" for test, message in outcome.failures)
             notes.extend(f"{result.name} {outcome.check} skipped: {reason}" for reason in outcome.skip_reasons)
     verdict = "all platforms pass" if all(r.passed for r in results) else "some platforms FAIL"
+    unrun = [f"{r.name} {c.check}" for r in results if r.error is None for c in r.checks if c.status == "skip"]
+    if unrun:  # a check none of whose tests could run here passed nothing: say so beside the verdict
+        verdict += f" what could run here; not run: {', '.join(unrun)} (the reasons are above)"
     table = format_table(("PLATFORM", *(check.upper() for check in CHECKS), "RESULT"), rows)
     sections = [table, "\n".join(notes), f"{verdict} (plugin API {API_VERSION})"]
     return "\n\n".join(section for section in sections if section)

@@ -8,20 +8,12 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import (
-    ATTENTION_KINDS,
-    CACHE_DTYPES,
-    QUANT_TYPES,
-    CacheConfig,
-    DeployConfig,
-    ParallelConfig,
-    SchedulerConfig,
-    deploy_config_from_overrides,
-    load_deploy_config,
-)
-from ..decision import SPLITWISE_ROLES, STORAGE_BACKENDS
-from ..errors import ConfigError
-from ..sizes import parse_size
+from ..contract.errors import ConfigError
+from ..rules.config.deploy import DeployConfig, deploy_config_from_overrides, load_deploy_config
+from ..rules.config.limits import ATTENTION_KINDS, CACHE_DTYPES, QUANT_TYPES
+from ..rules.config.settings import CacheConfig, ParallelConfig, SchedulerConfig
+from ..rules.decision import SPLITWISE_ROLES, STORAGE_BACKENDS
+from ..rules.sizes import parse_size
 
 
 def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:

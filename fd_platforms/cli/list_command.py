@@ -11,8 +11,9 @@ import dataclasses
 import json
 from typing import Any
 
-from ..console import write_line
-from ..selection import survey
+from ..ipc.console import write_line
+from ..loading.selection import survey
+from .output import emit
 from .table import format_table
 
 
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
             "selected": selected,
             "error": error,
         }
-        print(json.dumps(payload, indent=2))
+        emit(json.dumps(payload, indent=2))
     else:
         rows = [
             (
@@ -49,13 +50,13 @@ def run(args: argparse.Namespace) -> int:
             )
             for r in result.reports
         ]
-        print(format_table(("PLATFORM", "DISTRIBUTION", "VERSION", "STATUS", "DEVICES", "REASON"), rows))
+        emit(format_table(("PLATFORM", "DISTRIBUTION", "VERSION", "STATUS", "DEVICES", "REASON"), rows))
         if args.verbose:
             for r in result.reports:
                 if "\n" in r.reason:
-                    print(f"\n{r.name} ({r.distribution}): {r.reason}")
+                    emit(f"\n{r.name} ({r.distribution}): {r.reason}")
         if selected is not None:
-            print(f"\nselected: {selected['name']} ({selected['how']}: {selected['reason']})")
+            emit(f"\nselected: {selected['name']} ({selected['how']}: {selected['reason']})")
     if result.error is not None:
         write_line(f"fd-platforms: error: {error}")
         return result.error.exit_code

@@ -13,7 +13,7 @@ import re
 import sys
 from typing import NoReturn
 
-from ..console import write_line
+from ..ipc.console import write_line
 
 USAGE_EXIT = 2
 _CHOICE = re.compile(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)")
@@ -25,7 +25,8 @@ class DefaultsFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "(default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+        no_default = action.default is None or action.default is False or action.default is argparse.SUPPRESS
+        if "(default" in text or no_default or not action.option_strings:
             return text
         return f"{text} (default: {action.default})"
 

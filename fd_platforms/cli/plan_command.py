@@ -11,15 +11,17 @@ import argparse
 import json
 from typing import Any
 
-from ..config import DeployConfig
-from ..decision import decided_by
-from ..errors import ConfigError, PlatformUnavailableError
-from ..layout import build_layout
-from ..platform import Platform
-from ..selection import Prober, select_platform
-from ..sizes import decimal_note, format_size
-from ..types import DeviceMemory
+from ..contract.errors import ConfigError, PlatformUnavailableError, UnknownPlatformError
+from ..contract.types import DeviceMemory
+from ..loading.platform import Platform
+from ..loading.selection import Prober, select_platform
+from ..rules.config.deploy import DeployConfig
+from ..rules.decision import decided_by
+from ..rules.layout import build_layout
+from ..rules.planner import memory_per_rank
+from ..rules.sizes import decimal_note, format_size
 from .deploy_args import add_deploy_arguments, deploy_config, memory_sizes
+from .output import emit
 from .table import format_table
 
 
@@ -48,11 +50,11 @@ def run(args: argparse.Namespace) -> int:
         for platform in _platforms(args.platform)
     ]
     if args.json:
-        print(json.dumps(rows if args.platform == "all" else rows[0], indent=2))
+        emit(json.dumps(rows if args.platform == "all" else rows[0], indent=2))
     elif args.platform == "all":
-        print(_side_by_side(rows))
+        emit(_side_by_side(rows))
     else:
-        print(_details(rows[0]))
+        emit(_details(rows[0]))
     return 0
 
 
@@ -63,9 +65,7 @@ def _platforms(choice: str | None) -> list[Platform]:
     prober = Prober()
     names = list(prober.found) if choice == "all" else [choice]
     if choice != "all" and choice not in prober.found:
-        raise ConfigError(
-            "--platform", choice, f"all, or an installed platform: {', '.join(prober.found)}", "pick one of those"
-        )
+        raise UnknownPlatformError("--platform", choice, prober.found, "pick one of those", also="all")
     platforms = []
     for name in names:
         probe = prober.probe(name)
@@ -94,7 +94,7 @@ def _plan_row(
                 f"platform {platform.name} has no live memory facts here: {detection.reason}. "
                 "Fix: pass --device-memory SIZE to plan without the device"
             )
-        memory = platform.device_memory(0)
+        memory = memory_per_rank(platform.device_memory(0), platform.identity.device_type, parallel.tensor_parallel_size)
     else:
         memory = DeviceMemory(device_memory, None, None, "--device-memory")
     plan = platform.max_num_blocks(

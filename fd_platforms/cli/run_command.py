@@ -17,10 +17,11 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
+from ..contract.errors import ConfigError
 from ..lifecycle.interrupts import sigint_says_stopping, sigterm_raises
-from ..sizes import format_size
+from ..rules.sizes import format_size
 from .deploy_args import add_deploy_arguments, deploy_config, memory_sizes
+from .output import emit
 from .table import format_table
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -64,9 +65,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     # Imported here: the other commands never pay for multiprocessing and the lifecycle.
-    from ..cache_signal import ENV_TIMEOUT, resolve_timeout
     from ..engine.nodes import NodeSpec, check_resolves
-    from ..timeouts import set_by_flag
+    from ..ipc.cache_signal import ENV_TIMEOUT, resolve_timeout
+    from ..ipc.timeouts import set_by_flag
     from ..lifecycle.engine import run_lifecycle, select_run_platform
     from ..lifecycle.progress import Progress
     from ..lifecycle.spec import RunSpec
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     )
     with sigterm_raises(), sigint_says_stopping():
         report = run_lifecycle(spec, Progress(quiet=args.json), platform)
-    print(json.dumps(report.to_json(), indent=2) if args.json else format_report(report))
+    emit(json.dumps(report.to_json(), indent=2) if args.json else format_report(report))
     return 0
 
 
@@ -137,7 +138,7 @@ def _ranks_per_node(args: argparse.Namespace, tp: int) -> int:
 def format_report(report: RunReport) -> str:
     """A header line, one table row per rank, then one per clear/re-initialize cycle."""
     header = (
-        f"platform {report.platform}, model {report.model}, {len(report.ranks)} rank(s), "
+        f"platform {report.platform}, model {report.model}, {_rank_count(report)}, "
         f"role {report.splitwise_role}, storage backend {report.storage_backend or 'none'}"
         f"{', profile run' if report.profile else ''}: {format_size(report.bytes_per_block)} per block, "
         f"wall {report.wall_seconds:.2f} s"
@@ -184,6 +185,15 @@ def format_report(report: RunReport) -> str:
         for cycle in report.cycles
     ]  # fmt: skip
     return table + "\n\n" + format_table(("CYCLE", "CLEAR S", "INIT S", "VERIFIED", "RSS BEFORE -> AFTER"), cycles)
+
+
+def _rank_count(report: RunReport) -> str:
+    """The engine's ranks, counted the same way on every node (node 0's report lists every node's)."""
+    nodes = report.nodes
+    if nodes is None:
+        return f"{len(report.ranks)} rank(s)"
+    local = len(report.ranks) // nodes.nnodes if nodes.all_ranks else len(report.ranks)
+    return f"{local * nodes.nnodes} rank(s) on {nodes.nnodes} nodes, {local} on this node"
 
 
 def _cpu_blocks(allocated: int, planned: int) -> str:

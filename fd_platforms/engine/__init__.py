@@ -1,13 +1,14 @@
 """The engine API: a model runner's whole KV-cache initialization, and the cache manager's side.
 
-A runner calls :meth:`Platform.initialize_kv_cache <fd_platforms.platform.Platform.initialize_kv_cache>`
+The layer above the :class:`~fd_platforms.loading.platform.Platform` facade: every call takes the
+platform first, and the facade never imports the engine. A runner calls :func:`initialize_kv_cache`
 (decide with the rule, then create and publish, or wait and attach zero-copy by name); a cache
-manager calls :meth:`Platform.manage_kv_cache <fd_platforms.platform.Platform.manage_kv_cache>`
-(publish a rank's device cache, carve its host swap cache, set the slot). Both give back records
-whose ``clear()`` lets go, so the cache can be created again. An engine over several nodes joins
-them with :meth:`Cluster.join <fd_platforms.engine.cluster.Cluster.join>` and agrees on the blocks
-with :meth:`Cluster.agree <fd_platforms.engine.cluster.Cluster.agree>` (Paddle's collective
-runtime). See ``docs/engine-integration.md``.
+manager calls :func:`manage_kv_cache` (publish a rank's device cache, carve its host swap cache,
+set the slot). Both give back records whose ``clear()`` lets go, so the cache can be created
+again. An engine over several nodes joins them with
+:meth:`Cluster.join <fd_platforms.engine.cluster.Cluster.join>` and agrees on the blocks with
+:meth:`Cluster.agree <fd_platforms.engine.cluster.Cluster.agree>` (Paddle's collective runtime).
+See ``docs/engine-integration.md``.
 
 Modules: :mod:`.initialize` (the two calls), :mod:`.kv_cache` (the cache record; plain, exported and
 attached tensors), :mod:`.host_cache` (host swap tensors in the layout's names), :mod:`.publication`
@@ -21,7 +22,7 @@ from __future__ import annotations
 from .cluster import Agreement, Cluster, RankPlan, collective_backend
 from .host_cache import HostCache
 from .initialize import ManagedCache, check_can_attach, initialize_kv_cache, manage_kv_cache
-from .kv_cache import KVCache
+from .kv_cache import KVCache, allocate_kv_cache
 from .nodes import NodeSpec, free_master
 from .publication import publication_name, published_tensor_name
 
@@ -33,6 +34,7 @@ __all__ = [
     "ManagedCache",
     "NodeSpec",
     "RankPlan",
+    "allocate_kv_cache",
     "check_can_attach",
     "collective_backend",
     "free_master",

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..errors import FdPlatformsError
+from ..contract.errors import FdPlatformsError
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ group (``paddle.distributed.init_parallel_env``) with the backend Paddle uses fo
 every rank's plan (``all_gather``) and returns the minimum and the rank that bound it, as
 FastDeploy's worker takes ``all_reduce(num_blocks, MIN)``. :meth:`Cluster.barrier` and
 :meth:`Cluster.gather_text` keep the nodes in step. Every call is bounded; a peer that dies or
-stops answering is a :class:`~fd_platforms.errors.NodeError` naming its node and rank.
+stops answering is a :class:`~fd_platforms.contract.errors.NodeError` naming its node and rank.
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from ..cache_signal import ENV_TIMEOUT
-from ..errors import ConfigError, FdPlatformsError, NodeError
-from ..timeouts import check_seconds, knob
-from ..types import Plan
+from ..contract.errors import ConfigError, FdPlatformsError, NodeError
+from ..contract.paddle_import import import_paddle
+from ..contract.types import Plan
+from ..ipc.cache_signal import ENV_TIMEOUT
+from ..ipc.console import printable
+from ..ipc.timeouts import check_seconds, knob
 from .bounded import bounded
 from .nodes import NodeSpec, check_resolves
 from .rendezvous import PADDLE_ERRORS, Rendezvous, first_line, wait_for_listener
@@ -136,6 +138,7 @@ class Cluster:
         })  # fmt: skip
         if self.device_type != "cpu":
             os.environ[f"FLAGS_selected_{self.device_type}s"] = str(self.device_id)
+        import_paddle()  # quiet, and this process keeps its SIGTERM handler
         import paddle.distributed as dist
 
         what = "joining Paddle's process group"
@@ -146,7 +149,7 @@ class Cluster:
             with contextlib.redirect_stderr(said):  # Paddle's banner of every modified FLAG
                 self._collective(dist.init_parallel_env, what, deadline)
         finally:
-            sys.stderr.write(_FLAGS_BANNER.sub("", said.getvalue()))
+            sys.stderr.write(printable(_FLAGS_BANNER.sub("", said.getvalue())))
 
     def agree(self, plan: Plan) -> Agreement:
         """Every rank's plan, and the one with the fewest blocks (the lowest global rank on ties)."""
@@ -160,6 +163,7 @@ class Cluster:
 
     def barrier(self, what: str) -> None:
         """Wait until every rank of every node gets here."""
+        import_paddle()  # quiet, and this process keeps its SIGTERM handler
         import paddle.distributed as dist
 
         self._collective(dist.barrier, what)
@@ -167,7 +171,7 @@ class Cluster:
     def gather_text(self, text: str, what: str) -> list[str]:
         """Every rank's ``text``, in global-rank order (``all_gather`` of the lengths, then the bytes)."""
         import numpy as np
-        import paddle
+        paddle = import_paddle()
         import paddle.distributed as dist
 
         data = text.encode()

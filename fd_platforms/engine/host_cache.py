@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..device_facts import import_paddle
-from ..errors import ConfigError
-from ..layout import DTYPE_BYTES, CacheLayout
-from ..types import HostBuffer
+from ..contract.errors import ConfigError
+from ..contract.paddle_import import import_paddle
+from ..contract.types import HostBuffer
+from ..rules.layout import DTYPE_BYTES, CacheLayout
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from ..platform import Platform
+    from ..loading.platform import Platform
 
 ALIGNMENT = 64
 

@@ -20,22 +20,23 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..cache_signal import CacheReadySignal, check_signal_name, resolve_timeout
-from ..errors import CacheSharingError
-from ..types import CacheDecision
+from ..contract.errors import CacheSharingError, ConfigError
+from ..contract.paddle_import import import_paddle
+from ..contract.types import CacheDecision
+from ..ipc.cache_signal import CacheReadySignal, check_signal_name, resolve_timeout
 from .host_cache import HostCache, allocate_host_cache
 from .kv_cache import (
     AllocationProgress,
     KVCache,
     allocate_kv_cache,
     attach_kv_cache,
-    check_num_blocks,
+    check_cache_arguments,
     export_kv_cache,
 )
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from ..layout import CacheLayout
-    from ..platform import Platform
+    from ..loading.platform import Platform
+    from ..rules.layout import CacheLayout
 
 
 def initialize_kv_cache(
@@ -58,9 +59,10 @@ def initialize_kv_cache(
     ``setter_pid`` the cache manager's pid, so a waiting worker fails within a quarter second of its
     death; ``timeout`` bounds the wait (default ``FD_CACHE_READY_TIMEOUT``).
     """
-    check_num_blocks(num_blocks)
+    check_cache_arguments(platform, layout, num_blocks)
     check_signal_name(signal_name)
     limit = resolve_timeout(timeout)
+    import_seconds = _import_paddle()
     decision = platform.should_create_cache_tensor(
         profile=profile, num_cpu_blocks=num_cpu_blocks, storage_backend=storage_backend, splitwise_role=splitwise_role
     )
@@ -80,9 +82,9 @@ def initialize_kv_cache(
     else:
         check_can_attach(platform, decision, f"rank {layout.rank}")
         waited = platform.wait_cache_ready(signal_name, layout.rank, timeout=limit, setter_pid=setter_pid)
-        cache = attach_kv_cache(platform, layout, num_blocks, signal_name)
+        cache = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid)
         cache.wait_seconds = waited
-    cache.decision = decision
+    cache.decision, cache.import_seconds = decision, import_seconds
     return cache
 
 
@@ -114,7 +116,11 @@ def manage_kv_cache(
 ) -> ManagedCache:
     """Export and publish rank ``layout.rank``'s device cache, allocate its host swap cache
     (``num_cpu_blocks`` blocks of the same layout; none when 0), then set the rank's slot."""
-    check_num_blocks(num_blocks)
+    check_cache_arguments(platform, layout, num_blocks)
+    if isinstance(num_cpu_blocks, bool) or not isinstance(num_cpu_blocks, int) or not 0 <= num_cpu_blocks < 2**63:
+        raise ConfigError(
+            "num_cpu_blocks", num_cpu_blocks, "an int from 0 to 2**63 - 1", "pass the plan's num_cpu_blocks"
+        )
     check_signal_name(signal_name)
     if platform.cache_sharing() is None:
         raise CacheSharingError(
@@ -122,9 +128,10 @@ def manage_kv_cache(
             "so a cache manager cannot hold a worker's cache. Fix: let the workers create their caches (role mixed, "
             "no swap space, no storage backend), or use a platform that can share"
         )
+    import_seconds = _import_paddle()
     started = time.monotonic()
     device = export_kv_cache(platform, layout, num_blocks, signal_name, progress=progress)
-    device.create_seconds = time.monotonic() - started
+    device.create_seconds, device.import_seconds = time.monotonic() - started, import_seconds
     try:
         host = allocate_host_cache(platform, layout, num_cpu_blocks) if num_cpu_blocks else None
     except BaseException:
@@ -132,6 +139,13 @@ def manage_kv_cache(
         raise
     _set_slot(signal_name, layout.rank)
     return ManagedCache(layout.rank, device, host)
+
+
+def _import_paddle() -> float:
+    """Import paddle (every platform's tensors are Paddle's) before any step is timed; the seconds it took."""
+    started = time.monotonic()
+    import_paddle()
+    return time.monotonic() - started
 
 
 def _set_slot(signal_name: str, rank: int) -> None:

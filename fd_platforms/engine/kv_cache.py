@@ -18,18 +18,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..cache_signal import CacheReadySignal, resolve_timeout
-from ..device_facts import import_paddle
-from ..errors import CacheSharingError, ConfigError, DeviceAllocError
-from ..layout import DTYPE_BYTES, CacheLayout, CacheTensorSpec
-from ..sizes import format_size
-from ..types import CacheDecision, SharedTensor
+from ..contract.errors import CacheSharingError, ConfigError, DeviceAllocError
+from ..contract.paddle_import import import_paddle
+from ..contract.types import CacheDecision, SharedTensor
+from ..ipc.cache_signal import CacheReadySignal, resolve_timeout
+from ..kit.host_sharing import handle_pid
+from ..loading.platform import Platform
+from ..rules.layout import DTYPE_BYTES, CacheLayout, CacheTensorSpec, check_layout
+from ..rules.sizes import format_size
 from .publication import Publication, PublishedTensor, publication_name, published_tensor_name
-
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    from ..platform import Platform
 
 #: Called after each tensor with (bytes allocated so far, bytes in all).
 AllocationProgress = Callable[[int, int], None]
@@ -43,7 +42,8 @@ class KVCache:
     process's); ``decision`` is the rule's answer that led here (None for a cache manager's own
     cache); ``shared`` whether other processes can attach (the cache is published). Seconds:
     ``create_seconds`` allocating (creators), ``wait_seconds`` waiting for the cache-ready slot and
-    ``attach_seconds`` opening the published tensors (attachers).
+    ``attach_seconds`` opening the published tensors (attachers); ``import_seconds`` importing paddle
+    first (0 once this process has it), counted in none of the others.
     """
 
     device: str
@@ -57,6 +57,7 @@ class KVCache:
     create_seconds: float | None = None
     wait_seconds: float | None = None
     attach_seconds: float | None = None
+    import_seconds: float | None = None
     _shared: list[SharedTensor] = field(default_factory=list, repr=False)
     _publication: Publication | None = field(default=None, repr=False)
     _signal_name: str | None = field(default=None, repr=False)
@@ -124,7 +125,10 @@ def allocate_kv_cache(
     allocate it; tensors allocated before it are dropped first. ``progress`` is called after
     every tensor (throttling is the caller's).
     """
+    check_layout(layout)
     check_num_blocks(num_blocks)
+    if not isinstance(device, str) or not device:
+        raise ConfigError("device", device, "Paddle's device string (gpu:0, cpu)", "pass identity.device_string(id)")
     paddle = import_paddle() if paddle is None else paddle
     tensors: list[Any] = []
     done = 0
@@ -182,11 +186,15 @@ def export_kv_cache(
     )  # fmt: skip
 
 
-def attach_kv_cache(platform: Platform, layout: CacheLayout, num_blocks: int, signal_name: str) -> KVCache:
+def attach_kv_cache(
+    platform: Platform, layout: CacheLayout, num_blocks: int, signal_name: str, setter_pid: int | None = None
+) -> KVCache:
     """Open every tensor of rank ``layout.rank``'s published cache, zero-copy, checked against ``layout``.
 
     A published tensor whose name, shape or dtype differs from this process's layout is a
-    :class:`CacheSharingError` naming the tensor and both shapes; nothing is opened then.
+    :class:`CacheSharingError` naming the tensor and both shapes; so is a publication whose creator
+    is not ``setter_pid`` (where the caller knows who sets the slot) or whose handles name another
+    process than its creator. Nothing is opened then.
     """
     check_num_blocks(num_blocks)
     started = time.monotonic()
@@ -200,6 +208,7 @@ def attach_kv_cache(platform: Platform, layout: CacheLayout, num_blocks: int, si
             shared.append(platform.open_cache_tensor(name, entry.handle, entry.shape, entry.dtype, device))
 
     try:
+        check_provenance(publication, setter_pid)
         check_published(publication.tensors, layout, num_blocks)
         platform.batch(f"attaching rank {layout.rank}'s KV cache", open_all)
     except BaseException:
@@ -212,6 +221,26 @@ def attach_kv_cache(platform: Platform, layout: CacheLayout, num_blocks: int, si
         attach_seconds=time.monotonic() - started, _shared=shared, _publication=publication,
         _signal_name=signal_name,
     )  # fmt: skip
+
+
+def check_provenance(publication: Publication, setter_pid: int | None) -> None:
+    """A publication is trusted only as far as it is proven: its creator is the process that sets the
+    rank's slot (where one is named), and every handle that names a process names that creator."""
+    rank, creator = publication.rank, publication.creator_pid
+    if setter_pid is not None and creator != setter_pid:
+        raise CacheSharingError(
+            f"rank {rank}'s KV cache publication /dev/shm/{publication.name} names creator pid {creator}, but pid "
+            f"{setter_pid} sets this rank's slot: it was not published by that process. Fix: find what else writes "
+            "to /dev/shm under this engine's names; restart the engine with a signal name of its own"
+        )
+    for tensor in publication.tensors:
+        named = handle_pid(tensor.handle)
+        if named is not None and named != creator:
+            raise CacheSharingError(
+                f"rank {rank}'s KV cache publication lists tensor {tensor.name} with a handle of pid {named}, not "
+                f"of its creator (pid {creator}): it would map another process's memory. Fix: restart the engine; "
+                "check what else writes to /dev/shm under this engine's names"
+            )
 
 
 def check_published(published: Sequence[PublishedTensor], layout: CacheLayout, num_blocks: int) -> None:
@@ -230,6 +259,17 @@ def check_published(published: Sequence[PublishedTensor], layout: CacheLayout, n
                 f"process's layout expects {spec.name} {list(expected[1])} {spec.dtype}. Fix: start every process of "
                 "the engine with the same model, cache and parallel settings and the same number of blocks"
             )
+
+
+def check_cache_arguments(platform: object, layout: object, num_blocks: object) -> None:
+    """An engine call's platform, layout and block count as the caller gave them: a ConfigError
+    naming the first bad one, before any hook runs."""
+    if not isinstance(platform, Platform):
+        raise ConfigError(
+            "platform", platform, "a Platform", "pass the selected platform first (fd_platforms.current_platform())"
+        )
+    check_layout(layout)
+    check_num_blocks(num_blocks)
 
 
 def check_num_blocks(num_blocks: object) -> None:

@@ -12,7 +12,7 @@ import re
 import socket
 from dataclasses import dataclass
 
-from ..errors import ConfigError
+from ..contract.errors import ConfigError
 
 MAX_NODES = 4096
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?")

@@ -11,7 +11,7 @@ and JSON ``{"format": 1, "rank", "creator_pid", "device", "tensors": [{"name", "
 "handle"}]}``, written before the magic. It is tiny (a few KB); the tensors' memory is wherever the
 platform keeps it.
 
-Holding is the kernel's business (:mod:`fd_platforms.shm`): the creator holds a shared lock while
+Holding is the kernel's business (:mod:`fd_platforms.ipc.shm`): the creator holds a shared lock while
 the cache is published, every attacher holds one while it is attached. Retracting waits until the
 creator alone holds it — every attacher has let go, or died (the kernel dropped its lock) — and only
 then unlinks it, so a creator never frees memory another process still maps.
@@ -20,15 +20,18 @@ then unlinks it, so a creator never frees memory another process still maps.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 import time
 import weakref
 from dataclasses import asdict, dataclass
 
-from .. import shm
-from ..cache_signal import SIGNAL_PREFIX, check_signal_name
-from ..errors import CacheInUseError, CacheSharingError
+from ..contract.errors import CacheInUseError, CacheSharingError
+from ..ipc import shm
+from ..ipc.cache_signal import SIGNAL_PREFIX, check_signal_name
+
+logger = logging.getLogger(__name__)
 
 PUBLICATION_PREFIX = "fd_kv_cache."
 TENSOR_PREFIX = "fd_kv."
@@ -202,15 +205,58 @@ def _read(segment: shm.Segment) -> dict | None:
         return None
     try:
         document = json.loads(segment.read(length, HEADER.size))
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return None
-    valid = isinstance(document, dict) and document.get("format") == FORMAT and isinstance(document.get("tensors"), list)
-    return document if valid else None
+    return document if _well_formed(document) else None
+
+
+def _well_formed(document: object) -> bool:
+    """Whether ``document`` is a manifest of this format, every field of the type it must have."""
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        return False
+    if not (_count(document.get("rank"), 0) and _count(document.get("creator_pid"), 1)):
+        return False
+    tensors = document.get("tensors")
+    return isinstance(document.get("device"), str) and isinstance(tensors, list) and all(
+        isinstance(entry, dict)
+        and all(isinstance(entry.get(key), str) for key in ("name", "dtype", "handle"))
+        and isinstance(entry.get("shape"), list)
+        and bool(entry["shape"])
+        and all(_count(extent, 1) for extent in entry["shape"])
+        for entry in tensors
+    )
+
+
+def _count(value: object, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and minimum <= value < 2**63
 
 
 def _recognise(segment: shm.Segment) -> str | None:
     document = _read(segment)
     return None if document is None else f"pid {document.get('creator_pid')}"
+
+
+def reclaim_instance(signal_name: str) -> list[str]:
+    """Unlink what the engine instance of ``signal_name`` published and no living process holds any
+    more (its processes were killed mid-clear): the engine's own leftovers, reclaimed quietly. Call it
+    once every process of the instance has ended: one still held is held from outside the engine,
+    and is named in a WARNING, never left behind without a word."""
+    prefix = f"{PUBLICATION_PREFIX}{instance_of(signal_name)}."
+    try:
+        names = sorted(entry for entry in os.listdir(shm.SHM_DIR) if entry.startswith(prefix))
+    except OSError:
+        return []
+    reclaimed = []
+    for name in names:
+        verdict, detail = shm.reclaim(name, HEADER.size, _recognise, "KV cache publication", say=logger.info)
+        if verdict == shm.Verdict.RECLAIMED:
+            reclaimed.append(name)
+        elif verdict == shm.Verdict.IN_USE:
+            logger.warning(
+                "left /dev/shm/%s in place: every process of this engine has ended, but %s. It is removed by "
+                "the first run after that process lets go; find it with: fuser /dev/shm/%s", name, detail, name,
+            )
+    return reclaimed
 
 
 def reclaim_stale_publications() -> list[str]:

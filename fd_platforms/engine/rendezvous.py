@@ -17,8 +17,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import ConfigError, NodeError
-from ..timeouts import knob
+from ..contract.errors import ConfigError, NodeError, show_value
+from ..contract.paddle_import import import_paddle
+from ..ipc.timeouts import knob
 from .bounded import bounded
 from .nodes import NodeSpec
 
@@ -77,7 +78,7 @@ class Rendezvous:
             return  # the refusal is what matters; the others then see the master gone
 
     def _connect(self) -> Any:
-        from paddle.base import core  # the selected platform's process imports paddle anyway
+        core = import_paddle().base.core  # the selected platform's process imports paddle anyway
 
         master = self.global_rank == 0
         seconds = max(1, int(self.deadline - time.monotonic()) + 1)
@@ -186,13 +187,19 @@ def wait_for_listener(host: str, port: int, deadline: float, timed_out: Callable
             time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
 
 
+MAX_FACTS_BYTES = 64 << 10  # a node's facts are a few hundred bytes
+
+
 def _facts(raw: Any, node: int, me: str) -> dict[str, Any]:
-    """Node ``node``'s published facts, or a NodeError when they are not a JSON object."""
+    """Node ``node``'s published facts, or a NodeError when they are not a flat JSON object of plain
+    values (the size is checked before anything is parsed; nesting is refused)."""
     try:
-        facts = json.loads(bytes(raw).decode())
-    except (ValueError, TypeError):
+        data = bytes(raw)
+        facts = json.loads(data.decode()) if len(data) <= MAX_FACTS_BYTES else None
+    except (ValueError, TypeError, RecursionError):
         facts = None
-    if not isinstance(facts, dict):
+    plain = (str, int, float, bool, type(None))
+    if not isinstance(facts, dict) or not all(isinstance(value, plain) for value in facts.values()):
         raise NodeError(f"{me}: node {node} published facts this node cannot read. "
                         "Fix: run the same fd-platforms version on every node")  # fmt: skip
     return facts
@@ -203,7 +210,7 @@ def _compare(ours: dict[str, object], theirs: dict[str, Any], node: int) -> None
     for key in sorted(ours.keys() | theirs.keys()):
         if ours.get(key) != theirs.get(key):
             raise ConfigError(
-                key, ours.get(key), f"the same on every node; node {node} was started with {key}={theirs.get(key)!r}",
+                key, ours.get(key), f"the same on every node; node {node} was started with {key}={show_value(theirs.get(key))}",
                 f"start every node of the engine with the same {key}",
             )  # fmt: skip
 

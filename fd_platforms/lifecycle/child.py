@@ -17,12 +17,12 @@ from multiprocessing.connection import Connection
 from types import FrameType
 from typing import Any
 
-from ..cache_signal import ENV_TIMEOUT
-from ..device_facts import import_paddle
-from ..errors import FdPlatformsError
-from ..platform import Platform
-from ..selection import ENV_PLATFORM, select_platform
-from ..timeouts import set_by_flag
+from ..contract.errors import FdPlatformsError
+from ..contract.paddle_import import import_paddle
+from ..ipc.cache_signal import ENV_TIMEOUT
+from ..ipc.timeouts import set_by_flag
+from ..loading.platform import Platform
+from ..loading.selection import ENV_PLATFORM, select_platform
 from .interrupts import STOPPED_EXIT, redeliver_swallowed_signals
 from .progress import Progress
 from .spec import RunSpec
@@ -38,7 +38,7 @@ def run_child(label: str, conn: Connection, spec: RunSpec, body: Body, *args: An
     set_by_flag(ENV_TIMEOUT, "--timeout", spec.timeout)  # every bound here follows run --timeout, and says so
     logging.basicConfig(level=logging.WARNING, format="fd-platforms: %(levelname)s: %(message)s")
     if not spec.quiet:
-        logging.getLogger("fd_platforms.cache_signal").setLevel(logging.INFO)  # the wait's 5 s progress
+        logging.getLogger("fd_platforms.ipc.cache_signal").setLevel(logging.INFO)  # the wait's 5 s progress
     say = Progress(spec.quiet, f"{label}: ")
     try:
         body(conn, say, *args)

@@ -8,7 +8,6 @@ report theirs, so one error message tells what happened to every process.
 from __future__ import annotations
 
 import multiprocessing
-import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,7 +16,8 @@ from multiprocessing.process import BaseProcess
 from types import TracebackType
 from typing import Any
 
-from ..errors import RunError
+from ..contract.errors import RunError
+from ..ipc.process_watch import describe_exit
 from .interrupts import sigint_ignored_by_children
 
 FAILURE_GRACE = 2.0  # seconds the rest of a phase may still report after its first failure
@@ -35,18 +35,6 @@ class Child:
     @property
     def pid(self) -> int:
         return self.process.pid or 0
-
-
-def describe_exit(code: int | None) -> str:
-    """``exited with code 3`` or ``was killed by SIGKILL``."""
-    if code is None:
-        return "is still running"
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 class Children:

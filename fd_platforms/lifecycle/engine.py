@@ -24,19 +24,19 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from ..cache_signal import CacheReadySignal, reclaim_stale_signals
-from ..decision import decided_by
+from ..contract.errors import ConfigError, NodeError, PluginContractError, UnknownPlatformError
+from ..contract.types import Plan
 from ..engine.cluster import Agreement
 from ..engine.initialize import check_can_attach
 from ..engine.nodes import NodeSpec
-from ..engine.publication import reclaim_stale_publications
-from ..errors import ConfigError, NodeError
-from ..host_memory import available_host_bytes, resident_bytes
-from ..planner import check_host_swap, host_swap_blocks, min_across_ranks
-from ..platform import Platform
-from ..selection import ENV_PLATFORM, Prober, select_platform
-from ..sizes import format_size
-from ..types import Plan
+from ..engine.publication import reclaim_instance, reclaim_stale_publications
+from ..ipc.cache_signal import CacheReadySignal, reclaim_stale_signals
+from ..kit.host_memory import available_host_bytes, resident_bytes, system_memory
+from ..loading.platform import Platform
+from ..loading.selection import ENV_PLATFORM, Prober, select_platform
+from ..rules.decision import decided_by
+from ..rules.planner import check_host_swap, host_swap_blocks, min_across_ranks
+from ..rules.sizes import format_size
 from .children import Child, Children
 from .manager import manager_main
 from .progress import Progress
@@ -52,6 +52,14 @@ def select_run_platform(ranks: int, name: str | None = None) -> Platform:
     On cpu every rank shares the host's memory, so any number of ranks fits.
     """
     prober = Prober()
+    if name == "all":
+        raise ConfigError(
+            "--platform", name, "one installed platform: a run starts its processes on one",
+            f"to compare every platform, use fd-platforms plan --platform all; to run, name one of: "
+            f"{', '.join(prober.found)}",
+        )
+    if name is not None and name not in prober.found:
+        raise UnknownPlatformError("--platform", name, prober.found, "name the platform to run on")
     environ = None if name is None else {**os.environ, ENV_PLATFORM: name}
     platform = select_platform(environ, prober=prober).platform
     if platform.identity.device_type == "cpu":
@@ -72,8 +80,10 @@ def select_run_platform(ranks: int, name: str | None = None) -> Platform:
 class _Run:
     """The children of one run and the phases the engine drives them through."""
 
-    def __init__(self, spec: RunSpec, children: Children, workers: list[Child], say: Progress) -> None:
-        self.spec, self.children, self.workers, self.say = spec, children, workers, say
+    def __init__(
+        self, spec: RunSpec, platform: Platform, children: Children, workers: list[Child], say: Progress
+    ) -> None:
+        self.spec, self.platform, self.children, self.workers, self.say = spec, platform, children, workers, say
         self.manager: Child | None = None
         self.attaching: tuple[int, ...] = ()
         self.verified: dict[int, bool] = {}
@@ -84,13 +94,14 @@ class _Run:
 
     def initialize(self) -> tuple[dict[Child, WorkerResult], tuple[Allocation, ...], bool | None]:
         """Every rank's cache, created or attached; with a manager, the tokens' proof both ways."""
-        limit = self.spec.timeout + MARGIN_SECONDS  # a waiter that times out reports it itself first
+        limit = self.spec.timeout + self.spec.margin  # a waiter that times out reports it itself first
         ready = self.children.collect(self.everyone, "ready", limit)
         published: tuple[Allocation, ...] = () if self.manager is None else ready.pop(self.manager)
         return ready, published, self.verify()
 
     def verify(self) -> bool | None:
-        """Attachers read the manager's tokens and write theirs; the manager reads those back."""
+        """Attachers read the manager's tokens and write theirs; the manager reads those back. A rank
+        that misses either holds a copy, not the manager's memory: the platform's plugin is blamed."""
         if self.manager is None:
             return None
         ours, theirs = secrets.randbelow(2**31), secrets.randbelow(2**31)
@@ -99,7 +110,16 @@ class _Run:
         seen = self._ask(attachers, "verify", (ours, theirs))
         checked = self._ask([self.manager], "check", theirs)[self.manager]
         self.verified = {rank: seen[self.workers[rank]] and checked[rank] for rank in self.attaching}
-        return all(self.verified.values())
+        copies = [rank for rank, shared in self.verified.items() if not shared]
+        if copies:
+            raise PluginContractError(
+                self.platform.name,
+                self.platform.distribution,
+                f"rank(s) {', '.join(map(str, copies))} attached to tensors that do not share the cache manager's "
+                "memory: a token written on one side was not seen on the other, so open_cache_tensor returned a "
+                "copy. Fix: return the exported memory itself from open_cache_tensor (a zero-copy view)",
+            )
+        return True
 
     def cycle(self, number: int) -> CycleReport:
         """Clear every rank (attachers first, so the manager can free) and initialize again."""
@@ -130,7 +150,7 @@ class _Run:
         assert nodes is not None
         for worker, report in zip(self.workers, ranks):  # each worker adds its own row
             self.children.send([worker], "share", json.dumps(asdict(report)))
-        rows = self.children.collect(self.workers, "share", self.spec.timeout + MARGIN_SECONDS)
+        rows = self.children.collect(self.workers, "share", self.spec.timeout + MARGIN_SECONDS)  # across nodes
         texts: list[str] = rows[self.workers[0]]
         everyone = nodes.node_rank == 0
         if everyone:
@@ -150,60 +170,69 @@ class _Run:
 
     def _ask(self, children: Sequence[Child], kind: str, payload: object = None) -> dict[Child, object]:
         self.children.send(children, kind, payload)
-        return self.children.collect(children, kind, self.spec.timeout + MARGIN_SECONDS)
+        return self.children.collect(children, kind, self.spec.timeout + self.spec.margin)
 
 
 def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport:
     """Run the lifecycle (and ``spec.cycles`` more clears and re-initializations); raises
-    :class:`~fd_platforms.errors.RunError` when a process fails."""
+    :class:`~fd_platforms.contract.errors.RunError` when a process fails."""
     started = time.monotonic()
     reclaim_stale_signals()  # what engines killed with SIGKILL left behind (each warned about)
     reclaim_stale_publications()
-    with CacheReadySignal.create(spec.ranks) as signal, Children() as children:
-        # The rule needs no plan (host swap blocks come from the config and the layout), so the
-        # engine decides first and starts the cache manager beside the workers: it imports paddle
-        # while they plan, as an engine starts its cache manager at once.
-        decision = platform.should_create_cache_tensor(
-            profile=spec.profile,
-            num_cpu_blocks=host_swap_blocks(spec.deploy.cache, spec.layout(0).bytes_per_block),
-            storage_backend=spec.deploy.cache.kvcache_storage_backend,
-            splitwise_role=spec.deploy.scheduler.splitwise_role,
-        )
-        if not decision.create:
-            check_can_attach(platform, decision, f"platform {platform.name}")  # before any process starts
-        workers = [children.start(f"rank {rank}", worker_main, spec, rank, signal.name) for rank in range(spec.ranks)]
-        pids = ", ".join(str(worker.pid) for worker in workers)
-        say(f"platform {spec.platform}: started {spec.ranks} worker(s) (pid {pids}), cache-ready signal {signal.name}")
-        run = _Run(spec, children, workers, say)
-        if not decision.create:
-            run.attaching = tuple(range(spec.ranks))
-            run.manager = children.start("cache manager", manager_main, spec, run.attaching, signal.name)
-            say(f"starting the cache manager (pid {run.manager.pid}) for rank(s) {', '.join(map(str, run.attaching))}")
-        planned = children.collect(workers, "plan", spec.timeout + (0 if spec.nodes is None else MARGIN_SECONDS))
-        agreement: Agreement | None = planned[workers[0]][2]
-        final = min_across_ranks([planned[worker][0] for worker in workers]) if agreement is None else agreement.plan
-        check_host_swap(final, spec.deploy.cache, host_bytes=spec.host_memory, ranks=spec.ranks)
-        if spec.shares_device:
-            check_host_room(final, spec)
-        if agreement is None:
-            say(f"every rank planned; each uses {final.num_blocks} blocks (the minimum across ranks)")
-        else:
-            bound = agreement.bound_by
-            say(f"every rank of {spec.nodes.nnodes} nodes planned; each uses {final.num_blocks} blocks "  # type: ignore[union-attr]
-                f"(the minimum, node {bound.node} rank {bound.local_rank}'s plan)")  # fmt: skip
-        if run.manager is not None:
-            children.send([run.manager], "final", final)
-        children.send(workers, "final", (final, None if run.manager is None else run.manager.pid))
-        ready, published, verified = run.initialize()
-        say("every rank's KV cache is ready" + ("" if verified is None else f"; shared memory verified: {verified}"))
-        cycles = tuple(run.cycle(number) for number in range(1, spec.cycles + 1))
-        managed = {allocation.rank: allocation for allocation in published}
-        ranks = tuple(
-            _rank_report(spec, rank, final, planned[worker], ready[worker], managed, run.verified)
-            for rank, worker in enumerate(workers)
-        )
-        nodes = None if agreement is None else run.share(ranks, agreement, planned)
-        say("stopping")
+    signal = CacheReadySignal.create(spec.ranks)
+    try:
+        with signal, Children() as children:
+            # The rule needs no plan (host swap blocks come from the config and the layout), so the
+            # engine decides first and starts the cache manager beside the workers: it imports paddle
+            # while they plan, as an engine starts its cache manager at once.
+            per_block = spec.layout(0).bytes_per_block
+            measured = spec.host_memory is None
+            host_bytes = system_memory().total_bytes if measured else spec.host_memory
+            check_host_swap(spec.deploy.cache, per_block, host_bytes, measured=measured, ranks=spec.ranks)
+            decision = platform.should_create_cache_tensor(
+                profile=spec.profile,
+                num_cpu_blocks=host_swap_blocks(spec.deploy.cache, per_block),
+                storage_backend=spec.deploy.cache.kvcache_storage_backend,
+                splitwise_role=spec.deploy.scheduler.splitwise_role,
+            )
+            if not decision.create:
+                check_can_attach(platform, decision, f"platform {platform.name}")  # before any process starts
+            workers = [children.start(f"rank {rank}", worker_main, spec, rank, signal.name) for rank in range(spec.ranks)]
+            pids = ", ".join(str(worker.pid) for worker in workers)
+            say(f"platform {spec.platform}: started {spec.ranks} worker(s) (pid {pids}), cache-ready signal {signal.name}")
+            run = _Run(spec, platform, children, workers, say)
+            if not decision.create:
+                run.attaching = tuple(range(spec.ranks))
+                run.manager = children.start("cache manager", manager_main, spec, run.attaching, signal.name)
+                say(f"starting the cache manager (pid {run.manager.pid}) for rank(s) {', '.join(map(str, run.attaching))}")
+            # across nodes a worker's own bound (its join) must end first: it names the node that is missing
+            planned = children.collect(workers, "plan", spec.timeout + (0 if spec.nodes is None else MARGIN_SECONDS))
+            agreement: Agreement | None = planned[workers[0]][2]
+            final = min_across_ranks([planned[worker][0] for worker in workers]) if agreement is None else agreement.plan
+            if spec.shares_device:
+                check_host_room(final, spec)
+            if agreement is None:
+                say(f"every rank planned; each uses {final.num_blocks} blocks (the minimum across ranks)")
+            else:
+                bound = agreement.bound_by
+                say(f"every rank of {spec.nodes.nnodes} nodes planned; each uses {final.num_blocks} blocks "  # type: ignore[union-attr]
+                    f"(the minimum, node {bound.node} rank {bound.local_rank}'s plan)")  # fmt: skip
+            if run.manager is not None:
+                children.send([run.manager], "final", final)
+            children.send(workers, "final", (final, None if run.manager is None else run.manager.pid))
+            ready, published, verified = run.initialize()
+            say("every rank's KV cache is ready" + ("" if verified is None else f"; shared memory verified: {verified}"))
+            cycles = tuple(run.cycle(number) for number in range(1, spec.cycles + 1))
+            managed = {allocation.rank: allocation for allocation in published}
+            ranks = tuple(
+                _rank_report(spec, rank, final, planned[worker], ready[worker], managed, run.verified)
+                for rank, worker in enumerate(workers)
+            )
+            nodes = None if agreement is None else run.share(ranks, agreement, planned)
+            say("stopping")
+    finally:  # what processes killed mid-clear left published is this engine's to remove
+        reclaim_instance(signal.name)
+
     return RunReport(
         platform=spec.platform,
         model=spec.deploy.model.name,
@@ -230,18 +259,27 @@ def _parse_rank(text: str, nodes: NodeSpec, rank: int) -> RankReport:
         ) from exc
 
 
+HOST_ROOM_SHARE = 0.5
+"""On cpu, the most of the host's available memory every rank's cache and swap space may take
+together: the rest is the host's (the engine, its workers, whatever else runs there)."""
+
+
 def check_host_room(final: Plan, spec: RunSpec) -> None:
-    """On a platform whose device is the host (cpu), every rank's cache and swap space must fit in the
-    host's available memory before anything is allocated (``--device-memory`` may claim more)."""
+    """On a platform whose device is the host (cpu), every rank's cache and swap space must fit in
+    :data:`HOST_ROOM_SHARE` of the host's available memory before anything is allocated: a run that
+    would zero-fill most of the host is refused, naming the sizes (``--device-memory`` may claim more,
+    and without it every rank plans on its share of the whole host)."""
     need = spec.ranks * (final.num_blocks + final.num_cpu_blocks) * final.bytes_per_block
     available = available_host_bytes()
-    if available is not None and need > available:
+    if available is not None and need > available * HOST_ROOM_SHARE:
         raise ConfigError(
             "--device-memory",
-            format_size(spec.device_memory) if spec.device_memory is not None else "the host's memory",
-            f"a KV cache the host can hold: {spec.ranks} rank(s) x ({final.num_blocks} + {final.num_cpu_blocks} swap) "
-            f"blocks x {final.bytes_per_block} B = {format_size(need)}, but {format_size(available)} is available",
-            "give a smaller --device-memory (on cpu it is host memory, shared by every rank) or free host memory",
+            format_size(spec.device_memory) if spec.device_memory is not None else "not given (the host's memory)",
+            f"a KV cache that leaves the host most of its memory: {spec.ranks} rank(s) x ({final.num_blocks} + "
+            f"{final.num_cpu_blocks} swap) blocks x {final.bytes_per_block} B = {format_size(need)}, more than half "
+            f"of the {format_size(available)} available",
+            "give --device-memory SIZE per rank (on cpu it is host memory) so that every rank together takes at "
+            f"most {format_size(int(available * HOST_ROOM_SHARE))}, or free host memory",
         )
 
 

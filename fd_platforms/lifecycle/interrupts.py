@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-from ..console import write_line
+from ..ipc.console import write_line
 
 STOPPED_EXIT = 128 + signal.SIGTERM  # a child's exit code when the engine stopped it with SIGTERM
 STOPPING = "fd-platforms: Ctrl-C: stopping every process of the run (this takes a few seconds)"

@@ -1,7 +1,7 @@
 """The cache-manager process: one public call per rank it serves, then what the engine asks.
 
 It starts beside the workers, imports paddle while they plan, and receives ``("final", plan)``
-(the minimum across ranks). For each rank: :meth:`Platform.manage_kv_cache` exports and publishes the device cache, carves the
+(the minimum across ranks). For each rank: :func:`~fd_platforms.engine.manage_kv_cache` exports and publishes the device cache, carves the
 host swap space (``num_cpu_blocks`` blocks in the layout's names, pinned where the platform can) and
 sets the slot. It sends ``("ready", allocations)``, then serves until ``("stop", None)``: ``mark``
 (write its tokens into every tensor), ``check`` (read each attacher's tokens back), ``clear``
@@ -10,15 +10,17 @@ sets the slot. It sends ``("ready", allocations)``, then serves until ``("stop",
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from multiprocessing.connection import Connection
 
-from ..engine.initialize import ManagedCache
-from ..host_memory import resident_bytes
-from ..platform import Platform
-from ..sizes import format_size
-from ..types import Plan
+from ..contract.errors import FdPlatformsError
+from ..contract.types import Plan
+from ..engine.initialize import ManagedCache, manage_kv_cache
+from ..kit.host_memory import resident_bytes
+from ..loading.platform import Platform
+from ..rules.sizes import format_size
 from .child import child_platform, expect, load_paddle, run_child, serve
 from .progress import Progress
 from .report import Allocation
@@ -52,9 +54,13 @@ def _manage(conn: Connection, say: Progress, spec: RunSpec, ranks: tuple[int, ..
             "init": lambda _: _publish_all(platform, spec, ranks, plan, signal_name, say, held),
             "rss": lambda _: resident_bytes(),
         })  # fmt: skip
-    finally:
+    except BaseException:  # the real cause goes on at once: attachers may hold what was published, never wait
         for cache in held.values():
-            cache.clear(spec.timeout)
+            with contextlib.suppress(FdPlatformsError):
+                cache.clear(0.001)
+        raise
+    for cache in held.values():
+        cache.clear(spec.timeout)
 
 
 def _publish_all(
@@ -72,7 +78,8 @@ def _publish_all(
         swap = f"{format_size(plan.num_cpu_blocks * plan.bytes_per_block)} of host swap space ({plan.num_cpu_blocks} blocks)"
         say(f"publishing {size} of KV cache" + (f" and allocating {swap}" if plan.num_cpu_blocks else "") + f" for rank {rank}")
         started = time.monotonic()
-        cache = platform.manage_kv_cache(
+        cache = manage_kv_cache(
+            platform,
             spec.layout(rank),
             plan.num_blocks,
             num_cpu_blocks=plan.num_cpu_blocks,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from ..console import write_line
 from ..engine.kv_cache import AllocationProgress
-from ..sizes import format_size
+from ..ipc.console import write_line
+from ..rules.sizes import format_size
 
 ALLOCATION_INTERVAL = 1.0  # seconds between two lines about one allocation
 

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..config import DeployConfig
 from ..engine.nodes import NodeSpec
-from ..layout import CacheLayout, build_layout
+from ..rules.config.deploy import DeployConfig
+from ..rules.decision import RULE
+from ..rules.layout import CacheLayout, build_layout
+from ..rules.planner import shares_one_device
 
-#: Seconds the engine's last phase and the children's holds add to ``timeout``, so that a wait
-#: which times out is reported by the waiter itself before anyone else gives up on it.
+#: The most seconds the engine's phases and the children's holds add to ``timeout``, so that a wait
+#: which times out is reported by the waiter itself before anyone else gives up on it; a shorter
+#: ``timeout`` adds as much as itself (:attr:`RunSpec.margin`), so a stuck process fails the run
+#: within twice ``--timeout`` at most. Across nodes, planning (each worker's join) and sharing the
+#: report add the whole margin: there a worker's own bound names the node that is missing.
 MARGIN_SECONDS = 30.0
 
 
@@ -41,22 +46,43 @@ class RunSpec:
     @property
     def hold_timeout(self) -> float:
         """How long a child holding its allocation waits for the engine's stop."""
-        return self.timeout + MARGIN_SECONDS
+        return self.timeout + self.margin
+
+    @property
+    def margin(self) -> float:
+        """What the engine's waits add to ``timeout``: :data:`MARGIN_SECONDS`, or ``timeout`` if shorter."""
+        return min(MARGIN_SECONDS, self.timeout)
 
     @property
     def shares_device(self) -> bool:
         """Whether every rank uses the one device (cpu: host memory), rather than device ``rank``."""
-        return self.device_type == "cpu"
+        return shares_one_device(self.device_type)
 
     def node_facts(self) -> dict[str, object]:
-        """What every node of a multi-node engine must agree on, by the flag that sets it."""
+        """What every node of a multi-node engine must agree on, by the flag that sets it: every fact
+        that changes the plan or the lifecycle (the rule's inputs and the rule itself included)."""
         assert self.nodes is not None
+        cache, model = self.deploy.cache, self.deploy.model
         return {
             "--nnodes": self.nodes.nnodes,
             "--ranks": self.ranks,
             "--tp": self.deploy.parallel.tensor_parallel_size,
-            "--model": self.deploy.model.name,
+            "--model": model.name,
+            "--attention": model.attention,
+            "--mtp": model.use_mtp,
             "--platform": self.platform,
+            "--block-size": cache.block_size,
+            "--cache-dtype": cache.cache_dtype,
+            "--kv-cache-quant-type": cache.kv_cache_quant_type,
+            "--memory-utilization": cache.memory_utilization,
+            "--num-gpu-blocks-override": cache.num_gpu_blocks_override,
+            "--swap-space": cache.swap_space_bytes,
+            "num_cpu_blocks": cache.num_cpu_blocks,
+            "--role": self.deploy.scheduler.splitwise_role,
+            "--storage-backend": cache.kvcache_storage_backend,
+            "--profile": self.profile,
+            "--cycles": self.cycles,
+            "the create-or-attach rule": RULE,
             "the cache layout's bytes per block": self.layout(0).bytes_per_block,
         }
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..contract.paddle_import import import_paddle
+
 
 def _byte(token: int, index: int) -> int:
     """The byte tensor ``index`` carries for ``token``: never 0, so a zero-filled cache never passes."""
@@ -17,8 +19,7 @@ def _byte(token: int, index: int) -> int:
 
 def _raw(tensor: Any) -> Any:
     """The tensor's own bytes, as a zero-copy uint8 view."""
-    import paddle
-
+    paddle = import_paddle()
     return tensor if tensor.dtype == paddle.uint8 else tensor.view(paddle.uint8)
 
 

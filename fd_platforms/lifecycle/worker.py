@@ -5,7 +5,7 @@ cache manager already waits by the time that manager could fail. Messages with t
 order: send ``("plan", (plan, seconds, agreement, join_seconds))`` (the agreement across nodes and
 the seconds joining them took, None on one node); receive ``("final",
 (plan, manager_pid))`` (the minimum across ranks, and the cache manager's pid when there is one);
-call :meth:`Platform.initialize_kv_cache`, which creates or attaches; send ``("ready",
+call :func:`~fd_platforms.engine.initialize_kv_cache`, which creates or attaches; send ``("ready",
 WorkerResult)``. Then serve until ``("stop", None)``: ``verify`` (an attacher reads the cache
 manager's tokens and writes its own), ``clear`` and ``init`` (clear and re-initialize, for
 ``--cycles``), ``rss``; across nodes also ``sync`` (a barrier of every rank of every node) and
@@ -18,13 +18,14 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
+from ..contract.types import CacheDecision, DeviceMemory, Plan
 from ..engine.cluster import Agreement, Cluster
+from ..engine.initialize import initialize_kv_cache
 from ..engine.kv_cache import KVCache
-from ..host_memory import resident_bytes
-from ..planner import shared_by
-from ..platform import Platform
-from ..sizes import format_size
-from ..types import CacheDecision, DeviceMemory, Plan
+from ..kit.host_memory import resident_bytes
+from ..loading.platform import Platform
+from ..rules.planner import memory_per_rank
+from ..rules.sizes import format_size
 from .child import child_platform, expect, load_paddle, run_child, serve
 from .progress import Progress
 from .report import Allocation
@@ -53,8 +54,7 @@ def rank_memory(spec: RunSpec, platform: Platform, rank: int) -> DeviceMemory:
     (one host shared by every rank) an even share of the host's live facts."""
     if spec.device_memory is not None:
         return DeviceMemory(spec.device_memory, None, None, "--device-memory")
-    live = platform.device_memory(spec.device_id(rank))
-    return shared_by(live, spec.ranks) if spec.shares_device else live
+    return memory_per_rank(platform.device_memory(spec.device_id(rank)), spec.device_type, spec.ranks)
 
 
 def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, signal_name: str) -> None:
@@ -120,7 +120,8 @@ def _initialize(
         say(f"creating {size} of KV cache")
     else:
         say(f"waiting for the cache manager (pid {manager_pid}) to publish this rank's cache")
-    cache = platform.initialize_kv_cache(
+    cache = initialize_kv_cache(
+        platform,
         spec.layout(rank),
         final.num_blocks,
         profile=spec.profile,

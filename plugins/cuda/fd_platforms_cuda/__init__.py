@@ -6,15 +6,10 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from fd_platforms.device_facts import (
-    DeviceFacts,
-    PinningUnavailable,
-    open_ipc_tensor,
-    pinned_tensor_buffer,
-    share_ipc_tensor,
-)
-from fd_platforms.paddle_platform import PaddlePlatform
-from fd_platforms.types import Detection, DeviceMemory, HostBuffer, SharedTensor
+from fd_platforms.contract.types import Detection, DeviceMemory, HostBuffer
+from fd_platforms.kit.device_facts import DeviceFacts, OnDevice, pinned_tensor_buffer
+from fd_platforms.kit.host_memory import PinningUnavailable
+from fd_platforms.kit.paddle_platform import PaddlePlatform
 
 INSTALL_HINT = "pip install paddlepaddle-gpu (Paddle's CUDA build) on a machine with an NVIDIA GPU and driver"
 
@@ -34,6 +29,7 @@ class CudaFacts(DeviceFacts):
         "base.core.eager.Tensor",
     )
     sharing = "CUDA IPC handles through Paddle's DenseTensor._share_cuda and _new_shared_cuda (cudaIpcGetMemHandle)"
+    ipc_methods = ("_share_cuda", "_new_shared_cuda")
     device_build_calls = (
         "base.core.DenseTensor._share_cuda",
         "base.core.DenseTensor._new_shared_cuda",
@@ -79,13 +75,7 @@ class CudaFacts(DeviceFacts):
             raise PinningUnavailable("this paddle build has no CUDA")
         return pinned_tensor_buffer(self.paddle, nbytes, "CUDAPinnedPlace", "cuda_pinned")
 
-    def export(self, name: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
-        return share_ipc_tensor(self.paddle, name, shape, dtype, device, "_share_cuda", on_device=self._current(device))
-
-    def open(self, name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
-        return open_ipc_tensor(self.paddle, name, handle, shape, dtype, "_new_shared_cuda")
-
-    def _current(self, device: str) -> Callable[[Callable[[], Any]], Any]:
+    def on_device(self, device: str) -> OnDevice:
         """Run a call with ``device`` (``gpu:N``) as CUDA's current device, as an IPC export needs."""
         core, wanted = self.paddle.base.core, int(device.rpartition(":")[2] or 0)
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fd_platforms.custom_device import CustomDeviceFacts
-from fd_platforms.paddle_platform import PaddlePlatform
-from fd_platforms.vendor_host import VendorHostRuntime
+from fd_platforms.kit.custom_device import CustomDeviceFacts
+from fd_platforms.kit.paddle_platform import PaddlePlatform
+from fd_platforms.kit.vendor_host import VendorHostRuntime
 
 PLATFORM = PaddlePlatform(
     name="metax",

@@ -5,15 +5,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from fd_platforms.device_facts import (
-    DeviceFacts,
-    PinningUnavailable,
-    open_ipc_tensor,
-    pinned_tensor_buffer,
-    share_ipc_tensor,
-)
-from fd_platforms.paddle_platform import PaddlePlatform
-from fd_platforms.types import Detection, DeviceMemory, HostBuffer, SharedTensor
+from fd_platforms.contract.types import Detection, DeviceMemory, HostBuffer
+from fd_platforms.kit.device_facts import DeviceFacts, pinned_tensor_buffer
+from fd_platforms.kit.host_memory import PinningUnavailable
+from fd_platforms.kit.paddle_platform import PaddlePlatform
 
 INSTALL_HINT = "pip install paddlepaddle-xpu (Paddle's Kunlun build) on a machine with Kunlun XPUs"
 
@@ -34,6 +29,7 @@ class XpuFacts(DeviceFacts):
     )
     sharing = "XPU IPC handles through Paddle's DenseTensor._share_xpu and _new_shared_xpu"
     device_build_calls = ("base.core.DenseTensor._share_xpu", "base.core.DenseTensor._new_shared_xpu")
+    ipc_methods = ("_share_xpu", "_new_shared_xpu")
 
     @classmethod
     def simulated_paddle(cls, device_type: str, devices: int, total_bytes: int) -> Any:
@@ -67,12 +63,6 @@ class XpuFacts(DeviceFacts):
         if not self.paddle.is_compiled_with_xpu():
             raise PinningUnavailable("this paddle build has no XPU support")
         return pinned_tensor_buffer(self.paddle, nbytes, "XPUPinnedPlace", "xpu_pinned")
-
-    def export(self, name: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
-        return share_ipc_tensor(self.paddle, name, shape, dtype, device, "_share_xpu")
-
-    def open(self, name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
-        return open_ipc_tensor(self.paddle, name, handle, shape, dtype, "_new_shared_xpu")
 
 
 PLATFORM = PaddlePlatform(

@@ -11,10 +11,10 @@ Written only against fd-platforms' public plugin API (``docs/writing-a-plugin.md
 
 from __future__ import annotations
 
-from fd_platforms.custom_device import CustomDeviceFacts
-from fd_platforms.paddle_platform import PaddlePlatform
-from fd_platforms.types import PlatformLimit
-from fd_platforms.vendor_host import VendorHostRuntime
+from fd_platforms.contract.types import PlatformLimit
+from fd_platforms.kit.custom_device import CustomDeviceFacts
+from fd_platforms.kit.paddle_platform import PaddlePlatform
+from fd_platforms.kit.vendor_host import VendorHostRuntime
 
 PLATFORM = PaddlePlatform(
     name="nimbus",  # equal to the entry-point name in pyproject.toml

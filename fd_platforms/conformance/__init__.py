@@ -1,0 +1,174 @@
+"""Run the conformance suite for installed platforms: one pytest process per platform, a check matrix.
+
+Each platform runs ``python -m pytest -p fd_platforms.conformance.pytest_plugin --fd-platform NAME``
+in a scratch folder (so no project's ``conftest.py`` or ini file joins in), which writes every test's
+outcome to JSON; the outcomes are grouped by check (:data:`CHECKS`). Importing this module does not
+import pytest: the pytest plugin is :mod:`.pytest_plugin`, the suite :mod:`.suite`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ..contract.errors import FdPlatformsError
+from ..loading.discovery import Candidate
+
+CHECKS = ("identity", "decision", "planner", "host_alloc", "wait", "sharing", "simulated", "device")
+"""The suite's checks in report order: one module ``fd_platforms/conformance/suite/test_<check>.py`` each."""
+CheckStatus = Literal["pass", "fail", "skip"]
+SCRATCH_INI = "[pytest]\n"
+SUITE_PARENT = Path(__file__).parent  # the rootdir: test ids read suite/test_<check>.py::<test>
+
+
+class ConformanceUnavailableError(FdPlatformsError):
+    """The conformance suite cannot run here (pytest is missing)."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One platform's outcome on one check: counts, each failure's message, each distinct skip reason."""
+
+    check: str
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    failures: tuple[tuple[str, str], ...] = ()
+    skip_reasons: tuple[str, ...] = ()
+
+    @property
+    def status(self) -> CheckStatus:
+        if self.failed:
+            return "fail"
+        return "pass" if self.passed else "skip"
+
+
+@dataclass(frozen=True)
+class PlatformResult:
+    """The suite's outcome for one platform; ``error`` when the suite could not run at all."""
+
+    name: str
+    distribution: str
+    version: str
+    checks: tuple[CheckResult, ...] = ()
+    error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and all(check.status != "fail" for check in self.checks)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "distribution": self.distribution,
+            "version": self.version,
+            "passed": self.passed,
+            "error": self.error,
+            "checks": {
+                check.check: {
+                    "status": check.status,
+                    "passed": check.passed,
+                    "failed": check.failed,
+                    "skipped": check.skipped,
+                    "failures": [{"test": test, "message": message} for test, message in check.failures],
+                    "skip_reasons": list(check.skip_reasons),
+                }
+                for check in self.checks
+            },
+        }
+
+
+def require_pytest() -> None:
+    """The suite is pytest tests; say how to get pytest when it is missing."""
+    if importlib.util.find_spec("pytest") is None:
+        raise ConformanceUnavailableError(
+            "fd-platforms check runs the conformance suite with pytest, which is not installed in this "
+            f"environment ({sys.executable}). Fix: pip install 'pytest>=8'"
+        )
+
+
+def run_suite(candidate: Candidate, *, timeout: float, environ: Mapping[str, str] | None = None) -> PlatformResult:
+    """Run the suite against one platform in its own pytest process."""
+    with tempfile.TemporaryDirectory(prefix="fd-platforms-check-") as scratch:
+        ini = Path(scratch) / "pytest.ini"
+        ini.write_text(SCRATCH_INI)
+        report = Path(scratch) / "outcomes.json"
+        command = [
+            sys.executable, "-m", "pytest", "-p", "fd_platforms.conformance.pytest_plugin", "-p", "no:cacheprovider",
+            "--fd-platform", candidate.name, "--fd-platform-report", str(report), "-c", str(ini), "-q",
+            "--rootdir", str(SUITE_PARENT),
+        ]  # fmt: skip
+        base = PlatformResult(candidate.name, candidate.distribution, candidate.version)
+        try:
+            done = subprocess.run(
+                command, cwd=scratch, env=dict(os.environ if environ is None else environ),
+                capture_output=True, text=True, timeout=timeout,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return _with_error(base, f"the suite did not finish within {timeout:g} s. Fix: raise --timeout")
+        if not report.exists():
+            tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+            return _with_error(base, f"pytest exited {done.returncode} before running the suite: {' | '.join(tail)}")
+        outcomes = json.loads(report.read_text())["tests"]
+    return PlatformResult(base.name, base.distribution, base.version, tuple(_group(outcomes)))
+
+
+def run_suites(
+    candidates: list[Candidate],
+    *,
+    jobs: int,
+    timeout: float,
+    finished: Callable[[PlatformResult, float], None] | None = None,
+) -> list[PlatformResult]:
+    """Run the suite for several platforms, ``jobs`` processes at a time; results in the given
+    order. ``finished(result, seconds)`` is called as each platform's suite ends (from a worker thread)."""
+    require_pytest()
+
+    def one(candidate: Candidate) -> PlatformResult:
+        started = time.monotonic()
+        result = run_suite(candidate, timeout=timeout)
+        if finished is not None:
+            finished(result, time.monotonic() - started)
+        return result
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(one, candidates))
+
+
+def _with_error(base: PlatformResult, error: str) -> PlatformResult:
+    return PlatformResult(base.name, base.distribution, base.version, error=error)
+
+
+@dataclass
+class _Tally:
+    counts: dict[str, int] = field(default_factory=lambda: {"passed": 0, "failed": 0, "skipped": 0})
+    failures: list[tuple[str, str]] = field(default_factory=list)
+    skip_reasons: list[str] = field(default_factory=list)
+
+
+def _group(outcomes: Mapping[str, Mapping[str, str]]) -> list[CheckResult]:
+    tallies = {check: _Tally() for check in CHECKS}
+    for nodeid, outcome in outcomes.items():
+        tally = tallies.setdefault(outcome["check"], _Tally())
+        tally.counts[outcome["outcome"]] += 1
+        if outcome["outcome"] == "failed":
+            tally.failures.append((nodeid.rsplit("/", 1)[-1], outcome["message"]))
+        elif outcome["outcome"] == "skipped" and outcome["message"] not in tally.skip_reasons:
+            tally.skip_reasons.append(outcome["message"])
+    return [
+        CheckResult(check, tally.counts["passed"], tally.counts["failed"], tally.counts["skipped"],
+                    tuple(tally.failures), tuple(tally.skip_reasons))  # fmt: skip
+        for check, tally in tallies.items()
+    ]

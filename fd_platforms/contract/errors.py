@@ -1,0 +1,241 @@
+"""Typed errors: each says what was wrong, the value, what is allowed and how to fix it.
+
+Every error fd-platforms raises on purpose derives from :class:`FdPlatformsError`. The CLI prints
+its message on one line of stderr and exits with its ``exit_code`` (2 for configuration and usage
+errors), never with a traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Iterable
+
+
+class FdPlatformsError(Exception):
+    """Base of every deliberate fd-platforms error."""
+
+    exit_code = 1
+
+
+MAX_SHOWN = 120  # characters of a value's repr an error message shows
+
+
+def show_value(value: object) -> str:
+    """``repr(value)`` for a message, safe for any value: a huge integer is described by its digits,
+    a long repr is cut at :data:`MAX_SHOWN` characters."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1000:
+        digits = int(math.log10(abs(value))) + 1
+        digits -= 10 ** (digits - 1) > abs(value)  # log10 rounds up just below a power of ten
+        return f"<an integer of {digits} digits>"
+    try:
+        shown = repr(value)
+    except Exception as exc:  # a repr that fails must not hide the error being reported
+        shown = f"<{type(value).__name__} whose repr raised {type(exc).__name__}>"
+    return shown if len(shown) <= MAX_SHOWN else shown[: MAX_SHOWN - 3] + "..."
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line and 200 characters, for an error of ours."""
+    text = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+class ConfigError(FdPlatformsError, ValueError):
+    """A value given by the user (env var, CLI flag, config field) is not allowed.
+
+    The message names the field, the value, what is allowed and the fix; ``source`` names the
+    file the value came from, when it came from one.
+    """
+
+    exit_code = 2
+
+    def __init__(
+        self, field: str, value: object, allowed: str, fix: str, *, source: str | None = None
+    ) -> None:
+        self.field, self.value, self.allowed, self.fix, self.source = field, value, allowed, fix, source
+        where = f"{source}: " if source else ""
+        given = " is not given" if value is None else f"={show_value(value)} is not valid"
+        super().__init__(f"{where}{field}{given}; allowed: {allowed}. Fix: {fix}")
+
+
+class RecordError(FdPlatformsError, TypeError):
+    """A record of :mod:`fd_platforms.contract.types` was built with a field of the wrong type or value.
+
+    Raised where the record is built; a record a plugin builds badly is reported as that plugin's
+    :class:`PluginContractError`.
+    """
+
+    exit_code = 2
+
+    def __init__(self, record: str, field: str, value: object, allowed: str) -> None:
+        self.record, self.field, self.value, self.allowed = record, field, value, allowed
+        fix = f"build {record} with {field} as allowed"
+        if field.endswith("bytes"):
+            fix += " (a size such as '80GiB' becomes an int with fd_platforms.rules.sizes.parse_size)"
+        super().__init__(f"{record}.{field}={show_value(value)} is not valid; allowed: {allowed}. Fix: {fix}")
+
+
+class SelectionError(FdPlatformsError):
+    """The platform named or detected cannot be used (a configuration error)."""
+
+    exit_code = 2
+
+
+class UnknownPlatformError(SelectionError, ConfigError):
+    """``FD_PLATFORM``, a ``--platform`` flag or an allow-list entry names a platform that is not
+    installed; the fix starts with the closest installed name, where one is close."""
+
+    def __init__(self, variable: str, name: str, installed: Iterable[str], fix: str, *, also: str = "") -> None:
+        self.installed = sorted(installed)
+        close = difflib.get_close_matches(name, [*self.installed, *filter(None, [also])], n=1)
+        ConfigError.__init__(
+            self,
+            variable,
+            name,
+            f"{also + ', or ' if also else ''}an installed platform. Choose one of: {', '.join(self.installed)}",
+            (f"did you mean {close[0]!r}? " if close else "") + fix,
+        )
+
+
+class PlatformUnavailableError(SelectionError):
+    """The selected platform is installed but its detection says it cannot run here."""
+
+
+class AmbiguousPlatformError(SelectionError):
+    """Several platforms were detected and ``FD_PLATFORM`` does not choose between them."""
+
+
+class DuplicatePlatformError(SelectionError):
+    """Two distributions register the same platform name."""
+
+
+class PluginError(FdPlatformsError):
+    """A plugin could not be imported, registered, or broke the hook contract.
+
+    ``plugin`` is the platform name, ``distribution`` the installed distribution providing it.
+    """
+
+    exit_code = 2
+
+    def __init__(self, plugin: str, distribution: str, message: str) -> None:
+        self.plugin, self.distribution = plugin, distribution
+        super().__init__(f"platform plugin {plugin!r} (distribution {distribution}): {message}")
+
+
+class PluginLoadError(PluginError):
+    """Importing the plugin's entry point failed."""
+
+
+class PluginHookError(PluginError):
+    """The plugin's hook implementations do not match the specs (unknown name, bad arguments, missing hook)."""
+
+
+class PluginTimeoutError(PluginError):
+    """A call into plugin code did not return within its bound; ``step`` names it, ``seconds`` the bound."""
+
+    def __init__(self, plugin: str, distribution: str, message: str, *, step: str, seconds: float) -> None:
+        self.step, self.seconds = step, seconds
+        super().__init__(plugin, distribution, message)
+
+
+class PluginContractError(PluginError):
+    """A hook returned something other than the record its spec promises."""
+
+
+class PluginVersionError(PluginError):
+    """The plugin supports plugin API versions that exclude the installed core's."""
+
+
+class PlatformDriftError(PluginContractError):
+    """The plugin's ``should_create_cache_tensor`` disagrees with the core rule on some inputs.
+
+    ``cases`` lists each differing case as ``(inputs, expected, got)``.
+    """
+
+    def __init__(self, plugin: str, distribution: str, message: str, cases: tuple[object, ...] = ()) -> None:
+        self.cases = cases
+        super().__init__(plugin, distribution, message)
+
+
+class DeviceFactsUnavailableError(FdPlatformsError):
+    """The platform does not report a fact the caller needs (its plugin has no such hook)."""
+
+    exit_code = 2
+
+
+class HostAllocError(FdPlatformsError, MemoryError):
+    """Host memory could not be allocated as asked (size, or pinning the caller demanded)."""
+
+
+class BufferInUseError(FdPlatformsError):
+    """A host buffer was released while numpy or paddle views of it were still alive."""
+
+
+class CacheSignalError(FdPlatformsError):
+    """A cache-ready signal cannot be created or attached: name in use, missing, or not a signal."""
+
+
+class CacheNotReadyError(FdPlatformsError):
+    """A wait for a cache-ready slot ended without the slot being set.
+
+    ``cause`` is ``"timeout"`` or ``"setter_exited"``; ``slots`` holds every rank's slot value
+    (1 set, 0 clear) at the moment the wait gave up.
+    """
+
+    def __init__(
+        self, signal_name: str, rank: int, elapsed: float, slots: tuple[int, ...], cause: str, detail: str, fix: str
+    ) -> None:
+        self.signal_name, self.rank, self.elapsed, self.slots, self.cause = signal_name, rank, elapsed, slots, cause
+        states = ", ".join(f"rank {index} {'set' if value else 'clear'}" for index, value in enumerate(slots))
+        super().__init__(
+            f"cache-ready signal {signal_name!r}: rank {rank} was not set after {elapsed:.1f} s: {detail}. "
+            f"Slots: {states}. Fix: {fix}"
+        )
+
+
+class CacheSharingError(FdPlatformsError):
+    """A KV cache cannot cross processes as asked: the platform cannot share tensors, a published
+    tensor differs from the attacher's layout, or the creator's cache is gone."""
+
+    exit_code = 2
+
+
+class CacheInUseError(FdPlatformsError):
+    """A cache could not be freed within the bound because other processes still hold it.
+
+    ``ranks`` names the local ranks whose attachers have not let go.
+    """
+
+    def __init__(self, message: str, ranks: tuple[int, ...] = ()) -> None:
+        self.ranks = ranks
+        super().__init__(message)
+
+
+class DeviceAllocError(FdPlatformsError, MemoryError):
+    """A KV cache tensor could not be allocated on the device; nothing allocated before it is kept."""
+
+
+class RunError(FdPlatformsError):
+    """A process of ``fd-platforms run`` failed or fell silent.
+
+    ``failures`` holds ``(process, what happened)`` pairs (``("rank 1", "CacheNotReadyError: ...")``);
+    ``exit_code`` is the first failure's (2 for a child's configuration or memory error). Processes
+    failing alike share one line; several different failures are one line each under a heading.
+    """
+
+    def __init__(self, failures: tuple[tuple[str, str], ...], exit_code: int = 1) -> None:
+        self.failures, self.exit_code = failures, exit_code
+        grouped: dict[str, list[str]] = {}
+        for process, what in failures:
+            grouped.setdefault(what, []).append(process)
+        lines = [f"{', '.join(processes)}: {what}" for what, processes in grouped.items()]
+        if len(lines) == 1:
+            super().__init__(lines[0])
+        else:
+            super().__init__(f"{len(failures)} processes failed:" + "".join(f"\n  {line}" for line in lines))
+
+
+class NodeError(FdPlatformsError):
+    """Another node of a multi-node engine failed, vanished, or did not answer in time; the
+    message names the node (and rank) and what was being waited for."""

@@ -1,0 +1,389 @@
+"""Hook specifications: the whole contract between the core and a platform plugin.
+
+A platform plugin is a module (or object) exposed in the entry-point group ``fd_platforms`` under
+its platform name. It implements some of these hooks with :data:`fd_platforms.hookimpl`:
+
+.. code-block:: python
+
+    from fd_platforms import hookimpl
+    from fd_platforms.contract.types import Detection, PlatformIdentity
+
+    @hookimpl
+    def platform_identity():
+        return PlatformIdentity(name="acme", device_type="acme_npu",
+                                visible_devices_env="ACME_VISIBLE_DEVICES")
+
+    @hookimpl
+    def detect_platform():
+        return Detection(available=False, reason="paddle-acme-npu is not installed")
+
+    @hookimpl
+    def supported_api_versions():
+        return ">=1.0,<2"
+
+Rules for every hook:
+
+- The core calls hooks with keyword arguments only; an implementation may accept any subset of a
+  spec's parameters (pluggy passes what it asks for).
+- Every hook is ``firstresult``: each platform is its own plugin manager holding the core's
+  defaults (registered ``trylast``) and one platform plugin, so the plugin's answer wins and the
+  core's default answers where the plugin is silent or returns ``None``.
+- Return the record named in ``Returns``; anything else raises
+  :class:`~fd_platforms.contract.errors.PluginContractError`.
+- ``platform_identity``, ``detect_platform`` and ``supported_api_versions`` are required; a plugin missing either, or
+  implementing a hook name not defined here, is refused at registration with
+  :class:`~fd_platforms.contract.errors.PluginHookError`.
+- Module-level code and ``detect_platform`` must stay cheap: no ``import paddle``, no device
+  runtime start-up. Import paddle inside the hooks that need tensors or live device facts.
+- Plugins are untrusted code (:mod:`fd_platforms.loading.isolation`): the import, the registration and
+  every hook a plugin implements run in a thread of their own, bounded by
+  ``FD_PLATFORM_DETECT_TIMEOUT`` (default 10 s; ``host_alloc`` by ``FD_CACHE_READY_TIMEOUT``);
+  past it the platform is broken (:class:`~fd_platforms.contract.errors.PluginTimeoutError`). Anything a
+  hook raises, ``SystemExit`` and ``KeyboardInterrupt`` included, becomes a
+  :class:`~fd_platforms.contract.errors.PluginError` naming the plugin and the hook.
+- The core validates the caller's arguments before a hook runs, and checks every answer on every
+  call: the record type, and for the rule hooks the rule itself (a differing decision or a plan
+  breaking the planner's invariants is a :class:`~fd_platforms.contract.errors.PlatformDriftError`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..rules.config.settings import CacheConfig
+    from ..rules.layout import CacheLayout
+    from .types import (
+        CacheDecision,
+        Detection,
+        DeviceMemory,
+        HostBuffer,
+        Plan,
+        PlatformIdentity,
+        PlatformLimit,
+        SharedTensor,
+    )
+
+PROJECT = "fd_platforms"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+REQUIRED_HOOKS = ("platform_identity", "detect_platform", "supported_api_versions")
+
+
+def hook_names() -> tuple[str, ...]:
+    """Every hook specified in this module, in the order they are defined."""
+    return tuple(name for name, obj in globals().items() if hasattr(obj, f"{PROJECT}_spec"))
+
+
+@hookspec(firstresult=True)
+def platform_identity() -> PlatformIdentity:
+    """Say who the platform is.
+
+    :returns: a :class:`~fd_platforms.contract.types.PlatformIdentity`. ``name`` must equal the name
+        the plugin is registered under in the ``fd_platforms`` entry-point group.
+
+    firstresult: yes. Required. Errors: a name that differs from the entry-point name is
+    refused with :class:`~fd_platforms.contract.errors.PluginContractError`.
+
+    Example::
+
+        @hookimpl
+        def platform_identity():
+            return PlatformIdentity("cuda", "gpu", "CUDA_VISIBLE_DEVICES")
+    """
+
+
+@hookspec(firstresult=True)
+def detect_platform() -> Detection:
+    """Tell whether the platform can run on this machine, cheaply.
+
+    Check installed distributions, device nodes or vendor tools; never import paddle or start a
+    device runtime here (``fd-platforms list`` runs this for every installed platform).
+
+    :returns: a :class:`~fd_platforms.contract.types.Detection` with ``available``, a ``reason`` a user
+        can act on (always, but especially when unavailable) and ``device_count``.
+
+    firstresult: yes. Required. Errors: an exception raised here marks the platform broken,
+    with the exception as its error; it never stops other platforms from being detected.
+
+    Example::
+
+        @hookimpl
+        def detect_platform():
+            return Detection(True, "paddlepaddle-gpu 3.3.1 installed, 8 devices", 8)
+    """
+
+
+@hookspec(firstresult=True)
+def supported_api_versions() -> str:
+    """Declare the plugin API versions the plugin was written for.
+
+    The plugin API (these hooks and the records in :mod:`fd_platforms.contract.types`) has the version
+    :data:`fd_platforms.API_VERSION` (``MAJOR.MINOR``; MAJOR changes break plugins). The core
+    checks the declaration when it loads the plugin.
+
+    :returns: a PEP 440 version specifier string, e.g. ``">=1.0,<2"`` for a plugin written
+        against API 1.0 that trusts every 1.x.
+
+    firstresult: yes. Required. Errors: a range that excludes the core's API version is refused
+    with :class:`~fd_platforms.contract.errors.PluginVersionError` naming both versions and the fix; a
+    value that is not a specifier string with :class:`~fd_platforms.contract.errors.PluginContractError`.
+
+    Example::
+
+        @hookimpl
+        def supported_api_versions():
+            return ">=1.0,<2"
+    """
+
+
+@hookspec(firstresult=True)
+def confirm_platform() -> Detection | None:
+    """Confirm detection through Paddle, once, when the platform is about to be selected.
+
+    Here a plugin may import paddle and start its device runtime: check that the Paddle build
+    supports the device (``is_compiled_with_cuda()``, a registered custom-device type, ...) and
+    count the devices it sees. Unselected platforms are never asked.
+
+    :returns: a :class:`~fd_platforms.contract.types.Detection` that replaces the cheap one (available,
+        reason, device count from Paddle), or ``None`` when the cheap detection is all there is.
+
+    firstresult: yes. Optional (the core's default returns ``None``). Errors: an exception
+    raised here marks the platform broken; ``available=False`` makes selecting it an error
+    carrying ``reason``.
+
+    Example::
+
+        @hookimpl
+        def confirm_platform():
+            import paddle
+            if not paddle.is_compiled_with_cuda():
+                return Detection(False, "paddle is not built with CUDA. Fix: pip install paddlepaddle-gpu")
+            return Detection(True, "paddle sees 8 CUDA devices", paddle.device.cuda.device_count())
+    """
+
+
+@hookspec(firstresult=True)
+def should_create_cache_tensor(
+    profile: bool, num_cpu_blocks: int, storage_backend: str | None, splitwise_role: str
+) -> CacheDecision:
+    """Decide whether this worker allocates the KV cache itself or attaches to a cache manager's.
+
+    The core's default is the one rule
+    ``profile or not (num_cpu_blocks > 0 or storage_backend or splitwise_role != "mixed")``;
+    platforms should not implement this hook. One that does is checked against the whole truth
+    table when loaded and against the rule on every call's own inputs.
+
+    :param profile: this is the memory-profiling run, which always creates a temporary cache.
+    :param num_cpu_blocks: host swap blocks; > 0 means a cache-transfer process owns the cache.
+    :param storage_backend: ``None``, ``"mooncake"``, ``"attention_store"`` or ``"file"``.
+    :param splitwise_role: ``"mixed"``, ``"prefill"`` or ``"decode"``.
+    :returns: a :class:`~fd_platforms.contract.types.CacheDecision` (``create``, the deciding term, reason).
+
+    firstresult: yes. Errors: :class:`~fd_platforms.contract.errors.ConfigError` for a value outside the
+    allowed ones.
+
+    Example::
+
+        platform.should_create_cache_tensor(profile=False, num_cpu_blocks=0,
+                                            storage_backend=None, splitwise_role="mixed")
+        # CacheDecision(create=True, deciding_term="none", ...)
+    """
+
+
+@hookspec(firstresult=True)
+def device_memory(device_id: int) -> DeviceMemory:
+    """Report memory facts of one local device, for the planner.
+
+    :param device_id: local device index (after the visibility variable is applied).
+    :returns: a :class:`~fd_platforms.contract.types.DeviceMemory`; ``free_bytes`` is ``None`` where the
+        platform cannot tell free memory, ``process_bytes`` what this process already holds.
+
+    firstresult: yes. May import paddle. Errors: :class:`~fd_platforms.contract.errors.ConfigError` for a
+    device id the platform does not have.
+
+    Example::
+
+        @hookimpl
+        def device_memory(device_id):
+            free, total = paddle.cuda.mem_get_info(device_id)
+            return DeviceMemory(total, free, paddle.device.memory_reserved(device_id), "cuda")
+    """
+
+
+@hookspec(firstresult=True)
+def declared_limits() -> tuple[PlatformLimit, ...]:
+    """Declare the platform's limits on the KV cache, each with the reason it exists.
+
+    :returns: a tuple of :class:`~fd_platforms.contract.types.PlatformLimit` (empty: no limit). The core's
+        default declares none.
+
+    firstresult: yes. Errors: none expected; the planner explains a binding limit with its reason.
+
+    Example::
+
+        @hookimpl
+        def declared_limits():
+            return (PlatformLimit("max_tensor_elements", 2**31 - 1,
+                                  "attention kernels address one cache tensor with int32 offsets"),)
+    """
+
+
+@hookspec(firstresult=True)
+def max_num_blocks(
+    layout: CacheLayout,
+    memory: DeviceMemory,
+    cache: CacheConfig,
+    limits: tuple[PlatformLimit, ...],
+    non_cache_bytes: int | None,
+) -> Plan:
+    """Plan how many KV cache blocks one rank gets.
+
+    The core's default (:func:`fd_platforms.rules.planner.plan_blocks`) divides the budget
+    ``floor(total * memory_utilization) - non_cache`` (capped by free memory where known) by the
+    layout's bytes per block, then applies declared limits and any override; platforms should not
+    implement this hook. Any answer is checked on every call against the planner's invariants
+    (:func:`fd_platforms.rules.planner.plan_violations`).
+
+    :param layout: the rank's :class:`~fd_platforms.rules.layout.CacheLayout`.
+    :param memory: the device's :class:`~fd_platforms.contract.types.DeviceMemory`.
+    :param cache: the validated :class:`~fd_platforms.rules.config.CacheConfig`.
+    :param limits: the platform's declared :class:`~fd_platforms.contract.types.PlatformLimit` records.
+    :param non_cache_bytes: bytes the process holds outside the cache (weights, activation peak);
+        ``None``: ``memory.process_bytes``.
+    :returns: a :class:`~fd_platforms.contract.types.Plan` (blocks, bytes per block, budget, binding constraint).
+
+    firstresult: yes. Errors: :class:`~fd_platforms.rules.planner.InsufficientMemoryError` (with the
+    numbers and what to change) when the budget holds no block;
+    :class:`~fd_platforms.contract.errors.ConfigError` for an override above a limit or the budget.
+
+    Example::
+
+        plan = platform.max_num_blocks(layout=layout, cache=cache, memory=memory)
+        plan.num_blocks, plan.binding  # (43690, "memory")
+    """
+
+
+@hookspec(firstresult=True)
+def host_alloc(nbytes: int, require_pinned: bool) -> HostBuffer:
+    """Allocate host memory for swap space, pinned where the platform can pin it.
+
+    :param nbytes: size in bytes, > 0.
+    :param require_pinned: when true, memory that cannot be pinned is an error instead of a
+        pageable buffer with ``pinned=False``.
+    :returns: a :class:`~fd_platforms.contract.types.HostBuffer` (address, size, ``pinned``, zero-copy
+        numpy and paddle views, explicit ``release()``; usable as a context manager).
+
+    firstresult: yes. The core's default returns page-aligned pageable memory with
+    ``pinned=False``. Errors: :class:`~fd_platforms.contract.errors.HostAllocError` naming the requested
+    size when allocation fails or pinning was required but is impossible; nothing is leaked.
+
+    Example::
+
+        with platform.host_alloc(nbytes=1 << 30, require_pinned=False) as buf:
+            buf.numpy()[:4] = 1
+    """
+
+
+@hookspec(firstresult=True)
+def wait_cache_ready(
+    signal_name: str, rank: int, timeout: float | None, setter_pid: int | None
+) -> float:
+    """Block until the cache-ready slot of ``rank`` is set by the process that owns the cache.
+
+    The core's implementation attaches to the signal (:mod:`fd_platforms.ipc.cache_signal`) and
+    sleeps on the slot with a futex: no CPU while waiting, woken within microseconds of the set.
+
+    :param signal_name: name of the engine's shared-memory cache-ready signal
+        (:func:`fd_platforms.ipc.cache_signal.new_signal_name`).
+    :param rank: local rank whose slot to wait on.
+    :param timeout: seconds to wait at most (``None``: ``FD_CACHE_READY_TIMEOUT``, default 600).
+    :param setter_pid: pid of the process expected to set the slot; its exit ends the wait
+        within about a quarter of a second.
+    :returns: seconds waited.
+
+    firstresult: yes; platforms should not implement this hook. Errors:
+    :class:`~fd_platforms.contract.errors.CacheNotReadyError` (cause ``"timeout"`` or ``"setter_exited"``)
+    naming the signal, the rank, the elapsed time and every slot's state;
+    :class:`~fd_platforms.contract.errors.CacheSignalError` when no such signal exists;
+    :class:`~fd_platforms.contract.errors.ConfigError` for a bad rank, timeout or ``FD_CACHE_READY_TIMEOUT``.
+
+    Example::
+
+        waited = platform.wait_cache_ready("fd_cache_ready.engine-8188", rank=0, setter_pid=manager.pid)
+    """
+
+
+@hookspec(firstresult=True)
+def cache_sharing() -> str | None:
+    """Say how a KV cache tensor crosses processes on this platform, or that it cannot. (API 1.1)
+
+    A worker that does not create its cache attaches to the cache manager's tensors by name, with
+    :func:`export_cache_tensor` and :func:`open_cache_tensor`. Where they cannot work, the core
+    refuses such a worker when it decides (naming the rule's deciding term and the fix), never
+    later with a crash or a hang.
+
+    :returns: one sentence naming the mechanism (``"CUDA IPC handles through Paddle's
+        _share_cuda"``), or ``None`` where tensors cannot be shared. Must stay cheap: no paddle.
+
+    firstresult: yes. Optional (the core's default returns ``None``). Errors: none expected; an
+    answer that is neither a sentence nor ``None`` is a :class:`~fd_platforms.contract.errors.PluginContractError`.
+
+    Example::
+
+        @hookimpl
+        def cache_sharing():
+            return "CUDA IPC handles through Paddle's DenseTensor._share_cuda / _new_shared_cuda"
+    """
+
+
+@hookspec(firstresult=True)
+def export_cache_tensor(name: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
+    """Allocate one zero-filled KV cache tensor that other processes can open. (API 1.1)
+
+    :param name: the tensor's published name, unique to the engine instance
+        (``fd_kv.<instance>.key_caches_0_rank0.device0``); use it to label what the platform creates.
+    :param shape: the tensor's shape, blocks first.
+    :param dtype: one of ``bfloat16``, ``float16``, ``float8_e4m3fn``, ``int8``, ``uint8``, ``float32``.
+    :param device: Paddle's device string (``gpu:0``, ``cpu``).
+    :returns: a :class:`~fd_platforms.contract.types.SharedTensor` whose ``tensor`` is zero-filled and whose
+        ``handle`` is the text another process passes to :func:`open_cache_tensor`; closing it
+        frees the memory once no other process holds it.
+
+    firstresult: yes. Optional; the core's default raises
+    :class:`~fd_platforms.contract.errors.CacheSharingError`. Errors:
+    :class:`~fd_platforms.contract.errors.DeviceAllocError` naming the tensor and size when it cannot be
+    allocated; nothing is kept then.
+
+    Example::
+
+        shared = platform.export_cache_tensor("fd_kv.8188.key_caches_0_rank0.device0", (1024, 4, 64, 128),
+                                              "bfloat16", "gpu:0")
+        shared.handle  # published by the core; shared.close() when the cache is cleared
+    """
+
+
+@hookspec(firstresult=True)
+def open_cache_tensor(name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
+    """Open a tensor another process exported, zero-copy: the same memory, not a copy. (API 1.1)
+
+    :param name: the published name (as exported).
+    :param handle: the exporter's ``SharedTensor.handle``.
+    :param shape: the shape the caller's layout expects (checked against the publication first).
+    :param dtype: the dtype the caller's layout expects.
+    :param device: Paddle's device string of this process's device.
+    :returns: a :class:`~fd_platforms.contract.types.SharedTensor` (``exported=False``); closing it drops
+        this process's mapping and never frees the exporter's memory.
+
+    firstresult: yes. Optional; the core's default raises
+    :class:`~fd_platforms.contract.errors.CacheSharingError`. Errors: ``CacheSharingError`` naming the tensor
+    when the handle is stale (its exporter is gone) or does not hold ``shape`` and ``dtype``.
+
+    Example::
+
+        shared = platform.open_cache_tensor(name, handle, (1024, 4, 64, 128), "bfloat16", "gpu:0")
+    """

@@ -1,0 +1,9 @@
+"""Cross-process primitives: how the engine's processes meet on one machine, without paddle.
+
+- :mod:`.shm` — shared-memory segments as containers need them (kernel-held liveness, checked sizes);
+- :mod:`.futex` — sleeping on a word of shared memory;
+- :mod:`.cache_signal` — the cache-ready signal and its bounded wait;
+- :mod:`.process_watch` — noticing that a process exited (pidfd);
+- :mod:`.timeouts` — the bounds of every wait, from arguments and environment variables;
+- :mod:`.console` — lines written whole when several processes share a terminal.
+"""

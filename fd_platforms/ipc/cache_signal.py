@@ -1,0 +1,409 @@
+"""The cache-ready signal: one int32 slot per local rank in POSIX shared memory.
+
+The engine process creates the signal (it is the *owner*); workers and the cache-manager process
+attach to it by name. Whoever allocates a rank's KV cache sets that rank's slot; a worker that
+does not allocate waits for it with :meth:`CacheReadySignal.wait`.
+
+Layout of the segment ``/dev/shm/<name>``, native-endian int32 words, for any process of the engine
+that wants to read it without this package:
+
+====== ==============================================================================
+word   meaning
+====== ==============================================================================
+0      magic ``0x46444352`` (``"FDCR"``), written last when the owner creates it
+1      layout version, ``2``
+2      number of ranks ``N``
+3      owner pid, in the owner's PID namespace (for messages only; never for liveness)
+4-7    reserved, 0
+8 + r  slot of local rank ``r``: 0 clear, anything else set (this package writes 1)
+====== ==============================================================================
+
+Liveness (layout 2): every process using the signal holds a shared ``flock`` on the segment for
+as long as it has it open, and the kernel drops it when the process exits, however it exits and
+whatever PID namespace it runs in (see :mod:`fd_platforms.ipc.shm`). A signal nobody holds is left
+over from an engine that died; one somebody holds is in use, even if its owner pid means nothing
+here (containers sharing ``/dev/shm`` but not PIDs).
+
+Lifetimes: the owner unlinks the segment on :meth:`~CacheReadySignal.close`, at interpreter exit,
+or when the owner object is garbage-collected (keep a reference while the engine runs); a forked
+child of the owner never does; attachers never unlink, and no segment is ever registered with
+Python's ``resource_tracker``. A segment left by an owner that was killed is reclaimed by the next
+owner creating the same name, or by :func:`reclaim_stale_signals`. The segment is mode 0600: the
+owning user only.
+
+Waking: a waiter sleeps on its slot with a Linux futex and the setter wakes it after writing the
+slot, so waiting costs no CPU and a wake takes microseconds. See the README for the measurements.
+
+Truncation: ``/dev/shm`` files cannot be sealed, so another process of the user may shrink the
+segment under its users. No word is ever read or written through the mapping: slots are read
+and written with ``pread``/``pwrite`` on the descriptor (a short read is the typed
+:class:`~fd_platforms.contract.errors.CacheSignalError` naming the truncation), and the mapping only
+gives the futex its address, where the kernel answers ``EFAULT`` instead of raising SIGBUS.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import re
+import secrets
+import struct
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from types import TracebackType
+
+from ..contract.errors import CacheNotReadyError, CacheSignalError, ConfigError
+from . import futex, shm
+from .process_watch import ProcessWatch
+from .timeouts import check_seconds, env_seconds, knob
+
+logger = logging.getLogger(__name__)
+
+SIGNAL_PREFIX = "fd_cache_ready."
+MAGIC = 0x46444352
+LAYOUT_VERSION = 2
+HEADER_WORDS = 8
+WORD_BYTES = 4
+MAX_RANKS = 1024
+ENV_TIMEOUT = "FD_CACHE_READY_TIMEOUT"
+DEFAULT_TIMEOUT = 600.0
+PROGRESS_SECONDS = 5.0
+CHECK_SECONDS = 0.25  # how often a waiter looks at the setter's liveness and the clock
+POLL_SECONDS = 0.002  # the sleep between looks where futexes are unavailable
+HEADER_BYTES = HEADER_WORDS * WORD_BYTES
+
+_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
+_WORD_MAGIC, _WORD_VERSION, _WORD_RANKS, _WORD_PID = range(4)
+
+
+def new_signal_name(instance: str | None = None) -> str:
+    """``fd_cache_ready.<instance>``; without ``instance`` a name unique to this process and call.
+
+    Use a stable instance (e.g. the engine's port) when a restarted engine should reclaim the
+    segment its crashed predecessor left behind.
+    """
+    suffix = instance if instance is not None else f"{os.getpid()}-{secrets.token_hex(4)}"
+    return check_signal_name(SIGNAL_PREFIX + suffix)
+
+
+def check_signal_name(name: str) -> str:
+    """``name`` if it is a valid segment name, else a :class:`ConfigError`."""
+    if not isinstance(name, str) or not _NAME_PATTERN.fullmatch(name):
+        raise ConfigError(
+            "signal_name",
+            name,
+            "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 201 characters",
+            "pass a name such as 'fd_cache_ready.engine-8188', or omit it to get a unique one",
+        )
+    return name
+
+
+def resolve_timeout(timeout: float | None, environ: Mapping[str, str] | None = None) -> float:
+    """The wait limit in seconds: ``timeout``, else ``FD_CACHE_READY_TIMEOUT``, else 600."""
+    if timeout is not None:
+        return check_seconds("timeout", timeout, "pass a finite number of seconds > 0")
+    return env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT, environ)
+
+
+def check_rank_count(num_ranks: object) -> int:
+    """``num_ranks`` if it is an int from 1 to :data:`MAX_RANKS`, else a ConfigError."""
+    if isinstance(num_ranks, bool) or not isinstance(num_ranks, int) or not 1 <= num_ranks <= MAX_RANKS:
+        raise ConfigError("num_ranks", num_ranks, f"an int from 1 to {MAX_RANKS}", "pass the number of local ranks")
+    return num_ranks
+
+
+class CacheReadySignal:
+    """One engine instance's cache-ready slots. Build it with :meth:`create` or :meth:`attach`."""
+
+    def __init__(self, segment: shm.Segment, name: str, num_ranks: int, *, owner: bool) -> None:
+        self._segment = segment
+        anchor = ctypes.c_char.from_buffer(segment.map())  # the futex's address only: no word is read through it
+        self._base_address = ctypes.addressof(anchor)
+        del anchor  # keep no buffer export alive, so the segment can be closed
+        self.name, self.num_ranks, self.owner = name, num_ranks, owner
+        # Runs on close(), on garbage collection or at interpreter exit, whichever comes first.
+        self._release = weakref.finalize(self, _release, segment, os.getpid() if owner else None)
+
+    # -- building ---------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, num_ranks: int, name: str | None = None) -> CacheReadySignal:
+        """Create the segment (this process becomes its owner), all slots clear.
+
+        A segment of the same name that no living process holds is reclaimed with a warning;
+        one in use, or one that is not a signal of this user's, is a :class:`CacheSignalError`.
+        """
+        check_rank_count(num_ranks)
+        name = check_signal_name(name) if name is not None else new_signal_name()
+        size = (HEADER_WORDS + num_ranks) * WORD_BYTES
+        try:
+            segment = _create_segment(name, size)
+        except FileExistsError:
+            _reclaim_or_refuse(name)
+            try:
+                segment = _create_segment(name, size)
+            except FileExistsError:
+                raise CacheSignalError(
+                    f"cache-ready signal {name!r} was created by another process while this one reclaimed it. "
+                    "Fix: give each engine instance its own signal name"
+                ) from None
+        signal = cls(segment, name, num_ranks, owner=True)
+        signal._write(_WORD_VERSION, LAYOUT_VERSION, num_ranks, os.getpid())
+        signal._write(_WORD_MAGIC, MAGIC)  # last: a reader sees a complete header or none
+        return signal
+
+    @classmethod
+    def attach(cls, name: str) -> CacheReadySignal:
+        """Attach to a signal the engine created; closing an attached signal never unlinks it."""
+        check_signal_name(name)
+        try:
+            segment = shm.Segment.open(name, HEADER_BYTES)
+        except FileNotFoundError:
+            raise CacheSignalError(
+                f"cache-ready signal {name!r} does not exist (no /dev/shm/{name}). "
+                "Fix: the engine process creates it before starting workers; check that this name is the one it created"
+            ) from None
+        except shm.SegmentUnusable as exc:
+            raise _not_a_signal(name, str(exc)) from None
+        header = _read_header(segment)
+        if header is None:
+            segment.close()
+            raise _not_a_signal(name, f"its header is not a complete fd-platforms signal of layout {LAYOUT_VERSION}")
+        return cls(segment, name, header[_WORD_RANKS], owner=False)
+
+    # -- slots --------------------------------------------------------------------------------
+
+    def set(self, rank: int) -> None:
+        """Mark ``rank``'s cache ready and wake everyone waiting on it."""
+        self._write(HEADER_WORDS + self._check_rank(rank), 1)
+        if futex.AVAILABLE:
+            self._futex(futex.wake, self._slot_address(rank))
+
+    def clear(self, rank: int) -> None:
+        """Mark ``rank``'s cache not ready."""
+        self._write(HEADER_WORDS + self._check_rank(rank), 0)
+
+    def is_set(self, rank: int) -> bool:
+        """Whether ``rank``'s slot is set."""
+        return self._read(HEADER_WORDS + self._check_rank(rank), 1)[0] != 0
+
+    def slots(self) -> tuple[int, ...]:
+        """Every rank's slot value, rank 0 first."""
+        return self._read(HEADER_WORDS, self.num_ranks)
+
+    # -- waiting ------------------------------------------------------------------------------
+
+    def wait(
+        self,
+        rank: int,
+        timeout: float | None = None,
+        setter_pid: int | None = None,
+        *,
+        progress_seconds: float = PROGRESS_SECONDS,
+    ) -> float:
+        """Block until ``rank``'s slot is set; the seconds waited.
+
+        ``timeout`` defaults to ``FD_CACHE_READY_TIMEOUT`` (600 s). With ``setter_pid``, the wait
+        fails within about :data:`CHECK_SECONDS` of that process exiting. Logs progress at INFO
+        every ``progress_seconds``. Raises :class:`CacheNotReadyError`; Ctrl-C interrupts at once.
+        """
+        self._check_rank(rank)
+        limit = resolve_timeout(timeout)
+        watch = ProcessWatch(setter_pid) if setter_pid is not None else None
+        start = time.monotonic()
+        next_progress = start + progress_seconds
+        try:
+            while not self.is_set(rank):
+                now = time.monotonic()
+                if watch is not None and watch.exited() and not self.is_set(rank):
+                    raise self._not_ready(
+                        rank,
+                        now - start,
+                        "setter_exited",
+                        f"the process expected to set it (pid {watch.pid}) exited without setting it",
+                        "read that process's log for why it stopped; the KV cache of this rank was never allocated",
+                    )
+                if now - start >= limit:
+                    raise self._not_ready(
+                        rank,
+                        now - start,
+                        "timeout",
+                        f"the limit is {limit:g} s",
+                        f"check that the cache manager is running and progressing; if allocation legitimately "
+                        f"takes longer, raise {knob(ENV_TIMEOUT, argument=timeout is not None)}",
+                    )
+                if now >= next_progress:
+                    ready = [index for index, value in enumerate(self.slots()) if value]
+                    logger.info(
+                        "waiting for cache-ready signal %r rank %d: %.1f s elapsed, slots set: %s of %d",
+                        self.name, rank, now - start, ready or "none", self.num_ranks,
+                    )
+                    next_progress += progress_seconds
+                self._sleep_on(rank, min(CHECK_SECONDS, start + limit - now, next_progress - now))
+            return time.monotonic() - start
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def _sleep_on(self, rank: int, seconds: float) -> None:
+        if futex.AVAILABLE:
+            self._futex(futex.wait, self._slot_address(rank), 0, seconds)
+        else:
+            time.sleep(min(max(seconds, 0.0), POLL_SECONDS))
+
+    def _not_ready(self, rank: int, elapsed: float, cause: str, detail: str, fix: str) -> CacheNotReadyError:
+        return CacheNotReadyError(self.name, rank, elapsed, self.slots(), cause, detail, fix)
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Unmap the segment; the owner also unlinks it. Idempotent. Do not close while waiting."""
+        self._release()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run."""
+        return not self._release.alive
+
+    def __enter__(self) -> CacheReadySignal:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+    @property
+    def instance(self) -> str:
+        """The engine instance this signal stands for: its name without ``fd_cache_ready.``."""
+        return self.name.removeprefix(SIGNAL_PREFIX)
+
+    def __repr__(self) -> str:
+        role = "owner" if self.owner else "attached"
+        return f"CacheReadySignal({self.name!r}, num_ranks={self.num_ranks}, {role})"
+
+    def _fd(self) -> int:
+        if self.closed:
+            raise CacheSignalError(f"cache-ready signal {self.name!r} is closed. Fix: attach to it again")
+        return self._segment.fd
+
+    def _read(self, word: int, count: int) -> tuple[int, ...]:
+        """``count`` words from ``word`` on, read from the descriptor (a truncated segment cannot SIGBUS)."""
+        raw = os.pread(self._fd(), count * WORD_BYTES, word * WORD_BYTES)
+        if len(raw) < count * WORD_BYTES:
+            raise self._truncated()
+        return struct.unpack(f"={count}i", raw)
+
+    def _write(self, word: int, *values: int) -> None:
+        os.pwrite(self._fd(), struct.pack(f"={len(values)}i", *values), word * WORD_BYTES)
+
+    def _futex(self, call: Callable[..., object], *args: object) -> None:
+        """A futex call on a slot's address; EFAULT (the segment truncated under the mapping) is typed."""
+        try:
+            call(*args)
+        except OSError as exc:
+            if exc.errno != errno.EFAULT:
+                raise
+            raise self._truncated() from None
+
+    def _truncated(self) -> CacheSignalError:
+        size = os.fstat(self._fd()).st_size
+        return CacheSignalError(
+            f"cache-ready signal {self.name!r} was truncated to {size} bytes while in use (it needs "
+            f"{(HEADER_WORDS + self.num_ranks) * WORD_BYTES}): another process shrank /dev/shm/{self.name}. "
+            "Fix: find what writes to /dev/shm beside the engine; restart the engine"
+        )
+
+    def _check_rank(self, rank: int) -> int:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.num_ranks:
+            raise ConfigError(
+                "rank", rank, f"a local rank from 0 to {self.num_ranks - 1}", f"signal {self.name!r} has {self.num_ranks} slots"
+            )
+        return rank
+
+    def _slot_address(self, rank: int) -> int:
+        self._fd()
+        return self._base_address + (HEADER_WORDS + rank) * WORD_BYTES
+
+
+# -- the segment itself (see fd_platforms.ipc.shm for the rules) -----------------------------------
+
+
+def _create_segment(name: str, size: int) -> shm.Segment:
+    try:
+        return shm.Segment.create(name, size)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        raise CacheSignalError(
+            f"cache-ready signal {name!r} cannot be created in /dev/shm: {exc.strerror or exc}. "
+            "Fix: check that /dev/shm exists and is writable (containers: mount a memory-backed /dev/shm)"
+        ) from None
+
+
+def _release(segment: shm.Segment, owner_pid: int | None) -> None:
+    """Unmap the segment; unlink it too if this is the owner (not a forked child of it)."""
+    if owner_pid == os.getpid():
+        segment.unlink()
+    segment.close()
+
+
+def _not_a_signal(name: str, why: str) -> CacheSignalError:
+    return CacheSignalError(
+        f"shared memory {name!r} is not a usable fd-platforms cache-ready signal (layout {LAYOUT_VERSION}): {why}. "
+        "Fix: check the signal name; a segment from another program, user or version cannot be used"
+    )
+
+
+def _read_header(segment: shm.Segment) -> tuple[int, ...] | None:
+    """The header words if the segment is a complete signal of this layout (read, not mapped), else ``None``."""
+    raw = segment.read(HEADER_BYTES)
+    if len(raw) < HEADER_BYTES:
+        return None
+    header = struct.unpack(f"={HEADER_WORDS}i", raw)
+    complete = (
+        header[_WORD_MAGIC] == MAGIC
+        and header[_WORD_VERSION] == LAYOUT_VERSION
+        and 1 <= header[_WORD_RANKS] <= MAX_RANKS
+        and segment.size >= (HEADER_WORDS + header[_WORD_RANKS]) * WORD_BYTES
+    )
+    return header if complete else None
+
+
+def _recognise(segment: shm.Segment) -> str | None:
+    """Who made ``segment`` (``pid 42``) if it is a complete signal of this layout, else None."""
+    header = _read_header(segment)
+    return None if header is None else f"pid {header[_WORD_PID]}"
+
+
+_WHAT = "cache-ready signal"
+
+
+def _reclaim_or_refuse(name: str) -> None:
+    """Make room for a new signal called ``name``: reclaim a dead one, refuse anything else."""
+    verdict, detail = shm.reclaim(name, HEADER_BYTES, _recognise, _WHAT)
+    if verdict == shm.Verdict.IN_USE:
+        raise CacheSignalError(
+            f"cache-ready signal {name!r} is in use by a running engine: {detail}. "
+            "Fix: give this engine instance another name, or stop that engine first"
+        )
+    if verdict == shm.Verdict.SKIPPED:
+        raise CacheSignalError(
+            f"shared memory {name!r} exists and cannot be reclaimed: {detail}. "
+            f"Fix: choose another name, or remove /dev/shm/{name} if nothing uses it"
+        )
+
+
+def reclaim_stale_signals() -> list[str]:
+    """Unlink every cache-ready signal of this user's that no living process holds; the names reclaimed.
+
+    An engine killed with SIGKILL cannot remove its signal, and a fresh engine uses a fresh name,
+    so ``fd-platforms run`` sweeps at start. Signals in use (in any PID namespace) are left
+    alone; entries it cannot open or does not recognise (other users' segments, directories,
+    symlinks, FIFOs, other layouts) are left alone too, named in one WARNING line. It never raises
+    for what it finds.
+    """
+    return shm.sweep(SIGNAL_PREFIX, HEADER_BYTES, _recognise, _WHAT)

@@ -1,0 +1,64 @@
+"""Timeouts: how long the core waits for something, from an argument or an environment variable.
+
+Every timeout is a finite number of seconds greater than 0 and at most :data:`MAX_SECONDS`
+(7 days). Longer limits are hangs in all but name, and the operating system's waits do not take
+them (``poll`` counts int32 milliseconds, about 24.8 days), so they are refused as configuration
+errors instead of failing deep inside a wait.
+
+A limit's error says what to raise: the environment variable it was read from, the caller's
+``timeout`` argument, or the command-line flag that set it (:func:`set_by_flag`, e.g. ``run
+--timeout``), so a message never sends a user to a knob that would not change anything.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+
+from ..contract.errors import ConfigError
+
+MAX_SECONDS = 7 * 24 * 3600
+ALLOWED = f"a finite number of seconds > 0 and at most {MAX_SECONDS} (7 days)"
+
+
+_flags: dict[str, str] = {}  # environment variable -> the command-line flag that set it in this process
+
+
+def set_by_flag(variable: str, flag: str, seconds: float) -> None:
+    """A command's ``flag`` sets the limit read from ``variable``: exported for this process and those
+    it starts (their bounds follow the flag), and named by :func:`knob` in every timeout message."""
+    os.environ[variable] = repr(seconds)
+    _flags[variable] = flag
+
+
+def knob(variable: str, *, argument: bool = False) -> str:
+    """What to raise to lengthen a limit read from ``variable`` (``argument``: the caller passed it):
+    the command's flag that set it, else the caller's ``timeout`` argument, else the variable."""
+    if variable in _flags:
+        return f"{_flags[variable]} (seconds)"
+    return "the timeout argument (seconds)" if argument else f"{variable} (seconds)"
+
+
+def check_seconds(field: str, value: object, fix: str, *, shown: object = None) -> float:
+    """``value`` as float seconds, or a ConfigError naming ``field`` (showing ``shown`` if given)."""
+    valid = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and 0 < value <= MAX_SECONDS  # compared before any float(): a huge int cannot overflow here
+    )
+    if not valid:
+        raise ConfigError(field, value if shown is None else shown, ALLOWED, fix)
+    return float(value)  # type: ignore[arg-type]
+
+
+def env_seconds(variable: str, default: float, environ: Mapping[str, str] | None = None) -> float:
+    """Seconds from environment ``variable`` (unset or empty: ``default``); a ConfigError naming it."""
+    raw = (os.environ if environ is None else environ).get(variable)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    return check_seconds(variable, value, f"set {variable} to seconds, e.g. {variable}={int(default)}", shown=raw)

@@ -1,0 +1,205 @@
+"""The seam between the core and Paddle: what a device platform learns from Paddle, nothing else.
+
+A :class:`DeviceFacts` subclass answers these questions for one kind of device — is the Paddle
+build able to drive it (and how many devices does it see), how much memory does a device have,
+can host memory be pinned for it, and, where it can, how a KV cache tensor crosses processes —
+using only the Paddle calls it lists in ``paddle_calls`` (and ``device_build_calls``, the ones only
+the device's own Paddle build has). Tests hand it a fake ``paddle`` holding exactly those names;
+a test against the installed Paddle checks that each name exists there, so a renamed API is
+caught without hardware. Every rule (the decision, the planner, the host-memory contract) stays
+in the core and is never written in a subclass.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..contract.errors import CacheSharingError, HostAllocError
+from ..contract.types import Detection, DeviceMemory, HostBuffer, SharedTensor
+from .host_memory import PinningUnavailable
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from .vendor_host import VendorHostRuntime
+
+
+class DeviceFacts(ABC):
+    """Device facts of one platform, read through ``paddle`` (the real module, or a test's fake).
+
+    ``device_type`` is Paddle's device type (``gpu``, ``xpu``, ``iluvatar_gpu``, ...),
+    ``visible_devices_env`` the variable that limits visible devices, ``host_runtime`` the vendor
+    runtime's pinned host allocator where Paddle has none for the device.
+    """
+
+    #: Dotted names under ``paddle`` this class calls (``"device.cuda.device_count"``).
+    paddle_calls: ClassVar[tuple[str, ...]]
+    #: How a KV cache tensor crosses processes on this device, in one sentence; None where it cannot.
+    sharing: ClassVar[str | None] = None
+    #: Paddle calls the sharing makes that only the device's own Paddle build has (the CPU wheel lacks them).
+    device_build_calls: ClassVar[tuple[str, ...]] = ()
+    #: Paddle's ``DenseTensor`` methods that export and open a tensor's IPC handle on this device
+    #: (``("_share_cuda", "_new_shared_cuda")``); with them :meth:`export` and :meth:`open` share through
+    #: Paddle's own IPC. None: the device's tensors cannot be shared this way.
+    ipc_methods: ClassVar[tuple[str, str] | None] = None
+
+    def __init__(
+        self,
+        paddle: Any,
+        device_type: str,
+        visible_devices_env: str,
+        host_runtime: VendorHostRuntime | None = None,
+    ) -> None:
+        self.paddle = paddle
+        self.device_type = device_type
+        self.visible_devices_env = visible_devices_env
+        self.host_runtime = host_runtime
+
+    @classmethod
+    def simulated_paddle(cls, device_type: str, devices: int, total_bytes: int) -> Any:
+        """A ``paddle`` stand-in answering this class's device and memory calls for ``devices``
+        devices of ``total_bytes`` each, or None where the class has none. The conformance kit
+        runs a platform's device hooks on it, so a wrong answer is found without the hardware."""
+        return None
+
+    @abstractmethod
+    def confirm(self) -> Detection:
+        """Whether this Paddle build drives the device, with the number of devices it sees."""
+
+    @abstractmethod
+    def memory(self, device_id: int) -> DeviceMemory:
+        """Total, free (``None`` where unknown) and this process's peak bytes of one device."""
+
+    @abstractmethod
+    def pin(self, nbytes: int) -> HostBuffer:
+        """``nbytes`` of pinned host memory; :class:`PinningUnavailable` where that cannot be had.
+
+        Any other failure (the allocation itself) is raised as
+        :class:`~fd_platforms.contract.errors.HostAllocError` naming the size.
+        """
+
+
+    def export(self, name: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
+        """A zero-filled tensor other processes can open (where :attr:`sharing` is set): through
+        Paddle's IPC where :attr:`ipc_methods` names it, with :meth:`on_device` around the export."""
+        if self.ipc_methods is None:
+            raise self._unshareable(name)
+        share = self.ipc_methods[0]
+        return share_ipc_tensor(self.paddle, name, shape, dtype, device, share, on_device=self.on_device(device))
+
+    def open(self, name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
+        """Open a tensor another process exported (where :attr:`sharing` is set)."""
+        if self.ipc_methods is None:
+            raise self._unshareable(name)
+        return open_ipc_tensor(self.paddle, name, handle, shape, dtype, self.ipc_methods[1])
+
+    def on_device(self, device: str) -> OnDevice | None:
+        """How to run a Paddle call with ``device`` current, where this device's IPC export needs it
+        (CUDA's does); None where it does not."""
+        return None
+
+    def _unshareable(self, name: str) -> CacheSharingError:
+        return CacheSharingError(
+            f"{self.device_type} tensors cannot be shared between processes (tensor {name}). "
+            "Fix: let the workers create their own caches"
+        )
+
+
+#: Runs a Paddle call with the tensor's device current (CUDA's IPC export needs it).
+OnDevice = Callable[[Callable[[], Any]], Any]
+
+
+def share_ipc_tensor(
+    paddle: Any, name: str, shape: tuple[int, ...], dtype: str, device: str, share: str, *, on_device: OnDevice | None = None
+) -> SharedTensor:
+    """A zero-filled device tensor exported through Paddle's own IPC (what ``paddle.incubate.multiprocessing``
+    uses): raw ``uint8`` allocated on ``device``, its DenseTensor's ``share`` method (``_share_cuda``,
+    ``_share_xpu``) gives the handle's metadata; ``on_device`` runs that call with ``device`` current."""
+    from ..rules.layout import DTYPE_BYTES
+
+    raw = paddle.zeros([*shape[:-1], shape[-1] * DTYPE_BYTES[dtype]], dtype="uint8", device=device)
+    dense = raw.get_tensor()
+    metadata = (on_device or (lambda call: call()))(getattr(dense, share))
+    holder = [raw if dtype == "uint8" else raw.view(dtype)]
+    return SharedTensor(
+        name=name, tensor=holder[0], handle=encode_handle(metadata), nbytes=math.prod(shape) * DTYPE_BYTES[dtype],
+        exported=True, _close=holder.clear,
+    )  # fmt: skip
+
+
+def open_ipc_tensor(
+    paddle: Any, name: str, handle: str, shape: tuple[int, ...], dtype: str, new_shared: str
+) -> SharedTensor:
+    """The tensor another process exported with :func:`share_ipc_tensor`, opened through Paddle's IPC
+    (``DenseTensor._new_shared_cuda``, ``_new_shared_xpu``) and viewed as ``dtype``: the same device memory."""
+    from ..rules.layout import DTYPE_BYTES
+
+    try:
+        dense = getattr(paddle.base.core.DenseTensor, new_shared)(decode_handle(handle))
+    except (RuntimeError, OSError, ValueError) as exc:
+        raise CacheSharingError(
+            f"KV cache tensor {name} cannot be opened from its IPC handle: {type(exc).__name__}: {exc}. "
+            "Fix: attach while the cache manager holds the cache, on the same machine"
+        ) from None
+    raw = paddle.base.core.eager.Tensor()
+    raw.get_tensor()._share_data_with(dense)
+    holder = [raw if dtype == "uint8" else raw.view(dtype)]
+    return SharedTensor(
+        name=name, tensor=holder[0], handle=handle, nbytes=math.prod(shape) * DTYPE_BYTES[dtype], exported=False,
+        _close=holder.clear,
+    )  # fmt: skip
+
+
+def encode_handle(metadata: object) -> str:
+    """Paddle's IPC metadata (a tuple of bytes, ints and lists) as JSON text; bytes in base64."""
+
+    def plain(item: object) -> object:
+        if isinstance(item, bytes):
+            return {"b64": base64.b64encode(item).decode()}
+        if isinstance(item, (tuple, list)):
+            return [plain(part) for part in item]
+        return item
+
+    return json.dumps(plain(metadata), separators=(",", ":"))
+
+
+def decode_handle(handle: str) -> tuple[Any, ...]:
+    """The metadata :func:`encode_handle` wrote, as the tuple Paddle's ``_new_shared_*`` takes."""
+
+    def restore(item: object) -> object:
+        if isinstance(item, dict) and set(item) == {"b64"}:
+            return base64.b64decode(item["b64"])
+        if isinstance(item, list):
+            return [restore(part) for part in item]
+        return item
+
+    try:
+        decoded = json.loads(handle)
+    except ValueError:
+        raise CacheSharingError(f"IPC handle {handle[:60]!r} is not JSON. Fix: pass the exporter's handle as published") from None
+    return tuple(restore(item) for item in decoded)
+
+
+def pinned_tensor_buffer(paddle: Any, nbytes: int, place_name: str, kind: str) -> HostBuffer:
+    """``nbytes`` of pinned host memory held by a ``uint8`` Paddle tensor on ``paddle.<place_name>()``.
+
+    A Paddle build that cannot make the place (``CUDAPinnedPlace`` on the CPU build) raises
+    :class:`PinningUnavailable`; a failed allocation raises ``HostAllocError`` naming the size.
+    Releasing the buffer drops the tensor, which returns the memory to Paddle's allocator.
+    """
+    try:
+        place = getattr(paddle, place_name)()
+    except RuntimeError as exc:
+        raise PinningUnavailable(f"paddle.{place_name}() is not available in this paddle build: {exc}") from exc
+    try:
+        tensor = paddle.empty([nbytes], dtype="uint8", device=place)
+    except (RuntimeError, MemoryError, OSError) as exc:
+        raise HostAllocError(
+            f"paddle could not allocate {nbytes} bytes of pinned host memory on {place_name}: {exc}. "
+            "Fix: ask for less (smaller swap_space) or free host memory"
+        ) from exc
+    holder = [tensor]
+    return HostBuffer(address=int(tensor.data_ptr()), nbytes=nbytes, pinned=True, kind=kind, _free=holder.clear)

@@ -1,0 +1,88 @@
+"""A device platform driven through Paddle: stated facts plus a :class:`DeviceFacts` reader.
+
+Plugins build one :class:`PaddlePlatform` record and name it in their entry point. Detection is
+cheap (:class:`~fd_platforms.kit.probes.RuntimeFacts`); Paddle is imported only when the platform is
+confirmed for selection or asked for device facts; the host-memory contract and every other rule
+come from the core, so a plugin holds no logic of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from ..contract.errors import ConfigError
+from ..contract.hookspecs import hookimpl
+from ..contract.paddle_import import import_paddle
+from ..contract.types import Detection, DeviceMemory, HostBuffer, SharedTensor
+from .device_facts import DeviceFacts
+from .host_memory import allocate_host
+from .probes import RuntimeFacts
+from .vendor_host import VendorHostRuntime
+
+
+@dataclass(frozen=True, kw_only=True)
+class PaddlePlatform(RuntimeFacts):
+    """Facts of a Paddle-driven device platform.
+
+    ``facts``: the :class:`DeviceFacts` class that reads this device through Paddle;
+    ``host_runtime``: the vendor runtime's pinned host allocator, where Paddle has none;
+    ``load_paddle``: how to get the ``paddle`` module (tests pass a fake).
+    """
+
+    facts: type[DeviceFacts]
+    host_runtime: VendorHostRuntime | None = None
+    load_paddle: Callable[[], Any] = field(default=import_paddle, repr=False, compare=False)
+
+    @cached_property
+    def device(self) -> DeviceFacts:
+        """The device-facts reader, built on first use (this is where paddle is imported)."""
+        return self.facts(self.load_paddle(), self.device_type, self.visible_devices_env, self.host_runtime)
+
+    @hookimpl
+    def confirm_platform(self) -> Detection:
+        """Paddle's word on the device: build support and device count."""
+        return self.device.confirm()
+
+    @hookimpl
+    def device_memory(self, device_id: int) -> DeviceMemory:
+        """Memory facts of one local device, from Paddle."""
+        if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
+            raise ConfigError(
+                "device_id", device_id, "a local device index >= 0", f"pass 0 for the first visible {self.name} device"
+            )
+        count = self.device.confirm().device_count
+        if device_id >= count:
+            raise ConfigError(
+                "device_id",
+                device_id,
+                f"a local device index below {count} (paddle sees {count} {self.name} device(s))",
+                f"pass 0 to {count - 1}, or make more devices visible ({self.visible_devices_env})"
+                if count
+                else f"run where paddle sees a {self.name} device",
+            )
+        return self.device.memory(device_id)
+
+    @hookimpl
+    def host_alloc(self, nbytes: int, require_pinned: bool) -> HostBuffer:
+        """Pinned host memory where the device can have it, else the core's documented fallback."""
+        return allocate_host(nbytes, require_pinned, self.device.pin, self.name)
+
+    @hookimpl
+    def cache_sharing(self) -> str | None:
+        """How the facts class moves a cache tensor between processes (a class fact: no paddle)."""
+        return self.facts.sharing
+
+    @hookimpl
+    def export_cache_tensor(self, name: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
+        """A zero-filled tensor exported through the device's IPC."""
+        return self.device.export(name, shape, dtype, device)
+
+    @hookimpl
+    def open_cache_tensor(
+        self, name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str
+    ) -> SharedTensor:
+        """A tensor another process exported, opened through the device's IPC."""
+        return self.device.open(name, handle, shape, dtype, device)

@@ -1,0 +1,440 @@
+"""A loaded platform: one plugin manager holding the core's defaults and one platform plugin.
+
+Callers use :class:`Platform` methods. Each one, in order:
+
+1. validates the caller's arguments in the core, so a bad argument is the caller's
+   :class:`~fd_platforms.contract.errors.ConfigError` before any plugin code runs;
+2. calls the hook: a hook the plugin implements runs as untrusted code (:mod:`fd_platforms.loading.isolation`:
+   bounded in time, isolated from every exception); a hook answered by the core's default runs
+   directly;
+3. checks the answer on every call: its record type, and for the rule hooks the rule itself
+   (:mod:`fd_platforms.rules.drift`): a decision other than the core rule's, or a plan that breaks the
+   planner's invariants, is a :class:`~fd_platforms.contract.errors.PlatformDriftError` naming the case.
+
+A plugin call that runs past its bound marks the platform broken; every later call raises that
+error at once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import pluggy
+
+from ..contract import hookspecs
+from ..contract.api_version import check_api_compatibility
+from ..contract.errors import (
+    ConfigError,
+    PluginContractError,
+    PluginError,
+    PluginHookError,
+    PluginLoadError,
+    PluginTimeoutError,
+)
+from ..contract.types import (
+    CacheDecision,
+    Detection,
+    DeviceMemory,
+    HostBuffer,
+    Plan,
+    PlatformIdentity,
+    PlatformLimit,
+    SharedTensor,
+)
+from ..kit.host_memory import check_host_nbytes, system_memory
+from ..rules.decision import DecisionInputs, decide_cache_creation
+from ..rules.drift import DecisionDrift, drift_error, plan_drift_error, refuse_drift
+from ..rules.sizes import parse_size
+from . import defaults
+from .discovery import Candidate, core_version
+from .isolation import ENV_DETECT_TIMEOUT, call_plugin, detect_timeout
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..rules.config.settings import CacheConfig
+    from ..rules.layout import CacheLayout
+
+RecordT = TypeVar("RecordT")
+
+PID_MAX = 2**22  # Linux's PID_MAX_LIMIT: no process id is larger
+WAIT_MARGIN_SECONDS = 5.0  # what a plugin's own wait_cache_ready gets beyond the wait's timeout
+
+
+class Platform:
+    """The selected (or inspected) platform, with the hooks as typed, checked methods."""
+
+    def __init__(self, candidate: Candidate, manager: pluggy.PluginManager, identity: PlatformIdentity) -> None:
+        self.candidate = candidate
+        self.manager = manager
+        self.identity = identity
+        self._implemented = frozenset(implemented_hooks(manager, manager.get_plugin(candidate.name)))
+        self.broken: PluginError | None = None
+
+    @property
+    def name(self) -> str:
+        return self.candidate.name
+
+    @property
+    def distribution(self) -> str:
+        return self.candidate.distribution
+
+    @property
+    def version(self) -> str:
+        return self.candidate.version
+
+    def __repr__(self) -> str:
+        return f"<Platform {self.name} from {self.distribution} {self.version}>"
+
+    def implemented_hooks(self) -> set[str]:
+        """Names of the hooks the platform plugin itself implements (the core's defaults excluded)."""
+        return set(self._implemented)
+
+    def detect(self) -> Detection:
+        """The plugin's detection record."""
+        return self._call("detect_platform", Detection)
+
+    def confirm(self) -> Detection | None:
+        """Detection confirmed through Paddle, or ``None`` where the cheap one is all there is."""
+        result = self._call("confirm_platform", object)
+        return None if result is None else check_type(self.candidate, "confirm_platform", result, Detection)
+
+    def should_create_cache_tensor(
+        self, *, profile: bool, num_cpu_blocks: int, storage_backend: str | None, splitwise_role: str
+    ) -> CacheDecision:
+        """Create the KV cache in this worker, or attach to the cache manager's (see the hook spec).
+
+        The answer must be the core rule's on these very inputs, on every call.
+        """
+        inputs = DecisionInputs(profile, num_cpu_blocks, storage_backend, splitwise_role)  # validates
+        got = self.plugin_decision(inputs)
+        expected = decide_cache_creation(**inputs.kwargs())
+        if (got.create, got.deciding_term) != (expected.create, expected.deciding_term):
+            raise drift_error(self, [DecisionDrift(inputs, expected, got)], at_call=True)
+        return got
+
+    def plugin_decision(self, inputs: DecisionInputs) -> CacheDecision:
+        """The hook's raw answer for ``inputs``, not yet held to the rule (the drift guard's table uses it)."""
+        return self._call("should_create_cache_tensor", CacheDecision, **inputs.kwargs())
+
+    def device_memory(self, device_id: int = 0) -> DeviceMemory:
+        """Memory facts of one local device."""
+        _check_index("device_id", device_id, "pass the local device index, 0 for the first visible device")
+        return self._call("device_memory", DeviceMemory, device_id=device_id)
+
+    def declared_limits(self) -> tuple[PlatformLimit, ...]:
+        """The platform's declared KV-cache limits, each with its reason."""
+        limits = self._call("declared_limits", tuple)
+        for limit in limits:
+            check_type(self.candidate, "declared_limits", limit, PlatformLimit)
+        return limits
+
+    def max_num_blocks(
+        self,
+        *,
+        layout: CacheLayout,
+        cache: CacheConfig,
+        memory: DeviceMemory | None = None,
+        device_id: int = 0,
+        non_cache_bytes: int | None = None,
+        host_memory: int | None = None,
+    ) -> Plan:
+        """Plan one rank's blocks on ``memory`` (default: this platform's live facts of ``device_id``).
+
+        The plan must keep the planner's invariants (:func:`~fd_platforms.rules.planner.plan_violations`),
+        and its host swap space must fit in ``host_memory`` bytes (default: this host's total).
+        """
+        from ..rules.planner import check_host_swap, check_plan_arguments, plan_violations
+
+        check_plan_arguments(layout, cache, memory, non_cache_bytes)
+        if host_memory is not None:
+            host_memory = parse_size(host_memory, "host_memory")
+        memory = memory if memory is not None else self.device_memory(device_id)
+        limits = self.declared_limits()
+        plan = self._call(
+            "max_num_blocks", Plan, layout=layout, memory=memory, cache=cache, limits=limits,
+            non_cache_bytes=non_cache_bytes,
+        )  # fmt: skip
+        violations = plan_violations(plan, layout, memory, cache, limits, non_cache_bytes)
+        if violations:
+            raise plan_drift_error(self, violations)
+        measured = host_memory is None
+        host_bytes = system_memory().total_bytes if measured else host_memory
+        check_host_swap(cache, plan.bytes_per_block, host_bytes, measured=measured)
+        return plan
+
+    def host_alloc(self, nbytes: int, *, require_pinned: bool = False) -> HostBuffer:
+        """Host memory, pinned where the platform can pin it (see the hook spec)."""
+        check_host_nbytes(nbytes)
+        if not isinstance(require_pinned, bool):
+            raise ConfigError("require_pinned", require_pinned, "True or False", "pass a bool")
+        buffer = self._call("host_alloc", HostBuffer, nbytes=nbytes, require_pinned=require_pinned)
+        if buffer.nbytes < nbytes or (require_pinned and not buffer.pinned):
+            raise PluginContractError(
+                self.name,
+                self.distribution,
+                f"hook host_alloc returned {buffer.nbytes} bytes, pinned={buffer.pinned}, for a request of {nbytes} "
+                f"bytes with require_pinned={require_pinned}. Fix: return at least the bytes asked for, pinned when "
+                "required (or raise HostAllocError)",
+            )
+        return buffer
+
+    def wait_cache_ready(
+        self, signal_name: str, rank: int, *, timeout: float | None = None, setter_pid: int | None = None
+    ) -> float:
+        """Block until ``rank``'s cache-ready slot is set; seconds waited."""
+        from ..ipc.cache_signal import MAX_RANKS, check_signal_name, resolve_timeout
+
+        check_signal_name(signal_name)
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < MAX_RANKS:
+            raise ConfigError("rank", rank, f"a local rank from 0 to {MAX_RANKS - 1}", "pass this worker's local rank")
+        limit = resolve_timeout(timeout)
+        if setter_pid is not None and (
+            isinstance(setter_pid, bool) or not isinstance(setter_pid, int) or not 0 < setter_pid <= PID_MAX
+        ):
+            raise ConfigError(
+                "setter_pid", setter_pid, f"None or a process id from 1 to {PID_MAX}",
+                "pass the pid of the process that sets the slot (the cache manager), or None",
+            )  # fmt: skip
+        waited = self._call(
+            "wait_cache_ready", float, signal_name=signal_name, rank=rank, timeout=limit, setter_pid=setter_pid
+        )
+        if waited < 0:
+            raise PluginContractError(self.name, self.distribution, f"hook wait_cache_ready returned {waited} seconds")
+        return waited
+
+    def cache_sharing(self) -> str | None:
+        """How a KV cache tensor crosses processes here, or None where it cannot (see the hook spec)."""
+        answer = self._call("cache_sharing", object)
+        if answer is not None and (not isinstance(answer, str) or not answer.strip()):
+            raise PluginContractError(
+                self.name, self.distribution, f"hook cache_sharing returned {answer!r}; it must return a sentence or None"
+            )
+        return answer
+
+    def export_cache_tensor(self, name: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
+        """A zero-filled cache tensor other processes can open by its handle (see the hook spec)."""
+        shape = check_tensor_request(name, shape, dtype, device)
+        self._check_device(device)
+        shared = self._call("export_cache_tensor", SharedTensor, name=name, shape=shape, dtype=dtype, device=device)
+        return self._check_shared(shared, name, shape, dtype, exported=True)
+
+    def open_cache_tensor(
+        self, name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str
+    ) -> SharedTensor:
+        """Open, zero-copy, a tensor another process exported (see the hook spec)."""
+        shape = check_tensor_request(name, shape, dtype, device)
+        self._check_device(device)
+        if not isinstance(handle, str) or not handle:
+            raise ConfigError("handle", handle, "the exporter's SharedTensor.handle", "pass the published handle")
+        shared = self._call(
+            "open_cache_tensor", SharedTensor, name=name, handle=handle, shape=shape, dtype=dtype, device=device
+        )
+        return self._check_shared(shared, name, shape, dtype, exported=False)
+
+    def _check_device(self, device: str) -> None:
+        """``device`` must be one of this platform's: ``cpu``, or ``<device_type>:<id>``."""
+        kind, _, index = device.partition(":")
+        ours = self.identity.device_type
+        if kind != ours or (ours == "cpu" and index) or (ours != "cpu" and not (index.isdigit() and int(index) < 2**31)):
+            example = self.identity.device_string(0)
+            raise ConfigError(
+                "device", device, f"a device of platform {self.name} ({example}{'' if ours == 'cpu' else ', ...'})",
+                "pass identity.device_string(device_id) of this platform",
+            )  # fmt: skip
+
+    def _check_shared(
+        self, shared: SharedTensor, name: str, shape: tuple[int, ...], dtype: str, *, exported: bool
+    ) -> SharedTensor:
+        """The hook's tensor must be the one asked for; otherwise it is closed and refused. Its close
+        is the plugin's code too: it runs bounded, and what it raises is blamed on the plugin."""
+        got_shape = tuple(int(extent) for extent in getattr(shared.tensor, "shape", ()))
+        got_dtype = str(getattr(shared.tensor, "dtype", "")).removeprefix("paddle.")
+        if (shared.name, shared.exported, got_shape, got_dtype) != (name, exported, shape, dtype):
+            shared.close()
+            raise PluginContractError(
+                self.name,
+                self.distribution,
+                f"{'export' if exported else 'open'}_cache_tensor returned {shared.name} {list(got_shape)} {got_dtype} "
+                f"(exported={shared.exported}) for {name} {list(shape)} {dtype}. Fix: return the tensor asked for",
+            )
+        close = shared._close
+        shared._close = lambda: self.batch(f"closing KV cache tensor {name}", close)  # the plugin's code, bounded
+        return shared
+
+    def batch(self, step: str, calls: Callable[[], RecordT]) -> RecordT:
+        """Run ``calls`` — many hook calls of this platform, e.g. opening every tensor of a rank — in
+        one bounded plugin thread (the hooks inside run inline instead of a thread each), bounded
+        like an allocation (``FD_CACHE_READY_TIMEOUT``)."""
+        from ..ipc.cache_signal import ENV_TIMEOUT, resolve_timeout
+
+        if self.broken is not None:
+            raise self.broken
+        try:
+            return call_plugin(self.candidate, step, calls, resolve_timeout(None), limit=ENV_TIMEOUT)
+        except PluginTimeoutError as exc:
+            self.broken = exc
+            raise
+
+    def _call(self, hook: str, expected: type[RecordT], **kwargs: Any) -> RecordT:
+        """Call ``hook``: as bounded, isolated plugin code where the plugin implements it."""
+        if self.broken is not None:
+            raise self.broken
+        caller = getattr(self.manager.hook, hook)
+        if hook not in self._implemented:
+            return check_type(self.candidate, hook, caller(**kwargs), expected)  # the core's own default
+        bound, limit = _bound(hook, kwargs)
+        try:
+            result = call_plugin(self.candidate, f"hook {hook}", lambda: caller(**kwargs), bound, limit=limit)
+        except PluginTimeoutError as exc:
+            self.broken = exc
+            raise
+        return check_type(self.candidate, hook, result, expected)
+
+
+def _bound(hook: str, kwargs: dict[str, Any]) -> tuple[float, str]:
+    """How long a plugin's hook may run, and the environment variable that sets it: a wait its own
+    timeout, an allocation as long as a worker waits for it, every other hook the detection bound."""
+    if hook not in ("wait_cache_ready", "host_alloc", "export_cache_tensor", "open_cache_tensor"):
+        return detect_timeout(), ENV_DETECT_TIMEOUT  # selection's hooks: cache_signal stays unimported
+    from ..ipc.cache_signal import ENV_TIMEOUT, resolve_timeout
+
+    if hook == "wait_cache_ready":
+        return float(kwargs["timeout"]) + WAIT_MARGIN_SECONDS, ENV_TIMEOUT
+    return resolve_timeout(None), ENV_TIMEOUT
+
+
+TENSOR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,248}")
+
+
+def check_tensor_request(name: object, shape: object, dtype: object, device: object) -> tuple[int, ...]:
+    """A cache tensor request as the caller gave it; the shape as a tuple, or a ConfigError naming the field."""
+    from ..rules.layout import DTYPE_BYTES
+
+    if not isinstance(name, str) or not TENSOR_NAME.fullmatch(name):
+        raise ConfigError(
+            "name", name, "letters, digits, '.', '_' and '-', at most 249 characters", "pass the published tensor name"
+        )
+    if (
+        not isinstance(shape, (tuple, list))
+        or not shape
+        or any(isinstance(extent, bool) or not isinstance(extent, int) or not 0 < extent < 2**63 for extent in shape)
+    ):
+        raise ConfigError("shape", shape, "a non-empty tuple of ints > 0", "pass the tensor's shape, blocks first")
+    if dtype not in DTYPE_BYTES:
+        raise ConfigError("dtype", dtype, f"one of {', '.join(DTYPE_BYTES)}", "pass the layout's dtype")
+    if not isinstance(device, str) or not device:
+        raise ConfigError("device", device, "Paddle's device string (gpu:0, cpu)", "pass identity.device_string(id)")
+    return tuple(shape)
+
+
+def _check_index(field: str, value: object, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+        raise ConfigError(field, value, "an int from 0 to 2**31 - 1", fix)
+
+
+def implemented_hooks(manager: pluggy.PluginManager, plugin: object) -> set[str]:
+    """Names of the hooks ``plugin`` implements in ``manager``."""
+    return {caller.name for caller in manager.get_hookcallers(plugin) or []}
+
+
+def call_hook(
+    candidate: Candidate, manager: pluggy.PluginManager, hook: str, expected: type[RecordT], **kwargs: Any
+) -> RecordT:
+    """Call ``hook`` as plugin code (bounded, isolated); the result must be an ``expected`` record."""
+    caller = getattr(manager.hook, hook)
+    result = call_plugin(candidate, f"hook {hook}", lambda: caller(**kwargs), detect_timeout())
+    return check_type(candidate, hook, result, expected)
+
+
+def check_type(candidate: Candidate, hook: str, result: object, expected: type[RecordT]) -> RecordT:
+    """``result`` when it is an ``expected``, else a PluginContractError naming the plugin and hook."""
+    if not isinstance(result, expected):
+        raise PluginContractError(
+            candidate.name,
+            candidate.distribution,
+            f"hook {hook} returned {type(result).__name__} ({result!r:.80}); it must return {expected.__name__}",
+        )
+    return result
+
+
+def refuse_unmarked_hooks(candidate: Candidate, plugin: object, implemented: set[str]) -> None:
+    """A PluginHookError for an attribute named like a hook that pluggy does not call: a method
+    overridden in a subclass (of ``PaddlePlatform``) or a module function without ``@hookimpl``
+    would otherwise be dropped silently, and the platform would answer with what it replaced."""
+    unmarked = [name for name in hookspecs.hook_names() if name not in implemented and hasattr(plugin, name)]
+    if unmarked:
+        where = type(plugin).__qualname__ if not isinstance(plugin, ModuleType) else f"module {plugin.__name__}"
+        raise PluginHookError(
+            candidate.name,
+            candidate.distribution,
+            f"{where} defines {', '.join(unmarked)} without @hookimpl, so pluggy would never call "
+            f"{'it' if len(unmarked) == 1 else 'them'} (an override without the marker silently drops the hook). "
+            "Fix: decorate each with @fd_platforms.hookimpl, or rename it",
+        )
+
+
+def load_platform(candidate: Candidate, *, drift_guard: bool = True) -> Platform:
+    """Import a candidate, register it beside the core defaults and validate it, as bounded plugin code.
+
+    Checks, in order: the hooks match the specs and the required ones are there, the declared
+    plugin API range holds the core's, the identity's name is the entry point's, and (unless
+    ``drift_guard`` is off, as the conformance kit does to report the cases itself) a plugin
+    answering ``should_create_cache_tensor`` agrees with the rule on the whole truth table. The
+    whole load gets ``FD_PLATFORM_DETECT_TIMEOUT`` seconds.
+    """
+    return call_plugin(candidate, "loading", lambda: _load(candidate, drift_guard), detect_timeout())
+
+
+def _load(candidate: Candidate, drift_guard: bool) -> Platform:
+    plugin = call_plugin(
+        candidate,
+        f"importing {candidate.entry_point.value!r}",
+        candidate.load,
+        detect_timeout(),
+        error=PluginLoadError,
+        fix=f"reinstall {candidate.distribution} or uninstall it",
+        verb="failed:",
+    )
+    return register_platform(candidate, plugin, drift_guard=drift_guard)
+
+
+def register_platform(candidate: Candidate, plugin: object, *, drift_guard: bool = True) -> Platform:
+    """``plugin`` (what ``candidate``'s entry point names, or a copy of it) registered beside the
+    core defaults and validated as :func:`load_platform` describes; call it inside plugin isolation."""
+    manager = pluggy.PluginManager(hookspecs.PROJECT)
+    manager.add_hookspecs(hookspecs)
+    manager.register(defaults, name="fd_platforms.loading.defaults")
+    try:
+        manager.register(plugin, name=candidate.name)
+        manager.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise PluginHookError(
+            candidate.name,
+            candidate.distribution,
+            f"{exc}. Fix: use only the hook names and arguments defined in fd_platforms.contract.hookspecs",
+        ) from exc
+    implemented = implemented_hooks(manager, plugin)
+    refuse_unmarked_hooks(candidate, plugin, implemented)
+    missing = [hook for hook in hookspecs.REQUIRED_HOOKS if hook not in implemented]
+    if missing:
+        raise PluginHookError(
+            candidate.name,
+            candidate.distribution,
+            f"required hook(s) {', '.join(missing)} not implemented. Fix: add them with @fd_platforms.hookimpl",
+        )
+    declared = call_hook(candidate, manager, "supported_api_versions", object)
+    check_api_compatibility(declared, candidate.name, candidate.distribution, core_version())
+    identity = call_hook(candidate, manager, "platform_identity", PlatformIdentity)
+    if identity.name != candidate.name:
+        raise PluginContractError(
+            candidate.name,
+            candidate.distribution,
+            f"platform_identity says name {identity.name!r} but the entry point registers {candidate.name!r}. "
+            "Fix: make them equal",
+        )
+    platform = Platform(candidate, manager, identity)
+    if drift_guard:
+        refuse_drift(platform)
+    return platform

@@ -1,0 +1,300 @@
+"""Choose the platform: ``FD_PLATFORM``, ``FD_PLATFORM_PLUGINS``, detection, and the cpu fallback.
+
+- ``FD_PLATFORM=<name>`` imports only that plugin; unknown, excluded, broken or undetected is a
+  hard error, never a silent fallback.
+- Unset: every allowed plugin is imported and detected; one available is selected, several are an
+  error asking for ``FD_PLATFORM``, none selects the built-in ``cpu`` (one INFO line says why).
+- ``FD_PLATFORM_PLUGINS=a,b`` limits the external plugins considered; the built-in cpu is always there.
+- A plugin that fails to import or detect, hangs past ``FD_PLATFORM_DETECT_TIMEOUT`` (each plugin is
+  loaded and detected in a bounded thread of its own, all at once), or shares its name with another
+  distribution is recorded as broken and never stops the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from ..contract.errors import (
+    AmbiguousPlatformError,
+    DuplicatePlatformError,
+    FdPlatformsError,
+    PlatformUnavailableError,
+    SelectionError,
+    UnknownPlatformError,
+)
+from ..contract.types import Detection, PlatformReport, SelectedHow
+from .discovery import Candidate, discover
+from .isolation import PluginCall, detect_timeout
+from .platform import Platform, load_platform
+from .screening import screen
+
+ENV_PLATFORM = "FD_PLATFORM"
+ENV_PLUGINS = "FD_PLATFORM_PLUGINS"
+FALLBACK_PLATFORM = "cpu"
+IN_REPO_PLUGINS = ("cuda", "xpu", "iluvatar", "metax")
+
+logger = logging.getLogger("fd_platforms")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The chosen platform, how it was chosen (``env``, ``detected``, ``fallback``) and why."""
+
+    platform: Platform
+    how: SelectedHow
+    reason: str
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One candidate after import and detection: a platform and its detection, or the error.
+
+    A platform detected in a child process (:mod:`.screening`) has its detection and device type
+    but no ``platform`` here until it is confirmed (:meth:`Prober.confirm` loads it then)."""
+
+    candidate: Candidate
+    platform: Platform | None = None
+    detection: Detection | None = None
+    error: FdPlatformsError | None = None
+    device_type: str | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.detection is not None and self.detection.available
+
+    @property
+    def reason(self) -> str:
+        """Detection's reason, or the error that made the platform broken."""
+        return str(self.error) if self.detection is None else self.detection.reason
+
+
+@dataclass
+class Prober:
+    """Imports and detects each platform at most once, keeping broken ones as records."""
+
+    found: dict[str, list[Candidate]] = field(default_factory=discover)
+    probes: dict[str, Probe] = field(default_factory=dict)
+    confirmed: set[str] = field(default_factory=set)
+    screen: bool = True
+    """Detect several platforms at once in a child process (:mod:`.screening`), not here."""
+
+    def probe(self, name: str) -> Probe:
+        """Load and detect the single candidate registered as ``name``, here: it is the one asked for."""
+        return self.probe_all([name], here=True)[name]
+
+    def probe_all(self, names: Iterable[str], *, here: bool = False) -> dict[str, Probe]:
+        """Load and detect every one of ``names`` at once, each in its own bounded thread; plugins
+        (not the built-in platforms) in a child process unless ``here`` or :attr:`screen` is off.
+
+        All of them share one deadline of ``FD_PLATFORM_DETECT_TIMEOUT`` seconds, so plugins that
+        hang cost that once, not once each. A name registered by several distributions is broken.
+        """
+        names, bound = list(names), detect_timeout()
+        pending: dict[str, PluginCall[tuple[Platform, Detection]]] = {}
+        screened: list[Candidate] = []
+        for name in names:
+            if name in self.probes or name in pending:
+                continue
+            candidates = self.found[name]
+            if len(candidates) > 1:
+                self.probes[name] = Probe(candidates[0], error=duplicate_error(name, candidates))
+            elif self.screen and not here and not candidates[0].builtin:
+                screened.append(candidates[0])
+            else:
+                pending[name] = PluginCall(candidates[0], "loading", lambda c=candidates[0]: _load_and_detect(c), bound)
+        if screened:  # while the in-process calls above run
+            results = screen(screened, bound)
+            for candidate in screened:
+                found = results[candidate.name]
+                self.probes[candidate.name] = Probe(candidate, None, found.detection, found.error, found.device_type)
+        for name, call in pending.items():
+            try:
+                platform, detection = call.result()
+            except FdPlatformsError as exc:
+                self.probes[name] = Probe(call.candidate, error=exc)
+            else:
+                self.probes[name] = Probe(call.candidate, platform, detection)
+        return {name: self.probes[name] for name in names}
+
+    def confirm(self, name: str) -> Probe:
+        """Probe ``name`` and, if it is available, confirm it through its ``confirm_platform`` hook.
+
+        The confirmed detection replaces the cheap one (or the error marks the platform broken),
+        so reports show what Paddle said. Each platform is confirmed at most once.
+        """
+        probe = self.probe(name)
+        if not probe.available or name in self.confirmed:
+            return probe
+        self.confirmed.add(name)
+        try:
+            platform = probe.platform or load_platform(probe.candidate)  # detected in a child: load it here
+            confirmed = platform.confirm()
+        except FdPlatformsError as exc:
+            self.probes[name] = Probe(probe.candidate, error=exc)
+        else:
+            self.probes[name] = Probe(probe.candidate, platform, confirmed or probe.detection)
+        return self.probes[name]
+
+
+def _load_and_detect(candidate: Candidate) -> tuple[Platform, Detection]:
+    platform = load_platform(candidate)
+    return platform, platform.detect()
+
+
+def single_candidate(found: Mapping[str, list[Candidate]], name: str) -> Candidate:
+    """The one candidate registered as ``name``; two distributions registering it is an error."""
+    candidates = found[name]
+    if len(candidates) > 1:
+        raise duplicate_error(name, candidates)
+    return candidates[0]
+
+
+def duplicate_error(name: str, candidates: list[Candidate]) -> DuplicatePlatformError:
+    """The error for one platform name registered by several distributions, naming them all."""
+    dists = " and ".join(f"{c.distribution} {c.version}" for c in candidates)
+    return DuplicatePlatformError(
+        f"platform name {name!r} is registered by {len(candidates)} distributions: {dists}. "
+        "Fix: uninstall all but one of them (pip uninstall <distribution>)"
+    )
+
+
+def allowed_names(found: Mapping[str, list[Candidate]], environ: Mapping[str, str]) -> list[str]:
+    """Platform names ``FD_PLATFORM_PLUGINS`` lets through (all when unset); cpu is always in."""
+    raw = environ.get(ENV_PLUGINS)
+    if raw is None:
+        return list(found)
+    wanted = [name.strip() for name in raw.split(",") if name.strip()]
+    for name in wanted:
+        if name not in found:
+            raise UnknownPlatformError(
+                ENV_PLUGINS, name, found, f"remove {name!r} from {ENV_PLUGINS} or {_install_hint(name)}"
+            )
+    return [name for name in found if name == FALLBACK_PLATFORM or name in wanted]
+
+
+def select_platform(environ: Mapping[str, str] | None = None, prober: Prober | None = None) -> Selection:
+    """Apply the selection rules to ``environ`` (default ``os.environ``); no caching."""
+    env = dict(os.environ if environ is None else environ)  # read once: a plugin loaded below cannot change it
+    prober = prober or Prober()
+    allowed = allowed_names(prober.found, env)
+    requested = env.get(ENV_PLATFORM, "").strip()
+    if requested:
+        return _select_requested(requested, allowed, prober, env)
+    # Cheap detection for every platform at once; Paddle confirms only those that detected a runtime.
+    accelerators = [name for name in allowed if name != FALLBACK_PLATFORM]
+    prober.probe_all(accelerators)
+    probes = [prober.confirm(name) for name in accelerators]
+    for probe in probes:
+        if probe.error is not None:
+            logger.warning("skipping broken platform plugin: %s", probe.error)
+    available = [probe for probe in probes if probe.available]
+    if len(available) == 1:
+        chosen = available[0]
+        return Selection(chosen.platform, "detected", f"only platform detected: {chosen.reason}")  # type: ignore[arg-type]
+    if len(available) > 1:
+        listing = "; ".join(f"{p.candidate.name} ({p.reason})" for p in available)
+        names = ", ".join(p.candidate.name for p in available)
+        raise AmbiguousPlatformError(
+            f"several platforms are available: {listing}. Fix: set {ENV_PLATFORM} to one of: {names}"
+        )
+    fallback = prober.probe(FALLBACK_PLATFORM)
+    if fallback.error is not None:
+        raise fallback.error
+    broken = [p.candidate.name for p in probes if p.error is not None]
+    unavailable = [p.candidate.name for p in probes if p.error is None]
+    parts = [f"{', '.join(unavailable)} not available" if unavailable else "", f"{', '.join(broken)} broken" if broken else ""]
+    reason = "no accelerator platform detected: " + ("; ".join(part for part in parts if part) or "no plugin considered")
+    logger.info("using the built-in cpu platform (%s)", reason)
+    return Selection(fallback.platform, "fallback", reason)  # type: ignore[arg-type]
+
+
+def _select_requested(requested: str, allowed: list[str], prober: Prober, env: Mapping[str, str]) -> Selection:
+    if requested not in prober.found:
+        raise UnknownPlatformError(
+            ENV_PLATFORM, requested, prober.found, f"set {ENV_PLATFORM} to one of them, or {_install_hint(requested)}"
+        )
+    if requested not in allowed:
+        raise SelectionError(
+            f"{ENV_PLATFORM}={requested!r} is excluded by {ENV_PLUGINS}={env.get(ENV_PLUGINS)!r}. "
+            f"Fix: add {requested} to {ENV_PLUGINS} or unset it"
+        )
+    single_candidate(prober.found, requested)  # a duplicate of the requested name is refused unimported
+    probe = prober.confirm(requested)
+    if probe.error is not None:
+        raise probe.error
+    if not probe.available:
+        raise PlatformUnavailableError(
+            f"{ENV_PLATFORM}={requested!r} selects {probe.candidate.distribution} {probe.candidate.version}, "
+            f"which is not available here: {probe.reason} "
+            f"(or unset {ENV_PLATFORM} to use what is detected, cpu when nothing is)"
+        )
+    return Selection(probe.platform, "env", f"{ENV_PLATFORM}={requested}")  # type: ignore[arg-type]
+
+
+def _install_hint(name: str) -> str:
+    if name in IN_REPO_PLUGINS:
+        return f"install the in-repo plugin: pip install ./plugins/{name}"
+    return (
+        f"install the distribution that provides platform {name!r} "
+        f"(in-repo plugins: pip install ./plugins/<name> for {', '.join(IN_REPO_PLUGINS)})"
+    )
+
+
+@dataclass(frozen=True)
+class Survey:
+    """Every discovered platform as a report, and the selection (or why it failed)."""
+
+    reports: list[PlatformReport]
+    selection: Selection | None
+    error: FdPlatformsError | None
+
+
+def survey(environ: Mapping[str, str] | None = None) -> Survey:
+    """Import and detect every discovered platform, then select as :func:`select_platform` would."""
+    env = dict(os.environ if environ is None else environ)  # read once: a plugin loaded below cannot change it
+    prober = Prober()
+    try:
+        allowed = allowed_names(prober.found, env)
+    except FdPlatformsError:
+        allowed = list(prober.found)  # the same error is reported by the selection below
+    prober.probe_all(allowed)  # every allowed plugin at once, so hung ones cost one bound in all
+    try:
+        selection, error = select_platform(env, prober), None
+    except FdPlatformsError as exc:
+        selection, error = None, exc
+    reports = [report for name in prober.found for report in _reports_for(name, name in allowed, prober)]
+    return Survey(reports, selection, error)
+
+
+def _reports_for(name: str, allowed: bool, prober: Prober) -> list[PlatformReport]:
+    candidates = prober.found[name]
+    if len(candidates) > 1:
+        message = str(duplicate_error(name, candidates))
+        return [_report(candidate, "broken", message) for candidate in candidates]
+    if not allowed:
+        return [_report(candidates[0], "excluded", f"not listed in {ENV_PLUGINS}")]
+    probe = prober.probe(name)
+    if probe.detection is None:
+        return [_report(probe.candidate, "broken", probe.reason)]
+    status = "available" if probe.available else "unavailable"
+    device_type = probe.device_type if probe.platform is None else probe.platform.identity.device_type
+    return [_report(probe.candidate, status, probe.reason, probe.detection.device_count, device_type)]
+
+
+def _report(
+    candidate: Candidate, status: str, reason: str, device_count: int = 0, device_type: str | None = None
+) -> PlatformReport:
+    return PlatformReport(
+        name=candidate.name,
+        distribution=candidate.distribution,
+        version=candidate.version,
+        entry_point=candidate.entry_point.value,
+        builtin=candidate.builtin,
+        status=status,  # type: ignore[arg-type]
+        reason=reason,
+        device_count=device_count,
+        device_type=device_type,
+    )

@@ -1,0 +1,9 @@
+"""The rules every platform obeys, written once: pure computation over the contract's records.
+
+- :mod:`.decision` — the one create-or-attach rule and its truth table;
+- :mod:`.config` — model, cache, scheduler and parallel settings, and the deployment TOML;
+- :mod:`.sizes` — sizes with units, parsed and shown;
+- :mod:`.layout` — the KV cache's tensors, shapes, dtypes and bytes per block;
+- :mod:`.planner` — how many blocks a rank gets, and the invariants every plan keeps;
+- :mod:`.drift` — the reports that refuse a plugin answering a rule hook differently.
+"""

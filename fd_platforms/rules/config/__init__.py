@@ -1,0 +1,27 @@
+"""Typed, validated configuration: every record validates itself on construction, and a bad value
+raises :class:`~fd_platforms.contract.errors.ConfigError` naming the field, the value, what is
+allowed and the fix.
+
+Modules: :mod:`.limits` (vocabularies and bounds), :mod:`.settings` (cache, scheduler, parallel),
+:mod:`.model` (``config.json``), :mod:`.deploy` (the TOML file and overrides). The names below are
+the public ones; an engine imports them from here.
+"""
+
+from __future__ import annotations
+
+from .deploy import DeployConfig, deploy_config_from_overrides, load_deploy_config
+from .model import ModelConfig, check_tensor_parallel, load_model_config, tensor_parallel_sizes
+from .settings import CacheConfig, ParallelConfig, SchedulerConfig
+
+__all__ = [
+    "CacheConfig",
+    "DeployConfig",
+    "ModelConfig",
+    "ParallelConfig",
+    "SchedulerConfig",
+    "check_tensor_parallel",
+    "deploy_config_from_overrides",
+    "load_deploy_config",
+    "load_model_config",
+    "tensor_parallel_sizes",
+]

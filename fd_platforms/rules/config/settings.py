@@ -1,0 +1,107 @@
+"""The engine's settings the KV cache depends on: cache, scheduler (the splitwise role) and parallelism."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...contract.errors import ConfigError
+from ..decision import SPLITWISE_ROLES, STORAGE_BACKENDS
+from .limits import (
+    CACHE_DTYPES,
+    DTYPE_ALIASES,
+    EIGHT_BIT_DTYPES,
+    QUANT_TYPES,
+    check_int,
+    check_optional_int,
+    choice,
+    is_int,
+)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """How the KV cache is sized and stored.
+
+    ``cache_dtype`` accepts the alias ``fp8`` (stored as ``float8_e4m3fn``);
+    ``kvcache_storage_backend`` accepts ``"none"`` (stored as None). Host swap space is given
+    either as ``num_cpu_blocks`` or as ``swap_space_bytes``, not both.
+    """
+
+    block_size: int = 64
+    cache_dtype: str = "bfloat16"
+    kv_cache_quant_type: str = "none"
+    memory_utilization: float = 0.9
+    num_cpu_blocks: int = 0
+    swap_space_bytes: int = 0
+    kvcache_storage_backend: str | None = None
+    num_gpu_blocks_override: int | None = None
+
+    def __post_init__(self) -> None:
+        check_int("block_size", self.block_size, 1)
+        dtype = choice("cache_dtype", self.cache_dtype, CACHE_DTYPES, DTYPE_ALIASES)
+        object.__setattr__(self, "cache_dtype", dtype)
+        quant = choice("kv_cache_quant_type", self.kv_cache_quant_type, QUANT_TYPES)
+        object.__setattr__(self, "kv_cache_quant_type", quant)
+        if quant == "block_wise_fp8" and dtype not in EIGHT_BIT_DTYPES:
+            raise ConfigError(
+                "kv_cache_quant_type",
+                quant,
+                f"block_wise_fp8 only with an 8-bit cache_dtype ({', '.join(EIGHT_BIT_DTYPES)}), not {dtype}",
+                "set cache_dtype to float8_e4m3fn (fp8) or kv_cache_quant_type to none",
+            )
+        utilization = self.memory_utilization
+        if not isinstance(utilization, (int, float)) or isinstance(utilization, bool) or not 0 < utilization <= 1:
+            raise ConfigError(
+                "memory_utilization",
+                utilization,
+                "a number greater than 0 and at most 1",
+                "give the fraction of device memory to use, e.g. 0.9",
+            )
+        check_int("num_cpu_blocks", self.num_cpu_blocks, 0)
+        check_int("swap_space_bytes", self.swap_space_bytes, 0)
+        if self.num_cpu_blocks and self.swap_space_bytes:
+            raise ConfigError(
+                "swap_space_bytes",
+                self.swap_space_bytes,
+                f"0 when num_cpu_blocks is set (num_cpu_blocks={self.num_cpu_blocks})",
+                "give host swap space either as num_cpu_blocks or as swap_space, not both",
+            )
+        if self.kvcache_storage_backend is not None:
+            backend = choice("kvcache_storage_backend", self.kvcache_storage_backend, ("none", *STORAGE_BACKENDS))
+            object.__setattr__(self, "kvcache_storage_backend", None if backend == "none" else backend)
+        check_optional_int("num_gpu_blocks_override", self.num_gpu_blocks_override, 1)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Whether this instance does prefill and decode (``mixed``) or one of them (disaggregated)."""
+
+    splitwise_role: str = "mixed"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "splitwise_role", choice("splitwise_role", self.splitwise_role, SPLITWISE_ROLES))
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Tensor parallelism: how many ranks split the KV heads, and which one this process is."""
+
+    tensor_parallel_size: int = 1
+    local_rank: int = 0
+
+    def __post_init__(self) -> None:
+        check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        size = self.tensor_parallel_size
+        if not is_int(self.local_rank) or not 0 <= self.local_rank < size:
+            raise ConfigError(
+                "local_rank",
+                self.local_rank,
+                f"an integer from 0 to {size - 1} (tensor_parallel_size={size})",
+                "set local_rank below tensor_parallel_size",
+            )
+
+
+_NEEDED_FIELDS: dict[str, tuple[str, ...]] = {
+    "mla": ("kv_lora_rank", "qk_rope_head_dim"),
+    "dsa": ("kv_lora_rank", "qk_rope_head_dim", "index_head_dim"),
+}

@@ -1,0 +1,208 @@
+"""The KV cache layout contract: which tensors one rank holds, in which order, named how.
+
+Order (attention kernels index the flat cache list by position, e.g. ``caches[2 * layer]``):
+layer-major; within a layer the roles come in the order ``key``, ``value``, ``key_scale``,
+``value_scale``, ``indexer``, keeping only the roles the attention variant has:
+
+- ``mha`` / ``gqa``: key, value, each ``(kv_heads_per_rank, block_size, head_dim)``,
+  ``kv_heads_per_rank = max(1, num_key_value_heads // tensor_parallel_size)``, in the cache dtype
+  — ``uint8`` for an 8-bit cache (fp8, int8), as FastDeploy allocates them; with
+  ``block_wise_fp8`` also key_scale, value_scale ``(kv_heads_per_rank, block_size)`` in the model's
+  dtype (FastDeploy's workers make it Paddle's default dtype, which the scales are allocated in).
+- ``mla``: key only, ``(1, block_size, kv_lora_rank + qk_rope_head_dim)`` in the cache dtype
+  (``uint8`` when 8-bit), the same on every rank.
+- ``dsa``: key ``(1, block_size, kv_lora_rank + kv_lora_rank // 128 * 4 + 2 * qk_rope_head_dim)``
+  and indexer ``(block_size, index_head_dim + index_head_dim // 128 * 4)`` (3-D with the blocks,
+  as FastDeploy's DSA backend shapes it), both uint8 whatever the cache dtype (the packed format
+  carries its own fp8 scales).
+
+Layers: ``num_hidden_layers``, plus ``num_nextn_predict_layers`` when MTP is used. For MLA with
+MTP, FastDeploy's proposer also makes a ``value_caches_{layer}_rank...`` tensor of shape ``[]`` for
+each draft layer: a placeholder that holds no block and is never shared, so it is not part of the
+layout; a proposer attaching through the engine API makes its own placeholder.
+
+Names: ``key_caches_{layer}_rank{rank}.device{device}``, ``value_caches_...``,
+``key_cache_scales_...``, ``value_cache_scales_...``, ``indexer_caches_...`` with ``rank`` the
+local tensor-parallel rank; the host swap copies drop the ``.device{device}`` suffix.
+
+Each spec gives the shape of ONE block; a tensor of ``n`` blocks has shape ``(n, *block_shape)``.
+:attr:`CacheLayout.bytes_per_block` is the only per-rank bytes-per-block figure: device blocks
+and host swap blocks are both counted with it. It comes from one layer's roles times the number
+of layers; the per-layer tensor specs are built only when something asks for them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
+
+from ..contract.errors import ConfigError
+from .config.limits import EIGHT_BIT_DTYPES
+from .config.model import ModelConfig, check_tensor_parallel
+from .config.settings import CacheConfig, ParallelConfig
+
+Role = Literal["key", "value", "key_scale", "value_scale", "indexer"]
+
+ROLE_ORDER: tuple[Role, ...] = ("key", "value", "key_scale", "value_scale", "indexer")
+DTYPE_BYTES: dict[str, int] = {
+    "bfloat16": 2,
+    "float16": 2,
+    "float8_e4m3fn": 1,
+    "int8": 1,
+    "uint8": 1,
+    "float32": 4,
+}
+_NAME_PREFIX: dict[Role, str] = {
+    "key": "key_caches",
+    "value": "value_caches",
+    "key_scale": "key_cache_scales",
+    "value_scale": "value_cache_scales",
+    "indexer": "indexer_caches",
+}
+
+
+@dataclass(frozen=True)
+class LayerRole:
+    """One tensor every layer holds: its role, the shape of one block and its dtype."""
+
+    role: Role
+    block_shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def elements_per_block(self) -> int:
+        """Elements one block of this tensor holds."""
+        return math.prod(self.block_shape)
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes one block of this tensor takes."""
+        return self.elements_per_block * DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheTensorSpec(LayerRole):
+    """One cache tensor of one layer: a :class:`LayerRole` with its layer and its name."""
+
+    name: str
+    layer: int
+
+    def shape(self, num_blocks: int) -> tuple[int, ...]:
+        """Shape of this tensor holding ``num_blocks`` blocks."""
+        return (num_blocks, *self.block_shape)
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """All cache tensors of one rank, in the contract order (see the module docstring).
+
+    ``roles`` are the tensors of one layer, in role order; every one of the ``num_layers`` layers
+    holds them. ``rank`` is the local tensor-parallel rank and ``device_id`` the local device the
+    names were made for (``.device{N}``); the tensors are allocated there.
+    """
+
+    roles: tuple[LayerRole, ...]
+    num_layers: int
+    block_size: int
+    rank: int = 0
+    device_id: int = 0
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes of one block across every tensor of every layer: the one per-rank figure."""
+        return self.num_layers * sum(role.bytes_per_block for role in self.roles)
+
+    @property
+    def max_elements_per_block(self) -> int:
+        """Elements per block of the largest single tensor (what element-count limits apply to)."""
+        return max(role.elements_per_block for role in self.roles)
+
+    @cached_property
+    def tensors(self) -> tuple[CacheTensorSpec, ...]:
+        """Every tensor of every layer, in contract order (built on first use)."""
+        return tuple(
+            CacheTensorSpec(
+                name=f"{_NAME_PREFIX[role.role]}_{layer}_rank{self.rank}.device{self.device_id}",
+                layer=layer,
+                role=role.role,
+                block_shape=role.block_shape,
+                dtype=role.dtype,
+            )
+            for layer in range(self.num_layers)
+            for role in self.roles
+        )
+
+    def names(self) -> tuple[str, ...]:
+        """Tensor names in contract order."""
+        return tuple(spec.name for spec in self.tensors)
+
+    def host_names(self) -> tuple[str, ...]:
+        """Names of the host swap tensors, in contract order: ``key_caches_{layer}_rank{rank}``, ... (no device)."""
+        return tuple(f"{_NAME_PREFIX[spec.role]}_{spec.layer}_rank{self.rank}" for spec in self.tensors)
+
+
+def _layer_roles(model: ModelConfig, cache: CacheConfig, parallel: ParallelConfig) -> tuple[LayerRole, ...]:
+    """One layer's tensors, in role order."""
+    block = cache.block_size
+    if model.attention in ("mla", "dsa") and cache.kv_cache_quant_type != "none":
+        raise ConfigError(
+            "kv_cache_quant_type",
+            cache.kv_cache_quant_type,
+            f"none for {model.attention} attention (scale tensors exist only for mha/gqa)",
+            "set kv_cache_quant_type to none; use cache_dtype for an 8-bit MLA cache",
+        )
+    if model.attention == "dsa":
+        lora, rope, index = model.kv_lora_rank, model.qk_rope_head_dim, model.index_head_dim
+        assert lora is not None and rope is not None and index is not None  # ModelConfig checked
+        return (
+            LayerRole("key", (1, block, lora + lora // 128 * 4 + 2 * rope), "uint8"),
+            LayerRole("indexer", (block, index + index // 128 * 4), "uint8"),
+        )
+    dtype = cache_tensor_dtype(cache)
+    if model.attention == "mla":
+        lora, rope = model.kv_lora_rank, model.qk_rope_head_dim
+        assert lora is not None and rope is not None  # ModelConfig checked
+        return (LayerRole("key", (1, block, lora + rope), dtype),)
+    heads = max(1, model.num_key_value_heads // parallel.tensor_parallel_size)
+    kv = (heads, block, model.head_dim)
+    roles = (LayerRole("key", kv, dtype), LayerRole("value", kv, dtype))
+    if cache.kv_cache_quant_type == "block_wise_fp8":
+        scale = (heads, block)
+        roles += (LayerRole("key_scale", scale, model.dtype), LayerRole("value_scale", scale, model.dtype))
+    return roles
+
+
+def check_layout(layout: object) -> CacheLayout:
+    """``layout`` if it is a :class:`CacheLayout`, else a ConfigError naming ``layout``."""
+    if not isinstance(layout, CacheLayout):
+        raise ConfigError(
+            "layout", layout, "a CacheLayout", "build the rank's layout with fd_platforms.rules.layout.build_layout"
+        )
+    return layout
+
+
+def cache_tensor_dtype(cache: CacheConfig) -> str:
+    """The dtype key and value tensors are allocated in: the cache dtype, or ``uint8`` for an 8-bit
+    cache (FastDeploy allocates fp8 and int8 caches as ``uint8``; kernels view them as they need)."""
+    return "uint8" if cache.cache_dtype in EIGHT_BIT_DTYPES else cache.cache_dtype
+
+
+def build_layout(
+    model: ModelConfig, cache: CacheConfig, parallel: ParallelConfig, *, device_id: int = 0
+) -> CacheLayout:
+    """The cache tensors rank ``parallel.local_rank`` holds on device ``device_id``.
+
+    Raises ConfigError for a tensor-parallel size that does not split the model's heads.
+    """
+    if isinstance(device_id, bool) or not isinstance(device_id, int) or not 0 <= device_id < 2**31:
+        raise ConfigError("device_id", device_id, "an integer from 0 to 2**31 - 1", "pass the local device id")
+    check_tensor_parallel(model, parallel.tensor_parallel_size)
+    return CacheLayout(
+        roles=_layer_roles(model, cache, parallel),
+        num_layers=model.num_cache_layers,
+        block_size=cache.block_size,
+        rank=parallel.local_rank,
+        device_id=device_id,
+    )

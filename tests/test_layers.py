@@ -1,0 +1,80 @@
+"""The layering contract in ``pyproject.toml`` holds, and it is not a contract that cannot fail:
+an upward import, an import circle inside a package, or a package left out of the layers each
+break it, naming what broke."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from run_helpers import ROOT
+
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def lint(root: Path = ROOT, package: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` with the repository's contracts; ``package`` replaces the installed fd_platforms."""
+    env = dict(os.environ)
+    if package is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package.parent), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", "--config", str(ROOT / "pyproject.toml")],
+        capture_output=True, text=True, cwd=root, env=env, timeout=120,
+    )  # fmt: skip
+
+
+def test_every_contract_is_kept() -> None:
+    done = lint()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "4 kept, 0 broken" in done.stdout
+
+
+@pytest.fixture
+def copy(tmp_path: Path) -> Path:
+    """A copy of the fd_platforms package, to break."""
+    target = tmp_path / "site" / "fd_platforms"
+    shutil.copytree(ROOT / "fd_platforms", target, ignore=shutil.ignore_patterns("__pycache__"))
+    return target
+
+
+def append(path: Path, line: str) -> None:
+    path.write_text(path.read_text() + f"\n{line}\n")
+
+
+BREAKS = {
+    "an upward import": (
+        "rules/decision.py", "from ..loading import platform",
+        "fd_platforms.rules.decision -> fd_platforms.loading.platform",
+    ),
+    "the facade importing the engine": (
+        "loading/platform.py", "from ..engine import initialize",
+        "fd_platforms.loading.platform -> fd_platforms.engine.initialize",
+    ),
+    "siblings of one layer importing each other": (
+        "kit/host_sharing.py", "from ..ipc import shm", "fd_platforms.kit.host_sharing -> fd_platforms.ipc.shm",
+    ),
+    "a circle inside a package": (  # the planner imports the decision through the config
+        "rules/decision.py", "from . import planner", "No cycles are allowed in fd_platforms.rules.",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("module", "line", "named"), BREAKS.values(), ids=BREAKS)
+def test_a_forbidden_import_breaks_a_contract_naming_it(copy: Path, module: str, line: str, named: str) -> None:
+    append(copy / module, line)
+    done = lint(copy.parent, copy)
+    assert done.returncode == 1
+    assert "BROKEN" in done.stdout and named in done.stdout
+
+
+def test_a_package_outside_the_layers_breaks_the_contract(copy: Path) -> None:
+    (copy / "extras").mkdir()
+    (copy / "extras" / "__init__.py").write_text('"""A package no layer names."""\n')
+    done = lint(copy.parent, copy)
+    assert done.returncode == 1
+    assert "fd_platforms.extras" in done.stdout
