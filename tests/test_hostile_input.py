@@ -505,6 +505,47 @@ def test_a_plugin_closing_stdout_is_blamed_by_name_and_the_output_survives(make_
     assert "closed the process's stdout" in row["reason"] and "Fix: never close file descriptors" in row["reason"]
 
 
+CLOSES_STDOUT_SLOWLY = CLOSES_STDOUT.replace(
+    '    os.close(1)\n', '    os.close(1)\n    import time\n    time.sleep(1.0)  # the opener takes number 1 meanwhile\n'
+)
+
+OPENS_A_FILE = '''
+import time
+from fd_platforms import hookimpl
+from fd_platforms.contract.types import Detection, PlatformIdentity
+
+@hookimpl
+def platform_identity():
+    return PlatformIdentity("opener", "opener_dev", None)
+
+@hookimpl
+def detect_platform():
+    time.sleep(0.3)  # after the closer closed descriptor 1, before it returns
+    with open(__file__, "rb"):  # the lowest free number: 1, while the closer runs
+        time.sleep(1.5)
+    return Detection(False, "opened a file", 0)
+
+@hookimpl
+def supported_api_versions():
+    return ">=1.0,<2"
+'''
+
+
+def test_a_closed_stdout_is_blamed_on_the_closer_though_another_plugin_took_its_number(make_plugin) -> None:
+    """Detections run together: the closer's number 1 is taken by the opener's file before the closer's
+    check; the closer is still blamed (the file changed) and the opener, which overlapped, is not."""
+    make_plugin("closer", source=CLOSES_STDOUT_SLOWLY)
+    site = make_plugin("opener", source=OPENS_A_FILE)
+    done = subprocess.run([SCRIPT, "list", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env=clean_env(PYTHONPATH=str(site)))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = {row["name"]: row for row in json.loads(done.stdout)["platforms"]}
+    assert rows["closer"]["status"] == "broken"
+    assert "closed the process's stdout" in rows["closer"]["reason"], rows["closer"]["reason"]
+    assert "beside" not in rows["closer"]["reason"]  # detected alone, the blame is certain
+    assert rows["opener"]["status"] == "unavailable" and rows["opener"]["reason"] == "opened a file"
+
+
 def test_a_shared_tensors_close_that_raises_is_blamed_on_the_plugin(make_plugin) -> None:
     from fd_platforms.contract.errors import PluginError
     from fd_platforms.loading.selection import select_platform

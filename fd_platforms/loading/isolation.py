@@ -10,6 +10,12 @@ bound is a :class:`~fd_platforms.contract.errors.PluginTimeoutError` naming the 
 its thread is abandoned (a daemon thread never keeps the process from exiting) and callers mark the
 plugin broken so nothing waits on it again.
 
+A plugin that closes (or replaces) descriptor 0, 1 or 2 is blamed by name: each call compares the
+three descriptors' files before and after it, and reopens a closed one on /dev/null. Another thread
+may open a file onto a freed number before the check, which is why files are compared, not only
+looked up. When other plugin calls ran at the same time, the culprit is not certain: the error is a
+:class:`StreamsDisturbed`, and the screening child's caller detects those plugins again one at a time.
+
 The wait happens in the caller's thread, so Ctrl-C (and the run's SIGTERM) still interrupt it at
 once. Calls made from inside a plugin call (the hooks a plugin's loading runs) run inline, counted
 against the outer call's bound, and report the step they are in.
@@ -82,8 +88,11 @@ class PluginCall(Generic[T]):
         self._done = threading.Event()
         self._value: T | None = None
         self._raised: BaseException | None = None
-        self._closed: list[str] = []
+        self._disturbed: list[str] = []
         self._had_paddle = "paddle" in sys.modules
+        self._beside: set[str] = set()  # the plugins whose calls overlapped this one
+        self._streams = _stream_files()
+        _join_running(self)
         self._thread = threading.Thread(
             target=self._run, name=f"fd-platforms plugin {candidate.name}: {step}", daemon=True
         )
@@ -96,7 +105,8 @@ class PluginCall(Generic[T]):
         except BaseException as exc:  # noqa: BLE001 - plugins are untrusted: SystemExit included
             self._raised = exc
         finally:
-            self._closed = _reopen_closed_standard_streams()  # at once, in the plugin's own thread
+            self._disturbed = _check_standard_streams(self._streams)  # at once, in the plugin's own thread
+            _leave_running(self)
             self._done.set()
 
     def result(self) -> T:
@@ -112,16 +122,51 @@ class PluginCall(Generic[T]):
                 seconds=self.bound,
             )
         _settle_paddle(self._had_paddle)
-        if self._closed:
-            raise PluginContractError(
-                self.candidate.name,
-                self.candidate.distribution,
-                f"{self.step} closed the process's {' and '.join(self._closed)} (reopened on /dev/null, so no file "
-                "opened later takes its number). Fix: never close file descriptors 0, 1 or 2 in a plugin",
-            )
+        if self._disturbed:
+            raise self._stream_error()
         if self._raised is not None:
             raise blame(self.candidate, self.step, self._raised, self._error, self._fix, self._verb) from self._raised
         return self._value  # type: ignore[return-value]
+
+    def _stream_error(self) -> PluginContractError:
+        streams = " and ".join(self._disturbed)
+        fix = "Fix: never close file descriptors 0, 1 or 2 in a plugin"
+        if not self._beside:
+            return PluginContractError(
+                self.candidate.name,
+                self.candidate.distribution,
+                f"{self.step} closed the process's {streams} (a closed one is reopened on /dev/null, so no file "
+                f"opened later takes its number). {fix}",
+            )
+        return StreamsDisturbed(
+            self.candidate.name,
+            self.candidate.distribution,
+            f"the process's {streams} was closed or replaced while {self.step} ran beside plugin calls of "
+            f"{', '.join(sorted(self._beside))}, so it was this plugin or one of those. {fix}",
+        )
+
+
+class StreamsDisturbed(PluginContractError):
+    """A standard descriptor changed during a call that overlapped other plugins' calls: the culprit is
+    one of them, not certainly this one (detecting each alone names it)."""
+
+
+_running: set[PluginCall[object]] = set()
+_running_lock = threading.Lock()
+
+
+def _join_running(call: PluginCall[object]) -> None:
+    """Count ``call`` as running; it and every call already running have overlapped."""
+    with _running_lock:
+        for other in _running:
+            other._beside.add(call.candidate.name)
+            call._beside.add(other.candidate.name)
+        _running.add(call)
+
+
+def _leave_running(call: PluginCall[object]) -> None:
+    with _running_lock:
+        _running.discard(call)
 
 
 def call_plugin(
@@ -159,20 +204,34 @@ _STANDARD_STREAMS = ((0, "stdin"), (1, "stdout"), (2, "stderr"))
 _reopening = threading.Lock()
 
 
-def _reopen_closed_standard_streams() -> list[str]:
-    """The standard descriptors found closed, each opened again on /dev/null."""
-    closed = []
+def _file_of(fd: int) -> tuple[int, int] | None:
+    """The (device, inode) of the file open on ``fd``; None when it is closed."""
+    try:
+        found = os.fstat(fd)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def _stream_files() -> tuple[tuple[int, int] | None, ...]:
+    return tuple(_file_of(fd) for fd, _ in _STANDARD_STREAMS)
+
+
+def _check_standard_streams(before: tuple[tuple[int, int] | None, ...]) -> list[str]:
+    """The standard descriptors that were open on one file before a call and are closed or on another
+    file now; a closed one is opened again on /dev/null (one closed before the call too, unblamed)."""
+    disturbed = []
     with _reopening:
-        for fd, label in _STANDARD_STREAMS:
-            try:
-                os.fstat(fd)
-            except OSError:
-                closed.append(label)
+        for (fd, label), was in zip(_STANDARD_STREAMS, before):
+            now = _file_of(fd)
+            if was is not None and now != was:
+                disturbed.append(label)
+            if now is None:
                 spare = os.open(os.devnull, os.O_RDWR)
                 if spare != fd:
                     os.dup2(spare, fd)
                     os.close(spare)
-    return closed
+    return disturbed
 
 
 def blame(

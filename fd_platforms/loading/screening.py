@@ -4,10 +4,12 @@ A plugin's import or detection may do what no thread can contain: ``os._exit``, 
 process, a crash in native code. When several platforms are detected at once (``list``, or selection
 without ``FD_PLATFORM``), they are loaded and detected in a child process, as the in-process prober
 would (each bounded, isolated); the child reports each platform as it finishes, on a pipe of its
-own. A platform whose detection ends the child is broken, named with how the process ended, and
-the others are detected again without it. The command itself then imports only the platform it
-selects. The child sees the plugins this process sees (its ``sys.path``), and writes anything the
-plugins print to this process's stderr.
+own. A platform whose detection ends the child is broken, named with how the process ended, and the
+others are detected again without it. A platform the child could not blame with certainty (a
+standard descriptor closed while several detections ran: :class:`~.isolation.StreamsDisturbed`) is
+detected again alone, like the others after an early end. The command itself then imports only the
+platform it selects. The child sees the plugins this process sees (its ``sys.path``), and writes
+anything the plugins print to this process's stderr.
 
 The child is :mod:`.screening_child`.
 """
@@ -28,6 +30,7 @@ from ..contract.errors import FdPlatformsError, PluginError, PluginLoadError, Pl
 from ..contract.types import Detection
 from ..ipc.process_watch import describe_exit
 from .discovery import Candidate
+from .isolation import StreamsDisturbed
 
 MARGIN_SECONDS = 10.0
 """What the child gets beyond the detection bound: its own start-up (Python, the core, pluggy)."""
@@ -40,6 +43,8 @@ class Screened:
     detection: Detection | None = None
     device_type: str | None = None
     error: FdPlatformsError | None = None
+    again_alone: bool = False
+    """The child could not tell whether the error is this platform's: detect it again by itself."""
 
 
 def screen(candidates: Iterable[Candidate], bound: float) -> dict[str, Screened]:
@@ -50,13 +55,15 @@ def screen(candidates: Iterable[Candidate], bound: float) -> dict[str, Screened]
     while pending:
         batch = list(pending) if together else [next(iter(pending))]
         reported, ended = _run_child(batch, bound)
-        found.update(reported)
-        for name in reported:
+        settled = {name: result for name, result in reported.items() if not (result.again_alone and len(batch) > 1)}
+        found.update(settled)
+        for name in settled:
             pending.pop(name)
         if ended is not None and len(batch) == 1 and batch[0] in pending:
             candidate = pending.pop(batch[0])
             found[candidate.name] = Screened(error=_ended_error(candidate, ended))
-        together = ended is None  # after a child ended early, the rest one at a time, to name the one
+        # after a child ended early or could not blame, the rest one at a time, to name the one
+        together = together and ended is None and len(settled) == len(reported)
     return found
 
 
@@ -132,7 +139,7 @@ def _parse(line: bytes) -> tuple[str, Screened] | None:
         found = json.loads(line)
         if found.get("detection") is not None:
             return found["name"], Screened(Detection(**found["detection"]), found.get("device_type"))
-        return found["name"], Screened(error=_rebuilt(found["error"]))
+        return found["name"], Screened(error=_rebuilt(found["error"]), again_alone=found.get("again_alone") is True)
     except Exception:  # noqa: BLE001 - any content at all
         return None
 
@@ -157,4 +164,4 @@ def record(name: str, detection: Detection | None, device_type: str | None, erro
         described.update(plugin=error.plugin, distribution=error.distribution, message=str(error).removeprefix(prefix))
     if isinstance(error, PluginTimeoutError):
         described.update(step=error.step, seconds=error.seconds)
-    return {"name": name, "error": described}
+    return {"name": name, "error": described, "again_alone": isinstance(error, StreamsDisturbed)}
