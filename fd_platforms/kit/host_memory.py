@@ -82,6 +82,14 @@ def system_memory() -> DeviceMemory:
     return DeviceMemory(total_bytes=total, free_bytes=free, process_bytes=resident_bytes(), source=source)
 
 
+def host_bytes_for_swap(host_memory: int | None) -> tuple[int, bool]:
+    """The host bytes a swap cache is checked against, and whether they were measured: ``host_memory``
+    when the caller gave it, else this machine's total."""
+    if host_memory is None:
+        return system_memory().total_bytes, True
+    return host_memory, False
+
+
 _CGROUP_FILES = (  # (limit, usage): cgroup v2, then v1
     ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
     ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),

@@ -31,7 +31,7 @@ from ..engine.initialize import check_can_attach
 from ..engine.nodes import NodeSpec
 from ..engine.publication import reclaim_instance, reclaim_stale_publications
 from ..ipc.cache_signal import CacheReadySignal, reclaim_stale_signals
-from ..kit.host_memory import available_host_bytes, resident_bytes, system_memory
+from ..kit.host_memory import available_host_bytes, host_bytes_for_swap, resident_bytes
 from ..loading.platform import Platform
 from ..loading.selection import ENV_PLATFORM, Prober, select_platform
 from ..rules.decision import decided_by
@@ -186,8 +186,7 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
             # engine decides first and starts the cache manager beside the workers: it imports paddle
             # while they plan, as an engine starts its cache manager at once.
             per_block = spec.layout(0).bytes_per_block
-            measured = spec.host_memory is None
-            host_bytes = system_memory().total_bytes if measured else spec.host_memory
+            host_bytes, measured = host_bytes_for_swap(spec.host_memory)
             check_host_swap(spec.deploy.cache, per_block, host_bytes, measured=measured, ranks=spec.ranks)
             decision = platform.should_create_cache_tensor(
                 profile=spec.profile,

@@ -44,7 +44,7 @@ from ..contract.types import (
     PlatformLimit,
     SharedTensor,
 )
-from ..kit.host_memory import check_host_nbytes, system_memory
+from ..kit.host_memory import check_host_nbytes, host_bytes_for_swap
 from ..rules.decision import DecisionInputs, decide_cache_creation
 from ..rules.drift import DecisionDrift, drift_error, plan_drift_error, refuse_drift
 from ..rules.sizes import parse_size
@@ -159,8 +159,7 @@ class Platform:
         violations = plan_violations(plan, layout, memory, cache, limits, non_cache_bytes)
         if violations:
             raise plan_drift_error(self, violations)
-        measured = host_memory is None
-        host_bytes = system_memory().total_bytes if measured else host_memory
+        host_bytes, measured = host_bytes_for_swap(host_memory)
         check_host_swap(cache, plan.bytes_per_block, host_bytes, measured=measured)
         return plan
 
