@@ -12,11 +12,13 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from ..contract.api_version import PLUGIN_API_MODULES
 from ..contract.errors import (
     AmbiguousPlatformError,
     DuplicatePlatformError,
@@ -71,6 +73,18 @@ class Probe:
         return str(self.error) if self.detection is None else self.detection.reason
 
 
+SHARED_MODULES = (*PLUGIN_API_MODULES, "fd_platforms.rules.drift")
+"""The core modules plugins and their load-time checks import: imported once, in this thread, before
+several plugins load at once (CPython's import of one package from several threads at a time can
+fail with a KeyError or a deadlock error in one of them)."""
+
+
+def preload_shared_modules() -> None:
+    """Import :data:`SHARED_MODULES` here, so that plugin threads loading together only find them."""
+    for module in SHARED_MODULES:
+        importlib.import_module(module)
+
+
 @dataclass
 class Prober:
     """Imports and detects each platform at most once, keeping broken ones as records."""
@@ -94,9 +108,10 @@ class Prober:
         """
         names, bound = list(names), detect_timeout()
         pending: dict[str, PluginCall[tuple[Platform, Detection]]] = {}
+        here_now: list[Candidate] = []
         screened: list[Candidate] = []
         for name in names:
-            if name in self.probes or name in pending:
+            if name in self.probes or any(candidate.name == name for candidate in here_now):
                 continue
             candidates = self.found[name]
             if len(candidates) > 1:
@@ -104,7 +119,11 @@ class Prober:
             elif self.screen and not here and not candidates[0].builtin:
                 screened.append(candidates[0])
             else:
-                pending[name] = PluginCall(candidates[0], "loading", lambda c=candidates[0]: _load_and_detect(c), bound)
+                here_now.append(candidates[0])
+        if len(here_now) > 1:
+            preload_shared_modules()
+        for candidate in here_now:
+            pending[candidate.name] = PluginCall(candidate, "loading", lambda c=candidate: _load_and_detect(c), bound)
         if screened:  # while the in-process calls above run
             results = screen(screened, bound)
             for candidate in screened:
