@@ -172,15 +172,16 @@ def export_cache_tensor(name, shape, dtype):
 @hookimpl
 def open_cache_tensor(name, handle, shape, dtype):
 {open}
-"""
+{extra}"""
 
 
 def host_sharing_plugin(
     name: str,
     export: str = "return export_host_tensor(name, shape, dtype)",
     open: str = "return open_host_tensor(name, handle, shape, dtype)",  # noqa: A002 - the hook's name
+    extra: str = "",
 ) -> str:
     """The source of platform ``name``, whose cache lives in host memory like cpu's, with the bodies
-    of its export and open hooks given (to make one of them misbehave)."""
+    of its export and open hooks given (to make one of them misbehave) and ``extra`` source after them."""
     indent = lambda body: "\n".join(f"    {line}" for line in body.strip("\n").splitlines())  # noqa: E731
-    return HOST_SHARING_PLUGIN.format(name=name, export=indent(export), open=indent(open))
+    return HOST_SHARING_PLUGIN.format(name=name, export=indent(export), open=indent(open), extra=extra)

@@ -14,12 +14,14 @@ from typing import Any
 
 import pytest
 
+from fd_platforms import API_VERSION
 from fd_platforms.conformance import CHECKS, ConformanceUnavailableError, require_pytest
 from fd_platforms.conformance.pytest_plugin import HOOKS_MARKER, suite_files
 from fd_platforms.contract import hookspecs
 from fd_platforms.loading.discovery import discover
 from fd_platforms.loading.selection import IN_REPO_PLUGINS
 from fd_platforms.rules.decision import TRUTH_TABLE
+from fd_platforms.rules.shapes import shape_cases
 
 pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
 
@@ -27,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")
 EXAMPLE = "nimbus"  # examples/plugin-template, installed by .ci/run
 DECISION_TESTS = len(TRUTH_TABLE) + 1 + 3  # every table case, the drift guard's test, three bad inputs
+SHAPES_TESTS = len(shape_cases()) + 2  # every load-time case, two allocations in the platform's shapes
 SPECS = {name: getattr(hookspecs, name) for name in hookspecs.hook_names()}
 
 OLD_XPU_PLUGIN = """
@@ -67,7 +70,7 @@ def test_check_all_passes_for_every_installed_platform() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stderr == "", "no progress lines with --json"
     payload = json.loads(done.stdout)
-    assert payload["passed"] is True and payload["checks"] == list(CHECKS) and payload["api_version"] == "1.1"
+    assert payload["passed"] is True and payload["checks"] == list(CHECKS) and payload["api_version"] == API_VERSION
     platforms = checks_of(payload)
     assert list(platforms) == list(discover())
     if os.environ.get("CI") and EXAMPLE not in platforms:
@@ -191,7 +194,7 @@ def test_the_matrix_table() -> None:
     header, row = done.stdout.splitlines()[:2]
     assert header.split() == ["PLATFORM", *(name.upper() for name in CHECKS), "RESULT"]
     assert row.split()[0] == "cpu" and row.split()[-1] == "ok"
-    assert done.stdout.rstrip().endswith("all platforms pass (plugin API 1.1)")
+    assert done.stdout.rstrip().endswith(f"all platforms pass (plugin API {API_VERSION})")
 
 
 @pytest.mark.parametrize(
@@ -223,8 +226,8 @@ def test_pytest_fd_platform_runs_the_suite_beside_a_projects_own_tests(tmp_path:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     summary = done.stdout.strip().splitlines()[-1]
-    # identity, decision, planner, host_alloc, wait, sharing, simulated (cpu: device_memory as it is), device
-    suite_size = 6 + DECISION_TESTS + 9 + 8 + 5 + 3 + 1 + 4
+    # identity, decision, shapes, planner, host_alloc, wait, sharing, simulated (cpu: device_memory as it is), device
+    suite_size = 6 + DECISION_TESTS + SHAPES_TESTS + 9 + 8 + 5 + 3 + 1 + 4
     assert f"{suite_size} passed, 5 skipped" in summary, summary  # no limit, it can share, no simulated paddle (3)
     assert "No ccache found" not in done.stdout
 
@@ -288,5 +291,5 @@ def test_a_check_that_could_not_run_is_named_beside_the_verdict() -> None:
     done = check("nimbus")  # the example plugin, without its device here
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip().endswith(
-        "all platforms pass what could run here; not run: nimbus device (the reasons are above) (plugin API 1.1)"
+        f"all platforms pass what could run here; not run: nimbus device (the reasons are above) (plugin API {API_VERSION})"
     )

@@ -169,7 +169,9 @@ def test_platform_all_gives_one_row_per_installed_platform() -> None:
     assert all(r["create_cache_tensor"] is False and r["decision_term"] == "storage_backend" for r in rows)
     table = plan("--model", "examples/llama-3.1-8b", "--platform", "all", "--device-memory", "32GiB")
     assert table.returncode == 0 and table.stdout.splitlines()[0].startswith("PLATFORM")
-    assert len(table.stdout.splitlines()) == 1 + len(rows)
+    plans, shapes = table.stdout.split("\n\n")  # the plans, then where the platforms' shapes differ
+    assert len(plans.splitlines()) == 1 + len(rows)
+    assert "metax     key [N, 64, 8, 128] bfloat16; value [N, 64, 8, 128] bfloat16" in shapes.splitlines()
 
 
 def test_config_file_with_flags_winning_and_live_cpu_facts() -> None:

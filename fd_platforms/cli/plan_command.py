@@ -106,6 +106,7 @@ def _plan_row(
         storage_backend=cache.kvcache_storage_backend,
         splitwise_role=deploy.scheduler.splitwise_role,
     )
+    shaped = platform.cache_layout(layout, max(1, plan.num_blocks))
     assumed = non_cache if non_cache is not None else memory.process_bytes or 0
     non_cache_source = "--non-cache-memory" if non_cache is not None else (
         f"what this process holds on the device ({memory.source})" if memory.process_bytes else
@@ -117,9 +118,14 @@ def _plan_row(
         "attention": deploy.model.attention,
         "tensor_parallel_size": parallel.tensor_parallel_size,
         "block_size": cache.block_size,
-        "cache_dtype": layout.roles[0].dtype,
+        "cache_dtype": shaped.allocated_roles[0].dtype,
         "configured_cache_dtype": cache.cache_dtype,
-        "tensor_dtypes": {role.role: role.dtype for role in layout.roles},
+        "kv_cache_quant_type": cache.kv_cache_quant_type,
+        "tensor_dtypes": {role.role: role.dtype for role in shaped.allocated_roles},
+        "layer_tensors": [
+            {"role": role.role, "shape": [plan.num_blocks, *role.block_shape], "dtype": role.dtype}
+            for role in shaped.allocated_roles
+        ],
         "num_layers": layout.num_layers,
         "num_blocks": plan.num_blocks,
         "memory_blocks": plan.memory_blocks,
@@ -152,9 +158,16 @@ def _dtype_text(row: dict[str, Any]) -> str:
     dtypes = sorted(set(row["tensor_dtypes"].values()))
     if row["attention"] == "dsa":
         return f"{'/'.join(dtypes)} (DSA packs key and indexer as uint8; cache_dtype does not apply)"
+    if row["kv_cache_quant_type"] == "int4_zp":
+        return f"{'/'.join(dtypes)} (int4_zp: two 4-bit values a byte, half head_dim; cache_dtype does not apply)"
     if row["cache_dtype"] != row["configured_cache_dtype"]:
         return f"{row['configured_cache_dtype']} (allocated as {'/'.join(dtypes)}, as FastDeploy does)"
     return "/".join(dtypes)
+
+
+def _tensors_text(row: dict[str, Any]) -> str:
+    """One layer's cache tensors as the platform allocates them: ``key [N, 64, 8, 128] bfloat16; ...``."""
+    return "; ".join(f"{t['role']} {t['shape']} {t['dtype']}" for t in row["layer_tensors"])
 
 
 def _details(row: dict[str, Any]) -> str:
@@ -169,6 +182,7 @@ def _details(row: dict[str, Any]) -> str:
         ("model", f"{row['model']} ({row['attention']}, {row['num_layers']} cache layers)"),
         ("parallel", f"tp={row['tensor_parallel_size']}, block_size={row['block_size']}"),
         ("cache dtype", _dtype_text(row)),
+        ("tensors per layer", _tensors_text(row)),
         ("device memory", f"{format_size(memory['total_bytes'])} ({memory['total_bytes']} B) from {memory['source']}"),
         *(("note", note) for note in row["notes"]),
         ("non-cache memory", f"{format_size(memory['non_cache_bytes'])}: {memory['non_cache_source']}"),
@@ -185,6 +199,23 @@ def _details(row: dict[str, Any]) -> str:
 
 def _side_by_side(rows: list[dict[str, Any]]) -> str:
     headers = ("PLATFORM", "NUM_BLOCKS", "BYTES/BLOCK", "BUDGET", "TOKENS", "CPU_BLOCKS", "CREATE", "BINDING")
+    return _plans_table(headers, rows) + _shape_differences(rows)
+
+
+def _shape_differences(rows: list[dict[str, Any]]) -> str:
+    """Where the platforms allocate a layer's tensors differently (axis order, dtype): each one's
+    tensors, blocks written N; nothing when they all agree."""
+    shapes = {
+        r["platform"]: "; ".join(f"{t['role']} [N, {', '.join(map(str, t['shape'][1:]))}] {t['dtype']}" for t in r["layer_tensors"])
+        for r in rows
+    }  # fmt: skip
+    if len(set(shapes.values())) < 2:
+        return ""
+    headers = ("PLATFORM", "TENSORS PER LAYER (same bytes; the platform's axes and dtypes)")
+    return "\n\n" + format_table(headers, list(shapes.items()))
+
+
+def _plans_table(headers: tuple[str, ...], rows: list[dict[str, Any]]) -> str:
     return format_table(
         headers,
         [

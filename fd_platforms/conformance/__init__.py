@@ -24,7 +24,7 @@ from typing import Any, Literal
 from ..contract.errors import FdPlatformsError
 from ..loading.discovery import Candidate
 
-CHECKS = ("identity", "decision", "planner", "host_alloc", "wait", "sharing", "simulated", "device")
+CHECKS = ("identity", "decision", "shapes", "planner", "host_alloc", "wait", "sharing", "simulated", "device")
 """The suite's checks in report order: one module ``fd_platforms/conformance/suite/test_<check>.py`` each."""
 CheckStatus = Literal["pass", "fail", "skip"]
 SCRATCH_INI = "[pytest]\n"

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from .errors import PluginContractError, PluginVersionError
 
-API_VERSION = "1.1"
+API_VERSION = "1.2"
 PLUGIN_API_MODULES = (
     "fd_platforms",  # hookimpl, API_VERSION
     "fd_platforms.contract.types",  # the records hooks return
@@ -28,6 +28,7 @@ PLUGIN_API_MODULES = (
     "fd_platforms.kit.vendor_host",  # VendorHostRuntime: a vendor's pinned host allocator via ctypes
     "fd_platforms.kit.host_memory",  # PinningUnavailable, allocate_host, allocate_pageable: the host-memory contract
     "fd_platforms.kit.host_sharing",  # export_host_tensor, open_host_tensor: cache tensors in memfds (API 1.1)
+    "fd_platforms.kit.cache_shapes",  # tokens_before_heads, eight_bit_as_int8: kv_cache_shapes answers (API 1.2)
 )
 """The modules a plugin may import; everything else in the core may change within an API version."""
 API_MAJOR = API_VERSION.split(".")[0]

@@ -57,6 +57,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..rules.layout import CacheLayout
     from .types import (
         CacheDecision,
+        CacheRoleShape,
+        CacheShapeRequest,
         Detection,
         DeviceMemory,
         HostBuffer,
@@ -265,6 +267,36 @@ def max_num_blocks(
 
         plan = platform.max_num_blocks(layout=layout, cache=cache, memory=memory)
         plan.num_blocks, plan.binding  # (43690, "memory")
+    """
+
+
+@hookspec(firstresult=True)
+def kv_cache_shapes(request: CacheShapeRequest) -> tuple[CacheRoleShape, ...]:
+    """State one layer's cache tensors as this platform's attention kernels lay them out (API 1.2).
+
+    The core owns the bytes, the platform the axes: ``request.default`` is the core's answer (key
+    and value ``[num_blocks, kv_heads, block_size, head_dim]``, block-wise fp8 scales the key's
+    first three axes, ...), and the answer must name the same roles in the same order, each with
+    the block axis first (``num_blocks``) and the same bytes; the order of the other axes and a
+    dtype of the same size (``int8`` for ``uint8``) are the platform's. Checked on every call and at
+    load over a table of layer kinds and quantizations; another answer is a
+    :class:`~fd_platforms.contract.errors.PlatformDriftError` naming the role, the layer kind and
+    both sizes. Allocation, export, attach and the attach-time shape check all use the answer.
+
+    :param request: a :class:`~fd_platforms.contract.types.CacheShapeRequest`.
+    :returns: a tuple of :class:`~fd_platforms.contract.types.CacheRoleShape`, one per role of ``request.default``.
+
+    firstresult: yes; the core's default returns ``request.default``. Errors: none of its own; an
+    answer of other roles or bytes is the core's :class:`~fd_platforms.contract.errors.PlatformDriftError`.
+
+    Example (tokens before heads, as a flash-attention layout)::
+
+        @hookimpl
+        def kv_cache_shapes(request):
+            if request.attention not in ("mha", "gqa") or request.quant_type == "int4_zp":
+                return None  # the core's order
+            return tuple(CacheRoleShape(role.role, (role.shape[0], role.shape[2], role.shape[1], *role.shape[3:]),
+                                        role.dtype) for role in request.default)
     """
 
 

@@ -228,6 +228,77 @@ class SharedTensor:
         self.closed = True
 
 
+DTYPE_BYTES: dict[str, int] = {
+    "bfloat16": 2,
+    "float16": 2,
+    "float8_e4m3fn": 1,
+    "int8": 1,
+    "uint8": 1,
+    "float32": 4,
+}
+"""The dtypes a cache tensor may have, and the bytes of one element."""
+
+CacheRole = Literal["key", "value", "key_scale", "value_scale", "indexer"]
+AttentionKind = Literal["mha", "gqa", "mla", "dsa"]
+
+
+@dataclass(frozen=True)
+class CacheRoleShape:
+    """One cache tensor of a layer as a platform allocates it: its role, its whole shape for the
+    blocks asked for (the block axis first) and its dtype."""
+
+    role: CacheRole
+    shape: tuple[int, ...]
+    dtype: str
+
+    def __post_init__(self) -> None:
+        _check_choice(self, "role", get_args(CacheRole))
+        if not isinstance(self.shape, tuple) or not self.shape or not all(
+            isinstance(axis, int) and not isinstance(axis, bool) and 0 < axis <= MAX_COUNT for axis in self.shape
+        ):
+            raise RecordError("CacheRoleShape", "shape", self.shape, "a non-empty tuple of ints from 1 to 2**63 - 1")
+        _check_choice(self, "dtype", tuple(DTYPE_BYTES))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole tensor."""
+        count = 1
+        for axis in self.shape:
+            count *= axis
+        return count * DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class CacheShapeRequest:
+    """What ``kv_cache_shapes`` is asked: one layer's cache tensors for ``num_blocks`` blocks.
+
+    ``attention`` is the layer kind; ``quant_type`` the ``kv_cache_quant_type`` (``none``,
+    ``block_wise_fp8``, ``int4_zp``); ``cache_dtype`` the configured cache dtype; ``kv_heads`` the
+    key/value heads of one rank and ``head_dim`` their width (1 and the latent width for MLA/DSA).
+    ``default`` is the core's answer, role by role in contract order: a platform answers the same
+    roles, in the same order, each with the same bytes — it may reorder axes and choose a dtype of
+    the same size.
+    """
+
+    attention: AttentionKind
+    quant_type: str
+    cache_dtype: str
+    num_blocks: int
+    block_size: int
+    kv_heads: int
+    head_dim: int
+    default: tuple[CacheRoleShape, ...]
+
+    def __post_init__(self) -> None:
+        _check_choice(self, "attention", get_args(AttentionKind))
+        _check_text(self, "quant_type", empty=False)
+        _check_text(self, "cache_dtype", empty=False)
+        for name in ("num_blocks", "block_size", "kv_heads", "head_dim"):
+            _check_int(self, name, 1)
+        if not isinstance(self.default, tuple) or not all(isinstance(role, CacheRoleShape) for role in self.default):
+            raise RecordError("CacheShapeRequest", "default", self.default, "a tuple of CacheRoleShape")
+
+
 SelectedHow = Literal["env", "detected", "fallback"]
 PlatformStatus = Literal["available", "unavailable", "broken", "excluded"]
 

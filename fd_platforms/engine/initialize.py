@@ -60,6 +60,7 @@ def initialize_kv_cache(
     death; ``timeout`` bounds the wait (default ``FD_CACHE_READY_TIMEOUT``).
     """
     check_cache_arguments(platform, layout, num_blocks)
+    layout = platform.cache_layout(layout, num_blocks)  # the platform's shapes, checked
     check_signal_name(signal_name)
     limit = resolve_timeout(timeout)
     import_seconds = _import_paddle()
@@ -117,6 +118,7 @@ def manage_kv_cache(
     """Export and publish rank ``layout.rank``'s device cache, allocate its host swap cache
     (``num_cpu_blocks`` blocks of the same layout; none when 0), then set the rank's slot."""
     check_cache_arguments(platform, layout, num_blocks)
+    layout = platform.cache_layout(layout, num_blocks)  # the platform's shapes, checked
     if isinstance(num_cpu_blocks, bool) or not isinstance(num_cpu_blocks, int) or not 0 <= num_cpu_blocks < 2**63:
         raise ConfigError(
             "num_cpu_blocks", num_cpu_blocks, "an int from 0 to 2**63 - 1", "pass the plan's num_cpu_blocks"

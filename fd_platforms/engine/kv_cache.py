@@ -26,7 +26,7 @@ from ..contract.types import CacheDecision, SharedTensor
 from ..ipc.cache_signal import CacheReadySignal, resolve_timeout
 from ..kit.host_sharing import handle_pid
 from ..loading.platform import Platform
-from ..rules.layout import DTYPE_BYTES, CacheLayout, CacheTensorSpec, check_layout
+from ..rules.layout import DTYPE_BYTES, CacheLayout, CacheTensorSpec, check_layout, check_num_blocks
 from ..rules.sizes import format_size
 from .publication import Publication, PublishedTensor, publication_name, published_tensor_name
 
@@ -120,6 +120,9 @@ def allocate_kv_cache(
     progress: AllocationProgress | None = None,
 ) -> KVCache:
     """Allocate ``layout``'s tensors for ``num_blocks`` blocks on ``device``, zero-filled, unshared.
+
+    The tensors have the layout's shapes as given: pass ``platform.cache_layout(layout, num_blocks)``
+    for the platform's axis order and dtypes (:func:`initialize_kv_cache` does).
 
     Raises :class:`DeviceAllocError` naming the tensor, its size and the device when Paddle cannot
     allocate it; tensors allocated before it are dropped first. ``progress`` is called after
@@ -270,12 +273,6 @@ def check_cache_arguments(platform: object, layout: object, num_blocks: object) 
         )
     check_layout(layout)
     check_num_blocks(num_blocks)
-
-
-def check_num_blocks(num_blocks: object) -> None:
-    """``num_blocks`` must be an int from 1 to 2**63 - 1 (ConfigError otherwise)."""
-    if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or not 0 < num_blocks < 2**63:
-        raise ConfigError("num_blocks", num_blocks, "an int from 1 to 2**63 - 1", "plan the blocks first (max_num_blocks)")
 
 
 def _close_all(shared: list[SharedTensor]) -> None:

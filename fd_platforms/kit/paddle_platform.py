@@ -16,7 +16,7 @@ from typing import Any
 from ..contract.errors import ConfigError
 from ..contract.hookspecs import hookimpl
 from ..contract.paddle_import import import_paddle
-from ..contract.types import Detection, DeviceMemory, HostBuffer, SharedTensor
+from ..contract.types import CacheRoleShape, CacheShapeRequest, Detection, DeviceMemory, HostBuffer, SharedTensor
 from .device_facts import DeviceFacts
 from .host_memory import allocate_host
 from .probes import RuntimeFacts
@@ -29,11 +29,14 @@ class PaddlePlatform(RuntimeFacts):
 
     ``facts``: the :class:`DeviceFacts` class that reads this device through Paddle;
     ``host_runtime``: the vendor runtime's pinned host allocator, where Paddle has none;
+    ``cache_shapes``: the attention kernels' cache shapes (a function of
+    :mod:`fd_platforms.kit.cache_shapes`, or your own; None: the core's);
     ``load_paddle``: how to get the ``paddle`` module (tests pass a fake).
     """
 
     facts: type[DeviceFacts]
     host_runtime: VendorHostRuntime | None = None
+    cache_shapes: Callable[[CacheShapeRequest], tuple[CacheRoleShape, ...] | None] | None = None
     load_paddle: Callable[[], Any] = field(default=import_paddle, repr=False, compare=False)
 
     @cached_property
@@ -64,6 +67,11 @@ class PaddlePlatform(RuntimeFacts):
                 else f"run where paddle sees a {self.name} device",
             )
         return self.device.memory(device_id)
+
+    @hookimpl
+    def kv_cache_shapes(self, request: CacheShapeRequest) -> tuple[CacheRoleShape, ...] | None:
+        """The stated cache shapes, or None for the core's."""
+        return None if self.cache_shapes is None else self.cache_shapes(request)
 
     @hookimpl
     def host_alloc(self, nbytes: int, require_pinned: bool) -> HostBuffer:

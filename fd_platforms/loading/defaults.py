@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING
 
 from ..contract.errors import CacheSharingError, DeviceFactsUnavailableError, HostAllocError
 from ..contract.hookspecs import hookimpl
-from ..contract.types import CacheDecision, DeviceMemory, HostBuffer, Plan, PlatformLimit
+from ..contract.types import (
+    CacheDecision,
+    CacheRoleShape,
+    CacheShapeRequest,
+    DeviceMemory,
+    HostBuffer,
+    Plan,
+    PlatformLimit,
+)
 from ..kit.host_memory import allocate_pageable, check_host_nbytes
 from ..rules.decision import decide_cache_creation
 
@@ -36,6 +44,12 @@ def should_create_cache_tensor(
         storage_backend=storage_backend,
         splitwise_role=splitwise_role,
     )
+
+
+@hookimpl(trylast=True)
+def kv_cache_shapes(request: CacheShapeRequest) -> tuple[CacheRoleShape, ...]:
+    """The core's axis order and dtypes."""
+    return request.default
 
 
 @hookimpl(trylast=True)

@@ -36,6 +36,7 @@ from ..contract.errors import (
 )
 from ..contract.types import (
     CacheDecision,
+    CacheShapeRequest,
     Detection,
     DeviceMemory,
     HostBuffer,
@@ -46,7 +47,7 @@ from ..contract.types import (
 )
 from ..kit.host_memory import check_host_nbytes, host_bytes_for_swap
 from ..rules.decision import DecisionInputs, decide_cache_creation
-from ..rules.drift import DecisionDrift, drift_error, plan_drift_error, refuse_drift
+from ..rules.drift import DecisionDrift, drift_error, plan_drift_error, refuse_drift, shape_drift_error
 from ..rules.sizes import parse_size
 from . import defaults
 from .discovery import Candidate, core_version
@@ -117,6 +118,25 @@ class Platform:
     def plugin_decision(self, inputs: DecisionInputs) -> CacheDecision:
         """The hook's raw answer for ``inputs``, not yet held to the rule (the drift guard's table uses it)."""
         return self._call("should_create_cache_tensor", CacheDecision, **inputs.kwargs())
+
+    def cache_layout(self, layout: CacheLayout, num_blocks: int) -> CacheLayout:
+        """``layout`` with this platform's shapes and dtypes for ``num_blocks`` blocks (see the
+        ``kv_cache_shapes`` hook spec); the answer is checked on every call."""
+        from ..rules.layout import check_layout, check_num_blocks  # lazily: selection never needs the layout
+        from ..rules.shapes import shape_request, shape_violations
+
+        check_layout(layout)
+        check_num_blocks(num_blocks)
+        request = shape_request(layout, num_blocks)
+        answer = self.plugin_shapes(request)
+        violations = shape_violations(request, answer)
+        if violations:
+            raise shape_drift_error(self, violations, at_call=True)
+        return layout.shaped(self.name, answer)  # type: ignore[arg-type]  # checked above
+
+    def plugin_shapes(self, request: CacheShapeRequest) -> object:
+        """The hook's raw answer for ``request``, not yet checked (the load-time guard uses it)."""
+        return self._call("kv_cache_shapes", tuple, request=request)
 
     def device_memory(self, device_id: int = 0) -> DeviceMemory:
         """Memory facts of one local device."""

@@ -73,7 +73,7 @@ class Probe:
         return str(self.error) if self.detection is None else self.detection.reason
 
 
-SHARED_MODULES = (*PLUGIN_API_MODULES, "fd_platforms.rules.drift")
+SHARED_MODULES = (*PLUGIN_API_MODULES, "fd_platforms.rules.drift", "fd_platforms.rules.shapes")
 """The core modules plugins and their load-time checks import: imported once, in this thread, before
 several plugins load at once (CPython's import of one package from several threads at a time can
 fail with a KeyError or a deadlock error in one of them)."""

@@ -9,7 +9,10 @@ platform. A plugin that implements ``should_create_cache_tensor`` anyway is chec
   a plugin may special-case inputs the table does not hold).
 
 A ``max_num_blocks`` answer is checked on every call against the planner's invariants
-(:func:`fd_platforms.rules.planner.plan_violations`). Either drift is a :class:`PlatformDriftError`.
+(:func:`fd_platforms.rules.planner.plan_violations`). A ``kv_cache_shapes`` answer is checked on
+every call and, at load, over :func:`fd_platforms.rules.shapes.shape_cases`: the bytes of every
+role stay the core's (:func:`fd_platforms.rules.shapes.shape_violations`). Any drift is a
+:class:`PlatformDriftError`.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..contract.errors import FdPlatformsError, PlatformDriftError
-from ..contract.types import CacheDecision
+from ..contract.types import CacheDecision, CacheShapeRequest
 from .decision import RULE, TRUTH_TABLE, DecisionInputs, decide_cache_creation
 
 
@@ -35,9 +38,12 @@ class Platform(Protocol):
 
     def plugin_decision(self, inputs: DecisionInputs) -> CacheDecision: ...
 
+    def plugin_shapes(self, request: CacheShapeRequest) -> object: ...
+
 
 DECISION_HOOK = "should_create_cache_tensor"
 PLAN_HOOK = "max_num_blocks"
+SHAPES_HOOK = "kv_cache_shapes"
 
 
 @dataclass(frozen=True)
@@ -101,10 +107,46 @@ def plan_drift_error(platform: Platform, violations: list[str]) -> PlatformDrift
     )
 
 
+def shape_drift_error(platform: Platform, violations: list[str], *, at_call: bool = False) -> PlatformDriftError:
+    """The refusal of ``kv_cache_shapes`` answers whose roles or bytes are not the core's."""
+    from .shapes import shape_cases
+
+    listing = "".join(f"\n  - {violation}" for violation in violations)
+    where = "for this call" if at_call else f"in the load-time cases ({len(shape_cases())} layer kinds and quantizations)"
+    return PlatformDriftError(
+        platform.name,
+        platform.distribution,
+        f"its {SHAPES_HOOK} answer changes what the core counts {where}:{listing}\n"
+        f"Fix: answer the roles of request.default, in order, each with the block axis first and the same bytes "
+        "(reorder the other axes or pick a dtype of the same size; never change the count)",
+        tuple(violations),
+    )
+
+
+def shapes_drift(platform: Platform) -> list[str]:
+    """Every violation of ``platform``'s shapes over the load-time cases."""
+    from .shapes import shape_cases, shape_violations  # lazily: only plugins that shape load the layout rules
+
+    found: list[str] = []
+    for request in shape_cases():
+        try:
+            answer = platform.plugin_shapes(request)
+        except FdPlatformsError as exc:
+            found.append(f"{request.attention} layer, quant {request.quant_type}: {type(exc).__name__}: {exc}")
+            continue
+        found.extend(shape_violations(request, answer))
+    return found
+
+
 def refuse_drift(platform: Platform) -> None:
-    """Raise :class:`PlatformDriftError` if the platform implements the decision hook and drifts."""
-    if DECISION_HOOK not in platform.implemented_hooks():
-        return
-    drifts = decision_drift(platform)
-    if drifts:
-        raise drift_error(platform, drifts)
+    """Raise :class:`PlatformDriftError` if the platform implements a rule hook checked at load
+    (the decision, the shapes) and drifts."""
+    implemented = platform.implemented_hooks()
+    if DECISION_HOOK in implemented:
+        drifts = decision_drift(platform)
+        if drifts:
+            raise drift_error(platform, drifts)
+    if SHAPES_HOOK in implemented:
+        violations = shapes_drift(platform)
+        if violations:
+            raise shape_drift_error(platform, violations)

@@ -8,7 +8,9 @@ layer-major; within a layer the roles come in the order ``key``, ``value``, ``ke
   ``kv_heads_per_rank = max(1, num_key_value_heads // tensor_parallel_size)``, in the cache dtype
   — ``uint8`` for an 8-bit cache (fp8, int8), as FastDeploy allocates them; with
   ``block_wise_fp8`` also key_scale, value_scale ``(kv_heads_per_rank, block_size)`` in the model's
-  dtype (FastDeploy's workers make it Paddle's default dtype, which the scales are allocated in).
+  dtype (FastDeploy's workers make it Paddle's default dtype, which the scales are allocated in);
+  with ``int4_zp`` key and value are ``(kv_heads_per_rank, block_size, head_dim // 2)`` ``uint8``
+  (two 4-bit values a byte; the zero points and scales are weights, not cache).
 - ``mla``: key only, ``(1, block_size, kv_lora_rank + qk_rope_head_dim)`` in the cache dtype
   (``uint8`` when 8-bit), the same on every rank.
 - ``dsa``: key ``(1, block_size, kv_lora_rank + kv_lora_rank // 128 * 4 + 2 * qk_rope_head_dim)``
@@ -25,6 +27,11 @@ Names: ``key_caches_{layer}_rank{rank}.device{device}``, ``value_caches_...``,
 ``key_cache_scales_...``, ``value_cache_scales_...``, ``indexer_caches_...`` with ``rank`` the
 local tensor-parallel rank; the host swap copies drop the ``.device{device}`` suffix.
 
+These are the core's shapes. A platform states its own axis order and dtype for each role through
+the ``kv_cache_shapes`` hook (:mod:`.shapes`); the bytes stay the core's, role by role, so
+:attr:`CacheLayout.bytes_per_block` holds for every platform. A layout the platform has shaped
+(:meth:`CacheLayout.shaped`) allocates, exports and checks attaches with the platform's shapes.
+
 Each spec gives the shape of ONE block; a tensor of ``n`` blocks has shape ``(n, *block_shape)``.
 :attr:`CacheLayout.bytes_per_block` is the only per-rank bytes-per-block figure: device blocks
 and host swap blocks are both counted with it. It comes from one layer's roles times the number
@@ -34,26 +41,18 @@ of layers; the per-layer tensor specs are built only when something asks for the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Literal
 
 from ..contract.errors import ConfigError
+from ..contract.types import DTYPE_BYTES, CacheRole, CacheRoleShape
 from .config.limits import EIGHT_BIT_DTYPES
 from .config.model import ModelConfig, check_tensor_parallel
 from .config.settings import CacheConfig, ParallelConfig
 
-Role = Literal["key", "value", "key_scale", "value_scale", "indexer"]
+Role = CacheRole
 
 ROLE_ORDER: tuple[Role, ...] = ("key", "value", "key_scale", "value_scale", "indexer")
-DTYPE_BYTES: dict[str, int] = {
-    "bfloat16": 2,
-    "float16": 2,
-    "float8_e4m3fn": 1,
-    "int8": 1,
-    "uint8": 1,
-    "float32": 4,
-}
 _NAME_PREFIX: dict[Role, str] = {
     "key": "key_caches",
     "value": "value_caches",
@@ -98,9 +97,12 @@ class CacheTensorSpec(LayerRole):
 class CacheLayout:
     """All cache tensors of one rank, in the contract order (see the module docstring).
 
-    ``roles`` are the tensors of one layer, in role order; every one of the ``num_layers`` layers
-    holds them. ``rank`` is the local tensor-parallel rank and ``device_id`` the local device the
-    names were made for (``.device{N}``); the tensors are allocated there.
+    ``roles`` are the tensors of one layer in the core's shapes, in role order; every one of the
+    ``num_layers`` layers holds them. ``rank`` is the local tensor-parallel rank and ``device_id``
+    the local device the names were made for (``.device{N}``); the tensors are allocated there.
+    ``attention``, ``quant_type``, ``cache_dtype``, ``kv_heads`` and ``head_dim`` are what a
+    platform is told when it shapes the layout; ``platform_roles`` (the same roles, the platform's
+    axes and dtypes) and ``shaped_by`` are set by :meth:`shaped`.
     """
 
     roles: tuple[LayerRole, ...]
@@ -108,6 +110,27 @@ class CacheLayout:
     block_size: int
     rank: int = 0
     device_id: int = 0
+    attention: str = "gqa"
+    quant_type: str = "none"
+    cache_dtype: str = "bfloat16"
+    kv_heads: int = 1
+    head_dim: int = 1
+    platform_roles: tuple[LayerRole, ...] | None = field(default=None, compare=False)
+    shaped_by: str | None = None
+
+    @property
+    def allocated_roles(self) -> tuple[LayerRole, ...]:
+        """One layer's tensors as they are allocated: the platform's shapes once shaped, else the core's."""
+        return self.roles if self.platform_roles is None else self.platform_roles
+
+    def default_shapes(self, num_blocks: int) -> tuple[CacheRoleShape, ...]:
+        """One layer's tensors in the core's shapes for ``num_blocks`` blocks."""
+        return tuple(CacheRoleShape(role.role, (num_blocks, *role.block_shape), role.dtype) for role in self.roles)
+
+    def shaped(self, platform: str, shapes: tuple[CacheRoleShape, ...]) -> CacheLayout:
+        """This layout with ``platform``'s shapes (checked by the caller: same roles, same bytes)."""
+        roles = tuple(LayerRole(shape.role, shape.shape[1:], shape.dtype) for shape in shapes)
+        return replace(self, platform_roles=None if roles == self.roles else roles, shaped_by=platform)
 
     @property
     def bytes_per_block(self) -> int:
@@ -117,7 +140,7 @@ class CacheLayout:
     @property
     def max_elements_per_block(self) -> int:
         """Elements per block of the largest single tensor (what element-count limits apply to)."""
-        return max(role.elements_per_block for role in self.roles)
+        return max(role.elements_per_block for role in self.allocated_roles)
 
     @cached_property
     def tensors(self) -> tuple[CacheTensorSpec, ...]:
@@ -131,7 +154,7 @@ class CacheLayout:
                 dtype=role.dtype,
             )
             for layer in range(self.num_layers)
-            for role in self.roles
+            for role in self.allocated_roles
         )
 
     def names(self) -> tuple[str, ...]:
@@ -166,6 +189,14 @@ def _layer_roles(model: ModelConfig, cache: CacheConfig, parallel: ParallelConfi
         assert lora is not None and rope is not None  # ModelConfig checked
         return (LayerRole("key", (1, block, lora + rope), dtype),)
     heads = max(1, model.num_key_value_heads // parallel.tensor_parallel_size)
+    if cache.kv_cache_quant_type == "int4_zp":
+        if model.head_dim % 2:
+            raise ConfigError(
+                "head_dim", model.head_dim, "an even number for kv_cache_quant_type int4_zp (two values a byte)",
+                "use a model with an even head_dim or another kv_cache_quant_type",
+            )  # fmt: skip
+        packed = (heads, block, model.head_dim // 2)
+        return (LayerRole("key", packed, "uint8"), LayerRole("value", packed, "uint8"))
     kv = (heads, block, model.head_dim)
     roles = (LayerRole("key", kv, dtype), LayerRole("value", kv, dtype))
     if cache.kv_cache_quant_type == "block_wise_fp8":
@@ -181,6 +212,12 @@ def check_layout(layout: object) -> CacheLayout:
             "layout", layout, "a CacheLayout", "build the rank's layout with fd_platforms.rules.layout.build_layout"
         )
     return layout
+
+
+def check_num_blocks(num_blocks: object) -> None:
+    """``num_blocks`` must be an int from 1 to 2**63 - 1 (ConfigError otherwise)."""
+    if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or not 0 < num_blocks < 2**63:
+        raise ConfigError("num_blocks", num_blocks, "an int from 1 to 2**63 - 1", "plan the blocks first (max_num_blocks)")
 
 
 def cache_tensor_dtype(cache: CacheConfig) -> str:
@@ -199,10 +236,17 @@ def build_layout(
     if isinstance(device_id, bool) or not isinstance(device_id, int) or not 0 <= device_id < 2**31:
         raise ConfigError("device_id", device_id, "an integer from 0 to 2**31 - 1", "pass the local device id")
     check_tensor_parallel(model, parallel.tensor_parallel_size)
+    roles = _layer_roles(model, cache, parallel)
+    latent = model.attention in ("mla", "dsa")
     return CacheLayout(
-        roles=_layer_roles(model, cache, parallel),
+        roles=roles,
         num_layers=model.num_cache_layers,
         block_size=cache.block_size,
         rank=parallel.local_rank,
         device_id=device_id,
+        attention=model.attention,
+        quant_type=cache.kv_cache_quant_type,
+        cache_dtype=cache.cache_dtype,
+        kv_heads=1 if latent else max(1, model.num_key_value_heads // parallel.tensor_parallel_size),
+        head_dim=roles[0].block_shape[-1] if latent else model.head_dim,
     )

@@ -16,7 +16,7 @@ CACHE_DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float8_e4m3fn", "int8")
 MODEL_DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")
 EIGHT_BIT_DTYPES: tuple[str, ...] = ("float8_e4m3fn", "int8")
 DTYPE_ALIASES: dict[str, str] = {"fp8": "float8_e4m3fn"}
-QUANT_TYPES: tuple[str, ...] = ("none", "block_wise_fp8")
+QUANT_TYPES: tuple[str, ...] = ("none", "block_wise_fp8", "int4_zp")
 ATTENTION_KINDS: tuple[str, ...] = ("mha", "gqa", "mla", "dsa")
 
 

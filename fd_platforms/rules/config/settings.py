@@ -23,6 +23,8 @@ class CacheConfig:
     """How the KV cache is sized and stored.
 
     ``cache_dtype`` accepts the alias ``fp8`` (stored as ``float8_e4m3fn``);
+    ``kv_cache_quant_type`` ``int4_zp`` stores key and value as packed 4-bit values whatever the
+    ``cache_dtype``; ``block_wise_fp8`` needs an 8-bit ``cache_dtype``.
     ``kvcache_storage_backend`` accepts ``"none"`` (stored as None). Host swap space is given
     either as ``num_cpu_blocks`` or as ``swap_space_bytes``, not both.
     """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fd_platforms.kit.cache_shapes import tokens_before_heads
 from fd_platforms.kit.custom_device import CustomDeviceFacts
 from fd_platforms.kit.paddle_platform import PaddlePlatform
 from fd_platforms.kit.vendor_host import VendorHostRuntime
@@ -13,9 +14,10 @@ PLATFORM = PaddlePlatform(
     distributions=("paddle-metax-gpu",),
     device_glob=None,  # Paddle's custom-device runtime counts the devices
     install_hint="pip install paddle-metax-gpu beside paddlepaddle on a machine with MetaX GPUs",
-    api_versions=">=1.0,<2",
+    api_versions=">=1.2,<2",
     description="MetaX GPUs",
     custom_device_library="*metax*.so",
     facts=CustomDeviceFacts,
+    cache_shapes=tokens_before_heads,  # MetaX's flash backend: [N, block, kv_heads, head_dim]
     host_runtime=VendorHostRuntime(library="libmcruntime.so", alloc="mcMallocHost", free="mcFreeHost"),
 )

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from fd_platforms.contract.types import Detection, DeviceMemory, HostBuffer
+from fd_platforms.kit.cache_shapes import eight_bit_as_int8
 from fd_platforms.kit.device_facts import DeviceFacts, pinned_tensor_buffer
 from fd_platforms.kit.host_memory import PinningUnavailable
 from fd_platforms.kit.paddle_platform import PaddlePlatform
@@ -72,7 +73,8 @@ PLATFORM = PaddlePlatform(
     distributions=("paddlepaddle-xpu",),
     device_glob="/dev/xpu[0-9]*",
     install_hint=INSTALL_HINT,
-    api_versions=">=1.0,<2",
+    api_versions=">=1.2,<2",
     description="Kunlun XPUs",
     facts=XpuFacts,
+    cache_shapes=eight_bit_as_int8,  # XPU kernels take an 8-bit cache as int8 (GPU's is uint8)
 )

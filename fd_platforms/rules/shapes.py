@@ -1,0 +1,75 @@
+"""Platform-owned cache shapes: what a platform is asked, and the check of every answer.
+
+The core owns the bytes; a platform owns the axes. :func:`shape_request` asks for one layer's
+tensors of a layout (the core's shapes as the starting point); :func:`shape_violations` checks an
+answer: the same roles in the same order, the block axis first, each role's bytes the core's.
+:data:`SHAPE_CASES` is what a plugin's ``kv_cache_shapes`` is checked against when it is loaded:
+every layer kind and quantization the layout knows.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from ..contract.types import CacheRoleShape, CacheShapeRequest
+from .config.limits import CACHE_DTYPES, EIGHT_BIT_DTYPES, QUANT_TYPES
+from .config.model import ModelConfig
+from .config.settings import CacheConfig, ParallelConfig
+from .layout import CacheLayout, build_layout
+
+CASE_BLOCKS = 3
+"""Blocks in the load-time cases (any count checks the same axes; a small one keeps them cheap)."""
+
+
+def shape_request(layout: CacheLayout, num_blocks: int) -> CacheShapeRequest:
+    """What a platform is asked to shape ``layout``'s tensors for ``num_blocks`` blocks."""
+    return CacheShapeRequest(
+        attention=layout.attention,  # type: ignore[arg-type]  # build_layout resolved it
+        quant_type=layout.quant_type,
+        cache_dtype=layout.cache_dtype,
+        num_blocks=num_blocks,
+        block_size=layout.block_size,
+        kv_heads=layout.kv_heads,
+        head_dim=layout.head_dim,
+        default=layout.default_shapes(num_blocks),
+    )
+
+
+def shape_violations(request: CacheShapeRequest, answer: object) -> list[str]:
+    """Every way ``answer`` differs from what ``request`` allows (empty when it is good)."""
+    kind = f"{request.attention} layer, quant {request.quant_type}, cache dtype {request.cache_dtype}"
+    if not isinstance(answer, tuple) or not all(isinstance(role, CacheRoleShape) for role in answer):
+        return [f"{kind}: answered {type(answer).__name__}, not a tuple of CacheRoleShape"]
+    roles = [role.role for role in answer]
+    expected = [role.role for role in request.default]
+    if roles != expected:
+        return [f"{kind}: roles {roles}, expected {expected} in that order"]
+    found = []
+    for got, core in zip(answer, request.default):
+        if got.shape[0] != request.num_blocks:
+            found.append(
+                f"{kind}: role {got.role} shape {list(got.shape)} does not start with the block axis "
+                f"({request.num_blocks} blocks asked)"
+            )
+        elif got.nbytes != core.nbytes:
+            found.append(
+                f"{kind}: role {got.role} is {list(got.shape)} {got.dtype} = {got.nbytes} bytes for "
+                f"{request.num_blocks} blocks; the core's {list(core.shape)} {core.dtype} is {core.nbytes} bytes"
+            )
+    return found
+
+
+@cache
+def shape_cases() -> tuple[CacheShapeRequest, ...]:
+    """One request per layer kind and quantization the layout knows (a GQA model with 8 key/value
+    heads of 128, block 64; an MLA and a DSA model), in every cache dtype each allows."""
+    gqa = ModelConfig("case-gqa", 2, 32, 8, 128)
+    mla = ModelConfig("case-mla", 2, 16, 16, 192, kv_lora_rank=512, qk_rope_head_dim=64)
+    dsa = ModelConfig("case-dsa", 2, 16, 16, 192, kv_lora_rank=512, qk_rope_head_dim=64, index_head_dim=128)
+    requests = []
+    for model in (gqa, mla, dsa):
+        for quant in QUANT_TYPES if model is gqa else ("none",):
+            for dtype in EIGHT_BIT_DTYPES if quant == "block_wise_fp8" else CACHE_DTYPES:
+                layout = build_layout(model, CacheConfig(cache_dtype=dtype, kv_cache_quant_type=quant), ParallelConfig())
+                requests.append(shape_request(layout, CASE_BLOCKS))
+    return tuple(requests)
