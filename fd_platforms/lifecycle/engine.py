@@ -177,25 +177,26 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
     """Run the lifecycle (and ``spec.cycles`` more clears and re-initializations); raises
     :class:`~fd_platforms.contract.errors.RunError` when a process fails."""
     started = time.monotonic()
+    # The rule needs no plan (host swap blocks come from the config and the layout), so the engine
+    # decides first, before it touches /dev/shm (bad input is refused with nothing else said), and
+    # starts the cache manager beside the workers: it imports paddle while they plan, as an engine
+    # starts its cache manager at once.
+    per_block = spec.layout(0).bytes_per_block
+    host_bytes, measured = host_bytes_for_swap(spec.host_memory)
+    check_host_swap(spec.deploy.cache, per_block, host_bytes, measured=measured, ranks=spec.ranks)
+    decision = platform.should_create_cache_tensor(
+        profile=spec.profile,
+        num_cpu_blocks=host_swap_blocks(spec.deploy.cache, per_block),
+        storage_backend=spec.deploy.cache.kvcache_storage_backend,
+        splitwise_role=spec.deploy.scheduler.splitwise_role,
+    )
+    if not decision.create:
+        check_can_attach(platform, decision, f"platform {platform.name}")  # before any process starts
     reclaim_stale_signals()  # what engines killed with SIGKILL left behind (each warned about)
     reclaim_stale_publications()
     signal = CacheReadySignal.create(spec.ranks)
     try:
         with signal, Children() as children:
-            # The rule needs no plan (host swap blocks come from the config and the layout), so the
-            # engine decides first and starts the cache manager beside the workers: it imports paddle
-            # while they plan, as an engine starts its cache manager at once.
-            per_block = spec.layout(0).bytes_per_block
-            host_bytes, measured = host_bytes_for_swap(spec.host_memory)
-            check_host_swap(spec.deploy.cache, per_block, host_bytes, measured=measured, ranks=spec.ranks)
-            decision = platform.should_create_cache_tensor(
-                profile=spec.profile,
-                num_cpu_blocks=host_swap_blocks(spec.deploy.cache, per_block),
-                storage_backend=spec.deploy.cache.kvcache_storage_backend,
-                splitwise_role=spec.deploy.scheduler.splitwise_role,
-            )
-            if not decision.create:
-                check_can_attach(platform, decision, f"platform {platform.name}")  # before any process starts
             workers = [children.start(f"rank {rank}", worker_main, spec, rank, signal.name) for rank in range(spec.ranks)]
             pids = ", ".join(str(worker.pid) for worker in workers)
             say(f"platform {spec.platform}: started {spec.ranks} worker(s) (pid {pids}), cache-ready signal {signal.name}")
