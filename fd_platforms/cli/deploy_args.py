@@ -56,6 +56,11 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--num-gpu-blocks-override", type=int, metavar="N", help="use exactly N blocks (default: what memory allows)"
     )
+    parser.add_argument(
+        "--num-gpu-block-expand-ratio", type=float, metavar="F",
+        help="device blocks of the MTP layers per main-layer block, FastDeploy's int(num_blocks * F) "
+        f"(default: {cache.num_gpu_block_expand_ratio:g}; with --mtp)",
+    )  # fmt: skip
     parser.add_argument("--role", choices=SPLITWISE_ROLES, help=f"splitwise role (default: {scheduler.splitwise_role})")
     parser.add_argument(
         "--storage-backend", choices=("none", *STORAGE_BACKENDS), help="KV cache storage backend (default: none)"
@@ -74,6 +79,7 @@ def deploy_config(args: argparse.Namespace) -> DeployConfig:
             "swap_space": args.swap_space,
             "kvcache_storage_backend": args.storage_backend,
             "num_gpu_blocks_override": args.num_gpu_blocks_override,
+            "num_gpu_block_expand_ratio": args.num_gpu_block_expand_ratio,
         },
         "scheduler": {"splitwise_role": args.role},
         "parallel": {"tensor_parallel_size": args.tp},

@@ -127,6 +127,10 @@ def _plan_row(
             for role in shaped.allocated_roles
         ],
         "num_layers": layout.num_layers,
+        "mtp_layers": layout.mtp_layers,
+        "num_gpu_block_expand_ratio": layout.mtp_block_ratio,
+        "mtp_num_blocks": layout.mtp_blocks(plan.num_blocks) if layout.mtp_layers else None,
+        "device_cache_bytes": layout.device_bytes(plan.num_blocks),
         "num_blocks": plan.num_blocks,
         "memory_blocks": plan.memory_blocks,
         "bytes_per_block": plan.bytes_per_block,
@@ -176,6 +180,11 @@ def _details(row: dict[str, Any]) -> str:
     blocks = f"{row['num_blocks']} ({row['tokens']} tokens)"
     if row["num_blocks"] != row["memory_blocks"]:
         blocks += f"; memory alone would allow {row['memory_blocks']}"
+    if row["mtp_layers"]:
+        blocks += (
+            f"; the {row['mtp_layers']} MTP layer(s) hold {row['mtp_num_blocks']} "
+            f"(int(num_blocks x {row['num_gpu_block_expand_ratio']:g}))"
+        )
     outcome = "yes" if row["create_cache_tensor"] else "no, the worker attaches to the cache manager's"
     lines = [
         ("platform", row["platform"]),
@@ -188,6 +197,7 @@ def _details(row: dict[str, Any]) -> str:
         ("non-cache memory", f"{format_size(memory['non_cache_bytes'])}: {memory['non_cache_source']}"),
         ("budget", f"{format_size(row['budget_bytes'])} ({row['budget_bytes']} B)"),
         ("bytes per block", f"{row['bytes_per_block']} ({format_size(row['bytes_per_block'])})"),
+        ("device cache", f"{format_size(row['device_cache_bytes'])} ({row['device_cache_bytes']} B)"),
         ("num_blocks", blocks),
         ("binding", f"{row['binding']}: {row['binding_reason']}"),
         ("declared limits", limits),

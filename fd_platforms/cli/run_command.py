@@ -141,7 +141,8 @@ def format_report(report: RunReport) -> str:
         f"platform {report.platform}, model {report.model}, {_rank_count(report)}, "
         f"role {report.splitwise_role}, storage backend {report.storage_backend or 'none'}"
         f"{', profile run' if report.profile else ''}: {format_size(report.bytes_per_block)} per block, "
-        f"wall {report.wall_seconds:.2f} s"
+        + (f"MTP layers {report.mtp_num_blocks} blocks each, " if report.mtp_num_blocks is not None else "")
+        + f"wall {report.wall_seconds:.2f} s"
     )
     headers = ("RANK", "DEVICE", "CREATE", "DECIDED BY", "ALLOCATED BY", "BLOCKS", "CPU BLOCKS", "DEVICE MEM",
                "HOST MEM", "PINNED", "PLAN S", "ALLOCATE S", "WAIT S", "ATTACHED", "ATTACH S", "VERIFIED")

@@ -68,7 +68,7 @@ def allocate_host_cache(platform: Platform, layout: CacheLayout, num_blocks: int
     whole = buffer.numpy()
     tensors = []
     for spec, offset in zip(layout.tensors, offsets, strict=True):
-        shape = spec.shape(num_blocks)
+        shape = spec.host_shape(num_blocks)
         raw = whole[offset : offset + num_blocks * spec.bytes_per_block].reshape(
             *shape[:-1], shape[-1] * DTYPE_BYTES[spec.dtype]
         )

@@ -142,9 +142,9 @@ def allocate_kv_cache(
             count = len(tensors)
             tensors.clear()
             raise _alloc_error(spec, num_blocks, device, count, len(layout.tensors), done, exc) from exc
-        done += num_blocks * spec.bytes_per_block
+        done += spec.nbytes(num_blocks)
         if progress is not None:
-            progress(done, num_blocks * layout.bytes_per_block)
+            progress(done, layout.device_bytes(num_blocks))
     return KVCache(device, num_blocks, layout.names(), tensors, done, layout.rank, created=True)
 
 
@@ -169,9 +169,9 @@ def export_kv_cache(
         for spec in layout.tensors:
             name = published_tensor_name(signal_name, spec.name)
             shared.append(platform.export_cache_tensor(name, spec.shape(num_blocks), spec.dtype, device))
-            done += num_blocks * spec.bytes_per_block
+            done += spec.nbytes(num_blocks)
             if progress is not None:
-                progress(done, num_blocks * layout.bytes_per_block)
+                progress(done, layout.device_bytes(num_blocks))
 
     try:
         platform.batch(f"exporting rank {layout.rank}'s KV cache", export_all)
@@ -184,7 +184,7 @@ def export_kv_cache(
         _close_all(shared)
         raise
     return KVCache(
-        device, num_blocks, layout.names(), [tensor.tensor for tensor in shared], num_blocks * layout.bytes_per_block,
+        device, num_blocks, layout.names(), [tensor.tensor for tensor in shared], layout.device_bytes(num_blocks),
         layout.rank, created=True, _shared=shared, _publication=publication, _signal_name=signal_name,
     )  # fmt: skip
 
@@ -293,7 +293,7 @@ def _alloc_error(
     first_line = next(iter(str(exc).strip().splitlines()), "")
     return DeviceAllocError(
         f"could not allocate KV cache tensor {spec.name} {list(spec.shape(num_blocks))} {spec.dtype} "
-        f"({format_size(num_blocks * spec.bytes_per_block)}) on {device} after {count} of {total} tensors "
+        f"({format_size(spec.nbytes(num_blocks))}) on {device} after {count} of {total} tensors "
         f"({format_size(done)}): {type(exc).__name__}: {first_line}. "
         "Fix: plan fewer blocks (lower memory_utilization or num_gpu_blocks_override) or free device memory"
     )

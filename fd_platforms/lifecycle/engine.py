@@ -241,6 +241,7 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
         storage_backend=spec.deploy.cache.kvcache_storage_backend,
         profile=spec.profile,
         bytes_per_block=final.bytes_per_block,
+        mtp_num_blocks=spec.layout(0).mtp_blocks(final.num_blocks) if spec.layout(0).mtp_layers else None,
         manager_pid=None if run.manager is None else run.manager.pid,
         wall_seconds=time.monotonic() - started,
         ranks=ranks if nodes is None else nodes[0],
@@ -269,7 +270,7 @@ def check_host_room(final: Plan, spec: RunSpec) -> None:
     :data:`HOST_ROOM_SHARE` of the host's available memory before anything is allocated: a run that
     would zero-fill most of the host is refused, naming the sizes (``--device-memory`` may claim more,
     and without it every rank plans on its share of the whole host)."""
-    need = spec.ranks * (final.num_blocks + final.num_cpu_blocks) * final.bytes_per_block
+    need = spec.ranks * (spec.layout(0).device_bytes(final.num_blocks) + final.num_cpu_blocks * final.bytes_per_block)
     available = available_host_bytes()
     if available is not None and need > available * HOST_ROOM_SHARE:
         raise ConfigError(

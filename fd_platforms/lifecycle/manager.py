@@ -74,7 +74,7 @@ def _publish_all(
 ) -> tuple[Allocation, ...]:
     allocations = []
     for rank in ranks:
-        size = format_size(plan.num_blocks * plan.bytes_per_block)
+        size = format_size(spec.layout(rank).device_bytes(plan.num_blocks))
         swap = f"{format_size(plan.num_cpu_blocks * plan.bytes_per_block)} of host swap space ({plan.num_cpu_blocks} blocks)"
         say(f"publishing {size} of KV cache" + (f" and allocating {swap}" if plan.num_cpu_blocks else "") + f" for rank {rank}")
         started = time.monotonic()

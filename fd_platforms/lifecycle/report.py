@@ -108,6 +108,8 @@ class RunReport:
     ranks: tuple[RankReport, ...]
     cycles: tuple[CycleReport, ...] = ()
     nodes: NodesReport | None = None
+    mtp_num_blocks: int | None = None
+    """Device blocks of each MTP layer (``int(num_blocks * num_gpu_block_expand_ratio)``); None without MTP."""
 
     def to_json(self) -> dict[str, Any]:
         """The report as a JSON-ready dict (``ranks`` a list of dicts)."""

@@ -76,6 +76,7 @@ class RunSpec:
             "--kv-cache-quant-type": cache.kv_cache_quant_type,
             "--memory-utilization": cache.memory_utilization,
             "--num-gpu-blocks-override": cache.num_gpu_blocks_override,
+            "--num-gpu-block-expand-ratio": cache.num_gpu_block_expand_ratio,
             "--swap-space": cache.swap_space_bytes,
             "num_cpu_blocks": cache.num_cpu_blocks,
             "--role": self.deploy.scheduler.splitwise_role,

@@ -115,7 +115,7 @@ def _initialize(
     platform: Platform, spec: RunSpec, rank: int, signal_name: str, final: Plan, manager_pid: int | None, say: Progress
 ) -> KVCache:
     """The one public call every runner makes: create, or wait and attach."""
-    size = format_size(final.num_blocks * final.bytes_per_block)
+    size = format_size(spec.layout(rank).device_bytes(final.num_blocks))
     if manager_pid is None:
         say(f"creating {size} of KV cache")
     else:

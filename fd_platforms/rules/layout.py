@@ -18,7 +18,10 @@ layer-major; within a layer the roles come in the order ``key``, ``value``, ``ke
   as FastDeploy's DSA backend shapes it), both uint8 whatever the cache dtype (the packed format
   carries its own fp8 scales).
 
-Layers: ``num_hidden_layers``, plus ``num_nextn_predict_layers`` when MTP is used. For MLA with
+Layers: ``num_hidden_layers``, plus ``num_nextn_predict_layers`` when MTP is used; on the device
+an MTP layer's tensors hold ``int(num_blocks * num_gpu_block_expand_ratio)`` blocks, as
+FastDeploy's proposer allocates them (default ratio 1: the same blocks), and the planner solves for
+``num_blocks`` with them counted. For MLA with
 MTP, FastDeploy's proposer also makes a ``value_caches_{layer}_rank...`` tensor of shape ``[]`` for
 each draft layer: a placeholder that holds no block and is never shared, so it is not part of the
 layout; a proposer attaching through the engine API makes its own placeholder.
@@ -41,6 +44,7 @@ of layers; the per-layer tensor specs are built only when something asks for the
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -83,13 +87,30 @@ class LayerRole:
 
 @dataclass(frozen=True, kw_only=True)
 class CacheTensorSpec(LayerRole):
-    """One cache tensor of one layer: a :class:`LayerRole` with its layer and its name."""
+    """One cache tensor of one layer: a :class:`LayerRole` with its layer and its name.
+
+    ``block_ratio`` is ``num_gpu_block_expand_ratio`` for an MTP layer's tensor on the device (it
+    holds ``int(num_blocks * ratio)`` blocks, as FastDeploy's proposer allocates), else 1.
+    """
 
     name: str
     layer: int
+    block_ratio: float = 1.0
+
+    def blocks(self, num_blocks: int) -> int:
+        """Blocks this tensor holds on the device when the rank has ``num_blocks``."""
+        return num_blocks if self.block_ratio == 1 else int(num_blocks * self.block_ratio)
 
     def shape(self, num_blocks: int) -> tuple[int, ...]:
-        """Shape of this tensor holding ``num_blocks`` blocks."""
+        """Shape of this tensor on the device when the rank has ``num_blocks`` blocks."""
+        return (self.blocks(num_blocks), *self.block_shape)
+
+    def nbytes(self, num_blocks: int) -> int:
+        """Bytes of this tensor on the device when the rank has ``num_blocks`` blocks."""
+        return self.blocks(num_blocks) * self.bytes_per_block
+
+    def host_shape(self, num_blocks: int) -> tuple[int, ...]:
+        """Shape of this tensor's host swap copy of ``num_blocks`` blocks (every layer alike)."""
         return (num_blocks, *self.block_shape)
 
 
@@ -100,6 +121,8 @@ class CacheLayout:
     ``roles`` are the tensors of one layer in the core's shapes, in role order; every one of the
     ``num_layers`` layers holds them. ``rank`` is the local tensor-parallel rank and ``device_id``
     the local device the names were made for (``.device{N}``); the tensors are allocated there.
+    The last ``mtp_layers`` layers are MTP layers: on the device they hold ``int(num_blocks *
+    mtp_block_ratio)`` blocks (:meth:`device_bytes`, :meth:`blocks_within`).
     ``attention``, ``quant_type``, ``cache_dtype``, ``kv_heads`` and ``head_dim`` are what a
     platform is told when it shapes the layout; ``platform_roles`` (the same roles, the platform's
     axes and dtypes) and ``shaped_by`` are set by :meth:`shaped`.
@@ -115,6 +138,8 @@ class CacheLayout:
     cache_dtype: str = "bfloat16"
     kv_heads: int = 1
     head_dim: int = 1
+    mtp_layers: int = 0
+    mtp_block_ratio: float = 1.0
     platform_roles: tuple[LayerRole, ...] | None = field(default=None, compare=False)
     shaped_by: str | None = None
 
@@ -135,7 +160,39 @@ class CacheLayout:
     @property
     def bytes_per_block(self) -> int:
         """Bytes of one block across every tensor of every layer: the one per-rank figure."""
-        return self.num_layers * sum(role.bytes_per_block for role in self.roles)
+        return self.num_layers * self.layer_bytes_per_block
+
+    @property
+    def layer_bytes_per_block(self) -> int:
+        """Bytes of one block of one layer's tensors."""
+        return sum(role.bytes_per_block for role in self.roles)
+
+    def mtp_blocks(self, num_blocks: int) -> int:
+        """Blocks an MTP layer's tensors hold on the device when the rank has ``num_blocks``."""
+        return num_blocks if self.mtp_block_ratio == 1 else int(num_blocks * self.mtp_block_ratio)
+
+    def device_bytes(self, num_blocks: int) -> int:
+        """Bytes of every device tensor when the rank has ``num_blocks`` blocks (MTP layers' included)."""
+        main = self.num_layers - self.mtp_layers
+        return self.layer_bytes_per_block * (main * num_blocks + self.mtp_layers * self.mtp_blocks(num_blocks))
+
+    def blocks_within(self, nbytes: int) -> int:
+        """The most blocks whose device tensors fit in ``nbytes`` (0 when not one does): the floor of
+        ``nbytes / bytes_per_block`` without MTP, and the exact floor of the MTP sum with it."""
+        if self.mtp_layers == 0 or self.mtp_block_ratio == 1:
+            return max(nbytes, 0) // self.bytes_per_block
+        return largest(lambda n: self.device_bytes(n) <= nbytes, max(nbytes, 0) // self.layer_bytes_per_block)
+
+    def largest_tensor_elements(self, num_blocks: int) -> int:
+        """Elements of the largest single device tensor when the rank has ``num_blocks`` blocks."""
+        return max(spec.blocks(num_blocks) * spec.elements_per_block for spec in self._layer_specs())
+
+    def _layer_specs(self) -> tuple[CacheTensorSpec, ...]:
+        """One main layer's and (with MTP) one MTP layer's tensors."""
+        first_mtp = self.num_layers - self.mtp_layers
+        layers = (0,) if self.mtp_layers == 0 else ((first_mtp,) if first_mtp == 0 else (0, first_mtp))
+        per_layer = len(self.allocated_roles)
+        return tuple(self.tensors[layer * per_layer + index] for layer in layers for index in range(per_layer))
 
     @property
     def max_elements_per_block(self) -> int:
@@ -152,6 +209,7 @@ class CacheLayout:
                 role=role.role,
                 block_shape=role.block_shape,
                 dtype=role.dtype,
+                block_ratio=self.mtp_block_ratio if layer >= self.num_layers - self.mtp_layers else 1.0,
             )
             for layer in range(self.num_layers)
             for role in self.allocated_roles
@@ -205,6 +263,19 @@ def _layer_roles(model: ModelConfig, cache: CacheConfig, parallel: ParallelConfi
     return roles
 
 
+def largest(holds: Callable[[int], bool], upper: int) -> int:
+    """The largest ``n`` in ``0..upper`` for which ``holds(n)``, for a ``holds`` that stays true below
+    any ``n`` it holds for (0 when it holds for none above 0)."""
+    low, high = 0, upper
+    while low < high:
+        middle = (low + high + 1) // 2
+        if holds(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
 def check_layout(layout: object) -> CacheLayout:
     """``layout`` if it is a :class:`CacheLayout`, else a ConfigError naming ``layout``."""
     if not isinstance(layout, CacheLayout):
@@ -249,4 +320,6 @@ def build_layout(
         cache_dtype=cache.cache_dtype,
         kv_heads=1 if latent else max(1, model.num_key_value_heads // parallel.tensor_parallel_size),
         head_dim=roles[0].block_shape[-1] if latent else model.head_dim,
+        mtp_layers=model.num_nextn_predict_layers if model.use_mtp else 0,
+        mtp_block_ratio=cache.num_gpu_block_expand_ratio,
     )

@@ -1,7 +1,8 @@
 """How many KV cache blocks one rank gets: the memory budget, declared platform limits, overrides.
 
 The budget is ``floor(total_bytes * utilization) - non_cache_bytes``, capped by ``free_bytes``
-when the platform can tell free memory. Blocks are ``budget // layout.bytes_per_block``; a
+when the platform can tell free memory. Blocks are ``budget // layout.bytes_per_block`` (with MTP
+layers of another block ratio, the most blocks whose device tensors fit: :meth:`CacheLayout.blocks_within`); a
 platform's declared limits (each with its reason) may lower that, and
 ``num_gpu_blocks_override`` replaces it while still obeying the limits and the budget.
 """
@@ -15,7 +16,7 @@ from fractions import Fraction
 from ..contract.errors import ConfigError, FdPlatformsError
 from ..contract.types import Binding, DeviceMemory, Plan, PlatformLimit
 from .config.settings import CacheConfig
-from .layout import DTYPE_BYTES, CacheLayout, check_layout
+from .layout import DTYPE_BYTES, CacheLayout, check_layout, largest
 from .sizes import MAX_BYTES, format_size
 
 
@@ -71,6 +72,8 @@ def _limit_cap(limit: PlatformLimit, layout: CacheLayout) -> int:
     """Blocks a declared limit allows for this layout (the record admits only these two kinds)."""
     if limit.kind == "max_num_blocks":
         return limit.value
+    if layout.mtp_layers and layout.mtp_block_ratio != 1:  # an MTP tensor holds another count of blocks
+        return largest(lambda n: layout.largest_tensor_elements(n) <= limit.value, limit.value)
     return limit.value // layout.max_elements_per_block
 
 
@@ -112,6 +115,17 @@ def _check_override(
         )
 
 
+def _check_mtp_blocks(layout: CacheLayout, num_blocks: int) -> None:
+    """MTP layers' tensors hold at least one block (a ratio below 1 may round a small count to none)."""
+    if layout.mtp_layers and layout.mtp_blocks(num_blocks) < 1:
+        raise ConfigError(
+            "num_gpu_block_expand_ratio",
+            layout.mtp_block_ratio,
+            f"a ratio giving the MTP layers at least one block: int({num_blocks} x {layout.mtp_block_ratio:g}) is 0",
+            "raise num_gpu_block_expand_ratio (FastDeploy's default is 1.0) or plan more blocks",
+        )
+
+
 def host_swap_blocks(cache: CacheConfig, bytes_per_block: int) -> int:
     """Host swap blocks per rank: ``num_cpu_blocks``, else the swap space in whole blocks. It needs
     no device facts, so an engine knows it (and the rule's answer) before any rank has planned.
@@ -142,7 +156,7 @@ def plan_blocks(
     per_block = layout.bytes_per_block
     non_cache = _non_cache(memory, non_cache_bytes)
     budget = budget_bytes(memory, cache.memory_utilization, non_cache_bytes)
-    memory_blocks = max(budget, 0) // per_block
+    memory_blocks = layout.blocks_within(max(budget, 0))
     if memory_blocks < 1:
         raise InsufficientMemoryError(memory, cache.memory_utilization, non_cache, budget, layout)
     tightest = _tightest(layout, limits)
@@ -157,6 +171,12 @@ def plan_blocks(
     else:
         num_blocks, binding = memory_blocks, "memory"
         reason = f"budget {format_size(budget)} // {format_size(per_block)} per block"
+        if layout.mtp_layers and layout.mtp_block_ratio != 1:
+            reason = (
+                f"budget {format_size(budget)}: the most blocks whose tensors fit, {layout.mtp_layers} MTP layer(s) "
+                f"holding int(num_blocks x {layout.mtp_block_ratio:g}) each"
+            )
+    _check_mtp_blocks(layout, num_blocks)
     num_cpu_blocks = host_swap_blocks(cache, per_block)
     return Plan(
         num_blocks=num_blocks,
@@ -215,19 +235,19 @@ def plan_violations(
         broken.append(f"block_size={plan.block_size}, but the layout's is {layout.block_size}")
     if plan.budget_bytes > budget:
         broken.append(f"budget_bytes={plan.budget_bytes} exceeds the core's budget of {budget} B")
-    if plan.bytes_per_block > 0 and plan.memory_blocks != max(plan.budget_bytes, 0) // plan.bytes_per_block:
+    if plan.bytes_per_block == per_block and plan.memory_blocks != layout.blocks_within(max(plan.budget_bytes, 0)):
         broken.append(
-            f"memory_blocks={plan.memory_blocks} is not the floor of budget_bytes / bytes_per_block "
-            f"({max(plan.budget_bytes, 0) // plan.bytes_per_block})"
+            f"memory_blocks={plan.memory_blocks} is not the most blocks budget_bytes holds "
+            f"({layout.blocks_within(max(plan.budget_bytes, 0))})"
         )
     if plan.num_blocks < 1:
         broken.append(f"num_blocks={plan.num_blocks}: a plan holds at least one block")
     if plan.num_blocks > plan.memory_blocks:
         broken.append(f"num_blocks={plan.num_blocks} exceeds its own memory_blocks={plan.memory_blocks}")
-    if plan.num_blocks * per_block > budget:
+    if layout.device_bytes(plan.num_blocks) > budget:
         broken.append(
-            f"num_blocks={plan.num_blocks} x {per_block} B = {plan.num_blocks * per_block} B is over the core's budget "
-            f"of {budget} B"
+            f"num_blocks={plan.num_blocks} takes {layout.device_bytes(plan.num_blocks)} B on the device, over the "
+            f"core's budget of {budget} B"
         )
     for limit in limits:
         cap = _limit_cap(limit, layout)

@@ -28,6 +28,7 @@ MAX_COUNT = 2**63 - 1  # blocks and bytes are int64 counts
 MAX_LAYERS = 10_000  # the largest public models have fewer than 200 layers
 MAX_WIDTH = 65_536  # heads, head dims, latent ranks, block sizes: every real one is far below
 MAX_RANKS = 65_536  # tensor-parallel ranks
+MAX_EXPAND_RATIO = 64.0  # MTP layers' device blocks per main-layer block (FastDeploy's default: 1.0)
 LIMITS: dict[str, int] = {
     "num_hidden_layers": MAX_LAYERS,
     "num_nextn_predict_layers": MAX_LAYERS,

@@ -10,6 +10,7 @@ from .limits import (
     CACHE_DTYPES,
     DTYPE_ALIASES,
     EIGHT_BIT_DTYPES,
+    MAX_EXPAND_RATIO,
     QUANT_TYPES,
     check_int,
     check_optional_int,
@@ -25,6 +26,7 @@ class CacheConfig:
     ``cache_dtype`` accepts the alias ``fp8`` (stored as ``float8_e4m3fn``);
     ``kv_cache_quant_type`` ``int4_zp`` stores key and value as packed 4-bit values whatever the
     ``cache_dtype``; ``block_wise_fp8`` needs an 8-bit ``cache_dtype``.
+    ``num_gpu_block_expand_ratio`` (FastDeploy's name) scales the device blocks of MTP layers.
     ``kvcache_storage_backend`` accepts ``"none"`` (stored as None). Host swap space is given
     either as ``num_cpu_blocks`` or as ``swap_space_bytes``, not both.
     """
@@ -37,6 +39,7 @@ class CacheConfig:
     swap_space_bytes: int = 0
     kvcache_storage_backend: str | None = None
     num_gpu_blocks_override: int | None = None
+    num_gpu_block_expand_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         check_int("block_size", self.block_size, 1)
@@ -72,6 +75,15 @@ class CacheConfig:
             backend = choice("kvcache_storage_backend", self.kvcache_storage_backend, ("none", *STORAGE_BACKENDS))
             object.__setattr__(self, "kvcache_storage_backend", None if backend == "none" else backend)
         check_optional_int("num_gpu_blocks_override", self.num_gpu_blocks_override, 1)
+        ratio = self.num_gpu_block_expand_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= MAX_EXPAND_RATIO:
+            raise ConfigError(
+                "num_gpu_block_expand_ratio",
+                ratio,
+                f"a number greater than 0 and at most {MAX_EXPAND_RATIO}",
+                "give the MTP layers' device blocks as a multiple of the main layers', e.g. 1.0 (FastDeploy's default)",
+            )
+        object.__setattr__(self, "num_gpu_block_expand_ratio", float(ratio))
 
 
 @dataclass(frozen=True)
