@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fd_platforms.contract.errors import PlatformDriftError
+from fd_platforms.contract.errors import ConfigError, PlatformDriftError
 from fd_platforms.loading.selection import select_platform, survey
 from fd_platforms.rules.decision import TRUTH_TABLE
 
@@ -38,7 +38,7 @@ def supported_api_versions():
 """
 PLUGIN = ALWAYS_THERE + """
 @hookimpl
-def should_create_cache_tensor(profile, num_cpu_blocks, storage_backend, splitwise_role):
+def should_create_cache_tensor(profile, num_cpu_blocks, storage_backend, splitwise_role, rule):
 {body}
 """
 OLD_XPU_RULE = """    # FastDeploy's old XPU runner: `profile or role == "mixed"`, blind to swap space and storage
@@ -47,12 +47,12 @@ OLD_XPU_RULE = """    # FastDeploy's old XPU runner: `profile or role == "mixed"
     return CacheDecision(create, term, "the old XPU rule")
 """
 SAME_AS_THE_RULE = """    return decide_cache_creation(profile=profile, num_cpu_blocks=num_cpu_blocks,
-                                 storage_backend=storage_backend, splitwise_role=splitwise_role)
+                                 storage_backend=storage_backend, splitwise_role=splitwise_role, rule=rule)
 """
 RAISES_ON_DECODE = """    if splitwise_role == "decode":
         raise RuntimeError("decode is not supported")
     return decide_cache_creation(profile=profile, num_cpu_blocks=num_cpu_blocks,
-                                 storage_backend=storage_backend, splitwise_role=splitwise_role)
+                                 storage_backend=storage_backend, splitwise_role=splitwise_role, rule=rule)
 """
 
 
@@ -124,7 +124,7 @@ MOONCAKE_ONLY = """    # a backend test that knows only mooncake: `storage_backe
 SWAP_THRESHOLD = """    # treats a little swap space as none: passes every table case (0 and 64 CPU blocks) and drifts between
     blocks = num_cpu_blocks if num_cpu_blocks == 0 or num_cpu_blocks >= 64 else 0
     return decide_cache_creation(profile=profile, num_cpu_blocks=blocks,
-                                 storage_backend=storage_backend, splitwise_role=splitwise_role)
+                                 storage_backend=storage_backend, splitwise_role=splitwise_role, rule=rule)
 """
 
 
@@ -243,3 +243,39 @@ def test_plan_refuses_an_undeclared_cap_naming_both_counts(make_plugin) -> None:
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert re.search(r"num_blocks=1, but the core plans \d+ blocks \(memory: ", done.stderr), done.stderr
     assert "binding: memory" not in done.stdout
+
+
+ONE_VERSION_ONLY = """    # the default version, whatever the engine pinned
+    return decide_cache_creation(profile=profile, num_cpu_blocks=num_cpu_blocks,
+                                 storage_backend=storage_backend, splitwise_role=splitwise_role)
+"""
+
+NEWER_VERSION_ONLY = """    # FastDeploy's rule since PR #7471, whatever the engine pinned
+    return decide_cache_creation(profile=profile, num_cpu_blocks=num_cpu_blocks,
+                                 storage_backend=storage_backend, splitwise_role=splitwise_role, rule="2026-04")
+"""
+
+
+@pytest.mark.parametrize(
+    ("body", "version", "cases"), [(NEWER_VERSION_ONLY, "2026-01", 12), (ONE_VERSION_ONLY, "2026-04", 12)]
+)
+def test_a_plugin_answering_one_rule_version_whatever_is_pinned_is_refused_at_load(
+    make_plugin, body: str, version: str, cases: int
+) -> None:
+    drifting(make_plugin, "oneversion", body)
+    with pytest.raises(PlatformDriftError) as info:
+        select_platform({"FD_PLATFORM": "oneversion"})
+    message = str(info.value)
+    assert f"(version {version}) in {cases} of {len(TRUTH_TABLE)} cases" in message
+    assert len(info.value.cases) == cases and all(case.inputs.rule == version for case in info.value.cases)
+
+
+def test_the_call_check_holds_the_plugin_to_the_pinned_version(make_plugin) -> None:
+    drifting(make_plugin, "faithful", SAME_AS_THE_RULE)
+    platform = select_platform({"FD_PLATFORM": "faithful"}).platform
+    swap = {"profile": False, "num_cpu_blocks": 64, "storage_backend": None, "splitwise_role": "mixed"}
+    assert platform.should_create_cache_tensor(**swap).create is False
+    newer = platform.should_create_cache_tensor(**swap, rule="2026-04")
+    assert newer.create is True and "rule 2026-04: host swap space does not decide" in newer.reason
+    with pytest.raises(ConfigError, match="rule='2026-13' is not valid; allowed: one of 2026-01, 2026-04"):
+        platform.should_create_cache_tensor(**swap, rule="2026-13")

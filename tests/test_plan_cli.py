@@ -169,7 +169,8 @@ def test_platform_all_gives_one_row_per_installed_platform() -> None:
     assert all(r["create_cache_tensor"] is False and r["decision_term"] == "storage_backend" for r in rows)
     table = plan("--model", "examples/llama-3.1-8b", "--platform", "all", "--device-memory", "32GiB")
     assert table.returncode == 0 and table.stdout.splitlines()[0].startswith("PLATFORM")
-    plans, shapes = table.stdout.split("\n\n")  # the plans, then where the platforms' shapes differ
+    plans, rule, shapes = table.stdout.split("\n\n")  # the plans, the rule version, where the shapes differ
+    assert rule == 'rule version 2026-01: profile or not (num_cpu_blocks > 0 or storage_backend or splitwise_role != "mixed")' 
     assert len(plans.splitlines()) == 1 + len(rows)
     assert "metax     key [N, 64, 8, 128] bfloat16; value [N, 64, 8, 128] bfloat16" in shapes.splitlines()
 

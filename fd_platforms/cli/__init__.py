@@ -19,7 +19,7 @@ from ..ipc.console import printable, write_line
 from ..lifecycle.interrupts import Terminated, redeliver_swallowed_signals
 from ..loading.discovery import core_version
 from ..loading.isolation import describe
-from . import check_command, list_command, plan_command, run_command
+from . import check_command, list_command, plan_command, rules_command, run_command
 from .output import flush_output, silence_stdout, stdout_failed, take_stdout
 from .parser import OneLineParser, plain
 
@@ -31,7 +31,7 @@ def build_parser() -> OneLineParser:
         "--version", action="version", version=f"fd-platforms {core_version()} (plugin API {API_VERSION})"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
-    for module in (list_command, plan_command, run_command, check_command):
+    for module in (list_command, plan_command, run_command, check_command, rules_command):
         command = module.add_parser(commands)
         command.add_argument(  # after the command too: fd-platforms plan ... -v
             "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log INFO messages on stderr"

@@ -20,6 +20,7 @@ from ..ipc.console import write_line
 from ..ipc.timeouts import check_seconds
 from ..loading.discovery import Candidate, discover
 from ..loading.selection import single_candidate
+from ..rules.decision import DEFAULT_RULE, RULE_VERSIONS
 from .output import emit
 from .table import format_table
 
@@ -33,6 +34,10 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--jobs", type=int, default=min(4, os.cpu_count() or 1), metavar="N", help="platforms checked at once"
     )
     parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="per platform")
+    parser.add_argument(
+        "--rule", choices=tuple(RULE_VERSIONS), default=DEFAULT_RULE,
+        help="the create-or-attach rule version the engine pins: each platform's decision is checked against it",
+    )  # fmt: skip
     parser.set_defaults(run=run)
     return parser
 
@@ -43,12 +48,14 @@ def run(args: argparse.Namespace) -> int:
     timeout = check_seconds("timeout", args.timeout, "pass a finite number of seconds > 0, e.g. --timeout 600")
     candidates = _candidates(args.names, args.all)
     results = run_suites(
-        candidates, jobs=args.jobs, timeout=timeout, finished=None if args.json else _said(len(candidates))
-    )
+        candidates, jobs=args.jobs, timeout=timeout, finished=None if args.json else _said(len(candidates)),
+        rule=args.rule,
+    )  # fmt: skip
     passed = all(result.passed for result in results)
     if args.json:
         payload = {
             "api_version": API_VERSION,
+            "rule": args.rule,
             "checks": list(CHECKS),
             "passed": passed,
             "platforms": [result.as_dict() for result in results],

@@ -12,7 +12,7 @@ from ..contract.errors import ConfigError
 from ..rules.config.deploy import DeployConfig, deploy_config_from_overrides, load_deploy_config
 from ..rules.config.limits import ATTENTION_KINDS, CACHE_DTYPES, QUANT_TYPES
 from ..rules.config.settings import CacheConfig, ParallelConfig, SchedulerConfig
-from ..rules.decision import SPLITWISE_ROLES, STORAGE_BACKENDS
+from ..rules.decision import RULE_VERSIONS, SPLITWISE_ROLES, STORAGE_BACKENDS
 from ..rules.sizes import parse_size
 
 
@@ -61,6 +61,10 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
         help="device blocks of the MTP layers per main-layer block, FastDeploy's int(num_blocks * F) "
         f"(default: {cache.num_gpu_block_expand_ratio:g}; with --mtp)",
     )  # fmt: skip
+    parser.add_argument(
+        "--rule", choices=tuple(RULE_VERSIONS),
+        help=f"the create-or-attach rule's version the engine pins (default: {cache.rule}; fd-platforms rules shows them)",
+    )  # fmt: skip
     parser.add_argument("--role", choices=SPLITWISE_ROLES, help=f"splitwise role (default: {scheduler.splitwise_role})")
     parser.add_argument(
         "--storage-backend", choices=("none", *STORAGE_BACKENDS), help="KV cache storage backend (default: none)"
@@ -80,6 +84,7 @@ def deploy_config(args: argparse.Namespace) -> DeployConfig:
             "kvcache_storage_backend": args.storage_backend,
             "num_gpu_blocks_override": args.num_gpu_blocks_override,
             "num_gpu_block_expand_ratio": args.num_gpu_block_expand_ratio,
+            "rule": args.rule,
         },
         "scheduler": {"splitwise_role": args.role},
         "parallel": {"tensor_parallel_size": args.tp},

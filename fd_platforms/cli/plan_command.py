@@ -16,7 +16,7 @@ from ..contract.types import DeviceMemory
 from ..loading.platform import Platform
 from ..loading.selection import Prober, select_platform
 from ..rules.config.deploy import DeployConfig
-from ..rules.decision import decided_by
+from ..rules.decision import RULE_VERSIONS, decided_by
 from ..rules.layout import build_layout
 from ..rules.planner import memory_per_rank
 from ..rules.sizes import decimal_note, format_size
@@ -105,6 +105,7 @@ def _plan_row(
         num_cpu_blocks=plan.num_cpu_blocks,
         storage_backend=cache.kvcache_storage_backend,
         splitwise_role=deploy.scheduler.splitwise_role,
+        rule=cache.rule,
     )
     shaped = platform.cache_layout(layout, max(1, plan.num_blocks))
     assumed = non_cache if non_cache is not None else memory.process_bytes or 0
@@ -139,6 +140,8 @@ def _plan_row(
         "binding": plan.binding,
         "binding_reason": plan.binding_reason,
         "num_cpu_blocks": plan.num_cpu_blocks,
+        "rule": cache.rule,
+        "rule_text": RULE_VERSIONS[cache.rule].text,
         "create_cache_tensor": decision.create,
         "decision_term": decision.deciding_term,
         "decided_by": decided_by(decision),
@@ -203,13 +206,15 @@ def _details(row: dict[str, Any]) -> str:
         ("declared limits", limits),
         ("num_cpu_blocks", row["num_cpu_blocks"]),
         ("create cache", f"{outcome} ({row['decided_by']}: {row['decision_reason']})"),
+        ("rule", f"version {row['rule']}: {row['rule_text']}"),
     ]
     return format_table(("FIELD", "VALUE"), lines)
 
 
 def _side_by_side(rows: list[dict[str, Any]]) -> str:
     headers = ("PLATFORM", "NUM_BLOCKS", "BYTES/BLOCK", "BUDGET", "TOKENS", "CPU_BLOCKS", "CREATE", "BINDING")
-    return _plans_table(headers, rows) + _shape_differences(rows)
+    rule = f"\n\nrule version {rows[0]['rule']}: {rows[0]['rule_text']}" if rows else ""
+    return _plans_table(headers, rows) + rule + _shape_differences(rows)
 
 
 def _shape_differences(rows: list[dict[str, Any]]) -> str:

@@ -99,8 +99,10 @@ def require_pytest() -> None:
         )
 
 
-def run_suite(candidate: Candidate, *, timeout: float, environ: Mapping[str, str] | None = None) -> PlatformResult:
-    """Run the suite against one platform in its own pytest process."""
+def run_suite(
+    candidate: Candidate, *, timeout: float, environ: Mapping[str, str] | None = None, rule: str | None = None
+) -> PlatformResult:
+    """Run the suite against one platform in its own pytest process (``rule``: the pinned rule version)."""
     with tempfile.TemporaryDirectory(prefix="fd-platforms-check-") as scratch:
         ini = Path(scratch) / "pytest.ini"
         ini.write_text(SCRATCH_INI)
@@ -108,7 +110,7 @@ def run_suite(candidate: Candidate, *, timeout: float, environ: Mapping[str, str
         command = [
             sys.executable, "-m", "pytest", "-p", "fd_platforms.conformance.pytest_plugin", "-p", "no:cacheprovider",
             "--fd-platform", candidate.name, "--fd-platform-report", str(report), "-c", str(ini), "-q",
-            "--rootdir", str(SUITE_PARENT),
+            "--rootdir", str(SUITE_PARENT), *(("--fd-platform-rule", rule) if rule else ()),
         ]  # fmt: skip
         base = PlatformResult(candidate.name, candidate.distribution, candidate.version)
         try:
@@ -131,6 +133,7 @@ def run_suites(
     jobs: int,
     timeout: float,
     finished: Callable[[PlatformResult, float], None] | None = None,
+    rule: str | None = None,
 ) -> list[PlatformResult]:
     """Run the suite for several platforms, ``jobs`` processes at a time; results in the given
     order. ``finished(result, seconds)`` is called as each platform's suite ends (from a worker thread)."""
@@ -138,7 +141,7 @@ def run_suites(
 
     def one(candidate: Candidate) -> PlatformResult:
         started = time.monotonic()
-        result = run_suite(candidate, timeout=timeout)
+        result = run_suite(candidate, timeout=timeout, rule=rule)
         if finished is not None:
             finished(result, time.monotonic() - started)
         return result

@@ -53,6 +53,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--fd-platform-report", metavar="FILE", help="also write each suite test's outcome to FILE as JSON"
     )
+    group.addoption(
+        "--fd-platform-rule", metavar="VERSION", default=None,
+        help="the create-or-attach rule version the engine pins (default: the core's default version)",
+    )  # fmt: skip
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -121,6 +125,19 @@ def fd_platform_name(request: pytest.FixtureRequest) -> str:
     if not name:
         pytest.skip("no platform to check: run pytest --fd-platform NAME")
     return str(name)
+
+
+@pytest.fixture(scope="session")
+def fd_platform_rule(request: pytest.FixtureRequest) -> str:
+    """The rule version the platform is checked against (``--fd-platform-rule``, else the default)."""
+    from ..contract.errors import ConfigError
+    from ..rules.decision import DEFAULT_RULE, check_rule
+
+    rule = request.config.getoption("fd_platform_rule") or DEFAULT_RULE
+    try:
+        return check_rule(rule, "--fd-platform-rule").name
+    except ConfigError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -171,19 +171,21 @@ def confirm_platform() -> Detection | None:
 
 @hookspec(firstresult=True)
 def should_create_cache_tensor(
-    profile: bool, num_cpu_blocks: int, storage_backend: str | None, splitwise_role: str
+    profile: bool, num_cpu_blocks: int, storage_backend: str | None, splitwise_role: str, rule: str
 ) -> CacheDecision:
     """Decide whether this worker allocates the KV cache itself or attaches to a cache manager's.
 
-    The core's default is the one rule
-    ``profile or not (num_cpu_blocks > 0 or storage_backend or splitwise_role != "mixed")``;
-    platforms should not implement this hook. One that does is checked against the whole truth
-    table when loaded and against the rule on every call's own inputs.
+    The core's default is the one rule in the version the engine pinned (``rule``; the default
+    ``2026-01`` is ``profile or not (num_cpu_blocks > 0 or storage_backend or splitwise_role !=
+    "mixed")``, see :mod:`fd_platforms.rules.decision`); platforms should not implement this hook.
+    One that does is checked against the whole truth table under every version when loaded and
+    against the pinned version on every call's own inputs.
 
     :param profile: this is the memory-profiling run, which always creates a temporary cache.
     :param num_cpu_blocks: host swap blocks; > 0 means a cache-transfer process owns the cache.
     :param storage_backend: ``None``, ``"mooncake"``, ``"attention_store"`` or ``"file"``.
     :param splitwise_role: ``"mixed"``, ``"prefill"`` or ``"decode"``.
+    :param rule: the rule version the engine pinned (``"2026-01"``, ``"2026-04"``; API 1.2).
     :returns: a :class:`~fd_platforms.contract.types.CacheDecision` (``create``, the deciding term, reason).
 
     firstresult: yes. Errors: :class:`~fd_platforms.contract.errors.ConfigError` for a value outside the

@@ -24,6 +24,7 @@ from ..contract.errors import CacheSharingError, ConfigError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision
 from ..ipc.cache_signal import CacheReadySignal, check_signal_name, resolve_timeout
+from ..rules.decision import DEFAULT_RULE
 from .host_cache import HostCache, allocate_host_cache
 from .kv_cache import (
     AllocationProgress,
@@ -52,12 +53,14 @@ def initialize_kv_cache(
     setter_pid: int | None = None,
     timeout: float | None = None,
     progress: AllocationProgress | None = None,
+    rule: str = DEFAULT_RULE,
 ) -> KVCache:
     """Create or attach rank ``layout.rank``'s KV cache, as the rule decides; see the module docstring.
 
     ``signal_name`` is the engine's cache-ready signal (its instance also names the publication);
     ``setter_pid`` the cache manager's pid, so a waiting worker fails within a quarter second of its
-    death; ``timeout`` bounds the wait (default ``FD_CACHE_READY_TIMEOUT``).
+    death; ``timeout`` bounds the wait (default ``FD_CACHE_READY_TIMEOUT``); ``rule`` is the rule
+    version the engine pins (every process of one engine must pin the same).
     """
     check_cache_arguments(platform, layout, num_blocks)
     layout = platform.cache_layout(layout, num_blocks)  # the platform's shapes, checked
@@ -65,8 +68,9 @@ def initialize_kv_cache(
     limit = resolve_timeout(timeout)
     import_seconds = _import_paddle()
     decision = platform.should_create_cache_tensor(
-        profile=profile, num_cpu_blocks=num_cpu_blocks, storage_backend=storage_backend, splitwise_role=splitwise_role
-    )
+        profile=profile, num_cpu_blocks=num_cpu_blocks, storage_backend=storage_backend, splitwise_role=splitwise_role,
+        rule=rule,
+    )  # fmt: skip
     sharing = platform.cache_sharing()
     if decision.create:
         started = time.monotonic()

@@ -25,7 +25,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ..contract.errors import ConfigError, NodeError, PluginContractError, UnknownPlatformError
-from ..contract.types import Plan
+from ..contract.types import CacheDecision, Plan
 from ..engine.cluster import Agreement
 from ..engine.initialize import check_can_attach
 from ..engine.nodes import NodeSpec
@@ -189,9 +189,11 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
         num_cpu_blocks=host_swap_blocks(spec.deploy.cache, per_block),
         storage_backend=spec.deploy.cache.kvcache_storage_backend,
         splitwise_role=spec.deploy.scheduler.splitwise_role,
+        rule=spec.deploy.cache.rule,
     )
     if not decision.create:
         check_can_attach(platform, decision, f"platform {platform.name}")  # before any process starts
+    check_swap_owner(decision, spec)
     reclaim_stale_signals()  # what engines killed with SIGKILL left behind (each warned about)
     reclaim_stale_publications()
     signal = CacheReadySignal.create(spec.ranks)
@@ -263,6 +265,21 @@ def _parse_rank(text: str, nodes: NodeSpec, rank: int) -> RankReport:
 HOST_ROOM_SHARE = 0.5
 """On cpu, the most of the host's available memory every rank's cache and swap space may take
 together: the rest is the host's (the engine, its workers, whatever else runs there)."""
+
+
+def check_swap_owner(decision: CacheDecision, spec: RunSpec) -> None:
+    """A run whose rule version lets the workers create while host swap space is on would need the
+    cache manager to attach to the workers' caches to hold the swap cache: that direction is not
+    built, so it is refused before any process starts (never a swap cache silently left out)."""
+    cache = spec.deploy.cache
+    if decision.create and not spec.profile and host_swap_blocks(cache, spec.layout(0).bytes_per_block):
+        raise ConfigError(
+            "--rule",
+            cache.rule,
+            "a rule version under which the cache manager owns the cache when host swap space is on "
+            f"(rule {cache.rule} lets the workers create it, and a manager attaching to them is not built yet)",
+            "pin --rule 2026-01 (the default), or run without --swap-space",
+        )
 
 
 def check_host_room(final: Plan, spec: RunSpec) -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 from ..engine.nodes import NodeSpec
 from ..rules.config.deploy import DeployConfig
-from ..rules.decision import RULE
+from ..rules.decision import RULE_VERSIONS
 from ..rules.layout import CacheLayout, build_layout
 from ..rules.planner import shares_one_device
 
@@ -83,7 +83,7 @@ class RunSpec:
             "--storage-backend": cache.kvcache_storage_backend,
             "--profile": self.profile,
             "--cycles": self.cycles,
-            "the create-or-attach rule": RULE,
+            "the create-or-attach rule": f"{cache.rule}: {RULE_VERSIONS[cache.rule].text}",
             "the cache layout's bytes per block": self.layout(0).bytes_per_block,
         }
 

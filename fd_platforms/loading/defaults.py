@@ -35,14 +35,15 @@ def confirm_platform() -> None:
 
 @hookimpl(trylast=True)
 def should_create_cache_tensor(
-    profile: bool, num_cpu_blocks: int, storage_backend: str | None, splitwise_role: str
+    profile: bool, num_cpu_blocks: int, storage_backend: str | None, splitwise_role: str, rule: str
 ) -> CacheDecision:
-    """The one decision rule."""
+    """The one decision rule, in the pinned version."""
     return decide_cache_creation(
         profile=profile,
         num_cpu_blocks=num_cpu_blocks,
         storage_backend=storage_backend,
         splitwise_role=splitwise_role,
+        rule=rule,
     )
 
 

@@ -46,7 +46,7 @@ from ..contract.types import (
     SharedTensor,
 )
 from ..kit.host_memory import check_host_nbytes, host_bytes_for_swap
-from ..rules.decision import DecisionInputs, decide_cache_creation
+from ..rules.decision import DEFAULT_RULE, DecisionInputs, decide_cache_creation
 from ..rules.drift import DecisionDrift, drift_error, plan_drift_error, refuse_drift, shape_drift_error
 from ..rules.sizes import parse_size
 from . import defaults
@@ -102,13 +102,20 @@ class Platform:
         return None if result is None else check_type(self.candidate, "confirm_platform", result, Detection)
 
     def should_create_cache_tensor(
-        self, *, profile: bool, num_cpu_blocks: int, storage_backend: str | None, splitwise_role: str
+        self,
+        *,
+        profile: bool,
+        num_cpu_blocks: int,
+        storage_backend: str | None,
+        splitwise_role: str,
+        rule: str = DEFAULT_RULE,
     ) -> CacheDecision:
         """Create the KV cache in this worker, or attach to the cache manager's (see the hook spec).
 
-        The answer must be the core rule's on these very inputs, on every call.
+        The answer must be the core rule's, in the pinned version ``rule``, on these very inputs, on
+        every call.
         """
-        inputs = DecisionInputs(profile, num_cpu_blocks, storage_backend, splitwise_role)  # validates
+        inputs = DecisionInputs(profile, num_cpu_blocks, storage_backend, splitwise_role, rule)  # validates
         got = self.plugin_decision(inputs)
         expected = decide_cache_creation(**inputs.kwargs())
         if (got.create, got.deciding_term) != (expected.create, expected.deciding_term):

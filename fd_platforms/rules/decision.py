@@ -1,22 +1,82 @@
-"""The one rule that decides whether a worker creates its KV cache or attaches to a cache manager's.
+"""The one rule that decides whether a worker creates its KV cache or attaches to a cache manager's,
+in every version an engine may pin.
 
 ``create = profile or not (num_cpu_blocks > 0 or storage_backend or splitwise_role != "mixed")``
 
-It lives here only; every platform answers ``should_create_cache_tensor`` through it, and a
-plugin that implements the hook itself is held to :data:`TRUTH_TABLE` (:mod:`fd_platforms.rules.drift`).
+is the default version, ``2026-01``. FastDeploy changed its rule on 2026-04-29 (PR #7471) to
+``profile or not (storage_backend or splitwise_role != "mixed")``: version ``2026-04``. A version is
+one :class:`RuleVersion` entry in :data:`RULE_VERSIONS` (the terms that make a worker attach, in
+order); a third is one more entry. The engine pins the version (``rule`` in the deployment,
+``--rule``); platforms never choose it. Every platform answers ``should_create_cache_tensor``
+through :func:`decide_cache_creation`, and a plugin that implements the hook itself is held to
+:data:`TRUTH_TABLE` under every version (:mod:`fd_platforms.rules.drift`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..contract.errors import ConfigError
 from ..contract.types import CacheDecision
 
 STORAGE_BACKENDS = ("mooncake", "attention_store", "file")
 SPLITWISE_ROLES = ("mixed", "prefill", "decode")
-RULE = 'profile or not (num_cpu_blocks > 0 or storage_backend or splitwise_role != "mixed")'
+
+AttachTerm = Literal["num_cpu_blocks", "storage_backend", "splitwise_role"]
+_TERM_TEXT: dict[str, str] = {
+    "num_cpu_blocks": "num_cpu_blocks > 0",
+    "storage_backend": "storage_backend",
+    "splitwise_role": 'splitwise_role != "mixed"',
+}
+
+
+@dataclass(frozen=True)
+class RuleVersion:
+    """One version of the rule: a profiling run creates; else the first of ``attach_terms`` that
+    holds makes the worker attach; else it creates."""
+
+    name: str
+    attach_terms: tuple[AttachTerm, ...]
+    origin: str
+
+    @property
+    def text(self) -> str:
+        """The rule as a formula."""
+        return f"profile or not ({' or '.join(_TERM_TEXT[term] for term in self.attach_terms)})"
+
+
+RULE_VERSIONS: dict[str, RuleVersion] = {
+    version.name: version
+    for version in (
+        RuleVersion(
+            "2026-01",
+            ("num_cpu_blocks", "storage_backend", "splitwise_role"),
+            "the design's rule: FastDeploy's from January 2026, when host swap space made the cache manager own it",
+        ),
+        RuleVersion(
+            "2026-04",
+            ("storage_backend", "splitwise_role"),
+            "FastDeploy's since 2026-04-29 (PR #7471): swap space no longer decides; with it on, the worker "
+            "creates and the cache transfer manager attaches",
+        ),
+    )
+}
+DEFAULT_RULE = "2026-01"
+RULE = RULE_VERSIONS[DEFAULT_RULE].text
+"""The default version's formula."""
+
+
+def check_rule(rule: object, field: str = "rule") -> RuleVersion:
+    """The version named ``rule``; a ConfigError naming ``field`` and the versions otherwise."""
+    if not isinstance(rule, str) or rule not in RULE_VERSIONS:
+        raise ConfigError(
+            field,
+            rule,
+            f"one of {', '.join(RULE_VERSIONS)} (fd-platforms rules shows each and where they differ)",
+            f"pin a listed rule version, or leave it unset for {DEFAULT_RULE}",
+        )
+    return RULE_VERSIONS[rule]
 
 
 MAX_CPU_BLOCKS = 2**63 - 1  # an int64 count; anything larger is no real host's swap space
@@ -45,22 +105,26 @@ def check_decision_inputs(profile: object, num_cpu_blocks: object, storage_backe
 
 @dataclass(frozen=True)
 class DecisionInputs:
-    """The four inputs of the rule, validated on construction (a ConfigError naming the field)."""
+    """The four inputs of the rule and the pinned version, validated on construction (a ConfigError
+    naming the field)."""
 
     profile: bool
     num_cpu_blocks: int
     storage_backend: str | None
     splitwise_role: str
+    rule: str = DEFAULT_RULE
 
     def __post_init__(self) -> None:
         check_decision_inputs(self.profile, self.num_cpu_blocks, self.storage_backend, self.splitwise_role)
+        check_rule(self.rule)
 
     def kwargs(self) -> dict[str, Any]:
         """The inputs as the keyword arguments of the rule and of the hook."""
         return asdict(self)
 
     def __str__(self) -> str:
-        return ", ".join(f"{key}={value!r}" for key, value in self.kwargs().items())
+        """The four inputs (reports name the rule version once, above the cases)."""
+        return ", ".join(f"{key}={value!r}" for key, value in self.kwargs().items() if key != "rule")
 
 
 TRUTH_TABLE = tuple(
@@ -71,38 +135,57 @@ TRUTH_TABLE = tuple(
     for role in SPLITWISE_ROLES
 )
 """Every profile, role and storage backend, with and without swap space: the cases a plugin's
-decision hook is checked on when it is loaded (on every call it is checked on the call's own inputs)."""
+decision hook is checked on when it is loaded, under every rule version (on every call it is
+checked on the call's own inputs)."""
+
+
+def differing_cases(first: str, second: str) -> list[tuple[DecisionInputs, CacheDecision, CacheDecision]]:
+    """The truth-table cases where two rule versions decide differently (create or not)."""
+    found = []
+    for inputs in TRUTH_TABLE:
+        a = decide_cache_creation(**{**inputs.kwargs(), "rule": first})
+        b = decide_cache_creation(**{**inputs.kwargs(), "rule": second})
+        if a.create != b.create:
+            found.append((inputs, a, b))
+    return found
 
 
 def decide_cache_creation(
-    *, profile: bool, num_cpu_blocks: int, storage_backend: str | None, splitwise_role: str
+    *, profile: bool, num_cpu_blocks: int, storage_backend: str | None, splitwise_role: str, rule: str = DEFAULT_RULE
 ) -> CacheDecision:
-    """Apply the rule; the record names the term that decided and why, in words."""
+    """Apply rule version ``rule``; the record names the term that decided and why, in words."""
     check_decision_inputs(profile, num_cpu_blocks, storage_backend, splitwise_role)
-    create = profile or not (num_cpu_blocks > 0 or bool(storage_backend) or splitwise_role != "mixed")
+    version = check_rule(rule)
     if profile:
-        return CacheDecision(create, "profile", "profiling run: it always creates its own temporary cache")
-    if num_cpu_blocks > 0:
-        return CacheDecision(
-            create,
-            "num_cpu_blocks",
+        return CacheDecision(True, "profile", "profiling run: it always creates its own temporary cache")
+    reasons = {
+        "num_cpu_blocks": (
+            num_cpu_blocks > 0,
             f"host swap space is on ({num_cpu_blocks} CPU blocks): the cache-transfer process owns the cache",
-        )
-    if storage_backend:
-        return CacheDecision(
-            create,
-            "storage_backend",
+        ),
+        "storage_backend": (
+            bool(storage_backend),
             f"storage backend {storage_backend!r} is on: the cache-manager process owns the cache",
-        )
-    if splitwise_role != "mixed":
-        return CacheDecision(
-            create,
-            "splitwise_role",
+        ),
+        "splitwise_role": (
+            splitwise_role != "mixed",
             f"disaggregated role {splitwise_role!r}: the cache-manager process owns the cache",
-        )
+        ),
+    }
+    for term in version.attach_terms:
+        holds, reason = reasons[term]
+        if holds:
+            return CacheDecision(False, term, reason)
+    unused = "" if "num_cpu_blocks" in version.attach_terms or not num_cpu_blocks else (
+        f" (rule {version.name}: host swap space does not decide; the cache manager attaches to it)"
+    )  # fmt: skip
     return CacheDecision(
-        create, "none", "mixed role without swap space or storage backend: the worker creates the cache"
+        True, "none", f"mixed role without {' or '.join(_NONE_TEXT[t] for t in version.attach_terms[:-1])}: "
+        f"the worker creates the cache{unused}",
     )
+
+
+_NONE_TEXT = {"num_cpu_blocks": "swap space", "storage_backend": "storage backend", "splitwise_role": "role"}
 
 
 def decided_by(decision: CacheDecision) -> str:

@@ -3,7 +3,8 @@
 The core's rules (:mod:`fd_platforms.rules.decision`, :mod:`fd_platforms.rules.planner`) answer for every
 platform. A plugin that implements ``should_create_cache_tensor`` anyway is checked twice:
 
-- when it is loaded, against all of :data:`~fd_platforms.rules.decision.TRUTH_TABLE`, and refused with
+- when it is loaded, against all of :data:`~fd_platforms.rules.decision.TRUTH_TABLE` under every
+  rule version (the engine pins one; the hook is told which), and refused with
   every differing case listed (an early, complete report);
 - on every call, against the rule on the very inputs of the call (sampling cannot prove a rule:
   a plugin may special-case inputs the table does not hold).
@@ -17,12 +18,12 @@ role stay the core's (:func:`fd_platforms.rules.shapes.shape_violations`). Any d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ..contract.errors import FdPlatformsError, PlatformDriftError
 from ..contract.types import CacheDecision, CacheShapeRequest
-from .decision import RULE, TRUTH_TABLE, DecisionInputs, decide_cache_creation
+from .decision import DEFAULT_RULE, RULE_VERSIONS, TRUTH_TABLE, DecisionInputs, decide_cache_creation
 
 
 class Platform(Protocol):
@@ -64,10 +65,12 @@ def _describe(answer: CacheDecision | FdPlatformsError) -> str:
     return f"{type(answer).__name__}: {answer}"
 
 
-def decision_drift(platform: Platform) -> list[DecisionDrift]:
-    """Every truth-table case where ``platform``'s hook answers other than the rule (create and deciding term)."""
+def decision_drift(platform: Platform, rule: str = DEFAULT_RULE) -> list[DecisionDrift]:
+    """Every truth-table case where ``platform``'s hook answers other than rule version ``rule``
+    (create and deciding term)."""
     drifts = []
-    for inputs in TRUTH_TABLE:
+    for table_case in TRUTH_TABLE:
+        inputs = replace(table_case, rule=rule)
         expected = decide_cache_creation(**inputs.kwargs())
         try:
             got: CacheDecision | FdPlatformsError = platform.plugin_decision(inputs)
@@ -85,11 +88,14 @@ def drift_error(platform: Platform, drifts: list[DecisionDrift], *, at_call: boo
     """The refusal, listing each differing case (of the truth table at load, or the one call's)."""
     listing = "".join(f"\n  - {drift}" for drift in drifts)
     where = "on the inputs of this call" if at_call else f"in {len(drifts)} of {len(TRUTH_TABLE)} cases"
+    version = RULE_VERSIONS[drifts[0].inputs.rule]
     return PlatformDriftError(
         platform.name,
         platform.distribution,
-        f"its {DECISION_HOOK} hook disagrees with the core rule `{RULE}` {where}:{listing}\n"
-        f"Fix: delete the plugin's {DECISION_HOOK} hook (the core's rule answers for every platform)",
+        f"its {DECISION_HOOK} hook disagrees with the core rule `{version.text}` (version {version.name}) "
+        f"{where}:{listing}\n"
+        f"Fix: delete the plugin's {DECISION_HOOK} hook (the core's rule answers for every platform, in the "
+        "version the engine pins)",
         tuple(drifts),
     )
 
@@ -143,9 +149,10 @@ def refuse_drift(platform: Platform) -> None:
     (the decision, the shapes) and drifts."""
     implemented = platform.implemented_hooks()
     if DECISION_HOOK in implemented:
-        drifts = decision_drift(platform)
-        if drifts:
-            raise drift_error(platform, drifts)
+        for rule in RULE_VERSIONS:  # the default first; the engine may pin any of them
+            drifts = decision_drift(platform, rule)
+            if drifts:
+                raise drift_error(platform, drifts)
     if SHAPES_HOOK in implemented:
         violations = shapes_drift(platform)
         if violations:

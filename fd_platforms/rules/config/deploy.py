@@ -9,7 +9,8 @@ A deployment is described by a TOML file (see ``examples/deploy.toml``)::
     [cache]      block_size, cache_dtype, kv_cache_quant_type, memory_utilization,
                  num_cpu_blocks, swap_space (per rank: GiB as a bare number, as FastDeploy's
                  and vLLM's swap_space, or a size such as "512MiB"),
-                 kvcache_storage_backend, num_gpu_blocks_override, num_gpu_block_expand_ratio
+                 kvcache_storage_backend, num_gpu_blocks_override, num_gpu_block_expand_ratio,
+                 rule (the create-or-attach rule's version)
     [scheduler]  splitwise_role
     [parallel]   tensor_parallel_size, local_rank
 
@@ -51,6 +52,7 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
         "kvcache_storage_backend",
         "num_gpu_blocks_override",
         "num_gpu_block_expand_ratio",
+        "rule",
     ),
     "scheduler": ("splitwise_role",),
     "parallel": ("tensor_parallel_size", "local_rank"),

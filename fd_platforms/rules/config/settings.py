@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...contract.errors import ConfigError
-from ..decision import SPLITWISE_ROLES, STORAGE_BACKENDS
+from ..decision import DEFAULT_RULE, SPLITWISE_ROLES, STORAGE_BACKENDS, check_rule
 from .limits import (
     CACHE_DTYPES,
     DTYPE_ALIASES,
@@ -27,6 +27,7 @@ class CacheConfig:
     ``kv_cache_quant_type`` ``int4_zp`` stores key and value as packed 4-bit values whatever the
     ``cache_dtype``; ``block_wise_fp8`` needs an 8-bit ``cache_dtype``.
     ``num_gpu_block_expand_ratio`` (FastDeploy's name) scales the device blocks of MTP layers.
+    ``rule`` pins the create-or-attach rule's version (:data:`~fd_platforms.rules.decision.RULE_VERSIONS`).
     ``kvcache_storage_backend`` accepts ``"none"`` (stored as None). Host swap space is given
     either as ``num_cpu_blocks`` or as ``swap_space_bytes``, not both.
     """
@@ -40,6 +41,7 @@ class CacheConfig:
     kvcache_storage_backend: str | None = None
     num_gpu_blocks_override: int | None = None
     num_gpu_block_expand_ratio: float = 1.0
+    rule: str = DEFAULT_RULE
 
     def __post_init__(self) -> None:
         check_int("block_size", self.block_size, 1)
@@ -84,6 +86,7 @@ class CacheConfig:
                 "give the MTP layers' device blocks as a multiple of the main layers', e.g. 1.0 (FastDeploy's default)",
             )
         object.__setattr__(self, "num_gpu_block_expand_ratio", float(ratio))
+        check_rule(self.rule)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,58 @@
+"""``fd-platforms rules``: every version of the create-or-attach rule, side by side, and the cases
+where they decide differently (an engine pins one with ``--rule`` or ``[cache] rule``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..rules.decision import DEFAULT_RULE, RULE_VERSIONS, TRUTH_TABLE, decide_cache_creation
+from .output import emit
+from .table import format_table
+
+
+def add_parser(commands: Any) -> argparse.ArgumentParser:
+    parser = commands.add_parser("rules", help="show the create-or-attach rule's versions and where they differ")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.set_defaults(run=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    names = list(RULE_VERSIONS)
+    differing = []
+    for inputs in TRUTH_TABLE:
+        answers = {name: decide_cache_creation(**{**inputs.kwargs(), "rule": name}) for name in names}
+        if len({answer.create for answer in answers.values()}) > 1:
+            differing.append((inputs, answers))
+    if args.json:
+        emit(json.dumps({
+            "default": DEFAULT_RULE,
+            "versions": [{"name": v.name, "rule": v.text, "origin": v.origin} for v in RULE_VERSIONS.values()],
+            "cases": len(TRUTH_TABLE),
+            "differing": [
+                {"inputs": {k: v for k, v in inputs.kwargs().items() if k != "rule"},
+                 "create": {name: answer.create for name, answer in answers.items()},
+                 "deciding_term": {name: answer.deciding_term for name, answer in answers.items()}}
+                for inputs, answers in differing
+            ],
+        }, indent=2))  # fmt: skip
+        return 0
+    versions = format_table(
+        ("VERSION", "RULE", "ORIGIN"),
+        [(f"{v.name}{' (default)' if v.name == DEFAULT_RULE else ''}", v.text, v.origin) for v in RULE_VERSIONS.values()],
+    )
+    cases = format_table(
+        ("CASE", *(name.upper() for name in names)),
+        [
+            (str(inputs), *(_answer(answers[name].create, answers[name].deciding_term) for name in names))
+            for inputs, answers in differing
+        ],
+    )
+    emit(f"{versions}\n\n{len(differing)} of {len(TRUTH_TABLE)} cases decide differently:\n{cases}")
+    return 0
+
+
+def _answer(create: bool, term: str) -> str:
+    return f"{'create' if create else 'attach'} ({term})"

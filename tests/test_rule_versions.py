@@ -1,0 +1,108 @@
+"""The create-or-attach rule as a named, versioned thing: the engine pins a version, every platform decides by it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from fd_platforms.contract.errors import ConfigError
+from fd_platforms.rules.config import CacheConfig, load_deploy_config
+from fd_platforms.rules.decision import (
+    DEFAULT_RULE,
+    RULE,
+    RULE_VERSIONS,
+    TRUTH_TABLE,
+    decide_cache_creation,
+    differing_cases,
+)
+from run_helpers import QWEN, ROOT, SCRIPT, clean_env
+
+SWAP_MIXED = {"profile": False, "num_cpu_blocks": 64, "storage_backend": None, "splitwise_role": "mixed"}
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SCRIPT, *args], capture_output=True, text=True, cwd=ROOT, timeout=300, env=clean_env())
+
+
+def test_each_version_is_one_entry_with_its_formula() -> None:
+    assert list(RULE_VERSIONS) == ["2026-01", "2026-04"] and DEFAULT_RULE == "2026-01"
+    assert RULE == RULE_VERSIONS["2026-01"].text == (
+        'profile or not (num_cpu_blocks > 0 or storage_backend or splitwise_role != "mixed")'
+    )
+    assert RULE_VERSIONS["2026-04"].text == 'profile or not (storage_backend or splitwise_role != "mixed")'
+
+
+def test_the_versions_differ_exactly_where_swap_space_alone_decides() -> None:
+    [(inputs, old, new)] = differing_cases("2026-01", "2026-04")
+    assert {k: v for k, v in inputs.kwargs().items() if k != "rule"} == SWAP_MIXED
+    assert (old.create, old.deciding_term, new.create, new.deciding_term) == (False, "num_cpu_blocks", True, "none")
+    for case in TRUTH_TABLE:  # everywhere else the newer version is the older one without its swap term
+        kwargs = {k: v for k, v in case.kwargs().items() if k != "rule"}
+        without_swap = decide_cache_creation(**{**kwargs, "num_cpu_blocks": 0})
+        assert decide_cache_creation(**kwargs, rule="2026-04").create == without_swap.create
+
+
+def test_an_unknown_version_names_the_field_and_the_versions() -> None:
+    with pytest.raises(ConfigError, match=r"rule='2027-01' is not valid; allowed: one of 2026-01, 2026-04"):
+        CacheConfig(rule="2027-01")
+
+
+def test_the_toml_pins_the_version(tmp_path) -> None:
+    toml = tmp_path / "deploy.toml"
+    toml.write_text(f'[model]\npath = "{ROOT / QWEN}"\n[cache]\nrule = "2026-04"\n')
+    assert load_deploy_config(toml).cache.rule == "2026-04"
+
+
+def test_rules_prints_the_versions_side_by_side_and_the_cases_where_they_differ() -> None:
+    table = cli("rules")
+    assert table.returncode == 0, table.stderr
+    assert "2026-01 (default)" in table.stdout and RULE_VERSIONS["2026-04"].text in table.stdout
+    assert f"1 of {len(TRUTH_TABLE)} cases decide differently:" in table.stdout
+    assert table.stdout.rstrip().splitlines()[-1].split() == [
+        "profile=False,", "num_cpu_blocks=64,", "storage_backend=None,", "splitwise_role='mixed'",
+        "attach", "(num_cpu_blocks)", "create", "(none)",
+    ]  # fmt: skip
+    payload = json.loads(cli("rules", "--json").stdout)
+    assert payload["default"] == DEFAULT_RULE and [v["name"] for v in payload["versions"]] == list(RULE_VERSIONS)
+    assert payload["differing"] == [
+        {"inputs": SWAP_MIXED, "create": {"2026-01": False, "2026-04": True},
+         "deciding_term": {"2026-01": "num_cpu_blocks", "2026-04": "none"}}
+    ]  # fmt: skip
+
+
+def test_plan_decides_by_the_pinned_version_and_names_it() -> None:
+    args = ("plan", "--model", QWEN, "--device-memory", "80GiB", "--swap-space", "1", "--json")
+    default, newer = json.loads(cli(*args).stdout), json.loads(cli(*args, "--rule", "2026-04").stdout)
+    assert (default["rule"], default["create_cache_tensor"], default["decision_term"]) == ("2026-01", False, "num_cpu_blocks")
+    assert (newer["rule"], newer["create_cache_tensor"], newer["decision_term"]) == ("2026-04", True, "none")
+    assert newer["rule_text"] == RULE_VERSIONS["2026-04"].text
+    everyone = cli("plan", "--model", QWEN, "--device-memory", "80GiB", "--platform", "all", "--rule", "2026-04")
+    assert f"rule version 2026-04: {RULE_VERSIONS['2026-04'].text}" in everyone.stdout
+
+
+def test_run_refuses_the_direction_it_has_not_built_before_any_process_starts() -> None:
+    done = cli("run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--swap-space", "32MiB",
+               "--rule", "2026-04")  # fmt: skip
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()  # nothing started, nothing else said
+    assert line.startswith("fd-platforms: error: --rule='2026-04' is not valid")
+    assert "a manager attaching to them is not built yet" in line and "Fix: pin --rule 2026-01" in line
+
+
+@pytest.mark.slow
+def test_run_under_the_newer_version_without_swap_space_works_as_before() -> None:
+    done = cli("run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode",
+               "--rule", "2026-04", "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    ranks = json.loads(done.stdout)["ranks"]
+    assert [(rank["create"], rank["decided_by"], rank["verified"]) for rank in ranks] == [(False, "splitwise_role", True)] * 2
+
+
+@pytest.mark.slow
+def test_check_holds_each_platform_to_the_pinned_version() -> None:
+    done = cli("check", "cpu", "--rule", "2026-04", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    payload = json.loads(done.stdout)
+    assert payload["rule"] == "2026-04" and payload["platforms"][0]["checks"]["decision"]["status"] == "pass"
