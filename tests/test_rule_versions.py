@@ -82,13 +82,36 @@ def test_plan_decides_by_the_pinned_version_and_names_it() -> None:
     assert f"rule version 2026-04: {RULE_VERSIONS['2026-04'].text}" in everyone.stdout
 
 
-def test_run_refuses_the_direction_it_has_not_built_before_any_process_starts() -> None:
-    done = cli("run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--swap-space", "32MiB",
-               "--rule", "2026-04")  # fmt: skip
+@pytest.mark.slow
+@pytest.mark.parametrize("role", ["mixed", "decode"])
+def test_both_directions_run_with_swap_space_verified_both_ways_through_cycles(role: str) -> None:
+    """Under 2026-04 with swap space a mixed instance's workers create and the cache manager attaches to
+    hold the host swap cache; a decode instance (and every role under 2026-01) goes the other way."""
+    for rule in ("2026-01", "2026-04"):
+        done = cli("run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--swap-space", "32MiB",
+                   "--role", role, "--rule", rule, "--cycles", "2", "--json")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        reversed_ = rule == "2026-04" and role == "mixed"
+        for rank in report["ranks"]:
+            assert rank["create"] is reversed_ and rank["verified"] is True
+            assert rank["allocated_by"] == ("worker" if reversed_ else "cache manager")
+            assert rank["attached_by"] == ("cache manager" if reversed_ else "worker")
+            assert rank["attached_tensors"] == 96 and rank["num_cpu_blocks"] == 10 and rank["host_bytes"] > 0
+        assert [cycle["verified"] for cycle in report["cycles"]] == [True, True]
+
+
+def test_a_platform_that_cannot_share_is_refused_the_manager_attaching_before_any_process_starts(make_plugin) -> None:
+    site = make_plugin("loner")  # the template plugin: no cache_sharing
+    done = subprocess.run(
+        [SCRIPT, "run", "--platform", "loner", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB",
+         "--swap-space", "32MiB", "--rule", "2026-04"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, env=clean_env(PYTHONPATH=str(site)),
+    )  # fmt: skip
     assert done.returncode == 2
     [line] = done.stderr.splitlines()  # nothing started, nothing else said
-    assert line.startswith("fd-platforms: error: --rule='2026-04' is not valid")
-    assert "a manager attaching to them is not built yet" in line and "Fix: pin --rule 2026-01" in line
+    assert line.startswith("fd-platforms: error: --rule='2026-04' is not valid") and "loner, which cannot share" in line
+    assert "Fix: pin --rule 2026-01 (the default)" in line
 
 
 @pytest.mark.slow

@@ -135,6 +135,13 @@ def _ranks_per_node(args: argparse.Namespace, tp: int) -> int:
     return tp // args.nnodes
 
 
+def _attached(tensors: int, by: str | None) -> str | int:
+    """Tensors opened zero-copy, and by whom where it is not the worker."""
+    if not tensors:
+        return "-"
+    return f"{tensors} (manager)" if by == "cache manager" else tensors
+
+
 def format_report(report: RunReport) -> str:
     """A header line, one table row per rank, then one per clear/re-initialize cycle."""
     header = (
@@ -161,7 +168,7 @@ def format_report(report: RunReport) -> str:
             f"{rank.plan_seconds:.3f}",
             f"{rank.allocate_seconds:.3f}",
             "-" if rank.wait_seconds is None else f"{rank.wait_seconds:.3f}",
-            rank.attached_tensors or "-",
+            _attached(rank.attached_tensors, rank.attached_by),
             "-" if rank.attach_seconds is None else f"{rank.attach_seconds:.3f}",
             _yes_no(rank.verified),
         )

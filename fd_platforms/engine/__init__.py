@@ -4,7 +4,8 @@ The layer above the :class:`~fd_platforms.loading.platform.Platform` facade: eve
 platform first, and the facade never imports the engine. A runner calls :func:`initialize_kv_cache`
 (decide with the rule, then create and publish, or wait and attach zero-copy by name); a cache
 manager calls :func:`manage_kv_cache` (publish a rank's device cache, carve its host swap cache,
-set the slot). Both give back records whose ``clear()`` lets go, so the cache can be created
+set the slot), or :func:`hold_kv_cache` where the pinned rule lets the workers create (attach to a
+rank's published cache and carve its host swap cache). Both give back records whose ``clear()`` lets go, so the cache can be created
 again. An engine over several nodes joins them with
 :meth:`Cluster.join <fd_platforms.engine.cluster.Cluster.join>` and agrees on the blocks with
 :meth:`Cluster.agree <fd_platforms.engine.cluster.Cluster.agree>` (Paddle's collective runtime).
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from .cluster import Agreement, Cluster, RankPlan, collective_backend
 from .host_cache import HostCache
-from .initialize import ManagedCache, check_can_attach, initialize_kv_cache, manage_kv_cache
+from .initialize import ManagedCache, check_can_attach, hold_kv_cache, initialize_kv_cache, manage_kv_cache
 from .kv_cache import KVCache, allocate_kv_cache
 from .nodes import NodeSpec, free_master
 from .publication import publication_name, published_tensor_name
@@ -38,6 +39,7 @@ __all__ = [
     "check_can_attach",
     "collective_backend",
     "free_master",
+    "hold_kv_cache",
     "initialize_kv_cache",
     "manage_kv_cache",
     "publication_name",

@@ -121,19 +121,11 @@ def manage_kv_cache(
 ) -> ManagedCache:
     """Export and publish rank ``layout.rank``'s device cache, allocate its host swap cache
     (``num_cpu_blocks`` blocks of the same layout; none when 0), then set the rank's slot."""
-    check_cache_arguments(platform, layout, num_blocks)
-    layout = platform.cache_layout(layout, num_blocks)  # the platform's shapes, checked
-    if isinstance(num_cpu_blocks, bool) or not isinstance(num_cpu_blocks, int) or not 0 <= num_cpu_blocks < 2**63:
-        raise ConfigError(
-            "num_cpu_blocks", num_cpu_blocks, "an int from 0 to 2**63 - 1", "pass the plan's num_cpu_blocks"
-        )
-    check_signal_name(signal_name)
-    if platform.cache_sharing() is None:
-        raise CacheSharingError(
-            f"platform {platform.name} cannot share KV cache tensors between processes (it declares no cache_sharing), "
-            "so a cache manager cannot hold a worker's cache. Fix: let the workers create their caches (role mixed, "
-            "no swap space, no storage backend), or use a platform that can share"
-        )
+    layout = _manager_layout(
+        platform, layout, num_blocks, num_cpu_blocks, signal_name,
+        "hold a worker's cache. Fix: let the workers create their caches (role mixed, no swap space, no storage "
+        "backend), or use a platform that can share",
+    )  # fmt: skip
     import_seconds = _import_paddle()
     started = time.monotonic()
     device = export_kv_cache(platform, layout, num_blocks, signal_name, progress=progress)
@@ -145,6 +137,63 @@ def manage_kv_cache(
         raise
     _set_slot(signal_name, layout.rank)
     return ManagedCache(layout.rank, device, host)
+
+
+def hold_kv_cache(
+    platform: Platform,
+    layout: CacheLayout,
+    num_blocks: int,
+    *,
+    num_cpu_blocks: int,
+    signal_name: str,
+    setter_pid: int | None = None,
+    timeout: float | None = None,
+) -> ManagedCache:
+    """The cache manager's side where the workers create (rule ``2026-04`` with swap space on): wait
+    for rank ``layout.rank``'s published cache, attach to it zero-copy, then allocate its host swap
+    cache (``num_cpu_blocks`` blocks). ``setter_pid`` is the rank's worker, so the wait fails within a
+    quarter second of its death; ``clear()`` lets go first, so the worker can clear and re-create.
+    """
+    layout = _manager_layout(
+        platform, layout, num_blocks, num_cpu_blocks, signal_name,
+        "attach to a worker's cache. Fix: pin a rule version under which the cache manager creates it (2026-01), "
+        "or use a platform that can share",
+    )  # fmt: skip
+    import_seconds = _import_paddle()
+    waited = platform.wait_cache_ready(signal_name, layout.rank, timeout=resolve_timeout(timeout), setter_pid=setter_pid)
+    device = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid)
+    device.wait_seconds, device.import_seconds = waited, import_seconds
+    try:
+        host = allocate_host_cache(platform, layout, num_cpu_blocks) if num_cpu_blocks else None
+    except BaseException:
+        device.clear(0.001)
+        raise
+    return ManagedCache(layout.rank, device, host)
+
+
+def _manager_layout(
+    platform: Platform, layout: CacheLayout, num_blocks: int, num_cpu_blocks: int, signal_name: str, refusal: str
+) -> CacheLayout:
+    """A cache manager call's arguments checked, and the layout in the platform's shapes; a platform
+    that cannot share is refused (``refusal`` ends the message: what the manager cannot do, the fix)."""
+    check_cache_arguments(platform, layout, num_blocks)
+    shaped = platform.cache_layout(layout, num_blocks)  # the platform's shapes, checked
+    check_cpu_blocks(num_cpu_blocks)
+    check_signal_name(signal_name)
+    if platform.cache_sharing() is None:
+        raise CacheSharingError(
+            f"platform {platform.name} cannot share KV cache tensors between processes (it declares no cache_sharing), "
+            f"so a cache manager cannot {refusal}"
+        )
+    return shaped
+
+
+def check_cpu_blocks(num_cpu_blocks: object) -> None:
+    """``num_cpu_blocks`` must be an int from 0 to 2**63 - 1 (ConfigError otherwise)."""
+    if isinstance(num_cpu_blocks, bool) or not isinstance(num_cpu_blocks, int) or not 0 <= num_cpu_blocks < 2**63:
+        raise ConfigError(
+            "num_cpu_blocks", num_cpu_blocks, "an int from 0 to 2**63 - 1", "pass the plan's num_cpu_blocks"
+        )
 
 
 def _import_paddle() -> float:

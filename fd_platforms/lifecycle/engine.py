@@ -86,6 +86,7 @@ class _Run:
         self.spec, self.platform, self.children, self.workers, self.say = spec, platform, children, workers, say
         self.manager: Child | None = None
         self.attaching: tuple[int, ...] = ()
+        self.workers_create = False  # the pinned rule lets the workers create; the manager attaches to them
         self.verified: dict[int, bool] = {}
 
     @property
@@ -100,33 +101,41 @@ class _Run:
         return ready, published, self.verify()
 
     def verify(self) -> bool | None:
-        """Attachers read the manager's tokens and write theirs; the manager reads those back. A rank
-        that misses either holds a copy, not the manager's memory: the platform's plugin is blamed."""
+        """Attachers read the creator's tokens and write theirs; the creator reads those back. A rank
+        that misses either holds a copy, not the creator's memory: the platform's plugin is blamed."""
         if self.manager is None:
             return None
         ours, theirs = secrets.randbelow(2**31), secrets.randbelow(2**31)
-        self._ask([self.manager], "mark", ours)
-        attachers = [self.workers[rank] for rank in self.attaching]
-        seen = self._ask(attachers, "verify", (ours, theirs))
-        checked = self._ask([self.manager], "check", theirs)[self.manager]
-        self.verified = {rank: seen[self.workers[rank]] and checked[rank] for rank in self.attaching}
+        ranks = [self.workers[rank] for rank in self.attaching]
+        if self.workers_create:  # the workers created: the manager is every rank's attacher
+            self._ask(ranks, "mark", ours)
+            seen = self._ask([self.manager], "verify", (ours, theirs))[self.manager]
+            checked = self._ask(ranks, "check", theirs)
+            self.verified = {rank: seen[rank] and checked[self.workers[rank]] for rank in self.attaching}
+        else:
+            self._ask([self.manager], "mark", ours)
+            seen = self._ask(ranks, "verify", (ours, theirs))
+            checked = self._ask([self.manager], "check", theirs)[self.manager]
+            self.verified = {rank: seen[self.workers[rank]] and checked[rank] for rank in self.attaching}
         copies = [rank for rank, shared in self.verified.items() if not shared]
         if copies:
             raise PluginContractError(
                 self.platform.name,
                 self.platform.distribution,
-                f"rank(s) {', '.join(map(str, copies))} attached to tensors that do not share the cache manager's "
+                f"rank(s) {', '.join(map(str, copies))}: the attacher's tensors do not share the creator's "
                 "memory: a token written on one side was not seen on the other, so open_cache_tensor returned a "
                 "copy. Fix: return the exported memory itself from open_cache_tensor (a zero-copy view)",
             )
         return True
 
     def cycle(self, number: int) -> CycleReport:
-        """Clear every rank (attachers first, so the manager can free) and initialize again."""
+        """Clear every rank (attachers first, so the creator can free) and initialize again."""
         before = self.rss()
         started = time.monotonic()
+        if self.manager is not None and self.workers_create:
+            self._ask([self.manager], "clear")
         self._ask(self.workers, "clear")
-        if self.manager is not None:
+        if self.manager is not None and not self.workers_create:
             self._ask([self.manager], "clear")
         cleared = time.monotonic()
         self._ask(self.everyone, "init")
@@ -193,7 +202,9 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
     )
     if not decision.create:
         check_can_attach(platform, decision, f"platform {platform.name}")  # before any process starts
-    check_swap_owner(decision, spec)
+    workers_create = decision.create and not spec.profile and bool(host_swap_blocks(spec.deploy.cache, per_block))
+    if workers_create:
+        check_can_hold(platform, spec)
     reclaim_stale_signals()  # what engines killed with SIGKILL left behind (each warned about)
     reclaim_stale_publications()
     signal = CacheReadySignal.create(spec.ranks)
@@ -203,10 +214,12 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
             pids = ", ".join(str(worker.pid) for worker in workers)
             say(f"platform {spec.platform}: started {spec.ranks} worker(s) (pid {pids}), cache-ready signal {signal.name}")
             run = _Run(spec, platform, children, workers, say)
-            if not decision.create:
-                run.attaching = tuple(range(spec.ranks))
+            if not decision.create or workers_create:
+                run.attaching, run.workers_create = tuple(range(spec.ranks)), workers_create
                 run.manager = children.start("cache manager", manager_main, spec, run.attaching, signal.name)
-                say(f"starting the cache manager (pid {run.manager.pid}) for rank(s) {', '.join(map(str, run.attaching))}")
+                side = ": it attaches to the workers' caches to hold their host swap space" if workers_create else ""
+                say(f"starting the cache manager (pid {run.manager.pid}) for rank(s) "
+                    f"{', '.join(map(str, run.attaching))}{side}")  # fmt: skip
             # across nodes a worker's own bound (its join) must end first: it names the node that is missing
             planned = children.collect(workers, "plan", spec.timeout + (0 if spec.nodes is None else MARGIN_SECONDS))
             agreement: Agreement | None = planned[workers[0]][2]
@@ -219,9 +232,11 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
                 bound = agreement.bound_by
                 say(f"every rank of {spec.nodes.nnodes} nodes planned; each uses {final.num_blocks} blocks "  # type: ignore[union-attr]
                     f"(the minimum, node {bound.node} rank {bound.local_rank}'s plan)")  # fmt: skip
+            creators = {rank: worker.pid for rank, worker in enumerate(workers)} if workers_create else None
             if run.manager is not None:
-                children.send([run.manager], "final", final)
-            children.send(workers, "final", (final, None if run.manager is None else run.manager.pid))
+                children.send([run.manager], "final", (final, creators))
+            setter = None if run.manager is None or workers_create else run.manager.pid
+            children.send(workers, "final", (final, setter))
             ready, published, verified = run.initialize()
             say("every rank's KV cache is ready" + ("" if verified is None else f"; shared memory verified: {verified}"))
             cycles = tuple(run.cycle(number) for number in range(1, spec.cycles + 1))
@@ -267,18 +282,17 @@ HOST_ROOM_SHARE = 0.5
 together: the rest is the host's (the engine, its workers, whatever else runs there)."""
 
 
-def check_swap_owner(decision: CacheDecision, spec: RunSpec) -> None:
-    """A run whose rule version lets the workers create while host swap space is on would need the
-    cache manager to attach to the workers' caches to hold the swap cache: that direction is not
-    built, so it is refused before any process starts (never a swap cache silently left out)."""
-    cache = spec.deploy.cache
-    if decision.create and not spec.profile and host_swap_blocks(cache, spec.layout(0).bytes_per_block):
+def check_can_hold(platform: Platform, spec: RunSpec) -> None:
+    """Where the pinned rule lets the workers create while host swap space is on, the cache manager
+    attaches to their caches: refused before any process starts on a platform that cannot share."""
+    if platform.cache_sharing() is None:
         raise ConfigError(
             "--rule",
-            cache.rule,
-            "a rule version under which the cache manager owns the cache when host swap space is on "
-            f"(rule {cache.rule} lets the workers create it, and a manager attaching to them is not built yet)",
-            "pin --rule 2026-01 (the default), or run without --swap-space",
+            spec.deploy.cache.rule,
+            f"a rule version under which platform {platform.name}, which cannot share cache tensors, never needs "
+            "a cache manager to attach: with swap space on, rule 2026-04 has the workers create and the manager "
+            "attach to hold the host swap cache",
+            "pin --rule 2026-01 (the default), run without --swap-space, or use a platform that can share",
         )
 
 
@@ -311,26 +325,35 @@ def _rank_report(
     verified: dict[int, bool],
 ) -> RankReport:
     allocation = result.allocation if result.allocation is not None else managed[rank]
+    held = managed.get(rank)  # where the workers create, the manager holds the host swap cache and attaches
+    host = allocation if held is None else held
+    attached_tensors, attach_seconds = (
+        (result.attached_tensors, result.attach_seconds) if result.allocation is None or held is None
+        else (held.attached_tensors, held.attach_seconds)
+    )  # fmt: skip
     return RankReport(
         rank=rank,
         device=allocation.device,
         create=result.decision.create,
         deciding_term=result.decision.deciding_term,
-        decided_by=decided_by(result.decision),
+        decided_by=decided_by(result.decision) if held is None or result.allocation is None else (
+            f"rule {spec.deploy.cache.rule}: workers create, manager attaches"
+        ),
         allocated_by="worker" if result.allocation is not None else "cache manager",
         planned_blocks=planned[0].num_blocks,
         num_blocks=final.num_blocks,
         planned_cpu_blocks=final.num_cpu_blocks,
-        num_cpu_blocks=allocation.host_bytes // final.bytes_per_block,
+        num_cpu_blocks=host.host_bytes // final.bytes_per_block,
         device_bytes=allocation.device_bytes,
-        host_bytes=allocation.host_bytes,
-        pinned=allocation.pinned,
-        host_kind=allocation.host_kind,
+        host_bytes=host.host_bytes,
+        pinned=host.pinned,
+        host_kind=host.host_kind,
         plan_seconds=planned[1],
         allocate_seconds=allocation.seconds,
         wait_seconds=result.wait_seconds,
-        attached_tensors=result.attached_tensors,
-        attach_seconds=result.attach_seconds,
+        attached_tensors=attached_tensors,
+        attach_seconds=attach_seconds,
+        attached_by=None if not attached_tensors else ("worker" if result.allocation is None else "cache manager"),
         verified=verified.get(rank),
         node=0 if spec.nodes is None else spec.nodes.node_rank,
         global_rank=rank if spec.nodes is None else spec.nodes.global_rank(rank),

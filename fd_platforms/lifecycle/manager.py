@@ -1,11 +1,15 @@
 """The cache-manager process: one public call per rank it serves, then what the engine asks.
 
-It starts beside the workers, imports paddle while they plan, and receives ``("final", plan)``
-(the minimum across ranks). For each rank: :func:`~fd_platforms.engine.manage_kv_cache` exports and publishes the device cache, carves the
-host swap space (``num_cpu_blocks`` blocks in the layout's names, pinned where the platform can) and
-sets the slot. It sends ``("ready", allocations)``, then serves until ``("stop", None)``: ``mark``
-(write its tokens into every tensor), ``check`` (read each attacher's tokens back), ``clear``
-(each rank waits for its attacher to let go, then frees) and ``init`` (publish again).
+It starts beside the workers, imports paddle while they plan, and receives ``("final", (plan,
+creators))`` (the minimum across ranks; ``creators`` None, or each rank's worker pid where the pinned
+rule lets the workers create). For each rank: :func:`~fd_platforms.engine.manage_kv_cache` exports
+and publishes the device cache, carves the host swap space (``num_cpu_blocks`` blocks in the
+layout's names, pinned where the platform can) and sets the slot; or, where the workers create,
+:func:`~fd_platforms.engine.hold_kv_cache` waits for the worker's cache, attaches to it and carves
+the host swap space. It sends ``("ready", allocations)``, then serves until ``("stop", None)``:
+``mark`` / ``check`` (a creator writes its tokens, reads the attacher's back), ``verify`` (an
+attacher reads the creator's, writes its own), ``clear`` (a creator waits for its attacher to let
+go, then frees; an attacher lets go) and ``init`` (take every rank again).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from multiprocessing.connection import Connection
 
 from ..contract.errors import FdPlatformsError
 from ..contract.types import Plan
-from ..engine.initialize import ManagedCache, manage_kv_cache
+from ..engine.initialize import ManagedCache, hold_kv_cache, manage_kv_cache
 from ..kit.host_memory import resident_bytes
 from ..loading.platform import Platform
 from ..rules.sizes import format_size
@@ -25,7 +29,7 @@ from .child import child_platform, expect, load_paddle, run_child, serve
 from .progress import Progress
 from .report import Allocation
 from .spec import RunSpec
-from .tokens import read_tokens, write_tokens
+from .tokens import read_tokens, verify_attached, write_tokens
 
 
 def manager_main(spec: RunSpec, ranks: tuple[int, ...], signal_name: str, conn: Connection) -> None:
@@ -36,10 +40,14 @@ def manager_main(spec: RunSpec, ranks: tuple[int, ...], signal_name: str, conn: 
 def _manage(conn: Connection, say: Progress, spec: RunSpec, ranks: tuple[int, ...], signal_name: str) -> None:
     load_paddle()  # while the workers plan
     platform = child_platform(spec)
-    plan: Plan = expect(conn, "final", spec.timeout)
+    plan, creators = expect(conn, "final", spec.timeout)  # creators: each rank's worker pid where they create
     held: dict[int, ManagedCache] = {}
+
+    def take_all(_: object = None) -> tuple[Allocation, ...]:
+        return _take_all(platform, spec, ranks, plan, creators, signal_name, say, held)
+
     try:
-        conn.send(("ready", _publish_all(platform, spec, ranks, plan, signal_name, say, held)))
+        conn.send(("ready", take_all()))
 
         def clear(_: object) -> None:
             for rank in list(held):
@@ -50,8 +58,10 @@ def _manage(conn: Connection, say: Progress, spec: RunSpec, ranks: tuple[int, ..
             "mark": lambda token: [write_tokens(cache.device.tensors, token, last=False) for cache in held.values()],
             "check": lambda token: {rank: read_tokens(cache.device.tensors, token, last=True)
                                     for rank, cache in held.items()},
+            "verify": lambda tokens: {rank: verify_attached(cache.device.tensors, *tokens)
+                                      for rank, cache in held.items()},
             "clear": clear,
-            "init": lambda _: _publish_all(platform, spec, ranks, plan, signal_name, say, held),
+            "init": take_all,
             "rss": lambda _: resident_bytes(),
         })  # fmt: skip
     except BaseException:  # the real cause goes on at once: attachers may hold what was published, never wait
@@ -63,29 +73,35 @@ def _manage(conn: Connection, say: Progress, spec: RunSpec, ranks: tuple[int, ..
         cache.clear(spec.timeout)
 
 
-def _publish_all(
+def _take_all(
     platform: Platform,
     spec: RunSpec,
     ranks: tuple[int, ...],
     plan: Plan,
+    creators: dict[int, int] | None,
     signal_name: str,
     say: Progress,
     held: dict[int, ManagedCache],
 ) -> tuple[Allocation, ...]:
+    """Each rank's cache: published here (``creators`` None), or attached to its worker's (the pid
+    of each rank's creating worker given); with its host swap cache either way."""
     allocations = []
     for rank in ranks:
         size = format_size(spec.layout(rank).device_bytes(plan.num_blocks))
         swap = f"{format_size(plan.num_cpu_blocks * plan.bytes_per_block)} of host swap space ({plan.num_cpu_blocks} blocks)"
-        say(f"publishing {size} of KV cache" + (f" and allocating {swap}" if plan.num_cpu_blocks else "") + f" for rank {rank}")
         started = time.monotonic()
-        cache = manage_kv_cache(
-            platform,
-            spec.layout(rank),
-            plan.num_blocks,
-            num_cpu_blocks=plan.num_cpu_blocks,
-            signal_name=signal_name,
-            progress=say.allocation(f"rank {rank}: publishing {size}"),
-        )
+        if creators is None:
+            say(f"publishing {size} of KV cache" + (f" and allocating {swap}" if plan.num_cpu_blocks else "") + f" for rank {rank}")
+            cache = manage_kv_cache(
+                platform, spec.layout(rank), plan.num_blocks, num_cpu_blocks=plan.num_cpu_blocks,
+                signal_name=signal_name, progress=say.allocation(f"rank {rank}: publishing {size}"),
+            )  # fmt: skip
+        else:
+            say(f"attaching to rank {rank}'s KV cache (worker pid {creators[rank]}) to hold {swap}")
+            cache = hold_kv_cache(
+                platform, spec.layout(rank), plan.num_blocks, num_cpu_blocks=plan.num_cpu_blocks,
+                signal_name=signal_name, setter_pid=creators[rank], timeout=spec.timeout,
+            )  # fmt: skip
         seconds = time.monotonic() - started
         held[rank] = cache
         host = cache.host
@@ -98,6 +114,8 @@ def _publish_all(
                 pinned=None if host is None else host.pinned,
                 host_kind=None if host is None else host.buffer.kind,
                 seconds=seconds,
+                attached_tensors=0 if cache.device.created else len(cache.device.tensors),
+                attach_seconds=cache.device.attach_seconds,
             )
         )
     return tuple(allocations)

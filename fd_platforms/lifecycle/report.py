@@ -17,6 +17,8 @@ class Allocation:
     pinned: bool | None
     host_kind: str | None
     seconds: float
+    attached_tensors: int = 0
+    attach_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class RankReport:
     attach_seconds: float | None
     verified: bool | None
     node: int = 0
+    attached_by: str | None = None
     global_rank: int = 0
     join_seconds: float | None = None
 

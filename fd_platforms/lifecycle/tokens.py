@@ -34,6 +34,13 @@ def write_tokens(tensors: Sequence[Any], token: int, *, last: bool = True) -> No
         raw[_position(raw, last)] = _byte(token, index)
 
 
+def verify_attached(tensors: Sequence[Any], creators: int, ours: int) -> bool:
+    """An attacher proves it maps the creator's memory: it reads the creator's tokens, writes its own."""
+    seen = read_tokens(tensors, creators)
+    write_tokens(tensors, ours)
+    return seen
+
+
 def read_tokens(tensors: Sequence[Any], token: int, *, last: bool = False) -> bool:
     """Whether every tensor carries ``token``'s byte: in its first byte (the creator's) or its last."""
     for index, tensor in enumerate(tensors):

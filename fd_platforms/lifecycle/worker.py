@@ -30,7 +30,7 @@ from .child import child_platform, expect, load_paddle, run_child, serve
 from .progress import Progress
 from .report import Allocation
 from .spec import RunSpec
-from .tokens import read_tokens, write_tokens
+from .tokens import read_tokens, verify_attached, write_tokens
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,9 @@ def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, signal_name
             return _result(state["cache"])
 
         handlers = {
-            "verify": lambda tokens: _verify(state["cache"], *tokens),
+            "verify": lambda tokens: verify_attached(state["cache"].tensors, *tokens),
+            "mark": lambda token: write_tokens(state["cache"].tensors, token, last=False),
+            "check": lambda token: read_tokens(state["cache"].tensors, token, last=True),
             "clear": lambda _: state["cache"].clear(spec.timeout),
             "init": reinitialize,
             "rss": lambda _: resident_bytes(),
@@ -153,9 +155,3 @@ def _result(cache: KVCache) -> WorkerResult:
         attach_seconds=cache.attach_seconds,
     )
 
-
-def _verify(cache: KVCache, creators: int, ours: int) -> bool:
-    """An attacher proves it maps the creator's memory: it reads the creator's tokens, writes its own."""
-    seen = read_tokens(cache.tensors, creators)
-    write_tokens(cache.tensors, ours)
-    return seen
