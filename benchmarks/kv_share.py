@@ -6,10 +6,12 @@ cache-ready signal and is the attaching worker; a spawned *creator* process is t
 it publishes rank 0's cache with :func:`~fd_platforms.engine.manage_kv_cache` (every tensor exported into a
 memfd zero-filled by the kernel, the manifest published in ``/dev/shm``, the slot set). Per model:
 
-1. **create**: the creator's ``manage_kv_cache`` call, as GiB/s of the rank's cache bytes, against a
-   plain single-thread memset of the same number of bytes (``numpy`` ``fill(0)`` in the creator,
-   over a buffer already touched once, so the anchor is memory bandwidth, not page faults). Goal:
-   create / memset >= 0.5.
+1. **create**: the creator's ``manage_kv_cache`` call, as GiB/s of the rank's cache bytes, against
+   the physical anchor for *fresh* memory: the kernel handing out zeroed pages for the same tensor
+   sizes (raw ``memfd_create`` + ``posix_fallocate`` of each, in the creator, timed until every
+   page is there). No fresh allocation can beat that; goal: create >= 0.8 of its speed. Beside it,
+   for scale, a single-thread memset of the same bytes over a buffer already touched once (``numpy``
+   ``fill(0)``: memory bandwidth without page faults, which no fresh allocation can reach).
 2. **attach**: with the creator's cache already published, this process times
    ``initialize_kv_cache(platform, ..., splitwise_role="decode", setter_pid=<creator>)``: the
    KVCache's ``attach_seconds`` (opening every published tensor) apart from ``wait_seconds`` (the
@@ -72,9 +74,9 @@ from fd_platforms.rules.layout import CacheLayout, build_layout  # noqa: E402
 from fd_platforms.rules.sizes import format_size, parse_size  # noqa: E402
 
 MODELS = {"deepseek-v3": ROOT / "examples" / "deepseek-v3", "qwen3-30b-a3b": ROOT / "examples" / "qwen3-30b-a3b"}
-GOAL = {"ratio": 0.5, "attach_ms": 20.0, "overhead_ms": 20.0, "rss_percent": 1.0}
+GOAL = {"ratio": 0.8, "attach_ms": 20.0, "overhead_ms": 20.0, "rss_percent": 1.0}
 GOAL_TEXT = {
-    "create": "create/memset >= 0.5",
+    "create": "create/fresh pages >= 0.8",
     "attach": "attach <= 20 ms",
     "recreate": "beyond alloc+free <= 20 ms",
     "growth": "0 shm, 0 fds, RSS <= 1 %",
@@ -170,8 +172,9 @@ def creator(signal_name: str, link: Connection) -> None:
 
 def anchors(nbytes: int, tensor_bytes: list[int], repeat: int) -> dict[str, list[float]]:
     """The physical anchors, ``repeat`` samples each: a single-thread memset of ``nbytes`` over a
-    buffer touched once before (memory bandwidth, no page faults), and the kernel freeing
-    memfds of ``tensor_bytes`` (created and ``posix_fallocate``-d first; only the ``close()`` timed)."""
+    buffer touched once before (memory bandwidth, no page faults); the kernel handing out zeroed
+    pages for memfds of ``tensor_bytes`` (``memfd_create`` + ``posix_fallocate``, timed); and the
+    kernel freeing them again (only the ``close()`` timed)."""
     import numpy as np
 
     buffer = np.empty(nbytes, dtype=np.uint8)
@@ -182,13 +185,15 @@ def anchors(nbytes: int, tensor_bytes: list[int], repeat: int) -> dict[str, list
         buffer.fill(0)
         memset.append(time.perf_counter() - started)
     del buffer
-    free = []
+    fresh, free = [], []
     for _ in range(repeat):
         fds: list[int] = []
         try:
+            started = time.perf_counter()
             for size in tensor_bytes:
                 fds.append(os.memfd_create("fd_kv.kv_share-anchor", os.MFD_CLOEXEC))
                 os.posix_fallocate(fds[-1], 0, size)
+            fresh.append(time.perf_counter() - started)
             started = time.perf_counter()
             while fds:
                 os.close(fds.pop())
@@ -196,7 +201,7 @@ def anchors(nbytes: int, tensor_bytes: list[int], repeat: int) -> dict[str, list
         finally:
             while fds:
                 os.close(fds.pop())
-    return {"memset_s": memset, "free_s": free}
+    return {"memset_s": memset, "fresh_s": fresh, "free_s": free}
 
 
 # -- this process (the engine and the attaching worker) --------------------------------------
@@ -340,6 +345,7 @@ def measure_model(run: Run, model: str, size: int, repeat: int, warmup: int, cyc
     base = {"model": model, "tensors": len(tensors), "num_blocks": num_blocks, "bytes": nbytes}
     anchor = run.ask("anchors", (nbytes, tensors, repeat))
     memset_s, free_s = statistics.median(anchor["memset_s"]), statistics.median(anchor["free_s"])
+    fresh_s = statistics.median(anchor["fresh_s"])
 
     def publish_attach_clear() -> dict[str, float]:
         created = run.ask("publish", (model, num_blocks))
@@ -366,8 +372,9 @@ def measure_model(run: Run, model: str, size: int, repeat: int, warmup: int, cyc
     create_s = median(fresh, "create_s")
     create = {
         **base, "measure": "create", "samples": repeat, "create_ms": ms(create_s),
-        "create_gib_s": gib_s(nbytes, create_s), "memset_ms": ms(memset_s), "memset_gib_s": gib_s(nbytes, memset_s),
-        "ratio": round(memset_s / create_s, 3),
+        "create_gib_s": gib_s(nbytes, create_s), "fresh_ms": ms(fresh_s), "fresh_gib_s": gib_s(nbytes, fresh_s),
+        "ratio": round(fresh_s / create_s, 3), "memset_ms": ms(memset_s), "memset_gib_s": gib_s(nbytes, memset_s),
+        "memset_ratio": round(memset_s / create_s, 3),
     }  # fmt: skip
     create["met"] = create["ratio"] >= GOAL["ratio"]
     attach = {
@@ -438,8 +445,9 @@ def machine() -> dict[str, Any]:
 
 def result_text(row: dict[str, Any]) -> str:
     if row["measure"] == "create":
-        return (f"{row['create_gib_s']:.2f} GiB/s ({row['create_ms']:.1f} ms) vs memset "
-                f"{row['memset_gib_s']:.2f} GiB/s ({row['memset_ms']:.1f} ms): ratio {row['ratio']:.2f}")  # fmt: skip
+        return (f"{row['create_gib_s']:.2f} GiB/s ({row['create_ms']:.1f} ms) vs fresh pages "
+                f"{row['fresh_gib_s']:.2f} GiB/s ({row['fresh_ms']:.1f} ms): ratio {row['ratio']:.2f}; memset over "
+                f"touched memory {row['memset_gib_s']:.2f} GiB/s (ratio {row['memset_ratio']:.2f})")  # fmt: skip
     if row["measure"] == "attach":
         return (f"attach {row['attach_ms']:.2f} ms, wait {row['wait_ms']:.2f} ms, whole initialize_kv_cache "
                 f"{row['initialize_ms']:.2f} ms; first (cold) attach {row['first_attach_ms']:.2f} ms")  # fmt: skip
@@ -464,7 +472,8 @@ def render(rows: list[dict[str, Any]], facts: dict[str, Any], repeat: int) -> st
         for row in rows
     ]  # fmt: skip
     header = (
-        f"cpu platform, one rank; create/attach/recreate: median of {repeat}; memset = single-thread numpy fill(0) "
+        f"cpu platform, one rank; create/attach/recreate: median of {repeat}; fresh pages = memfd_create + "
+        "posix_fallocate of the same tensors (the kernel's zeroed pages); memset = single-thread numpy fill(0) "
         "over an already-touched buffer (memory bandwidth, no page faults)"
     )
     footer = (

@@ -25,7 +25,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ..contract.errors import ConfigError, NodeError, PluginContractError, UnknownPlatformError
-from ..contract.types import CacheDecision, Plan
+from ..contract.types import Plan
 from ..engine.cluster import Agreement
 from ..engine.initialize import check_can_attach
 from ..engine.nodes import NodeSpec
