@@ -92,6 +92,7 @@ def test_both_directions_run_with_swap_space_verified_both_ways_through_cycles(r
                    "--role", role, "--rule", rule, "--cycles", "2", "--json")  # fmt: skip
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
+        assert report["rule"] == rule
         reversed_ = rule == "2026-04" and role == "mixed"
         for rank in report["ranks"]:
             assert rank["create"] is reversed_ and rank["verified"] is True

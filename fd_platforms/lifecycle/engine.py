@@ -259,6 +259,7 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
         profile=spec.profile,
         bytes_per_block=final.bytes_per_block,
         mtp_num_blocks=spec.layout(0).mtp_blocks(final.num_blocks) if spec.layout(0).mtp_layers else None,
+        rule=spec.deploy.cache.rule,
         manager_pid=None if run.manager is None else run.manager.pid,
         wall_seconds=time.monotonic() - started,
         ranks=ranks if nodes is None else nodes[0],

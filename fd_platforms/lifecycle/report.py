@@ -113,6 +113,8 @@ class RunReport:
     nodes: NodesReport | None = None
     mtp_num_blocks: int | None = None
     """Device blocks of each MTP layer (``int(num_blocks * num_gpu_block_expand_ratio)``); None without MTP."""
+    rule: str = ""
+    """The create-or-attach rule's version the run pinned."""
 
     def to_json(self) -> dict[str, Any]:
         """The report as a JSON-ready dict (``ranks`` a list of dicts)."""
