@@ -8,6 +8,8 @@ exits without a traceback. Paddle's import installs a handler printing a C++ rep
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -32,7 +34,30 @@ Body = Callable[..., None]
 
 
 def run_child(label: str, conn: Connection, spec: RunSpec, body: Body, *args: Any) -> None:
-    """Run ``body``; a failure goes to the engine as ``("error", (type, message, exit code))``."""
+    """Run ``body``; a failure goes to the engine as ``("error", (type, message, exit code))``.
+
+    The process then ends through :func:`leave`, never through interpreter teardown.
+    """
+    try:
+        _run(label, conn, spec, body, *args)
+    except SystemExit as exc:
+        leave(exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1))
+    leave(0)
+
+
+def leave(code: int) -> None:
+    """End this child: the exit hooks run (``weakref.finalize`` releases what it still holds, logging
+    flushes), then ``os._exit``. Interpreter teardown is skipped: a plugin call abandoned by the stop
+    may still be inside native code in its daemon thread, and tearing the interpreter down under it
+    ends in a C++ abort and a "C++ Traceback" on stderr (seen when SIGTERM came mid-export)."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _run(label: str, conn: Connection, spec: RunSpec, body: Body, *args: Any) -> None:
     redeliver_swallowed_signals()
     signal.signal(signal.SIGTERM, _stop)
     set_by_flag(ENV_TIMEOUT, "--timeout", spec.timeout)  # every bound here follows run --timeout, and says so
