@@ -61,6 +61,7 @@ class KVCache:
     _shared: list[SharedTensor] = field(default_factory=list, repr=False)
     _publication: Publication | None = field(default=None, repr=False)
     _signal_name: str | None = field(default=None, repr=False)
+    _platform: Platform | None = field(default=None, repr=False)
     cleared: bool = False
 
     @property
@@ -96,14 +97,19 @@ class KVCache:
             self._publication.retract(limit)  # type: ignore[union-attr]
             self._clear_slot()  # unpublished: an attacher arriving now waits instead of failing to find it
         self.tensors.clear()
-        while self._shared:
-            self._shared[-1].close()
-            self._shared.pop()
+        if self._shared and self._platform is not None:  # every close in one bounded plugin thread, not one each
+            self._platform.batch(f"closing rank {self.rank}'s KV cache", self._close_shared)
+        self._close_shared()
         self._clear_slot()
         if self._publication is not None:
             self._publication.let_go()
             self._publication = None
         self.cleared = True
+
+    def _close_shared(self) -> None:
+        while self._shared:
+            self._shared[-1].close()
+            self._shared.pop()
 
     def _clear_slot(self) -> None:
         if self._signal_name is not None:
@@ -186,6 +192,7 @@ def export_kv_cache(
     return KVCache(
         device, num_blocks, layout.names(), [tensor.tensor for tensor in shared], layout.device_bytes(num_blocks),
         layout.rank, created=True, _shared=shared, _publication=publication, _signal_name=signal_name,
+        _platform=platform,
     )  # fmt: skip
 
 
@@ -221,7 +228,7 @@ def attach_kv_cache(
     return KVCache(
         device, num_blocks, layout.names(), [tensor.tensor for tensor in shared],
         sum(tensor.nbytes for tensor in shared), layout.rank, created=False,
-        attach_seconds=time.monotonic() - started, _shared=shared, _publication=publication,
+        attach_seconds=time.monotonic() - started, _shared=shared, _publication=publication, _platform=platform,
         _signal_name=signal_name,
     )  # fmt: skip
 
