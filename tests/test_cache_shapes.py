@@ -9,6 +9,8 @@ import pytest
 
 from fd_platforms.contract.errors import ConfigError, PlatformDriftError, RecordError
 from fd_platforms.contract.types import CacheRoleShape
+from fd_platforms.loading.discovery import discover
+from fd_platforms.loading.platform import load_platform
 from fd_platforms.loading.selection import select_platform
 from fd_platforms.rules.config import CacheConfig, ModelConfig, ParallelConfig, load_model_config
 from fd_platforms.rules.layout import build_layout
@@ -52,9 +54,22 @@ def tensors(row: dict) -> dict[str, tuple[list[int], str]]:
         ("cuda", ("--cache-dtype", "int8"), {"key": (["N", 8, 64, 128], "uint8"), "value": (["N", 8, 64, 128], "uint8")}),
     ],
 )  # fmt: skip
-def test_plan_json_lists_each_platforms_shapes_for_llama(platform: str, flags: tuple[str, ...], expected: dict) -> None:
+def test_each_platform_shapes_llama_as_its_kernels_do(platform: str, flags: tuple[str, ...], expected: dict) -> None:
+    names = dict(zip(flags[::2], flags[1::2]))
+    cache = CacheConfig(cache_dtype=names.get("--cache-dtype", "bfloat16"),
+                        kv_cache_quant_type=names.get("--kv-cache-quant-type", "none"))  # fmt: skip
+    layout = build_layout(load_model_config(f"{ROOT}/{LLAMA}"), cache, ParallelConfig())
+    shaped = load_platform(discover()[platform][0]).cache_layout(layout, 5)
+    assert {r.role: (["N", *r.block_shape], r.dtype) for r in shaped.allocated_roles} == expected
+
+
+@pytest.mark.parametrize(("platform", "flags"), [("metax", ()), ("cuda", ("--kv-cache-quant-type", "int4_zp"))])
+def test_plan_json_lists_the_platforms_shapes(platform: str, flags: tuple[str, ...]) -> None:
     row = plan_json(platform, *flags)
-    assert tensors(row) == expected
+    layout = build_layout(load_model_config(f"{ROOT}/{LLAMA}"), CacheConfig(kv_cache_quant_type=row["kv_cache_quant_type"]),
+                          ParallelConfig())  # fmt: skip
+    shaped = load_platform(discover()[platform][0]).cache_layout(layout, row["num_blocks"])
+    assert tensors(row) == {r.role: (["N", *r.block_shape], r.dtype) for r in shaped.allocated_roles}
     assert all(t["shape"][0] == row["num_blocks"] for t in row["layer_tensors"])
 
 

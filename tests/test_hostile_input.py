@@ -531,6 +531,7 @@ def supported_api_versions():
 '''
 
 
+@pytest.mark.slow
 def test_a_closed_stdout_is_blamed_on_the_closer_though_another_plugin_took_its_number(make_plugin) -> None:
     """Detections run together: the closer's number 1 is taken by the opener's file before the closer's
     check; the closer is still blamed (the file changed) and the opener, which overlapped, is not."""
