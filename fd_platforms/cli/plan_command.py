@@ -130,7 +130,7 @@ def _plan_row(
         "num_layers": layout.num_layers,
         "mtp_layers": layout.mtp_layers,
         "num_gpu_block_expand_ratio": layout.mtp_block_ratio,
-        "mtp_num_blocks": layout.mtp_blocks(plan.num_blocks) if layout.mtp_layers else None,
+        "mtp_num_blocks": layout.reported_mtp_blocks(plan.num_blocks),
         "device_cache_bytes": layout.device_bytes(plan.num_blocks),
         "num_blocks": plan.num_blocks,
         "memory_blocks": plan.memory_blocks,

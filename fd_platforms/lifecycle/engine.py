@@ -258,7 +258,7 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
         storage_backend=spec.deploy.cache.kvcache_storage_backend,
         profile=spec.profile,
         bytes_per_block=final.bytes_per_block,
-        mtp_num_blocks=spec.layout(0).mtp_blocks(final.num_blocks) if spec.layout(0).mtp_layers else None,
+        mtp_num_blocks=spec.layout(0).reported_mtp_blocks(final.num_blocks),
         rule=spec.deploy.cache.rule,
         manager_pid=None if run.manager is None else run.manager.pid,
         wall_seconds=time.monotonic() - started,

@@ -139,7 +139,7 @@ class Platform:
         violations = shape_violations(request, answer)
         if violations:
             raise shape_drift_error(self, violations, at_call=True)
-        return layout.shaped(self.name, answer)  # type: ignore[arg-type]  # checked above
+        return layout.shaped(answer)  # type: ignore[arg-type]  # checked above
 
     def plugin_shapes(self, request: CacheShapeRequest) -> object:
         """The hook's raw answer for ``request``, not yet checked (the load-time guard uses it)."""

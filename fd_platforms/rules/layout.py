@@ -99,7 +99,7 @@ class CacheTensorSpec(LayerRole):
 
     def blocks(self, num_blocks: int) -> int:
         """Blocks this tensor holds on the device when the rank has ``num_blocks``."""
-        return num_blocks if self.block_ratio == 1 else int(num_blocks * self.block_ratio)
+        return expanded_blocks(num_blocks, self.block_ratio)
 
     def shape(self, num_blocks: int) -> tuple[int, ...]:
         """Shape of this tensor on the device when the rank has ``num_blocks`` blocks."""
@@ -125,7 +125,7 @@ class CacheLayout:
     mtp_block_ratio)`` blocks (:meth:`device_bytes`, :meth:`blocks_within`).
     ``attention``, ``quant_type``, ``cache_dtype``, ``kv_heads`` and ``head_dim`` are what a
     platform is told when it shapes the layout; ``platform_roles`` (the same roles, the platform's
-    axes and dtypes) and ``shaped_by`` are set by :meth:`shaped`.
+    axes and dtypes) is set by :meth:`shaped`.
     """
 
     roles: tuple[LayerRole, ...]
@@ -141,7 +141,6 @@ class CacheLayout:
     mtp_layers: int = 0
     mtp_block_ratio: float = 1.0
     platform_roles: tuple[LayerRole, ...] | None = field(default=None, compare=False)
-    shaped_by: str | None = None
 
     @property
     def allocated_roles(self) -> tuple[LayerRole, ...]:
@@ -152,10 +151,10 @@ class CacheLayout:
         """One layer's tensors in the core's shapes for ``num_blocks`` blocks."""
         return tuple(CacheRoleShape(role.role, (num_blocks, *role.block_shape), role.dtype) for role in self.roles)
 
-    def shaped(self, platform: str, shapes: tuple[CacheRoleShape, ...]) -> CacheLayout:
-        """This layout with ``platform``'s shapes (checked by the caller: same roles, same bytes)."""
+    def shaped(self, shapes: tuple[CacheRoleShape, ...]) -> CacheLayout:
+        """This layout with a platform's shapes (checked by the caller: same roles, same bytes)."""
         roles = tuple(LayerRole(shape.role, shape.shape[1:], shape.dtype) for shape in shapes)
-        return replace(self, platform_roles=None if roles == self.roles else roles, shaped_by=platform)
+        return replace(self, platform_roles=None if roles == self.roles else roles)
 
     @property
     def bytes_per_block(self) -> int:
@@ -169,7 +168,11 @@ class CacheLayout:
 
     def mtp_blocks(self, num_blocks: int) -> int:
         """Blocks an MTP layer's tensors hold on the device when the rank has ``num_blocks``."""
-        return num_blocks if self.mtp_block_ratio == 1 else int(num_blocks * self.mtp_block_ratio)
+        return expanded_blocks(num_blocks, self.mtp_block_ratio)
+
+    def reported_mtp_blocks(self, num_blocks: int) -> int | None:
+        """:meth:`mtp_blocks` for a report: None where the layout has no MTP layer."""
+        return self.mtp_blocks(num_blocks) if self.mtp_layers else None
 
     def device_bytes(self, num_blocks: int) -> int:
         """Bytes of every device tensor when the rank has ``num_blocks`` blocks (MTP layers' included)."""
@@ -263,6 +266,11 @@ def _layer_roles(model: ModelConfig, cache: CacheConfig, parallel: ParallelConfi
     return roles
 
 
+def expanded_blocks(num_blocks: int, ratio: float) -> int:
+    """``int(num_blocks * ratio)``, FastDeploy's MTP block count (exactly ``num_blocks`` at ratio 1)."""
+    return num_blocks if ratio == 1 else int(num_blocks * ratio)
+
+
 def largest(holds: Callable[[int], bool], upper: int) -> int:
     """The largest ``n`` in ``0..upper`` for which ``holds(n)``, for a ``holds`` that stays true below
     any ``n`` it holds for (0 when it holds for none above 0)."""
@@ -308,7 +316,7 @@ def build_layout(
         raise ConfigError("device_id", device_id, "an integer from 0 to 2**31 - 1", "pass the local device id")
     check_tensor_parallel(model, parallel.tensor_parallel_size)
     roles = _layer_roles(model, cache, parallel)
-    latent = model.attention in ("mla", "dsa")
+    latent = model.attention in ("mla", "dsa")  # one latent "head"; otherwise the core's key is heads-first
     return CacheLayout(
         roles=roles,
         num_layers=model.num_cache_layers,
@@ -318,7 +326,7 @@ def build_layout(
         attention=model.attention,
         quant_type=cache.kv_cache_quant_type,
         cache_dtype=cache.cache_dtype,
-        kv_heads=1 if latent else max(1, model.num_key_value_heads // parallel.tensor_parallel_size),
+        kv_heads=1 if latent else roles[0].block_shape[0],
         head_dim=roles[0].block_shape[-1] if latent else model.head_dim,
         mtp_layers=model.num_nextn_predict_layers if model.use_mtp else 0,
         mtp_block_ratio=cache.num_gpu_block_expand_ratio,
