@@ -35,7 +35,8 @@ def test_each_version_is_one_entry_with_its_formula() -> None:
 
 
 def test_the_versions_differ_exactly_where_swap_space_alone_decides() -> None:
-    [(inputs, old, new)] = differing_cases("2026-01", "2026-04")
+    [(inputs, answers)] = differing_cases("2026-01", "2026-04")
+    old, new = answers["2026-01"], answers["2026-04"]
     assert {k: v for k, v in inputs.kwargs().items() if k != "rule"} == SWAP_MIXED
     assert (old.create, old.deciding_term, new.create, new.deciding_term) == (False, "num_cpu_blocks", True, "none")
     for case in TRUTH_TABLE:  # everywhere else the newer version is the older one without its swap term

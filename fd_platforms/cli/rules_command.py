@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from ..rules.decision import DEFAULT_RULE, RULE_VERSIONS, TRUTH_TABLE, decide_cache_creation
+from ..rules.decision import DEFAULT_RULE, RULE_VERSIONS, TRUTH_TABLE, differing_cases
 from .output import emit
 from .table import format_table
 
@@ -21,11 +21,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     names = list(RULE_VERSIONS)
-    differing = []
-    for inputs in TRUTH_TABLE:
-        answers = {name: decide_cache_creation(**{**inputs.kwargs(), "rule": name}) for name in names}
-        if len({answer.create for answer in answers.values()}) > 1:
-            differing.append((inputs, answers))
+    differing = differing_cases()
     if args.json:
         emit(json.dumps({
             "default": DEFAULT_RULE,

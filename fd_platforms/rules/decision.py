@@ -139,14 +139,14 @@ decision hook is checked on when it is loaded, under every rule version (on ever
 checked on the call's own inputs)."""
 
 
-def differing_cases(first: str, second: str) -> list[tuple[DecisionInputs, CacheDecision, CacheDecision]]:
-    """The truth-table cases where two rule versions decide differently (create or not)."""
+def differing_cases(*rules: str) -> list[tuple[DecisionInputs, dict[str, CacheDecision]]]:
+    """The truth-table cases where the rule versions ``rules`` (default: every one) do not all decide
+    alike (create or not), each with every version's decision."""
     found = []
     for inputs in TRUTH_TABLE:
-        a = decide_cache_creation(**{**inputs.kwargs(), "rule": first})
-        b = decide_cache_creation(**{**inputs.kwargs(), "rule": second})
-        if a.create != b.create:
-            found.append((inputs, a, b))
+        answers = {rule: decide_cache_creation(**{**inputs.kwargs(), "rule": rule}) for rule in rules or RULE_VERSIONS}
+        if len({answer.create for answer in answers.values()}) > 1:
+            found.append((inputs, answers))
     return found
 
 
