@@ -130,13 +130,9 @@ def manage_kv_cache(
     started = time.monotonic()
     device = export_kv_cache(platform, layout, num_blocks, signal_name, progress=progress)
     device.create_seconds, device.import_seconds = time.monotonic() - started, import_seconds
-    try:
-        host = allocate_host_cache(platform, layout, num_cpu_blocks) if num_cpu_blocks else None
-    except BaseException:
-        device.clear(0.001)  # nobody attached yet
-        raise
+    managed = _with_host_cache(platform, layout, device, num_cpu_blocks)  # nobody attached yet
     _set_slot(signal_name, layout.rank)
-    return ManagedCache(layout.rank, device, host)
+    return managed
 
 
 def hold_kv_cache(
@@ -163,6 +159,12 @@ def hold_kv_cache(
     waited = platform.wait_cache_ready(signal_name, layout.rank, timeout=resolve_timeout(timeout), setter_pid=setter_pid)
     device = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid)
     device.wait_seconds, device.import_seconds = waited, import_seconds
+    return _with_host_cache(platform, layout, device, num_cpu_blocks)
+
+
+def _with_host_cache(platform: Platform, layout: CacheLayout, device: KVCache, num_cpu_blocks: int) -> ManagedCache:
+    """``device`` with its host swap cache (``num_cpu_blocks`` blocks; none when 0); the device cache
+    is let go at once if the host cache cannot be had."""
     try:
         host = allocate_host_cache(platform, layout, num_cpu_blocks) if num_cpu_blocks else None
     except BaseException:
