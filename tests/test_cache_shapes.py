@@ -87,8 +87,9 @@ def test_int4_zp_is_counted_exactly_half_a_byte_per_value() -> None:
 
 def test_int4_zp_needs_an_even_head_dim_and_mha_or_gqa() -> None:
     odd = ModelConfig("odd", 2, 8, 2, 127)
-    with pytest.raises(ConfigError, match="head_dim.*an even number for kv_cache_quant_type int4_zp"):
+    with pytest.raises(ConfigError, match="head_dim.*an even number for kv_cache_quant_type int4_zp") as info:
         build_layout(odd, CacheConfig(kv_cache_quant_type="int4_zp"), ParallelConfig())
+    assert "Fix: use a model with an even head_dim or another kv_cache_quant_type" in str(info.value)
     mla = ModelConfig("mla", 2, 16, 16, 192, kv_lora_rank=512, qk_rope_head_dim=64)
     with pytest.raises(ConfigError, match="kv_cache_quant_type"):
         build_layout(mla, CacheConfig(kv_cache_quant_type="int4_zp"), ParallelConfig())

@@ -67,14 +67,18 @@ def test_a_tensor_element_limit_counts_the_larger_mtp_tensor() -> None:
 
 @pytest.mark.parametrize("value", [0, -1.0, math.nan, math.inf, 65.0, "2", True])
 def test_a_bad_ratio_is_a_config_error_naming_it(value: object) -> None:
-    with pytest.raises(ConfigError, match="num_gpu_block_expand_ratio"):
+    with pytest.raises(ConfigError, match="num_gpu_block_expand_ratio") as info:
         CacheConfig(num_gpu_block_expand_ratio=value)  # type: ignore[arg-type]
+    assert "allowed: a number greater than 0 and at most 64.0" in str(info.value)
+    assert "Fix: give the MTP layers' device blocks as a multiple of the main layers'" in str(info.value)
 
 
 def test_a_ratio_rounding_the_mtp_blocks_to_none_is_refused() -> None:
     layout, cache = layout_with(0.01, num_gpu_blocks_override=50)
-    with pytest.raises(ConfigError, match=r"int\(50 x 0.01\) is 0"):
+    with pytest.raises(ConfigError, match=r"int\(50 x 0.01\) is 0") as info:
         plan_blocks(layout, DeviceMemory(80 * 2**30, None, None, "test"), cache)
+    assert str(info.value).startswith("num_gpu_block_expand_ratio=0.01 is not valid")
+    assert "Fix: raise num_gpu_block_expand_ratio" in str(info.value)
 
 
 def test_the_toml_takes_the_ratio(tmp_path) -> None:

@@ -46,8 +46,9 @@ def test_the_versions_differ_exactly_where_swap_space_alone_decides() -> None:
 
 
 def test_an_unknown_version_names_the_field_and_the_versions() -> None:
-    with pytest.raises(ConfigError, match=r"rule='2027-01' is not valid; allowed: one of 2026-01, 2026-04"):
+    with pytest.raises(ConfigError, match=r"rule='2027-01' is not valid; allowed: one of 2026-01, 2026-04") as info:
         CacheConfig(rule="2027-01")
+    assert "Fix: pin a listed rule version, or leave it unset for 2026-01" in str(info.value)
 
 
 def test_the_toml_pins_the_version(tmp_path) -> None:
@@ -131,3 +132,20 @@ def test_check_holds_each_platform_to_the_pinned_version() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     payload = json.loads(done.stdout)
     assert payload["rule"] == "2026-04" and payload["platforms"][0]["checks"]["decision"]["status"] == "pass"
+
+
+def test_hold_kv_cache_on_a_platform_that_cannot_share_is_refused_naming_the_fix(make_plugin) -> None:
+    from fd_platforms.contract.errors import CacheSharingError
+    from fd_platforms.engine import hold_kv_cache
+    from fd_platforms.loading.selection import select_platform
+    from fd_platforms.rules.config import ParallelConfig, load_model_config
+    from fd_platforms.rules.layout import build_layout
+
+    make_plugin("loner")  # the template plugin: no cache_sharing
+    platform = select_platform({"FD_PLATFORM": "loner"}).platform
+    layout = build_layout(load_model_config(ROOT / QWEN), CacheConfig(), ParallelConfig())
+    with pytest.raises(CacheSharingError) as info:
+        hold_kv_cache(platform, layout, 4, num_cpu_blocks=2, signal_name="fd_cache_ready.unused-0")
+    message = str(info.value)
+    assert "platform loner cannot share KV cache tensors" in message and "cannot attach to a worker's cache" in message
+    assert "Fix: pin a rule version under which the cache manager creates it (2026-01)" in message
