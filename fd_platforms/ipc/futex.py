@@ -1,10 +1,16 @@
 """Linux futex wait and wake on a 32-bit word in shared memory, through ``ctypes``.
 
 A futex lets a waiter sleep in the kernel until another process changes the word and wakes it:
-no polling, no extra file or socket to create and clean up. The word is the cache-ready slot
-itself, so the shared memory stays the single source of truth. Where futexes are unavailable
-(not Linux, or an architecture whose syscall number is not listed) :data:`AVAILABLE` is false
-and callers fall back to polling.
+no extra file or socket to create and clean up. The word is the cache-ready slot itself, so the
+shared memory stays the single source of truth. Where futexes are unavailable (not Linux, or an
+architecture whose syscall number is not listed) :data:`AVAILABLE` is false and callers fall
+back to polling.
+
+A process that only *stores* to the word (FastDeploy's processes write a numpy array and wake
+nobody) gives the kernel nothing to wake us with; no kernel mechanism reports a store through
+another process's mapping. :func:`sleep_while` therefore also looks at the word on a short,
+growing interval, capped at :data:`FOREIGN_POLL_SECONDS`: a waker is seen at once, a plain store
+within that cap. Each look is one futex call, which returns at once when the word differs.
 """
 
 from __future__ import annotations
@@ -14,11 +20,14 @@ import errno
 import os
 import platform
 import sys
+import time
 
 # SYS_futex per machine; the generic syscall table (aarch64, riscv64, loongarch64) uses 98.
 _SYSCALL_NUMBERS = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98, "riscv64": 98, "loongarch64": 98}
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared (not FUTEX_PRIVATE): the word is mapped by several processes
 _WAKE_ALL = 2**31 - 1
+FIRST_POLL_SECONDS = 0.001  # the first look for a plain store; each later one waits twice as long ...
+FOREIGN_POLL_SECONDS = 0.015  # ... up to this: the longest a store that wakes nobody goes unseen
 
 
 class _Timespec(ctypes.Structure):
@@ -42,11 +51,12 @@ _SYSCALL = _load()
 AVAILABLE = _SYSCALL is not None
 
 
-def wait(address: int, expected: int, timeout: float) -> None:
+def wait(address: int, expected: int, timeout: float) -> bool:
     """Sleep while the int32 at ``address`` equals ``expected``, for at most ``timeout`` seconds.
 
     Returns on a wake, a timeout, a changed word or a signal (the caller re-checks the word; a
-    pending ``KeyboardInterrupt`` is raised by Python as soon as this returns).
+    pending ``KeyboardInterrupt`` is raised by Python as soon as this returns): ``True`` unless
+    the full ``timeout`` passed with no wake.
     """
     assert _SYSCALL is not None, "futex.wait called where futex.AVAILABLE is false"
     syscall, number = _SYSCALL
@@ -58,8 +68,40 @@ def wait(address: int, expected: int, timeout: float) -> None:
     )
     if result == -1:
         code = ctypes.get_errno()
-        if code not in (errno.EAGAIN, errno.ETIMEDOUT, errno.EINTR):
+        if code == errno.ETIMEDOUT:
+            return False
+        if code not in (errno.EAGAIN, errno.EINTR):
             raise OSError(code, f"futex wait failed: {os.strerror(code)}")
+    return True
+
+
+def sleep_while(address: int, expected: int, seconds: float) -> None:
+    """Sleep up to ``seconds`` while the int32 at ``address`` equals ``expected``.
+
+    Returns early on a futex wake, on a signal, or within :data:`FOREIGN_POLL_SECONDS` of a plain
+    store that changed the word; the caller re-reads the word. ``OSError`` as :func:`wait`. The
+    call's arguments are built once: each look costs one system call and little Python.
+    """
+    assert _SYSCALL is not None, "futex.sleep_while called where futex.AVAILABLE is false"
+    syscall, number = _SYSCALL
+    span = _Timespec(0, 0)
+    call = (ctypes.c_long(number), ctypes.c_void_p(address), ctypes.c_int(_FUTEX_WAIT), ctypes.c_int(expected),
+            ctypes.byref(span), None, ctypes.c_int(0))  # fmt: skip
+    end = time.monotonic() + max(seconds, 0.0)
+    interval = FIRST_POLL_SECONDS
+    while True:
+        step = min(interval, end - time.monotonic())
+        if step <= 0:
+            return
+        span.tv_sec, span.tv_nsec = int(step), int((step % 1.0) * 1e9)
+        if syscall(*call) != -1:
+            return  # woken
+        code = ctypes.get_errno()
+        if code != errno.ETIMEDOUT:
+            if code in (errno.EAGAIN, errno.EINTR):
+                return  # the word differs, or a signal: the caller looks
+            raise OSError(code, f"futex wait failed: {os.strerror(code)}")
+        interval = min(interval * 2, FOREIGN_POLL_SECONDS)
 
 
 def wake(address: int) -> int:

@@ -1,0 +1,266 @@
+"""FastDeploy's own signals: bare int32 arrays in POSIX shared memory, read and written as its processes do.
+
+FastDeploy's engine, workers and cache transfer manager meet through ``IPCSignal``: a segment named
+``<name>.<suffix>`` (the suffix is the engine's ``engine_worker_queue_port``) holding a numpy array
+and nothing else — no header, no lock, no wake. This module speaks that format so that our runner or
+cache manager can sit next to FastDeploy's *unmodified* processes:
+
+====================================== ======== ==================================================
+name                                   shape    meaning
+====================================== ======== ==================================================
+``cache_ready_signal``                 [tp]     1: rank's KV cache created; the attacher resets it to 0
+``swap_space_ready_signal``            [tp]     1: rank's host swap cache allocated
+``cache_transfer_inited_signal``       [tp]     1: rank's cache transfer manager is up
+``kv_cache_status``                    [1]      :class:`KVCacheStatus` of the clear/update protocol
+``get_profile_block_num``              [1]      the agreed block count (local rank 0 writes it)
+====================================== ======== ==================================================
+
+Reading and writing: every word goes through ``pread``/``pwrite`` on the descriptor, so a segment
+another process truncates cannot SIGBUS us; its size is checked before it is mapped (the mapping
+only gives the futex its address). Our writes also wake futex waiters, so our own waiters see our
+writes at once; FastDeploy's writes wake nobody, so a wait also looks at the word on a short,
+growing interval (:func:`fd_platforms.ipc.futex.sleep_while`), seeing such a store within
+:data:`~fd_platforms.ipc.futex.FOREIGN_POLL_SECONDS`.
+
+Lifetimes: FastDeploy's engine creates these segments and removes them at exit; where our process
+plays the engine (:meth:`FastDeploySignal.create`) it unlinks what it created on close or exit. A
+name that already exists is never removed here: FastDeploy's processes hold no lock, so nothing
+proves such a segment dead (the error names the file to remove by hand).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import errno
+import os
+import re
+import struct
+import time
+import weakref
+from types import TracebackType
+
+from ..contract.errors import CacheSignalError, ConfigError, SignalWaitError
+from . import futex, shm
+from .process_watch import ProcessWatch
+
+CACHE_READY = "cache_ready_signal"
+SWAP_SPACE_READY = "swap_space_ready_signal"
+CACHE_TRANSFER_INITED = "cache_transfer_inited_signal"
+KV_CACHE_STATUS = "kv_cache_status"
+PROFILE_BLOCK_NUM = "get_profile_block_num"
+WORD_BYTES = 4
+MAX_WORDS = 1024
+CHECK_SECONDS = 0.25  # how often a wait looks at the watched process and the clock
+POLL_SECONDS = 0.002  # the sleep between looks where futexes are unavailable
+
+_SUFFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+
+class KVCacheStatus(enum.IntEnum):
+    """The values of ``kv_cache_status`` (FastDeploy's ``KVCacheStatus``)."""
+
+    NORMAL = 0
+    UPDATING = 1
+    CLEARING = -1
+    CLEARED = -2
+
+
+def check_suffix(suffix: object) -> str:
+    """``suffix`` as FastDeploy names its signals with it (the engine's port), else a ConfigError."""
+    if isinstance(suffix, int) and not isinstance(suffix, bool):
+        suffix = str(suffix)
+    if not isinstance(suffix, str) or not _SUFFIX.fullmatch(suffix):
+        raise ConfigError(
+            "suffix",
+            suffix,
+            "letters, digits, '_' and '-', at most 64 (FastDeploy uses the engine's engine_worker_queue_port)",
+            "pass the suffix the FastDeploy engine gives its signals, e.g. 9923",
+        )
+    return suffix
+
+
+def segment_name(name: str, suffix: str) -> str:
+    """FastDeploy's segment name: ``<name>.<suffix>``."""
+    return f"{name}.{check_suffix(suffix)}"
+
+
+class FastDeploySignal:
+    """One of FastDeploy's int32 signal arrays. Build it with :meth:`create` or :meth:`attach`."""
+
+    def __init__(self, segment: shm.Segment, name: str, length: int, *, owner: bool) -> None:
+        self._segment = segment
+        anchor = ctypes.c_char.from_buffer(segment.map())  # the futex's address only: no word is read through it
+        self._base_address = ctypes.addressof(anchor)
+        del anchor
+        self.name, self.length, self.owner = name, length, owner
+        self._release = weakref.finalize(self, _release, segment, os.getpid() if owner else None)
+
+    @classmethod
+    def create(cls, name: str, suffix: str | int, length: int, initial: int = 0) -> FastDeploySignal:
+        """Create ``<name>.<suffix>`` with ``length`` words set to ``initial``, as FastDeploy's engine does."""
+        full = segment_name(name, str(suffix) if isinstance(suffix, int) else suffix)
+        _check_length(length)
+        try:
+            segment = shm.Segment.create(full, length * WORD_BYTES)
+        except FileExistsError:
+            raise CacheSignalError(
+                f"FastDeploy signal {full!r} already exists (/dev/shm/{full}): another engine with this suffix may be "
+                f"using it, and FastDeploy's processes hold no lock that would prove it dead. Fix: use another suffix, "
+                f"or remove /dev/shm/{full} if no engine with suffix {suffix} is running"
+            ) from None
+        except OSError as exc:
+            raise CacheSignalError(f"FastDeploy signal {full!r} cannot be created in /dev/shm: {exc}") from None
+        signal = cls(segment, full, length, owner=True)
+        if initial:
+            signal.write_all(initial)
+        return signal
+
+    @classmethod
+    def attach(cls, name: str, suffix: str | int, length: int | None = None) -> FastDeploySignal:
+        """Attach to ``<name>.<suffix>``; its length is its size in words unless ``length`` is given
+        (then the segment must hold at least that many)."""
+        full = segment_name(name, str(suffix) if isinstance(suffix, int) else suffix)
+        if length is not None:
+            _check_length(length)
+        try:
+            segment = shm.Segment.open(full, (length or 1) * WORD_BYTES)
+        except FileNotFoundError:
+            raise CacheSignalError(
+                f"FastDeploy signal {full!r} does not exist (no /dev/shm/{full}). Fix: start the FastDeploy engine "
+                f"(it creates its signals) first, and pass the suffix it uses (its engine_worker_queue_port)"
+            ) from None
+        except shm.SegmentUnusable as exc:
+            raise CacheSignalError(f"FastDeploy signal {full!r} cannot be used: {exc}") from None
+        words = length if length is not None else segment.size // WORD_BYTES
+        if not 1 <= words <= MAX_WORDS or segment.size % WORD_BYTES:
+            segment.close()
+            raise CacheSignalError(
+                f"FastDeploy signal {full!r} holds {segment.size} bytes, not an int32 array of 1 to {MAX_WORDS} "
+                "words. Fix: check the signal name and suffix"
+            )
+        return cls(segment, full, words, owner=False)
+
+    # -- words ---------------------------------------------------------------------------------
+
+    def values(self) -> tuple[int, ...]:
+        """Every word, index 0 first."""
+        return self._read(0, self.length)
+
+    def get(self, index: int) -> int:
+        """Word ``index``."""
+        return self._read(self._check_index(index), 1)[0]
+
+    def set(self, index: int, value: int) -> None:
+        """Write word ``index`` and wake whoever waits on it."""
+        self._check_index(index)
+        os.pwrite(self._fd(), struct.pack("=i", value), index * WORD_BYTES)
+        if futex.AVAILABLE:
+            self._futex(futex.wake, self._address(index))
+
+    def write_all(self, value: int) -> None:
+        """Write every word (the way FastDeploy's engine fills a new signal) and wake every waiter."""
+        os.pwrite(self._fd(), struct.pack(f"={self.length}i", *([value] * self.length)), 0)
+        if futex.AVAILABLE:
+            for index in range(self.length):
+                self._futex(futex.wake, self._address(index))
+
+    def wait_for(
+        self, index: int, value: int, timeout: float, *, watch_pid: int | None = None, what: str = ""
+    ) -> float:
+        """Block until word ``index`` equals ``value``; the seconds waited.
+
+        A :class:`SignalWaitError` after ``timeout`` seconds, or within about :data:`CHECK_SECONDS`
+        of ``watch_pid`` exiting (the process expected to write it). ``what`` names the step in it.
+        """
+        self._check_index(index)
+        watch = ProcessWatch(watch_pid) if watch_pid is not None else None
+        start = time.monotonic()
+        try:
+            while True:
+                seen = self.get(index)
+                if seen == value:
+                    return time.monotonic() - start
+                now = time.monotonic()
+                if watch is not None and watch.exited() and self.get(index) != value:
+                    raise SignalWaitError(self.name, index, value, seen, now - start, "watched_exited", what,
+                                          f"the process expected to write it (pid {watch.pid}) exited")  # fmt: skip
+                if now - start >= timeout:
+                    raise SignalWaitError(self.name, index, value, seen, now - start, "timeout", what,
+                                          f"the limit is {timeout:g} s")  # fmt: skip
+                self.sleep_while(index, seen, min(CHECK_SECONDS, start + timeout - now))
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def sleep_while(self, index: int, seen: int, seconds: float) -> None:
+        """Sleep up to ``seconds`` while word ``index`` is ``seen``: woken by our writes at once, a
+        foreign store seen within :data:`~fd_platforms.ipc.futex.FOREIGN_POLL_SECONDS`."""
+        if futex.AVAILABLE:
+            self._futex(futex.sleep_while, self._address(index), seen, seconds)
+        else:
+            time.sleep(min(max(seconds, 0.0), POLL_SECONDS))
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Unmap; the creator also unlinks (only the segment it created). Idempotent."""
+        self._release()
+
+    def __enter__(self) -> FastDeploySignal:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"FastDeploySignal({self.name!r}, length={self.length}, {'owner' if self.owner else 'attached'})"
+
+    def _fd(self) -> int:
+        if not self._release.alive:
+            raise CacheSignalError(f"FastDeploy signal {self.name!r} is closed. Fix: attach to it again")
+        return self._segment.fd
+
+    def _read(self, index: int, count: int) -> tuple[int, ...]:
+        raw = os.pread(self._fd(), count * WORD_BYTES, index * WORD_BYTES)
+        if len(raw) < count * WORD_BYTES:
+            raise self._truncated()
+        return struct.unpack(f"={count}i", raw)
+
+    def _futex(self, call: object, *args: object) -> None:
+        try:
+            call(*args)  # type: ignore[operator]
+        except OSError as exc:
+            if exc.errno != errno.EFAULT:
+                raise
+            raise self._truncated() from None
+
+    def _truncated(self) -> CacheSignalError:
+        size = os.fstat(self._fd()).st_size
+        return CacheSignalError(
+            f"FastDeploy signal {self.name!r} was truncated to {size} bytes while in use (it needs "
+            f"{self.length * WORD_BYTES}). Fix: find what writes to /dev/shm beside the engine; restart the engine"
+        )
+
+    def _check_index(self, index: int) -> int:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.length:
+            raise ConfigError("index", index, f"an index from 0 to {self.length - 1}",
+                              f"signal {self.name!r} has {self.length} words (one per local rank)")  # fmt: skip
+        return index
+
+    def _address(self, index: int) -> int:
+        self._fd()
+        return self._base_address + index * WORD_BYTES
+
+
+def _check_length(length: object) -> None:
+    if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= MAX_WORDS:
+        raise ConfigError("length", length, f"an int from 1 to {MAX_WORDS}", "pass the number of local ranks (tp)")
+
+
+def _release(segment: shm.Segment, owner_pid: int | None) -> None:
+    if owner_pid == os.getpid():
+        segment.unlink()
+    segment.close()

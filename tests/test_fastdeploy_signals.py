@@ -1,0 +1,135 @@
+"""FastDeploy's signal arrays as our processes read and write them (fd_platforms.ipc.fastdeploy_signals)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from fd_platforms.contract.errors import CacheNotReadyError, CacheSignalError, ConfigError, SignalWaitError
+from fd_platforms.ipc.fastdeploy_signals import (
+    CACHE_READY,
+    KV_CACHE_STATUS,
+    FastDeploySignal,
+    KVCacheStatus,
+    check_suffix,
+    segment_name,
+)
+
+
+@pytest.fixture
+def suffix() -> str:
+    return f"t{secrets.token_hex(4)}"
+
+
+def plain_store(name: str, index: int, value: int) -> None:
+    """What a FastDeploy process does: a store through its own mapping, no wake."""
+    with open(f"/dev/shm/{name}", "r+b") as file, mmap.mmap(file.fileno(), 0) as view:
+        view[index * 4 : index * 4 + 4] = struct.pack("=i", value)
+
+
+def test_the_names_are_fastdeploys() -> None:
+    assert segment_name(CACHE_READY, "9923") == "cache_ready_signal.9923"
+    assert check_suffix(9923) == "9923"
+    assert [status.value for status in KVCacheStatus] == [0, 1, -1, -2]
+
+
+@pytest.mark.parametrize("bad", ["", "../x", "a/b", "x" * 65, None, 1.5, True])
+def test_a_bad_suffix_names_the_field_and_the_fix(bad: object) -> None:
+    with pytest.raises(ConfigError) as caught:
+        check_suffix(bad)
+    assert caught.value.field == "suffix" and "engine_worker_queue_port" in str(caught.value)
+
+
+def test_a_segment_is_a_bare_int32_array_that_numpy_style_readers_share(suffix: str) -> None:
+    with FastDeploySignal.create(CACHE_READY, suffix, 4) as owner:
+        assert os.path.getsize(f"/dev/shm/{owner.name}") == 16, "no header: FastDeploy maps it as int32[tp]"
+        plain_store(owner.name, 2, 1)
+        with FastDeploySignal.attach(CACHE_READY, suffix) as attached:
+            assert attached.length == 4 and attached.values() == (0, 0, 1, 0)
+            attached.set(3, -2)
+        assert owner.values() == (0, 0, 1, -2)
+    assert not os.path.exists(f"/dev/shm/{CACHE_READY}.{suffix}"), "the creator removes what it created"
+
+
+def test_a_foreign_store_ends_a_wait(suffix: str) -> None:
+    with FastDeploySignal.create(KV_CACHE_STATUS, suffix, 1) as status:
+        storer = threading.Timer(0.05, plain_store, (status.name, 0, int(KVCacheStatus.CLEARED)))
+        storer.start()
+        waited = status.wait_for(0, KVCacheStatus.CLEARED, 10)
+        storer.join()
+        assert 0.04 < waited < 10
+
+
+def test_a_wait_that_times_out_names_the_signal_word_and_step(suffix: str) -> None:
+    with FastDeploySignal.create(CACHE_READY, suffix, 2) as ready:
+        with pytest.raises(SignalWaitError) as caught:
+            ready.wait_for(1, 1, 0.2, what="rank 1 waiting for its KV cache")
+    error = caught.value
+    assert isinstance(error, CacheNotReadyError), "callers that catch CacheNotReadyError catch it too"
+    assert (error.rank, error.value, error.seen, error.cause) == (1, 1, 0, "timeout")
+    assert str(error).startswith(f"rank 1 waiting for its KV cache: FastDeploy signal 'cache_ready_signal.{suffix}'")
+
+
+def test_a_wait_ends_when_the_watched_process_exits(suffix: str) -> None:
+    with FastDeploySignal.create(CACHE_READY, suffix, 1) as ready:
+        writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+        started = time.monotonic()
+        with pytest.raises(SignalWaitError) as caught:
+            ready.wait_for(0, 1, 30, watch_pid=writer.pid)
+        writer.wait()
+    assert caught.value.cause == "watched_exited" and f"pid {writer.pid}" in str(caught.value)
+    assert time.monotonic() - started < 10
+
+
+def test_an_existing_name_is_refused_and_left_alone(suffix: str) -> None:
+    path = f"/dev/shm/{CACHE_READY}.{suffix}"
+    with open(path, "wb") as file:
+        file.write(b"\0" * 8)
+    try:
+        with pytest.raises(CacheSignalError, match=f"remove {path} if no engine with suffix {suffix} is running"):
+            FastDeploySignal.create(CACHE_READY, suffix, 2)
+        assert os.path.getsize(path) == 8, "FastDeploy's processes hold no lock: nothing proves it dead"
+    finally:
+        os.unlink(path)
+
+
+def test_attach_refuses_a_missing_or_odd_segment(suffix: str) -> None:
+    with pytest.raises(CacheSignalError, match="does not exist.*engine_worker_queue_port"):
+        FastDeploySignal.attach(CACHE_READY, suffix)
+    path = f"/dev/shm/{CACHE_READY}.{suffix}"
+    with open(path, "wb") as file:
+        file.write(b"\0" * 6)
+    try:
+        with pytest.raises(CacheSignalError, match="holds 6 bytes, not an int32 array"):
+            FastDeploySignal.attach(CACHE_READY, suffix)
+    finally:
+        os.unlink(path)
+    os.mkfifo(path)
+    try:
+        with pytest.raises(CacheSignalError, match="is a FIFO"):
+            FastDeploySignal.attach(CACHE_READY, suffix)
+    finally:
+        os.unlink(path)
+
+
+def test_a_truncation_under_a_waiter_is_a_typed_error_not_sigbus(suffix: str) -> None:
+    with FastDeploySignal.create(CACHE_READY, suffix, 4) as ready:
+        attached = FastDeploySignal.attach(CACHE_READY, suffix)
+        os.truncate(f"/dev/shm/{ready.name}", 0)
+        with pytest.raises(CacheSignalError, match="was truncated to 0 bytes while in use"):
+            attached.wait_for(3, 1, 5)
+        attached.close()
+
+
+def test_an_index_out_of_range_is_refused(suffix: str) -> None:
+    with FastDeploySignal.create(CACHE_READY, suffix, 2) as ready:
+        with pytest.raises(ConfigError, match="an index from 0 to 1"):
+            ready.set(2, 1)
