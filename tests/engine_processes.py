@@ -51,3 +51,44 @@ def export_and_hold(nbytes: int, conn: Connection) -> None:
     shared.tensor[0] = 42
     conn.send(shared.handle)
     conn.recv()
+
+
+FASTDEPLOY_ATTACH = {"profile": False, "num_cpu_blocks": 4, "storage_backend": None, "splitwise_role": "mixed"}
+
+
+def first_bytes(cache: object, index: int) -> set[int]:
+    """Byte ``index`` of every tensor of ``cache``, read through a raw uint8 view."""
+    return {int(tensor.view("uint8").flatten()[index]) for tensor in cache.tensors}  # type: ignore[attr-defined]
+
+
+def fastdeploy_runner(suffix: str, rank: int, tp: int, num_blocks: int, cycles: int, conn: Connection) -> None:
+    """Our runner beside FastDeploy's processes: attach rank ``rank`` by FastDeploy's names, check byte 0
+    of every tensor is ``rank + 1`` (the stand-in creator's mark) and write byte 1; then follow
+    ``cycles`` clear/update rounds (let go on CLEARING, attach again once the slot is set)."""
+    import fd_platforms
+    from fd_platforms.engine import initialize_kv_cache
+    from fd_platforms.ipc.fastdeploy_signals import KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
+
+    platform = fd_platforms.current_platform()
+    layout = qwen_layout(rank, tp)
+
+    def attach() -> object:
+        cache = initialize_kv_cache(
+            platform, layout, num_blocks, signal_name=suffix, protocol="fastdeploy", timeout=30, **FASTDEPLOY_ATTACH
+        )
+        assert not cache.created and first_bytes(cache, 0) == {rank + 1}, first_bytes(cache, 0)
+        for index in range(len(cache.tensors)):
+            cache.tensors[index].view("uint8").flatten()[1] = 0x5A
+        return cache
+
+    cache = attach()
+    conn.send(("attached", cache.wait_seconds))
+    with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
+        for _ in range(cycles):
+            status.wait_for(0, KVCacheStatus.CLEARING, 30, what=f"rank {rank} waiting for a clear")
+            cache.clear()  # type: ignore[attr-defined]
+            cache = attach()
+    conn.send(("done", cycles))
+    conn.recv()
+    cache.clear()  # type: ignore[attr-defined]
+    conn.send(("cleared", None))

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from ..contract.errors import CacheSharingError, ConfigError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision
-from ..ipc.cache_signal import CacheReadySignal, check_signal_name, resolve_timeout
+from ..ipc.cache_signal import resolve_timeout
 from ..rules.decision import DEFAULT_RULE
 from .host_cache import HostCache, allocate_host_cache
 from .kv_cache import (
@@ -34,6 +34,7 @@ from .kv_cache import (
     check_cache_arguments,
     export_kv_cache,
 )
+from .protocol import OURS, check_protocol, set_ready, wait_ready
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..loading.platform import Platform
@@ -54,17 +55,20 @@ def initialize_kv_cache(
     timeout: float | None = None,
     progress: AllocationProgress | None = None,
     rule: str = DEFAULT_RULE,
+    protocol: str = OURS,
 ) -> KVCache:
     """Create or attach rank ``layout.rank``'s KV cache, as the rule decides; see the module docstring.
 
     ``signal_name`` is the engine's cache-ready signal (its instance also names the publication);
     ``setter_pid`` the cache manager's pid, so a waiting worker fails within a quarter second of its
     death; ``timeout`` bounds the wait (default ``FD_CACHE_READY_TIMEOUT``); ``rule`` is the rule
-    version the engine pins (every process of one engine must pin the same).
+    version the engine pins (every process of one engine must pin the same); ``protocol`` ``"fastdeploy"``
+    speaks FastDeploy's own signals and per-tensor handles (``signal_name`` is then its signal suffix,
+    the engine's port), so this runner can work beside FastDeploy's unmodified processes.
     """
     check_cache_arguments(platform, layout, num_blocks)
     layout = platform.cache_layout(layout, num_blocks)  # the platform's shapes, checked
-    check_signal_name(signal_name)
+    check_protocol(protocol, signal_name)
     limit = resolve_timeout(timeout)
     import_seconds = _import_paddle()
     decision = platform.should_create_cache_tensor(
@@ -79,15 +83,15 @@ def initialize_kv_cache(
                 layout, num_blocks, platform.identity.device_string(layout.device_id), progress=progress
             )
         else:
-            cache = export_kv_cache(platform, layout, num_blocks, signal_name, progress=progress)
+            cache = export_kv_cache(platform, layout, num_blocks, signal_name, progress=progress, protocol=protocol)
         cache.create_seconds = time.monotonic() - started
         if not profile:
-            cache._signal_name = signal_name
-            _set_slot(signal_name, layout.rank)
+            cache._signal_name, cache._protocol = signal_name, protocol
+            set_ready(protocol, signal_name, layout.rank)
     else:
         check_can_attach(platform, decision, f"rank {layout.rank}")
-        waited = platform.wait_cache_ready(signal_name, layout.rank, timeout=limit, setter_pid=setter_pid)
-        cache = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid)
+        waited = wait_ready(platform, protocol, signal_name, layout.rank, limit, setter_pid)
+        cache = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid, protocol)
         cache.wait_seconds = waited
     cache.decision, cache.import_seconds = decision, import_seconds
     return cache
@@ -118,20 +122,22 @@ def manage_kv_cache(
     num_cpu_blocks: int,
     signal_name: str,
     progress: AllocationProgress | None = None,
+    protocol: str = OURS,
 ) -> ManagedCache:
     """Export and publish rank ``layout.rank``'s device cache, allocate its host swap cache
-    (``num_cpu_blocks`` blocks of the same layout; none when 0), then set the rank's slot."""
+    (``num_cpu_blocks`` blocks of the same layout; none when 0), then set the rank's slot.
+    ``protocol`` as :func:`initialize_kv_cache`'s."""
     layout = _manager_layout(
-        platform, layout, num_blocks, num_cpu_blocks, signal_name,
+        platform, layout, num_blocks, num_cpu_blocks, signal_name, protocol,
         "hold a worker's cache. Fix: let the workers create their caches (role mixed, no swap space, no storage "
         "backend), or use a platform that can share",
     )  # fmt: skip
     import_seconds = _import_paddle()
     started = time.monotonic()
-    device = export_kv_cache(platform, layout, num_blocks, signal_name, progress=progress)
+    device = export_kv_cache(platform, layout, num_blocks, signal_name, progress=progress, protocol=protocol)
     device.create_seconds, device.import_seconds = time.monotonic() - started, import_seconds
     managed = _with_host_cache(platform, layout, device, num_cpu_blocks)  # nobody attached yet
-    _set_slot(signal_name, layout.rank)
+    set_ready(protocol, signal_name, layout.rank)
     return managed
 
 
@@ -144,20 +150,22 @@ def hold_kv_cache(
     signal_name: str,
     setter_pid: int | None = None,
     timeout: float | None = None,
+    protocol: str = OURS,
 ) -> ManagedCache:
     """The cache manager's side where the workers create (rule ``2026-04`` with swap space on): wait
     for rank ``layout.rank``'s published cache, attach to it zero-copy, then allocate its host swap
     cache (``num_cpu_blocks`` blocks). ``setter_pid`` is the rank's worker, so the wait fails within a
     quarter second of its death; ``clear()`` lets go first, so the worker can clear and re-create.
+    ``protocol`` as :func:`initialize_kv_cache`'s.
     """
     layout = _manager_layout(
-        platform, layout, num_blocks, num_cpu_blocks, signal_name,
+        platform, layout, num_blocks, num_cpu_blocks, signal_name, protocol,
         "attach to a worker's cache. Fix: pin a rule version under which the cache manager creates it (2026-01), "
         "or use a platform that can share",
     )  # fmt: skip
     import_seconds = _import_paddle()
-    waited = platform.wait_cache_ready(signal_name, layout.rank, timeout=resolve_timeout(timeout), setter_pid=setter_pid)
-    device = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid)
+    waited = wait_ready(platform, protocol, signal_name, layout.rank, resolve_timeout(timeout), setter_pid)
+    device = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid, protocol)
     device.wait_seconds, device.import_seconds = waited, import_seconds
     return _with_host_cache(platform, layout, device, num_cpu_blocks)
 
@@ -174,14 +182,20 @@ def _with_host_cache(platform: Platform, layout: CacheLayout, device: KVCache, n
 
 
 def _manager_layout(
-    platform: Platform, layout: CacheLayout, num_blocks: int, num_cpu_blocks: int, signal_name: str, refusal: str
+    platform: Platform,
+    layout: CacheLayout,
+    num_blocks: int,
+    num_cpu_blocks: int,
+    signal_name: str,
+    protocol: str,
+    refusal: str,
 ) -> CacheLayout:
     """A cache manager call's arguments checked, and the layout in the platform's shapes; a platform
     that cannot share is refused (``refusal`` ends the message: what the manager cannot do, the fix)."""
     check_cache_arguments(platform, layout, num_blocks)
     shaped = platform.cache_layout(layout, num_blocks)  # the platform's shapes, checked
     check_cpu_blocks(num_cpu_blocks)
-    check_signal_name(signal_name)
+    check_protocol(protocol, signal_name)
     if platform.cache_sharing() is None:
         raise CacheSharingError(
             f"platform {platform.name} cannot share KV cache tensors between processes (it declares no cache_sharing), "
@@ -203,11 +217,6 @@ def _import_paddle() -> float:
     started = time.monotonic()
     import_paddle()
     return time.monotonic() - started
-
-
-def _set_slot(signal_name: str, rank: int) -> None:
-    with CacheReadySignal.attach(signal_name) as signal:
-        signal.set(rank)
 
 
 def check_can_attach(platform: Platform, decision: CacheDecision, who: str = "this worker") -> None:

@@ -23,12 +23,13 @@ from typing import Any
 from ..contract.errors import CacheSharingError, ConfigError, DeviceAllocError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision, SharedTensor
-from ..ipc.cache_signal import CacheReadySignal, resolve_timeout
+from ..ipc.cache_signal import resolve_timeout
 from ..kit.host_sharing import handle_pid
 from ..loading.platform import Platform
 from ..rules.layout import DTYPE_BYTES, CacheLayout, CacheTensorSpec, check_layout, check_num_blocks
 from ..rules.sizes import format_size
-from .publication import Publication, PublishedTensor, publication_name, published_tensor_name
+from .protocol import OURS, Published, clear_ready, open_published, publish, tensor_name
+from .publication import PublishedTensor
 
 #: Called after each tensor with (bytes allocated so far, bytes in all).
 AllocationProgress = Callable[[int, int], None]
@@ -59,8 +60,9 @@ class KVCache:
     attach_seconds: float | None = None
     import_seconds: float | None = None
     _shared: list[SharedTensor] = field(default_factory=list, repr=False)
-    _publication: Publication | None = field(default=None, repr=False)
+    _publication: Published | None = field(default=None, repr=False)
     _signal_name: str | None = field(default=None, repr=False)
+    _protocol: str = field(default=OURS, repr=False)
     _platform: Platform | None = field(default=None, repr=False)
     cleared: bool = False
 
@@ -113,8 +115,7 @@ class KVCache:
 
     def _clear_slot(self) -> None:
         if self._signal_name is not None:
-            with CacheReadySignal.attach(self._signal_name) as signal:
-                signal.clear(self.rank)
+            clear_ready(self._protocol, self._signal_name, self.rank)
 
 
 def allocate_kv_cache(
@@ -161,8 +162,9 @@ def export_kv_cache(
     signal_name: str,
     *,
     progress: AllocationProgress | None = None,
+    protocol: str = OURS,
 ) -> KVCache:
-    """Export every tensor of ``layout`` (zero-filled) and publish the rank's manifest.
+    """Export every tensor of ``layout`` (zero-filled) and publish the rank's cache (``protocol``'s way).
 
     On any failure what was exported is closed again and nothing is published.
     """
@@ -173,7 +175,7 @@ def export_kv_cache(
     def export_all() -> None:
         done = 0
         for spec in layout.tensors:
-            name = published_tensor_name(signal_name, spec.name)
+            name = tensor_name(protocol, signal_name, spec.name)
             shared.append(platform.export_cache_tensor(name, spec.shape(num_blocks), spec.dtype, device))
             done += spec.nbytes(num_blocks)
             if progress is not None:
@@ -185,19 +187,24 @@ def export_kv_cache(
             PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, tensor.handle)
             for spec, tensor in zip(layout.tensors, shared, strict=True)
         ]
-        publication = Publication.create(publication_name(signal_name, layout.rank), layout.rank, device, entries)
+        publication = publish(protocol, signal_name, layout.rank, device, entries, platform.name)
     except BaseException:
         _close_all(shared)
         raise
     return KVCache(
         device, num_blocks, layout.names(), [tensor.tensor for tensor in shared], layout.device_bytes(num_blocks),
         layout.rank, created=True, _shared=shared, _publication=publication, _signal_name=signal_name,
-        _platform=platform,
+        _protocol=protocol, _platform=platform,
     )  # fmt: skip
 
 
 def attach_kv_cache(
-    platform: Platform, layout: CacheLayout, num_blocks: int, signal_name: str, setter_pid: int | None = None
+    platform: Platform,
+    layout: CacheLayout,
+    num_blocks: int,
+    signal_name: str,
+    setter_pid: int | None = None,
+    protocol: str = OURS,
 ) -> KVCache:
     """Open every tensor of rank ``layout.rank``'s published cache, zero-copy, checked against ``layout``.
 
@@ -208,13 +215,14 @@ def attach_kv_cache(
     """
     check_num_blocks(num_blocks)
     started = time.monotonic()
-    publication = Publication.open(publication_name(signal_name, layout.rank), layout.rank)
+    expected = [PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, "") for spec in layout.tensors]
+    publication = open_published(protocol, signal_name, layout.rank, expected)
     shared: list[SharedTensor] = []
     device = platform.identity.device_string(layout.device_id)
 
     def open_all() -> None:
         for spec, entry in zip(layout.tensors, publication.tensors, strict=True):
-            name = published_tensor_name(signal_name, spec.name)
+            name = tensor_name(protocol, signal_name, spec.name)
             shared.append(platform.open_cache_tensor(name, entry.handle, entry.shape, entry.dtype, device))
 
     try:
@@ -229,15 +237,15 @@ def attach_kv_cache(
         device, num_blocks, layout.names(), [tensor.tensor for tensor in shared],
         sum(tensor.nbytes for tensor in shared), layout.rank, created=False,
         attach_seconds=time.monotonic() - started, _shared=shared, _publication=publication, _platform=platform,
-        _signal_name=signal_name,
+        _signal_name=signal_name, _protocol=protocol,
     )  # fmt: skip
 
 
-def check_provenance(publication: Publication, setter_pid: int | None) -> None:
+def check_provenance(publication: Published, setter_pid: int | None) -> None:
     """A publication is trusted only as far as it is proven: its creator is the process that sets the
     rank's slot (where one is named), and every handle that names a process names that creator."""
     rank, creator = publication.rank, publication.creator_pid
-    if setter_pid is not None and creator != setter_pid:
+    if setter_pid is not None and creator is not None and creator != setter_pid:
         raise CacheSharingError(
             f"rank {rank}'s KV cache publication /dev/shm/{publication.name} names creator pid {creator}, but pid "
             f"{setter_pid} sets this rank's slot: it was not published by that process. Fix: find what else writes "

@@ -1,0 +1,150 @@
+"""FastDeploy's clear/update protocol over ``kv_cache_status``, as two engine calls.
+
+RL weight updates clear the KV cache and create it again. FastDeploy's processes coordinate that
+through one word, ``kv_cache_status.<suffix>``, and the ``cache_ready_signal`` slots:
+
+1. the driver (FastDeploy's worker, or :func:`drive_kv_cache_update`) writes ``CLEARING``;
+2. every attaching rank lets go of its cache and resets its ``cache_ready_signal`` slot to 0;
+3. the creator (FastDeploy's cache transfer manager, or :func:`serve_kv_cache_status`) sees every
+   slot at 0, frees its caches and writes ``CLEARED``;
+4. the driver updates the weights and writes ``UPDATING``;
+5. the creator creates the caches again, sets every slot to 1 and writes ``NORMAL``; each attaching
+   rank attaches again once its slot is set (:func:`~fd_platforms.engine.initialize_kv_cache`).
+
+Either side may be ours or FastDeploy's. Every wait is bounded and names the rank or the process
+that did not move.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..contract.errors import ConfigError
+from ..ipc.cache_signal import resolve_timeout
+from ..ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus, check_suffix
+from .initialize import ManagedCache
+
+STATUS_POLL_SECONDS = 0.1  # how long serve_kv_cache_status sleeps between looks at `until` (a status write wakes it)
+
+
+@dataclass
+class UpdateReport:
+    """Seconds each phase of one :func:`drive_kv_cache_update` took."""
+
+    let_go_seconds: float
+    cleared_seconds: float
+    update_seconds: float
+    created_seconds: float
+    ranks: int = field(default=0)
+
+
+def drive_kv_cache_update(
+    suffix: str | int,
+    *,
+    update: Callable[[], None] | None = None,
+    timeout: float | None = None,
+    creator_pid: int | None = None,
+    attacher_pids: Mapping[int, int] | None = None,
+) -> UpdateReport:
+    """Drive one clear/update over every local rank; see the module docstring.
+
+    ``update`` runs between ``CLEARED`` and ``UPDATING`` (load the new weights there). Each wait is
+    bounded by ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``) and ends early, naming the process,
+    when ``creator_pid`` or a rank's process in ``attacher_pids`` exits. A wait that fails leaves
+    ``kv_cache_status`` as it was, so an operator sees where it stopped; a
+    :class:`~fd_platforms.contract.errors.SignalWaitError` says which rank or process did not move; a status
+    other than ``NORMAL`` at the start (an update under way) is a ConfigError.
+    """
+    suffix = check_suffix(suffix)
+    limit = resolve_timeout(timeout)
+    pids = _check_pids(attacher_pids)
+    with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status, FastDeploySignal.attach(CACHE_READY, suffix) as ready:
+        current = status.get(0)
+        if current != KVCacheStatus.NORMAL:
+            raise ConfigError(
+                "kv_cache_status", _status_name(current), "NORMAL (no clear or update under way)",
+                f"wait for the update under way to finish, or reset {status.name} after checking no process drives it",
+            )  # fmt: skip
+        started = time.monotonic()
+        status.set(0, KVCacheStatus.CLEARING)
+        for rank in range(ready.length):
+            ready.wait_for(rank, 0, limit, watch_pid=pids.get(rank), what=f"rank {rank} letting go of its KV cache")
+        let_go = time.monotonic()
+        status.wait_for(0, KVCacheStatus.CLEARED, limit, watch_pid=creator_pid, what="the cache creator freeing the caches")
+        cleared = time.monotonic()
+        if update is not None:
+            update()
+        updated = time.monotonic()
+        status.set(0, KVCacheStatus.UPDATING)
+        status.wait_for(0, KVCacheStatus.NORMAL, limit, watch_pid=creator_pid, what="the cache creator creating the caches")
+        for rank in range(ready.length):
+            ready.wait_for(rank, 1, limit, watch_pid=creator_pid, what=f"rank {rank}'s KV cache being created again")
+        done = time.monotonic()
+        return UpdateReport(let_go - started, cleared - let_go, updated - cleared, done - updated, ready.length)
+
+
+def serve_kv_cache_status(
+    managed: Sequence[ManagedCache],
+    recreate: Callable[[int], ManagedCache],
+    *,
+    suffix: str | int,
+    until: Callable[[], bool],
+    timeout: float | None = None,
+) -> list[ManagedCache]:
+    """The creator's side: follow ``kv_cache_status`` until ``until()`` is true; the caches then held.
+
+    ``managed`` are this process's caches (from :func:`~fd_platforms.engine.manage_kv_cache` with
+    ``protocol="fastdeploy"``); ``recreate(rank)`` makes one again. On ``CLEARING`` each is cleared
+    (its ``clear`` waits for the rank's attacher to let go), then every slot must be 0 before
+    ``CLEARED`` is written; on ``UPDATING`` each is made again and every slot must be 1 before
+    ``NORMAL`` is written. Waits are bounded by ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``).
+    """
+    suffix = check_suffix(suffix)
+    limit = resolve_timeout(timeout)
+    held = list(managed)
+    ranks = [cache.rank for cache in held]
+    with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status, FastDeploySignal.attach(CACHE_READY, suffix) as ready:
+        while not until():
+            current = status.get(0)
+            # Where each rank has its own manager, another may have answered before this one looked: a
+            # status past CLEARING (CLEARED, even UPDATING) still means "let go" to a manager that holds.
+            if current != KVCacheStatus.NORMAL and held:
+                for cache in held:
+                    cache.clear(limit)
+                held = []
+                for rank in range(ready.length):
+                    ready.wait_for(rank, 0, limit, what=f"rank {rank} letting go of its KV cache")
+                _answer(status, KVCacheStatus.CLEARING, KVCacheStatus.CLEARED)
+            elif current in (KVCacheStatus.UPDATING, KVCacheStatus.NORMAL) and not held and ranks:
+                held = [recreate(rank) for rank in ranks]
+                for rank in range(ready.length):
+                    ready.wait_for(rank, 1, limit, what=f"rank {rank}'s KV cache being created")
+                _answer(status, KVCacheStatus.UPDATING, KVCacheStatus.NORMAL)
+            else:
+                status.sleep_while(0, current, STATUS_POLL_SECONDS)
+    return held
+
+
+def _answer(status: FastDeploySignal, asked: KVCacheStatus, answer: KVCacheStatus) -> None:
+    """Write ``answer`` unless the status has moved on from ``asked`` (another manager answered)."""
+    if status.get(0) == asked:
+        status.set(0, answer)
+
+
+def _check_pids(pids: Mapping[int, int] | None) -> dict[int, int]:
+    if pids is None:
+        return {}
+    if not isinstance(pids, Mapping) or not all(
+        isinstance(rank, int) and isinstance(pid, int) and pid > 0 for rank, pid in pids.items()
+    ):
+        raise ConfigError("attacher_pids", pids, "a mapping of local rank to process id", "pass {rank: pid, ...}")
+    return dict(pids)
+
+
+def _status_name(value: int) -> str:
+    try:
+        return KVCacheStatus(value).name
+    except ValueError:
+        return str(value)

@@ -1,0 +1,175 @@
+"""One rank's KV cache published the way FastDeploy's ``set_data_ipc`` does: one tiny segment per tensor.
+
+FastDeploy writes each cache tensor's IPC handle into a POSIX shared-memory segment named after the
+tensor (``key_caches_{layer}_rank{rank}.device{device}``, ``value_caches_...``, ...), and the other
+side opens it with ``share_external_data(name, shape)``, bringing the shape and dtype itself. The
+segment is FastDeploy's ``shmStruct``: a native ``size_t`` (``nprocesses``, always 0) and the
+64-byte handle — on CUDA the raw ``cudaIpcMemHandle_t``; here, the bytes of the platform's handle
+(the cpu platform's ``memfd:<pid>:<fd>``), NUL-padded. A handle longer than 64 bytes cannot be
+written in FastDeploy's record and is refused, naming the platform.
+
+The let-go handshake is FastDeploy's too: an attacher resets its rank's ``cache_ready_signal`` slot
+to 0 when it lets go, and the creator waits for that (bounded) before it frees and unlinks. The
+creator holds a shared ``flock`` on each record while published (:mod:`fd_platforms.ipc.shm`);
+FastDeploy's creators never remove their records, so a record of this name that no process of ours
+holds is rewritten in place, as ``set_data_ipc`` does; one held by a living process of ours is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import weakref
+from collections.abc import Sequence
+
+from ..contract.errors import CacheInUseError, CacheSharingError, SignalWaitError
+from ..ipc import shm
+from ..ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal, check_suffix
+from ..kit.host_sharing import handle_pid
+from .publication import PublishedTensor
+
+RECORD = struct.Struct("=Q64s")  # FastDeploy's shmStruct: size_t nprocesses; cudaIpcMemHandle_t memHandle
+HANDLE_BYTES = 64
+_PRINTABLE = re.compile(rb"[\x21-\x7e]+")
+
+
+def encode_handle(name: str, handle: str, platform: str) -> bytes:
+    """FastDeploy's record for ``handle``; a CacheSharingError where it does not fit its 64 bytes."""
+    raw = handle.encode("utf-8")
+    if len(raw) > HANDLE_BYTES or b"\0" in raw:
+        raise CacheSharingError(
+            f"platform {platform}'s handle for KV cache tensor {name} is {len(raw)} bytes, but FastDeploy's record "
+            f"holds a {HANDLE_BYTES}-byte handle (its set_data_ipc writes a raw cudaIpcMemHandle_t). Fix: use the "
+            "fd-platforms protocol on this platform (the default); the FastDeploy protocol needs a platform whose "
+            f"export gives a handle of at most {HANDLE_BYTES} bytes"
+        )
+    return RECORD.pack(0, raw)
+
+
+def read_handle(name: str) -> str:
+    """The handle in FastDeploy's record ``name``, read without mapping (size checked first)."""
+    try:
+        segment = shm.Segment.inspect(name, RECORD.size)
+    except FileNotFoundError:
+        raise CacheSharingError(
+            f"KV cache tensor {name} is not published (no /dev/shm/{name}) although its rank's cache_ready_signal "
+            "slot is set. Fix: check that the creator writes its handles under FastDeploy's names for this rank "
+            "and device"
+        ) from None
+    except shm.SegmentUnusable as exc:
+        raise CacheSharingError(f"KV cache tensor {name}'s handle record cannot be used: {exc}") from None
+    try:
+        raw = segment.read(RECORD.size)
+    finally:
+        segment.close()
+    _, handle = RECORD.unpack(raw)
+    handle = handle.rstrip(b"\0")
+    if not _PRINTABLE.fullmatch(handle):
+        raise CacheSharingError(
+            f"KV cache tensor {name}'s record (/dev/shm/{name}) holds no handle this platform can open "
+            f"({len(handle)} bytes, not printable). Fix: create and attach on the same platform; a raw "
+            "cudaIpcMemHandle_t record is not yet opened by fd-platforms"
+        )
+    return handle.decode("ascii")
+
+
+class FastDeployHandles:
+    """A rank's per-tensor records, held by this process (creator) or read once (attacher).
+
+    The same surface as :class:`~fd_platforms.engine.publication.Publication`: ``tensors``,
+    ``creator``, ``creator_pid`` (the process the handles name, where they name one),
+    :meth:`retract` and :meth:`let_go`.
+    """
+
+    def __init__(self, suffix: str, rank: int, tensors: tuple[PublishedTensor, ...],
+                 segments: list[shm.Segment], *, creator: bool) -> None:  # fmt: skip
+        self.suffix, self.rank, self.tensors, self.creator = suffix, rank, tensors, creator
+        self.name = f"{tensors[0].name} and {len(tensors) - 1} more" if tensors else f"rank {rank}'s records"
+        self.creator_pid = _named_pid(tensors)
+        self._held = segments
+        self._at_exit = weakref.finalize(self, _release, self._held, os.getpid() if creator else None)
+
+    @classmethod
+    def create(cls, suffix: str, rank: int, tensors: Sequence[PublishedTensor], platform: str) -> FastDeployHandles:
+        """Write every tensor's record (this process holds them); on failure none is left."""
+        check_suffix(suffix)
+        records = [(tensor.name, encode_handle(tensor.name, tensor.handle, platform)) for tensor in tensors]
+        held: list[shm.Segment] = []
+        try:
+            for name, record in records:
+                segment = _record_segment(name)
+                held.append(segment)
+                os.pwrite(segment.fd, record, 0)
+        except BaseException:
+            _release(held, os.getpid())
+            raise
+        return cls(suffix, rank, tuple(tensors), held, creator=True)
+
+    @classmethod
+    def open(cls, suffix: str, rank: int, expected: Sequence[PublishedTensor]) -> FastDeployHandles:
+        """Read the handle of every tensor of ``expected`` (names, shapes and dtypes are the attacher's own)."""
+        check_suffix(suffix)
+        tensors = tuple(
+            PublishedTensor(tensor.name, tensor.shape, tensor.dtype, read_handle(tensor.name)) for tensor in expected
+        )
+        return cls(suffix, rank, tensors, [], creator=False)
+
+    def let_go(self) -> None:
+        """An attacher keeps nothing open: its let-go is resetting the slot (the caller's). Idempotent."""
+        self._at_exit.detach()
+
+    def retract(self, timeout: float) -> None:
+        """The creator's clear: wait (at most ``timeout`` s) until the rank's attacher has reset its
+        ``cache_ready_signal`` slot to 0, then unlink the records. A :class:`CacheInUseError` naming the
+        rank otherwise, with everything left in place."""
+        if not self._held:
+            return
+        with FastDeploySignal.attach(CACHE_READY, self.suffix) as signal:
+            try:
+                signal.wait_for(self.rank, 0, timeout, what=f"rank {self.rank}'s creator waiting for its attacher")
+            except SignalWaitError:
+                raise CacheInUseError(
+                    f"rank {self.rank}'s KV cache is still held by its attaching process after {timeout:g} s: its "
+                    f"slot in {signal.name} is still set (FastDeploy's attacher resets it to 0 when it lets go), so "
+                    "nothing was freed. Fix: clear the attacher's cache first, or stop that process",
+                    (self.rank,),
+                ) from None
+        _release(self._held, os.getpid())
+        self._at_exit.detach()
+
+
+def _record_segment(name: str) -> shm.Segment:
+    """A record segment for ``name``: new, or FastDeploy's leftover (no process of ours holds it) reused."""
+    try:
+        return shm.Segment.create(name, RECORD.size)
+    except FileExistsError:
+        pass
+    try:
+        probe = shm.Segment.inspect(name, RECORD.size)
+    except (FileNotFoundError, shm.SegmentUnusable) as exc:
+        raise CacheSharingError(
+            f"KV cache tensor {name}'s handle record cannot be written: /dev/shm/{name} exists and cannot be reused "
+            f"({exc}). Fix: remove /dev/shm/{name} if no engine uses it"
+        ) from None
+    if probe.size != RECORD.size or not probe.unused():
+        probe.close()
+        raise CacheSharingError(
+            f"KV cache tensor {name} is already published by a running process (/dev/shm/{name} is held). Fix: clear "
+            "that cache first; two creators of one rank and device cannot share FastDeploy's names"
+        )
+    probe.close()
+    return shm.Segment.open(name, RECORD.size)
+
+
+def _named_pid(tensors: Sequence[PublishedTensor]) -> int | None:
+    pids = {handle_pid(tensor.handle) for tensor in tensors}
+    return pids.pop() if len(pids) == 1 else None
+
+
+def _release(held: list[shm.Segment], creator_pid: int | None) -> None:
+    while held:
+        segment = held.pop()
+        if creator_pid == os.getpid():
+            segment.unlink()
+        segment.close()

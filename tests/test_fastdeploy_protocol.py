@@ -1,0 +1,238 @@
+"""Our runner and cache manager beside stand-ins of FastDeploy's unmodified processes.
+
+The stand-ins (``tests/fastdeploy_standins.py``) import nothing of ours: plain shared memory and
+numpy, FastDeploy's signal arrays, its ``set_data_ipc`` records. Each test checks at the end that
+they imported nothing of ours and that nothing is left in ``/dev/shm``.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import pytest
+
+from engine_processes import FASTDEPLOY_ATTACH, fastdeploy_runner, first_bytes, qwen_layout
+from fd_platforms.contract.errors import CacheSharingError, ConfigError, SignalWaitError
+from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
+from fd_platforms.engine.cache_status import drive_kv_cache_update, serve_kv_cache_status
+from fd_platforms.engine.fastdeploy_handles import RECORD
+from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
+from fd_platforms.loading.selection import select_platform
+
+pytestmark = pytest.mark.slow  # multi-process: left out of -m "not slow"
+
+STANDINS = Path(__file__).resolve().parent / "fastdeploy_standins.py"
+BLOCKS = 4
+CYCLES = 20
+
+
+@pytest.fixture
+def cpu(monkeypatch):
+    monkeypatch.setenv("FD_PLATFORM", "cpu")  # for the runners this test spawns
+    return select_platform({"FD_PLATFORM": "cpu"}).platform
+
+
+def standin(*args: object) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(STANDINS), *map(str, args)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def expect(process: subprocess.Popen[str], word: str) -> None:
+    line = process.stdout.readline().strip()  # type: ignore[union-attr]
+    assert line.startswith(word), f"stand-in said {line!r}, expected {word!r}: {process.stdout.read()}"  # type: ignore[union-attr]
+
+
+def finish(process: subprocess.Popen[str]) -> str:
+    """Close its stdin, wait for it; what it printed last (its imports of ours)."""
+    out, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, out
+    assert "imported of ours: []" in out, out
+    return out
+
+
+def tensor_specs(cpu, rank: int, tp: int) -> str:
+    layout = cpu.cache_layout(qwen_layout(rank, tp), BLOCKS)
+    return json.dumps([[spec.name, spec.nbytes(BLOCKS)] for spec in layout.tensors])
+
+
+def shm_names(suffix: str) -> set[str]:
+    """This test's entries in /dev/shm: the signals of its suffix and FastDeploy's tensor records
+    (other suites may run beside it; their names are neither)."""
+    return {name for name in os.listdir("/dev/shm") if name.endswith(f".{suffix}") or "_caches_" in name}
+
+
+@contextmanager
+def fastdeploy_engine(tp: int) -> Iterator[str]:
+    """A stand-in FastDeploy engine's signals under a fresh suffix; afterwards nothing of the test is left."""
+    suffix = f"t{secrets.token_hex(4)}"
+    before = shm_names(suffix)
+    engine = standin("engine", suffix, tp)
+    expect(engine, "ready")
+    try:
+        yield suffix
+    finally:
+        finish(engine)
+        assert shm_names(suffix) - before == set()
+
+
+def test_a_standin_cache_manager_wakes_our_runner_which_attaches_by_fastdeploys_names(cpu) -> None:
+    with fastdeploy_engine(2) as suffix, ExitStack() as stack:
+        runner_layouts = [qwen_layout(rank, 2) for rank in range(2)]
+        creators = [standin("creator", suffix, rank, 2, tensor_specs(cpu, rank, 2)) for rank in range(2)]
+        for creator in creators:
+            stack.callback(creator.kill)
+        caches = [
+            initialize_kv_cache(cpu, layout, BLOCKS, signal_name=suffix, protocol="fastdeploy", timeout=30,
+                                setter_pid=creator.pid, **FASTDEPLOY_ATTACH)  # fmt: skip
+            for layout, creator in zip(runner_layouts, creators, strict=True)
+        ]
+        for rank, (cache, creator) in enumerate(zip(caches, creators, strict=True)):
+            expect(creator, "created")
+            assert not cache.created and cache.names == runner_layouts[rank].names()
+            assert first_bytes(cache, 0) == {rank + 1}, "the stand-in's memory, not a copy"
+            for index in range(len(cache.tensors)):
+                cache.tensors[index].view("uint8").flatten()[1] = 0x5A
+            expect(creator, "touched")  # our writes reach the stand-in's memory
+        with FastDeploySignal.attach(CACHE_READY, suffix) as ready:
+            assert ready.values() == (1, 1)
+            for cache in caches:
+                cache.clear()
+            assert ready.values() == (0, 0), "an attacher's let-go is its slot reset to 0"
+        for creator in creators:
+            finish(creator)
+
+
+def test_our_cache_manager_wakes_a_standin_worker(cpu) -> None:
+    with fastdeploy_engine(2) as suffix:
+        attachers = [standin("attacher", suffix, rank, 2, tensor_specs(cpu, rank, 2), 0, 0) for rank in range(2)]
+        managed = [
+            manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, signal_name=suffix, protocol="fastdeploy")
+            for rank in range(2)
+        ]
+        for attacher in attachers:
+            expect(attacher, "attached")
+            expect(attacher, "done")
+        for cache in managed:
+            assert first_bytes(cache.device, 1) == {0x5A}, "the stand-in wrote into our tensors"
+            names = cache.device.names
+            record = RECORD.unpack(Path(f"/dev/shm/{names[0]}").read_bytes())
+            assert record[0] == 0 and record[1].rstrip(b"\0").decode().startswith(f"memfd:{os.getpid()}:")
+        for attacher in attachers:
+            finish(attacher)  # lets go: resets its slot
+        for cache in managed:
+            cache.clear(10)
+
+
+def test_a_clear_update_driven_from_our_side_completes_20_times(cpu) -> None:
+    spawn = multiprocessing.get_context("spawn")
+    with fastdeploy_engine(4) as suffix, ExitStack() as stack:
+        creators = [standin("creator", suffix, rank, 4, tensor_specs(cpu, rank, 4)) for rank in range(4)]
+        for creator in creators:
+            stack.callback(creator.kill)
+        links, runners = [], []
+        for rank in range(4):
+            link, far = spawn.Pipe()
+            runner = spawn.Process(target=fastdeploy_runner, args=(suffix, rank, 4, BLOCKS, CYCLES, far), daemon=True)
+            runner.start()
+            stack.callback(runner.kill)
+            links.append(link)
+            runners.append(runner)
+        for link in links:
+            assert link.poll(120) and link.recv()[0] == "attached"
+        for _ in range(CYCLES):
+            report = drive_kv_cache_update(
+                suffix, timeout=30, creator_pid=creators[0].pid,
+                attacher_pids={rank: runner.pid for rank, runner in enumerate(runners)},
+            )  # fmt: skip
+            assert report.ranks == 4
+        for link in links:
+            assert link.poll(60) and link.recv() == ("done", CYCLES)
+            link.send("stop")
+            assert link.poll(60) and link.recv()[0] == "cleared"
+        for runner in runners:
+            runner.join(30)
+        for creator in creators:
+            finish(creator)
+
+
+def test_a_clear_update_driven_from_the_standins_side_completes_20_times(cpu) -> None:
+    with fastdeploy_engine(4) as suffix:
+        def create(rank: int):
+            return manage_kv_cache(cpu, qwen_layout(rank, 4), BLOCKS, num_cpu_blocks=4, signal_name=suffix,
+                                   protocol="fastdeploy")  # fmt: skip
+
+        managed = [create(rank) for rank in range(4)]
+        attachers = [standin("attacher", suffix, rank, 4, tensor_specs(cpu, rank, 4), CYCLES, 0) for rank in range(4)]
+        done: list[str] = []
+
+        def all_done() -> bool:
+            # the stand-ins print "attached" then, after every round, "done"
+            return len(done) == 4
+
+        import threading
+
+        def read(attacher: subprocess.Popen[str]) -> None:
+            expect(attacher, "attached")
+            expect(attacher, "done")
+            done.append("done")
+
+        readers = [threading.Thread(target=read, args=(attacher,), daemon=True) for attacher in attachers]
+        for reader in readers:
+            reader.start()
+        held = serve_kv_cache_status(managed, create, suffix=suffix, until=all_done, timeout=30)
+        for reader in readers:
+            reader.join(5)
+        assert len(held) == 4 and all(cache.device.shared for cache in held)
+        with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
+            assert status.get(0) == KVCacheStatus.NORMAL
+        for attacher in attachers:
+            finish(attacher)
+        for cache in held:
+            cache.clear(10)
+
+
+def test_a_rank_that_never_lets_go_is_named(cpu) -> None:
+    with fastdeploy_engine(2) as suffix:
+        managed = [
+            manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, signal_name=suffix, protocol="fastdeploy")
+            for rank in range(2)
+        ]
+        with FastDeploySignal.attach(CACHE_READY, suffix) as ready:
+            ready.set(0, 0)  # rank 0 let go; rank 1's attacher never does
+            with pytest.raises(SignalWaitError) as caught:
+                drive_kv_cache_update(suffix, timeout=0.5)
+            assert caught.value.rank == 1 and caught.value.cause == "timeout"
+            assert "rank 1 letting go of its KV cache" in str(caught.value)
+            ready.set(1, 0)
+        with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
+            assert status.get(0) == KVCacheStatus.CLEARING, "left where it stopped"
+            with pytest.raises(ConfigError, match="kv_cache_status.*CLEARING.*NORMAL"):
+                drive_kv_cache_update(suffix, timeout=0.5)
+            status.set(0, KVCacheStatus.NORMAL)
+        for cache in managed:
+            cache.clear(1)
+
+
+def test_a_handle_that_does_not_fit_fastdeploys_record_is_refused(cpu, monkeypatch) -> None:
+    from fd_platforms.engine import fastdeploy_handles
+
+    with pytest.raises(CacheSharingError, match="is 65 bytes, but FastDeploy's record holds a 64-byte handle"):
+        fastdeploy_handles.encode_handle("key_caches_0_rank0.device0", "x" * 65, "cpu")
+
+
+def test_a_bad_suffix_or_protocol_is_refused_before_any_hook(cpu) -> None:
+    with pytest.raises(ConfigError, match="suffix") as caught:
+        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, signal_name="../x", protocol="fastdeploy", **FASTDEPLOY_ATTACH)
+    assert "engine_worker_queue_port" in str(caught.value)
+    with pytest.raises(ConfigError, match="protocol"):
+        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, signal_name="9923", protocol="FastDeploy", **FASTDEPLOY_ATTACH)
