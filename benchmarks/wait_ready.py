@@ -17,7 +17,16 @@ setter pid to watch, as workers use it); ``spin`` is FastDeploy's XPU ``while no
 ``poll-1s``/``poll-100ms``/``poll-10ms`` sleep between looks (FastDeploy's other runners used 1 s);
 ``poll-2ms`` is what the core falls back to where futexes are unavailable.
 
-Goal (issue #4): p50 <= 0.2 ms, p99 <= 1 ms and cpu <= 0.5 % of a core, all in one run.
+Beside FastDeploy's processes the signal is FastDeploy's own array
+(:class:`fd_platforms.ipc.fastdeploy_signals.FastDeploySignal`, waited on with ``wait_for``):
+``fastdeploy`` is that wait woken by our setter (the anchor), ``fastdeploy-foreign`` the same wait
+while the setter only *stores* 1 through its own mapping and wakes nobody, as FastDeploy's
+processes write their numpy arrays. Its sets land 1-100 ms into a wait (most where the wait looks
+at its longest interval), not 1-5 ms.
+
+Goals, all three in one run: our setter (issue #4, every row but the foreign one) p50 <= 0.2 ms,
+p99 <= 1 ms, cpu <= 0.5 % of a core; a foreign store (issue #23) p50 <= 10 ms, p99 <= 20 ms,
+cpu <= 0.1 %.
 
 Run from the repository root: ``python benchmarks/wait_ready.py [--json] [--cpu-seconds S] [--rounds N]``.
 """
@@ -26,9 +35,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import multiprocessing
 import os
 import random
+import struct
 import sys
 import time
 from multiprocessing.connection import Connection
@@ -42,15 +53,54 @@ except ModuleNotFoundError:
 
 from fd_platforms.cli.table import format_table  # noqa: E402
 from fd_platforms.ipc.cache_signal import CacheReadySignal  # noqa: E402
+from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal  # noqa: E402
 
 POLL_INTERVALS = {"poll-1s": 1.0, "poll-100ms": 0.1, "poll-10ms": 0.01, "poll-2ms": 0.002}
-STRATEGIES = ("futex", "spin", *POLL_INTERVALS)
+FASTDEPLOY, FOREIGN = "fastdeploy", "fastdeploy-foreign"
+FOREIGN_DELAY = (0.001, 0.1)  # when a foreign store lands after the wait began, seconds
+STRATEGIES = ("futex", FASTDEPLOY, FOREIGN, "spin", *POLL_INTERVALS)
 GOAL = {"p50_ms": 0.2, "p99_ms": 1.0, "cpu_percent": 0.5}
+FOREIGN_GOAL = {"p50_ms": 10.0, "p99_ms": 20.0, "cpu_percent": 0.1}
 SECONDS_PER_STRATEGY = 15.0
 
 
-def _wait(signal: CacheReadySignal, strategy: str, setter_pid: int, timeout: float) -> None:
+class FastDeployBoard:
+    """The setter's side of a one-rank FastDeploy signal, with CacheReadySignal's set/clear/name/close."""
+
+    def __init__(self, foreign: bool) -> None:
+        self.signal = FastDeploySignal.create(CACHE_READY, f"bench-{os.getpid()}", 1)
+        self.name = self.signal.name
+        self._foreign: mmap.mmap | None = None
+        if foreign:  # a plain store through a mapping of our own, as a FastDeploy process makes one
+            with open(f"/dev/shm/{self.name}", "r+b") as file:
+                self._foreign = mmap.mmap(file.fileno(), 0)
+
+    def set(self, rank: int) -> None:
+        if self._foreign is None:
+            self.signal.set(rank, 1)
+        else:
+            self._foreign[0:4] = struct.pack("=i", 1)
+
+    def clear(self, rank: int) -> None:
+        self.signal.set(rank, 0)
+
+    def close(self) -> None:
+        if self._foreign is not None:
+            self._foreign.close()
+        self.signal.close()
+
+    def __enter__(self) -> FastDeployBoard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _wait(signal: CacheReadySignal | FastDeploySignal, strategy: str, setter_pid: int, timeout: float) -> None:
     """Wait for slot 0 the way ``strategy`` does."""
+    if isinstance(signal, FastDeploySignal):
+        signal.wait_for(0, 1, timeout, watch_pid=setter_pid)
+        return
     if strategy == "futex":
         signal.wait(0, timeout=timeout, setter_pid=setter_pid)
         return
@@ -65,7 +115,8 @@ def _wait(signal: CacheReadySignal, strategy: str, setter_pid: int, timeout: flo
 
 def waiter(name: str, strategy: str, setter_pid: int, cpu_seconds: float, rounds: int, link: Connection) -> None:
     """The waiter process: one long wait for CPU, then ``rounds`` short ones for latency."""
-    with CacheReadySignal.attach(name) as signal:
+    fastdeploy = strategy in (FASTDEPLOY, FOREIGN)
+    with FastDeploySignal.attach(*name.split(".", 1)) if fastdeploy else CacheReadySignal.attach(name) as signal:
         link.send("ready")
         cpu_start, wall_start = time.process_time(), time.monotonic()
         _wait(signal, strategy, setter_pid, cpu_seconds + 60)
@@ -80,17 +131,26 @@ def waiter(name: str, strategy: str, setter_pid: int, cpu_seconds: float, rounds
 
 def rounds_for(strategy: str, rounds: int) -> int:
     """Fewer rounds for slow pollers, so that none takes much longer than 15 s."""
-    interval = POLL_INTERVALS.get(strategy)
+    interval = sum(FOREIGN_DELAY) / 2 if strategy == FOREIGN else POLL_INTERVALS.get(strategy)
     if interval is None:
         return rounds
     return min(rounds, max(10, int(SECONDS_PER_STRATEGY / (interval + 0.003))))
+
+
+def set_delay(strategy: str) -> float:
+    """Seconds from the waiter's start to the set: 1-5 ms plus a random part of a poller's interval
+    (1-100 ms for a foreign store)."""
+    if strategy == FOREIGN:
+        return random.uniform(*FOREIGN_DELAY)
+    return random.uniform(0.001, 0.005) + random.uniform(0, POLL_INTERVALS.get(strategy, 0))
 
 
 def measure(strategy: str, cpu_seconds: float, rounds: int) -> dict[str, object]:
     """Run one strategy's waiter against this process as the setter."""
     spawn = multiprocessing.get_context("spawn")
     rounds = rounds_for(strategy, rounds)
-    with CacheReadySignal.create(1) as signal:
+    fastdeploy = strategy in (FASTDEPLOY, FOREIGN)
+    with FastDeployBoard(strategy == FOREIGN) if fastdeploy else CacheReadySignal.create(1) as signal:
         link, far_end = spawn.Pipe()
         process = spawn.Process(
             target=waiter, args=(signal.name, strategy, os.getpid(), cpu_seconds, rounds, far_end), daemon=True
@@ -106,7 +166,7 @@ def measure(strategy: str, cpu_seconds: float, rounds: int) -> dict[str, object]
             signal.clear(0)
             link.send("go")
             link.recv()
-            time.sleep(random.uniform(0.001, 0.005) + random.uniform(0, POLL_INTERVALS.get(strategy, 0)))
+            time.sleep(set_delay(strategy))
             set_at = time.monotonic_ns()
             signal.set(0)
             latencies.append(link.recv() - set_at)
@@ -130,19 +190,21 @@ def percentile(ordered: list[float], percent: float) -> float:
 
 
 def meets_goal(row: dict[str, object]) -> bool:
-    """Whether a row meets all three goals at once."""
-    return all(float(row[key]) <= limit for key, limit in GOAL.items())  # type: ignore[arg-type]
+    """Whether a row meets all three of its goals at once (a foreign store has its own)."""
+    goal = FOREIGN_GOAL if row["strategy"] == FOREIGN else GOAL
+    return all(float(row[key]) <= limit for key, limit in goal.items())  # type: ignore[arg-type]
 
 
 def render(table: list[dict[str, object]], cpu_seconds: float) -> str:
     """The rows as a text table, with the goal check."""
-    headers = ("strategy", "p50 ms", "p99 ms", "max ms", "samples", "cpu % of a core", "goal (p50<=0.2, p99<=1, cpu<=0.5)")
+    headers = ("strategy", "p50 ms", "p99 ms", "max ms", "samples", "cpu % of a core", "goal")
     lines = [
         (row["strategy"], row["p50_ms"], row["p99_ms"], row["max_ms"], row["samples"], row["cpu_percent"],
          "met" if meets_goal(row) else "missed")
         for row in table
     ]
-    return f"waiter CPU over a {cpu_seconds:g} s wait; latency from set to return\n" + format_table(headers, lines)
+    goals = f"goal p50<=0.2 ms, p99<=1 ms, cpu<=0.5 %; {FOREIGN}: p50<=10 ms, p99<=20 ms, cpu<=0.1 %"
+    return f"waiter CPU over a {cpu_seconds:g} s wait; latency from set to return; {goals}\n" + format_table(headers, lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,4 +45,14 @@ def test_table_marks_the_goal_per_strategy() -> None:
 def test_unknown_strategy_is_refused_with_the_choices() -> None:
     done = run("--strategies", "futex,busyloop")
     assert done.returncode == 2
-    assert "unknown ['busyloop']; choose from: futex, spin, poll-1s" in done.stderr
+    assert "unknown ['busyloop']; choose from: futex, fastdeploy, fastdeploy-foreign, spin, poll-1s" in done.stderr
+
+
+def test_a_foreign_store_is_measured_against_our_setter_with_its_own_goal() -> None:
+    done = run("--json", "--cpu-seconds", "0.3", "--rounds", "5", "--strategies", "fastdeploy,fastdeploy-foreign")
+    assert done.returncode == 0, done.stderr
+    anchor, foreign = json.loads(done.stdout)
+    assert (anchor["strategy"], foreign["strategy"]) == ("fastdeploy", "fastdeploy-foreign")
+    assert foreign["samples"] == 6 and 0 <= foreign["p50_ms"] <= foreign["p99_ms"]
+    table = run("--cpu-seconds", "0.2", "--rounds", "3", "--strategies", "fastdeploy-foreign")
+    assert "fastdeploy-foreign: p50<=10 ms, p99<=20 ms, cpu<=0.1 %" in table.stdout.splitlines()[0]
