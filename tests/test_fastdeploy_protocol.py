@@ -22,6 +22,7 @@ import pytest
 from engine_processes import FASTDEPLOY_ATTACH, fastdeploy_runner, first_bytes, qwen_layout
 from fd_platforms.contract.errors import CacheSharingError, ConfigError, SignalWaitError
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
+from fd_platforms.engine.block_handoff import hand_off_block_count
 from fd_platforms.engine.cache_status import drive_kv_cache_update, serve_kv_cache_status
 from fd_platforms.engine.fastdeploy_handles import RECORD
 from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
@@ -236,3 +237,17 @@ def test_a_bad_suffix_or_protocol_is_refused_before_any_hook(cpu) -> None:
     assert "engine_worker_queue_port" in str(caught.value)
     with pytest.raises(ConfigError, match="protocol"):
         initialize_kv_cache(cpu, qwen_layout(), BLOCKS, signal_name="9923", protocol="FastDeploy", **FASTDEPLOY_ATTACH)
+
+
+def test_the_agreed_block_count_reaches_a_standin_engine_in_its_format(cpu) -> None:
+    suffix = f"t{secrets.token_hex(4)}"
+    engine = standin("engine", suffix, 2)
+    expect(engine, "ready")
+    try:
+        with pytest.raises(ConfigError, match="int32") as caught:
+            hand_off_block_count(suffix, 2**31)
+        assert caught.value.field == "num_blocks"
+        hand_off_block_count(suffix, 14448)
+        expect(engine, "profile_block_num 14448")  # what FastDeploy's engine polls before it starts the cache service
+    finally:
+        finish(engine)

@@ -9,17 +9,24 @@ rank's published cache and carve its host swap cache). Both give back records wh
 again. An engine over several nodes joins them with
 :meth:`Cluster.join <fd_platforms.engine.cluster.Cluster.join>` and agrees on the blocks with
 :meth:`Cluster.agree <fd_platforms.engine.cluster.Cluster.agree>` (Paddle's collective runtime).
+Beside FastDeploy's own processes, every call takes ``protocol="fastdeploy"`` (its signals and
+per-tensor handles); :func:`drive_kv_cache_update` and :func:`serve_kv_cache_status` are its
+clear/update protocol, :func:`hand_off_block_count` its block-count hand-off.
 See ``docs/engine-integration.md``.
 
 Modules: :mod:`.initialize` (the two calls), :mod:`.kv_cache` (the cache record; plain, exported and
 attached tensors), :mod:`.host_cache` (host swap tensors in the layout's names), :mod:`.publication`
 (where a rank's cache is published, by name), :mod:`.nodes` (where a rank stands among nodes),
 :mod:`.rendezvous` (the nodes' handshake), :mod:`.cluster` (the process group and the agreement),
-:mod:`.bounded` (Paddle's blocking calls, bounded).
+:mod:`.bounded` (Paddle's blocking calls, bounded), :mod:`.protocol` (ours or FastDeploy's),
+:mod:`.fastdeploy_handles` (its per-tensor records), :mod:`.cache_status` (its clear/update),
+:mod:`.block_handoff` (its block-count word).
 """
 
 from __future__ import annotations
 
+from .block_handoff import hand_off_block_count
+from .cache_status import UpdateReport, drive_kv_cache_update, serve_kv_cache_status
 from .cluster import Agreement, Cluster, RankPlan, collective_backend
 from .host_cache import HostCache
 from .initialize import ManagedCache, check_can_attach, hold_kv_cache, initialize_kv_cache, manage_kv_cache
@@ -35,13 +42,17 @@ __all__ = [
     "ManagedCache",
     "NodeSpec",
     "RankPlan",
+    "UpdateReport",
     "allocate_kv_cache",
     "check_can_attach",
     "collective_backend",
+    "drive_kv_cache_update",
     "free_master",
+    "hand_off_block_count",
     "hold_kv_cache",
     "initialize_kv_cache",
     "manage_kv_cache",
     "publication_name",
     "published_tensor_name",
+    "serve_kv_cache_status",
 ]
