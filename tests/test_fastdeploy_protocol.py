@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -27,10 +28,13 @@ from fd_platforms.engine.cache_status import drive_kv_cache_update, serve_kv_cac
 from fd_platforms.engine.fastdeploy_handles import RECORD
 from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
 from fd_platforms.loading.selection import select_platform
+from run_helpers import QWEN, ROOT, SCRIPT, clean_env
 
 pytestmark = pytest.mark.slow  # multi-process: left out of -m "not slow"
 
 STANDINS = Path(__file__).resolve().parent / "fastdeploy_standins.py"
+FD_SIGNAL_NAMES = ("cache_ready_signal.", "swap_space_ready_signal.", "cache_transfer_inited_signal.",
+                   "kv_cache_status.", "get_profile_block_num.")  # fmt: skip
 BLOCKS = 4
 CYCLES = 20
 
@@ -251,3 +255,36 @@ def test_the_agreed_block_count_reaches_a_standin_engine_in_its_format(cpu) -> N
         expect(engine, "profile_block_num 14448")  # what FastDeploy's engine polls before it starts the cache service
     finally:
         finish(engine)
+
+
+def test_run_with_fastdeploys_protocol_attaches_verifies_and_leaves_nothing() -> None:
+    before = {name for name in os.listdir("/dev/shm") if "_caches_" in name or name.startswith(FD_SIGNAL_NAMES)}
+    done = subprocess.run(
+        [SCRIPT, "run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode",
+         "--protocol", "fastdeploy", "--cycles", "2", "--json"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, env=clean_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["protocol"] == "fastdeploy" and report["signal"].startswith("cache_ready_signal.fdp")
+    assert all(rank["verified"] and rank["attached_tensors"] == 96 for rank in report["ranks"])
+    assert [cycle["verified"] for cycle in report["cycles"]] == [True, True]
+    table = subprocess.run(
+        [SCRIPT, "run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode",
+         "--protocol", "fastdeploy"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, env=clean_env(),
+    )  # fmt: skip
+    assert table.returncode == 0, table.stderr
+    assert "rule 2026-01, protocol fastdeploy:" in table.stdout.splitlines()[0]
+    blocks = report["ranks"][0]["num_blocks"]
+    assert re.search(rf"rank 0: handed the agreed {blocks} blocks to the engine \(get_profile_block_num\.fdp", table.stderr)
+    after = {name for name in os.listdir("/dev/shm") if "_caches_" in name or name.startswith(FD_SIGNAL_NAMES)}
+    assert after - before == set(), "every signal and every per-tensor record removed"
+
+
+def test_a_deploy_files_protocol_is_checked_by_name(tmp_path: Path) -> None:
+    config = tmp_path / "deploy.toml"
+    config.write_text(f'[model]\npath = "{ROOT / QWEN}"\n[scheduler]\nprotocol = "grpc"\n')
+    done = subprocess.run([SCRIPT, "plan", "--config", str(config)], capture_output=True, text=True, env=clean_env())
+    assert done.returncode == 2
+    assert "scheduler.protocol='grpc' is not valid; allowed: one of fd-platforms, fastdeploy" in done.stderr

@@ -11,7 +11,7 @@ import argparse
 from ..contract.errors import ConfigError
 from ..rules.config.deploy import DeployConfig, deploy_config_from_overrides, load_deploy_config
 from ..rules.config.limits import ATTENTION_KINDS, CACHE_DTYPES, QUANT_TYPES
-from ..rules.config.settings import CacheConfig, ParallelConfig, SchedulerConfig
+from ..rules.config.settings import PROTOCOLS, CacheConfig, ParallelConfig, SchedulerConfig
 from ..rules.decision import RULE_VERSIONS, SPLITWISE_ROLES, STORAGE_BACKENDS
 from ..rules.sizes import parse_size
 
@@ -67,6 +67,10 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--role", choices=SPLITWISE_ROLES, help=f"splitwise role (default: {scheduler.splitwise_role})")
     parser.add_argument(
+        "--protocol", choices=PROTOCOLS,
+        help=f"the processes' signals and tensor handles: ours, or FastDeploy's own (default: {scheduler.protocol})",
+    )  # fmt: skip
+    parser.add_argument(
         "--storage-backend", choices=("none", *STORAGE_BACKENDS), help="KV cache storage backend (default: none)"
     )
 
@@ -86,7 +90,7 @@ def deploy_config(args: argparse.Namespace) -> DeployConfig:
             "num_gpu_block_expand_ratio": args.num_gpu_block_expand_ratio,
             "rule": args.rule,
         },
-        "scheduler": {"splitwise_role": args.role},
+        "scheduler": {"splitwise_role": args.role, "protocol": args.protocol},
         "parallel": {"tensor_parallel_size": args.tp},
     }
     if args.config:

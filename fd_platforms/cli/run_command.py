@@ -147,6 +147,7 @@ def format_report(report: RunReport) -> str:
     header = (
         f"platform {report.platform}, model {report.model}, {_rank_count(report)}, "
         f"role {report.splitwise_role}, storage backend {report.storage_backend or 'none'}, rule {report.rule}"
+        f"{'' if report.protocol == 'fd-platforms' else f', protocol {report.protocol}'}"
         f"{', profile run' if report.profile else ''}: {format_size(report.bytes_per_block)} per block, "
         + (f"MTP layers {report.mtp_num_blocks} blocks each, " if report.mtp_num_blocks is not None else "")
         + f"wall {report.wall_seconds:.2f} s"

@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Union
 from ..contract.errors import ConfigError
 from ..ipc.cache_signal import CacheReadySignal, check_signal_name
 from ..ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal, check_suffix
+from ..rules.config.settings import PROTOCOLS
 from .fastdeploy_handles import FastDeployHandles
 from .publication import Publication, PublishedTensor, publication_name, published_tensor_name
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..loading.platform import Platform
 
-OURS, FASTDEPLOY = "fd-platforms", "fastdeploy"
-PROTOCOLS = (OURS, FASTDEPLOY)
+OURS, FASTDEPLOY = PROTOCOLS
 Published = Union[Publication, FastDeployHandles]
 
 

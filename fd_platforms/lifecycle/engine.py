@@ -29,8 +29,8 @@ from ..contract.types import Plan
 from ..engine.cluster import Agreement
 from ..engine.initialize import check_can_attach
 from ..engine.nodes import NodeSpec
-from ..engine.publication import reclaim_instance, reclaim_stale_publications
-from ..ipc.cache_signal import CacheReadySignal, reclaim_stale_signals
+from ..engine.publication import reclaim_stale_publications
+from ..ipc.cache_signal import reclaim_stale_signals
 from ..kit.host_memory import available_host_bytes, host_bytes_for_swap, resident_bytes
 from ..loading.platform import Platform
 from ..loading.selection import ENV_PLATFORM, Prober, select_platform
@@ -40,6 +40,7 @@ from ..rules.sizes import format_size
 from .children import Child, Children
 from .manager import manager_main
 from .progress import Progress
+from .signals import EngineSignals
 from .report import Allocation, CycleReport, NodesReport, RankReport, RunReport
 from .spec import MARGIN_SECONDS, RunSpec
 from .worker import WorkerResult, worker_main
@@ -207,16 +208,16 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
         check_can_hold(platform, spec)
     reclaim_stale_signals()  # what engines killed with SIGKILL left behind (each warned about)
     reclaim_stale_publications()
-    signal = CacheReadySignal.create(spec.ranks)
+    signals = EngineSignals(spec)
     try:
-        with signal, Children() as children:
-            workers = [children.start(f"rank {rank}", worker_main, spec, rank, signal.name) for rank in range(spec.ranks)]
+        with signals, Children() as children:
+            workers = [children.start(f"rank {rank}", worker_main, spec, rank, signals.name) for rank in range(spec.ranks)]
             pids = ", ".join(str(worker.pid) for worker in workers)
-            say(f"platform {spec.platform}: started {spec.ranks} worker(s) (pid {pids}), cache-ready signal {signal.name}")
+            say(f"platform {spec.platform}: started {spec.ranks} worker(s) (pid {pids}), {signals.describe()}")
             run = _Run(spec, platform, children, workers, say)
             if not decision.create or workers_create:
                 run.attaching, run.workers_create = tuple(range(spec.ranks)), workers_create
-                run.manager = children.start("cache manager", manager_main, spec, run.attaching, signal.name)
+                run.manager = children.start("cache manager", manager_main, spec, run.attaching, signals.name)
                 side = ": it attaches to the workers' caches to hold their host swap space" if workers_create else ""
                 say(f"starting the cache manager (pid {run.manager.pid}) for rank(s) "
                     f"{', '.join(map(str, run.attaching))}{side}")  # fmt: skip
@@ -248,18 +249,19 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
             nodes = None if agreement is None else run.share(ranks, agreement, planned)
             say("stopping")
     finally:  # what processes killed mid-clear left published is this engine's to remove
-        reclaim_instance(signal.name)
+        signals.reclaim()
 
     return RunReport(
         platform=spec.platform,
         model=spec.deploy.model.name,
-        signal=signal.name,
+        signal=signals.ready_name,
         splitwise_role=spec.deploy.scheduler.splitwise_role,
         storage_backend=spec.deploy.cache.kvcache_storage_backend,
         profile=spec.profile,
         bytes_per_block=final.bytes_per_block,
         mtp_num_blocks=spec.layout(0).reported_mtp_blocks(final.num_blocks),
         rule=spec.deploy.cache.rule,
+        protocol=spec.deploy.scheduler.protocol,
         manager_pid=None if run.manager is None else run.manager.pid,
         wall_seconds=time.monotonic() - started,
         ranks=ranks if nodes is None else nodes[0],

@@ -95,12 +95,14 @@ def _take_all(
             cache = manage_kv_cache(
                 platform, spec.layout(rank), plan.num_blocks, num_cpu_blocks=plan.num_cpu_blocks,
                 signal_name=signal_name, progress=say.allocation(f"rank {rank}: publishing {size}"),
+                protocol=spec.deploy.scheduler.protocol,
             )  # fmt: skip
         else:
             say(f"attaching to rank {rank}'s KV cache (worker pid {creators[rank]}) to hold {swap}")
             cache = hold_kv_cache(
                 platform, spec.layout(rank), plan.num_blocks, num_cpu_blocks=plan.num_cpu_blocks,
                 signal_name=signal_name, setter_pid=creators[rank], timeout=spec.timeout,
+                protocol=spec.deploy.scheduler.protocol,
             )  # fmt: skip
         seconds = time.monotonic() - started
         held[rank] = cache

@@ -115,6 +115,8 @@ class RunReport:
     """Device blocks of each MTP layer (``int(num_blocks * num_gpu_block_expand_ratio)``); None without MTP."""
     rule: str = ""
     """The create-or-attach rule's version the run pinned."""
+    protocol: str = "fd-platforms"
+    """The processes' signals and tensor handles: ours, or FastDeploy's own."""
 
     def to_json(self) -> dict[str, Any]:
         """The report as a JSON-ready dict (``ranks`` a list of dicts)."""

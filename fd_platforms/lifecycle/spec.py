@@ -80,6 +80,7 @@ class RunSpec:
             "--swap-space": cache.swap_space_bytes,
             "num_cpu_blocks": cache.num_cpu_blocks,
             "--role": self.deploy.scheduler.splitwise_role,
+            "--protocol": self.deploy.scheduler.protocol,
             "--storage-backend": cache.kvcache_storage_backend,
             "--profile": self.profile,
             "--cycles": self.cycles,

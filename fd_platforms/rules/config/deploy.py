@@ -11,7 +11,7 @@ A deployment is described by a TOML file (see ``examples/deploy.toml``)::
                  and vLLM's swap_space, or a size such as "512MiB"),
                  kvcache_storage_backend, num_gpu_blocks_override, num_gpu_block_expand_ratio,
                  rule (the create-or-attach rule's version)
-    [scheduler]  splitwise_role
+    [scheduler]  splitwise_role, protocol (fd-platforms, or fastdeploy beside FastDeploy's own processes)
     [parallel]   tensor_parallel_size, local_rank
 
 Overrides (from command-line flags) have the same ``{section: {key: value}}`` shape, win over
@@ -54,7 +54,7 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
         "num_gpu_block_expand_ratio",
         "rule",
     ),
-    "scheduler": ("splitwise_role",),
+    "scheduler": ("splitwise_role", "protocol"),
     "parallel": ("tensor_parallel_size", "local_rank"),
 }
 

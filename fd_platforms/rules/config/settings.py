@@ -1,4 +1,4 @@
-"""The engine's settings the KV cache depends on: cache, scheduler (the splitwise role) and parallelism."""
+"""The engine's settings the KV cache depends on: cache, scheduler (the splitwise role, the protocol) and parallelism."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from .limits import (
     is_int,
 )
 
+PROTOCOLS = ("fd-platforms", "fastdeploy")
+"""The inter-process protocols: ours (the default), or FastDeploy's own signals and per-tensor handles."""
 
 @dataclass(frozen=True)
 class CacheConfig:
@@ -91,12 +93,15 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Whether this instance does prefill and decode (``mixed``) or one of them (disaggregated)."""
+    """Whether this instance does prefill and decode (``mixed``) or one of them (disaggregated), and
+    which inter-process protocol its processes speak: ours, or FastDeploy's own (beside its processes)."""
 
     splitwise_role: str = "mixed"
+    protocol: str = "fd-platforms"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "splitwise_role", choice("splitwise_role", self.splitwise_role, SPLITWISE_ROLES))
+        object.__setattr__(self, "protocol", choice("protocol", self.protocol, PROTOCOLS))
 
 
 @dataclass(frozen=True)
