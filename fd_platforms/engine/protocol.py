@@ -52,22 +52,21 @@ def tensor_name(protocol: str, signal_name: str, layout_name: str) -> str:
 
 def set_ready(protocol: str, signal_name: str, rank: int) -> None:
     """Set ``rank``'s cache-ready slot (and wake its waiters)."""
-    if protocol == FASTDEPLOY:
-        with FastDeploySignal.attach(CACHE_READY, signal_name) as signal:
-            signal.set(rank, 1)
-    else:
-        with CacheReadySignal.attach(signal_name) as signal:
-            signal.set(rank)
+    _write_ready(protocol, signal_name, rank, 1)
 
 
 def clear_ready(protocol: str, signal_name: str, rank: int) -> None:
     """Reset ``rank``'s cache-ready slot to 0 (under FastDeploy's protocol: the attacher's let-go)."""
+    _write_ready(protocol, signal_name, rank, 0)
+
+
+def _write_ready(protocol: str, signal_name: str, rank: int, value: int) -> None:
     if protocol == FASTDEPLOY:
-        with FastDeploySignal.attach(CACHE_READY, signal_name) as signal:
-            signal.set(rank, 0)
-    else:
-        with CacheReadySignal.attach(signal_name) as signal:
-            signal.clear(rank)
+        with FastDeploySignal.attach(CACHE_READY, signal_name) as fastdeploy:
+            fastdeploy.set(rank, value)
+        return
+    with CacheReadySignal.attach(signal_name) as ours:
+        ours.set(rank) if value else ours.clear(rank)
 
 
 def wait_ready(

@@ -38,26 +38,24 @@ Truncation: ``/dev/shm`` files cannot be sealed, so another process of the user 
 segment under its users. No word is ever read or written through the mapping: slots are read
 and written with ``pread``/``pwrite`` on the descriptor (a short read is the typed
 :class:`~fd_platforms.contract.errors.CacheSignalError` naming the truncation), and the mapping only
-gives the futex its address, where the kernel answers ``EFAULT`` instead of raising SIGBUS.
+gives the futex its address, where the kernel answers ``EFAULT`` instead of raising SIGBUS
+(:mod:`fd_platforms.ipc.shared_words`, shared with FastDeploy's signals).
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import logging
 import os
 import re
 import secrets
 import struct
 import time
-import weakref
-from collections.abc import Callable, Mapping
-from types import TracebackType
+from collections.abc import Mapping
 
 from ..contract.errors import CacheNotReadyError, CacheSignalError, ConfigError
 from . import futex, shm
 from .process_watch import ProcessWatch
+from .shared_words import WORD_BYTES, SharedWords
 from .timeouts import check_seconds, env_seconds, knob
 
 logger = logging.getLogger(__name__)
@@ -66,7 +64,6 @@ SIGNAL_PREFIX = "fd_cache_ready."
 MAGIC = 0x46444352
 LAYOUT_VERSION = 2
 HEADER_WORDS = 8
-WORD_BYTES = 4
 MAX_RANKS = 1024
 ENV_TIMEOUT = "FD_CACHE_READY_TIMEOUT"
 DEFAULT_TIMEOUT = 600.0
@@ -115,17 +112,14 @@ def check_rank_count(num_ranks: object) -> int:
     return num_ranks
 
 
-class CacheReadySignal:
+class CacheReadySignal(SharedWords):
     """One engine instance's cache-ready slots. Build it with :meth:`create` or :meth:`attach`."""
 
+    what = "cache-ready signal"
+
     def __init__(self, segment: shm.Segment, name: str, num_ranks: int, *, owner: bool) -> None:
-        self._segment = segment
-        anchor = ctypes.c_char.from_buffer(segment.map())  # the futex's address only: no word is read through it
-        self._base_address = ctypes.addressof(anchor)
-        del anchor  # keep no buffer export alive, so the segment can be closed
-        self.name, self.num_ranks, self.owner = name, num_ranks, owner
-        # Runs on close(), on garbage collection or at interpreter exit, whichever comes first.
-        self._release = weakref.finalize(self, _release, segment, os.getpid() if owner else None)
+        super().__init__(segment, name, owner=owner)
+        self.num_ranks = num_ranks
 
     # -- building ---------------------------------------------------------------------------
 
@@ -257,24 +251,7 @@ class CacheReadySignal:
     def _not_ready(self, rank: int, elapsed: float, cause: str, detail: str, fix: str) -> CacheNotReadyError:
         return CacheNotReadyError(self.name, rank, elapsed, self.slots(), cause, detail, fix)
 
-    # -- lifetime -----------------------------------------------------------------------------
-
-    def close(self) -> None:
-        """Unmap the segment; the owner also unlinks it. Idempotent. Do not close while waiting."""
-        self._release()
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` has run."""
-        return not self._release.alive
-
-    def __enter__(self) -> CacheReadySignal:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
-        self.close()
+    # -- names and checks -----------------------------------------------------------------------
 
     @property
     def instance(self) -> str:
@@ -285,38 +262,6 @@ class CacheReadySignal:
         role = "owner" if self.owner else "attached"
         return f"CacheReadySignal({self.name!r}, num_ranks={self.num_ranks}, {role})"
 
-    def _fd(self) -> int:
-        if self.closed:
-            raise CacheSignalError(f"cache-ready signal {self.name!r} is closed. Fix: attach to it again")
-        return self._segment.fd
-
-    def _read(self, word: int, count: int) -> tuple[int, ...]:
-        """``count`` words from ``word`` on, read from the descriptor (a truncated segment cannot SIGBUS)."""
-        raw = os.pread(self._fd(), count * WORD_BYTES, word * WORD_BYTES)
-        if len(raw) < count * WORD_BYTES:
-            raise self._truncated()
-        return struct.unpack(f"={count}i", raw)
-
-    def _write(self, word: int, *values: int) -> None:
-        os.pwrite(self._fd(), struct.pack(f"={len(values)}i", *values), word * WORD_BYTES)
-
-    def _futex(self, call: Callable[..., object], *args: object) -> None:
-        """A futex call on a slot's address; EFAULT (the segment truncated under the mapping) is typed."""
-        try:
-            call(*args)
-        except OSError as exc:
-            if exc.errno != errno.EFAULT:
-                raise
-            raise self._truncated() from None
-
-    def _truncated(self) -> CacheSignalError:
-        size = os.fstat(self._fd()).st_size
-        return CacheSignalError(
-            f"cache-ready signal {self.name!r} was truncated to {size} bytes while in use (it needs "
-            f"{(HEADER_WORDS + self.num_ranks) * WORD_BYTES}): another process shrank /dev/shm/{self.name}. "
-            "Fix: find what writes to /dev/shm beside the engine; restart the engine"
-        )
-
     def _check_rank(self, rank: int) -> int:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.num_ranks:
             raise ConfigError(
@@ -325,8 +270,7 @@ class CacheReadySignal:
         return rank
 
     def _slot_address(self, rank: int) -> int:
-        self._fd()
-        return self._base_address + (HEADER_WORDS + rank) * WORD_BYTES
+        return self._word_address(HEADER_WORDS + rank)
 
 
 # -- the segment itself (see fd_platforms.ipc.shm for the rules) -----------------------------------
@@ -342,13 +286,6 @@ def _create_segment(name: str, size: int) -> shm.Segment:
             f"cache-ready signal {name!r} cannot be created in /dev/shm: {exc.strerror or exc}. "
             "Fix: check that /dev/shm exists and is writable (containers: mount a memory-backed /dev/shm)"
         ) from None
-
-
-def _release(segment: shm.Segment, owner_pid: int | None) -> None:
-    """Unmap the segment; unlink it too if this is the owner (not a forked child of it)."""
-    if owner_pid == os.getpid():
-        segment.unlink()
-    segment.close()
 
 
 def _not_a_signal(name: str, why: str) -> CacheSignalError:

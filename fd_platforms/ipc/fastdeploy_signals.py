@@ -30,26 +30,20 @@ proves such a segment dead (the error names the file to remove by hand).
 
 from __future__ import annotations
 
-import ctypes
 import enum
-import errno
-import os
 import re
-import struct
 import time
-import weakref
-from types import TracebackType
 
 from ..contract.errors import CacheSignalError, ConfigError, SignalWaitError
 from . import futex, shm
 from .process_watch import ProcessWatch
+from .shared_words import WORD_BYTES, SharedWords
 
 CACHE_READY = "cache_ready_signal"
 SWAP_SPACE_READY = "swap_space_ready_signal"
 CACHE_TRANSFER_INITED = "cache_transfer_inited_signal"
 KV_CACHE_STATUS = "kv_cache_status"
 PROFILE_BLOCK_NUM = "get_profile_block_num"
-WORD_BYTES = 4
 MAX_WORDS = 1024
 CHECK_SECONDS = 0.25  # how often a wait looks at the watched process and the clock
 POLL_SECONDS = 0.002  # the sleep between looks where futexes are unavailable
@@ -85,16 +79,17 @@ def segment_name(name: str, suffix: str) -> str:
     return f"{name}.{check_suffix(suffix)}"
 
 
-class FastDeploySignal:
+class FastDeploySignal(SharedWords):
     """One of FastDeploy's int32 signal arrays. Build it with :meth:`create` or :meth:`attach`."""
 
+    what = "FastDeploy signal"
+
     def __init__(self, segment: shm.Segment, name: str, length: int, *, owner: bool) -> None:
-        self._segment = segment
-        anchor = ctypes.c_char.from_buffer(segment.map())  # the futex's address only: no word is read through it
-        self._base_address = ctypes.addressof(anchor)
-        del anchor
-        self.name, self.length, self.owner = name, length, owner
-        self._release = weakref.finalize(self, _release, segment, os.getpid() if owner else None)
+        super().__init__(segment, name, owner=owner)
+        self.length = length
+
+    def needed_bytes(self) -> int:
+        return self.length * WORD_BYTES
 
     @classmethod
     def create(cls, name: str, suffix: str | int, length: int, initial: int = 0) -> FastDeploySignal:
@@ -153,17 +148,16 @@ class FastDeploySignal:
 
     def set(self, index: int, value: int) -> None:
         """Write word ``index`` and wake whoever waits on it."""
-        self._check_index(index)
-        os.pwrite(self._fd(), struct.pack("=i", value), index * WORD_BYTES)
+        self._write(self._check_index(index), value)
         if futex.AVAILABLE:
-            self._futex(futex.wake, self._address(index))
+            self._futex(futex.wake, self._word_address(index))
 
     def write_all(self, value: int) -> None:
         """Write every word (the way FastDeploy's engine fills a new signal) and wake every waiter."""
-        os.pwrite(self._fd(), struct.pack(f"={self.length}i", *([value] * self.length)), 0)
+        self._write(0, *([value] * self.length))
         if futex.AVAILABLE:
             for index in range(self.length):
-                self._futex(futex.wake, self._address(index))
+                self._futex(futex.wake, self._word_address(index))
 
     def wait_for(
         self, index: int, value: int, timeout: float, *, watch_pid: int | None = None, what: str = ""
@@ -197,52 +191,14 @@ class FastDeploySignal:
         """Sleep up to ``seconds`` while word ``index`` is ``seen``: woken by our writes at once, a
         foreign store seen within :data:`~fd_platforms.ipc.futex.FOREIGN_POLL_SECONDS`."""
         if futex.AVAILABLE:
-            self._futex(futex.sleep_while, self._address(index), seen, seconds)
+            self._futex(futex.sleep_while, self._word_address(index), seen, seconds)
         else:
             time.sleep(min(max(seconds, 0.0), POLL_SECONDS))
 
-    # -- lifetime ------------------------------------------------------------------------------
-
-    def close(self) -> None:
-        """Unmap; the creator also unlinks (only the segment it created). Idempotent."""
-        self._release()
-
-    def __enter__(self) -> FastDeploySignal:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
-        self.close()
+    # -- names and checks -----------------------------------------------------------------------
 
     def __repr__(self) -> str:
         return f"FastDeploySignal({self.name!r}, length={self.length}, {'owner' if self.owner else 'attached'})"
-
-    def _fd(self) -> int:
-        if not self._release.alive:
-            raise CacheSignalError(f"FastDeploy signal {self.name!r} is closed. Fix: attach to it again")
-        return self._segment.fd
-
-    def _read(self, index: int, count: int) -> tuple[int, ...]:
-        raw = os.pread(self._fd(), count * WORD_BYTES, index * WORD_BYTES)
-        if len(raw) < count * WORD_BYTES:
-            raise self._truncated()
-        return struct.unpack(f"={count}i", raw)
-
-    def _futex(self, call: object, *args: object) -> None:
-        try:
-            call(*args)  # type: ignore[operator]
-        except OSError as exc:
-            if exc.errno != errno.EFAULT:
-                raise
-            raise self._truncated() from None
-
-    def _truncated(self) -> CacheSignalError:
-        size = os.fstat(self._fd()).st_size
-        return CacheSignalError(
-            f"FastDeploy signal {self.name!r} was truncated to {size} bytes while in use (it needs "
-            f"{self.length * WORD_BYTES}). Fix: find what writes to /dev/shm beside the engine; restart the engine"
-        )
 
     def _check_index(self, index: int) -> int:
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.length:
@@ -250,17 +206,6 @@ class FastDeploySignal:
                               f"signal {self.name!r} has {self.length} words (one per local rank)")  # fmt: skip
         return index
 
-    def _address(self, index: int) -> int:
-        self._fd()
-        return self._base_address + index * WORD_BYTES
-
-
 def _check_length(length: object) -> None:
     if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= MAX_WORDS:
         raise ConfigError("length", length, f"an int from 1 to {MAX_WORDS}", "pass the number of local ranks (tp)")
-
-
-def _release(segment: shm.Segment, owner_pid: int | None) -> None:
-    if owner_pid == os.getpid():
-        segment.unlink()
-    segment.close()
