@@ -11,8 +11,10 @@ fd-platforms (it says so on exit), so what meets our processes is FastDeploy's f
   with ``RANK + 1``, sets ``cache_ready_signal[RANK] = 1`` and ``cache_transfer_inited_signal[RANK] = 1``.
   Then it follows ``kv_cache_status`` (polled every 0.1 s, as FastDeploy's does): on CLEARING it
   waits for its slot to drop to 0, frees, waits for every slot to drop, writes CLEARED; on UPDATING
-  it creates again, sets its slot, waits for every slot, writes NORMAL. (A rank whose look comes
-  after another rank answered sees CLEARED or UPDATING and acts the same.) Ends when stdin closes.
+  it creates again, sets its slot, waits for every slot, writes NORMAL. Only rank 0 waits for every
+  slot and writes the answers (a late second writer could overwrite the driver's next word, and a
+  rank waiting for every slot could miss a moment that passed); a rank whose look comes after rank 0
+  answered sees CLEARED or UPDATING and acts the same. Ends when stdin closes.
 - ``attacher SUFFIX RANK TP TENSORS CYCLES FIRST``: the worker of one rank that attaches. Polls its
   slot, opens every record's memfd, checks each tensor's byte 0 is ``FIRST`` (-1: any), writes
   byte 1 = 0x5A (the creator checks it), prints ``attached``. Then ``CYCLES`` clear/update rounds, as FastDeploy's
@@ -128,24 +130,27 @@ def creator(suffix: str, rank: int, tp: int, specs: list[list]) -> None:
     ready[rank] = 1
     inited[rank] = 1
     print("created", flush=True)
-    touched_once = False
+    touched_once = fresh = False  # fresh: made again in this update (an UPDATING still there is no new clear)
     while not stdin_closed(POLL):
         if tensors is not None and not touched_once and tensors.touched():
             touched_once = True
             print("touched", flush=True)
-        # Another rank's manager may have answered already (CLEARED, even UPDATING) before this one looked.
-        if status[0] != NORMAL and tensors is not None:
+        now = int(status[0])
+        if now in (NORMAL, CLEARING):
+            fresh = False
+        # Rank 0 may have answered already (CLEARED, even UPDATING) before this rank looked.
+        if tensors is not None and (now in (CLEARING, CLEARED) or (now == UPDATING and not fresh)):
             wait_until(lambda: ready[rank] == 0, f"rank {rank}'s attacher to let go")
             tensors.free()
             tensors = None
-            wait_until(lambda: int(ready.sum()) == 0, "every rank to let go")
-            if status[0] == CLEARING:
+            if rank == 0:  # one writer: a late second one could overwrite the driver's next word
+                wait_until(lambda: int(ready.sum()) == 0, "every rank to let go")
                 status[0] = CLEARED
-        elif status[0] in (UPDATING, NORMAL) and tensors is None:
-            tensors = Tensors(specs, rank)
+        elif now in (UPDATING, NORMAL) and tensors is None:
+            tensors, fresh = Tensors(specs, rank), True
             ready[rank] = 1
-            wait_until(lambda: int(ready.sum()) == tp, "every rank to be created")
-            if status[0] == UPDATING:
+            if rank == 0:  # (another rank waiting for every slot could miss a moment that passed)
+                wait_until(lambda: int(ready.sum()) == tp, "every rank to be created")
                 status[0] = NORMAL
     if tensors is not None:
         tensors.free()

@@ -100,37 +100,52 @@ def serve_kv_cache_status(
     (its ``clear`` waits for the rank's attacher to let go), then every slot must be 0 before
     ``CLEARED`` is written; on ``UPDATING`` each is made again and every slot must be 1 before
     ``NORMAL`` is written. Waits are bounded by ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``).
+
+    Only the manager that holds local rank 0 waits for every slot and writes the answers: the word
+    has no compare-and-swap, so a second writer's late CLEARED could overwrite the driver's UPDATING,
+    and a manager waiting for every slot could miss a moment that already passed. Managers of other
+    ranks (one per rank, as FastDeploy runs its transfer managers) act on the status and write nothing.
     """
     suffix = check_suffix(suffix)
     limit = resolve_timeout(timeout)
     held = list(managed)
     ranks = [cache.rank for cache in held]
+    answers = 0 in ranks
+    fresh = False  # made again in this update, so an UPDATING still on the word is not a new clear
     with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status, FastDeploySignal.attach(CACHE_READY, suffix) as ready:
         while not until():
             current = status.get(0)
-            # Where each rank has its own manager, another may have answered before this one looked: a
-            # status past CLEARING (CLEARED, even UPDATING) still means "let go" to a manager that holds.
-            if current != KVCacheStatus.NORMAL and held:
+            if current in (KVCacheStatus.NORMAL, KVCacheStatus.CLEARING):
+                fresh = False
+            if held and _must_let_go(current, fresh):
                 for cache in held:
                     cache.clear(limit)
                 held = []
-                for rank in range(ready.length):
-                    ready.wait_for(rank, 0, limit, what=f"rank {rank} letting go of its KV cache")
-                _answer(status, KVCacheStatus.CLEARING, KVCacheStatus.CLEARED)
+                if answers:
+                    _wait_all(ready, 0, limit, "letting go of its KV cache")
+                    status.set(0, KVCacheStatus.CLEARED)
             elif current in (KVCacheStatus.UPDATING, KVCacheStatus.NORMAL) and not held and ranks:
-                held = [recreate(rank) for rank in ranks]
-                for rank in range(ready.length):
-                    ready.wait_for(rank, 1, limit, what=f"rank {rank}'s KV cache being created")
-                _answer(status, KVCacheStatus.UPDATING, KVCacheStatus.NORMAL)
+                held, fresh = [recreate(rank) for rank in ranks], True
+                if answers:
+                    _wait_all(ready, 1, limit, "having its KV cache created")
+                    status.set(0, KVCacheStatus.NORMAL)
             else:
                 status.sleep_while(0, current, STATUS_POLL_SECONDS)
     return held
 
 
-def _answer(status: FastDeploySignal, asked: KVCacheStatus, answer: KVCacheStatus) -> None:
-    """Write ``answer`` unless the status has moved on from ``asked`` (another manager answered)."""
-    if status.get(0) == asked:
-        status.set(0, answer)
+def _wait_all(ready: FastDeploySignal, value: int, limit: float, what: str) -> None:
+    for rank in range(ready.length):
+        ready.wait_for(rank, value, limit, what=f"rank {rank} {what}")
+
+
+def _must_let_go(status: int, fresh: bool) -> bool:
+    """Whether a manager holding caches must clear them. Where each rank has its own manager, rank 0's
+    may have answered before this one looked, so CLEARED, and UPDATING on caches made before this
+    update, mean "let go" as CLEARING does."""
+    if status in (KVCacheStatus.CLEARING, KVCacheStatus.CLEARED):
+        return True
+    return status == KVCacheStatus.UPDATING and not fresh
 
 
 def _check_pids(pids: Mapping[int, int] | None) -> dict[int, int]:
