@@ -38,7 +38,8 @@ def fake_paddle(facts: type[DeviceFacts], **calls: Any) -> SimpleNamespace:
     """A ``paddle`` stand-in (of the device's own build) with exactly ``facts.paddle_calls`` and
     ``facts.device_build_calls`` (``device__cuda__device_count=...``)."""
     named = {name.replace("___", "._").replace("__", "."): value for name, value in calls.items()}
-    assert set(named) == {*facts.paddle_calls, *facts.device_build_calls}, "the fake must hold exactly the declared calls"
+    declared = {*facts.paddle_calls, *facts.device_build_calls}
+    assert declared <= set(named) <= declared | set(facts.optional_build_calls), "the fake holds the declared calls"
     root = SimpleNamespace()
     for dotted, value in named.items():
         node = root
@@ -69,18 +70,29 @@ class FakeIpc:
     """Paddle's device IPC as the CUDA/XPU builds offer it, over one dict of 'device allocations'.
 
     ``zeros`` allocates; a DenseTensor's ``_share_<kind>`` gives the metadata tuple Paddle gives
-    (handle bytes, offset, size, dtype index, dims, lod, device); ``_new_shared_<kind>`` opens it
-    onto the same allocation, as another process would. ``current`` tracks CUDA's current device.
+    (handle bytes, offset, size, dtype index, dims, lod, device) — with ``vmm`` (Paddle's VMM
+    allocator on) the 5 fields (blob, dtype index, dims, lod, device) where ``vmm_ipc``, else still
+    the legacy 7 — and, as Paddle does, labels it with the *current* device; ``_new_shared_<kind>``
+    opens it onto the same allocation, as another process would, recording the current device it
+    opened on. ``current`` is the current device, ``switches`` every switch.
     """
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, *, vmm: bool = False, vmm_ipc: bool = True) -> None:
         self.kind, self.allocations, self.current, self.switches = kind, {}, 0, []
+        self.vmm, self.vmm_ipc, self.opened_on, self.exported_on = vmm, vmm_ipc, [], []
 
     def dense(self, key: bytes | None) -> SimpleNamespace:
         dense = SimpleNamespace(key=key)
         dense._share_data_with = lambda other: setattr(dense, "key", other.key)
-        setattr(dense, f"_share_{self.kind}", lambda: (dense.key, 0, len(self.allocations[dense.key]), 3,
-                                                       [len(self.allocations[dense.key])], [], self.current))
+
+        def share() -> tuple[Any, ...]:
+            self.exported_on.append(self.current)
+            size = len(self.allocations[dense.key])
+            if self.vmm and self.vmm_ipc:
+                return (dense.key, 3, [size], [], self.current)
+            return (dense.key, 0, size, 3, [size], [], self.current)
+
+        setattr(dense, f"_share_{self.kind}", share)
         return dense
 
     def tensor(self, key: bytes | None, dtype: str = "uint8") -> SimpleNamespace:
@@ -94,7 +106,11 @@ class FakeIpc:
         return self.tensor(key)
 
     def new_shared(self, metadata: tuple[Any, ...]) -> SimpleNamespace:
+        self.opened_on.append(self.current)
         return self.dense(metadata[0])
+
+    def get_flags(self, names: list[str]) -> dict[str, Any]:
+        return {name: self.vmm for name in names}
 
     def set_current(self, device: int) -> None:
         self.switches.append(device)
@@ -121,11 +137,15 @@ def cuda_paddle(
         base__core__DenseTensor___new_shared_cuda=ipc.new_shared,
         base__core__get_cuda_current_device_id=lambda: ipc.current,
         base__core__set_cuda_current_device_id=ipc.set_current,
+        get_flags=ipc.get_flags,
     )
 
 
-def xpu_paddle(compiled: bool = True, count: int = 8, ipc: FakeIpc | None = None) -> SimpleNamespace:
+def xpu_paddle(
+    compiled: bool = True, count: int = 8, ipc: FakeIpc | None = None, can_switch: bool = True
+) -> SimpleNamespace:
     ipc = ipc or FakeIpc("xpu")
+    switch = {"base__core__set_xpu_current_device_id": ipc.set_current} if can_switch else {}
     return fake_paddle(
         fd_platforms_xpu.XpuFacts,
         is_compiled_with_xpu=lambda: compiled,
@@ -139,6 +159,8 @@ def xpu_paddle(compiled: bool = True, count: int = 8, ipc: FakeIpc | None = None
         base__core__eager__Tensor=lambda: ipc.tensor(None),
         base__core__DenseTensor___share_xpu=lambda dense: dense._share_xpu(),
         base__core__DenseTensor___new_shared_xpu=ipc.new_shared,
+        base__core__get_xpu_current_device_id=lambda: ipc.current,
+        **switch,
     )
 
 
@@ -445,10 +467,44 @@ def test_ipc_export_and_open_map_the_same_device_memory(name: str, make: Callabl
     assert shared.tensor is None and opened.closed
 
 
-def test_cuda_exports_with_the_tensors_device_current_and_restores_it() -> None:
-    ipc = FakeIpc("cuda")
-    facts_of("cuda", cuda_paddle(ipc=ipc)).export("fd_kv.x.t", (8,), "uint8", "gpu:5")
-    assert ipc.switches == [5, 0] and ipc.current == 0
+@pytest.mark.parametrize(("name", "make"), [("cuda", cuda_paddle), ("xpu", xpu_paddle)])
+def test_export_and_open_run_on_the_tensors_device_and_restore_the_current_one(name: str, make) -> None:
+    """Paddle labels an export with the *current* device and CUDA opens a handle on the current device:
+    both must be the tensor's (XPU's export never switched; no open switched before)."""
+    ipc = FakeIpc(name)
+    facts = facts_of(name, make(ipc=ipc))
+    shared = facts.export("fd_kv.x.t", (8,), "uint8", f"{facts.device_type}:5")
+    assert ipc.exported_on == [5] and json.loads(shared.handle)[6] == 5, "the handle names the tensor's device"
+    facts.open("fd_kv.x.t", shared.handle, (8,), "uint8", f"{facts.device_type}:2")
+    assert ipc.opened_on == [2], "opened with the attacher's device current"
+    assert ipc.switches == [5, 0, 2, 0] and ipc.current == 0, "the previous device is current again"
+
+
+def test_an_xpu_build_that_cannot_switch_devices_refuses_a_tensor_off_the_current_one() -> None:
+    ipc = FakeIpc("xpu")
+    facts = facts_of("xpu", xpu_paddle(ipc=ipc, can_switch=False))
+    assert facts.export("fd_kv.x.t", (8,), "uint8", "xpu:0").exported, "the current device needs no switch"
+    with pytest.raises(CacheSharingError) as caught:
+        facts.export("fd_kv.x.t", (8,), "uint8", "xpu:3")
+    message = str(caught.value)
+    assert "xpu:3 is not this process's current xpu device (0 is)" in message
+    assert "no paddle.base.core.set_xpu_current_device_id" in message and "XPU_VISIBLE_DEVICES" in message
+    assert ipc.exported_on == [0], "nothing exported under the wrong device"
+
+
+def test_vmm_memory_is_shared_through_paddles_vmm_handles_or_refused_naming_the_flag() -> None:
+    flag = "FLAGS_use_virtual_memory_auto_growth"
+    vmm = FakeIpc("cuda", vmm=True)
+    facts = facts_of("cuda", cuda_paddle(ipc=vmm))
+    shared = facts.export("fd_kv.x.t", (8,), "uint8", "gpu:0")
+    assert len(json.loads(shared.handle)) == 5, "the build's VMM handle"
+    assert facts.open("fd_kv.x.t", shared.handle, (8,), "uint8", "gpu:0").exported is False
+    plain = facts_of("cuda", cuda_paddle(ipc=FakeIpc("cuda")))
+    with pytest.raises(CacheSharingError, match=f"{flag} on in its creator.*set the same {flag}"):
+        plain.open("fd_kv.x.t", shared.handle, (8,), "uint8", "gpu:0")
+    legacy = FakeIpc("cuda", vmm=True, vmm_ipc=False)
+    with pytest.raises(CacheSharingError, match=f"{flag} is on.*legacy IPC handle.*set {flag}=0"):
+        facts_of("cuda", cuda_paddle(ipc=legacy)).export("fd_kv.x.t", (8,), "uint8", "gpu:0")
 
 
 def test_a_stale_or_foreign_ipc_handle_is_a_sharing_error() -> None:

@@ -45,6 +45,16 @@ class DeviceFacts(ABC):
     #: (``("_share_cuda", "_new_shared_cuda")``); with them :meth:`export` and :meth:`open` share through
     #: Paddle's own IPC. None: the device's tensors cannot be shared this way.
     ipc_methods: ClassVar[tuple[str, str] | None] = None
+    #: Paddle's get and set of the device's *current* id, dotted under ``paddle``, where its IPC works on
+    #: the current device (CUDA's and XPU's export label the handle with it; CUDA's open maps onto it):
+    #: export and open then run with the tensor's device current, and restore the previous one.
+    current_device_calls: ClassVar[tuple[str, str] | None] = None
+    #: Calls of the device's build used where they exist (a setter newer than some builds).
+    optional_build_calls: ClassVar[tuple[str, ...]] = ()
+    #: The flag that turns on Paddle's virtual-memory (VMM) allocator, whose IPC handles are another
+    #: kind (5 fields, not 7): an export is refused where the build's handle does not cover VMM memory,
+    #: an open where this process cannot open the exporter's kind.
+    vmm_flag: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -88,18 +98,65 @@ class DeviceFacts(ABC):
         if self.ipc_methods is None:
             raise self._unshareable(name)
         share = self.ipc_methods[0]
-        return share_ipc_tensor(self.paddle, name, shape, dtype, device, share, on_device=self.on_device(device))
+        shared = share_ipc_tensor(self.paddle, name, shape, dtype, device, share, on_device=self.on_device(device))
+        if self._vmm_on() and len(decode_handle(shared.handle)) != VMM_FIELDS:
+            shared.close()
+            raise CacheSharingError(
+                f"KV cache tensor {name} lives in Paddle's virtual-memory allocator ({self.vmm_flag} is on), but this "
+                f"Paddle build's {share} gave a legacy IPC handle, which does not cover such memory. Fix: set "
+                f"{self.vmm_flag}=0 in every process of the engine, or use a Paddle build whose IPC shares VMM memory"
+            )
+        return shared
 
     def open(self, name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
-        """Open a tensor another process exported (where :attr:`sharing` is set)."""
+        """Open a tensor another process exported (where :attr:`sharing` is set), with ``device`` current."""
         if self.ipc_methods is None:
             raise self._unshareable(name)
-        return open_ipc_tensor(self.paddle, name, handle, shape, dtype, self.ipc_methods[1])
+        if self.vmm_flag is not None and len(decode_handle(handle)) == VMM_FIELDS and not self._vmm_on():
+            raise CacheSharingError(
+                f"KV cache tensor {name} was exported from Paddle's virtual-memory allocator ({self.vmm_flag} on in "
+                f"its creator), but it is off here, and Paddle opens such handles only with it on. Fix: set the same "
+                f"{self.vmm_flag} in every process of the engine"
+            )
+        opener = self.on_device(device) or (lambda call: call())
+        return opener(lambda: open_ipc_tensor(self.paddle, name, handle, shape, dtype, self.ipc_methods[1]))  # type: ignore[index]
 
     def on_device(self, device: str) -> OnDevice | None:
-        """How to run a Paddle call with ``device`` current, where this device's IPC export needs it
-        (CUDA's does); None where it does not."""
-        return None
+        """How to run a Paddle call with ``device`` current (through :attr:`current_device_calls`),
+        restoring the previous device after; None where this device's IPC does not depend on it."""
+        if self.current_device_calls is None:
+            return None
+        getter = _resolve(self.paddle, self.current_device_calls[0])
+        setter = _resolve(self.paddle, self.current_device_calls[1])
+        wanted = int(device.rpartition(":")[2] or 0)
+
+        def run(call: Callable[[], Any]) -> Any:
+            previous = int(getter())
+            if previous == wanted:
+                return call()
+            if setter is None:
+                raise CacheSharingError(
+                    f"{device} is not this process's current {self.device_type} device ({previous} is), and this "
+                    f"Paddle build has no paddle.{self.current_device_calls[1]} to switch (its IPC would label the "
+                    f"tensor with device {previous}). Fix: start each rank in its own process with "
+                    f"{self.visible_devices_env} naming its device, so it is device 0, or use a newer Paddle build"
+                )  # type: ignore[index]
+            setter(wanted)
+            try:
+                return call()
+            finally:
+                setter(previous)
+
+        return run
+
+    def _vmm_on(self) -> bool:
+        """Whether this process runs Paddle's VMM allocator (a flag the build lacks counts as off)."""
+        if self.vmm_flag is None:
+            return False
+        try:
+            return bool(self.paddle.get_flags([self.vmm_flag])[self.vmm_flag])
+        except (ValueError, KeyError):
+            return False
 
     def _unshareable(self, name: str) -> CacheSharingError:
         return CacheSharingError(
@@ -110,6 +167,15 @@ class DeviceFacts(ABC):
 
 #: Runs a Paddle call with the tensor's device current (CUDA's IPC export needs it).
 OnDevice = Callable[[Callable[[], Any]], Any]
+VMM_FIELDS = 5  # Paddle's IPC metadata of VMM memory: (blob, dtype, dims, lod, device); legacy has 7
+
+
+def _resolve(paddle: Any, dotted: str) -> Any:
+    """``paddle.<dotted>``, or None where this build lacks it."""
+    node = paddle
+    for part in dotted.split("."):
+        node = getattr(node, part, None)
+    return node
 
 
 def share_ipc_tensor(

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 from fd_platforms.contract.types import Detection, DeviceMemory, HostBuffer
-from fd_platforms.kit.device_facts import DeviceFacts, OnDevice, pinned_tensor_buffer
+from fd_platforms.kit.device_facts import DeviceFacts, pinned_tensor_buffer
 from fd_platforms.kit.host_memory import PinningUnavailable
 from fd_platforms.kit.paddle_platform import PaddlePlatform
 
@@ -27,9 +26,12 @@ class CudaFacts(DeviceFacts):
         "empty",
         "zeros",
         "base.core.eager.Tensor",
+        "get_flags",
     )
     sharing = "CUDA IPC handles through Paddle's DenseTensor._share_cuda and _new_shared_cuda (cudaIpcGetMemHandle)"
     ipc_methods = ("_share_cuda", "_new_shared_cuda")
+    current_device_calls = ("base.core.get_cuda_current_device_id", "base.core.set_cuda_current_device_id")
+    vmm_flag = "FLAGS_use_virtual_memory_auto_growth"
     device_build_calls = (
         "base.core.DenseTensor._share_cuda",
         "base.core.DenseTensor._new_shared_cuda",
@@ -74,22 +76,6 @@ class CudaFacts(DeviceFacts):
         if not self.paddle.is_compiled_with_cuda():
             raise PinningUnavailable("this paddle build has no CUDA")
         return pinned_tensor_buffer(self.paddle, nbytes, "CUDAPinnedPlace", "cuda_pinned")
-
-    def on_device(self, device: str) -> OnDevice:
-        """Run a call with ``device`` (``gpu:N``) as CUDA's current device, as an IPC export needs."""
-        core, wanted = self.paddle.base.core, int(device.rpartition(":")[2] or 0)
-
-        def run(call: Callable[[], Any]) -> Any:
-            previous = core.get_cuda_current_device_id()
-            if previous != wanted:
-                core.set_cuda_current_device_id(wanted)
-            try:
-                return call()
-            finally:
-                if previous != wanted:
-                    core.set_cuda_current_device_id(previous)
-
-        return run
 
 
 PLATFORM = PaddlePlatform(

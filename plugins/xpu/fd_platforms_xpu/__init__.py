@@ -29,8 +29,14 @@ class XpuFacts(DeviceFacts):
         "base.core.eager.Tensor",
     )
     sharing = "XPU IPC handles through Paddle's DenseTensor._share_xpu and _new_shared_xpu"
-    device_build_calls = ("base.core.DenseTensor._share_xpu", "base.core.DenseTensor._new_shared_xpu")
+    device_build_calls = (
+        "base.core.DenseTensor._share_xpu",
+        "base.core.DenseTensor._new_shared_xpu",
+        "base.core.get_xpu_current_device_id",
+    )
     ipc_methods = ("_share_xpu", "_new_shared_xpu")
+    current_device_calls = ("base.core.get_xpu_current_device_id", "base.core.set_xpu_current_device_id")
+    optional_build_calls = ("base.core.set_xpu_current_device_id",)  # Paddle 3.3.2 and newer (PR 77568)
 
     @classmethod
     def simulated_paddle(cls, device_type: str, devices: int, total_bytes: int) -> Any:
