@@ -112,6 +112,9 @@ class FakeIpc:
     def get_flags(self, names: list[str]) -> dict[str, Any]:
         return {name: self.vmm for name in names}
 
+    def empty_cache(self) -> None:
+        self.emptied = getattr(self, "emptied", 0) + 1
+
     def set_current(self, device: int) -> None:
         self.switches.append(device)
         self.current = device
@@ -138,6 +141,7 @@ def cuda_paddle(
         base__core__get_cuda_current_device_id=lambda: ipc.current,
         base__core__set_cuda_current_device_id=ipc.set_current,
         get_flags=ipc.get_flags,
+        device__cuda__empty_cache=ipc.empty_cache,
     )
 
 
@@ -160,6 +164,7 @@ def xpu_paddle(
         base__core__DenseTensor___share_xpu=lambda dense: dense._share_xpu(),
         base__core__DenseTensor___new_shared_xpu=ipc.new_shared,
         base__core__get_xpu_current_device_id=lambda: ipc.current,
+        device__xpu__empty_cache=ipc.empty_cache,
         **switch,
     )
 
@@ -478,6 +483,16 @@ def test_export_and_open_run_on_the_tensors_device_and_restore_the_current_one(n
     facts.open("fd_kv.x.t", shared.handle, (8,), "uint8", f"{facts.device_type}:2")
     assert ipc.opened_on == [2], "opened with the attacher's device current"
     assert ipc.switches == [5, 0, 2, 0] and ipc.current == 0, "the previous device is current again"
+
+
+@pytest.mark.parametrize(("name", "make"), [("cuda", cuda_paddle), ("xpu", xpu_paddle)])
+def test_releasing_device_memory_calls_paddles_empty_cache(name: str, make) -> None:
+    ipc = FakeIpc(name)
+    platform = with_paddle(name, make(ipc=ipc))
+    assert platform.release_device_memory(f"{platform.device_type}:0") == f"paddle.device.{name}.empty_cache()"
+    assert ipc.emptied == 1
+    custom = with_paddle("iluvatar", custom_paddle(["iluvatar_gpu"]))
+    assert custom.release_device_memory("iluvatar_gpu:0") is None, "no call declared: nothing to release"
 
 
 def test_an_xpu_build_that_cannot_switch_devices_refuses_a_tensor_off_the_current_one() -> None:

@@ -155,6 +155,28 @@ def test_a_platform_that_cannot_share_is_refused_when_it_decides(make_plugin, si
     created.clear()
 
 
+def test_a_creators_clear_returns_the_cached_memory_to_the_device(make_plugin, signal_owner, tmp_path) -> None:
+    """Paddle's allocator keeps freed blocks; FastDeploy's clear calls empty_cache, and so must ours."""
+    calls = tmp_path / "released"
+    source = (
+        "from fd_platforms import hookimpl\nfrom fd_platforms.contract.types import Detection, PlatformIdentity\n"
+        "@hookimpl\ndef platform_identity():\n    return PlatformIdentity('keeper', 'cpu', None)\n"
+        "@hookimpl\ndef detect_platform():\n    return Detection(True, 'here', 1)\n"
+        "@hookimpl\ndef supported_api_versions():\n    return '>=1.3,<2'\n"
+        "@hookimpl\ndef release_device_memory(device):\n"
+        f"    open({str(calls)!r}, 'a').write(device + '\\n')\n    return 'allocator.empty_cache()'\n"
+    )
+    make_plugin("keeper", source=source)
+    platform = select_platform({"FD_PLATFORM": "keeper"}).platform
+    created = initialize_kv_cache(platform, qwen_layout(), BLOCKS, signal_name=signal_owner.name, **MIXED)
+    assert not calls.exists(), "nothing released while the cache lives"
+    created.clear()
+    assert calls.read_text() == "cpu\n", "released once, after the clear"
+    created.clear()
+    assert calls.read_text() == "cpu\n", "a second clear releases nothing more"
+    assert platform.release_device_memory("cpu") == "allocator.empty_cache()"
+
+
 @pytest.mark.slow
 def test_a_profiling_run_makes_its_own_cache_beside_a_published_one(cpu, signal_owner) -> None:
     """FastDeploy's profile run creates a temporary cache: never published, the slot untouched."""

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from .errors import PluginContractError, PluginVersionError
 
-API_VERSION = "1.2"
+API_VERSION = "1.3"
 PLUGIN_API_MODULES = (
     "fd_platforms",  # hookimpl, API_VERSION
     "fd_platforms.contract.types",  # the records hooks return

@@ -421,3 +421,30 @@ def open_cache_tensor(name: str, handle: str, shape: tuple[int, ...], dtype: str
 
         shared = platform.open_cache_tensor(name, handle, (1024, 4, 64, 128), "bfloat16", "gpu:0")
     """
+
+
+@hookspec(firstresult=True)
+def release_device_memory(device: str) -> str | None:
+    """Return to the device the memory Paddle's allocator keeps cached after a KV cache was freed. (API 1.3)
+
+    Paddle's allocators keep freed blocks for reuse, so a cleared cache stays reserved on the
+    device and creating it again (sleep mode, RL weight updates) can fail where FastDeploy's
+    runners, which call ``paddle.device.cuda.empty_cache()`` after clearing, succeed. The core
+    calls this after every creator's clear (a worker's own cache or a cache manager's), once per
+    cache, after its tensors are dropped.
+
+    :param device: Paddle's device string of the cleared cache (``gpu:0``).
+    :returns: what was called, in words (``"paddle.device.cuda.empty_cache()"``), or ``None`` where
+        the platform keeps no such cache (the default).
+
+    firstresult: yes. Optional. Errors: none expected; what it raises is blamed on the plugin by
+    name (the cache is already cleared then), and an answer that is neither text nor ``None`` is a
+    :class:`~fd_platforms.contract.errors.PluginContractError`.
+
+    Example::
+
+        @hookimpl
+        def release_device_memory(device):
+            paddle.device.cuda.empty_cache()
+            return "paddle.device.cuda.empty_cache()"
+    """

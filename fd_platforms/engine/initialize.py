@@ -82,6 +82,7 @@ def initialize_kv_cache(
             cache = allocate_kv_cache(
                 layout, num_blocks, platform.identity.device_string(layout.device_id), progress=progress
             )
+            cache._platform = platform  # its clear returns the memory to the device
         else:
             cache = export_kv_cache(platform, layout, num_blocks, signal_name, progress=progress, protocol=protocol)
         cache.create_seconds = time.monotonic() - started

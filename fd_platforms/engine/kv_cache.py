@@ -87,6 +87,10 @@ class KVCache:
           the rank otherwise, with nothing freed — then unpublishes it, clears its slot and frees it.
         - A plain cache drops its tensors, returning the memory to Paddle's allocator.
 
+        A creator's clear (either kind) then asks the platform to return the allocator's cached
+        memory to the device (``release_device_memory``, e.g. ``paddle.device.cuda.empty_cache()``),
+        so the cache can be created again where the device has no room to spare.
+
         ``tensors`` is emptied in place: drop your own references (and views) first. One still
         alive is a :class:`BufferInUseError` naming the tensor, raised before the slot or the
         publication changes for an attacher; call ``clear()`` again once it is gone. Idempotent.
@@ -107,6 +111,8 @@ class KVCache:
             self._publication.let_go()
             self._publication = None
         self.cleared = True
+        if self.created and self._platform is not None:  # Paddle's allocator keeps what was freed cached
+            self._platform.release_device_memory(self.device)
 
     def _close_shared(self) -> None:
         while self._shared:

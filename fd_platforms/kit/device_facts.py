@@ -55,6 +55,9 @@ class DeviceFacts(ABC):
     #: kind (5 fields, not 7): an export is refused where the build's handle does not cover VMM memory,
     #: an open where this process cannot open the exporter's kind.
     vmm_flag: ClassVar[str | None] = None
+    #: The call that returns the allocator's cached memory to the device, dotted under ``paddle``
+    #: (``"device.cuda.empty_cache"``); None where there is none to call.
+    empty_cache_call: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -148,6 +151,13 @@ class DeviceFacts(ABC):
                 setter(previous)
 
         return run
+
+    def release(self, device: str) -> str | None:
+        """Return the allocator's cached memory to the device (after a cache was freed); what was called."""
+        if self.empty_cache_call is None:
+            return None
+        _resolve(self.paddle, self.empty_cache_call)()  # Paddle's call covers every device this process selected
+        return f"paddle.{self.empty_cache_call}()"
 
     def _vmm_on(self) -> bool:
         """Whether this process runs Paddle's VMM allocator (a flag the build lacks counts as off)."""

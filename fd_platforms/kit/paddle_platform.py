@@ -89,6 +89,11 @@ class PaddlePlatform(RuntimeFacts):
         return self.device.export(name, shape, dtype, device)
 
     @hookimpl
+    def release_device_memory(self, device: str) -> str | None:
+        """The device's cached allocator memory returned, through the facts class's call."""
+        return self.device.release(device)
+
+    @hookimpl
     def open_cache_tensor(
         self, name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str
     ) -> SharedTensor:

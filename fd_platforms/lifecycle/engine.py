@@ -40,8 +40,8 @@ from ..rules.sizes import format_size
 from .children import Child, Children
 from .manager import manager_main
 from .progress import Progress
-from .signals import EngineSignals
 from .report import Allocation, CycleReport, NodesReport, RankReport, RunReport
+from .signals import EngineSignals
 from .spec import MARGIN_SECONDS, RunSpec
 from .worker import WorkerResult, worker_main
 

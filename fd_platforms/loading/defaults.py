@@ -126,3 +126,9 @@ def open_cache_tensor(name: str, handle: str, shape: tuple[int, ...], dtype: str
         f"this platform cannot open KV cache tensor {name} exported by another process (its plugin implements "
         "no open_cache_tensor hook). Fix: let the worker create its own cache, or add the hooks to the plugin"
     )
+
+
+@hookimpl(trylast=True)
+def release_device_memory(device: str) -> None:
+    """Nothing cached to release unless the platform says so."""
+    return None

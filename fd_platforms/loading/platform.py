@@ -259,6 +259,17 @@ class Platform:
         )
         return self._check_shared(shared, name, shape, dtype, exported=False)
 
+    def release_device_memory(self, device: str) -> str | None:
+        """Return the memory Paddle's allocator caches for ``device`` to the device (see the hook spec):
+        what was called, or None where nothing is cached."""
+        self._check_device(device)
+        answer = self._call("release_device_memory", object, device=device)
+        if answer is not None and (not isinstance(answer, str) or not answer.strip()):
+            raise PluginContractError(
+                self.name, self.distribution, f"hook release_device_memory returned {answer!r}; it must return text or None"
+            )
+        return answer
+
     def _check_device(self, device: str) -> None:
         """``device`` must be one of this platform's: ``cpu``, or ``<device_type>:<id>``."""
         kind, _, index = device.partition(":")
@@ -322,7 +333,7 @@ class Platform:
 def _bound(hook: str, kwargs: dict[str, Any]) -> tuple[float, str]:
     """How long a plugin's hook may run, and the environment variable that sets it: a wait its own
     timeout, an allocation as long as a worker waits for it, every other hook the detection bound."""
-    if hook not in ("wait_cache_ready", "host_alloc", "export_cache_tensor", "open_cache_tensor"):
+    if hook not in ("wait_cache_ready", "host_alloc", "export_cache_tensor", "open_cache_tensor", "release_device_memory"):
         return detect_timeout(), ENV_DETECT_TIMEOUT  # selection's hooks: cache_signal stays unimported
     from ..ipc.cache_signal import ENV_TIMEOUT, resolve_timeout
 

@@ -27,11 +27,13 @@ class CudaFacts(DeviceFacts):
         "zeros",
         "base.core.eager.Tensor",
         "get_flags",
+        "device.cuda.empty_cache",
     )
     sharing = "CUDA IPC handles through Paddle's DenseTensor._share_cuda and _new_shared_cuda (cudaIpcGetMemHandle)"
     ipc_methods = ("_share_cuda", "_new_shared_cuda")
     current_device_calls = ("base.core.get_cuda_current_device_id", "base.core.set_cuda_current_device_id")
     vmm_flag = "FLAGS_use_virtual_memory_auto_growth"
+    empty_cache_call = "device.cuda.empty_cache"
     device_build_calls = (
         "base.core.DenseTensor._share_cuda",
         "base.core.DenseTensor._new_shared_cuda",

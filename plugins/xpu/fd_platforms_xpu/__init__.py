@@ -27,6 +27,7 @@ class XpuFacts(DeviceFacts):
         "empty",
         "zeros",
         "base.core.eager.Tensor",
+        "device.xpu.empty_cache",
     )
     sharing = "XPU IPC handles through Paddle's DenseTensor._share_xpu and _new_shared_xpu"
     device_build_calls = (
@@ -37,6 +38,7 @@ class XpuFacts(DeviceFacts):
     ipc_methods = ("_share_xpu", "_new_shared_xpu")
     current_device_calls = ("base.core.get_xpu_current_device_id", "base.core.set_xpu_current_device_id")
     optional_build_calls = ("base.core.set_xpu_current_device_id",)  # Paddle 3.3.2 and newer (PR 77568)
+    empty_cache_call = "device.xpu.empty_cache"
 
     @classmethod
     def simulated_paddle(cls, device_type: str, devices: int, total_bytes: int) -> Any:
