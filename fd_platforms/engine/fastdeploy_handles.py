@@ -113,6 +113,13 @@ class FastDeployHandles:
         tensors = tuple(
             PublishedTensor(tensor.name, tensor.shape, tensor.dtype, read_handle(tensor.name)) for tensor in expected
         )
+        pids = sorted({pid for pid in (handle_pid(tensor.handle) for tensor in tensors) if pid is not None})
+        if len(pids) > 1:
+            raise CacheSharingError(
+                f"rank {rank}'s FastDeploy records name handles of {len(pids)} processes (pids "
+                f"{', '.join(map(str, pids))}), but one creator makes every tensor of a rank: some were written by "
+                "another process. Fix: find what else writes to /dev/shm under FastDeploy's names; restart the engine"
+            )
         return cls(suffix, rank, tensors, [], creator=False)
 
     def let_go(self) -> None:

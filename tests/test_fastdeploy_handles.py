@@ -1,0 +1,101 @@
+"""FastDeploy's per-tensor ``set_data_ipc`` records as our creator writes and our attacher reads them."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+
+import pytest
+
+from fd_platforms.contract.errors import CacheInUseError, CacheSharingError
+from fd_platforms.engine.fastdeploy_handles import RECORD, FastDeployHandles, read_handle
+from fd_platforms.engine.kv_cache import check_provenance
+from fd_platforms.engine.publication import PublishedTensor
+from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal
+
+
+@pytest.fixture
+def names() -> list[str]:
+    """Record names of this test alone (FastDeploy's names carry no instance; these carry a random rank)."""
+    rank = secrets.randbelow(10**6) + 1000
+    made = [f"key_caches_0_rank{rank}.device0", f"value_caches_0_rank{rank}.device0"]
+    yield made
+    for name in made:
+        if os.path.exists(f"/dev/shm/{name}"):
+            os.unlink(f"/dev/shm/{name}")
+
+
+def tensors(names: list[str], handle: str = "") -> list[PublishedTensor]:
+    return [PublishedTensor(name, (4, 8), "uint8", handle or f"memfd:{os.getpid()}:{index + 3}")
+            for index, name in enumerate(names)]  # fmt: skip
+
+
+def test_a_record_is_fastdeploys_struct_read_back_and_retracted_once_the_attacher_let_go(names: list[str]) -> None:
+    suffix = f"t{secrets.token_hex(4)}"
+    with FastDeploySignal.create(CACHE_READY, suffix, 1) as ready:
+        held = FastDeployHandles.create(suffix, 0, tensors(names), "cpu")
+        raw = open(f"/dev/shm/{names[0]}", "rb").read()
+        assert len(raw) == RECORD.size == 72 and RECORD.unpack(raw)[0] == 0, "size_t nprocesses 0, then 64 bytes"
+        assert read_handle(names[0]) == f"memfd:{os.getpid()}:3"
+        opened = FastDeployHandles.open(suffix, 0, tensors(names, handle="-"))
+        assert [tensor.handle for tensor in opened.tensors] == [f"memfd:{os.getpid()}:3", f"memfd:{os.getpid()}:4"]
+        check_provenance(opened, os.getpid())
+        ready.set(0, 1)  # attached
+        with pytest.raises(CacheInUseError, match="its slot in cache_ready_signal") as caught:
+            held.retract(0.2)
+        assert caught.value.ranks == (0,) and os.path.exists(f"/dev/shm/{names[0]}"), "nothing freed"
+        ready.set(0, 0)  # FastDeploy's let-go
+        held.retract(5)
+        assert not any(os.path.exists(f"/dev/shm/{name}") for name in names)
+
+
+def test_a_record_held_by_a_living_creator_is_refused_and_a_leftover_is_reused(names: list[str]) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys; from fd_platforms.engine.fastdeploy_handles import FastDeployHandles\n"
+         "from fd_platforms.engine.publication import PublishedTensor\n"
+         f"h = FastDeployHandles.create('9923', 0, [PublishedTensor({names[0]!r}, (4,), 'uint8', 'memfd:1:3')], 'cpu')\n"
+         "print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout.readline().strip() == "held"  # type: ignore[union-attr]
+    with pytest.raises(CacheSharingError, match="already published by a running process"):
+        FastDeployHandles.create("9923", 0, tensors(names[:1]), "cpu")
+    holder.kill()  # SIGKILL: its record stays, as FastDeploy's creators leave theirs
+    holder.wait()
+    assert os.path.exists(f"/dev/shm/{names[0]}")
+    held = FastDeployHandles.create("9923", 0, tensors(names[:1]), "cpu")
+    assert read_handle(names[0]) == f"memfd:{os.getpid()}:3", "rewritten in place, as set_data_ipc does"
+    assert held.creator
+
+
+def test_records_naming_several_processes_are_refused(names: list[str]) -> None:
+    for name, pid in zip(names, (os.getpid(), 1), strict=True):
+        with open(f"/dev/shm/{name}", "wb") as file:
+            file.write(RECORD.pack(0, f"memfd:{pid}:3".encode()))
+    with pytest.raises(CacheSharingError, match=r"name handles of 2 processes \(pids 1, "):
+        FastDeployHandles.open("9923", 0, tensors(names, handle="-"))
+
+
+def test_a_record_naming_another_process_than_the_setter_is_refused(names: list[str]) -> None:
+    for name in names:
+        with open(f"/dev/shm/{name}", "wb") as file:
+            file.write(RECORD.pack(0, b"memfd:1:3"))
+    opened = FastDeployHandles.open("9923", 0, tensors(names, handle="-"))
+    with pytest.raises(CacheSharingError, match="it was not published by that process"):
+        check_provenance(opened, os.getpid())
+
+
+@pytest.mark.parametrize(("content", "why"), [(b"\0" * 10, "holds 10 bytes"), (RECORD.pack(0, b"\x01\x02raw"), "not printable")])
+def test_a_short_or_raw_record_is_a_typed_error(names: list[str], content: bytes, why: str) -> None:
+    with open(f"/dev/shm/{names[0]}", "wb") as file:
+        file.write(content)
+    with pytest.raises(CacheSharingError, match=why):
+        read_handle(names[0])
+
+
+def test_a_missing_record_names_the_tensor(names: list[str]) -> None:
+    with pytest.raises(CacheSharingError, match=f"KV cache tensor {names[0]} is not published"):
+        read_handle(names[0])
