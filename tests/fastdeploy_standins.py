@@ -130,16 +130,15 @@ def creator(suffix: str, rank: int, tp: int, specs: list[list]) -> None:
     ready[rank] = 1
     inited[rank] = 1
     print("created", flush=True)
-    touched_once = fresh = False  # fresh: made again in this update (an UPDATING still there is no new clear)
+    touched_once = False
     while not stdin_closed(POLL):
         if tensors is not None and not touched_once and tensors.touched():
             touched_once = True
             print("touched", flush=True)
         now = int(status[0])
-        if now in (NORMAL, CLEARING):
-            fresh = False
-        # Rank 0 may have answered already (CLEARED, even UPDATING) before this rank looked.
-        if tensors is not None and (now in (CLEARING, CLEARED) or (now == UPDATING and not fresh)):
+        # Looks 0.1 s apart can miss a whole phase (CLEARING, CLEARED, even the last NORMAL), so the
+        # cue to let go is this rank's own word: only its attacher resets it, when it lets go.
+        if tensors is not None and now != NORMAL and ready[rank] == 0:
             wait_until(lambda: ready[rank] == 0, f"rank {rank}'s attacher to let go")
             tensors.free()
             tensors = None
@@ -147,7 +146,7 @@ def creator(suffix: str, rank: int, tp: int, specs: list[list]) -> None:
                 wait_until(lambda: int(ready.sum()) == 0, "every rank to let go")
                 status[0] = CLEARED
         elif now in (UPDATING, NORMAL) and tensors is None:
-            tensors, fresh = Tensors(specs, rank), True
+            tensors = Tensors(specs, rank)
             ready[rank] = 1
             if rank == 0:  # (another rank waiting for every slot could miss a moment that passed)
                 wait_until(lambda: int(ready.sum()) == tp, "every rank to be created")

@@ -96,10 +96,10 @@ def serve_kv_cache_status(
     """The creator's side: follow ``kv_cache_status`` until ``until()`` is true; the caches then held.
 
     ``managed`` are this process's caches (from :func:`~fd_platforms.engine.manage_kv_cache` with
-    ``protocol="fastdeploy"``); ``recreate(rank)`` makes one again. On ``CLEARING`` each is cleared
-    (its ``clear`` waits for the rank's attacher to let go), then every slot must be 0 before
-    ``CLEARED`` is written; on ``UPDATING`` each is made again and every slot must be 1 before
-    ``NORMAL`` is written. Waits are bounded by ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``).
+    ``protocol="fastdeploy"``); ``recreate(rank)`` makes one again. Once the status is not NORMAL
+    and a held rank's slot was reset (its attacher let go), each is cleared (its ``clear`` waits for
+    the rank's attacher), then every slot must be 0 before ``CLEARED`` is written; on ``UPDATING``
+    each is made again and every slot must be 1 before ``NORMAL`` is written. Waits are bounded by ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``).
 
     Only the manager that holds local rank 0 waits for every slot and writes the answers: the word
     has no compare-and-swap, so a second writer's late CLEARED could overwrite the driver's UPDATING,
@@ -111,13 +111,12 @@ def serve_kv_cache_status(
     held = list(managed)
     ranks = [cache.rank for cache in held]
     answers = 0 in ranks
-    fresh = False  # made again in this update, so an UPDATING still on the word is not a new clear
     with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status, FastDeploySignal.attach(CACHE_READY, suffix) as ready:
         while not until():
             current = status.get(0)
-            if current in (KVCacheStatus.NORMAL, KVCacheStatus.CLEARING):
-                fresh = False
-            if held and _must_let_go(current, fresh):
+            # A look can miss a whole phase where another rank's manager answers, so the cue to let go
+            # is a held rank's own word: only its attacher resets it, when it lets go.
+            if held and current != KVCacheStatus.NORMAL and any(ready.get(cache.rank) == 0 for cache in held):
                 for cache in held:
                     cache.clear(limit)
                 held = []
@@ -125,7 +124,7 @@ def serve_kv_cache_status(
                     _wait_all(ready, 0, limit, "letting go of its KV cache")
                     status.set(0, KVCacheStatus.CLEARED)
             elif current in (KVCacheStatus.UPDATING, KVCacheStatus.NORMAL) and not held and ranks:
-                held, fresh = [recreate(rank) for rank in ranks], True
+                held = [recreate(rank) for rank in ranks]
                 if answers:
                     _wait_all(ready, 1, limit, "having its KV cache created")
                     status.set(0, KVCacheStatus.NORMAL)
@@ -137,15 +136,6 @@ def serve_kv_cache_status(
 def _wait_all(ready: FastDeploySignal, value: int, limit: float, what: str) -> None:
     for rank in range(ready.length):
         ready.wait_for(rank, value, limit, what=f"rank {rank} {what}")
-
-
-def _must_let_go(status: int, fresh: bool) -> bool:
-    """Whether a manager holding caches must clear them. Where each rank has its own manager, rank 0's
-    may have answered before this one looked, so CLEARED, and UPDATING on caches made before this
-    update, mean "let go" as CLEARING does."""
-    if status in (KVCacheStatus.CLEARING, KVCacheStatus.CLEARED):
-        return True
-    return status == KVCacheStatus.UPDATING and not fresh
 
 
 def _check_pids(pids: Mapping[int, int] | None) -> dict[int, int]:
