@@ -288,3 +288,18 @@ def test_a_deploy_files_protocol_is_checked_by_name(tmp_path: Path) -> None:
     done = subprocess.run([SCRIPT, "plan", "--config", str(config)], capture_output=True, text=True, env=clean_env())
     assert done.returncode == 2
     assert "scheduler.protocol='grpc' is not valid; allowed: one of fd-platforms, fastdeploy" in done.stderr
+
+
+def test_the_status_calls_check_their_arguments_before_touching_a_signal() -> None:
+    with pytest.raises(ConfigError) as caught:
+        drive_kv_cache_update("9923", update="reload", timeout=1)
+    assert caught.value.field == "update"
+    with pytest.raises(ConfigError, match="creator_pid"):
+        drive_kv_cache_update("9923", creator_pid=-1, timeout=1)
+    with pytest.raises(ConfigError, match="attacher_pids"):
+        drive_kv_cache_update("9923", attacher_pids={0: "x"}, timeout=1)
+    with pytest.raises(ConfigError) as caught:
+        serve_kv_cache_status(["cache"], lambda rank: None, suffix="9923", until=lambda: True)
+    assert caught.value.field == "managed" and "manage_kv_cache" in str(caught.value)
+    with pytest.raises(ConfigError, match="until"):
+        serve_kv_cache_status([], lambda rank: None, suffix="9923", until=True)

@@ -60,6 +60,10 @@ def drive_kv_cache_update(
     suffix = check_suffix(suffix)
     limit = resolve_timeout(timeout)
     pids = _check_pids(attacher_pids)
+    if update is not None:
+        _check_callable("update", update, "pass a function that loads the new weights, or None")
+    if creator_pid is not None and (isinstance(creator_pid, bool) or not isinstance(creator_pid, int) or creator_pid <= 0):
+        raise ConfigError("creator_pid", creator_pid, "a process id > 0, or None", "pass the cache manager's pid")
     with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status, FastDeploySignal.attach(CACHE_READY, suffix) as ready:
         current = status.get(0)
         if current != KVCacheStatus.NORMAL:
@@ -99,15 +103,23 @@ def serve_kv_cache_status(
     ``protocol="fastdeploy"``); ``recreate(rank)`` makes one again. Once the status is not NORMAL
     and a held rank's slot was reset (its attacher let go), each is cleared (its ``clear`` waits for
     the rank's attacher), then every slot must be 0 before ``CLEARED`` is written; on ``UPDATING``
-    each is made again and every slot must be 1 before ``NORMAL`` is written. Waits are bounded by ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``).
+    each is made again and every slot must be 1 before ``NORMAL`` is written. Waits are bounded by
+    ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``).
 
     Only the manager that holds local rank 0 waits for every slot and writes the answers: the word
     has no compare-and-swap, so a second writer's late CLEARED could overwrite the driver's UPDATING,
     and a manager waiting for every slot could miss a moment that already passed. Managers of other
-    ranks (one per rank, as FastDeploy runs its transfer managers) act on the status and write nothing.
+    ranks (one per rank, as FastDeploy runs its transfer managers) follow their ranks' words and
+    write nothing.
     """
     suffix = check_suffix(suffix)
     limit = resolve_timeout(timeout)
+    if isinstance(managed, (str, bytes)) or not isinstance(managed, Sequence) or not all(
+        isinstance(cache, ManagedCache) for cache in managed
+    ):
+        raise ConfigError("managed", managed, "a list of ManagedCache", "pass what manage_kv_cache returned per rank")
+    _check_callable("recreate", recreate, "pass a function of the rank that calls manage_kv_cache again")
+    _check_callable("until", until, "pass a function that says when to stop (e.g. threading.Event().is_set)")
     held = list(managed)
     ranks = [cache.rank for cache in held]
     answers = 0 in ranks
@@ -136,6 +148,11 @@ def serve_kv_cache_status(
 def _wait_all(ready: FastDeploySignal, value: int, limit: float, what: str) -> None:
     for rank in range(ready.length):
         ready.wait_for(rank, value, limit, what=f"rank {rank} {what}")
+
+
+def _check_callable(field_name: str, value: object, fix: str) -> None:
+    if not callable(value):
+        raise ConfigError(field_name, value, "a callable", fix)
 
 
 def _check_pids(pids: Mapping[int, int] | None) -> dict[int, int]:
