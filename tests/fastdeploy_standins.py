@@ -4,7 +4,9 @@ Run as a script (``python tests/fastdeploy_standins.py ROLE ...``); it imports n
 fd-platforms (it says so on exit), so what meets our processes is FastDeploy's format alone:
 
 - ``engine SUFFIX TP``: creates FastDeploy's signals as its engine does (``IPCSignal`` arrays named
-  ``<name>.<suffix>``, int32, zeroed), prints ``ready``, waits for its stdin to close, removes them.
+  ``<name>.<suffix>``, int32, zeroed), prints ``ready``; prints ``profile_block_num N`` when a count is
+  handed over, ``cache_transfer_inited TP`` / ``swap_space_ready TP`` once every rank's word is set
+  (what FastDeploy's engine waits for before its cache service starts); at stdin's end removes them.
 - ``creator SUFFIX RANK TP TENSORS``: the cache transfer manager of one rank. Creates each tensor of
   ``TENSORS`` (a JSON list of ``[name, nbytes]``) in a sealed memfd, writes its handle in
   ``set_data_ipc``'s record (``size_t`` 0 + 64 handle bytes) under the tensor's name, fills byte 0
@@ -81,11 +83,17 @@ def engine(suffix: str, tp: int) -> None:
         made.append(block)
     print("ready", flush=True)
     profile = np.ndarray((1,), dtype=np.int32, buffer=made[-1].buf)
+    swap, inited = (np.ndarray((tp,), dtype=np.int32, buffer=made[index].buf) for index in (1, 2))
+    said = set()
     while not stdin_closed(0.01):
         if profile[0]:
             print(f"profile_block_num {int(profile[0])}", flush=True)
             profile[0] = 0
-    del profile
+        for name, words in (("cache_transfer_inited", inited), ("swap_space_ready", swap)):
+            if name not in said and int(words.sum()) == tp:  # what PrefixCacheManager waits for
+                said.add(name)
+                print(f"{name} {tp}", flush=True)
+    del profile, swap, inited
     for block in made:
         block.close()
         block.unlink()

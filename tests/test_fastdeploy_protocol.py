@@ -77,21 +77,21 @@ def shm_names(suffix: str) -> set[str]:
 
 
 @contextmanager
-def fastdeploy_engine(tp: int) -> Iterator[str]:
+def fastdeploy_engine(tp: int) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """A stand-in FastDeploy engine's signals under a fresh suffix; afterwards nothing of the test is left."""
     suffix = f"t{secrets.token_hex(4)}"
     before = shm_names(suffix)
     engine = standin("engine", suffix, tp)
     expect(engine, "ready")
     try:
-        yield suffix
+        yield suffix, engine
     finally:
         finish(engine)
         assert shm_names(suffix) - before == set()
 
 
 def test_a_standin_cache_manager_wakes_our_runner_which_attaches_by_fastdeploys_names(cpu) -> None:
-    with fastdeploy_engine(2) as suffix, ExitStack() as stack:
+    with fastdeploy_engine(2) as (suffix, _), ExitStack() as stack:
         runner_layouts = [qwen_layout(rank, 2) for rank in range(2)]
         creators = [standin("creator", suffix, rank, 2, tensor_specs(cpu, rank, 2)) for rank in range(2)]
         for creator in creators:
@@ -117,8 +117,8 @@ def test_a_standin_cache_manager_wakes_our_runner_which_attaches_by_fastdeploys_
             finish(creator)
 
 
-def test_our_cache_manager_wakes_a_standin_worker(cpu) -> None:
-    with fastdeploy_engine(2) as suffix:
+def test_our_cache_manager_wakes_a_standin_worker_and_tells_the_engine_it_is_up(cpu) -> None:
+    with fastdeploy_engine(2) as (suffix, engine):
         attachers = [standin("attacher", suffix, rank, 2, tensor_specs(cpu, rank, 2), 0, 0) for rank in range(2)]
         managed = [
             manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, signal_name=suffix, protocol="fastdeploy")
@@ -132,15 +132,19 @@ def test_our_cache_manager_wakes_a_standin_worker(cpu) -> None:
             names = cache.device.names
             record = RECORD.unpack(Path(f"/dev/shm/{names[0]}").read_bytes())
             assert record[0] == 0 and record[1].rstrip(b"\0").decode().startswith(f"memfd:{os.getpid()}:")
+        said = {engine.stdout.readline().strip() for _ in range(2)}  # type: ignore[union-attr]
+        assert said == {"cache_transfer_inited 2", "swap_space_ready 2"}, "what FastDeploy's engine waits for"
         for attacher in attachers:
             finish(attacher)  # lets go: resets its slot
         for cache in managed:
             cache.clear(10)
+        with FastDeploySignal.attach("swap_space_ready_signal", suffix) as swap:
+            assert swap.values() == (0, 0), "the swap space freed, as FastDeploy's transfer manager says"
 
 
 def test_a_clear_update_driven_from_our_side_completes_20_times(cpu) -> None:
     spawn = multiprocessing.get_context("spawn")
-    with fastdeploy_engine(4) as suffix, ExitStack() as stack:
+    with fastdeploy_engine(4) as (suffix, _), ExitStack() as stack:
         creators = [standin("creator", suffix, rank, 4, tensor_specs(cpu, rank, 4)) for rank in range(4)]
         for creator in creators:
             stack.callback(creator.kill)
@@ -171,7 +175,7 @@ def test_a_clear_update_driven_from_our_side_completes_20_times(cpu) -> None:
 
 
 def test_a_clear_update_driven_from_the_standins_side_completes_20_times(cpu) -> None:
-    with fastdeploy_engine(4) as suffix:
+    with fastdeploy_engine(4) as (suffix, _):
         def create(rank: int):
             return manage_kv_cache(cpu, qwen_layout(rank, 4), BLOCKS, num_cpu_blocks=4, signal_name=suffix,
                                    protocol="fastdeploy")  # fmt: skip
@@ -207,7 +211,7 @@ def test_a_clear_update_driven_from_the_standins_side_completes_20_times(cpu) ->
 
 
 def test_a_rank_that_never_lets_go_is_named(cpu) -> None:
-    with fastdeploy_engine(2) as suffix:
+    with fastdeploy_engine(2) as (suffix, _):
         managed = [
             manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, signal_name=suffix, protocol="fastdeploy")
             for rank in range(2)

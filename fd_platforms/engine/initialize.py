@@ -16,11 +16,12 @@ be initialized again (sleep mode and weight updates).
 
 from __future__ import annotations
 
+import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..contract.errors import CacheSharingError, ConfigError
+from ..contract.errors import CacheSharingError, ConfigError, FdPlatformsError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision
 from ..ipc.cache_signal import resolve_timeout
@@ -34,7 +35,7 @@ from .kv_cache import (
     check_cache_arguments,
     export_kv_cache,
 )
-from .protocol import OURS, check_protocol, set_ready, wait_ready
+from .protocol import OURS, check_protocol, manager_swap_freed, manager_up, set_ready, wait_ready
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..loading.platform import Platform
@@ -105,6 +106,8 @@ class ManagedCache:
     rank: int
     device: KVCache
     host: HostCache | None
+    _signal_name: str | None = field(default=None, repr=False)
+    _protocol: str = field(default=OURS, repr=False)
 
     def clear(self, timeout: float | None = None) -> None:
         """Wait until the rank's attacher has let go (:class:`CacheInUseError` naming the rank after
@@ -113,6 +116,8 @@ class ManagedCache:
         if self.host is not None:
             self.host.clear()
             self.host = None
+            if self._signal_name is not None:
+                manager_swap_freed(self._protocol, self._signal_name, self.rank)
 
 
 def manage_kv_cache(
@@ -139,7 +144,7 @@ def manage_kv_cache(
     device.create_seconds, device.import_seconds = time.monotonic() - started, import_seconds
     managed = _with_host_cache(platform, layout, device, num_cpu_blocks)  # nobody attached yet
     set_ready(protocol, signal_name, layout.rank)
-    return managed
+    return _announced(managed, protocol, signal_name)
 
 
 def hold_kv_cache(
@@ -168,7 +173,7 @@ def hold_kv_cache(
     waited = wait_ready(platform, protocol, signal_name, layout.rank, resolve_timeout(timeout), setter_pid)
     device = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid, protocol)
     device.wait_seconds, device.import_seconds = waited, import_seconds
-    return _with_host_cache(platform, layout, device, num_cpu_blocks)
+    return _announced(_with_host_cache(platform, layout, device, num_cpu_blocks), protocol, signal_name)
 
 
 def _with_host_cache(platform: Platform, layout: CacheLayout, device: KVCache, num_cpu_blocks: int) -> ManagedCache:
@@ -180,6 +185,18 @@ def _with_host_cache(platform: Platform, layout: CacheLayout, device: KVCache, n
         device.clear(0.001)
         raise
     return ManagedCache(layout.rank, device, host)
+
+
+def _announced(managed: ManagedCache, protocol: str, signal_name: str) -> ManagedCache:
+    """``managed``, its manager announced where the protocol asks for it (FastDeploy's words)."""
+    managed._signal_name, managed._protocol = signal_name, protocol
+    try:
+        manager_up(protocol, signal_name, managed.rank, swap=managed.host is not None)
+    except BaseException:
+        with contextlib.suppress(FdPlatformsError):
+            managed.clear(0.001)  # nothing is kept when the engine cannot be told
+        raise
+    return managed
 
 
 def _manager_layout(

@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Union
 
 from ..contract.errors import ConfigError
 from ..ipc.cache_signal import CacheReadySignal, check_signal_name
-from ..ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal, check_suffix
+from ..ipc.fastdeploy_signals import (
+    CACHE_READY,
+    CACHE_TRANSFER_INITED,
+    SWAP_SPACE_READY,
+    FastDeploySignal,
+    check_suffix,
+)
 from ..rules.config.settings import PROTOCOLS
 from .fastdeploy_handles import FastDeployHandles
 from .publication import Publication, PublishedTensor, publication_name, published_tensor_name
@@ -67,6 +73,26 @@ def _write_ready(protocol: str, signal_name: str, rank: int, value: int) -> None
         return
     with CacheReadySignal.attach(signal_name) as ours:
         ours.set(rank) if value else ours.clear(rank)
+
+
+def manager_up(protocol: str, signal_name: str, rank: int, *, swap: bool) -> None:
+    """The cache manager holds ``rank``'s caches: under FastDeploy's protocol it says so as its transfer
+    manager does (``swap_space_ready_signal`` where it holds swap space, ``cache_transfer_inited_signal``),
+    which FastDeploy's engine waits for before it starts its cache service. Ours needs no word."""
+    if protocol != FASTDEPLOY:
+        return
+    if swap:
+        with FastDeploySignal.attach(SWAP_SPACE_READY, signal_name) as swap_ready:
+            swap_ready.set(rank, 1)
+    with FastDeploySignal.attach(CACHE_TRANSFER_INITED, signal_name) as inited:
+        inited.set(rank, 1)
+
+
+def manager_swap_freed(protocol: str, signal_name: str, rank: int) -> None:
+    """``rank``'s swap space was freed (FastDeploy's transfer manager resets its word then)."""
+    if protocol == FASTDEPLOY:
+        with FastDeploySignal.attach(SWAP_SPACE_READY, signal_name) as swap_ready:
+            swap_ready.set(rank, 0)
 
 
 def wait_ready(
