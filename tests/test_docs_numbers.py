@@ -60,3 +60,14 @@ def test_the_tensor_parallel_example_is_computed() -> None:
     qwen = ModelConfig("qwen3-30b-a3b", 48, 32, 4, 128)
     works = ", ".join(map(str, tensor_parallel_sizes(qwen)))
     assert re.search(rf"`--tp 3` on Qwen3-30B-A3B: {re.escape(works)}\)", README)
+
+
+def test_the_foreign_poll_and_the_stand_in_rounds_quoted_are_the_codes() -> None:
+    from fd_platforms.ipc.futex import FIRST_POLL_SECONDS, FOREIGN_POLL_SECONDS
+    from test_fastdeploy_protocol import CYCLES
+
+    first, last = f"{FIRST_POLL_SECONDS * 1000:g} ms", f"{FOREIGN_POLL_SECONDS * 1000:g} ms"
+    assert f"every {first}, doubling to {last}" in README and f"of {first} doubling to {last}" in README
+    engine_guide = " ".join((ROOT / "docs" / "engine-integration.md").read_text().split())
+    assert f"({first}, doubling to {last})" in engine_guide and f"seen within {last}" in engine_guide
+    assert f"a 4-rank clear/update runs {CYCLES} times driven from our side and {CYCLES} times from the" in README
