@@ -46,6 +46,8 @@ def test_a_bad_suffix_names_the_field_and_the_fix(bad: object) -> None:
     with pytest.raises(ConfigError) as caught:
         check_suffix(bad)
     assert caught.value.field == "suffix" and "engine_worker_queue_port" in str(caught.value)
+    with pytest.raises(ConfigError, match="suffix"):
+        FastDeploySignal.attach(CACHE_READY, bad)  # type: ignore[arg-type]
 
 
 def test_a_segment_is_a_bare_int32_array_that_numpy_style_readers_share(suffix: str) -> None:

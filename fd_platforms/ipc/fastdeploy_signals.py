@@ -74,7 +74,7 @@ def check_suffix(suffix: object) -> str:
     return suffix
 
 
-def segment_name(name: str, suffix: str) -> str:
+def segment_name(name: str, suffix: str | int) -> str:
     """FastDeploy's segment name: ``<name>.<suffix>``."""
     return f"{name}.{check_suffix(suffix)}"
 
@@ -94,7 +94,7 @@ class FastDeploySignal(SharedWords):
     @classmethod
     def create(cls, name: str, suffix: str | int, length: int, initial: int = 0) -> FastDeploySignal:
         """Create ``<name>.<suffix>`` with ``length`` words set to ``initial``, as FastDeploy's engine does."""
-        full = segment_name(name, str(suffix) if isinstance(suffix, int) else suffix)
+        full = segment_name(name, suffix)
         _check_length(length)
         try:
             segment = shm.Segment.create(full, length * WORD_BYTES)
@@ -115,7 +115,7 @@ class FastDeploySignal(SharedWords):
     def attach(cls, name: str, suffix: str | int, length: int | None = None) -> FastDeploySignal:
         """Attach to ``<name>.<suffix>``; its length is its size in words unless ``length`` is given
         (then the segment must hold at least that many)."""
-        full = segment_name(name, str(suffix) if isinstance(suffix, int) else suffix)
+        full = segment_name(name, suffix)
         if length is not None:
             _check_length(length)
         try:
