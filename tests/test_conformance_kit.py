@@ -17,6 +17,7 @@ import pytest
 from fd_platforms import API_VERSION
 from fd_platforms.conformance import CHECKS, ConformanceUnavailableError, require_pytest
 from fd_platforms.conformance.pytest_plugin import HOOKS_MARKER, suite_files
+from fd_platforms.conformance.suite import test_device as suite_test_device
 from fd_platforms.contract import hookspecs
 from fd_platforms.loading.discovery import discover
 from fd_platforms.loading.selection import IN_REPO_PLUGINS
@@ -30,6 +31,7 @@ SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")
 EXAMPLE = "nimbus"  # examples/plugin-template, installed by .ci/run
 DECISION_TESTS = len(TRUTH_TABLE) + 1 + 3  # every table case, the drift guard's test, three bad inputs
 SHAPES_TESTS = len(shape_cases()) + 2  # every load-time case, two allocations in the platform's shapes
+DEVICE_TESTS = sum(name.startswith("test_") for name in vars(suite_test_device))  # hardware-only checks
 SPECS = {name: getattr(hookspecs, name) for name in hookspecs.hook_names()}
 
 OLD_XPU_PLUGIN = """
@@ -99,7 +101,7 @@ def test_hardware_checks_run_on_the_fake_custom_device(fake_device_root, platfor
     assert done.returncode == 0, done.stdout + done.stderr
     result = checks_of(json.loads(done.stdout))[platform]
     assert {name: c["status"] for name, c in result["checks"].items()} == dict.fromkeys(CHECKS, "pass")
-    assert result["checks"]["device"]["passed"] == 4 and result["checks"]["identity"]["skipped"] == 0
+    assert result["checks"]["device"]["passed"] == DEVICE_TESTS and result["checks"]["identity"]["skipped"] == 0
 
 
 def test_a_drifting_plugin_fails_the_decision_check_with_its_cases(make_plugin) -> None:
@@ -227,7 +229,7 @@ def test_pytest_fd_platform_runs_the_suite_beside_a_projects_own_tests(tmp_path:
     assert done.returncode == 0, done.stdout + done.stderr
     summary = done.stdout.strip().splitlines()[-1]
     # identity, decision, shapes, planner, host_alloc, wait, sharing, simulated (cpu: device_memory as it is), device
-    suite_size = 6 + DECISION_TESTS + SHAPES_TESTS + 9 + 8 + 5 + 3 + 1 + 4
+    suite_size = 6 + DECISION_TESTS + SHAPES_TESTS + 9 + 8 + 5 + 3 + 1 + DEVICE_TESTS
     assert f"{suite_size} passed, 5 skipped" in summary, summary  # no limit, it can share, no simulated paddle (3)
     assert "No ccache found" not in done.stdout
 

@@ -46,3 +46,13 @@ def test_kv_cache_on_device_0_in_layout_order(fd_platform: Platform, fd_platform
             assert list(tensor.shape) == list(spec.shape(4))
     finally:
         cache.clear()
+
+
+@hooks("release_device_memory")
+def test_releasing_after_a_freed_cache_says_what_it_called(fd_platform: Platform, fd_platform_hardware: Detection) -> None:
+    device = fd_platform.identity.device_string(0)
+    cache = allocate_kv_cache(small_layout(), 4, device)
+    cache.clear()
+    answer = fd_platform.release_device_memory(device)
+    assert answer is None or (isinstance(answer, str) and answer.strip()), "text naming the call, or None"
+    assert fd_platform.release_device_memory(device) == answer, "a second release is harmless and says the same"
