@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
@@ -511,6 +512,7 @@ CLOSES_STDOUT_SLOWLY = CLOSES_STDOUT.replace(
 
 OPENS_A_FILE = '''
 import time
+from typing import BinaryIO
 from fd_platforms import hookimpl
 from fd_platforms.contract.types import Detection, PlatformIdentity
 
@@ -763,6 +765,18 @@ def test_paddle_imported_by_the_core_prints_no_ccache_warning(argv: list[str]) -
 
 
 @pytest.mark.slow
+def open_when_published(path: Path, seconds: float = 30.0) -> BinaryIO:
+    """``path`` opened once it exists: a run cycling clear/re-create unpublishes it for a moment each cycle
+    (the fault loop caught an open landing in that moment)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return open(path, "rb")
+        except FileNotFoundError:
+            assert time.monotonic() < deadline, f"{path} was not published again within {seconds:g} s"
+            time.sleep(0.001)
+
+
 def test_a_publication_held_from_outside_the_run_is_named_when_the_run_ends() -> None:
     from run_helpers import started
 
@@ -772,7 +786,7 @@ def test_a_publication_held_from_outside_the_run_is_named_when_the_run_ends() ->
         manager = int(run.read_until(r"starting the cache manager \(pid (\d+)\)").group(1))
         run.read_until(r"cycle 1: cleared")
         path = Path("/dev/shm") / f"fd_kv_cache.{instance}.rank0"
-        with open(path, "rb") as foreign:  # a process outside the run holds the publication
+        with open_when_published(path) as foreign:  # a process outside the run holds the publication
             fcntl.flock(foreign, fcntl.LOCK_SH)
             os.kill(manager, signal.SIGKILL)  # its creator dies without its clean-up
             code, stderr = run.finish()
