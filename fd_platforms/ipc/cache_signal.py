@@ -53,9 +53,9 @@ import time
 from collections.abc import Mapping
 
 from ..contract.errors import CacheNotReadyError, CacheSignalError, ConfigError
-from . import futex, shm
+from . import shm
 from .process_watch import ProcessWatch
-from .shared_words import WORD_BYTES, SharedWords
+from .shared_words import CHECK_SECONDS, WORD_BYTES, SharedWords
 from .timeouts import check_seconds, env_seconds, knob
 
 logger = logging.getLogger(__name__)
@@ -68,8 +68,6 @@ MAX_RANKS = 1024
 ENV_TIMEOUT = "FD_CACHE_READY_TIMEOUT"
 DEFAULT_TIMEOUT = 600.0
 PROGRESS_SECONDS = 5.0
-CHECK_SECONDS = 0.25  # how often a waiter looks at the setter's liveness and the clock
-POLL_SECONDS = 0.002  # the sleep between looks where futexes are unavailable
 HEADER_BYTES = HEADER_WORDS * WORD_BYTES
 
 _NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
@@ -173,8 +171,7 @@ class CacheReadySignal(SharedWords):
     def set(self, rank: int) -> None:
         """Mark ``rank``'s cache ready and wake everyone waiting on it."""
         self._write(HEADER_WORDS + self._check_rank(rank), 1)
-        if futex.AVAILABLE:
-            self._futex(futex.wake, self._slot_address(rank))
+        self._wake(HEADER_WORDS + rank)
 
     def clear(self, rank: int) -> None:
         """Mark ``rank``'s cache not ready."""
@@ -236,17 +233,12 @@ class CacheReadySignal(SharedWords):
                         self.name, rank, now - start, ready or "none", self.num_ranks,
                     )
                     next_progress += progress_seconds
-                self._sleep_on(rank, min(CHECK_SECONDS, start + limit - now, next_progress - now))
+                seconds = min(CHECK_SECONDS, start + limit - now, next_progress - now)
+                self._sleep(HEADER_WORDS + rank, 0, seconds, foreign=False)  # our setters wake
             return time.monotonic() - start
         finally:
             if watch is not None:
                 watch.close()
-
-    def _sleep_on(self, rank: int, seconds: float) -> None:
-        if futex.AVAILABLE:
-            self._futex(futex.wait, self._slot_address(rank), 0, seconds)
-        else:
-            time.sleep(min(max(seconds, 0.0), POLL_SECONDS))
 
     def _not_ready(self, rank: int, elapsed: float, cause: str, detail: str, fix: str) -> CacheNotReadyError:
         return CacheNotReadyError(self.name, rank, elapsed, self.slots(), cause, detail, fix)
@@ -268,9 +260,6 @@ class CacheReadySignal(SharedWords):
                 "rank", rank, f"a local rank from 0 to {self.num_ranks - 1}", f"signal {self.name!r} has {self.num_ranks} slots"
             )
         return rank
-
-    def _slot_address(self, rank: int) -> int:
-        return self._word_address(HEADER_WORDS + rank)
 
 
 # -- the segment itself (see fd_platforms.ipc.shm for the rules) -----------------------------------

@@ -35,9 +35,9 @@ import re
 import time
 
 from ..contract.errors import CacheSignalError, ConfigError, SignalWaitError
-from . import futex, shm
+from . import shm
 from .process_watch import ProcessWatch
-from .shared_words import WORD_BYTES, SharedWords
+from .shared_words import CHECK_SECONDS, WORD_BYTES, SharedWords
 
 CACHE_READY = "cache_ready_signal"
 SWAP_SPACE_READY = "swap_space_ready_signal"
@@ -45,8 +45,6 @@ CACHE_TRANSFER_INITED = "cache_transfer_inited_signal"
 KV_CACHE_STATUS = "kv_cache_status"
 PROFILE_BLOCK_NUM = "get_profile_block_num"
 MAX_WORDS = 1024
-CHECK_SECONDS = 0.25  # how often a wait looks at the watched process and the clock
-POLL_SECONDS = 0.002  # the sleep between looks where futexes are unavailable
 
 _SUFFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
@@ -149,15 +147,13 @@ class FastDeploySignal(SharedWords):
     def set(self, index: int, value: int) -> None:
         """Write word ``index`` and wake whoever waits on it."""
         self._write(self._check_index(index), value)
-        if futex.AVAILABLE:
-            self._futex(futex.wake, self._word_address(index))
+        self._wake(index)
 
     def write_all(self, value: int) -> None:
         """Write every word (the way FastDeploy's engine fills a new signal) and wake every waiter."""
         self._write(0, *([value] * self.length))
-        if futex.AVAILABLE:
-            for index in range(self.length):
-                self._futex(futex.wake, self._word_address(index))
+        for index in range(self.length):
+            self._wake(index)
 
     def wait_for(
         self, index: int, value: int, timeout: float, *, watch_pid: int | None = None, what: str = ""
@@ -190,10 +186,7 @@ class FastDeploySignal(SharedWords):
     def sleep_while(self, index: int, seen: int, seconds: float) -> None:
         """Sleep up to ``seconds`` while word ``index`` is ``seen``: woken by our writes at once, a
         foreign store seen within :data:`~fd_platforms.ipc.futex.FOREIGN_POLL_SECONDS`."""
-        if futex.AVAILABLE:
-            self._futex(futex.sleep_while, self._word_address(index), seen, seconds)
-        else:
-            time.sleep(min(max(seconds, 0.0), POLL_SECONDS))
+        self._sleep(self._check_index(index), seen, seconds, foreign=True)
 
     # -- names and checks -----------------------------------------------------------------------
 

@@ -14,15 +14,18 @@ import ctypes
 import errno
 import os
 import struct
+import time
 import weakref
 from collections.abc import Callable
 from types import TracebackType
 from typing import TypeVar
 
 from ..contract.errors import CacheSignalError
-from . import shm
+from . import futex, shm
 
 WORD_BYTES = 4
+CHECK_SECONDS = 0.25  # how often a wait looks at the watched process and the clock
+POLL_SECONDS = 0.002  # the sleep between looks where futexes are unavailable
 Self = TypeVar("Self", bound="SharedWords")
 
 
@@ -96,6 +99,22 @@ class SharedWords:
     def _word_address(self, word: int) -> int:
         self._fd()
         return self._base_address + word * WORD_BYTES
+
+    def _wake(self, word: int) -> None:
+        """Wake every process sleeping on ``word`` (after writing it)."""
+        if futex.AVAILABLE:
+            self._futex(futex.wake, self._word_address(word))
+
+    def _sleep(self, word: int, seen: int, seconds: float, *, foreign: bool) -> None:
+        """Sleep up to ``seconds`` while ``word`` is ``seen``; woken at once by a futex wake, and with
+        ``foreign`` also within :data:`~fd_platforms.ipc.futex.FOREIGN_POLL_SECONDS` of a plain store.
+        Without futexes: a :data:`POLL_SECONDS` sleep."""
+        if not futex.AVAILABLE:
+            time.sleep(min(max(seconds, 0.0), POLL_SECONDS))
+        elif foreign:
+            self._futex(futex.sleep_while, self._word_address(word), seen, seconds)
+        else:
+            self._futex(futex.wait, self._word_address(word), seen, seconds)
 
 
 def _release(segment: shm.Segment, owner_pid: int | None) -> None:
