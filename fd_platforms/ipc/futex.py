@@ -51,28 +51,20 @@ _SYSCALL = _load()
 AVAILABLE = _SYSCALL is not None
 
 
-def wait(address: int, expected: int, timeout: float) -> bool:
+def wait(address: int, expected: int, timeout: float) -> None:
     """Sleep while the int32 at ``address`` equals ``expected``, for at most ``timeout`` seconds.
 
     Returns on a wake, a timeout, a changed word or a signal (the caller re-checks the word; a
-    pending ``KeyboardInterrupt`` is raised by Python as soon as this returns): ``True`` unless
-    the full ``timeout`` passed with no wake.
+    pending ``KeyboardInterrupt`` is raised by Python as soon as this returns).
     """
     assert _SYSCALL is not None, "futex.wait called where futex.AVAILABLE is false"
     syscall, number = _SYSCALL
     seconds = max(timeout, 0.0)
     span = _Timespec(int(seconds), int((seconds % 1.0) * 1e9))
-    result = syscall(
+    _timed_out(syscall(
         ctypes.c_long(number), ctypes.c_void_p(address), ctypes.c_int(_FUTEX_WAIT), ctypes.c_int(expected),
         ctypes.byref(span), None, ctypes.c_int(0),
-    )
-    if result == -1:
-        code = ctypes.get_errno()
-        if code == errno.ETIMEDOUT:
-            return False
-        if code not in (errno.EAGAIN, errno.EINTR):
-            raise OSError(code, f"futex wait failed: {os.strerror(code)}")
-    return True
+    ))  # fmt: skip
 
 
 def sleep_while(address: int, expected: int, seconds: float) -> None:
@@ -94,14 +86,22 @@ def sleep_while(address: int, expected: int, seconds: float) -> None:
         if step <= 0:
             return
         span.tv_sec, span.tv_nsec = int(step), int((step % 1.0) * 1e9)
-        if syscall(*call) != -1:
-            return  # woken
-        code = ctypes.get_errno()
-        if code != errno.ETIMEDOUT:
-            if code in (errno.EAGAIN, errno.EINTR):
-                return  # the word differs, or a signal: the caller looks
-            raise OSError(code, f"futex wait failed: {os.strerror(code)}")
+        if not _timed_out(syscall(*call)):
+            return  # woken, the word differs, or a signal: the caller looks
         interval = min(interval * 2, FOREIGN_POLL_SECONDS)
+
+
+def _timed_out(result: int) -> bool:
+    """Whether a ``FUTEX_WAIT`` ran its whole timeout; False for a wake, a changed word (``EAGAIN``) or
+    a signal (``EINTR``); any other failure is an ``OSError``."""
+    if result != -1:
+        return False
+    code = ctypes.get_errno()
+    if code == errno.ETIMEDOUT:
+        return True
+    if code in (errno.EAGAIN, errno.EINTR):
+        return False
+    raise OSError(code, f"futex wait failed: {os.strerror(code)}")
 
 
 def wake(address: int) -> int:
