@@ -21,7 +21,7 @@ import fd_platforms_metax
 import fd_platforms_xpu
 from fd_platforms.contract.errors import CacheSharingError, ConfigError, HostAllocError
 from fd_platforms.kit.custom_device import CustomDeviceFacts
-from fd_platforms.kit.device_facts import DeviceFacts
+from fd_platforms.kit.device_facts import DeviceFacts, paddle_attribute
 from fd_platforms.kit.host_memory import PinningUnavailable, allocate_host
 from fd_platforms.kit.paddle_platform import PaddlePlatform
 
@@ -403,14 +403,7 @@ def test_plugins_hold_facts_not_logic() -> None:
 
 
 def lacking(paddle: Any, names: tuple[str, ...]) -> list[str]:
-    missing = []
-    for dotted in names:
-        node: Any = paddle
-        for part in dotted.split("."):
-            node = getattr(node, part, None)
-        if not callable(node):
-            missing.append(f"paddle.{dotted}")
-    return missing
+    return [f"paddle.{dotted}" for dotted in names if not callable(paddle_attribute(paddle, dotted))]
 
 
 @pytest.mark.parametrize("facts", [fd_platforms_cuda.CudaFacts, fd_platforms_xpu.XpuFacts, CustomDeviceFacts])

@@ -122,15 +122,16 @@ class DeviceFacts(ABC):
                 f"{self.vmm_flag} in every process of the engine"
             )
         opener = self.on_device(device) or (lambda call: call())
-        return opener(lambda: open_ipc_tensor(self.paddle, name, handle, shape, dtype, self.ipc_methods[1]))  # type: ignore[index]
+        new_shared = self.ipc_methods[1]
+        return opener(lambda: open_ipc_tensor(self.paddle, name, handle, shape, dtype, new_shared))
 
     def on_device(self, device: str) -> OnDevice | None:
         """How to run a Paddle call with ``device`` current (through :attr:`current_device_calls`),
         restoring the previous device after; None where this device's IPC does not depend on it."""
         if self.current_device_calls is None:
             return None
-        getter = _resolve(self.paddle, self.current_device_calls[0])
-        setter = _resolve(self.paddle, self.current_device_calls[1])
+        getter = paddle_attribute(self.paddle, self.current_device_calls[0])
+        setter = paddle_attribute(self.paddle, self.current_device_calls[1])
         wanted = int(device.rpartition(":")[2] or 0)
 
         def run(call: Callable[[], Any]) -> Any:
@@ -156,7 +157,7 @@ class DeviceFacts(ABC):
         """Return the allocator's cached memory to the device (after a cache was freed); what was called."""
         if self.empty_cache_call is None:
             return None
-        _resolve(self.paddle, self.empty_cache_call)()  # Paddle's call covers every device this process selected
+        paddle_attribute(self.paddle, self.empty_cache_call)()  # covers every device this process selected
         return f"paddle.{self.empty_cache_call}()"
 
     def _vmm_on(self) -> bool:
@@ -180,8 +181,8 @@ OnDevice = Callable[[Callable[[], Any]], Any]
 VMM_FIELDS = 5  # Paddle's IPC metadata of VMM memory: (blob, dtype, dims, lod, device); legacy has 7
 
 
-def _resolve(paddle: Any, dotted: str) -> Any:
-    """``paddle.<dotted>``, or None where this build lacks it."""
+def paddle_attribute(paddle: Any, dotted: str) -> Any:
+    """``paddle.<dotted>`` (``"base.core.get_cuda_current_device_id"``), or None where this build lacks it."""
     node = paddle
     for part in dotted.split("."):
         node = getattr(node, part, None)
