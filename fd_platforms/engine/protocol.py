@@ -72,7 +72,10 @@ def _write_ready(protocol: str, signal_name: str, rank: int, value: int) -> None
             fastdeploy.set(rank, value)
         return
     with CacheReadySignal.attach(signal_name) as ours:
-        ours.set(rank) if value else ours.clear(rank)
+        if value:
+            ours.set(rank)
+        else:
+            ours.clear(rank)
 
 
 def manager_up(protocol: str, signal_name: str, rank: int, *, swap: bool) -> None:
