@@ -70,24 +70,30 @@ def tensor_specs(cpu, rank: int, tp: int) -> str:
     return json.dumps([[spec.name, spec.nbytes(BLOCKS)] for spec in layout.tensors])
 
 
-def shm_names(suffix: str) -> set[str]:
-    """This test's entries in /dev/shm: the signals of its suffix and FastDeploy's tensor records
-    (other suites may run beside it; their names are neither)."""
-    return {name for name in os.listdir("/dev/shm") if name.endswith(f".{suffix}") or "_caches_" in name}
+def record_names(tp: int) -> set[str]:
+    """FastDeploy's record names of every rank's tensors at this tensor-parallel size (device 0)."""
+    return {name for rank in range(tp) for name in qwen_layout(rank, tp).names()}
+
+
+def shm_names(suffix: str, tp: int) -> set[str]:
+    """This test's entries in /dev/shm: the signals of its suffix and its ranks' tensor records (other
+    suites may run beside it, with records of other ranks: see test_fastdeploy_handles)."""
+    records = record_names(tp)
+    return {name for name in os.listdir("/dev/shm") if name.endswith(f".{suffix}") or name in records}
 
 
 @contextmanager
 def fastdeploy_engine(tp: int) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """A stand-in FastDeploy engine's signals under a fresh suffix; afterwards nothing of the test is left."""
     suffix = f"t{secrets.token_hex(4)}"
-    before = shm_names(suffix)
+    before = shm_names(suffix, tp)
     engine = standin("engine", suffix, tp)
     expect(engine, "ready")
     try:
         yield suffix, engine
     finally:
         finish(engine)
-        assert shm_names(suffix) - before == set()
+        assert shm_names(suffix, tp) - before == set()
 
 
 def test_a_standin_cache_manager_wakes_our_runner_which_attaches_by_fastdeploys_names(cpu) -> None:
@@ -262,7 +268,8 @@ def test_the_agreed_block_count_reaches_a_standin_engine_in_its_format(cpu) -> N
 
 
 def test_run_with_fastdeploys_protocol_attaches_verifies_and_leaves_nothing() -> None:
-    before = {name for name in os.listdir("/dev/shm") if "_caches_" in name or name.startswith(FD_SIGNAL_NAMES)}
+    ours = record_names(2)
+    before = {name for name in os.listdir("/dev/shm") if name in ours or name.startswith(FD_SIGNAL_NAMES)}
     done = subprocess.run(
         [SCRIPT, "run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode",
          "--protocol", "fastdeploy", "--cycles", "2", "--json"],
@@ -282,7 +289,7 @@ def test_run_with_fastdeploys_protocol_attaches_verifies_and_leaves_nothing() ->
     assert "rule 2026-01, protocol fastdeploy:" in table.stdout.splitlines()[0]
     blocks = report["ranks"][0]["num_blocks"]
     assert re.search(rf"rank 0: handed the agreed {blocks} blocks to the engine \(get_profile_block_num\.fdp", table.stderr)
-    after = {name for name in os.listdir("/dev/shm") if "_caches_" in name or name.startswith(FD_SIGNAL_NAMES)}
+    after = {name for name in os.listdir("/dev/shm") if name in ours or name.startswith(FD_SIGNAL_NAMES)}
     assert after - before == set(), "every signal and every per-tensor record removed"
 
 
