@@ -119,7 +119,7 @@ class Rendezvous:
                     raw = self._call(lambda n=node: self.store.get(f"{PREFIX}node/{n}"), "reading facts")
                     if node == 0:
                         self._call(lambda: self.store.add(f"{PREFIX}node/0/read", 1), "reading facts")
-                    _compare(ours, _facts(raw, node, self.me), node)
+                    compare_facts(ours, read_facts(raw, f"node {node}", self.me), f"node {node}")
                     compared.add(node)
                 if joined[node] >= self.nodes.local_ranks:
                     pending.remove(node)
@@ -190,8 +190,8 @@ def wait_for_listener(host: str, port: int, deadline: float, timed_out: Callable
 MAX_FACTS_BYTES = 64 << 10  # a node's facts are a few hundred bytes
 
 
-def _facts(raw: Any, node: int, me: str) -> dict[str, Any]:
-    """Node ``node``'s published facts, or a NodeError when they are not a flat JSON object of plain
+def read_facts(raw: Any, who: str, me: str) -> dict[str, Any]:
+    """The facts ``who`` (a node, a rank) published, or a NodeError when they are not a flat JSON object of plain
     values (the size is checked before anything is parsed; nesting is refused)."""
     try:
         data = bytes(raw)
@@ -200,17 +200,18 @@ def _facts(raw: Any, node: int, me: str) -> dict[str, Any]:
         facts = None
     plain = (str, int, float, bool, type(None))
     if not isinstance(facts, dict) or not all(isinstance(value, plain) for value in facts.values()):
-        raise NodeError(f"{me}: node {node} published facts this node cannot read. "
+        raise NodeError(f"{me}: {who} published facts this node cannot read. "
                         "Fix: run the same fd-platforms version on every node")  # fmt: skip
     return facts
 
 
-def _compare(ours: dict[str, object], theirs: dict[str, Any], node: int) -> None:
-    """A ConfigError naming the first fact on which ``node`` differs from this node, with both values."""
+def compare_facts(ours: dict[str, object], theirs: dict[str, Any], who: str) -> None:
+    """A ConfigError naming the first fact on which ``who`` (a node, a rank) differs from this node,
+    with both values."""
     for key in sorted(ours.keys() | theirs.keys()):
         if ours.get(key) != theirs.get(key):
             raise ConfigError(
-                key, ours.get(key), f"the same on every node; node {node} was started with {key}={show_value(theirs.get(key))}",
+                key, ours.get(key), f"the same on every node; {who} was started with {key}={show_value(theirs.get(key))}",
                 f"start every node of the engine with the same {key}",
             )  # fmt: skip
 
