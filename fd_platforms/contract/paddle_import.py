@@ -11,7 +11,7 @@ import warnings
 from types import ModuleType
 
 
-def import_paddle() -> ModuleType:
+def import_paddle(*, leave_environment: bool = False) -> ModuleType:
     """``import paddle``, done only once a device platform needs it.
 
     Paddle's C++ INFO log lines (custom-device loading, ...) are hidden unless the user set
@@ -21,7 +21,11 @@ def import_paddle() -> ModuleType:
     Importing paddle installs a SIGTERM handler that ends the process at once, skipping every
     ``finally`` and exit hook (the cache-ready signal's and the publications' clean-up among them);
     imported here in the main thread, the process keeps the SIGTERM handler it had.
+
+    ``leave_environment``: the ``GLOG_minloglevel`` default holds for the import only (Paddle reads it
+    then), for code running in a process that is not ours (a launcher's worker).
     """
+    added = "GLOG_minloglevel" not in os.environ
     os.environ.setdefault("GLOG_minloglevel", "1")
     keep = "paddle" not in sys.modules and threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if keep else None
@@ -30,5 +34,7 @@ def import_paddle() -> ModuleType:
             warnings.simplefilter("ignore", UserWarning)
             return importlib.import_module("paddle")
     finally:
+        if added and leave_environment:
+            del os.environ["GLOG_minloglevel"]
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

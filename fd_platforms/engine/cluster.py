@@ -1,11 +1,13 @@
 """One engine over several nodes: every rank of every node agrees on its KV cache through Paddle's
 collective runtime.
 
-:meth:`Cluster.join` makes the handshake (:mod:`.rendezvous`), then joins Paddle's global process
-group (``paddle.distributed.init_parallel_env``) with the backend Paddle uses for the device type
-(gloo on cpu, nccl on gpu, bkcl on xpu, xccl on a custom device). :meth:`Cluster.agree` gathers
-every rank's plan (``all_gather``) and returns the minimum and the rank that bound it, as
-FastDeploy's worker takes ``all_reduce(num_blocks, MIN)``. :meth:`Cluster.barrier` and
+:meth:`Cluster.join` (an engine with no launcher of its own) makes the handshake (:mod:`.rendezvous`),
+then joins Paddle's global process group (``paddle.distributed.init_parallel_env``) with the
+backend Paddle uses for the device type (gloo on cpu, nccl on gpu, bkcl on xpu, xccl on a custom
+device). :meth:`Cluster.current` takes the group Paddle's launcher made instead
+(:mod:`.launched_group`). :meth:`Cluster.agree` gathers every rank's plan (``all_gather``) and
+returns the minimum and the rank that bound it, as FastDeploy's worker takes
+``all_reduce(num_blocks, MIN)``. :meth:`Cluster.barrier` and
 :meth:`Cluster.gather_text` keep the nodes in step. Every call is bounded; a peer that dies or
 stops answering is a :class:`~fd_platforms.contract.errors.NodeError` naming its node and rank.
 """
@@ -13,6 +15,7 @@ stops answering is a :class:`~fd_platforms.contract.errors.NodeError` naming its
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -30,8 +33,9 @@ from ..ipc.cache_signal import ENV_TIMEOUT
 from ..ipc.console import printable
 from ..ipc.timeouts import check_seconds, knob
 from .bounded import bounded
+from .launched_group import Arrival, GroupRanks, Place, enter_group, existing_group, paddle_as_is
 from .nodes import NodeSpec, check_resolves
-from .rendezvous import PADDLE_ERRORS, Rendezvous, first_line, wait_for_listener
+from .rendezvous import PADDLE_ERRORS, Rendezvous, compare_facts, first_line, read_facts, wait_for_listener
 
 T = TypeVar("T")
 
@@ -57,6 +61,21 @@ def _check_join(
                           "pass platform.identity.device_type")  # fmt: skip
     if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
         raise ConfigError("device_id", device_id, "an int >= 0", "pass the rank's local device id")
+    _check_facts(facts)
+
+
+def _refuse_existing_group() -> None:
+    """A ConfigError when this process is already in a process group (Cluster.join makes its own)."""
+    existing = existing_group(os.environ)
+    if existing is not None:
+        raise ConfigError(
+            *existing, "unset: Cluster.join makes a process group of its own, and this process is already in one "
+            "that python -m paddle.distributed.launch or fleet.init made",
+            "agree over that group with Cluster.current(facts=..., timeout=...)",
+        )  # fmt: skip
+
+
+def _check_facts(facts: object) -> None:
     try:
         valid = isinstance(facts, Mapping) and all(isinstance(key, str) for key in facts) and bool(json.dumps(dict(facts)))
     except (TypeError, ValueError):
@@ -95,13 +114,15 @@ class Agreement:
 class Cluster:
     """This rank's place in the engine's global process group; see the module docstring."""
 
-    def __init__(self, nodes: NodeSpec, local_rank: int, device_type: str, device_id: int, timeout: float, limit: str) -> None:
-        self.nodes, self.local_rank, self.timeout, self.limit = nodes, local_rank, timeout, limit
-        self.device_type, self.device_id = device_type, device_id
-        self.backend = collective_backend(device_type)
-        self.global_rank = nodes.global_rank(local_rank)
-        self.me = nodes.describe(self.global_rank)
+    def __init__(
+        self, nodes: NodeSpec | GroupRanks, global_rank: int, place: Callable[[Any], Any], timeout: float, limit: str
+    ) -> None:
+        """``place(paddle)``: where a collective's tensors live (the group's backend decides)."""
+        self.nodes, self.global_rank, self.timeout, self.limit = nodes, global_rank, timeout, limit
+        self.me = nodes.describe(global_rank)
         self.join_seconds = 0.0
+        self._place = place
+        self._arrival: Arrival | None = None  # Cluster.current: every rank counts in on the group's store first
         self._rendezvous: Rendezvous | None = None  # held: global rank 0's store serves the others while it lives
 
     @classmethod
@@ -117,27 +138,58 @@ class Cluster:
         limit: str = ENV_TIMEOUT,
     ) -> Cluster:
         """Handshake (every node's ``facts`` must equal this node's), then join the process group;
-        all within ``timeout`` seconds. ``limit`` names the setting that lengthens it in errors."""
+        all within ``timeout`` seconds. ``limit`` names the setting that lengthens it in errors.
+        For an engine with no launcher of its own: inside a group Paddle's launcher made, use
+        :meth:`current`."""
         _check_join(nodes, local_rank, facts, timeout, device_type, device_id)
+        _refuse_existing_group()
         started = time.monotonic()
-        cluster = cls(nodes, local_rank, device_type, device_id, timeout, limit)
+        place = functools.partial(device_place, collective_backend(device_type), device_type, device_id)
+        cluster = cls(nodes, nodes.global_rank(local_rank), place, timeout, limit)
         cluster._rendezvous = Rendezvous(nodes, local_rank, timeout, limit)
         cluster._rendezvous.handshake(facts)
-        cluster._init_group(started + timeout)
+        cluster._init_group(collective_backend(device_type), device_type, device_id, started + timeout)
         cluster.join_seconds = time.monotonic() - started
         return cluster
 
-    def _init_group(self, deadline: float) -> None:
+    @classmethod
+    def current(cls, *, facts: Mapping[str, object], timeout: float, limit: str = ENV_TIMEOUT) -> Cluster:
+        """The process group this process is already in (``python -m paddle.distributed.launch``, then
+        ``fleet.init`` or ``init_parallel_env``; joined here if only the launcher ran), with the
+        launcher's rank numbering. Writes no variable and opens no port or store; Paddle's default
+        group is looked up at each call. Every rank's ``facts`` must equal this one's: a
+        ``ConfigError`` names the node that differs and both values. Each call within ``timeout``."""
+        _check_facts(facts)
+        check_seconds("timeout", timeout, "pass the seconds each agreement may take, e.g. 600")
+        started = time.monotonic()
+        here = f"global rank {os.environ.get('PADDLE_TRAINER_ID', '?')}"
+        joining = "joining the launcher's process group"
+        rank, world = enter_group(timeout, lambda: _timed_out(here, joining, timeout, limit))
+        cluster = cls(GroupRanks.from_launcher(os.environ, world), rank, group_place, timeout, limit)
+        slower = f"raise {knob(limit, argument=True)} if a rank is legitimately slower"
+        cluster._arrival = Arrival(rank, world, lambda other: cluster.nodes.describe(other), slower)
+        ours = json.dumps({"facts": dict(facts), **asdict(Place.here(os.environ, rank))})
+        gathered = cluster.gather_text(ours, "comparing every node's facts")
+        rows = [_row(row, other, cluster.me) for other, row in enumerate(gathered)]
+        cluster.nodes = GroupRanks(tuple(Place(row["host"], row["local_rank"]) for row in rows))
+        cluster.me = cluster.nodes.describe(rank)
+        for other, row in enumerate(rows):
+            compare_facts(dict(facts), row["facts"], cluster.nodes.describe(other))
+        cluster.join_seconds = time.monotonic() - started
+        return cluster
+
+    def _init_group(self, backend: str, device_type: str, device_id: int, deadline: float) -> None:
+        assert isinstance(self.nodes, NodeSpec)
         store = f"{self.nodes.host}:{self.nodes.port + 1}"
         os.environ.update({
             "PADDLE_TRAINER_ID": str(self.global_rank),
             "PADDLE_TRAINERS_NUM": str(self.nodes.world_size),
             "PADDLE_MASTER": store,
             "PADDLE_CURRENT_ENDPOINT": store,
-            "PADDLE_DISTRI_BACKEND": self.backend,
+            "PADDLE_DISTRI_BACKEND": backend,
         })  # fmt: skip
-        if self.device_type != "cpu":
-            os.environ[f"FLAGS_selected_{self.device_type}s"] = str(self.device_id)
+        if device_type != "cpu":
+            os.environ[f"FLAGS_selected_{device_type}s"] = str(device_id)
         import_paddle()  # quiet, and this process keeps its SIGTERM handler
         import paddle.distributed as dist
 
@@ -163,20 +215,22 @@ class Cluster:
 
     def barrier(self, what: str) -> None:
         """Wait until every rank of every node gets here."""
-        import_paddle()  # quiet, and this process keeps its SIGTERM handler
-        import paddle.distributed as dist
-
-        self._collective(dist.barrier, what)
+        if self.nodes.world_size > 1:
+            self._arrive(what)
+            self._collective(paddle_as_is().distributed.barrier, what)
 
     def gather_text(self, text: str, what: str) -> list[str]:
         """Every rank's ``text``, in global-rank order (``all_gather`` of the lengths, then the bytes)."""
         import numpy as np
-        paddle = import_paddle()
-        import paddle.distributed as dist
 
         data = text.encode()
         if len(data) > MAX_TEXT_BYTES:
             raise FdPlatformsError(f"gather_text got {len(data)} bytes; at most {MAX_TEXT_BYTES}. Fix: send less")
+        if self.nodes.world_size == 1:
+            return [text]
+        self._arrive(what)
+        paddle = paddle_as_is()
+        dist = paddle.distributed  # the default group, looked up by each call: a restart between calls is fine
         place = self._place(paddle)
         lengths: list[Any] = []
         self._collective(lambda: dist.all_gather(lengths, paddle.to_tensor([len(data)], dtype="int64", place=place)), what)
@@ -198,14 +252,9 @@ class Cluster:
             raise NodeError(f"{self.me}: {self.nodes.describe(rank)} sent a plan this node cannot read ({exc}). "
                             "Fix: run the same fd-platforms version on every node") from exc  # fmt: skip
 
-    def _place(self, paddle: Any) -> Any:
-        if self.backend == "gloo":
-            return paddle.CPUPlace()
-        if self.backend == "nccl":
-            return paddle.CUDAPlace(self.device_id)
-        if self.backend == "bkcl":
-            return paddle.XPUPlace(self.device_id)
-        return paddle.CustomPlace(self.device_type, self.device_id)
+    def _arrive(self, what: str) -> None:
+        if self._arrival is not None:
+            self._arrival.wait(what, self.timeout)
 
     def _collective(self, call: Callable[[], T], what: str, deadline: float | None = None) -> T:
         seconds = self.timeout if deadline is None else max(0.0, deadline - time.monotonic())
@@ -215,10 +264,7 @@ class Cluster:
             raise NodeError(f"{self.me}: {what} failed: {self._peer(exc)}. Fix: check that node's output") from exc
 
     def _timed_out(self, what: str) -> NodeError:
-        return NodeError(
-            f"{self.me}: {what} did not complete within {self.timeout:g} s: another node is not answering. "
-            f"Fix: check every node's output; raise {knob(self.limit, argument=True)} if a node is legitimately slower"
-        )
+        return _timed_out(self.me, what, self.timeout, self.limit)
 
     def _peer(self, exc: BaseException) -> str:
         """Which rank's failure ``exc`` reports, in words, with Paddle's first line."""
@@ -229,3 +275,42 @@ class Cluster:
         if self.nodes.world_size == 2:
             return f"{self.nodes.describe(1 - self.global_rank)} is gone ({first})"
         return f"a rank of another node is gone ({first})"
+
+
+def _timed_out(me: str, what: str, timeout: float, limit: str) -> NodeError:
+    return NodeError(
+        f"{me}: {what} did not complete within {timeout:g} s: another node is not answering. "
+        f"Fix: check every node's output; raise {knob(limit, argument=True)} if a node is legitimately slower"
+    )
+
+
+def device_place(backend: str, device_type: str, device_id: int, paddle: Any) -> Any:
+    """Where ``Cluster.join``'s collectives put their tensors: the rank's device, or the host for gloo."""
+    if backend == "gloo":
+        return paddle.CPUPlace()
+    if backend == "nccl":
+        return paddle.CUDAPlace(device_id)
+    if backend == "bkcl":
+        return paddle.XPUPlace(device_id)
+    return paddle.CustomPlace(device_type, device_id)
+
+
+def group_place(paddle: Any) -> Any:
+    """Where ``Cluster.current``'s collectives put their tensors: the host for a gloo group, else the
+    device the launcher's group selected for this rank (Paddle's expected place)."""
+    return paddle.CPUPlace() if paddle.distributed.get_backend() == "GLOO" else None
+
+
+def _row(row: str, rank: int, me: str) -> dict[str, Any]:
+    """One rank's facts and place, as it sent them to ``Cluster.current``; a NodeError if unreadable."""
+    try:
+        data = json.loads(row)
+        place = Place(data["host"], data["local_rank"])
+        valid = isinstance(place.host, str) and type(place.local_rank) is int and isinstance(data["facts"], dict)
+    except (ValueError, TypeError, KeyError):
+        valid = False
+    if not valid:
+        raise NodeError(f"{me}: global rank {rank} sent facts this rank cannot read. "
+                        "Fix: run the same fd-platforms version on every node")  # fmt: skip
+    read_facts(json.dumps(data["facts"]).encode(), f"global rank {rank}", me)  # plain values only
+    return data

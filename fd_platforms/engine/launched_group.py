@@ -1,0 +1,159 @@
+"""The process group this process is already in: made by ``python -m paddle.distributed.launch``'s
+workers with ``fleet.init`` / ``init_parallel_env``, or about to be (the launcher's variables set).
+
+Read, never written: the launcher's ``PADDLE_*`` variables and Paddle's default group, looked up at
+each call (an RL weight update shuts the group down and restarts it between agreements). No port or
+store of ours: a rank counts itself in on the group's own store (:class:`Arrival`) before each
+collective, so a rank that never comes is named instead of a collective that waits for it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from ..contract.errors import ConfigError, NodeError
+from ..contract.paddle_import import import_paddle
+from .bounded import bounded
+from .rendezvous import PADDLE_ERRORS, first_line
+
+#: Variables only ``paddle.distributed.launch`` sets (``Cluster.join`` sets none of them).
+LAUNCHER_ONLY = ("PADDLE_GLOBAL_RANK", "PADDLE_RANK_IN_NODE", "PADDLE_LOCAL_SIZE")
+ARRIVED = "fd-platforms/arrived/"
+POLL_SECONDS = 0.02
+OP_SECONDS = 2.0  # the least one store call is allowed, however close the deadline
+
+
+def paddle_as_is() -> ModuleType:
+    """Paddle, imported without leaving any variable of this process changed."""
+    return sys.modules["paddle"] if "paddle" in sys.modules else import_paddle(leave_environment=True)
+
+
+def existing_group(environ: Mapping[str, str]) -> tuple[str, object] | None:
+    """(the variable or call, its value) that shows this process is already in a process group
+    Paddle's launcher or ``fleet.init`` made, else None."""
+    for name in LAUNCHER_ONLY:
+        if name in environ:
+            return name, environ[name]
+    if "paddle" in sys.modules and sys.modules["paddle"].distributed.is_initialized():
+        return "paddle.distributed.is_initialized()", True
+    return None
+
+
+def enter_group(timeout: float, timed_out: Callable[[], NodeError]) -> tuple[int, int]:
+    """(rank, world size) of the group this process is in; joins the launcher's group first when the
+    launcher started this process and nothing joined it yet (Paddle reads the launcher's variables)."""
+    paddle = paddle_as_is()
+    dist = paddle.distributed
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    world = os.environ.get("PADDLE_TRAINERS_NUM")
+    if world is None or not world.isdigit() or int(world) < 1 or "PADDLE_TRAINER_ID" not in os.environ:
+        raise ConfigError(
+            "PADDLE_TRAINERS_NUM", world, "set by python -m paddle.distributed.launch, or a process group made by "
+            "fleet.init(is_collective=True) / paddle.distributed.init_parallel_env()",
+            "start each worker with python -m paddle.distributed.launch, or call fleet.init(is_collective=True) "
+            "before Cluster.current; an engine without a launcher of its own uses Cluster.join",
+        )  # fmt: skip
+    if int(world) == 1:
+        return 0, 1  # Paddle makes no group for one process
+    bounded(dist.init_parallel_env, timeout, timed_out)
+    return dist.get_rank(), dist.get_world_size()
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where one rank runs: its host (the launcher's endpoint) and its index on that host."""
+
+    host: str
+    local_rank: int
+
+    @classmethod
+    def here(cls, environ: Mapping[str, str], rank: int) -> Place:
+        endpoint = environ.get("PADDLE_CURRENT_ENDPOINT", "")
+        host = environ.get("POD_IP") or endpoint.rpartition(":")[0] or os.uname().nodename
+        local = environ.get("PADDLE_LOCAL_RANK", environ.get("PADDLE_RANK_IN_NODE", ""))
+        return cls(host, int(local) if local.isdigit() else rank)
+
+
+@dataclass(frozen=True)
+class GroupRanks:
+    """Every rank's :class:`Place`, in the launcher's rank order; a node is a host, numbered in the
+    order its first rank comes. A rank whose host is not known yet is only its global rank."""
+
+    places: tuple[Place, ...]
+
+    @classmethod
+    def from_launcher(cls, environ: Mapping[str, str], world: int) -> GroupRanks:
+        """What the launcher's endpoints say, before the ranks have said where they are."""
+        endpoints = environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")
+        hosts = [endpoint.rpartition(":")[0] for endpoint in endpoints] if len(endpoints) == world else [""] * world
+        return cls(tuple(Place(host, hosts[:rank].count(host)) for rank, host in enumerate(hosts)))
+
+    @property
+    def world_size(self) -> int:
+        return len(self.places)
+
+    def locate(self, global_rank: int) -> tuple[int, int]:
+        """(node, local rank) of ``global_rank``."""
+        hosts = list(dict.fromkeys(place.host for place in self.places))
+        place = self.places[global_rank]
+        return hosts.index(place.host), place.local_rank
+
+    def describe(self, global_rank: int) -> str:
+        """``node 1 (10.0.0.2) rank 0 (global rank 8)``."""
+        if not self.places[global_rank].host:
+            return f"global rank {global_rank}"
+        node, local = self.locate(global_rank)
+        return f"node {node} ({self.places[global_rank].host}) rank {local} (global rank {global_rank})"
+
+
+class Arrival:
+    """Before each collective, every rank counts itself in on the group's store and waits, bounded,
+    until all have; a rank that has not is named. One key per rank and one per round: a few calls."""
+
+    def __init__(self, rank: int, world: int, describe: Callable[[int], str], limit: str) -> None:
+        """``describe(rank)`` names a rank in errors; ``limit`` says what to raise for a longer wait."""
+        self.rank, self.world, self.describe, self.limit = rank, world, describe, limit
+
+    def me(self) -> str:
+        return self.describe(self.rank)
+
+    def wait(self, what: str, seconds: float) -> None:
+        if self.world == 1:
+            return
+        deadline = time.monotonic() + seconds
+        core = paddle_as_is().base.core
+        store = self._call(core.create_or_get_global_tcp_store, what, deadline)
+        round_ = self._call(lambda: store.add(f"{ARRIVED}rank/{self.rank}", 1), what, deadline)
+        key = f"{ARRIVED}round/{round_}"
+        count = self._call(lambda: store.add(key, 1), what, deadline)
+        while count < self.world:
+            if time.monotonic() >= deadline:
+                raise self._missing(store, round_, what, seconds, deadline)
+            time.sleep(POLL_SECONDS)
+            count = self._call(lambda: store.add(key, 0), what, deadline)
+
+    def _missing(self, store: Any, round_: int, what: str, seconds: float, deadline: float) -> NodeError:
+        counts = [self._call(lambda r=r: store.add(f"{ARRIVED}rank/{r}", 0), what, deadline) for r in range(self.world)]
+        missing = [self.describe(r) for r, n in enumerate(counts) if n < round_]
+        return NodeError(
+            f"{self.me()}: {', '.join(missing) or 'a rank'} did not come to {what} within {seconds:g} s. "
+            f"Fix: check those ranks' output (the launcher's log directory); {self.limit}"
+        )
+
+    def _call(self, call: Callable[[], Any], what: str, deadline: float) -> Any:
+        def gone() -> NodeError:
+            return NodeError(f"{self.me()}: the group's store (hosted by global rank 0) stopped answering while "
+                             f"{what}. Fix: check global rank 0's output")  # fmt: skip
+
+        try:
+            return bounded(call, max(OP_SECONDS, deadline - time.monotonic()), gone)
+        except PADDLE_ERRORS as exc:
+            raise NodeError(f"{self.me()}: lost the group's store (hosted by global rank 0) while {what}: "
+                            f"{first_line(exc)}. Fix: check global rank 0's output") from exc  # fmt: skip
