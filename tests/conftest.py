@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -54,12 +55,46 @@ def held_by_a_living_process(name: str) -> bool:
         segment.close()
 
 
+_PID = re.compile(r"(?<![0-9a-f])([1-9][0-9]{1,6})(?![0-9a-f])")
+
+
 def made_by_another_living_process(name: str) -> bool:
     """Whether ``name`` carries the pid of a living process other than this one: an entry another
     test suite running beside this one is still working with (its engines and tests name their
     entries with their pid), not one this suite left behind."""
-    pids = {int(pid) for pid in re.findall(r"(?<![0-9a-f])([1-9][0-9]{1,6})(?![0-9a-f])", name)}
-    return any(pid != os.getpid() and pid_running(pid) for pid in pids)
+    return any(pid != os.getpid() and pid_running(pid) for pid in map(int, _PID.findall(name)))
+
+
+def descends_from_this_process(pid: int) -> bool:
+    """Whether ``pid`` is this process or one of its descendants (following parents in /proc)."""
+    seen: set[int] = set()
+    while pid > 0 and pid not in seen:
+        if pid == os.getpid():
+            return True
+        seen.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+class ForeignEntries(threading.Thread):
+    """While the suite runs, the new entries another suite made: when one appeared (looked for every
+    0.1 s), every pid in its name was a living process that does not descend from this session. Such
+    an entry may outlive its maker (an engine another suite killed, swept by that suite later)."""
+
+    def __init__(self, before: set[str]) -> None:
+        super().__init__(name="foreign /dev/shm entries", daemon=True)
+        self.seen, self.found, self.done = set(before), set(), threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.1):
+            for name in shm_entries() - self.seen:
+                self.seen.add(name)
+                pids = [int(pid) for pid in _PID.findall(name)]
+                if pids and all(pid_running(pid) and not descends_from_this_process(pid) for pid in pids):
+                    self.found.add(name)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -67,12 +102,16 @@ def no_shared_memory_left_behind() -> Iterator[None]:
     """The suite leaves no cache-ready segment behind: every new entry is gone or held by a living process.
 
     A segment some other live process holds (an engine, or a second test run on the same machine)
-    is not this suite's doing and is ignored.
+    is not this suite's doing and is ignored, as is one another suite's process made.
     """
     before = shm_entries()
+    foreign = ForeignEntries(before)
+    foreign.start()
     yield
+    foreign.done.set()
+    foreign.join()
     left = sorted(
-        name for name in shm_entries() - before
+        name for name in shm_entries() - before - foreign.found
         if not held_by_a_living_process(name) and not made_by_another_living_process(name)
     )
     assert not left, f"the test suite left shared memory behind: {left}"
