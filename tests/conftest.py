@@ -97,6 +97,56 @@ class ForeignEntries(threading.Thread):
                     self.found.add(name)
 
 
+def process_tree(pids: set[int], done: threading.Event) -> None:
+    """Add to ``pids`` every process that descends from one of them, until ``done`` (polling /proc
+    every 50 ms: a process that lives less is missed)."""
+    while not done.is_set():
+        parents = {}
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+        for pid in parents:
+            chain, seen = pid, set()
+            while chain in parents and chain not in seen:
+                if chain in pids:
+                    pids.add(pid)
+                    break
+                seen.add(chain)
+                chain = parents[chain]
+        done.wait(0.05)  # an engine process lives far longer
+
+
+def run_tracked(command: list[str], *, cwd: Path, env: dict[str, str], timeout: float) -> tuple[subprocess.CompletedProcess[str], set[int]]:  # fmt: skip
+    """``command`` run to the end (its output captured), and the pids of it and every process it started."""
+    process = subprocess.Popen(command, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pids, done = {process.pid}, threading.Event()
+    watcher = threading.Thread(target=process_tree, args=(pids, done), daemon=True)
+    watcher.start()
+    try:
+        out, err = process.communicate(timeout=timeout)
+    finally:
+        done.set()
+        watcher.join()
+        if process.returncode is None:
+            process.kill()
+            process.communicate()
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err), pids
+
+
+def left_behind_by(pids: set[int], before: set[str]) -> list[str]:
+    """Our /dev/shm entries that appeared since ``before``, that no living process holds, and that are
+    these processes' doing: a pid of theirs in the name, or no pid at all (a name the code chose; the
+    tests' own ``fd_cache_ready.test-`` names excepted). A suite running beside this one kills engines
+    and sweeps after them: their entries carry other pids."""
+    def theirs(name: str) -> bool:
+        found = {int(pid) for pid in _PID.findall(name)}
+        return bool(found & pids) if found else not name.startswith(TEST_SIGNAL_PREFIX)
+
+    return sorted(name for name in shm_entries() - before if theirs(name) and not held_by_a_living_process(name))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_shared_memory_left_behind() -> Iterator[None]:
     """The suite leaves no cache-ready segment behind: every new entry is gone or held by a living process.

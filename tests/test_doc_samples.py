@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import held_by_a_living_process, shm_entries
+from conftest import left_behind_by, run_tracked, shm_entries
 from fd_platforms import engine
 from fd_platforms.contract import hookspecs
 from fd_platforms.loading.platform import Platform
@@ -70,9 +70,9 @@ def test_the_python_samples_of_a_file_run_as_one_session(path: Path) -> None:
         pytest.skip(f"{path.name} has no python sample")
     before = shm_entries()
     env = {k: v for k, v in clean_env().items() if k != "FD_PLATFORM"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=180, env=env)
+    done, pids = run_tracked([sys.executable, "-c", code], cwd=ROOT, env=env, timeout=180)
     assert done.returncode == 0, f"{path.name}'s python samples failed:\n{done.stderr}"
-    left = [name for name in shm_entries() - before if not held_by_a_living_process(name)]
+    left = left_behind_by(pids, before)
     assert not left, f"{path.name}'s samples left {left} in /dev/shm"
 
 

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
-from conftest import held_by_a_living_process, shm_entries
+from conftest import left_behind_by, run_tracked, shm_entries
 from run_helpers import ROOT, clean_env
 
 GUIDE = ROOT / "docs" / "engine-integration.md"
@@ -42,51 +40,9 @@ def python_blocks() -> list[str]:
     return PYTHON_BLOCK.findall(GUIDE.read_text(encoding="utf-8"))
 
 
-def left_behind(before: set[str], pids: set[int]) -> list[str]:
-    """Our /dev/shm entries that appeared since ``before``, carry the pid of one of ``pids`` (the
-    run's own processes: a suite running beside this one kills engines and sweeps after them) and
-    that no living process holds."""
-    ours = {name for name in shm_entries() - before if set(map(int, re.findall(r"\.(\d+)-", name))) & pids}
-    return sorted(name for name in ours if not held_by_a_living_process(name))
-
-
-def process_tree(root: int, pids: set[int], done: threading.Event) -> None:
-    """Add to ``pids`` every process that descends from ``root`` until ``done`` (polling /proc every
-    50 ms: a process that lives less is missed)."""
-    while not done.is_set():
-        parents = {}
-        for entry in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-        for pid in parents:
-            chain, seen = pid, set()
-            while chain in parents and chain not in seen:
-                if chain in pids:
-                    pids.add(pid)
-                    break
-                seen.add(chain)
-                chain = parents[chain]
-        done.wait(0.05)  # an engine process lives far longer
-
-
 def run_python(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess[str], set[int]]:
     """The run, and the pids of it and every process it started."""
-    process = subprocess.Popen([sys.executable, *args], cwd=cwd, env=clean_env(FD_PLATFORM="cpu"), text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    pids, done = {process.pid}, threading.Event()
-    watcher = threading.Thread(target=process_tree, args=(process.pid, pids, done), daemon=True)
-    watcher.start()
-    try:
-        out, err = process.communicate(timeout=TIMEOUT)
-    finally:
-        done.set()
-        watcher.join()
-        if process.returncode is None:
-            process.kill()
-            process.communicate()
-    return subprocess.CompletedProcess(process.args, process.returncode, out, err), pids
+    return run_tracked([sys.executable, *args], cwd=cwd, env=clean_env(FD_PLATFORM="cpu"), timeout=TIMEOUT)
 
 
 def test_the_example_runs_from_any_folder_and_leaves_nothing_behind(tmp_path: Path) -> None:
@@ -104,7 +60,7 @@ def test_the_example_runs_from_any_folder_and_leaves_nothing_behind(tmp_path: Pa
     assert final, lines
     instance = final.group(1)
     assert not [name for name in shm_entries() if instance in name]
-    assert not left_behind(before, pids)
+    assert not left_behind_by(pids, before)
 
 
 def test_every_python_block_of_the_guide_runs_in_order(tmp_path: Path) -> None:
@@ -118,4 +74,4 @@ def test_every_python_block_of_the_guide_runs_in_order(tmp_path: Path) -> None:
     assert done.returncode == 0, f"rc={done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     ran = [line for line in done.stdout.splitlines() if re.fullmatch(r"block \d+ ran", line)]
     assert ran == [f"block {number} ran" for number in range(1, len(blocks) + 1)]
-    assert not left_behind(before, pids)
+    assert not left_behind_by(pids, before)
