@@ -337,7 +337,8 @@ def test_a_forged_publication_is_a_typed_refusal_and_the_sweep_leaves_it(payload
     with forged("fd_kv_cache.test-forged.rank0", payload) as path:
         with pytest.raises(CacheSharingError, match="is not a complete fd-platforms KV cache publication"):
             Publication.open(path.name, 0)
-        assert reclaim_stale_publications() == [] and path.exists()  # no crash, and not deleted
+        reclaimed = reclaim_stale_publications()  # no crash (another suite's dead engine's may be swept too)
+        assert path.name not in reclaimed and path.exists()  # and the forged one not deleted
 
 
 def published_by_us(cpu, layout, signal_name: str, *, handle_of: int | None = None):
