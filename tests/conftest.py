@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import fd_platforms
-from fd_platforms.ipc.process_watch import pid_running
+from fd_platforms.ipc.process_watch import parent_pid, pid_running
 from fd_platforms.ipc.shm import Segment, SegmentUnusable
 
 ISOLATED_VARS = ("FD_PLATFORM", "FD_PLATFORM_PLUGINS", "FD_CACHE_READY_TIMEOUT")
@@ -72,10 +72,10 @@ def descends_from_this_process(pid: int) -> bool:
         if pid == os.getpid():
             return True
         seen.add(pid)
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
+        parent = parent_pid(pid)
+        if parent is None:
             return False
+        pid = parent
     return False
 
 
@@ -101,12 +101,8 @@ def process_tree(pids: set[int], done: threading.Event) -> None:
     """Add to ``pids`` every process that descends from one of them, until ``done`` (polling /proc
     every 50 ms: a process that lives less is missed)."""
     while not done.is_set():
-        parents = {}
-        for entry in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
+        parents = {pid: parent for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+                   if (parent := parent_pid(pid)) is not None}  # fmt: skip
         for pid in parents:
             chain, seen = pid, set()
             while chain in parents and chain not in seen:

@@ -144,11 +144,12 @@ class Cluster:
         _check_join(nodes, local_rank, facts, timeout, device_type, device_id)
         _refuse_existing_group()
         started = time.monotonic()
-        place = functools.partial(device_place, collective_backend(device_type), device_type, device_id)
+        backend = collective_backend(device_type)
+        place = functools.partial(device_place, backend, device_type, device_id)
         cluster = cls(nodes, nodes.global_rank(local_rank), place, timeout, limit)
         cluster._rendezvous = Rendezvous(nodes, local_rank, timeout, limit)
         cluster._rendezvous.handshake(facts)
-        cluster._init_group(collective_backend(device_type), device_type, device_id, started + timeout)
+        cluster._init_group(backend, device_type, device_id, started + timeout)
         cluster.join_seconds = time.monotonic() - started
         return cluster
 

@@ -28,6 +28,12 @@ def process_start_ticks(pid: int) -> int | None:
     return int(fields[19]) if fields and len(fields) > 19 and fields[19].isdigit() else None
 
 
+def parent_pid(pid: int) -> int | None:
+    """The process's parent (``/proc/<pid>/stat``), or ``None`` when unreadable."""
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields and len(fields) > 1 and fields[1].isdigit() else None
+
+
 def pid_running(pid: int, start_ticks: int | None = None) -> bool:
     """True while ``pid`` exists, is not a zombie, and (if given) started at ``start_ticks``.
 
