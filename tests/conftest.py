@@ -249,6 +249,21 @@ def make_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Plu
 FAKE_DEVICE_TOOLS = Path(__file__).resolve().parent.parent / "tools" / "fake-custom-device"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def operator_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Where the foreign-tensor operator is compiled: once per session (about 6 s), in the session's own
+    folder rather than the user's cache, unless FD_PLATFORMS_CACHE_DIR is set; the processes the tests
+    start inherit it."""
+    from fd_platforms.kit.foreign_tensor import ENV_CACHE_DIR
+
+    given = os.environ.get(ENV_CACHE_DIR)
+    folder = given or str(tmp_path_factory.mktemp("operator-cache"))
+    os.environ[ENV_CACHE_DIR] = folder
+    yield folder
+    if given is None:
+        os.environ.pop(ENV_CACHE_DIR, None)
+
+
 @pytest.fixture(scope="session")
 def fake_device_root(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """``fake_device_root("iluvatar_gpu")``: a CUSTOM_DEVICE_ROOT holding the fake runtime for that
@@ -269,3 +284,16 @@ def fake_device_root(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str]
         return built[device_type]
 
     return build
+
+
+@pytest.fixture(scope="session")
+def fake_vendor_runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of the fake vendor runtime (``libcudart.so``, ``libmcruntime.so``: pinned host memory,
+    device memory and its IPC), compiled once per session; put it on LD_LIBRARY_PATH of a new process."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not found on PATH: cannot compile the fake vendor runtime")
+    folder = tmp_path_factory.mktemp("fake-vendor-runtime")
+    done = subprocess.run(["bash", str(FAKE_DEVICE_TOOLS / "build-host-runtime.sh"), str(folder)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, f"building the fake vendor runtime failed:\n{done.stderr}"
+    return folder
