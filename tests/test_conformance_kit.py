@@ -104,6 +104,23 @@ def test_hardware_checks_run_on_the_fake_custom_device(fake_device_root, platfor
     assert result["checks"]["device"]["passed"] == DEVICE_TESTS and result["checks"]["identity"]["skipped"] == 0
 
 
+@pytest.mark.parametrize(("platform", "device_type"), [("iluvatar", "iluvatar_gpu"), ("metax", "metax_gpu")])
+def test_custom_devices_share_through_the_vendor_runtime_in_the_kits_checks(
+    fake_device_root, fake_vendor_runtime, platform: str, device_type: str
+) -> None:
+    """With the (fake) vendor runtime loadable, Iluvatar and MetaX declare sharing, and the kit's sharing
+    checks run: a zero-filled export that another process opens zero-copy, writes both ways, and an open
+    whose exporter is gone is a CacheSharingError."""
+    done = check(platform, "--json", CUSTOM_DEVICE_ROOT=str(fake_device_root(device_type)),
+                 LD_LIBRARY_PATH=str(fake_vendor_runtime))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = checks_of(json.loads(done.stdout))[platform]
+    sharing = result["checks"]["sharing"]
+    assert (sharing["status"], sharing["passed"], sharing["failed"]) == ("pass", 3, 0), sharing
+    assert sharing["skip_reasons"] == [f"{platform} shares cache tensors between processes"]
+    assert result["checks"]["host_alloc"]["status"] == "pass"
+
+
 def test_a_drifting_plugin_fails_the_decision_check_with_its_cases(make_plugin) -> None:
     site = make_plugin("oldxpu", source=OLD_XPU_PLUGIN)
     done = check("oldxpu", "--json", PYTHONPATH=str(site))

@@ -5,6 +5,7 @@ Paddle (so a renamed API fails here, without hardware)."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import importlib
 import json
 import logging
@@ -24,6 +25,7 @@ from fd_platforms.kit.custom_device import CustomDeviceFacts
 from fd_platforms.kit.device_facts import DeviceFacts, paddle_attribute
 from fd_platforms.kit.host_memory import PinningUnavailable, allocate_host
 from fd_platforms.kit.paddle_platform import PaddlePlatform
+from fd_platforms.kit.vendor_device import VendorDeviceRuntime
 
 PLATFORMS = {
     "cuda": fd_platforms_cuda.PLATFORM,
@@ -176,7 +178,14 @@ def custom_paddle(types: list[str], count: int = 2) -> SimpleNamespace:
         device__device_count=lambda device_type: count,
         base__core__get_device_properties=lambda device_type, device_id: SimpleNamespace(total_memory=64 * GiB),
         device__max_memory_allocated=lambda place: GiB,
-    )
+        # sharing goes through the vendor runtime and the foreign-tensor operator (tests/test_vendor_device.py)
+        empty=_not_here, utils__cpp_extension__load_op_meta_info_and_register_op=_not_here,
+        _C_ops___run_custom_op=_not_here,
+    )  # fmt: skip
+
+
+def _not_here(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("this test does not share a custom device's tensors")
 
 
 def facts_of(name: str, paddle: SimpleNamespace) -> DeviceFacts:
@@ -521,9 +530,14 @@ def test_a_stale_or_foreign_ipc_handle_is_a_sharing_error() -> None:
         facts.open("fd_kv.x.t", "not-json", (8,), "uint8", "gpu:0")
 
 
-def test_custom_devices_declare_no_sharing_and_refuse_it_by_name() -> None:
-    assert CustomDeviceFacts.sharing is None and fd_platforms_iluvatar.PLATFORM.cache_sharing() is None
-    facts = facts_of("iluvatar", custom_paddle(["iluvatar_gpu"]))
+def test_a_custom_device_shares_only_through_a_vendor_runtime_that_loads() -> None:
+    """Paddle has no IPC for custom devices: the platform declares sharing only where its vendor runtime's
+    IPC calls load, and facts without a vendor runtime refuse an export by name."""
+    missing = VendorDeviceRuntime(library="libfd-no-such-runtime.so", prefix="mc")
+    assert CustomDeviceFacts.sharing is None and missing.sharing() is None
+    assert "libfd-no-such-runtime.so (the mcIpc* calls) cannot be loaded" in (missing.missing() or "")
+    assert dataclasses.replace(fd_platforms_metax.PLATFORM, device_runtime=missing).cache_sharing() is None
+    facts = facts_of("iluvatar", custom_paddle(["iluvatar_gpu"]))  # no vendor device runtime given
     with pytest.raises(CacheSharingError, match=r"iluvatar_gpu tensors cannot be shared .*tensor fd_kv.x.t"):
         facts.export("fd_kv.x.t", (8,), "uint8", "iluvatar_gpu:0")
 

@@ -1,7 +1,8 @@
 """``fd-platforms run`` on the fake Iluvatar device: Paddle's real custom-device path, one device per rank.
 
-The fake runtime (``tools/fake-custom-device``) and the fake vendor host runtime (pinned host
-memory through ``cudaHostAlloc``) are built once for the module.
+The fake runtime (``tools/fake-custom-device``) and the fake vendor runtime (pinned host memory
+through ``cudaHostAlloc``; device memory and its IPC through ``cudaIpc*`` / ``mcIpc*``) are built once
+for the module.
 """
 
 from __future__ import annotations
@@ -33,41 +34,34 @@ ROLES = ("mixed", "prefill", "decode")
 BACKENDS = ("none", "mooncake", "attention_store", "file")
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory, fake_device_root) -> dict[str, str]:
-    """The environment selecting iluvatar on the fake device, with the fake host runtime loadable."""
-    device = fake_device_root("iluvatar_gpu")
-    host = tmp_path_factory.mktemp("fake-host")
-    argv = ["bash", str(TOOLS / "build-host-runtime.sh"), str(host)]
-    built = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable},
-                           timeout=120)
-    assert built.returncode == 0, f"{' '.join(argv)} failed:\n{built.stderr}"
-    library_path = os.environ.get("LD_LIBRARY_PATH")
+def platform_env(fake_device_root, platform: str, device_type: str, library_path: str | None) -> dict[str, str]:
+    """The environment selecting ``platform`` on the fake device, with ``library_path`` (the fake vendor
+    runtime's folder, or None: no vendor runtime) on LD_LIBRARY_PATH."""
+    outer = os.environ.get("LD_LIBRARY_PATH")
+    paths = [path for path in (library_path, outer) if path]
     return clean_env(
-        FD_PLATFORM="iluvatar",
-        CUSTOM_DEVICE_ROOT=str(device),
+        FD_PLATFORM=platform,
+        CUSTOM_DEVICE_ROOT=str(fake_device_root(device_type)),
         FAKE_DEVICE_TOTAL_MEMORY=str(FAKE_TOTAL),
         FLAGS_allocator_strategy="auto_growth",
-        LD_LIBRARY_PATH=f"{host}:{library_path}" if library_path else str(host),
+        **({"LD_LIBRARY_PATH": ":".join(paths)} if paths else {}),
     )
+
+
+@pytest.fixture(scope="module")
+def env(fake_device_root, fake_vendor_runtime) -> dict[str, str]:
+    """The environment selecting iluvatar on the fake device, with the fake vendor runtime loadable."""
+    return platform_env(fake_device_root, "iluvatar", "iluvatar_gpu", str(fake_vendor_runtime))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("role", ROLES)
 def test_every_role_and_storage_backend(env: dict[str, str], role: str, backend: str) -> None:
-    """Iluvatar cannot share KV cache tensors between processes (Paddle 3.3.1 has no IPC for custom devices):
-    where the rule sends workers to attach, the run is refused when it decides, naming the deciding term."""
+    """Every role and backend runs; where the rule sends workers to attach, they open the cache manager's
+    tensors through the vendor runtime's IPC (cudaIpc* of CoreX's libcudart.so, faked) and prove it with
+    tokens written both ways."""
     create, term = expected_decision(role, backend)
     args = ("--model", QWEN, "--tp", "1", "--device-memory", "256MiB", "--role", role, "--storage-backend", backend)
-    if not create:
-        done = run_cli(*args, env=env)
-        assert done.returncode == 2, done.stderr
-        [line] = without_sweep(done.stderr)[-1:]
-        assert line.startswith(f"fd-platforms: error: platform iluvatar: the rule decided the workers attach to the "
-                               f"cache manager's KV cache (deciding term {term}: ")
-        assert "cannot share KV cache tensors between processes" in line and "Fix: run so that workers create" in line
-        assert "started" not in done.stderr and "Traceback" not in done.stderr, "refused before any process starts"
-        return
     report = run_json(*args, env=env)
     per_block = qwen_bytes_per_block(1)
     assert (report["platform"], report["num_ranks"], report["bytes_per_block"]) == ("iluvatar", 1, per_block)
@@ -75,7 +69,41 @@ def test_every_role_and_storage_backend(env: dict[str, str], role: str, backend:
     check_rank(rank, per_block, create, term)
     assert rank["device"] == "iluvatar_gpu:0"
     assert rank["num_blocks"] == 256 * MIB * 9 // 10 // per_block
-    assert report["manager_pid"] is None
+    assert (report["manager_pid"] is None) == create
+
+
+@pytest.mark.parametrize("protocol", ["fd-platforms", "fastdeploy"])
+def test_metax_decode_workers_attach_across_processes_on_their_own_devices(
+    fake_device_root, fake_vendor_runtime, protocol: str
+) -> None:
+    """MetaX (mcIpc* of libmcruntime.so, faked): two decode workers, each on its own device, attach to the
+    cache manager's tensors and verify tokens both ways; with FastDeploy's protocol the records hold the raw
+    64-byte IPC handles, as FastDeploy's set_data_ipc writes them."""
+    env = platform_env(fake_device_root, "metax", "metax_gpu", str(fake_vendor_runtime))
+    report = run_json("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode",
+                      "--protocol", protocol, env=env)  # fmt: skip
+    per_block = qwen_bytes_per_block(2)
+    assert [rank["device"] for rank in report["ranks"]] == ["metax_gpu:0", "metax_gpu:1"]
+    for rank in report["ranks"]:
+        check_rank(rank, per_block, *expected_decision("decode", "none"))
+
+
+def test_without_the_vendor_runtime_an_attach_is_refused_when_the_rule_decides(fake_device_root) -> None:
+    """Where the vendor runtime (and so its IPC) cannot be loaded, the platform declares no sharing and a
+    run whose rule sends workers to attach is refused before any process starts, naming the deciding term.
+    (MetaX: its libmcruntime.so is nowhere here; a CUDA toolkit's libcudart.so may be, so not Iluvatar.)"""
+    platform = "metax"
+    env = platform_env(fake_device_root, platform, "metax_gpu", None)
+    loads = subprocess.run([sys.executable, "-c", "import ctypes; ctypes.CDLL('libmcruntime.so')"], env=env,
+                           capture_output=True)  # fmt: skip
+    assert loads.returncode != 0, "libmcruntime.so must not be loadable here"
+    done = run_cli("--model", QWEN, "--tp", "1", "--device-memory", "256MiB", "--role", "decode", env=env)
+    assert done.returncode == 2, done.stderr
+    [line] = without_sweep(done.stderr)[-1:]
+    assert line.startswith(f"fd-platforms: error: platform {platform}: the rule decided the workers attach to the "
+                           "cache manager's KV cache (deciding term splitwise_role: ")  # fmt: skip
+    assert "cannot share KV cache tensors between processes" in line and "Fix: run so that workers create" in line
+    assert "started" not in done.stderr and "Traceback" not in done.stderr, "refused before any process starts"
 
 
 def test_each_rank_on_its_own_device_with_live_memory(env: dict[str, str]) -> None:

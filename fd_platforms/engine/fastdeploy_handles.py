@@ -4,9 +4,12 @@ FastDeploy writes each cache tensor's IPC handle into a POSIX shared-memory segm
 tensor (``key_caches_{layer}_rank{rank}.device{device}``, ``value_caches_...``, ...), and the other
 side opens it with ``share_external_data(name, shape)``, bringing the shape and dtype itself. The
 segment is FastDeploy's ``shmStruct``: a native ``size_t`` (``nprocesses``, always 0) and the
-64-byte handle — on CUDA the raw ``cudaIpcMemHandle_t``; here, the bytes of the platform's handle
-(the cpu platform's ``memfd:<pid>:<fd>``), NUL-padded. A handle longer than 64 bytes cannot be
-written in FastDeploy's record and is refused, naming the platform.
+64-byte handle. A platform whose handle is a raw 64-byte IPC handle (MetaX's and Iluvatar's
+``*IpcGetMemHandle`` through the vendor runtime: ``ipc64:<base64>``) has it written raw, exactly as
+FastDeploy's ``set_data_ipc`` writes its ``cudaIpcMemHandle_t``, and a raw record reads back as such a
+handle; any other handle is written as its text (the cpu platform's ``memfd:<pid>:<fd>``),
+NUL-padded. A handle that fits neither cannot be written in FastDeploy's record and is refused,
+naming the platform.
 
 The let-go handshake is FastDeploy's too: an attacher resets its rank's ``cache_ready_signal`` slot
 to 0 when it lets go, and the creator waits for that (bounded) before it frees and unlinks. The
@@ -27,15 +30,18 @@ from ..contract.errors import CacheInUseError, CacheSharingError, SignalWaitErro
 from ..ipc import shm
 from ..ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal, check_suffix
 from ..kit.host_sharing import handle_pid
+from ..kit.vendor_device import HANDLE_BYTES, handle_bytes, handle_text
 from .publication import PublishedTensor
 
 RECORD = struct.Struct("=Q64s")  # FastDeploy's shmStruct: size_t nprocesses; cudaIpcMemHandle_t memHandle
-HANDLE_BYTES = 64
 _PRINTABLE = re.compile(rb"[\x21-\x7e]+")
 
 
 def encode_handle(name: str, handle: str, platform: str) -> bytes:
     """FastDeploy's record for ``handle``; a CacheSharingError where it does not fit its 64 bytes."""
+    ipc = handle_bytes(handle)
+    if ipc is not None:
+        return RECORD.pack(0, ipc)
     raw = handle.encode("utf-8")
     if len(raw) > HANDLE_BYTES or b"\0" in raw:
         raise CacheSharingError(
@@ -63,14 +69,10 @@ def read_handle(name: str) -> str:
         raw = segment.read(RECORD.size)
     finally:
         segment.close()
-    _, handle = RECORD.unpack(raw)
-    handle = handle.rstrip(b"\0")
+    _, record = RECORD.unpack(raw)
+    handle = record.rstrip(b"\0")
     if not _PRINTABLE.fullmatch(handle):
-        raise CacheSharingError(
-            f"KV cache tensor {name}'s record (/dev/shm/{name}) holds no handle this platform can open "
-            f"({len(handle)} bytes, not printable). Fix: create and attach on the same platform; a raw "
-            "cudaIpcMemHandle_t record is not yet opened by fd-platforms"
-        )
+        return handle_text(record)  # a raw IPC handle, as FastDeploy's set_data_ipc writes it
     return handle.decode("ascii")
 
 

@@ -6,16 +6,26 @@ memory (the runtime's device properties) and this process's allocator peak, but 
 planner budgets ``total * utilization - this process's peak``. Paddle cannot pin host memory for
 custom devices; the vendor runtime can, so pinned memory comes from its host allocator through
 ``ctypes`` when its library loads (:class:`~fd_platforms.kit.vendor_host.VendorHostRuntime`).
+Paddle has no IPC for custom devices either: a cache tensor is shared through the vendor runtime's
+own calls (:class:`~fd_platforms.kit.vendor_device.VendorDeviceRuntime`) and wrapped as a Paddle
+tensor by :func:`~fd_platforms.kit.foreign_tensor.foreign_tensor`.
 """
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..contract.types import Detection, DeviceMemory, HostBuffer
+from ..contract.errors import CacheSharingError
+from ..contract.types import DTYPE_BYTES, Detection, DeviceMemory, HostBuffer, SharedTensor
 from .device_facts import DeviceFacts
+from .foreign_tensor import foreign_tensor, load_operator
 from .host_memory import PinningUnavailable
+from .vendor_device import handle_bytes, handle_text
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from .vendor_device import VendorDeviceRuntime
 
 
 class CustomDeviceFacts(DeviceFacts):
@@ -26,6 +36,9 @@ class CustomDeviceFacts(DeviceFacts):
         "device.device_count",
         "base.core.get_device_properties",
         "device.max_memory_allocated",
+        "empty",
+        "utils.cpp_extension.load_op_meta_info_and_register_op",
+        "_C_ops._run_custom_op",
     )
 
     @classmethod
@@ -76,3 +89,60 @@ class CustomDeviceFacts(DeviceFacts):
         if self.host_runtime is None:
             raise PinningUnavailable(f"no vendor host allocator is known for {self.device_type!r}")
         return self.host_runtime.allocate(nbytes)
+
+    def export(self, name: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
+        """A zero-filled tensor in the vendor runtime's own allocation, with its IPC handle."""
+        runtime = self._runtime(name)
+        device_id, nbytes = _index(device), _nbytes(shape, dtype)
+        load_operator(self.paddle)
+        free = runtime.release_address("Free", name)
+        address, raw = runtime.share(nbytes, device_id, name)
+        try:
+            tensor = foreign_tensor(self.paddle, address, free, _raw_shape(shape, dtype), "uint8", device)
+        except BaseException:
+            runtime.release("Free", address, name)
+            raise
+        return _shared(name, tensor, dtype, handle_text(raw), nbytes, exported=True)
+
+    def open(self, name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
+        """The tensor another process exported, mapped through the vendor runtime's IPC on ``device``."""
+        runtime = self._runtime(name)
+        raw = handle_bytes(handle)
+        if raw is None:
+            raise CacheSharingError(
+                f"KV cache tensor {name}'s handle {handle[:60]!r} is not a {self.device_type} IPC handle. "
+                "Fix: create and attach on the same platform"
+            )
+        load_operator(self.paddle)
+        close = runtime.release_address("IpcCloseMemHandle", name)
+        address = runtime.open(raw, _index(device), name)
+        try:
+            tensor = foreign_tensor(self.paddle, address, close, _raw_shape(shape, dtype), "uint8", device)
+        except BaseException:
+            runtime.release("IpcCloseMemHandle", address, name)
+            raise
+        return _shared(name, tensor, dtype, handle, _nbytes(shape, dtype), exported=False)
+
+    def _runtime(self, name: str) -> VendorDeviceRuntime:
+        if self.device_runtime is None:
+            raise self._unshareable(name)
+        return self.device_runtime
+
+
+def _index(device: str) -> int:
+    return int(device.rpartition(":")[2] or 0)
+
+
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    return math.prod(shape) * DTYPE_BYTES[dtype]
+
+
+def _raw_shape(shape: tuple[int, ...], dtype: str) -> tuple[int, ...]:
+    """``shape`` in bytes: the last extent times the dtype's size (the memory is viewed as ``dtype`` after)."""
+    return (*shape[:-1], shape[-1] * DTYPE_BYTES[dtype])
+
+
+def _shared(name: str, raw: Any, dtype: str, handle: str, nbytes: int, *, exported: bool) -> SharedTensor:
+    holder = [raw if dtype == "uint8" else raw.view(dtype)]
+    return SharedTensor(name=name, tensor=holder[0], handle=handle, nbytes=nbytes, exported=exported, _close=holder.clear)
+

@@ -24,6 +24,7 @@ from ..contract.types import Detection, DeviceMemory, HostBuffer, SharedTensor
 from .host_memory import PinningUnavailable
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from .vendor_device import VendorDeviceRuntime
     from .vendor_host import VendorHostRuntime
 
 
@@ -32,7 +33,8 @@ class DeviceFacts(ABC):
 
     ``device_type`` is Paddle's device type (``gpu``, ``xpu``, ``iluvatar_gpu``, ...),
     ``visible_devices_env`` the variable that limits visible devices, ``host_runtime`` the vendor
-    runtime's pinned host allocator where Paddle has none for the device.
+    runtime's pinned host allocator where Paddle has none for the device, ``device_runtime`` its
+    device memory and IPC where Paddle has no IPC for the device.
     """
 
     #: Dotted names under ``paddle`` this class calls (``"device.cuda.device_count"``).
@@ -65,11 +67,13 @@ class DeviceFacts(ABC):
         device_type: str,
         visible_devices_env: str,
         host_runtime: VendorHostRuntime | None = None,
+        device_runtime: VendorDeviceRuntime | None = None,
     ) -> None:
         self.paddle = paddle
         self.device_type = device_type
         self.visible_devices_env = visible_devices_env
         self.host_runtime = host_runtime
+        self.device_runtime = device_runtime
 
     @classmethod
     def simulated_paddle(cls, device_type: str, devices: int, total_bytes: int) -> Any:

@@ -20,6 +20,7 @@ from ..contract.types import CacheRoleShape, CacheShapeRequest, Detection, Devic
 from .device_facts import DeviceFacts
 from .host_memory import allocate_host
 from .probes import RuntimeFacts
+from .vendor_device import VendorDeviceRuntime
 from .vendor_host import VendorHostRuntime
 
 
@@ -29,6 +30,8 @@ class PaddlePlatform(RuntimeFacts):
 
     ``facts``: the :class:`DeviceFacts` class that reads this device through Paddle;
     ``host_runtime``: the vendor runtime's pinned host allocator, where Paddle has none;
+    ``device_runtime``: the vendor runtime's device memory and IPC, where Paddle has no IPC for the
+    device (cache sharing then goes through it);
     ``cache_shapes``: the attention kernels' cache shapes (a function of
     :mod:`fd_platforms.kit.cache_shapes`, or your own; None: the core's);
     ``load_paddle``: how to get the ``paddle`` module (tests pass a fake).
@@ -36,13 +39,16 @@ class PaddlePlatform(RuntimeFacts):
 
     facts: type[DeviceFacts]
     host_runtime: VendorHostRuntime | None = None
+    device_runtime: VendorDeviceRuntime | None = None
     cache_shapes: Callable[[CacheShapeRequest], tuple[CacheRoleShape, ...] | None] | None = None
     load_paddle: Callable[[], Any] = field(default=import_paddle, repr=False, compare=False)
 
     @cached_property
     def device(self) -> DeviceFacts:
         """The device-facts reader, built on first use (this is where paddle is imported)."""
-        return self.facts(self.load_paddle(), self.device_type, self.visible_devices_env, self.host_runtime)
+        return self.facts(
+            self.load_paddle(), self.device_type, self.visible_devices_env, self.host_runtime, self.device_runtime
+        )
 
     @hookimpl
     def confirm_platform(self) -> Detection:
@@ -80,7 +86,10 @@ class PaddlePlatform(RuntimeFacts):
 
     @hookimpl
     def cache_sharing(self) -> str | None:
-        """How the facts class moves a cache tensor between processes (a class fact: no paddle)."""
+        """How a cache tensor moves between processes: through the vendor runtime where one is given and
+        loads, else the facts class's statement (neither imports paddle)."""
+        if self.device_runtime is not None:
+            return self.device_runtime.sharing()
         return self.facts.sharing
 
     @hookimpl

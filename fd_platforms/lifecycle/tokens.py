@@ -28,10 +28,17 @@ def _position(raw: Any, last: bool) -> tuple[int, ...]:
 
 
 def write_tokens(tensors: Sequence[Any], token: int, *, last: bool = True) -> None:
-    """Write ``token``'s byte into every tensor: its last byte (an attacher) or its first (the creator)."""
+    """Write ``token``'s byte into every tensor: its last byte (an attacher) or its first (the creator).
+
+    The byte is copied into a one-element view (``copy_``), which writes the tensor's own memory on
+    every device; an item assignment may give the tensor new memory instead where the device has no
+    kernel of its own (Paddle's CPU fallback on a custom device)."""
+    paddle = import_paddle()
     for index, tensor in enumerate(tensors):
         raw = _raw(tensor)
-        raw[_position(raw, last)] = _byte(token, index)
+        *outer, inner = _position(raw, last)
+        byte = paddle.to_tensor([_byte(token, index)], dtype="uint8", place=paddle.CPUPlace())
+        raw[(*outer, slice(inner, inner + 1))].copy_(byte, True)
 
 
 def verify_attached(tensors: Sequence[Any], creators: int, ours: int) -> bool:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from ...contract.errors import CacheSharingError
+from ...contract.paddle_import import import_paddle
 from ...engine.initialize import initialize_kv_cache
 from ...ipc.cache_signal import CacheReadySignal, new_signal_name
 from ...loading.platform import Platform
@@ -28,7 +29,8 @@ from fd_platforms.loading.selection import select_platform
 platform = select_platform({"FD_PLATFORM": sys.argv[1]}).platform
 opened = platform.open_cache_tensor(sys.argv[2], sys.argv[3], (4, 16), "uint8", sys.argv[4])
 print(opened.tensor[1, 2].item())
-opened.tensor[3, 4] = 91
+import paddle
+opened.tensor[3, 4:5].copy_(paddle.to_tensor([91], dtype="uint8", place=paddle.CPUPlace()), True)
 opened.close()
 """
 EXPORT_AND_EXIT = """
@@ -89,7 +91,10 @@ def test_an_exported_tensor_is_zero_filled_and_opened_zero_copy_by_another_proce
     try:
         assert shared.exported and shared.nbytes == 64 and list(shared.tensor.shape) == [4, 16]
         assert shared.tensor[2, 3].item() == 0, "exported tensors are zero-filled"
-        shared.tensor[1, 2] = 37
+        # copy_ into a view writes the tensor's own memory on every device; an item assignment may give
+        # it new memory where the device has no kernel of its own (Paddle's CPU fallback)
+        paddle = import_paddle()
+        shared.tensor[1, 2:3].copy_(paddle.to_tensor([37], dtype="uint8", place=paddle.CPUPlace()), True)
         done = subprocess.run(
             [sys.executable, "-c", OPEN_IN_ANOTHER_PROCESS, shareable.name, name, shared.handle, device],
             capture_output=True, text=True, timeout=300,

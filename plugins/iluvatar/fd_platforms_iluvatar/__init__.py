@@ -5,6 +5,7 @@ from __future__ import annotations
 from fd_platforms.contract.types import PlatformLimit
 from fd_platforms.kit.custom_device import CustomDeviceFacts
 from fd_platforms.kit.paddle_platform import PaddlePlatform
+from fd_platforms.kit.vendor_device import VendorDeviceRuntime
 from fd_platforms.kit.vendor_host import VendorHostRuntime
 
 PLATFORM = PaddlePlatform(
@@ -27,4 +28,5 @@ PLATFORM = PaddlePlatform(
     ),
     facts=CustomDeviceFacts,
     host_runtime=VendorHostRuntime(library="libcudart.so", alloc="cudaHostAlloc", free="cudaFreeHost"),
+    device_runtime=VendorDeviceRuntime(library="libcudart.so", prefix="cuda"),  # cache sharing: cudaIpc*
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fd_platforms.kit.cache_shapes import tokens_before_heads
 from fd_platforms.kit.custom_device import CustomDeviceFacts
 from fd_platforms.kit.paddle_platform import PaddlePlatform
+from fd_platforms.kit.vendor_device import VendorDeviceRuntime
 from fd_platforms.kit.vendor_host import VendorHostRuntime
 
 PLATFORM = PaddlePlatform(
@@ -20,4 +21,5 @@ PLATFORM = PaddlePlatform(
     facts=CustomDeviceFacts,
     cache_shapes=tokens_before_heads,  # MetaX's flash backend: [N, block, kv_heads, head_dim]
     host_runtime=VendorHostRuntime(library="libmcruntime.so", alloc="mcMallocHost", free="mcFreeHost"),
+    device_runtime=VendorDeviceRuntime(library="libmcruntime.so", prefix="mc"),  # cache sharing: mcIpc*
 )
