@@ -150,16 +150,23 @@ SH_CASES = [(path.name, line) for path in DOCS for line in commands(path)]
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("doc", "line"), SH_CASES, ids=[f"{doc}:{line[:50]}" for doc, line in SH_CASES])
-def test_a_documented_command_runs(doc: str, line: str, fake_device_root, tmp_path: Path) -> None:
+def test_a_documented_command_runs(doc: str, line: str, fake_device_root, fake_vendor_runtime, tmp_path: Path) -> None:
     words = shlex.split(line)
     if words[0].endswith("tools/fake-custom-device/build.sh"):  # from the repository or a plugin's folder
         assert fake_device_root(words[1]).is_dir()  # the session's build of the same script
+        return
+    if words[0].endswith("tools/fake-custom-device/build-host-runtime.sh"):
+        assert (fake_vendor_runtime / "libmcruntime.so").is_file()  # the session's build of the same script
         return
     env = {k: v for k, v in clean_env().items() if k != "FD_PLATFORM"}
     while "=" in words[0]:
         key, value = words.pop(0).split("=", 1)
         fake = re.fullmatch(r"/tmp/fake-(\w+)", value)
-        env[key] = str(fake_device_root(_device_type(fake.group(1)))) if fake else value
+        if fake and fake.group(1) == "vendor":
+            value = str(fake_vendor_runtime)
+        elif fake:
+            value = str(fake_device_root(_device_type(fake.group(1))))
+        env[key] = value
     assert words[0] == "fd-platforms", f"{doc}: an unknown command {line!r}"
     done = subprocess.run([SCRIPT, *words[1:]], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, f"{doc}: {line}\n{done.stderr}"
