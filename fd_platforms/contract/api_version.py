@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from .errors import PluginContractError, PluginVersionError
 
-API_VERSION = "1.3"
+API_VERSION = "1.4"
 PLUGIN_API_MODULES = (
     "fd_platforms",  # hookimpl, API_VERSION
     "fd_platforms.contract.types",  # the records hooks return
@@ -26,6 +26,7 @@ PLUGIN_API_MODULES = (
     "fd_platforms.kit.device_facts",  # DeviceFacts, pinned_tensor_buffer, share_ipc_tensor, open_ipc_tensor
     "fd_platforms.kit.custom_device",  # CustomDeviceFacts: Paddle custom devices
     "fd_platforms.kit.vendor_host",  # VendorHostRuntime: a vendor's pinned host allocator via ctypes
+    "fd_platforms.kit.vendor_device",  # VendorDeviceRuntime: a vendor's device memory and IPC via ctypes (API 1.4)
     "fd_platforms.kit.host_memory",  # PinningUnavailable, allocate_host, allocate_pageable: the host-memory contract
     "fd_platforms.kit.host_sharing",  # export_host_tensor, open_host_tensor: cache tensors in memfds (API 1.1)
     "fd_platforms.kit.cache_shapes",  # tokens_before_heads, eight_bit_as_int8: kv_cache_shapes answers (API 1.2)

@@ -15,7 +15,7 @@ PLATFORM = PaddlePlatform(
     distributions=("paddle-iluvatar-gpu",),
     device_glob=None,  # Paddle's custom-device runtime counts the devices
     install_hint="pip install paddle-iluvatar-gpu beside paddlepaddle on a machine with Iluvatar GPUs",
-    api_versions=">=1.0,<2",
+    api_versions=">=1.4,<2",  # 1.4: device_runtime
     description="Iluvatar CoreX GPUs",
     custom_device_library="*iluvatar*.so",
     limits=(

@@ -15,7 +15,7 @@ PLATFORM = PaddlePlatform(
     distributions=("paddle-metax-gpu",),
     device_glob=None,  # Paddle's custom-device runtime counts the devices
     install_hint="pip install paddle-metax-gpu beside paddlepaddle on a machine with MetaX GPUs",
-    api_versions=">=1.2,<2",
+    api_versions=">=1.4,<2",  # 1.4: device_runtime
     description="MetaX GPUs",
     custom_device_library="*metax*.so",
     facts=CustomDeviceFacts,
