@@ -114,3 +114,36 @@ def test_run_error_groups_alike_failures_and_keeps_the_exit_code() -> None:
 )
 def test_describe_exit(code: int | None, said: str) -> None:
     assert describe_exit(code) == said
+
+
+def _killed(conn: object) -> None:
+    """A stand-in cache manager that dies without a word (as under SIGKILL)."""
+    import os
+
+    os._exit(9)
+
+
+def _fails_after_a_while(conn: object) -> None:
+    """A stand-in worker whose attach fails because its exporter died: a typed error with exit code 2."""
+    import time
+
+    time.sleep(0.3)
+    conn.send(("error", ("CacheSharingError", "its exporter has exited or closed it", 2)))  # type: ignore[attr-defined]
+
+
+def test_a_child_outside_the_phase_that_died_is_named_first_as_the_cause() -> None:
+    """The cache manager dies while the workers re-attach: the run says so first and exits 1, rather
+    than reporting only the worker's consequent sharing error (exit 2) — a CI run beside a loop hit it."""
+    from fd_platforms.lifecycle.children import Children
+
+    with Children() as children:
+        manager = children.start("cache manager", _killed)
+        worker = children.start("rank 0", _fails_after_a_while)
+        manager.process.join(30)
+        with pytest.raises(RunError) as raised:
+            children.collect([worker], "ready", 30)
+    assert raised.value.exit_code == 1
+    assert raised.value.failures == (
+        ("cache manager", f"pid {manager.pid} exited with code 9 during this phase"),
+        ("rank 0", "CacheSharingError: its exporter has exited or closed it"),
+    )

@@ -22,6 +22,7 @@ from .interrupts import sigint_ignored_by_children
 
 FAILURE_GRACE = 2.0  # seconds the rest of a phase may still report after its first failure
 STOP_SECONDS = 5.0  # seconds children get to exit after "stop" or SIGTERM, before SIGKILL
+CAUSE_SECONDS = 0.5  # how long a failed phase waits, in all, for a child outside it that is still exiting
 
 
 @dataclass(eq=False)
@@ -99,8 +100,23 @@ class Children:
                 )
         if failed:
             ordered = [child for child in children if child in failed]
-            raise RunError(tuple((c.label, failed[c][0]) for c in ordered), failed[ordered[0]][1])
+            causes = self._ended_outside(children)  # e.g. the cache manager, whose death failed a worker's attach
+            reports = tuple((c.label, failed[c][0]) for c in ordered)
+            raise RunError((*causes, *reports), 1 if causes else failed[ordered[0]][1])
         return got
+
+    def _ended_outside(self, children: Sequence[Child]) -> tuple[tuple[str, str], ...]:
+        """Children outside this phase that have ended unasked (waiting :data:`CAUSE_SECONDS` at most for one
+        still exiting): named first, as the likely cause of the phase's failures, with exit code 1."""
+        deadline = time.monotonic() + CAUSE_SECONDS
+        ended = []
+        for child in self.started:
+            if child in children:
+                continue
+            child.process.join(max(0.0, deadline - time.monotonic()))
+            if child.process.exitcode not in (None, 0):
+                ended.append((child.label, f"pid {child.pid} {describe_exit(child.process.exitcode)} during this phase"))
+        return tuple(ended)
 
     def _receive(self, child: Child) -> tuple[str, Any] | None:
         """The child's next message, or None when it has closed its pipe (it ended)."""
