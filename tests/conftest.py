@@ -296,4 +296,6 @@ def fake_vendor_runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
     done = subprocess.run(["bash", str(FAKE_DEVICE_TOOLS / "build-host-runtime.sh"), str(folder)],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, f"building the fake vendor runtime failed:\n{done.stderr}"
+    expected = [str(folder / "libcudart.so"), str(folder / "libmcruntime.so")]
+    assert done.stdout.split() == expected, f"printed {done.stdout!r}\nstderr:\n{done.stderr}"
     return folder

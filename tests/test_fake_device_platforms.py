@@ -195,15 +195,14 @@ def with_library_path(directory: Path, env: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def fake_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def fake_dirs(tmp_path_factory: pytest.TempPathFactory, fake_vendor_runtime: Path) -> dict[str, Path]:
     """Each device type's fake runtime in its own folder (a CUSTOM_DEVICE_ROOT), and ``host``: the fake
     vendor host runtime's folder (kept apart, since Paddle loads every .so in CUSTOM_DEVICE_ROOT)."""
     if shutil.which("g++") is None:
         pytest.skip("g++ not found on PATH: cannot compile the fake custom-device and host runtimes")
     dirs = {case.device_type: tmp_path_factory.mktemp(f"fake-{case.device_type}") for case in CASES}
-    dirs["host"] = tmp_path_factory.mktemp("fake-host")
+    dirs["host"] = fake_vendor_runtime  # the session's build
     builds = [["bash", str(TOOLS / "build.sh"), case.device_type, str(dirs[case.device_type])] for case in CASES]
-    builds.append(["bash", str(TOOLS / "build-host-runtime.sh"), str(dirs["host"])])
     env = {**os.environ, "PYTHON": sys.executable}
     running = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                for argv in builds]

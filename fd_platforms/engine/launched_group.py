@@ -20,13 +20,11 @@ from typing import Any
 from ..contract.errors import ConfigError, NodeError
 from ..contract.paddle_import import import_paddle
 from .bounded import bounded
-from .rendezvous import PADDLE_ERRORS, first_line
+from .rendezvous import POLL_SECONDS, store_call
 
 #: Variables only ``paddle.distributed.launch`` sets (``Cluster.join`` sets none of them).
 LAUNCHER_ONLY = ("PADDLE_GLOBAL_RANK", "PADDLE_RANK_IN_NODE", "PADDLE_LOCAL_SIZE")
 ARRIVED = "fd-platforms/arrived/"
-POLL_SECONDS = 0.02
-OP_SECONDS = 2.0  # the least one store call is allowed, however close the deadline
 
 
 def paddle_as_is() -> ModuleType:
@@ -148,12 +146,10 @@ class Arrival:
         )
 
     def _call(self, call: Callable[[], Any], what: str, deadline: float) -> Any:
-        def gone() -> NodeError:
-            return NodeError(f"{self.me()}: the group's store (hosted by global rank 0) stopped answering while "
-                             f"{what}. Fix: check global rank 0's output")  # fmt: skip
-
-        try:
-            return bounded(call, max(OP_SECONDS, deadline - time.monotonic()), gone)
-        except PADDLE_ERRORS as exc:
-            raise NodeError(f"{self.me()}: lost the group's store (hosted by global rank 0) while {what}: "
-                            f"{first_line(exc)}. Fix: check global rank 0's output") from exc  # fmt: skip
+        return store_call(
+            call, deadline,
+            lambda seconds: NodeError(f"{self.me()}: the group's store (hosted by global rank 0) stopped answering "
+                                      f"while {what}. Fix: check global rank 0's output"),
+            lambda first: NodeError(f"{self.me()}: lost the group's store (hosted by global rank 0) while {what}: "
+                                    f"{first}. Fix: check global rank 0's output"),
+        )  # fmt: skip

@@ -135,19 +135,17 @@ class Rendezvous:
             time.sleep(POLL_SECONDS)
 
     def _call(self, call: Any, doing: str) -> Any:
-        def timed_out() -> NodeError:
-            return NodeError(
+        return store_call(
+            call, self.deadline,
+            lambda seconds: NodeError(
                 f"{self.me}: the master {self.nodes.master} stopped answering while {doing} "
-                f"(no answer within {max(OP_SECONDS, self._remaining()):g} s). Fix: check node 0's output"
-            )
-
-        try:  # at least OP_SECONDS: a poll near the deadline is not the master failing
-            return bounded(call, max(OP_SECONDS, self._remaining()), timed_out)
-        except PADDLE_ERRORS as exc:
-            raise NodeError(
-                f"{self.me}: lost the master {self.nodes.master} while {doing}: {first_line(exc)}. "
+                f"(no answer within {seconds:g} s). Fix: check node 0's output"
+            ),
+            lambda first: NodeError(
+                f"{self.me}: lost the master {self.nodes.master} while {doing}: {first}. "
                 "Fix: check node 0's output (node 0 ends the run for every node)"
-            ) from exc
+            ),
+        )  # fmt: skip
 
     def _remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
@@ -214,6 +212,19 @@ def compare_facts(ours: dict[str, object], theirs: dict[str, Any], who: str) -> 
                 key, ours.get(key), f"the same on every node; {who} was started with {key}={show_value(theirs.get(key))}",
                 f"start every node of the engine with the same {key}",
             )  # fmt: skip
+
+
+def store_call(
+    call: Callable[[], Any], deadline: float, timed_out: Callable[[float], NodeError], lost: Callable[[str], NodeError]
+) -> Any:
+    """``call()`` on a Paddle store, bounded by the time left to ``deadline`` but at least :data:`OP_SECONDS`
+    (a poll near the deadline is not the store's host failing): ``timed_out(seconds)`` is raised when it
+    does not answer, ``lost(Paddle's first line)`` when Paddle raises."""
+    seconds = max(OP_SECONDS, deadline - time.monotonic())
+    try:
+        return bounded(call, seconds, lambda: timed_out(seconds))
+    except PADDLE_ERRORS as exc:
+        raise lost(first_line(exc)) from exc
 
 
 def first_line(exc: BaseException) -> str:

@@ -13,15 +13,15 @@ tensor by :func:`~fd_platforms.kit.foreign_tensor.foreign_tensor`.
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from ..contract.errors import CacheSharingError
-from ..contract.types import DTYPE_BYTES, Detection, DeviceMemory, HostBuffer, SharedTensor
-from .device_facts import DeviceFacts
+from ..contract.types import Detection, DeviceMemory, HostBuffer, SharedTensor
+from .device_facts import DeviceFacts, byte_shape, device_index, shared_view
 from .foreign_tensor import foreign_tensor, load_operator
 from .host_memory import PinningUnavailable
+from .host_sharing import tensor_bytes
 from .vendor_device import handle_bytes, handle_text
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -93,16 +93,15 @@ class CustomDeviceFacts(DeviceFacts):
     def export(self, name: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
         """A zero-filled tensor in the vendor runtime's own allocation, with its IPC handle."""
         runtime = self._runtime(name)
-        device_id, nbytes = _index(device), _nbytes(shape, dtype)
         load_operator(self.paddle)
         free = runtime.release_address("Free", name)
-        address, raw = runtime.share(nbytes, device_id, name)
+        address, raw = runtime.share(tensor_bytes(shape, dtype), device_index(device), name)
         try:
-            tensor = foreign_tensor(self.paddle, address, free, _raw_shape(shape, dtype), "uint8", device)
+            tensor = foreign_tensor(self.paddle, address, free, byte_shape(shape, dtype), "uint8", device)
         except BaseException:
             runtime.release("Free", address, name)
             raise
-        return _shared(name, tensor, dtype, handle_text(raw), nbytes, exported=True)
+        return shared_view(name, tensor, shape, dtype, handle_text(raw), exported=True)
 
     def open(self, name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
         """The tensor another process exported, mapped through the vendor runtime's IPC on ``device``."""
@@ -115,34 +114,16 @@ class CustomDeviceFacts(DeviceFacts):
             )
         load_operator(self.paddle)
         close = runtime.release_address("IpcCloseMemHandle", name)
-        address = runtime.open(raw, _index(device), name)
+        address = runtime.open(raw, device_index(device), name)
         try:
-            tensor = foreign_tensor(self.paddle, address, close, _raw_shape(shape, dtype), "uint8", device)
+            tensor = foreign_tensor(self.paddle, address, close, byte_shape(shape, dtype), "uint8", device)
         except BaseException:
             runtime.release("IpcCloseMemHandle", address, name)
             raise
-        return _shared(name, tensor, dtype, handle, _nbytes(shape, dtype), exported=False)
+        return shared_view(name, tensor, shape, dtype, handle, exported=False)
 
     def _runtime(self, name: str) -> VendorDeviceRuntime:
         if self.device_runtime is None:
             raise self._unshareable(name)
         return self.device_runtime
-
-
-def _index(device: str) -> int:
-    return int(device.rpartition(":")[2] or 0)
-
-
-def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
-    return math.prod(shape) * DTYPE_BYTES[dtype]
-
-
-def _raw_shape(shape: tuple[int, ...], dtype: str) -> tuple[int, ...]:
-    """``shape`` in bytes: the last extent times the dtype's size (the memory is viewed as ``dtype`` after)."""
-    return (*shape[:-1], shape[-1] * DTYPE_BYTES[dtype])
-
-
-def _shared(name: str, raw: Any, dtype: str, handle: str, nbytes: int, *, exported: bool) -> SharedTensor:
-    holder = [raw if dtype == "uint8" else raw.view(dtype)]
-    return SharedTensor(name=name, tensor=holder[0], handle=handle, nbytes=nbytes, exported=exported, _close=holder.clear)
 

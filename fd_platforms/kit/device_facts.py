@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..contract.errors import CacheSharingError, HostAllocError
-from ..contract.types import Detection, DeviceMemory, HostBuffer, SharedTensor
+from ..contract.types import DTYPE_BYTES, Detection, DeviceMemory, HostBuffer, SharedTensor
 from .host_memory import PinningUnavailable
+from .host_sharing import tensor_bytes
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .vendor_device import VendorDeviceRuntime
@@ -136,7 +136,7 @@ class DeviceFacts(ABC):
             return None
         getter = paddle_attribute(self.paddle, self.current_device_calls[0])
         setter = paddle_attribute(self.paddle, self.current_device_calls[1])
-        wanted = int(device.rpartition(":")[2] or 0)
+        wanted = device_index(device)
 
         def run(call: Callable[[], Any]) -> Any:
             previous = int(getter())
@@ -199,16 +199,10 @@ def share_ipc_tensor(
     """A zero-filled device tensor exported through Paddle's own IPC (what ``paddle.incubate.multiprocessing``
     uses): raw ``uint8`` allocated on ``device``, its DenseTensor's ``share`` method (``_share_cuda``,
     ``_share_xpu``) gives the handle's metadata; ``on_device`` runs that call with ``device`` current."""
-    from ..rules.layout import DTYPE_BYTES
-
-    raw = paddle.zeros([*shape[:-1], shape[-1] * DTYPE_BYTES[dtype]], dtype="uint8", device=device)
+    raw = paddle.zeros(list(byte_shape(shape, dtype)), dtype="uint8", device=device)
     dense = raw.get_tensor()
     metadata = (on_device or (lambda call: call()))(getattr(dense, share))
-    holder = [raw if dtype == "uint8" else raw.view(dtype)]
-    return SharedTensor(
-        name=name, tensor=holder[0], handle=encode_handle(metadata), nbytes=math.prod(shape) * DTYPE_BYTES[dtype],
-        exported=True, _close=holder.clear,
-    )  # fmt: skip
+    return shared_view(name, raw, shape, dtype, encode_handle(metadata), exported=True)
 
 
 def open_ipc_tensor(
@@ -216,8 +210,6 @@ def open_ipc_tensor(
 ) -> SharedTensor:
     """The tensor another process exported with :func:`share_ipc_tensor`, opened through Paddle's IPC
     (``DenseTensor._new_shared_cuda``, ``_new_shared_xpu``) and viewed as ``dtype``: the same device memory."""
-    from ..rules.layout import DTYPE_BYTES
-
     try:
         dense = getattr(paddle.base.core.DenseTensor, new_shared)(decode_handle(handle))
     except (RuntimeError, OSError, ValueError) as exc:
@@ -227,9 +219,26 @@ def open_ipc_tensor(
         ) from None
     raw = paddle.base.core.eager.Tensor()
     raw.get_tensor()._share_data_with(dense)
+    return shared_view(name, raw, shape, dtype, handle, exported=False)
+
+
+def device_index(device: str) -> int:
+    """The index of ``<type>:<index>`` (0 for a device string without one)."""
+    return int(device.rpartition(":")[2] or 0)
+
+
+def byte_shape(shape: tuple[int, ...], dtype: str) -> tuple[int, ...]:
+    """``shape`` of ``dtype`` as ``uint8``: the last extent times the dtype's size."""
+    return (*shape[:-1], shape[-1] * DTYPE_BYTES[dtype])
+
+
+def shared_view(
+    name: str, raw: Any, shape: tuple[int, ...], dtype: str, handle: str, *, exported: bool
+) -> SharedTensor:
+    """``raw`` (``uint8`` of :func:`byte_shape`) viewed as ``dtype``, held by a SharedTensor whose close drops it."""
     holder = [raw if dtype == "uint8" else raw.view(dtype)]
     return SharedTensor(
-        name=name, tensor=holder[0], handle=handle, nbytes=math.prod(shape) * DTYPE_BYTES[dtype], exported=False,
+        name=name, tensor=holder[0], handle=handle, nbytes=tensor_bytes(shape, dtype), exported=exported,
         _close=holder.clear,
     )  # fmt: skip
 

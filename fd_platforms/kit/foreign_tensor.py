@@ -31,7 +31,7 @@ ENV_CACHE_DIR = "FD_PLATFORMS_CACHE_DIR"
 OPERATOR = "fd_platforms_foreign_tensor"
 SOURCE = Path(__file__).with_name("foreign_tensor.cc")
 COMPILE_SECONDS = 300  # a compile that takes longer than this is stuck
-_registered: dict[str, Path] = {}  # paddle directory -> the operator library loaded in this process
+_registered: set[Path] = set()  # the Paddle installations this process has loaded the operator into
 
 
 def cache_dir() -> Path:
@@ -56,13 +56,13 @@ def foreign_tensor(paddle: Any, address: int, release: int, shape: tuple[int, ..
 def load_operator(paddle: Any) -> None:
     """Load the operator into this process's Paddle (compiling it first where no build is cached)."""
     home = Path(paddle.__file__).parent
-    if str(home) in _registered:
+    if home in _registered:
         return
     library = _library(home, str(getattr(paddle, "__version__", "unknown")))
     with warnings.catch_warnings():  # paddle.utils.cpp_extension warns that ccache is absent on import
         warnings.simplefilter("ignore")
         paddle.utils.cpp_extension.load_op_meta_info_and_register_op(str(library))
-    _registered[str(home)] = library
+    _registered.add(home)
 
 
 def _library(home: Path, version: str) -> Path:
