@@ -12,11 +12,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from fd_platforms.contract.errors import CacheSharingError, ConfigError
+from fd_platforms.contract.errors import CacheSharingError, ConfigError, DeviceAllocError
 from fd_platforms.kit import foreign_tensor as operator
+from fd_platforms.kit.custom_device import CustomDeviceFacts
 from fd_platforms.kit.vendor_device import HANDLE_BYTES, VendorDeviceRuntime, handle_bytes, handle_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,3 +175,64 @@ def test_without_a_compiler_the_error_names_g_plus_plus_and_the_fix(tmp_path: Pa
     assert done.stdout.startswith("CacheSharingError: g++ is not on PATH, and sharing a custom device's KV cache "
                                   "needs the fd_platforms_foreign_tensor operator"), done.stdout  # fmt: skip
     assert "Fix: install g++" in done.stdout and not list(tmp_path.glob("*.so"))
+
+
+def test_a_device_allocation_the_runtime_refuses_is_a_device_alloc_error(runtime: VendorDeviceRuntime) -> None:
+    with pytest.raises(DeviceAllocError, match=r"mcMalloc could not allocate 4611686018427387904 bytes on device 0 for "
+                                               r"KV cache tensor t \(status 2\)\. Fix: plan fewer blocks"):  # fmt: skip
+        runtime.share(1 << 62, 0, "t")
+
+
+def test_a_runtime_without_a_usable_device_declares_no_sharing_and_says_why(
+    runtime: VendorDeviceRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FAKE_DEVICE_STATUS=35 (CUDA's "insufficient driver"): the runtime loads but answers no device."""
+    monkeypatch.setenv("FAKE_DEVICE_STATUS", "35")
+    assert runtime.sharing() is None
+    assert runtime.missing() == f"mcGetDevice of {runtime.library} returned status 35: no usable device or driver"
+    with pytest.raises(CacheSharingError, match=r"mcGetDevice of .*libmcruntime.so failed for KV cache tensor t "
+                                                r"\(status 35\)\. Fix: check the device and driver"):  # fmt: skip
+        runtime.share(64, 0, "t")
+
+
+def test_a_handle_of_another_kind_is_refused_by_name(runtime: VendorDeviceRuntime) -> None:
+    facts = CustomDeviceFacts(None, "metax_gpu", "MACA_VISIBLE_DEVICES", None, runtime)
+    with pytest.raises(CacheSharingError, match=r"KV cache tensor t's handle 'memfd:1:3' is not a metax_gpu IPC handle\. "
+                                                r"Fix: create and attach on the same platform"):  # fmt: skip
+        facts.open("t", "memfd:1:3", (4,), "uint8", "metax_gpu:0")
+
+
+def test_a_paddle_without_headers_is_named_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(operator.ENV_CACHE_DIR, str(tmp_path / "cache"))
+    headless = SimpleNamespace(__file__=str(tmp_path / "paddle" / "__init__.py"), __version__="0.0")
+    with pytest.raises(CacheSharingError, match=r"ships no headers \(no include/paddle/extension.h\).*Fix: install a "
+                                                r"paddlepaddle wheel that ships paddle/include"):  # fmt: skip
+        operator.load_operator(headless)
+
+
+def test_a_failed_compile_names_the_compiler_output_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import paddle
+
+    broken = tmp_path / "broken.cc"
+    broken.write_text("this is not C++;\n")
+    monkeypatch.setattr(operator, "SOURCE", broken)
+    monkeypatch.setenv(operator.ENV_CACHE_DIR, str(tmp_path / "cache"))
+    home = tmp_path / "paddle"
+    home.mkdir()
+    (home / "include").symlink_to(Path(paddle.__file__).parent / "include")  # the real headers, a paddle never loaded
+    headless = SimpleNamespace(__file__=str(home / "__init__.py"), __version__="0.0")
+    with pytest.raises(CacheSharingError, match=r"g\+\+ could not compile the fd_platforms_foreign_tensor operator .*"
+                                                r"\(exit status 1\): .*Fix: use a paddlepaddle wheel"):  # fmt: skip
+        operator.load_operator(headless)
+    assert not list((tmp_path / "cache").glob("*.so")) and not list((tmp_path / "cache").glob("*.partial"))
+
+
+def test_a_cache_folder_that_cannot_be_made_is_named_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv(operator.ENV_CACHE_DIR, str(tmp_path / "a-file" / "cache"))
+    anywhere = SimpleNamespace(__file__=str(tmp_path / "paddle" / "__init__.py"), __version__="0.0")
+    with pytest.raises(CacheSharingError, match=r"cannot keep the compiled fd_platforms_foreign_tensor operator in "
+                                                r".*a-file/cache: .*Fix: set FD_PLATFORMS_CACHE_DIR to a writable"):  # fmt: skip
+        operator.load_operator(anywhere)

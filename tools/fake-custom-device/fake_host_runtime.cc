@@ -29,6 +29,8 @@
 //                     (e.g. 35, CUDA's "insufficient driver")
 //   FAKE_IPC_STATUS   a non-zero status every IPC call returns instead
 //                     (e.g. 801, CUDA's "operation not supported")
+//   FAKE_DEVICE_STATUS a non-zero status cudaMalloc, cudaGetDevice and cudaSetDevice
+//                     return instead (e.g. 35: a runtime without its driver)
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -85,6 +87,7 @@ unsigned long long EnvNumber(const char* name, unsigned long long fallback) {
 }
 
 int IpcStatus() { return static_cast<int>(EnvNumber("FAKE_IPC_STATUS", 0)); }
+int DeviceStatus() { return static_cast<int>(EnvNumber("FAKE_DEVICE_STATUS", 0)); }
 
 int HostAlloc(void** ptr, size_t size) {
   if (!ptr) return kInvalidValue;
@@ -114,6 +117,7 @@ void* MapShared(int fd, size_t size) {
 int DeviceAlloc(void** ptr, size_t size) {
   if (!ptr) return kInvalidValue;
   *ptr = nullptr;
+  if (int status = DeviceStatus()) return status;
   int fd = memfd_create("fake-device-memory", MFD_CLOEXEC);
   if (fd < 0) return kOutOfMemory;
   void* p = nullptr;
@@ -197,12 +201,14 @@ int CloseHandle(void* ptr) {
 }
 
 int GetDevice(int* id) {
+  if (int status = DeviceStatus()) return status;
   if (!id) return kInvalidValue;
   *id = g_device;
   return 0;
 }
 
 int SetDevice(int id) {
+  if (int status = DeviceStatus()) return status;
   if (id < 0 || id >= 64) return 101;  // cudaErrorInvalidDevice
   g_device = id;
   return 0;
