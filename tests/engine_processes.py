@@ -12,8 +12,9 @@ from fd_platforms.rules.layout import CacheLayout, build_layout
 QWEN = os.path.join(os.path.dirname(__file__), "..", "examples", "qwen3-30b-a3b")
 
 
-def qwen_layout(rank: int = 0, tp: int = 1, **cache: object) -> CacheLayout:
-    return build_layout(load_model_config(QWEN), CacheConfig(**cache), ParallelConfig(tp, rank))  # type: ignore[arg-type]
+def qwen_layout(rank: int = 0, tp: int = 1, device_id: int = 0, **cache: object) -> CacheLayout:
+    return build_layout(load_model_config(QWEN), CacheConfig(**cache), ParallelConfig(tp, rank),  # type: ignore[arg-type]
+                        device_id=device_id)  # fmt: skip
 
 
 def manage(signal_name: str, num_blocks: int, num_cpu_blocks: int, conn: Connection, cache: dict | None = None) -> None:
@@ -58,31 +59,50 @@ FASTDEPLOY_ATTACH = {"profile": False, "num_cpu_blocks": 4, "storage_backend": N
 
 def first_bytes(cache: object, index: int) -> set[int]:
     """Byte ``index`` of every tensor of ``cache``, read through a raw uint8 view."""
-    return {int(tensor.view("uint8").flatten()[index]) for tensor in cache.tensors}  # type: ignore[attr-defined]
+    return {int(_raw_byte(tensor, index).item()) for tensor in cache.tensors}  # type: ignore[attr-defined]
 
 
-def fastdeploy_runner(suffix: str, rank: int, tp: int, num_blocks: int, cycles: int, conn: Connection) -> None:
-    """Our runner beside FastDeploy's processes: attach rank ``rank`` by FastDeploy's names, check byte 0
-    of every tensor is ``rank + 1`` (the stand-in creator's mark) and write byte 1; then follow
-    ``cycles`` clear/update rounds (let go on CLEARING, attach again once the slot is set)."""
+def write_byte(cache: object, index: int, value: int) -> None:
+    """Write ``value`` into byte ``index`` of every tensor of ``cache``, through a one-element view
+    (``copy_`` writes the tensor's own memory on every device; an item assignment may reallocate on a
+    custom device under Paddle's CPU fallback)."""
+    import paddle
+
+    byte = paddle.to_tensor([value], dtype="uint8", place=paddle.CPUPlace())
+    for tensor in cache.tensors:  # type: ignore[attr-defined]
+        raw = tensor.view("uint8")
+        raw[(0,) * (raw.ndim - 1) + (slice(index, index + 1),)].copy_(byte, True)
+
+
+def _raw_byte(tensor: object, index: int) -> object:
+    raw = tensor.view("uint8")  # type: ignore[attr-defined]
+    return raw[(0,) * (raw.ndim - 1) + (index,)]
+
+
+def fastdeploy_runner(
+    suffix: str, rank: int, tp: int, num_blocks: int, cycles: int, device_id: int, conn: Connection
+) -> None:
+    """Our runner beside FastDeploy's processes: attach rank ``rank`` (on ``device_id``) by FastDeploy's
+    names, check byte 0 of every tensor is ``rank + 1`` (the stand-in creator's mark) and write byte 1
+    = 0x5A; then follow ``cycles`` clear/update rounds (let go on CLEARING, attach again once the slot
+    is set)."""
     import fd_platforms
     from fd_platforms.engine import initialize_kv_cache
     from fd_platforms.ipc.fastdeploy_signals import KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
 
     platform = fd_platforms.current_platform()
-    layout = qwen_layout(rank, tp)
+    layout = qwen_layout(rank, tp, device_id)
 
     def attach() -> object:
         cache = initialize_kv_cache(
             platform, layout, num_blocks, signal_name=suffix, protocol="fastdeploy", timeout=30, **FASTDEPLOY_ATTACH
         )
         assert not cache.created and first_bytes(cache, 0) == {rank + 1}, first_bytes(cache, 0)
-        for index in range(len(cache.tensors)):
-            cache.tensors[index].view("uint8").flatten()[1] = 0x5A
+        write_byte(cache, 1, 0x5A)
         return cache
 
     cache = attach()
-    conn.send(("attached", cache.wait_seconds))
+    conn.send(("attached", cache.wait_seconds, str(cache.tensors[0].place)))
     with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
         for _ in range(cycles):
             status.wait_for(0, KVCacheStatus.CLEARING, 30, what=f"rank {rank} waiting for a clear")
@@ -92,3 +112,22 @@ def fastdeploy_runner(suffix: str, rank: int, tp: int, num_blocks: int, cycles: 
     conn.recv()
     cache.clear()  # type: ignore[attr-defined]
     conn.send(("cleared", None))
+
+
+def fastdeploy_manager(suffix: str, rank: int, tp: int, num_blocks: int, device_id: int, conn: Connection) -> None:
+    """Our cache manager for rank ``rank`` (on ``device_id``) with FastDeploy's protocol: publish, report
+    where, then answer ``bytes`` (byte 1 of every tensor, as a stand-in attacher wrote it) and ``clear``."""
+    import fd_platforms
+
+    platform = fd_platforms.current_platform()
+    managed = manage_kv_cache(platform, qwen_layout(rank, tp, device_id), num_blocks, num_cpu_blocks=4,
+                              signal_name=suffix, protocol="fastdeploy")  # fmt: skip
+    conn.send(("published", str(managed.device.tensors[0].place)))
+    while True:
+        kind = conn.recv()
+        if kind == "bytes":
+            conn.send(sorted(first_bytes(managed.device, 1)))
+        elif kind == "clear":
+            managed.clear(30)
+            conn.send("cleared")
+            return

@@ -26,11 +26,19 @@ fd-platforms (it says so on exit), so what meets our processes is FastDeploy's f
   0 drives nothing. Prints ``done``, waits for stdin to close, then lets go (resets its slot).
 
 Every wait gives up after ``FD_STANDIN_TIMEOUT`` seconds (default 30) with exit status 3.
+
+Tensors live in sealed memfds (the handle is ``memfd:<pid>:<fd>``, as the cpu platform's), or, with
+``FD_STANDIN_RUNTIME=libmcruntime.so:mc`` (library and call prefix), in device memory of that vendor
+runtime, as FastDeploy's MetaX build has them: ``mcSetDevice`` to the device the tensor's name
+carries, ``mcMalloc``, ``mcMemset``, and the raw 64-byte ``mcIpcGetMemHandle`` in the record; the
+attacher opens it with ``mcIpcOpenMemHandle`` and reads and writes through ``mcMemcpy``/``mcMemset``.
+A failing runtime call exits with status 5, naming it.
 """
 
 from __future__ import annotations
 
 import _posixshmem
+import ctypes
 import fcntl
 import json
 import mmap
@@ -51,6 +59,7 @@ SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 POLL = 0.1  # FastDeploy's cache transfer manager polls kv_cache_status every 0.1 s
 SLOT_POLL = 0.005
 TIMEOUT = float(os.environ.get("FD_STANDIN_TIMEOUT", "30"))
+DEVICE_TO_HOST = 2  # cudaMemcpyDeviceToHost / mcMemcpyDeviceToHost
 
 
 def attach(name: str, suffix: str, length: int) -> tuple[shared_memory.SharedMemory, np.ndarray]:
@@ -99,6 +108,23 @@ def engine(suffix: str, tp: int) -> None:
         block.unlink()
 
 
+def write_record(name: str, handle: bytes) -> None:
+    """set_data_ipc: shm_open(O_CREAT | O_RDWR) (a record left by an earlier run is reused), ftruncate, write."""
+    record_fd = _posixshmem.shm_open(f"/{name}", os.O_CREAT | os.O_RDWR, 0o600)
+    os.ftruncate(record_fd, RECORD.size)
+    os.pwrite(record_fd, RECORD.pack(0, handle), 0)
+    os.close(record_fd)
+
+
+def read_record(name: str) -> bytes:
+    """The 64 handle bytes of FastDeploy's record ``name``."""
+    record = shared_memory.SharedMemory(name=name)
+    resource_tracker.unregister(record._name, "shared_memory")  # type: ignore[attr-defined]
+    _, raw = RECORD.unpack(bytes(record.buf[: RECORD.size]))
+    record.close()
+    return raw
+
+
 class Tensors:
     """One rank's cache tensors in sealed memfds, each handle in its ``set_data_ipc`` record."""
 
@@ -111,11 +137,7 @@ class Tensors:
             self.fds.append(fd)
             self.maps.append(mmap.mmap(fd, nbytes))
             self.maps[-1][0] = rank + 1
-            # set_data_ipc: shm_open(O_CREAT | O_RDWR) (a record left by an earlier run is reused), ftruncate, write
-            record_fd = _posixshmem.shm_open(f"/{name}", os.O_CREAT | os.O_RDWR, 0o600)
-            os.ftruncate(record_fd, RECORD.size)
-            os.pwrite(record_fd, RECORD.pack(0, f"memfd:{os.getpid()}:{fd}".encode()), 0)
-            os.close(record_fd)
+            write_record(name, f"memfd:{os.getpid()}:{fd}".encode())
             self.records.append(name)
 
     def touched(self) -> bool:
@@ -130,11 +152,105 @@ class Tensors:
             _posixshmem.shm_unlink(f"/{name}")
 
 
+class Handle(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_char * 64)]  # cudaIpcMemHandle_t, passed by value
+
+
+class Runtime:
+    """The vendor runtime's CUDA-shaped calls (``FD_STANDIN_RUNTIME``, e.g. ``libmcruntime.so:mc``)."""
+
+    SIGNATURES = {
+        "SetDevice": (ctypes.c_int,),
+        "Malloc": (ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t),
+        "Free": (ctypes.c_void_p,),
+        "Memset": (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t),
+        "Memcpy": (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int),
+        "IpcGetMemHandle": (ctypes.POINTER(Handle), ctypes.c_void_p),
+        "IpcOpenMemHandle": (ctypes.POINTER(ctypes.c_void_p), Handle, ctypes.c_uint),
+        "IpcCloseMemHandle": (ctypes.c_void_p,),
+    }
+
+    def __init__(self, spec: str) -> None:
+        library, self.prefix = spec.split(":")
+        self.library = ctypes.CDLL(library)
+        for name, argtypes in self.SIGNATURES.items():
+            function = getattr(self.library, self.prefix + name)
+            function.argtypes, function.restype = argtypes, ctypes.c_int
+
+    def __call__(self, name: str, *args: object) -> None:
+        status = getattr(self.library, self.prefix + name)(*args)
+        if status:
+            print(f"stand-in: {self.prefix}{name} returned {status}", flush=True)
+            os._exit(5)
+
+    def byte(self, pointer: int, offset: int) -> int:
+        out = ctypes.create_string_buffer(1)
+        self("Memcpy", ctypes.addressof(out), pointer + offset, 1, DEVICE_TO_HOST)
+        return out.raw[0]
+
+
+def device_of(name: str) -> int:
+    """The device a FastDeploy tensor name was made for (``....device{N}``)."""
+    return int(name.rsplit(".device", 1)[1])
+
+
+class DeviceTensors:
+    """One rank's cache tensors in the vendor runtime's device memory, as FastDeploy's MetaX build has them."""
+
+    def __init__(self, runtime: Runtime, specs: list[list], rank: int) -> None:
+        self.runtime, self.pointers, self.records = runtime, [], []
+        for name, nbytes in specs:
+            pointer, handle = ctypes.c_void_p(), Handle()
+            runtime("SetDevice", device_of(name))
+            runtime("Malloc", ctypes.byref(pointer), nbytes)
+            self.pointers.append(pointer.value)
+            runtime("Memset", pointer, 0, nbytes)
+            runtime("Memset", pointer, rank + 1, 1)
+            runtime("IpcGetMemHandle", ctypes.byref(handle), pointer)
+            write_record(name, bytes(handle))  # all 64 bytes (the field itself would stop at a NUL)
+            self.records.append(name)
+
+    def touched(self) -> bool:
+        return all(self.runtime.byte(pointer, 1) == 0x5A for pointer in self.pointers)
+
+    def free(self) -> None:
+        for pointer in self.pointers:
+            self.runtime("Free", pointer)
+        for name in self.records:
+            _posixshmem.shm_unlink(f"/{name}")
+
+
+class DeviceView:
+    """An opened handle: the attacher's mapping of one tensor, closed with ``*IpcCloseMemHandle``."""
+
+    def __init__(self, runtime: Runtime, name: str, raw: bytes) -> None:
+        pointer = ctypes.c_void_p()
+        runtime("SetDevice", device_of(name))
+        runtime("IpcOpenMemHandle", ctypes.byref(pointer), Handle.from_buffer_copy(raw), 1)  # LazyEnablePeerAccess
+        self.runtime, self.pointer = runtime, pointer.value
+
+    def __getitem__(self, offset: int) -> int:
+        return self.runtime.byte(self.pointer, offset)
+
+    def __setitem__(self, offset: int, value: int) -> None:
+        self.runtime("Memset", self.pointer + offset, value, 1)
+
+    def close(self) -> None:
+        self.runtime("IpcCloseMemHandle", self.pointer)
+
+
+RUNTIME = Runtime(os.environ["FD_STANDIN_RUNTIME"]) if os.environ.get("FD_STANDIN_RUNTIME") else None
+
+
+def make_tensors(specs: list[list], rank: int) -> Tensors | DeviceTensors:
+    return Tensors(specs, rank) if RUNTIME is None else DeviceTensors(RUNTIME, specs, rank)
+
+
 def creator(suffix: str, rank: int, tp: int, specs: list[list]) -> None:
     ready_block, ready = attach("cache_ready_signal", suffix, tp)
     inited_block, inited = attach("cache_transfer_inited_signal", suffix, tp)
     status_block, status = attach("kv_cache_status", suffix, 1)
-    tensors: Tensors | None = Tensors(specs, rank)
+    tensors: Tensors | DeviceTensors | None = make_tensors(specs, rank)
     ready[rank] = 1
     inited[rank] = 1
     print("created", flush=True)
@@ -154,7 +270,7 @@ def creator(suffix: str, rank: int, tp: int, specs: list[list]) -> None:
                 wait_until(lambda: int(ready.sum()) == 0, "every rank to let go")
                 status[0] = CLEARED
         elif now in (UPDATING, NORMAL) and tensors is None:
-            tensors = Tensors(specs, rank)
+            tensors = make_tensors(specs, rank)
             ready[rank] = 1
             if rank == 0:  # (another rank waiting for every slot could miss a moment that passed)
                 wait_until(lambda: int(ready.sum()) == tp, "every rank to be created")
@@ -164,16 +280,16 @@ def creator(suffix: str, rank: int, tp: int, specs: list[list]) -> None:
     # the signal mappings go with the process, as FastDeploy's do
 
 
-def open_all(specs: list[list], first: int) -> list[mmap.mmap]:
-    views = []
+def open_all(specs: list[list], first: int) -> list[mmap.mmap | DeviceView]:
+    views: list[mmap.mmap | DeviceView] = []
     for name, nbytes in specs:
-        record = shared_memory.SharedMemory(name=name)
-        resource_tracker.unregister(record._name, "shared_memory")  # type: ignore[attr-defined]
-        _, raw = RECORD.unpack(bytes(record.buf[: RECORD.size]))
-        record.close()
-        _, pid, fd = raw.rstrip(b"\0").decode().split(":")
-        with open(f"/proc/{pid}/fd/{fd}", "r+b") as file:
-            view = mmap.mmap(file.fileno(), nbytes)
+        raw = read_record(name)
+        if RUNTIME is not None:
+            view: mmap.mmap | DeviceView = DeviceView(RUNTIME, name, raw)
+        else:
+            _, pid, fd = raw.rstrip(b"\0").decode().split(":")
+            with open(f"/proc/{pid}/fd/{fd}", "r+b") as file:
+                view = mmap.mmap(file.fileno(), nbytes)
         if first >= 0 and view[0] != first:
             print(f"tensor {name} byte 0 is {view[0]}, not {first}", flush=True)
             os._exit(4)

@@ -23,7 +23,14 @@ from pathlib import Path
 
 import pytest
 
-from engine_processes import FASTDEPLOY_ATTACH, fastdeploy_runner, first_bytes, qwen_layout
+from engine_processes import (
+    FASTDEPLOY_ATTACH,
+    fastdeploy_manager,
+    fastdeploy_runner,
+    first_bytes,
+    qwen_layout,
+    write_byte,
+)
 from fd_platforms.contract.errors import CacheSharingError, ConfigError, SignalWaitError
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
 from fd_platforms.engine.block_handoff import hand_off_block_count
@@ -40,6 +47,7 @@ FD_SIGNAL_NAMES = ("cache_ready_signal.", "swap_space_ready_signal.", "cache_tra
                    "kv_cache_status.", "get_profile_block_num.")  # fmt: skip
 BLOCKS = 4
 CYCLES = 20
+METAX_CYCLES = 3
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -66,6 +74,19 @@ def cpu(monkeypatch):
     return select_platform({"FD_PLATFORM": "cpu"}).platform
 
 
+@pytest.fixture
+def metax(fake_device_root, fake_vendor_runtime, monkeypatch) -> None:
+    """The fake MetaX device and vendor runtime for the processes the test starts (ours select metax; the
+    stand-ins keep their tensors in libmcruntime.so's device memory, as FastDeploy's MetaX build does)."""
+    outer = os.environ.get("LD_LIBRARY_PATH")
+    monkeypatch.setenv("FD_PLATFORM", "metax")
+    monkeypatch.setenv("CUSTOM_DEVICE_ROOT", str(fake_device_root("metax_gpu")))
+    monkeypatch.setenv("LD_LIBRARY_PATH", ":".join(path for path in (str(fake_vendor_runtime), outer) if path))
+    monkeypatch.setenv("FAKE_DEVICE_TOTAL_MEMORY", str(1 << 30))
+    monkeypatch.setenv("FLAGS_allocator_strategy", "auto_growth")
+    monkeypatch.setenv("FD_STANDIN_RUNTIME", "libmcruntime.so:mc")
+
+
 def standin(*args: object) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, str(STANDINS), *map(str, args)],
@@ -88,6 +109,13 @@ def finish(process: subprocess.Popen[str]) -> str:
 
 def tensor_specs(cpu, rank: int, tp: int) -> str:
     layout = cpu.cache_layout(qwen_layout(rank, tp), BLOCKS)
+    return json.dumps([[spec.name, spec.nbytes(BLOCKS)] for spec in layout.tensors])
+
+
+def device_specs(rank: int, tp: int) -> str:
+    """Rank ``rank``'s tensors on device ``rank``: FastDeploy's names (``.device{rank}``) and sizes (MetaX's
+    shapes order the same bytes differently)."""
+    layout = qwen_layout(rank, tp, rank)
     return json.dumps([[spec.name, spec.nbytes(BLOCKS)] for spec in layout.tensors])
 
 
@@ -132,8 +160,7 @@ def test_a_standin_cache_manager_wakes_our_runner_which_attaches_by_fastdeploys_
             expect(creator, "created")
             assert not cache.created and cache.names == runner_layouts[rank].names()
             assert first_bytes(cache, 0) == {rank + 1}, "the stand-in's memory, not a copy"
-            for index in range(len(cache.tensors)):
-                cache.tensors[index].view("uint8").flatten()[1] = 0x5A
+            write_byte(cache, 1, 0x5A)
             expect(creator, "touched")  # our writes reach the stand-in's memory
         with FastDeploySignal.attach(CACHE_READY, suffix) as ready:
             assert ready.values() == (1, 1)
@@ -178,7 +205,7 @@ def test_a_clear_update_driven_from_our_side_completes_20_times(cpu) -> None:
         links, runners = [], []
         for rank in range(4):
             link, far = spawn.Pipe()
-            runner = spawn.Process(target=fastdeploy_runner, args=(suffix, rank, 4, BLOCKS, CYCLES, far), daemon=True)
+            runner = spawn.Process(target=fastdeploy_runner, args=(suffix, rank, 4, BLOCKS, CYCLES, 0, far), daemon=True)
             runner.start()
             stack.callback(runner.kill)
             links.append(link)
@@ -235,6 +262,81 @@ def test_a_clear_update_driven_from_the_standins_side_completes_20_times(cpu) ->
             finish(attacher)
         for cache in held:
             cache.clear(10)
+
+
+def spawn_all(stack: ExitStack, target, args_of) -> tuple[list, list]:  # type: ignore[no-untyped-def]
+    """Two spawned processes running ``target(*args_of(rank), far_end)``; their links and processes."""
+    spawn = multiprocessing.get_context("spawn")
+    links, processes = [], []
+    for rank in range(2):
+        link, far = spawn.Pipe()
+        process = spawn.Process(target=target, args=(*args_of(rank), far), daemon=True)
+        process.start()
+        stack.callback(process.kill)
+        links.append(link)
+        processes.append(process)
+    return links, processes
+
+
+def test_a_standin_metax_cache_manager_wakes_our_metax_runners_which_attach_through_its_raw_handles(metax) -> None:
+    """FastDeploy's MetaX cache transfer manager, stood in: tensors in libmcruntime.so's device memory (faked),
+    the raw 64-byte mcIpcGetMemHandle in set_data_ipc's records. Our MetaX runners, each on its own device, attach
+    by FastDeploy's names through the vendor runtime's IPC, see the stand-in's mark, write theirs into its memory,
+    and follow clear/update rounds driven from our side."""
+    with fastdeploy_engine(2) as (suffix, _), ExitStack() as stack:
+        creators = [standin("creator", suffix, rank, 2, device_specs(rank, 2)) for rank in range(2)]
+        for creator in creators:
+            stack.callback(creator.kill)
+        links, runners = spawn_all(stack, fastdeploy_runner, lambda rank: (suffix, rank, 2, BLOCKS, METAX_CYCLES, rank))
+        for rank, link in enumerate(links):
+            assert link.poll(120)
+            said, _, place = link.recv()
+            assert said == "attached" and f"metax_gpu:{rank}" in place, (said, place)
+        for creator in creators:
+            expect(creator, "created")
+            expect(creator, "touched")  # our runner's byte, written into the stand-in's device memory
+        for _ in range(METAX_CYCLES):
+            report = drive_kv_cache_update(
+                suffix, timeout=30, creator_pid=creators[0].pid,
+                attacher_pids={rank: runner.pid for rank, runner in enumerate(runners)},
+            )  # fmt: skip
+            assert report.ranks == 2
+        for link in links:
+            assert link.poll(60) and link.recv() == ("done", METAX_CYCLES)
+            link.send("stop")
+            assert link.poll(60) and link.recv()[0] == "cleared"
+        for creator in creators:
+            finish(creator)
+
+
+def test_our_metax_cache_manager_wakes_a_standin_worker_which_opens_the_raw_handles(metax) -> None:
+    """Our MetaX cache manager with FastDeploy's protocol: each rank's tensors on its own device, each record the
+    raw 64-byte handle FastDeploy's set_data_ipc writes; a stand-in worker opens them with mcIpcOpenMemHandle and
+    writes into our memory, and FastDeploy's engine hears the cache service is up."""
+    with fastdeploy_engine(2) as (suffix, engine), ExitStack() as stack:
+        links, managers = spawn_all(stack, fastdeploy_manager, lambda rank: (suffix, rank, 2, BLOCKS, rank))
+        for rank, link in enumerate(links):
+            assert link.poll(120)
+            said, place = link.recv()
+            assert said == "published" and f"metax_gpu:{rank}" in place, (said, place)
+        for rank in range(2):
+            _, handle = RECORD.unpack(Path(f"/dev/shm/{qwen_layout(rank, 2, rank).names()[0]}").read_bytes())
+            assert handle.startswith(b"FAKEIPC1"), "the raw handle (the fake runtime's magic), not its text"
+        attachers = [standin("attacher", suffix, rank, 2, device_specs(rank, 2), 0, 0) for rank in range(2)]
+        for attacher in attachers:
+            stack.callback(attacher.kill)
+            expect(attacher, "attached")
+            expect(attacher, "done")
+        for link in links:
+            link.send("bytes")
+            assert link.poll(30) and link.recv() == [0x5A], "the stand-in wrote into our device memory"
+        said = {engine.stdout.readline().strip() for _ in range(2)}  # type: ignore[union-attr]
+        assert said == {"cache_transfer_inited 2", "swap_space_ready 2"}, "what FastDeploy's engine waits for"
+        for attacher in attachers:
+            finish(attacher)  # closes its handles, resets its slot
+        for link in links:
+            link.send("clear")
+            assert link.poll(60) and link.recv() == "cleared"
 
 
 def test_a_rank_that_never_lets_go_is_named(cpu) -> None:

@@ -10,6 +10,7 @@
 //   int cudaMalloc(void** ptr, size_t size)                       / mcMalloc
 //   int cudaFree(void* ptr)                                       / mcFree
 //   int cudaMemset(void* ptr, int value, size_t size)             / mcMemset
+//   int cudaMemcpy(void* dst, const void* src, size_t size, int kind) / mcMemcpy
 //   int cudaIpcGetMemHandle(Handle* handle, void* ptr)            / mcIpcGetMemHandle
 //   int cudaIpcOpenMemHandle(void** ptr, Handle handle, unsigned) / mcIpcOpenMemHandle
 //   int cudaIpcCloseMemHandle(void* ptr)                          / mcIpcCloseMemHandle
@@ -148,6 +149,12 @@ int Memset(void* ptr, int value, size_t size) {
   return 0;
 }
 
+int Memcpy(void* dst, const void* src, size_t size, int kind) {
+  if (!dst || !src || kind < 0 || kind > 4) return kInvalidValue;  // cudaMemcpyHostToHost .. Default
+  std::memmove(dst, src, size);  // the fake's device memory is mapped into the process
+  return 0;
+}
+
 int GetHandle(Handle* handle, void* ptr) {
   if (int status = IpcStatus()) return status;
   if (!handle) return kInvalidValue;
@@ -226,6 +233,7 @@ int mcFreeHost(void* ptr) { return HostFree(ptr); }
 int cudaMalloc(void** ptr, size_t size) { return DeviceAlloc(ptr, size); }
 int cudaFree(void* ptr) { return DeviceFree(ptr); }
 int cudaMemset(void* ptr, int value, size_t size) { return Memset(ptr, value, size); }
+int cudaMemcpy(void* dst, const void* src, size_t size, int kind) { return Memcpy(dst, src, size, kind); }
 int cudaIpcGetMemHandle(Handle* handle, void* ptr) { return GetHandle(handle, ptr); }
 int cudaIpcOpenMemHandle(void** ptr, Handle handle, unsigned flags) { return OpenHandle(ptr, handle, flags); }
 int cudaIpcCloseMemHandle(void* ptr) { return CloseHandle(ptr); }
@@ -235,6 +243,7 @@ int cudaSetDevice(int id) { return SetDevice(id); }
 int mcMalloc(void** ptr, size_t size) { return DeviceAlloc(ptr, size); }
 int mcFree(void* ptr) { return DeviceFree(ptr); }
 int mcMemset(void* ptr, int value, size_t size) { return Memset(ptr, value, size); }
+int mcMemcpy(void* dst, const void* src, size_t size, int kind) { return Memcpy(dst, src, size, kind); }
 int mcIpcGetMemHandle(Handle* handle, void* ptr) { return GetHandle(handle, ptr); }
 int mcIpcOpenMemHandle(void** ptr, Handle handle, unsigned flags) { return OpenHandle(ptr, handle, flags); }
 int mcIpcCloseMemHandle(void* ptr) { return CloseHandle(ptr); }
