@@ -4,6 +4,7 @@ Paddle (so a renamed API fails here, without hardware)."""
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import dataclasses
 import importlib
@@ -21,11 +22,13 @@ import fd_platforms_iluvatar
 import fd_platforms_metax
 import fd_platforms_xpu
 from fd_platforms.contract.errors import CacheSharingError, ConfigError, HostAllocError
+from fd_platforms.engine.fastdeploy_handles import RECORD
+from fd_platforms.engine.fastdeploy_handles import encode_handle as encode_record
 from fd_platforms.kit.custom_device import CustomDeviceFacts
-from fd_platforms.kit.device_facts import DeviceFacts, paddle_attribute
+from fd_platforms.kit.device_facts import PADDLE_UINT8, DeviceFacts, paddle_attribute
 from fd_platforms.kit.host_memory import PinningUnavailable, allocate_host
 from fd_platforms.kit.paddle_platform import PaddlePlatform
-from fd_platforms.kit.vendor_device import VendorDeviceRuntime
+from fd_platforms.kit.vendor_device import VendorDeviceRuntime, handle_text
 
 PLATFORMS = {
     "cuda": fd_platforms_cuda.PLATFORM,
@@ -79,9 +82,15 @@ class FakeIpc:
     opened on. ``current`` is the current device, ``switches`` every switch.
     """
 
-    def __init__(self, kind: str, *, vmm: bool = False, vmm_ipc: bool = True) -> None:
+    def __init__(self, kind: str, *, vmm: bool = False, vmm_ipc: bool = True, offset: int = 0) -> None:
         self.kind, self.allocations, self.current, self.switches = kind, {}, 0, []
         self.vmm, self.vmm_ipc, self.opened_on, self.exported_on = vmm, vmm_ipc, [], []
+        self.offset, self.opened_with = offset, []
+
+    @staticmethod
+    def key(index: int) -> bytes:
+        """Allocation ``index``'s handle: 64 bytes, binary (as a cudaIpcMemHandle_t is)."""
+        return (b"\xc7" + f"fake-ipc-{index}".encode()).ljust(64, b"\0")
 
     def dense(self, key: bytes | None) -> SimpleNamespace:
         dense = SimpleNamespace(key=key)
@@ -91,8 +100,8 @@ class FakeIpc:
             self.exported_on.append(self.current)
             size = len(self.allocations[dense.key])
             if self.vmm and self.vmm_ipc:
-                return (dense.key, 3, [size], [], self.current)
-            return (dense.key, 0, size, 3, [size], [], self.current)
+                return (dense.key, PADDLE_UINT8, [size], [], self.current)
+            return (dense.key, self.offset, size, PADDLE_UINT8, [size], [], self.current)
 
         setattr(dense, f"_share_{self.kind}", share)
         return dense
@@ -103,12 +112,13 @@ class FakeIpc:
                                view=lambda new: self.tensor(dense.key, new))  # fmt: skip
 
     def zeros(self, shape: list[int], dtype: str, device: str) -> SimpleNamespace:
-        key = f"ipc-{len(self.allocations)}".encode()
+        key = self.key(len(self.allocations))
         self.allocations[key] = bytearray(math.prod(shape))
         return self.tensor(key)
 
     def new_shared(self, metadata: tuple[Any, ...]) -> SimpleNamespace:
         self.opened_on.append(self.current)
+        self.opened_with.append(metadata)
         return self.dense(metadata[0])
 
     def get_flags(self, names: list[str]) -> dict[str, Any]:
@@ -422,6 +432,11 @@ def test_every_declared_paddle_call_exists_in_the_installed_paddle(facts: type[D
     assert not missing, f"{facts.__name__} calls names this paddle {paddle.__version__} lacks: {missing}"
 
 
+def test_the_uint8_dtype_field_of_paddles_ipc_metadata_is_the_installed_paddles() -> None:
+    """A raw IPC handle is opened as Paddle's metadata of a uint8 tensor, whose dtype field is phi's enum value."""
+    assert int(importlib.import_module("paddle").uint8) == PADDLE_UINT8
+
+
 def leaves(node: object, prefix: str = "") -> list[str]:
     """Dotted names of the callables a SimpleNamespace tree holds."""
     if callable(node):
@@ -464,7 +479,8 @@ def test_ipc_export_and_open_map_the_same_device_memory(name: str, make: Callabl
     shared = facts.export("fd_kv.x.key_caches_0_rank0.device3", (4, 2, 64, 128), "bfloat16", device)
     assert (shared.exported, shared.nbytes, shared.tensor.dtype) == (True, 4 * 2 * 64 * 128 * 2, "bfloat16")
     metadata = json.loads(shared.handle)
-    assert metadata[0] == {"b64": "aXBjLTA="} and metadata[2] == shared.nbytes, "bytes travel as base64 in JSON"
+    assert metadata[0] == {"b64": base64.b64encode(ipc.key(0)).decode()}, "bytes travel as base64 in JSON"
+    assert metadata[2] == shared.nbytes
     opened = facts.open(shared.name, shared.handle, (4, 2, 64, 128), "bfloat16", device)
     assert opened.exported is False and opened.tensor.dtype == "bfloat16"
     shared.tensor.memory()[7] = 9
@@ -522,6 +538,40 @@ def test_vmm_memory_is_shared_through_paddles_vmm_handles_or_refused_naming_the_
     legacy = FakeIpc("cuda", vmm=True, vmm_ipc=False)
     with pytest.raises(CacheSharingError, match=f"{flag} is on.*legacy IPC handle.*set {flag}=0"):
         facts_of("cuda", cuda_paddle(ipc=legacy)).export("fd_kv.x.t", (8,), "uint8", "gpu:0")
+
+
+@pytest.mark.parametrize(("name", "make"), [("cuda", cuda_paddle), ("xpu", xpu_paddle)])
+def test_fastdeploys_record_holds_the_raw_ipc_handle_and_a_raw_record_opens_on_the_attachers_device(
+    name: str, make
+) -> None:
+    """FastDeploy's set_data_ipc writes a tensor's raw cudaIpcMemHandle_t: our export's record holds the handle
+    inside Paddle's metadata, and a raw record (FastDeploy's creator) opens through Paddle's IPC as the
+    allocation's start, with the attacher's device current and named (both were refused before)."""
+    ipc = FakeIpc(name)
+    facts = facts_of(name, make(ipc=ipc))
+    tensor, shape = "key_caches_0_rank0.device3", (4, 2, 64, 128)
+    shared = facts.export(tensor, shape, "bfloat16", f"{facts.device_type}:3")
+    nprocesses, raw = RECORD.unpack(encode_record(tensor, shared.handle, name))
+    assert nprocesses == 0 and raw == ipc.key(0), "the raw handle, as FastDeploy's set_data_ipc writes it"
+    opened = facts.open(tensor, handle_text(raw), shape, "bfloat16", f"{facts.device_type}:3")
+    assert ipc.opened_with == [(raw, 0, shared.nbytes, PADDLE_UINT8, [4, 2, 64, 256], [], 3)], "Paddle's 7 fields"
+    assert ipc.opened_on == [3] and ipc.current == 0, "opened on the attacher's device, the previous one restored"
+    shared.tensor.memory()[5] = 7
+    assert opened.tensor.dtype == "bfloat16" and opened.tensor.memory()[5] == 7, "the same allocation, no copy"
+
+
+def test_a_handle_a_raw_record_cannot_stand_for_is_refused_saying_why() -> None:
+    """A raw handle names an allocation and FastDeploy's opener reads from its start: a tensor inside its
+    allocation, or VMM memory (another kind of handle), cannot be written as one."""
+    inside = facts_of("cuda", cuda_paddle(ipc=FakeIpc("cuda", offset=512)))
+    shared = inside.export("key_caches_0_rank0.device0", (8,), "uint8", "gpu:0")
+    with pytest.raises(CacheSharingError, match=r"key_caches_0_rank0.device0 starts 512 bytes into its device "
+                                                r"allocation.*Fix: use the fd-platforms protocol"):  # fmt: skip
+        encode_record("key_caches_0_rank0.device0", shared.handle, "cuda")
+    vmm = facts_of("cuda", cuda_paddle(ipc=FakeIpc("cuda", vmm=True)))
+    shared = vmm.export("key_caches_0_rank0.device0", (8,), "uint8", "gpu:0")
+    with pytest.raises(CacheSharingError, match="virtual-memory allocator.*FLAGS_use_virtual_memory_auto_growth=0"):
+        encode_record("key_caches_0_rank0.device0", shared.handle, "cuda")
 
 
 def test_a_stale_or_foreign_ipc_handle_is_a_sharing_error() -> None:

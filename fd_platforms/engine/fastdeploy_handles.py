@@ -4,12 +4,14 @@ FastDeploy writes each cache tensor's IPC handle into a POSIX shared-memory segm
 tensor (``key_caches_{layer}_rank{rank}.device{device}``, ``value_caches_...``, ...), and the other
 side opens it with ``share_external_data(name, shape)``, bringing the shape and dtype itself. The
 segment is FastDeploy's ``shmStruct``: a native ``size_t`` (``nprocesses``, always 0) and the
-64-byte handle. A platform whose handle is a raw 64-byte IPC handle (MetaX's and Iluvatar's
-``*IpcGetMemHandle`` through the vendor runtime: ``ipc64:<base64>``) has it written raw, exactly as
-FastDeploy's ``set_data_ipc`` writes its ``cudaIpcMemHandle_t``, and a raw record reads back as such a
-handle; any other handle is written as its text (the cpu platform's ``memfd:<pid>:<fd>``),
-NUL-padded. A handle that fits neither cannot be written in FastDeploy's record and is refused,
-naming the platform.
+64-byte handle. A platform whose handle is or holds a raw 64-byte IPC handle — MetaX's and
+Iluvatar's ``*IpcGetMemHandle`` through the vendor runtime (``ipc64:<base64>``), the
+``cudaIpcMemHandle_t`` inside Paddle's ``_share_cuda`` metadata of a tensor at its allocation's
+start (CUDA; XPU's alike) — has it written raw, exactly as FastDeploy's ``set_data_ipc`` writes it,
+and a raw record reads back as such a handle, which every sharing platform opens; any other handle
+is written as its text (the cpu platform's ``memfd:<pid>:<fd>``), NUL-padded. A handle that fits
+neither cannot be written in FastDeploy's record and is refused, naming the platform (or, for
+Paddle's metadata, why: VMM memory, or a tensor inside its allocation).
 
 The let-go handshake is FastDeploy's too: an attacher resets its rank's ``cache_ready_signal`` slot
 to 0 when it lets go, and the creator waits for that (bounded) before it frees and unlinks. The
@@ -29,6 +31,7 @@ from collections.abc import Sequence
 from ..contract.errors import CacheInUseError, CacheSharingError, SignalWaitError
 from ..ipc import shm
 from ..ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal, check_suffix
+from ..kit.device_facts import raw_ipc_handle
 from ..kit.host_sharing import handle_pid
 from ..kit.vendor_device import HANDLE_BYTES, handle_bytes, handle_text
 from .publication import PublishedTensor
@@ -40,6 +43,8 @@ _PRINTABLE = re.compile(rb"[\x21-\x7e]+")
 def encode_handle(name: str, handle: str, platform: str) -> bytes:
     """FastDeploy's record for ``handle``; a CacheSharingError where it does not fit its 64 bytes."""
     ipc = handle_bytes(handle)
+    if ipc is None:
+        ipc = raw_ipc_handle(name, handle)  # Paddle's IPC metadata (cuda, xpu): the raw handle inside it
     if ipc is not None:
         return RECORD.pack(0, ipc)
     raw = handle.encode("utf-8")

@@ -22,6 +22,7 @@ from ..contract.errors import CacheSharingError, HostAllocError
 from ..contract.types import DTYPE_BYTES, Detection, DeviceMemory, HostBuffer, SharedTensor
 from .host_memory import PinningUnavailable
 from .host_sharing import tensor_bytes
+from .vendor_device import HANDLE_BYTES, handle_bytes
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .vendor_device import VendorDeviceRuntime
@@ -116,9 +117,16 @@ class DeviceFacts(ABC):
         return shared
 
     def open(self, name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
-        """Open a tensor another process exported (where :attr:`sharing` is set), with ``device`` current."""
+        """Open a tensor another process exported (where :attr:`sharing` is set), with ``device`` current.
+
+        ``handle`` is Paddle's IPC metadata as :meth:`export` gives it, or a raw 64-byte IPC handle
+        (``ipc64:``, from FastDeploy's per-tensor record), which names an allocation holding the tensor
+        from its start: opened as Paddle's metadata for that allocation."""
         if self.ipc_methods is None:
             raise self._unshareable(name)
+        raw = handle_bytes(handle)
+        if raw is not None:
+            handle = metadata_of_raw_handle(raw, shape, dtype, device)
         if self.vmm_flag is not None and len(decode_handle(handle)) == VMM_FIELDS and not self._vmm_on():
             raise CacheSharingError(
                 f"KV cache tensor {name} was exported from Paddle's virtual-memory allocator ({self.vmm_flag} on in "
@@ -182,7 +190,9 @@ class DeviceFacts(ABC):
 
 #: Runs a Paddle call with the tensor's device current (CUDA's IPC export needs it).
 OnDevice = Callable[[Callable[[], Any]], Any]
-VMM_FIELDS = 5  # Paddle's IPC metadata of VMM memory: (blob, dtype, dims, lod, device); legacy has 7
+VMM_FIELDS = 5  # Paddle's IPC metadata of VMM memory: (blob, dtype, dims, lod, device) ...
+IPC_FIELDS = 7  # ... and of other device memory: (handle, offset, size, dtype, dims, lod, device)
+PADDLE_UINT8 = 2  # the dtype field of uint8: phi::DataType::UINT8, int(paddle.uint8) (a test checks the installed Paddle)
 
 
 def paddle_attribute(paddle: Any, dotted: str) -> Any:
@@ -254,6 +264,46 @@ def encode_handle(metadata: object) -> str:
         return item
 
     return json.dumps(plain(metadata), separators=(",", ":"))
+
+
+def raw_ipc_handle(name: str, handle: str) -> bytes | None:
+    """The raw 64-byte IPC handle inside Paddle's IPC metadata ``handle`` (what FastDeploy's per-tensor
+    record holds: its ``set_data_ipc`` writes the ``cudaIpcMemHandle_t`` of the tensor's data), or None
+    where ``handle`` is not such metadata. A :class:`CacheSharingError` where it is, but a raw handle
+    cannot stand for it: VMM memory (another kind of handle), or a tensor that starts inside its
+    allocation (a raw handle names the allocation, and FastDeploy's opener reads from its start)."""
+    try:
+        fields = json.loads(handle)
+    except ValueError:
+        return None
+    if not isinstance(fields, list) or len(fields) not in (IPC_FIELDS, VMM_FIELDS):
+        return None
+    metadata = decode_handle(handle)
+    if not isinstance(metadata[0], bytes):
+        return None
+    if len(metadata) == VMM_FIELDS:
+        raise CacheSharingError(
+            f"KV cache tensor {name} lives in Paddle's virtual-memory allocator (its IPC handle is a VMM one), and "
+            "FastDeploy's record holds only a cudaIpcMemHandle_t. Fix: set FLAGS_use_virtual_memory_auto_growth=0 "
+            "in every process of the engine, or use the fd-platforms protocol (the default)"
+        )
+    raw, offset = metadata[0], metadata[1]
+    if len(raw) != HANDLE_BYTES:
+        return None
+    if offset:
+        raise CacheSharingError(
+            f"KV cache tensor {name} starts {offset} bytes into its device allocation, and FastDeploy's record holds "
+            "only the allocation's handle (its opener reads from the allocation's start). Fix: use the fd-platforms "
+            "protocol (the default), whose handle carries the offset"
+        )
+    return raw
+
+
+def metadata_of_raw_handle(raw: bytes, shape: tuple[int, ...], dtype: str, device: str) -> str:
+    """Paddle's IPC metadata (as :func:`encode_handle` text) for a raw IPC handle whose allocation holds a
+    tensor of ``shape`` and ``dtype`` from its start, opened on ``device`` as raw ``uint8``."""
+    nbytes, dims = tensor_bytes(shape, dtype), list(byte_shape(shape, dtype))
+    return encode_handle((raw, 0, nbytes, PADDLE_UINT8, dims, [], device_index(device)))
 
 
 def decode_handle(handle: str) -> tuple[Any, ...]:
