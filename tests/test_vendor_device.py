@@ -229,6 +229,38 @@ def test_a_failed_compile_names_the_compiler_output_and_leaves_nothing(
     assert not list((tmp_path / "cache").glob("*.so")) and not list((tmp_path / "cache").glob("*.partial"))
 
 
+def test_a_compile_over_its_time_is_stopped_whole_and_named_with_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stuck compile is killed with every compiler pass g++ started (none keeps running), nothing partial is
+    left, and the error names the bound and the fix."""
+    import paddle
+
+    source = tmp_path / "slow-operator.cc"
+    source.write_text(operator.SOURCE.read_text())  # a name of its own, to find its compiler passes by
+    monkeypatch.setattr(operator, "SOURCE", source)
+    monkeypatch.setattr(operator, "COMPILE_SECONDS", 0.5)
+    monkeypatch.setenv(operator.ENV_CACHE_DIR, str(tmp_path / "cache"))
+    with pytest.raises(CacheSharingError, match=r"compiling the fd_platforms_foreign_tensor operator took over 0\.5 s\. "
+                                                r"Fix: check the machine's load"):  # fmt: skip
+        operator.load_operator(paddle)
+    assert not compiling(source), "no compiler pass outlives the timeout"
+    assert not list((tmp_path / "cache").glob("*.so")) and not list((tmp_path / "cache").glob("*.partial"))
+
+
+def compiling(source: Path) -> list[str]:
+    """Command lines of the processes that name ``source`` (g++, cc1plus)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(source).encode() in words:
+            found.append(b" ".join(words).decode(errors="replace"))
+    return found
+
+
 def test_a_cache_folder_that_cannot_be_made_is_named_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv(operator.ENV_CACHE_DIR, str(tmp_path / "a-file" / "cache"))

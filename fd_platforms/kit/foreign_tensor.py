@@ -18,6 +18,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -108,19 +109,30 @@ def _compile(home: Path, library: Path) -> None:
         f"-I{include}", f"-I{include / 'third_party'}", f"-I{sysconfig.get_paths()['include']}",
         f"-L{home / 'base'}", "-l:libpaddle.so", f"-Wl,-rpath,{home / 'base'}",
     ]  # fmt: skip
+    # its own session: a timed-out compile is killed with the compiler passes g++ started (cc1plus, as, ld)
+    compiling = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    stderr, timed_out = "", False
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_SECONDS)
+        _, stderr = compiling.communicate(timeout=COMPILE_SECONDS)
     except subprocess.TimeoutExpired:
-        partial.unlink(missing_ok=True)
+        timed_out = True
+    finally:
+        if compiling.returncode is None:  # timed out, or this process was interrupted
+            os.killpg(compiling.pid, signal.SIGKILL)
+            compiling.communicate()
+            partial.unlink(missing_ok=True)
+    if timed_out:
         raise CacheSharingError(
-            f"compiling the {OPERATOR} operator took over {COMPILE_SECONDS} s. Fix: check the machine's load, "
+            f"compiling the {OPERATOR} operator took over {COMPILE_SECONDS:g} s. Fix: check the machine's load, "
             f"or compile it where g++ is faster and copy {library.name} into {library.parent}"
-        ) from None
-    if done.returncode != 0:
+        )
+    if compiling.returncode != 0:
         partial.unlink(missing_ok=True)
-        tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+        tail = " | ".join(stderr.strip().splitlines()[-3:])
         raise CacheSharingError(
             f"g++ could not compile the {OPERATOR} operator against the Paddle at {home} (exit status "
-            f"{done.returncode}): {tail}. Fix: use a paddlepaddle wheel whose headers match the library"
+            f"{compiling.returncode}): {tail}. Fix: use a paddlepaddle wheel whose headers match the library"
         )
     os.replace(partial, library)
