@@ -197,35 +197,14 @@ def test_our_cache_manager_wakes_a_standin_worker_and_tells_the_engine_it_is_up(
 
 
 def test_a_clear_update_driven_from_our_side_completes_20_times(cpu) -> None:
-    spawn = multiprocessing.get_context("spawn")
     with fastdeploy_engine(4) as (suffix, _), ExitStack() as stack:
         creators = [standin("creator", suffix, rank, 4, tensor_specs(cpu, rank, 4)) for rank in range(4)]
         for creator in creators:
             stack.callback(creator.kill)
-        links, runners = [], []
-        for rank in range(4):
-            link, far = spawn.Pipe()
-            runner = spawn.Process(target=fastdeploy_runner, args=(suffix, rank, 4, BLOCKS, CYCLES, 0, far), daemon=True)
-            runner.start()
-            stack.callback(runner.kill)
-            links.append(link)
-            runners.append(runner)
+        links, runners = spawn_all(stack, 4, fastdeploy_runner, lambda rank: (suffix, rank, 4, BLOCKS, CYCLES, 0))
         for link in links:
             assert link.poll(120) and link.recv()[0] == "attached"
-        for _ in range(CYCLES):
-            report = drive_kv_cache_update(
-                suffix, timeout=30, creator_pid=creators[0].pid,
-                attacher_pids={rank: runner.pid for rank, runner in enumerate(runners)},
-            )  # fmt: skip
-            assert report.ranks == 4
-        for link in links:
-            assert link.poll(60) and link.recv() == ("done", CYCLES)
-            link.send("stop")
-            assert link.poll(60) and link.recv()[0] == "cleared"
-        for runner in runners:
-            runner.join(30)
-        for creator in creators:
-            finish(creator)
+        drive_rounds(suffix, CYCLES, creators, runners, links)
 
 
 def test_a_clear_update_driven_from_the_standins_side_completes_20_times(cpu) -> None:
@@ -264,11 +243,11 @@ def test_a_clear_update_driven_from_the_standins_side_completes_20_times(cpu) ->
             cache.clear(10)
 
 
-def spawn_all(stack: ExitStack, target, args_of) -> tuple[list, list]:  # type: ignore[no-untyped-def]
-    """Two spawned processes running ``target(*args_of(rank), far_end)``; their links and processes."""
+def spawn_all(stack: ExitStack, ranks: int, target, args_of) -> tuple[list, list]:  # type: ignore[no-untyped-def]
+    """``ranks`` spawned processes running ``target(*args_of(rank), far_end)``; their links and processes."""
     spawn = multiprocessing.get_context("spawn")
     links, processes = [], []
-    for rank in range(2):
+    for rank in range(ranks):
         link, far = spawn.Pipe()
         process = spawn.Process(target=target, args=(*args_of(rank), far), daemon=True)
         process.start()
@@ -276,6 +255,24 @@ def spawn_all(stack: ExitStack, target, args_of) -> tuple[list, list]:  # type: 
         links.append(link)
         processes.append(process)
     return links, processes
+
+
+def drive_rounds(suffix: str, rounds: int, creators: list, runners: list, links: list) -> None:  # type: ignore[type-arg]
+    """Drive ``rounds`` clear/updates from our side over stand-in creators and our runners, then stop them all."""
+    for _ in range(rounds):
+        report = drive_kv_cache_update(
+            suffix, timeout=30, creator_pid=creators[0].pid,
+            attacher_pids={rank: runner.pid for rank, runner in enumerate(runners)},
+        )  # fmt: skip
+        assert report.ranks == len(runners)
+    for link in links:
+        assert link.poll(60) and link.recv() == ("done", rounds)
+        link.send("stop")
+        assert link.poll(60) and link.recv()[0] == "cleared"
+    for runner in runners:
+        runner.join(30)
+    for creator in creators:
+        finish(creator)
 
 
 def test_a_standin_metax_cache_manager_wakes_our_metax_runners_which_attach_through_its_raw_handles(metax) -> None:
@@ -287,7 +284,7 @@ def test_a_standin_metax_cache_manager_wakes_our_metax_runners_which_attach_thro
         creators = [standin("creator", suffix, rank, 2, device_specs(rank, 2)) for rank in range(2)]
         for creator in creators:
             stack.callback(creator.kill)
-        links, runners = spawn_all(stack, fastdeploy_runner, lambda rank: (suffix, rank, 2, BLOCKS, METAX_CYCLES, rank))
+        links, runners = spawn_all(stack, 2, fastdeploy_runner, lambda rank: (suffix, rank, 2, BLOCKS, METAX_CYCLES, rank))
         for rank, link in enumerate(links):
             assert link.poll(120)
             said, _, place = link.recv()
@@ -295,18 +292,7 @@ def test_a_standin_metax_cache_manager_wakes_our_metax_runners_which_attach_thro
         for creator in creators:
             expect(creator, "created")
             expect(creator, "touched")  # our runner's byte, written into the stand-in's device memory
-        for _ in range(METAX_CYCLES):
-            report = drive_kv_cache_update(
-                suffix, timeout=30, creator_pid=creators[0].pid,
-                attacher_pids={rank: runner.pid for rank, runner in enumerate(runners)},
-            )  # fmt: skip
-            assert report.ranks == 2
-        for link in links:
-            assert link.poll(60) and link.recv() == ("done", METAX_CYCLES)
-            link.send("stop")
-            assert link.poll(60) and link.recv()[0] == "cleared"
-        for creator in creators:
-            finish(creator)
+        drive_rounds(suffix, METAX_CYCLES, creators, runners, links)
 
 
 def test_our_metax_cache_manager_wakes_a_standin_worker_which_opens_the_raw_handles(metax) -> None:
@@ -314,7 +300,7 @@ def test_our_metax_cache_manager_wakes_a_standin_worker_which_opens_the_raw_hand
     raw 64-byte handle FastDeploy's set_data_ipc writes; a stand-in worker opens them with mcIpcOpenMemHandle and
     writes into our memory, and FastDeploy's engine hears the cache service is up."""
     with fastdeploy_engine(2) as (suffix, engine), ExitStack() as stack:
-        links, managers = spawn_all(stack, fastdeploy_manager, lambda rank: (suffix, rank, 2, BLOCKS, rank))
+        links, managers = spawn_all(stack, 2, fastdeploy_manager, lambda rank: (suffix, rank, 2, BLOCKS, rank))
         for rank, link in enumerate(links):
             assert link.poll(120)
             said, place = link.recv()
