@@ -91,6 +91,50 @@ def test_a_wait_ends_when_the_watched_process_exits(suffix: str) -> None:
     assert time.monotonic() - started < 10
 
 
+class FakeClock:
+    """``time.monotonic`` that moves by a futex look's whole step (recorded as ``steps``), and by 1 µs
+    with every reading (as time passes while Python runs)."""
+
+    def __init__(self) -> None:
+        self.now, self.steps = 1000.0, []
+
+    def monotonic(self) -> float:
+        self.now += 1e-6
+        return self.now
+
+    def syscall(self, *args: object) -> int:
+        span = args[4]._obj  # type: ignore[attr-defined]  # the timespec passed by reference
+        step = span.tv_sec + span.tv_nsec / 1e9
+        self.steps.append(round(step, 6))
+        self.now += step
+        return -1  # with _timed_out patched: the whole step passed, the word unchanged
+
+
+def test_a_long_wait_looks_for_a_foreign_store_at_the_cap_not_fast_again_every_slice(
+    suffix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wait sleeps in slices (to look at the watched process and the clock every CHECK_SECONDS); the
+    looks for a foreign store start fast and slow to FOREIGN_POLL_SECONDS once, for the whole wait (they
+    started fast again with every slice: about 20 looks in each 0.25 s instead of 17)."""
+    from fd_platforms.ipc import futex
+
+    clock = FakeClock()
+    monkeypatch.setattr(time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(futex, "_SYSCALL", (clock.syscall, 202))
+    monkeypatch.setattr(futex, "_timed_out", lambda result: True)
+    with FastDeploySignal.create(CACHE_READY, suffix, 1) as signal, pytest.raises(SignalWaitError):
+        signal.wait_for(0, 1, 1.0)
+    short = [round(step, 3) for step in clock.steps if step < futex.FOREIGN_POLL_SECONDS]
+    assert short[0] == 0.001, "the first look comes fast"
+    ramp = [step for step in short if step <= 0.008]
+    assert len(short) <= 5 + 4, f"one ramp (1 to 8 ms), then 15 ms looks, but one cut by each slice's end: {short}"
+    assert len(clock.steps) <= 1.0 / futex.FOREIGN_POLL_SECONDS + len(ramp) + 4, len(clock.steps)
+    clock.steps.clear()  # a caller sleeping in slices of its own (serve_kv_cache_status) passes when it began
+    with FastDeploySignal.create(CACHE_READY, f"{suffix}b", 1) as signal:
+        signal.sleep_while(0, 0, 0.1, since=time.monotonic() - 1.0)
+    assert [round(step, 3) for step in clock.steps[:-1]] == [0.015] * 6, clock.steps
+
+
 def test_an_existing_name_is_refused_and_left_alone(suffix: str) -> None:
     path = f"/dev/shm/{CACHE_READY}.{suffix}"
     with open(path, "wb") as file:

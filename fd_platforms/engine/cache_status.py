@@ -124,8 +124,11 @@ def serve_kv_cache_status(
     ranks = [cache.rank for cache in held]
     answers = 0 in ranks
     with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status, FastDeploySignal.attach(CACHE_READY, suffix) as ready:
+        last, since = None, 0.0  # the status last seen, and since when (the looks for a foreign write slow down)
         while not until():
             current = status.get(0)
+            if current != last:
+                last, since = current, time.monotonic()
             # A look can miss a whole phase where another rank's manager answers, so the cue to let go
             # is a held rank's own word: only its attacher resets it, when it lets go.
             if held and current != KVCacheStatus.NORMAL and any(ready.get(cache.rank) == 0 for cache in held):
@@ -141,7 +144,7 @@ def serve_kv_cache_status(
                     _wait_all(ready, 1, limit, "having its KV cache created")
                     status.set(0, KVCacheStatus.NORMAL)
             else:
-                status.sleep_while(0, current, STATUS_POLL_SECONDS)
+                status.sleep_while(0, current, STATUS_POLL_SECONDS, since=since)
     return held
 
 

@@ -178,15 +178,17 @@ class FastDeploySignal(SharedWords):
                 if now - start >= timeout:
                     raise SignalWaitError(self.name, index, value, seen, now - start, "timeout", what,
                                           f"the limit is {timeout:g} s")  # fmt: skip
-                self.sleep_while(index, seen, min(CHECK_SECONDS, start + timeout - now))
+                self.sleep_while(index, seen, min(CHECK_SECONDS, start + timeout - now), since=start)
         finally:
             if watch is not None:
                 watch.close()
 
-    def sleep_while(self, index: int, seen: int, seconds: float) -> None:
+    def sleep_while(self, index: int, seen: int, seconds: float, *, since: float | None = None) -> None:
         """Sleep up to ``seconds`` while word ``index`` is ``seen``: woken by our writes at once, a
-        foreign store seen within :data:`~fd_platforms.ipc.futex.FOREIGN_POLL_SECONDS`."""
-        self._sleep(self._check_index(index), seen, seconds, foreign=True)
+        foreign store seen within :data:`~fd_platforms.ipc.futex.FOREIGN_POLL_SECONDS`. A caller
+        sleeping in slices passes ``since``, when it began waiting on ``seen`` (``time.monotonic()``),
+        so that the looks stay as sparse as the wait's length allows instead of starting over."""
+        self._sleep(self._check_index(index), seen, seconds, foreign=True, since=since)
 
     # -- names and checks -----------------------------------------------------------------------
 

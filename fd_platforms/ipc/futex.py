@@ -9,8 +9,9 @@ back to polling.
 A process that only *stores* to the word (FastDeploy's processes write a numpy array and wake
 nobody) gives the kernel nothing to wake us with; no kernel mechanism reports a store through
 another process's mapping. :func:`sleep_while` therefore also looks at the word on a short,
-growing interval, capped at :data:`FOREIGN_POLL_SECONDS`: a waker is seen at once, a plain store
-within that cap. Each look is one futex call, which returns at once when the word differs.
+growing interval (as long as the wait has lasted), capped at :data:`FOREIGN_POLL_SECONDS`: a waker
+is seen at once, a plain store within that cap. Each look is one futex call, which returns at once
+when the word differs.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 _SYSCALL_NUMBERS = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98, "riscv64": 98, "loongarch64": 98}
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared (not FUTEX_PRIVATE): the word is mapped by several processes
 _WAKE_ALL = 2**31 - 1
-FIRST_POLL_SECONDS = 0.001  # the first look for a plain store; each later one waits twice as long ...
+FIRST_POLL_SECONDS = 0.001  # the first look for a plain store; later ones as far apart as the wait has lasted ...
 FOREIGN_POLL_SECONDS = 0.015  # ... up to this: the longest a store that wakes nobody goes unseen
 
 
@@ -67,28 +68,32 @@ def wait(address: int, expected: int, timeout: float) -> None:
     ))  # fmt: skip
 
 
-def sleep_while(address: int, expected: int, seconds: float) -> None:
+def sleep_while(address: int, expected: int, seconds: float, since: float | None = None) -> None:
     """Sleep up to ``seconds`` while the int32 at ``address`` equals ``expected``.
 
     Returns early on a futex wake, on a signal, or within :data:`FOREIGN_POLL_SECONDS` of a plain
-    store that changed the word; the caller re-reads the word. ``OSError`` as :func:`wait`. The
-    call's arguments are built once: each look costs one system call and little Python.
+    store that changed the word; the caller re-reads the word. The looks for a plain store come as
+    far apart as the word has been waited on — since ``since`` (``time.monotonic()``; default: now),
+    at least :data:`FIRST_POLL_SECONDS`, at most :data:`FOREIGN_POLL_SECONDS` — so a caller that
+    sleeps in slices passes its wait's start and the looks do not start fast again with every
+    slice. ``OSError`` as :func:`wait`. Each look costs one system call and little Python.
     """
     assert _SYSCALL is not None, "futex.sleep_while called where futex.AVAILABLE is false"
     syscall, number = _SYSCALL
     span = _Timespec(0, 0)
     call = (ctypes.c_long(number), ctypes.c_void_p(address), ctypes.c_int(_FUTEX_WAIT), ctypes.c_int(expected),
             ctypes.byref(span), None, ctypes.c_int(0))  # fmt: skip
-    end = time.monotonic() + max(seconds, 0.0)
-    interval = FIRST_POLL_SECONDS
+    now = time.monotonic()
+    end = now + max(seconds, 0.0)
+    since = now if since is None else min(since, now)
     while True:
-        step = min(interval, end - time.monotonic())
-        if step <= 0:
+        step = min(max(now - since, FIRST_POLL_SECONDS), FOREIGN_POLL_SECONDS, end - now)
+        if step < 1e-6:  # nothing left to sleep (a shorter timespec would be 0: a busy call)
             return
         span.tv_sec, span.tv_nsec = int(step), int((step % 1.0) * 1e9)
         if not _timed_out(syscall(*call)):
             return  # woken, the word differs, or a signal: the caller looks
-        interval = min(interval * 2, FOREIGN_POLL_SECONDS)
+        now = time.monotonic()
 
 
 def _timed_out(result: int) -> bool:

@@ -105,14 +105,15 @@ class SharedWords:
         if futex.AVAILABLE:
             self._futex(futex.wake, self._word_address(word))
 
-    def _sleep(self, word: int, seen: int, seconds: float, *, foreign: bool) -> None:
+    def _sleep(self, word: int, seen: int, seconds: float, *, foreign: bool, since: float | None = None) -> None:
         """Sleep up to ``seconds`` while ``word`` is ``seen``; woken at once by a futex wake, and with
-        ``foreign`` also within :data:`~fd_platforms.ipc.futex.FOREIGN_POLL_SECONDS` of a plain store.
-        Without futexes: a :data:`POLL_SECONDS` sleep."""
+        ``foreign`` also within :data:`~fd_platforms.ipc.futex.FOREIGN_POLL_SECONDS` of a plain store
+        (looking as often as :func:`~fd_platforms.ipc.futex.sleep_while` does for a wait begun at
+        ``since``). Without futexes: a :data:`POLL_SECONDS` sleep."""
         if not futex.AVAILABLE:
             time.sleep(min(max(seconds, 0.0), POLL_SECONDS))
         elif foreign:
-            self._futex(futex.sleep_while, self._word_address(word), seen, seconds)
+            self._futex(futex.sleep_while, self._word_address(word), seen, seconds, since)
         else:
             self._futex(futex.wait, self._word_address(word), seen, seconds)
 
