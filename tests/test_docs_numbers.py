@@ -67,7 +67,8 @@ def test_the_foreign_poll_and_the_stand_in_rounds_quoted_are_the_codes() -> None
     from test_fastdeploy_protocol import CYCLES
 
     first, last = f"{FIRST_POLL_SECONDS * 1000:g} ms", f"{FOREIGN_POLL_SECONDS * 1000:g} ms"
-    assert f"every {first}, doubling to {last}" in README and f"of {first} doubling to {last}" in README
+    assert f"first after {first}, then as far apart as the wait has lasted, up to {last}" in README
+    assert f"growing from {first} to {last} over the wait" in README
     engine_guide = " ".join((ROOT / "docs" / "engine-integration.md").read_text().split())
-    assert f"({first}, doubling to {last})" in engine_guide and f"seen within {last}" in engine_guide
+    assert f"(from {first}, growing with the wait to {last})" in engine_guide and f"seen within {last}" in engine_guide
     assert f"a 4-rank clear/update runs {CYCLES} times driven from our side and {CYCLES} times from the" in README
