@@ -284,7 +284,9 @@ def test_a_standin_metax_cache_manager_wakes_our_metax_runners_which_attach_thro
         creators = [standin("creator", suffix, rank, 2, device_specs(rank, 2)) for rank in range(2)]
         for creator in creators:
             stack.callback(creator.kill)
-        links, runners = spawn_all(stack, 2, fastdeploy_runner, lambda rank: (suffix, rank, 2, BLOCKS, METAX_CYCLES, rank))
+        links, runners = spawn_all(
+            stack, 2, fastdeploy_runner, lambda rank: (suffix, rank, 2, BLOCKS, METAX_CYCLES, rank)  # on device rank
+        )
         for rank, link in enumerate(links):
             assert link.poll(120)
             said, _, place = link.recv()

@@ -192,7 +192,7 @@ class DeviceFacts(ABC):
 OnDevice = Callable[[Callable[[], Any]], Any]
 VMM_FIELDS = 5  # Paddle's IPC metadata of VMM memory: (blob, dtype, dims, lod, device) ...
 IPC_FIELDS = 7  # ... and of other device memory: (handle, offset, size, dtype, dims, lod, device)
-PADDLE_UINT8 = 2  # the dtype field of uint8: phi::DataType::UINT8, int(paddle.uint8) (a test checks the installed Paddle)
+PADDLE_UINT8 = 2  # the dtype field of uint8: phi::DataType::UINT8, int(paddle.uint8) (tested against Paddle)
 
 
 def paddle_attribute(paddle: Any, dotted: str) -> Any:
