@@ -210,19 +210,25 @@ def test_a_paddle_without_headers_is_named_with_the_fix(tmp_path: Path, monkeypa
         operator.load_operator(headless)
 
 
-def test_a_failed_compile_names_the_compiler_output_and_leaves_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def unloaded_paddle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: Path) -> SimpleNamespace:
+    """A ``paddle`` this process never loaded, with the installed Paddle's headers, for which the operator
+    is compiled from ``source`` into an empty cache under ``tmp_path``."""
     import paddle
 
-    broken = tmp_path / "broken.cc"
-    broken.write_text("this is not C++;\n")
-    monkeypatch.setattr(operator, "SOURCE", broken)
+    monkeypatch.setattr(operator, "SOURCE", source)
     monkeypatch.setenv(operator.ENV_CACHE_DIR, str(tmp_path / "cache"))
     home = tmp_path / "paddle"
     home.mkdir()
-    (home / "include").symlink_to(Path(paddle.__file__).parent / "include")  # the real headers, a paddle never loaded
-    headless = SimpleNamespace(__file__=str(home / "__init__.py"), __version__="0.0")
+    (home / "include").symlink_to(Path(paddle.__file__).parent / "include")
+    return SimpleNamespace(__file__=str(home / "__init__.py"), __version__="0.0")
+
+
+def test_a_failed_compile_names_the_compiler_output_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = tmp_path / "broken.cc"
+    broken.write_text("this is not C++;\n")
+    headless = unloaded_paddle(tmp_path, monkeypatch, broken)
     with pytest.raises(CacheSharingError, match=r"g\+\+ could not compile the fd_platforms_foreign_tensor operator .*"
                                                 r"\(exit status 1\): .*Fix: use a paddlepaddle wheel"):  # fmt: skip
         operator.load_operator(headless)
@@ -234,17 +240,10 @@ def test_a_compile_over_its_time_is_stopped_whole_and_named_with_the_fix(
 ) -> None:
     """A stuck compile is killed with every compiler pass g++ started (none keeps running), nothing partial is
     left, and the error names the bound and the fix."""
-    import paddle
-
     source = tmp_path / "slow-operator.cc"
     source.write_text(operator.SOURCE.read_text())  # a name of its own, to find its compiler passes by
-    monkeypatch.setattr(operator, "SOURCE", source)
+    unloaded = unloaded_paddle(tmp_path, monkeypatch, source)
     monkeypatch.setattr(operator, "COMPILE_SECONDS", 0.5)
-    monkeypatch.setenv(operator.ENV_CACHE_DIR, str(tmp_path / "cache"))
-    home = tmp_path / "paddle"
-    home.mkdir()
-    (home / "include").symlink_to(Path(paddle.__file__).parent / "include")  # the real headers, a paddle never loaded
-    unloaded = SimpleNamespace(__file__=str(home / "__init__.py"), __version__="0.0")
     with pytest.raises(CacheSharingError, match=r"compiling the fd_platforms_foreign_tensor operator took over "
                                                 r"0\.5 s\. Fix: check the machine's load"):  # fmt: skip
         operator.load_operator(unloaded)
