@@ -6,6 +6,7 @@ import os
 from multiprocessing.connection import Connection
 
 from fd_platforms.engine import manage_kv_cache
+from fd_platforms.kit.device_facts import write_element
 from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
 from fd_platforms.rules.layout import CacheLayout, build_layout
 
@@ -63,15 +64,10 @@ def first_bytes(cache: object, index: int) -> set[int]:
 
 
 def write_byte(cache: object, index: int, value: int) -> None:
-    """Write ``value`` into byte ``index`` of every tensor of ``cache``, through a one-element view
-    (``copy_`` writes the tensor's own memory on every device; an item assignment may reallocate on a
-    custom device under Paddle's CPU fallback)."""
-    import paddle
-
-    byte = paddle.to_tensor([value], dtype="uint8", place=paddle.CPUPlace())
+    """Write ``value`` into byte ``index`` of every tensor of ``cache``, into its own memory on every device."""
     for tensor in cache.tensors:  # type: ignore[attr-defined]
         raw = tensor.view("uint8")
-        raw[(0,) * (raw.ndim - 1) + (slice(index, index + 1),)].copy_(byte, True)
+        write_element(raw, (0,) * (raw.ndim - 1) + (index,), value)
 
 
 def _raw_byte(tensor: object, index: int) -> object:

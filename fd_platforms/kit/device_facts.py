@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..contract.errors import CacheSharingError, HostAllocError
+from ..contract.paddle_import import import_paddle
 from ..contract.types import DTYPE_BYTES, Detection, DeviceMemory, HostBuffer, SharedTensor
 from .host_memory import PinningUnavailable
 from .host_sharing import tensor_bytes
@@ -240,6 +241,18 @@ def device_index(device: str) -> int:
 def byte_shape(shape: tuple[int, ...], dtype: str) -> tuple[int, ...]:
     """``shape`` of ``dtype`` as ``uint8``: the last extent times the dtype's size."""
     return (*shape[:-1], shape[-1] * DTYPE_BYTES[dtype])
+
+
+def write_element(tensor: Any, position: tuple[int, ...], value: int) -> None:
+    """``tensor[position] = value``, written into the tensor's own memory on every device.
+
+    The value is copied into a one-element view (``copy_``): an item assignment may give the tensor
+    new memory instead where the device has no kernel of its own (Paddle's CPU fallback on a custom
+    device), leaving a shared cache's memory unwritten."""
+    paddle = import_paddle()
+    *outer, inner = position
+    one = paddle.to_tensor([value], dtype=tensor.dtype, place=paddle.CPUPlace())
+    tensor[(*outer, slice(inner, inner + 1))].copy_(one, True)
 
 
 def shared_view(

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..contract.paddle_import import import_paddle
+from ..kit.device_facts import write_element
 
 
 def _byte(token: int, index: int) -> int:
@@ -28,17 +29,11 @@ def _position(raw: Any, last: bool) -> tuple[int, ...]:
 
 
 def write_tokens(tensors: Sequence[Any], token: int, *, last: bool = True) -> None:
-    """Write ``token``'s byte into every tensor: its last byte (an attacher) or its first (the creator).
-
-    The byte is copied into a one-element view (``copy_``), which writes the tensor's own memory on
-    every device; an item assignment may give the tensor new memory instead where the device has no
-    kernel of its own (Paddle's CPU fallback on a custom device)."""
-    paddle = import_paddle()
+    """Write ``token``'s byte into every tensor: its last byte (an attacher) or its first (the creator),
+    into the tensor's own memory on every device (:func:`~fd_platforms.kit.device_facts.write_element`)."""
     for index, tensor in enumerate(tensors):
         raw = _raw(tensor)
-        *outer, inner = _position(raw, last)
-        byte = paddle.to_tensor([_byte(token, index)], dtype="uint8", place=paddle.CPUPlace())
-        raw[(*outer, slice(inner, inner + 1))].copy_(byte, True)
+        write_element(raw, _position(raw, last), _byte(token, index))
 
 
 def verify_attached(tensors: Sequence[Any], creators: int, ours: int) -> bool:

@@ -16,21 +16,21 @@ from collections.abc import Iterator
 import pytest
 
 from ...contract.errors import CacheSharingError
-from ...contract.paddle_import import import_paddle
 from ...engine.initialize import initialize_kv_cache
 from ...ipc.cache_signal import CacheReadySignal, new_signal_name
+from ...kit.device_facts import write_element
 from ...loading.platform import Platform
 from . import hooks, small_layout
 
 ATTACHING = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "decode"}
 OPEN_IN_ANOTHER_PROCESS = """
 import os, sys
+from fd_platforms.kit.device_facts import write_element
 from fd_platforms.loading.selection import select_platform
 platform = select_platform({"FD_PLATFORM": sys.argv[1]}).platform
 opened = platform.open_cache_tensor(sys.argv[2], sys.argv[3], (4, 16), "uint8", sys.argv[4])
 print(opened.tensor[1, 2].item())
-import paddle
-opened.tensor[3, 4:5].copy_(paddle.to_tensor([91], dtype="uint8", place=paddle.CPUPlace()), True)
+write_element(opened.tensor, (3, 4), 91)
 opened.close()
 """
 EXPORT_AND_EXIT = """
@@ -91,10 +91,7 @@ def test_an_exported_tensor_is_zero_filled_and_opened_zero_copy_by_another_proce
     try:
         assert shared.exported and shared.nbytes == 64 and list(shared.tensor.shape) == [4, 16]
         assert shared.tensor[2, 3].item() == 0, "exported tensors are zero-filled"
-        # copy_ into a view writes the tensor's own memory on every device; an item assignment may give
-        # it new memory where the device has no kernel of its own (Paddle's CPU fallback)
-        paddle = import_paddle()
-        shared.tensor[1, 2:3].copy_(paddle.to_tensor([37], dtype="uint8", place=paddle.CPUPlace()), True)
+        write_element(shared.tensor, (1, 2), 37)  # into its own memory on every device
         done = subprocess.run(
             [sys.executable, "-c", OPEN_IN_ANOTHER_PROCESS, shareable.name, name, shared.handle, device],
             capture_output=True, text=True, timeout=300,
