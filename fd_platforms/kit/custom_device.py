@@ -93,14 +93,9 @@ class CustomDeviceFacts(DeviceFacts):
     def export(self, name: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
         """A zero-filled tensor in the vendor runtime's own allocation, with its IPC handle."""
         runtime = self._runtime(name)
-        load_operator(self.paddle)
-        free = runtime.release_address("Free", name)
+        load_operator(self.paddle)  # compiled, where it must be, before any memory is held
         address, raw = runtime.share(tensor_bytes(shape, dtype), device_index(device), name)
-        try:
-            tensor = foreign_tensor(self.paddle, address, free, byte_shape(shape, dtype), "uint8", device)
-        except BaseException:
-            runtime.release("Free", address, name)
-            raise
+        tensor = self._wrap(runtime, "Free", address, name, shape, dtype, device)
         return shared_view(name, tensor, shape, dtype, handle_text(raw), exported=True)
 
     def open(self, name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
@@ -113,14 +108,22 @@ class CustomDeviceFacts(DeviceFacts):
                 "Fix: create and attach on the same platform"
             )
         load_operator(self.paddle)
-        close = runtime.release_address("IpcCloseMemHandle", name)
         address = runtime.open(raw, device_index(device), name)
-        try:
-            tensor = foreign_tensor(self.paddle, address, close, byte_shape(shape, dtype), "uint8", device)
-        except BaseException:
-            runtime.release("IpcCloseMemHandle", address, name)
-            raise
+        tensor = self._wrap(runtime, "IpcCloseMemHandle", address, name, shape, dtype, device)
         return shared_view(name, tensor, shape, dtype, handle, exported=False)
+
+    def _wrap(
+        self, runtime: VendorDeviceRuntime, release: str, address: int, name: str, shape: tuple[int, ...],
+        dtype: str, device: str,
+    ) -> Any:
+        """The raw ``uint8`` tensor over ``address``, whose last holder calls the runtime's ``release``
+        (``Free`` or ``IpcCloseMemHandle``); called here at once if the tensor cannot be made."""
+        try:
+            return foreign_tensor(self.paddle, address, runtime.release_address(release, name),
+                                  byte_shape(shape, dtype), "uint8", device)  # fmt: skip
+        except BaseException:
+            runtime.release(release, address, name)
+            raise
 
     def _runtime(self, name: str) -> VendorDeviceRuntime:
         if self.device_runtime is None:
