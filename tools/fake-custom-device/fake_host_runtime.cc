@@ -230,25 +230,24 @@ int cudaFreeHost(void* ptr) { return HostFree(ptr); }
 int mcMallocHost(void** ptr, size_t size, unsigned /*flags*/) { return HostAlloc(ptr, size); }
 int mcFreeHost(void* ptr) { return HostFree(ptr); }
 
-int cudaMalloc(void** ptr, size_t size) { return DeviceAlloc(ptr, size); }
-int cudaFree(void* ptr) { return DeviceFree(ptr); }
-int cudaMemset(void* ptr, int value, size_t size) { return Memset(ptr, value, size); }
-int cudaMemcpy(void* dst, const void* src, size_t size, int kind) { return Memcpy(dst, src, size, kind); }
-int cudaIpcGetMemHandle(Handle* handle, void* ptr) { return GetHandle(handle, ptr); }
-int cudaIpcOpenMemHandle(void** ptr, Handle handle, unsigned flags) { return OpenHandle(ptr, handle, flags); }
-int cudaIpcCloseMemHandle(void* ptr) { return CloseHandle(ptr); }
-int cudaGetDevice(int* id) { return GetDevice(id); }
-int cudaSetDevice(int id) { return SetDevice(id); }
+// The device calls, the same in both spellings (cuda* and mc*): one list serves both.
+#define DEVICE_CALLS(prefix)                                                                  \
+  int prefix##Malloc(void** ptr, size_t size) { return DeviceAlloc(ptr, size); }              \
+  int prefix##Free(void* ptr) { return DeviceFree(ptr); }                                     \
+  int prefix##Memset(void* ptr, int value, size_t size) { return Memset(ptr, value, size); }  \
+  int prefix##Memcpy(void* dst, const void* src, size_t size, int kind) {                     \
+    return Memcpy(dst, src, size, kind);                                                      \
+  }                                                                                           \
+  int prefix##IpcGetMemHandle(Handle* handle, void* ptr) { return GetHandle(handle, ptr); }   \
+  int prefix##IpcOpenMemHandle(void** ptr, Handle handle, unsigned flags) {                   \
+    return OpenHandle(ptr, handle, flags);                                                    \
+  }                                                                                           \
+  int prefix##IpcCloseMemHandle(void* ptr) { return CloseHandle(ptr); }                       \
+  int prefix##GetDevice(int* id) { return GetDevice(id); }                                    \
+  int prefix##SetDevice(int id) { return SetDevice(id); }
 
-int mcMalloc(void** ptr, size_t size) { return DeviceAlloc(ptr, size); }
-int mcFree(void* ptr) { return DeviceFree(ptr); }
-int mcMemset(void* ptr, int value, size_t size) { return Memset(ptr, value, size); }
-int mcMemcpy(void* dst, const void* src, size_t size, int kind) { return Memcpy(dst, src, size, kind); }
-int mcIpcGetMemHandle(Handle* handle, void* ptr) { return GetHandle(handle, ptr); }
-int mcIpcOpenMemHandle(void** ptr, Handle handle, unsigned flags) { return OpenHandle(ptr, handle, flags); }
-int mcIpcCloseMemHandle(void* ptr) { return CloseHandle(ptr); }
-int mcGetDevice(int* id) { return GetDevice(id); }
-int mcSetDevice(int id) { return SetDevice(id); }
+DEVICE_CALLS(cuda)
+DEVICE_CALLS(mc)
 
 int fake_host_live(void) { return g_live.load(); }
 int fake_device_live(void) {
