@@ -30,14 +30,8 @@ def build(outdir: Path, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def fake_host_dir(fake_vendor_runtime: Path) -> Path:
-    """A folder holding the fake libcudart.so and libmcruntime.so (the session's build, its output checked)."""
-    return fake_vendor_runtime
-
-
-@pytest.fixture(scope="module")
-def cudart(fake_host_dir: Path) -> str:
-    return str(fake_host_dir / "libcudart.so")
+def cudart(fake_vendor_runtime: Path) -> str:
+    return str(fake_vendor_runtime / "libcudart.so")
 
 
 @pytest.fixture
@@ -82,8 +76,8 @@ def test_context_manager_frees_each_buffer(runtime: VendorHostRuntime, cudart: s
     assert live(cudart) == before
 
 
-def test_metax_symbols_in_libmcruntime(fake_host_dir: Path) -> None:
-    library = str(fake_host_dir / "libmcruntime.so")
+def test_metax_symbols_in_libmcruntime(fake_vendor_runtime: Path) -> None:
+    library = str(fake_vendor_runtime / "libmcruntime.so")
     before = live(library)
     with VendorHostRuntime(library=library, alloc="mcMallocHost", free="mcFreeHost").allocate(64) as buffer:
         assert (buffer.pinned, buffer.kind) == (True, "mcMallocHost")
