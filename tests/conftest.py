@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import os
 import re
@@ -9,8 +10,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -262,6 +265,25 @@ def operator_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield folder
     if given is None:
         os.environ.pop(ENV_CACHE_DIR, None)
+
+
+@pytest.fixture(scope="module")
+def fastdeploy_record_names() -> Iterator[None]:
+    """FastDeploy's record names (``key_caches_0_rank0.device0``) are the same for every run on a machine:
+    two test runs at once (CI beside a developer's loop) would read, reuse and remove each other's. Every
+    module that writes them takes them in turns, under one lock, waiting at most 600 s."""
+    path = Path(tempfile.gettempdir()) / "fd-platforms-fastdeploy-records.lock"
+    with open(path, "a") as lock:
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"another test run held {path} for 600 s")
+                time.sleep(0.5)
+        yield
 
 
 @pytest.fixture(scope="session")

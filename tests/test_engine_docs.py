@@ -63,6 +63,7 @@ def test_the_example_runs_from_any_folder_and_leaves_nothing_behind(tmp_path: Pa
     assert not left_behind_by(pids, before)
 
 
+@pytest.mark.usefixtures("fastdeploy_record_names")  # its FastDeploy section writes key_caches_0_rank0.device0, ...
 def test_every_python_block_of_the_guide_runs_in_order(tmp_path: Path) -> None:
     blocks = python_blocks()
     text = GUIDE.read_text(encoding="utf-8")

@@ -7,7 +7,6 @@ they imported nothing of ours and that nothing is left in ``/dev/shm``.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import multiprocessing
 import os
@@ -15,8 +14,6 @@ import re
 import secrets
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -40,7 +37,8 @@ from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, Fa
 from fd_platforms.loading.selection import select_platform
 from run_helpers import QWEN, ROOT, SCRIPT, clean_env
 
-pytestmark = pytest.mark.slow  # multi-process: left out of -m "not slow"
+# multi-process: left out of -m "not slow"; FastDeploy's record names are the machine's, taken in turns
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fastdeploy_record_names")]
 
 STANDINS = Path(__file__).resolve().parent / "fastdeploy_standins.py"
 FD_SIGNAL_NAMES = ("cache_ready_signal.", "swap_space_ready_signal.", "cache_transfer_inited_signal.",
@@ -48,24 +46,6 @@ FD_SIGNAL_NAMES = ("cache_ready_signal.", "swap_space_ready_signal.", "cache_tra
 BLOCKS = 4
 CYCLES = 20
 METAX_CYCLES = 3
-
-
-@pytest.fixture(autouse=True, scope="module")
-def records_of_this_machine() -> Iterator[None]:
-    """FastDeploy's record names (``key_caches_0_rank0.device0``) are the same for every run on a machine:
-    two test runs at once (CI beside a developer's loop) would read each other's. They take turns, bounded."""
-    path = Path(tempfile.gettempdir()) / "fd-platforms-fastdeploy-records.lock"
-    with open(path, "a") as lock:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"another test run held {path} for 600 s")
-                time.sleep(0.5)
-        yield
 
 
 @pytest.fixture
