@@ -249,11 +249,44 @@ def test_paddle_imported_by_a_plugin_thread_leaves_the_caller_in_eager_mode(make
         "import paddle\n"
         "assert paddle.in_dynamic_mode(), 'the caller was left in static-graph mode'\n"
         "print(type(paddle.ones([2]).sum()).__name__)\n"
+        + LATER_THREADS_EAGER
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "Tensor"
+
+
+def test_paddle_imported_off_the_main_thread_leaves_later_threads_in_eager_mode() -> None:
+    """The core's own import in another thread (a bounded call's) keeps eager mode for the threads after it."""
+    code = (
+        "import threading, sys\n"
+        "from fd_platforms.contract.paddle_import import import_paddle\n"
+        "importer = threading.Thread(target=import_paddle)\n"
+        "importer.start(); importer.join()\n"
+        "import paddle\n" + LATER_THREADS_EAGER
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+# Once the thread that imported paddle has ended (its end closed Paddle's eager-mode context manager, which set
+# the process's tracer to None), a thread started later must still be in eager mode: `paddle.empty(..., "uint8")`
+# in a plugin's later call failed with "The data type of 'dtype' in empty must be [...] but received uint8".
+LATER_THREADS_EAGER = (
+    "import threading\n"
+    "for thread in threading.enumerate():\n"
+    "    if thread.name.startswith('fd-platforms plugin'):\n"
+    "        thread.join(30)\n"
+    "seen = {}\n"
+    "def later():\n"
+    "    seen['eager'] = paddle.in_dynamic_mode()\n"
+    "    seen['empty'] = paddle.empty([0], dtype='uint8').dtype == paddle.uint8\n"
+    "thread = threading.Thread(target=later)\n"
+    "thread.start(); thread.join()\n"
+    "assert seen == {'eager': True, 'empty': True}, f'a later thread was left in static-graph mode: {seen}'\n"
+)
 
 
 def test_an_import_error_still_reads_as_before(make_plugin) -> None:

@@ -29,12 +29,34 @@ def import_paddle(*, leave_environment: bool = False) -> ModuleType:
     os.environ.setdefault("GLOG_minloglevel", "1")
     keep = "paddle" not in sys.modules and threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if keep else None
+    first = "paddle" not in sys.modules
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            return importlib.import_module("paddle")
+            paddle = importlib.import_module("paddle")
+        if first and threading.current_thread() is not threading.main_thread():
+            keep_eager_mode()
+        return paddle
     finally:
         if added and leave_environment:
             del os.environ["GLOG_minloglevel"]
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+_KEPT_EAGER_MODES: list[object] = []
+
+
+def keep_eager_mode() -> None:
+    """Keep the eager mode that importing paddle gave the calling thread, for the whole process.
+
+    Paddle's import enters dynamic (eager) mode through a context manager kept in the importing
+    thread's thread-local state; when that thread ends, the manager is closed, which sets Paddle's
+    process-wide tracer to None: every thread started after that is in static-graph mode (where,
+    e.g., ``paddle.empty`` refuses ``uint8``). Call this in a thread other than the main one right
+    after it imported paddle: the manager is kept alive, so the thread's end changes nothing."""
+    paddle = sys.modules.get("paddle")
+    framework = getattr(getattr(paddle, "base", None), "framework", None)
+    manager = getattr(getattr(framework, "global_var", None), "_functional_dygraph_context_manager", None)
+    if manager is not None:
+        _KEPT_EAGER_MODES.append(manager)

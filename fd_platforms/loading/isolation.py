@@ -41,6 +41,7 @@ from ..contract.errors import (
     RecordError,
     show_value,
 )
+from ..contract.paddle_import import keep_eager_mode
 from ..ipc.timeouts import env_seconds, knob
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -105,6 +106,8 @@ class PluginCall(Generic[T]):
         except BaseException as exc:  # noqa: BLE001 - plugins are untrusted: SystemExit included
             self._raised = exc
         finally:
+            if not self._had_paddle and "paddle" in sys.modules:
+                keep_eager_mode()  # the plugin imported paddle in this thread, which ends soon
             self._disturbed = _check_standard_streams(self._streams)  # at once, in the plugin's own thread
             _leave_running(self)
             self._done.set()
