@@ -57,8 +57,27 @@ def env_seconds(variable: str, default: float, environ: Mapping[str, str] | None
     raw = (os.environ if environ is None else environ).get(variable)
     if raw is None or raw.strip() == "":
         return default
+    return check_seconds(variable, _number(raw), f"set {variable} to seconds, e.g. {variable}={int(default)}", shown=raw)
+
+
+def env_bound(variable: str, default: float, environ: Mapping[str, str] | None = None) -> float | None:
+    """A bound's seconds from environment ``variable`` as :func:`env_seconds` reads them, where ``0``
+    turns the bound off (None); a ConfigError naming the variable and both choices otherwise."""
+    raw = (os.environ if environ is None else environ).get(variable)
+    if raw is None or raw.strip() == "":
+        return default
+    value = _number(raw)
+    if value == 0:
+        return None
+    fix = f"set {variable} to seconds, e.g. {variable}={int(default)}, or to 0 for no bound"
     try:
-        value = float(raw)
+        return check_seconds(variable, value, fix, shown=raw)
+    except ConfigError:
+        raise ConfigError(variable, raw, f"{ALLOWED}, or 0 for no bound", fix) from None
+
+
+def _number(raw: str) -> float:
+    try:
+        return float(raw)
     except ValueError:
-        value = math.nan
-    return check_seconds(variable, value, f"set {variable} to seconds, e.g. {variable}={int(default)}", shown=raw)
+        return math.nan
