@@ -10,7 +10,12 @@ import pytest
 from fd_platforms.contract.errors import PlatformDriftError
 from fd_platforms.ipc.cache_signal import LAYOUT_VERSION
 from fd_platforms.ipc.timeouts import MAX_SECONDS
-from fd_platforms.loading.isolation import DEFAULT_DETECT_TIMEOUT, ENV_DETECT_TIMEOUT
+from fd_platforms.loading.watchdog import (
+    DEFAULT_ALLOC_TIMEOUT,
+    DEFAULT_DETECT_TIMEOUT,
+    ENV_ALLOC_TIMEOUT,
+    ENV_DETECT_TIMEOUT,
+)
 from fd_platforms.loading.selection import select_platform
 from fd_platforms.rules.config import ModelConfig, tensor_parallel_sizes
 from fd_platforms.rules.config.limits import MAX_LAYERS, MAX_RANKS, MAX_WIDTH
@@ -51,6 +56,8 @@ def test_the_guides_drift_sample_is_the_real_first_line(old_xpu_drift: PlatformD
 def test_the_bounds_quoted_are_the_codes() -> None:
     assert f"`{ENV_DETECT_TIMEOUT}` seconds (default {DEFAULT_DETECT_TIMEOUT:g}; at most {MAX_SECONDS}" in README
     assert f"`{ENV_DETECT_TIMEOUT}` seconds (default {DEFAULT_DETECT_TIMEOUT:g};" in GUIDE
+    assert f"`{ENV_ALLOC_TIMEOUT}` seconds (default {DEFAULT_ALLOC_TIMEOUT:g})" in README
+    assert f"`{ENV_ALLOC_TIMEOUT}` seconds (default {DEFAULT_ALLOC_TIMEOUT:g})" in GUIDE
     assert f"layers up to {MAX_LAYERS}; heads, head and latent dims and block sizes up to {MAX_WIDTH}" in README
     assert f"tensor-parallel ranks up to {MAX_RANKS}" in README
     assert f"1 layout version {LAYOUT_VERSION}," in README

@@ -1,11 +1,13 @@
-"""Plugins are untrusted code: every call into one is bounded in time and isolated from every
-exception (SystemExit and KeyboardInterrupt included); the others go on, the process exits promptly,
-and Ctrl-C still stops the command itself."""
+"""Plugins are untrusted code: every call into one is isolated from every exception (SystemExit
+included) and bounded in time. The plugins a command did not name are screened in a child process,
+so a hang or an exit there only marks them broken; a call into the selected platform that runs past
+its bound ends the process, naming the call; Ctrl-C still stops the command itself."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from fd_platforms.contract.errors import PlatformUnavailableError, PluginError, PluginLoadError, PluginTimeoutError
-from fd_platforms.loading.selection import select_platform, survey
+from fd_platforms.loading.selection import Prober, select_platform, survey
 from run_helpers import QWEN, ROOT, SCRIPT
 
 pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
@@ -92,13 +94,17 @@ def test_list_marks_a_hanging_plugin_broken_and_returns(make_plugin, source: str
     assert "Traceback" not in done.stderr
 
 
-def test_hanging_plugins_cost_one_bound_together(make_plugin) -> None:
+def test_each_hanging_plugin_costs_its_own_bound_and_the_others_are_still_screened(make_plugin) -> None:
+    """The screening child detects one platform after another; a hang ends it, and a new child goes on."""
     make_plugin("hangone", source=plugin("hangone", detect=SLEEP_FOREVER))
+    make_plugin("fine", source=plugin("fine"))
     site = make_plugin("hangtwo", source=plugin("hangtwo", module_level="time.sleep(3600)"))
-    done, seconds = cli("list", "--json", site=site, FD_PLATFORM_DETECT_TIMEOUT="5")
+    done, seconds = cli("list", "--json", site=site, FD_PLATFORM_DETECT_TIMEOUT="2")
     assert done.returncode == 0, done.stderr
-    assert {listed(done)[name]["status"] for name in ("hangone", "hangtwo")} == {"broken"}
-    assert seconds < 2 * 5, f"two hanging plugins took {seconds:.1f} s: they were waited for one after the other"
+    platforms = listed(done)
+    assert {platforms[name]["status"] for name in ("hangone", "hangtwo")} == {"broken"}
+    assert platforms["fine"]["status"] == "available", "the platform screened after a hang is still detected"
+    assert seconds < 2 * 2 + 15, f"two hanging plugins took {seconds:.1f} s with a 2 s bound each"
 
 
 def test_a_hanging_confirmation_falls_back_to_cpu_and_fails_a_selection_promptly(make_plugin) -> None:
@@ -150,13 +156,22 @@ def test_ctrl_c_while_a_plugin_hangs_stops_the_command_with_130(make_plugin, tmp
     assert "Traceback" not in stderr and stopped < 5
 
 
-@pytest.mark.parametrize("raw", ["0", "soon", "1e9", "-1"])
+@pytest.mark.parametrize("raw", ["soon", "1e9", "-1", "nan"])
 def test_a_bad_detection_bound_is_a_configuration_error(make_plugin, raw: str) -> None:
     site = make_plugin("fine", source=plugin("fine"))
     done, _ = cli("list", site=site, FD_PLATFORM_DETECT_TIMEOUT=raw)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     [line] = done.stderr.splitlines()
     assert f"FD_PLATFORM_DETECT_TIMEOUT={raw!r} is not valid" in line and "Fix: set FD_PLATFORM_DETECT_TIMEOUT" in line
+    assert "or to 0 for no bound" in line
+
+
+def test_a_bad_allocation_bound_is_a_configuration_error(make_plugin) -> None:
+    source = plugin("fine") + "\n@hookimpl\ndef host_alloc(nbytes, require_pinned):\n    raise OSError('never called')\n"
+    site = make_plugin("fine", source=source)
+    done, _ = python_api("platform.host_alloc(4096)", site=site, FD_PLATFORM="fine", FD_PLATFORM_ALLOC_TIMEOUT="-5")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "FD_PLATFORM_ALLOC_TIMEOUT='-5' is not valid" in done.stderr and "or to 0 for no bound" in done.stderr
 
 
 # -- SystemExit, KeyboardInterrupt and friends: isolated -----------------------------------------
@@ -193,100 +208,151 @@ def test_selecting_a_plugin_that_exits_is_one_error_line(make_plugin) -> None:
     )
 
 
-# -- in process -----------------------------------------------------------------------------------
-
-
-def test_in_process_selection_reports_the_step_and_the_bound(make_plugin, monkeypatch) -> None:
+def test_a_hung_plugin_screened_in_a_child_is_an_error_naming_its_step_and_bound(make_plugin, monkeypatch) -> None:
+    """The calling process survives: the child's watchdog ended the child, and its stack named the call."""
     monkeypatch.setenv("FD_PLATFORM_DETECT_TIMEOUT", "0.5")
     make_plugin("hangs", source=plugin("hangs", confirm=SLEEP_FOREVER))
-    with pytest.raises(PluginTimeoutError) as info:
-        select_platform({"FD_PLATFORM": "hangs"})
-    assert (info.value.step, info.value.seconds) == ("hook confirm_platform", 0.5)
+    probe = Prober().probe_all(["hangs"])["hangs"]
+    assert isinstance(probe.error, PluginTimeoutError)
+    assert (probe.error.step, probe.error.seconds) == ("hook confirm_platform", 0.5)
     report = {r.name: r for r in survey({}).reports}["hangs"]
-    assert report.status == "broken" and "did not return within 0.5 s" in report.reason
+    assert report.status == "broken" and "hook confirm_platform did not return within 0.5 s" in report.reason
 
 
-def test_a_platform_that_timed_out_once_is_broken_for_every_later_call(make_plugin, monkeypatch) -> None:
-    monkeypatch.setenv("FD_PLATFORM_DETECT_TIMEOUT", "0.5")
-    source = plugin("flaky") + (
-        "\n_calls = []\n@hookimpl\ndef device_memory(device_id):\n"
-        "    _calls.append(device_id)\n    time.sleep(3600 if len(_calls) == 1 else 0)\n"
-    )
-    make_plugin("flaky", source=source)
-    platform = select_platform({"FD_PLATFORM": "flaky"}).platform
-    with pytest.raises(PluginTimeoutError, match="hook device_memory did not return within 0.5 s"):
-        platform.device_memory(0)
+# -- the selected platform: calls in this process, a hang ends it ----------------------------------
+
+API_SCRIPT = """
+import sys, threading, time
+from fd_platforms.contract.errors import FdPlatformsError
+from fd_platforms.loading.selection import select_platform
+
+threading.Thread(target=time.sleep, args=(3600,), name="engine-helper", daemon=True).start()
+try:
+    platform = select_platform().platform
+    print("selected", flush=True)
+    {call}
+except FdPlatformsError as exc:
+    print(f"error: {{exc}}", file=sys.stderr)
+    sys.exit(exc.exit_code)
+print("returned", flush=True)
+"""
+
+
+def python_api(call: str, *, site: Path, timeout: float = 120, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:  # fmt: skip
+    """An engine's process using the Python API: select the platform, then ``call`` (``platform`` is in scope)."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FD_")}
+    environ.update(PYTHONPATH=os.pathsep.join([str(site), *sys.path]), **env)
     started = time.monotonic()
-    with pytest.raises(PluginTimeoutError) as again:
-        platform.detect()
-    assert time.monotonic() - started < 0.5 and again.value is platform.broken, "not another 0.5 s bound"
+    done = subprocess.run([sys.executable, "-c", API_SCRIPT.format(call=call)], capture_output=True, text=True,
+                          env=environ, cwd=ROOT, timeout=timeout)  # fmt: skip
+    return done, time.monotonic() - started
 
 
-def test_each_timeout_names_the_variable_that_set_its_bound(make_plugin, monkeypatch) -> None:
-    """A rule hook is bounded by FD_PLATFORM_DETECT_TIMEOUT, an allocation by FD_CACHE_READY_TIMEOUT:
-    the error sends the user to the one that would change the bound."""
-    monkeypatch.setenv("FD_PLATFORM_DETECT_TIMEOUT", "30")
-    monkeypatch.setenv("FD_CACHE_READY_TIMEOUT", "0.5")
-    source = plugin("slowalloc") + (
-        "\n@hookimpl\ndef host_alloc(nbytes, require_pinned):\n    time.sleep(3600)\n"
+HOLD_THE_GIL = "import re; re.match(r'(a+)+$', 'a' * 64 + 'b')"  # catastrophic backtracking inside the C matcher
+MEMORY_HOOK = "\n@hookimpl\ndef device_memory(device_id):\n    mark('hanging')\n    {body}\n"
+
+
+def timed_out_line(plugin_name: str, step: str, seconds: str, variable: str) -> str:
+    return f"in fd-platforms: plugin {plugin_name!r} (distribution fd-test-{plugin_name}), {step}, bound {seconds} s ({variable})"
+
+
+@pytest.mark.parametrize("how", ["plan", "python-api"])
+@pytest.mark.parametrize("body", [HOLD_THE_GIL, "time.sleep(3600)"], ids=["holds-the-gil", "sleeps"])
+def test_a_hook_past_its_bound_ends_the_process_naming_the_call(make_plugin, how: str, body: str) -> None:
+    """The watchdog fires while the hook holds the interpreter lock too: faulthandler's timer needs no
+    Python thread. Its stack names plugin, hook, bound and variable; every thread's stack follows."""
+    site = make_plugin("hangs", source=plugin("hangs") + MEMORY_HOOK.format(body=body))
+    env = {"FD_PLATFORM": "hangs", "FD_PLATFORM_DETECT_TIMEOUT": "2"}
+    if how == "plan":
+        done, seconds = cli("plan", "--model", QWEN, site=site, **env)
+    else:
+        done, seconds = python_api("platform.device_memory(0)", site=site, **env)
+    assert done.returncode == 1, (done.returncode, done.stderr[-3000:])
+    assert 2 <= seconds < 2 + 8, f"ended after {seconds:.1f} s with a 2 s bound"
+    assert "Timeout (0:00:02)!" in done.stderr
+    assert timed_out_line("hangs", "hook device_memory", "2", "FD_PLATFORM_DETECT_TIMEOUT") in done.stderr
+    assert re.search(r'File ".*fd_test_plugin_fd_test_hangs.py", line \d+ in device_memory', done.stderr)
+    if how == "python-api":
+        assert done.stdout.splitlines() == ["selected"]
+        assert len(re.findall(r"^Thread 0x[0-9a-f]+ \(most recent call first\):", done.stderr, re.M)) >= 2
+
+
+def test_an_allocation_hook_is_bounded_by_its_own_variable(make_plugin) -> None:
+    """host_alloc may take long for a large cache: FD_PLATFORM_ALLOC_TIMEOUT bounds it, not the detection bound."""
+    source = plugin("slowalloc") + "\n@hookimpl\ndef host_alloc(nbytes, require_pinned):\n    time.sleep(3600)\n"
+    site = make_plugin("slowalloc", source=source)
+    done, seconds = python_api("platform.host_alloc(4096)", site=site, FD_PLATFORM="slowalloc",
+                               FD_PLATFORM_DETECT_TIMEOUT="30", FD_PLATFORM_ALLOC_TIMEOUT="1.5")  # fmt: skip
+    assert done.returncode == 1 and seconds < 1.5 + 8, done.stderr[-2000:]
+    assert "Timeout (0:00:01.500000)!" in done.stderr
+    assert timed_out_line("slowalloc", "hook host_alloc", "1.5", "FD_PLATFORM_ALLOC_TIMEOUT") in done.stderr
+
+
+def test_a_bound_of_0_turns_the_watchdog_off(make_plugin) -> None:
+    """For an engine with its own watchdog (faulthandler keeps one timer per process)."""
+    body = "time.sleep(2)\n    raise OSError('woke up')"
+    site = make_plugin("slow", source=plugin("slow") + MEMORY_HOOK.format(body=body))
+    done, seconds = python_api("platform.device_memory(0)", site=site, FD_PLATFORM="slow",
+                               FD_PLATFORM_DETECT_TIMEOUT="0")  # fmt: skip
+    assert done.returncode == 2 and seconds >= 2, done.stderr[-2000:]
+    assert "hook device_memory raised OSError: woke up" in done.stderr, "the hook ran to its end"
+
+
+def test_a_hook_in_one_thread_keeps_its_bound_while_another_threads_call_ends(make_plugin) -> None:
+    """faulthandler has one timer: armed for the earliest deadline, re-armed as calls end, never cancelled
+    while another thread's call still runs."""
+    source = plugin("threads") + MEMORY_HOOK.format(body="time.sleep(0.3 if device_id else 3600)\n    return None")
+    site = make_plugin("threads", source=source)
+    call = (
+        "quick = threading.Thread(target=lambda: [platform.device_memory(1) for _ in range(20)])\n"
+        "    quick.start(); platform.device_memory(0)"
     )
-    make_plugin("slowalloc", source=source)
-    platform = select_platform({"FD_PLATFORM": "slowalloc"}).platform
-    with pytest.raises(PluginTimeoutError) as info:
-        platform.host_alloc(4096)
-    message = str(info.value)
-    assert "hook host_alloc did not return within 0.5 s" in message, message
-    assert "raise FD_CACHE_READY_TIMEOUT (seconds)" in message and "FD_PLATFORM_DETECT_TIMEOUT" not in message
+    done, seconds = python_api(call, site=site, FD_PLATFORM="threads", FD_PLATFORM_DETECT_TIMEOUT="3")
+    assert done.returncode == 1 and "Timeout" in done.stderr, done.stderr[-2000:]
+    assert 3 <= seconds < 3 + 8, f"the hanging call ended the process after {seconds:.1f} s, its bound is 3 s"
 
 
-def test_paddle_imported_by_a_plugin_thread_leaves_the_caller_in_eager_mode(make_plugin) -> None:
-    """Paddle's mode is per thread: imported in a plugin's thread, the caller would get static graphs."""
-    make_plugin("paddly", source=plugin("paddly", confirm="import paddle\n    return None"))
-    code = (
-        "import fd_platforms.loading.selection as s, sys\n"
-        "assert 'paddle' not in sys.modules\n"
-        "s.select_platform({'FD_PLATFORM': 'paddly'})\n"
-        "import paddle\n"
-        "assert paddle.in_dynamic_mode(), 'the caller was left in static-graph mode'\n"
-        "print(type(paddle.ones([2]).sum()).__name__)\n"
-        + LATER_THREADS_EAGER
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "Tensor"
+def test_ctrl_c_during_a_hook_of_the_selected_platform_stops_the_command_with_130(make_plugin, tmp_path: Path) -> None:
+    """The hook runs in the command's own thread: Ctrl-C interrupts it and stays the user's, not the plugin's."""
+    site = make_plugin("hangs", source=plugin("hangs") + MEMORY_HOOK.format(body="time.sleep(3600)"))
+    marker = tmp_path / "marker"
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FD_")}
+    environ.update(PYTHONPATH=str(site), FD_PLATFORM="hangs", FD_TEST_MARKER=str(marker))
+    process = subprocess.Popen([SCRIPT, "plan", "--model", QWEN], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=environ, cwd=ROOT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (marker.exists() and "hanging" in marker.read_text()):
+            assert time.monotonic() < deadline and process.poll() is None, "the hook never started"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 130 and stderr.splitlines()[-1] == "fd-platforms: interrupted", stderr
 
 
-def test_paddle_imported_off_the_main_thread_leaves_later_threads_in_eager_mode() -> None:
-    """The core's own import in another thread (a bounded call's) keeps eager mode for the threads after it."""
-    code = (
-        "import threading, sys\n"
-        "from fd_platforms.contract.paddle_import import import_paddle\n"
-        "importer = threading.Thread(target=import_paddle)\n"
-        "importer.start(); importer.join()\n"
-        "import paddle\n" + LATER_THREADS_EAGER
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})  # fmt: skip
-    assert done.returncode == 0, done.stderr
+def test_paddle_imported_by_a_hook_leaves_the_caller_in_eager_mode(make_plugin) -> None:
+    """Paddle's mode is per thread; the hook ran in the caller's, so the caller has paddle's own default."""
+    site = make_plugin("paddly", source=plugin("paddly", confirm="import paddle\n    return None"))
+    call = "import paddle; assert paddle.in_dynamic_mode(); print(type(paddle.ones([2]).sum()).__name__)"
+    done, _ = python_api(call, site=site, FD_PLATFORM="paddly")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["selected", "Tensor", "returned"]
 
 
-# Once the thread that imported paddle has ended (its end closed Paddle's eager-mode context manager, which set
-# the process's tracer to None), a thread started later must still be in eager mode: `paddle.empty(..., "uint8")`
-# in a plugin's later call failed with "The data type of 'dtype' in empty must be [...] but received uint8".
-LATER_THREADS_EAGER = (
-    "import threading\n"
-    "for thread in threading.enumerate():\n"
-    "    if thread.name.startswith('fd-platforms plugin'):\n"
-    "        thread.join(30)\n"
-    "seen = {}\n"
-    "def later():\n"
-    "    seen['eager'] = paddle.in_dynamic_mode()\n"
-    "    seen['empty'] = paddle.empty([0], dtype='uint8').dtype == paddle.uint8\n"
-    "thread = threading.Thread(target=later)\n"
-    "thread.start(); thread.join()\n"
-    "assert seen == {'eager': True, 'empty': True}, f'a later thread was left in static-graph mode: {seen}'\n"
-)
+def test_a_keyboard_interrupt_from_the_selected_plugin_stays_a_keyboard_interrupt(make_plugin) -> None:
+    make_plugin("ctrlc", source=plugin("ctrlc", confirm="raise KeyboardInterrupt"))
+    with pytest.raises(KeyboardInterrupt):
+        select_platform({"FD_PLATFORM": "ctrlc"})
+
+
+def test_system_exit_from_the_selected_plugin_is_its_error(make_plugin) -> None:
+    make_plugin("quits", source=plugin("quits", confirm="raise SystemExit(4)"))
+    with pytest.raises(PluginError, match=r"hook confirm_platform raised SystemExit\(4\)"):
+        select_platform({"FD_PLATFORM": "quits"})
 
 
 def test_an_import_error_still_reads_as_before(make_plugin) -> None:

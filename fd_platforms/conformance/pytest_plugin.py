@@ -24,7 +24,8 @@ from ..contract.errors import FdPlatformsError
 from ..contract.types import Detection
 from ..kit.paddle_platform import PaddlePlatform
 from ..loading.discovery import discover
-from ..loading.isolation import call_plugin, detect_timeout
+from ..loading.isolation import call_plugin
+from ..loading.watchdog import detect_bound
 from ..loading.platform import Platform, load_platform, register_platform
 from ..loading.selection import single_candidate
 from . import CHECKS
@@ -163,7 +164,7 @@ def fd_platform_simulated(fd_platform: Platform) -> Platform:
     copy = dataclasses.replace(plugin, load_paddle=lambda: simulated)
     candidate = fd_platform.candidate
     return call_plugin(candidate, "loading a simulated copy", lambda: register_platform(candidate, copy, drift_guard=False),
-                       detect_timeout())  # fmt: skip
+                       detect_bound())  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -1,14 +1,20 @@
-"""Importing paddle the core's way, from any layer: quiet, and keeping the process's SIGTERM handler."""
+"""Importing paddle the core's way, from any layer and any thread: quiet, keeping the process's
+SIGTERM and SIGINT handlers."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import signal
 import sys
-import threading
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import ModuleType
+
+KEPT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_SIGACTION_BYTES = 256  # room for the C library's struct sigaction (152 bytes on x86-64 and arm64 glibc)
 
 
 def import_paddle(*, leave_environment: bool = False) -> ModuleType:
@@ -18,45 +24,63 @@ def import_paddle(*, leave_environment: bool = False) -> ModuleType:
     ``GLOG_minloglevel``, and the Python warnings its import prints ("No ccache found", ...) are
     silenced, so a command's stderr stays one line on error; Paddle's errors still show.
 
-    Importing paddle installs a SIGTERM handler that ends the process at once, skipping every
-    ``finally`` and exit hook (the cache-ready signal's and the publications' clean-up among them);
-    imported here in the main thread, the process keeps the SIGTERM handler it had.
+    The process keeps its SIGTERM and SIGINT handlers (:func:`keeping_signal_handlers`), and the two
+    signals are held in this thread while paddle loads, so neither reaches Paddle's handler then.
 
     ``leave_environment``: the ``GLOG_minloglevel`` default holds for the import only (Paddle reads it
     then), for code running in a process that is not ours (a launcher's worker).
     """
+    if "paddle" in sys.modules:
+        return sys.modules["paddle"]
     added = "GLOG_minloglevel" not in os.environ
     os.environ.setdefault("GLOG_minloglevel", "1")
-    keep = "paddle" not in sys.modules and threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) if keep else None
-    first = "paddle" not in sys.modules
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, KEPT_SIGNALS)
     try:
-        with warnings.catch_warnings():
+        with keeping_signal_handlers(), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            paddle = importlib.import_module("paddle")
-        if first and threading.current_thread() is not threading.main_thread():
-            keep_eager_mode()
-        return paddle
+            return importlib.import_module("paddle")
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         if added and leave_environment:
             del os.environ["GLOG_minloglevel"]
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
-_KEPT_EAGER_MODES: list[object] = []
+@contextmanager
+def keeping_signal_handlers() -> Iterator[None]:
+    """Paddle first imported inside the block leaves the process's SIGTERM and SIGINT handlers as they were.
+
+    Importing paddle installs a C++ SIGTERM handler that ends the process at once, skipping every
+    ``finally`` and exit hook, and the engine's own handler never runs. Python's ``signal.signal``
+    cannot put the old one back outside the main thread, so the C library's ``sigaction`` records
+    each handler before and restores it after, from whichever thread imported paddle. Costs nothing
+    once paddle is loaded.
+    """
+    if "paddle" in sys.modules:
+        yield
+        return
+    saved = {signum: _sigaction(signum) for signum in KEPT_SIGNALS}
+    try:
+        yield
+    finally:
+        if "paddle" in sys.modules:
+            for signum, action in saved.items():
+                _sigaction(signum, action)
 
 
-def keep_eager_mode() -> None:
-    """Keep the eager mode that importing paddle gave the calling thread, for the whole process.
+def _sigaction(signum: int, restore: bytes | None = None) -> bytes:
+    """The C library's handler record of ``signum`` (set to ``restore`` first, when given), as raw bytes."""
+    import ctypes
 
-    Paddle's import enters dynamic (eager) mode through a context manager kept in the importing
-    thread's thread-local state; when that thread ends, the manager is closed, which sets Paddle's
-    process-wide tracer to None: every thread started after that is in static-graph mode (where,
-    e.g., ``paddle.empty`` refuses ``uint8``). Call this in a thread other than the main one right
-    after it imported paddle: the manager is kept alive, so the thread's end changes nothing."""
-    paddle = sys.modules.get("paddle")
-    framework = getattr(getattr(paddle, "base", None), "framework", None)
-    manager = getattr(getattr(framework, "global_var", None), "_functional_dygraph_context_manager", None)
-    if manager is not None:
-        _KEPT_EAGER_MODES.append(manager)
+    current = ctypes.create_string_buffer(_SIGACTION_BYTES)
+    new = None if restore is None else ctypes.create_string_buffer(restore, _SIGACTION_BYTES)
+    if _libc_sigaction()(signum, new, current) != 0:
+        raise OSError(ctypes.get_errno(), f"sigaction({signum}) failed")
+    return current.raw
+
+
+@functools.cache
+def _libc_sigaction() -> Callable[..., int]:
+    """The C library's ``sigaction``, loaded once."""
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).sigaction

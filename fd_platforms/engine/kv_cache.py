@@ -103,8 +103,6 @@ class KVCache:
             self._publication.retract(limit)  # type: ignore[union-attr]
             self._clear_slot()  # unpublished: an attacher arriving now waits instead of failing to find it
         self.tensors.clear()
-        if self._shared and self._platform is not None:  # every close in one bounded plugin thread, not one each
-            self._platform.batch(f"closing rank {self.rank}'s KV cache", self._close_shared)
         self._close_shared()
         self._clear_slot()
         if self._publication is not None:
@@ -188,7 +186,7 @@ def export_kv_cache(
                 progress(done, layout.device_bytes(num_blocks))
 
     try:
-        platform.batch(f"exporting rank {layout.rank}'s KV cache", export_all)
+        export_all()
         entries = [
             PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, tensor.handle)
             for spec, tensor in zip(layout.tensors, shared, strict=True)
@@ -234,7 +232,7 @@ def attach_kv_cache(
     try:
         check_provenance(publication, setter_pid)
         check_published(publication.tensors, layout, num_blocks)
-        platform.batch(f"attaching rank {layout.rank}'s KV cache", open_all)
+        open_all()
     except BaseException:
         _close_all(shared)
         publication.let_go()

@@ -2,8 +2,8 @@
 
 Children are started with SIGINT ignored (:mod:`.interrupts`): on Ctrl-C the engine stops them.
 SIGTERM (the engine's stop) becomes ``SystemExit(143)``, so a child releases what it holds and
-exits without a traceback. Paddle's import installs a handler printing a C++ report on SIGTERM, so
-:func:`load_paddle` holds SIGTERM while importing and puts the quiet one back afterwards.
+exits without a traceback (paddle's import, which installs a C++ SIGTERM handler, keeps it:
+:func:`~fd_platforms.contract.paddle_import.import_paddle`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from types import FrameType
 from typing import Any
 
 from ..contract.errors import FdPlatformsError
-from ..contract.paddle_import import import_paddle
 from ..ipc.cache_signal import ENV_TIMEOUT
 from ..ipc.timeouts import set_by_flag
 from ..loading.platform import Platform
@@ -47,9 +46,10 @@ def run_child(label: str, conn: Connection, spec: RunSpec, body: Body, *args: An
 
 def leave(code: int) -> None:
     """End this child: the exit hooks run (``weakref.finalize`` releases what it still holds, logging
-    flushes), then ``os._exit``. Interpreter teardown is skipped: a plugin call abandoned by the stop
-    may still be inside native code in its daemon thread, and tearing the interpreter down under it
-    ends in a C++ abort and a "C++ Traceback" on stderr (seen when SIGTERM came mid-export)."""
+    flushes), then ``os._exit``. Interpreter teardown is skipped: a call abandoned by the stop may still
+    be inside Paddle's native code in a daemon thread (a collective call, :mod:`fd_platforms.engine.bounded`),
+    and tearing the interpreter down under it ends in a C++ abort and a "C++ Traceback" on stderr
+    (seen when SIGTERM came mid-export while plugin calls ran in threads of their own)."""
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -91,23 +91,8 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(STOPPED_EXIT)
 
 
-def load_paddle() -> None:
-    """Import paddle with SIGTERM held, then restore the quiet SIGTERM handler."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    try:
-        import_paddle()
-    finally:
-        signal.signal(signal.SIGTERM, _stop)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-
-
 def child_platform(spec: RunSpec) -> Platform:
-    """The platform the engine selected, selected again here by name.
-
-    Every platform but cpu confirms itself through Paddle at selection, so paddle is loaded first.
-    """
-    if spec.device_type != "cpu":
-        load_paddle()
+    """The platform the engine selected, selected again here by name."""
     os.environ[ENV_PLATFORM] = spec.platform
     return select_platform().platform
 

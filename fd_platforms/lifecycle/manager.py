@@ -20,12 +20,13 @@ import time
 from multiprocessing.connection import Connection
 
 from ..contract.errors import FdPlatformsError
+from ..contract.paddle_import import import_paddle
 from ..contract.types import Plan
 from ..engine.initialize import ManagedCache, hold_kv_cache, manage_kv_cache
 from ..kit.host_memory import resident_bytes
 from ..loading.platform import Platform
 from ..rules.sizes import format_size
-from .child import child_platform, expect, load_paddle, run_child, serve
+from .child import child_platform, expect, run_child, serve
 from .progress import Progress
 from .report import Allocation
 from .spec import RunSpec
@@ -38,7 +39,7 @@ def manager_main(spec: RunSpec, ranks: tuple[int, ...], signal_name: str, conn: 
 
 
 def _manage(conn: Connection, say: Progress, spec: RunSpec, ranks: tuple[int, ...], signal_name: str) -> None:
-    load_paddle()  # while the workers plan
+    import_paddle()  # while the workers plan
     platform = child_platform(spec)
     plan, creators = expect(conn, "final", spec.timeout)  # creators: each rank's worker pid where they create
     held: dict[int, ManagedCache] = {}

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
+from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision, DeviceMemory, Plan
 from ..engine.block_handoff import hand_off_block_count
 from ..engine.cluster import Agreement, Cluster
@@ -28,7 +29,7 @@ from ..kit.host_memory import resident_bytes
 from ..loading.platform import Platform
 from ..rules.planner import memory_per_rank
 from ..rules.sizes import format_size
-from .child import child_platform, expect, load_paddle, run_child, serve
+from .child import child_platform, expect, run_child, serve
 from .progress import Progress
 from .report import Allocation
 from .spec import RunSpec
@@ -60,7 +61,7 @@ def rank_memory(spec: RunSpec, platform: Platform, rank: int) -> DeviceMemory:
 
 
 def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, signal_name: str) -> None:
-    load_paddle()  # before planning, in parallel across ranks: once "final" comes, a rank acts at once
+    import_paddle()  # before planning, in parallel across ranks: once "final" comes, a rank acts at once
     platform = child_platform(spec)
     started = time.monotonic()
     layout = spec.layout(rank)

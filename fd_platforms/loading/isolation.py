@@ -1,209 +1,92 @@
-"""Calls into plugin code: bounded in time and isolated from every exception.
+"""Calls into plugin code: in the caller's thread, isolated from every exception, bounded in time.
 
-Plugins are untrusted code. Every call the core makes into one — its import and registration, and
-each hook it implements — runs through :class:`PluginCall`: in a daemon thread of its own, waited
-for at most a bound. Whatever the plugin raises, ``SystemExit`` and ``KeyboardInterrupt``
-included, becomes a :class:`~fd_platforms.contract.errors.PluginError` naming the plugin, its distribution
-and the step; a deliberate fd-platforms error (``HostAllocError``, ...) passes through, and a record
-built with bad fields becomes a :class:`~fd_platforms.contract.errors.PluginContractError`. A call past its
-bound is a :class:`~fd_platforms.contract.errors.PluginTimeoutError` naming the step it was in and the time;
-its thread is abandoned (a daemon thread never keeps the process from exiting) and callers mark the
-plugin broken so nothing waits on it again.
+Plugins are untrusted code, but they run where the engine runs. Paddle's state (eager mode), the
+device runtime's (CUDA's current device is per thread) and the engine's signal handlers belong to
+the engine's thread, so a call on a thread of its own would see device 0 and leave its state
+behind. Every call the core makes into the selected plugin — its import and registration, each
+hook it implements, a cache tensor's close — goes through :func:`call_plugin`, in the caller's
+thread:
 
-A plugin that closes (or replaces) descriptor 0, 1 or 2 is blamed by name: each call compares the
-three descriptors' files before and after it, and reopens a closed one on /dev/null. Another thread
-may open a file onto a freed number before the check, which is why files are compared, not only
-looked up. When other plugin calls ran at the same time, the culprit is not certain: the error is a
-:class:`StreamsDisturbed`, and the screening child's caller detects those plugins again one at a time.
+- whatever the plugin raises becomes a :class:`~fd_platforms.contract.errors.PluginError` naming the
+  plugin, its distribution and the step, ``SystemExit`` included; ``KeyboardInterrupt`` stays the
+  user's Ctrl-C (:func:`blame_interrupts` makes it the plugin's where no user can press it); a
+  deliberate fd-platforms error (``HostAllocError``, ...) passes through, and a record built with
+  bad fields becomes a :class:`~fd_platforms.contract.errors.PluginContractError`;
+- a call that has not returned within its bound ends the process, naming the call (:mod:`.watchdog`);
+- a plugin that closes or replaces descriptor 0, 1 or 2 is blamed by name: each call compares the
+  three descriptors' files before and after it (files, not numbers: another thread may open a file
+  onto a freed number), and a closed one is reopened on /dev/null;
+- paddle first imported by the plugin leaves the engine's SIGTERM and SIGINT handlers in place.
 
-The wait happens in the caller's thread, so Ctrl-C (and the run's SIGTERM) still interrupt it at
-once. Calls made from inside a plugin call (the hooks a plugin's loading runs) run inline, counted
-against the outer call's bound, and report the step they are in.
-
-Limit: code that holds the interpreter lock without ever releasing it (an endless loop inside a C
-extension) stalls every thread of the process; nothing in-process can bound that.
+The plugins a command did not name are loaded and detected in a child process
+(:mod:`.screening`): that is where unknown code runs.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import threading
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from ..contract.errors import (
-    FdPlatformsError,
-    PluginContractError,
-    PluginError,
-    PluginTimeoutError,
-    RecordError,
-    show_value,
-)
-from ..contract.paddle_import import keep_eager_mode
-from ..ipc.timeouts import env_seconds, knob
+from ..contract.errors import FdPlatformsError, PluginContractError, PluginError, RecordError, show_value
+from ..contract.paddle_import import keeping_signal_handlers
+from .watchdog import Bound, run_bounded
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .discovery import Candidate
 
 T = TypeVar("T")
 
-ENV_DETECT_TIMEOUT = "FD_PLATFORM_DETECT_TIMEOUT"
-DEFAULT_DETECT_TIMEOUT = 10.0
-"""Seconds a plugin gets for its import, registration, detection, confirmation (which may import
-paddle and start the device runtime) and each rule hook."""
-
-_current = threading.local()  # .call: the PluginCall whose thread this is
+_interrupts_are_plugins = False
 
 
-def detect_timeout() -> float:
-    """The bound of discovery, selection and rule hooks: ``FD_PLATFORM_DETECT_TIMEOUT``, else 10 s."""
-    return env_seconds(ENV_DETECT_TIMEOUT, DEFAULT_DETECT_TIMEOUT)
-
-
-class PluginCall(Generic[T]):
-    """``fn()`` running in a daemon thread for plugin ``candidate``, allowed ``bound`` seconds from
-    its start; :meth:`result` waits for it (calls started together end together).
-
-    ``step`` names what runs (``"hook detect_platform"``) and is shown in errors; ``error``,
-    ``fix`` and ``verb`` shape the error a raised exception becomes (see :func:`call_plugin`);
-    ``limit`` is the environment variable the bound was read from, named in a timeout's fix.
-    """
-
-    def __init__(
-        self,
-        candidate: Candidate,
-        step: str,
-        fn: Callable[[], T],
-        bound: float,
-        *,
-        error: type[PluginError] = PluginError,
-        fix: str = "",
-        verb: str = "raised",
-        limit: str = ENV_DETECT_TIMEOUT,
-    ) -> None:
-        self.candidate, self.step, self.bound, self.limit = candidate, step, bound, limit
-        self.started = time.monotonic()
-        self._fn, self._error, self._fix, self._verb = fn, error, fix, verb
-        self._done = threading.Event()
-        self._value: T | None = None
-        self._raised: BaseException | None = None
-        self._disturbed: list[str] = []
-        self._had_paddle = "paddle" in sys.modules
-        self._beside: set[str] = set()  # the plugins whose calls overlapped this one
-        self._streams = _stream_files()
-        _join_running(self)
-        self._thread = threading.Thread(
-            target=self._run, name=f"fd-platforms plugin {candidate.name}: {step}", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self) -> None:
-        _current.call = self
-        try:
-            self._value = self._fn()
-        except BaseException as exc:  # noqa: BLE001 - plugins are untrusted: SystemExit included
-            self._raised = exc
-        finally:
-            if not self._had_paddle and "paddle" in sys.modules:
-                keep_eager_mode()  # the plugin imported paddle in this thread, which ends soon
-            self._disturbed = _check_standard_streams(self._streams)  # at once, in the plugin's own thread
-            _leave_running(self)
-            self._done.set()
-
-    def result(self) -> T:
-        """The value, or the plugin's error; :class:`PluginTimeoutError` once the bound has passed."""
-        if not self._done.wait(max(0.0, self.started + self.bound - time.monotonic())):
-            raise PluginTimeoutError(
-                self.candidate.name,
-                self.candidate.distribution,
-                f"{self.step} did not return within {self.bound:g} s, so the plugin is marked broken. "
-                f"Fix: repair or uninstall {self.candidate.distribution}; if it legitimately takes longer, "
-                f"raise {knob(self.limit)}",
-                step=self.step,
-                seconds=self.bound,
-            )
-        _settle_paddle(self._had_paddle)
-        if self._disturbed:
-            raise self._stream_error()
-        if self._raised is not None:
-            raise blame(self.candidate, self.step, self._raised, self._error, self._fix, self._verb) from self._raised
-        return self._value  # type: ignore[return-value]
-
-    def _stream_error(self) -> PluginContractError:
-        streams = " and ".join(self._disturbed)
-        fix = "Fix: never close file descriptors 0, 1 or 2 in a plugin"
-        if not self._beside:
-            return PluginContractError(
-                self.candidate.name,
-                self.candidate.distribution,
-                f"{self.step} closed the process's {streams} (a closed one is reopened on /dev/null, so no file "
-                f"opened later takes its number). {fix}",
-            )
-        return StreamsDisturbed(
-            self.candidate.name,
-            self.candidate.distribution,
-            f"the process's {streams} was closed or replaced while {self.step} ran beside plugin calls of "
-            f"{', '.join(sorted(self._beside))}, so it was this plugin or one of those. {fix}",
-        )
-
-
-class StreamsDisturbed(PluginContractError):
-    """A standard descriptor changed during a call that overlapped other plugins' calls: the culprit is
-    one of them, not certainly this one (detecting each alone names it)."""
-
-
-_running: set[PluginCall[object]] = set()
-_running_lock = threading.Lock()
-
-
-def _join_running(call: PluginCall[object]) -> None:
-    """Count ``call`` as running; it and every call already running have overlapped."""
-    with _running_lock:
-        for other in _running:
-            other._beside.add(call.candidate.name)
-            call._beside.add(other.candidate.name)
-        _running.add(call)
-
-
-def _leave_running(call: PluginCall[object]) -> None:
-    with _running_lock:
-        _running.discard(call)
+def blame_interrupts() -> None:
+    """From now on a ``KeyboardInterrupt`` out of plugin code is the plugin's error (the screening
+    child's: a user's Ctrl-C ends its parent, which ends it)."""
+    global _interrupts_are_plugins
+    _interrupts_are_plugins = True
 
 
 def call_plugin(
     candidate: Candidate,
     step: str,
     fn: Callable[[], T],
-    timeout: float,
+    bound: Bound,
     *,
     error: type[PluginError] = PluginError,
     fix: str = "",
     verb: str = "raised",
-    limit: str = ENV_DETECT_TIMEOUT,
 ) -> T:
-    """Run ``fn()`` as plugin code: in its own bounded thread, or inline when already inside one.
+    """Run ``fn()`` as plugin code, here and now, within ``bound``.
 
-    ``step`` names it in errors (``"hook detect_platform"``); a raised exception becomes
-    ``error`` with the message ``"<step> <verb> <exception>. Fix: <fix>"``; ``limit`` is the
-    environment variable ``timeout`` was read from.
+    ``step`` names it in errors (``"hook detect_platform"``); a raised exception becomes ``error``
+    with the message ``"<step> <verb> <exception>. Fix: <fix>"``.
     """
-    outer: PluginCall[object] | None = getattr(_current, "call", None)
-    if outer is None:
-        return PluginCall(candidate, step, fn, timeout, error=error, fix=fix, verb=verb, limit=limit).result()
-    previous, outer.step = outer.step, step
+    streams = _stream_files()
+    label = f"fd-platforms: plugin {candidate.name!r} (distribution {candidate.distribution}), {step}"
+    raised: BaseException | None = None
     try:
-        value = fn()
-    except BaseException as exc:  # noqa: BLE001 - same isolation as a call of its own
-        raise blame(candidate, step, exc, error, fix, verb) from exc
-    outer.step = previous
-    return value
+        with keeping_signal_handlers():
+            result = run_bounded(label, bound, fn)
+    except BaseException as exc:  # noqa: BLE001 - plugins are untrusted: SystemExit included
+        raised = exc
+    disturbed = _check_standard_streams(streams)
+    if disturbed:  # the damage came before the call's own outcome, and outlives it
+        raise PluginContractError(
+            candidate.name,
+            candidate.distribution,
+            f"{step} closed the process's {' and '.join(disturbed)} (a closed one is reopened on /dev/null, "
+            "so no file opened later takes its number). Fix: never close file descriptors 0, 1 or 2 in a plugin",
+        ) from raised
+    if raised is None:
+        return result
+    if isinstance(raised, KeyboardInterrupt) and not _interrupts_are_plugins:
+        raise raised
+    raise blame(candidate, step, raised, error, fix, verb) from raised
 
 
 _STANDARD_STREAMS = ((0, "stdin"), (1, "stdout"), (2, "stderr"))
-
-
 _reopening = threading.Lock()
 
 
@@ -257,14 +140,3 @@ def describe(raised: BaseException) -> str:
         return f"{type(raised).__name__}: {text}" if text else show_value(raised)
     except Exception:  # a plugin's exception whose str() fails still gets reported
         return type(raised).__name__
-
-
-def _settle_paddle(had_paddle: bool) -> None:
-    """Paddle imported in a plugin's thread leaves the importing thread in dynamic (eager) mode and
-    the caller's thread in static-graph mode; give the caller the mode a plain import gives."""
-    if had_paddle or "paddle" not in sys.modules:
-        return
-    paddle = sys.modules["paddle"]
-    in_dynamic_mode = getattr(paddle, "in_dynamic_mode", None)
-    if in_dynamic_mode is not None and not in_dynamic_mode():
-        paddle.disable_static()

@@ -4,21 +4,18 @@ Callers use :class:`Platform` methods. Each one, in order:
 
 1. validates the caller's arguments in the core, so a bad argument is the caller's
    :class:`~fd_platforms.contract.errors.ConfigError` before any plugin code runs;
-2. calls the hook: a hook the plugin implements runs as untrusted code (:mod:`fd_platforms.loading.isolation`:
-   bounded in time, isolated from every exception); a hook answered by the core's default runs
-   directly;
+2. calls the hook in the caller's thread: a hook the plugin implements runs as untrusted code
+   (:mod:`fd_platforms.loading.isolation`: isolated from every exception, and a call past its bound
+   ends the process, :mod:`fd_platforms.loading.watchdog`); a hook answered by the core's default
+   runs directly;
 3. checks the answer on every call: its record type, and for the rule hooks the rule itself
    (:mod:`fd_platforms.rules.drift`): a decision other than the core rule's, or a plan that breaks the
    planner's invariants, is a :class:`~fd_platforms.contract.errors.PlatformDriftError` naming the case.
-
-A plugin call that runs past its bound marks the platform broken; every later call raises that
-error at once.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -32,7 +29,6 @@ from ..contract.errors import (
     PluginError,
     PluginHookError,
     PluginLoadError,
-    PluginTimeoutError,
 )
 from ..contract.types import (
     CacheDecision,
@@ -51,7 +47,8 @@ from ..rules.drift import DecisionDrift, drift_error, plan_drift_error, refuse_d
 from ..rules.sizes import parse_size
 from . import defaults
 from .discovery import Candidate, core_version
-from .isolation import ENV_DETECT_TIMEOUT, call_plugin, detect_timeout
+from .isolation import call_plugin
+from .watchdog import Bound, alloc_bound, detect_bound
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..rules.config.settings import CacheConfig
@@ -71,7 +68,6 @@ class Platform:
         self.manager = manager
         self.identity = identity
         self._implemented = frozenset(implemented_hooks(manager, manager.get_plugin(candidate.name)))
-        self.broken: PluginError | None = None
 
     @property
     def name(self) -> str:
@@ -285,7 +281,7 @@ class Platform:
         self, shared: SharedTensor, name: str, shape: tuple[int, ...], dtype: str, *, exported: bool
     ) -> SharedTensor:
         """The hook's tensor must be the one asked for; otherwise it is closed and refused. Its close
-        is the plugin's code too: it runs bounded, and what it raises is blamed on the plugin."""
+        is the plugin's code too: it runs as a plugin call, and what it raises is blamed on the plugin."""
         got_shape = tuple(int(extent) for extent in getattr(shared.tensor, "shape", ()))
         got_dtype = str(getattr(shared.tensor, "dtype", "")).removeprefix("paddle.")
         if (shared.name, shared.exported, got_shape, got_dtype) != (name, exported, shape, dtype):
@@ -297,49 +293,28 @@ class Platform:
                 f"(exported={shared.exported}) for {name} {list(shape)} {dtype}. Fix: return the tensor asked for",
             )
         close = shared._close
-        shared._close = lambda: self.batch(f"closing KV cache tensor {name}", close)  # the plugin's code, bounded
+        shared._close = lambda: call_plugin(self.candidate, f"closing KV cache tensor {name}", close, alloc_bound())
         return shared
 
-    def batch(self, step: str, calls: Callable[[], RecordT]) -> RecordT:
-        """Run ``calls`` — many hook calls of this platform, e.g. opening every tensor of a rank — in
-        one bounded plugin thread (the hooks inside run inline instead of a thread each), bounded
-        like an allocation (``FD_CACHE_READY_TIMEOUT``)."""
-        from ..ipc.cache_signal import ENV_TIMEOUT, resolve_timeout
-
-        if self.broken is not None:
-            raise self.broken
-        try:
-            return call_plugin(self.candidate, step, calls, resolve_timeout(None), limit=ENV_TIMEOUT)
-        except PluginTimeoutError as exc:
-            self.broken = exc
-            raise
-
     def _call(self, hook: str, expected: type[RecordT], **kwargs: Any) -> RecordT:
-        """Call ``hook``: as bounded, isolated plugin code where the plugin implements it."""
-        if self.broken is not None:
-            raise self.broken
+        """Call ``hook``: as plugin code where the plugin implements it, else the core's default."""
         caller = getattr(self.manager.hook, hook)
         if hook not in self._implemented:
             return check_type(self.candidate, hook, caller(**kwargs), expected)  # the core's own default
-        bound, limit = _bound(hook, kwargs)
-        try:
-            result = call_plugin(self.candidate, f"hook {hook}", lambda: caller(**kwargs), bound, limit=limit)
-        except PluginTimeoutError as exc:
-            self.broken = exc
-            raise
+        result = call_plugin(self.candidate, f"hook {hook}", lambda: caller(**kwargs), _bound(hook, kwargs))
         return check_type(self.candidate, hook, result, expected)
 
 
-def _bound(hook: str, kwargs: dict[str, Any]) -> tuple[float, str]:
-    """How long a plugin's hook may run, and the environment variable that sets it: a wait its own
-    timeout, an allocation as long as a worker waits for it, every other hook the detection bound."""
-    if hook not in ("wait_cache_ready", "host_alloc", "export_cache_tensor", "open_cache_tensor", "release_device_memory"):
-        return detect_timeout(), ENV_DETECT_TIMEOUT  # selection's hooks: cache_signal stays unimported
-    from ..ipc.cache_signal import ENV_TIMEOUT, resolve_timeout
+ALLOCATION_HOOKS = ("host_alloc", "export_cache_tensor", "open_cache_tensor", "release_device_memory")
 
+
+def _bound(hook: str, kwargs: dict[str, Any]) -> Bound:
+    """How long a plugin's hook may run: an allocation ``FD_PLATFORM_ALLOC_TIMEOUT``, a wait its own
+    timeout and a margin (off with the allocations' bound), every other hook the detection bound."""
     if hook == "wait_cache_ready":
-        return float(kwargs["timeout"]) + WAIT_MARGIN_SECONDS, ENV_TIMEOUT
-    return resolve_timeout(None), ENV_TIMEOUT
+        long = alloc_bound()
+        return long if long.seconds is None else Bound(kwargs["timeout"] + WAIT_MARGIN_SECONDS, "its timeout + 5 s")
+    return alloc_bound() if hook in ALLOCATION_HOOKS else detect_bound()
 
 
 TENSOR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,248}")
@@ -381,7 +356,7 @@ def call_hook(
 ) -> RecordT:
     """Call ``hook`` as plugin code (bounded, isolated); the result must be an ``expected`` record."""
     caller = getattr(manager.hook, hook)
-    result = call_plugin(candidate, f"hook {hook}", lambda: caller(**kwargs), detect_timeout())
+    result = call_plugin(candidate, f"hook {hook}", lambda: caller(**kwargs), detect_bound())
     return check_type(candidate, hook, result, expected)
 
 
@@ -419,9 +394,9 @@ def load_platform(candidate: Candidate, *, drift_guard: bool = True) -> Platform
     plugin API range holds the core's, the identity's name is the entry point's, and (unless
     ``drift_guard`` is off, as the conformance kit does to report the cases itself) a plugin
     answering ``should_create_cache_tensor`` agrees with the rule on the whole truth table. The
-    whole load gets ``FD_PLATFORM_DETECT_TIMEOUT`` seconds.
+    whole load runs in the caller's thread within ``FD_PLATFORM_DETECT_TIMEOUT`` seconds.
     """
-    return call_plugin(candidate, "loading", lambda: _load(candidate, drift_guard), detect_timeout())
+    return call_plugin(candidate, "loading", lambda: _load(candidate, drift_guard), detect_bound())
 
 
 def _load(candidate: Candidate, drift_guard: bool) -> Platform:
@@ -429,7 +404,7 @@ def _load(candidate: Candidate, drift_guard: bool) -> Platform:
         candidate,
         f"importing {candidate.entry_point.value!r}",
         candidate.load,
-        detect_timeout(),
+        detect_bound(),
         error=PluginLoadError,
         fix=f"reinstall {candidate.distribution} or uninstall it",
         verb="failed:",
@@ -439,7 +414,7 @@ def _load(candidate: Candidate, drift_guard: bool) -> Platform:
 
 def register_platform(candidate: Candidate, plugin: object, *, drift_guard: bool = True) -> Platform:
     """``plugin`` (what ``candidate``'s entry point names, or a copy of it) registered beside the
-    core defaults and validated as :func:`load_platform` describes; call it inside plugin isolation."""
+    core defaults and validated as :func:`load_platform` describes; call it as plugin code (:func:`call_plugin`)."""
     manager = pluggy.PluginManager(hookspecs.PROJECT)
     manager.add_hookspecs(hookspecs)
     manager.register(defaults, name="fd_platforms.loading.defaults")

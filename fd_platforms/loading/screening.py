@@ -1,15 +1,14 @@
-"""Detecting the platforms a command will not necessarily select, in a child process.
+"""Detecting the platforms a command did not name, in a child process.
 
-A plugin's import or detection may do what no thread can contain: ``os._exit``, a signal to its own
-process, a crash in native code. When several platforms are detected at once (``list``, or selection
-without ``FD_PLATFORM``), they are loaded and detected in a child process, as the in-process prober
-would (each bounded, isolated); the child reports each platform as it finishes, on a pipe of its
-own. A platform whose detection ends the child is broken, named with how the process ended, and the
-others are detected again without it. A platform the child could not blame with certainty (a
-standard descriptor closed while several detections ran: :class:`~.isolation.StreamsDisturbed`) is
-detected again alone, like the others after an early end. The command itself then imports only the
-platform it selects. The child sees the plugins this process sees (its ``sys.path``), and writes
-anything the plugins print to this process's stderr.
+A plugin's import or detection may do what the core cannot contain in its own process: hang past
+its bound (which ends the process, :mod:`.watchdog`), ``os._exit``, a signal to its own process, a
+crash in native code. When a command considers platforms it was not told to use (``list``, or
+selection without ``FD_PLATFORM``), a child process loads, detects and (where detection finds the
+device) confirms them one after another, as the in-process prober would, and reports each on a pipe
+of its own, saying first which one it starts. A platform that ends the child is broken, named with
+how the process ended (its step and bound, when it ran past the bound), and a new child screens
+the rest. The command itself then imports only the platform it selects. The child sees the
+plugins this process sees (its ``sys.path``) and writes anything they print to this process's stderr.
 
 The child is :mod:`.screening_child`.
 """
@@ -18,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -30,10 +30,12 @@ from ..contract.errors import FdPlatformsError, PluginError, PluginLoadError, Pl
 from ..contract.types import Detection
 from ..ipc.process_watch import describe_exit
 from .discovery import Candidate
-from .isolation import StreamsDisturbed
+from .watchdog import ENV_DETECT_TIMEOUT, EXIT_STATUS
 
 MARGIN_SECONDS = 10.0
-"""What the child gets beyond the detection bound: its own start-up (Python, the core, pluggy)."""
+"""What the child gets beyond its plugins' bounds: its own start-up (Python, the core, pluggy)."""
+STEPS = 3  # bounded calls per platform in the child: loading, detection, confirmation
+_TIMED_OUT = re.compile(r" in fd-platforms: plugin .*?, (?P<step>[^,]+), bound [0-9.e+]+ s \(")
 
 
 @dataclass(frozen=True)
@@ -43,34 +45,49 @@ class Screened:
     detection: Detection | None = None
     device_type: str | None = None
     error: FdPlatformsError | None = None
-    again_alone: bool = False
-    """The child could not tell whether the error is this platform's: detect it again by itself."""
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    """What one child reported: results by name, the platform it was on when it ended early (if any)
+    and how it ended then, with the step that ran past its bound where the watchdog ended it."""
+
+    reported: dict[str, Screened]
+    started: str | None
+    ended: str | None
+    timed_out_step: str | None
 
 
 def screen(candidates: Iterable[Candidate], bound: float) -> dict[str, Screened]:
-    """Load and detect ``candidates`` in child processes; every one gets a result, none can end this process."""
+    """Load, detect and confirm ``candidates`` in child processes, each step within ``bound`` seconds;
+    every one gets a result, and none can end this process."""
     pending = {candidate.name: candidate for candidate in candidates}
     found: dict[str, Screened] = {}
-    together = True
     while pending:
-        batch = list(pending) if together else [next(iter(pending))]
-        reported, ended = _run_child(batch, bound)
-        settled = {name: result for name, result in reported.items() if not (result.again_alone and len(batch) > 1)}
-        found.update(settled)
-        for name in settled:
+        run = _run_child(list(pending), bound)
+        for name, result in run.reported.items():
+            found[name] = result
             pending.pop(name)
-        if ended is not None and len(batch) == 1 and batch[0] in pending:
-            candidate = pending.pop(batch[0])
-            found[candidate.name] = Screened(error=_ended_error(candidate, ended))
-        # after a child ended early or could not blame, the rest one at a time, to name the one
-        together = together and ended is None and len(settled) == len(reported)
+        if run.ended is None:
+            continue
+        if run.started in pending:  # the platform the child was on when it ended: broken; a new child for the rest
+            candidate = pending.pop(run.started)
+            found[candidate.name] = Screened(error=_ended_error(candidate, run, bound))
+        else:  # it ended outside any plugin's code: nothing is left to blame, and nothing to learn by retrying
+            for candidate in pending.values():
+                found[candidate.name] = Screened(error=_unscreened_error(candidate, run.ended))
+            pending.clear()
     return found
 
 
-def _run_child(names: list[str], bound: float) -> tuple[dict[str, Screened], str | None]:
-    """The results the child reported, and how it ended when it ended before reporting every name."""
+def _run_child(names: list[str], bound: float) -> ChildRun:
+    """Screen ``names`` in one child; what it reported, and how it ended if it ended before reporting all."""
     read, write = os.pipe()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(path for path in sys.path if path),
+        ENV_DETECT_TIMEOUT: repr(bound),
+    }
     try:
         child = subprocess.Popen(
             [sys.executable, "-m", f"{__package__}.screening_child", str(write), *names],
@@ -79,12 +96,19 @@ def _run_child(names: list[str], bound: float) -> tuple[dict[str, Screened], str
     finally:
         os.close(write)
     reported: dict[str, Screened] = {}
-    deadline = time.monotonic() + bound + MARGIN_SECONDS
+    started: str | None = None
+    timed_out_step: str | None = None
+    allowed = len(names) * STEPS * bound + MARGIN_SECONDS
+    deadline = time.monotonic() + allowed
     try:
         for line in _lines_until(read, deadline, child):
             parsed = _parse(line)
-            if parsed is not None and parsed[0] in names:
+            if isinstance(parsed, str):
+                started = parsed
+            elif parsed is not None and parsed[0] in names:
                 reported[parsed[0]] = parsed[1]
+            elif timed_out_step is None and (match := _TIMED_OUT.search(line.decode(errors="replace"))):
+                timed_out_step = match.group("step")  # faulthandler's stack: the innermost call named
         code = child.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         code = None
@@ -93,7 +117,12 @@ def _run_child(names: list[str], bound: float) -> tuple[dict[str, Screened], str
         if child.poll() is None:
             child.kill()
             child.wait()
-    return reported, None if len(reported) == len(names) else _describe_end(code, bound)
+    if len(reported) == len(names):
+        return ChildRun(reported, None, None, None)
+    ended = f"did not finish within {allowed:g} s" if code is None else describe_exit(code)
+    in_progress = started if started not in reported else None
+    step = timed_out_step if code == EXIT_STATUS else None
+    return ChildRun(reported, in_progress, ended, step)
 
 
 def _stderr_fd() -> int:
@@ -120,26 +149,44 @@ def _lines_until(fd: int, deadline: float, child: subprocess.Popen[bytes]) -> It
         yield from complete
 
 
-def _describe_end(code: int | None, bound: float) -> str:
-    return f"did not finish within {bound + MARGIN_SECONDS:g} s" if code is None else describe_exit(code)
-
-
-def _ended_error(candidate: Candidate, ended: str) -> PluginLoadError:
+def _ended_error(candidate: Candidate, run: ChildRun, bound: float) -> PluginError:
+    if run.timed_out_step is not None:
+        step = run.timed_out_step
+        return PluginTimeoutError(
+            candidate.name,
+            candidate.distribution,
+            f"{step} did not return within {bound:g} s, so the plugin is marked broken. Fix: repair or uninstall "
+            f"{candidate.distribution}; if it legitimately takes longer, raise {ENV_DETECT_TIMEOUT} (seconds)",
+            step=step,
+            seconds=bound,
+        )
     return PluginLoadError(
         candidate.name,
         candidate.distribution,
-        f"loading or detecting it ended the process that did it (it {ended}), so it is broken; the command "
+        f"loading or detecting it ended the process that did it (it {run.ended}), so it is broken; the command "
         f"went on without it. Fix: repair or uninstall {candidate.distribution}",
     )
 
 
-def _parse(line: bytes) -> tuple[str, Screened] | None:
-    """One result line; None for anything else (a plugin in the child may write to any descriptor)."""
+def _unscreened_error(candidate: Candidate, ended: str) -> PluginLoadError:
+    return PluginLoadError(
+        candidate.name,
+        candidate.distribution,
+        f"the child process that detects platforms ended before it reached this one (it {ended}), so it was not "
+        "detected. Fix: run the command again; if this repeats, set FD_PLATFORM to the platform to use",
+    )
+
+
+def _parse(line: bytes) -> str | tuple[str, Screened] | None:
+    """The name of the platform the child starts, or one result; None for anything else (faulthandler's
+    stack, or a plugin in the child writing to any descriptor)."""
     try:
         found = json.loads(line)
+        if "started" in found:
+            return str(found["started"])
         if found.get("detection") is not None:
             return found["name"], Screened(Detection(**found["detection"]), found.get("device_type"))
-        return found["name"], Screened(error=_rebuilt(found["error"]), again_alone=found.get("again_alone") is True)
+        return found["name"], Screened(error=_rebuilt(found["error"]))
     except Exception:  # noqa: BLE001 - any content at all
         return None
 
@@ -164,4 +211,4 @@ def record(name: str, detection: Detection | None, device_type: str | None, erro
         described.update(plugin=error.plugin, distribution=error.distribution, message=str(error).removeprefix(prefix))
     if isinstance(error, PluginTimeoutError):
         described.update(step=error.step, seconds=error.seconds)
-    return {"name": name, "error": described, "again_alone": isinstance(error, StreamsDisturbed)}
+    return {"name": name, "error": described}

@@ -1,6 +1,7 @@
 """The screening child (:mod:`.screening`): ``python -m fd_platforms.loading.screening_child FD NAME...``
-loads and detects every ``NAME`` at once, as the in-process prober does (each bounded, isolated),
-and writes one JSON line per platform to descriptor ``FD``."""
+loads, detects and (where detection finds the device) confirms each ``NAME`` in turn, as the
+in-process prober does, writing to descriptor ``FD`` a JSON line naming the platform it starts,
+then one with its result. A call past its bound ends this process with its stack written to ``FD``."""
 
 from __future__ import annotations
 
@@ -8,17 +9,25 @@ import json
 import os
 import sys
 
+from .isolation import blame_interrupts
 from .screening import record
 from .selection import Prober
+from .watchdog import write_to
 
 
 def main(argv: list[str]) -> int:
     out, names = int(argv[0]), argv[1:]
-    probes = Prober(screen=False).probe_all(names)
+    blame_interrupts()
+    write_to(out)
+    prober = Prober(screen=False)
     with os.fdopen(out, "w") as report:
-        for name, probe in probes.items():
+        for name in names:
+            report.write(json.dumps({"started": name}) + "\n")
+            report.flush()
+            probe = prober.confirm(name)
             device_type = None if probe.platform is None else probe.platform.identity.device_type
             report.write(json.dumps(record(name, probe.detection, device_type, probe.error)) + "\n")
+            report.flush()
     return 0
 
 

@@ -5,20 +5,21 @@
 - Unset: every allowed plugin is imported and detected; one available is selected, several are an
   error asking for ``FD_PLATFORM``, none selects the built-in ``cpu`` (one INFO line says why).
 - ``FD_PLATFORM_PLUGINS=a,b`` limits the external plugins considered; the built-in cpu is always there.
-- A plugin that fails to import or detect, hangs past ``FD_PLATFORM_DETECT_TIMEOUT`` (each plugin is
-  loaded and detected in a bounded thread of its own, all at once), or shares its name with another
-  distribution is recorded as broken and never stops the others.
+- The plugins not named are loaded, detected and confirmed in a child process, one after another
+  (:mod:`.screening`); only the one selected is then imported here. A plugin that fails to import
+  or detect, hangs past ``FD_PLATFORM_DETECT_TIMEOUT``, ends the child or shares its name with
+  another distribution is recorded as broken and never stops the others.
+- The named plugin (``FD_PLATFORM``) is imported, detected and confirmed here, in the caller's
+  thread: a hang there ends the process, naming the call (:mod:`.watchdog`).
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from ..contract.api_version import PLUGIN_API_MODULES
 from ..contract.errors import (
     AmbiguousPlatformError,
     DuplicatePlatformError,
@@ -29,9 +30,9 @@ from ..contract.errors import (
 )
 from ..contract.types import Detection, PlatformReport, SelectedHow
 from .discovery import Candidate, discover
-from .isolation import PluginCall, detect_timeout
 from .platform import Platform, load_platform
 from .screening import screen
+from .watchdog import DEFAULT_DETECT_TIMEOUT, detect_bound
 
 ENV_PLATFORM = "FD_PLATFORM"
 ENV_PLUGINS = "FD_PLATFORM_PLUGINS"
@@ -55,7 +56,7 @@ class Probe:
     """One candidate after import and detection: a platform and its detection, or the error.
 
     A platform detected in a child process (:mod:`.screening`) has its detection and device type
-    but no ``platform`` here until it is confirmed (:meth:`Prober.confirm` loads it then)."""
+    but no ``platform`` here until it is chosen (:meth:`Prober.load` loads it then)."""
 
     candidate: Candidate
     platform: Platform | None = None
@@ -73,18 +74,6 @@ class Probe:
         return str(self.error) if self.detection is None else self.detection.reason
 
 
-SHARED_MODULES = (*PLUGIN_API_MODULES, "fd_platforms.rules.drift", "fd_platforms.rules.shapes")
-"""The core modules plugins and their load-time checks import: imported once, in this thread, before
-several plugins load at once (CPython's import of one package from several threads at a time can
-fail with a KeyError or a deadlock error in one of them)."""
-
-
-def preload_shared_modules() -> None:
-    """Import :data:`SHARED_MODULES` here, so that plugin threads loading together only find them."""
-    for module in SHARED_MODULES:
-        importlib.import_module(module)
-
-
 @dataclass
 class Prober:
     """Imports and detects each platform at most once, keeping broken ones as records."""
@@ -93,25 +82,21 @@ class Prober:
     probes: dict[str, Probe] = field(default_factory=dict)
     confirmed: set[str] = field(default_factory=set)
     screen: bool = True
-    """Detect several platforms at once in a child process (:mod:`.screening`), not here."""
+    """Load, detect and confirm the plugins not named in a child process (:mod:`.screening`), not here."""
 
     def probe(self, name: str) -> Probe:
         """Load and detect the single candidate registered as ``name``, here: it is the one asked for."""
         return self.probe_all([name], here=True)[name]
 
     def probe_all(self, names: Iterable[str], *, here: bool = False) -> dict[str, Probe]:
-        """Load and detect every one of ``names`` at once, each in its own bounded thread; plugins
-        (not the built-in platforms) in a child process unless ``here`` or :attr:`screen` is off.
-
-        All of them share one deadline of ``FD_PLATFORM_DETECT_TIMEOUT`` seconds, so plugins that
-        hang cost that once, not once each. A name registered by several distributions is broken.
+        """Load and detect each of ``names`` once: plugins (not the built-in platforms) in the screening
+        child, which confirms those available too, unless ``here`` or :attr:`screen` is off; the rest
+        here, in the caller's thread, one after another. A name several distributions register is broken.
         """
-        names, bound = list(names), detect_timeout()
-        pending: dict[str, PluginCall[tuple[Platform, Detection]]] = {}
-        here_now: list[Candidate] = []
+        names = list(names)
         screened: list[Candidate] = []
         for name in names:
-            if name in self.probes or any(candidate.name == name for candidate in here_now):
+            if name in self.probes:
                 continue
             candidates = self.found[name]
             if len(candidates) > 1:
@@ -119,48 +104,55 @@ class Prober:
             elif self.screen and not here and not candidates[0].builtin:
                 screened.append(candidates[0])
             else:
-                here_now.append(candidates[0])
-        if len(here_now) > 1:
-            preload_shared_modules()
-        for candidate in here_now:
-            pending[candidate.name] = PluginCall(candidate, "loading", lambda c=candidate: _load_and_detect(c), bound)
-        if screened:  # while the in-process calls above run
+                self.probes[name] = _load_and_detect(candidates[0])
+        if screened:
+            bound = detect_bound().seconds or DEFAULT_DETECT_TIMEOUT  # the child is bounded even where we are not
             results = screen(screened, bound)
             for candidate in screened:
                 found = results[candidate.name]
                 self.probes[candidate.name] = Probe(candidate, None, found.detection, found.error, found.device_type)
-        for name, call in pending.items():
-            try:
-                platform, detection = call.result()
-            except FdPlatformsError as exc:
-                self.probes[name] = Probe(call.candidate, error=exc)
-            else:
-                self.probes[name] = Probe(call.candidate, platform, detection)
+                if found.detection is not None and found.detection.available:
+                    self.confirmed.add(candidate.name)  # the child confirmed it
         return {name: self.probes[name] for name in names}
 
     def confirm(self, name: str) -> Probe:
         """Probe ``name`` and, if it is available, confirm it through its ``confirm_platform`` hook.
 
         The confirmed detection replaces the cheap one (or the error marks the platform broken),
-        so reports show what Paddle said. Each platform is confirmed at most once.
+        so reports show what Paddle said. Each platform is confirmed at most once, here or in the
+        screening child.
         """
         probe = self.probe(name)
         if not probe.available or name in self.confirmed:
             return probe
         self.confirmed.add(name)
         try:
-            platform = probe.platform or load_platform(probe.candidate)  # detected in a child: load it here
-            confirmed = platform.confirm()
+            confirmed = probe.platform.confirm()  # type: ignore[union-attr]  # probed here: loaded
         except FdPlatformsError as exc:
             self.probes[name] = Probe(probe.candidate, error=exc)
         else:
-            self.probes[name] = Probe(probe.candidate, platform, confirmed or probe.detection)
+            self.probes[name] = replace(probe, detection=confirmed or probe.detection)
         return self.probes[name]
 
+    def load(self, name: str) -> Probe:
+        """``name``'s probe with its platform loaded here: one the screening child detected is imported
+        now that it is chosen (its error, should this import fail, marks it broken)."""
+        probe = self.probes[name]
+        if probe.platform is None and probe.error is None:
+            try:
+                probe = replace(probe, platform=load_platform(probe.candidate))
+            except FdPlatformsError as exc:
+                probe = Probe(probe.candidate, error=exc)
+            self.probes[name] = probe
+        return probe
 
-def _load_and_detect(candidate: Candidate) -> tuple[Platform, Detection]:
-    platform = load_platform(candidate)
-    return platform, platform.detect()
+
+def _load_and_detect(candidate: Candidate) -> Probe:
+    try:
+        platform = load_platform(candidate)
+        return Probe(candidate, platform, platform.detect())
+    except FdPlatformsError as exc:
+        return Probe(candidate, error=exc)
 
 
 def single_candidate(found: Mapping[str, list[Candidate]], name: str) -> Candidate:
@@ -211,7 +203,9 @@ def select_platform(environ: Mapping[str, str] | None = None, prober: Prober | N
             logger.warning("skipping broken platform plugin: %s", probe.error)
     available = [probe for probe in probes if probe.available]
     if len(available) == 1:
-        chosen = available[0]
+        chosen = prober.load(available[0].candidate.name)
+        if chosen.error is not None:
+            raise chosen.error
         return Selection(chosen.platform, "detected", f"only platform detected: {chosen.reason}")  # type: ignore[arg-type]
     if len(available) > 1:
         listing = "; ".join(f"{p.candidate.name} ({p.reason})" for p in available)
@@ -242,6 +236,8 @@ def _select_requested(requested: str, allowed: list[str], prober: Prober, env: M
         )
     single_candidate(prober.found, requested)  # a duplicate of the requested name is refused unimported
     probe = prober.confirm(requested)
+    if probe.available:
+        probe = prober.load(requested)
     if probe.error is not None:
         raise probe.error
     if not probe.available:
@@ -279,7 +275,7 @@ def survey(environ: Mapping[str, str] | None = None) -> Survey:
         allowed = allowed_names(prober.found, env)
     except FdPlatformsError:
         allowed = list(prober.found)  # the same error is reported by the selection below
-    prober.probe_all(allowed)  # every allowed plugin at once, so hung ones cost one bound in all
+    prober.probe_all(allowed)  # the plugins in one screening child
     try:
         selection, error = select_platform(env, prober), None
     except FdPlatformsError as exc:
