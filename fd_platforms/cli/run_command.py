@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..contract.errors import ConfigError
 from ..lifecycle.interrupts import sigint_says_stopping, sigterm_raises
+from ..rules.config.settings import SchedulerConfig
 from ..rules.sizes import format_size
 from .deploy_args import add_deploy_arguments, deploy_config, memory_sizes
 from .output import emit
@@ -147,7 +148,7 @@ def format_report(report: RunReport) -> str:
     header = (
         f"platform {report.platform}, model {report.model}, {_rank_count(report)}, "
         f"role {report.splitwise_role}, storage backend {report.storage_backend or 'none'}, rule {report.rule}"
-        f"{'' if report.protocol == 'fd-platforms' else f', protocol {report.protocol}'}"
+        f"{_unless_default('protocol', report.protocol, SchedulerConfig.protocol)}"
         f"{', profile run' if report.profile else ''}: {format_size(report.bytes_per_block)} per block, "
         + (f"MTP layers {report.mtp_num_blocks} blocks each, " if report.mtp_num_blocks is not None else "")
         + f"wall {report.wall_seconds:.2f} s"
@@ -203,6 +204,11 @@ def _rank_count(report: RunReport) -> str:
         return f"{len(report.ranks)} rank(s)"
     local = len(report.ranks) // nodes.nnodes if nodes.all_ranks else len(report.ranks)
     return f"{local * nodes.nnodes} rank(s) on {nodes.nnodes} nodes, {local} on this node"
+
+
+def _unless_default(setting: str, value: str, default: str) -> str:
+    """``, <setting> <value>`` for the header line; nothing where ``value`` is the default."""
+    return "" if value == default else f", {setting} {value}"
 
 
 def _cpu_blocks(allocated: int, planned: int) -> str:

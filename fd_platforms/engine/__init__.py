@@ -18,7 +18,7 @@ Modules: :mod:`.initialize` (the two calls), :mod:`.kv_cache` (the cache record;
 attached tensors), :mod:`.host_cache` (host swap tensors in the layout's names), :mod:`.publication`
 (where a rank's cache is published, by name), :mod:`.nodes` (where a rank stands among nodes),
 :mod:`.rendezvous` (the nodes' handshake), :mod:`.cluster` (the process group and the agreement),
-:mod:`.bounded` (Paddle's blocking calls, bounded), :mod:`.protocol` (ours or FastDeploy's),
+:mod:`.bounded` (Paddle's blocking calls, bounded), :mod:`.protocols` (ours or FastDeploy's),
 :mod:`.fastdeploy_handles` (its per-tensor records), :mod:`.cache_status` (its clear/update),
 :mod:`.block_handoff` (its block-count word).
 """

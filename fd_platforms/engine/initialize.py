@@ -35,7 +35,7 @@ from .kv_cache import (
     check_cache_arguments,
     export_kv_cache,
 )
-from .protocol import OURS, check_protocol, manager_swap_freed, manager_up, set_ready, wait_ready
+from .protocols import OURS, WireProtocol, protocol_named
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..loading.platform import Platform
@@ -56,7 +56,7 @@ def initialize_kv_cache(
     timeout: float | None = None,
     progress: AllocationProgress | None = None,
     rule: str = DEFAULT_RULE,
-    protocol: str = OURS,
+    protocol: str = OURS.name,
 ) -> KVCache:
     """Create or attach rank ``layout.rank``'s KV cache, as the rule decides; see the module docstring.
 
@@ -69,7 +69,8 @@ def initialize_kv_cache(
     """
     check_cache_arguments(platform, layout, num_blocks)
     layout = platform.cache_layout(layout, num_blocks)  # the platform's shapes, checked
-    check_protocol(protocol, signal_name)
+    wire = protocol_named(protocol)
+    wire.check_signal_name(signal_name)
     limit = resolve_timeout(timeout)
     import_seconds = _import_paddle()
     decision = platform.should_create_cache_tensor(
@@ -85,15 +86,15 @@ def initialize_kv_cache(
             )
             cache._platform = platform  # its clear returns the memory to the device
         else:
-            cache = export_kv_cache(platform, layout, num_blocks, signal_name, progress=progress, protocol=protocol)
+            cache = export_kv_cache(platform, layout, num_blocks, signal_name, progress=progress, protocol=wire)
         cache.create_seconds = time.monotonic() - started
         if not profile:
-            cache._signal_name, cache._protocol = signal_name, protocol
-            set_ready(protocol, signal_name, layout.rank)
+            cache._signal_name, cache._protocol = signal_name, wire
+            wire.set_ready(signal_name, layout.rank)
     else:
         check_can_attach(platform, decision, f"rank {layout.rank}")
-        waited = wait_ready(platform, protocol, signal_name, layout.rank, limit, setter_pid)
-        cache = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid, protocol)
+        waited = wire.wait_ready(platform, signal_name, layout.rank, limit, setter_pid)
+        cache = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid, wire)
         cache.wait_seconds = waited
     cache.decision, cache.import_seconds = decision, import_seconds
     return cache
@@ -107,7 +108,7 @@ class ManagedCache:
     device: KVCache
     host: HostCache | None
     _signal_name: str | None = field(default=None, repr=False)
-    _protocol: str = field(default=OURS, repr=False)
+    _protocol: WireProtocol = field(default=OURS, repr=False)
 
     def clear(self, timeout: float | None = None) -> None:
         """Wait until the rank's attacher has let go (:class:`CacheInUseError` naming the rank after
@@ -117,7 +118,7 @@ class ManagedCache:
             self.host.clear()
             self.host = None
             if self._signal_name is not None:
-                manager_swap_freed(self._protocol, self._signal_name, self.rank)
+                self._protocol.manager_swap_freed(self._signal_name, self.rank)
 
 
 def manage_kv_cache(
@@ -128,23 +129,23 @@ def manage_kv_cache(
     num_cpu_blocks: int,
     signal_name: str,
     progress: AllocationProgress | None = None,
-    protocol: str = OURS,
+    protocol: str = OURS.name,
 ) -> ManagedCache:
     """Export and publish rank ``layout.rank``'s device cache, allocate its host swap cache
     (``num_cpu_blocks`` blocks of the same layout; none when 0), then set the rank's slot.
     ``protocol`` as :func:`initialize_kv_cache`'s."""
-    layout = _manager_layout(
+    layout, wire = _manager_layout(
         platform, layout, num_blocks, num_cpu_blocks, signal_name, protocol,
         "hold a worker's cache. Fix: let the workers create their caches (role mixed, no swap space, no storage "
         "backend), or use a platform that can share",
     )  # fmt: skip
     import_seconds = _import_paddle()
     started = time.monotonic()
-    device = export_kv_cache(platform, layout, num_blocks, signal_name, progress=progress, protocol=protocol)
+    device = export_kv_cache(platform, layout, num_blocks, signal_name, progress=progress, protocol=wire)
     device.create_seconds, device.import_seconds = time.monotonic() - started, import_seconds
     managed = _with_host_cache(platform, layout, device, num_cpu_blocks)  # nobody attached yet
-    set_ready(protocol, signal_name, layout.rank)
-    return _announced(managed, protocol, signal_name)
+    wire.set_ready(signal_name, layout.rank)
+    return _announced(managed, wire, signal_name)
 
 
 def hold_kv_cache(
@@ -156,7 +157,7 @@ def hold_kv_cache(
     signal_name: str,
     setter_pid: int | None = None,
     timeout: float | None = None,
-    protocol: str = OURS,
+    protocol: str = OURS.name,
 ) -> ManagedCache:
     """The cache manager's side where the workers create (rule ``2026-04`` with swap space on): wait
     for rank ``layout.rank``'s published cache, attach to it zero-copy, then allocate its host swap
@@ -164,16 +165,16 @@ def hold_kv_cache(
     quarter second of its death; ``clear()`` lets go first, so the worker can clear and re-create.
     ``protocol`` as :func:`initialize_kv_cache`'s.
     """
-    layout = _manager_layout(
+    layout, wire = _manager_layout(
         platform, layout, num_blocks, num_cpu_blocks, signal_name, protocol,
         "attach to a worker's cache. Fix: pin a rule version under which the cache manager creates it (2026-01), "
         "or use a platform that can share",
     )  # fmt: skip
     import_seconds = _import_paddle()
-    waited = wait_ready(platform, protocol, signal_name, layout.rank, resolve_timeout(timeout), setter_pid)
-    device = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid, protocol)
+    waited = wire.wait_ready(platform, signal_name, layout.rank, resolve_timeout(timeout), setter_pid)
+    device = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid, wire)
     device.wait_seconds, device.import_seconds = waited, import_seconds
-    return _announced(_with_host_cache(platform, layout, device, num_cpu_blocks), protocol, signal_name)
+    return _announced(_with_host_cache(platform, layout, device, num_cpu_blocks), wire, signal_name)
 
 
 def _with_host_cache(platform: Platform, layout: CacheLayout, device: KVCache, num_cpu_blocks: int) -> ManagedCache:
@@ -187,11 +188,11 @@ def _with_host_cache(platform: Platform, layout: CacheLayout, device: KVCache, n
     return ManagedCache(layout.rank, device, host)
 
 
-def _announced(managed: ManagedCache, protocol: str, signal_name: str) -> ManagedCache:
+def _announced(managed: ManagedCache, wire: WireProtocol, signal_name: str) -> ManagedCache:
     """``managed``, its manager announced where the protocol asks for it (FastDeploy's words)."""
-    managed._signal_name, managed._protocol = signal_name, protocol
+    managed._signal_name, managed._protocol = signal_name, wire
     try:
-        manager_up(protocol, signal_name, managed.rank, swap=managed.host is not None)
+        wire.manager_up(signal_name, managed.rank, swap=managed.host is not None)
     except BaseException:
         with contextlib.suppress(FdPlatformsError):
             managed.clear(0.001)  # nothing is kept when the engine cannot be told
@@ -207,19 +208,21 @@ def _manager_layout(
     signal_name: str,
     protocol: str,
     refusal: str,
-) -> CacheLayout:
-    """A cache manager call's arguments checked, and the layout in the platform's shapes; a platform
-    that cannot share is refused (``refusal`` ends the message: what the manager cannot do, the fix)."""
+) -> tuple[CacheLayout, WireProtocol]:
+    """A cache manager call's arguments checked: the layout in the platform's shapes, and the protocol
+    named ``protocol``; a platform that cannot share is refused (``refusal`` ends the message: what the
+    manager cannot do, the fix)."""
     check_cache_arguments(platform, layout, num_blocks)
     shaped = platform.cache_layout(layout, num_blocks)  # the platform's shapes, checked
     check_cpu_blocks(num_cpu_blocks)
-    check_protocol(protocol, signal_name)
+    wire = protocol_named(protocol)
+    wire.check_signal_name(signal_name)
     if platform.cache_sharing() is None:
         raise CacheSharingError(
             f"platform {platform.name} cannot share KV cache tensors between processes (it declares no cache_sharing), "
             f"so a cache manager cannot {refusal}"
         )
-    return shaped
+    return shaped, wire
 
 
 def check_cpu_blocks(num_cpu_blocks: object) -> None:

@@ -28,7 +28,7 @@ from ..kit.host_sharing import handle_pid
 from ..loading.platform import Platform
 from ..rules.layout import DTYPE_BYTES, CacheLayout, CacheTensorSpec, check_layout, check_num_blocks
 from ..rules.sizes import format_size
-from .protocol import OURS, Published, clear_ready, open_published, publish, tensor_name
+from .protocols import OURS, Published, WireProtocol
 from .publication import PublishedTensor
 
 #: Called after each tensor with (bytes allocated so far, bytes in all).
@@ -62,7 +62,7 @@ class KVCache:
     _shared: list[SharedTensor] = field(default_factory=list, repr=False)
     _publication: Published | None = field(default=None, repr=False)
     _signal_name: str | None = field(default=None, repr=False)
-    _protocol: str = field(default=OURS, repr=False)
+    _protocol: WireProtocol = field(default=OURS, repr=False)
     _platform: Platform | None = field(default=None, repr=False)
     cleared: bool = False
 
@@ -119,7 +119,7 @@ class KVCache:
 
     def _clear_slot(self) -> None:
         if self._signal_name is not None:
-            clear_ready(self._protocol, self._signal_name, self.rank)
+            self._protocol.clear_ready(self._signal_name, self.rank)
 
 
 def allocate_kv_cache(
@@ -166,7 +166,7 @@ def export_kv_cache(
     signal_name: str,
     *,
     progress: AllocationProgress | None = None,
-    protocol: str = OURS,
+    protocol: WireProtocol = OURS,
 ) -> KVCache:
     """Export every tensor of ``layout`` (zero-filled) and publish the rank's cache (``protocol``'s way).
 
@@ -179,7 +179,7 @@ def export_kv_cache(
     def export_all() -> None:
         done = 0
         for spec in layout.tensors:
-            name = tensor_name(protocol, signal_name, spec.name)
+            name = protocol.tensor_name(signal_name, spec.name)
             shared.append(platform.export_cache_tensor(name, spec.shape(num_blocks), spec.dtype, device))
             done += spec.nbytes(num_blocks)
             if progress is not None:
@@ -191,7 +191,7 @@ def export_kv_cache(
             PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, tensor.handle)
             for spec, tensor in zip(layout.tensors, shared, strict=True)
         ]
-        publication = publish(protocol, signal_name, layout.rank, device, entries, platform.name)
+        publication = protocol.publish(signal_name, layout.rank, device, entries, platform.name)
     except BaseException:
         _close_all(shared)
         raise
@@ -208,7 +208,7 @@ def attach_kv_cache(
     num_blocks: int,
     signal_name: str,
     setter_pid: int | None = None,
-    protocol: str = OURS,
+    protocol: WireProtocol = OURS,
 ) -> KVCache:
     """Open every tensor of rank ``layout.rank``'s published cache, zero-copy, checked against ``layout``.
 
@@ -220,13 +220,13 @@ def attach_kv_cache(
     check_num_blocks(num_blocks)
     started = time.monotonic()
     expected = [PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, "") for spec in layout.tensors]
-    publication = open_published(protocol, signal_name, layout.rank, expected)
+    publication = protocol.open_published(signal_name, layout.rank, expected)
     shared: list[SharedTensor] = []
     device = platform.identity.device_string(layout.device_id)
 
     def open_all() -> None:
         for spec, entry in zip(layout.tensors, publication.tensors, strict=True):
-            name = tensor_name(protocol, signal_name, spec.name)
+            name = protocol.tensor_name(signal_name, spec.name)
             shared.append(platform.open_cache_tensor(name, entry.handle, entry.shape, entry.dtype, device))
 
     try:

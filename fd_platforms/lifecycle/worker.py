@@ -20,11 +20,10 @@ from multiprocessing.connection import Connection
 
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision, DeviceMemory, Plan
-from ..engine.block_handoff import hand_off_block_count
 from ..engine.cluster import Agreement, Cluster
 from ..engine.initialize import initialize_kv_cache
 from ..engine.kv_cache import KVCache
-from ..engine.protocol import FASTDEPLOY
+from ..engine.protocols import protocol_named
 from ..kit.host_memory import resident_bytes
 from ..loading.platform import Platform
 from ..rules.planner import memory_per_rank
@@ -77,9 +76,9 @@ def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, signal_name
     cluster, agreement = _agree(spec, platform, rank, plan, say) if spec.nodes is not None else (None, None)
     conn.send(("plan", (plan, seconds, agreement, None if cluster is None else cluster.join_seconds)))
     final, manager_pid = expect(conn, "final", spec.timeout)
-    if spec.deploy.scheduler.protocol == FASTDEPLOY and rank == 0:  # FastDeploy's engine waits for this word
-        hand_off_block_count(signal_name, final.num_blocks)
-        say(f"handed the agreed {final.num_blocks} blocks to the engine (get_profile_block_num.{signal_name})")
+    protocol = protocol_named(spec.deploy.scheduler.protocol)
+    if rank == 0 and (word := protocol.hand_off_block_count(signal_name, final.num_blocks)) is not None:
+        say(f"handed the agreed {final.num_blocks} blocks to the engine ({word})")
     state = {"cache": _initialize(platform, spec, rank, signal_name, final, manager_pid, say)}
     try:
         conn.send(("ready", _result(state["cache"])))

@@ -1,0 +1,130 @@
+"""FastDeploy's own protocol, spoken beside its unmodified processes (``protocol="fastdeploy"``).
+
+=================== ===============================================================================
+step                speaks
+=================== ===============================================================================
+``signal_name``     FastDeploy's signal suffix (its engine's ``engine_worker_queue_port``)
+cache ready         ``cache_ready_signal.<suffix>``, one int32 per rank
+                    (:mod:`fd_platforms.ipc.fastdeploy_signals`)
+tensors published   one ``set_data_ipc`` record per tensor, named as the layout names it
+                    (:mod:`fd_platforms.engine.fastdeploy_handles`)
+attacher lets go    resets its ``cache_ready_signal`` slot to 0
+cache manager up    ``swap_space_ready_signal`` (with swap space), ``cache_transfer_inited_signal``
+block count         ``get_profile_block_num`` (:mod:`fd_platforms.engine.block_handoff`)
+=================== ===============================================================================
+
+FastDeploy's side: its runner creates and attaches in ``fastdeploy/worker/gpu_model_runner.py``
+(``initialize_kv_cache``); its cache transfer manager, ``fastdeploy/cache_manager/cache_transfer_manager.py``,
+sets the two manager words, which its engine waits for before it starts its cache service.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import TYPE_CHECKING
+
+from ...ipc.fastdeploy_signals import (
+    CACHE_READY,
+    CACHE_TRANSFER_INITED,
+    KV_CACHE_STATUS,
+    PROFILE_BLOCK_NUM,
+    SWAP_SPACE_READY,
+    FastDeploySignal,
+    check_suffix,
+    segment_name,
+)
+from ..block_handoff import hand_off_block_count
+from ..fastdeploy_handles import FastDeployHandles
+from ..publication import PublishedTensor
+from .interface import WireProtocol
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ...loading.platform import Platform
+
+#: The signals FastDeploy's engine creates: one word per rank, and one word.
+PER_RANK = (CACHE_READY, SWAP_SPACE_READY, CACHE_TRANSFER_INITED)
+ONE_WORD = (KV_CACHE_STATUS, PROFILE_BLOCK_NUM)
+
+
+class FastDeployProtocol(WireProtocol):
+    """FastDeploy's signals and per-tensor records; see the module docstring."""
+
+    name = "fastdeploy"
+
+    def check_signal_name(self, signal_name: object) -> None:
+        check_suffix(signal_name)
+
+    def tensor_name(self, signal_name: str, layout_name: str) -> str:
+        return layout_name  # FastDeploy's records are named as its layout names the tensors
+
+    def set_ready(self, signal_name: str, rank: int) -> None:
+        self._write_ready(signal_name, rank, 1)
+
+    def clear_ready(self, signal_name: str, rank: int) -> None:
+        """The attacher's let-go (and a creator's clear)."""
+        self._write_ready(signal_name, rank, 0)
+
+    @staticmethod
+    def _write_ready(signal_name: str, rank: int, value: int) -> None:
+        with FastDeploySignal.attach(CACHE_READY, signal_name) as signal:
+            signal.set(rank, value)
+
+    def wait_ready(
+        self, platform: Platform, signal_name: str, rank: int, timeout: float, setter_pid: int | None
+    ) -> float:
+        """Watched by the core itself: FastDeploy's writers wake nobody (see :mod:`fd_platforms.ipc.fastdeploy_signals`)."""
+        with FastDeploySignal.attach(CACHE_READY, signal_name) as signal:
+            return signal.wait_for(rank, 1, timeout, watch_pid=setter_pid, what=f"rank {rank} waiting for its KV cache")
+
+    def publish(
+        self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str
+    ) -> FastDeployHandles:
+        return FastDeployHandles.create(signal_name, rank, tensors, platform_name)
+
+    def open_published(self, signal_name: str, rank: int, expected: Sequence[PublishedTensor]) -> FastDeployHandles:
+        return FastDeployHandles.open(signal_name, rank, expected)  # the records carry no shapes
+
+    def manager_up(self, signal_name: str, rank: int, *, swap: bool) -> None:
+        """Say so as FastDeploy's transfer manager does: ``swap_space_ready_signal`` where it holds swap
+        space, then ``cache_transfer_inited_signal``."""
+        if swap:
+            with FastDeploySignal.attach(SWAP_SPACE_READY, signal_name) as swap_ready:
+                swap_ready.set(rank, 1)
+        with FastDeploySignal.attach(CACHE_TRANSFER_INITED, signal_name) as inited:
+            inited.set(rank, 1)
+
+    def manager_swap_freed(self, signal_name: str, rank: int) -> None:
+        """Reset ``swap_space_ready_signal``, as FastDeploy's transfer manager does."""
+        with FastDeploySignal.attach(SWAP_SPACE_READY, signal_name) as swap_ready:
+            swap_ready.set(rank, 0)
+
+    def hand_off_block_count(self, signal_name: str, num_blocks: int) -> str:
+        """FastDeploy's engine waits for this word before it sizes its block tables."""
+        hand_off_block_count(signal_name, num_blocks)
+        return segment_name(PROFILE_BLOCK_NUM, signal_name)
+
+    def create_signals(self, ranks: int) -> tuple[str, ExitStack]:
+        """The arrays FastDeploy's engine creates, under a suffix of this run's (FastDeploy's is its
+        engine's port); a failure part-way removes what was made."""
+        suffix = f"fdp{os.getpid()}-{secrets.token_hex(3)}"
+        with ExitStack() as making:
+            for signal in PER_RANK:
+                making.enter_context(FastDeploySignal.create(signal, suffix, ranks))
+            for signal in ONE_WORD:
+                making.enter_context(FastDeploySignal.create(signal, suffix, 1))
+            return suffix, making.pop_all()
+
+    def ready_signal(self, signal_name: str) -> str:
+        return segment_name(CACHE_READY, signal_name)
+
+    def describe_signals(self, signal_name: str) -> str:
+        return f"FastDeploy's signals with suffix {signal_name} ({self.ready_signal(signal_name)}, ...)"
+
+    def reclaim(self, signal_name: str) -> None:
+        """Nothing: FastDeploy's per-tensor records carry no instance, and each creator removes its own."""
+
+
+FASTDEPLOY = FastDeployProtocol()

@@ -1,0 +1,93 @@
+"""What the engine asks of an inter-process protocol: one small interface, one object per protocol."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, ClassVar, Union
+
+from ..fastdeploy_handles import FastDeployHandles
+from ..publication import Publication, PublishedTensor
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ...loading.platform import Platform
+
+#: A rank's published cache, as the protocol publishes it.
+Published = Union[Publication, FastDeployHandles]
+
+
+class WireProtocol(ABC):
+    """Every step where the engine's processes meet, in one protocol's format.
+
+    An ABC rather than a ``typing.Protocol``: the implementations are this package's own, each made
+    once at import, so one that lacks an operation fails there instead of at its first call. A step
+    that exists under one protocol only is a no-op under the other. ``signal_name`` is the name the
+    processes of one engine share (our cache-ready signal, or FastDeploy's signal suffix).
+    """
+
+    #: As the public API and ``[scheduler] protocol`` spell it.
+    name: ClassVar[str]
+
+    @abstractmethod
+    def check_signal_name(self, signal_name: object) -> None:
+        """A ConfigError unless ``signal_name`` is a name this protocol's signals can have."""
+
+    @abstractmethod
+    def tensor_name(self, signal_name: str, layout_name: str) -> str:
+        """The name the layout's tensor ``layout_name`` is exported and opened under."""
+
+    @abstractmethod
+    def set_ready(self, signal_name: str, rank: int) -> None:
+        """Set ``rank``'s cache-ready slot (and wake its waiters)."""
+
+    @abstractmethod
+    def clear_ready(self, signal_name: str, rank: int) -> None:
+        """Reset ``rank``'s cache-ready slot to 0."""
+
+    @abstractmethod
+    def wait_ready(
+        self, platform: Platform, signal_name: str, rank: int, timeout: float, setter_pid: int | None
+    ) -> float:
+        """Wait (at most ``timeout``, failing early when ``setter_pid`` dies) for ``rank``'s slot; the seconds waited."""
+
+    @abstractmethod
+    def publish(
+        self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str
+    ) -> Published:
+        """Publish ``rank``'s exported tensors (held by this process until retracted)."""
+
+    @abstractmethod
+    def open_published(self, signal_name: str, rank: int, expected: Sequence[PublishedTensor]) -> Published:
+        """``rank``'s publication, held by this attacher until it lets go; ``expected`` is this
+        process's layout (no handles), for a protocol whose records carry no shapes."""
+
+    @abstractmethod
+    def manager_up(self, signal_name: str, rank: int, *, swap: bool) -> None:
+        """The cache manager holds ``rank``'s caches (``swap``: with host swap space)."""
+
+    @abstractmethod
+    def manager_swap_freed(self, signal_name: str, rank: int) -> None:
+        """The cache manager freed ``rank``'s host swap space."""
+
+    @abstractmethod
+    def hand_off_block_count(self, signal_name: str, num_blocks: int) -> str | None:
+        """Give the engine the agreed block count (local rank 0 calls it); where it was written, or
+        None where this protocol's engine waits for no such word."""
+
+    @abstractmethod
+    def create_signals(self, ranks: int) -> tuple[str, ExitStack]:
+        """Create a run's signals for ``ranks`` local ranks, as its engine: the signal name its
+        processes are given, and what removes the signals again."""
+
+    @abstractmethod
+    def ready_signal(self, signal_name: str) -> str:
+        """The shared-memory name of the cache-ready signal (for the run report)."""
+
+    @abstractmethod
+    def describe_signals(self, signal_name: str) -> str:
+        """The signals of ``signal_name``, for the run's start-up line."""
+
+    @abstractmethod
+    def reclaim(self, signal_name: str) -> None:
+        """Once every process of the run has ended: remove what processes killed mid-clear left published."""

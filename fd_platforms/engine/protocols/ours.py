@@ -1,0 +1,87 @@
+"""fd-platforms' own protocol (the default): one cache-ready signal and one manifest per rank.
+
+=================== =====================================================================
+step                speaks
+=================== =====================================================================
+``signal_name``     our cache-ready signal, ``fd_cache_ready.<instance>``
+cache ready         its slot: a futex word, the creator's liveness by ``flock``
+                    (:class:`~fd_platforms.ipc.cache_signal.CacheReadySignal`)
+tensors published   one JSON manifest per rank, tensors named ``fd_kv.<instance>.<name>``
+                    (:mod:`fd_platforms.engine.publication`)
+attacher lets go    drops its lock on the manifest (and resets its slot)
+=================== =====================================================================
+
+The cache manager says nothing beyond the slot, and nothing waits for a block count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import TYPE_CHECKING
+
+from ...ipc.cache_signal import CacheReadySignal, check_signal_name
+from ..publication import Publication, PublishedTensor, publication_name, published_tensor_name, reclaim_instance
+from .interface import WireProtocol
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ...loading.platform import Platform
+
+
+class FdPlatformsProtocol(WireProtocol):
+    """Our signal and manifests; see the module docstring."""
+
+    name = "fd-platforms"
+
+    def check_signal_name(self, signal_name: object) -> None:
+        check_signal_name(signal_name)  # type: ignore[arg-type]
+
+    def tensor_name(self, signal_name: str, layout_name: str) -> str:
+        return published_tensor_name(signal_name, layout_name)
+
+    def set_ready(self, signal_name: str, rank: int) -> None:
+        with CacheReadySignal.attach(signal_name) as signal:
+            signal.set(rank)
+
+    def clear_ready(self, signal_name: str, rank: int) -> None:
+        with CacheReadySignal.attach(signal_name) as signal:
+            signal.clear(rank)
+
+    def wait_ready(
+        self, platform: Platform, signal_name: str, rank: int, timeout: float, setter_pid: int | None
+    ) -> float:
+        return platform.wait_cache_ready(signal_name, rank, timeout=timeout, setter_pid=setter_pid)
+
+    def publish(
+        self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str
+    ) -> Publication:
+        return Publication.create(publication_name(signal_name, rank), rank, device, list(tensors))
+
+    def open_published(self, signal_name: str, rank: int, expected: Sequence[PublishedTensor]) -> Publication:
+        return Publication.open(publication_name(signal_name, rank), rank)  # the manifest carries the shapes
+
+    def manager_up(self, signal_name: str, rank: int, *, swap: bool) -> None:
+        """Nothing: the slot is the whole word."""
+
+    def manager_swap_freed(self, signal_name: str, rank: int) -> None:
+        """Nothing: no process watches our swap space."""
+
+    def hand_off_block_count(self, signal_name: str, num_blocks: int) -> None:
+        """Nothing: our engine hands the count to its processes itself."""
+
+    def create_signals(self, ranks: int) -> tuple[str, ExitStack]:
+        held = ExitStack()
+        signal = held.enter_context(CacheReadySignal.create(ranks))
+        return signal.name, held
+
+    def ready_signal(self, signal_name: str) -> str:
+        return signal_name
+
+    def describe_signals(self, signal_name: str) -> str:
+        return f"cache-ready signal {signal_name}"
+
+    def reclaim(self, signal_name: str) -> None:
+        reclaim_instance(signal_name)
+
+
+OURS = FdPlatformsProtocol()
