@@ -1,35 +1,37 @@
 """The bound on a plugin call: a call that has not returned in time ends the process, loudly.
 
-Plugin calls run in the engine's own thread (:mod:`.isolation`), so nothing can stop one from
-the side: CPython cannot interrupt a thread, and a hook that holds the interpreter lock (a
-catastrophic regex, a C loop) keeps every other Python thread and every Python signal handler
-from running at all. The standard library's :mod:`faulthandler` watchdog still runs then: its
-timer is a C thread that never takes the interpreter lock, writes every thread's stack with
-async-signal-safe writes and ends the process with ``_exit(1)``. That is why the bound is
-faulthandler's ``dump_traceback_later(exit=True)``: the one stdlib mechanism that works in every
-case, at about 25 µs a call (it starts its C thread per arming).
+Plugin calls run in the engine's own thread (:mod:`.isolation`), so nothing can stop one from the
+side: CPython cannot interrupt a thread, and a hook that holds the interpreter lock (a
+catastrophic regex, a C loop) keeps every other Python thread and every Python signal handler from
+running at all. What still runs then is C: the kernel's interval timer (``setitimer``) sends
+SIGALRM at the deadline, and :mod:`faulthandler`, registered for SIGALRM, writes every thread's
+stack from its C signal handler with async-signal-safe writes, then passes the signal to its
+default action, which ends the process (exit status 142 in a shell, -14 to ``subprocess``:
+:data:`EXIT_STATUS`). faulthandler's other watchdog, ``dump_traceback_later``, would do the same
+but starts and joins a C thread at every arming: 25 µs a call on an idle machine and hundreds on
+a busy one, against about 1 µs for two ``setitimer`` calls (``benchmarks/hook_calls.py``).
 
-faulthandler's first line is fixed (``Timeout (0:00:10)!``), so the call runs inside a frame whose
-function name is the line that says which call it is: plugin, distribution, step, bound and the
-variable that sets it. The stack shows it under the plugin's own frames::
+faulthandler's lines are fixed, so the call runs inside a frame whose function name is the line
+that says which call it is: plugin, distribution, step, bound and the variable that sets it. The
+stack shows it under the plugin's own frames::
 
-    Timeout (0:00:02)!
-    Thread 0x00007f3a2b1c4740 (most recent call first):
+    Current thread 0x00007f3a2b1c4740 (most recent call first):
       File "/site-packages/fd_platforms_hangs/__init__.py", line 9 in device_memory
       ...
-      File ".../fd_platforms/loading/watchdog.py", line 91 in fd-platforms: plugin 'hangs' ... bound 2 s (FD_PLATFORM_DETECT_TIMEOUT)
+      File ".../fd_platforms/loading/watchdog.py", line 150 in fd-platforms: plugin 'hangs' ... bound 2 s (FD_PLATFORM_DETECT_TIMEOUT)
 
-The process then exits with status 1 (:data:`EXIT_STATUS`). faulthandler holds one such timer per
-process: an engine that arms its own (``faulthandler.dump_traceback_later``) sets both bounds to 0,
-which arms nothing. Several engine threads calling plugins at once share the timer; it is armed for
-the earliest deadline. A call made from inside another (the hooks a plugin's loading runs) counts
-against the outer call's bound.
+The process has one real-time interval timer and one SIGALRM handler: a process that handles
+SIGALRM itself is refused when the watchdog is first armed, and an engine with a watchdog of its
+own (``signal.alarm``, ``setitimer``) sets both bounds to 0, which arms nothing. Several engine
+threads calling plugins at once share the timer; it is set for the earliest deadline. A call made
+from inside another (the hooks a plugin's loading runs) counts against the outer call's bound.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import functools
+import signal
 import sys
 import threading
 import time
@@ -38,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from ..contract.errors import ConfigError
 from ..ipc.timeouts import env_bound
 
 T = TypeVar("T")
@@ -50,7 +53,7 @@ ENV_ALLOC_TIMEOUT = "FD_PLATFORM_ALLOC_TIMEOUT"
 DEFAULT_ALLOC_TIMEOUT = 600.0
 """Seconds for each hook that allocates, maps or frees cache memory (host_alloc, a cache tensor's
 export, open and close, release_device_memory): a large cache takes long to allocate and zero."""
-EXIT_STATUS = 1  # faulthandler's _exit(1)
+EXIT_STATUS = -signal.SIGALRM  # the process ends by SIGALRM's default action (a shell reports 142)
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ def alloc_bound() -> Bound:
 
 
 _output_fd = 2  # where faulthandler writes: the process's stderr
+_registered = False  # faulthandler's SIGALRM handler is installed
 _deadlines: dict[int, float] = {}  # thread id -> monotonic deadline of its outermost bounded call
 _lock = threading.Lock()
 _inside = threading.local()  # .bound: the Bound of this thread's outermost plugin call, while one runs
@@ -87,8 +91,10 @@ _inside = threading.local()  # .bound: the Bound of this thread's outermost plug
 
 def write_to(fd: int) -> None:
     """Send the stacks of a call past its bound to ``fd`` (the screening child's report pipe)."""
-    global _output_fd
+    global _output_fd, _registered
     _output_fd = fd
+    if _registered:
+        faulthandler.register(signal.SIGALRM, file=fd, all_threads=True, chain=True)
 
 
 def run_bounded(label: str, bound: Bound, fn: Callable[[], T]) -> T:
@@ -96,7 +102,7 @@ def run_bounded(label: str, bound: Bound, fn: Callable[[], T]) -> T:
     outer: Bound | None = getattr(_inside, "bound", None)
     if outer is not None or bound.seconds is None:
         return _frame(f"{label}, {(outer or bound).describe()}")(fn)
-    _arm(bound.seconds)
+    _arm(bound)
     _inside.bound = bound
     try:
         return _frame(f"{label}, {bound.describe()}")(fn)
@@ -105,10 +111,11 @@ def run_bounded(label: str, bound: Bound, fn: Callable[[], T]) -> T:
         _disarm()
 
 
-def _arm(seconds: float) -> None:
+def _arm(bound: Bound) -> None:
     with _lock:
+        _register(bound)
         now = time.monotonic()
-        _deadlines[threading.get_ident()] = now + seconds
+        _deadlines[threading.get_ident()] = now + bound.seconds  # type: ignore[operator]
         _set_timer(now)
 
 
@@ -119,12 +126,27 @@ def _disarm() -> None:
 
 
 def _set_timer(now: float) -> None:
-    """faulthandler's one timer, armed for the earliest deadline of any thread (cancelled when none)."""
-    if not _deadlines:
-        faulthandler.cancel_dump_traceback_later()
+    """The process's real-time interval timer, set for the earliest deadline of any thread (off when none)."""
+    left = min(_deadlines.values()) - now if _deadlines else 0.0
+    signal.setitimer(signal.ITIMER_REAL, max(left, 1e-6) if _deadlines else 0.0)
+
+
+def _register(bound: Bound) -> None:
+    """faulthandler's handler for SIGALRM, installed once; refused where the process handles SIGALRM itself."""
+    global _registered
+    if _registered:
+        if signal.getsignal(signal.SIGALRM) is signal.SIG_DFL:
+            return
+    elif signal.getsignal(signal.SIGALRM) is signal.SIG_DFL:
+        faulthandler.register(signal.SIGALRM, file=_output_fd, all_threads=True, chain=True)
+        _registered = True
         return
-    left = min(_deadlines.values()) - now
-    faulthandler.dump_traceback_later(max(left, 0.001), exit=True, file=_output_fd)
+    raise ConfigError(
+        bound.variable, f"{bound.seconds:g}", "0 in a process that handles SIGALRM itself",
+        "the watchdog of plugin calls ends a call past its bound by SIGALRM, which this process handles "
+        "(signal.signal): set FD_PLATFORM_DETECT_TIMEOUT=0 and FD_PLATFORM_ALLOC_TIMEOUT=0 to leave "
+        "bounding plugin calls to the engine's own watchdog",
+    )  # fmt: skip
 
 
 def _enter(fn: Callable[[], T]) -> T:
