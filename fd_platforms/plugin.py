@@ -9,7 +9,8 @@ records hooks return, the errors hooks raise, and the kit (``PaddlePlatform`` an
 built from, host memory, cache sharing, cache shapes, cheap probes). Every other module of the
 package is the core's own, and a plugin written for API 1.5 or later imports none of them. Removing
 or changing a name listed here, or moving this module, raises the API's MAJOR version (the policy
-is in :mod:`fd_platforms.contract.api_version`).
+is in :mod:`fd_platforms.contract.api_version`). The module paths plugins imported before 1.5 keep
+working until API 2.0 (:data:`~fd_platforms.contract.api_version.DEPRECATED_PLUGIN_MODULES`).
 
 Importing this module never imports paddle (nor numpy). It imports the contract and the kit
 eagerly, on purpose: the core imports the plugin API modules

@@ -15,6 +15,12 @@ hook; the core refuses a plugin whose range does not hold :data:`API_VERSION`.
   Removing or moving such a module is MAJOR, unless an alias keeps the old path importing the same
   names, with a ``DeprecationWarning`` naming the new import, until the next MAJOR; only then may
   the old path go.
+
+Plugin API 1.5 moved the API into one module. The paths plugins imported before
+(:data:`DEPRECATED_PLUGIN_MODULES`) keep working until 2.0: API 1.1's top-level modules
+(``fd_platforms.types`` ...), which an earlier layout change had removed within 1.x, are aliases
+again (:mod:`fd_platforms.aliases`), and the 1.2 to 1.4 paths are the core's own modules, which
+keep their paths until then.
 """
 
 from __future__ import annotations
@@ -28,6 +34,35 @@ from .errors import PluginContractError, PluginVersionError
 API_VERSION = "1.5"
 PLUGIN_API_MODULES = ("fd_platforms.plugin",)
 """The modules a plugin may import: since API 1.5 one, whose ``__all__`` is the whole plugin API."""
+DEPRECATED_PLUGIN_MODULES = {
+    # API 1.0 and 1.1: aliases built by fd_platforms.aliases, warning at import (DeprecationWarning)
+    "fd_platforms.types": "alias",
+    "fd_platforms.errors": "alias",
+    "fd_platforms.probes": "alias",
+    "fd_platforms.paddle_platform": "alias",
+    "fd_platforms.device_facts": "alias",
+    "fd_platforms.custom_device": "alias",
+    "fd_platforms.vendor_host": "alias",
+    "fd_platforms.host_memory": "alias",
+    "fd_platforms.host_sharing": "alias",
+    # API 1.0 to 1.4: the core's own modules at these paths, kept without a warning (the core imports them)
+    "fd_platforms": "kept",  # hookimpl, API_VERSION
+    "fd_platforms.contract.types": "kept",
+    "fd_platforms.contract.errors": "kept",
+    "fd_platforms.contract.paddle_import": "kept",
+    "fd_platforms.kit.probes": "kept",
+    "fd_platforms.kit.paddle_platform": "kept",
+    "fd_platforms.kit.device_facts": "kept",
+    "fd_platforms.kit.custom_device": "kept",
+    "fd_platforms.kit.vendor_host": "kept",
+    "fd_platforms.kit.vendor_device": "kept",
+    "fd_platforms.kit.host_memory": "kept",
+    "fd_platforms.kit.host_sharing": "kept",
+    "fd_platforms.kit.cache_shapes": "kept",
+}
+"""The module paths plugins imported before API 1.5, each importing until API 2.0: ``"alias"`` for
+API 1.1's, which warn and name the import from ``fd_platforms.plugin``, ``"kept"`` for the core's
+own modules that API 1.2 to 1.4 listed. New plugins import :data:`PLUGIN_API_MODULES` only."""
 API_MAJOR = API_VERSION.split(".")[0]
 RECOMMENDED_RANGE = f">={API_VERSION},<{int(API_MAJOR) + 1}"
 
