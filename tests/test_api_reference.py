@@ -29,6 +29,10 @@ def test_every_exported_name_is_in_the_reference(name: str) -> None:
     assert f"`{name}(" in API or f"`{name}`" in API, f"docs/api.md does not list fd_platforms.{name}"
 
 
+def test_the_reference_names_the_api_version_the_code_has() -> None:
+    assert f"the plugin API this core provides (`\"{fd_platforms.API_VERSION}\"`)" in API
+
+
 @pytest.mark.parametrize("name", engine.__all__)
 def test_every_engine_api_name_is_in_the_reference(name: str) -> None:
     assert f"`{name}`" in API, f"docs/api.md does not list fd_platforms.engine.{name}"

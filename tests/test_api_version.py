@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fd_platforms
-from fd_platforms.contract.api_version import API_VERSION, PLUGIN_API_MODULES, release_range_contains
+from fd_platforms.contract.api_version import (
+    API_VERSION,
+    DEPRECATED_PLUGIN_MODULES,
+    PLUGIN_API_MODULES,
+    release_range_contains,
+)
 from fd_platforms.contract.errors import PluginContractError, PluginHookError, PluginVersionError
 from fd_platforms.loading.discovery import core_version
 from fd_platforms.loading.selection import select_platform, survey
@@ -38,7 +44,7 @@ def versioned(make_plugin, declared: object) -> None:
 
 
 def test_the_api_version_is_exported_lazily() -> None:
-    assert fd_platforms.API_VERSION == API_VERSION == "1.4"
+    assert fd_platforms.API_VERSION == API_VERSION == "1.5"
 
 
 @pytest.mark.parametrize("declared", [">=1.0,<2", ">=0.9", "==1.*", "~=1.0"])
@@ -55,14 +61,14 @@ def test_an_incompatible_plugin_is_refused_naming_both_versions_and_the_fix(make
     assert info.value.exit_code == 2 and "fd-test-future" in message
     assert "supports fd-platforms plugin API >=2.0,<3" in message
     assert f"the installed fd-platforms {core_version()} provides plugin API {API_VERSION}" in message
-    assert "Fix: install a release of fd-test-future that supports API 1.4" in message
+    assert "Fix: install a release of fd-test-future that supports API 1.5" in message
 
 
 def test_an_incompatible_plugin_is_listed_as_broken_and_not_detected(make_plugin) -> None:
     versioned(make_plugin, "<1.0")
     assert select_platform({}).platform.name == "cpu"
     report = {r.name: r for r in survey({}).reports}["future"]
-    assert report.status == "broken" and "provides plugin API 1.4" in report.reason
+    assert report.status == "broken" and "provides plugin API 1.5" in report.reason
 
 
 @pytest.mark.parametrize("declared", ["1.x", "", 1.0, None])
@@ -99,6 +105,14 @@ def test_plugins_import_only_the_public_plugin_api(package: str) -> None:
         assert core <= set(PLUGIN_API_MODULES), f"{source} imports non-public {sorted(core - set(PLUGIN_API_MODULES))}"
 
 
+@pytest.mark.parametrize("module", ["fd_platforms_nimbus", "fd_platforms_cuda", "fd_platforms_xpu",
+                                    "fd_platforms_iluvatar", "fd_platforms_metax"])
+def test_a_plugin_importing_the_plugin_module_declares_the_api_that_has_it(module: str) -> None:
+    """``fd_platforms.plugin`` came with API 1.5: an older core would pass the check, then fail the import."""
+    declared = importlib.import_module(module).PLATFORM.api_versions
+    assert release_range_contains(declared, API_VERSION) and not release_range_contains(declared, "1.4"), declared
+
+
 VERSIONS = st.lists(st.integers(min_value=0, max_value=12), min_size=1, max_size=4).map(
     lambda parts: ".".join(map(str, parts))
 )
@@ -120,11 +134,17 @@ def test_any_other_form_is_left_to_packaging(declared: str) -> None:
 
 
 GUIDE = (ROOT / "docs" / "writing-a-plugin.md").read_text()
+GUIDE_API = GUIDE[GUIDE.index("## 2. The public plugin API") : GUIDE.index("## 3. The hooks")]
 
 
-@pytest.mark.parametrize("module", PLUGIN_API_MODULES)
+@pytest.mark.parametrize("module", [*PLUGIN_API_MODULES, *DEPRECATED_PLUGIN_MODULES])
 def test_every_plugin_api_module_is_in_the_guide_and_imports_without_paddle(module: str) -> None:
-    assert f"| `{module}` |" in GUIDE, f"docs/writing-a-plugin.md's module table does not list {module}"
-    code = f"import importlib, sys; importlib.import_module({module!r}); assert 'paddle' not in sys.modules"
+    """The module a plugin imports, and every path plugins imported before it (until API 2.0)."""
+    listed = f"| `{module}` |" if module in PLUGIN_API_MODULES else f"`{module}`"
+    assert listed in GUIDE_API, f"section 2 of docs/writing-a-plugin.md does not list {module}"
+    code = (
+        "import importlib, sys, warnings\nwarnings.simplefilter('ignore', DeprecationWarning)\n"
+        f"importlib.import_module({module!r}); assert 'paddle' not in sys.modules"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

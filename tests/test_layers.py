@@ -1,6 +1,6 @@
 """The layering contract in ``pyproject.toml`` holds, and it is not a contract that cannot fail:
-an upward import, an import circle inside a package, or a package left out of the layers each
-break it, naming what broke."""
+an upward import, an import circle inside a package, a package left out of the layers, or a plugin
+importing the core past ``fd_platforms.plugin`` each break it, naming what broke."""
 
 from __future__ import annotations
 
@@ -14,11 +14,18 @@ import pytest
 
 from run_helpers import ROOT
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+CONTRACTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
 
 
 def lint(root: Path = ROOT, package: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """``lint-imports`` with the repository's contracts; ``package`` replaces the installed fd_platforms."""
+    """``lint-imports`` with the repository's contracts; ``package`` (a folder of copied packages, or
+    one copied package) replaces the installed ones of the same names."""
     env = dict(os.environ)
     if package is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package.parent), env.get("PYTHONPATH")]))
@@ -78,3 +85,41 @@ def test_a_package_outside_the_layers_breaks_the_contract(copy: Path) -> None:
     done = lint(copy.parent, copy)
     assert done.returncode == 1
     assert "fd_platforms.extras" in done.stdout
+
+
+def contract(name_start: str) -> dict[str, object]:
+    """The contract of ``pyproject.toml`` whose name starts so."""
+    [found] = [c for c in CONTRACTS if str(c["name"]).startswith(name_start)]
+    return found
+
+
+def test_the_plugins_are_held_off_every_package_of_the_core_but_the_plugin_module() -> None:
+    """The forbidden list names every package the layers contract places (it is exhaustive), save
+    ``fd_platforms.plugin``: a package added to the core is off limits to plugins once it is placed."""
+    layers: list[str] = contract("Layers")["layers"]  # type: ignore[assignment]
+    packages = {name.strip() for layer in layers for name in layer.split("|")}
+    forbidden = contract("Vendor plugins import fd_platforms.plugin")
+    plugins = contract("Vendor plugins are independent")["modules"]
+    expected = {f"fd_platforms.{name}" for name in packages - {"plugin"}}
+    assert set(forbidden["forbidden_modules"]) == expected  # type: ignore[arg-type]
+    assert set(forbidden["source_modules"]) == set(plugins)  # type: ignore[arg-type]
+
+
+PLUGIN_BREAKS = {
+    "the kit": ("from fd_platforms.kit.probes import device_nodes", "fd_platforms.kit.probes"),
+    "the contract": ("from fd_platforms.contract import types", "fd_platforms.contract.types"),
+}
+
+
+@pytest.mark.parametrize(("line", "named"), PLUGIN_BREAKS.values(), ids=PLUGIN_BREAKS)
+def test_a_plugin_importing_the_core_past_the_plugin_module_breaks_the_contract(
+    tmp_path: Path, line: str, named: str
+) -> None:
+    target = tmp_path / "site" / "fd_platforms_nimbus"
+    shutil.copytree(ROOT / "examples" / "plugin-template" / "src" / "fd_platforms_nimbus", target,
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    append(target / "__init__.py", line)
+    done = lint(target.parent, target)
+    assert done.returncode == 1
+    assert "BROKEN" in done.stdout and "fd_platforms_nimbus is not allowed to import" in done.stdout
+    assert f"fd_platforms_nimbus -> {named}" in done.stdout, done.stdout

@@ -1,9 +1,12 @@
 """The plugin contract, the bottom layer: what a vendor team reads and implements.
 
+Internal to the core: a plugin imports these names from :mod:`fd_platforms.plugin`, never from here
+(the paths API 1.2 to 1.4 listed keep working until API 2.0, but new code does not use them).
+
 - :mod:`.hookspecs` — the hooks (pluggy specs) and the ``hookimpl`` marker;
 - :mod:`.types` — the records hooks return and receive;
 - :mod:`.errors` — every error, each with its exit code;
-- :mod:`.api_version` — the plugin API version and the modules a plugin may import;
+- :mod:`.api_version` — the plugin API version, its compatibility policy and the modules a plugin may import;
 - :mod:`.paddle_import` — ``import_paddle``: paddle imported quietly, keeping the SIGTERM handler.
 
 Nothing here imports another layer at run time; a hook spec names the rules' ``CacheLayout`` and

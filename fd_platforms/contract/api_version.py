@@ -1,10 +1,26 @@
-"""The plugin API version and the check that refuses plugins written for another one.
+"""The plugin API version, its compatibility policy, and the check that refuses plugins written for another one.
 
-The plugin API is the hook specs (:mod:`fd_platforms.contract.hookspecs`) and the records they pass
-(:mod:`fd_platforms.contract.types`). Its version is ``MAJOR.MINOR``: a new optional hook or record field
-raises MINOR; removing or changing a hook, a parameter or a record field raises MAJOR. A plugin
-declares the versions it supports as a PEP 440 specifier (``">=1.0,<2"``) through its
-``supported_api_versions`` hook.
+The plugin API is the hook specs (:mod:`fd_platforms.contract.hookspecs`), the records they pass,
+the names :mod:`fd_platforms.plugin` exports (``__all__``: everything a plugin may use) and the
+module paths a plugin imports them from. Its version is ``MAJOR.MINOR``, and a plugin declares the
+versions it supports as a PEP 440 specifier (``">=1.5,<2"``) through its ``supported_api_versions``
+hook; the core refuses a plugin whose range does not hold :data:`API_VERSION`.
+
+- **MINOR** grows with an addition a plugin written for the previous MINOR cannot notice: a new
+  optional hook, a new record field with a default, a new name in ``fd_platforms.plugin``, a new
+  module (1.1 the sharing hooks, 1.2 ``kv_cache_shapes``, 1.3 ``release_device_memory``, 1.4
+  ``VendorDeviceRuntime``, 1.5 ``fd_platforms.plugin`` itself).
+- **MAJOR** grows when anything a plugin may already use changes or goes away: a hook, a parameter,
+  a record field, a name of ``fd_platforms.plugin``, and a module path a plugin may import.
+  Removing or moving such a module is MAJOR, unless an alias keeps the old path importing the same
+  names, with a ``DeprecationWarning`` naming the new import, until the next MAJOR; only then may
+  the old path go.
+
+Plugin API 1.5 moved the API into one module. The paths plugins imported before
+(:data:`DEPRECATED_PLUGIN_MODULES`) keep working until 2.0: API 1.1's top-level modules
+(``fd_platforms.types`` ...), which an earlier layout change had removed within 1.x, are aliases
+again (:mod:`fd_platforms.aliases`), and the 1.2 to 1.4 paths are the core's own modules, which
+keep their paths until then.
 """
 
 from __future__ import annotations
@@ -15,23 +31,38 @@ from collections.abc import Callable
 
 from .errors import PluginContractError, PluginVersionError
 
-API_VERSION = "1.4"
-PLUGIN_API_MODULES = (
-    "fd_platforms",  # hookimpl, API_VERSION
-    "fd_platforms.contract.types",  # the records hooks return
-    "fd_platforms.contract.errors",  # the errors hooks raise
-    "fd_platforms.contract.paddle_import",  # import_paddle: paddle imported quietly, keeping the SIGTERM handler
-    "fd_platforms.kit.probes",  # RuntimeFacts: identity and cheap detection from stated facts
-    "fd_platforms.kit.paddle_platform",  # PaddlePlatform: a Paddle-driven device platform record
-    "fd_platforms.kit.device_facts",  # DeviceFacts, pinned_tensor_buffer, share_ipc_tensor, open_ipc_tensor
-    "fd_platforms.kit.custom_device",  # CustomDeviceFacts: Paddle custom devices
-    "fd_platforms.kit.vendor_host",  # VendorHostRuntime: a vendor's pinned host allocator via ctypes
-    "fd_platforms.kit.vendor_device",  # VendorDeviceRuntime: a vendor's device memory and IPC via ctypes (API 1.4)
-    "fd_platforms.kit.host_memory",  # PinningUnavailable, allocate_host, allocate_pageable: the host-memory contract
-    "fd_platforms.kit.host_sharing",  # export_host_tensor, open_host_tensor: cache tensors in memfds (API 1.1)
-    "fd_platforms.kit.cache_shapes",  # tokens_before_heads, eight_bit_as_int8: kv_cache_shapes answers (API 1.2)
-)
-"""The modules a plugin may import; everything else in the core may change within an API version."""
+API_VERSION = "1.5"
+PLUGIN_API_MODULES = ("fd_platforms.plugin",)
+"""The modules a plugin may import: since API 1.5 one, whose ``__all__`` is the whole plugin API."""
+DEPRECATED_PLUGIN_MODULES = {
+    # API 1.0 and 1.1: aliases built by fd_platforms.aliases, warning at import (DeprecationWarning)
+    "fd_platforms.types": "alias",
+    "fd_platforms.errors": "alias",
+    "fd_platforms.probes": "alias",
+    "fd_platforms.paddle_platform": "alias",
+    "fd_platforms.device_facts": "alias",
+    "fd_platforms.custom_device": "alias",
+    "fd_platforms.vendor_host": "alias",
+    "fd_platforms.host_memory": "alias",
+    "fd_platforms.host_sharing": "alias",
+    # API 1.0 to 1.4: the core's own modules at these paths, kept without a warning (the core imports them)
+    "fd_platforms": "kept",  # hookimpl, API_VERSION
+    "fd_platforms.contract.types": "kept",
+    "fd_platforms.contract.errors": "kept",
+    "fd_platforms.contract.paddle_import": "kept",
+    "fd_platforms.kit.probes": "kept",
+    "fd_platforms.kit.paddle_platform": "kept",
+    "fd_platforms.kit.device_facts": "kept",
+    "fd_platforms.kit.custom_device": "kept",
+    "fd_platforms.kit.vendor_host": "kept",
+    "fd_platforms.kit.vendor_device": "kept",
+    "fd_platforms.kit.host_memory": "kept",
+    "fd_platforms.kit.host_sharing": "kept",
+    "fd_platforms.kit.cache_shapes": "kept",
+}
+"""The module paths plugins imported before API 1.5, each importing until API 2.0: ``"alias"`` for
+API 1.1's, which warn and name the import from ``fd_platforms.plugin``, ``"kept"`` for the core's
+own modules that API 1.2 to 1.4 listed. New plugins import :data:`PLUGIN_API_MODULES` only."""
 API_MAJOR = API_VERSION.split(".")[0]
 RECOMMENDED_RANGE = f">={API_VERSION},<{int(API_MAJOR) + 1}"
 

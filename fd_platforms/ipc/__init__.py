@@ -1,5 +1,7 @@
 """Cross-process primitives: how the engine's processes meet on one machine, without paddle.
 
+Not part of the plugin API: a plugin imports :mod:`fd_platforms.plugin` only.
+
 - :mod:`.shm` — shared-memory segments as containers need them (kernel-held liveness, checked sizes);
 - :mod:`.futex` — sleeping on a word of shared memory;
 - :mod:`.cache_signal` — the cache-ready signal and its bounded wait;

@@ -1,5 +1,7 @@
 """The rules every platform obeys, written once: pure computation over the contract's records.
 
+Not part of the plugin API: a plugin imports :mod:`fd_platforms.plugin` only.
+
 - :mod:`.decision` — the one create-or-attach rule and its truth table;
 - :mod:`.config` — model, cache, scheduler and parallel settings, and the deployment TOML;
 - :mod:`.sizes` — sizes with units, parsed and shown;

@@ -5,10 +5,15 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from fd_platforms.contract.types import Detection, DeviceMemory, HostBuffer
-from fd_platforms.kit.device_facts import DeviceFacts, pinned_tensor_buffer
-from fd_platforms.kit.host_memory import PinningUnavailable
-from fd_platforms.kit.paddle_platform import PaddlePlatform
+from fd_platforms.plugin import (
+    Detection,
+    DeviceFacts,
+    DeviceMemory,
+    HostBuffer,
+    PaddlePlatform,
+    PinningUnavailable,
+    pinned_tensor_buffer,
+)
 
 INSTALL_HINT = "pip install paddlepaddle-gpu (Paddle's CUDA build) on a machine with an NVIDIA GPU and driver"
 
@@ -87,7 +92,7 @@ PLATFORM = PaddlePlatform(
     distributions=("paddlepaddle-gpu",),
     device_glob="/dev/nvidia[0-9]*",
     install_hint=INSTALL_HINT,
-    api_versions=">=1.0,<2",
+    api_versions=">=1.5,<2",  # 1.5: fd_platforms.plugin
     description="NVIDIA CUDA GPUs",
     facts=CudaFacts,
 )

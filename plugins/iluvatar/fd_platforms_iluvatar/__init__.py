@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from fd_platforms.contract.types import PlatformLimit
-from fd_platforms.kit.custom_device import CustomDeviceFacts
-from fd_platforms.kit.paddle_platform import PaddlePlatform
-from fd_platforms.kit.vendor_device import VendorDeviceRuntime
-from fd_platforms.kit.vendor_host import VendorHostRuntime
+from fd_platforms.plugin import CustomDeviceFacts, PaddlePlatform, PlatformLimit, VendorDeviceRuntime, VendorHostRuntime
 
 PLATFORM = PaddlePlatform(
     name="iluvatar",
@@ -15,7 +11,7 @@ PLATFORM = PaddlePlatform(
     distributions=("paddle-iluvatar-gpu",),
     device_glob=None,  # Paddle's custom-device runtime counts the devices
     install_hint="pip install paddle-iluvatar-gpu beside paddlepaddle on a machine with Iluvatar GPUs",
-    api_versions=">=1.4,<2",  # 1.4: device_runtime
+    api_versions=">=1.5,<2",  # 1.5: fd_platforms.plugin (1.4: device_runtime)
     description="Iluvatar CoreX GPUs",
     custom_device_library="*iluvatar*.so",
     limits=(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from fd_platforms.kit.cache_shapes import tokens_before_heads
-from fd_platforms.kit.custom_device import CustomDeviceFacts
-from fd_platforms.kit.paddle_platform import PaddlePlatform
-from fd_platforms.kit.vendor_device import VendorDeviceRuntime
-from fd_platforms.kit.vendor_host import VendorHostRuntime
+from fd_platforms.plugin import (
+    CustomDeviceFacts,
+    PaddlePlatform,
+    VendorDeviceRuntime,
+    VendorHostRuntime,
+    tokens_before_heads,
+)
 
 PLATFORM = PaddlePlatform(
     name="metax",
@@ -15,7 +17,7 @@ PLATFORM = PaddlePlatform(
     distributions=("paddle-metax-gpu",),
     device_glob=None,  # Paddle's custom-device runtime counts the devices
     install_hint="pip install paddle-metax-gpu beside paddlepaddle on a machine with MetaX GPUs",
-    api_versions=">=1.4,<2",  # 1.4: device_runtime
+    api_versions=">=1.5,<2",  # 1.5: fd_platforms.plugin (1.4: device_runtime)
     description="MetaX GPUs",
     custom_device_library="*metax*.so",
     facts=CustomDeviceFacts,

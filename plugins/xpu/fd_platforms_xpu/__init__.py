@@ -5,11 +5,16 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from fd_platforms.contract.types import Detection, DeviceMemory, HostBuffer
-from fd_platforms.kit.cache_shapes import eight_bit_as_int8
-from fd_platforms.kit.device_facts import DeviceFacts, pinned_tensor_buffer
-from fd_platforms.kit.host_memory import PinningUnavailable
-from fd_platforms.kit.paddle_platform import PaddlePlatform
+from fd_platforms.plugin import (
+    Detection,
+    DeviceFacts,
+    DeviceMemory,
+    HostBuffer,
+    PaddlePlatform,
+    PinningUnavailable,
+    eight_bit_as_int8,
+    pinned_tensor_buffer,
+)
 
 INSTALL_HINT = "pip install paddlepaddle-xpu (Paddle's Kunlun build) on a machine with Kunlun XPUs"
 
@@ -81,7 +86,7 @@ PLATFORM = PaddlePlatform(
     distributions=("paddlepaddle-xpu",),
     device_glob="/dev/xpu[0-9]*",
     install_hint=INSTALL_HINT,
-    api_versions=">=1.2,<2",
+    api_versions=">=1.5,<2",  # 1.5: fd_platforms.plugin (1.2: kv_cache_shapes)
     description="Kunlun XPUs",
     facts=XpuFacts,
     cache_shapes=eight_bit_as_int8,  # XPU kernels take an 8-bit cache as int8 (GPU's is uint8)

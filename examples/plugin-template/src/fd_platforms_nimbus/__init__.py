@@ -1,6 +1,6 @@
 """fd-platforms plugin for Nimbus NPUs: the device's facts, stated once; every rule is the core's.
 
-Written only against fd-platforms' public plugin API (``docs/writing-a-plugin.md``):
+Written only against fd-platforms' public plugin API, ``fd_platforms.plugin`` (``docs/writing-a-plugin.md``):
 
 - detection is cheap: the ``paddle-nimbus-npu`` distribution, or a ``*nimbus*.so`` custom-device
   runtime in ``CUSTOM_DEVICE_ROOT``; paddle is imported only when the platform is selected;
@@ -11,10 +11,7 @@ Written only against fd-platforms' public plugin API (``docs/writing-a-plugin.md
 
 from __future__ import annotations
 
-from fd_platforms.contract.types import PlatformLimit
-from fd_platforms.kit.custom_device import CustomDeviceFacts
-from fd_platforms.kit.paddle_platform import PaddlePlatform
-from fd_platforms.kit.vendor_host import VendorHostRuntime
+from fd_platforms.plugin import CustomDeviceFacts, PaddlePlatform, PlatformLimit, VendorHostRuntime
 
 PLATFORM = PaddlePlatform(
     name="nimbus",  # equal to the entry-point name in pyproject.toml
@@ -23,7 +20,7 @@ PLATFORM = PaddlePlatform(
     distributions=("paddle-nimbus-npu",),  # Paddle's Nimbus runtime plugin
     device_glob=None,  # Paddle's custom-device runtime counts the devices
     install_hint="pip install paddle-nimbus-npu beside paddlepaddle on a machine with Nimbus NPUs",
-    api_versions=">=1.0,<2",  # written against plugin API 1.0; any 1.x core accepts it
+    api_versions=">=1.5,<2",  # written against plugin API 1.5 (fd_platforms.plugin); any later 1.x core accepts it
     description="Nimbus NPUs (example plugin)",
     custom_device_library="*nimbus*.so",
     limits=(
