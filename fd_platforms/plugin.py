@@ -12,47 +12,69 @@ or changing a name listed here, or moving this module, raises the API's MAJOR ve
 is in :mod:`fd_platforms.contract.api_version`). The module paths plugins imported before 1.5 keep
 working until API 2.0 (:data:`~fd_platforms.contract.api_version.DEPRECATED_PLUGIN_MODULES`).
 
-Importing this module never imports paddle (nor numpy). It imports the contract and the kit
-eagerly, on purpose: the core imports the plugin API modules
-(:data:`~fd_platforms.contract.api_version.PLUGIN_API_MODULES`) once before it loads several plugins
-in threads at once, so that those threads only find the modules they share. That costs about what
-importing one bundled plugin costs anyway (PaddlePlatform builds on most of the kit).
+Importing this module is cheap and never imports paddle (nor numpy): each name is imported from
+the module that defines it on first use (PEP 562), so a plugin that needs records alone, like the
+built-in cpu platform, does not load the kit.
 """
 
 from __future__ import annotations
 
-from .contract.api_version import API_VERSION
-from .contract.errors import (
-    CacheSharingError,
-    ConfigError,
-    DeviceAllocError,
-    DeviceFactsUnavailableError,
-    HostAllocError,
-    RecordError,
-)
-from .contract.hookspecs import hookimpl
-from .contract.paddle_import import import_paddle
-from .contract.types import (
-    CacheDecision,
-    CacheRoleShape,
-    CacheShapeRequest,
-    Detection,
-    DeviceMemory,
-    HostBuffer,
-    Plan,
-    PlatformIdentity,
-    PlatformLimit,
-    SharedTensor,
-)
-from .kit.cache_shapes import eight_bit_as_int8, tokens_before_heads
-from .kit.custom_device import CustomDeviceFacts
-from .kit.device_facts import DeviceFacts, open_ipc_tensor, pinned_tensor_buffer, share_ipc_tensor
-from .kit.host_memory import PinningUnavailable, allocate_host, allocate_pageable, system_memory
-from .kit.host_sharing import export_host_tensor, open_host_tensor
-from .kit.paddle_platform import PaddlePlatform
-from .kit.probes import RuntimeFacts, device_nodes, installed_distribution, visible_count
-from .kit.vendor_device import VendorDeviceRuntime
-from .kit.vendor_host import VendorHostRuntime
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers; at run time each name loads on first use
+    from .contract.api_version import API_VERSION
+    from .contract.errors import (
+        CacheSharingError,
+        ConfigError,
+        DeviceAllocError,
+        DeviceFactsUnavailableError,
+        HostAllocError,
+        RecordError,
+    )
+    from .contract.hookspecs import hookimpl
+    from .contract.paddle_import import import_paddle
+    from .contract.types import (
+        CacheDecision,
+        CacheRoleShape,
+        CacheShapeRequest,
+        Detection,
+        DeviceMemory,
+        HostBuffer,
+        Plan,
+        PlatformIdentity,
+        PlatformLimit,
+        SharedTensor,
+    )
+    from .kit.cache_shapes import eight_bit_as_int8, tokens_before_heads
+    from .kit.custom_device import CustomDeviceFacts
+    from .kit.device_facts import DeviceFacts, open_ipc_tensor, pinned_tensor_buffer, share_ipc_tensor
+    from .kit.host_memory import PinningUnavailable, allocate_host, allocate_pageable, system_memory
+    from .kit.host_sharing import export_host_tensor, open_host_tensor
+    from .kit.paddle_platform import PaddlePlatform
+    from .kit.probes import RuntimeFacts, device_nodes, installed_distribution, visible_count
+    from .kit.vendor_device import VendorDeviceRuntime
+    from .kit.vendor_host import VendorHostRuntime
+
+_SOURCES = {
+    ".contract.api_version": "API_VERSION",
+    ".contract.errors": "CacheSharingError ConfigError DeviceAllocError DeviceFactsUnavailableError HostAllocError "
+    "RecordError",
+    ".contract.hookspecs": "hookimpl",
+    ".contract.paddle_import": "import_paddle",
+    ".contract.types": "CacheDecision CacheRoleShape CacheShapeRequest Detection DeviceMemory HostBuffer Plan "
+    "PlatformIdentity PlatformLimit SharedTensor",
+    ".kit.cache_shapes": "eight_bit_as_int8 tokens_before_heads",
+    ".kit.custom_device": "CustomDeviceFacts",
+    ".kit.device_facts": "DeviceFacts open_ipc_tensor pinned_tensor_buffer share_ipc_tensor",
+    ".kit.host_memory": "PinningUnavailable allocate_host allocate_pageable system_memory",
+    ".kit.host_sharing": "export_host_tensor open_host_tensor",
+    ".kit.paddle_platform": "PaddlePlatform",
+    ".kit.probes": "RuntimeFacts device_nodes installed_distribution visible_count",
+    ".kit.vendor_device": "VendorDeviceRuntime",
+    ".kit.vendor_host": "VendorHostRuntime",
+}
+_MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names.split()}
 
 __all__ = [
     # the hook marker and the version of this API
@@ -103,3 +125,15 @@ __all__ = [
     "tokens_before_heads",
     "eight_bit_as_int8",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULE_OF:
+        value = getattr(importlib.import_module(_MODULE_OF[name], __package__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fd_platforms.plugin' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

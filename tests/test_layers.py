@@ -19,6 +19,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 CONTRACTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
 
@@ -38,7 +43,8 @@ def lint(root: Path = ROOT, package: Path | None = None) -> subprocess.Completed
 def test_every_contract_is_kept() -> None:
     done = lint()
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "4 kept, 0 broken" in done.stdout
+    contracts = len(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"])
+    assert f"{contracts} kept, 0 broken" in done.stdout
 
 
 @pytest.fixture

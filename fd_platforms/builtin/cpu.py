@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import os
 
-from ..contract.api_version import API_VERSION
-from ..contract.errors import ConfigError
-from ..contract.hookspecs import hookimpl
-from ..contract.types import Detection, DeviceMemory, PlatformIdentity, SharedTensor
-from ..kit.host_memory import system_memory
+from ..plugin import (
+    API_VERSION,
+    ConfigError,
+    Detection,
+    DeviceMemory,
+    PlatformIdentity,
+    SharedTensor,
+    hookimpl,
+    system_memory,
+)
 
 
 @hookimpl
@@ -51,13 +56,13 @@ def cache_sharing() -> str:
 
 @hookimpl
 def export_cache_tensor(name: str, shape: tuple[int, ...], dtype: str) -> SharedTensor:
-    from ..kit.host_sharing import export_host_tensor  # not at selection: it needs the layout's dtypes
+    from ..plugin import export_host_tensor  # not at selection: it needs the layout's dtypes
 
     return export_host_tensor(name, shape, dtype)
 
 
 @hookimpl
 def open_cache_tensor(name: str, handle: str, shape: tuple[int, ...], dtype: str) -> SharedTensor:
-    from ..kit.host_sharing import open_host_tensor
+    from ..plugin import open_host_tensor
 
     return open_host_tensor(name, handle, shape, dtype)
