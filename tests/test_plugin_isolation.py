@@ -219,6 +219,21 @@ def test_a_hung_plugin_screened_in_a_child_is_an_error_naming_its_step_and_bound
     assert report.status == "broken" and "hook confirm_platform did not return within 0.5 s" in report.reason
 
 
+def test_a_screening_child_that_ends_outside_any_plugin_names_every_platform_it_did_not_reach(
+    make_plugin, monkeypatch
+) -> None:
+    """Nothing to blame and nothing to learn by starting another such child: each platform says so."""
+    make_plugin("one", source=plugin("one"))
+    make_plugin("two", source=plugin("two"))
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # the child exits at once, before any plugin
+    probes = Prober().probe_all(["one", "two"])
+    for name in ("one", "two"):
+        error = probes[name].error
+        assert isinstance(error, PluginLoadError), probes[name]
+        assert "the child process that detects platforms ended before it reached this one (it exited with code 1)" in str(error)
+        assert "Fix: run the command again; if this repeats, set FD_PLATFORM" in str(error)
+
+
 # -- the selected platform: calls in this process, a hang ends it ----------------------------------
 
 API_SCRIPT = """
