@@ -35,9 +35,10 @@ ALIASES: dict[str, tuple[str, dict[str, str]]] = {
     "types": (
         "PlatformIdentity Detection CacheDecision DeviceMemory PlatformLimit Plan SharedTensor HostBuffer",
         {
-            "fd_platforms.contract.types": "MAX_COUNT PlatformIdentity Detection DecidingTerm CacheDecision "
+            "fd_platforms.contract.types": "PlatformIdentity Detection DecidingTerm CacheDecision "
             "DeviceMemory LimitKind PlatformLimit Binding Plan SharedTensor SelectedHow PlatformStatus "
             "PlatformReport HostBuffer",
+            "fd_platforms.contract.integers": "MAX_COUNT",
             "fd_platforms.contract.errors": "BufferInUseError RecordError",
         },
     ),
