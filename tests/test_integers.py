@@ -101,3 +101,15 @@ def test_a_huge_value_is_shown_by_its_digits() -> None:
 )  # fmt: skip
 def test_a_bound_one_below_a_large_power_of_two_is_written_as_one(bound: int, text: str) -> None:
     assert bound_text(bound) == text
+
+
+def test_the_api_1_1_aliases_still_hold_the_old_names_of_max_count() -> None:
+    import importlib
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        host_memory = importlib.import_module("fd_platforms.host_memory")
+        types = importlib.import_module("fd_platforms.types")
+    assert host_memory.MAX_BYTES == types.MAX_COUNT == MAX_COUNT == 2**63 - 1
+    assert "MAX_BYTES" in host_memory.__all__ and "MAX_COUNT" in types.__all__
