@@ -31,13 +31,15 @@ REPLACEMENT = "fd_platforms.plugin"
 REMOVED_IN = "2.0"
 
 ALIASES: dict[str, tuple[str, dict[str, str]]] = {
-    # alias: (the names fd_platforms.plugin has for it, {the module each name lives in now: names})
+    # alias: (the names fd_platforms.plugin has for it, {the module each name lives in now: names});
+    # a name renamed since is written OLD=NEW
     "types": (
         "PlatformIdentity Detection CacheDecision DeviceMemory PlatformLimit Plan SharedTensor HostBuffer",
         {
-            "fd_platforms.contract.types": "MAX_COUNT PlatformIdentity Detection DecidingTerm CacheDecision "
+            "fd_platforms.contract.types": "PlatformIdentity Detection DecidingTerm CacheDecision "
             "DeviceMemory LimitKind PlatformLimit Binding Plan SharedTensor SelectedHow PlatformStatus "
             "PlatformReport HostBuffer",
+            "fd_platforms.contract.integers": "MAX_COUNT",
             "fd_platforms.contract.errors": "BufferInUseError RecordError",
         },
     ),
@@ -109,7 +111,7 @@ ALIASES: dict[str, tuple[str, dict[str, str]]] = {
             "fd_platforms.kit.host_memory": "check_host_nbytes allocate_pageable allocate_host system_memory "
             "available_host_bytes resident_bytes PinningUnavailable",
             "fd_platforms.contract.errors": "ConfigError HostAllocError",
-            "fd_platforms.rules.sizes": "MAX_BYTES",
+            "fd_platforms.contract.integers": "MAX_BYTES=MAX_COUNT",
             "fd_platforms.contract.types": "DeviceMemory HostBuffer",
         },
     ),
@@ -173,8 +175,9 @@ class AliasLoader:
         for source, held in sources.items():
             found = importlib.import_module(source)
             for name in held.split():
-                setattr(module, name, getattr(found, name))
-                names.append(name)
+                old, _, new = name.partition("=")
+                setattr(module, old, getattr(found, new or old))
+                names.append(old)
         module.__doc__ = f"Deprecated alias: {deprecation_message(module.__name__)}."
         module.__all__ = sorted(set(names))  # type: ignore[attr-defined]
 

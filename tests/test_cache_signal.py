@@ -238,7 +238,7 @@ def test_bad_names_are_config_errors(name: object) -> None:
 
 @pytest.mark.parametrize("num_ranks", [0, -1, 1025, True, 2.0])
 def test_bad_rank_counts_are_config_errors(num_ranks: object, signal_name: str) -> None:
-    with pytest.raises(ConfigError, match=r"num_ranks=.*allowed: an int from 1 to 1024"):
+    with pytest.raises(ConfigError, match=r"num_ranks=.*allowed: an integer from 1 to 1024"):
         CacheReadySignal.create(num_ranks, signal_name)  # type: ignore[arg-type]
 
 

@@ -140,7 +140,7 @@ def engine_calls(cpu, layout):
             "layout='layout' is not valid; allowed: a CacheLayout"),
         "manage_kv_cache(num_cpu_blocks=-1)": (
             lambda: manage_kv_cache(cpu, layout, 4, num_cpu_blocks=-1, signal_name=SIGNAL),
-            "num_cpu_blocks=-1 is not valid; allowed: an int from 0"),
+            "num_cpu_blocks=-1 is not valid; allowed: an integer from 0"),
         "allocate_kv_cache(None, ...)": (lambda: allocate_kv_cache(None, 4, "cpu"), "layout is not given"),
         "allocate_kv_cache(device=None)": (lambda: allocate_kv_cache(layout, 4, None), "device is not given"),
         "export_cache_tensor(device='gpu:7')": (

@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fd_platforms.contract.errors import ConfigError
-from fd_platforms.rules.sizes import MAX_BYTES, decimal_note, format_size, parse_size
+from fd_platforms.contract.integers import MAX_COUNT
+from fd_platforms.rules.sizes import decimal_note, format_size, parse_size
 
 UNITS = {
     "B": 1,
@@ -74,7 +75,7 @@ def test_parse_size_unknown_unit_is_named() -> None:
 @given(st.integers(min_value=0, max_value=2**40), st.sampled_from(sorted(UNITS)), st.booleans())
 def test_parse_size_is_number_times_unit_any_case(number: int, unit: str, upper: bool) -> None:
     written = unit.upper() if upper else unit.lower()
-    if number * UNITS[unit] > MAX_BYTES:
+    if number * UNITS[unit] > MAX_COUNT:
         with pytest.raises(ConfigError, match="at most 8 EiB"):
             parse_size(f"{number}{written}", "size")
     else:
@@ -92,7 +93,7 @@ def test_sizes_beyond_8_eib_are_refused_naming_the_field(text: object) -> None:
 
 
 def test_the_largest_size_is_accepted() -> None:
-    assert parse_size(MAX_BYTES, "size") == parse_size(f"{MAX_BYTES}B", "size") == 2**63 - 1
+    assert parse_size(MAX_COUNT, "size") == parse_size(f"{MAX_COUNT}B", "size") == 2**63 - 1
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ MAX_SHOWN = 120  # characters of a value's repr an error message shows
 def show_value(value: object) -> str:
     """``repr(value)`` for a message, safe for any value: a huge integer is described by its digits,
     a long repr is cut at :data:`MAX_SHOWN` characters."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1000:
+    if isinstance(value, int) and value.bit_length() > 1000:  # a bool's bit_length is at most 1
         digits = int(math.log10(abs(value))) + 1
         digits -= 10 ** (digits - 1) > abs(value)  # log10 rounds up just below a power of ten
         return f"<an integer of {digits} digits>"

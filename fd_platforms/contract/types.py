@@ -3,7 +3,8 @@
 Every record checks its fields when it is built: a field of the wrong type (``"80GiB"`` or
 ``8.0e10`` for a byte count, ``"no"`` for a bool) or out of range is a
 :class:`~fd_platforms.contract.errors.RecordError` naming the record, the field, the value and what is
-allowed. Counts of bytes, blocks and elements are ints from 0 (or 1) to ``2**63 - 1``.
+allowed. Counts of bytes, blocks and elements are ints from 0 (or 1) to
+:data:`~fd_platforms.contract.integers.MAX_COUNT` (``2**63 - 1``).
 """
 
 from __future__ import annotations
@@ -15,22 +16,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from .errors import BufferInUseError, RecordError
+from .integers import MAX_COUNT, bound_text, check_int, is_int
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import numpy
     import paddle
-
-
-MAX_COUNT = 2**63 - 1  # bytes, blocks and elements are int64 counts
-
-
-def _check_int(record: object, name: str, minimum: int, *, optional: bool = False) -> None:
-    value = getattr(record, name)
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_COUNT:
-        allowed = f"{'None or ' if optional else ''}an int from {minimum} to 2**63 - 1"
-        raise RecordError(type(record).__name__, name, value, allowed)
 
 
 def _check_type(record: object, name: str, kind: type | tuple[type, ...], allowed: str) -> None:
@@ -90,7 +80,7 @@ class Detection:
     def __post_init__(self) -> None:
         _check_type(self, "available", bool, "True or False")
         _check_text(self, "reason")
-        _check_int(self, "device_count", 0)
+        check_int("device_count", self.device_count, 0, record="Detection")
 
 
 DecidingTerm = Literal["profile", "num_cpu_blocks", "storage_backend", "splitwise_role", "none"]
@@ -125,9 +115,10 @@ class DeviceMemory:
     source: str
 
     def __post_init__(self) -> None:
-        _check_int(self, "total_bytes", 1)
-        _check_int(self, "free_bytes", 0, optional=True)
-        _check_int(self, "process_bytes", 0, optional=True)
+        check_int("total_bytes", self.total_bytes, 1, record="DeviceMemory")
+        for name in ("free_bytes", "process_bytes"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), 0, what="None or an integer", record="DeviceMemory")
         _check_text(self, "source")
         if self.free_bytes is not None and self.free_bytes > self.total_bytes:
             raise RecordError(
@@ -152,7 +143,7 @@ class PlatformLimit:
 
     def __post_init__(self) -> None:
         _check_choice(self, "kind", get_args(LimitKind))
-        _check_int(self, "value", 1)
+        check_int("value", self.value, 1, record="PlatformLimit")
         _check_text(self, "reason", empty=False)
 
 
@@ -179,9 +170,8 @@ class Plan:
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "memory_blocks", "bytes_per_block", "block_size", "num_cpu_blocks"):
-            _check_int(self, name, 0)
-        if isinstance(self.budget_bytes, bool) or not isinstance(self.budget_bytes, int) or abs(self.budget_bytes) > MAX_COUNT:
-            raise RecordError("Plan", "budget_bytes", self.budget_bytes, "an int (negative when nothing fits)")
+            check_int(name, getattr(self, name), 0, record="Plan")
+        check_int("budget_bytes", self.budget_bytes, -MAX_COUNT, note="negative when nothing fits", record="Plan")
         _check_choice(self, "binding", get_args(Binding))
         _check_text(self, "binding_reason")
 
@@ -214,7 +204,7 @@ class SharedTensor:
     def __post_init__(self) -> None:
         _check_text(self, "name", empty=False)
         _check_text(self, "handle", empty=False)
-        _check_int(self, "nbytes", 1)
+        check_int("nbytes", self.nbytes, 1, record="SharedTensor")
         _check_type(self, "exported", bool, "True or False")
         if not callable(self._close):
             raise RecordError("SharedTensor", "_close", self._close, "a callable that drops this process's hold")
@@ -254,9 +244,10 @@ class CacheRoleShape:
     def __post_init__(self) -> None:
         _check_choice(self, "role", get_args(CacheRole))
         if not isinstance(self.shape, tuple) or not self.shape or not all(
-            isinstance(axis, int) and not isinstance(axis, bool) and 0 < axis <= MAX_COUNT for axis in self.shape
+            is_int(axis) and 0 < axis <= MAX_COUNT for axis in self.shape
         ):
-            raise RecordError("CacheRoleShape", "shape", self.shape, "a non-empty tuple of ints from 1 to 2**63 - 1")
+            allowed = f"a non-empty tuple of integers from 1 to {bound_text(MAX_COUNT)}"
+            raise RecordError("CacheRoleShape", "shape", self.shape, allowed)
         _check_choice(self, "dtype", tuple(DTYPE_BYTES))
 
     @property
@@ -294,7 +285,7 @@ class CacheShapeRequest:
         _check_text(self, "quant_type", empty=False)
         _check_text(self, "cache_dtype", empty=False)
         for name in ("num_blocks", "block_size", "kv_heads", "head_dim"):
-            _check_int(self, name, 1)
+            check_int(name, getattr(self, name), 1, record="CacheShapeRequest")
         if not isinstance(self.default, tuple) or not all(isinstance(role, CacheRoleShape) for role in self.default):
             raise RecordError("CacheShapeRequest", "default", self.default, "a tuple of CacheRoleShape")
 
@@ -338,8 +329,8 @@ class HostBuffer:
     released: bool = False
 
     def __post_init__(self) -> None:
-        _check_int(self, "address", 1)
-        _check_int(self, "nbytes", 1)
+        check_int("address", self.address, 1, record="HostBuffer")
+        check_int("nbytes", self.nbytes, 1, record="HostBuffer")
         _check_type(self, "pinned", bool, "True or False")
         _check_text(self, "kind", empty=False)
         if not callable(self._free):

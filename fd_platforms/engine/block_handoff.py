@@ -8,10 +8,8 @@ write, checked first (FastDeploy's word holds an int32).
 
 from __future__ import annotations
 
-from ..contract.errors import ConfigError
+from ..contract.integers import INT32_MAX, check_int
 from ..ipc.fastdeploy_signals import PROFILE_BLOCK_NUM, FastDeploySignal, check_suffix
-
-INT32_MAX = 2**31 - 1
 
 
 def hand_off_block_count(suffix: str | int, num_blocks: int) -> None:
@@ -22,10 +20,7 @@ def hand_off_block_count(suffix: str | int, num_blocks: int) -> None:
     engine has not created the signal.
     """
     suffix = check_suffix(suffix)
-    if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or not 1 <= num_blocks <= INT32_MAX:
-        raise ConfigError(
-            "num_blocks", num_blocks, f"an int from 1 to {INT32_MAX} (FastDeploy's get_profile_block_num is int32)",
-            "pass the agreed number of device blocks; its engine waits while the word is 0",
-        )  # fmt: skip
+    check_int("num_blocks", num_blocks, 1, INT32_MAX, note="FastDeploy's get_profile_block_num is int32",
+              fix="pass the agreed number of device blocks; its engine waits while the word is 0")  # fmt: skip
     with FastDeploySignal.attach(PROFILE_BLOCK_NUM, suffix) as word:
         word.set(0, num_blocks)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..contract.errors import ConfigError
+from ..contract.integers import check_int, is_int
 from ..ipc.cache_signal import resolve_timeout
 from ..ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus, check_suffix
 from .initialize import ManagedCache
@@ -62,8 +63,8 @@ def drive_kv_cache_update(
     pids = _check_pids(attacher_pids)
     if update is not None:
         _check_callable("update", update, "pass a function that loads the new weights, or None")
-    if creator_pid is not None and (isinstance(creator_pid, bool) or not isinstance(creator_pid, int) or creator_pid <= 0):
-        raise ConfigError("creator_pid", creator_pid, "a process id > 0, or None", "pass the cache manager's pid")
+    if creator_pid is not None:
+        check_int("creator_pid", creator_pid, 1, None, what="None or a process id", fix="pass the cache manager's pid")
     with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status, FastDeploySignal.attach(CACHE_READY, suffix) as ready:
         current = status.get(0)
         if current != KVCacheStatus.NORMAL:
@@ -162,7 +163,7 @@ def _check_pids(pids: Mapping[int, int] | None) -> dict[int, int]:
     if pids is None:
         return {}
     if not isinstance(pids, Mapping) or not all(
-        isinstance(rank, int) and isinstance(pid, int) and pid > 0 for rank, pid in pids.items()
+        is_int(rank) and is_int(pid) and pid > 0 for rank, pid in pids.items()
     ):
         raise ConfigError("attacher_pids", pids, "a mapping of local rank to process id", "pass {rank: pid, ...}")
     return dict(pids)

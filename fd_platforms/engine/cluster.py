@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from ..contract.errors import ConfigError, FdPlatformsError, NodeError
+from ..contract.integers import check_int, is_int
 from ..contract.paddle_import import import_paddle
 from ..contract.types import Plan
 from ..ipc.cache_signal import ENV_TIMEOUT
@@ -52,15 +53,13 @@ def _check_join(
     if not isinstance(nodes, NodeSpec):
         raise ConfigError("nodes", nodes, "a NodeSpec", "pass NodeSpec(nnodes, node_rank, master, local_ranks)")
     check_resolves(nodes.master, "nodes.master")
-    if isinstance(local_rank, bool) or not isinstance(local_rank, int) or not 0 <= local_rank < nodes.local_ranks:
-        raise ConfigError("local_rank", local_rank, f"0 to {nodes.local_ranks - 1} (this node's ranks)",
-                          "pass the rank's index on this node")  # fmt: skip
+    check_int("local_rank", local_rank, 0, nodes.local_ranks - 1, what="", note="this node's ranks",
+              fix="pass the rank's index on this node")  # fmt: skip
     check_seconds("timeout", timeout, "pass the seconds the handshake and the join may take, e.g. 600")
     if not isinstance(device_type, str) or not device_type:
         raise ConfigError("device_type", device_type, "Paddle's device type (cpu, gpu, xpu, a custom device's)",
                           "pass platform.identity.device_type")  # fmt: skip
-    if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
-        raise ConfigError("device_id", device_id, "an int >= 0", "pass the rank's local device id")
+    check_int("device_id", device_id, 0, None, fix="pass the rank's local device id")
     _check_facts(facts)
 
 
@@ -307,7 +306,7 @@ def _row(row: str, rank: int, me: str) -> dict[str, Any]:
     try:
         data = json.loads(row)
         place = Place(data["host"], data["local_rank"])
-        valid = isinstance(place.host, str) and type(place.local_rank) is int and isinstance(data["facts"], dict)
+        valid = isinstance(place.host, str) and is_int(place.local_rank) and isinstance(data["facts"], dict)
     except (ValueError, TypeError, KeyError):
         valid = False
     if not valid:

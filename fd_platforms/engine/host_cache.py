@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..contract.errors import ConfigError
+from ..contract.integers import check_int
 from ..contract.paddle_import import import_paddle
 from ..contract.types import HostBuffer
 from ..rules.layout import DTYPE_BYTES, CacheLayout
@@ -60,8 +60,7 @@ def host_offsets(layout: CacheLayout, num_blocks: int) -> tuple[list[int], int]:
 
 def allocate_host_cache(platform: Platform, layout: CacheLayout, num_blocks: int) -> HostCache:
     """``num_blocks`` host swap blocks of every tensor of ``layout``, in one host allocation."""
-    if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or not 0 < num_blocks < 2**63:
-        raise ConfigError("num_cpu_blocks", num_blocks, "an int from 1 to 2**63 - 1", "pass the plan's num_cpu_blocks")
+    check_int("num_cpu_blocks", num_blocks, 1, fix="pass the plan's num_cpu_blocks")
     offsets, total = host_offsets(layout, num_blocks)
     buffer = platform.host_alloc(total)
     paddle = import_paddle()

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..contract.errors import CacheSharingError, ConfigError, FdPlatformsError
+from ..contract.errors import CacheSharingError, FdPlatformsError
+from ..contract.integers import check_int
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision
 from ..ipc.cache_signal import resolve_timeout
@@ -214,7 +215,7 @@ def _manager_layout(
     manager cannot do, the fix)."""
     check_cache_arguments(platform, layout, num_blocks)
     shaped = platform.cache_layout(layout, num_blocks)  # the platform's shapes, checked
-    check_cpu_blocks(num_cpu_blocks)
+    check_int("num_cpu_blocks", num_cpu_blocks, 0, fix="pass the plan's num_cpu_blocks")
     wire = protocol_named(protocol)
     wire.check_signal_name(signal_name)
     if platform.cache_sharing() is None:
@@ -223,14 +224,6 @@ def _manager_layout(
             f"so a cache manager cannot {refusal}"
         )
     return shaped, wire
-
-
-def check_cpu_blocks(num_cpu_blocks: object) -> None:
-    """``num_cpu_blocks`` must be an int from 0 to 2**63 - 1 (ConfigError otherwise)."""
-    if isinstance(num_cpu_blocks, bool) or not isinstance(num_cpu_blocks, int) or not 0 <= num_cpu_blocks < 2**63:
-        raise ConfigError(
-            "num_cpu_blocks", num_cpu_blocks, "an int from 0 to 2**63 - 1", "pass the plan's num_cpu_blocks"
-        )
 
 
 def _import_paddle() -> float:

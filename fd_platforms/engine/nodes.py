@@ -13,6 +13,7 @@ import socket
 from dataclasses import dataclass
 
 from ..contract.errors import ConfigError
+from ..contract.integers import check_int
 
 MAX_NODES = 4096
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?")
@@ -61,15 +62,11 @@ def check_nodes(nnodes: object, node_rank: object, master: object, local_ranks: 
     """A ConfigError naming the first bad value (as ``--nnodes`` ... when ``flags``), else nothing."""
     name = {"nnodes": "--nnodes", "node_rank": "--node-rank", "master": "--master", "local_ranks": "--ranks"}
     field = (lambda key: name[key]) if flags else (lambda key: key)
-    if not _is_int(nnodes) or not 1 <= nnodes <= MAX_NODES:  # type: ignore[operator]
-        raise ConfigError(field("nnodes"), nnodes, f"1 to {MAX_NODES}", "pass how many nodes (machines) the engine spans")
-    if not _is_int(node_rank) or not 0 <= node_rank < nnodes:  # type: ignore[operator]
-        raise ConfigError(
-            field("node_rank"), node_rank, f"0 to {nnodes - 1} (one per node; node 0 hosts the master)",  # type: ignore[operator]
-            f"give each of the {nnodes} nodes its own {field('node_rank')} from 0 to {nnodes - 1}",  # type: ignore[operator]
-        )  # fmt: skip
-    if not _is_int(local_ranks) or local_ranks < 1:  # type: ignore[operator]
-        raise ConfigError(field("local_ranks"), local_ranks, "an int >= 1", "pass how many ranks this node runs")
+    nnodes = check_int(field("nnodes"), nnodes, 1, MAX_NODES, what="",
+                       fix="pass how many nodes (machines) the engine spans")  # fmt: skip
+    check_int(field("node_rank"), node_rank, 0, nnodes - 1, what="", note="one per node; node 0 hosts the master",
+              fix=f"give each of the {nnodes} nodes its own {field('node_rank')} from 0 to {nnodes - 1}")  # fmt: skip
+    check_int(field("local_ranks"), local_ranks, 1, None, fix="pass how many ranks this node runs")
     parse_master(master, field("master"))
 
 
@@ -115,7 +112,3 @@ def free_master(host: str = "127.0.0.1", attempts: int = 100) -> str:
                     continue
         return f"{host}:{port}"
     raise OSError(f"no two free ports in a row on {host} after {attempts} tries")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

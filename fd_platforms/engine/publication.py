@@ -28,6 +28,7 @@ import weakref
 from dataclasses import asdict, dataclass
 
 from ..contract.errors import CacheInUseError, CacheSharingError
+from ..contract.integers import MAX_COUNT, is_int
 from ..ipc import shm
 from ..ipc.cache_signal import SIGNAL_PREFIX, check_signal_name
 
@@ -228,7 +229,7 @@ def _well_formed(document: object) -> bool:
 
 
 def _count(value: object, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and minimum <= value < 2**63
+    return is_int(value) and minimum <= value <= MAX_COUNT
 
 
 def _recognise(segment: shm.Segment) -> str | None:

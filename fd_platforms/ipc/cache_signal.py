@@ -53,9 +53,10 @@ import time
 from collections.abc import Mapping
 
 from ..contract.errors import CacheNotReadyError, CacheSignalError, ConfigError
+from ..contract.integers import check_int
 from . import shm
 from .process_watch import ProcessWatch
-from .shared_words import CHECK_SECONDS, WORD_BYTES, SharedWords
+from .shared_words import CHECK_SECONDS, MAX_LOCAL_RANKS, WORD_BYTES, SharedWords
 from .timeouts import check_seconds, env_seconds, knob
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,6 @@ SIGNAL_PREFIX = "fd_cache_ready."
 MAGIC = 0x46444352
 LAYOUT_VERSION = 2
 HEADER_WORDS = 8
-MAX_RANKS = 1024
 ENV_TIMEOUT = "FD_CACHE_READY_TIMEOUT"
 DEFAULT_TIMEOUT = 600.0
 PROGRESS_SECONDS = 5.0
@@ -103,13 +103,6 @@ def resolve_timeout(timeout: float | None, environ: Mapping[str, str] | None = N
     return env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT, environ)
 
 
-def check_rank_count(num_ranks: object) -> int:
-    """``num_ranks`` if it is an int from 1 to :data:`MAX_RANKS`, else a ConfigError."""
-    if isinstance(num_ranks, bool) or not isinstance(num_ranks, int) or not 1 <= num_ranks <= MAX_RANKS:
-        raise ConfigError("num_ranks", num_ranks, f"an int from 1 to {MAX_RANKS}", "pass the number of local ranks")
-    return num_ranks
-
-
 class CacheReadySignal(SharedWords):
     """One engine instance's cache-ready slots. Build it with :meth:`create` or :meth:`attach`."""
 
@@ -128,7 +121,7 @@ class CacheReadySignal(SharedWords):
         A segment of the same name that no living process holds is reclaimed with a warning;
         one in use, or one that is not a signal of this user's, is a :class:`CacheSignalError`.
         """
-        check_rank_count(num_ranks)
+        check_int("num_ranks", num_ranks, 1, MAX_LOCAL_RANKS, fix="pass the number of local ranks")
         name = check_signal_name(name) if name is not None else new_signal_name()
         size = (HEADER_WORDS + num_ranks) * WORD_BYTES
         try:
@@ -255,11 +248,8 @@ class CacheReadySignal(SharedWords):
         return f"CacheReadySignal({self.name!r}, num_ranks={self.num_ranks}, {role})"
 
     def _check_rank(self, rank: int) -> int:
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.num_ranks:
-            raise ConfigError(
-                "rank", rank, f"a local rank from 0 to {self.num_ranks - 1}", f"signal {self.name!r} has {self.num_ranks} slots"
-            )
-        return rank
+        return check_int("rank", rank, 0, self.num_ranks - 1, what="a local rank",
+                         fix=f"signal {self.name!r} has {self.num_ranks} slots")  # fmt: skip
 
 
 # -- the segment itself (see fd_platforms.ipc.shm for the rules) -----------------------------------
@@ -293,7 +283,7 @@ def _read_header(segment: shm.Segment) -> tuple[int, ...] | None:
     complete = (
         header[_WORD_MAGIC] == MAGIC
         and header[_WORD_VERSION] == LAYOUT_VERSION
-        and 1 <= header[_WORD_RANKS] <= MAX_RANKS
+        and 1 <= header[_WORD_RANKS] <= MAX_LOCAL_RANKS
         and segment.size >= (HEADER_WORDS + header[_WORD_RANKS]) * WORD_BYTES
     )
     return header if complete else None

@@ -35,16 +35,16 @@ import re
 import time
 
 from ..contract.errors import CacheSignalError, ConfigError, SignalWaitError
+from ..contract.integers import check_int, is_int
 from . import shm
 from .process_watch import ProcessWatch
-from .shared_words import CHECK_SECONDS, WORD_BYTES, SharedWords
+from .shared_words import CHECK_SECONDS, MAX_LOCAL_RANKS, WORD_BYTES, SharedWords
 
 CACHE_READY = "cache_ready_signal"
 SWAP_SPACE_READY = "swap_space_ready_signal"
 CACHE_TRANSFER_INITED = "cache_transfer_inited_signal"
 KV_CACHE_STATUS = "kv_cache_status"
 PROFILE_BLOCK_NUM = "get_profile_block_num"
-MAX_WORDS = 1024
 
 _SUFFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
@@ -60,7 +60,7 @@ class KVCacheStatus(enum.IntEnum):
 
 def check_suffix(suffix: object) -> str:
     """``suffix`` as FastDeploy names its signals with it (the engine's port), else a ConfigError."""
-    if isinstance(suffix, int) and not isinstance(suffix, bool):
+    if is_int(suffix):
         suffix = str(suffix)
     if not isinstance(suffix, str) or not _SUFFIX.fullmatch(suffix):
         raise ConfigError(
@@ -126,11 +126,11 @@ class FastDeploySignal(SharedWords):
         except shm.SegmentUnusable as exc:
             raise CacheSignalError(f"FastDeploy signal {full!r} cannot be used: {exc}") from None
         words = length if length is not None else segment.size // WORD_BYTES
-        if not 1 <= words <= MAX_WORDS or segment.size % WORD_BYTES:
+        if not 1 <= words <= MAX_LOCAL_RANKS or segment.size % WORD_BYTES:
             segment.close()
             raise CacheSignalError(
-                f"FastDeploy signal {full!r} holds {segment.size} bytes, not an int32 array of 1 to {MAX_WORDS} "
-                "words. Fix: check the signal name and suffix"
+                f"FastDeploy signal {full!r} holds {segment.size} bytes, not an int32 array of 1 to "
+                f"{MAX_LOCAL_RANKS} words. Fix: check the signal name and suffix"
             )
         return cls(segment, full, words, owner=False)
 
@@ -196,11 +196,9 @@ class FastDeploySignal(SharedWords):
         return f"FastDeploySignal({self.name!r}, length={self.length}, {'owner' if self.owner else 'attached'})"
 
     def _check_index(self, index: int) -> int:
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.length:
-            raise ConfigError("index", index, f"an index from 0 to {self.length - 1}",
-                              f"signal {self.name!r} has {self.length} words (one per local rank)")  # fmt: skip
-        return index
+        return check_int("index", index, 0, self.length - 1, what="an index",
+                         fix=f"signal {self.name!r} has {self.length} words (one per local rank)")  # fmt: skip
+
 
 def _check_length(length: object) -> None:
-    if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= MAX_WORDS:
-        raise ConfigError("length", length, f"an int from 1 to {MAX_WORDS}", "pass the number of local ranks (tp)")
+    check_int("length", length, 1, MAX_LOCAL_RANKS, fix="pass the number of local ranks (tp)")

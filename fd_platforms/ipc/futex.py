@@ -23,10 +23,12 @@ import platform
 import sys
 import time
 
+from ..contract.integers import INT32_MAX
+
 # SYS_futex per machine; the generic syscall table (aarch64, riscv64, loongarch64) uses 98.
 _SYSCALL_NUMBERS = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98, "riscv64": 98, "loongarch64": 98}
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared (not FUTEX_PRIVATE): the word is mapped by several processes
-_WAKE_ALL = 2**31 - 1
+_WAKE_ALL = INT32_MAX  # FUTEX_WAKE's count is an int: every waiter
 FIRST_POLL_SECONDS = 0.001  # the first look for a plain store; later ones as far apart as the wait has lasted ...
 FOREIGN_POLL_SECONDS = 0.015  # ... up to this: the longest a store that wakes nobody goes unseen
 

@@ -6,7 +6,7 @@ import os
 import select
 import signal
 
-from ..contract.errors import ConfigError
+from ..contract.integers import check_int
 
 START_TICKS_MASK = 0x7FFFFFFF  # start times are compared on their low 31 bits (they fit an int32 word)
 
@@ -63,8 +63,7 @@ class ProcessWatch:
     """
 
     def __init__(self, pid: int) -> None:
-        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-            raise ConfigError("setter_pid", pid, "a process id > 0", "pass the pid of the process that sets the slot")
+        check_int("setter_pid", pid, 1, None, what="a process id", fix="pass the pid of the process that sets the slot")
         self.pid = pid
         self._start_ticks = process_start_ticks(pid)
         self._pidfd: int | None = None

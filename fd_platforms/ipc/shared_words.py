@@ -24,6 +24,7 @@ from ..contract.errors import CacheSignalError
 from . import futex, shm
 
 WORD_BYTES = 4
+MAX_LOCAL_RANKS = 1024  # the most words a signal holds, one per local rank
 CHECK_SECONDS = 0.25  # how often a wait looks at the watched process and the clock
 POLL_SECONDS = 0.002  # the sleep between looks where futexes are unavailable
 Self = TypeVar("Self", bound="SharedWords")

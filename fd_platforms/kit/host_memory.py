@@ -8,9 +8,9 @@ import mmap
 import os
 from collections.abc import Callable
 
-from ..contract.errors import ConfigError, HostAllocError
+from ..contract.errors import HostAllocError
+from ..contract.integers import check_int
 from ..contract.types import DeviceMemory, HostBuffer
-from ..rules.sizes import MAX_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -25,9 +25,8 @@ class PinningUnavailable(Exception):
 
 
 def check_host_nbytes(nbytes: object) -> None:
-    """A host allocation's size must be an int from 1 to 2**63 - 1 (ConfigError naming ``nbytes`` otherwise)."""
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or not 0 < nbytes <= MAX_BYTES:
-        raise ConfigError("nbytes", nbytes, "an int from 1 to 2**63 - 1", "ask for a positive number of bytes")
+    """A host allocation's size: an integer from 1 to ``MAX_COUNT``, else a ConfigError naming ``nbytes``."""
+    check_int("nbytes", nbytes, 1, fix="ask for a positive number of bytes")
 
 
 def allocate_pageable(nbytes: int) -> HostBuffer:

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..contract.errors import ConfigError
 from ..contract.hookspecs import hookimpl
+from ..contract.integers import check_int
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheRoleShape, CacheShapeRequest, Detection, DeviceMemory, HostBuffer, SharedTensor
 from .device_facts import DeviceFacts
@@ -58,10 +59,8 @@ class PaddlePlatform(RuntimeFacts):
     @hookimpl
     def device_memory(self, device_id: int) -> DeviceMemory:
         """Memory facts of one local device, from Paddle."""
-        if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
-            raise ConfigError(
-                "device_id", device_id, "a local device index >= 0", f"pass 0 for the first visible {self.name} device"
-            )
+        check_int("device_id", device_id, 0, None, what="a local device index",
+                  fix=f"pass 0 for the first visible {self.name} device")  # fmt: skip
         count = self.device.confirm().device_count
         if device_id >= count:
             raise ConfigError(

@@ -30,6 +30,7 @@ from ..contract.errors import (
     PluginHookError,
     PluginLoadError,
 )
+from ..contract.integers import INT32_MAX, MAX_COUNT, bound_text, check_int, is_int
 from ..contract.types import (
     CacheDecision,
     CacheShapeRequest,
@@ -143,7 +144,8 @@ class Platform:
 
     def device_memory(self, device_id: int = 0) -> DeviceMemory:
         """Memory facts of one local device."""
-        _check_index("device_id", device_id, "pass the local device index, 0 for the first visible device")
+        check_int("device_id", device_id, 0, INT32_MAX,
+                  fix="pass the local device index, 0 for the first visible device")  # fmt: skip
         return self._call("device_memory", DeviceMemory, device_id=device_id)
 
     def declared_limits(self) -> tuple[PlatformLimit, ...]:
@@ -206,19 +208,15 @@ class Platform:
         self, signal_name: str, rank: int, *, timeout: float | None = None, setter_pid: int | None = None
     ) -> float:
         """Block until ``rank``'s cache-ready slot is set; seconds waited."""
-        from ..ipc.cache_signal import MAX_RANKS, check_signal_name, resolve_timeout
+        from ..ipc.cache_signal import check_signal_name, resolve_timeout
+        from ..ipc.shared_words import MAX_LOCAL_RANKS
 
         check_signal_name(signal_name)
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < MAX_RANKS:
-            raise ConfigError("rank", rank, f"a local rank from 0 to {MAX_RANKS - 1}", "pass this worker's local rank")
+        check_int("rank", rank, 0, MAX_LOCAL_RANKS - 1, what="a local rank", fix="pass this worker's local rank")
         limit = resolve_timeout(timeout)
-        if setter_pid is not None and (
-            isinstance(setter_pid, bool) or not isinstance(setter_pid, int) or not 0 < setter_pid <= PID_MAX
-        ):
-            raise ConfigError(
-                "setter_pid", setter_pid, f"None or a process id from 1 to {PID_MAX}",
-                "pass the pid of the process that sets the slot (the cache manager), or None",
-            )  # fmt: skip
+        if setter_pid is not None:
+            check_int("setter_pid", setter_pid, 1, PID_MAX, what="None or a process id",
+                      fix="pass the pid of the process that sets the slot (the cache manager), or None")  # fmt: skip
         waited = self._call(
             "wait_cache_ready", float, signal_name=signal_name, rank=rank, timeout=limit, setter_pid=setter_pid
         )
@@ -270,7 +268,9 @@ class Platform:
         """``device`` must be one of this platform's: ``cpu``, or ``<device_type>:<id>``."""
         kind, _, index = device.partition(":")
         ours = self.identity.device_type
-        if kind != ours or (ours == "cpu" and index) or (ours != "cpu" and not (index.isdigit() and int(index) < 2**31)):
+        if kind != ours or (ours == "cpu" and index) or (
+            ours != "cpu" and not (index.isdigit() and int(index) <= INT32_MAX)
+        ):
             example = self.identity.device_string(0)
             raise ConfigError(
                 "device", device, f"a device of platform {self.name} ({example}{'' if ours == 'cpu' else ', ...'})",
@@ -331,19 +331,17 @@ def check_tensor_request(name: object, shape: object, dtype: object, device: obj
     if (
         not isinstance(shape, (tuple, list))
         or not shape
-        or any(isinstance(extent, bool) or not isinstance(extent, int) or not 0 < extent < 2**63 for extent in shape)
+        or not all(is_int(extent) and 0 < extent <= MAX_COUNT for extent in shape)
     ):
-        raise ConfigError("shape", shape, "a non-empty tuple of ints > 0", "pass the tensor's shape, blocks first")
+        raise ConfigError(
+            "shape", shape, f"a non-empty tuple of integers from 1 to {bound_text(MAX_COUNT)}",
+            "pass the tensor's shape, blocks first",
+        )  # fmt: skip
     if dtype not in DTYPE_BYTES:
         raise ConfigError("dtype", dtype, f"one of {', '.join(DTYPE_BYTES)}", "pass the layout's dtype")
     if not isinstance(device, str) or not device:
         raise ConfigError("device", device, "Paddle's device string (gpu:0, cpu)", "pass identity.device_string(id)")
     return tuple(shape)
-
-
-def _check_index(field: str, value: object, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
-        raise ConfigError(field, value, "an int from 0 to 2**31 - 1", fix)
 
 
 def implemented_hooks(manager: pluggy.PluginManager, plugin: object) -> set[str]:

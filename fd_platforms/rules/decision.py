@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from ..contract.errors import ConfigError
+from ..contract.integers import check_int
 from ..contract.types import CacheDecision
 
 STORAGE_BACKENDS = ("mooncake", "attention_store", "file")
@@ -79,17 +80,11 @@ def check_rule(rule: object, field: str = "rule") -> RuleVersion:
     return RULE_VERSIONS[rule]
 
 
-MAX_CPU_BLOCKS = 2**63 - 1  # an int64 count; anything larger is no real host's swap space
-
-
 def check_decision_inputs(profile: object, num_cpu_blocks: object, storage_backend: object, role: object) -> None:
     """The rule's inputs as the caller gave them; a ConfigError naming the first bad one."""
     if not isinstance(profile, bool):
         raise ConfigError("profile", profile, "True or False", "pass a bool")
-    if isinstance(num_cpu_blocks, bool) or not isinstance(num_cpu_blocks, int) or not 0 <= num_cpu_blocks <= MAX_CPU_BLOCKS:
-        raise ConfigError(
-            "num_cpu_blocks", num_cpu_blocks, f"an int from 0 to {MAX_CPU_BLOCKS}", "pass 0 to turn host swap space off"
-        )
+    check_int("num_cpu_blocks", num_cpu_blocks, 0, fix="pass 0 to turn host swap space off")
     if storage_backend is not None and storage_backend not in STORAGE_BACKENDS:
         raise ConfigError(
             "kvcache_storage_backend",

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from ..contract.errors import ConfigError
+from ..contract.integers import INT32_MAX, check_int
 from ..contract.types import DTYPE_BYTES, CacheRole, CacheRoleShape
 from .config.limits import EIGHT_BIT_DTYPES
 from .config.model import ModelConfig, check_tensor_parallel
@@ -294,9 +295,8 @@ def check_layout(layout: object) -> CacheLayout:
 
 
 def check_num_blocks(num_blocks: object) -> None:
-    """``num_blocks`` must be an int from 1 to 2**63 - 1 (ConfigError otherwise)."""
-    if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or not 0 < num_blocks < 2**63:
-        raise ConfigError("num_blocks", num_blocks, "an int from 1 to 2**63 - 1", "plan the blocks first (max_num_blocks)")
+    """``num_blocks`` must be an integer from 1 to ``MAX_COUNT`` (ConfigError otherwise)."""
+    check_int("num_blocks", num_blocks, 1, fix="plan the blocks first (max_num_blocks)")
 
 
 def cache_tensor_dtype(cache: CacheConfig) -> str:
@@ -312,8 +312,7 @@ def build_layout(
 
     Raises ConfigError for a tensor-parallel size that does not split the model's heads.
     """
-    if isinstance(device_id, bool) or not isinstance(device_id, int) or not 0 <= device_id < 2**31:
-        raise ConfigError("device_id", device_id, "an integer from 0 to 2**31 - 1", "pass the local device id")
+    check_int("device_id", device_id, 0, INT32_MAX, fix="pass the local device id")
     check_tensor_parallel(model, parallel.tensor_parallel_size)
     roles = _layer_roles(model, cache, parallel)
     latent = model.attention in ("mla", "dsa")  # one latent "head"; otherwise the core's key is heads-first

@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from ..contract.errors import ConfigError, FdPlatformsError
+from ..contract.integers import check_int
 from ..contract.types import Binding, DeviceMemory, Plan, PlatformLimit
 from .config.settings import CacheConfig
 from .layout import DTYPE_BYTES, CacheLayout, check_layout, largest
-from .sizes import MAX_BYTES, format_size
+from .sizes import format_size
 
 
 class InsufficientMemoryError(FdPlatformsError):
@@ -199,13 +200,9 @@ def check_plan_arguments(
         raise ConfigError("cache", cache, "a CacheConfig", "pass the deployment's fd_platforms.rules.config.CacheConfig")
     if memory is not None and not isinstance(memory, DeviceMemory):
         raise ConfigError("memory", memory, "None or a DeviceMemory", "pass platform.device_memory(id) or None")
-    if non_cache_bytes is not None and (
-        isinstance(non_cache_bytes, bool) or not isinstance(non_cache_bytes, int) or not 0 <= non_cache_bytes <= MAX_BYTES
-    ):
-        raise ConfigError(
-            "non_cache_bytes", non_cache_bytes, f"None or an int from 0 to {MAX_BYTES}",
-            "pass the bytes held outside the cache (weights, activation peak), or None",
-        )  # fmt: skip
+    if non_cache_bytes is not None:
+        check_int("non_cache_bytes", non_cache_bytes, 0, what="None or an integer",
+                  fix="pass the bytes held outside the cache (weights, activation peak), or None")  # fmt: skip
 
 
 def plan_violations(
@@ -320,8 +317,7 @@ def memory_per_rank(live: DeviceMemory, device_type: str, ranks: int) -> DeviceM
 def shared_by(memory: DeviceMemory, ranks: int) -> DeviceMemory:
     """One device's ``memory`` (on cpu: the host's) as each of ``ranks`` ranks sharing it plans on:
     an even share of total and free memory, so the ranks together stay within the device."""
-    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
-        raise ConfigError("ranks", ranks, "an int >= 1", "pass how many ranks share the device")
+    check_int("ranks", ranks, 1, None, fix="pass how many ranks share the device")
     if ranks == 1:
         return memory
     return DeviceMemory(

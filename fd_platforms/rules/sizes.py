@@ -8,6 +8,7 @@ import re
 from decimal import Decimal
 
 from ..contract.errors import ConfigError
+from ..contract.integers import MAX_COUNT, bound_text
 
 _UNITS: dict[str, int] = {
     "b": 1,
@@ -22,11 +23,11 @@ _UNITS: dict[str, int] = {
 }
 _SPELLING = {"b": "B", "kb": "KB", "mb": "MB", "gb": "GB", "tb": "TB", "kib": "KiB", "mib": "MiB", "gib": "GiB", "tib": "TiB"}
 _DECIMAL = ("kb", "mb", "gb", "tb")
-MAX_BYTES = 2**63 - 1  # an int64 byte count: 8 EiB, beyond any machine; larger sizes are typos
 _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*", re.IGNORECASE)
 _ALLOWED = (
     "a non-negative byte count or a number with a unit: "
-    "B, KB, MB, GB, TB (powers of 1000), KiB, MiB, GiB, TiB (powers of 1024), at most 8 EiB (2**63 - 1 bytes)"
+    "B, KB, MB, GB, TB (powers of 1000), KiB, MiB, GiB, TiB (powers of 1024), "
+    f"at most 8 EiB ({bound_text(MAX_COUNT)} bytes)"  # an int64 byte count, beyond any machine: larger is a typo
 )
 _FIX = "write it like 80GiB, 81920MiB, 1.5GiB, 80GB or 1073741824"
 _TABLE_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
@@ -38,14 +39,14 @@ def parse_size(text: str | int | float, field: str, *, bare: str = "B") -> int:
     A number without a unit counts in ``bare`` (bytes by default; ``"GiB"`` for swap space, as
     FastDeploy's and vLLM's ``swap_space`` are GiB); only then may it be a float. Raises
     ConfigError naming ``field`` for negative values, unknown units (with what was likely meant),
-    sizes above :data:`MAX_BYTES` and anything else.
+    sizes above :data:`~fd_platforms.contract.integers.MAX_COUNT` and anything else.
     """
     bare_factor = _UNITS[bare.lower()]
     allowed = _ALLOWED if bare == "B" else f"{_ALLOWED}; a number alone counts in {bare}"
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         if isinstance(text, float) and (bare == "B" or not math.isfinite(text)):
             raise ConfigError(field, text, allowed, _FIX)
-        if text < 0 or text > MAX_BYTES:  # compared before any conversion: a huge int cannot overflow here
+        if text < 0 or text > MAX_COUNT:  # compared before any conversion: a huge int cannot overflow here
             raise ConfigError(field, text, allowed, _FIX)
         number, unit = Decimal(repr(text)) if isinstance(text, float) else Decimal(text), ""
     elif isinstance(text, str) and (match := _SIZE.fullmatch(text)) is not None:
@@ -56,7 +57,7 @@ def parse_size(text: str | int | float, field: str, *, bare: str = "B") -> int:
     if factor is None:
         raise ConfigError(field, text, allowed, f"unknown unit {unit!r}; {_did_you_mean(number, unit)}")
     size = int(number * factor)
-    if size > MAX_BYTES:
+    if size > MAX_COUNT:
         raise ConfigError(field, text, allowed, _FIX)
     return size
 

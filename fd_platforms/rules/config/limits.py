@@ -1,14 +1,13 @@
-"""What a configuration value may be: the vocabularies, the bounds, and the checks that name the field.
+"""What a configuration value may be: the vocabularies, the bounds, and the check of a choice.
 
-Every record in :mod:`fd_platforms.rules.config` validates itself with these on construction; a bad
-value raises :class:`~fd_platforms.contract.errors.ConfigError` naming the field, the value, what
-is allowed and the fix.
+Every record in :mod:`fd_platforms.rules.config` validates itself with these on construction (its
+integers with :func:`fd_platforms.contract.integers.check_int`); a bad value raises
+:class:`~fd_platforms.contract.errors.ConfigError` naming the field, the value, what is allowed and the fix.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import cast
 
 from ...contract.errors import ConfigError
 
@@ -20,44 +19,13 @@ QUANT_TYPES: tuple[str, ...] = ("none", "block_wise_fp8", "int4_zp")
 ATTENTION_KINDS: tuple[str, ...] = ("mha", "gqa", "mla", "dsa")
 
 
-def is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-MAX_COUNT = 2**63 - 1  # blocks and bytes are int64 counts
+# Upper bounds of the sizes a config may give (counts of blocks and bytes go to
+# fd_platforms.contract.integers.MAX_COUNT): far above any real model, low enough that an absurd value
+# (``num_hidden_layers: 1e30``) is a ConfigError at once instead of a layout the size of memory.
 MAX_LAYERS = 10_000  # the largest public models have fewer than 200 layers
 MAX_WIDTH = 65_536  # heads, head dims, latent ranks, block sizes: every real one is far below
 MAX_RANKS = 65_536  # tensor-parallel ranks
 MAX_EXPAND_RATIO = 64.0  # MTP layers' device blocks per main-layer block (FastDeploy's default: 1.0)
-LIMITS: dict[str, int] = {
-    "num_hidden_layers": MAX_LAYERS,
-    "num_nextn_predict_layers": MAX_LAYERS,
-    "num_attention_heads": MAX_WIDTH,
-    "num_key_value_heads": MAX_WIDTH,
-    "head_dim": MAX_WIDTH,
-    "kv_lora_rank": MAX_WIDTH,
-    "qk_rope_head_dim": MAX_WIDTH,
-    "index_head_dim": MAX_WIDTH,
-    "block_size": MAX_WIDTH,
-    "tensor_parallel_size": MAX_RANKS,
-    "local_rank": MAX_RANKS,
-}
-"""Upper bounds of the sizes a config may give: far above any real model, low enough that an absurd
-value (``num_hidden_layers: 1e30``) is a ConfigError at once instead of a layout the size of memory."""
-
-
-def check_int(field: str, value: object, minimum: int) -> None:
-    maximum = LIMITS.get(field, MAX_COUNT)
-    if not is_int(value) or not minimum <= cast(int, value) <= maximum:
-        raise ConfigError(
-            field, value, f"an integer from {minimum} to {maximum}", f"set {field} to a whole number in that range"
-        )
-
-
-def check_optional_int(field: str, value: object, minimum: int) -> None:
-    if value is not None:
-        check_int(field, value, minimum)
-
 
 
 def choice(field: str, value: object, choices: tuple[str, ...], aliases: Mapping[str, str] | None = None) -> str:

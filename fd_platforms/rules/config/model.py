@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from ...contract.errors import ConfigError, first_line
+from ...contract.integers import check_int, is_int
 from .files import read_config_file
-from .limits import ATTENTION_KINDS, MODEL_DTYPES, check_int, check_optional_int, choice, is_int
+from .limits import ATTENTION_KINDS, MAX_LAYERS, MAX_WIDTH, MODEL_DTYPES, choice
 
 
 def tensor_parallel_sizes(model: ModelConfig, upto: int = 64) -> list[int]:
@@ -72,11 +73,13 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", choice("dtype", self.dtype, MODEL_DTYPES))
-        for field in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim"):
-            check_int(field, getattr(self, field), 1)
+        check_int("num_hidden_layers", self.num_hidden_layers, 1, MAX_LAYERS)
+        for field in ("num_attention_heads", "num_key_value_heads", "head_dim"):
+            check_int(field, getattr(self, field), 1, MAX_WIDTH)
         for field in ("kv_lora_rank", "qk_rope_head_dim", "index_head_dim"):
-            check_optional_int(field, getattr(self, field), 1)
-        check_int("num_nextn_predict_layers", self.num_nextn_predict_layers, 0)
+            if getattr(self, field) is not None:
+                check_int(field, getattr(self, field), 1, MAX_WIDTH)
+        check_int("num_nextn_predict_layers", self.num_nextn_predict_layers, 0, MAX_LAYERS)
         heads, kv_heads = self.num_attention_heads, self.num_key_value_heads
         if kv_heads > heads or heads % kv_heads:
             raise ConfigError(

@@ -5,17 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...contract.errors import ConfigError
+from ...contract.integers import check_int
 from ..decision import DEFAULT_RULE, SPLITWISE_ROLES, STORAGE_BACKENDS, check_rule
 from .limits import (
     CACHE_DTYPES,
     DTYPE_ALIASES,
     EIGHT_BIT_DTYPES,
     MAX_EXPAND_RATIO,
+    MAX_RANKS,
+    MAX_WIDTH,
     QUANT_TYPES,
-    check_int,
-    check_optional_int,
     choice,
-    is_int,
 )
 
 PROTOCOLS = ("fd-platforms", "fastdeploy")
@@ -46,7 +46,7 @@ class CacheConfig:
     rule: str = DEFAULT_RULE
 
     def __post_init__(self) -> None:
-        check_int("block_size", self.block_size, 1)
+        check_int("block_size", self.block_size, 1, MAX_WIDTH)
         dtype = choice("cache_dtype", self.cache_dtype, CACHE_DTYPES, DTYPE_ALIASES)
         object.__setattr__(self, "cache_dtype", dtype)
         quant = choice("kv_cache_quant_type", self.kv_cache_quant_type, QUANT_TYPES)
@@ -78,7 +78,8 @@ class CacheConfig:
         if self.kvcache_storage_backend is not None:
             backend = choice("kvcache_storage_backend", self.kvcache_storage_backend, ("none", *STORAGE_BACKENDS))
             object.__setattr__(self, "kvcache_storage_backend", None if backend == "none" else backend)
-        check_optional_int("num_gpu_blocks_override", self.num_gpu_blocks_override, 1)
+        if self.num_gpu_blocks_override is not None:
+            check_int("num_gpu_blocks_override", self.num_gpu_blocks_override, 1)
         ratio = self.num_gpu_block_expand_ratio
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= MAX_EXPAND_RATIO:
             raise ConfigError(
@@ -112,15 +113,9 @@ class ParallelConfig:
     local_rank: int = 0
 
     def __post_init__(self) -> None:
-        check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
-        size = self.tensor_parallel_size
-        if not is_int(self.local_rank) or not 0 <= self.local_rank < size:
-            raise ConfigError(
-                "local_rank",
-                self.local_rank,
-                f"an integer from 0 to {size - 1} (tensor_parallel_size={size})",
-                "set local_rank below tensor_parallel_size",
-            )
+        size = check_int("tensor_parallel_size", self.tensor_parallel_size, 1, MAX_RANKS)
+        check_int("local_rank", self.local_rank, 0, size - 1, note=f"tensor_parallel_size={size}",
+                  fix="set local_rank below tensor_parallel_size")  # fmt: skip
 
 
 _NEEDED_FIELDS: dict[str, tuple[str, ...]] = {

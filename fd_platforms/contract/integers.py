@@ -1,0 +1,62 @@
+"""Integer arguments and record fields: the one check, and the general limits it checks against.
+
+An integer here is an ``int`` that is not a ``bool`` (Python counts ``True`` as the int 1; no count,
+id or index of ours is a bool). :func:`check_int` refuses anything else, or an integer out of its
+range, with the typed error of :mod:`.errors`: a
+:class:`~fd_platforms.contract.errors.ConfigError` for a caller's argument or a config field (the
+config loaders add the file as ``source``), a :class:`~fd_platforms.contract.errors.RecordError` for
+a field of a record. Each names the field, the value, what is allowed and the fix.
+"""
+
+from __future__ import annotations
+
+from typing import TypeGuard
+
+from .errors import ConfigError, RecordError
+
+MAX_COUNT = 2**63 - 1  # bytes, blocks and elements are int64 counts
+INT32_MAX = 2**31 - 1  # device ids and device-string indices, int32 words (FastDeploy's, a futex's)
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is an int and not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def bound_text(bound: int) -> str:
+    """``bound`` as a message writes it: ``2**63 - 1`` for one below a power of two from ``2**31``
+    on (``-(2**63 - 1)`` below zero), else its digits."""
+    size = abs(bound)
+    if size.bit_length() < 31 or size & (size + 1):
+        return str(bound)
+    text = f"2**{size.bit_length()} - 1"
+    return text if bound > 0 else f"-({text})"
+
+
+def check_int(
+    field: str,
+    value: object,
+    minimum: int,
+    maximum: int | None = MAX_COUNT,
+    *,
+    fix: str = "",
+    what: str = "an integer",
+    note: str = "",
+    record: str | None = None,
+) -> int:
+    """``value`` if it is an integer from ``minimum`` to ``maximum`` (None: no upper bound), else the error.
+
+    What is allowed reads ``{what} from {minimum} to {maximum} ({note})``, or ``{what} >= {minimum}``
+    (an empty ``what``: the range alone). The error is a RecordError for field ``field`` of the record
+    named ``record`` (whose fix is RecordError's own), else a ConfigError naming ``field`` with ``fix``
+    (by default: set it to a whole number in that range).
+    """
+    if is_int(value) and minimum <= value and (maximum is None or value <= maximum):
+        return value
+    span = f"{bound_text(minimum)} to {bound_text(maximum)}" if maximum is not None else f">= {minimum}"
+    allowed = f"{what} {'from ' if maximum is not None else ''}{span}" if what else span
+    if note:
+        allowed += f" ({note})"
+    if record is not None:
+        raise RecordError(record, field, value, allowed)
+    raise ConfigError(field, value, allowed, fix or f"set {field} to a whole number in that range")
