@@ -4,10 +4,12 @@
   one made), from the repository root, in a fresh interpreter; a block made only of ``def``
   lines is a hook signature and must be the hook spec's own. ``docs/engine-integration.md`` is
   run block by block in one session by ``test_engine_docs.py``, with its own checks.
-- ``bash`` blocks: the README's commands for two machines, run together by ``test_multinode.py``.
+- ``bash`` blocks: ``docs/multinode.md``'s commands for two machines, run together by ``test_multinode.py``.
 - ``sh`` blocks: every ``fd-platforms`` command runs and exits 0 (the fake runtime a line builds
   with ``tools/fake-custom-device/build.sh`` is the session's built one); the set-up commands at
   the README's top are what CI runs.
+- The README stays a few screens long, and every relative link in the README and ``docs/`` names a
+  file that exists and, after ``#``, one of its headings.
 - Inline calls such as ``platform.max_num_blocks(layout=layout, cache=cache)`` or the engine API's
   ``initialize_kv_cache(platform, layout, ...)`` in prose bind to the
   real signature (a call the docs show must not be a ``TypeError``).
@@ -50,11 +52,51 @@ def is_signature(block: str) -> bool:
     return bool(lines) and all(SIGNATURE.fullmatch(line) for line in lines)
 
 
-def test_the_only_bash_block_is_the_readmes_two_machine_commands() -> None:
+def test_the_only_bash_block_is_the_multinode_guides_two_machine_commands() -> None:
     """``bash`` marks commands that run on several machines at once: ``test_multinode.py`` runs the
-    README's one on 127.0.0.1; any other would run nowhere."""
+    one in ``docs/multinode.md`` on 127.0.0.1; any other would run nowhere."""
     found = {path.name: len(blocks(path, "bash")) for path in DOCS if blocks(path, "bash")}
-    assert found == {"README.md": 1}
+    assert found == {"multinode.md": 1}
+
+
+README_MOST_LINES = 250  # a few screens: what it is, the two commands, selecting, one example, the commands, links
+
+
+def test_the_readme_fits_on_a_few_screens() -> None:
+    lines = (ROOT / "README.md").read_text().count("\n")
+    assert lines <= README_MOST_LINES, f"README.md has {lines} lines; move detail to docs/ and link to it"
+
+
+def test_the_readme_links_every_guide() -> None:
+    readme = (ROOT / "README.md").read_text()
+    missing = [path.name for path in sorted((ROOT / "docs").glob("*.md")) if f"](docs/{path.name})" not in readme]
+    assert not missing, f"the README does not link {missing}"
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchors for the headings of ``path``: lowercase, punctuation but ``-`` and ``_`` dropped,
+    spaces to ``-``."""
+    text = FENCE.sub("", path.read_text())
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+            for heading in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def relative_links() -> list[tuple[str, str]]:
+    return [(path.name, target) for path in DOCS for target in LINK.findall(FENCE.sub("", path.read_text()))
+            if not re.match(r"[a-z]+:", target)]
+
+
+@pytest.mark.parametrize(("doc", "target"), relative_links(), ids=lambda v: str(v)[:60])
+def test_a_relative_link_names_a_file_and_heading_that_exist(doc: str, target: str) -> None:
+    source = ROOT / "README.md" if doc == "README.md" else ROOT / "docs" / doc
+    file, _, anchor = target.partition("#")
+    found = (source.parent / file).resolve() if file else source
+    assert found.exists(), f"{doc} links {target}: no {found}"
+    if anchor:
+        assert anchor in anchors(found), f"{doc} links {target}: {found.name} has no such heading"
 
 
 def test_every_file_with_samples_is_covered() -> None:

@@ -106,9 +106,9 @@ def finished_reports(runs: list[Run]) -> list[dict[str, Any]]:
     return out
 
 
-def test_the_readme_two_machine_commands_agree_on_machine_1s_plan() -> None:
-    """The README's ```bash block (the only one anywhere in the docs), with 127.0.0.1 and a free port."""
-    (block,) = re.findall(r"^```bash\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)
+def test_the_guides_two_machine_commands_agree_on_machine_1s_plan() -> None:
+    """docs/multinode.md's ```bash block (the only one anywhere in the docs), with 127.0.0.1 and a free port."""
+    (block,) = re.findall(r"^```bash\n(.*?)^```", (ROOT / "docs" / "multinode.md").read_text(), re.S | re.M)
     master = free_master()
     commands = [line.replace("10.0.0.1:29500", master).split() for line in block.splitlines() if line.strip()]
     assert len(commands) == 2 and all(words[:2] == ["fd-platforms", "run"] for words in commands), commands
@@ -117,7 +117,7 @@ def test_the_readme_two_machine_commands_agree_on_machine_1s_plan() -> None:
     memory = commands[1][commands[1].index("--device-memory") + 1]
     expected = own_plan(memory, "--model", LLAMA, "--tp", "2")
     assert [rank["num_blocks"] for report in reports for rank in report["ranks"]] == [expected] * 3
-    assert f"Both report {expected} blocks per rank, machine 1's plan" in (ROOT / "README.md").read_text()
+    assert f"Both report {expected} blocks per rank, machine 1's plan" in (ROOT / "docs" / "multinode.md").read_text()
     assert left_by(*[run.process.pid for run in runs]) == set()
 
 

@@ -1,4 +1,4 @@
-"""The multi-node benchmark measures one node and two nodes in the same run, with the fields the README quotes.
+"""The multi-node benchmark measures one node and two nodes in the same run, with the fields docs/performance.md quotes.
 
 Only the shape and the agreement are checked: the times are the benchmark's to show, not a test's to judge.
 """

@@ -32,7 +32,8 @@ owner creating the same name, or by :func:`reclaim_stale_signals`. The segment i
 owning user only.
 
 Waking: a waiter sleeps on its slot with a Linux futex and the setter wakes it after writing the
-slot, so waiting costs no CPU and a wake takes microseconds. See the README for the measurements.
+slot, so waiting costs no CPU and a wake takes microseconds. ``docs/performance.md`` has the measurements
+(``benchmarks/wait_ready.py``), ``docs/lifecycle.md`` the signal's layout and lifetimes.
 
 Truncation: ``/dev/shm`` files cannot be sealed, so another process of the user may shrink the
 segment under its users. No word is ever read or written through the mapping: slots are read
