@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -374,6 +375,32 @@ def test_paddle_imported_by_a_hook_leaves_the_caller_in_eager_mode(make_plugin) 
     done, _ = python_api(call, site=site, FD_PLATFORM="paddly")
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["selected", "Tensor", "returned"]
+
+
+class EngineStop(Exception):
+    """What an engine's own signal handler raises."""
+
+
+@pytest.mark.parametrize("raised", [EngineStop("stop"), SystemExit(143)], ids=["an-exception", "system-exit"])
+def test_what_the_engines_signal_handler_raises_inside_a_hook_stays_the_engines(make_plugin, raised) -> None:
+    """Python runs signal handlers in the main thread wherever it is, a hook's code included: what the
+    engine's handler raises there is the engine's stop, not the plugin's error."""
+    make_plugin("slowmem", source=plugin("slowmem") + MEMORY_HOOK.format(body="time.sleep(10)"))
+    platform = select_platform({"FD_PLATFORM": "slowmem"}).platform
+
+    def stop(signum: int, frame: object) -> None:
+        raise raised
+
+    previous = signal.signal(signal.SIGUSR1, stop)
+    sender = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1))
+    try:
+        sender.start()
+        with pytest.raises(type(raised)) as caught:
+            platform.device_memory(0)
+    finally:
+        sender.join()
+        signal.signal(signal.SIGUSR1, previous)
+    assert caught.value is raised
 
 
 def test_a_keyboard_interrupt_from_the_selected_plugin_stays_a_keyboard_interrupt(make_plugin) -> None:

@@ -24,7 +24,7 @@ from ..ipc.cache_signal import ENV_TIMEOUT
 from ..ipc.timeouts import set_by_flag
 from ..loading.platform import Platform
 from ..loading.selection import ENV_PLATFORM, select_platform
-from .interrupts import STOPPED_EXIT, redeliver_swallowed_signals
+from .interrupts import STOPPED_EXIT, raise_outside_paddle, redeliver_swallowed_signals
 from .progress import Progress
 from .spec import RunSpec
 
@@ -88,7 +88,7 @@ def _send_error(conn: Connection, kind: str, message: str, exit_code: int) -> No
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(STOPPED_EXIT)
+    raise_outside_paddle(signum, frame, SystemExit(STOPPED_EXIT))
 
 
 def child_platform(spec: RunSpec) -> Platform:

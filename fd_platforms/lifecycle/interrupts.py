@@ -4,14 +4,19 @@ Ctrl-C sends SIGINT to the whole foreground process group. Only the engine acts 
 its children itself (in order, with timeouts) and removes the cache-ready signal, so children
 inherit SIGINT ignored and never print a traceback from the middle of their start-up.
 
-A signal handler's exception is raised wherever the main thread is, and when that is a weakref
-callback or a ``__del__`` (garbage collection runs them anywhere), Python prints it as
-"Exception ignored" and drops it: the process would go on as if never signalled.
-:func:`redeliver_swallowed_signals` catches exactly those drops and delivers the signal again.
+A signal handler's exception is raised wherever the main thread is, and two places cannot carry it:
+a weakref callback or a ``__del__`` (garbage collection runs them anywhere), where Python prints it
+as "Exception ignored" and drops it, so the process would go on as if never signalled
+(:func:`redeliver_swallowed_signals` catches exactly those drops and delivers the signal again);
+and Paddle's Python code that Paddle's C++ calls back (a tensor's constructor, reached from
+``paddle.from_dlpack`` in a cache tensor's export), where the exception unwinds into C++ that cannot
+carry it and the process aborts with a C++ traceback (:func:`raise_outside_paddle` delivers the
+signal again once Paddle's code has returned).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -90,6 +95,43 @@ def sigint_ignored_by_children() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
+def raise_outside_paddle(signum: int, frame: FrameType | None, exc: BaseException) -> None:
+    """Raise ``exc`` from the handler of ``signum``, which interrupted ``frame``, unless Paddle's Python
+    code is on that stack: then the signal is delivered to the main thread again shortly, and its
+    handler raises once Paddle has returned (a stuck Paddle call holds it off; a SIGKILL does not wait)."""
+    if _inside_paddle(frame):
+        _send_again(signum)
+        return
+    raise exc
+
+
+def _inside_paddle(frame: FrameType | None) -> bool:
+    paddle = sys.modules.get("paddle")
+    location = getattr(paddle, "__file__", None)
+    if location is None:
+        return False
+    root = os.path.dirname(location) + os.sep
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(root):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _send_again(signum: int, *, after: threading.Event | None = None) -> None:
+    """``signum`` to the main thread again, REDELIVER_SECONDS from now (and not while ``after`` is set)."""
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def deliver() -> None:
+        while after is not None and after.is_set():  # not while the main thread is still in the dropping hook
+            time.sleep(REDELIVER_SECONDS)
+        time.sleep(REDELIVER_SECONDS)
+        signal.pthread_kill(main, signum)
+
+    threading.Thread(target=deliver, name="fd-platforms redeliver", daemon=True).start()
+
+
 def _signal_of(exc: BaseException | None) -> int | None:
     """The signal whose handler raised ``exc``, where ``exc`` is one of the run's signal exceptions."""
     if isinstance(exc, KeyboardInterrupt):
@@ -105,14 +147,7 @@ def redeliver_swallowed_signals() -> None:
     handler then raises where the exception can propagate. Other dropped exceptions are reported
     as before."""
     previous = sys.unraisablehook
-    in_hook = threading.Event()
-
-    def deliver(signum: int, main: int) -> None:
-        # Not while the main thread is still in this hook: raised there, it would be dropped for good.
-        while in_hook.is_set():
-            time.sleep(REDELIVER_SECONDS)
-        time.sleep(REDELIVER_SECONDS)
-        signal.pthread_kill(main, signum)
+    in_hook = threading.Event()  # raised while the main thread is still in this hook, it would be dropped for good
 
     def hook(unraisable: Any) -> None:
         signum = _signal_of(unraisable.exc_value)
@@ -122,9 +157,7 @@ def redeliver_swallowed_signals() -> None:
         in_hook.set()
         try:
             _redelivered.add(signum)
-            main = threading.main_thread().ident
-            assert main is not None
-            threading.Thread(target=deliver, args=(signum, main), name="fd-platforms redeliver", daemon=True).start()
+            _send_again(signum, after=in_hook)
         finally:
             in_hook.clear()
 

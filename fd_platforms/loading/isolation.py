@@ -9,9 +9,11 @@ thread:
 
 - whatever the plugin raises becomes a :class:`~fd_platforms.contract.errors.PluginError` naming the
   plugin, its distribution and the step, ``SystemExit`` included; ``KeyboardInterrupt`` stays the
-  user's Ctrl-C (:func:`blame_interrupts` makes it the plugin's where no user can press it); a
-  deliberate fd-platforms error (``HostAllocError``, ...) passes through, and a record built with
-  bad fields becomes a :class:`~fd_platforms.contract.errors.PluginContractError`;
+  user's Ctrl-C (:func:`blame_interrupts` makes it the plugin's where no user can press it), and so
+  does what one of the process's own signal handlers raised (the engine's stop: handlers run in the
+  main thread wherever it is, plugin code included); a deliberate fd-platforms error
+  (``HostAllocError``, ...) passes through, and a record built with bad fields becomes a
+  :class:`~fd_platforms.contract.errors.PluginContractError`;
 - a call that has not returned within its bound ends the process, naming the call (:mod:`.watchdog`);
 - a plugin that closes or replaces descriptor 0, 1 or 2 is blamed by name: each call compares the
   three descriptors' files before and after it (files, not numbers: another thread may open a file
@@ -25,6 +27,7 @@ The plugins a command did not name are loaded and detected in a child process
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
@@ -81,9 +84,21 @@ def call_plugin(
         ) from raised
     if raised is None:
         return result
-    if isinstance(raised, KeyboardInterrupt) and not _interrupts_are_plugins:
+    if (isinstance(raised, KeyboardInterrupt) and not _interrupts_are_plugins) or _from_a_signal_handler(raised):
         raise raised
     raise blame(candidate, step, raised, error, fix, verb) from raised
+
+
+def _from_a_signal_handler(raised: BaseException) -> bool:
+    """Whether ``raised`` came out of one of this process's Python signal handlers: a frame of its
+    traceback runs the code of a handler installed now."""
+    handlers = {getattr(signal.getsignal(signum), "__code__", None) for signum in signal.valid_signals()}
+    traceback = raised.__traceback__
+    while traceback is not None:
+        if traceback.tb_frame.f_code in handlers:
+            return True
+        traceback = traceback.tb_next
+    return False
 
 
 _STANDARD_STREAMS = ((0, "stdin"), (1, "stdout"), (2, "stderr"))
