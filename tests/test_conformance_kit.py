@@ -23,6 +23,7 @@ from fd_platforms.loading.discovery import discover
 from fd_platforms.loading.selection import IN_REPO_PLUGINS
 from fd_platforms.rules.decision import TRUTH_TABLE
 from fd_platforms.rules.shapes import shape_cases
+from run_helpers import main_in_process
 
 pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
 
@@ -223,7 +224,7 @@ def test_the_matrix_table() -> None:
     ],
 )
 def test_usage_errors_exit_2_in_one_line(args: tuple[str, ...], words: str) -> None:
-    done = check(*args)
+    done = main_in_process("check", *args)
     assert done.returncode == 2 and words in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 

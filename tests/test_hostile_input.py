@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 import pytest
 
-from run_helpers import QWEN, ROOT, SCRIPT, clean_env, host_sharing_plugin
+from run_helpers import QWEN, ROOT, SCRIPT, clean_env, console_script, host_sharing_plugin
 from test_bad_input import cli, one_error_line
 
 QWEN_CONFIG = ROOT / QWEN / "config.json"
@@ -204,7 +204,7 @@ def test_plan_splits_the_host_across_the_ranks_as_run_does() -> None:
 def test_a_cpu_run_that_would_take_most_of_the_host_is_refused_naming_the_sizes() -> None:
     from conftest import shm_entries
 
-    done = cli("run", "--config", "examples/deploy.toml")
+    done = console_script("run", "--config", "examples/deploy.toml")  # it starts the workers before refusing
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     last = done.stderr.splitlines()[-1]
     assert last.startswith("fd-platforms: error: --device-memory=\"not given (the host's memory)\" is not valid")
@@ -224,18 +224,17 @@ def test_a_models_name_with_control_characters_is_escaped(tmp_path: Path) -> Non
     config["_name_or_path"] = EVIL
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps(config))
-    for command in (("plan",), ("run",)):
-        done = cli(*command, "--model", str(tmp_path / "model"), "--device-memory", "256MiB")
+    for command, runner in ((("plan",), cli), (("run",), console_script)):
+        done = runner(*command, "--model", str(tmp_path / "model"), "--device-memory", "256MiB")
         assert done.returncode == 0, done.stderr
         assert "evil\\x1b[2J\\x1b]0;pwned\\x07\\rname\\u202e" in done.stdout
         assert not any(c in done.stdout + done.stderr for c in "\x1b\x07\r\u202e")
 
 
 def test_a_plugins_reason_with_control_characters_is_escaped(make_plugin) -> None:
-    site = make_plugin("shady", available=False, reason=EVIL)
+    make_plugin("shady", available=False, reason=EVIL)
     for command in (("list",), ("plan", "--platform", "shady", "--model", QWEN)):
-        done = subprocess.run([SCRIPT, *command], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                              env=clean_env(PYTHONPATH=str(site)))  # fmt: skip
+        done = cli(*command)
         assert "evil\\x1b[2J" in done.stdout + done.stderr, done.stderr
         assert not any(c in done.stdout + done.stderr for c in "\x1b\x07\r\u202e")
 
@@ -467,9 +466,8 @@ def supported_api_versions():
 @pytest.mark.parametrize("command", [("list", "--json"), ("plan", "--model", QWEN, "--device-memory", "1GiB", "--json")],
                          ids=lambda c: c[0])  # fmt: skip
 def test_a_plugin_printing_cannot_corrupt_json_or_steer_selection(make_plugin, command: tuple[str, ...]) -> None:
-    site = make_plugin("noisy", source=NOISY)
-    done = subprocess.run([SCRIPT, *command], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                          env=clean_env(PYTHONPATH=str(site)))  # fmt: skip
+    make_plugin("noisy", source=NOISY)
+    done = cli(*command)  # what the plugins print on descriptors 1 and 2 is in done.stderr, as from the console script
     assert done.returncode == 0, done.stderr
     payload = json.loads(done.stdout)  # the whole of stdout is the JSON
     assert "noise from import" in done.stderr and "raw noise on descriptor 1" in done.stderr
