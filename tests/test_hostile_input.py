@@ -763,7 +763,6 @@ def test_paddle_imported_by_the_core_prints_no_ccache_warning(argv: list[str]) -
     assert "No ccache found" not in done.stdout + done.stderr
 
 
-@pytest.mark.slow
 def open_when_published(path: Path, seconds: float = 30.0) -> BinaryIO:
     """``path`` opened once it exists: a run cycling clear/re-create unpublishes it for a moment each cycle
     (the fault loop caught an open landing in that moment)."""
@@ -776,6 +775,7 @@ def open_when_published(path: Path, seconds: float = 30.0) -> BinaryIO:
             time.sleep(0.001)
 
 
+@pytest.mark.slow
 def test_a_publication_held_from_outside_the_run_is_named_when_the_run_ends() -> None:
     from run_helpers import started
 
