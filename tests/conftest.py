@@ -288,8 +288,9 @@ def fastdeploy_record_names() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def fake_device_root(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """``fake_device_root("iluvatar_gpu")``: a CUSTOM_DEVICE_ROOT holding the fake runtime for that
-    device type, compiled once per session (skips where g++ is missing)."""
+    """``fake_device_root("iluvatar_gpu")``: a CUSTOM_DEVICE_ROOT holding only the fake runtime for that
+    device type (``build.sh`` printed its path), compiled once per session for every module that
+    uses it (skips where g++ is missing)."""
     built: dict[str, Path] = {}
 
     def build(device_type: str) -> Path:
@@ -302,6 +303,9 @@ def fake_device_root(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str]
                 capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable}, timeout=300,
             )  # fmt: skip
             assert done.returncode == 0, f"building the fake {device_type} runtime failed:\n{done.stderr}"
+            library = root / f"libfake_{device_type}.so"
+            assert done.stdout.strip() == str(library), f"build.sh printed {done.stdout!r}\nstderr:\n{done.stderr}"
+            assert sorted(root.iterdir()) == [library], "Paddle loads every .so in CUSTOM_DEVICE_ROOT"
             built[device_type] = root
         return built[device_type]
 
