@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,6 @@ from run_helpers import main_in_process
 pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")
 EXAMPLE = "nimbus"  # examples/plugin-template, installed by .ci/run
 DECISION_TESTS = len(TRUTH_TABLE) + 1 + 3  # every table case, the drift guard's test, three bad inputs
 SHAPES_TESTS = len(shape_cases()) + 2  # every load-time case, two allocations in the platform's shapes
@@ -59,9 +57,8 @@ def should_create_cache_tensor(profile, splitwise_role):
 
 
 def check(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if k not in ("FD_PLATFORM", "FD_PLATFORM_PLUGINS")}
-    environ.update(env)
-    return subprocess.run([SCRIPT, "check", *args], capture_output=True, text=True, env=environ, timeout=600)
+    """``fd-platforms check``, in this process: the suites run in pytest processes of their own (with ``env``)."""
+    return main_in_process("check", *args, **env)
 
 
 def checks_of(payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -224,7 +221,7 @@ def test_the_matrix_table() -> None:
     ],
 )
 def test_usage_errors_exit_2_in_one_line(args: tuple[str, ...], words: str) -> None:
-    done = main_in_process("check", *args)
+    done = check(*args)
     assert done.returncode == 2 and words in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 

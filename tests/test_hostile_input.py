@@ -612,8 +612,7 @@ def test_a_plugin_that_opens_copies_fails_run_and_check_naming_it(make_plugin) -
     last = done.stderr.splitlines()[-1]
     assert last.startswith("fd-platforms: error: platform plugin 'copier' (distribution fd-test-copier): rank(s) 0, 1")
     assert "open_cache_tensor returned a copy" in last
-    checked = subprocess.run([SCRIPT, "check", "copier", "--json"], capture_output=True, text=True, cwd=ROOT,
-                             timeout=300, env=env)  # fmt: skip
+    checked = cli("check", "copier", "--json", PYTHONPATH=str(site))
     assert checked.returncode != 0
     [result] = json.loads(checked.stdout)["platforms"]
     assert result["checks"]["sharing"]["status"] == "fail", result

@@ -121,7 +121,7 @@ def test_run_under_the_newer_version_without_swap_space_works_as_before() -> Non
 
 @pytest.mark.slow
 def test_check_holds_each_platform_to_the_pinned_version() -> None:
-    done = console_script("check", "cpu", "--rule", "2026-04", "--json")
+    done = cli("check", "cpu", "--rule", "2026-04", "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     payload = json.loads(done.stdout)
     assert payload["rule"] == "2026-04" and payload["platforms"][0]["checks"]["decision"]["status"] == "pass"
