@@ -253,14 +253,20 @@ FAKE_DEVICE_TOOLS = Path(__file__).resolve().parent.parent / "tools" / "fake-cus
 
 
 @pytest.fixture(scope="session", autouse=True)
-def operator_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Where the foreign-tensor operator is compiled: once per session (about 6 s), in the session's own
-    folder rather than the user's cache, unless FD_PLATFORMS_CACHE_DIR is set; the processes the tests
-    start inherit it."""
+def operator_cache(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Where the foreign-tensor operator is compiled (about 5 s): pytest's cache folder of this checkout
+    (``.pytest_cache/d/foreign-tensor-operator``) rather than the user's cache, so a later run loads it
+    again; the build's name is the key the code itself uses (the operator's source, Paddle's version
+    and folder, Python's version), so an edit or another Paddle compiles anew, as does ``--cache-clear``.
+    Without pytest's cache (``-p no:cacheprovider``) a folder of this session's; FD_PLATFORMS_CACHE_DIR,
+    where set, wins. The processes the tests start inherit it. Tests of the compile itself use folders
+    of their own."""
     from fd_platforms.kit.foreign_tensor import ENV_CACHE_DIR
 
     given = os.environ.get(ENV_CACHE_DIR)
-    folder = given or str(tmp_path_factory.mktemp("operator-cache"))
+    cache = getattr(pytestconfig, "cache", None)
+    kept = cache.mkdir("foreign-tensor-operator") if cache is not None else tmp_path_factory.mktemp("operator-cache")
+    folder = given or str(kept)
     os.environ[ENV_CACHE_DIR] = folder
     yield folder
     if given is None:
@@ -288,8 +294,9 @@ def fastdeploy_record_names() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def fake_device_root(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """``fake_device_root("iluvatar_gpu")``: a CUSTOM_DEVICE_ROOT holding the fake runtime for that
-    device type, compiled once per session (skips where g++ is missing)."""
+    """``fake_device_root("iluvatar_gpu")``: a CUSTOM_DEVICE_ROOT holding only the fake runtime for that
+    device type (``build.sh`` printed its path), compiled once per session for every module that
+    uses it (skips where g++ is missing)."""
     built: dict[str, Path] = {}
 
     def build(device_type: str) -> Path:
@@ -302,6 +309,9 @@ def fake_device_root(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str]
                 capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable}, timeout=300,
             )  # fmt: skip
             assert done.returncode == 0, f"building the fake {device_type} runtime failed:\n{done.stderr}"
+            library = root / f"libfake_{device_type}.so"
+            assert done.stdout.strip() == str(library), f"build.sh printed {done.stdout!r}\nstderr:\n{done.stderr}"
+            assert sorted(root.iterdir()) == [library], "Paddle loads every .so in CUSTOM_DEVICE_ROOT"
             built[device_type] = root
         return built[device_type]
 

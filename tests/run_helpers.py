@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
 import subprocess
+import sys
 import sysconfig
+import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +28,88 @@ def qwen_bytes_per_block(tp: int) -> int:
     return 2 * 2 * 64 * 128 * max(1, 4 // tp) * 48
 
 
+UNSET = ("FD_PLATFORM", "FD_CACHE_READY_TIMEOUT", "CUSTOM_DEVICE_ROOT", "FLAGS_selected_", "FAKE_")
+"""Prefixes of the outer environment's variables a command under test never sees: selection, timeouts, fake devices."""
+
+
 def clean_env(**env: str) -> dict[str, str]:
     """The outer environment without selection, timeout or fake-device settings, plus ``env``."""
-    drop = ("FD_PLATFORM", "FD_CACHE_READY_TIMEOUT", "CUSTOM_DEVICE_ROOT", "FLAGS_selected_", "FAKE_")
-    return {**{k: v for k, v in os.environ.items() if not k.startswith(drop)}, **env}
+    return {**{k: v for k, v in os.environ.items() if not k.startswith(UNSET)}, **env}
+
+
+def console_script(*argv: str, cwd: Path | str = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
+    """``fd-platforms *argv`` run as the installed console script, in ``clean_env(**env)``: for a test of
+    what only a process shows (see :func:`main_in_process`), or of ``run``, which starts processes."""
+    return subprocess.run([SCRIPT, *argv], capture_output=True, text=True, env=clean_env(**env), cwd=cwd, timeout=300)
+
+
+def main_in_process(*argv: str, cwd: Path | str = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
+    """``fd-platforms *argv`` run by ``fd_platforms.cli.main`` in this process, reported as
+    ``subprocess.run`` of the console script with ``clean_env(**env)`` would report it: exit code
+    (argparse's ``SystemExit`` included), stdout and stderr as text with universal newlines.
+
+    Descriptors 1 and 2 point at files of their own during the call and ``sys.stdout``/``sys.stderr``
+    are text streams on them, as in the console script: :func:`fd_platforms.cli.output.take_stdout`
+    takes descriptor 1 for the command's output as it does there, and whatever the screening child
+    or native code writes to descriptor 2 is in ``stderr``. Afterwards the descriptors, streams,
+    environment, working directory, logging's root logger (``main`` configures it with
+    ``basicConfig``), ``sys.unraisablehook`` (``main`` chains its own) and the stdout that
+    ``take_stdout`` kept are as they were, so calls do not see each other's.
+
+    Only for commands that start no process of their own beyond the screening child and end normally:
+    a plugin call past its bound ends the process by SIGALRM (:mod:`fd_platforms.loading.watchdog`),
+    a plugin may ``os._exit`` or close a descriptor; a test of those, of signals, of start-up imports,
+    or of a ``run`` that starts its workers runs :func:`console_script`."""
+    from fd_platforms.cli import main, output
+
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    saved_hook, saved_streams = sys.unraisablehook, (sys.stdout, sys.stderr)
+    for stream in saved_streams:
+        stream.flush()
+    saved_fds = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        streams = (open(1, "w", encoding="utf-8", closefd=False),  # noqa: SIM115 - closed below
+                   open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False))  # noqa: SIM115
+        try:
+            for name in [name for name in os.environ if name.startswith(UNSET)]:
+                del os.environ[name]
+            os.environ.update(env)
+            os.chdir(cwd)
+            root.handlers.clear()
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            sys.stdout, sys.stderr = streams
+            try:
+                code = main(list(argv))
+            except SystemExit as exc:  # argparse: usage errors, --version, --help
+                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        finally:
+            kept = output._output  # noqa: SLF001 - the stdout take_stdout kept for the command
+            if kept is not None:
+                output._output = output._guard = None  # noqa: SLF001
+                fd = kept.fileno()
+                with suppress(OSError):
+                    kept.close()
+                os.close(fd)
+            for stream in streams:
+                stream.close()
+            sys.stdout, sys.stderr = saved_streams
+            for fd, saved in enumerate(saved_fds, start=1):
+                os.dup2(saved, fd)
+                os.close(saved)
+            root.handlers[:] = saved_handlers
+            root.setLevel(saved_level)
+            sys.unraisablehook = saved_hook
+            os.chdir(saved_cwd)
+            for name in set(os.environ) - set(saved_env):
+                del os.environ[name]
+            os.environ.update(saved_env)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = (file.read().decode().replace("\r\n", "\n").replace("\r", "\n") for file in (out, err))
+    return subprocess.CompletedProcess(["fd-platforms", *argv], code, stdout, stderr)
 
 
 SWEEP_LINES = (": WARNING: left ", ": WARNING: reclaiming cache-ready signal ")

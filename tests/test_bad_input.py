@@ -3,7 +3,6 @@ and the error is blamed on the caller, never on a plugin that had not run yet.""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -14,13 +13,10 @@ from fd_platforms.contract.types import CacheDecision, Detection, DeviceMemory, 
 from fd_platforms.loading.selection import select_platform
 from fd_platforms.rules.config import CacheConfig, ModelConfig, ParallelConfig, load_deploy_config
 from fd_platforms.rules.layout import build_layout
-from run_helpers import QWEN, ROOT, SCRIPT, clean_env
+from run_helpers import QWEN, ROOT
+from run_helpers import main_in_process as cli
 
 QWEN_DIR = ROOT / QWEN
-
-
-def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([SCRIPT, *args], capture_output=True, text=True, env=clean_env(**env), cwd=ROOT, timeout=120)
 
 
 def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
@@ -213,20 +209,19 @@ def test_a_plugin_building_a_bad_record_is_its_contract_error(make_plugin) -> No
     assert "DeviceMemory.total_bytes='80GiB'" in message
 
 
-def test_no_traceback_even_for_an_unexpected_error(monkeypatch, tmp_path: Path) -> None:
+def test_no_traceback_even_for_an_unexpected_error(monkeypatch) -> None:
     """The CLI's last line of defence: one line, and the traceback only with -v."""
-    shim = tmp_path / "sitecustomize.py"
-    shim.write_text(
-        "import fd_platforms.cli.list_command as c\n"
-        "def boom(args):\n    raise ZeroDivisionError('a bug')\n"
-        "c.run = boom\n"
-    )
-    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    done = cli("list", **env)
+    import fd_platforms.cli.list_command as c
+
+    def boom(args):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(c, "run", boom)
+    done = cli("list")
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip() == (
         "fd-platforms: internal error: ZeroDivisionError: a bug. This is a bug in fd-platforms; "
         "rerun with -v for the traceback and report it"
     )
-    verbose = cli("-v", "list", **env)
+    verbose = cli("-v", "list")
     assert verbose.returncode == 1 and "Traceback" in verbose.stderr

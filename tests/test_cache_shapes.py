@@ -15,16 +15,13 @@ from fd_platforms.loading.selection import select_platform
 from fd_platforms.rules.config import CacheConfig, ModelConfig, ParallelConfig, load_model_config
 from fd_platforms.rules.layout import build_layout
 from fd_platforms.rules.shapes import shape_cases, shape_request, shape_violations
-from run_helpers import QWEN, ROOT, SCRIPT, clean_env, host_sharing_plugin
+from run_helpers import QWEN, ROOT, SCRIPT, clean_env, host_sharing_plugin, main_in_process
 
 LLAMA = "examples/llama-3.1-8b"
 
 
 def plan_json(platform: str, *flags: str) -> dict:
-    done = subprocess.run(
-        [SCRIPT, "plan", "--platform", platform, "--model", LLAMA, "--device-memory", "80GiB", "--json", *flags],
-        capture_output=True, text=True, cwd=ROOT, timeout=120, env=clean_env(),
-    )  # fmt: skip
+    done = main_in_process("plan", "--platform", platform, "--model", LLAMA, "--device-memory", "80GiB", "--json", *flags)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 

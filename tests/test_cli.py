@@ -1,25 +1,18 @@
-"""``fd-platforms list`` through the installed console script: output, exit codes, no tracebacks."""
+"""``fd-platforms list``: output, exit codes, no tracebacks (``main`` run in this process, as the console script runs it)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import subprocess
-import sysconfig
-from pathlib import Path
+import sys
 
 import pytest
 
 from fd_platforms.loading.discovery import discover
 from fd_platforms.loading.selection import IN_REPO_PLUGINS as IN_REPO
-
-SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")  # the console script of this environment
-
-
-def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if k not in ("FD_PLATFORM", "FD_PLATFORM_PLUGINS")}
-    environ.update(env)
-    return subprocess.run([SCRIPT, *args], capture_output=True, text=True, env=environ, timeout=120)
+from run_helpers import console_script
+from run_helpers import main_in_process as cli
 
 
 def test_list_json_on_a_machine_without_accelerators() -> None:
@@ -147,3 +140,18 @@ def test_version_and_verbose_after_the_subcommand() -> None:
     expected = f"fd-platforms {version('fd-platforms')} (plugin API {API_VERSION})"
     assert result.returncode == 0 and result.stdout.strip() == expected
     assert cli("list", "-v").returncode == 0 and cli("-v", "list").returncode == 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("list", "--json"), ("lst",), ("-v", "plan", "--model", "examples/qwen3-30b-a3b", "--device-memory", "1GiB")],
+    ids=["list --json", "usage error", "plan -v"],
+)
+def test_main_in_process_reports_what_the_console_script_does(args: tuple[str, ...]) -> None:
+    """The CLI tests run ``main`` in pytest's process (run_helpers.main_in_process): it answers as the
+    console script does, and leaves this process's descriptors, streams and logging as they were."""
+    root = logging.getLogger()
+    before = (os.fstat(1).st_ino, os.fstat(2).st_ino, sys.stdout, sys.stderr, root.handlers[:], root.level)
+    inside, outside = cli(*args), console_script(*args)
+    assert (inside.returncode, inside.stdout, inside.stderr) == (outside.returncode, outside.stdout, outside.stderr)
+    assert (os.fstat(1).st_ino, os.fstat(2).st_ino, sys.stdout, sys.stderr, root.handlers, root.level) == before

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +22,11 @@ from fd_platforms.loading.discovery import discover
 from fd_platforms.loading.selection import IN_REPO_PLUGINS
 from fd_platforms.rules.decision import TRUTH_TABLE
 from fd_platforms.rules.shapes import shape_cases
+from run_helpers import main_in_process
 
 pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")
 EXAMPLE = "nimbus"  # examples/plugin-template, installed by .ci/run
 DECISION_TESTS = len(TRUTH_TABLE) + 1 + 3  # every table case, the drift guard's test, three bad inputs
 SHAPES_TESTS = len(shape_cases()) + 2  # every load-time case, two allocations in the platform's shapes
@@ -58,9 +57,8 @@ def should_create_cache_tensor(profile, splitwise_role):
 
 
 def check(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if k not in ("FD_PLATFORM", "FD_PLATFORM_PLUGINS")}
-    environ.update(env)
-    return subprocess.run([SCRIPT, "check", *args], capture_output=True, text=True, env=environ, timeout=600)
+    """``fd-platforms check``, in this process: the suites run in pytest processes of their own (with ``env``)."""
+    return main_in_process("check", *args, **env)
 
 
 def checks_of(payload: dict[str, Any]) -> dict[str, dict[str, Any]]:

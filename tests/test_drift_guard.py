@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -14,8 +11,7 @@ import pytest
 from fd_platforms.contract.errors import ConfigError, PlatformDriftError
 from fd_platforms.loading.selection import select_platform, survey
 from fd_platforms.rules.decision import TRUTH_TABLE
-
-SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")
+from run_helpers import main_in_process
 
 ALWAYS_THERE = """
 import dataclasses
@@ -107,9 +103,8 @@ def test_an_answer_that_raises_is_a_differing_case(make_plugin) -> None:
 
 
 def test_the_cli_refuses_it_in_one_line_per_case(make_plugin) -> None:
-    site = drifting(make_plugin)
-    env = {**os.environ, "PYTHONPATH": str(site), "FD_PLATFORM": "oldxpu"}
-    done = subprocess.run([SCRIPT, "list", "--json"], capture_output=True, text=True, env=env, timeout=120)
+    drifting(make_plugin)
+    done = main_in_process("list", "--json", FD_PLATFORM="oldxpu")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.count("\n  - profile=") == 21  # 7 flipped decisions, 14 with another deciding term
     assert "disagrees with the core rule" in json.loads(done.stdout)["error"]
@@ -157,12 +152,9 @@ def test_a_drift_outside_the_table_passes_load_and_is_refused_at_the_call(make_p
 
 @pytest.mark.parametrize("command", ["plan", "run"])
 def test_the_call_check_stops_plan_and_run_before_a_worker_creates_wrongly(make_plugin, command: str) -> None:
-    site = drifting(make_plugin, "threshold", SWAP_THRESHOLD)
-    env = {**os.environ, "PYTHONPATH": str(site), "FD_PLATFORM": "threshold"}
-    done = subprocess.run(
-        [SCRIPT, command, "--model", "examples/qwen3-30b-a3b", "--device-memory", "1GiB", "--swap-space", "12MiB"],
-        capture_output=True, text=True, env=env, timeout=120, cwd=Path(__file__).resolve().parents[1],
-    )  # fmt: skip
+    drifting(make_plugin, "threshold", SWAP_THRESHOLD)
+    done = main_in_process(command, "--model", "examples/qwen3-30b-a3b", "--device-memory", "1GiB", "--swap-space",
+                           "12MiB", FD_PLATFORM="threshold")  # fmt: skip
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert re.search(r"num_cpu_blocks=2, storage_backend=None, splitwise_role='mixed': expected create=False "
                      r"\(term 'num_cpu_blocks'\), got create=True", done.stderr), done.stderr
@@ -234,12 +226,8 @@ def test_a_cap_that_does_not_bind_is_no_drift(make_plugin) -> None:
 
 
 def test_plan_refuses_an_undeclared_cap_naming_both_counts(make_plugin) -> None:
-    site = capped(make_plugin, "capped", cap=1)
-    env = {**os.environ, "PYTHONPATH": str(site), "FD_PLATFORM": "capped"}
-    done = subprocess.run(
-        [SCRIPT, "plan", "--model", "examples/qwen3-30b-a3b", "--device-memory", "1GiB"],
-        capture_output=True, text=True, env=env, timeout=120, cwd=Path(__file__).resolve().parents[1],
-    )  # fmt: skip
+    capped(make_plugin, "capped", cap=1)
+    done = main_in_process("plan", "--model", "examples/qwen3-30b-a3b", "--device-memory", "1GiB", FD_PLATFORM="capped")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert re.search(r"num_blocks=1, but the core plans \d+ blocks \(memory: ", done.stderr), done.stderr
     assert "binding: memory" not in done.stdout

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -195,20 +194,12 @@ def with_library_path(directory: Path, env: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def fake_dirs(tmp_path_factory: pytest.TempPathFactory, fake_vendor_runtime: Path) -> dict[str, Path]:
+def fake_dirs(fake_device_root, fake_vendor_runtime: Path) -> dict[str, Path]:
     """Each device type's fake runtime in its own folder (a CUSTOM_DEVICE_ROOT), and ``host``: the fake
-    vendor host runtime's folder (kept apart, since Paddle loads every .so in CUSTOM_DEVICE_ROOT)."""
-    if shutil.which("g++") is None:
-        pytest.skip("g++ not found on PATH: cannot compile the fake custom-device and host runtimes")
-    dirs = {case.device_type: tmp_path_factory.mktemp(f"fake-{case.device_type}") for case in CASES}
-    dirs["host"] = fake_vendor_runtime  # the session's build
-    builds = [["bash", str(TOOLS / "build.sh"), case.device_type, str(dirs[case.device_type])] for case in CASES]
-    env = {**os.environ, "PYTHON": sys.executable}
-    running = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-               for argv in builds]
-    for argv, process in zip(builds, running):
-        stdout, stderr = process.communicate(timeout=120)
-        assert process.returncode == 0, f"{' '.join(argv)} failed:\n{stderr}"
+    vendor host runtime's folder (kept apart, since Paddle loads every .so in CUSTOM_DEVICE_ROOT); the
+    session's builds (conftest)."""
+    dirs = {case.device_type: fake_device_root(case.device_type) for case in CASES}
+    dirs["host"] = fake_vendor_runtime
     for case in CASES:
         assert (dirs[case.device_type] / f"libfake_{case.device_type}.so").is_file()
     assert (dirs["host"] / "libcudart.so").is_file() and (dirs["host"] / "libmcruntime.so").is_file()

@@ -35,7 +35,7 @@ from fd_platforms.engine.cache_status import drive_kv_cache_update, serve_kv_cac
 from fd_platforms.engine.fastdeploy_handles import RECORD
 from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
 from fd_platforms.loading.selection import select_platform
-from run_helpers import QWEN, ROOT, SCRIPT, clean_env
+from run_helpers import QWEN, ROOT, SCRIPT, clean_env, main_in_process
 
 # multi-process: left out of -m "not slow"; FastDeploy's record names are the machine's, taken in turns
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fastdeploy_record_names")]
@@ -393,7 +393,7 @@ def test_run_with_fastdeploys_protocol_attaches_verifies_and_leaves_nothing() ->
 def test_a_deploy_files_protocol_is_checked_by_name(tmp_path: Path) -> None:
     config = tmp_path / "deploy.toml"
     config.write_text(f'[model]\npath = "{ROOT / QWEN}"\n[scheduler]\nprotocol = "grpc"\n')
-    done = subprocess.run([SCRIPT, "plan", "--config", str(config)], capture_output=True, text=True, env=clean_env())
+    done = main_in_process("plan", "--config", str(config))
     assert done.returncode == 2
     assert "scheduler.protocol='grpc' is not valid; allowed: one of fd-platforms, fastdeploy" in done.stderr
 

@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 import pytest
 
-from run_helpers import QWEN, ROOT, SCRIPT, clean_env, host_sharing_plugin
+from run_helpers import QWEN, ROOT, SCRIPT, clean_env, console_script, host_sharing_plugin
 from test_bad_input import cli, one_error_line
 
 QWEN_CONFIG = ROOT / QWEN / "config.json"
@@ -204,7 +204,7 @@ def test_plan_splits_the_host_across_the_ranks_as_run_does() -> None:
 def test_a_cpu_run_that_would_take_most_of_the_host_is_refused_naming_the_sizes() -> None:
     from conftest import shm_entries
 
-    done = cli("run", "--config", "examples/deploy.toml")
+    done = console_script("run", "--config", "examples/deploy.toml")  # it starts the workers before refusing
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     last = done.stderr.splitlines()[-1]
     assert last.startswith("fd-platforms: error: --device-memory=\"not given (the host's memory)\" is not valid")
@@ -224,18 +224,17 @@ def test_a_models_name_with_control_characters_is_escaped(tmp_path: Path) -> Non
     config["_name_or_path"] = EVIL
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps(config))
-    for command in (("plan",), ("run",)):
-        done = cli(*command, "--model", str(tmp_path / "model"), "--device-memory", "256MiB")
+    for command, runner in ((("plan",), cli), (("run",), console_script)):
+        done = runner(*command, "--model", str(tmp_path / "model"), "--device-memory", "256MiB")
         assert done.returncode == 0, done.stderr
         assert "evil\\x1b[2J\\x1b]0;pwned\\x07\\rname\\u202e" in done.stdout
         assert not any(c in done.stdout + done.stderr for c in "\x1b\x07\r\u202e")
 
 
 def test_a_plugins_reason_with_control_characters_is_escaped(make_plugin) -> None:
-    site = make_plugin("shady", available=False, reason=EVIL)
+    make_plugin("shady", available=False, reason=EVIL)
     for command in (("list",), ("plan", "--platform", "shady", "--model", QWEN)):
-        done = subprocess.run([SCRIPT, *command], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                              env=clean_env(PYTHONPATH=str(site)))  # fmt: skip
+        done = cli(*command)
         assert "evil\\x1b[2J" in done.stdout + done.stderr, done.stderr
         assert not any(c in done.stdout + done.stderr for c in "\x1b\x07\r\u202e")
 
@@ -467,9 +466,8 @@ def supported_api_versions():
 @pytest.mark.parametrize("command", [("list", "--json"), ("plan", "--model", QWEN, "--device-memory", "1GiB", "--json")],
                          ids=lambda c: c[0])  # fmt: skip
 def test_a_plugin_printing_cannot_corrupt_json_or_steer_selection(make_plugin, command: tuple[str, ...]) -> None:
-    site = make_plugin("noisy", source=NOISY)
-    done = subprocess.run([SCRIPT, *command], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                          env=clean_env(PYTHONPATH=str(site)))  # fmt: skip
+    make_plugin("noisy", source=NOISY)
+    done = cli(*command)  # what the plugins print on descriptors 1 and 2 is in done.stderr, as from the console script
     assert done.returncode == 0, done.stderr
     payload = json.loads(done.stdout)  # the whole of stdout is the JSON
     assert "noise from import" in done.stderr and "raw noise on descriptor 1" in done.stderr
@@ -614,8 +612,7 @@ def test_a_plugin_that_opens_copies_fails_run_and_check_naming_it(make_plugin) -
     last = done.stderr.splitlines()[-1]
     assert last.startswith("fd-platforms: error: platform plugin 'copier' (distribution fd-test-copier): rank(s) 0, 1")
     assert "open_cache_tensor returned a copy" in last
-    checked = subprocess.run([SCRIPT, "check", "copier", "--json"], capture_output=True, text=True, cwd=ROOT,
-                             timeout=300, env=env)  # fmt: skip
+    checked = cli("check", "copier", "--json", PYTHONPATH=str(site))
     assert checked.returncode != 0
     [result] = json.loads(checked.stdout)["platforms"]
     assert result["checks"]["sharing"]["status"] == "fail", result
@@ -765,7 +762,6 @@ def test_paddle_imported_by_the_core_prints_no_ccache_warning(argv: list[str]) -
     assert "No ccache found" not in done.stdout + done.stderr
 
 
-@pytest.mark.slow
 def open_when_published(path: Path, seconds: float = 30.0) -> BinaryIO:
     """``path`` opened once it exists: a run cycling clear/re-create unpublishes it for a moment each cycle
     (the fault loop caught an open landing in that moment)."""
@@ -778,6 +774,7 @@ def open_when_published(path: Path, seconds: float = 30.0) -> BinaryIO:
             time.sleep(0.001)
 
 
+@pytest.mark.slow
 def test_a_publication_held_from_outside_the_run_is_named_when_the_run_ends() -> None:
     from run_helpers import started
 

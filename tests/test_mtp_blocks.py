@@ -14,7 +14,7 @@ from fd_platforms.engine import allocate_kv_cache
 from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_deploy_config, load_model_config
 from fd_platforms.rules.layout import build_layout
 from fd_platforms.rules.planner import plan_blocks
-from run_helpers import ROOT, SCRIPT, clean_env
+from run_helpers import ROOT, SCRIPT, clean_env, main_in_process
 
 DEEPSEEK = f"{ROOT}/examples/deepseek-v3"  # 61 hidden layers + 1 MTP layer, MLA
 
@@ -88,10 +88,8 @@ def test_the_toml_takes_the_ratio(tmp_path) -> None:
 
 
 def test_plan_json_shows_both_counts() -> None:
-    done = subprocess.run(
-        [SCRIPT, "plan", "--model", DEEPSEEK, "--mtp", "--num-gpu-block-expand-ratio", "2", "--device-memory", "80GiB",
-         "--json"], capture_output=True, text=True, cwd=ROOT, timeout=120, env=clean_env(),
-    )  # fmt: skip
+    done = main_in_process("plan", "--model", DEEPSEEK, "--mtp", "--num-gpu-block-expand-ratio", "2", "--device-memory",
+                           "80GiB", "--json")  # fmt: skip
     assert done.returncode == 0, done.stderr
     row = json.loads(done.stdout)
     assert row["mtp_layers"] == 1 and row["mtp_num_blocks"] == 2 * row["num_blocks"]

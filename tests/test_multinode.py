@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -27,7 +26,7 @@ from conftest import shm_entries
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.engine import Cluster, NodeSpec, free_master
 from fd_platforms.engine.nodes import parse_master
-from run_helpers import ROOT, SCRIPT, Run, clean_env, run_cli, started, without_sweep
+from run_helpers import ROOT, Run, main_in_process, run_cli, started, without_sweep
 
 pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
 
@@ -65,8 +64,7 @@ def finish_all(runs: list[Run]) -> list[tuple[int, str]]:
 
 def own_plan(memory: str, *args: str) -> int:
     """The blocks ``fd-platforms plan`` gives one rank with ``memory`` (``args``: the model and tp)."""
-    done = subprocess.run([SCRIPT, "plan", *args, "--device-memory", memory, "--json"], capture_output=True,
-                          text=True, cwd=ROOT, env=clean_env(FD_PLATFORM="cpu"), timeout=60)  # fmt: skip
+    done = main_in_process("plan", *args, "--device-memory", memory, "--json", FD_PLATFORM="cpu")
     assert done.returncode == 0, done.stderr
     return int(json.loads(done.stdout)["num_blocks"])
 

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import sysconfig
-from pathlib import Path
 
 import pytest
 
 from fd_platforms.loading.discovery import discover
-
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")
+from run_helpers import ROOT, main_in_process
 GIB = 2**30
 DONE_WHEN = ["--tp", "4", "--block-size", "64", "--device-memory", "80GiB", "--memory-utilization", "0.9",
              "--non-cache-memory", "20GiB", "--json"]
@@ -31,9 +26,7 @@ HAND_BYTES_PER_BLOCK = {
 
 
 def plan(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if k not in ("FD_PLATFORM", "FD_PLATFORM_PLUGINS")}
-    environ.update(env)
-    return subprocess.run([SCRIPT, "plan", *args], capture_output=True, text=True, env=environ, cwd=ROOT, timeout=120)
+    return main_in_process("plan", *args, **env)
 
 
 def plan_json(*args: str, **env: str) -> dict:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
@@ -17,13 +16,10 @@ from fd_platforms.rules.decision import (
     decide_cache_creation,
     differing_cases,
 )
-from run_helpers import QWEN, ROOT, SCRIPT, clean_env
+from run_helpers import QWEN, ROOT, console_script
+from run_helpers import main_in_process as cli
 
 SWAP_MIXED = {"profile": False, "num_cpu_blocks": 64, "storage_backend": None, "splitwise_role": "mixed"}
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([SCRIPT, *args], capture_output=True, text=True, cwd=ROOT, timeout=300, env=clean_env())
 
 
 def test_each_version_is_one_entry_with_its_formula() -> None:
@@ -90,8 +86,8 @@ def test_both_directions_run_with_swap_space_verified_both_ways_through_cycles(r
     """Under 2026-04 with swap space a mixed instance's workers create and the cache manager attaches to
     hold the host swap cache; a decode instance (and every role under 2026-01) goes the other way."""
     for rule in ("2026-01", "2026-04"):
-        done = cli("run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--swap-space", "32MiB",
-                   "--role", role, "--rule", rule, "--cycles", "2", "--json")  # fmt: skip
+        done = console_script("run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--swap-space", "32MiB",
+                              "--role", role, "--rule", rule, "--cycles", "2", "--json")  # fmt: skip
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
         assert report["rule"] == rule
@@ -105,12 +101,9 @@ def test_both_directions_run_with_swap_space_verified_both_ways_through_cycles(r
 
 
 def test_a_platform_that_cannot_share_is_refused_the_manager_attaching_before_any_process_starts(make_plugin) -> None:
-    site = make_plugin("loner")  # the template plugin: no cache_sharing
-    done = subprocess.run(
-        [SCRIPT, "run", "--platform", "loner", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB",
-         "--swap-space", "32MiB", "--rule", "2026-04"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300, env=clean_env(PYTHONPATH=str(site)),
-    )  # fmt: skip
+    make_plugin("loner")  # the template plugin: no cache_sharing
+    done = cli("run", "--platform", "loner", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB",
+               "--swap-space", "32MiB", "--rule", "2026-04")  # fmt: skip
     assert done.returncode == 2
     [line] = done.stderr.splitlines()  # nothing started, nothing else said
     assert line.startswith("fd-platforms: error: --rule='2026-04' is not valid") and "loner, which cannot share" in line
@@ -119,8 +112,8 @@ def test_a_platform_that_cannot_share_is_refused_the_manager_attaching_before_an
 
 @pytest.mark.slow
 def test_run_under_the_newer_version_without_swap_space_works_as_before() -> None:
-    done = cli("run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode",
-               "--rule", "2026-04", "--json")  # fmt: skip
+    done = console_script("run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode",
+                          "--rule", "2026-04", "--json")  # fmt: skip
     assert done.returncode == 0, done.stderr
     ranks = json.loads(done.stdout)["ranks"]
     assert [(rank["create"], rank["decided_by"], rank["verified"]) for rank in ranks] == [(False, "splitwise_role", True)] * 2
