@@ -29,6 +29,7 @@ CHECKS = ("identity", "decision", "shapes", "planner", "host_alloc", "wait", "sh
 CheckStatus = Literal["pass", "fail", "skip"]
 SCRATCH_INI = "[pytest]\n"
 SUITE_PARENT = Path(__file__).parent  # the rootdir: test ids read suite/test_<check>.py::<test>
+CORE_FOLDER = SUITE_PARENT.parent.parent  # where this process imported fd_platforms from
 
 
 class ConformanceUnavailableError(FdPlatformsError):
@@ -115,7 +116,7 @@ def run_suite(
         base = PlatformResult(candidate.name, candidate.distribution, candidate.version)
         try:
             done = subprocess.run(
-                command, cwd=scratch, env=dict(os.environ if environ is None else environ),
+                command, cwd=scratch, env=_same_core(os.environ if environ is None else environ),
                 capture_output=True, text=True, timeout=timeout,
             )  # fmt: skip
         except subprocess.TimeoutExpired:
@@ -125,6 +126,15 @@ def run_suite(
             return _with_error(base, f"pytest exited {done.returncode} before running the suite: {' | '.join(tail)}")
         outcomes = json.loads(report.read_text())["tests"]
     return PlatformResult(base.name, base.distribution, base.version, tuple(_group(outcomes)))
+
+
+def _same_core(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` for a suite's process, which imports fd_platforms from where this process did (a
+    checkout's folder ``python -m`` put first on this process's path, say, beside an installed copy):
+    otherwise its suite files lie outside the rootdir given, and pytest names their tests apart from
+    their files."""
+    outer = environ.get("PYTHONPATH")
+    return {**environ, "PYTHONPATH": os.pathsep.join([str(CORE_FOLDER), *([outer] if outer else [])])}
 
 
 def run_suites(
