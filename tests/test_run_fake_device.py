@@ -72,11 +72,13 @@ def test_workers_create_or_attach_as_the_rule_decides(env: dict[str, str], role:
 
 @pytest.mark.parametrize("protocol", ["fd-platforms", "fastdeploy"])
 def test_metax_decode_workers_attach_across_processes_on_their_own_devices(
-    fake_device_root, fake_vendor_runtime, protocol: str
+    fake_device_root, fake_vendor_runtime, protocol: str, request: pytest.FixtureRequest
 ) -> None:
     """MetaX (mcIpc* of libmcruntime.so, faked): two decode workers, each on its own device, attach to the
     cache manager's tensors and verify tokens both ways; with FastDeploy's protocol the records hold the raw
     64-byte IPC handles, as FastDeploy's set_data_ipc writes them."""
+    if protocol == "fastdeploy":  # FastDeploy's record names are the machine's: in turns with other runs
+        request.getfixturevalue("fastdeploy_record_names")
     env = platform_env(fake_device_root, "metax", "metax_gpu", str(fake_vendor_runtime))
     report = run_json("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode",
                       "--protocol", protocol, env=env)  # fmt: skip
