@@ -7,16 +7,18 @@ fd-platforms (it says so on exit), so what meets our processes is FastDeploy's f
   ``<name>.<suffix>``, int32, zeroed), prints ``ready``; prints ``profile_block_num N`` when a count is
   handed over, ``cache_transfer_inited TP`` / ``swap_space_ready TP`` once every rank's word is set
   (what FastDeploy's engine waits for before its cache service starts); at stdin's end removes them.
-- ``creator SUFFIX RANK TP TENSORS``: the cache transfer manager of one rank. Creates each tensor of
+- ``creator SUFFIX RANK TP TENSORS``: the cache transfer manager of one rank, run with
+  ``--create_cache_tensor`` (``fastdeploy/cache_manager/cache_transfer_manager.py``). Creates each tensor of
   ``TENSORS`` (a JSON list of ``[name, nbytes]``) in a sealed memfd, writes its handle in
   ``set_data_ipc``'s record (``size_t`` 0 + 64 handle bytes) under the tensor's name, fills byte 0
   with ``RANK + 1``, sets ``cache_ready_signal[RANK] = 1`` and ``cache_transfer_inited_signal[RANK] = 1``.
-  Then it follows ``kv_cache_status`` (polled every 0.1 s, as FastDeploy's does): on CLEARING it
-  waits for its slot to drop to 0, frees, waits for every slot to drop, writes CLEARED; on UPDATING
-  it creates again, sets its slot, waits for every slot, writes NORMAL. Only rank 0 waits for every
-  slot and writes the answers (a late second writer could overwrite the driver's next word, and a
-  rank waiting for every slot could miss a moment that passed); a rank whose look comes after rank 0
-  answered sees CLEARED or UPDATING and acts the same. Ends when stdin closes.
+  Then it follows ``kv_cache_status`` as ``CacheTransferManager.check_cache_status`` does, every rank's
+  manager for itself, looking every 0.1 s: on CLEARING it waits for its slot to drop to 0 (its runner let
+  go), frees, waits for every slot to be 0 and writes CLEARED; on UPDATING it creates again (freeing first
+  what it still holds, where its looks missed the CLEARING: FastDeploy's ``_init_gpu_cache`` replaces the
+  tensors), sets its slot, waits for every slot to be 1 and writes NORMAL. It never resets its own slot.
+  Every rank writes the answers, so a slower rank's CLEARED can land after the driver's UPDATING, as it
+  can beside FastDeploy. Ends when stdin closes.
 - ``attacher SUFFIX RANK TP TENSORS CYCLES FIRST``: the worker of one rank that attaches. Polls its
   slot, opens every record's memfd, checks each tensor's byte 0 is ``FIRST`` (-1: any), writes
   byte 1 = 0x5A (the creator checks it), prints ``attached``. Then ``CYCLES`` clear/update rounds, as FastDeploy's
@@ -260,21 +262,20 @@ def creator(suffix: str, rank: int, tp: int, specs: list[list]) -> None:
             touched_once = True
             print("touched", flush=True)
         now = int(status[0])
-        # Looks 0.1 s apart can miss a whole phase (CLEARING, CLEARED, even the last NORMAL), so the
-        # cue to let go is this rank's own word: only its attacher resets it, when it lets go.
-        if tensors is not None and now != NORMAL and ready[rank] == 0:
-            wait_until(lambda: ready[rank] == 0, f"rank {rank}'s attacher to let go")
-            tensors.free()
-            tensors = None
-            if rank == 0:  # one writer: a late second one could overwrite the driver's next word
-                wait_until(lambda: int(ready.sum()) == 0, "every rank to let go")
-                status[0] = CLEARED
-        elif now in (UPDATING, NORMAL) and tensors is None:
+        if now == CLEARING:  # check_cache_status, its create_cache_tensor branch
+            wait_until(lambda: ready[rank] == 0, f"rank {rank}'s runner to let go")
+            if tensors is not None:
+                tensors.free()
+                tensors = None
+            wait_until(lambda: int(ready.sum()) == 0, "every rank to let go")
+            status[0] = CLEARED
+        elif now == UPDATING:
+            if tensors is not None:
+                tensors.free()
             tensors = make_tensors(specs, rank)
             ready[rank] = 1
-            if rank == 0:  # (another rank waiting for every slot could miss a moment that passed)
-                wait_until(lambda: int(ready.sum()) == tp, "every rank to be created")
-                status[0] = NORMAL
+            wait_until(lambda: int(ready.sum()) == tp, "every rank to be created")
+            status[0] = NORMAL
     if tensors is not None:
         tensors.free()
     # the signal mappings go with the process, as FastDeploy's do

@@ -11,8 +11,14 @@ through one word, ``kv_cache_status.<suffix>``, and the ``cache_ready_signal`` s
 5. the creator creates the caches again, sets every slot to 1 and writes ``NORMAL``; each attaching
    rank attaches again once its slot is set (:func:`~fd_platforms.engine.initialize_kv_cache`).
 
-Either side may be ours or FastDeploy's. Every wait is bounded and names the rank or the process
-that did not move.
+FastDeploy runs a cache transfer manager per rank, and each writes ``CLEARED`` and ``NORMAL`` itself
+(``fastdeploy/cache_manager/cache_transfer_manager.py``, ``check_cache_status``), so a slower rank's answer
+to one step can land after the driver wrote the next and replace it: its ``CLEARED`` over ``UPDATING``,
+its ``NORMAL`` over the next round's ``CLEARING``. No process acts on an answer, so the update would
+hang. While it waits, the driver writes its own word again each time it reads the answer to the step
+before. That never replaces a current answer: a manager answers ``CLEARED`` only once every slot is 0
+and ``NORMAL`` only once every slot is set, and a creating manager frees or creates only after it has
+seen the driver's word, so the answer to the current step needs every such manager to have seen it.
 """
 
 from __future__ import annotations
@@ -74,16 +80,20 @@ def drive_kv_cache_update(
             )  # fmt: skip
         started = time.monotonic()
         status.set(0, KVCacheStatus.CLEARING)
+        clearing = _keeping(status, KVCacheStatus.CLEARING, over=KVCacheStatus.NORMAL)
         for rank in range(ready.length):
-            ready.wait_for(rank, 0, limit, watch_pid=pids.get(rank), what=f"rank {rank} letting go of its KV cache")
+            ready.wait_for(rank, 0, limit, watch_pid=pids.get(rank), what=f"rank {rank} letting go of its KV cache",
+                           tend=clearing)  # fmt: skip
         let_go = time.monotonic()
-        status.wait_for(0, KVCacheStatus.CLEARED, limit, watch_pid=creator_pid, what="the cache creator freeing the caches")
+        status.wait_for(0, KVCacheStatus.CLEARED, limit, watch_pid=creator_pid, what="the cache creator freeing the caches",
+                        tend=clearing)  # fmt: skip
         cleared = time.monotonic()
         if update is not None:
             update()
         updated = time.monotonic()
         status.set(0, KVCacheStatus.UPDATING)
-        status.wait_for(0, KVCacheStatus.NORMAL, limit, watch_pid=creator_pid, what="the cache creator creating the caches")
+        status.wait_for(0, KVCacheStatus.NORMAL, limit, watch_pid=creator_pid, what="the cache creator creating the caches",
+                        tend=_keeping(status, KVCacheStatus.UPDATING, over=KVCacheStatus.CLEARED))  # fmt: skip
         for rank in range(ready.length):
             ready.wait_for(rank, 1, limit, watch_pid=creator_pid, what=f"rank {rank}'s KV cache being created again")
         done = time.monotonic()
@@ -147,6 +157,17 @@ def serve_kv_cache_status(
             else:
                 status.sleep_while(0, current, STATUS_POLL_SECONDS, since=since)
     return held
+
+
+def _keeping(status: FastDeploySignal, ours: KVCacheStatus, *, over: KVCacheStatus) -> Callable[[], None]:
+    """What keeps the driver's ``ours`` in the word while it waits: a late manager's ``over`` (the
+    answer to the step before) is replaced by ``ours`` again; see the module docstring."""
+
+    def keep() -> None:
+        if status.get(0) == over:
+            status.set(0, ours)
+
+    return keep
 
 
 def _wait_all(ready: FastDeploySignal, value: int, limit: float, what: str) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import enum
 import re
 import time
+from collections.abc import Callable
 
 from ..contract.errors import CacheSignalError, ConfigError, SignalWaitError
 from ..contract.integers import check_int, is_int
@@ -156,18 +157,29 @@ class FastDeploySignal(SharedWords):
             self._wake(index)
 
     def wait_for(
-        self, index: int, value: int, timeout: float, *, watch_pid: int | None = None, what: str = ""
+        self,
+        index: int,
+        value: int,
+        timeout: float,
+        *,
+        watch_pid: int | None = None,
+        what: str = "",
+        tend: Callable[[], object] | None = None,
     ) -> float:
         """Block until word ``index`` equals ``value``; the seconds waited.
 
         A :class:`SignalWaitError` after ``timeout`` seconds, or within about :data:`CHECK_SECONDS`
         of ``watch_pid`` exiting (the process expected to write it). ``what`` names the step in it.
+        ``tend`` is called before every look (at least every :data:`CHECK_SECONDS`), e.g. to keep
+        another word as the caller set it.
         """
         self._check_index(index)
         watch = ProcessWatch(watch_pid) if watch_pid is not None else None
         start = time.monotonic()
         try:
             while True:
+                if tend is not None:
+                    tend()
                 seen = self.get(index)
                 if seen == value:
                     return time.monotonic() - start
