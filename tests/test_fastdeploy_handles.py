@@ -6,6 +6,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -36,7 +37,7 @@ def tensors(names: list[str], handle: str = "") -> list[PublishedTensor]:
 def test_a_record_is_fastdeploys_struct_read_back_and_retracted_once_the_attacher_let_go(names: list[str]) -> None:
     suffix = f"t{secrets.token_hex(4)}"
     with FastDeploySignal.create(CACHE_READY, suffix, 1) as ready:
-        held = FastDeployHandles.create(suffix, 0, tensors(names), "cpu")
+        held = FastDeployHandles.create(suffix, 0, tensors(names), "cpu", attacher_expected=True)
         raw = open(f"/dev/shm/{names[0]}", "rb").read()
         assert len(raw) == RECORD.size == 72 and RECORD.unpack(raw)[0] == 0, "size_t nprocesses 0, then 64 bytes"
         assert read_handle(names[0]) == f"memfd:{os.getpid()}:3"
@@ -48,6 +49,51 @@ def test_a_record_is_fastdeploys_struct_read_back_and_retracted_once_the_attache
             held.retract(0.2)
         assert caught.value.ranks == (0,) and os.path.exists(f"/dev/shm/{names[0]}"), "nothing freed"
         ready.set(0, 0)  # FastDeploy's let-go
+        with pytest.raises(CacheInUseError, match=f"attached by a process of fd-platforms .* holds /dev/shm/{names[0]}"):
+            held.retract(0.2)  # our attacher also holds the first record until it lets go
+        opened.let_go()
+        held.retract(5)
+        assert not any(os.path.exists(f"/dev/shm/{name}") for name in names)
+
+
+def test_a_creator_nobody_is_configured_to_attach_to_never_waits_for_its_own_slot(names: list[str]) -> None:
+    """FastDeploy's runner without host swap space clears at once (gpu_model_runner.py clear_cache): its own
+    slot stays set, since nobody else would reset it."""
+    suffix = f"t{secrets.token_hex(4)}"
+    with FastDeploySignal.create(CACHE_READY, suffix, 1) as ready:
+        held = FastDeployHandles.create(suffix, 0, tensors(names), "cpu", attacher_expected=False)
+        ready.set(0, 1)  # its own
+        started = time.monotonic()
+        held.retract(30)
+        assert time.monotonic() - started < 1 and not any(os.path.exists(f"/dev/shm/{name}") for name in names)
+
+
+def test_a_rank_two_processes_attach_to_is_freed_only_after_both_let_go(names: list[str]) -> None:
+    """P/D decode with swap: the worker and the transfer manager attach to one rank and one slot; the creator
+    frees once the slot is reset and no attacher of ours holds the first record. An attacher killed with
+    SIGKILL holds nothing: the kernel dropped its lock."""
+    suffix = f"t{secrets.token_hex(4)}"
+    with FastDeploySignal.create(CACHE_READY, suffix, 1) as ready:
+        held = FastDeployHandles.create(suffix, 0, tensors(names), "cpu", attacher_expected=True)
+        ready.set(0, 1)
+        killed = subprocess.Popen(
+            [sys.executable, "-c",
+             "import sys; from fd_platforms.engine.fastdeploy_handles import FastDeployHandles\n"
+             "from fd_platforms.engine.publication import PublishedTensor\n"
+             f"h = FastDeployHandles.open({suffix!r}, 0, [PublishedTensor(n, (4, 8), 'uint8', '') for n in {names!r}])\n"
+             "print('attached', flush=True); sys.stdin.read()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert killed.stdout.readline().strip() == "attached"  # type: ignore[union-attr]
+        second = FastDeployHandles.open(suffix, 0, tensors(names, handle="-"))
+        ready.set(0, 0)  # the first attacher's let-go resets the one slot
+        with pytest.raises(CacheInUseError, match="attached by a process of fd-platforms"):
+            held.retract(0.3)
+        second.let_go()
+        with pytest.raises(CacheInUseError, match="attached by a process of fd-platforms"):
+            held.retract(0.3)  # the other process still holds it
+        killed.kill()
+        killed.wait()
         held.retract(5)
         assert not any(os.path.exists(f"/dev/shm/{name}") for name in names)
 
@@ -57,17 +103,18 @@ def test_a_record_held_by_a_living_creator_is_refused_and_a_leftover_is_reused(n
         [sys.executable, "-c",
          "import sys; from fd_platforms.engine.fastdeploy_handles import FastDeployHandles\n"
          "from fd_platforms.engine.publication import PublishedTensor\n"
-         f"h = FastDeployHandles.create('9923', 0, [PublishedTensor({names[0]!r}, (4,), 'uint8', 'memfd:1:3')], 'cpu')\n"
+         f"h = FastDeployHandles.create('9923', 0, [PublishedTensor({names[0]!r}, (4,), 'uint8', 'memfd:1:3')], 'cpu', "
+         "attacher_expected=False)\n"
          "print('held', flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert holder.stdout.readline().strip() == "held"  # type: ignore[union-attr]
     with pytest.raises(CacheSharingError, match="already published by a running process"):
-        FastDeployHandles.create("9923", 0, tensors(names[:1]), "cpu")
+        FastDeployHandles.create("9923", 0, tensors(names[:1]), "cpu", attacher_expected=False)
     holder.kill()  # SIGKILL: its record stays, as FastDeploy's creators leave theirs
     holder.wait()
     assert os.path.exists(f"/dev/shm/{names[0]}")
-    held = FastDeployHandles.create("9923", 0, tensors(names[:1]), "cpu")
+    held = FastDeployHandles.create("9923", 0, tensors(names[:1]), "cpu", attacher_expected=False)
     assert read_handle(names[0]) == f"memfd:{os.getpid()}:3", "rewritten in place, as set_data_ipc does"
     assert held.creator
 

@@ -14,10 +14,16 @@ neither cannot be written in FastDeploy's record and is refused, naming the plat
 Paddle's metadata, why: VMM memory, or a tensor inside its allocation).
 
 The let-go handshake is FastDeploy's too: an attacher resets its rank's ``cache_ready_signal`` slot
-to 0 when it lets go, and the creator waits for that (bounded) before it frees and unlinks. The
-creator holds a shared ``flock`` on each record while published (:mod:`fd_platforms.ipc.shm`);
-FastDeploy's creators never remove their records, so a record of this name that no process of ours
-holds is rewritten in place, as ``set_data_ipc`` does; one held by a living process of ours is refused.
+to 0 when it lets go. A creator waits for that only where FastDeploy's creator does, where an attacher
+exists: a cache manager's cache (the runner attaches) and a runner's with host swap space
+(``num_cpu_blocks > 0``: FastDeploy's transfer manager attaches; ``gpu_model_runner.py`` ``clear_cache``
+waits for the slot only then, since its #7764), never for its own slot. One slot cannot count two
+attachers of one rank (P/D decode with swap: the worker and the transfer manager), so an attacher of
+ours also holds a shared ``flock`` on the rank's first record while attached, which the kernel drops
+when it dies, and a creator frees only once no attacher of ours holds it either. The creator holds a
+shared ``flock`` on each record while published (:mod:`fd_platforms.ipc.shm`); FastDeploy's creators
+never remove their records, so a record of this name that no process of ours holds is rewritten in
+place, as ``set_data_ipc`` does; one held by a living process of ours is refused.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+import time
 import weakref
 from collections.abc import Sequence
 
@@ -34,7 +41,7 @@ from ..ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal, check_suffix
 from ..kit.device_facts import raw_ipc_handle
 from ..kit.host_sharing import handle_pid
 from ..kit.vendor_device import HANDLE_BYTES, handle_bytes, handle_text
-from .publication import PublishedTensor
+from .publication import POLL_SECONDS, PublishedTensor
 
 RECORD = struct.Struct("=Q64s")  # FastDeploy's shmStruct: size_t nprocesses; cudaIpcMemHandle_t memHandle
 _PRINTABLE = re.compile(rb"[\x21-\x7e]+")
@@ -82,23 +89,27 @@ def read_handle(name: str) -> str:
 
 
 class FastDeployHandles:
-    """A rank's per-tensor records, held by this process (creator) or read once (attacher).
+    """A rank's per-tensor records, held by this process (creator) or read and held (attacher).
 
     The same surface as :class:`~fd_platforms.engine.publication.Publication`: ``tensors``,
     ``creator``, ``creator_pid`` (the process the handles name, where they name one),
-    :meth:`retract` and :meth:`let_go`.
+    :meth:`retract` and :meth:`let_go`. ``attacher_expected``: whether a creator's clear waits for an
+    attacher's let-go in the ``cache_ready_signal`` slot (see the module docstring).
     """
 
     def __init__(self, suffix: str, rank: int, tensors: tuple[PublishedTensor, ...],
-                 segments: list[shm.Segment], *, creator: bool) -> None:  # fmt: skip
+                 segments: list[shm.Segment], *, creator: bool, attacher_expected: bool = False) -> None:  # fmt: skip
         self.suffix, self.rank, self.tensors, self.creator = suffix, rank, tensors, creator
+        self.attacher_expected = attacher_expected
         self.name = f"{tensors[0].name} and {len(tensors) - 1} more" if tensors else f"rank {rank}'s records"
         self.creator_pid = _named_pid(tensors)
         self._held = segments
         self._at_exit = weakref.finalize(self, _release, self._held, os.getpid() if creator else None)
 
     @classmethod
-    def create(cls, suffix: str, rank: int, tensors: Sequence[PublishedTensor], platform: str) -> FastDeployHandles:
+    def create(
+        cls, suffix: str, rank: int, tensors: Sequence[PublishedTensor], platform: str, *, attacher_expected: bool
+    ) -> FastDeployHandles:
         """Write every tensor's record (this process holds them); on failure none is left."""
         check_suffix(suffix)
         records = [(tensor.name, encode_handle(tensor.name, tensor.handle, platform)) for tensor in tensors]
@@ -111,11 +122,12 @@ class FastDeployHandles:
         except BaseException:
             _release(held, os.getpid())
             raise
-        return cls(suffix, rank, tuple(tensors), held, creator=True)
+        return cls(suffix, rank, tuple(tensors), held, creator=True, attacher_expected=attacher_expected)
 
     @classmethod
     def open(cls, suffix: str, rank: int, expected: Sequence[PublishedTensor]) -> FastDeployHandles:
-        """Read the handle of every tensor of ``expected`` (names, shapes and dtypes are the attacher's own)."""
+        """Read the handle of every tensor of ``expected`` (names, shapes and dtypes are the attacher's own)
+        and hold the first record (shared) until :meth:`let_go`, so the creator waits for this process."""
         check_suffix(suffix)
         tensors = tuple(
             PublishedTensor(tensor.name, tensor.shape, tensor.dtype, read_handle(tensor.name)) for tensor in expected
@@ -127,18 +139,50 @@ class FastDeployHandles:
                 f"{', '.join(map(str, pids))}), but one creator makes every tensor of a rank: some were written by "
                 "another process. Fix: find what else writes to /dev/shm under FastDeploy's names; restart the engine"
             )
-        return cls(suffix, rank, tensors, [], creator=False)
+        return cls(suffix, rank, tensors, [_hold_record(tensors[0].name)] if tensors else [], creator=False)
 
     def let_go(self) -> None:
-        """An attacher keeps nothing open: its let-go is resetting the slot (the caller's). Idempotent."""
+        """An attacher's let-go: drop its hold on the first record (its slot is the caller's). Idempotent."""
+        _release(self._held, None)
         self._at_exit.detach()
 
     def retract(self, timeout: float) -> None:
-        """The creator's clear: wait (at most ``timeout`` s) until the rank's attacher has reset its
-        ``cache_ready_signal`` slot to 0, then unlink the records. A :class:`CacheInUseError` naming the
-        rank otherwise, with everything left in place."""
+        """The creator's clear: wait (at most ``timeout`` s in all) until the rank's attacher has reset its
+        ``cache_ready_signal`` slot to 0 (where one is expected) and no attacher of ours holds the first
+        record, then unlink the records. A :class:`CacheInUseError` naming the rank otherwise, with
+        everything left in place."""
         if not self._held:
             return
+        deadline = time.monotonic() + timeout
+        if self.attacher_expected:
+            self._wait_for_let_go(timeout)
+        first = self._held[0]
+        first.close()  # our own lock dropped: what remains are attachers' locks
+        while True:
+            try:
+                probe = shm.Segment.inspect(first.name, RECORD.size)
+            except (FileNotFoundError, shm.SegmentUnusable):
+                break  # removed or replaced meanwhile: not ours to wait for
+            try:
+                if probe.unused():
+                    probe.unlink()
+                    break
+            finally:
+                probe.close()
+            if time.monotonic() >= deadline:
+                self._held[0] = shm.Segment.open(first.name, RECORD.size)  # hold it again: still published
+                raise CacheInUseError(
+                    f"rank {self.rank}'s KV cache is still attached by a process of fd-platforms after {timeout:g} s "
+                    f"(it holds /dev/shm/{first.name}), so nothing was freed. Fix: clear that process's cache first "
+                    "(KVCache.clear()), or stop it",
+                    (self.rank,),
+                )
+            time.sleep(POLL_SECONDS)
+        self._held.pop(0)
+        _release(self._held, os.getpid())
+        self._at_exit.detach()
+
+    def _wait_for_let_go(self, timeout: float) -> None:
         with FastDeploySignal.attach(CACHE_READY, self.suffix) as signal:
             try:
                 signal.wait_for(self.rank, 0, timeout, what=f"rank {self.rank}'s creator waiting for its attacher")
@@ -149,8 +193,19 @@ class FastDeployHandles:
                     "nothing was freed. Fix: clear the attacher's cache first, or stop that process",
                     (self.rank,),
                 ) from None
-        _release(self._held, os.getpid())
-        self._at_exit.detach()
+
+
+def _hold_record(name: str) -> shm.Segment:
+    """An attacher's shared hold on record ``name`` (the kernel drops it when this process dies)."""
+    try:
+        return shm.Segment.open(name, RECORD.size)
+    except FileNotFoundError:
+        raise CacheSharingError(
+            f"KV cache tensor {name}'s record was removed while this process attached (its creator cleared). "
+            "Fix: initialize again once the creator has published the cache again"
+        ) from None
+    except shm.SegmentUnusable as exc:
+        raise CacheSharingError(f"KV cache tensor {name}'s handle record cannot be held: {exc}") from None
 
 
 def _record_segment(name: str) -> shm.Segment:

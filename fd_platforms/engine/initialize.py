@@ -87,7 +87,10 @@ def initialize_kv_cache(
             )
             cache._platform = platform  # its clear returns the memory to the device
         else:
-            cache = export_kv_cache(platform, layout, num_blocks, signal_name, progress=progress, protocol=wire)
+            cache = export_kv_cache(
+                platform, layout, num_blocks, signal_name, progress=progress, protocol=wire,
+                attacher_expected=num_cpu_blocks > 0,  # a cache manager with host swap attaches to a worker's
+            )  # fmt: skip
         cache.create_seconds = time.monotonic() - started
         if not profile:
             cache._signal_name, cache._protocol = signal_name, wire
@@ -142,7 +145,9 @@ def manage_kv_cache(
     )  # fmt: skip
     import_seconds = _import_paddle()
     started = time.monotonic()
-    device = export_kv_cache(platform, layout, num_blocks, signal_name, progress=progress, protocol=wire)
+    device = export_kv_cache(
+        platform, layout, num_blocks, signal_name, progress=progress, protocol=wire, attacher_expected=True
+    )
     device.create_seconds, device.import_seconds = time.monotonic() - started, import_seconds
     managed = _with_host_cache(platform, layout, device, num_cpu_blocks)  # nobody attached yet
     wire.set_ready(signal_name, layout.rank)

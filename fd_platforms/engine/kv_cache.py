@@ -165,12 +165,15 @@ def export_kv_cache(
     num_blocks: int,
     signal_name: str,
     *,
+    attacher_expected: bool,
     progress: AllocationProgress | None = None,
     protocol: WireProtocol = OURS,
 ) -> KVCache:
     """Export every tensor of ``layout`` (zero-filled) and publish the rank's cache (``protocol``'s way).
 
-    On any failure what was exported is closed again and nothing is published.
+    ``attacher_expected``: whether another process is configured to attach (a protocol whose let-go
+    is a slot's value waits for it on clear only then). On any failure what was exported is closed
+    again and nothing is published.
     """
     check_num_blocks(num_blocks)
     device = platform.identity.device_string(layout.device_id)
@@ -191,7 +194,9 @@ def export_kv_cache(
             PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, tensor.handle)
             for spec, tensor in zip(layout.tensors, shared, strict=True)
         ]
-        publication = protocol.publish(signal_name, layout.rank, device, entries, platform.name)
+        publication = protocol.publish(
+            signal_name, layout.rank, device, entries, platform.name, attacher_expected=attacher_expected
+        )
     except BaseException:
         _close_all(shared)
         raise

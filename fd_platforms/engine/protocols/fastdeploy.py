@@ -80,9 +80,10 @@ class FastDeployProtocol(WireProtocol):
             return signal.wait_for(rank, 1, timeout, watch_pid=setter_pid, what=f"rank {rank} waiting for its KV cache")
 
     def publish(
-        self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str
+        self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str,
+        *, attacher_expected: bool,
     ) -> FastDeployHandles:
-        return FastDeployHandles.create(signal_name, rank, tensors, platform_name)
+        return FastDeployHandles.create(signal_name, rank, tensors, platform_name, attacher_expected=attacher_expected)
 
     def open_published(self, signal_name: str, rank: int, expected: Sequence[PublishedTensor]) -> FastDeployHandles:
         return FastDeployHandles.open(signal_name, rank, expected)  # the records carry no shapes

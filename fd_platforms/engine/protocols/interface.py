@@ -53,9 +53,11 @@ class WireProtocol(ABC):
 
     @abstractmethod
     def publish(
-        self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str
+        self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str,
+        *, attacher_expected: bool,
     ) -> Published:
-        """Publish ``rank``'s exported tensors (held by this process until retracted)."""
+        """Publish ``rank``'s exported tensors (held by this process until retracted); ``attacher_expected``:
+        whether another process is configured to attach to them."""
 
     @abstractmethod
     def open_published(self, signal_name: str, rank: int, expected: Sequence[PublishedTensor]) -> Published:

@@ -53,8 +53,10 @@ class FdPlatformsProtocol(WireProtocol):
         return platform.wait_cache_ready(signal_name, rank, timeout=timeout, setter_pid=setter_pid)
 
     def publish(
-        self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str
+        self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str,
+        *, attacher_expected: bool,
     ) -> Publication:
+        """Every attacher holds the manifest's lock while attached, so a clear waits for whoever does."""
         return Publication.create(publication_name(signal_name, rank), rank, device, list(tensors))
 
     def open_published(self, signal_name: str, rank: int, expected: Sequence[PublishedTensor]) -> Publication:
