@@ -14,6 +14,7 @@ import re
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -411,3 +412,92 @@ def test_the_status_calls_check_their_arguments_before_touching_a_signal() -> No
     assert caught.value.field == "managed" and "manage_kv_cache" in str(caught.value)
     with pytest.raises(ConfigError, match="until"):
         serve_kv_cache_status([], lambda rank: None, suffix="9923", until=True)
+
+
+# -- clear like FastDeploy: a creator waits for an attacher only where one is configured, never for itself --
+
+
+@pytest.mark.parametrize("role", ["mixed", "prefill", "decode"])
+def test_run_with_fastdeploys_protocol_clears_and_creates_again_in_every_role(role: str) -> None:
+    """mixed: each worker creates and nobody attaches (its clear waited for its own slot until the timeout);
+    prefill, decode: the cache manager creates and the workers attach."""
+    before = run_entries()
+    done = main_in_process("run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", role,
+                           "--protocol", "fastdeploy", "--cycles", "3", "--timeout", "10", "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    attached = None if role == "mixed" else True  # tokens are checked across processes where one attaches
+    assert [cycle["verified"] for cycle in report["cycles"]] == [attached] * 3
+    assert all(cycle["clear_seconds"] < 5 for cycle in report["cycles"]), report["cycles"]
+    assert run_entries() - before == set()
+
+
+def test_a_creator_nobody_attaches_to_sleeps_and_wakes_20_times_at_once(cpu) -> None:
+    """FastDeploy's sleep calls clear_cache and its wakeup initialize_kv_cache: with no host swap space no
+    process attaches, so each returns at once (gpu_model_runner.py)."""
+    with fastdeploy_engine(1) as (suffix, _):
+        for _ in range(20):
+            started = time.monotonic()
+            cache = initialize_kv_cache(cpu, qwen_layout(0, 1), BLOCKS, signal_name=suffix, protocol="fastdeploy",
+                                        profile=False, num_cpu_blocks=0, storage_backend=None, splitwise_role="mixed",
+                                        timeout=30)  # fmt: skip
+            assert cache.created
+            cache.clear()
+            assert time.monotonic() - started < 1
+
+
+@pytest.mark.parametrize("role", ["mixed", "decode"])
+def test_a_killed_run_leaves_no_process_and_the_next_run_starts(role: str) -> None:
+    from run_helpers import started as started_run
+
+    with started_run("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", role,
+                     "--protocol", "fastdeploy", "--cycles", "100000", "--timeout", "30") as run:  # fmt: skip
+        run.read_until(r"cycle 2: cleared")
+        children = [pid for pid in run.group() if pid != run.process.pid]
+        run.process.kill()
+        run.process.wait()
+        deadline = time.monotonic() + 5
+        while [pid for pid in children if alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [pid for pid in children if alive(pid)] == [], "the engine's children stop with it (within 5 s)"
+    done = main_in_process("run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", role,
+                           "--protocol", "fastdeploy", "--cycles", "1", "--timeout", "10")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_clear_that_fails_is_reported_as_the_workers_own_error_once() -> None:
+    """A process of ours holds rank 0's records (a second attacher), so rank 0's worker cannot free its cache:
+    the run fails with that worker's CacheInUseError within its --timeout, not with the engine's "sent no
+    'clear'" after the worker waited a second time on its way out."""
+    from fd_platforms.engine.fastdeploy_handles import FastDeployHandles
+    from fd_platforms.engine.publication import PublishedTensor
+    from run_helpers import started as started_run
+
+    timeout = 5
+    names = qwen_layout(0, 2).names()
+    with started_run("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--protocol", "fastdeploy",
+                     "--cycles", "100000", "--timeout", str(timeout)) as run:  # fmt: skip
+        suffix = run.read_until(r"FastDeploy's signals with suffix (\S+)").group(1)
+        run.read_until(r"cycle 1: cleared")
+        held = None
+        while held is None:  # between a clear and the next creation the records are gone for a moment
+            try:
+                held = FastDeployHandles.open(suffix, 0, [PublishedTensor(name, (1,), "uint8", "") for name in names])
+            except CacheSharingError:
+                time.sleep(0.01)
+        try:
+            stopped = time.monotonic()
+            code, stderr = run.finish()
+            elapsed = time.monotonic() - stopped
+        finally:
+            held.let_go()
+    assert code != 0 and "rank 0: CacheInUseError: rank 0's KV cache is still attached by a process of fd-platforms" in stderr, stderr
+    assert "sent no 'clear'" not in stderr and elapsed < 2 * timeout, f"{elapsed:.1f} s"
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -30,6 +32,9 @@ from .spec import RunSpec
 
 #: A child's body: ``body(conn, say, *args)``.
 Body = Callable[..., None]
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def run_child(label: str, conn: Connection, spec: RunSpec, body: Body, *args: Any) -> None:
@@ -60,6 +65,7 @@ def leave(code: int) -> None:
 def _run(label: str, conn: Connection, spec: RunSpec, body: Body, *args: Any) -> None:
     redeliver_swallowed_signals()
     signal.signal(signal.SIGTERM, _stop)
+    _stop_with_the_engine()
     set_by_flag(ENV_TIMEOUT, "--timeout", spec.timeout)  # every bound here follows run --timeout, and says so
     logging.basicConfig(level=logging.WARNING, format="fd-platforms: %(levelname)s: %(message)s")
     if not spec.quiet:
@@ -77,6 +83,19 @@ def _run(label: str, conn: Connection, spec: RunSpec, body: Body, *args: Any) ->
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # exiting already: let the exit handlers finish
         conn.close()
+
+
+def _stop_with_the_engine() -> None:
+    """Have the kernel send this child SIGTERM (its stop) when the engine process ends, however it
+    ends (SIGKILL included): a child inside a long wait (a creator waiting for its attacher's let-go,
+    say) does not read the engine's pipe, and would otherwise hold its cache and FastDeploy's
+    machine-wide names until its bound. ``prctl(PR_SET_PDEATHSIG)``; an engine already gone when it is
+    set is a stop at once."""
+    if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        return  # not Linux's prctl: the engine's pipe still ends the child at its next request
+    engine = multiprocessing.parent_process()
+    if engine is not None and os.getppid() != engine.pid:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _send_error(conn: Connection, kind: str, message: str, exit_code: int) -> None:

@@ -14,10 +14,12 @@ manager's tokens and writes its own), ``clear`` and ``init`` (clear and re-initi
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
+from ..contract.errors import FdPlatformsError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision, DeviceMemory, Plan
 from ..engine.cluster import Agreement, Cluster
@@ -99,8 +101,11 @@ def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, signal_name
             handlers["sync"] = cluster.barrier
             handlers["share"] = lambda text: cluster.gather_text(text, "sharing the report")
         serve(conn, spec.hold_timeout, handlers)
-    finally:
-        state["cache"].clear(spec.timeout)
+    except BaseException:  # the real cause goes on at once (a failed clear is not tried again, waiting as long)
+        with contextlib.suppress(FdPlatformsError):
+            state["cache"].clear(0.001)
+        raise
+    state["cache"].clear(spec.timeout)
 
 
 def _agree(spec: RunSpec, platform: Platform, rank: int, plan: Plan, say: Progress) -> tuple[Cluster, Agreement]:
