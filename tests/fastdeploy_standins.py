@@ -127,6 +127,22 @@ def read_record(name: str) -> bytes:
     return raw
 
 
+XPU_RECORD = struct.Struct("=Q64sQ")  # xpu_multiprocess.h shmStruct (XPURT 5): nprocesses, memHandle, data_ptr_addr
+
+
+def read_xpu_record(name: str) -> tuple[bytes, int]:
+    """FastDeploy's XPU ``share_external_data`` (custom_ops/xpu_ops/src/ops/share_external_data.cc): it maps
+    ``sizeof(shmStruct)`` bytes of the record, checking no size (bytes past a shorter record's end read as
+    0), and takes ``memHandle`` (``use_ipc=True``, its transfer manager) or ``data_ptr_addr`` (``use_ipc=False``,
+    its XPU runner, xpu_model_runner.py ``initialize_kv_cache``) as the tensor's address. Both, in that order."""
+    record = shared_memory.SharedMemory(name=name)
+    resource_tracker.unregister(record._name, "shared_memory")  # type: ignore[attr-defined]
+    raw = bytes(record.buf[: XPU_RECORD.size]).ljust(XPU_RECORD.size, b"\0")
+    record.close()
+    _, handle, data_ptr_addr = XPU_RECORD.unpack(raw)
+    return handle, data_ptr_addr
+
+
 class Tensors:
     """One rank's cache tensors in sealed memfds, each handle in its ``set_data_ipc`` record."""
 

@@ -11,7 +11,10 @@ import importlib
 import json
 import logging
 import math
+import os
+import secrets
 from collections.abc import Callable
+from importlib import metadata
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,14 +24,22 @@ import fd_platforms_cuda
 import fd_platforms_iluvatar
 import fd_platforms_metax
 import fd_platforms_xpu
+from engine_processes import qwen_layout
+from fastdeploy_standins import read_xpu_record
 from fd_platforms.contract.errors import CacheSharingError, ConfigError, HostAllocError
-from fd_platforms.engine.fastdeploy_handles import RECORD
+from fd_platforms.contract.types import DTYPE_BYTES
 from fd_platforms.engine.fastdeploy_handles import encode_handle as encode_record
+from fd_platforms.engine.fastdeploy_records import record_layout
+from fd_platforms.engine.kv_cache import attach_kv_cache, export_kv_cache
+from fd_platforms.engine.protocols.fastdeploy import FASTDEPLOY
+from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal
 from fd_platforms.kit.custom_device import CustomDeviceFacts
 from fd_platforms.kit.device_facts import PADDLE_UINT8, DeviceFacts, paddle_attribute
 from fd_platforms.kit.host_memory import PinningUnavailable, allocate_host
 from fd_platforms.kit.paddle_platform import PaddlePlatform
 from fd_platforms.kit.vendor_device import VendorDeviceRuntime, handle_text
+from fd_platforms.loading.discovery import Candidate
+from fd_platforms.loading.platform import Platform, register_platform
 
 PLATFORMS = {
     "cuda": fd_platforms_cuda.PLATFORM,
@@ -71,10 +82,20 @@ def no_pinned_place() -> None:
     raise RuntimeError("(PermissionDenied) Cannot use CUDAPinnedPlace in CPU only version")
 
 
+class IpcTensor(SimpleNamespace):
+    """A tensor over one of :class:`FakeIpc`'s allocations, viewed as ``dtype``."""
+
+    @property
+    def shape(self) -> list[int]:
+        *outer, inner = self.byte_shape()
+        return [*outer, inner // DTYPE_BYTES[self.dtype]]
+
+
 class FakeIpc:
     """Paddle's device IPC as the CUDA/XPU builds offer it, over one dict of 'device allocations'.
 
-    ``zeros`` allocates; a DenseTensor's ``_share_<kind>`` gives the metadata tuple Paddle gives
+    ``zeros`` allocates (each allocation at a device address of its own, a tensor's ``data_ptr()``); a
+    DenseTensor's ``_share_<kind>`` gives the metadata tuple Paddle gives
     (handle bytes, offset, size, dtype index, dims, lod, device) — with ``vmm`` (Paddle's VMM
     allocator on) the 5 fields (blob, dtype index, dims, lod, device) where ``vmm_ipc``, else still
     the legacy 7 — and, as Paddle does, labels it with the *current* device; ``_new_shared_<kind>``
@@ -83,7 +104,7 @@ class FakeIpc:
     """
 
     def __init__(self, kind: str, *, vmm: bool = False, vmm_ipc: bool = True, offset: int = 0) -> None:
-        self.kind, self.allocations, self.current, self.switches = kind, {}, 0, []
+        self.kind, self.allocations, self.shapes, self.current, self.switches = kind, {}, {}, 0, []
         self.vmm, self.vmm_ipc, self.opened_on, self.exported_on = vmm, vmm_ipc, [], []
         self.offset, self.opened_with = offset, []
 
@@ -91,6 +112,10 @@ class FakeIpc:
     def key(index: int) -> bytes:
         """Allocation ``index``'s handle: 64 bytes, binary (as a cudaIpcMemHandle_t is)."""
         return (b"\xc7" + f"fake-ipc-{index}".encode()).ljust(64, b"\0")
+
+    def address(self, key: bytes) -> int:
+        """The device address of the allocation ``key`` names (a 4 GiB slot of its own)."""
+        return 0x7F00_0000_0000 + list(self.allocations).index(key) * 2**32
 
     def dense(self, key: bytes | None) -> SimpleNamespace:
         dense = SimpleNamespace(key=key)
@@ -106,14 +131,15 @@ class FakeIpc:
         setattr(dense, f"_share_{self.kind}", share)
         return dense
 
-    def tensor(self, key: bytes | None, dtype: str = "uint8") -> SimpleNamespace:
+    def tensor(self, key: bytes | None, dtype: str = "uint8") -> IpcTensor:
         dense = self.dense(key)
-        return SimpleNamespace(get_tensor=lambda: dense, dtype=dtype, memory=lambda: self.allocations[dense.key],
-                               view=lambda new: self.tensor(dense.key, new))  # fmt: skip
+        return IpcTensor(get_tensor=lambda: dense, dtype=dtype, memory=lambda: self.allocations[dense.key],
+                         view=lambda new: self.tensor(dense.key, new), data_ptr=lambda: self.address(dense.key),
+                         byte_shape=lambda: self.shapes[dense.key])  # fmt: skip
 
-    def zeros(self, shape: list[int], dtype: str, device: str) -> SimpleNamespace:
+    def zeros(self, shape: list[int], dtype: str, device: str) -> IpcTensor:
         key = self.key(len(self.allocations))
-        self.allocations[key] = bytearray(math.prod(shape))
+        self.allocations[key], self.shapes[key] = bytearray(math.prod(shape)), list(shape)
         return self.tensor(key)
 
     def new_shared(self, metadata: tuple[Any, ...]) -> SimpleNamespace:
@@ -377,9 +403,14 @@ def test_host_alloc_sizes_are_validated(nbytes: object) -> None:
 
 
 def with_paddle(name: str, paddle: SimpleNamespace) -> PaddlePlatform:
-    import dataclasses
-
     return dataclasses.replace(PLATFORMS[name], load_paddle=lambda: paddle)
+
+
+def registered(name: str, paddle: SimpleNamespace) -> Platform:
+    """The in-repo platform ``name`` on ``paddle``, registered as the engine selects a platform."""
+    entry_point = metadata.EntryPoint(name=name, value=f"fd_platforms_{name}:PLATFORM", group="fd_platforms")
+    candidate = Candidate(name, entry_point, f"fd-platforms-{name}", "0", False)
+    return register_platform(candidate, with_paddle(name, paddle))
 
 
 def test_platform_hooks_use_the_facts_and_the_core_contract(caplog) -> None:
@@ -544,20 +575,45 @@ def test_vmm_memory_is_shared_through_paddles_vmm_handles_or_refused_naming_the_
 def test_fastdeploys_record_holds_the_raw_ipc_handle_and_a_raw_record_opens_on_the_attachers_device(
     name: str, make
 ) -> None:
-    """FastDeploy's set_data_ipc writes a tensor's raw cudaIpcMemHandle_t: our export's record holds the handle
-    inside Paddle's metadata, and a raw record (FastDeploy's creator) opens through Paddle's IPC as the
+    """FastDeploy's set_data_ipc writes a tensor's raw IPC handle: our export's record holds the handle inside
+    Paddle's metadata, and a raw record (FastDeploy's creator) opens through Paddle's IPC as the
     allocation's start, with the attacher's device current and named (both were refused before)."""
     ipc = FakeIpc(name)
     facts = facts_of(name, make(ipc=ipc))
     tensor, shape = "key_caches_0_rank0.device3", (4, 2, 64, 128)
     shared = facts.export(tensor, shape, "bfloat16", f"{facts.device_type}:3")
-    nprocesses, raw = RECORD.unpack(encode_record(tensor, shared.handle, name))
-    assert nprocesses == 0 and raw == ipc.key(0), "the raw handle, as FastDeploy's set_data_ipc writes it"
+    record = encode_record(tensor, shared.handle, name, shared.tensor.data_ptr())
+    raw = record_layout(name).handle(record)
+    assert record[:8] == bytes(8) and raw == ipc.key(0), "the raw handle, as FastDeploy's set_data_ipc writes it"
     opened = facts.open(tensor, handle_text(raw), shape, "bfloat16", f"{facts.device_type}:3")
     assert ipc.opened_with == [(raw, 0, shared.nbytes, PADDLE_UINT8, [4, 2, 64, 256], [], 3)], "Paddle's 7 fields"
     assert ipc.opened_on == [3] and ipc.current == 0, "opened on the attacher's device, the previous one restored"
     shared.tensor.memory()[5] = 7
     assert opened.tensor.dtype == "bfloat16" and opened.tensor.memory()[5] == 7, "the same allocation, no copy"
+
+
+def test_an_xpu_cache_published_the_fastdeploy_way_is_read_by_fastdeploys_xpu_reader_and_ours() -> None:
+    """An XPU export through the DeviceFacts seam writes FastDeploy's XPU record: the handle, for its transfer
+    manager, and the tensor's device address, for its XPU runner (which read 0, past our 72-byte record's end,
+    before). Our attacher on XPU opens the handle, as FastDeploy's transfer manager does."""
+    ipc = FakeIpc("xpu")
+    platform, suffix = registered("xpu", xpu_paddle(ipc=ipc)), f"t{secrets.token_hex(4)}"
+    layout = dataclasses.replace(qwen_layout(), rank=secrets.randbelow(900) + 100, num_layers=1)  # names of its own
+    with FastDeploySignal.create(CACHE_READY, suffix, layout.rank + 1):
+        created = export_kv_cache(platform, layout, 2, suffix, protocol=FASTDEPLOY)
+        try:
+            for index, name in enumerate(layout.names()[:2]):
+                handle, data_ptr_addr = read_xpu_record(name)
+                assert handle == ipc.key(index), "the transfer manager's way in: the handle"
+                assert data_ptr_addr == created.tensors[index].data_ptr() == ipc.address(ipc.key(index)) != 0
+            attached = attach_kv_cache(platform, layout, 2, suffix, protocol=FASTDEPLOY)
+            assert [metadata[0] for metadata in ipc.opened_with[:2]] == [ipc.key(0), ipc.key(1)]
+            created.tensors[0].memory()[3] = 7
+            assert attached.tensors[0].memory()[3] == 7, "the creator's allocation, opened through its handle"
+            attached.clear(5)
+        finally:
+            created.clear(5)
+    assert not any(os.path.exists(f"/dev/shm/{name}") for name in layout.names())
 
 
 def test_a_handle_a_raw_record_cannot_stand_for_is_refused_saying_why() -> None:

@@ -115,6 +115,23 @@ def test_the_foreign_poll_and_the_stand_in_rounds_quoted_are_the_codes() -> None
     assert f"a 4-rank clear/update runs {CYCLES} times driven from our side and {CYCLES} times from the" in LIFECYCLE
 
 
+def test_the_fastdeploy_record_table_is_the_layouts() -> None:
+    """Each row's offsets, size and declaring file are the platform's record layout's own."""
+    from fd_platforms.engine.fastdeploy_records import record_layout
+
+    table = [line for line in (ROOT / "docs" / "engine-integration.md").read_text().splitlines()
+             if line.startswith("| `") and "shmStruct" not in line and "memHandle` at byte" in line]  # fmt: skip
+    assert len(table) == 2, "one row per record layout"
+    for row in table:
+        platforms, struct_text, size, source, _ = (cell.strip() for cell in row.strip("|").split(" | "))
+        for platform in re.findall(r"`(\w+)`", platforms):
+            layout = record_layout(platform)
+            assert size == str(layout.size) and source.startswith(f"`{layout.source}`"), (platform, row)
+            assert f"memHandle` at byte {layout.handle_offset}" in struct_text
+            assert (f"at byte {layout.address_offset}" in struct_text) == (layout.address_offset is not None)
+            assert struct_text.count(" at byte ") == (1 if layout.address_offset is None else 2)
+
+
 def benchmark(name: str) -> ModuleType:
     """``benchmarks/<name>.py`` as a module (its ``main`` does not run)."""
     spec = importlib.util.spec_from_file_location(f"benchmark_{name}", ROOT / "benchmarks" / f"{name}.py")

@@ -4,21 +4,17 @@ engine's signal handlers in place."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
 import threading
-from importlib import metadata
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from engine_processes import qwen_layout
-from test_device_facts import PLATFORMS, FakeIpc, cuda_paddle, xpu_paddle
+from test_device_facts import FakeIpc, cuda_paddle, registered, xpu_paddle
 
-from fd_platforms.loading.discovery import Candidate
-from fd_platforms.loading.platform import register_platform
 from fd_platforms.loading.selection import select_platform
 from fd_platforms.rules.config.settings import CacheConfig
 from run_helpers import ROOT
@@ -164,26 +160,13 @@ class PerThreadIpc(FakeIpc):
         self.touched.append(device)
         super().set_current(device)
 
-    def tensor(self, key: bytes | None, dtype: str = "uint8") -> SimpleNamespace:
-        """A tensor with a shape (of its allocation's bytes, as the core checks a shared uint8 tensor's)."""
-        allocations = self.allocations
-
-        class Sized(SimpleNamespace):
-            @property
-            def shape(self) -> list[int]:
-                return [len(allocations[self.get_tensor().key])]
-
-        return Sized(**vars(super().tensor(key, dtype)))
-
 
 @pytest.mark.parametrize(("name", "make"), [("cuda", cuda_paddle), ("xpu", xpu_paddle)])
 def test_export_and_open_on_the_engines_device_never_touch_device_0(name: str, make) -> None:
     """A rank whose device is 3 exports and opens on device 3 without a switch: no call makes device 0
     current (a CUDA primary context on GPU 0 in every rank is the classic multi-GPU leak)."""
     ipc = PerThreadIpc(name)
-    plugin = dataclasses.replace(PLATFORMS[name], load_paddle=lambda: make(ipc=ipc))
-    entry_point = metadata.EntryPoint(name=name, value=f"fd_platforms_{name}:PLATFORM", group="fd_platforms")
-    platform = register_platform(Candidate(name, entry_point, f"fd-platforms-{name}", "0", False), plugin)
+    platform = registered(name, make(ipc=ipc))
     device = platform.identity.device_string(3)
     done: dict[str, Any] = {}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import subprocess
@@ -11,7 +12,8 @@ import time
 import pytest
 
 from fd_platforms.contract.errors import CacheInUseError, CacheSharingError
-from fd_platforms.engine.fastdeploy_handles import RECORD, FastDeployHandles, encode_handle, read_handle
+from fd_platforms.engine.fastdeploy_handles import FastDeployHandles, encode_handle, read_handle
+from fd_platforms.engine.fastdeploy_records import GPU_RECORD, XPU_RECORD, record_layout
 from fd_platforms.engine.kv_cache import check_provenance
 from fd_platforms.engine.publication import PublishedTensor
 from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal
@@ -39,9 +41,9 @@ def test_a_record_is_fastdeploys_struct_read_back_and_retracted_once_the_attache
     with FastDeploySignal.create(CACHE_READY, suffix, 1) as ready:
         held = FastDeployHandles.create(suffix, 0, tensors(names), "cpu", attacher_expected=True)
         raw = open(f"/dev/shm/{names[0]}", "rb").read()
-        assert len(raw) == RECORD.size == 72 and RECORD.unpack(raw)[0] == 0, "size_t nprocesses 0, then 64 bytes"
-        assert read_handle(names[0]) == f"memfd:{os.getpid()}:3"
-        opened = FastDeployHandles.open(suffix, 0, tensors(names, handle="-"))
+        assert len(raw) == GPU_RECORD.size == 72 and raw[:8] == bytes(8), "size_t nprocesses 0, then 64 bytes"
+        assert read_handle(names[0], "cpu") == f"memfd:{os.getpid()}:3"
+        opened = FastDeployHandles.open(suffix, 0, tensors(names, handle="-"), "cpu")
         assert [tensor.handle for tensor in opened.tensors] == [f"memfd:{os.getpid()}:3", f"memfd:{os.getpid()}:4"]
         check_provenance(opened, os.getpid())
         ready.set(0, 1)  # attached
@@ -80,12 +82,12 @@ def test_a_rank_two_processes_attach_to_is_freed_only_after_both_let_go(names: l
             [sys.executable, "-c",
              "import sys; from fd_platforms.engine.fastdeploy_handles import FastDeployHandles\n"
              "from fd_platforms.engine.publication import PublishedTensor\n"
-             f"h = FastDeployHandles.open({suffix!r}, 0, [PublishedTensor(n, (4, 8), 'uint8', '') for n in {names!r}])\n"
+             f"h = FastDeployHandles.open({suffix!r}, 0, [PublishedTensor(n, (4, 8), 'uint8', '') for n in {names!r}], 'cpu')\n"
              "print('attached', flush=True); sys.stdin.read()"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert killed.stdout.readline().strip() == "attached"  # type: ignore[union-attr]
-        second = FastDeployHandles.open(suffix, 0, tensors(names, handle="-"))
+        second = FastDeployHandles.open(suffix, 0, tensors(names, handle="-"), "cpu")
         ready.set(0, 0)  # the first attacher's let-go resets the one slot
         with pytest.raises(CacheInUseError, match="attached by a process of fd-platforms"):
             held.retract(0.3)
@@ -115,23 +117,23 @@ def test_a_record_held_by_a_living_creator_is_refused_and_a_leftover_is_reused(n
     holder.wait()
     assert os.path.exists(f"/dev/shm/{names[0]}")
     held = FastDeployHandles.create("9923", 0, tensors(names[:1]), "cpu", attacher_expected=False)
-    assert read_handle(names[0]) == f"memfd:{os.getpid()}:3", "rewritten in place, as set_data_ipc does"
+    assert read_handle(names[0], "cpu") == f"memfd:{os.getpid()}:3", "rewritten in place, as set_data_ipc does"
     assert held.creator
 
 
 def test_records_naming_several_processes_are_refused(names: list[str]) -> None:
     for name, pid in zip(names, (os.getpid(), 1), strict=True):
         with open(f"/dev/shm/{name}", "wb") as file:
-            file.write(RECORD.pack(0, f"memfd:{pid}:3".encode()))
+            file.write(GPU_RECORD.fields.pack(0, f"memfd:{pid}:3".encode()))
     with pytest.raises(CacheSharingError, match=r"name handles of 2 processes \(pids 1, "):
-        FastDeployHandles.open("9923", 0, tensors(names, handle="-"))
+        FastDeployHandles.open("9923", 0, tensors(names, handle="-"), "cpu")
 
 
 def test_a_record_naming_another_process_than_the_setter_is_refused(names: list[str]) -> None:
     for name in names:
         with open(f"/dev/shm/{name}", "wb") as file:
-            file.write(RECORD.pack(0, b"memfd:1:3"))
-    opened = FastDeployHandles.open("9923", 0, tensors(names, handle="-"))
+            file.write(GPU_RECORD.fields.pack(0, b"memfd:1:3"))
+    opened = FastDeployHandles.open("9923", 0, tensors(names, handle="-"), "cpu")
     with pytest.raises(CacheSharingError, match="it was not published by that process"):
         check_provenance(opened, os.getpid())
 
@@ -140,7 +142,7 @@ def test_a_short_record_is_a_typed_error(names: list[str]) -> None:
     with open(f"/dev/shm/{names[0]}", "wb") as file:
         file.write(b"\0" * 10)
     with pytest.raises(CacheSharingError, match="holds 10 bytes"):
-        read_handle(names[0])
+        read_handle(names[0], "cpu")
 
 
 def test_a_raw_ipc_handle_is_written_and_read_as_its_64_bytes(names: list[str]) -> None:
@@ -148,13 +150,94 @@ def test_a_raw_ipc_handle_is_written_and_read_as_its_64_bytes(names: list[str]) 
     is written as exactly those bytes, and a raw record reads back as the same handle."""
     raw = bytes(range(1, 65))
     record = encode_handle(names[0], handle_text(raw), "metax")
-    assert record == RECORD.pack(0, raw) and len(record) == RECORD.size
+    assert record == GPU_RECORD.fields.pack(0, raw) and len(record) == GPU_RECORD.size
     with open(f"/dev/shm/{names[0]}", "wb") as file:
         file.write(record)
-    assert read_handle(names[0]) == handle_text(raw)
-    assert handle_bytes(read_handle(names[0])) == raw
+    assert read_handle(names[0], "metax") == handle_text(raw)
+    assert handle_bytes(read_handle(names[0], "metax")) == raw
 
 
 def test_a_missing_record_names_the_tensor(names: list[str]) -> None:
     with pytest.raises(CacheSharingError, match=f"KV cache tensor {names[0]} is not published"):
-        read_handle(names[0])
+        read_handle(names[0], "cpu")
+
+
+class GpuShmStruct(ctypes.Structure):
+    """custom_ops/gpu_ops/cuda_multiprocess.h ``shmStruct``, laid out by the C compiler's rules (ctypes)."""
+
+    _fields_ = [("nprocesses", ctypes.c_size_t), ("memHandle", ctypes.c_char * 64)]
+
+
+class XpuShmStruct(ctypes.Structure):
+    """custom_ops/xpu_ops/src/ops/xpu_multiprocess.h ``shmStruct`` (XPURT 5), laid out by the C compiler's rules."""
+
+    _fields_ = [("nprocesses", ctypes.c_size_t), ("memHandle", ctypes.c_char * 64), ("data_ptr_addr", ctypes.c_uint64)]
+
+
+@pytest.mark.parametrize(("layout", "native"), [(GPU_RECORD, GpuShmStruct), (XPU_RECORD, XpuShmStruct)])
+def test_each_record_layout_is_fastdeploys_struct_with_the_compilers_offsets(layout, native) -> None:
+    """Sizes and offsets as the C compiler lays FastDeploy's structs out (padding included): 72 bytes on CUDA,
+    80 on XPU, whose data_ptr_addr follows the 64-byte handle at byte 72."""
+    assert layout.size == ctypes.sizeof(native)
+    assert layout.handle_offset == native.memHandle.offset == 8
+    assert layout.address_offset == (native.data_ptr_addr.offset if native is XpuShmStruct else None)
+    assert (GPU_RECORD.size, XPU_RECORD.size, XPU_RECORD.address_offset) == (72, 80, 72)
+
+
+def test_records_pack_a_known_handle_and_address_at_fastdeploys_offsets() -> None:
+    handle, address = bytes(range(1, 65)), 0x7F12_3456_7000
+    assert GPU_RECORD.pack(handle, None) == bytes(8) + handle
+    xpu = XPU_RECORD.pack(handle, address)
+    assert xpu == bytes(8) + handle + address.to_bytes(8, sys.byteorder)
+    native = XpuShmStruct.from_buffer_copy(xpu)
+    assert (native.nprocesses, native.memHandle, native.data_ptr_addr) == (0, handle, address)
+    assert (GPU_RECORD.handle(bytes(8) + handle), XPU_RECORD.handle(xpu)) == (handle, handle)
+
+
+@pytest.mark.parametrize(
+    ("platform", "layout"),
+    [("cuda", GPU_RECORD), ("metax", GPU_RECORD), ("iluvatar", GPU_RECORD), ("cpu", GPU_RECORD), ("xpu", XPU_RECORD)],
+)
+def test_each_platform_has_its_fastdeploy_builds_record(platform: str, layout) -> None:
+    assert record_layout(platform) is layout
+
+
+def test_an_xpu_record_holds_the_raw_handle_and_the_tensors_address_and_reads_back_through_the_handle(
+    names: list[str],
+) -> None:
+    """FastDeploy's XPU runner attaches through data_ptr_addr, its transfer manager through the handle: our
+    creator writes both; our attacher on XPU opens the handle, as the transfer manager does."""
+    raw, address = bytes(range(1, 65)), 0x7F00_0000_1000
+    record = encode_handle(names[0], handle_text(raw), "xpu", address)
+    assert record == XPU_RECORD.pack(raw, address)
+    with open(f"/dev/shm/{names[0]}", "wb") as file:
+        file.write(record)
+    assert read_handle(names[0], "xpu") == handle_text(raw)
+
+
+@pytest.mark.parametrize(
+    ("handle", "address", "why"),
+    [(handle_text(bytes(range(1, 65))), None, "gave no device address"),
+     (handle_text(bytes(range(1, 65))), 0, "device address 0"),
+     ("memfd:1:3", 0x1000, "is not a raw 64-byte IPC handle")],
+)  # fmt: skip
+def test_an_xpu_record_that_fastdeploy_could_not_open_is_refused(handle: str, address, why: str) -> None:
+    with pytest.raises(CacheSharingError, match=f"key_caches_0_rank0.device0.*{why}.*Fix: "):
+        encode_handle("key_caches_0_rank0.device0", handle, "xpu", address)
+
+
+@pytest.mark.parametrize(("writer", "reader"), [("xpu", "cuda"), ("cuda", "xpu"), ("xpu", "metax")])
+def test_a_record_of_another_platforms_size_is_refused_naming_both_sizes(names: list[str], writer, reader) -> None:
+    """A record FastDeploy's build of another platform wrote (or a creator of ours on one) is not misread."""
+    written, expected = record_layout(writer), record_layout(reader)
+    with open(f"/dev/shm/{names[0]}", "wb") as file:
+        file.write(written.pack(bytes(range(1, 65)), 0x1000))
+    with pytest.raises(CacheSharingError) as caught:
+        read_handle(names[0], reader)
+    message = str(caught.value)
+    assert f"/dev/shm/{names[0]} holds {written.size} bytes" in message
+    assert f"platform {reader}'s record is {expected.size} bytes" in message
+    assert "a creator of another platform or FastDeploy build" in message and "Fix: " in message
+    ours = [PublishedTensor(names[0], (4, 8), "uint8", handle_text(bytes(range(1, 65))), 0x1000)]
+    with pytest.raises(CacheSharingError, match=f"holds {written.size} bytes.*is {expected.size} bytes"):
+        FastDeployHandles.create("9923", 0, ours, reader, attacher_expected=False)

@@ -33,7 +33,7 @@ from fd_platforms.contract.errors import CacheSharingError, ConfigError, SignalW
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
 from fd_platforms.engine.block_handoff import hand_off_block_count
 from fd_platforms.engine.cache_status import drive_kv_cache_update, serve_kv_cache_status
-from fd_platforms.engine.fastdeploy_handles import RECORD
+from fd_platforms.engine.fastdeploy_records import GPU_RECORD
 from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
 from fd_platforms.loading.selection import select_platform
 from run_helpers import QWEN, ROOT, SCRIPT, clean_env, main_in_process
@@ -165,7 +165,7 @@ def test_our_cache_manager_wakes_a_standin_worker_and_tells_the_engine_it_is_up(
         for cache in managed:
             assert first_bytes(cache.device, 1) == {0x5A}, "the stand-in wrote into our tensors"
             names = cache.device.names
-            record = RECORD.unpack(Path(f"/dev/shm/{names[0]}").read_bytes())
+            record = GPU_RECORD.fields.unpack(Path(f"/dev/shm/{names[0]}").read_bytes())
             assert record[0] == 0 and record[1].rstrip(b"\0").decode().startswith(f"memfd:{os.getpid()}:")
         said = {engine.stdout.readline().strip() for _ in range(2)}  # type: ignore[union-attr]
         assert said == {"cache_transfer_inited 2", "swap_space_ready 2"}, "what FastDeploy's engine waits for"
@@ -289,7 +289,7 @@ def test_our_metax_cache_manager_wakes_a_standin_worker_which_opens_the_raw_hand
             said, place = link.recv()
             assert said == "published" and f"metax_gpu:{rank}" in place, (said, place)
         for rank in range(2):
-            _, handle = RECORD.unpack(Path(f"/dev/shm/{qwen_layout(rank, 2, rank).names()[0]}").read_bytes())
+            _, handle = GPU_RECORD.fields.unpack(Path(f"/dev/shm/{qwen_layout(rank, 2, rank).names()[0]}").read_bytes())
             assert handle.startswith(b"FAKEIPC1"), "the raw handle (the fake runtime's magic), not its text"
         attachers = [standin("attacher", suffix, rank, 2, device_specs(rank, 2), 0, 0) for rank in range(2)]
         for attacher in attachers:
@@ -482,7 +482,9 @@ def test_a_clear_that_fails_is_reported_as_the_workers_own_error_once() -> None:
         held = None
         while held is None:  # between a clear and the next creation the records are gone for a moment
             try:
-                held = FastDeployHandles.open(suffix, 0, [PublishedTensor(name, (1,), "uint8", "") for name in names])
+                held = FastDeployHandles.open(
+                    suffix, 0, [PublishedTensor(name, (1,), "uint8", "") for name in names], "cpu"
+                )
             except CacheSharingError:
                 time.sleep(0.01)
         try:

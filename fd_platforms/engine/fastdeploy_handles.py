@@ -3,15 +3,17 @@
 FastDeploy writes each cache tensor's IPC handle into a POSIX shared-memory segment named after the
 tensor (``key_caches_{layer}_rank{rank}.device{device}``, ``value_caches_...``, ...), and the other
 side opens it with ``share_external_data(name, shape)``, bringing the shape and dtype itself. The
-segment is FastDeploy's ``shmStruct``: a native ``size_t`` (``nprocesses``, always 0) and the
-64-byte handle. A platform whose handle is or holds a raw 64-byte IPC handle — MetaX's and
-Iluvatar's ``*IpcGetMemHandle`` through the vendor runtime (``ipc64:<base64>``), the
-``cudaIpcMemHandle_t`` inside Paddle's ``_share_cuda`` metadata of a tensor at its allocation's
-start (CUDA; XPU's alike) — has it written raw, exactly as FastDeploy's ``set_data_ipc`` writes it,
-and a raw record reads back as such a handle, which every sharing platform opens; any other handle
-is written as its text (the cpu platform's ``memfd:<pid>:<fd>``), NUL-padded. A handle that fits
-neither cannot be written in FastDeploy's record and is refused, naming the platform (or, for
-Paddle's metadata, why: VMM memory, or a tensor inside its allocation).
+segment is FastDeploy's ``shmStruct`` of the platform's build (:mod:`.fastdeploy_records`): a
+``size_t`` (``nprocesses``, always 0) and the 64-byte handle, then on XPU the tensor's device
+address. A platform whose handle is or holds a raw 64-byte IPC handle — MetaX's and Iluvatar's
+``*IpcGetMemHandle`` through the vendor runtime (``ipc64:<base64>``), the handle inside Paddle's
+``_share_cuda``/``_share_xpu`` metadata of a tensor at its allocation's start (CUDA, XPU) — has it
+written raw, exactly as FastDeploy's ``set_data_ipc`` writes it, and a raw record reads back as such
+a handle, which every sharing platform opens; on the 72-byte record any other handle is written as
+its text (the cpu platform's ``memfd:<pid>:<fd>``), NUL-padded. A handle that fits neither, or an
+XPU record without a raw handle and an address, cannot be written and is refused, naming the
+platform (or, for Paddle's metadata, why: VMM memory, or a tensor inside its allocation). A record
+of another size than the platform's is refused when read or reused, naming both sizes.
 
 The let-go handshake is FastDeploy's too: an attacher resets its rank's ``cache_ready_signal`` slot
 to 0 when it lets go. A creator waits for that only where FastDeploy's creator does, where an attacher
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import os
 import re
-import struct
 import time
 import weakref
 from collections.abc import Sequence
@@ -41,34 +42,60 @@ from ..ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal, check_suffix
 from ..kit.device_facts import raw_ipc_handle
 from ..kit.host_sharing import handle_pid
 from ..kit.vendor_device import HANDLE_BYTES, handle_bytes, handle_text
+from .fastdeploy_records import RecordLayout, record_layout
 from .publication import POLL_SECONDS, PublishedTensor
 
-RECORD = struct.Struct("=Q64s")  # FastDeploy's shmStruct: size_t nprocesses; cudaIpcMemHandle_t memHandle
 _PRINTABLE = re.compile(rb"[\x21-\x7e]+")
 
 
-def encode_handle(name: str, handle: str, platform: str) -> bytes:
-    """FastDeploy's record for ``handle``; a CacheSharingError where it does not fit its 64 bytes."""
+def encode_handle(name: str, handle: str, platform: str, address: int | None = None) -> bytes:
+    """FastDeploy's record of ``platform`` for ``handle`` (and, on XPU, the tensor's device ``address``);
+    a CacheSharingError where FastDeploy could not open it."""
+    layout = record_layout(platform)
     ipc = handle_bytes(handle)
     if ipc is None:
         ipc = raw_ipc_handle(name, handle)  # Paddle's IPC metadata (cuda, xpu): the raw handle inside it
+    if layout.address_offset is not None:
+        return layout.pack(_xpu_handle(name, ipc, platform), _xpu_address(name, address, platform))
     if ipc is not None:
-        return RECORD.pack(0, ipc)
+        return layout.pack(ipc, None)
     raw = handle.encode("utf-8")
     if len(raw) > HANDLE_BYTES or b"\0" in raw:
         raise CacheSharingError(
             f"platform {platform}'s handle for KV cache tensor {name} is {len(raw)} bytes, but FastDeploy's record "
-            f"holds a {HANDLE_BYTES}-byte handle (its set_data_ipc writes a raw cudaIpcMemHandle_t). Fix: use the "
+            f"holds a {HANDLE_BYTES}-byte handle (its set_data_ipc writes a raw IPC handle). Fix: use the "
             "fd-platforms protocol on this platform (the default); the FastDeploy protocol needs a platform whose "
             f"export gives a handle of at most {HANDLE_BYTES} bytes"
         )
-    return RECORD.pack(0, raw)
+    return layout.pack(raw, None)
 
 
-def read_handle(name: str) -> str:
-    """The handle in FastDeploy's record ``name``, read without mapping (size checked first)."""
+def _xpu_handle(name: str, ipc: bytes | None, platform: str) -> bytes:
+    if ipc is None:
+        raise CacheSharingError(
+            f"platform {platform}'s handle for KV cache tensor {name} is not a raw {HANDLE_BYTES}-byte IPC handle, "
+            "and FastDeploy's XPU record holds one (its transfer manager opens it with xpu_ipc_open_memhandle). "
+            "Fix: use the fd-platforms protocol on this platform (the default)"
+        )
+    return ipc
+
+
+def _xpu_address(name: str, address: int | None, platform: str) -> int:
+    if address is None or not 0 < address < 2**64:
+        said = "gave no device address" if address is None else f"gave device address {address}"
+        raise CacheSharingError(
+            f"platform {platform}'s export of KV cache tensor {name} {said}, and FastDeploy's XPU record carries "
+            "the tensor's address (its XPU runner attaches through data_ptr_addr, and crashes on 0). Fix: export "
+            "Paddle tensors (their data_ptr() is the address), or use the fd-platforms protocol (the default)"
+        )
+    return address
+
+
+def read_handle(name: str, platform: str) -> str:
+    """The handle in FastDeploy's record ``name`` of ``platform``, read without mapping (size checked first)."""
+    layout = record_layout(platform)
     try:
-        segment = shm.Segment.inspect(name, RECORD.size)
+        segment = shm.Segment.inspect(name)
     except FileNotFoundError:
         raise CacheSharingError(
             f"KV cache tensor {name} is not published (no /dev/shm/{name}) although its rank's cache_ready_signal "
@@ -78,10 +105,12 @@ def read_handle(name: str) -> str:
     except shm.SegmentUnusable as exc:
         raise CacheSharingError(f"KV cache tensor {name}'s handle record cannot be used: {exc}") from None
     try:
-        raw = segment.read(RECORD.size)
+        if segment.size != layout.size:
+            raise _wrong_size(name, segment.size, layout, platform)
+        raw = segment.read(layout.size)
     finally:
         segment.close()
-    _, record = RECORD.unpack(raw)
+    record = layout.handle(raw)
     handle = record.rstrip(b"\0")
     if not _PRINTABLE.fullmatch(handle):
         return handle_text(record)  # a raw IPC handle, as FastDeploy's set_data_ipc writes it
@@ -110,13 +139,14 @@ class FastDeployHandles:
     def create(
         cls, suffix: str, rank: int, tensors: Sequence[PublishedTensor], platform: str, *, attacher_expected: bool
     ) -> FastDeployHandles:
-        """Write every tensor's record (this process holds them); on failure none is left."""
+        """Write every tensor's record in ``platform``'s layout (this process holds them); on failure none is left."""
         check_suffix(suffix)
-        records = [(tensor.name, encode_handle(tensor.name, tensor.handle, platform)) for tensor in tensors]
+        records = [(tensor.name, encode_handle(tensor.name, tensor.handle, platform, tensor.address))
+                   for tensor in tensors]  # fmt: skip
         held: list[shm.Segment] = []
         try:
             for name, record in records:
-                segment = _record_segment(name)
+                segment = _record_segment(name, platform)
                 held.append(segment)
                 os.pwrite(segment.fd, record, 0)
         except BaseException:
@@ -125,12 +155,14 @@ class FastDeployHandles:
         return cls(suffix, rank, tuple(tensors), held, creator=True, attacher_expected=attacher_expected)
 
     @classmethod
-    def open(cls, suffix: str, rank: int, expected: Sequence[PublishedTensor]) -> FastDeployHandles:
-        """Read the handle of every tensor of ``expected`` (names, shapes and dtypes are the attacher's own)
+    def open(cls, suffix: str, rank: int, expected: Sequence[PublishedTensor], platform: str) -> FastDeployHandles:
+        """Read the handle of every tensor of ``expected`` (names, shapes and dtypes are the attacher's own) from
+        ``platform``'s records (on XPU the handle, as FastDeploy's transfer manager opens it, not the address),
         and hold the first record (shared) until :meth:`let_go`, so the creator waits for this process."""
         check_suffix(suffix)
         tensors = tuple(
-            PublishedTensor(tensor.name, tensor.shape, tensor.dtype, read_handle(tensor.name)) for tensor in expected
+            PublishedTensor(tensor.name, tensor.shape, tensor.dtype, read_handle(tensor.name, platform))
+            for tensor in expected
         )
         pids = sorted({pid for pid in (handle_pid(tensor.handle) for tensor in tensors) if pid is not None})
         if len(pids) > 1:
@@ -139,7 +171,7 @@ class FastDeployHandles:
                 f"{', '.join(map(str, pids))}), but one creator makes every tensor of a rank: some were written by "
                 "another process. Fix: find what else writes to /dev/shm under FastDeploy's names; restart the engine"
             )
-        return cls(suffix, rank, tensors, [_hold_record(tensors[0].name)] if tensors else [], creator=False)
+        return cls(suffix, rank, tensors, [_hold_record(tensors[0].name, record_layout(platform).size)] if tensors else [], creator=False)
 
     def let_go(self) -> None:
         """An attacher's let-go: drop its hold on the first record (its slot is the caller's). Idempotent."""
@@ -160,7 +192,7 @@ class FastDeployHandles:
         first.close()  # our own lock dropped: what remains are attachers' locks
         while True:
             try:
-                probe = shm.Segment.inspect(first.name, RECORD.size)
+                probe = shm.Segment.inspect(first.name, first.size)
             except (FileNotFoundError, shm.SegmentUnusable):
                 break  # removed or replaced meanwhile: not ours to wait for
             try:
@@ -170,7 +202,7 @@ class FastDeployHandles:
             finally:
                 probe.close()
             if time.monotonic() >= deadline:
-                self._held[0] = shm.Segment.open(first.name, RECORD.size)  # hold it again: still published
+                self._held[0] = shm.Segment.open(first.name, first.size)  # hold it again: still published
                 raise CacheInUseError(
                     f"rank {self.rank}'s KV cache is still attached by a process of fd-platforms after {timeout:g} s "
                     f"(it holds /dev/shm/{first.name}), so nothing was freed. Fix: clear that process's cache first "
@@ -195,10 +227,10 @@ class FastDeployHandles:
                 ) from None
 
 
-def _hold_record(name: str) -> shm.Segment:
-    """An attacher's shared hold on record ``name`` (the kernel drops it when this process dies)."""
+def _hold_record(name: str, size: int) -> shm.Segment:
+    """An attacher's shared hold on record ``name`` of ``size`` bytes (the kernel drops it when this process dies)."""
     try:
-        return shm.Segment.open(name, RECORD.size)
+        return shm.Segment.open(name, size)
     except FileNotFoundError:
         raise CacheSharingError(
             f"KV cache tensor {name}'s record was removed while this process attached (its creator cleared). "
@@ -208,27 +240,41 @@ def _hold_record(name: str) -> shm.Segment:
         raise CacheSharingError(f"KV cache tensor {name}'s handle record cannot be held: {exc}") from None
 
 
-def _record_segment(name: str) -> shm.Segment:
-    """A record segment for ``name``: new, or FastDeploy's leftover (no process of ours holds it) reused."""
+def _record_segment(name: str, platform: str) -> shm.Segment:
+    """A record segment for ``name`` in ``platform``'s layout: new, or FastDeploy's leftover (no process of
+    ours holds it) reused."""
+    layout = record_layout(platform)
     try:
-        return shm.Segment.create(name, RECORD.size)
+        return shm.Segment.create(name, layout.size)
     except FileExistsError:
         pass
     try:
-        probe = shm.Segment.inspect(name, RECORD.size)
+        probe = shm.Segment.inspect(name)
     except (FileNotFoundError, shm.SegmentUnusable) as exc:
         raise CacheSharingError(
             f"KV cache tensor {name}'s handle record cannot be written: /dev/shm/{name} exists and cannot be reused "
             f"({exc}). Fix: remove /dev/shm/{name} if no engine uses it"
         ) from None
-    if probe.size != RECORD.size or not probe.unused():
+    try:
+        if probe.size != layout.size:
+            raise _wrong_size(name, probe.size, layout, platform)
+        if not probe.unused():
+            raise CacheSharingError(
+                f"KV cache tensor {name} is already published by a running process (/dev/shm/{name} is held). Fix: "
+                "clear that cache first; two creators of one rank and device cannot share FastDeploy's names"
+            )
+    finally:
         probe.close()
-        raise CacheSharingError(
-            f"KV cache tensor {name} is already published by a running process (/dev/shm/{name} is held). Fix: clear "
-            "that cache first; two creators of one rank and device cannot share FastDeploy's names"
-        )
-    probe.close()
-    return shm.Segment.open(name, RECORD.size)
+    return shm.Segment.open(name, layout.size)
+
+
+def _wrong_size(name: str, size: int, layout: RecordLayout, platform: str) -> CacheSharingError:
+    return CacheSharingError(
+        f"FastDeploy's record /dev/shm/{name} holds {size} bytes, but platform {platform}'s record is {layout.size} "
+        f"bytes ({layout.source}): it was written by a creator of another platform or FastDeploy build. Fix: run "
+        "every process of the engine on one platform, with FastDeploy built for it; remove the record if no engine "
+        "uses it"
+    )
 
 
 def _named_pid(tensors: Sequence[PublishedTensor]) -> int | None:

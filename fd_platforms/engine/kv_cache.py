@@ -24,6 +24,7 @@ from ..contract.errors import CacheSharingError, ConfigError, DeviceAllocError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision, SharedTensor
 from ..ipc.cache_signal import resolve_timeout
+from ..kit.device_facts import data_address
 from ..kit.host_sharing import handle_pid
 from ..loading.platform import Platform
 from ..rules.layout import DTYPE_BYTES, CacheLayout, CacheTensorSpec, check_layout, check_num_blocks
@@ -191,7 +192,7 @@ def export_kv_cache(
     try:
         export_all()
         entries = [
-            PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, tensor.handle)
+            PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, tensor.handle, data_address(tensor.tensor))
             for spec, tensor in zip(layout.tensors, shared, strict=True)
         ]
         publication = protocol.publish(
@@ -225,7 +226,7 @@ def attach_kv_cache(
     check_num_blocks(num_blocks)
     started = time.monotonic()
     expected = [PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, "") for spec in layout.tensors]
-    publication = protocol.open_published(signal_name, layout.rank, expected)
+    publication = protocol.open_published(signal_name, layout.rank, expected, platform.name)
     shared: list[SharedTensor] = []
     device = platform.identity.device_string(layout.device_id)
 

@@ -25,7 +25,7 @@ import os
 import struct
 import time
 import weakref
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from ..contract.errors import CacheInUseError, CacheSharingError
 from ..contract.integers import MAX_COUNT, is_int
@@ -61,12 +61,16 @@ def published_tensor_name(signal_name: str, layout_name: str) -> str:
 
 @dataclass(frozen=True)
 class PublishedTensor:
-    """One manifest entry: the layout's name of a tensor, its shape, dtype and the exporter's handle."""
+    """One manifest entry: the layout's name of a tensor, its shape, dtype and the exporter's handle.
+
+    ``address`` is where the tensor's data starts in the exporting process (FastDeploy's XPU record
+    carries it; the manifest does not), or None where unknown."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
     handle: str
+    address: int | None = None
 
 
 class Publication:
@@ -97,7 +101,8 @@ class Publication:
         died) is reclaimed; one in use is a CacheSharingError."""
         document = {
             "format": FORMAT, "rank": rank, "creator_pid": os.getpid(), "device": device,
-            "tensors": [asdict(tensor) for tensor in tensors],
+            "tensors": [{"name": tensor.name, "shape": tensor.shape, "dtype": tensor.dtype, "handle": tensor.handle}
+                        for tensor in tensors],
         }  # fmt: skip
         payload = json.dumps(document, separators=(",", ":")).encode()
         try:

@@ -266,6 +266,13 @@ def shared_view(
     )  # fmt: skip
 
 
+def data_address(tensor: Any) -> int | None:
+    """Where ``tensor``'s data starts in this process (Paddle's ``Tensor.data_ptr()``); None for a tensor
+    object without ``data_ptr`` (a plugin's own kind)."""
+    data_ptr = getattr(tensor, "data_ptr", None)
+    return None if data_ptr is None else int(data_ptr())
+
+
 def encode_handle(metadata: object) -> str:
     """Paddle's IPC metadata (a tuple of bytes, ints and lists) as JSON text; bytes in base64."""
 
@@ -281,8 +288,9 @@ def encode_handle(metadata: object) -> str:
 
 def raw_ipc_handle(name: str, handle: str) -> bytes | None:
     """The raw 64-byte IPC handle inside Paddle's IPC metadata ``handle`` (what FastDeploy's per-tensor
-    record holds: its ``set_data_ipc`` writes the ``cudaIpcMemHandle_t`` of the tensor's data), or None
-    where ``handle`` is not such metadata. A :class:`CacheSharingError` where it is, but a raw handle
+    record holds: its ``set_data_ipc`` writes the IPC handle of the tensor's data, a ``cudaIpcMemHandle_t``
+    on CUDA, an ``XPUIpcMemHandle`` on XPU), or None where ``handle`` is not such metadata. A
+    :class:`CacheSharingError` where it is, but a raw handle
     cannot stand for it: VMM memory (another kind of handle), or a tensor that starts inside its
     allocation (a raw handle names the allocation, and FastDeploy's opener reads from its start)."""
     try:
@@ -297,7 +305,7 @@ def raw_ipc_handle(name: str, handle: str) -> bytes | None:
     if len(metadata) == VMM_FIELDS:
         raise CacheSharingError(
             f"KV cache tensor {name} lives in Paddle's virtual-memory allocator (its IPC handle is a VMM one), and "
-            "FastDeploy's record holds only a cudaIpcMemHandle_t. Fix: set FLAGS_use_virtual_memory_auto_growth=0 "
+            "FastDeploy's record holds only a legacy IPC handle. Fix: set FLAGS_use_virtual_memory_auto_growth=0 "
             "in every process of the engine, or use the fd-platforms protocol (the default)"
         )
     raw, offset = metadata[0], metadata[1]

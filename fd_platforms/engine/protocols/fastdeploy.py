@@ -85,8 +85,10 @@ class FastDeployProtocol(WireProtocol):
     ) -> FastDeployHandles:
         return FastDeployHandles.create(signal_name, rank, tensors, platform_name, attacher_expected=attacher_expected)
 
-    def open_published(self, signal_name: str, rank: int, expected: Sequence[PublishedTensor]) -> FastDeployHandles:
-        return FastDeployHandles.open(signal_name, rank, expected)  # the records carry no shapes
+    def open_published(
+        self, signal_name: str, rank: int, expected: Sequence[PublishedTensor], platform_name: str
+    ) -> FastDeployHandles:
+        return FastDeployHandles.open(signal_name, rank, expected, platform_name)  # the records carry no shapes
 
     def manager_up(self, signal_name: str, rank: int, *, swap: bool) -> None:
         """Say so as FastDeploy's transfer manager does: ``swap_space_ready_signal`` where it holds swap

@@ -60,9 +60,12 @@ class WireProtocol(ABC):
         whether another process is configured to attach to them."""
 
     @abstractmethod
-    def open_published(self, signal_name: str, rank: int, expected: Sequence[PublishedTensor]) -> Published:
+    def open_published(
+        self, signal_name: str, rank: int, expected: Sequence[PublishedTensor], platform_name: str
+    ) -> Published:
         """``rank``'s publication, held by this attacher until it lets go; ``expected`` is this
-        process's layout (no handles), for a protocol whose records carry no shapes."""
+        process's layout (no handles), for a protocol whose records carry no shapes, and
+        ``platform_name`` the attaching platform, for one whose records are laid out per platform."""
 
     @abstractmethod
     def manager_up(self, signal_name: str, rank: int, *, swap: bool) -> None:

@@ -59,7 +59,9 @@ class FdPlatformsProtocol(WireProtocol):
         """Every attacher holds the manifest's lock while attached, so a clear waits for whoever does."""
         return Publication.create(publication_name(signal_name, rank), rank, device, list(tensors))
 
-    def open_published(self, signal_name: str, rank: int, expected: Sequence[PublishedTensor]) -> Publication:
+    def open_published(
+        self, signal_name: str, rank: int, expected: Sequence[PublishedTensor], platform_name: str
+    ) -> Publication:
         return Publication.open(publication_name(signal_name, rank), rank)  # the manifest carries the shapes
 
     def manager_up(self, signal_name: str, rank: int, *, swap: bool) -> None:
