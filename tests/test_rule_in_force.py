@@ -1,6 +1,6 @@
 """The rule in force is never a guess: beside FastDeploy, in the one case where the rule's versions
 decide differently (host swap space, no storage backend, role mixed), a rule nobody pinned is
-refused at every entry point.
+refused at every entry point, and a wait that times out there names the other version.
 
 FastDeploy's IPC has no word that says who creates: its runner decides by its own version of the
 rule (``fastdeploy/worker/gpu_model_runner.py`` ``initialize_kv_cache``) and its cache transfer
@@ -189,3 +189,28 @@ def test_under_our_protocol_an_unpinned_rule_is_2026_01_as_before(cpu, signal_na
         initialize_kv_cache(cpu, qwen_layout(), BLOCKS, signal_name=signal_name, timeout=0.2, **DISAGREE)
     assert caught.value.cause == "timeout"  # 2026-01: swap space on, the runner waited for a cache manager
 
+
+# -- a wait that times out in the disagreeing case names the other version ------------------------
+
+
+def test_a_runner_pinned_to_2026_01_that_times_out_names_the_newer_fastdeploy(cpu, fastdeploy_signals) -> None:
+    with pytest.raises(SignalWaitError) as caught:
+        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, signal_name=fastdeploy_signals, protocol="fastdeploy",
+                            rule="2026-01", timeout=0.2, **DISAGREE)  # fmt: skip
+    message = str(caught.value)
+    assert caught.value.cause == "timeout" and "the limit is 0.2 s" in message
+    assert "pinned rule 2026-01 (FastDeploy before 2026-04-29)" in message
+    assert "under rule 2026-04 (FastDeploy from PR #7471 (2026-04-29) on) the runner creates the cache and the " \
+           "cache transfer manager attaches to it" in message
+    assert "each side waits for the other" in message and "pin rule 2026-04" in message
+
+
+def test_a_manager_pinned_to_2026_04_that_times_out_names_the_older_fastdeploy(cpu, fastdeploy_signals) -> None:
+    with pytest.raises(SignalWaitError) as caught:
+        hold_kv_cache(cpu, qwen_layout(), BLOCKS, num_cpu_blocks=4, signal_name=fastdeploy_signals,
+                      protocol="fastdeploy", rule="2026-04", timeout=0.2)  # fmt: skip
+    message = str(caught.value)
+    assert "pinned rule 2026-04 (FastDeploy from PR #7471 (2026-04-29) on)" in message
+    assert "under rule 2026-01 (FastDeploy before 2026-04-29) the cache transfer manager creates the cache and the " \
+           "runner attaches to it" in message
+    assert "pin rule 2026-01" in message

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from ..contract.errors import CacheSharingError, FdPlatformsError
+from ..contract.errors import CacheSharingError, FdPlatformsError, SignalWaitError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision
 from ..ipc.cache_signal import resolve_timeout
@@ -93,7 +93,7 @@ def initialize_kv_cache(
             wire.set_ready(signal_name, layout.rank)
     else:
         check_can_attach(platform, decision, f"rank {layout.rank}")
-        waited = wire.wait_ready(platform, signal_name, layout.rank, limit, setter_pid)
+        waited = _wait_ready(platform, wire, signal_name, layout.rank, limit, setter_pid, inputs)
         cache = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid, wire)
         cache.wait_seconds = waited
     cache.decision, cache.import_seconds = decision, import_seconds
@@ -173,7 +173,7 @@ def hold_kv_cache(
     quarter second of its death; ``clear()`` lets go first, so the worker can clear and re-create.
     The other arguments as :func:`manage_kv_cache`'s.
     """
-    layout, wire, _ = _manager_layout(
+    layout, wire, inputs = _manager_layout(
         platform, layout, num_blocks, signal_name, protocol,
         (num_cpu_blocks, storage_backend, splitwise_role, rule),
         "attach to a worker's cache. Fix: pin a rule version under which the cache manager creates it (2026-01), "
@@ -181,7 +181,7 @@ def hold_kv_cache(
     )  # fmt: skip
     limit = resolve_timeout(timeout)
     import_seconds = _import_paddle()
-    waited = wire.wait_ready(platform, signal_name, layout.rank, limit, setter_pid)
+    waited = _wait_ready(platform, wire, signal_name, layout.rank, limit, setter_pid, inputs)
     device = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid, wire)
     device.wait_seconds, device.import_seconds = waited, import_seconds
     return _announced(_with_host_cache(platform, layout, device, num_cpu_blocks), wire, signal_name)
@@ -236,6 +236,26 @@ def _manager_layout(
             f"so a cache manager cannot {refusal}"
         )
     return shaped, wire, inputs
+
+
+def _wait_ready(
+    platform: Platform,
+    wire: WireProtocol,
+    signal_name: str,
+    rank: int,
+    limit: float,
+    setter_pid: int | None,
+    inputs: DecisionInputs,
+) -> float:
+    """``wire.wait_ready``; a wait on FastDeploy's side that timed out names, where the protocol says
+    one could be at fault, a peer following another version of the rule than ``inputs.rule``."""
+    try:
+        return wire.wait_ready(platform, signal_name, rank, limit, setter_pid)
+    except SignalWaitError as error:
+        hint = wire.rule_mismatch(inputs.rule, inputs) if error.cause == "timeout" else ""
+        if not hint:
+            raise
+        raise error.with_hint(hint) from None
 
 
 def _import_paddle() -> float:

@@ -40,7 +40,7 @@ from ...ipc.fastdeploy_signals import (
 from ..block_handoff import hand_off_block_count
 from ..fastdeploy_handles import FastDeployHandles
 from ..publication import PublishedTensor
-from .fastdeploy_rule import rule_in_force
+from .fastdeploy_rule import mismatch_hint, rule_in_force
 from .interface import WireProtocol
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -77,6 +77,9 @@ class FastDeployProtocol(WireProtocol):
 
     def rule_in_force(self, rule: str | None, inputs: DecisionInputs, field: str = "rule") -> str:
         return rule_in_force(rule, inputs, field)
+
+    def rule_mismatch(self, rule: str, inputs: DecisionInputs) -> str:
+        return mismatch_hint(rule, inputs)
 
     def wait_ready(
         self, platform: Platform, signal_name: str, rank: int, timeout: float, setter_pid: int | None

@@ -10,7 +10,8 @@ no longer makes the runner attach, so in a mixed instance with swap space and no
 two releases put the cache in different processes (:func:`~fd_platforms.rules.decision.decisions_by_version`).
 
 There a version nobody pinned would be a guess, and a wrong guess is two processes each waiting for
-the other until both time out: :func:`rule_in_force` refuses it instead, naming both versions. We do not
+the other until both time out: :func:`rule_in_force` refuses it instead, naming both versions, and
+:func:`mismatch_hint` gives a wait that times out there the other version to suspect. We do not
 read FastDeploy's installed version instead: a version number does not tell whether a build
 carries PR #7471 (forks and development builds), and our process need not be able to import
 FastDeploy's package at all; refusing costs one pinned setting, a wrong guess a hung start-up.
@@ -41,6 +42,24 @@ def rule_in_force(rule: str | None, inputs: DecisionInputs, field: str = "rule")
         "signals do not say which its processes follow: "
         + "; ".join(f"{_version(name)}: {_who_creates(answer)}" for name, answer in answers.items()),
         f"pin the rule version of the FastDeploy beside this engine, the same in every process of ours: {HOW_TO_PIN}",
+    )
+
+
+def mismatch_hint(rule: str, inputs: DecisionInputs) -> str:
+    """For a wait on FastDeploy's side that timed out under the pinned ``rule``: where another version
+    decides otherwise on ``inputs``, that a FastDeploy following it would be waiting for us too, and
+    the fix; "" where every version decides alike."""
+    answers = decisions_by_version(inputs)
+    if answers is None:
+        return ""
+    others = [name for name, answer in answers.items() if answer.create != answers[rule].create]
+    return (
+        f"Or the rule differs: this process follows the pinned rule {_version(rule)}, under which "
+        f"{_who_creates(answers[rule])}, but "
+        + "; ".join(f"under rule {_version(name)} {_who_creates(answers[name])}" for name in others)
+        + ": if the FastDeploy beside it follows that, each side waits for the other. Fix: then pin rule "
+        + " or ".join(others)
+        + f" in every process of ours ({HOW_TO_PIN})"
     )
 
 

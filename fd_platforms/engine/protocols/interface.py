@@ -52,6 +52,11 @@ class WireProtocol(ABC):
         where this protocol's peers can be taken to follow it; a ConfigError naming ``field`` otherwise."""
 
     @abstractmethod
+    def rule_mismatch(self, rule: str, inputs: DecisionInputs) -> str:
+        """For a wait on a peer that timed out under ``rule``: how a peer following another version
+        would explain it, and the fix; "" where no peer can differ."""
+
+    @abstractmethod
     def wait_ready(
         self, platform: Platform, signal_name: str, rank: int, timeout: float, setter_pid: int | None
     ) -> float:

@@ -53,6 +53,9 @@ class FdPlatformsProtocol(WireProtocol):
         check_pin(rule, field)
         return rule or DEFAULT_RULE
 
+    def rule_mismatch(self, rule: str, inputs: DecisionInputs) -> str:
+        return ""
+
     def wait_ready(
         self, platform: Platform, signal_name: str, rank: int, timeout: float, setter_pid: int | None
     ) -> float:
