@@ -21,7 +21,7 @@ from fd_platforms.rules.decision import RULE_VERSIONS
 from fd_platforms.rules.layout import build_layout
 
 MODEL = Path(__file__).resolve().parent / "qwen3-30b-a3b"
-CACHE = CacheConfig()
+CACHE = CacheConfig(rule="2026-04")  # the FastDeploy beside it: from PR #7471 on (its IPC cannot say which)
 TIMEOUT = 60.0  # bounds every wait of the agreement
 
 

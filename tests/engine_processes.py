@@ -55,7 +55,10 @@ def export_and_hold(nbytes: int, conn: Connection) -> None:
     conn.recv()
 
 
-FASTDEPLOY_ATTACH = {"profile": False, "num_cpu_blocks": 4, "storage_backend": None, "splitwise_role": "mixed"}
+#: Our runner sent to attach beside FastDeploy: swap space in a mixed instance, where only rule 2026-01
+#: (FastDeploy before PR #7471, whose cache transfer manager creates: the stand-in ``creator``) attaches.
+FASTDEPLOY_ATTACH = {"profile": False, "num_cpu_blocks": 4, "storage_backend": None, "splitwise_role": "mixed",
+                     "rule": "2026-01"}  # fmt: skip
 
 
 def first_bytes(cache: object, index: int) -> set[int]:
@@ -117,7 +120,7 @@ def fastdeploy_manager(suffix: str, rank: int, tp: int, num_blocks: int, device_
 
     platform = fd_platforms.current_platform()
     managed = manage_kv_cache(platform, qwen_layout(rank, tp, device_id), num_blocks, num_cpu_blocks=4,
-                              signal_name=suffix, protocol="fastdeploy")  # fmt: skip
+                              signal_name=suffix, protocol="fastdeploy", rule="2026-01")  # fmt: skip
     conn.send(("published", str(managed.device.tensors[0].place)))
     while True:
         kind = conn.recv()

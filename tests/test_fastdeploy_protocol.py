@@ -156,7 +156,8 @@ def test_our_cache_manager_wakes_a_standin_worker_and_tells_the_engine_it_is_up(
     with fastdeploy_engine(2) as (suffix, engine):
         attachers = [standin("attacher", suffix, rank, 2, tensor_specs(cpu, rank, 2), 0, 0) for rank in range(2)]
         managed = [
-            manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, signal_name=suffix, protocol="fastdeploy")
+            manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, signal_name=suffix, protocol="fastdeploy",
+                            rule="2026-01")
             for rank in range(2)
         ]
         for attacher in attachers:
@@ -192,7 +193,7 @@ def test_a_clear_update_driven_from_the_standins_side_completes_20_times(cpu) ->
     with fastdeploy_engine(4) as (suffix, _):
         def create(rank: int):
             return manage_kv_cache(cpu, qwen_layout(rank, 4), BLOCKS, num_cpu_blocks=4, signal_name=suffix,
-                                   protocol="fastdeploy")  # fmt: skip
+                                   protocol="fastdeploy", rule="2026-01")  # fmt: skip
 
         managed = [create(rank) for rank in range(4)]
         attachers = [standin("attacher", suffix, rank, 4, tensor_specs(cpu, rank, 4), CYCLES, 0) for rank in range(4)]
@@ -311,7 +312,8 @@ def test_our_metax_cache_manager_wakes_a_standin_worker_which_opens_the_raw_hand
 def test_a_rank_that_never_lets_go_is_named(cpu) -> None:
     with fastdeploy_engine(2) as (suffix, _):
         managed = [
-            manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, signal_name=suffix, protocol="fastdeploy")
+            manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, signal_name=suffix, protocol="fastdeploy",
+                            rule="2026-01")
             for rank in range(2)
         ]
         with FastDeploySignal.attach(CACHE_READY, suffix) as ready:

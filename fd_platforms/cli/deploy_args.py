@@ -12,7 +12,7 @@ from ..contract.errors import ConfigError
 from ..rules.config.deploy import DeployConfig, deploy_config_from_overrides, load_deploy_config
 from ..rules.config.limits import ATTENTION_KINDS, CACHE_DTYPES, QUANT_TYPES
 from ..rules.config.settings import PROTOCOLS, CacheConfig, ParallelConfig, SchedulerConfig
-from ..rules.decision import RULE_VERSIONS, SPLITWISE_ROLES, STORAGE_BACKENDS
+from ..rules.decision import DEFAULT_RULE, RULE_VERSIONS, SPLITWISE_ROLES, STORAGE_BACKENDS
 from ..rules.sizes import parse_size
 
 
@@ -63,7 +63,8 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--rule", choices=tuple(RULE_VERSIONS),
-        help=f"the create-or-attach rule's version the engine pins (default: {cache.rule}; fd-platforms rules shows them)",
+        help=f"the create-or-attach rule's version the engine pins (default: {DEFAULT_RULE}; with --protocol fastdeploy "
+        "it must be pinned where the versions disagree; fd-platforms rules shows them)",
     )  # fmt: skip
     parser.add_argument("--role", choices=SPLITWISE_ROLES, help=f"splitwise role (default: {scheduler.splitwise_role})")
     parser.add_argument(

@@ -13,12 +13,13 @@ from typing import Any
 
 from ..contract.errors import ConfigError, PlatformUnavailableError, UnknownPlatformError
 from ..contract.types import DeviceMemory
+from ..engine.protocols import protocol_named
 from ..loading.platform import Platform
 from ..loading.selection import Prober, select_platform
 from ..rules.config.deploy import DeployConfig
-from ..rules.decision import RULE_VERSIONS, decided_by
+from ..rules.decision import RULE_VERSIONS, DecisionInputs, decided_by
 from ..rules.layout import build_layout
-from ..rules.planner import memory_per_rank
+from ..rules.planner import host_swap_blocks, memory_per_rank
 from ..rules.sizes import decimal_note, format_size
 from .deploy_args import add_deploy_arguments, deploy_config, memory_sizes
 from .output import emit
@@ -87,6 +88,9 @@ def _plan_row(
 ) -> dict[str, Any]:
     cache, parallel = deploy.cache, deploy.parallel
     layout = build_layout(deploy.model, cache, parallel)
+    inputs = DecisionInputs(False, host_swap_blocks(cache, layout.bytes_per_block), cache.kvcache_storage_backend,
+                            deploy.scheduler.splitwise_role)  # fmt: skip
+    rule = protocol_named(deploy.scheduler.protocol).rule_in_force(cache.rule, inputs, "--rule")  # before any hook
     if device_memory is None:
         detection = platform.detect()
         if not detection.available:
@@ -105,7 +109,7 @@ def _plan_row(
         num_cpu_blocks=plan.num_cpu_blocks,
         storage_backend=cache.kvcache_storage_backend,
         splitwise_role=deploy.scheduler.splitwise_role,
-        rule=cache.rule,
+        rule=rule,
     )
     shaped = platform.cache_layout(layout, max(1, plan.num_blocks))
     assumed = non_cache if non_cache is not None else memory.process_bytes or 0
@@ -140,8 +144,8 @@ def _plan_row(
         "binding": plan.binding,
         "binding_reason": plan.binding_reason,
         "num_cpu_blocks": plan.num_cpu_blocks,
-        "rule": cache.rule,
-        "rule_text": RULE_VERSIONS[cache.rule].text,
+        "rule": rule,
+        "rule_text": RULE_VERSIONS[rule].text,
         "create_cache_tensor": decision.create,
         "decision_term": decision.deciding_term,
         "decided_by": decided_by(decision),

@@ -198,21 +198,28 @@ class SignalWaitError(CacheNotReadyError):
     """A wait on one of FastDeploy's signal words ended without the word taking the awaited value.
 
     ``index`` is the word (a local rank, or 0 for a one-word signal), ``value`` the awaited value,
-    ``seen`` the last value read; ``cause`` is ``"timeout"`` or ``"watched_exited"``; ``what`` the step.
+    ``seen`` the last value read; ``cause`` is ``"timeout"`` or ``"watched_exited"``; ``what`` the step;
+    ``hint`` another cause the caller knows of, ending the message (:meth:`with_hint`).
     """
 
     def __init__(
-        self, signal_name: str, index: int, value: int, seen: int, elapsed: float, cause: str, what: str, detail: str
-    ) -> None:
+        self, signal_name: str, index: int, value: int, seen: int, elapsed: float, cause: str, what: str, detail: str,
+        hint: str = "",
+    ) -> None:  # fmt: skip
         self.signal_name, self.rank, self.elapsed, self.cause = signal_name, index, elapsed, cause
-        self.value, self.seen, self.what, self.slots = value, seen, what, (seen,)
+        self.value, self.seen, self.what, self.slots, self.detail = value, seen, what, (seen,), detail
         step = f"{what}: " if what else ""
         FdPlatformsError.__init__(
             self,
             f"{step}FastDeploy signal {signal_name!r} word {index} is {seen}, not {value}, after {elapsed:.1f} s: "
             f"{detail}. Fix: check that the process which writes it is running and progressing (its log says why "
-            "it stopped); raise the timeout if the step legitimately takes longer",
+            "it stopped); raise the timeout if the step legitimately takes longer" + (f". {hint}" if hint else ""),
         )
+
+    def with_hint(self, hint: str) -> SignalWaitError:
+        """This error with ``hint`` ending its message."""
+        return SignalWaitError(self.signal_name, self.rank, self.value, self.seen, self.elapsed, self.cause,
+                               self.what, self.detail, hint)  # fmt: skip
 
 
 class CacheSharingError(FdPlatformsError):

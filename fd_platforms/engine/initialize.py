@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from ..contract.errors import CacheSharingError, FdPlatformsError
-from ..contract.integers import check_int
+from ..contract.errors import CacheSharingError, FdPlatformsError, SignalWaitError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision
 from ..ipc.cache_signal import resolve_timeout
-from ..rules.decision import DEFAULT_RULE
+from ..rules.decision import DecisionInputs
 from .host_cache import HostCache, allocate_host_cache
 from .kv_cache import (
     AllocationProgress,
@@ -56,7 +55,7 @@ def initialize_kv_cache(
     setter_pid: int | None = None,
     timeout: float | None = None,
     progress: AllocationProgress | None = None,
-    rule: str = DEFAULT_RULE,
+    rule: str | None = None,
     protocol: str = OURS.name,
 ) -> KVCache:
     """Create or attach rank ``layout.rank``'s KV cache, as the rule decides; see the module docstring.
@@ -64,20 +63,20 @@ def initialize_kv_cache(
     ``signal_name`` is the engine's cache-ready signal (its instance also names the publication);
     ``setter_pid`` the cache manager's pid, so a waiting worker fails within a quarter second of its
     death; ``timeout`` bounds the wait (default ``FD_CACHE_READY_TIMEOUT``); ``rule`` is the rule
-    version the engine pins (every process of one engine must pin the same); ``protocol`` ``"fastdeploy"``
-    speaks FastDeploy's own signals and per-tensor handles (``signal_name`` is then its signal suffix,
-    the engine's port), so this runner can work beside FastDeploy's unmodified processes.
+    version the engine pins (every process of one engine must pin the same; None: the protocol's
+    :meth:`~.protocols.WireProtocol.rule_in_force`); ``protocol`` ``"fastdeploy"`` speaks FastDeploy's
+    own signals and per-tensor handles (``signal_name`` is then its signal suffix, the engine's port),
+    so this runner can work beside FastDeploy's unmodified processes.
     """
     check_cache_arguments(platform, layout, num_blocks)
-    layout = platform.cache_layout(layout, num_blocks)  # the platform's shapes, checked
     wire = protocol_named(protocol)
     wire.check_signal_name(signal_name)
+    inputs = DecisionInputs(profile, num_cpu_blocks, storage_backend, splitwise_role)
+    inputs = replace(inputs, rule=wire.rule_in_force(rule, inputs))
     limit = resolve_timeout(timeout)
+    layout = platform.cache_layout(layout, num_blocks)  # the platform's shapes, checked
     import_seconds = _import_paddle()
-    decision = platform.should_create_cache_tensor(
-        profile=profile, num_cpu_blocks=num_cpu_blocks, storage_backend=storage_backend, splitwise_role=splitwise_role,
-        rule=rule,
-    )  # fmt: skip
+    decision = platform.should_create_cache_tensor(**inputs.kwargs())
     sharing = platform.cache_sharing()
     if decision.create:
         started = time.monotonic()
@@ -97,7 +96,7 @@ def initialize_kv_cache(
             wire.set_ready(signal_name, layout.rank)
     else:
         check_can_attach(platform, decision, f"rank {layout.rank}")
-        waited = wire.wait_ready(platform, signal_name, layout.rank, limit, setter_pid)
+        waited = _wait_ready(platform, wire, signal_name, layout.rank, limit, setter_pid, inputs)
         cache = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid, wire)
         cache.wait_seconds = waited
     cache.decision, cache.import_seconds = decision, import_seconds
@@ -134,12 +133,17 @@ def manage_kv_cache(
     signal_name: str,
     progress: AllocationProgress | None = None,
     protocol: str = OURS.name,
+    rule: str | None = None,
+    storage_backend: str | None = None,
+    splitwise_role: str = "mixed",
 ) -> ManagedCache:
     """Export and publish rank ``layout.rank``'s device cache, allocate its host swap cache
     (``num_cpu_blocks`` blocks of the same layout; none when 0), then set the rank's slot.
-    ``protocol`` as :func:`initialize_kv_cache`'s."""
-    layout, wire = _manager_layout(
-        platform, layout, num_blocks, num_cpu_blocks, signal_name, protocol,
+    ``protocol`` and ``rule`` as :func:`initialize_kv_cache`'s, which also takes ``storage_backend``
+    and ``splitwise_role``: the engine's, the rule's inputs with ``num_cpu_blocks``."""
+    layout, wire, _ = _manager_layout(
+        platform, layout, num_blocks, signal_name, protocol,
+        (num_cpu_blocks, storage_backend, splitwise_role, rule),
         "hold a worker's cache. Fix: let the workers create their caches (role mixed, no swap space, no storage "
         "backend), or use a platform that can share",
     )  # fmt: skip
@@ -164,20 +168,25 @@ def hold_kv_cache(
     setter_pid: int | None = None,
     timeout: float | None = None,
     protocol: str = OURS.name,
+    rule: str | None = None,
+    storage_backend: str | None = None,
+    splitwise_role: str = "mixed",
 ) -> ManagedCache:
     """The cache manager's side where the workers create (rule ``2026-04`` with swap space on): wait
     for rank ``layout.rank``'s published cache, attach to it zero-copy, then allocate its host swap
     cache (``num_cpu_blocks`` blocks). ``setter_pid`` is the rank's worker, so the wait fails within a
     quarter second of its death; ``clear()`` lets go first, so the worker can clear and re-create.
-    ``protocol`` as :func:`initialize_kv_cache`'s.
+    The other arguments as :func:`manage_kv_cache`'s.
     """
-    layout, wire = _manager_layout(
-        platform, layout, num_blocks, num_cpu_blocks, signal_name, protocol,
+    layout, wire, inputs = _manager_layout(
+        platform, layout, num_blocks, signal_name, protocol,
+        (num_cpu_blocks, storage_backend, splitwise_role, rule),
         "attach to a worker's cache. Fix: pin a rule version under which the cache manager creates it (2026-01), "
         "or use a platform that can share",
     )  # fmt: skip
+    limit = resolve_timeout(timeout)
     import_seconds = _import_paddle()
-    waited = wire.wait_ready(platform, signal_name, layout.rank, resolve_timeout(timeout), setter_pid)
+    waited = _wait_ready(platform, wire, signal_name, layout.rank, limit, setter_pid, inputs)
     device = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid, wire)
     device.wait_seconds, device.import_seconds = waited, import_seconds
     return _announced(_with_host_cache(platform, layout, device, num_cpu_blocks), wire, signal_name)
@@ -210,25 +219,48 @@ def _manager_layout(
     platform: Platform,
     layout: CacheLayout,
     num_blocks: int,
-    num_cpu_blocks: int,
     signal_name: str,
     protocol: str,
+    rule_arguments: tuple[int, str | None, str, str | None],
     refusal: str,
-) -> tuple[CacheLayout, WireProtocol]:
-    """A cache manager call's arguments checked: the layout in the platform's shapes, and the protocol
-    named ``protocol``; a platform that cannot share is refused (``refusal`` ends the message: what the
-    manager cannot do, the fix)."""
+) -> tuple[CacheLayout, WireProtocol, DecisionInputs]:
+    """A cache manager call's arguments checked, before any hook: the protocol named ``protocol``, the
+    rule's inputs (``num_cpu_blocks``, ``storage_backend``, ``splitwise_role``; a manager never
+    profiles) with the rule in force (``rule``); then the layout in the platform's shapes. A platform
+    that cannot share is refused (``refusal`` ends the message: what the manager cannot do, the fix)."""
     check_cache_arguments(platform, layout, num_blocks)
-    shaped = platform.cache_layout(layout, num_blocks)  # the platform's shapes, checked
-    check_int("num_cpu_blocks", num_cpu_blocks, 0, fix="pass the plan's num_cpu_blocks")
     wire = protocol_named(protocol)
     wire.check_signal_name(signal_name)
+    num_cpu_blocks, storage_backend, splitwise_role, rule = rule_arguments
+    inputs = DecisionInputs(False, num_cpu_blocks, storage_backend, splitwise_role)
+    inputs = replace(inputs, rule=wire.rule_in_force(rule, inputs))
+    shaped = platform.cache_layout(layout, num_blocks)  # the platform's shapes, checked
     if platform.cache_sharing() is None:
         raise CacheSharingError(
             f"platform {platform.name} cannot share KV cache tensors between processes (it declares no cache_sharing), "
             f"so a cache manager cannot {refusal}"
         )
-    return shaped, wire
+    return shaped, wire, inputs
+
+
+def _wait_ready(
+    platform: Platform,
+    wire: WireProtocol,
+    signal_name: str,
+    rank: int,
+    limit: float,
+    setter_pid: int | None,
+    inputs: DecisionInputs,
+) -> float:
+    """``wire.wait_ready``; a wait on FastDeploy's side that timed out names, where the protocol says
+    one could be at fault, a peer following another version of the rule than ``inputs.rule``."""
+    try:
+        return wire.wait_ready(platform, signal_name, rank, limit, setter_pid)
+    except SignalWaitError as error:
+        hint = wire.rule_mismatch(inputs.rule, inputs) if error.cause == "timeout" else ""
+        if not hint:
+            raise
+        raise error.with_hint(hint) from None
 
 
 def _import_paddle() -> float:

@@ -199,7 +199,7 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
         num_cpu_blocks=host_swap_blocks(spec.deploy.cache, per_block),
         storage_backend=spec.deploy.cache.kvcache_storage_backend,
         splitwise_role=spec.deploy.scheduler.splitwise_role,
-        rule=spec.deploy.cache.rule,
+        rule=spec.rule,
     )
     if not decision.create:
         check_can_attach(platform, decision, f"platform {platform.name}")  # before any process starts
@@ -260,7 +260,7 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
         profile=spec.profile,
         bytes_per_block=final.bytes_per_block,
         mtp_num_blocks=spec.layout(0).reported_mtp_blocks(final.num_blocks),
-        rule=spec.deploy.cache.rule,
+        rule=spec.rule,
         protocol=spec.deploy.scheduler.protocol,
         manager_pid=None if run.manager is None else run.manager.pid,
         wall_seconds=time.monotonic() - started,
@@ -291,7 +291,7 @@ def check_can_hold(platform: Platform, spec: RunSpec) -> None:
     if platform.cache_sharing() is None:
         raise ConfigError(
             "--rule",
-            spec.deploy.cache.rule,
+            spec.rule,
             f"a rule version under which platform {platform.name}, which cannot share cache tensors, never needs "
             "a cache manager to attach: with swap space on, rule 2026-04 has the workers create and the manager "
             "attach to hold the host swap cache",
@@ -340,7 +340,7 @@ def _rank_report(
         create=result.decision.create,
         deciding_term=result.decision.deciding_term,
         decided_by=decided_by(result.decision) if held is None or result.allocation is None else (
-            f"rule {spec.deploy.cache.rule}: workers create, manager attaches"
+            f"rule {spec.rule}: workers create, manager attaches"
         ),
         allocated_by="worker" if result.allocation is not None else "cache manager",
         planned_blocks=planned[0].num_blocks,

@@ -87,6 +87,9 @@ def _take_all(
     """Each rank's cache: published here (``creators`` None), or attached to its worker's (the pid
     of each rank's creating worker given); with its host swap cache either way."""
     allocations = []
+    rule = {"protocol": spec.deploy.scheduler.protocol, "rule": spec.rule,  # the rule and its other inputs
+            "storage_backend": spec.deploy.cache.kvcache_storage_backend,
+            "splitwise_role": spec.deploy.scheduler.splitwise_role}  # fmt: skip
     for rank in ranks:
         size = format_size(spec.layout(rank).device_bytes(plan.num_blocks))
         swap = f"{format_size(plan.num_cpu_blocks * plan.bytes_per_block)} of host swap space ({plan.num_cpu_blocks} blocks)"
@@ -95,15 +98,13 @@ def _take_all(
             say(f"publishing {size} of KV cache" + (f" and allocating {swap}" if plan.num_cpu_blocks else "") + f" for rank {rank}")
             cache = manage_kv_cache(
                 platform, spec.layout(rank), plan.num_blocks, num_cpu_blocks=plan.num_cpu_blocks,
-                signal_name=signal_name, progress=say.allocation(f"rank {rank}: publishing {size}"),
-                protocol=spec.deploy.scheduler.protocol,
+                signal_name=signal_name, progress=say.allocation(f"rank {rank}: publishing {size}"), **rule,
             )  # fmt: skip
         else:
             say(f"attaching to rank {rank}'s KV cache (worker pid {creators[rank]}) to hold {swap}")
             cache = hold_kv_cache(
                 platform, spec.layout(rank), plan.num_blocks, num_cpu_blocks=plan.num_cpu_blocks,
-                signal_name=signal_name, setter_pid=creators[rank], timeout=spec.timeout,
-                protocol=spec.deploy.scheduler.protocol,
+                signal_name=signal_name, setter_pid=creators[rank], timeout=spec.timeout, **rule,
             )  # fmt: skip
         seconds = time.monotonic() - started
         held[rank] = cache

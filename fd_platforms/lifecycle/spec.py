@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..engine.nodes import NodeSpec
+from ..engine.protocols import protocol_named
 from ..rules.config.deploy import DeployConfig
-from ..rules.decision import RULE_VERSIONS
+from ..rules.decision import RULE_VERSIONS, DecisionInputs
 from ..rules.layout import CacheLayout, build_layout
-from ..rules.planner import shares_one_device
+from ..rules.planner import host_swap_blocks, shares_one_device
 
 #: The most seconds the engine's phases and the children's holds add to ``timeout``, so that a wait
 #: which times out is reported by the waiter itself before anyone else gives up on it; a shorter
@@ -54,6 +55,19 @@ class RunSpec:
         return min(MARGIN_SECONDS, self.timeout)
 
     @property
+    def rule(self) -> str:
+        """The create-or-attach rule's version every process of the run follows: the pinned one, else
+        what the run's protocol makes of none on the run's inputs (beside FastDeploy, where the
+        versions disagree, a ConfigError naming ``--rule``). Every process works it out alike; the
+        engine first, before any process starts."""
+        cache, scheduler = self.deploy.cache, self.deploy.scheduler
+        inputs = DecisionInputs(
+            self.profile, host_swap_blocks(cache, self.layout(0).bytes_per_block), cache.kvcache_storage_backend,
+            scheduler.splitwise_role,
+        )  # fmt: skip
+        return protocol_named(scheduler.protocol).rule_in_force(cache.rule, inputs, "--rule")
+
+    @property
     def shares_device(self) -> bool:
         """Whether every rank uses the one device (cpu: host memory), rather than device ``rank``."""
         return shares_one_device(self.device_type)
@@ -84,7 +98,7 @@ class RunSpec:
             "--storage-backend": cache.kvcache_storage_backend,
             "--profile": self.profile,
             "--cycles": self.cycles,
-            "the create-or-attach rule": f"{cache.rule}: {RULE_VERSIONS[cache.rule].text}",
+            "the create-or-attach rule": f"{self.rule}: {RULE_VERSIONS[self.rule].text}",
             "the cache layout's bytes per block": self.layout(0).bytes_per_block,
         }
 

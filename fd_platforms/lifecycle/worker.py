@@ -140,7 +140,7 @@ def _initialize(
         num_cpu_blocks=final.num_cpu_blocks,
         storage_backend=spec.deploy.cache.kvcache_storage_backend,
         splitwise_role=spec.deploy.scheduler.splitwise_role,
-        rule=spec.deploy.cache.rule,
+        rule=spec.rule,
         signal_name=signal_name,
         setter_pid=manager_pid,
         timeout=spec.timeout,

@@ -7,7 +7,9 @@ is the default version, ``2026-01``. FastDeploy changed its rule on 2026-04-29 (
 ``profile or not (storage_backend or splitwise_role != "mixed")``: version ``2026-04``. A version is
 one :class:`RuleVersion` entry in :data:`RULE_VERSIONS` (the terms that make a worker attach, in
 order); a third is one more entry. The engine pins the version (``rule`` in the deployment,
-``--rule``); platforms never choose it. Every platform answers ``should_create_cache_tensor``
+``--rule``); platforms never choose it. Left unpinned (None) it is :data:`DEFAULT_RULE`, except where
+the engine's protocol cannot tell which version its peers follow (beside FastDeploy, in the cases
+where the versions disagree: :func:`decisions_by_version`), which refuses instead. Every platform answers ``should_create_cache_tensor``
 through :func:`decide_cache_creation`, and a plugin that implements the hook itself is held to
 :data:`TRUTH_TABLE` under every version (:mod:`fd_platforms.rules.drift`).
 """
@@ -40,6 +42,8 @@ class RuleVersion:
     name: str
     attach_terms: tuple[AttachTerm, ...]
     origin: str
+    fastdeploy: str
+    """Which FastDeploy's processes follow it, in words."""
 
     @property
     def text(self) -> str:
@@ -54,12 +58,14 @@ RULE_VERSIONS: dict[str, RuleVersion] = {
             "2026-01",
             ("num_cpu_blocks", "storage_backend", "splitwise_role"),
             "the design's rule: FastDeploy's from January 2026, when host swap space made the cache manager own it",
+            "FastDeploy before 2026-04-29",
         ),
         RuleVersion(
             "2026-04",
             ("storage_backend", "splitwise_role"),
             "FastDeploy's since 2026-04-29 (PR #7471): swap space no longer decides; with it on, the worker "
             "creates and the cache transfer manager attaches",
+            "FastDeploy from PR #7471 (2026-04-29) on",
         ),
     )
 }
@@ -75,9 +81,16 @@ def check_rule(rule: object, field: str = "rule") -> RuleVersion:
             field,
             rule,
             f"one of {', '.join(RULE_VERSIONS)} (fd-platforms rules shows each and where they differ)",
-            f"pin a listed rule version, or leave it unset for {DEFAULT_RULE}",
+            f"pin a listed rule version, or leave it unset for {DEFAULT_RULE} (beside FastDeploy only where the "
+            "versions agree)",
         )
     return RULE_VERSIONS[rule]
+
+
+def check_pin(rule: object, field: str = "rule") -> None:
+    """``rule`` as a caller may give it: None (not pinned) or a listed version."""
+    if rule is not None:
+        check_rule(rule, field)
 
 
 def check_decision_inputs(profile: object, num_cpu_blocks: object, storage_backend: object, role: object) -> None:
@@ -134,15 +147,17 @@ decision hook is checked on when it is loaded, under every rule version (on ever
 checked on the call's own inputs)."""
 
 
+def decisions_by_version(inputs: DecisionInputs, *rules: str) -> dict[str, CacheDecision] | None:
+    """Where the rule versions ``rules`` (default: every one) do not all decide alike (create or not)
+    on ``inputs`` (their own ``rule`` aside): every version's decision; None where they agree."""
+    answers = {rule: decide_cache_creation(**{**inputs.kwargs(), "rule": rule}) for rule in rules or RULE_VERSIONS}
+    return answers if len({answer.create for answer in answers.values()}) > 1 else None
+
+
 def differing_cases(*rules: str) -> list[tuple[DecisionInputs, dict[str, CacheDecision]]]:
     """The truth-table cases where the rule versions ``rules`` (default: every one) do not all decide
     alike (create or not), each with every version's decision."""
-    found = []
-    for inputs in TRUTH_TABLE:
-        answers = {rule: decide_cache_creation(**{**inputs.kwargs(), "rule": rule}) for rule in rules or RULE_VERSIONS}
-        if len({answer.create for answer in answers.values()}) > 1:
-            found.append((inputs, answers))
-    return found
+    return [(inputs, answers) for inputs in TRUTH_TABLE if (answers := decisions_by_version(inputs, *rules))]
 
 
 def decide_cache_creation(

@@ -11,6 +11,7 @@ tensors published   one ``set_data_ipc`` record per tensor, named as the layout 
 attacher lets go    resets its ``cache_ready_signal`` slot to 0
 cache manager up    ``swap_space_ready_signal`` (with swap space), ``cache_transfer_inited_signal``
 block count         ``get_profile_block_num`` (:mod:`fd_platforms.engine.block_handoff`)
+the rule            no word: pinned where FastDeploy's releases disagree (:mod:`.fastdeploy_rule`)
 =================== ===============================================================================
 
 FastDeploy's side: its runner creates and attaches in ``fastdeploy/worker/gpu_model_runner.py``
@@ -39,10 +40,12 @@ from ...ipc.fastdeploy_signals import (
 from ..block_handoff import hand_off_block_count
 from ..fastdeploy_handles import FastDeployHandles
 from ..publication import PublishedTensor
+from .fastdeploy_rule import mismatch_hint, rule_in_force
 from .interface import WireProtocol
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ...loading.platform import Platform
+    from ...rules.decision import DecisionInputs
 
 #: The signals FastDeploy's engine creates: one word per rank, and one word.
 PER_RANK = (CACHE_READY, SWAP_SPACE_READY, CACHE_TRANSFER_INITED)
@@ -71,6 +74,12 @@ class FastDeployProtocol(WireProtocol):
     def _write_ready(signal_name: str, rank: int, value: int) -> None:
         with FastDeploySignal.attach(CACHE_READY, signal_name) as signal:
             signal.set(rank, value)
+
+    def rule_in_force(self, rule: str | None, inputs: DecisionInputs, field: str = "rule") -> str:
+        return rule_in_force(rule, inputs, field)
+
+    def rule_mismatch(self, rule: str, inputs: DecisionInputs) -> str:
+        return mismatch_hint(rule, inputs)
 
     def wait_ready(
         self, platform: Platform, signal_name: str, rank: int, timeout: float, setter_pid: int | None

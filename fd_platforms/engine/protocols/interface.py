@@ -12,6 +12,7 @@ from ..publication import Publication, PublishedTensor
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ...loading.platform import Platform
+    from ...rules.decision import DecisionInputs
 
 #: A rank's published cache, as the protocol publishes it.
 Published = Union[Publication, FastDeployHandles]
@@ -44,6 +45,16 @@ class WireProtocol(ABC):
     @abstractmethod
     def clear_ready(self, signal_name: str, rank: int) -> None:
         """Reset ``rank``'s cache-ready slot to 0."""
+
+    @abstractmethod
+    def rule_in_force(self, rule: str | None, inputs: DecisionInputs, field: str = "rule") -> str:
+        """The rule version the processes follow on ``inputs``: ``rule`` where pinned, else the default
+        where this protocol's peers can be taken to follow it; a ConfigError naming ``field`` otherwise."""
+
+    @abstractmethod
+    def rule_mismatch(self, rule: str, inputs: DecisionInputs) -> str:
+        """For a wait on a peer that timed out under ``rule``: how a peer following another version
+        would explain it, and the fix; "" where no peer can differ."""
 
     @abstractmethod
     def wait_ready(

@@ -21,6 +21,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from ...ipc.cache_signal import CacheReadySignal, check_signal_name
+from ...rules.decision import DEFAULT_RULE, DecisionInputs, check_pin
 from ..publication import Publication, PublishedTensor, publication_name, published_tensor_name, reclaim_instance
 from .interface import WireProtocol
 
@@ -46,6 +47,14 @@ class FdPlatformsProtocol(WireProtocol):
     def clear_ready(self, signal_name: str, rank: int) -> None:
         with CacheReadySignal.attach(signal_name) as signal:
             signal.clear(rank)
+
+    def rule_in_force(self, rule: str | None, inputs: DecisionInputs, field: str = "rule") -> str:
+        """The pinned version, else the default: every process of ours is given the engine's rule."""
+        check_pin(rule, field)
+        return rule or DEFAULT_RULE
+
+    def rule_mismatch(self, rule: str, inputs: DecisionInputs) -> str:
+        return ""
 
     def wait_ready(
         self, platform: Platform, signal_name: str, rank: int, timeout: float, setter_pid: int | None

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ...contract.errors import ConfigError
 from ...contract.integers import check_int
-from ..decision import DEFAULT_RULE, SPLITWISE_ROLES, STORAGE_BACKENDS, check_rule
+from ..decision import SPLITWISE_ROLES, STORAGE_BACKENDS, check_pin
 from .limits import (
     CACHE_DTYPES,
     DTYPE_ALIASES,
@@ -29,7 +29,8 @@ class CacheConfig:
     ``kv_cache_quant_type`` ``int4_zp`` stores key and value as packed 4-bit values whatever the
     ``cache_dtype``; ``block_wise_fp8`` needs an 8-bit ``cache_dtype``.
     ``num_gpu_block_expand_ratio`` (FastDeploy's name) scales the device blocks of MTP layers.
-    ``rule`` pins the create-or-attach rule's version (:data:`~fd_platforms.rules.decision.RULE_VERSIONS`).
+    ``rule`` pins the create-or-attach rule's version (:data:`~fd_platforms.rules.decision.RULE_VERSIONS`);
+    None leaves it to the protocol (:meth:`~fd_platforms.engine.protocols.WireProtocol.rule_in_force`).
     ``kvcache_storage_backend`` accepts ``"none"`` (stored as None). Host swap space is given
     either as ``num_cpu_blocks`` or as ``swap_space_bytes``, not both.
     """
@@ -43,7 +44,7 @@ class CacheConfig:
     kvcache_storage_backend: str | None = None
     num_gpu_blocks_override: int | None = None
     num_gpu_block_expand_ratio: float = 1.0
-    rule: str = DEFAULT_RULE
+    rule: str | None = None
 
     def __post_init__(self) -> None:
         check_int("block_size", self.block_size, 1, MAX_WIDTH)
@@ -89,7 +90,7 @@ class CacheConfig:
                 "give the MTP layers' device blocks as a multiple of the main layers', e.g. 1.0 (FastDeploy's default)",
             )
         object.__setattr__(self, "num_gpu_block_expand_ratio", float(ratio))
-        check_rule(self.rule)
+        check_pin(self.rule)
 
 
 @dataclass(frozen=True)

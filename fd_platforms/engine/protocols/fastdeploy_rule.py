@@ -1,0 +1,79 @@
+"""Which version of the create-or-attach rule our processes follow beside FastDeploy's.
+
+FastDeploy's IPC has no word that says who creates the KV cache. Its runner decides by the rule of
+its own release (``fastdeploy/worker/gpu_model_runner.py`` ``initialize_kv_cache``); its cache
+transfer manager creates only when its engine starts it with ``--create_cache_tensor``
+(``fastdeploy/cache_manager/prefix_cache_manager.py`` ``launch_cache_manager``) and otherwise waits
+for the runner's records (``fastdeploy/cache_manager/cache_transfer_manager.py`` ``_init_gpu_cache``,
+"Waiting for runners or messagers to create kv cache"). Since PR #7471 (2026-04-29) host swap space
+no longer makes the runner attach, so in a mixed instance with swap space and no storage backend the
+two releases put the cache in different processes (:func:`~fd_platforms.rules.decision.decisions_by_version`).
+
+There a version nobody pinned would be a guess, and a wrong guess is two processes each waiting for
+the other until both time out: :func:`rule_in_force` refuses it instead, naming both versions, and
+:func:`mismatch_hint` gives a wait that times out there the other version to suspect. We do not
+read FastDeploy's installed version instead: a version number does not tell whether a build
+carries PR #7471 (forks and development builds), and our process need not be able to import
+FastDeploy's package at all; refusing costs one pinned setting, a wrong guess a hung start-up.
+"""
+
+from __future__ import annotations
+
+from ...contract.errors import ConfigError
+from ...contract.types import CacheDecision
+from ...rules.decision import DEFAULT_RULE, RULE_VERSIONS, DecisionInputs, check_rule, decisions_by_version
+
+HOW_TO_PIN = "rule= in the Python API, --rule on the command line, rule under [cache] in the deploy file"
+
+
+def rule_in_force(rule: str | None, inputs: DecisionInputs, field: str = "rule") -> str:
+    """``rule`` where pinned; else the default version where every version decides alike on
+    ``inputs``; else a ConfigError naming ``field``, both versions, which FastDeploy follows each, and
+    how to pin one."""
+    if rule is not None:
+        return check_rule(rule, field).name
+    answers = decisions_by_version(inputs)
+    if answers is None:
+        return DEFAULT_RULE
+    raise ConfigError(
+        field,
+        None,
+        f"a pinned version here: with {_case(inputs)} the rule's versions decide differently and FastDeploy's "
+        "signals do not say which its processes follow: "
+        + "; ".join(f"{_version(name)}: {_who_creates(answer)}" for name, answer in answers.items()),
+        f"pin the rule version of the FastDeploy beside this engine, the same in every process of ours: {HOW_TO_PIN}",
+    )
+
+
+def mismatch_hint(rule: str, inputs: DecisionInputs) -> str:
+    """For a wait on FastDeploy's side that timed out under the pinned ``rule``: where another version
+    decides otherwise on ``inputs``, that a FastDeploy following it would be waiting for us too, and
+    the fix; "" where every version decides alike."""
+    answers = decisions_by_version(inputs)
+    if answers is None:
+        return ""
+    others = [name for name, answer in answers.items() if answer.create != answers[rule].create]
+    return (
+        f"Or the rule differs: this process follows the pinned rule {_version(rule)}, under which "
+        f"{_who_creates(answers[rule])}, but "
+        + "; ".join(f"under rule {_version(name)} {_who_creates(answers[name])}" for name in others)
+        + ": if the FastDeploy beside it follows that, each side waits for the other. Fix: then pin rule "
+        + " or ".join(others)
+        + f" in every process of ours ({HOW_TO_PIN})"
+    )
+
+
+def _case(inputs: DecisionInputs) -> str:
+    swap = f"host swap space (num_cpu_blocks={inputs.num_cpu_blocks})" if inputs.num_cpu_blocks else "no swap space"
+    backend = f"storage backend {inputs.storage_backend}" if inputs.storage_backend else "no storage backend"
+    return f"{swap}, {backend} and role {inputs.splitwise_role}"
+
+
+def _version(name: str) -> str:
+    return f"{name} ({RULE_VERSIONS[name].fastdeploy})"
+
+
+def _who_creates(decision: CacheDecision) -> str:
+    if decision.create:
+        return "the runner creates the cache and the cache transfer manager attaches to it"
+    return "the cache transfer manager creates the cache and the runner attaches to it"
