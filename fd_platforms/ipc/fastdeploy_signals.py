@@ -12,7 +12,9 @@ name                                   shape    meaning
 ``swap_space_ready_signal``            [tp]     1: rank's host swap cache allocated
 ``cache_transfer_inited_signal``       [tp]     1: rank's cache transfer manager is up
 ``kv_cache_status``                    [1]      :class:`KVCacheStatus` of the clear/update protocol
-``get_profile_block_num``              [1]      the agreed block count (local rank 0 writes it)
+``get_profile_block_num``              [1]      the agreed block count (local rank 0 writes it); one
+                                                word per rank on Iluvatar, and a suffix of its own
+                                                (:mod:`fd_platforms.engine.block_handoff`)
 ====================================== ======== ==================================================
 
 Reading and writing: every word goes through ``pread``/``pwrite`` on the descriptor, so a segment
@@ -58,13 +60,13 @@ class KVCacheStatus(enum.IntEnum):
     CLEARED = -2
 
 
-def check_suffix(suffix: object) -> str:
-    """``suffix`` as FastDeploy names its signals with it (the engine's port), else a ConfigError."""
+def check_suffix(suffix: object, field: str = "suffix") -> str:
+    """``suffix`` as FastDeploy names its signals with it (the engine's port), else a ConfigError naming ``field``."""
     if is_int(suffix):
         suffix = str(suffix)
     if not isinstance(suffix, str) or not _SUFFIX.fullmatch(suffix):
         raise ConfigError(
-            "suffix",
+            field,
             suffix,
             "letters, digits, '_' and '-', at most 64 (FastDeploy uses the engine's engine_worker_queue_port)",
             "pass the suffix the FastDeploy engine gives its signals, e.g. 9923",
