@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 from ..contract.errors import ConfigError
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     # Imported here: the other commands never pay for multiprocessing and the lifecycle.
     from ..engine.nodes import NodeSpec, check_resolves
     from ..ipc.cache_signal import ENV_TIMEOUT, resolve_timeout
-    from ..ipc.timeouts import set_by_flag
+    from ..ipc.timeouts import ALLOWED, UNBOUNDED, set_by_flag
     from ..lifecycle.engine import run_lifecycle, select_run_platform
     from ..lifecycle.progress import Progress
     from ..lifecycle.spec import RunSpec
@@ -96,6 +97,12 @@ def run(args: argparse.Namespace) -> int:
     block_count_suffix = _block_count_suffix(args.block_count_suffix, deploy.scheduler.protocol)
     device_memory, non_cache, host_memory = memory_sizes(args)
     timeout = resolve_timeout(args.timeout)
+    if math.isinf(timeout):  # the engine's processes may wait with no limit; run bounds each phase by it
+        raise ConfigError(
+            "--timeout" if args.timeout is not None else ENV_TIMEOUT, UNBOUNDED, ALLOWED,
+            "run bounds each of its phases by this limit: pass --timeout SECONDS (an engine's own processes may wait "
+            f"with no limit, {ENV_TIMEOUT}={UNBOUNDED})",
+        )  # fmt: skip
     set_by_flag(ENV_TIMEOUT, "--timeout", timeout)  # the children's bounds follow it; messages name --timeout
     platform = select_run_platform(ranks, args.platform)  # before SIGTERM is ours: it may import paddle, which sets a handler
     spec = RunSpec(

@@ -41,6 +41,7 @@ from ..contract.integers import check_int, is_int
 from . import shm
 from .process_watch import ProcessWatch
 from .shared_words import CHECK_SECONDS, MAX_LOCAL_RANKS, WORD_BYTES, SharedWords
+from .waiting import WaitProgress
 
 CACHE_READY = "cache_ready_signal"
 SWAP_SPACE_READY = "swap_space_ready_signal"
@@ -158,16 +159,27 @@ class FastDeploySignal(SharedWords):
             self._wake(index)
 
     def wait_for(
-        self, index: int, value: int, timeout: float, *, watch_pid: int | None = None, what: str = ""
+        self,
+        index: int,
+        value: int,
+        timeout: float,
+        *,
+        watch_pid: int | None = None,
+        what: str = "",
+        writer: str = "",
+        progress_seconds: float | None = None,
     ) -> float:
         """Block until word ``index`` equals ``value``; the seconds waited.
 
-        A :class:`SignalWaitError` after ``timeout`` seconds, or within about :data:`CHECK_SECONDS`
-        of ``watch_pid`` exiting (the process expected to write it). ``what`` names the step in it.
+        A :class:`SignalWaitError` after ``timeout`` seconds (``math.inf``: never), or within about
+        :data:`CHECK_SECONDS` of ``watch_pid`` exiting (the process expected to write it). ``what``
+        names the step in it. Every ``progress_seconds`` (default :data:`~.waiting.PROGRESS_SECONDS`)
+        it logs what it waits for (:mod:`.waiting`), ``writer`` saying who writes the word.
         """
         self._check_index(index)
         watch = ProcessWatch(watch_pid) if watch_pid is not None else None
         start = time.monotonic()
+        progress = WaitProgress(timeout, start, progress_seconds)
         try:
             while True:
                 seen = self.get(index)
@@ -180,10 +192,21 @@ class FastDeploySignal(SharedWords):
                 if now - start >= timeout:
                     raise SignalWaitError(self.name, index, value, seen, now - start, "timeout", what,
                                           f"the limit is {timeout:g} s")  # fmt: skip
-                self.sleep_while(index, seen, min(CHECK_SECONDS, start + timeout - now), since=start)
+                progress.say(now, lambda: self._waiting_for(index, value, seen, what, writer, watch))
+                self.sleep_while(index, seen, min(CHECK_SECONDS, start + timeout - now, progress.until_next(now)),
+                                 since=start)  # fmt: skip
         finally:
             if watch is not None:
                 watch.close()
+
+    def _waiting_for(
+        self, index: int, value: int, seen: int, what: str, writer: str, watch: ProcessWatch | None
+    ) -> str:
+        """What a wait for word ``index`` says it waits for (:mod:`.waiting`)."""
+        who = writer or "the process doing that step"
+        who += (f" (pid {watch.pid}, watched: its exit ends the wait)" if watch is not None
+                else " (no pid named, so its exit goes unnoticed)")  # fmt: skip
+        return f"{what or 'waiting'}: FastDeploy signal {self.name!r} word {index} is {seen}, waiting for {value}; written by {who}"
 
     def sleep_while(self, index: int, seen: int, seconds: float, *, since: float | None = None) -> None:
         """Sleep up to ``seconds`` while word ``index`` is ``seen``: woken by our writes at once, a

@@ -78,7 +78,8 @@ class FastDeployProtocol(WireProtocol):
     ) -> float:
         """Watched by the core itself: FastDeploy's writers wake nobody (see :mod:`fd_platforms.ipc.fastdeploy_signals`)."""
         with FastDeploySignal.attach(CACHE_READY, signal_name) as signal:
-            return signal.wait_for(rank, 1, timeout, watch_pid=setter_pid, what=f"rank {rank} waiting for its KV cache")
+            return signal.wait_for(rank, 1, timeout, watch_pid=setter_pid, what=f"rank {rank} waiting for its KV cache",
+                                   writer="the process creating it (FastDeploy's cache transfer manager or runner)")
 
     def publish(
         self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str
