@@ -167,19 +167,18 @@ class FastDeploySignal(SharedWords):
         watch_pid: int | None = None,
         what: str = "",
         writer: str = "",
-        progress_seconds: float | None = None,
     ) -> float:
         """Block until word ``index`` equals ``value``; the seconds waited.
 
         A :class:`SignalWaitError` after ``timeout`` seconds (``math.inf``: never), or within about
         :data:`CHECK_SECONDS` of ``watch_pid`` exiting (the process expected to write it). ``what``
-        names the step in it. Every ``progress_seconds`` (default :data:`~.waiting.PROGRESS_SECONDS`)
-        it logs what it waits for (:mod:`.waiting`), ``writer`` saying who writes the word.
+        names the step in it. Every :data:`~.waiting.PROGRESS_SECONDS` it logs what it waits for
+        (:mod:`.waiting`), ``writer`` saying who writes the word.
         """
         self._check_index(index)
         watch = ProcessWatch(watch_pid) if watch_pid is not None else None
         start = time.monotonic()
-        progress = WaitProgress(timeout, start, progress_seconds)
+        progress = WaitProgress(timeout, start)
         try:
             while True:
                 seen = self.get(index)
@@ -206,7 +205,8 @@ class FastDeploySignal(SharedWords):
         who = writer or "the process doing that step"
         who += (f" (pid {watch.pid}, watched: its exit ends the wait)" if watch is not None
                 else " (no pid named, so its exit goes unnoticed)")  # fmt: skip
-        return f"{what or 'waiting'}: FastDeploy signal {self.name!r} word {index} is {seen}, waiting for {value}; written by {who}"
+        return (f"{what or 'waiting'}: FastDeploy signal {self.name!r} word {index} is {seen}, waiting for {value}; "
+                f"written by {who}")
 
     def sleep_while(self, index: int, seen: int, seconds: float, *, since: float | None = None) -> None:
         """Sleep up to ``seconds`` while word ``index`` is ``seen``: woken by our writes at once, a
