@@ -3,10 +3,16 @@
 Run as a script (``python tests/fastdeploy_standins.py ROLE ...``); it imports nothing of
 fd-platforms (it says so on exit), so what meets our processes is FastDeploy's format alone:
 
-- ``engine SUFFIX TP``: creates FastDeploy's signals as its engine does (``IPCSignal`` arrays named
-  ``<name>.<suffix>``, int32, zeroed), prints ``ready``; prints ``profile_block_num N`` when a count is
-  handed over, ``cache_transfer_inited TP`` / ``swap_space_ready TP`` once every rank's word is set
-  (what FastDeploy's engine waits for before its cache service starts); at stdin's end removes them.
+- ``engine SUFFIX TP [BLOCK_SUFFIX [iluvatar]]``: creates FastDeploy's signals as its engine does
+  (``IPCSignal`` arrays named ``<name>.<suffix>``, int32, zeroed), prints ``ready``; prints
+  ``profile_block_num N words [...]`` when a count is handed over (N is word 0, the one its engine
+  reads), ``cache_transfer_inited TP`` / ``swap_space_ready TP`` once every rank's word is set (what
+  FastDeploy's engine waits for before its cache service starts); at stdin's end removes them.
+  ``get_profile_block_num`` is named with BLOCK_SUFFIX (default SUFFIX) and is TP words long with
+  ``iluvatar``, else one (``fastdeploy/engine/engine.py`` ``LLMEngine._init_worker_signals``: its
+  suffix is ``engine_worker_queue_port[0]``, the other signals' the data-parallel rank's port, and its
+  length ``worker_num_per_node`` where Paddle has the ``iluvatar_gpu`` device; ``_stop_profile``
+  reads word 0).
 - ``creator SUFFIX RANK TP TENSORS``: the cache transfer manager of one rank, run with
   ``--create_cache_tensor`` (``fastdeploy/cache_manager/cache_transfer_manager.py``). Creates each tensor of
   ``TENSORS`` (a JSON list of ``[name, nbytes]``) in a sealed memfd, writes its handle in
@@ -54,7 +60,6 @@ from multiprocessing import resource_tracker, shared_memory
 import numpy as np
 
 SIGNALS = ("cache_ready_signal", "swap_space_ready_signal", "cache_transfer_inited_signal")
-ONE_WORD = ("kv_cache_status", "get_profile_block_num")
 NORMAL, UPDATING, CLEARING, CLEARED = 0, 1, -1, -2
 RECORD = struct.Struct("=Q64s")
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
@@ -85,21 +90,21 @@ def stdin_closed(seconds: float) -> bool:
     return bool(ready) and not sys.stdin.readline()
 
 
-def engine(suffix: str, tp: int) -> None:
+def engine(suffix: str, tp: int, block_suffix: str, iluvatar: bool) -> None:
     made = []
-    for name in SIGNALS + ONE_WORD:
-        length = tp if name in SIGNALS else 1
-        block = shared_memory.SharedMemory(name=f"{name}.{suffix}", create=True, size=4 * length)
+    signals = [(f"{name}.{suffix}", tp) for name in SIGNALS] + [(f"kv_cache_status.{suffix}", 1)]
+    for name, length in [*signals, (f"get_profile_block_num.{block_suffix}", tp if iluvatar else 1)]:
+        block = shared_memory.SharedMemory(name=name, create=True, size=4 * length)
         np.ndarray((length,), dtype=np.int32, buffer=block.buf)[:] = 0
         made.append(block)
     print("ready", flush=True)
-    profile = np.ndarray((1,), dtype=np.int32, buffer=made[-1].buf)
+    profile = np.ndarray((tp if iluvatar else 1,), dtype=np.int32, buffer=made[-1].buf)
     swap, inited = (np.ndarray((tp,), dtype=np.int32, buffer=made[index].buf) for index in (1, 2))
     said = set()
     while not stdin_closed(0.01):
-        if profile[0]:
-            print(f"profile_block_num {int(profile[0])}", flush=True)
-            profile[0] = 0
+        if profile[0]:  # _stop_profile polls word 0 only
+            print(f"profile_block_num {int(profile[0])} words {profile.tolist()}", flush=True)
+            profile[:] = 0
         for name, words in (("cache_transfer_inited", inited), ("swap_space_ready", swap)):
             if name not in said and int(words.sum()) == tp:  # what PrefixCacheManager waits for
                 said.add(name)
@@ -347,7 +352,7 @@ def attacher(suffix: str, rank: int, tp: int, specs: list[list], cycles: int, fi
 def main(argv: list[str]) -> None:
     role, suffix, *rest = argv
     if role == "engine":
-        engine(suffix, int(rest[0]))
+        engine(suffix, int(rest[0]), rest[1] if len(rest) > 1 else suffix, rest[2:] == ["iluvatar"])
     elif role == "creator":
         creator(suffix, int(rest[0]), int(rest[1]), json.loads(rest[2]))
     elif role == "attacher":

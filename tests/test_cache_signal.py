@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import os
 import signal as signals
@@ -340,16 +341,26 @@ def test_a_limit_a_command_flag_set_names_that_flag(signal_name: str, monkeypatc
             assert "raise --timeout (seconds)" in str(raised.value) and "FD_CACHE_READY_TIMEOUT" not in str(raised.value)
 
 
-@pytest.mark.parametrize("raw", ["soon", "0", "-5", "inf", "nan", "1e9", "604801"])
+@pytest.mark.parametrize("raw", ["soon", "0", "-5", "nan", "1e9", "604801", "-inf", "Infinity", "INF", "1e999", "none"])
 def test_bad_timeout_variable_is_a_config_error(raw: str) -> None:
-    with pytest.raises(ConfigError, match=rf"FD_CACHE_READY_TIMEOUT='{raw}'.*seconds > 0 and at most 604800 .*FD_CACHE_READY_TIMEOUT=600"):
+    with pytest.raises(ConfigError, match=rf"FD_CACHE_READY_TIMEOUT='{raw}'.*seconds > 0 and at most 604800 \(7 days\), "
+                                          "or inf for no limit.*FD_CACHE_READY_TIMEOUT=600, or to inf for no limit"):
         resolve_timeout(None, {"FD_CACHE_READY_TIMEOUT": raw})
 
 
-@pytest.mark.parametrize("timeout", [0, -1.0, float("inf"), float("nan"), "10", True, 3e6, pytest.param(10**5000, id="5000-digits")])
+@pytest.mark.parametrize(
+    "timeout", [0, -1.0, float("-inf"), float("nan"), "10", "inf", True, 3e6, pytest.param(10**5000, id="5000-digits")]
+)
 def test_bad_timeout_argument_is_a_config_error(timeout: object) -> None:
-    with pytest.raises(ConfigError, match=r"timeout=.*seconds > 0"):
+    with pytest.raises(ConfigError, match=r"timeout=.*seconds > 0 .*or inf for no limit.*or math.inf for no limit"):
         resolve_timeout(timeout)  # type: ignore[arg-type]
+
+
+def test_no_limit_is_spelled_inf_as_FastDeploys_own_waits_have_none() -> None:
+    assert resolve_timeout(math.inf) == resolve_timeout(float("inf")) == math.inf
+    assert resolve_timeout(None, {"FD_CACHE_READY_TIMEOUT": "inf"}) == math.inf
+    assert resolve_timeout(None, {"FD_CACHE_READY_TIMEOUT": " inf "}) == math.inf
+    assert resolve_timeout(5, {"FD_CACHE_READY_TIMEOUT": "inf"}) == 5.0, "the argument wins"
 
 
 def test_default_timeout_is_600_seconds() -> None:
@@ -428,9 +439,27 @@ def test_progress_is_logged_at_info_while_waiting(signal_name: str, caplog) -> N
         owner.set(2)
         with caplog.at_level(logging.INFO, logger="fd_platforms"), pytest.raises(CacheNotReadyError):
             owner.wait(0, timeout=0.5, progress_seconds=0.1)
-    progress = [record.getMessage() for record in caplog.records if "elapsed" in record.getMessage()]
+    progress = [record for record in caplog.records if "waiting for its KV cache" in record.getMessage()]
     assert 3 <= len(progress) <= 5
-    assert all(f"{signal_name!r} rank 0" in line and "slots set: [2] of 3" in line for line in progress)
+    assert all(record.levelno == logging.INFO for record in progress), "a bounded wait says it at INFO"
+    assert all(f"signal {signal_name!r} slot 0 is 0" in record.getMessage() and "slots set: [2] of 3" in
+               record.getMessage() and record.getMessage().endswith("s, limit 0.5 s") for record in progress)
+
+
+@pytest.mark.slow
+def test_an_unbounded_wait_says_every_few_seconds_what_it_waits_for_at_warning(signal_name: str, caplog) -> None:
+    with CacheReadySignal.create(2, signal_name) as owner:
+        threading.Timer(1.5, owner.set, (1,)).start()
+        with caplog.at_level(logging.INFO, logger="fd_platforms"):
+            waited = owner.wait(1, timeout=math.inf, setter_pid=os.getpid(), progress_seconds=0.3)
+    assert waited >= 1.4
+    progress = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(progress) >= 4, progress
+    for line in progress:
+        assert line.startswith(f"rank 1 waiting for its KV cache: cache-ready signal {signal_name!r} slot 1 is 0, set "
+                               f"once the process creating the cache has it (pid {os.getpid()}, watched: its exit ends "
+                               "the wait); slots set: none of 2; waited ")
+        assert line.endswith(" s, no time limit")
 
 
 def test_wait_polls_where_futexes_are_unavailable(signal_name: str, monkeypatch) -> None:

@@ -17,8 +17,9 @@ import pytest
 
 from fd_platforms.contract.errors import PlatformDriftError
 from fd_platforms.contract.types import DeviceMemory, Plan
-from fd_platforms.ipc.cache_signal import LAYOUT_VERSION
+from fd_platforms.ipc.cache_signal import DEFAULT_TIMEOUT, LAYOUT_VERSION
 from fd_platforms.ipc.timeouts import MAX_SECONDS
+from fd_platforms.ipc.waiting import PROGRESS_SECONDS
 from fd_platforms.lifecycle.engine import HOST_ROOM_SHARE
 from fd_platforms.loading.watchdog import (
     DEFAULT_ALLOC_TIMEOUT,
@@ -95,6 +96,8 @@ def test_the_bounds_quoted_are_the_codes() -> None:
     assert f"layers up to {MAX_LAYERS}; heads, head and latent dims and block sizes up to {MAX_WIDTH}" in PLANNING
     assert f"tensor-parallel ranks up to {MAX_RANKS}" in PLANNING
     assert f"1 layout version {LAYOUT_VERSION}," in LIFECYCLE
+    assert f"else `FD_CACHE_READY_TIMEOUT` (seconds), else {DEFAULT_TIMEOUT:g} s;" in LIFECYCLE
+    assert f"Every {PROGRESS_SECONDS:g} s it logs one line saying what it waits for" in LIFECYCLE
     assert f"at most half of the host's available memory (`HOST_ROOM_SHARE`)" in LIFECYCLE and HOST_ROOM_SHARE == 0.5
 
 

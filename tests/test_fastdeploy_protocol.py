@@ -29,12 +29,14 @@ from engine_processes import (
     qwen_layout,
     write_byte,
 )
-from fd_platforms.contract.errors import CacheSharingError, ConfigError, SignalWaitError
+from fd_platforms.contract.errors import CacheSharingError, CacheSignalError, ConfigError, SignalWaitError
+from fd_platforms.contract.types import PlatformIdentity
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
 from fd_platforms.engine.block_handoff import hand_off_block_count
 from fd_platforms.engine.cache_status import drive_kv_cache_update, serve_kv_cache_status
 from fd_platforms.engine.fastdeploy_records import GPU_RECORD
 from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
+from fd_platforms.loading.platform import Platform
 from fd_platforms.loading.selection import select_platform
 from run_helpers import QWEN, ROOT, SCRIPT, clean_env, main_in_process
 
@@ -105,25 +107,28 @@ def record_names(tp: int) -> set[str]:
     return {name for rank in range(tp) for name in qwen_layout(rank, tp).names()}
 
 
-def shm_names(suffix: str, tp: int) -> set[str]:
-    """This test's entries in /dev/shm: the signals of its suffix and its ranks' tensor records (other
+def shm_names(suffixes: tuple[str, ...], tp: int) -> set[str]:
+    """This test's entries in /dev/shm: the signals of its suffixes and its ranks' tensor records (other
     suites may run beside it, with records of other ranks: see test_fastdeploy_handles)."""
     records = record_names(tp)
-    return {name for name in os.listdir("/dev/shm") if name.endswith(f".{suffix}") or name in records}
+    return {name for name in os.listdir("/dev/shm") if name.endswith(tuple(f".{suffix}" for suffix in suffixes))
+            or name in records}  # fmt: skip
 
 
 @contextmanager
-def fastdeploy_engine(tp: int) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """A stand-in FastDeploy engine's signals under a fresh suffix; afterwards nothing of the test is left."""
+def fastdeploy_engine(tp: int, *block_count: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """A stand-in FastDeploy engine's signals under a fresh suffix (``block_count``: the stand-in's
+    ``BLOCK_SUFFIX [iluvatar]``); afterwards nothing of the test is left."""
     suffix = f"t{secrets.token_hex(4)}"
-    before = shm_names(suffix, tp)
-    engine = standin("engine", suffix, tp)
+    suffixes = (suffix, *block_count[:1])
+    before = shm_names(suffixes, tp)
+    engine = standin("engine", suffix, tp, *block_count)
     expect(engine, "ready")
     try:
         yield suffix, engine
     finally:
         finish(engine)
-        assert shm_names(suffix, tp) - before == set()
+        assert shm_names(suffixes, tp) - before == set()
 
 
 def test_a_standin_cache_manager_wakes_our_runner_which_attaches_by_fastdeploys_names(cpu) -> None:
@@ -348,17 +353,35 @@ def test_a_bad_suffix_or_protocol_is_refused_before_any_hook(cpu) -> None:
 
 
 def test_the_agreed_block_count_reaches_a_standin_engine_in_its_format(cpu) -> None:
-    suffix = f"t{secrets.token_hex(4)}"
-    engine = standin("engine", suffix, 2)
-    expect(engine, "ready")
-    try:
+    with fastdeploy_engine(2) as (suffix, engine):
         with pytest.raises(ConfigError, match="int32") as caught:
             hand_off_block_count(suffix, 2**31)
         assert caught.value.field == "num_blocks"
-        hand_off_block_count(suffix, 14448)
-        expect(engine, "profile_block_num 14448")  # what FastDeploy's engine polls before it starts the cache service
-    finally:
-        finish(engine)
+        hand_off_block_count(suffix, 14448, platform=cpu, ranks=2)
+        expect(engine, "profile_block_num 14448 words [14448]")  # what its engine polls before the cache service
+
+
+def test_the_block_count_goes_to_the_engines_own_suffix_not_the_cache_signals(cpu) -> None:
+    """FastDeploy names get_profile_block_num with engine_worker_queue_port[0] (its workers' engine_pid) and the cache
+    signals with the data-parallel rank's port; with data parallelism they differ."""
+    engine_pid = f"e{secrets.token_hex(4)}"
+    with fastdeploy_engine(2, engine_pid) as (suffix, engine):
+        with pytest.raises(CacheSignalError, match=rf"get_profile_block_num\.{suffix}' does not exist"):
+            hand_off_block_count(suffix, 14448)
+        word = hand_off_block_count(suffix, 14448, block_count_suffix=engine_pid, platform=cpu, ranks=2)
+        assert word == f"get_profile_block_num.{engine_pid}"
+        expect(engine, "profile_block_num 14448 words [14448]")
+
+
+def test_on_iluvatar_the_count_fills_every_ranks_word_of_the_engines_array(cpu) -> None:
+    """FastDeploy's Iluvatar engine makes one word per local rank; its workers end with the agreed minimum in each."""
+    iluvatar = Platform(cpu.candidate, cpu.manager, PlatformIdentity("iluvatar", "iluvatar_gpu", "CUDA_VISIBLE_DEVICES"))
+    engine_pid = f"e{secrets.token_hex(4)}"
+    with fastdeploy_engine(4, engine_pid, "iluvatar") as (suffix, engine):
+        with pytest.raises(CacheSignalError, match="holds 4 words, but FastDeploy's engine makes 1 for platform cpu"):
+            hand_off_block_count(suffix, 300, block_count_suffix=engine_pid, platform=cpu, ranks=4)
+        hand_off_block_count(suffix, 300, block_count_suffix=engine_pid, platform=iluvatar, ranks=4)
+        expect(engine, "profile_block_num 300 words [300, 300, 300, 300]")
 
 
 def run_entries() -> set[str]:
@@ -381,16 +404,18 @@ def test_run_with_fastdeploys_protocol_attaches_verifies_and_leaves_nothing() ->
     assert report["protocol"] == "fastdeploy" and report["signal"].startswith("cache_ready_signal.fdp")
     assert all(rank["verified"] and rank["attached_tensors"] == 96 for rank in report["ranks"])
     assert [cycle["verified"] for cycle in report["cycles"]] == [True, True]
+    engine_pid = f"fdb{os.getpid()}-{secrets.token_hex(3)}"
     table = subprocess.run(
         [SCRIPT, "run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode",
-         "--protocol", "fastdeploy"],
+         "--protocol", "fastdeploy", "--block-count-suffix", engine_pid],
         capture_output=True, text=True, cwd=ROOT, timeout=300, env=clean_env(),
     )  # fmt: skip
     assert table.returncode == 0, table.stderr
     assert "rule 2026-01, protocol fastdeploy:" in table.stdout.splitlines()[0]
     blocks = report["ranks"][0]["num_blocks"]
-    assert re.search(rf"rank 0: handed the agreed {blocks} blocks to the engine \(get_profile_block_num\.fdp", table.stderr)
+    assert f"rank 0: handed the agreed {blocks} blocks to the engine (get_profile_block_num.{engine_pid})" in table.stderr
     assert run_entries() - before == set(), "every signal and every per-tensor record removed"
+    assert not os.path.exists(f"/dev/shm/get_profile_block_num.{engine_pid}")
 
 
 def test_a_deploy_files_protocol_is_checked_by_name(tmp_path: Path) -> None:
@@ -399,6 +424,19 @@ def test_a_deploy_files_protocol_is_checked_by_name(tmp_path: Path) -> None:
     done = main_in_process("plan", "--config", str(config))
     assert done.returncode == 2
     assert "scheduler.protocol='grpc' is not valid; allowed: one of fd-platforms, fastdeploy" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("--block-count-suffix", "9924"), "--block-count-suffix='9924' is not valid; allowed: only with --protocol "
+                                           "fastdeploy"),
+        (("--protocol", "fastdeploy", "--block-count-suffix", "../x"), "--block-count-suffix='../x' is not valid"),
+    ],
+)
+def test_runs_block_count_suffix_is_checked_before_anything_starts(args: tuple[str, ...], expected: str) -> None:
+    done = main_in_process("run", "--model", QWEN, "--device-memory", "256MiB", *args)
+    assert done.returncode == 2 and expected in done.stderr, done.stderr
 
 
 def test_the_status_calls_check_their_arguments_before_touching_a_signal() -> None:

@@ -116,6 +116,19 @@ def test_each_rank_on_its_own_device_with_live_memory(env: dict[str, str]) -> No
         assert rank["planned_blocks"] == FAKE_TOTAL * 9 // 10 // per_block  # the fake total, nothing held yet
 
 
+def test_fastdeploys_block_count_fills_one_word_per_rank_under_its_own_suffix(env: dict[str, str]) -> None:
+    """FastDeploy's Iluvatar engine makes get_profile_block_num one word per local rank (engine.py
+    _init_worker_signals): the run's engine makes it so, under --block-count-suffix, and rank 0 hands the count
+    into every word (a word of another length would be a CacheSignalError failing the run)."""
+    suffix = f"fdb{os.getpid()}"
+    done = run_cli("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--protocol", "fastdeploy",
+                   "--block-count-suffix", suffix, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    blocks = 256 * MIB * 9 // 10 // qwen_bytes_per_block(2)
+    assert f"rank 0: handed the agreed {blocks} blocks to the engine (get_profile_block_num.{suffix})" in done.stderr
+    assert not os.path.exists(f"/dev/shm/get_profile_block_num.{suffix}"), "removed with the run's signals"
+
+
 def test_host_swap_cache_is_carved_from_the_vendors_pinned_memory(env: dict[str, str]) -> None:
     code = (
         "import fd_platforms\n"

@@ -71,5 +71,6 @@ def test_the_steps_only_fastdeploy_has_are_no_ops_under_ours() -> None:
     missing = "fd_cache_ready.nobody-made-this"  # any shared memory touched would be a CacheSignalError
     OURS.manager_up(missing, 0, swap=True)
     OURS.manager_swap_freed(missing, 0)
-    assert OURS.hand_off_block_count(missing, 8) is None
+    nobody = {"block_count_suffix": "nobody", "platform": None, "ranks": 2}
+    assert OURS.hand_off_block_count(missing, 8, **nobody) is None  # type: ignore[arg-type]
     FASTDEPLOY.reclaim("nobody-made-this")

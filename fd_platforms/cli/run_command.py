@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 from ..contract.errors import ConfigError
@@ -59,6 +60,11 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--master", metavar="HOST:PORT",
         help="node 0's address, the same on every node; node 0 listens on PORT and PORT+1 (with --nnodes)",
     )  # fmt: skip
+    parser.add_argument(
+        "--block-count-suffix", metavar="SUFFIX",
+        help="with --protocol fastdeploy: the suffix of get_profile_block_num, which FastDeploy's engine names apart "
+        "from its other signals (its workers' engine_pid; default: the run's signal suffix)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the report as JSON, without progress lines")
     parser.set_defaults(run=run)
     return parser
@@ -68,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     # Imported here: the other commands never pay for multiprocessing and the lifecycle.
     from ..engine.nodes import NodeSpec, check_resolves
     from ..ipc.cache_signal import ENV_TIMEOUT, resolve_timeout
-    from ..ipc.timeouts import set_by_flag
+    from ..ipc.timeouts import ALLOWED, UNBOUNDED, set_by_flag
     from ..lifecycle.engine import run_lifecycle, select_run_platform
     from ..lifecycle.progress import Progress
     from ..lifecycle.spec import RunSpec
@@ -88,8 +94,15 @@ def run(args: argparse.Namespace) -> int:
         check_resolves(nodes.master, "--master")
     if not 0 <= args.cycles <= MAX_CYCLES:
         raise ConfigError("--cycles", args.cycles, f"0 to {MAX_CYCLES}", "pass how many clear/re-initialize cycles to run")
+    block_count_suffix = _block_count_suffix(args.block_count_suffix, deploy.scheduler.protocol)
     device_memory, non_cache, host_memory = memory_sizes(args)
     timeout = resolve_timeout(args.timeout)
+    if math.isinf(timeout):  # the engine's processes may wait with no limit; run bounds each phase by it
+        raise ConfigError(
+            "--timeout" if args.timeout is not None else ENV_TIMEOUT, UNBOUNDED, ALLOWED,
+            "run bounds each of its phases by this limit: pass --timeout SECONDS (an engine's own processes may wait "
+            f"with no limit, {ENV_TIMEOUT}={UNBOUNDED})",
+        )  # fmt: skip
     set_by_flag(ENV_TIMEOUT, "--timeout", timeout)  # the children's bounds follow it; messages name --timeout
     platform = select_run_platform(ranks, args.platform)  # before SIGTERM is ours: it may import paddle, which sets a handler
     spec = RunSpec(
@@ -105,11 +118,27 @@ def run(args: argparse.Namespace) -> int:
         quiet=args.json,
         cycles=args.cycles,
         nodes=nodes,
+        block_count_suffix=block_count_suffix,
     )
     with sigterm_raises(), sigint_says_stopping():
         report = run_lifecycle(spec, Progress(quiet=args.json), platform)
     emit(json.dumps(report.to_json(), indent=2) if args.json else format_report(report))
     return 0
+
+
+def _block_count_suffix(suffix: str | None, protocol: str) -> str | None:
+    """``--block-count-suffix`` checked: FastDeploy's suffix format, and only with its protocol."""
+    from ..engine.protocols import FASTDEPLOY
+    from ..ipc.fastdeploy_signals import check_suffix
+
+    if suffix is None:
+        return None
+    if protocol != FASTDEPLOY.name:
+        raise ConfigError(
+            "--block-count-suffix", suffix, f"only with --protocol {FASTDEPLOY.name} (only FastDeploy's engine waits "
+            "for a block count)", f"pass --protocol {FASTDEPLOY.name}, or drop --block-count-suffix",
+        )  # fmt: skip
+    return check_suffix(suffix, "--block-count-suffix")
 
 
 def _ranks_per_node(args: argparse.Namespace, tp: int) -> int:

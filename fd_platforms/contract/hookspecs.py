@@ -335,7 +335,8 @@ def wait_cache_ready(
     :param signal_name: name of the engine's shared-memory cache-ready signal
         (:func:`fd_platforms.ipc.cache_signal.new_signal_name`).
     :param rank: local rank whose slot to wait on.
-    :param timeout: seconds to wait at most (``None``: ``FD_CACHE_READY_TIMEOUT``, default 600).
+    :param timeout: seconds to wait at most (``None``: ``FD_CACHE_READY_TIMEOUT``, default 600;
+        ``math.inf``: no limit — the wait then logs what it waits for every few seconds).
     :param setter_pid: pid of the process expected to set the slot; its exit ends the wait
         within about a quarter of a second.
     :returns: seconds waited.

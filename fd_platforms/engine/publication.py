@@ -31,6 +31,7 @@ from ..contract.errors import CacheInUseError, CacheSharingError
 from ..contract.integers import MAX_COUNT, is_int
 from ..ipc import shm
 from ..ipc.cache_signal import SIGNAL_PREFIX, check_signal_name
+from ..ipc.waiting import WaitProgress
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +158,8 @@ class Publication:
         self._at_exit.detach()
 
     def retract(self, timeout: float) -> None:
-        """The creator's clear: wait (at most ``timeout`` s) until no attacher holds it, then unlink it.
+        """The creator's clear: wait (at most ``timeout`` s; ``math.inf``: no limit, saying what it waits
+        for every few seconds, :mod:`fd_platforms.ipc.waiting`) until no attacher holds it, then unlink it.
 
         Raises :class:`CacheInUseError` naming the rank when an attacher still holds it; the
         publication then stays in place, held by this process, and the caller may retry.
@@ -167,7 +169,8 @@ class Publication:
         own = self._segment
         own.close()  # let go of our own lock first: what remains are attachers' locks
         self._segment = None
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline, progress = start + timeout, WaitProgress(timeout, start)
         while True:
             try:
                 probe = shm.Segment.inspect(self.name, HEADER.size)
@@ -187,6 +190,8 @@ class Publication:
                     "was not freed. Fix: clear the worker's cache first (KVCache.clear()), or stop that process",
                     (self.rank,),
                 )
+            progress.say(time.monotonic(), lambda: f"rank {self.rank}'s creator waiting for its attacher to let go of "
+                         f"{self.name!r} (an attacher holds a lock on it until its KV cache is cleared)")  # fmt: skip
             time.sleep(POLL_SECONDS)
 
 

@@ -45,7 +45,6 @@ gives the futex its address, where the kernel answers ``EFAULT`` instead of rais
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import secrets
@@ -59,8 +58,7 @@ from . import shm
 from .process_watch import ProcessWatch
 from .shared_words import CHECK_SECONDS, MAX_LOCAL_RANKS, WORD_BYTES, SharedWords
 from .timeouts import check_seconds, env_seconds, knob
-
-logger = logging.getLogger(__name__)
+from .waiting import WaitProgress
 
 SIGNAL_PREFIX = "fd_cache_ready."
 MAGIC = 0x46444352
@@ -68,7 +66,6 @@ LAYOUT_VERSION = 2
 HEADER_WORDS = 8
 ENV_TIMEOUT = "FD_CACHE_READY_TIMEOUT"
 DEFAULT_TIMEOUT = 600.0
-PROGRESS_SECONDS = 5.0
 HEADER_BYTES = HEADER_WORDS * WORD_BYTES
 
 _NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
@@ -98,10 +95,12 @@ def check_signal_name(name: str) -> str:
 
 
 def resolve_timeout(timeout: float | None, environ: Mapping[str, str] | None = None) -> float:
-    """The wait limit in seconds: ``timeout``, else ``FD_CACHE_READY_TIMEOUT``, else 600."""
+    """The wait limit in seconds: ``timeout``, else ``FD_CACHE_READY_TIMEOUT``, else 600; ``math.inf``
+    (``FD_CACHE_READY_TIMEOUT=inf``) for none, as FastDeploy's own waits have none."""
     if timeout is not None:
-        return check_seconds("timeout", timeout, "pass a finite number of seconds > 0")
-    return env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT, environ)
+        return check_seconds("timeout", timeout, "pass a finite number of seconds > 0, or math.inf for no limit",
+                             unbounded=True)  # fmt: skip
+    return env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT, environ, unbounded=True)
 
 
 class CacheReadySignal(SharedWords):
@@ -187,19 +186,21 @@ class CacheReadySignal(SharedWords):
         timeout: float | None = None,
         setter_pid: int | None = None,
         *,
-        progress_seconds: float = PROGRESS_SECONDS,
+        progress_seconds: float | None = None,
     ) -> float:
         """Block until ``rank``'s slot is set; the seconds waited.
 
-        ``timeout`` defaults to ``FD_CACHE_READY_TIMEOUT`` (600 s). With ``setter_pid``, the wait
-        fails within about :data:`CHECK_SECONDS` of that process exiting. Logs progress at INFO
-        every ``progress_seconds``. Raises :class:`CacheNotReadyError`; Ctrl-C interrupts at once.
+        ``timeout`` defaults to ``FD_CACHE_READY_TIMEOUT`` (600 s); ``math.inf`` waits with no limit.
+        With ``setter_pid``, the wait fails within about :data:`CHECK_SECONDS` of that process
+        exiting. Every ``progress_seconds`` (default :data:`~.waiting.PROGRESS_SECONDS`) it logs what
+        it waits for (:mod:`.waiting`: INFO, WARNING without a limit). Raises
+        :class:`CacheNotReadyError`; Ctrl-C interrupts at once.
         """
         self._check_rank(rank)
         limit = resolve_timeout(timeout)
         watch = ProcessWatch(setter_pid) if setter_pid is not None else None
         start = time.monotonic()
-        next_progress = start + progress_seconds
+        progress = WaitProgress(limit, start, progress_seconds)
         try:
             while not self.is_set(rank):
                 now = time.monotonic()
@@ -220,19 +221,25 @@ class CacheReadySignal(SharedWords):
                         f"check that the cache manager is running and progressing; if allocation legitimately "
                         f"takes longer, raise {knob(ENV_TIMEOUT, argument=timeout is not None)}",
                     )
-                if now >= next_progress:
-                    ready = [index for index, value in enumerate(self.slots()) if value]
-                    logger.info(
-                        "waiting for cache-ready signal %r rank %d: %.1f s elapsed, slots set: %s of %d",
-                        self.name, rank, now - start, ready or "none", self.num_ranks,
-                    )
-                    next_progress += progress_seconds
-                seconds = min(CHECK_SECONDS, start + limit - now, next_progress - now)
+                progress.say(now, lambda: self._waiting_for(rank, watch))
+                seconds = min(CHECK_SECONDS, start + limit - now, progress.until_next(now))
                 self._sleep(HEADER_WORDS + rank, 0, seconds, foreign=False)  # our setters wake
             return time.monotonic() - start
         finally:
             if watch is not None:
                 watch.close()
+
+    def _waiting_for(self, rank: int, watch: ProcessWatch | None) -> str:
+        """What a wait for ``rank``'s slot says it waits for (:mod:`.waiting`)."""
+        slots = self.slots()
+        ready = [index for index, value in enumerate(slots) if value]
+        setter = (f"pid {watch.pid}, watched: its exit ends the wait" if watch is not None
+                  else "no setter_pid named, so its exit goes unnoticed")  # fmt: skip
+        return (
+            f"rank {rank} waiting for its KV cache: cache-ready signal {self.name!r} slot {rank} is {slots[rank]}, "
+            f"set once the process creating the cache has it ({setter}); slots set: {ready or 'none'} of "
+            f"{self.num_ranks}"
+        )
 
     def _not_ready(self, rank: int, elapsed: float, cause: str, detail: str, fix: str) -> CacheNotReadyError:
         return CacheNotReadyError(self.name, rank, elapsed, self.slots(), cause, detail, fix)

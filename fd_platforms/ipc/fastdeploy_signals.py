@@ -12,7 +12,9 @@ name                                   shape    meaning
 ``swap_space_ready_signal``            [tp]     1: rank's host swap cache allocated
 ``cache_transfer_inited_signal``       [tp]     1: rank's cache transfer manager is up
 ``kv_cache_status``                    [1]      :class:`KVCacheStatus` of the clear/update protocol
-``get_profile_block_num``              [1]      the agreed block count (local rank 0 writes it)
+``get_profile_block_num``              [1]      the agreed block count (local rank 0 writes it); one
+                                                word per rank on Iluvatar, and a suffix of its own
+                                                (:mod:`fd_platforms.engine.block_handoff`)
 ====================================== ======== ==================================================
 
 Reading and writing: every word goes through ``pread``/``pwrite`` on the descriptor, so a segment
@@ -40,6 +42,7 @@ from ..contract.integers import check_int, is_int
 from . import shm
 from .process_watch import ProcessWatch
 from .shared_words import CHECK_SECONDS, MAX_LOCAL_RANKS, WORD_BYTES, SharedWords
+from .waiting import WaitProgress
 
 CACHE_READY = "cache_ready_signal"
 SWAP_SPACE_READY = "swap_space_ready_signal"
@@ -59,13 +62,13 @@ class KVCacheStatus(enum.IntEnum):
     CLEARED = -2
 
 
-def check_suffix(suffix: object) -> str:
-    """``suffix`` as FastDeploy names its signals with it (the engine's port), else a ConfigError."""
+def check_suffix(suffix: object, field: str = "suffix") -> str:
+    """``suffix`` as FastDeploy names its signals with it (the engine's port), else a ConfigError naming ``field``."""
     if is_int(suffix):
         suffix = str(suffix)
     if not isinstance(suffix, str) or not _SUFFIX.fullmatch(suffix):
         raise ConfigError(
-            "suffix",
+            field,
             suffix,
             "letters, digits, '_' and '-', at most 64 (FastDeploy uses the engine's engine_worker_queue_port)",
             "pass the suffix the FastDeploy engine gives its signals, e.g. 9923",
@@ -164,18 +167,21 @@ class FastDeploySignal(SharedWords):
         *,
         watch_pid: int | None = None,
         what: str = "",
+        writer: str = "",
         tend: Callable[[], object] | None = None,
     ) -> float:
         """Block until word ``index`` equals ``value``; the seconds waited.
 
-        A :class:`SignalWaitError` after ``timeout`` seconds, or within about :data:`CHECK_SECONDS`
-        of ``watch_pid`` exiting (the process expected to write it). ``what`` names the step in it.
-        ``tend`` is called before every look (at least every :data:`CHECK_SECONDS`), e.g. to keep
-        another word as the caller set it.
+        A :class:`SignalWaitError` after ``timeout`` seconds (``math.inf``: never), or within about
+        :data:`CHECK_SECONDS` of ``watch_pid`` exiting (the process expected to write it). ``what``
+        names the step in it. Every :data:`~.waiting.PROGRESS_SECONDS` it logs what it waits for
+        (:mod:`.waiting`), ``writer`` saying who writes the word. ``tend`` is called before every look
+        (at least every :data:`CHECK_SECONDS`), e.g. to keep another word as the caller set it.
         """
         self._check_index(index)
         watch = ProcessWatch(watch_pid) if watch_pid is not None else None
         start = time.monotonic()
+        progress = WaitProgress(timeout, start)
         try:
             while True:
                 if tend is not None:
@@ -190,10 +196,22 @@ class FastDeploySignal(SharedWords):
                 if now - start >= timeout:
                     raise SignalWaitError(self.name, index, value, seen, now - start, "timeout", what,
                                           f"the limit is {timeout:g} s")  # fmt: skip
-                self.sleep_while(index, seen, min(CHECK_SECONDS, start + timeout - now), since=start)
+                progress.say(now, lambda: self._waiting_for(index, value, seen, what, writer, watch))
+                self.sleep_while(index, seen, min(CHECK_SECONDS, start + timeout - now, progress.until_next(now)),
+                                 since=start)  # fmt: skip
         finally:
             if watch is not None:
                 watch.close()
+
+    def _waiting_for(
+        self, index: int, value: int, seen: int, what: str, writer: str, watch: ProcessWatch | None
+    ) -> str:
+        """What a wait for word ``index`` says it waits for (:mod:`.waiting`)."""
+        who = writer or "the process doing that step"
+        who += (f" (pid {watch.pid}, watched: its exit ends the wait)" if watch is not None
+                else " (no pid named, so its exit goes unnoticed)")  # fmt: skip
+        return (f"{what or 'waiting'}: FastDeploy signal {self.name!r} word {index} is {seen}, waiting for {value}; "
+                f"written by {who}")
 
     def sleep_while(self, index: int, seen: int, seconds: float, *, since: float | None = None) -> None:
         """Sleep up to ``seconds`` while word ``index`` is ``seen``: woken by our writes at once, a

@@ -3,7 +3,10 @@
 Every timeout is a finite number of seconds greater than 0 and at most :data:`MAX_SECONDS`
 (7 days). Longer limits are hangs in all but name, and the operating system's waits do not take
 them (``poll`` counts int32 milliseconds, about 24.8 days), so they are refused as configuration
-errors instead of failing deep inside a wait.
+errors instead of failing deep inside a wait. The one exception is a wait that may have no limit
+at all, as FastDeploy's own waits have none (``unbounded=True``: the cache-ready wait's
+``FD_CACHE_READY_TIMEOUT``): :data:`UNBOUNDED` (``inf``, ``math.inf`` as an argument) says so, in that
+one spelling, and such a wait logs what it waits for every few seconds (:mod:`.waiting`).
 
 A limit's error says what to raise: the environment variable it was read from, the caller's
 ``timeout`` argument, or the command-line flag that set it (:func:`set_by_flag`, e.g. ``run
@@ -20,6 +23,8 @@ from ..contract.errors import ConfigError
 
 MAX_SECONDS = 7 * 24 * 3600
 ALLOWED = f"a finite number of seconds > 0 and at most {MAX_SECONDS} (7 days)"
+UNBOUNDED = "inf"  # no limit: FD_CACHE_READY_TIMEOUT=inf, timeout=math.inf (float("inf"))
+ALLOWED_UNBOUNDED = f"{ALLOWED}, or {UNBOUNDED} for no limit"
 
 
 _flags: dict[str, str] = {}  # environment variable -> the command-line flag that set it in this process
@@ -40,24 +45,36 @@ def knob(variable: str, *, argument: bool = False) -> str:
     return "the timeout argument (seconds)" if argument else f"{variable} (seconds)"
 
 
-def check_seconds(field: str, value: object, fix: str, *, shown: object = None) -> float:
-    """``value`` as float seconds, or a ConfigError naming ``field`` (showing ``shown`` if given)."""
+def check_seconds(field: str, value: object, fix: str, *, shown: object = None, unbounded: bool = False) -> float:
+    """``value`` as float seconds (``unbounded``: also ``math.inf``, no limit), or a ConfigError naming
+    ``field`` (showing ``shown`` if given)."""
+    if unbounded and isinstance(value, float) and value == math.inf:
+        return value
     valid = (
         isinstance(value, (int, float))
         and not isinstance(value, bool)
         and 0 < value <= MAX_SECONDS  # compared before any float(): a huge int cannot overflow here
     )
     if not valid:
-        raise ConfigError(field, value if shown is None else shown, ALLOWED, fix)
+        raise ConfigError(field, value if shown is None else shown, ALLOWED_UNBOUNDED if unbounded else ALLOWED, fix)
     return float(value)  # type: ignore[arg-type]
 
 
-def env_seconds(variable: str, default: float, environ: Mapping[str, str] | None = None) -> float:
-    """Seconds from environment ``variable`` (unset or empty: ``default``); a ConfigError naming it."""
+def env_seconds(
+    variable: str, default: float, environ: Mapping[str, str] | None = None, *, unbounded: bool = False
+) -> float:
+    """Seconds from environment ``variable`` (unset or empty: ``default``; ``unbounded``: also
+    :data:`UNBOUNDED`, spelled so, for ``math.inf``); a ConfigError naming it."""
     raw = (os.environ if environ is None else environ).get(variable)
     if raw is None or raw.strip() == "":
         return default
-    return check_seconds(variable, _number(raw), f"set {variable} to seconds, e.g. {variable}={int(default)}", shown=raw)
+    if unbounded and raw.strip() == UNBOUNDED:
+        return math.inf
+    fix = f"set {variable} to seconds, e.g. {variable}={int(default)}"
+    if unbounded:
+        fix += f", or to {UNBOUNDED} for no limit"
+    value = _number(raw)  # any other spelling of infinity ("Infinity", "1e999") is refused below
+    return check_seconds(variable, value if math.isfinite(value) else math.nan, fix, shown=raw, unbounded=unbounded)
 
 
 def env_bound(variable: str, default: float, environ: Mapping[str, str] | None = None) -> float | None:

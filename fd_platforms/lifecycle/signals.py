@@ -4,7 +4,8 @@ Ours: one cache-ready signal (:class:`~fd_platforms.ipc.cache_signal.CacheReadyS
 name the children get. FastDeploy's (``[scheduler] protocol = "fastdeploy"``): the arrays its
 engine creates, under a suffix of this run's — ``cache_ready_signal``, ``swap_space_ready_signal``,
 ``cache_transfer_inited_signal`` (one word per rank), ``kv_cache_status`` and
-``get_profile_block_num`` (one word) — and the children get the suffix. The protocol's object
+``get_profile_block_num`` (one word, one per rank on Iluvatar; under ``--block-count-suffix`` where
+given) — and the children get the suffix. The protocol's object
 (:mod:`fd_platforms.engine.protocols`) makes them.
 """
 
@@ -21,7 +22,9 @@ class EngineSignals:
 
     def __init__(self, spec: RunSpec) -> None:
         self._protocol = protocol_named(spec.deploy.scheduler.protocol)
-        self.name, self._held = self._protocol.create_signals(spec.ranks)
+        self.name, self._held = self._protocol.create_signals(
+            spec.ranks, device_type=spec.device_type, block_count_suffix=spec.block_count_suffix
+        )
         self.ready_name = self._protocol.ready_signal(self.name)
 
     def describe(self) -> str:

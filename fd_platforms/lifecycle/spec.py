@@ -28,7 +28,9 @@ class RunSpec:
     (``--device-memory``), None for the live facts; ``host_memory`` the host memory swap space must
     fit in (``--host-memory``), None for this host's; ``timeout`` bounds every wait of the run;
     ``cycles`` how many times every rank clears and re-initializes after the first start;
-    ``nodes`` where this node stands when the engine spans several (None: one node).
+    ``nodes`` where this node stands when the engine spans several (None: one node);
+    ``block_count_suffix`` the suffix of FastDeploy's ``get_profile_block_num`` (``--block-count-suffix``;
+    None: the run's signal suffix).
     """
 
     deploy: DeployConfig
@@ -43,6 +45,7 @@ class RunSpec:
     quiet: bool = False
     cycles: int = 0
     nodes: NodeSpec | None = None
+    block_count_suffix: str | None = None
 
     @property
     def hold_timeout(self) -> float:

@@ -79,7 +79,9 @@ def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, signal_name
     conn.send(("plan", (plan, seconds, agreement, None if cluster is None else cluster.join_seconds)))
     final, manager_pid = expect(conn, "final", spec.timeout)
     protocol = protocol_named(spec.deploy.scheduler.protocol)
-    if rank == 0 and (word := protocol.hand_off_block_count(signal_name, final.num_blocks)) is not None:
+    if rank == 0 and (word := protocol.hand_off_block_count(
+        signal_name, final.num_blocks, block_count_suffix=spec.block_count_suffix, platform=platform, ranks=spec.ranks
+    )) is not None:  # fmt: skip
         say(f"handed the agreed {final.num_blocks} blocks to the engine ({word})")
     state = {"cache": _initialize(platform, spec, rank, signal_name, final, manager_pid, say)}
     try:

@@ -15,6 +15,7 @@ Callers use :class:`Platform` methods. Each one, in order:
 
 from __future__ import annotations
 
+import math
 import re
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -310,10 +311,15 @@ ALLOCATION_HOOKS = ("host_alloc", "export_cache_tensor", "open_cache_tensor", "r
 
 def _bound(hook: str, kwargs: dict[str, Any]) -> Bound:
     """How long a plugin's hook may run: an allocation ``FD_PLATFORM_ALLOC_TIMEOUT``, a wait its own
-    timeout and a margin (off with the allocations' bound), every other hook the detection bound."""
+    timeout and a margin (off with the allocations' bound, or where the wait has no limit), every
+    other hook the detection bound."""
     if hook == "wait_cache_ready":
         long = alloc_bound()
-        return long if long.seconds is None else Bound(kwargs["timeout"] + WAIT_MARGIN_SECONDS, "its timeout + 5 s")
+        if long.seconds is None:
+            return long
+        if math.isinf(kwargs["timeout"]):
+            return Bound(None, "the wait's timeout is inf")
+        return Bound(kwargs["timeout"] + WAIT_MARGIN_SECONDS, "its timeout + 5 s")
     return alloc_bound() if hook in ALLOCATION_HOOKS else detect_bound()
 
 

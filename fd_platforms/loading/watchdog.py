@@ -64,12 +64,13 @@ class Bound:
     variable: str
 
     def describe(self) -> str:
-        return f"unbounded ({self.variable}=0)" if self.seconds is None else f"bound {self.seconds:g} s ({self.variable})"
+        return f"unbounded ({self.variable})" if self.seconds is None else f"bound {self.seconds:g} s ({self.variable})"
 
 
 def read_bound(variable: str, default: float) -> Bound:
     """The bound set by environment ``variable`` (unset: ``default``; ``0``: off); a ConfigError naming it."""
-    return Bound(env_bound(variable, default), variable)
+    seconds = env_bound(variable, default)
+    return Bound(seconds, variable if seconds is not None else f"{variable}=0")
 
 
 def detect_bound() -> Bound:

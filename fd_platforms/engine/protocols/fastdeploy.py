@@ -10,7 +10,8 @@ tensors published   one ``set_data_ipc`` record per tensor, named as the layout 
                     (:mod:`fd_platforms.engine.fastdeploy_handles`)
 attacher lets go    resets its ``cache_ready_signal`` slot to 0
 cache manager up    ``swap_space_ready_signal`` (with swap space), ``cache_transfer_inited_signal``
-block count         ``get_profile_block_num`` (:mod:`fd_platforms.engine.block_handoff`)
+block count         ``get_profile_block_num`` under its own suffix, one word (one per rank on
+                    Iluvatar) (:mod:`fd_platforms.engine.block_handoff`)
 the rule            no word: pinned where FastDeploy's releases disagree (:mod:`.fastdeploy_rule`)
 =================== ===============================================================================
 
@@ -37,7 +38,7 @@ from ...ipc.fastdeploy_signals import (
     check_suffix,
     segment_name,
 )
-from ..block_handoff import hand_off_block_count
+from ..block_handoff import block_count_words, hand_off_block_count
 from ..fastdeploy_handles import FastDeployHandles
 from ..publication import PublishedTensor
 from .fastdeploy_rule import mismatch_hint, rule_in_force
@@ -47,9 +48,9 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from ...loading.platform import Platform
     from ...rules.decision import DecisionInputs
 
-#: The signals FastDeploy's engine creates: one word per rank, and one word.
+#: The signals FastDeploy's engine creates with one word per rank (``kv_cache_status`` has one word, and
+#: ``get_profile_block_num`` is the block-count hand-off's).
 PER_RANK = (CACHE_READY, SWAP_SPACE_READY, CACHE_TRANSFER_INITED)
-ONE_WORD = (KV_CACHE_STATUS, PROFILE_BLOCK_NUM)
 
 
 class FastDeployProtocol(WireProtocol):
@@ -86,7 +87,8 @@ class FastDeployProtocol(WireProtocol):
     ) -> float:
         """Watched by the core itself: FastDeploy's writers wake nobody (see :mod:`fd_platforms.ipc.fastdeploy_signals`)."""
         with FastDeploySignal.attach(CACHE_READY, signal_name) as signal:
-            return signal.wait_for(rank, 1, timeout, watch_pid=setter_pid, what=f"rank {rank} waiting for its KV cache")
+            return signal.wait_for(rank, 1, timeout, watch_pid=setter_pid, what=f"rank {rank} waiting for its KV cache",
+                                   writer="the process creating it (FastDeploy's cache transfer manager or runner)")
 
     def publish(
         self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str,
@@ -113,20 +115,25 @@ class FastDeployProtocol(WireProtocol):
         with FastDeploySignal.attach(SWAP_SPACE_READY, signal_name) as swap_ready:
             swap_ready.set(rank, 0)
 
-    def hand_off_block_count(self, signal_name: str, num_blocks: int) -> str:
+    def hand_off_block_count(
+        self, signal_name: str, num_blocks: int, *, block_count_suffix: str | None, platform: Platform, ranks: int
+    ) -> str:
         """FastDeploy's engine waits for this word before it sizes its block tables."""
-        hand_off_block_count(signal_name, num_blocks)
-        return segment_name(PROFILE_BLOCK_NUM, signal_name)
+        return hand_off_block_count(
+            signal_name, num_blocks, block_count_suffix=block_count_suffix, platform=platform, ranks=ranks
+        )
 
-    def create_signals(self, ranks: int) -> tuple[str, ExitStack]:
+    def create_signals(self, ranks: int, *, device_type: str, block_count_suffix: str | None) -> tuple[str, ExitStack]:
         """The arrays FastDeploy's engine creates, under a suffix of this run's (FastDeploy's is its
-        engine's port); a failure part-way removes what was made."""
+        engine's port), ``get_profile_block_num`` under its own suffix and as long as FastDeploy's
+        engine makes it (:mod:`fd_platforms.engine.block_handoff`); a failure part-way removes what was made."""
         suffix = f"fdp{os.getpid()}-{secrets.token_hex(3)}"
         with ExitStack() as making:
             for signal in PER_RANK:
                 making.enter_context(FastDeploySignal.create(signal, suffix, ranks))
-            for signal in ONE_WORD:
-                making.enter_context(FastDeploySignal.create(signal, suffix, 1))
+            making.enter_context(FastDeploySignal.create(KV_CACHE_STATUS, suffix, 1))
+            words = block_count_words(device_type, ranks)
+            making.enter_context(FastDeploySignal.create(PROFILE_BLOCK_NUM, block_count_suffix or suffix, words))
             return suffix, making.pop_all()
 
     def ready_signal(self, signal_name: str) -> str:

@@ -87,14 +87,18 @@ class WireProtocol(ABC):
         """The cache manager freed ``rank``'s host swap space."""
 
     @abstractmethod
-    def hand_off_block_count(self, signal_name: str, num_blocks: int) -> str | None:
-        """Give the engine the agreed block count (local rank 0 calls it); where it was written, or
-        None where this protocol's engine waits for no such word."""
+    def hand_off_block_count(
+        self, signal_name: str, num_blocks: int, *, block_count_suffix: str | None, platform: Platform, ranks: int
+    ) -> str | None:
+        """Give the engine the agreed block count (local rank 0 calls it; ``ranks`` local ranks on
+        ``platform``; the word's own suffix, None: ``signal_name``'s); where it was written, or None
+        where this protocol's engine waits for no such word."""
 
     @abstractmethod
-    def create_signals(self, ranks: int) -> tuple[str, ExitStack]:
-        """Create a run's signals for ``ranks`` local ranks, as its engine: the signal name its
-        processes are given, and what removes the signals again."""
+    def create_signals(self, ranks: int, *, device_type: str, block_count_suffix: str | None) -> tuple[str, ExitStack]:
+        """Create a run's signals for ``ranks`` local ranks of ``device_type``, as its engine (the block
+        count's word under ``block_count_suffix``, None: the run's): the signal name its processes are
+        given, and what removes the signals again."""
 
     @abstractmethod
     def ready_signal(self, signal_name: str) -> str:

@@ -79,10 +79,13 @@ class FdPlatformsProtocol(WireProtocol):
     def manager_swap_freed(self, signal_name: str, rank: int) -> None:
         """Nothing: no process watches our swap space."""
 
-    def hand_off_block_count(self, signal_name: str, num_blocks: int) -> None:
+    def hand_off_block_count(
+        self, signal_name: str, num_blocks: int, *, block_count_suffix: str | None, platform: Platform, ranks: int
+    ) -> None:
         """Nothing: our engine hands the count to its processes itself."""
 
-    def create_signals(self, ranks: int) -> tuple[str, ExitStack]:
+    def create_signals(self, ranks: int, *, device_type: str, block_count_suffix: str | None) -> tuple[str, ExitStack]:
+        """Our one signal (no block-count word: ``device_type`` and ``block_count_suffix`` change nothing)."""
         held = ExitStack()
         signal = held.enter_context(CacheReadySignal.create(ranks))
         return signal.name, held
