@@ -76,13 +76,13 @@ def attach(name: str, suffix: str, length: int) -> tuple[shared_memory.SharedMem
     return block, np.ndarray((length,), dtype=np.int32, buffer=block.buf)
 
 
-def wait_until(test, what: str) -> None:  # type: ignore[no-untyped-def]
+def wait_until(test, what: str, poll: float = SLOT_POLL) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + TIMEOUT
     while not test():
         if time.monotonic() > deadline:
             print(f"stand-in timed out: {what}", flush=True)
             os._exit(3)
-        time.sleep(SLOT_POLL)
+        time.sleep(poll)
 
 
 def stdin_closed(seconds: float) -> bool:
@@ -284,18 +284,18 @@ def creator(suffix: str, rank: int, tp: int, specs: list[list]) -> None:
             print("touched", flush=True)
         now = int(status[0])
         if now == CLEARING:  # check_cache_status, its create_cache_tensor branch
-            wait_until(lambda: ready[rank] == 0, f"rank {rank}'s runner to let go")
+            wait_until(lambda: ready[rank] == 0, f"rank {rank}'s runner to let go", POLL)
             if tensors is not None:
                 tensors.free()
                 tensors = None
-            wait_until(lambda: int(ready.sum()) == 0, "every rank to let go")
+            wait_until(lambda: int(ready.sum()) == 0, "every rank to let go", POLL)
             status[0] = CLEARED
         elif now == UPDATING:
             if tensors is not None:
                 tensors.free()
             tensors = make_tensors(specs, rank)
             ready[rank] = 1
-            wait_until(lambda: int(ready.sum()) == tp, "every rank to be created")
+            wait_until(lambda: int(ready.sum()) == tp, "every rank to be created", POLL)
             status[0] = NORMAL
     if tensors is not None:
         tensors.free()

@@ -33,6 +33,12 @@ from ..ipc.cache_signal import resolve_timeout
 from ..ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus, check_suffix
 from .initialize import ManagedCache
 
+SETTLE_SECONDS = 0.5
+"""The least time the driver leaves every slot at 0 (from the first ``CLEARED`` to its ``UPDATING``) and
+at 1 (from ``NORMAL`` to its return, so to a next clear): FastDeploy's managers look at the slots every
+0.1 s (``check_cache_status``) and wait for all of them to be 0, then 1; one whose looks miss that
+moment waits forever. FastDeploy's own driver leaves seconds there (the weight update, the next
+request)."""
 STATUS_POLL_SECONDS = 0.1  # how long serve_kv_cache_status sleeps between looks at `until` (a status write wakes it)
 
 
@@ -91,12 +97,15 @@ def drive_kv_cache_update(
         if update is not None:
             update()
         updated = time.monotonic()
+        time.sleep(max(0.0, cleared + SETTLE_SECONDS - updated))  # every manager sees every slot at 0
         status.set(0, KVCacheStatus.UPDATING)
         status.wait_for(0, KVCacheStatus.NORMAL, limit, watch_pid=creator_pid, what="the cache creator creating the caches",
                         tend=_keeping(status, KVCacheStatus.UPDATING, over=KVCacheStatus.CLEARED))  # fmt: skip
+        normal = time.monotonic()
         for rank in range(ready.length):
             ready.wait_for(rank, 1, limit, watch_pid=creator_pid, what=f"rank {rank}'s KV cache being created again")
         done = time.monotonic()
+        time.sleep(max(0.0, normal + SETTLE_SECONDS - done))  # every manager sees every slot at 1
         return UpdateReport(let_go - started, cleared - let_go, updated - cleared, done - updated, ready.length)
 
 
