@@ -249,3 +249,13 @@ def test_the_readmes_list_sample_is_what_list_prints() -> None:
     assert [columns for columns, _ in shown] == [columns for columns, _ in real]
     for (_, quoted), (_, reason) in zip(shown, real, strict=True):
         assert reason.startswith(quoted.removesuffix(" ...").removesuffix("...")), (quoted, reason)
+
+
+def test_the_drivers_settle_time_and_the_managers_look_are_the_codes() -> None:
+    from fd_platforms.engine.cache_status import SETTLE_SECONDS
+
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "engine-integration.md").read_text()
+    quoted = re.search(r"at least `SETTLE_SECONDS` \(([0-9.]+) s\)", guide)
+    assert quoted is not None and float(quoted.group(1)) == SETTLE_SECONDS
+    standins = (Path(__file__).resolve().parent / "fastdeploy_standins.py").read_text()
+    assert re.search(r"\nPOLL = 0\.1 ", standins) and "look at the slots every 0.1 s" in guide
