@@ -26,7 +26,7 @@ import fd_platforms_metax
 import fd_platforms_xpu
 from engine_processes import qwen_layout
 from fastdeploy_standins import read_xpu_record
-from fd_platforms.contract.errors import CacheSharingError, ConfigError, HostAllocError
+from fd_platforms.contract.errors import CacheSharingError, CacheSignalError, ConfigError, HostAllocError
 from fd_platforms.contract.types import DTYPE_BYTES
 from fd_platforms.engine.fastdeploy_handles import encode_handle as encode_record
 from fd_platforms.engine.fastdeploy_records import record_layout
@@ -668,3 +668,19 @@ def test_importing_paddle_through_the_core_keeps_the_processs_sigterm_handler() 
     plain = subprocess.run([sys.executable, "-c", code.format(importing="import paddle")],
                            capture_output=True, text=True, timeout=120)  # fmt: skip
     assert "clean-up ran" not in plain.stdout, "paddle's own handler: why the core keeps the previous one"
+
+
+def test_a_driven_update_beside_fastdeploys_xpu_managers_is_refused_at_once() -> None:
+    """FastDeploy's XPU cache transfer manager never answers CLEARING (its check_cache_status returns at once):
+    the driver refuses before touching a signal instead of waiting its whole timeout; with our own managers
+    (serve_kv_cache_status) it drives."""
+    from fd_platforms.engine.cache_status import drive_kv_cache_update
+
+    platform = registered("xpu", xpu_paddle())
+    with pytest.raises(CacheSharingError, match="FastDeploy's cache transfer manager on xpu has no clear or restore"):
+        drive_kv_cache_update("9923", platform=platform, timeout=600)
+    with pytest.raises(ConfigError, match="managers"):
+        drive_kv_cache_update("9923", platform=platform, managers="theirs", timeout=1)
+    suffix = f"t{secrets.token_hex(4)}"
+    with pytest.raises(CacheSignalError, match="kv_cache_status"):  # past the refusal: no such signal here
+        drive_kv_cache_update(suffix, platform=platform, managers="fd-platforms", timeout=1)

@@ -27,10 +27,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..contract.errors import ConfigError
+from ..contract.errors import CacheSharingError, ConfigError
 from ..contract.integers import check_int, is_int
 from ..ipc.cache_signal import resolve_timeout
 from ..ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus, check_suffix
+from ..loading.platform import Platform
 from .initialize import ManagedCache
 
 SETTLE_SECONDS = 0.5
@@ -60,6 +61,8 @@ def drive_kv_cache_update(
     timeout: float | None = None,
     creator_pid: int | None = None,
     attacher_pids: Mapping[int, int] | None = None,
+    platform: Platform | None = None,
+    managers: str = "fastdeploy",
 ) -> UpdateReport:
     """Drive one clear/update over every local rank; see the module docstring.
 
@@ -69,8 +72,14 @@ def drive_kv_cache_update(
     ``kv_cache_status`` as it was, so an operator sees where it stopped; a
     :class:`~fd_platforms.contract.errors.SignalWaitError` says which rank or process did not move; a status
     other than ``NORMAL`` at the start (an update under way) is a ConfigError.
+
+    ``platform`` (the selected one) and ``managers`` (whose cache managers serve the word:
+    ``"fastdeploy"`` or ``"fd-platforms"``) let it refuse at once what can only time out: FastDeploy's
+    XPU cache transfer manager has no clear or restore (its ``check_cache_status`` returns at once,
+    ``fastdeploy/cache_manager/cache_transfer_manager.py``, "TODO XPU support RL").
     """
     suffix = check_suffix(suffix)
+    _check_managers(managers, platform)
     limit = resolve_timeout(timeout)
     pids = _check_pids(attacher_pids)
     if update is not None:
@@ -182,6 +191,25 @@ def _keeping(status: FastDeploySignal, ours: KVCacheStatus, *, over: KVCacheStat
 def _wait_all(ready: FastDeploySignal, value: int, limit: float, what: str) -> None:
     for rank in range(ready.length):
         ready.wait_for(rank, value, limit, what=f"rank {rank} {what}")
+
+
+MANAGERS = ("fastdeploy", "fd-platforms")
+CANNOT_CLEAR = ("xpu",)  # device types whose FastDeploy cache transfer manager has no clear/restore
+
+
+def _check_managers(managers: object, platform: object) -> None:
+    if managers not in MANAGERS:
+        raise ConfigError("managers", managers, f"one of {', '.join(MANAGERS)}",
+                          "say whose cache managers serve kv_cache_status")  # fmt: skip
+    if platform is not None and not isinstance(platform, Platform):
+        raise ConfigError("platform", platform, "None or a Platform", "pass fd_platforms.current_platform()")
+    if managers == "fastdeploy" and platform is not None and platform.identity.device_type in CANNOT_CLEAR:
+        raise CacheSharingError(
+            f"FastDeploy's cache transfer manager on {platform.identity.device_type} has no clear or restore (its "
+            "check_cache_status returns at once: 'TODO XPU support RL'), so nothing would answer CLEARING and this "
+            "update could only time out. Fix: serve kv_cache_status with fd-platforms' cache managers "
+            "(serve_kv_cache_status; then pass managers='fd-platforms'), or restart FastDeploy's engine to change weights"
+        )
 
 
 def _check_callable(field_name: str, value: object, fix: str) -> None:
