@@ -47,7 +47,7 @@ STANDINS = Path(__file__).resolve().parent / "fastdeploy_standins.py"
 FD_SIGNAL_NAMES = ("cache_ready_signal.", "swap_space_ready_signal.", "cache_transfer_inited_signal.",
                    "kv_cache_status.", "get_profile_block_num.")  # fmt: skip
 BLOCKS = 4
-CYCLES = 20
+CYCLES = int(os.environ.get("FD_TEST_DRIVEN_ROUNDS", "20"))  # the soak: FD_TEST_DRIVEN_ROUNDS=200
 METAX_CYCLES = 3
 
 
