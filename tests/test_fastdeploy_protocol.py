@@ -486,7 +486,7 @@ def test_a_creator_nobody_attaches_to_sleeps_and_wakes_20_times_at_once(cpu) -> 
             assert time.monotonic() - started < 1
 
 
-@pytest.mark.parametrize("role", ["mixed", "decode"])
+@pytest.mark.parametrize("role", ["mixed", "prefill", "decode"])
 def test_a_killed_run_leaves_no_process_and_the_next_run_starts(role: str) -> None:
     from run_helpers import started as started_run
 
