@@ -171,7 +171,8 @@ class FastDeployHandles:
                 f"{', '.join(map(str, pids))}), but one creator makes every tensor of a rank: some were written by "
                 "another process. Fix: find what else writes to /dev/shm under FastDeploy's names; restart the engine"
             )
-        return cls(suffix, rank, tensors, [_hold_record(tensors[0].name, record_layout(platform).size)] if tensors else [], creator=False)
+        held = [_hold_record(tensors[0].name, record_layout(platform).size)] if tensors else []
+        return cls(suffix, rank, tensors, held, creator=False)
 
     def let_go(self) -> None:
         """An attacher's let-go: drop its hold on the first record (its slot is the caller's). Idempotent."""
