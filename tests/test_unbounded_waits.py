@@ -29,6 +29,9 @@ paddle = pytest.importorskip("paddle")  # imported now: each wait below starts a
 
 BLOCKS = 4
 SWAP = {"profile": False, "num_cpu_blocks": 4, "storage_backend": None, "splitwise_role": "mixed"}
+# With swap space in the mixed role the rule's versions disagree, and beside FastDeploy the rule is pinned
+# (fd_platforms.engine.protocols.fastdeploy_rule): 2026-01, the manager creates and the worker attaches.
+OLD_RULE = "2026-01"
 DELAY = 2.0  # seconds before the other side acts
 PERIOD = 0.4  # seconds between two progress lines in these tests
 PROTOCOLS = ("fd-platforms", "fastdeploy")
@@ -77,8 +80,9 @@ def test_an_unbounded_attach_without_setter_pid_is_woken_after_seconds_saying_wh
     protocol, name = engine
     layout = qwen_layout()
     thread, managed = later(DELAY, lambda: manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, signal_name=name,
-                                                           protocol=protocol))  # fmt: skip
-    cache = initialize_kv_cache(cpu, layout, BLOCKS, signal_name=name, protocol=protocol, timeout=math.inf, **SWAP)
+                                                           protocol=protocol, rule=OLD_RULE))  # fmt: skip
+    cache = initialize_kv_cache(cpu, layout, BLOCKS, signal_name=name, protocol=protocol, timeout=math.inf,
+                                rule=OLD_RULE, **SWAP)
     thread.join(30)
     try:
         assert not cache.created and cache.wait_seconds >= DELAY - 0.1
@@ -102,8 +106,9 @@ def test_a_bounded_wait_says_the_same_at_info(
     protocol, name = engine
     layout = qwen_layout()
     thread, managed = later(1.0, lambda: manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, signal_name=name,
-                                                         protocol=protocol))  # fmt: skip
-    cache = initialize_kv_cache(cpu, layout, BLOCKS, signal_name=name, protocol=protocol, timeout=30, **SWAP)
+                                                         protocol=protocol, rule=OLD_RULE))  # fmt: skip
+    cache = initialize_kv_cache(cpu, layout, BLOCKS, signal_name=name, protocol=protocol, timeout=30, rule=OLD_RULE,
+                                **SWAP)
     thread.join(30)
     try:
         assert progress_lines(logging.WARNING) == []
@@ -120,8 +125,9 @@ def test_an_unbounded_clear_waits_for_the_attacher_saying_so(
 ) -> None:
     protocol, name = engine
     layout = qwen_layout()
-    managed = manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, signal_name=name, protocol=protocol)
-    cache = initialize_kv_cache(cpu, layout, BLOCKS, signal_name=name, protocol=protocol, timeout=30, **SWAP)
+    managed = manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, signal_name=name, protocol=protocol, rule=OLD_RULE)
+    cache = initialize_kv_cache(cpu, layout, BLOCKS, signal_name=name, protocol=protocol, timeout=30, rule=OLD_RULE,
+                                **SWAP)
     thread, _ = later(DELAY, cache.clear)  # the attacher lets go after a few seconds
     started = time.monotonic()
     managed.clear(timeout=math.inf)
@@ -138,7 +144,8 @@ def test_the_cache_manager_holds_a_workers_cache_without_setter_pid(cpu: Platfor
     layout = qwen_layout()
     thread, created = later(DELAY / 2, lambda: initialize_kv_cache(cpu, layout, BLOCKS, signal_name=name,
                                                                     protocol=protocol, rule="2026-04", **SWAP))  # fmt: skip
-    manager = hold_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, signal_name=name, timeout=30, protocol=protocol)
+    manager = hold_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, signal_name=name, timeout=30, protocol=protocol,
+                            rule="2026-04")
     thread.join(30)
     [cache] = created
     try:
