@@ -17,7 +17,9 @@ be initialized again (sleep mode and weight updates).
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -40,6 +42,11 @@ from .protocols import OURS, WireProtocol, protocol_named
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..loading.platform import Platform
     from ..rules.layout import CacheLayout
+
+logger = logging.getLogger(__name__)
+
+#: How long withdrawing a creation that failed part-way waits for an attacher that came early to let go.
+WITHDRAW_SECONDS = 1.0
 
 
 def initialize_kv_cache(
@@ -86,6 +93,7 @@ def initialize_kv_cache(
             )
             cache._platform = platform  # its clear returns the memory to the device
         else:
+            wire.check_signals(signal_name, layout.rank, manager=False, swap=False)
             cache = export_kv_cache(
                 platform, layout, num_blocks, signal_name, progress=progress, protocol=wire,
                 attacher_expected=num_cpu_blocks > 0,  # a cache manager with host swap attaches to a worker's
@@ -93,7 +101,8 @@ def initialize_kv_cache(
         cache.create_seconds = time.monotonic() - started
         if not profile:
             cache._signal_name, cache._protocol = signal_name, wire
-            wire.set_ready(signal_name, layout.rank)
+            with _all_or_nothing(cache, wire, signal_name):
+                wire.set_ready(signal_name, layout.rank)
     else:
         check_can_attach(platform, decision, f"rank {layout.rank}")
         waited = _wait_ready(platform, wire, signal_name, layout.rank, limit, setter_pid, inputs)
@@ -148,14 +157,18 @@ def manage_kv_cache(
         "backend), or use a platform that can share",
     )  # fmt: skip
     import_seconds = _import_paddle()
+    wire.check_signals(signal_name, layout.rank, manager=True, swap=num_cpu_blocks > 0)
     started = time.monotonic()
     device = export_kv_cache(
         platform, layout, num_blocks, signal_name, progress=progress, protocol=wire, attacher_expected=True
     )
     device.create_seconds, device.import_seconds = time.monotonic() - started, import_seconds
-    managed = _with_host_cache(platform, layout, device, num_cpu_blocks)  # nobody attached yet
-    wire.set_ready(signal_name, layout.rank)
-    return _announced(managed, wire, signal_name)
+    managed = ManagedCache(layout.rank, device, None)
+    with _all_or_nothing(managed, wire, signal_name):
+        managed.host = _host_cache(platform, layout, num_cpu_blocks)  # nobody attached yet
+        wire.set_ready(signal_name, layout.rank)
+        _announce(managed, wire, signal_name)
+    return managed
 
 
 def hold_kv_cache(
@@ -186,33 +199,48 @@ def hold_kv_cache(
     )  # fmt: skip
     limit = resolve_timeout(timeout)
     import_seconds = _import_paddle()
+    wire.check_signals(signal_name, layout.rank, manager=True, swap=num_cpu_blocks > 0)
     waited = _wait_ready(platform, wire, signal_name, layout.rank, limit, setter_pid, inputs)
     device = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid, wire)
     device.wait_seconds, device.import_seconds = waited, import_seconds
-    return _announced(_with_host_cache(platform, layout, device, num_cpu_blocks), wire, signal_name)
-
-
-def _with_host_cache(platform: Platform, layout: CacheLayout, device: KVCache, num_cpu_blocks: int) -> ManagedCache:
-    """``device`` with its host swap cache (``num_cpu_blocks`` blocks; none when 0); the device cache
-    is let go at once if the host cache cannot be had."""
-    try:
-        host = allocate_host_cache(platform, layout, num_cpu_blocks) if num_cpu_blocks else None
-    except BaseException:
-        device.clear(0.001)
-        raise
-    return ManagedCache(layout.rank, device, host)
-
-
-def _announced(managed: ManagedCache, wire: WireProtocol, signal_name: str) -> ManagedCache:
-    """``managed``, its manager announced where the protocol asks for it (FastDeploy's words)."""
-    managed._signal_name, managed._protocol = signal_name, wire
-    try:
-        wire.manager_up(signal_name, managed.rank, swap=managed.host is not None)
-    except BaseException:
-        with contextlib.suppress(FdPlatformsError):
-            managed.clear(0.001)  # nothing is kept when the engine cannot be told
-        raise
+    managed = ManagedCache(layout.rank, device, None)
+    with _all_or_nothing(managed, wire, signal_name):
+        managed.host = _host_cache(platform, layout, num_cpu_blocks)
+        _announce(managed, wire, signal_name)
     return managed
+
+
+def _host_cache(platform: Platform, layout: CacheLayout, num_cpu_blocks: int) -> HostCache | None:
+    """The rank's host swap cache (``num_cpu_blocks`` blocks of ``layout``; none when 0)."""
+    return allocate_host_cache(platform, layout, num_cpu_blocks) if num_cpu_blocks else None
+
+
+def _announce(managed: ManagedCache, wire: WireProtocol, signal_name: str) -> None:
+    """Announce ``managed``'s manager where the protocol asks for it (FastDeploy's words)."""
+    managed._signal_name, managed._protocol = signal_name, wire
+    wire.manager_up(signal_name, managed.rank, swap=managed.host is not None)
+
+
+@contextlib.contextmanager
+def _all_or_nothing(cache: KVCache | ManagedCache, wire: WireProtocol, signal_name: str) -> Iterator[None]:
+    """Withdraw ``cache`` (a manager's: with its host cache) if the steps inside fail: a creation leaves
+    nothing behind, not at garbage collection but before the error reaches the caller. A creator resets
+    the rank's slot first (its own 1, or one the step inside was about to write: nobody may wait for a
+    let-go of a cache that never finished), so its clear does not wait for an attacher that cannot come;
+    what still cannot be withdrawn (an attacher of ours that came early and holds on) is logged."""
+    device = cache.device if isinstance(cache, ManagedCache) else cache
+    try:
+        yield
+    except BaseException:
+        if device.created:
+            with contextlib.suppress(FdPlatformsError, OSError):
+                wire.clear_ready(signal_name, device.rank)
+        try:
+            cache.clear(WITHDRAW_SECONDS)
+        except FdPlatformsError as exc:
+            logger.warning("rank %d: the KV cache of a call that failed could not be withdrawn, it is freed when "
+                           "this process exits: %s", device.rank, exc)  # fmt: skip
+        raise
 
 
 def _manager_layout(

@@ -71,6 +71,15 @@ class FastDeployProtocol(WireProtocol):
         """The attacher's let-go (and a creator's clear)."""
         self._write_ready(signal_name, rank, 0)
 
+    def check_signals(self, signal_name: str, rank: int, *, manager: bool, swap: bool) -> None:
+        """``cache_ready_signal``, and a manager's ``swap_space_ready_signal`` (with swap space) and
+        ``cache_transfer_inited_signal``: each must exist and have ``rank``'s word."""
+        names = (CACHE_READY, *((SWAP_SPACE_READY,) if manager and swap else ()),
+                 *((CACHE_TRANSFER_INITED,) if manager else ()))  # fmt: skip
+        for name in names:
+            with FastDeploySignal.attach(name, signal_name) as signal:
+                signal.get(rank)
+
     @staticmethod
     def _write_ready(signal_name: str, rank: int, value: int) -> None:
         with FastDeploySignal.attach(CACHE_READY, signal_name) as signal:

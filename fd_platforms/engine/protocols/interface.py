@@ -47,6 +47,12 @@ class WireProtocol(ABC):
         """Reset ``rank``'s cache-ready slot to 0."""
 
     @abstractmethod
+    def check_signals(self, signal_name: str, rank: int, *, manager: bool, swap: bool) -> None:
+        """Before anything is published: a typed error unless every signal that a creation for ``rank``
+        writes exists and has ``rank``'s word (``manager``: the cache manager's words too; ``swap``: it
+        holds host swap space), so a call that cannot finish fails before it leaves anything behind."""
+
+    @abstractmethod
     def rule_in_force(self, rule: str | None, inputs: DecisionInputs, field: str = "rule") -> str:
         """The rule version the processes follow on ``inputs``: ``rule`` where pinned, else the default
         where this protocol's peers can be taken to follow it; a ConfigError naming ``field`` otherwise."""

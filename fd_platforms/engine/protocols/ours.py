@@ -48,6 +48,11 @@ class FdPlatformsProtocol(WireProtocol):
         with CacheReadySignal.attach(signal_name) as signal:
             signal.clear(rank)
 
+    def check_signals(self, signal_name: str, rank: int, *, manager: bool, swap: bool) -> None:
+        """The cache-ready signal with ``rank``'s slot: the one signal either side writes."""
+        with CacheReadySignal.attach(signal_name) as signal:
+            signal.is_set(rank)
+
     def rule_in_force(self, rule: str | None, inputs: DecisionInputs, field: str = "rule") -> str:
         """The pinned version, else the default: every process of ours is given the engine's rule."""
         check_pin(rule, field)
