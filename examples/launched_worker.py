@@ -4,18 +4,24 @@ no port, store or environment variable of ours), and local rank 0 hands the coun
 
 ``python examples/launched_worker.py`` runs ``python -m paddle.distributed.launch --nproc_per_node 2``
 on this machine with 96 and 64 MiB and prints each rank's line; under a launcher of yours, run it as
-the launcher's script with ``--memory-mib`` (one value per global rank). Runs from any folder.
+the launcher's script with ``--memory-mib`` (one value per global rank, comma- or space-separated).
+``ENGINE_SUFFIX``, where set, is the suffix of the engine's ``get_profile_block_num``. Both are checked
+before anything starts: a bad one is one line naming it, with exit code 2. Runs from any folder.
 """
 
+import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import fd_platforms
+from fd_platforms.contract.errors import ConfigError
 from fd_platforms.contract.types import DeviceMemory
 from fd_platforms.engine import Cluster, hand_off_block_count
+from fd_platforms.ipc.fastdeploy_signals import check_suffix
 from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
 from fd_platforms.rules.decision import RULE_VERSIONS
 from fd_platforms.rules.layout import build_layout
@@ -23,6 +29,8 @@ from fd_platforms.rules.layout import build_layout
 MODEL = Path(__file__).resolve().parent / "qwen3-30b-a3b"
 CACHE = CacheConfig(rule="2026-04")  # the FastDeploy beside it: from PR #7471 on (its IPC cannot say which)
 TIMEOUT = 60.0  # bounds every wait of the agreement
+MAX_MIB = 1 << 24  # 16 TiB of device memory: more is a typo
+LOCAL_RANKS = 2  # the ranks this example starts on this machine when run without a launcher
 
 
 def plan_this_rank(memory_mib, tp=2):
@@ -52,15 +60,54 @@ def worker(memory_mib):
           f"(node {bound.node} rank {bound.local_rank}'s plan)", flush=True)
 
 
+def mebibytes(raw):
+    """One rank's ``--memory-mib`` value: a whole number of MiB from 1 to :data:`MAX_MIB`."""
+    if not re.fullmatch(r"[0-9]{1,9}", raw) or not 1 <= int(raw) <= MAX_MIB:
+        raise argparse.ArgumentTypeError(
+            f"{raw!r} is not valid; allowed: a whole number of MiB from 1 to {MAX_MIB}, one per global rank. "
+            "Fix: e.g. --memory-mib 96,64"
+        )
+    return int(raw)
+
+
+def parse_args(argv, environ=os.environ):
+    """``--memory-mib`` (one value per global rank: the launcher's ``PADDLE_TRAINERS_NUM``, or the
+    :data:`LOCAL_RANKS` this example launches) and ``ENGINE_SUFFIX``, checked before anything is planned;
+    argparse's exit 2 with one line otherwise."""
+    parser = argparse.ArgumentParser(prog="launched_worker.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--memory-mib", nargs="+", default=["96,64"], metavar="MIB[,MIB...]",
+                        help="device memory of each global rank, in MiB (default 96,64)")  # fmt: skip
+    args = parser.parse_args(argv)
+    values = [part for value in args.memory_mib for part in value.split(",")]
+    try:
+        args.memory_mib = [mebibytes(value) for value in values]
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"--memory-mib: {exc}")
+    launched = "PADDLE_TRAINER_ID" in environ
+    ranks = environ.get("PADDLE_TRAINERS_NUM", "") if launched else str(LOCAL_RANKS)
+    if ranks.isdigit() and len(args.memory_mib) != int(ranks):
+        who = "the launcher started" if launched else "this example launches"
+        parser.error(f"--memory-mib has {len(args.memory_mib)} value(s) but {who} {ranks} rank(s). "
+                     "Fix: give one value per global rank")  # fmt: skip
+    if environ.get("ENGINE_SUFFIX"):
+        try:
+            check_suffix(environ["ENGINE_SUFFIX"], "ENGINE_SUFFIX")
+        except ConfigError as exc:
+            parser.error(str(exc))
+    return args
+
+
 def main(argv):
+    args = parse_args(argv)
     if "PADDLE_TRAINER_ID" in os.environ:  # started by the launcher
-        worker([int(mib) for mib in argv[argv.index("--memory-mib") + 1].split(",")])
+        worker(args.memory_mib)
         return 0
+    memory = ",".join(map(str, args.memory_mib))
     with tempfile.TemporaryDirectory() as logs:
-        done = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2",
-                               "--log_dir", logs, __file__, "--memory-mib", "96,64"],
+        done = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(LOCAL_RANKS),
+                               "--log_dir", logs, __file__, "--memory-mib", memory],
                               capture_output=True, text=True, timeout=TIMEOUT + 60)  # fmt: skip
-        for rank in range(2):  # each rank's line from its log, among Paddle's own
+        for rank in range(LOCAL_RANKS):  # each rank's line from its log, among Paddle's own
             for line in (Path(logs) / f"workerlog.{rank}").read_text().splitlines():
                 if line.startswith(f"rank {rank}: "):
                     print(line)
