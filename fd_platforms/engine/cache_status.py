@@ -30,7 +30,14 @@ from dataclasses import dataclass, field
 from ..contract.errors import CacheSharingError, ConfigError
 from ..contract.integers import check_int, is_int
 from ..ipc.cache_signal import resolve_timeout
-from ..ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus, check_suffix
+from ..ipc.fastdeploy_signals import (
+    CACHE_READY,
+    KV_CACHE_STATUS,
+    LET_GO_HOLD_SECONDS,
+    FastDeploySignal,
+    KVCacheStatus,
+    check_suffix,
+)
 from ..loading.platform import Platform
 from .initialize import ManagedCache
 
@@ -129,8 +136,9 @@ def serve_kv_cache_status(
     """The creator's side: follow ``kv_cache_status`` until ``until()`` is true; the caches then held.
 
     ``managed`` are this process's caches (from :func:`~fd_platforms.engine.manage_kv_cache` with
-    ``protocol="fastdeploy"``); ``recreate(rank)`` makes one again. Once the status is not NORMAL
-    and a held rank's slot was reset (its attacher let go), each is cleared (its ``clear`` waits for
+    ``protocol="fastdeploy"``); ``recreate(rank)`` makes one again. A status outside FastDeploy's
+    ``KVCacheStatus`` is logged and never acted on. Once the status is not NORMAL and a held rank's
+    slot was reset (its attacher let go, the 0 holding), each is cleared (its ``clear`` waits for
     the rank's attacher), then every slot must be 0 before ``CLEARED`` is written; on ``UPDATING``
     each is made again and every slot must be 1 before ``NORMAL`` is written. Waits are bounded by
     ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``).
@@ -159,8 +167,10 @@ def serve_kv_cache_status(
             if current != last:
                 last, since = current, time.monotonic()
             # A look can miss a whole phase where another rank's manager answers, so the cue to let go
-            # is a held rank's own word: only its attacher resets it, when it lets go.
-            if held and current != KVCacheStatus.NORMAL and any(ready.get(cache.rank) == 0 for cache in held):
+            # is a held rank's own word: only its attacher resets it, when it lets go (and its 0 holds).
+            if not status.allows(0, current):
+                status.sleep_while(0, current, STATUS_POLL_SECONDS, since=since)  # refused and logged
+            elif held and current != KVCacheStatus.NORMAL and any(_let_go(ready, cache.rank) for cache in held):
                 for cache in held:
                     cache.clear(limit)
                 held = []
@@ -186,6 +196,11 @@ def _keeping(status: FastDeploySignal, ours: KVCacheStatus, *, over: KVCacheStat
             status.set(0, ours)
 
     return keep
+
+
+def _let_go(ready: FastDeploySignal, rank: int) -> bool:
+    """Whether ``rank``'s slot says its attacher let go: a 0 that holds (:data:`LET_GO_HOLD_SECONDS`)."""
+    return ready.checked(rank) == 0 and ready.holds(rank, 0, LET_GO_HOLD_SECONDS)
 
 
 def _wait_all(ready: FastDeploySignal, value: int, limit: float, what: str) -> None:

@@ -33,6 +33,7 @@ proves such a segment dead (the error names the file to remove by hand).
 from __future__ import annotations
 
 import enum
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -51,6 +52,13 @@ KV_CACHE_STATUS = "kv_cache_status"
 PROFILE_BLOCK_NUM = "get_profile_block_num"
 
 _SUFFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+LET_GO_HOLD_SECONDS = 0.2
+"""How long a ``cache_ready_signal`` slot must read 0 (its let-go value) before a wait for that 0 ends: a
+slot flickering through 0 while its attacher still maps the cache frees nothing. A real let-go stays 0
+until the creator sets the slot again, and FastDeploy's own processes look every 0.1 s."""
+HOLD_LOOK_SECONDS = 0.005  # how often a held value is looked at while it must hold
+
+logger = logging.getLogger(__name__)
 
 
 class KVCacheStatus(enum.IntEnum):
@@ -60,6 +68,17 @@ class KVCacheStatus(enum.IntEnum):
     UPDATING = 1
     CLEARING = -1
     CLEARED = -2
+
+
+#: The values FastDeploy writes in each signal's words (``KVCacheStatus`` in
+#: ``fastdeploy/inter_communicator/ipc_signal_const.py``; the per-rank arrays are flags): a word outside
+#: them is refused and logged, never acted on.
+ALLOWED: dict[str, tuple[int, ...]] = {
+    CACHE_READY: (0, 1),
+    SWAP_SPACE_READY: (0, 1),
+    CACHE_TRANSFER_INITED: (0, 1),
+    KV_CACHE_STATUS: tuple(int(status) for status in KVCacheStatus),
+}
 
 
 def check_suffix(suffix: object, field: str = "suffix") -> str:
@@ -89,6 +108,8 @@ class FastDeploySignal(SharedWords):
     def __init__(self, segment: shm.Segment, name: str, length: int, *, owner: bool) -> None:
         super().__init__(segment, name, owner=owner)
         self.length = length
+        self.allowed = ALLOWED.get(name.rsplit(".", 1)[0])  # None: any int32 (the block count)
+        self._refused: dict[int, int] = {}  # the last refused value logged per word (logged once per change)
 
     def needed_bytes(self) -> int:
         return self.length * WORD_BYTES
@@ -148,6 +169,38 @@ class FastDeploySignal(SharedWords):
         """Word ``index``."""
         return self._read(self._check_index(index), 1)[0]
 
+    def checked(self, index: int) -> int | None:
+        """Word ``index`` if it holds one of FastDeploy's values for this signal (:data:`ALLOWED`), else
+        None, with a WARNING naming the signal, the value and the allowed set (once per new value)."""
+        value = self.get(index)
+        return value if self.allows(index, value) else None
+
+    def allows(self, index: int, value: int) -> bool:
+        """Whether ``value`` read from word ``index`` is one FastDeploy writes there; a WARNING when not."""
+        if self.allowed is None or value in self.allowed:
+            self._refused.pop(index, None)
+            return True
+        if self._refused.get(index) != value:
+            self._refused[index] = value
+            logger.warning(
+                "FastDeploy signal %r (/dev/shm/%s) word %d holds %d, not one of FastDeploy's values %s: refused, "
+                "not acted on. Fix: find the process that writes it (only FastDeploy's engine, workers and cache "
+                "managers, or fd-platforms beside them, may)", self.name, self.name, index, value,
+                ", ".join(map(str, self.allowed)),
+            )  # fmt: skip
+        return False
+
+    def holds(self, index: int, value: int, seconds: float) -> bool:
+        """Whether word ``index`` reads ``value`` at every look for ``seconds`` (looks every
+        :data:`HOLD_LOOK_SECONDS`): a value a process only flickers through does not hold."""
+        end = time.monotonic() + seconds
+        while self.get(index) == value:
+            now = time.monotonic()
+            if now >= end:
+                return True
+            time.sleep(min(HOLD_LOOK_SECONDS, end - now))
+        return False
+
     def set(self, index: int, value: int) -> None:
         """Write word ``index`` and wake whoever waits on it."""
         self._write(self._check_index(index), value)
@@ -170,7 +223,9 @@ class FastDeploySignal(SharedWords):
         writer: str = "",
         tend: Callable[[], object] | None = None,
     ) -> float:
-        """Block until word ``index`` equals ``value``; the seconds waited.
+        """Block until word ``index`` equals ``value``; the seconds waited. A ``cache_ready_signal``
+        slot's 0 (the let-go) must hold for :data:`LET_GO_HOLD_SECONDS`; a value outside FastDeploy's
+        set is logged (:meth:`checked`).
 
         A :class:`SignalWaitError` after ``timeout`` seconds (``math.inf``: never), or within about
         :data:`CHECK_SECONDS` of ``watch_pid`` exiting (the process expected to write it). ``what``
@@ -187,8 +242,9 @@ class FastDeploySignal(SharedWords):
                 if tend is not None:
                     tend()
                 seen = self.get(index)
-                if seen == value:
+                if seen == value and self._held(index, value):
                     return time.monotonic() - start
+                self.allows(index, seen)
                 now = time.monotonic()
                 if watch is not None and watch.exited() and self.get(index) != value:
                     raise SignalWaitError(self.name, index, value, seen, now - start, "watched_exited", what,
@@ -202,6 +258,10 @@ class FastDeploySignal(SharedWords):
         finally:
             if watch is not None:
                 watch.close()
+
+    def _held(self, index: int, value: int) -> bool:
+        """Whether ``value``, just read from word ``index``, counts: a let-go 0 in ``cache_ready_signal`` must hold."""
+        return value != 0 or not self.name.startswith(f"{CACHE_READY}.") or self.holds(index, 0, LET_GO_HOLD_SECONDS)
 
     def _waiting_for(
         self, index: int, value: int, seen: int, what: str, writer: str, watch: ProcessWatch | None
