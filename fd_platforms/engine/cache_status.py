@@ -24,7 +24,8 @@ seen the driver's word, so the answer to the current step needs every such manag
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..contract.errors import CacheSharingError, ConfigError
@@ -34,6 +35,7 @@ from ..ipc.fastdeploy_signals import (
     CACHE_READY,
     KV_CACHE_STATUS,
     LET_GO_HOLD_SECONDS,
+    MAX_LOCAL_RANKS,
     FastDeploySignal,
     KVCacheStatus,
     check_suffix,
@@ -70,6 +72,7 @@ def drive_kv_cache_update(
     attacher_pids: Mapping[int, int] | None = None,
     platform: Platform | None = None,
     managers: str = "fastdeploy",
+    tp: int | None = None,
 ) -> UpdateReport:
     """Drive one clear/update over every local rank; see the module docstring.
 
@@ -84,6 +87,9 @@ def drive_kv_cache_update(
     ``"fastdeploy"`` or ``"fd-platforms"``) let it refuse at once what can only time out: FastDeploy's
     XPU cache transfer manager has no clear or restore (its ``check_cache_status`` returns at once,
     ``fastdeploy/cache_manager/cache_transfer_manager.py``, "TODO XPU support RL").
+
+    ``tp`` (the local ranks, where known) makes ``cache_ready_signal`` exactly FastDeploy's
+    int32 array of that many words, else a CacheSignalError naming its size.
     """
     suffix = check_suffix(suffix)
     _check_managers(managers, platform)
@@ -93,7 +99,8 @@ def drive_kv_cache_update(
         _check_callable("update", update, "pass a function that loads the new weights, or None")
     if creator_pid is not None:
         check_int("creator_pid", creator_pid, 1, None, what="None or a process id", fix="pass the cache manager's pid")
-    with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status, FastDeploySignal.attach(CACHE_READY, suffix) as ready:
+    _check_tp(tp)
+    with _signals(suffix, tp) as (status, ready):
         current = status.get(0)
         if current != KVCacheStatus.NORMAL:
             raise ConfigError(
@@ -132,6 +139,7 @@ def serve_kv_cache_status(
     suffix: str | int,
     until: Callable[[], bool],
     timeout: float | None = None,
+    tp: int | None = None,
 ) -> list[ManagedCache]:
     """The creator's side: follow ``kv_cache_status`` until ``until()`` is true; the caches then held.
 
@@ -141,7 +149,8 @@ def serve_kv_cache_status(
     slot was reset (its attacher let go, the 0 holding), each is cleared (its ``clear`` waits for
     the rank's attacher), then every slot must be 0 before ``CLEARED`` is written; on ``UPDATING``
     each is made again and every slot must be 1 before ``NORMAL`` is written. Waits are bounded by
-    ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``).
+    ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``); ``tp`` (the local ranks, where known) is checked as
+    :func:`drive_kv_cache_update` checks it.
 
     Only the manager that holds local rank 0 waits for every slot and writes the answers: the word
     has no compare-and-swap, so a second writer's late CLEARED could overwrite the driver's UPDATING,
@@ -157,10 +166,11 @@ def serve_kv_cache_status(
         raise ConfigError("managed", managed, "a list of ManagedCache", "pass what manage_kv_cache returned per rank")
     _check_callable("recreate", recreate, "pass a function of the rank that calls manage_kv_cache again")
     _check_callable("until", until, "pass a function that says when to stop (e.g. threading.Event().is_set)")
+    _check_tp(tp)
     held = list(managed)
     ranks = [cache.rank for cache in held]
     answers = 0 in ranks
-    with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status, FastDeploySignal.attach(CACHE_READY, suffix) as ready:
+    with _signals(suffix, tp) as (status, ready):
         last, since = None, 0.0  # the status last seen, and since when (the looks for a foreign write slow down)
         while not until():
             current = status.get(0)
@@ -230,6 +240,20 @@ def _check_managers(managers: object, platform: object) -> None:
 def _check_callable(field_name: str, value: object, fix: str) -> None:
     if not callable(value):
         raise ConfigError(field_name, value, "a callable", fix)
+
+
+@contextmanager
+def _signals(suffix: str, tp: int | None) -> Iterator[tuple[FastDeploySignal, FastDeploySignal]]:
+    """``kv_cache_status`` and ``cache_ready_signal`` (of ``tp`` words where known), attached."""
+    with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
+        with FastDeploySignal.attach(CACHE_READY, suffix, tp) as ready:
+            yield status, ready
+
+
+def _check_tp(tp: object) -> None:
+    if tp is not None:
+        check_int("tp", tp, 1, MAX_LOCAL_RANKS, what="None or the number of local ranks",
+                  fix="pass the tensor-parallel size")  # fmt: skip
 
 
 def _check_pids(pids: Mapping[int, int] | None) -> dict[int, int]:

@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 import re
+import struct
 import time
 from collections.abc import Callable
 
@@ -79,6 +81,7 @@ ALLOWED: dict[str, tuple[int, ...]] = {
     CACHE_TRANSFER_INITED: (0, 1),
     KV_CACHE_STATUS: tuple(int(status) for status in KVCacheStatus),
 }
+FIXED_LENGTH = {KV_CACHE_STATUS: 1}  # words whatever the tp (FastDeploy's np.zeros([1], dtype=np.int32))
 
 
 def check_suffix(suffix: object, field: str = "suffix") -> str:
@@ -137,12 +140,14 @@ class FastDeploySignal(SharedWords):
     @classmethod
     def attach(cls, name: str, suffix: str | int, length: int | None = None) -> FastDeploySignal:
         """Attach to ``<name>.<suffix>``; its length is its size in words unless ``length`` is given
-        (then the segment must hold at least that many)."""
+        (the local ranks, tp, where the caller knows them; ``kv_cache_status`` always has one word): then
+        the file must be exactly the int32 array FastDeploy makes for it (:func:`check_shape`)."""
         full = segment_name(name, suffix)
+        length = FIXED_LENGTH.get(name, length)
         if length is not None:
             _check_length(length)
         try:
-            segment = shm.Segment.open(full, (length or 1) * WORD_BYTES)
+            segment = shm.Segment.open(full, WORD_BYTES)
         except FileNotFoundError:
             raise CacheSignalError(
                 f"FastDeploy signal {full!r} does not exist (no /dev/shm/{full}). Fix: start the FastDeploy engine "
@@ -150,13 +155,11 @@ class FastDeploySignal(SharedWords):
             ) from None
         except shm.SegmentUnusable as exc:
             raise CacheSignalError(f"FastDeploy signal {full!r} cannot be used: {exc}") from None
-        words = length if length is not None else segment.size // WORD_BYTES
-        if not 1 <= words <= MAX_LOCAL_RANKS or segment.size % WORD_BYTES:
+        try:
+            words = _check_shape(full, segment.size, length)
+        except CacheSignalError:
             segment.close()
-            raise CacheSignalError(
-                f"FastDeploy signal {full!r} holds {segment.size} bytes, not an int32 array of 1 to "
-                f"{MAX_LOCAL_RANKS} words. Fix: check the signal name and suffix"
-            )
+            raise
         return cls(segment, full, words, owner=False)
 
     # -- words ---------------------------------------------------------------------------------
@@ -245,6 +248,7 @@ class FastDeploySignal(SharedWords):
                 if seen == value and self._held(index, value):
                     return time.monotonic() - start
                 self.allows(index, seen)
+                self._check_same_file(index, value, seen, what)
                 now = time.monotonic()
                 if watch is not None and watch.exited() and self.get(index) != value:
                     raise SignalWaitError(self.name, index, value, seen, now - start, "watched_exited", what,
@@ -262,6 +266,26 @@ class FastDeploySignal(SharedWords):
     def _held(self, index: int, value: int) -> bool:
         """Whether ``value``, just read from word ``index``, counts: a let-go 0 in ``cache_ready_signal`` must hold."""
         return value != 0 or not self.name.startswith(f"{CACHE_READY}.") or self.holds(index, 0, LET_GO_HOLD_SECONDS)
+
+    def _check_same_file(self, index: int, value: int, seen: int, what: str) -> None:
+        """A CacheSignalError when the name no longer names the file this object reads (removed, or
+        removed and created again: a new inode), with what the name holds now; a wait would otherwise
+        read the old file until its timeout."""
+        try:
+            info = os.lstat(shm.shm_path(self.name))
+        except FileNotFoundError:
+            now = "was removed"
+        else:
+            if (info.st_dev, info.st_ino) == self._segment.inode:
+                return
+            now = f"was replaced by another file ({_word_now(self.name, index)})"
+        step = f"{what}: " if what else ""
+        raise CacheSignalError(
+            f"{step}FastDeploy signal {self.name!r} (/dev/shm/{self.name}) {now} while this process waited for word "
+            f"{index} to be {value} (the file it had opened says {seen}). Fix: a process removed the signal and may "
+            "have created it again (an engine restarted under this suffix?); start this process again once the "
+            "engine that owns the suffix is up"
+        )
 
     def _waiting_for(
         self, index: int, value: int, seen: int, what: str, writer: str, watch: ProcessWatch | None
@@ -288,6 +312,46 @@ class FastDeploySignal(SharedWords):
     def _check_index(self, index: int) -> int:
         return check_int("index", index, 0, self.length - 1, what="an index",
                          fix=f"signal {self.name!r} has {self.length} words (one per local rank)")  # fmt: skip
+
+
+def _check_shape(full: str, size: int, length: int | None) -> int:
+    """The words of signal file ``full`` of ``size`` bytes: with ``length`` known, exactly the int32 array
+    FastDeploy makes (``IPCSignal(array=np.zeros([tp], dtype=np.int32))``, ``fastdeploy/inter_communicator/
+    ipc_signal.py``, created in ``fastdeploy/engine/common_engine.py`` ``EngineService._init_worker_signals``),
+    else any int32 array of 1 to :data:`MAX_LOCAL_RANKS` words; a CacheSignalError naming the sizes otherwise."""
+    if length is not None and size != length * WORD_BYTES:
+        raise CacheSignalError(
+            f"FastDeploy signal {full!r} (/dev/shm/{full}) holds {size} bytes, but FastDeploy makes it an int32 array "
+            f"of {length} word{'s' if length > 1 else ''} ({length * WORD_BYTES} bytes{_for_tp(full, length)}): it is "
+            f"another array (an int64 one, or one for another tp) that int32 words would misread. Fix: check the "
+            f"signal's suffix and the tensor-parallel size; remove /dev/shm/{full} if no engine uses it"
+        )
+    words = size // WORD_BYTES
+    if not 1 <= words <= MAX_LOCAL_RANKS or size % WORD_BYTES:
+        raise CacheSignalError(
+            f"FastDeploy signal {full!r} holds {size} bytes, not an int32 array of 1 to "
+            f"{MAX_LOCAL_RANKS} words. Fix: check the signal name and suffix"
+        )
+    return words
+
+
+def _for_tp(full: str, length: int) -> str:
+    return "" if full.split(".", 1)[0] in FIXED_LENGTH else f" for tp {length}, one word per local rank"
+
+
+def _word_now(name: str, index: int) -> str:
+    """What word ``index`` of the file now named ``name`` holds, for messages (never raises)."""
+    try:
+        segment = shm.Segment.inspect(name)
+    except (OSError, shm.SegmentUnusable) as exc:
+        return f"which cannot be read: {exc}"
+    try:
+        raw = segment.read(WORD_BYTES, index * WORD_BYTES)
+    finally:
+        segment.close()
+    if len(raw) < WORD_BYTES:
+        return f"of {segment.size} bytes, without word {index}"
+    return f"its word {index} is now {struct.unpack('=i', raw)[0]}"
 
 
 def _check_length(length: object) -> None:
