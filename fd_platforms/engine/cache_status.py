@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ..contract.errors import CacheSharingError, ConfigError
+from ..contract.errors import CacheSharingError, CacheSignalError, ConfigError
 from ..contract.integers import check_int, is_int
 from ..ipc.cache_signal import resolve_timeout
 from ..ipc.fastdeploy_signals import (
@@ -78,7 +78,9 @@ def drive_kv_cache_update(
 
     ``update`` runs between ``CLEARED`` and ``UPDATING`` (load the new weights there). Each wait is
     bounded by ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``) and ends early, naming the process,
-    when ``creator_pid`` or a rank's process in ``attacher_pids`` exits. A wait that fails leaves
+    when ``creator_pid`` or a rank's process in ``attacher_pids`` exits. One driver at a time: a drive
+    claims ``kv_cache_status`` (a lock the kernel arbitrates, :mod:`fd_platforms.ipc.claims`), and a
+    second one is refused at once with a CacheSignalError naming the holder. A wait that fails leaves
     ``kv_cache_status`` as it was, so an operator sees where it stopped; a
     :class:`~fd_platforms.contract.errors.SignalWaitError` says which rank or process did not move; a status
     other than ``NORMAL`` at the start (an update under way) is a ConfigError.
@@ -101,6 +103,13 @@ def drive_kv_cache_update(
         check_int("creator_pid", creator_pid, 1, None, what="None or a process id", fix="pass the cache manager's pid")
     _check_tp(tp)
     with _signals(suffix, tp) as (status, ready):
+        holder = status.claim()
+        if holder is not None:
+            raise CacheSignalError(
+                f"{status.name} (/dev/shm/{status.name}) is being driven by another drive_kv_cache_update, {holder}: "
+                "one clear/update at a time, or the update would run twice. Fix: wait for that update to end (or stop "
+                "that process), then drive again"
+            )
         current = status.get(0)
         if current != KVCacheStatus.NORMAL:
             raise ConfigError(

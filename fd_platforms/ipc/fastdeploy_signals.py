@@ -42,7 +42,7 @@ from collections.abc import Callable
 
 from ..contract.errors import CacheSignalError, ConfigError, SignalWaitError
 from ..contract.integers import check_int, is_int
-from . import shm
+from . import claims, shm
 from .process_watch import ProcessWatch
 from .shared_words import CHECK_SECONDS, MAX_LOCAL_RANKS, WORD_BYTES, SharedWords
 from .waiting import WaitProgress
@@ -203,6 +203,12 @@ class FastDeploySignal(SharedWords):
                 return True
             time.sleep(min(HOLD_LOOK_SECONDS, end - now))
         return False
+
+    def claim(self) -> str | None:
+        """Claim this signal for one driver, held until it is closed (:mod:`.claims`, which the kernel
+        arbitrates): None once claimed, else who holds the claim, for the message."""
+        fd = self._fd()
+        return None if claims.try_claim(fd) else claims.claimer(fd)
 
     def set(self, index: int, value: int) -> None:
         """Write word ``index`` and wake whoever waits on it."""
