@@ -3,15 +3,18 @@ where the next one can start (issue 34)."""
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
-import secrets
+import subprocess
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from fd_platforms.contract.errors import SignalWaitError
+from fd_platforms.engine.cache_status import drive_kv_cache_update
 from fd_platforms.engine.protocols.fastdeploy import FASTDEPLOY
-from fd_platforms.ipc.fastdeploy_signals import KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
+from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
 from signal_processes import drive_and_report
 
 
@@ -43,3 +46,26 @@ def test_two_drivers_started_together_one_drives_and_the_other_is_told_at_once_w
     assert loser_kind == "CacheSignalError" and loser_seconds < 0.5, results
     assert (f"kv_cache_status.{suffix} (/dev/shm/kv_cache_status.{suffix}) is being driven by another "
             f"drive_kv_cache_update, pid {winner_pid} (as this PID namespace sees it)") in loser_says  # fmt: skip
+
+
+def test_a_drive_that_finds_a_dead_attacher_names_it_and_leaves_the_word_where_the_next_drive_starts(
+    suffix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
+        ready = FastDeploySignal.attach(CACHE_READY, suffix)
+        ready.set(0, 1)  # rank 0's attacher is attached, and dies without letting go
+        with caplog.at_level(logging.WARNING), pytest.raises(SignalWaitError) as caught:
+            drive_kv_cache_update(suffix, attacher_pids={0: dead.pid}, timeout=5)
+        assert caught.value.cause == "watched_exited" and f"(pid {dead.pid}) exited" in str(caught.value)
+        written_back = f"kv_cache_status.{suffix} was written back to NORMAL (it said CLEARING)"
+        assert written_back in str(caught.value)
+        warned = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+        assert any(written_back in line for line in warned), warned
+        assert status.get(0) == KVCacheStatus.NORMAL
+        ready.set(0, 0)
+        with pytest.raises(SignalWaitError, match="the cache creator freeing the caches"):
+            drive_kv_cache_update(suffix, timeout=0.5)  # the next drive starts (no creator answers here)
+        assert status.get(0) == KVCacheStatus.NORMAL
+        ready.close()

@@ -328,11 +328,9 @@ def test_a_rank_that_never_lets_go_is_named(cpu) -> None:
             assert caught.value.rank == 1 and caught.value.cause == "timeout"
             assert "rank 1 letting go of its KV cache" in str(caught.value)
             ready.set(1, 0)
+            assert f"kv_cache_status.{suffix} was written back to NORMAL (it said CLEARING)" in str(caught.value)
         with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
-            assert status.get(0) == KVCacheStatus.CLEARING, "left where it stopped"
-            with pytest.raises(ConfigError, match="kv_cache_status.*CLEARING.*NORMAL"):
-                drive_kv_cache_update(suffix, timeout=0.5)
-            status.set(0, KVCacheStatus.NORMAL)
+            assert status.get(0) == KVCacheStatus.NORMAL, "where the next drive can start"
         for cache in managed:
             cache.clear(1)
 

@@ -23,12 +23,13 @@ seen the driver's word, so the answer to the current step needs every such manag
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ..contract.errors import CacheSharingError, CacheSignalError, ConfigError
+from ..contract.errors import CacheSharingError, CacheSignalError, ConfigError, SignalWaitError
 from ..contract.integers import check_int, is_int
 from ..ipc.cache_signal import resolve_timeout
 from ..ipc.fastdeploy_signals import (
@@ -49,6 +50,7 @@ at 1 (from ``NORMAL`` to its return, so to a next clear): FastDeploy's managers 
 0.1 s (``check_cache_status``) and wait for all of them to be 0, then 1; one whose looks miss that
 moment waits forever. FastDeploy's own driver leaves seconds there (the weight update, the next
 request)."""
+logger = logging.getLogger(__name__)
 STATUS_POLL_SECONDS = 0.1  # how long serve_kv_cache_status sleeps between looks at `until` (a status write wakes it)
 
 
@@ -80,8 +82,9 @@ def drive_kv_cache_update(
     bounded by ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``) and ends early, naming the process,
     when ``creator_pid`` or a rank's process in ``attacher_pids`` exits. One driver at a time: a drive
     claims ``kv_cache_status`` (a lock the kernel arbitrates, :mod:`fd_platforms.ipc.claims`), and a
-    second one is refused at once with a CacheSignalError naming the holder. A wait that fails leaves
-    ``kv_cache_status`` as it was, so an operator sees where it stopped; a
+    second one is refused at once with a CacheSignalError naming the holder. A drive that fails after
+    writing ``CLEARING`` (a wait, ``update``, an interrupt) writes ``NORMAL`` back, logs it and says so
+    in its error, so the next drive can start; a
     :class:`~fd_platforms.contract.errors.SignalWaitError` says which rank or process did not move; a status
     other than ``NORMAL`` at the start (an update under way) is a ConfigError.
 
@@ -116,29 +119,53 @@ def drive_kv_cache_update(
                 "kv_cache_status", _status_name(current), "NORMAL (no clear or update under way)",
                 f"wait for the update under way to finish, or reset {status.name} after checking no process drives it",
             )  # fmt: skip
-        started = time.monotonic()
         status.set(0, KVCacheStatus.CLEARING)
-        clearing = _keeping(status, KVCacheStatus.CLEARING, over=KVCacheStatus.NORMAL)
-        for rank in range(ready.length):
-            ready.wait_for(rank, 0, limit, watch_pid=pids.get(rank), what=f"rank {rank} letting go of its KV cache",
-                           tend=clearing)  # fmt: skip
-        let_go = time.monotonic()
-        status.wait_for(0, KVCacheStatus.CLEARED, limit, watch_pid=creator_pid, what="the cache creator freeing the caches",
-                        tend=clearing)  # fmt: skip
-        cleared = time.monotonic()
-        if update is not None:
-            update()
-        updated = time.monotonic()
-        time.sleep(max(0.0, cleared + SETTLE_SECONDS - updated))  # every manager sees every slot at 0
-        status.set(0, KVCacheStatus.UPDATING)
-        status.wait_for(0, KVCacheStatus.NORMAL, limit, watch_pid=creator_pid, what="the cache creator creating the caches",
-                        tend=_keeping(status, KVCacheStatus.UPDATING, over=KVCacheStatus.CLEARED))  # fmt: skip
-        normal = time.monotonic()
-        for rank in range(ready.length):
-            ready.wait_for(rank, 1, limit, watch_pid=creator_pid, what=f"rank {rank}'s KV cache being created again")
-        done = time.monotonic()
-        time.sleep(max(0.0, normal + SETTLE_SECONDS - done))  # every manager sees every slot at 1
-        return UpdateReport(let_go - started, cleared - let_go, updated - cleared, done - updated, ready.length)
+        try:
+            return _drive(status, ready, update, limit, creator_pid, pids)
+        except BaseException as error:
+            raise _written_back(status, error) from None
+
+
+def _drive(
+    status: FastDeploySignal, ready: FastDeploySignal, update: Callable[[], None] | None, limit: float,
+    creator_pid: int | None, pids: dict[int, int],
+) -> UpdateReport:
+    """The steps after the driver's CLEARING (see the module docstring)."""
+    started = time.monotonic()
+    clearing = _keeping(status, KVCacheStatus.CLEARING, over=KVCacheStatus.NORMAL)
+    for rank in range(ready.length):
+        ready.wait_for(rank, 0, limit, watch_pid=pids.get(rank), what=f"rank {rank} letting go of its KV cache",
+                       tend=clearing)  # fmt: skip
+    let_go = time.monotonic()
+    status.wait_for(0, KVCacheStatus.CLEARED, limit, watch_pid=creator_pid, what="the cache creator freeing the caches",
+                    tend=clearing)  # fmt: skip
+    cleared = time.monotonic()
+    if update is not None:
+        update()
+    updated = time.monotonic()
+    time.sleep(max(0.0, cleared + SETTLE_SECONDS - updated))  # every manager sees every slot at 0
+    status.set(0, KVCacheStatus.UPDATING)
+    status.wait_for(0, KVCacheStatus.NORMAL, limit, watch_pid=creator_pid, what="the cache creator creating the caches",
+                    tend=_keeping(status, KVCacheStatus.UPDATING, over=KVCacheStatus.CLEARED))  # fmt: skip
+    normal = time.monotonic()
+    for rank in range(ready.length):
+        ready.wait_for(rank, 1, limit, watch_pid=creator_pid, what=f"rank {rank}'s KV cache being created again")
+    done = time.monotonic()
+    time.sleep(max(0.0, normal + SETTLE_SECONDS - done))  # every manager sees every slot at 1
+    return UpdateReport(let_go - started, cleared - let_go, updated - cleared, done - updated, ready.length)
+
+
+def _written_back(status: FastDeploySignal, error: BaseException) -> BaseException:
+    """``error`` of a drive that failed after writing CLEARING, once ``kv_cache_status`` is NORMAL again
+    (logged), saying so: the next drive can start."""
+    was = _status_name(status.get(0))
+    status.set(0, KVCacheStatus.NORMAL)
+    note = f"{status.name} was written back to NORMAL (it said {was}) so that the next drive_kv_cache_update can start"
+    logger.warning("drive_kv_cache_update failed (%s): %s", type(error).__name__, note)
+    if isinstance(error, SignalWaitError):
+        return error.with_hint(note)
+    error.add_note(note)
+    return error
 
 
 def serve_kv_cache_status(
