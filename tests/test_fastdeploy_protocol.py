@@ -490,6 +490,7 @@ def test_a_killed_run_leaves_no_process_and_the_next_run_starts(role: str) -> No
 
     with started_run("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", role,
                      "--protocol", "fastdeploy", "--cycles", "100000", "--timeout", "30") as run:  # fmt: skip
+        suffix = run.read_until(r"FastDeploy's signals with suffix (\S+)").group(1)
         run.read_until(r"cycle 2: cleared")
         children = [pid for pid in run.group() if pid != run.process.pid]
         run.process.kill()
@@ -498,9 +499,12 @@ def test_a_killed_run_leaves_no_process_and_the_next_run_starts(role: str) -> No
         while [pid for pid in children if alive(pid)] and time.monotonic() < deadline:
             time.sleep(0.05)
         assert [pid for pid in children if alive(pid)] == [], "the engine's children stop with it (within 5 s)"
+    left = {name for name in os.listdir("/dev/shm") if name.endswith(f".{suffix}")}
+    assert left == {f"{name}{suffix}" for name in FD_SIGNAL_NAMES}, "a SIGKILLed engine cannot remove its signals"
     done = main_in_process("run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", role,
                            "--protocol", "fastdeploy", "--cycles", "1", "--timeout", "10")  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert {name for name in os.listdir("/dev/shm") if name.endswith(f".{suffix}")} == set(), "the next run swept them"
 
 
 def test_a_clear_that_fails_is_reported_as_the_workers_own_error_once() -> None:
