@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import pytest
 
 from engine_processes import qwen_layout
-from fd_platforms.contract.errors import SignalWaitError
+from fd_platforms.contract.errors import CacheSharingError, SignalWaitError
 from fd_platforms.engine import ManagedCache, manage_kv_cache
 from fd_platforms.engine.cache_status import serve_kv_cache_status
 from fd_platforms.engine.protocols.fastdeploy import FASTDEPLOY
@@ -109,3 +109,17 @@ def test_a_slot_that_flickers_through_0_while_its_attacher_holds_it_frees_nothin
         forger.join()
         assert held == managed and not any(cache.device.cleared for cache in held), "nothing freed under the runner"
         status.set(0, KVCacheStatus.NORMAL)
+
+
+def test_a_neighbour_engine_on_the_same_device_ids_is_named_as_the_cause_when_it_holds_fastdeploys_names(
+    managed: list[ManagedCache],
+) -> None:
+    """FastDeploy's record names carry no instance: a second engine's creator of rank 0 on device 0 collides."""
+    cpu = select_platform({"FD_PLATFORM": "cpu"}).platform
+    neighbour, made = FASTDEPLOY.create_signals(1, device_type="cpu", block_count_suffix=None)
+    with made, pytest.raises(CacheSharingError) as caught:
+        manage_kv_cache(cpu, qwen_layout(0, 2), BLOCKS, num_cpu_blocks=0, signal_name=neighbour, protocol="fastdeploy",
+                        rule="2026-01")  # fmt: skip
+    assert "another engine on this machine with the same device ids took them" in str(caught.value)
+    assert "FastDeploy's own engines collide the same way" in str(caught.value)
+    assert "Fix: give each engine distinct device ids, or run one engine per device" in str(caught.value)
