@@ -111,7 +111,8 @@ class FastDeploySignal(SharedWords):
     def __init__(self, segment: shm.Segment, name: str, length: int, *, owner: bool) -> None:
         super().__init__(segment, name, owner=owner)
         self.length = length
-        self.allowed = ALLOWED.get(name.rsplit(".", 1)[0])  # None: any int32 (the block count)
+        self.kind = name.rsplit(".", 1)[0]  # FastDeploy's name without the suffix
+        self.allowed = ALLOWED.get(self.kind)  # None: any int32 (the block count)
         self._refused: dict[int, int] = {}  # the last refused value logged per word (logged once per change)
 
     def needed_bytes(self) -> int:
@@ -141,7 +142,7 @@ class FastDeploySignal(SharedWords):
     def attach(cls, name: str, suffix: str | int, length: int | None = None) -> FastDeploySignal:
         """Attach to ``<name>.<suffix>``; its length is its size in words unless ``length`` is given
         (the local ranks, tp, where the caller knows them; ``kv_cache_status`` always has one word): then
-        the file must be exactly the int32 array FastDeploy makes for it (:func:`check_shape`)."""
+        the file must be exactly the int32 array FastDeploy makes for it (:func:`_check_shape`)."""
         full = segment_name(name, suffix)
         length = FIXED_LENGTH.get(name, length)
         if length is not None:
@@ -156,7 +157,7 @@ class FastDeploySignal(SharedWords):
         except shm.SegmentUnusable as exc:
             raise CacheSignalError(f"FastDeploy signal {full!r} cannot be used: {exc}") from None
         try:
-            words = _check_shape(full, segment.size, length)
+            words = _check_shape(full, segment.size, length, per_rank=name not in FIXED_LENGTH)
         except CacheSignalError:
             segment.close()
             raise
@@ -271,7 +272,7 @@ class FastDeploySignal(SharedWords):
 
     def _held(self, index: int, value: int) -> bool:
         """Whether ``value``, just read from word ``index``, counts: a let-go 0 in ``cache_ready_signal`` must hold."""
-        return value != 0 or not self.name.startswith(f"{CACHE_READY}.") or self.holds(index, 0, LET_GO_HOLD_SECONDS)
+        return value != 0 or self.kind != CACHE_READY or self.holds(index, 0, LET_GO_HOLD_SECONDS)
 
     def _check_same_file(self, index: int, value: int, seen: int, what: str) -> None:
         """A CacheSignalError when the name no longer names the file this object reads (removed, or
@@ -320,15 +321,17 @@ class FastDeploySignal(SharedWords):
                          fix=f"signal {self.name!r} has {self.length} words (one per local rank)")  # fmt: skip
 
 
-def _check_shape(full: str, size: int, length: int | None) -> int:
+def _check_shape(full: str, size: int, length: int | None, *, per_rank: bool) -> int:
     """The words of signal file ``full`` of ``size`` bytes: with ``length`` known, exactly the int32 array
     FastDeploy makes (``IPCSignal(array=np.zeros([tp], dtype=np.int32))``, ``fastdeploy/inter_communicator/
     ipc_signal.py``, created in ``fastdeploy/engine/common_engine.py`` ``EngineService._init_worker_signals``),
-    else any int32 array of 1 to :data:`MAX_LOCAL_RANKS` words; a CacheSignalError naming the sizes otherwise."""
+    else any int32 array of 1 to :data:`MAX_LOCAL_RANKS` words; a CacheSignalError naming the sizes otherwise.
+    ``per_rank``: the array has one word per local rank."""
     if length is not None and size != length * WORD_BYTES:
+        tp = f" for tp {length}, one word per local rank" if per_rank else ""
         raise CacheSignalError(
             f"FastDeploy signal {full!r} (/dev/shm/{full}) holds {size} bytes, but FastDeploy makes it an int32 array "
-            f"of {length} word{'s' if length > 1 else ''} ({length * WORD_BYTES} bytes{_for_tp(full, length)}): it is "
+            f"of {length} word{'s' if length > 1 else ''} ({length * WORD_BYTES} bytes{tp}): it is "
             f"another array (an int64 one, or one for another tp) that int32 words would misread. Fix: check the "
             f"signal's suffix and the tensor-parallel size; remove /dev/shm/{full} if no engine uses it"
         )
@@ -339,10 +342,6 @@ def _check_shape(full: str, size: int, length: int | None) -> int:
             f"{MAX_LOCAL_RANKS} words. Fix: check the signal name and suffix"
         )
     return words
-
-
-def _for_tp(full: str, length: int) -> str:
-    return "" if full.split(".", 1)[0] in FIXED_LENGTH else f" for tp {length}, one word per local rank"
 
 
 def _word_now(name: str, index: int) -> str:
