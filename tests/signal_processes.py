@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from multiprocessing.connection import Connection
 
@@ -40,3 +41,18 @@ def create_and_report(num_ranks: int, results: Connection) -> None:
         signal.set(0)
         results.send(signal.name)
         results.recv()
+
+
+def drive_and_report(suffix: str, timeout: float, start: float, results: Connection) -> None:
+    """At ``start`` (``time.time()``), drive one FastDeploy clear/update on ``suffix``; send back
+    ``(pid, error class or "ok", message, seconds)``."""
+    from fd_platforms.engine.cache_status import drive_kv_cache_update
+
+    time.sleep(max(0.0, start - time.time()))
+    began = time.monotonic()
+    try:
+        drive_kv_cache_update(suffix, timeout=timeout)
+    except Exception as error:  # noqa: BLE001 - reported to the test
+        results.send((os.getpid(), type(error).__name__, str(error), time.monotonic() - began))
+    else:
+        results.send((os.getpid(), "ok", "", time.monotonic() - began))

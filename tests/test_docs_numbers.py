@@ -259,3 +259,10 @@ def test_the_drivers_settle_time_and_the_managers_look_are_the_codes() -> None:
     assert quoted is not None and float(quoted.group(1)) == SETTLE_SECONDS
     standins = (Path(__file__).resolve().parent / "fastdeploy_standins.py").read_text()
     assert re.search(r"\nPOLL = 0\.1 ", standins) and "look at the slots every 0.1 s" in guide
+
+
+def test_the_let_go_hold_is_the_codes() -> None:
+    from fd_platforms.ipc.fastdeploy_signals import LET_GO_HOLD_SECONDS
+
+    quoted = re.search(r"`LET_GO_HOLD_SECONDS` \(([0-9.]+) s\)", prose("docs/engine-integration.md"))
+    assert quoted is not None and float(quoted.group(1)) == LET_GO_HOLD_SECONDS

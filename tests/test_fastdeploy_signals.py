@@ -14,6 +14,7 @@ import time
 import pytest
 
 from fd_platforms.contract.errors import CacheNotReadyError, CacheSignalError, ConfigError, SignalWaitError
+from fd_platforms.engine.cache_status import drive_kv_cache_update
 from fd_platforms.ipc.fastdeploy_signals import (
     CACHE_READY,
     KV_CACHE_STATUS,
@@ -179,3 +180,50 @@ def test_an_index_out_of_range_is_refused(suffix: str) -> None:
     with FastDeploySignal.create(CACHE_READY, suffix, 2) as ready:
         with pytest.raises(ConfigError, match="an index from 0 to 1"):
             ready.set(2, 1)
+
+
+# -- shape and identity (issue 34): an array FastDeploy did not make for this tp, a file replaced under a wait --
+
+
+@pytest.mark.parametrize(("words", "size"), [(4, 16), (1024, 4096)], ids=["int64-of-tp-2", "4096-bytes"])
+def test_a_cache_ready_signal_not_fastdeploys_int32_array_for_the_tp_is_refused_naming_its_size(
+    suffix: str, words: int, size: int
+) -> None:
+    with FastDeploySignal.create(CACHE_READY, suffix, words), FastDeploySignal.create(KV_CACHE_STATUS, suffix, 1):
+        with pytest.raises(CacheSignalError) as caught:
+            drive_kv_cache_update(suffix, tp=2, timeout=0.5)
+    expected = (f"FastDeploy signal 'cache_ready_signal.{suffix}' (/dev/shm/cache_ready_signal.{suffix}) holds {size} "
+                "bytes, but FastDeploy makes it an int32 array of 2 words (8 bytes for tp 2")  # fmt: skip
+    assert expected in str(caught.value)
+
+
+def test_an_int64_kv_cache_status_is_refused_whatever_the_tp(suffix: str) -> None:
+    with FastDeploySignal.create(KV_CACHE_STATUS, suffix, 2), pytest.raises(CacheSignalError) as caught:
+        FastDeploySignal.attach(KV_CACHE_STATUS, suffix)
+    assert "holds 8 bytes, but FastDeploy makes it an int32 array of 1 word (4 bytes)" in str(caught.value)
+
+
+def test_a_signal_replaced_while_waited_on_is_reported_at_once_with_its_current_value(suffix: str) -> None:
+    with FastDeploySignal.create(CACHE_READY, suffix, 2) as old:
+        caught: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                old.wait_for(0, 1, 5, what="rank 0 waiting for its KV cache")
+            except BaseException as error:  # noqa: BLE001 - handed to the test
+                caught.append(error)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(0.1)
+        with FastDeploySignal.create(CACHE_READY, f"{suffix}-new", 2, initial=1) as new:
+            os.rename(f"/dev/shm/{new.name}", f"/dev/shm/{old.name}")  # removed and created again, no gap
+        started = time.monotonic()
+        waiter.join(10)
+        elapsed = time.monotonic() - started
+        os.unlink(f"/dev/shm/{old.name}")  # the new file (the old one's close leaves another inode alone)
+    assert elapsed < 1.5, f"noticed after {elapsed:.1f} s"
+    assert len(caught) == 1 and isinstance(caught[0], CacheSignalError), caught
+    expected = (f"rank 0 waiting for its KV cache: FastDeploy signal 'cache_ready_signal.{suffix}' "
+                f"(/dev/shm/cache_ready_signal.{suffix}) was replaced by another file (its word 0 is now 1)")
+    assert expected in str(caught[0])

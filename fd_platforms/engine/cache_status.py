@@ -23,14 +23,24 @@ seen the driver's word, so the answer to the current step needs every such manag
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ..contract.errors import CacheSharingError, ConfigError
+from ..contract.errors import CacheSharingError, CacheSignalError, ConfigError, SignalWaitError
 from ..contract.integers import check_int, is_int
 from ..ipc.cache_signal import resolve_timeout
-from ..ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus, check_suffix
+from ..ipc.fastdeploy_signals import (
+    CACHE_READY,
+    KV_CACHE_STATUS,
+    LET_GO_HOLD_SECONDS,
+    MAX_LOCAL_RANKS,
+    FastDeploySignal,
+    KVCacheStatus,
+    check_suffix,
+)
 from ..loading.platform import Platform
 from .initialize import ManagedCache
 
@@ -40,6 +50,7 @@ at 1 (from ``NORMAL`` to its return, so to a next clear): FastDeploy's managers 
 0.1 s (``check_cache_status``) and wait for all of them to be 0, then 1; one whose looks miss that
 moment waits forever. FastDeploy's own driver leaves seconds there (the weight update, the next
 request)."""
+logger = logging.getLogger(__name__)
 STATUS_POLL_SECONDS = 0.1  # how long serve_kv_cache_status sleeps between looks at `until` (a status write wakes it)
 
 
@@ -63,13 +74,17 @@ def drive_kv_cache_update(
     attacher_pids: Mapping[int, int] | None = None,
     platform: Platform | None = None,
     managers: str = "fastdeploy",
+    tp: int | None = None,
 ) -> UpdateReport:
     """Drive one clear/update over every local rank; see the module docstring.
 
     ``update`` runs between ``CLEARED`` and ``UPDATING`` (load the new weights there). Each wait is
     bounded by ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``) and ends early, naming the process,
-    when ``creator_pid`` or a rank's process in ``attacher_pids`` exits. A wait that fails leaves
-    ``kv_cache_status`` as it was, so an operator sees where it stopped; a
+    when ``creator_pid`` or a rank's process in ``attacher_pids`` exits. One driver at a time: a drive
+    claims ``kv_cache_status`` (a lock the kernel arbitrates, :mod:`fd_platforms.ipc.claims`), and a
+    second one is refused at once with a CacheSignalError naming the holder. A drive that fails after
+    writing ``CLEARING`` (a wait, ``update``, an interrupt) writes ``NORMAL`` back, logs it and says so
+    in its error, so the next drive can start; a
     :class:`~fd_platforms.contract.errors.SignalWaitError` says which rank or process did not move; a status
     other than ``NORMAL`` at the start (an update under way) is a ConfigError.
 
@@ -77,6 +92,9 @@ def drive_kv_cache_update(
     ``"fastdeploy"`` or ``"fd-platforms"``) let it refuse at once what can only time out: FastDeploy's
     XPU cache transfer manager has no clear or restore (its ``check_cache_status`` returns at once,
     ``fastdeploy/cache_manager/cache_transfer_manager.py``, "TODO XPU support RL").
+
+    ``tp`` (the local ranks, where known) makes ``cache_ready_signal`` exactly FastDeploy's
+    int32 array of that many words, else a CacheSignalError naming its size.
     """
     suffix = check_suffix(suffix)
     _check_managers(managers, platform)
@@ -86,36 +104,68 @@ def drive_kv_cache_update(
         _check_callable("update", update, "pass a function that loads the new weights, or None")
     if creator_pid is not None:
         check_int("creator_pid", creator_pid, 1, None, what="None or a process id", fix="pass the cache manager's pid")
-    with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status, FastDeploySignal.attach(CACHE_READY, suffix) as ready:
+    _check_tp(tp)
+    with _signals(suffix, tp) as (status, ready):
+        holder = status.claim()
+        if holder is not None:
+            raise CacheSignalError(
+                f"{status.name} (/dev/shm/{status.name}) is being driven by another drive_kv_cache_update, {holder}: "
+                "one clear/update at a time, or the update would run twice. Fix: wait for that update to end (or stop "
+                "that process), then drive again"
+            )
         current = status.get(0)
         if current != KVCacheStatus.NORMAL:
             raise ConfigError(
                 "kv_cache_status", _status_name(current), "NORMAL (no clear or update under way)",
                 f"wait for the update under way to finish, or reset {status.name} after checking no process drives it",
             )  # fmt: skip
-        started = time.monotonic()
         status.set(0, KVCacheStatus.CLEARING)
-        clearing = _keeping(status, KVCacheStatus.CLEARING, over=KVCacheStatus.NORMAL)
-        for rank in range(ready.length):
-            ready.wait_for(rank, 0, limit, watch_pid=pids.get(rank), what=f"rank {rank} letting go of its KV cache",
-                           tend=clearing)  # fmt: skip
-        let_go = time.monotonic()
-        status.wait_for(0, KVCacheStatus.CLEARED, limit, watch_pid=creator_pid, what="the cache creator freeing the caches",
-                        tend=clearing)  # fmt: skip
-        cleared = time.monotonic()
-        if update is not None:
-            update()
-        updated = time.monotonic()
-        time.sleep(max(0.0, cleared + SETTLE_SECONDS - updated))  # every manager sees every slot at 0
-        status.set(0, KVCacheStatus.UPDATING)
-        status.wait_for(0, KVCacheStatus.NORMAL, limit, watch_pid=creator_pid, what="the cache creator creating the caches",
-                        tend=_keeping(status, KVCacheStatus.UPDATING, over=KVCacheStatus.CLEARED))  # fmt: skip
-        normal = time.monotonic()
-        for rank in range(ready.length):
-            ready.wait_for(rank, 1, limit, watch_pid=creator_pid, what=f"rank {rank}'s KV cache being created again")
-        done = time.monotonic()
-        time.sleep(max(0.0, normal + SETTLE_SECONDS - done))  # every manager sees every slot at 1
-        return UpdateReport(let_go - started, cleared - let_go, updated - cleared, done - updated, ready.length)
+        try:
+            return _drive(status, ready, update, limit, creator_pid, pids)
+        except BaseException as error:
+            raise _written_back(status, error) from None
+
+
+def _drive(
+    status: FastDeploySignal, ready: FastDeploySignal, update: Callable[[], None] | None, limit: float,
+    creator_pid: int | None, pids: dict[int, int],
+) -> UpdateReport:
+    """The steps after the driver's CLEARING (see the module docstring)."""
+    started = time.monotonic()
+    clearing = _keeping(status, KVCacheStatus.CLEARING, over=KVCacheStatus.NORMAL)
+    for rank in range(ready.length):
+        ready.wait_for(rank, 0, limit, watch_pid=pids.get(rank), what=f"rank {rank} letting go of its KV cache",
+                       tend=clearing)  # fmt: skip
+    let_go = time.monotonic()
+    status.wait_for(0, KVCacheStatus.CLEARED, limit, watch_pid=creator_pid, what="the cache creator freeing the caches",
+                    tend=clearing)  # fmt: skip
+    cleared = time.monotonic()
+    if update is not None:
+        update()
+    updated = time.monotonic()
+    time.sleep(max(0.0, cleared + SETTLE_SECONDS - updated))  # every manager sees every slot at 0
+    status.set(0, KVCacheStatus.UPDATING)
+    status.wait_for(0, KVCacheStatus.NORMAL, limit, watch_pid=creator_pid, what="the cache creator creating the caches",
+                    tend=_keeping(status, KVCacheStatus.UPDATING, over=KVCacheStatus.CLEARED))  # fmt: skip
+    normal = time.monotonic()
+    for rank in range(ready.length):
+        ready.wait_for(rank, 1, limit, watch_pid=creator_pid, what=f"rank {rank}'s KV cache being created again")
+    done = time.monotonic()
+    time.sleep(max(0.0, normal + SETTLE_SECONDS - done))  # every manager sees every slot at 1
+    return UpdateReport(let_go - started, cleared - let_go, updated - cleared, done - updated, ready.length)
+
+
+def _written_back(status: FastDeploySignal, error: BaseException) -> BaseException:
+    """``error`` of a drive that failed after writing CLEARING, once ``kv_cache_status`` is NORMAL again
+    (logged), saying so: the next drive can start."""
+    was = _status_name(status.get(0))
+    status.set(0, KVCacheStatus.NORMAL)
+    note = f"{status.name} was written back to NORMAL (it said {was}) so that the next drive_kv_cache_update can start"
+    logger.warning("drive_kv_cache_update failed (%s): %s", type(error).__name__, note)
+    if isinstance(error, SignalWaitError):
+        return error.with_hint(note)
+    error.add_note(note)
+    return error
 
 
 def serve_kv_cache_status(
@@ -125,15 +175,18 @@ def serve_kv_cache_status(
     suffix: str | int,
     until: Callable[[], bool],
     timeout: float | None = None,
+    tp: int | None = None,
 ) -> list[ManagedCache]:
     """The creator's side: follow ``kv_cache_status`` until ``until()`` is true; the caches then held.
 
     ``managed`` are this process's caches (from :func:`~fd_platforms.engine.manage_kv_cache` with
-    ``protocol="fastdeploy"``); ``recreate(rank)`` makes one again. Once the status is not NORMAL
-    and a held rank's slot was reset (its attacher let go), each is cleared (its ``clear`` waits for
+    ``protocol="fastdeploy"``); ``recreate(rank)`` makes one again. A status outside FastDeploy's
+    ``KVCacheStatus`` is logged and never acted on. Once the status is not NORMAL and a held rank's
+    slot was reset (its attacher let go, the 0 holding), each is cleared (its ``clear`` waits for
     the rank's attacher), then every slot must be 0 before ``CLEARED`` is written; on ``UPDATING``
     each is made again and every slot must be 1 before ``NORMAL`` is written. Waits are bounded by
-    ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``).
+    ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``); ``tp`` (the local ranks, where known) is checked as
+    :func:`drive_kv_cache_update` checks it.
 
     Only the manager that holds local rank 0 waits for every slot and writes the answers: the word
     has no compare-and-swap, so a second writer's late CLEARED could overwrite the driver's UPDATING,
@@ -149,18 +202,21 @@ def serve_kv_cache_status(
         raise ConfigError("managed", managed, "a list of ManagedCache", "pass what manage_kv_cache returned per rank")
     _check_callable("recreate", recreate, "pass a function of the rank that calls manage_kv_cache again")
     _check_callable("until", until, "pass a function that says when to stop (e.g. threading.Event().is_set)")
+    _check_tp(tp)
     held = list(managed)
     ranks = [cache.rank for cache in held]
     answers = 0 in ranks
-    with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status, FastDeploySignal.attach(CACHE_READY, suffix) as ready:
+    with _signals(suffix, tp) as (status, ready):
         last, since = None, 0.0  # the status last seen, and since when (the looks for a foreign write slow down)
         while not until():
             current = status.get(0)
             if current != last:
                 last, since = current, time.monotonic()
             # A look can miss a whole phase where another rank's manager answers, so the cue to let go
-            # is a held rank's own word: only its attacher resets it, when it lets go.
-            if held and current != KVCacheStatus.NORMAL and any(ready.get(cache.rank) == 0 for cache in held):
+            # is a held rank's own word: only its attacher resets it, when it lets go (and its 0 holds).
+            if not status.allows(0, current):
+                status.sleep_while(0, current, STATUS_POLL_SECONDS, since=since)  # refused and logged
+            elif held and current != KVCacheStatus.NORMAL and any(_let_go(ready, cache.rank) for cache in held):
                 for cache in held:
                     cache.clear(limit)
                 held = []
@@ -186,6 +242,11 @@ def _keeping(status: FastDeploySignal, ours: KVCacheStatus, *, over: KVCacheStat
             status.set(0, ours)
 
     return keep
+
+
+def _let_go(ready: FastDeploySignal, rank: int) -> bool:
+    """Whether ``rank``'s slot says its attacher let go: a 0 that holds (:data:`LET_GO_HOLD_SECONDS`)."""
+    return ready.checked(rank) == 0 and ready.holds(rank, 0, LET_GO_HOLD_SECONDS)
 
 
 def _wait_all(ready: FastDeploySignal, value: int, limit: float, what: str) -> None:
@@ -215,6 +276,20 @@ def _check_managers(managers: object, platform: object) -> None:
 def _check_callable(field_name: str, value: object, fix: str) -> None:
     if not callable(value):
         raise ConfigError(field_name, value, "a callable", fix)
+
+
+@contextmanager
+def _signals(suffix: str, tp: int | None) -> Iterator[tuple[FastDeploySignal, FastDeploySignal]]:
+    """``kv_cache_status`` and ``cache_ready_signal`` (of ``tp`` words where known), attached."""
+    with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
+        with FastDeploySignal.attach(CACHE_READY, suffix, tp) as ready:
+            yield status, ready
+
+
+def _check_tp(tp: object) -> None:
+    if tp is not None:
+        check_int("tp", tp, 1, MAX_LOCAL_RANKS, what="None or the number of local ranks",
+                  fix="pass the tensor-parallel size")  # fmt: skip
 
 
 def _check_pids(pids: Mapping[int, int] | None) -> dict[int, int]:

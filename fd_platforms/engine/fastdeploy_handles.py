@@ -261,8 +261,10 @@ def _record_segment(name: str, platform: str) -> shm.Segment:
             raise _wrong_size(name, probe.size, layout, platform)
         if not probe.unused():
             raise CacheSharingError(
-                f"KV cache tensor {name} is already published by a running process (/dev/shm/{name} is held). Fix: "
-                "clear that cache first; two creators of one rank and device cannot share FastDeploy's names"
+                f"KV cache tensor {name} is already published by a running process (/dev/shm/{name} is held): "
+                "FastDeploy's record names carry no instance, only the layer, rank and device id, so another engine "
+                "on this machine with the same device ids took them (FastDeploy's own engines collide the same way). "
+                "Fix: give each engine distinct device ids, or run one engine per device; else clear that cache first"
             )
     finally:
         probe.close()

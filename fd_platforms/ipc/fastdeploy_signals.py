@@ -33,13 +33,16 @@ proves such a segment dead (the error names the file to remove by hand).
 from __future__ import annotations
 
 import enum
+import logging
+import os
 import re
+import struct
 import time
 from collections.abc import Callable
 
 from ..contract.errors import CacheSignalError, ConfigError, SignalWaitError
 from ..contract.integers import check_int, is_int
-from . import shm
+from . import claims, shm
 from .process_watch import ProcessWatch
 from .shared_words import CHECK_SECONDS, MAX_LOCAL_RANKS, WORD_BYTES, SharedWords
 from .waiting import WaitProgress
@@ -51,6 +54,13 @@ KV_CACHE_STATUS = "kv_cache_status"
 PROFILE_BLOCK_NUM = "get_profile_block_num"
 
 _SUFFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+LET_GO_HOLD_SECONDS = 0.2
+"""How long a ``cache_ready_signal`` slot must read 0 (its let-go value) before a wait for that 0 ends: a
+slot flickering through 0 while its attacher still maps the cache frees nothing. A real let-go stays 0
+until the creator sets the slot again, and FastDeploy's own processes look every 0.1 s."""
+HOLD_LOOK_SECONDS = 0.005  # how often a held value is looked at while it must hold
+
+logger = logging.getLogger(__name__)
 
 
 class KVCacheStatus(enum.IntEnum):
@@ -60,6 +70,18 @@ class KVCacheStatus(enum.IntEnum):
     UPDATING = 1
     CLEARING = -1
     CLEARED = -2
+
+
+#: The values FastDeploy writes in each signal's words (``KVCacheStatus`` in
+#: ``fastdeploy/inter_communicator/ipc_signal_const.py``; the per-rank arrays are flags): a word outside
+#: them is refused and logged, never acted on.
+ALLOWED: dict[str, tuple[int, ...]] = {
+    CACHE_READY: (0, 1),
+    SWAP_SPACE_READY: (0, 1),
+    CACHE_TRANSFER_INITED: (0, 1),
+    KV_CACHE_STATUS: tuple(int(status) for status in KVCacheStatus),
+}
+FIXED_LENGTH = {KV_CACHE_STATUS: 1}  # words whatever the tp (FastDeploy's np.zeros([1], dtype=np.int32))
 
 
 def check_suffix(suffix: object, field: str = "suffix") -> str:
@@ -89,6 +111,9 @@ class FastDeploySignal(SharedWords):
     def __init__(self, segment: shm.Segment, name: str, length: int, *, owner: bool) -> None:
         super().__init__(segment, name, owner=owner)
         self.length = length
+        self.kind = name.rsplit(".", 1)[0]  # FastDeploy's name without the suffix
+        self.allowed = ALLOWED.get(self.kind)  # None: any int32 (the block count)
+        self._refused: dict[int, int] = {}  # the last refused value logged per word (logged once per change)
 
     def needed_bytes(self) -> int:
         return self.length * WORD_BYTES
@@ -116,12 +141,14 @@ class FastDeploySignal(SharedWords):
     @classmethod
     def attach(cls, name: str, suffix: str | int, length: int | None = None) -> FastDeploySignal:
         """Attach to ``<name>.<suffix>``; its length is its size in words unless ``length`` is given
-        (then the segment must hold at least that many)."""
+        (the local ranks, tp, where the caller knows them; ``kv_cache_status`` always has one word): then
+        the file must be exactly the int32 array FastDeploy makes for it (:func:`_check_shape`)."""
         full = segment_name(name, suffix)
+        length = FIXED_LENGTH.get(name, length)
         if length is not None:
             _check_length(length)
         try:
-            segment = shm.Segment.open(full, (length or 1) * WORD_BYTES)
+            segment = shm.Segment.open(full, WORD_BYTES)
         except FileNotFoundError:
             raise CacheSignalError(
                 f"FastDeploy signal {full!r} does not exist (no /dev/shm/{full}). Fix: start the FastDeploy engine "
@@ -129,13 +156,11 @@ class FastDeploySignal(SharedWords):
             ) from None
         except shm.SegmentUnusable as exc:
             raise CacheSignalError(f"FastDeploy signal {full!r} cannot be used: {exc}") from None
-        words = length if length is not None else segment.size // WORD_BYTES
-        if not 1 <= words <= MAX_LOCAL_RANKS or segment.size % WORD_BYTES:
+        try:
+            words = _check_shape(full, segment.size, length, per_rank=name not in FIXED_LENGTH)
+        except CacheSignalError:
             segment.close()
-            raise CacheSignalError(
-                f"FastDeploy signal {full!r} holds {segment.size} bytes, not an int32 array of 1 to "
-                f"{MAX_LOCAL_RANKS} words. Fix: check the signal name and suffix"
-            )
+            raise
         return cls(segment, full, words, owner=False)
 
     # -- words ---------------------------------------------------------------------------------
@@ -147,6 +172,44 @@ class FastDeploySignal(SharedWords):
     def get(self, index: int) -> int:
         """Word ``index``."""
         return self._read(self._check_index(index), 1)[0]
+
+    def checked(self, index: int) -> int | None:
+        """Word ``index`` if it holds one of FastDeploy's values for this signal (:data:`ALLOWED`), else
+        None, with a WARNING naming the signal, the value and the allowed set (once per new value)."""
+        value = self.get(index)
+        return value if self.allows(index, value) else None
+
+    def allows(self, index: int, value: int) -> bool:
+        """Whether ``value`` read from word ``index`` is one FastDeploy writes there; a WARNING when not."""
+        if self.allowed is None or value in self.allowed:
+            self._refused.pop(index, None)
+            return True
+        if self._refused.get(index) != value:
+            self._refused[index] = value
+            logger.warning(
+                "FastDeploy signal %r (/dev/shm/%s) word %d holds %d, not one of FastDeploy's values %s: refused, "
+                "not acted on. Fix: find the process that writes it (only FastDeploy's engine, workers and cache "
+                "managers, or fd-platforms beside them, may)", self.name, self.name, index, value,
+                ", ".join(map(str, self.allowed)),
+            )  # fmt: skip
+        return False
+
+    def holds(self, index: int, value: int, seconds: float) -> bool:
+        """Whether word ``index`` reads ``value`` at every look for ``seconds`` (looks every
+        :data:`HOLD_LOOK_SECONDS`): a value a process only flickers through does not hold."""
+        end = time.monotonic() + seconds
+        while self.get(index) == value:
+            now = time.monotonic()
+            if now >= end:
+                return True
+            time.sleep(min(HOLD_LOOK_SECONDS, end - now))
+        return False
+
+    def claim(self) -> str | None:
+        """Claim this signal for one driver, held until it is closed (:mod:`.claims`, which the kernel
+        arbitrates): None once claimed, else who holds the claim, for the message."""
+        fd = self._fd()
+        return None if claims.try_claim(fd) else claims.claimer(fd)
 
     def set(self, index: int, value: int) -> None:
         """Write word ``index`` and wake whoever waits on it."""
@@ -170,7 +233,9 @@ class FastDeploySignal(SharedWords):
         writer: str = "",
         tend: Callable[[], object] | None = None,
     ) -> float:
-        """Block until word ``index`` equals ``value``; the seconds waited.
+        """Block until word ``index`` equals ``value``; the seconds waited. A ``cache_ready_signal``
+        slot's 0 (the let-go) must hold for :data:`LET_GO_HOLD_SECONDS`; a value outside FastDeploy's
+        set is logged (:meth:`checked`).
 
         A :class:`SignalWaitError` after ``timeout`` seconds (``math.inf``: never), or within about
         :data:`CHECK_SECONDS` of ``watch_pid`` exiting (the process expected to write it). ``what``
@@ -187,8 +252,10 @@ class FastDeploySignal(SharedWords):
                 if tend is not None:
                     tend()
                 seen = self.get(index)
-                if seen == value:
+                if seen == value and self._held(index, value):
                     return time.monotonic() - start
+                self.allows(index, seen)
+                self._check_same_file(index, value, seen, what)
                 now = time.monotonic()
                 if watch is not None and watch.exited() and self.get(index) != value:
                     raise SignalWaitError(self.name, index, value, seen, now - start, "watched_exited", what,
@@ -202,6 +269,30 @@ class FastDeploySignal(SharedWords):
         finally:
             if watch is not None:
                 watch.close()
+
+    def _held(self, index: int, value: int) -> bool:
+        """Whether ``value``, just read from word ``index``, counts: a let-go 0 in ``cache_ready_signal`` must hold."""
+        return value != 0 or self.kind != CACHE_READY or self.holds(index, 0, LET_GO_HOLD_SECONDS)
+
+    def _check_same_file(self, index: int, value: int, seen: int, what: str) -> None:
+        """A CacheSignalError when the name no longer names the file this object reads (removed, or
+        removed and created again: a new inode), with what the name holds now; a wait would otherwise
+        read the old file until its timeout."""
+        try:
+            info = os.lstat(shm.shm_path(self.name))
+        except FileNotFoundError:
+            now = "was removed"
+        else:
+            if (info.st_dev, info.st_ino) == self._segment.inode:
+                return
+            now = f"was replaced by another file ({_word_now(self.name, index)})"
+        step = f"{what}: " if what else ""
+        raise CacheSignalError(
+            f"{step}FastDeploy signal {self.name!r} (/dev/shm/{self.name}) {now} while this process waited for word "
+            f"{index} to be {value} (the file it had opened says {seen}). Fix: a process removed the signal and may "
+            "have created it again (an engine restarted under this suffix?); start this process again once the "
+            "engine that owns the suffix is up"
+        )
 
     def _waiting_for(
         self, index: int, value: int, seen: int, what: str, writer: str, watch: ProcessWatch | None
@@ -228,6 +319,44 @@ class FastDeploySignal(SharedWords):
     def _check_index(self, index: int) -> int:
         return check_int("index", index, 0, self.length - 1, what="an index",
                          fix=f"signal {self.name!r} has {self.length} words (one per local rank)")  # fmt: skip
+
+
+def _check_shape(full: str, size: int, length: int | None, *, per_rank: bool) -> int:
+    """The words of signal file ``full`` of ``size`` bytes: with ``length`` known, exactly the int32 array
+    FastDeploy makes (``IPCSignal(array=np.zeros([tp], dtype=np.int32))``, ``fastdeploy/inter_communicator/
+    ipc_signal.py``, created in ``fastdeploy/engine/common_engine.py`` ``EngineService._init_worker_signals``),
+    else any int32 array of 1 to :data:`MAX_LOCAL_RANKS` words; a CacheSignalError naming the sizes otherwise.
+    ``per_rank``: the array has one word per local rank."""
+    if length is not None and size != length * WORD_BYTES:
+        tp = f" for tp {length}, one word per local rank" if per_rank else ""
+        raise CacheSignalError(
+            f"FastDeploy signal {full!r} (/dev/shm/{full}) holds {size} bytes, but FastDeploy makes it an int32 array "
+            f"of {length} word{'s' if length > 1 else ''} ({length * WORD_BYTES} bytes{tp}): it is "
+            f"another array (an int64 one, or one for another tp) that int32 words would misread. Fix: check the "
+            f"signal's suffix and the tensor-parallel size; remove /dev/shm/{full} if no engine uses it"
+        )
+    words = size // WORD_BYTES
+    if not 1 <= words <= MAX_LOCAL_RANKS or size % WORD_BYTES:
+        raise CacheSignalError(
+            f"FastDeploy signal {full!r} holds {size} bytes, not an int32 array of 1 to "
+            f"{MAX_LOCAL_RANKS} words. Fix: check the signal name and suffix"
+        )
+    return words
+
+
+def _word_now(name: str, index: int) -> str:
+    """What word ``index`` of the file now named ``name`` holds, for messages (never raises)."""
+    try:
+        segment = shm.Segment.inspect(name)
+    except (OSError, shm.SegmentUnusable) as exc:
+        return f"which cannot be read: {exc}"
+    try:
+        raw = segment.read(WORD_BYTES, index * WORD_BYTES)
+    finally:
+        segment.close()
+    if len(raw) < WORD_BYTES:
+        return f"of {segment.size} bytes, without word {index}"
+    return f"its word {index} is now {struct.unpack('=i', raw)[0]}"
 
 
 def _check_length(length: object) -> None:

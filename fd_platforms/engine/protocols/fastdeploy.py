@@ -23,6 +23,7 @@ sets the two manager words, which its engine waits for before it starts its cach
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -34,10 +35,13 @@ from ...ipc.fastdeploy_signals import (
     KV_CACHE_STATUS,
     PROFILE_BLOCK_NUM,
     SWAP_SPACE_READY,
+    MAX_LOCAL_RANKS,
+    WORD_BYTES,
     FastDeploySignal,
     check_suffix,
     segment_name,
 )
+from ...ipc import shm
 from ..block_handoff import block_count_words, hand_off_block_count
 from ..fastdeploy_handles import FastDeployHandles
 from ..publication import PublishedTensor
@@ -51,6 +55,10 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 #: The signals FastDeploy's engine creates with one word per rank (``kv_cache_status`` has one word, and
 #: ``get_profile_block_num`` is the block-count hand-off's).
 PER_RANK = (CACHE_READY, SWAP_SPACE_READY, CACHE_TRANSFER_INITED)
+#: Every signal a run's engine creates under its suffix (``get_profile_block_num`` where no engine's suffix is given).
+RUN_SIGNALS = (*PER_RANK, KV_CACHE_STATUS, PROFILE_BLOCK_NUM)
+RUN_SUFFIX = r"fdp(\d+)-[0-9a-f]{6}"  # a run's suffix: its engine's pid and three random bytes
+LEFTOVER = "FastDeploy signal of an fd-platforms run"
 
 
 class FastDeployProtocol(WireProtocol):
@@ -135,7 +143,9 @@ class FastDeployProtocol(WireProtocol):
     def create_signals(self, ranks: int, *, device_type: str, block_count_suffix: str | None) -> tuple[str, ExitStack]:
         """The arrays FastDeploy's engine creates, under a suffix of this run's (FastDeploy's is its
         engine's port), ``get_profile_block_num`` under its own suffix and as long as FastDeploy's
-        engine makes it (:mod:`fd_platforms.engine.block_handoff`); a failure part-way removes what was made."""
+        engine makes it (:mod:`fd_platforms.engine.block_handoff`); a failure part-way removes what was made.
+        What killed runs left first goes (:func:`sweep_dead_runs`)."""
+        sweep_dead_runs()
         suffix = f"fdp{os.getpid()}-{secrets.token_hex(3)}"
         with ExitStack() as making:
             for signal in PER_RANK:
@@ -153,6 +163,34 @@ class FastDeployProtocol(WireProtocol):
 
     def reclaim(self, signal_name: str) -> None:
         """Nothing: FastDeploy's per-tensor records carry no instance, and each creator removes its own."""
+
+
+def sweep_dead_runs() -> list[str]:
+    """Remove the signals of our runs that died (a SIGKILLed engine cannot remove its own); the names removed.
+
+    Only what is provably ours and dead goes: FastDeploy's signal names under a run's suffix
+    (``fdp<pid>-<hex>``), the size such a signal has, this user's, and no lock held
+    (:func:`fd_platforms.ipc.shm.sweep` proves the last two: a living run's engine holds a shared
+    ``flock`` on each signal it made, dropped by the kernel at its death). FastDeploy's own signals
+    (its port's suffix) and another user's are never touched."""
+    removed: list[str] = []
+    for signal in RUN_SIGNALS:
+        removed += shm.sweep(f"{signal}.fdp", WORD_BYTES, _run_signal(signal), LEFTOVER)
+    return removed
+
+
+def _run_signal(signal: str) -> shm.Recognise:
+    """Says whether a segment is ``signal`` of one of our runs: the run's engine pid (for messages), or None."""
+    name = re.compile(rf"{re.escape(signal)}\.{RUN_SUFFIX}")
+    words = 1 if signal == KV_CACHE_STATUS else MAX_LOCAL_RANKS
+
+    def recognise(segment: shm.Segment) -> str | None:
+        found = name.fullmatch(segment.name)
+        if found is None or segment.size % WORD_BYTES or not 1 <= segment.size // WORD_BYTES <= words:
+            return None
+        return f"the run with engine pid {found.group(1)}"
+
+    return recognise
 
 
 FASTDEPLOY = FastDeployProtocol()

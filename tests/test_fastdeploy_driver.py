@@ -1,0 +1,71 @@
+"""drive_kv_cache_update on hostile ground: one driver at a time, and a failed drive leaves the word
+where the next one can start (issue 34)."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from fd_platforms.contract.errors import SignalWaitError
+from fd_platforms.engine.cache_status import drive_kv_cache_update
+from fd_platforms.engine.protocols.fastdeploy import FASTDEPLOY
+from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
+from signal_processes import drive_and_report
+
+
+@pytest.fixture
+def suffix() -> Iterator[str]:
+    """A run's signals for one local rank; its slot is 0 (nobody attached), the status NORMAL."""
+    name, made = FASTDEPLOY.create_signals(1, device_type="cpu", block_count_suffix=None)
+    with made:
+        yield name
+
+
+@pytest.mark.slow
+def test_two_drivers_started_together_one_drives_and_the_other_is_told_at_once_who_holds_it(suffix: str) -> None:
+    """No creator answers, so the driver that got the word waits its whole timeout; the other is refused at once."""
+    spawn = multiprocessing.get_context("spawn")
+    links = [spawn.Pipe(duplex=False) for _ in range(2)]
+    start = time.time() + 2.0  # both import first, then call together
+    drivers = [spawn.Process(target=drive_and_report, args=(suffix, 1.5, start, sender)) for _, sender in links]
+    for driver in drivers:
+        driver.start()
+    try:
+        results = sorted((receiver.recv() for receiver, _ in links if receiver.poll(30)), key=lambda result: result[3])
+    finally:
+        for driver in drivers:
+            driver.join(10)
+    assert len(results) == 2, results
+    (_, loser_kind, loser_says, loser_seconds), (winner_pid, winner_kind, _, winner_seconds) = results
+    assert winner_kind == "SignalWaitError" and winner_seconds >= 1.4, results
+    assert loser_kind == "CacheSignalError" and loser_seconds < 0.5, results
+    assert (f"kv_cache_status.{suffix} (/dev/shm/kv_cache_status.{suffix}) is being driven by another "
+            f"drive_kv_cache_update, pid {winner_pid} (as this PID namespace sees it)") in loser_says  # fmt: skip
+
+
+def test_a_drive_that_finds_a_dead_attacher_names_it_and_leaves_the_word_where_the_next_drive_starts(
+    suffix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
+        ready = FastDeploySignal.attach(CACHE_READY, suffix)
+        ready.set(0, 1)  # rank 0's attacher is attached, and dies without letting go
+        with caplog.at_level(logging.WARNING), pytest.raises(SignalWaitError) as caught:
+            drive_kv_cache_update(suffix, attacher_pids={0: dead.pid}, timeout=5)
+        assert caught.value.cause == "watched_exited" and f"(pid {dead.pid}) exited" in str(caught.value)
+        written_back = f"kv_cache_status.{suffix} was written back to NORMAL (it said CLEARING)"
+        assert written_back in str(caught.value)
+        warned = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+        assert any(written_back in line for line in warned), warned
+        assert status.get(0) == KVCacheStatus.NORMAL
+        ready.set(0, 0)
+        with pytest.raises(SignalWaitError, match="the cache creator freeing the caches"):
+            drive_kv_cache_update(suffix, timeout=0.5)  # the next drive starts (no creator answers here)
+        assert status.get(0) == KVCacheStatus.NORMAL
+        ready.close()
