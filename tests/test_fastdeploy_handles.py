@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import re
 import os
 import secrets
 import subprocess
@@ -16,6 +17,7 @@ from fd_platforms.engine.fastdeploy_handles import FastDeployHandles, encode_han
 from fd_platforms.engine.fastdeploy_records import GPU_RECORD, XPU_RECORD, record_layout
 from fd_platforms.engine.kv_cache import check_provenance
 from fd_platforms.engine.publication import PublishedTensor
+from fd_platforms.ipc import shm
 from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal
 from fd_platforms.kit.vendor_device import handle_bytes, handle_text
 
@@ -241,3 +243,57 @@ def test_a_record_of_another_platforms_size_is_refused_naming_both_sizes(names: 
     ours = [PublishedTensor(names[0], (4, 8), "uint8", handle_text(bytes(range(1, 65))), 0x1000)]
     with pytest.raises(CacheSharingError, match=f"holds {written.size} bytes.*is {expected.size} bytes"):
         FastDeployHandles.create("9923", 0, ours, reader, attacher_expected=False)
+
+
+def test_a_record_truncated_after_its_size_check_is_a_typed_error_never_struct_error(
+    names: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34 item 6: a record cut short between the size check and the read escaped as struct.error."""
+    with open(f"/dev/shm/{names[0]}", "wb") as file:
+        file.write(GPU_RECORD.fields.pack(0, f"memfd:{os.getpid()}:3".encode()))
+    inspect = shm.Segment.inspect
+
+    def inspect_then_truncate(name: str, min_size: int = 0) -> shm.Segment:
+        segment = inspect(name, min_size)
+        os.truncate(f"/dev/shm/{name}", 10)  # what a rewriter (or anyone) does right after the check
+        return segment
+
+    monkeypatch.setattr(shm.Segment, "inspect", staticmethod(inspect_then_truncate))
+    with pytest.raises(CacheSharingError, match=rf"/dev/shm/{names[0]} holds 10 bytes, .* record is 72 bytes.*Fix: "):
+        read_handle(names[0], "cpu")
+
+
+def test_a_record_rewritten_in_place_while_read_gives_the_new_handle_never_a_torn_one(
+    names: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A creator rewrites a leftover record in place (set_data_ipc): a read in the middle of that write saw
+    a torn handle such as 'me', and read_handle returned it."""
+    path, whole = f"/dev/shm/{names[0]}", GPU_RECORD.fields.pack(0, f"memfd:{os.getpid()}:3".encode())
+    with open(path, "wb") as file:
+        file.write(bytes(GPU_RECORD.size))
+    read = shm.Segment.read
+    calls = []
+
+    def read_during_the_rewrite(segment: shm.Segment, nbytes: int, offset: int = 0) -> bytes:
+        calls.append(nbytes)
+        if len(calls) == 1:
+            os.pwrite(segment.fd, whole[:10], 0)  # the creator has written its first bytes...
+            torn = read(segment, nbytes, offset)
+            os.pwrite(segment.fd, whole, 0)  # ...and then the rest
+            return torn
+        return read(segment, nbytes, offset)
+
+    monkeypatch.setattr(shm.Segment, "read", read_during_the_rewrite)
+    assert read_handle(names[0], "cpu") == f"memfd:{os.getpid()}:3"
+    assert len(calls) == 3, "read until two reads agree"
+
+
+@pytest.mark.parametrize(
+    ("handle", "found"),
+    [(b"me", "holds the text handle 'me', not a memfd:<pid>:<fd> handle"), (b"", "holds no handle")],
+)
+def test_a_record_left_torn_or_unwritten_is_a_typed_error_naming_it(names: list[str], handle: bytes, found: str) -> None:
+    with open(f"/dev/shm/{names[0]}", "wb") as file:
+        file.write(GPU_RECORD.fields.pack(0, handle))
+    with pytest.raises(CacheSharingError, match=rf"record /dev/shm/{names[0]} {re.escape(found)}.*Fix: "):
+        read_handle(names[0], "cpu")

@@ -46,6 +46,8 @@ from .fastdeploy_records import RecordLayout, record_layout
 from .publication import POLL_SECONDS, PublishedTensor
 
 _PRINTABLE = re.compile(rb"[\x21-\x7e]+")
+READ_TRIES = 20  # reads of one record until two agree: a rewrite in place takes microseconds
+READ_PAUSE = 0.001  # seconds between reads of a record that changed
 
 
 def encode_handle(name: str, handle: str, platform: str, address: int | None = None) -> bytes:
@@ -92,7 +94,12 @@ def _xpu_address(name: str, address: int | None, platform: str) -> int:
 
 
 def read_handle(name: str, platform: str) -> str:
-    """The handle in FastDeploy's record ``name`` of ``platform``, read without mapping (size checked first)."""
+    """The handle in FastDeploy's record ``name`` of ``platform``, read without mapping.
+
+    A record is read whole until two reads agree (at most :data:`READ_TRIES`): FastDeploy's creators rewrite
+    a leftover record in place (``set_data_ipc``: ``shm_open(O_CREAT)``, ``ftruncate``, write), so a read can
+    meet a record half written or truncated. One that stays short, long, unwritten or torn is a
+    CacheSharingError naming the record; a text handle must be the cpu platform's ``memfd:<pid>:<fd>``."""
     layout = record_layout(platform)
     try:
         segment = shm.Segment.inspect(name)
@@ -105,16 +112,44 @@ def read_handle(name: str, platform: str) -> str:
     except shm.SegmentUnusable as exc:
         raise CacheSharingError(f"KV cache tensor {name}'s handle record cannot be used: {exc}") from None
     try:
-        if segment.size != layout.size:
-            raise _wrong_size(name, segment.size, layout, platform)
-        raw = segment.read(layout.size)
+        raw = _steady_record(segment, layout, platform)
     finally:
         segment.close()
     record = layout.handle(raw)
     handle = record.rstrip(b"\0")
+    if not handle:
+        raise _torn(name, "holds no handle (its 64 handle bytes are all 0)")
     if not _PRINTABLE.fullmatch(handle):
         return handle_text(record)  # a raw IPC handle, as FastDeploy's set_data_ipc writes it
-    return handle.decode("ascii")
+    text = handle.decode("ascii")
+    if handle_pid(text) is None:
+        raise _torn(name, f"holds the text handle {text!r}, not a memfd:<pid>:<fd> handle")
+    return text
+
+
+def _steady_record(segment: shm.Segment, layout: RecordLayout, platform: str) -> bytes:
+    """The record's bytes once two reads in a row agree and are exactly ``layout.size`` long."""
+    previous = b""
+    for attempt in range(READ_TRIES):
+        raw = segment.read(layout.size + 1)  # one byte more: a longer record is seen as such
+        if len(raw) == layout.size and raw == previous:
+            return raw
+        if attempt:
+            time.sleep(READ_PAUSE)  # being rewritten, or of another size: give its creator a moment
+        previous = raw
+    size = os.fstat(segment.fd).st_size
+    if size != layout.size:
+        raise _wrong_size(segment.name, size, layout, platform)
+    raise _torn(segment.name, f"changed on each of {READ_TRIES} reads")
+
+
+def _torn(name: str, found: str) -> CacheSharingError:
+    return CacheSharingError(
+        f"FastDeploy's record /dev/shm/{name} {found}, so it holds no handle this process can open: it is being "
+        "rewritten, or was written by something other than a creator of this engine. Fix: attach once the creator "
+        f"has published its cache (it sets the rank's cache_ready_signal slot after writing); remove /dev/shm/{name} "
+        "if no engine uses it"
+    )
 
 
 class FastDeployHandles:
