@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import re
 import os
 import secrets
@@ -297,3 +298,18 @@ def test_a_record_left_torn_or_unwritten_is_a_typed_error_naming_it(names: list[
         file.write(GPU_RECORD.fields.pack(0, handle))
     with pytest.raises(CacheSharingError, match=rf"record /dev/shm/{names[0]} {re.escape(found)}.*Fix: "):
         read_handle(names[0], "cpu")
+
+
+def test_an_unheld_record_of_the_wrong_size_says_its_size_that_nobody_holds_it_and_the_fix(names: list[str]) -> None:
+    """Issue 34 item 8: an odd-sized leftover nobody holds was reported as another creator's."""
+    with open(f"/dev/shm/{names[0]}", "wb") as file:
+        file.write(bytes(10))
+    with pytest.raises(CacheSharingError) as caught:
+        FastDeployHandles.create("9923", 0, tensors(names[:1]), "cpu", attacher_expected=False)
+    message = str(caught.value)
+    assert f"/dev/shm/{names[0]} holds 10 bytes, but platform cpu's record is 72 bytes" in message
+    assert "no process of fd-platforms holds it" in message and f"Fix: remove /dev/shm/{names[0]}" in message
+    with open(f"/dev/shm/{names[0]}", "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_SH)  # a running process of ours (on another platform) holds it
+        with pytest.raises(CacheSharingError, match="holds 10 bytes, .* a running process of fd-platforms holds it"):
+            FastDeployHandles.create("9923", 0, tensors(names[:1]), "cpu", attacher_expected=False)

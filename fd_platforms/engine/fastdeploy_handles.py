@@ -292,9 +292,10 @@ def _record_segment(name: str, platform: str) -> shm.Segment:
             f"({exc}). Fix: remove /dev/shm/{name} if no engine uses it"
         ) from None
     try:
+        unused = probe.unused()
         if probe.size != layout.size:
-            raise _wrong_size(name, probe.size, layout, platform)
-        if not probe.unused():
+            raise _odd_leftover(name, probe.size, layout, platform, unused)
+        if not unused:
             raise CacheSharingError(
                 f"KV cache tensor {name} is already published by a running process (/dev/shm/{name} is held). Fix: "
                 "clear that cache first; two creators of one rank and device cannot share FastDeploy's names"
@@ -302,6 +303,25 @@ def _record_segment(name: str, platform: str) -> shm.Segment:
     finally:
         probe.close()
     return shm.Segment.open(name, layout.size)
+
+
+def _odd_leftover(name: str, size: int, layout: RecordLayout, platform: str, unused: bool) -> CacheSharingError:
+    """A record of another size than ``platform``'s where a creator would write: who holds it, and the fix."""
+    if unused:
+        found = (
+            "and no process of fd-platforms holds it: a leftover of another platform's or FastDeploy build's "
+            "creator, or a damaged record. It is not rewritten, since a FastDeploy process of that build (which "
+            f"holds no lock) may still read it. Fix: remove /dev/shm/{name} if no engine uses it"
+        )
+    else:
+        found = (
+            "and a running process of fd-platforms holds it (a creator or attacher on another platform). Fix: clear "
+            "that process's cache or stop it"
+        )
+    return CacheSharingError(
+        f"FastDeploy's record /dev/shm/{name} holds {size} bytes, but platform {platform}'s record is {layout.size} "
+        f"bytes ({layout.source}), {found}; run every process of the engine on one platform"
+    )
 
 
 def _wrong_size(name: str, size: int, layout: RecordLayout, platform: str) -> CacheSharingError:
