@@ -39,6 +39,25 @@ def tensors(names: list[str], handle: str = "") -> list[PublishedTensor]:
             for index, name in enumerate(names)]  # fmt: skip
 
 
+def attach_in_child(suffix: str, names: list[str]) -> tuple[subprocess.Popen, list[str]]:
+    """An attacher of ours in another process (it names no memory of its own): the handles it read. It lets go
+    when its stdin closes."""
+    child = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys; from fd_platforms.engine.fastdeploy_handles import FastDeployHandles\n"
+         "from fd_platforms.engine.publication import PublishedTensor\n"
+         f"h = FastDeployHandles.open({suffix!r}, 0, [PublishedTensor(n, (4, 8), 'uint8', '') for n in {names!r}], 'cpu')\n"
+         "print(*[t.handle for t in h.tensors], flush=True); sys.stdin.read(); h.let_go()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    return child, child.stdout.readline().split()  # type: ignore[union-attr]
+
+
+def let_go(child: subprocess.Popen) -> None:
+    child.stdin.close()  # type: ignore[union-attr]
+    assert child.wait(10) == 0
+
+
 def test_a_record_is_fastdeploys_struct_read_back_and_retracted_once_the_attacher_let_go(names: list[str]) -> None:
     suffix = f"t{secrets.token_hex(4)}"
     with FastDeploySignal.create(CACHE_READY, suffix, 1) as ready:
@@ -46,9 +65,8 @@ def test_a_record_is_fastdeploys_struct_read_back_and_retracted_once_the_attache
         raw = open(f"/dev/shm/{names[0]}", "rb").read()
         assert len(raw) == GPU_RECORD.size == 72 and raw[:8] == bytes(8), "size_t nprocesses 0, then 64 bytes"
         assert read_handle(names[0], "cpu") == f"memfd:{os.getpid()}:3"
-        opened = FastDeployHandles.open(suffix, 0, tensors(names, handle="-"), "cpu")
-        assert [tensor.handle for tensor in opened.tensors] == [f"memfd:{os.getpid()}:3", f"memfd:{os.getpid()}:4"]
-        check_provenance(opened, os.getpid())
+        opened, handles = attach_in_child(suffix, names)
+        assert handles == [f"memfd:{os.getpid()}:3", f"memfd:{os.getpid()}:4"]
         ready.set(0, 1)  # attached
         with pytest.raises(CacheInUseError, match="its slot in cache_ready_signal") as caught:
             held.retract(0.2)
@@ -56,7 +74,7 @@ def test_a_record_is_fastdeploys_struct_read_back_and_retracted_once_the_attache
         ready.set(0, 0)  # FastDeploy's let-go
         with pytest.raises(CacheInUseError, match=f"attached by a process of fd-platforms .* holds /dev/shm/{names[0]}"):
             held.retract(0.2)  # our attacher also holds the first record until it lets go
-        opened.let_go()
+        let_go(opened)
         held.retract(5)
         assert not any(os.path.exists(f"/dev/shm/{name}") for name in names)
 
@@ -90,11 +108,11 @@ def test_a_rank_two_processes_attach_to_is_freed_only_after_both_let_go(names: l
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert killed.stdout.readline().strip() == "attached"  # type: ignore[union-attr]
-        second = FastDeployHandles.open(suffix, 0, tensors(names, handle="-"), "cpu")
+        second, _ = attach_in_child(suffix, names)
         ready.set(0, 0)  # the first attacher's let-go resets the one slot
         with pytest.raises(CacheInUseError, match="attached by a process of fd-platforms"):
             held.retract(0.3)
-        second.let_go()
+        let_go(second)
         with pytest.raises(CacheInUseError, match="attached by a process of fd-platforms"):
             held.retract(0.3)  # the other process still holds it
         killed.kill()
@@ -313,3 +331,125 @@ def test_an_unheld_record_of_the_wrong_size_says_its_size_that_nobody_holds_it_a
         fcntl.flock(held, fcntl.LOCK_SH)  # a running process of ours (on another platform) holds it
         with pytest.raises(CacheSharingError, match="holds 10 bytes, .* a running process of fd-platforms holds it"):
             FastDeployHandles.create("9923", 0, tensors(names[:1]), "cpu", attacher_expected=False)
+
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="plays another user with os.setuid, which needs root")
+
+
+def spawn(code: str) -> tuple[subprocess.Popen, str]:
+    """A Python child running ``code`` until its stdin closes: its first line."""
+    child = subprocess.Popen([sys.executable, "-c", f"import os, sys\n{code}\nsys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    return child, child.stdout.readline().strip()  # type: ignore[union-attr]
+
+
+def stop(child: subprocess.Popen) -> None:
+    child.stdin.close()  # type: ignore[union-attr]
+    child.wait(10)
+
+
+def memfds_of_another_user(names: list[str], user: int) -> tuple[int, list[int], int]:
+    """A forked child that becomes ``user`` and makes a sealed memfd named like each tensor (as the cpu platform
+    does): its pid, its descriptors, and the pipe end whose closing ends it."""
+    ready_read, ready_write = os.pipe()
+    stop_read, stop_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(stop_write)
+            os.close(ready_read)
+            os.setgid(user)
+            os.setuid(user)
+            fds = []
+            for name in names:
+                fd = os.memfd_create(name, os.MFD_ALLOW_SEALING)
+                os.ftruncate(fd, 32)
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+                fds.append(fd)
+            os.write(ready_write, " ".join(map(str, fds)).encode())
+            os.read(stop_read, 1)
+        finally:
+            os._exit(0)
+    os.close(ready_write)
+    os.close(stop_read)
+    fds = [int(fd) for fd in os.read(ready_read, 1024).split()]
+    os.close(ready_read)
+    return pid, fds, stop_write
+
+
+@root_only
+def test_a_record_naming_another_users_memfd_is_refused_by_the_attacher_and_by_the_opener(names: list[str]) -> None:
+    """Issue 34 item 2: another user rewrote the records to name its own memfds (named like the tensors, sealed),
+    and a root runner without setter_pid mapped them as its KV cache."""
+    from fd_platforms.kit.host_sharing import open_host_tensor
+
+    pid, fds, stop_write = memfds_of_another_user(names, 65534)
+    try:
+        for name, fd in zip(names, fds, strict=True):
+            with open(f"/dev/shm/{name}", "wb") as file:
+                file.write(GPU_RECORD.fields.pack(0, f"memfd:{pid}:{fd}".encode()))
+        with pytest.raises(CacheSharingError, match=rf"/dev/shm/{names[-1]} names memory of pid {pid}, a process of "
+                           r"uid 65534, not of this user \(uid 0\).*nothing was opened.*Fix: "):  # fmt: skip
+            FastDeployHandles.open("9923", 0, tensors(names, handle="-"), "cpu")
+        with pytest.raises(CacheSharingError, match=rf"{names[0]} \(/proc/{pid}/fd/{fds[0]}, .*\) is memory of uid "
+                           r"65534, not of this user \(uid 0\).*Fix: "):  # fmt: skip
+            open_host_tensor(names[0], f"memfd:{pid}:{fds[0]}", (4, 8), "uint8")
+    finally:
+        os.close(stop_write)
+        os.waitpid(pid, 0)
+
+
+def test_a_record_naming_the_attacher_itself_is_refused(names: list[str]) -> None:
+    for name in names:
+        with open(f"/dev/shm/{name}", "wb") as file:
+            file.write(GPU_RECORD.fields.pack(0, f"memfd:{os.getpid()}:3".encode()))
+    with pytest.raises(CacheSharingError, match=f"names memory of pid {os.getpid()}, which is this attaching process"):
+        FastDeployHandles.open("9923", 0, tensors(names, handle="-"), "cpu")
+
+
+def test_a_record_naming_another_process_than_the_creator_of_ours_holding_it_is_refused(names: list[str]) -> None:
+    """A creator of ours holds each record it publishes (the kernel lists it in /proc/locks): handles naming a
+    neighbour process of the same user are refused, even without setter_pid."""
+    neighbour, pid = spawn("print(os.getpid(), flush=True)")
+    creator, said = spawn(
+        "from fd_platforms.engine.fastdeploy_handles import FastDeployHandles\n"
+        "from fd_platforms.engine.publication import PublishedTensor\n"
+        f"h = FastDeployHandles.create('9923', 0, [PublishedTensor(n, (4, 8), 'uint8', 'memfd:{pid}:3') "
+        f"for n in {names!r}], 'cpu', attacher_expected=False)\n"
+        "print(os.getpid(), flush=True)"
+    )
+    try:
+        with pytest.raises(CacheSharingError, match=f"names memory of pid {pid}, which does not hold the record, while "
+                           rf"the creator of ours does \(pids {said}\)"):  # fmt: skip
+            FastDeployHandles.open("9923", 0, tensors(names, handle="-"), "cpu")
+    finally:
+        stop(creator)
+        stop(neighbour)
+
+
+def test_a_leftover_record_of_ours_writable_by_others_is_reused_with_mode_0600(names: list[str]) -> None:
+    with open(f"/dev/shm/{names[0]}", "wb") as file:
+        file.write(bytes(GPU_RECORD.size))
+    os.chmod(f"/dev/shm/{names[0]}", 0o666)
+    held = FastDeployHandles.create("9923", 0, tensors(names[:1]), "cpu", attacher_expected=False)
+    assert oct(os.stat(f"/dev/shm/{names[0]}").st_mode & 0o777) == "0o600"
+    held.retract(1)
+
+
+def test_a_record_writable_by_others_is_refused_when_read_naming_its_mode_and_owner(names: list[str]) -> None:
+    with open(f"/dev/shm/{names[0]}", "wb") as file:
+        file.write(GPU_RECORD.fields.pack(0, b"memfd:1:3"))
+    os.chmod(f"/dev/shm/{names[0]}", 0o666)
+    with pytest.raises(CacheSharingError, match=rf"/dev/shm/{names[0]} \(owner uid {os.geteuid()}\) has mode 0666: "
+                       "users other than its owner may rewrite its handle.*Fix: "):  # fmt: skip
+        read_handle(names[0], "cpu")
+
+
+@root_only
+def test_a_leftover_record_of_another_user_is_refused_naming_its_owner(names: list[str]) -> None:
+    with open(f"/dev/shm/{names[0]}", "wb") as file:
+        file.write(bytes(GPU_RECORD.size))
+    os.chmod(f"/dev/shm/{names[0]}", 0o666)
+    os.chown(f"/dev/shm/{names[0]}", 65534, 65534)
+    with pytest.raises(CacheSharingError, match=rf"/dev/shm/{names[0]} belongs to uid 65534, not this user.*Fix: "):
+        FastDeployHandles.create("9923", 0, tensors(names[:1]), "cpu", attacher_expected=False)

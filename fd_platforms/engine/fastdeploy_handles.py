@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import time
 import weakref
 from collections.abc import Sequence
@@ -39,6 +40,7 @@ from collections.abc import Sequence
 from ..contract.errors import CacheInUseError, CacheSharingError, SignalWaitError
 from ..ipc import shm
 from ..ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal, check_suffix
+from ..ipc.process_watch import process_uid
 from ..kit.device_facts import raw_ipc_handle
 from ..kit.host_sharing import handle_pid
 from ..kit.vendor_device import HANDLE_BYTES, handle_bytes, handle_text
@@ -112,6 +114,7 @@ def read_handle(name: str, platform: str) -> str:
     except shm.SegmentUnusable as exc:
         raise CacheSharingError(f"KV cache tensor {name}'s handle record cannot be used: {exc}") from None
     try:
+        _check_mode(segment)
         raw = _steady_record(segment, layout, platform)
     finally:
         segment.close()
@@ -125,6 +128,18 @@ def read_handle(name: str, platform: str) -> str:
     if handle_pid(text) is None:
         raise _torn(name, f"holds the text handle {text!r}, not a memfd:<pid>:<fd> handle")
     return text
+
+
+def _check_mode(segment: shm.Segment) -> None:
+    """A record others may rewrite proves nothing: one writable by its group or by anyone is refused."""
+    info = os.fstat(segment.fd)
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise CacheSharingError(
+            f"FastDeploy's record /dev/shm/{segment.name} (owner uid {info.st_uid}) has mode "
+            f"{stat.S_IMODE(info.st_mode):04o}: users other than its owner may rewrite its handle, so it cannot be "
+            "trusted. Fix: run the creating process with umask 022 (creators of fd-platforms write their records "
+            f"0600); remove /dev/shm/{segment.name} if no engine uses it"
+        )
 
 
 def _steady_record(segment: shm.Segment, layout: RecordLayout, platform: str) -> bytes:
@@ -206,6 +221,8 @@ class FastDeployHandles:
                 f"{', '.join(map(str, pids))}), but one creator makes every tensor of a rank: some were written by "
                 "another process. Fix: find what else writes to /dev/shm under FastDeploy's names; restart the engine"
             )
+        if pids:
+            _check_creator(tensors[-1].name, pids[0])
         held = [_hold_record(tensors[0].name, record_layout(platform).size)] if tensors else []
         return cls(suffix, rank, tensors, held, creator=False)
 
@@ -263,6 +280,36 @@ class FastDeployHandles:
                 ) from None
 
 
+def _check_creator(name: str, pid: int) -> None:
+    """The process the handles of record ``name`` name (a ``memfd:<pid>:<fd>``) must be one that may have
+    created them: not this attacher, running as this user (who owns the record), and, where processes hold
+    the record (a creator of ours holds each one it publishes; FastDeploy's hold nothing), one of them."""
+    if pid == os.getpid():
+        raise _not_the_creator(name, pid, "which is this attaching process itself")
+    uid = process_uid(pid)
+    if uid is not None and uid != os.geteuid():
+        raise _not_the_creator(name, pid, f"a process of uid {uid}, not of this user (uid {os.geteuid()})")
+    try:
+        record = shm.Segment.inspect(name)
+    except (FileNotFoundError, shm.SegmentUnusable):
+        return  # gone meanwhile: opening its handles reports that
+    try:
+        holders = shm.flock_holders(record.inode) - {os.getpid()}
+    finally:
+        record.close()
+    if holders and pid not in holders:
+        holding = ", ".join(map(str, sorted(holders)))
+        raise _not_the_creator(name, pid, f"which does not hold the record, while the creator of ours does (pids {holding})")
+
+
+def _not_the_creator(name: str, pid: int, what: str) -> CacheSharingError:
+    return CacheSharingError(
+        f"FastDeploy's record /dev/shm/{name} names memory of pid {pid}, {what}: it would map memory that is not its "
+        "creator's as this process's KV cache, so nothing was opened. Fix: find what else writes to /dev/shm "
+        "under FastDeploy's names; run every process of the engine as one user"
+    )
+
+
 def _hold_record(name: str, size: int) -> shm.Segment:
     """An attacher's shared hold on record ``name`` of ``size`` bytes (the kernel drops it when this process dies)."""
     try:
@@ -302,7 +349,9 @@ def _record_segment(name: str, platform: str) -> shm.Segment:
             )
     finally:
         probe.close()
-    return shm.Segment.open(name, layout.size)
+    segment = shm.Segment.open(name, layout.size)
+    os.fchmod(segment.fd, 0o600)  # a leftover of ours may have been made writable by others
+    return segment
 
 
 def _odd_leftover(name: str, size: int, layout: RecordLayout, platform: str, unused: bool) -> CacheSharingError:
