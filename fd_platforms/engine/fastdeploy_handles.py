@@ -282,21 +282,22 @@ class FastDeployHandles:
 
 def _check_creator(name: str, pid: int) -> None:
     """The process the handles of record ``name`` name (a ``memfd:<pid>:<fd>``) must be one that may have
-    created them: not this attacher, running as this user (who owns the record), and, where processes hold
-    the record (a creator of ours holds each one it publishes; FastDeploy's hold nothing), one of them."""
-    if pid == os.getpid():
-        raise _not_the_creator(name, pid, "which is this attaching process itself")
-    uid = process_uid(pid)
-    if uid is not None and uid != os.geteuid():
-        raise _not_the_creator(name, pid, f"a process of uid {uid}, not of this user (uid {os.geteuid()})")
+    created them: running as this user (who owns the record) and, where processes hold the record (a creator
+    of ours holds each one it publishes; FastDeploy's hold nothing), one of them; this attacher itself only
+    where it is that creator (one process creating and attaching, as tests and single-process engines do)."""
     try:
         record = shm.Segment.inspect(name)
     except (FileNotFoundError, shm.SegmentUnusable):
         return  # gone meanwhile: opening its handles reports that
     try:
-        holders = shm.flock_holders(record.inode) - {os.getpid()}
+        holders = shm.flock_holders(record.inode)
     finally:
         record.close()
+    if pid == os.getpid() and pid not in holders:
+        raise _not_the_creator(name, pid, "which is this attaching process itself, and it does not hold the record")
+    uid = process_uid(pid)
+    if uid is not None and uid != os.geteuid():
+        raise _not_the_creator(name, pid, f"a process of uid {uid}, not of this user (uid {os.geteuid()})")
     if holders and pid not in holders:
         holding = ", ".join(map(str, sorted(holders)))
         raise _not_the_creator(name, pid, f"which does not hold the record, while the creator of ours does (pids {holding})")
