@@ -30,6 +30,7 @@ place, as ``set_data_ipc`` does; one held by a living process of ours is refused
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import stat
@@ -37,19 +38,23 @@ import time
 import weakref
 from collections.abc import Sequence
 
-from ..contract.errors import CacheInUseError, CacheSharingError, SignalWaitError
+from ..contract.errors import CacheInUseError, CacheSharingError, FdPlatformsError, SignalWaitError
 from ..ipc import shm
 from ..ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal, check_suffix
 from ..ipc.process_watch import process_uid
 from ..kit.device_facts import raw_ipc_handle
 from ..kit.host_sharing import handle_pid
 from ..kit.vendor_device import HANDLE_BYTES, handle_bytes, handle_text
+from .fastdeploy_attachers import make_mark, mark_prefix, reclaim_marks
 from .fastdeploy_records import RecordLayout, record_layout
 from .publication import POLL_SECONDS, PublishedTensor
+
+logger = logging.getLogger(__name__)
 
 _PRINTABLE = re.compile(rb"[\x21-\x7e]+")
 READ_TRIES = 20  # reads of one record until two agree: a rewrite in place takes microseconds
 READ_PAUSE = 0.001  # seconds between reads of a record that changed
+MARK_LOOK_SECONDS = 0.1  # how often a creator waiting for its attacher's let-go looks at the attachers' marks
 
 
 def encode_handle(name: str, handle: str, platform: str, address: int | None = None) -> bytes:
@@ -177,9 +182,10 @@ class FastDeployHandles:
     """
 
     def __init__(self, suffix: str, rank: int, tensors: tuple[PublishedTensor, ...],
-                 segments: list[shm.Segment], *, creator: bool, attacher_expected: bool = False) -> None:  # fmt: skip
+                 segments: list[shm.Segment], *, creator: bool, attacher_expected: bool = False,
+                 mark: shm.Segment | None = None) -> None:  # fmt: skip
         self.suffix, self.rank, self.tensors, self.creator = suffix, rank, tensors, creator
-        self.attacher_expected = attacher_expected
+        self.attacher_expected, self._mark = attacher_expected, mark
         self.name = f"{tensors[0].name} and {len(tensors) - 1} more" if tensors else f"rank {rank}'s records"
         self.creator_pid = _named_pid(tensors)
         self._held = segments
@@ -208,8 +214,19 @@ class FastDeployHandles:
     def open(cls, suffix: str, rank: int, expected: Sequence[PublishedTensor], platform: str) -> FastDeployHandles:
         """Read the handle of every tensor of ``expected`` (names, shapes and dtypes are the attacher's own) from
         ``platform``'s records (on XPU the handle, as FastDeploy's transfer manager opens it, not the address),
-        and hold the first record (shared) until :meth:`let_go`, so the creator waits for this process."""
+        and hold the first record (shared) and a mark of its own (:mod:`.fastdeploy_attachers`) until
+        :meth:`let_go`, so the creator waits for this process while it lives. A failed open lets go at once."""
         check_suffix(suffix)
+        mark = make_mark(expected[0].name) if expected else None  # first: a death from here on is seen
+        try:
+            return cls._open(suffix, rank, expected, platform, mark)
+        except BaseException:
+            _let_go(suffix, rank, mark)
+            raise
+
+    @classmethod
+    def _open(cls, suffix: str, rank: int, expected: Sequence[PublishedTensor], platform: str,
+              mark: shm.Segment | None) -> FastDeployHandles:  # fmt: skip
         tensors = tuple(
             PublishedTensor(tensor.name, tensor.shape, tensor.dtype, read_handle(tensor.name, platform))
             for tensor in expected
@@ -223,11 +240,16 @@ class FastDeployHandles:
             )
         if pids:
             _check_creator(tensors[-1].name, pids[0])
-        held = [_hold_record(tensors[0].name, record_layout(platform).size)] if tensors else []
-        return cls(suffix, rank, tensors, held, creator=False)
+        held = [_hold_record(tensors[0].name, record_layout(platform).size), mark] if mark is not None else []
+        return cls(suffix, rank, tensors, held, creator=False, mark=mark)
 
     def let_go(self) -> None:
-        """An attacher's let-go: drop its hold on the first record (its slot is the caller's). Idempotent."""
+        """An attacher's let-go, as FastDeploy's: reset the rank's ``cache_ready_signal`` slot to 0, remove its
+        mark and drop its hold on the first record. Idempotent. (At exit without it only the holds go: the
+        mark stays, unheld, and the creator knows the attacher of ours is gone.)"""
+        if self._mark is not None:
+            _let_go(self.suffix, self.rank, self._mark)
+            self._mark = None
         _release(self._held, None)
         self._at_exit.detach()
 
@@ -266,18 +288,75 @@ class FastDeployHandles:
         self._held.pop(0)
         _release(self._held, os.getpid())
         self._at_exit.detach()
+        self._reclaim_dead_marks()
 
     def _wait_for_let_go(self, timeout: float) -> None:
+        """Wait for the slot to go 0; an attacher of ours that is gone without letting go (its mark is unheld:
+        SIGKILLed, or died in its attach) and no living one: its slot is reset for it, with a WARNING."""
+        living: list[str] = []
+        next_look = 0.0
+
+        def tend() -> None:
+            nonlocal living, next_look
+            if time.monotonic() < next_look:
+                return
+            next_look = time.monotonic() + MARK_LOOK_SECONDS
+            living, dead = self._reclaim_dead_marks()
+            if dead and not living and signal.get(self.rank) != 0:
+                logger.warning(
+                    "rank %d's attacher of fd-platforms (%s) is gone without letting go (killed, or its attach "
+                    "failed): its slot in %s is reset for it and its KV cache freed", self.rank, ", ".join(dead),
+                    signal.name,
+                )
+                signal.set(self.rank, 0)
+
         with FastDeploySignal.attach(CACHE_READY, self.suffix) as signal:
             try:
-                signal.wait_for(self.rank, 0, timeout, what=f"rank {self.rank}'s creator waiting for its attacher")
+                signal.wait_for(self.rank, 0, timeout, what=f"rank {self.rank}'s creator waiting for its attacher",
+                                tend=tend)  # fmt: skip
             except SignalWaitError:
-                raise CacheInUseError(
-                    f"rank {self.rank}'s KV cache is still held by its attaching process after {timeout:g} s: its "
-                    f"slot in {signal.name} is still set (FastDeploy's attacher resets it to 0 when it lets go), so "
-                    "nothing was freed. Fix: clear the attacher's cache first, or stop that process",
-                    (self.rank,),
-                ) from None
+                raise CacheInUseError(_still_attached(self, signal.name, living, timeout), (self.rank,)) from None
+
+    def _reclaim_dead_marks(self) -> tuple[list[str], list[str]]:
+        """The rank's attachers of ours (living, dead); the dead ones' marks removed, each named in a WARNING."""
+        living, dead = reclaim_marks(self.tensors[0].name)
+        for pid in dead:
+            logger.warning("removed the mark of rank %d's attacher %s of fd-platforms, gone without letting go",
+                           self.rank, pid)  # fmt: skip
+        return living, dead
+
+
+def _still_attached(handles: FastDeployHandles, signal: str, living: list[str], timeout: float) -> str:
+    """Why a creator's wait for its attacher's let-go failed: which attacher holds on, and the way out."""
+    said = f"rank {handles.rank}'s KV cache: its slot in {signal} is still set after {timeout:g} s, so nothing was "
+    said += "freed"
+    if living:
+        return (
+            f"{said}. It is still attached by a process of fd-platforms ({', '.join(living)}, which holds its mark "
+            f"/dev/shm/{mark_prefix(handles.tensors[0].name)}*). Fix: clear that process's cache first "
+            "(KVCache.clear()), or stop it"
+        )
+    return (
+        f"{said}. No attacher of fd-platforms is attached (each holds a mark /dev/shm/"
+        f"{mark_prefix(handles.tensors[0].name)}*), so the attacher is FastDeploy's own process (its cache transfer "
+        "manager or worker, which resets the slot to 0 when it lets go), or none came. Fix: clear or stop "
+        "FastDeploy's attaching process; if no process is attached, reset the slot by hand: python -c \"from "
+        "fd_platforms.ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal; "
+        f"FastDeploySignal.attach(CACHE_READY, '{handles.suffix}').set({handles.rank}, 0)\""
+    )
+
+
+def _let_go(suffix: str, rank: int, mark: shm.Segment | None) -> None:
+    """An attacher's let-go (or a failed attach's): its slot reset to 0, as FastDeploy's attacher does, and its
+    mark removed and released. A slot that cannot be reset (its signal is gone) is logged."""
+    try:
+        with FastDeploySignal.attach(CACHE_READY, suffix) as signal:
+            signal.set(rank, 0)
+    except FdPlatformsError as exc:
+        logger.warning("rank %d's attacher could not reset its cache_ready_signal slot: %s", rank, exc)
+    if mark is not None:
+        mark.unlink()
+        mark.close()
 
 
 def _check_creator(name: str, pid: int) -> None:
@@ -300,7 +379,9 @@ def _check_creator(name: str, pid: int) -> None:
         raise _not_the_creator(name, pid, f"a process of uid {uid}, not of this user (uid {os.geteuid()})")
     if holders and pid not in holders:
         holding = ", ".join(map(str, sorted(holders)))
-        raise _not_the_creator(name, pid, f"which does not hold the record, while the creator of ours does (pids {holding})")
+        raise _not_the_creator(
+            name, pid, f"which does not hold the record, while the creator of ours does (pids {holding})"
+        )
 
 
 def _not_the_creator(name: str, pid: int, what: str) -> CacheSharingError:
