@@ -9,6 +9,7 @@ import json
 import re
 import os
 import secrets
+import struct
 import subprocess
 import sys
 import time
@@ -525,3 +526,21 @@ def test_fastdeploys_own_attacher_still_makes_the_creator_wait_and_the_error_nam
         held.retract(5)
     for fd in memfds:
         os.close(fd)
+
+
+def test_a_dead_attachers_mark_left_from_before_is_removed_when_the_cache_is_published(names: list[str]) -> None:
+    """A mark left by an attacher of ours that died beside FastDeploy's creator (which removes none) must not
+    pass, at the next clear, for an attacher of the new publication gone without letting go."""
+    mark = f"/dev/shm/{names[0]}.fdp-attacher-999999-abcdef"
+    with open(mark, "wb") as file:
+        file.write(struct.pack("=q", 999999))
+    os.chmod(mark, 0o600)
+    suffix = f"t{secrets.token_hex(4)}"
+    with FastDeploySignal.create(CACHE_READY, suffix, 1) as ready:
+        held = FastDeployHandles.create(suffix, 0, tensors(names), "cpu", attacher_expected=True)
+        assert not os.path.exists(mark)
+        ready.set(0, 1)  # FastDeploy's own attacher, which holds nothing
+        with pytest.raises(CacheInUseError, match="No attacher of fd-platforms is attached"):
+            held.retract(0.3)
+        ready.set(0, 0)
+        held.retract(2)

@@ -201,7 +201,9 @@ class FastDeployHandles:
     def create(
         cls, suffix: str, rank: int, tensors: Sequence[PublishedTensor], platform: str, *, attacher_expected: bool
     ) -> FastDeployHandles:
-        """Write every tensor's record in ``platform``'s layout (this process holds them); on failure none is left."""
+        """Write every tensor's record in ``platform``'s layout (this process holds them); on failure none is left.
+        Marks of attachers of ours that died before (unheld) are removed: at the next clear they would pass for
+        an attacher of this publication gone without letting go."""
         check_suffix(suffix)
         records = [(tensor.name, encode_handle(tensor.name, tensor.handle, platform, tensor.address))
                    for tensor in tensors]  # fmt: skip
@@ -214,7 +216,9 @@ class FastDeployHandles:
         except BaseException:
             _release(held, os.getpid())
             raise
-        return cls(suffix, rank, tuple(tensors), held, creator=True, attacher_expected=attacher_expected)
+        handles = cls(suffix, rank, tuple(tensors), held, creator=True, attacher_expected=attacher_expected)
+        handles._reclaim_dead_marks()
+        return handles
 
     @classmethod
     def open(cls, suffix: str, rank: int, expected: Sequence[PublishedTensor], platform: str) -> FastDeployHandles:
@@ -325,6 +329,8 @@ class FastDeployHandles:
 
     def _reclaim_dead_marks(self) -> tuple[list[str], list[str]]:
         """The rank's attachers of ours (living, dead); the dead ones' marks removed, each named in a WARNING."""
+        if not self.tensors:
+            return [], []
         living, dead = reclaim_marks(self.tensors[0].name)
         for pid in dead:
             logger.warning("removed the mark of rank %d's attacher %s of fd-platforms, gone without letting go",
