@@ -544,3 +544,18 @@ def test_a_dead_attachers_mark_left_from_before_is_removed_when_the_cache_is_pub
             held.retract(0.3)
         ready.set(0, 0)
         held.retract(2)
+
+
+def test_a_leftover_record_writable_by_others_is_replaced_so_a_descriptor_opened_before_cannot_rewrite_it(
+    names: list[str],
+) -> None:
+    path = f"/dev/shm/{names[0]}"
+    with open(path, "wb") as file:
+        file.write(bytes(GPU_RECORD.size))
+    os.chmod(path, 0o666)
+    with open(path, "r+b") as theirs:  # opened by anyone while it was writable
+        held = FastDeployHandles.create("9923", 0, tensors(names[:1]), "cpu", attacher_expected=False)
+        os.pwrite(theirs.fileno(), GPU_RECORD.fields.pack(0, b"memfd:1:3"), 0)
+    assert read_handle(names[0], "cpu") == f"memfd:{os.getpid()}:3"
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    held.retract(1)

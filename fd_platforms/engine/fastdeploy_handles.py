@@ -419,12 +419,30 @@ def _hold_record(name: str, size: int) -> shm.Segment:
 
 def _record_segment(name: str, platform: str) -> shm.Segment:
     """A record segment for ``name`` in ``platform``'s layout: new, or FastDeploy's leftover (no process of
-    ours holds it) reused."""
+    ours holds it) reused, mode 0600. A leftover others could write is replaced by a new one instead: a
+    descriptor opened while it was writable would still write through a mode reset."""
     layout = record_layout(platform)
     try:
         return shm.Segment.create(name, layout.size)
     except FileExistsError:
         pass
+    if _unheld_leftover(name, layout, platform):
+        try:
+            return shm.Segment.create(name, layout.size)
+        except FileExistsError:
+            raise CacheSharingError(
+                f"KV cache tensor {name}'s record /dev/shm/{name} was written by another process while this one "
+                "replaced it. Fix: find the other creator of this rank and device; two creators cannot share "
+                "FastDeploy's names"
+            ) from None
+    segment = shm.Segment.open(name, layout.size)
+    os.fchmod(segment.fd, 0o600)
+    return segment
+
+
+def _unheld_leftover(name: str, layout: RecordLayout, platform: str) -> bool:
+    """Check that record ``name`` of this user's is of ``platform``'s size and held by no process of ours;
+    whether it was writable by others and so removed (it is this user's and unused: ours to remove)."""
     try:
         probe = shm.Segment.inspect(name)
     except (FileNotFoundError, shm.SegmentUnusable) as exc:
@@ -441,11 +459,9 @@ def _record_segment(name: str, platform: str) -> shm.Segment:
                 f"KV cache tensor {name} is already published by a running process (/dev/shm/{name} is held). Fix: "
                 "clear that cache first; two creators of one rank and device cannot share FastDeploy's names"
             )
+        return bool(os.fstat(probe.fd).st_mode & (stat.S_IWGRP | stat.S_IWOTH)) and probe.unlink()
     finally:
         probe.close()
-    segment = shm.Segment.open(name, layout.size)
-    os.fchmod(segment.fd, 0o600)  # a leftover of ours may have been made writable by others
-    return segment
 
 
 def _odd_leftover(name: str, size: int, layout: RecordLayout, platform: str, unused: bool) -> CacheSharingError:
