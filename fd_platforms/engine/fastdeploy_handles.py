@@ -25,7 +25,8 @@ ours also holds a shared ``flock`` on the rank's first record while attached, wh
 when it dies, and a creator frees only once no attacher of ours holds it either. The creator holds a
 shared ``flock`` on each record while published (:mod:`fd_platforms.ipc.shm`); FastDeploy's creators
 never remove their records, so a record of this name that no process of ours holds is rewritten in
-place, as ``set_data_ipc`` does (and set to mode 0600); one held by a living process of ours is refused.
+place, as ``set_data_ipc`` does, with mode 0600 (replaced where others could write it); one held by a living
+process of ours is refused.
 
 The names are machine-wide, so a record is trusted only as far as it is proven: read whole until two reads
 agree (a rewrite in place can be met half done), this user's and writable by nobody else, its handle naming
