@@ -86,3 +86,24 @@ def test_a_held_segment_is_used_and_a_released_one_unused() -> None:
     finally:
         probe.close()
         holder.close()
+
+
+@pytest.mark.slow
+def test_flock_holders_are_the_processes_the_kernel_lists_as_holding_a_segment() -> None:
+    name = f"fd_test_holders_{uuid.uuid4().hex[:8]}"
+    segment = shm.Segment.create(name, 8)
+    try:
+        holder = subprocess.Popen(
+            ["python3", "-c", f"import fcntl, sys; f = open('/dev/shm/{name}'); fcntl.flock(f, fcntl.LOCK_SH); "
+             "print('held', flush=True); sys.stdin.read()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert holder.stdout.readline().strip() == "held"  # type: ignore[union-attr]
+        assert shm.flock_holders(segment.inode) == {os.getpid(), holder.pid}
+        holder.stdin.close()  # type: ignore[union-attr]
+        holder.wait(10)
+        assert shm.flock_holders(segment.inode) == {os.getpid()}
+    finally:
+        segment.unlink()
+        segment.close()
+    assert shm.flock_holders(segment.inode) == set()

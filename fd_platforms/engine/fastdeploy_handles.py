@@ -25,27 +25,43 @@ ours also holds a shared ``flock`` on the rank's first record while attached, wh
 when it dies, and a creator frees only once no attacher of ours holds it either. The creator holds a
 shared ``flock`` on each record while published (:mod:`fd_platforms.ipc.shm`); FastDeploy's creators
 never remove their records, so a record of this name that no process of ours holds is rewritten in
-place, as ``set_data_ipc`` does; one held by a living process of ours is refused.
+place, as ``set_data_ipc`` does, with mode 0600 (replaced where others could write it); one held by a living
+process of ours is refused.
+
+The names are machine-wide, so a record is trusted only as far as it is proven: read whole until two reads
+agree (a rewrite in place can be met half done), this user's and writable by nobody else, its handle naming
+a process of this user that holds the record where a creator of ours holds it (``/proc/locks``). An attacher
+of ours also holds a mark of its own (:mod:`.fastdeploy_attachers`), so a creator tells an attacher of ours
+that died, or whose attach failed, from FastDeploy's own attacher, which holds nothing.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import stat
 import time
 import weakref
 from collections.abc import Sequence
 
-from ..contract.errors import CacheInUseError, CacheSharingError, SignalWaitError
+from ..contract.errors import CacheInUseError, CacheSharingError, FdPlatformsError, SignalWaitError
 from ..ipc import shm
 from ..ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal, check_suffix
+from ..ipc.process_watch import process_uid
 from ..kit.device_facts import raw_ipc_handle
 from ..kit.host_sharing import handle_pid
 from ..kit.vendor_device import HANDLE_BYTES, handle_bytes, handle_text
+from .fastdeploy_attachers import make_mark, mark_prefix, reclaim_marks
 from .fastdeploy_records import RecordLayout, record_layout
 from .publication import POLL_SECONDS, PublishedTensor
 
+logger = logging.getLogger(__name__)
+
 _PRINTABLE = re.compile(rb"[\x21-\x7e]+")
+READ_TRIES = 20  # reads of one record until two agree: a rewrite in place takes microseconds
+READ_PAUSE = 0.001  # seconds between reads of a record that changed
+MARK_LOOK_SECONDS = 0.1  # how often a creator waiting for its attacher's let-go looks at the attachers' marks
 
 
 def encode_handle(name: str, handle: str, platform: str, address: int | None = None) -> bytes:
@@ -92,7 +108,12 @@ def _xpu_address(name: str, address: int | None, platform: str) -> int:
 
 
 def read_handle(name: str, platform: str) -> str:
-    """The handle in FastDeploy's record ``name`` of ``platform``, read without mapping (size checked first)."""
+    """The handle in FastDeploy's record ``name`` of ``platform``, read without mapping.
+
+    A record is read whole until two reads agree (at most :data:`READ_TRIES`): FastDeploy's creators rewrite
+    a leftover record in place (``set_data_ipc``: ``shm_open(O_CREAT)``, ``ftruncate``, write), so a read can
+    meet a record half written or truncated. One that stays short, long, unwritten or torn is a
+    CacheSharingError naming the record; a text handle must be the cpu platform's ``memfd:<pid>:<fd>``."""
     layout = record_layout(platform)
     try:
         segment = shm.Segment.inspect(name)
@@ -105,16 +126,57 @@ def read_handle(name: str, platform: str) -> str:
     except shm.SegmentUnusable as exc:
         raise CacheSharingError(f"KV cache tensor {name}'s handle record cannot be used: {exc}") from None
     try:
-        if segment.size != layout.size:
-            raise _wrong_size(name, segment.size, layout, platform)
-        raw = segment.read(layout.size)
+        _check_mode(segment)
+        raw = _steady_record(segment, layout, platform)
     finally:
         segment.close()
     record = layout.handle(raw)
     handle = record.rstrip(b"\0")
+    if not handle:
+        raise _torn(name, "holds no handle (its 64 handle bytes are all 0)")
     if not _PRINTABLE.fullmatch(handle):
         return handle_text(record)  # a raw IPC handle, as FastDeploy's set_data_ipc writes it
-    return handle.decode("ascii")
+    text = handle.decode("ascii")
+    if handle_pid(text) is None:
+        raise _torn(name, f"holds the text handle {text!r}, not a memfd:<pid>:<fd> handle")
+    return text
+
+
+def _check_mode(segment: shm.Segment) -> None:
+    """A record others may rewrite proves nothing: one writable by its group or by anyone is refused."""
+    info = os.fstat(segment.fd)
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise CacheSharingError(
+            f"FastDeploy's record /dev/shm/{segment.name} (owner uid {info.st_uid}) has mode "
+            f"{stat.S_IMODE(info.st_mode):04o}: users other than its owner may rewrite its handle, so it cannot be "
+            "trusted. Fix: run the creating process with umask 022 (creators of fd-platforms write their records "
+            f"0600); remove /dev/shm/{segment.name} if no engine uses it"
+        )
+
+
+def _steady_record(segment: shm.Segment, layout: RecordLayout, platform: str) -> bytes:
+    """The record's bytes once two reads in a row agree and are exactly ``layout.size`` long."""
+    previous = b""
+    for attempt in range(READ_TRIES):
+        raw = segment.read(layout.size + 1)  # one byte more: a longer record is seen as such
+        if len(raw) == layout.size and raw == previous:
+            return raw
+        if attempt:
+            time.sleep(READ_PAUSE)  # being rewritten, or of another size: give its creator a moment
+        previous = raw
+    size = os.fstat(segment.fd).st_size
+    if size != layout.size:
+        raise _wrong_size(segment.name, size, layout, platform)
+    raise _torn(segment.name, f"changed on each of {READ_TRIES} reads")
+
+
+def _torn(name: str, found: str) -> CacheSharingError:
+    return CacheSharingError(
+        f"FastDeploy's record /dev/shm/{name} {found}, so it holds no handle this process can open: it is being "
+        "rewritten, or was written by something other than a creator of this engine. Fix: attach once the creator "
+        f"has published its cache (it sets the rank's cache_ready_signal slot after writing); remove /dev/shm/{name} "
+        "if no engine uses it"
+    )
 
 
 class FastDeployHandles:
@@ -127,9 +189,10 @@ class FastDeployHandles:
     """
 
     def __init__(self, suffix: str, rank: int, tensors: tuple[PublishedTensor, ...],
-                 segments: list[shm.Segment], *, creator: bool, attacher_expected: bool = False) -> None:  # fmt: skip
+                 segments: list[shm.Segment], *, creator: bool, attacher_expected: bool = False,
+                 mark: shm.Segment | None = None) -> None:  # fmt: skip
         self.suffix, self.rank, self.tensors, self.creator = suffix, rank, tensors, creator
-        self.attacher_expected = attacher_expected
+        self.attacher_expected, self._mark = attacher_expected, mark
         self.name = f"{tensors[0].name} and {len(tensors) - 1} more" if tensors else f"rank {rank}'s records"
         self.creator_pid = _named_pid(tensors)
         self._held = segments
@@ -139,7 +202,9 @@ class FastDeployHandles:
     def create(
         cls, suffix: str, rank: int, tensors: Sequence[PublishedTensor], platform: str, *, attacher_expected: bool
     ) -> FastDeployHandles:
-        """Write every tensor's record in ``platform``'s layout (this process holds them); on failure none is left."""
+        """Write every tensor's record in ``platform``'s layout (this process holds them); on failure none is left.
+        Marks of attachers of ours that died before (unheld) are removed: at the next clear they would pass for
+        an attacher of this publication gone without letting go."""
         check_suffix(suffix)
         records = [(tensor.name, encode_handle(tensor.name, tensor.handle, platform, tensor.address))
                    for tensor in tensors]  # fmt: skip
@@ -152,14 +217,27 @@ class FastDeployHandles:
         except BaseException:
             _release(held, os.getpid())
             raise
-        return cls(suffix, rank, tuple(tensors), held, creator=True, attacher_expected=attacher_expected)
+        handles = cls(suffix, rank, tuple(tensors), held, creator=True, attacher_expected=attacher_expected)
+        handles._reclaim_dead_marks()
+        return handles
 
     @classmethod
     def open(cls, suffix: str, rank: int, expected: Sequence[PublishedTensor], platform: str) -> FastDeployHandles:
         """Read the handle of every tensor of ``expected`` (names, shapes and dtypes are the attacher's own) from
         ``platform``'s records (on XPU the handle, as FastDeploy's transfer manager opens it, not the address),
-        and hold the first record (shared) until :meth:`let_go`, so the creator waits for this process."""
+        and hold the first record (shared) and a mark of its own (:mod:`.fastdeploy_attachers`) until
+        :meth:`let_go`, so the creator waits for this process while it lives. A failed open lets go at once."""
         check_suffix(suffix)
+        mark = make_mark(expected[0].name) if expected else None  # first: a death from here on is seen
+        try:
+            return cls._open(suffix, rank, expected, platform, mark)
+        except BaseException:
+            _let_go(suffix, rank, mark)
+            raise
+
+    @classmethod
+    def _open(cls, suffix: str, rank: int, expected: Sequence[PublishedTensor], platform: str,
+              mark: shm.Segment | None) -> FastDeployHandles:  # fmt: skip
         tensors = tuple(
             PublishedTensor(tensor.name, tensor.shape, tensor.dtype, read_handle(tensor.name, platform))
             for tensor in expected
@@ -171,11 +249,18 @@ class FastDeployHandles:
                 f"{', '.join(map(str, pids))}), but one creator makes every tensor of a rank: some were written by "
                 "another process. Fix: find what else writes to /dev/shm under FastDeploy's names; restart the engine"
             )
-        held = [_hold_record(tensors[0].name, record_layout(platform).size)] if tensors else []
-        return cls(suffix, rank, tensors, held, creator=False)
+        if pids:
+            _check_creator(tensors[-1].name, pids[0])
+        held = [_hold_record(tensors[0].name, record_layout(platform).size), mark] if mark is not None else []
+        return cls(suffix, rank, tensors, held, creator=False, mark=mark)
 
     def let_go(self) -> None:
-        """An attacher's let-go: drop its hold on the first record (its slot is the caller's). Idempotent."""
+        """An attacher's let-go, as FastDeploy's: reset the rank's ``cache_ready_signal`` slot to 0, remove its
+        mark and drop its hold on the first record. Idempotent. (At exit without it only the holds go: the
+        mark stays, unheld, and the creator knows the attacher of ours is gone.)"""
+        if self._mark is not None:
+            _let_go(self.suffix, self.rank, self._mark)
+            self._mark = None
         _release(self._held, None)
         self._at_exit.detach()
 
@@ -214,18 +299,110 @@ class FastDeployHandles:
         self._held.pop(0)
         _release(self._held, os.getpid())
         self._at_exit.detach()
+        self._reclaim_dead_marks()
 
     def _wait_for_let_go(self, timeout: float) -> None:
+        """Wait for the slot to go 0; an attacher of ours that is gone without letting go (its mark is unheld:
+        SIGKILLed, or died in its attach) and no living one: its slot is reset for it, with a WARNING."""
+        living: list[str] = []
+        next_look = 0.0
+
+        def tend() -> None:
+            nonlocal living, next_look
+            if time.monotonic() < next_look:
+                return
+            next_look = time.monotonic() + MARK_LOOK_SECONDS
+            living, dead = self._reclaim_dead_marks()
+            if dead and not living and signal.get(self.rank) != 0:
+                logger.warning(
+                    "rank %d's attacher of fd-platforms (%s) is gone without letting go (killed, or its attach "
+                    "failed): its slot in %s is reset for it and its KV cache freed", self.rank, ", ".join(dead),
+                    signal.name,
+                )
+                signal.set(self.rank, 0)
+
         with FastDeploySignal.attach(CACHE_READY, self.suffix) as signal:
             try:
-                signal.wait_for(self.rank, 0, timeout, what=f"rank {self.rank}'s creator waiting for its attacher")
+                signal.wait_for(self.rank, 0, timeout, what=f"rank {self.rank}'s creator waiting for its attacher",
+                                tend=tend)  # fmt: skip
             except SignalWaitError:
-                raise CacheInUseError(
-                    f"rank {self.rank}'s KV cache is still held by its attaching process after {timeout:g} s: its "
-                    f"slot in {signal.name} is still set (FastDeploy's attacher resets it to 0 when it lets go), so "
-                    "nothing was freed. Fix: clear the attacher's cache first, or stop that process",
-                    (self.rank,),
-                ) from None
+                raise CacheInUseError(_still_attached(self, signal.name, living, timeout), (self.rank,)) from None
+
+    def _reclaim_dead_marks(self) -> tuple[list[str], list[str]]:
+        """The rank's attachers of ours (living, dead); the dead ones' marks removed, each named in a WARNING."""
+        if not self.tensors:
+            return [], []
+        living, dead = reclaim_marks(self.tensors[0].name)
+        for pid in dead:
+            logger.warning("removed the mark of rank %d's attacher %s of fd-platforms, gone without letting go",
+                           self.rank, pid)  # fmt: skip
+        return living, dead
+
+
+def _still_attached(handles: FastDeployHandles, signal: str, living: list[str], timeout: float) -> str:
+    """Why a creator's wait for its attacher's let-go failed: which attacher holds on, and the way out."""
+    said = f"rank {handles.rank}'s KV cache: its slot in {signal} is still set after {timeout:g} s, so nothing was "
+    said += "freed"
+    if living:
+        return (
+            f"{said}. It is still attached by a process of fd-platforms ({', '.join(living)}, which holds its mark "
+            f"/dev/shm/{mark_prefix(handles.tensors[0].name)}*). Fix: clear that process's cache first "
+            "(KVCache.clear()), or stop it"
+        )
+    return (
+        f"{said}. No attacher of fd-platforms is attached (each holds a mark /dev/shm/"
+        f"{mark_prefix(handles.tensors[0].name)}*), so the attacher is FastDeploy's own process (its cache transfer "
+        "manager or worker, which resets the slot to 0 when it lets go), or none came. Fix: clear or stop "
+        "FastDeploy's attaching process; if no process is attached, reset the slot by hand: python -c \"from "
+        "fd_platforms.ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal; "
+        f"FastDeploySignal.attach(CACHE_READY, '{handles.suffix}').set({handles.rank}, 0)\""
+    )
+
+
+def _let_go(suffix: str, rank: int, mark: shm.Segment | None) -> None:
+    """An attacher's let-go (or a failed attach's): its slot reset to 0, as FastDeploy's attacher does, and its
+    mark removed and released. A slot that cannot be reset (its signal is gone) is logged."""
+    try:
+        with FastDeploySignal.attach(CACHE_READY, suffix) as signal:
+            signal.set(rank, 0)
+    except FdPlatformsError as exc:
+        logger.warning("rank %d's attacher could not reset its cache_ready_signal slot: %s", rank, exc)
+    if mark is not None:
+        mark.unlink()
+        mark.close()
+
+
+def _check_creator(name: str, pid: int) -> None:
+    """The process the handles of record ``name`` name (a ``memfd:<pid>:<fd>``) must be one that may have
+    created them: running as this user (who owns the record) and, where processes hold the record (a creator
+    of ours holds each one it publishes; FastDeploy's hold nothing), one of them; this attacher itself only
+    where it is that creator (one process creating and attaching, as tests and single-process engines do)."""
+    try:
+        record = shm.Segment.inspect(name)
+    except (FileNotFoundError, shm.SegmentUnusable):
+        return  # gone meanwhile: opening its handles reports that
+    try:
+        holders = shm.flock_holders(record.inode)
+    finally:
+        record.close()
+    if pid == os.getpid() and pid not in holders:
+        raise _not_the_creator(name, pid, "which is this attaching process itself, and it does not hold the record")
+    uid = process_uid(pid)
+    if uid is not None and uid != os.geteuid():
+        raise _not_the_creator(name, pid, f"a process of uid {uid}, not of this user (uid {os.geteuid()})")
+    if holders and pid not in holders:
+        holding = ", ".join(map(str, sorted(holders)))
+        raise _not_the_creator(
+            name, pid, f"which does not hold the record, while the creator of ours does (pids {holding})"
+        )
+
+
+def _not_the_creator(name: str, pid: int, what: str) -> CacheSharingError:
+    return CacheSharingError(
+        f"FastDeploy's record /dev/shm/{name} names memory of pid {pid}, {what}: it would map memory that is not its "
+        "creator's as this process's KV cache, so nothing was opened. Fix: find what else writes to /dev/shm "
+        "under FastDeploy's names; run every process of the engine as one user"
+    )
 
 
 def _hold_record(name: str, size: int) -> shm.Segment:
@@ -243,12 +420,30 @@ def _hold_record(name: str, size: int) -> shm.Segment:
 
 def _record_segment(name: str, platform: str) -> shm.Segment:
     """A record segment for ``name`` in ``platform``'s layout: new, or FastDeploy's leftover (no process of
-    ours holds it) reused."""
+    ours holds it) reused, mode 0600. A leftover others could write is replaced by a new one instead: a
+    descriptor opened while it was writable would still write through a mode reset."""
     layout = record_layout(platform)
     try:
         return shm.Segment.create(name, layout.size)
     except FileExistsError:
         pass
+    if _unheld_leftover(name, layout, platform):
+        try:
+            return shm.Segment.create(name, layout.size)
+        except FileExistsError:
+            raise CacheSharingError(
+                f"KV cache tensor {name}'s record /dev/shm/{name} was written by another process while this one "
+                "replaced it. Fix: find the other creator of this rank and device; two creators cannot share "
+                "FastDeploy's names"
+            ) from None
+    segment = shm.Segment.open(name, layout.size)
+    os.fchmod(segment.fd, 0o600)
+    return segment
+
+
+def _unheld_leftover(name: str, layout: RecordLayout, platform: str) -> bool:
+    """Check that record ``name`` of this user's is of ``platform``'s size and held by no process of ours;
+    whether it was writable by others and so removed (it is this user's and unused: ours to remove)."""
     try:
         probe = shm.Segment.inspect(name)
     except (FileNotFoundError, shm.SegmentUnusable) as exc:
@@ -257,18 +452,38 @@ def _record_segment(name: str, platform: str) -> shm.Segment:
             f"({exc}). Fix: remove /dev/shm/{name} if no engine uses it"
         ) from None
     try:
+        unused = probe.unused()
         if probe.size != layout.size:
-            raise _wrong_size(name, probe.size, layout, platform)
-        if not probe.unused():
+            raise _odd_leftover(name, probe.size, layout, platform, unused)
+        if not unused:
             raise CacheSharingError(
                 f"KV cache tensor {name} is already published by a running process (/dev/shm/{name} is held): "
                 "FastDeploy's record names carry no instance, only the layer, rank and device id, so another engine "
                 "on this machine with the same device ids took them (FastDeploy's own engines collide the same way). "
                 "Fix: give each engine distinct device ids, or run one engine per device; else clear that cache first"
             )
+        return bool(os.fstat(probe.fd).st_mode & (stat.S_IWGRP | stat.S_IWOTH)) and probe.unlink()
     finally:
         probe.close()
-    return shm.Segment.open(name, layout.size)
+
+
+def _odd_leftover(name: str, size: int, layout: RecordLayout, platform: str, unused: bool) -> CacheSharingError:
+    """A record of another size than ``platform``'s where a creator would write: who holds it, and the fix."""
+    if unused:
+        found = (
+            "and no process of fd-platforms holds it: a leftover of another platform's or FastDeploy build's "
+            "creator, or a damaged record. It is not rewritten, since a FastDeploy process of that build (which "
+            f"holds no lock) may still read it. Fix: remove /dev/shm/{name} if no engine uses it"
+        )
+    else:
+        found = (
+            "and a running process of fd-platforms holds it (a creator or attacher on another platform). Fix: clear "
+            "that process's cache or stop it"
+        )
+    return CacheSharingError(
+        f"FastDeploy's record /dev/shm/{name} holds {size} bytes, but platform {platform}'s record is {layout.size} "
+        f"bytes ({layout.source}), {found}; run every process of the engine on one platform"
+    )
 
 
 def _wrong_size(name: str, size: int, layout: RecordLayout, platform: str) -> CacheSharingError:

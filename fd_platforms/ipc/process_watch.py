@@ -34,6 +34,20 @@ def parent_pid(pid: int) -> int | None:
     return int(fields[1]) if fields and len(fields) > 1 and fields[1].isdigit() else None
 
 
+def process_uid(pid: int) -> int | None:
+    """The effective uid the process runs as (``/proc/<pid>/status``; its ``/proc`` directory's owner is root
+    for a process that changed uid), or ``None`` when unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("Uid:"):
+                    fields = line.split()
+                    return int(fields[2]) if len(fields) > 2 and fields[2].isdigit() else None
+    except OSError:
+        return None
+    return None
+
+
 def pid_running(pid: int, start_ticks: int | None = None) -> bool:
     """True while ``pid`` exists, is not a zombie, and (if given) started at ``start_ticks``.
 

@@ -80,6 +80,26 @@ def check_entry(name: str, info: os.stat_result, min_size: int) -> None:
         raise SegmentUnusable(f"/dev/shm/{name} holds {info.st_size} bytes, fewer than the {min_size} expected")
 
 
+def flock_holders(inode: tuple[int, int]) -> set[int]:
+    """The pids ``/proc/locks`` lists as holding a ``flock`` on ``inode`` (device, inode number), waiters left out.
+
+    The kernel keeps that list, so a pid in it is a process that holds the file open and locked now (pids are
+    those of the reader's PID namespace). Empty where ``/proc/locks`` cannot be read."""
+    device, number = inode
+    wanted = f"{os.major(device):02x}:{os.minor(device):02x}:{number}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as locks:
+            lines = locks.read().splitlines()
+    except OSError:
+        return set()
+    holders = set()
+    for line in lines:
+        fields = line.split()  # "1: FLOCK  ADVISORY  READ  1234 00:19:5678 0 EOF"; a waiter has "->" second
+        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == wanted and fields[4].isdigit():
+            holders.add(int(fields[4]))
+    return holders
+
+
 def shm_free_bytes() -> int | None:
     """Bytes ``/dev/shm`` can still hold (None where it cannot be asked)."""
     try:

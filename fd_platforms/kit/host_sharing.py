@@ -12,7 +12,8 @@ whose cache lives in host memory:
   ``view(dtype)``). The handle is ``memfd:<pid>:<fd>``: the exporter keeps that one descriptor
   open while the tensor is published (and raises its soft descriptor limit to the hard one).
 - **Open**: ``/proc/<pid>/fd/<fd>`` of the exporter (same user, same PID namespace: the engine's own
-  processes), checked to be that very memfd, sealed, and large enough before it is mapped; the attacher
+  processes), checked to be that very memfd, this user's (a root attacher could open anyone's), sealed, and
+  large enough before it is mapped; the attacher
   keeps no descriptor, only the mapping (mapped with libc's ``mmap``: Python's keeps a duplicate).
 - **Lifetime**: the kernel frees the memory when the last descriptor and mapping are gone — when
   every process holding it has closed it or exited, SIGKILL included. Nothing of it lives in
@@ -152,6 +153,13 @@ def open_host_tensor(name: str, handle: str, shape: tuple[int, ...], dtype: str)
             raise _descriptor_error(name, exc) from None
         raise CacheSharingError(f"{stale} ({exc.strerror})") from None
     try:
+        owner = os.fstat(fd).st_uid
+        if owner != os.geteuid():
+            raise CacheSharingError(
+                f"KV cache tensor {name} ({path}, handle {handle!r}) is memory of uid {owner}, not of this user (uid "
+                f"{os.geteuid()}): the engine's processes run as one user, so it was not exported by one of them. "
+                "Fix: find what else writes this engine's handles; run every process of the engine as one user"
+            )
         if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS != SEALS:
             raise CacheSharingError(
                 f"KV cache tensor {name} ({path}) is not sealed against shrinking and growing, so it is not one the "
