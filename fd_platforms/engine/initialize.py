@@ -163,12 +163,7 @@ def manage_kv_cache(
         platform, layout, num_blocks, signal_name, progress=progress, protocol=wire, attacher_expected=True
     )
     device.create_seconds, device.import_seconds = time.monotonic() - started, import_seconds
-    managed = ManagedCache(layout.rank, device, None)
-    with _all_or_nothing(managed, wire, signal_name):
-        managed.host = _host_cache(platform, layout, num_cpu_blocks)  # nobody attached yet
-        wire.set_ready(signal_name, layout.rank)
-        _announce(managed, wire, signal_name)
-    return managed
+    return _managed(platform, layout, device, num_cpu_blocks, wire, signal_name)  # nobody attached yet
 
 
 def hold_kv_cache(
@@ -203,22 +198,23 @@ def hold_kv_cache(
     waited = _wait_ready(platform, wire, signal_name, layout.rank, limit, setter_pid, inputs)
     device = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid, wire)
     device.wait_seconds, device.import_seconds = waited, import_seconds
+    return _managed(platform, layout, device, num_cpu_blocks, wire, signal_name)
+
+
+def _managed(
+    platform: Platform, layout: CacheLayout, device: KVCache, num_cpu_blocks: int, wire: WireProtocol, signal_name: str
+) -> ManagedCache:
+    """What a cache manager holds for ``device``'s rank, all or nothing: ``device`` with its host swap cache
+    (``num_cpu_blocks`` blocks of ``layout``; none when 0), the rank's slot set where the manager created the
+    device cache, then the manager announced where the protocol asks for it (FastDeploy's words)."""
     managed = ManagedCache(layout.rank, device, None)
     with _all_or_nothing(managed, wire, signal_name):
-        managed.host = _host_cache(platform, layout, num_cpu_blocks)
-        _announce(managed, wire, signal_name)
+        managed.host = allocate_host_cache(platform, layout, num_cpu_blocks) if num_cpu_blocks else None
+        if device.created:
+            wire.set_ready(signal_name, layout.rank)
+        managed._signal_name, managed._protocol = signal_name, wire
+        wire.manager_up(signal_name, layout.rank, swap=managed.host is not None)
     return managed
-
-
-def _host_cache(platform: Platform, layout: CacheLayout, num_cpu_blocks: int) -> HostCache | None:
-    """The rank's host swap cache (``num_cpu_blocks`` blocks of ``layout``; none when 0)."""
-    return allocate_host_cache(platform, layout, num_cpu_blocks) if num_cpu_blocks else None
-
-
-def _announce(managed: ManagedCache, wire: WireProtocol, signal_name: str) -> None:
-    """Announce ``managed``'s manager where the protocol asks for it (FastDeploy's words)."""
-    managed._signal_name, managed._protocol = signal_name, wire
-    wire.manager_up(signal_name, managed.rank, swap=managed.host is not None)
 
 
 @contextlib.contextmanager
