@@ -35,7 +35,6 @@ from ..ipc.cache_signal import resolve_timeout
 from ..ipc.fastdeploy_signals import (
     CACHE_READY,
     KV_CACHE_STATUS,
-    LET_GO_HOLD_SECONDS,
     MAX_LOCAL_RANKS,
     FastDeploySignal,
     KVCacheStatus,
@@ -216,7 +215,7 @@ def serve_kv_cache_status(
             # is a held rank's own word: only its attacher resets it, when it lets go (and its 0 holds).
             if not status.allows(0, current):
                 status.sleep_while(0, current, STATUS_POLL_SECONDS, since=since)  # refused and logged
-            elif held and current != KVCacheStatus.NORMAL and any(_let_go(ready, cache.rank) for cache in held):
+            elif held and current != KVCacheStatus.NORMAL and any(ready.let_go(cache.rank) for cache in held):
                 for cache in held:
                     cache.clear(limit)
                 held = []
@@ -242,11 +241,6 @@ def _keeping(status: FastDeploySignal, ours: KVCacheStatus, *, over: KVCacheStat
             status.set(0, ours)
 
     return keep
-
-
-def _let_go(ready: FastDeploySignal, rank: int) -> bool:
-    """Whether ``rank``'s slot says its attacher let go: a 0 that holds (:data:`LET_GO_HOLD_SECONDS`)."""
-    return ready.checked(rank) == 0 and ready.holds(rank, 0, LET_GO_HOLD_SECONDS)
 
 
 def _wait_all(ready: FastDeploySignal, value: int, limit: float, what: str) -> None:

@@ -194,6 +194,11 @@ class FastDeploySignal(SharedWords):
             )  # fmt: skip
         return False
 
+    def let_go(self, index: int) -> bool:
+        """Whether word ``index`` says its attacher let go: a 0 (one of FastDeploy's values, :meth:`checked`)
+        that holds in ``cache_ready_signal`` (:data:`LET_GO_HOLD_SECONDS`), as every wait for it counts it."""
+        return self.checked(index) == 0 and self._held(index, 0)
+
     def holds(self, index: int, value: int, seconds: float) -> bool:
         """Whether word ``index`` reads ``value`` at every look for ``seconds`` (looks every
         :data:`HOLD_LOOK_SECONDS`): a value a process only flickers through does not hold."""
