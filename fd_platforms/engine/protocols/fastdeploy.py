@@ -29,19 +29,19 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
+from ...ipc import shm
 from ...ipc.fastdeploy_signals import (
     CACHE_READY,
     CACHE_TRANSFER_INITED,
     KV_CACHE_STATUS,
+    MAX_LOCAL_RANKS,
     PROFILE_BLOCK_NUM,
     SWAP_SPACE_READY,
-    MAX_LOCAL_RANKS,
     WORD_BYTES,
     FastDeploySignal,
     check_suffix,
     segment_name,
 )
-from ...ipc import shm
 from ..block_handoff import block_count_words, hand_off_block_count
 from ..fastdeploy_handles import FastDeployHandles
 from ..publication import PublishedTensor
