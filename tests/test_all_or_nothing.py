@@ -105,7 +105,8 @@ def test_a_runner_whose_ready_write_fails_withdraws_its_records(
     monkeypatch.setattr(FastDeployProtocol, "set_ready", set_then_fail)
     with pytest.raises(CacheSignalError, match="made to fail by the test") as kept:
         initialize_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, profile=False, num_cpu_blocks=0,
-                            storage_backend=None, splitwise_role="mixed", signal_name=suffix, protocol="fastdeploy")  # fmt: skip
+                            storage_backend=None, splitwise_role="mixed", signal_name=suffix,
+                            protocol="fastdeploy")  # fmt: skip
     assert kept.value is not None
     assert ready.values() == (0,) and records() == set()
 
@@ -130,3 +131,41 @@ def test_under_our_protocol_a_failed_manager_leaves_its_slot_unset(
         assert kept.value is not None
         assert not signal.is_set(0)
         assert not os.path.exists(f"/dev/shm/{publication_name(signal.name, 0)}")
+
+
+def test_a_cache_an_attacher_came_to_before_the_failure_is_logged_not_freed_under_it(
+    cpu: Platform, engine_without_swap_signal: tuple[str, FastDeploySignal], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An attacher of ours opened the records between the slot and the failure: the withdrawal waits
+    WITHDRAW_SECONDS for it, frees nothing under it and says so, the error still reaching the caller."""
+    from fd_platforms.engine import initialize
+    from fd_platforms.engine.fastdeploy_handles import FastDeployHandles
+    from fd_platforms.engine.publication import PublishedTensor
+
+    suffix, _ = engine_without_swap_signal
+    came: list[FastDeployHandles] = []
+    names = qwen_layout(0, 1, DEVICE).names()
+
+    def attach_then_fail(*_: object, **__: object) -> None:
+        expected = [PublishedTensor(name, (1,), "uint8", "") for name in names]
+        came.append(FastDeployHandles.open(suffix, 0, expected, "cpu"))
+        fail()
+
+    monkeypatch.setattr(FastDeployProtocol, "check_signals", lambda *_, **__: None)
+    monkeypatch.setattr(FastDeployProtocol, "manager_up", attach_then_fail)
+    monkeypatch.setattr(initialize, "WITHDRAW_SECONDS", 0.5)
+    try:
+        with pytest.raises(CacheSignalError, match="made to fail by the test"):
+            manage_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=0, signal_name=suffix,
+                            protocol="fastdeploy", rule=RULE)  # fmt: skip
+        assert records(), "still published: its attacher holds it"
+        [line] = [r.getMessage() for r in caplog.records if "could not be withdrawn" in r.getMessage()]
+        assert line.startswith("rank 0: the KV cache of a call that failed could not be withdrawn, it is freed when "
+                               "this process exits: "), line  # fmt: skip
+        assert "still attached by a process of fd-platforms" in line, line
+    finally:
+        for handles in came:
+            handles.let_go()
+        for name in records():  # the creator's, which this process would free at its exit: the test's own names
+            os.unlink(f"/dev/shm/{name}")
