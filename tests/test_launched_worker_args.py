@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -12,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def example(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def example(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """The example as the launcher starts it (rank 0 of 2), its worker replaced by a recorder."""
     spec = importlib.util.spec_from_file_location("launched_example_args", ROOT / "examples" / "launched_worker.py")
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
@@ -42,7 +43,9 @@ def example(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
         (["--memory-mib", "96,64", "--tp", "2"], "unrecognized arguments: --tp 2"),
     ],
 )
-def test_a_bad_memory_mib_is_one_line_with_exit_2_before_anything_starts(example, capsys, argv, said) -> None:  # type: ignore[no-untyped-def]
+def test_a_bad_memory_mib_is_one_line_with_exit_2_before_anything_starts(
+    example: ModuleType, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
     with pytest.raises(SystemExit) as stopped:
         example.main(argv)
     assert stopped.value.code == 2 and example.started == []
@@ -51,13 +54,15 @@ def test_a_bad_memory_mib_is_one_line_with_exit_2_before_anything_starts(example
 
 
 @pytest.mark.parametrize("argv", [["--memory-mib", "96,64"], ["--memory-mib", "96", "64"], []])
-def test_memory_mib_takes_commas_or_spaces_and_defaults_to_the_examples(example, argv) -> None:  # type: ignore[no-untyped-def]
+def test_memory_mib_takes_commas_or_spaces_and_defaults_to_the_examples(example: ModuleType, argv: list[str]) -> None:
     assert example.main(argv) == 0
     assert example.started == [[96, 64]]
 
 
 @pytest.mark.parametrize("suffix", ["a b", "../x", "x" * 65])
-def test_a_bad_engine_suffix_is_refused_before_planning(example, monkeypatch, capsys, suffix: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_bad_engine_suffix_is_refused_before_planning(
+    example: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], suffix: str
+) -> None:
     monkeypatch.setenv("ENGINE_SUFFIX", suffix)
     with pytest.raises(SystemExit) as stopped:
         example.main(["--memory-mib", "96,64"])
@@ -65,7 +70,9 @@ def test_a_bad_engine_suffix_is_refused_before_planning(example, monkeypatch, ca
     assert f"ENGINE_SUFFIX={suffix!r} is not valid; allowed: letters, digits" in capsys.readouterr().err
 
 
-def test_without_a_launcher_it_asks_for_a_value_per_rank_it_launches(example, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_without_a_launcher_it_asks_for_a_value_per_rank_it_launches(
+    example: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.delenv("PADDLE_TRAINER_ID")
     monkeypatch.delenv("PADDLE_TRAINERS_NUM")
     with pytest.raises(SystemExit) as stopped:

@@ -263,7 +263,8 @@ def _check_managers(managers: object, platform: object) -> None:
             f"FastDeploy's cache transfer manager on {platform.identity.device_type} has no clear or restore (its "
             "check_cache_status returns at once: 'TODO XPU support RL'), so nothing would answer CLEARING and this "
             "update could only time out. Fix: serve kv_cache_status with fd-platforms' cache managers "
-            "(serve_kv_cache_status; then pass managers='fd-platforms'), or restart FastDeploy's engine to change weights"
+            "(serve_kv_cache_status; then pass managers='fd-platforms'), or restart FastDeploy's engine to change "
+            "weights"
         )
 
 
