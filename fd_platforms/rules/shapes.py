@@ -67,8 +67,9 @@ def shape_cases() -> tuple[CacheShapeRequest, ...]:
     mla = ModelConfig("case-mla", 2, 16, 16, 192, kv_lora_rank=512, qk_rope_head_dim=64)
     dsa = ModelConfig("case-dsa", 2, 16, 16, 192, kv_lora_rank=512, qk_rope_head_dim=64, index_head_dim=128)
     requests = []
+    quants = {gqa: QUANT_TYPES, mla: ("none", "block_wise_fp8"), dsa: ("none",)}
     for model in (gqa, mla, dsa):
-        for quant in QUANT_TYPES if model is gqa else ("none",):
+        for quant in quants[model]:
             for dtype in EIGHT_BIT_DTYPES if quant == "block_wise_fp8" else CACHE_DTYPES:
                 layout = build_layout(model, CacheConfig(cache_dtype=dtype, kv_cache_quant_type=quant), ParallelConfig())
                 requests.append(shape_request(layout, CASE_BLOCKS))
