@@ -10,7 +10,9 @@ layer-major; within a layer the roles come in the order ``key``, ``value``, ``ke
   ``block_wise_fp8`` also key_scale, value_scale ``(kv_heads_per_rank, block_size)`` in the model's
   dtype (FastDeploy's workers make it Paddle's default dtype, which the scales are allocated in);
   with ``int4_zp`` key and value are ``(kv_heads_per_rank, block_size, head_dim // 2)`` ``uint8``
-  (two 4-bit values a byte; the zero points and scales are weights, not cache).
+  (two 4-bit values a byte; the zero points and scales are weights, not cache), except on a
+  platform the core's table stores one value a byte (XPU: ``int8`` ``head_dim``;
+  :meth:`CacheLayout.on_device_type`, applied by the platform's ``cache_layout`` and planner).
 - ``mla``: key only, ``(1, block_size, kv_lora_rank + qk_rope_head_dim)`` in the cache dtype
   (``uint8`` when 8-bit), the same on every rank; with ``block_wise_fp8`` also key_scale
   ``(1, block_size)`` in the model's dtype (FastDeploy's ``gpu_model_runner.py``
@@ -57,6 +59,7 @@ from ..contract.types import DTYPE_BYTES, CacheRole, CacheRoleShape
 from .config.limits import EIGHT_BIT_DTYPES
 from .config.model import ModelConfig, check_tensor_parallel
 from .config.settings import CacheConfig, ParallelConfig
+from .config.vocabulary import int4_zp_storage
 
 Role = CacheRole
 
@@ -160,6 +163,15 @@ class CacheLayout:
         roles = tuple(LayerRole(shape.role, shape.shape[1:], shape.dtype) for shape in shapes)
         return replace(self, platform_roles=None if roles == self.roles else roles)
 
+    def on_device_type(self, device_type: str) -> CacheLayout:
+        """This layout as a platform of Paddle device type ``device_type`` stores it: the core's own
+        platform facts (``int4_zp``'s packing, :data:`~fd_platforms.rules.config.vocabulary.INT4_ZP_STORAGE`)
+        applied, which may change the bytes; ``self`` where none applies."""
+        if self.quant_type != "int4_zp":
+            return self
+        roles = int4_zp_roles(self.kv_heads, self.block_size, self.head_dim, device_type)
+        return self if roles == self.roles else replace(self, roles=roles, platform_roles=None)
+
     @property
     def bytes_per_block(self) -> int:
         """Bytes of one block across every tensor of every layer: the one per-rank figure."""
@@ -261,14 +273,21 @@ def _layer_roles(model: ModelConfig, cache: CacheConfig, parallel: ParallelConfi
                 "head_dim", model.head_dim, "an even number for kv_cache_quant_type int4_zp (two values a byte)",
                 "use a model with an even head_dim or another kv_cache_quant_type",
             )  # fmt: skip
-        packed = (heads, block, model.head_dim // 2)
-        return (LayerRole("key", packed, "uint8"), LayerRole("value", packed, "uint8"))
+        return int4_zp_roles(heads, block, model.head_dim, None)
     kv = (heads, block, model.head_dim)
     roles = (LayerRole("key", kv, dtype), LayerRole("value", kv, dtype))
     if scales:
         scale = (heads, block)
         roles += (LayerRole("key_scale", scale, model.dtype), LayerRole("value_scale", scale, model.dtype))
     return roles
+
+
+def int4_zp_roles(heads: int, block: int, head_dim: int, device_type: str | None) -> tuple[LayerRole, ...]:
+    """Key and value of an ``int4_zp`` cache as a platform of ``device_type`` stores them (the core's table,
+    :data:`~fd_platforms.rules.config.vocabulary.INT4_ZP_STORAGE`; None: packed, two values a byte)."""
+    per_byte, dtype = int4_zp_storage(device_type)
+    shape = (heads, block, head_dim // per_byte)
+    return (LayerRole("key", shape, dtype), LayerRole("value", shape, dtype))
 
 
 def expanded_blocks(num_blocks: int, ratio: float) -> int:

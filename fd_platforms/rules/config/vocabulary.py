@@ -81,6 +81,23 @@ CACHE_DTYPE_WORDS: tuple[str, ...] = (
 
 SIXTEEN_BIT_AND_WIDER: tuple[str, ...] = ("bfloat16", "float16", "float32")
 
+INT4_ZP_PACKED: tuple[int, str] = (2, "uint8")
+"""How ``int4_zp`` key and value are stored by default: two 4-bit values a byte, ``uint8``
+``[N, kv_heads, block, head_dim // 2]`` (FastDeploy's ``append_attn_backend.py`` ``get_kv_cache_shape``)."""
+
+INT4_ZP_STORAGE: dict[str, tuple[int, str]] = {"xpu": (1, "int8")}
+"""Platforms, by the Paddle device type their plugin declares (``PlatformIdentity.device_type``), whose
+``int4_zp`` cache holds one value a byte: FastDeploy's XPU attention backend states ``[N, kv_heads,
+block, head_dim]`` whatever the quantization (``backends/xpu/attention.py`` ``get_kv_cache_shape``)
+and its runner allocates that as ``int8`` (``worker/xpu_model_runner.py`` ``initialize_kv_cache``), so
+the cache is twice the GPU's. The core applies it (:meth:`~fd_platforms.rules.layout.CacheLayout.on_device_type`),
+so a plugin cannot drift the bytes: it can only be a device type this table names."""
+
+
+def int4_zp_storage(device_type: str | None) -> tuple[int, str]:
+    """``(values a byte, tensor dtype)`` of an ``int4_zp`` cache on a platform of ``device_type``."""
+    return INT4_ZP_STORAGE.get(device_type or "", INT4_ZP_PACKED)
+
 
 def fastdeploy_word(field: str, value: object, accepted: tuple[str, ...]) -> FastDeployWord:
     """The row of ``value`` (lower-cased; None is ``none``), else a ConfigError listing every accepted value."""
