@@ -71,7 +71,9 @@ FASTDEPLOY_WORDS: dict[str, FastDeployWord] = {
 }
 """Every value FastDeploy's ``kv_cache_quant_type`` and ``cache_dtype`` allow, mapped to ours."""
 
-QUANT_WORDS: tuple[str, ...] = ("none", "int8", "int8_zp", "float8_e4m3fn", "float8_e4m3fn_zp", "block_wise_fp8", "int4_zp")
+QUANT_WORDS: tuple[str, ...] = (
+    "none", "int8", "int8_zp", "float8_e4m3fn", "float8_e4m3fn_zp", "block_wise_fp8", "int4_zp",
+)  # fmt: skip
 """The words ``kv_cache_quant_type`` accepts (FastDeploy's list, and ``none``)."""
 
 CACHE_DTYPE_WORDS: tuple[str, ...] = (
