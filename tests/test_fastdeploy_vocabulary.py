@@ -54,7 +54,9 @@ def test_every_fastdeploy_kv_cache_quant_type_is_accepted_as_it_is(word: str, dt
         ("int4_zp", "bfloat16", "int4_zp", "uint8"),
     ],
 )
-def test_every_fastdeploy_cache_dtype_is_accepted_as_it_is(word: str, dtype: str, quant: str, tensor_dtype: str) -> None:
+def test_every_fastdeploy_cache_dtype_is_accepted_as_it_is(
+    word: str, dtype: str, quant: str, tensor_dtype: str
+) -> None:
     cache = CacheConfig(cache_dtype=word)
     assert (cache.cache_dtype, cache.kv_cache_quant_type) == (dtype, quant)
     key = build_layout(GQA, cache, ParallelConfig()).tensors[0]
