@@ -49,6 +49,8 @@ def tensors(row: dict) -> dict[str, tuple[list[int], str]]:
         ("xpu", ("--cache-dtype", "int8"), {"key": (["N", 8, 64, 128], "int8"), "value": (["N", 8, 64, 128], "int8")}),
         ("xpu", ("--cache-dtype", "fp8"), {"key": (["N", 8, 64, 128], "int8"), "value": (["N", 8, 64, 128], "int8")}),
         ("cuda", ("--cache-dtype", "int8"), {"key": (["N", 8, 64, 128], "uint8"), "value": (["N", 8, 64, 128], "uint8")}),
+        ("xpu", ("--kv-cache-quant-type", "int4_zp"),
+         {"key": (["N", 8, 64, 128], "int8"), "value": (["N", 8, 64, 128], "int8")}),
     ],
 )  # fmt: skip
 def test_each_platform_shapes_llama_as_its_kernels_do(platform: str, flags: tuple[str, ...], expected: dict) -> None:
@@ -211,3 +213,13 @@ def test_a_run_allocates_publishes_and_attaches_the_platforms_shapes(make_plugin
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["platform"] == "flashcpu"
+
+
+def test_xpu_plans_int4_zp_at_one_value_a_byte_as_fastdeploys_xpu_runner_allocates_it() -> None:
+    """FastDeploy's XPU backend states ``[N, kv_heads, block, head_dim]`` whatever the quantization
+    (``backends/xpu/attention.py`` ``get_kv_cache_shape``) and its runner allocates it as int8, where GPUs
+    pack two values a byte (``append_attn_backend.py``): the core's table applies that, so XPU's plan
+    counts twice the GPU's bytes and the cache it allocates is the one planned."""
+    rows = {name: plan_json(name, "--kv-cache-quant-type", "int4_zp") for name in ("cuda", "xpu")}
+    assert rows["xpu"]["bytes_per_block"] == 2 * rows["cuda"]["bytes_per_block"] == 2 * 8 * 64 * 128 * 32  # k+v, 1 B
+    assert tensors(rows["xpu"]) == {"key": (["N", 8, 64, 128], "int8"), "value": (["N", 8, 64, 128], "int8")}

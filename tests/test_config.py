@@ -143,7 +143,7 @@ def test_cache_rejects_cpu_blocks_and_swap_space_together() -> None:
 def test_cache_dtype_error_lists_choices_and_alias() -> None:
     with pytest.raises(ConfigError) as info:
         CacheConfig(cache_dtype="fp4")
-    assert "bfloat16, float16, float8_e4m3fn, int8" in info.value.allowed
+    assert "bfloat16, float16, float32, uint8, float8_e4m3, fp8, int8, int8_zp, float8_e4m3fn" in info.value.allowed
     assert "fp8" in info.value.allowed
 
 

@@ -156,13 +156,34 @@ def test_spec_shape_and_bytes() -> None:
     assert spec.bytes_per_block == 2 * 2 * 64 * 128
 
 
-@pytest.mark.parametrize("model", [DEEPSEEK_V3, DEEPSEEK_V32])
-def test_block_wise_fp8_is_refused_for_latent_caches(model: ModelConfig) -> None:
+def test_mla_with_block_wise_fp8_has_the_key_and_its_scales_as_fastdeploy_allocates() -> None:
+    """FastDeploy runs MLA with block_wise_fp8 (``gpu_model_runner.py`` ``initialize_kv_cache``): the
+    key ``uint8`` as the MLA backend's ``get_kv_cache_shape`` states it, then its scales, the key's
+    first three axes ``[N, 1, block]`` in Paddle's default dtype; no value tensor."""
+    layout = build_layout(DEEPSEEK_V3, CacheConfig(kv_cache_quant_type="block_wise_fp8"), TP4)
+    assert [spec.role for spec in layout.tensors[:3]] == ["key", "key_scale", "key"]
+    key, scale = layout.tensors[:2]
+    assert (key.shape(5), key.dtype) == ((5, 1, 64, 576), "uint8")
+    assert (scale.shape(5), scale.dtype) == ((5, 1, 64), "bfloat16")
+    assert scale.name == "key_cache_scales_0_rank0.device0"
+    assert layout.bytes_per_block == (576 + 2) * 64 * 61
+    assert_contract_order(layout)
+
+
+def test_dsa_with_block_wise_fp8_builds_the_packed_cache_fastdeploy_builds() -> None:
+    """FastDeploy's runner sets its own ``uint8`` quantization for DSA (``gpu_model_runner.py``
+    ``initialize_kv_cache``), so a configured block_wise_fp8 adds no scale tensor."""
     cache = CacheConfig(cache_dtype="fp8", kv_cache_quant_type="block_wise_fp8")
+    layout = build_layout(DEEPSEEK_V32, cache, TP4)
+    assert layout.tensors == build_layout(DEEPSEEK_V32, BF16, TP4).tensors
+    assert layout.quant_type == "none"
+
+
+def test_int4_zp_is_refused_for_mla() -> None:
     with pytest.raises(ConfigError) as info:
-        build_layout(model, cache, TP4)
+        build_layout(DEEPSEEK_V3, CacheConfig(kv_cache_quant_type="int4_zp"), TP4)
     message = str(info.value)
-    assert "kv_cache_quant_type='block_wise_fp8'" in message and str(model.attention) in message and "Fix:" in message
+    assert "kv_cache_quant_type='int4_zp'" in message and "mla" in message and "Fix:" in message
 
 
 @pytest.mark.parametrize("device_id", [-1, True, "0"])

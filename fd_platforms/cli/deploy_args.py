@@ -10,8 +10,9 @@ import argparse
 
 from ..contract.errors import ConfigError
 from ..rules.config.deploy import DeployConfig, deploy_config_from_overrides, load_deploy_config
-from ..rules.config.limits import ATTENTION_KINDS, CACHE_DTYPES, QUANT_TYPES
+from ..rules.config.limits import ATTENTION_KINDS
 from ..rules.config.settings import PROTOCOLS, CacheConfig, ParallelConfig, SchedulerConfig
+from ..rules.config.vocabulary import CACHE_DTYPE_WORDS, QUANT_WORDS
 from ..rules.decision import DEFAULT_RULE, RULE_VERSIONS, SPLITWISE_ROLES, STORAGE_BACKENDS
 from ..rules.sizes import parse_size
 
@@ -27,10 +28,10 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=int, metavar="N", help=f"tensor-parallel size (default: {parallel.tensor_parallel_size})")
     parser.add_argument("--block-size", type=int, metavar="N", help=f"tokens per block (default: {cache.block_size})")
     parser.add_argument(
-        "--cache-dtype", choices=(*CACHE_DTYPES, "fp8"), help=f"cache element type (default: {cache.cache_dtype})"
+        "--cache-dtype", choices=CACHE_DTYPE_WORDS, help=f"cache element type (default: {cache.cache_dtype})"
     )
     parser.add_argument(
-        "--kv-cache-quant-type", choices=QUANT_TYPES, help=f"cache quantization (default: {cache.kv_cache_quant_type})"
+        "--kv-cache-quant-type", choices=QUANT_WORDS, help=f"cache quantization (default: {cache.kv_cache_quant_type})"
     )
     parser.add_argument(
         "--memory-utilization", type=float, metavar="F",

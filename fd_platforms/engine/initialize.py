@@ -19,13 +19,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from ..contract.errors import CacheSharingError, FdPlatformsError, SignalWaitError
 from ..contract.paddle_import import import_paddle
-from ..contract.types import CacheDecision
+from ..contract.types import CacheDecision, CacheRoleShape
 from ..ipc.cache_signal import resolve_timeout
 from ..rules.decision import DecisionInputs
 from .host_cache import HostCache, allocate_host_cache
@@ -64,6 +64,7 @@ def initialize_kv_cache(
     progress: AllocationProgress | None = None,
     rule: str | None = None,
     protocol: str = OURS.name,
+    tensor_specs: Sequence[CacheRoleShape] | None = None,
 ) -> KVCache:
     """Create or attach rank ``layout.rank``'s KV cache, as the rule decides; see the module docstring.
 
@@ -73,7 +74,11 @@ def initialize_kv_cache(
     version the engine pins (every process of one engine must pin the same; None: the protocol's
     :meth:`~.protocols.WireProtocol.rule_in_force`); ``protocol`` ``"fastdeploy"`` speaks FastDeploy's
     own signals and per-tensor handles (``signal_name`` is then its signal suffix, the engine's port),
-    so this runner can work beside FastDeploy's unmodified processes.
+    so this runner can work beside FastDeploy's unmodified processes. ``tensor_specs`` is one layer's
+    tensors as the engine's attention backend states them (``CacheRoleShape``: role, shape with the
+    blocks first, dtype; in the order its kernels index), used instead of the platform's shapes once
+    checked (:func:`~fd_platforms.rules.shapes.engine_shaped`: a ConfigError before any hook runs);
+    None keeps the derived shapes. Every process of the engine must state the same.
     """
     check_cache_arguments(platform, layout, num_blocks)
     wire = protocol_named(protocol)
@@ -81,7 +86,7 @@ def initialize_kv_cache(
     inputs = DecisionInputs(profile, num_cpu_blocks, storage_backend, splitwise_role)
     inputs = replace(inputs, rule=wire.rule_in_force(rule, inputs))
     limit = resolve_timeout(timeout)
-    layout = platform.cache_layout(layout, num_blocks)  # the platform's shapes, checked
+    layout = platform.cache_layout(layout, num_blocks, tensor_specs)  # the platform's or the engine's shapes, checked
     import_seconds = _import_paddle()
     decision = platform.should_create_cache_tensor(**inputs.kwargs())
     sharing = platform.cache_sharing()
@@ -145,14 +150,16 @@ def manage_kv_cache(
     rule: str | None = None,
     storage_backend: str | None = None,
     splitwise_role: str = "mixed",
+    tensor_specs: Sequence[CacheRoleShape] | None = None,
 ) -> ManagedCache:
     """Export and publish rank ``layout.rank``'s device cache, allocate its host swap cache
     (``num_cpu_blocks`` blocks of the same layout; none when 0), then set the rank's slot.
     ``protocol`` and ``rule`` as :func:`initialize_kv_cache`'s, which also takes ``storage_backend``
-    and ``splitwise_role``: the engine's, the rule's inputs with ``num_cpu_blocks``."""
+    and ``splitwise_role``: the engine's, the rule's inputs with ``num_cpu_blocks``; ``tensor_specs`` as
+    :func:`initialize_kv_cache`'s."""
     layout, wire, _ = _manager_layout(
         platform, layout, num_blocks, signal_name, protocol,
-        (num_cpu_blocks, storage_backend, splitwise_role, rule),
+        (num_cpu_blocks, storage_backend, splitwise_role, rule), tensor_specs,
         "hold a worker's cache. Fix: let the workers create their caches (role mixed, no swap space, no storage "
         "backend), or use a platform that can share",
     )  # fmt: skip
@@ -179,6 +186,7 @@ def hold_kv_cache(
     rule: str | None = None,
     storage_backend: str | None = None,
     splitwise_role: str = "mixed",
+    tensor_specs: Sequence[CacheRoleShape] | None = None,
 ) -> ManagedCache:
     """The cache manager's side where the workers create (rule ``2026-04`` with swap space on): wait
     for rank ``layout.rank``'s published cache, attach to it zero-copy, then allocate its host swap
@@ -188,7 +196,7 @@ def hold_kv_cache(
     """
     layout, wire, inputs = _manager_layout(
         platform, layout, num_blocks, signal_name, protocol,
-        (num_cpu_blocks, storage_backend, splitwise_role, rule),
+        (num_cpu_blocks, storage_backend, splitwise_role, rule), tensor_specs,
         "attach to a worker's cache. Fix: pin a rule version under which the cache manager creates it (2026-01), "
         "or use a platform that can share",
     )  # fmt: skip
@@ -246,11 +254,13 @@ def _manager_layout(
     signal_name: str,
     protocol: str,
     rule_arguments: tuple[int, str | None, str, str | None],
+    tensor_specs: Sequence[CacheRoleShape] | None,
     refusal: str,
 ) -> tuple[CacheLayout, WireProtocol, DecisionInputs]:
     """A cache manager call's arguments checked, before any hook: the protocol named ``protocol``, the
     rule's inputs (``num_cpu_blocks``, ``storage_backend``, ``splitwise_role``; a manager never
-    profiles) with the rule in force (``rule``); then the layout in the platform's shapes. A platform
+    profiles) with the rule in force (``rule``); then the layout in the platform's shapes (the engine's
+    ``tensor_specs`` where given). A platform
     that cannot share is refused (``refusal`` ends the message: what the manager cannot do, the fix)."""
     check_cache_arguments(platform, layout, num_blocks)
     wire = protocol_named(protocol)
@@ -258,7 +268,7 @@ def _manager_layout(
     num_cpu_blocks, storage_backend, splitwise_role, rule = rule_arguments
     inputs = DecisionInputs(False, num_cpu_blocks, storage_backend, splitwise_role)
     inputs = replace(inputs, rule=wire.rule_in_force(rule, inputs))
-    shaped = platform.cache_layout(layout, num_blocks)  # the platform's shapes, checked
+    shaped = platform.cache_layout(layout, num_blocks, tensor_specs)  # the platform's or the engine's, checked
     if platform.cache_sharing() is None:
         raise CacheSharingError(
             f"platform {platform.name} cannot share KV cache tensors between processes (it declares no cache_sharing), "

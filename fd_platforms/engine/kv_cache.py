@@ -22,12 +22,13 @@ from typing import Any
 
 from ..contract.errors import CacheSharingError, ConfigError, DeviceAllocError
 from ..contract.paddle_import import import_paddle
-from ..contract.types import CacheDecision, SharedTensor
+from ..contract.types import CacheDecision, CacheRoleShape, SharedTensor
 from ..ipc.cache_signal import resolve_timeout
 from ..kit.device_facts import data_address
 from ..kit.host_sharing import handle_pid
 from ..loading.platform import Platform
 from ..rules.layout import DTYPE_BYTES, CacheLayout, CacheTensorSpec, check_layout, check_num_blocks
+from ..rules.shapes import engine_shaped
 from ..rules.sizes import format_size
 from .protocols import OURS, Published, WireProtocol
 from .publication import PublishedTensor
@@ -130,11 +131,14 @@ def allocate_kv_cache(
     paddle: Any = None,
     *,
     progress: AllocationProgress | None = None,
+    tensor_specs: Sequence[CacheRoleShape] | None = None,
 ) -> KVCache:
     """Allocate ``layout``'s tensors for ``num_blocks`` blocks on ``device``, zero-filled, unshared.
 
     The tensors have the layout's shapes as given: pass ``platform.cache_layout(layout, num_blocks)``
-    for the platform's axis order and dtypes (:func:`initialize_kv_cache` does).
+    for the platform's axis order and dtypes (:func:`initialize_kv_cache` does), or ``tensor_specs``,
+    one layer's tensors as the engine's attention backend states them, checked against the layout
+    (:func:`~fd_platforms.rules.shapes.engine_shaped`).
 
     Raises :class:`DeviceAllocError` naming the tensor, its size and the device when Paddle cannot
     allocate it; tensors allocated before it are dropped first. ``progress`` is called after
@@ -144,6 +148,8 @@ def allocate_kv_cache(
     check_num_blocks(num_blocks)
     if not isinstance(device, str) or not device:
         raise ConfigError("device", device, "Paddle's device string (gpu:0, cpu)", "pass identity.device_string(id)")
+    if tensor_specs is not None:
+        layout = engine_shaped(layout, tensor_specs, num_blocks)
     paddle = import_paddle() if paddle is None else paddle
     tensors: list[Any] = []
     done = 0

@@ -124,14 +124,19 @@ class Platform:
         """The hook's raw answer for ``inputs``, not yet held to the rule (the drift guard's table uses it)."""
         return self._call("should_create_cache_tensor", CacheDecision, **inputs.kwargs())
 
-    def cache_layout(self, layout: CacheLayout, num_blocks: int) -> CacheLayout:
+    def cache_layout(self, layout: CacheLayout, num_blocks: int, tensor_specs: object = None) -> CacheLayout:
         """``layout`` with this platform's shapes and dtypes for ``num_blocks`` blocks (see the
-        ``kv_cache_shapes`` hook spec); the answer is checked on every call."""
+        ``kv_cache_shapes`` hook spec), after the core's platform facts
+        (:meth:`~fd_platforms.rules.layout.CacheLayout.on_device_type`); the answer is checked on every call.
+        ``tensor_specs`` (one layer's ``CacheRoleShape`` records, as the engine's attention backend states
+        them) replaces the hook: checked by :func:`~fd_platforms.rules.shapes.engine_shaped`, no hook runs."""
         from ..rules.layout import check_layout, check_num_blocks  # lazily: selection never needs the layout
-        from ..rules.shapes import shape_request, shape_violations
+        from ..rules.shapes import engine_shaped, shape_request, shape_violations
 
-        check_layout(layout)
+        layout = check_layout(layout).on_device_type(self.identity.device_type)
         check_num_blocks(num_blocks)
+        if tensor_specs is not None:
+            return engine_shaped(layout, tensor_specs, num_blocks)
         request = shape_request(layout, num_blocks)
         answer = self.plugin_shapes(request)
         violations = shape_violations(request, answer)
@@ -166,7 +171,8 @@ class Platform:
         non_cache_bytes: int | None = None,
         host_memory: int | None = None,
     ) -> Plan:
-        """Plan one rank's blocks on ``memory`` (default: this platform's live facts of ``device_id``).
+        """Plan one rank's blocks on ``memory`` (default: this platform's live facts of ``device_id``), for
+        ``layout`` as this platform stores it (:meth:`~fd_platforms.rules.layout.CacheLayout.on_device_type`).
 
         The plan must keep the planner's invariants (:func:`~fd_platforms.rules.planner.plan_violations`),
         and its host swap space must fit in ``host_memory`` bytes (default: this host's total).
@@ -174,6 +180,7 @@ class Platform:
         from ..rules.planner import check_host_swap, check_plan_arguments, plan_violations
 
         check_plan_arguments(layout, cache, memory, non_cache_bytes)
+        layout = layout.on_device_type(self.identity.device_type)  # the core's platform facts: bytes may change
         if host_memory is not None:
             host_memory = parse_size(host_memory, "host_memory")
         memory = memory if memory is not None else self.device_memory(device_id)

@@ -10,13 +10,18 @@ layer-major; within a layer the roles come in the order ``key``, ``value``, ``ke
   ``block_wise_fp8`` also key_scale, value_scale ``(kv_heads_per_rank, block_size)`` in the model's
   dtype (FastDeploy's workers make it Paddle's default dtype, which the scales are allocated in);
   with ``int4_zp`` key and value are ``(kv_heads_per_rank, block_size, head_dim // 2)`` ``uint8``
-  (two 4-bit values a byte; the zero points and scales are weights, not cache).
+  (two 4-bit values a byte; the zero points and scales are weights, not cache), except on a
+  platform the core's table stores one value a byte (XPU: ``int8`` ``head_dim``;
+  :meth:`CacheLayout.on_device_type`, applied by the platform's ``cache_layout`` and planner).
 - ``mla``: key only, ``(1, block_size, kv_lora_rank + qk_rope_head_dim)`` in the cache dtype
-  (``uint8`` when 8-bit), the same on every rank.
+  (``uint8`` when 8-bit), the same on every rank; with ``block_wise_fp8`` also key_scale
+  ``(1, block_size)`` in the model's dtype (FastDeploy's ``gpu_model_runner.py``
+  ``initialize_kv_cache``: the scales are the key's first three axes, key then its scales).
 - ``dsa``: key ``(1, block_size, kv_lora_rank + kv_lora_rank // 128 * 4 + 2 * qk_rope_head_dim)``
   and indexer ``(block_size, index_head_dim + index_head_dim // 128 * 4)`` (3-D with the blocks,
-  as FastDeploy's DSA backend shapes it), both uint8 whatever the cache dtype (the packed format
-  carries its own fp8 scales).
+  as FastDeploy's DSA backend shapes it), both uint8 whatever the cache dtype and quantization
+  (the packed format carries its own fp8 scales; FastDeploy's runner sets its quantization to
+  ``uint8`` for DSA, so a configured one adds no tensor).
 
 Layers: ``num_hidden_layers``, plus ``num_nextn_predict_layers`` when MTP is used; on the device
 an MTP layer's tensors hold ``int(num_blocks * num_gpu_block_expand_ratio)`` blocks, as
@@ -54,6 +59,7 @@ from ..contract.types import DTYPE_BYTES, CacheRole, CacheRoleShape
 from .config.limits import EIGHT_BIT_DTYPES
 from .config.model import ModelConfig, check_tensor_parallel
 from .config.settings import CacheConfig, ParallelConfig
+from .config.vocabulary import int4_zp_storage
 
 Role = CacheRole
 
@@ -157,6 +163,15 @@ class CacheLayout:
         roles = tuple(LayerRole(shape.role, shape.shape[1:], shape.dtype) for shape in shapes)
         return replace(self, platform_roles=None if roles == self.roles else roles)
 
+    def on_device_type(self, device_type: str) -> CacheLayout:
+        """This layout as a platform of Paddle device type ``device_type`` stores it: the core's own
+        platform facts (``int4_zp``'s packing, :data:`~fd_platforms.rules.config.vocabulary.INT4_ZP_STORAGE`)
+        applied, which may change the bytes; ``self`` where none applies."""
+        if self.quant_type != "int4_zp":
+            return self
+        roles = int4_zp_roles(self.kv_heads, self.block_size, self.head_dim, device_type)
+        return self if roles == self.roles else replace(self, roles=roles, platform_roles=None)
+
     @property
     def bytes_per_block(self) -> int:
         """Bytes of one block across every tensor of every layer: the one per-rank figure."""
@@ -231,14 +246,13 @@ class CacheLayout:
 def _layer_roles(model: ModelConfig, cache: CacheConfig, parallel: ParallelConfig) -> tuple[LayerRole, ...]:
     """One layer's tensors, in role order."""
     block = cache.block_size
-    if model.attention in ("mla", "dsa") and cache.kv_cache_quant_type != "none":
+    if model.attention == "mla" and cache.kv_cache_quant_type == "int4_zp":
         raise ConfigError(
-            "kv_cache_quant_type",
-            cache.kv_cache_quant_type,
-            f"none for {model.attention} attention (scale tensors exist only for mha/gqa)",
+            "kv_cache_quant_type", cache.kv_cache_quant_type,
+            "none or block_wise_fp8 for mla attention (its latent cache has no 4-bit packing)",
             "set kv_cache_quant_type to none; use cache_dtype for an 8-bit MLA cache",
-        )
-    if model.attention == "dsa":
+        )  # fmt: skip
+    if model.attention == "dsa":  # FastDeploy's runner sets its own "uint8" quantization for DSA
         lora, rope, index = model.kv_lora_rank, model.qk_rope_head_dim, model.index_head_dim
         assert lora is not None and rope is not None and index is not None  # ModelConfig checked
         return (
@@ -246,10 +260,12 @@ def _layer_roles(model: ModelConfig, cache: CacheConfig, parallel: ParallelConfi
             LayerRole("indexer", (block, index + index // 128 * 4), "uint8"),
         )
     dtype = cache_tensor_dtype(cache)
+    scales = cache.kv_cache_quant_type == "block_wise_fp8"
     if model.attention == "mla":
         lora, rope = model.kv_lora_rank, model.qk_rope_head_dim
         assert lora is not None and rope is not None  # ModelConfig checked
-        return (LayerRole("key", (1, block, lora + rope), dtype),)
+        key = (LayerRole("key", (1, block, lora + rope), dtype),)
+        return key + ((LayerRole("key_scale", (1, block), model.dtype),) if scales else ())
     heads = max(1, model.num_key_value_heads // parallel.tensor_parallel_size)
     if cache.kv_cache_quant_type == "int4_zp":
         if model.head_dim % 2:
@@ -257,14 +273,21 @@ def _layer_roles(model: ModelConfig, cache: CacheConfig, parallel: ParallelConfi
                 "head_dim", model.head_dim, "an even number for kv_cache_quant_type int4_zp (two values a byte)",
                 "use a model with an even head_dim or another kv_cache_quant_type",
             )  # fmt: skip
-        packed = (heads, block, model.head_dim // 2)
-        return (LayerRole("key", packed, "uint8"), LayerRole("value", packed, "uint8"))
+        return int4_zp_roles(heads, block, model.head_dim, None)
     kv = (heads, block, model.head_dim)
     roles = (LayerRole("key", kv, dtype), LayerRole("value", kv, dtype))
-    if cache.kv_cache_quant_type == "block_wise_fp8":
+    if scales:
         scale = (heads, block)
         roles += (LayerRole("key_scale", scale, model.dtype), LayerRole("value_scale", scale, model.dtype))
     return roles
+
+
+def int4_zp_roles(heads: int, block: int, head_dim: int, device_type: str | None) -> tuple[LayerRole, ...]:
+    """Key and value of an ``int4_zp`` cache as a platform of ``device_type`` stores them (the core's table,
+    :data:`~fd_platforms.rules.config.vocabulary.INT4_ZP_STORAGE`; None: packed, two values a byte)."""
+    per_byte, dtype = int4_zp_storage(device_type)
+    shape = (heads, block, head_dim // per_byte)
+    return (LayerRole("key", shape, dtype), LayerRole("value", shape, dtype))
 
 
 def expanded_blocks(num_blocks: int, ratio: float) -> int:
@@ -323,7 +346,7 @@ def build_layout(
         rank=parallel.local_rank,
         device_id=device_id,
         attention=model.attention,
-        quant_type=cache.kv_cache_quant_type,
+        quant_type="none" if model.attention == "dsa" else cache.kv_cache_quant_type,
         cache_dtype=cache.cache_dtype,
         kv_heads=1 if latent else roles[0].block_shape[0],
         head_dim=roles[0].block_shape[-1] if latent else model.head_dim,

@@ -4,13 +4,16 @@ The core owns the bytes; a platform owns the axes. :func:`shape_request` asks fo
 tensors of a layout (the core's shapes as the starting point); :func:`shape_violations` checks an
 answer: the same roles in the same order, the block axis first, each role's bytes the core's.
 :data:`SHAPE_CASES` is what a plugin's ``kv_cache_shapes`` is checked against when it is loaded:
-every layer kind and quantization the layout knows.
+every layer kind and quantization the layout knows. :func:`engine_shaped` holds an engine's own
+tensor specs (what its attention backend's ``get_kv_cache_shape`` states) to the same check.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 
+from ..contract.errors import ConfigError
 from ..contract.types import CacheRoleShape, CacheShapeRequest
 from .config.limits import CACHE_DTYPES, EIGHT_BIT_DTYPES, QUANT_TYPES
 from .config.model import ModelConfig
@@ -59,6 +62,37 @@ def shape_violations(request: CacheShapeRequest, answer: object) -> list[str]:
     return found
 
 
+def engine_shaped(layout: CacheLayout, tensor_specs: object, num_blocks: int) -> CacheLayout:
+    """``layout`` in the engine's own shapes: ``tensor_specs`` is one layer's tensors as the engine's
+    attention backend states them for ``num_blocks`` blocks (FastDeploy: ``get_kv_cache_shape`` in
+    ``append_attn_backend.py``, ``backends/xpu/attention.py``, ``mla_attention_backend.py``, the scales
+    the key's first three axes), in the order its kernels index the flat cache list. The core checks
+    them instead of deriving them: the layout's roles in the contract order (key, value, key_scale,
+    value_scale, indexer: FastDeploy's ``gpu_model_runner.py`` ``initialize_kv_cache`` order, and the
+    ``caches[2 * layer]`` its XPU kernels index), each role once (so every tensor name is unique),
+    the block axis first, and each role's bytes the planner's (so :attr:`CacheLayout.bytes_per_block`
+    holds). A ConfigError naming the spec, the value, what is allowed and the fix otherwise."""
+    request = shape_request(layout, num_blocks)
+    expected = ", ".join(f"{role.role} {list(role.shape)} {role.dtype}" for role in request.default)
+    if not isinstance(tensor_specs, Sequence) or not all(isinstance(spec, CacheRoleShape) for spec in tensor_specs):
+        raise ConfigError(
+            "tensor_specs", tensor_specs, f"one layer's tensors as CacheRoleShape records, e.g. {expected}",
+            "state each tensor as CacheRoleShape(role, (num_blocks, ...), dtype), in the order the kernels index",
+        )  # fmt: skip
+    specs = tuple(tensor_specs)
+    violations = shape_violations(request, specs)
+    if violations:
+        stated = "; ".join(f"{spec.role} {list(spec.shape)} {spec.dtype}" for spec in specs)
+        raise ConfigError(
+            "tensor_specs", stated,
+            f"the layout's roles in this order, blocks first, each with the planner's bytes: {expected} "
+            "(any axes after the blocks and any dtype of the same bytes)",
+            f"{violations[0]}; state what the attention backend gives for these {num_blocks} blocks, with the model, "
+            "cache and parallel settings the plan used",
+        )  # fmt: skip
+    return layout.shaped(specs)
+
+
 @cache
 def shape_cases() -> tuple[CacheShapeRequest, ...]:
     """One request per layer kind and quantization the layout knows (a GQA model with 8 key/value
@@ -67,8 +101,9 @@ def shape_cases() -> tuple[CacheShapeRequest, ...]:
     mla = ModelConfig("case-mla", 2, 16, 16, 192, kv_lora_rank=512, qk_rope_head_dim=64)
     dsa = ModelConfig("case-dsa", 2, 16, 16, 192, kv_lora_rank=512, qk_rope_head_dim=64, index_head_dim=128)
     requests = []
+    quants = {gqa: QUANT_TYPES, mla: ("none", "block_wise_fp8"), dsa: ("none",)}
     for model in (gqa, mla, dsa):
-        for quant in QUANT_TYPES if model is gqa else ("none",):
+        for quant in quants[model]:
             for dtype in EIGHT_BIT_DTYPES if quant == "block_wise_fp8" else CACHE_DTYPES:
                 layout = build_layout(model, CacheConfig(cache_dtype=dtype, kv_cache_quant_type=quant), ParallelConfig())
                 requests.append(shape_request(layout, CASE_BLOCKS))

@@ -3,7 +3,8 @@ raises :class:`~fd_platforms.contract.errors.ConfigError` naming the field, the 
 allowed and the fix.
 
 Modules: :mod:`.limits` (vocabularies and bounds), :mod:`.settings` (cache, scheduler, parallel),
-:mod:`.model` (``config.json``), :mod:`.deploy` (the TOML file and overrides). The names below are
+:mod:`.model` (``config.json``), :mod:`.deploy` (the TOML file and overrides), :mod:`.vocabulary`
+(FastDeploy's ``kv_cache_quant_type`` and ``cache_dtype`` words mapped to ours). The names below are
 the public ones; an engine imports them from here.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 from .deploy import DeployConfig, deploy_config_from_overrides, load_deploy_config
 from .model import ModelConfig, check_tensor_parallel, load_model_config, tensor_parallel_sizes
 from .settings import CacheConfig, ParallelConfig, SchedulerConfig
+from .vocabulary import cache_settings_from_fastdeploy
 
 __all__ = [
     "CacheConfig",
@@ -19,6 +21,7 @@ __all__ = [
     "ModelConfig",
     "ParallelConfig",
     "SchedulerConfig",
+    "cache_settings_from_fastdeploy",
     "check_tensor_parallel",
     "deploy_config_from_overrides",
     "load_deploy_config",

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 
 from ...contract.errors import ConfigError
 
-CACHE_DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float8_e4m3fn", "int8")
+CACHE_DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32", "float8_e4m3fn", "int8", "uint8")
+"""Our cache element types; ``uint8`` is an 8-bit cache whose kind its kernels know (FastDeploy's word for any)."""
 MODEL_DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")
-EIGHT_BIT_DTYPES: tuple[str, ...] = ("float8_e4m3fn", "int8")
-DTYPE_ALIASES: dict[str, str] = {"fp8": "float8_e4m3fn"}
+EIGHT_BIT_DTYPES: tuple[str, ...] = ("float8_e4m3fn", "int8", "uint8")
 QUANT_TYPES: tuple[str, ...] = ("none", "block_wise_fp8", "int4_zp")
 ATTENTION_KINDS: tuple[str, ...] = ("mha", "gqa", "mla", "dsa")
 

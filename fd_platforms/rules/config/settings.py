@@ -7,16 +7,8 @@ from dataclasses import dataclass
 from ...contract.errors import ConfigError
 from ...contract.integers import check_int
 from ..decision import SPLITWISE_ROLES, STORAGE_BACKENDS, check_pin
-from .limits import (
-    CACHE_DTYPES,
-    DTYPE_ALIASES,
-    EIGHT_BIT_DTYPES,
-    MAX_EXPAND_RATIO,
-    MAX_RANKS,
-    MAX_WIDTH,
-    QUANT_TYPES,
-    choice,
-)
+from .limits import MAX_EXPAND_RATIO, MAX_RANKS, MAX_WIDTH, choice
+from .vocabulary import resolve_cache_words
 
 PROTOCOLS = ("fd-platforms", "fastdeploy")
 """The inter-process protocols: ours (the default), or FastDeploy's own signals and per-tensor handles."""
@@ -25,9 +17,12 @@ PROTOCOLS = ("fd-platforms", "fastdeploy")
 class CacheConfig:
     """How the KV cache is sized and stored.
 
-    ``cache_dtype`` accepts the alias ``fp8`` (stored as ``float8_e4m3fn``);
-    ``kv_cache_quant_type`` ``int4_zp`` stores key and value as packed 4-bit values whatever the
-    ``cache_dtype``; ``block_wise_fp8`` needs an 8-bit ``cache_dtype``.
+    ``cache_dtype`` and ``kv_cache_quant_type`` take FastDeploy's words as they are, normalised through
+    :mod:`.vocabulary` (``fp8``/``float8_e4m3`` are stored as ``float8_e4m3fn``; ``int8``, ``float8_e4m3fn``
+    and their ``_zp`` variants as quantization words set an 8-bit ``cache_dtype``; ``block_wise_fp8``,
+    also as a ``cache_dtype``, sets fp8 with scales); ``cache_dtype`` None (the default) is the
+    quantization's element type, else ``bfloat16``. ``int4_zp`` stores key and value as packed 4-bit
+    values whatever the ``cache_dtype``; ``block_wise_fp8`` needs an 8-bit ``cache_dtype``.
     ``num_gpu_block_expand_ratio`` (FastDeploy's name) scales the device blocks of MTP layers.
     ``rule`` pins the create-or-attach rule's version (:data:`~fd_platforms.rules.decision.RULE_VERSIONS`);
     None leaves it to the protocol (:meth:`~fd_platforms.engine.protocols.WireProtocol.rule_in_force`).
@@ -36,7 +31,7 @@ class CacheConfig:
     """
 
     block_size: int = 64
-    cache_dtype: str = "bfloat16"
+    cache_dtype: str | None = None
     kv_cache_quant_type: str = "none"
     memory_utilization: float = 0.9
     num_cpu_blocks: int = 0
@@ -48,17 +43,9 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         check_int("block_size", self.block_size, 1, MAX_WIDTH)
-        dtype = choice("cache_dtype", self.cache_dtype, CACHE_DTYPES, DTYPE_ALIASES)
+        dtype, quant = resolve_cache_words(self.cache_dtype, self.kv_cache_quant_type, quant_decides=False)
         object.__setattr__(self, "cache_dtype", dtype)
-        quant = choice("kv_cache_quant_type", self.kv_cache_quant_type, QUANT_TYPES)
         object.__setattr__(self, "kv_cache_quant_type", quant)
-        if quant == "block_wise_fp8" and dtype not in EIGHT_BIT_DTYPES:
-            raise ConfigError(
-                "kv_cache_quant_type",
-                quant,
-                f"block_wise_fp8 only with an 8-bit cache_dtype ({', '.join(EIGHT_BIT_DTYPES)}), not {dtype}",
-                "set cache_dtype to float8_e4m3fn (fp8) or kv_cache_quant_type to none",
-            )
         utilization = self.memory_utilization
         if not isinstance(utilization, (int, float)) or isinstance(utilization, bool) or not 0 < utilization <= 1:
             raise ConfigError(
