@@ -89,7 +89,7 @@ def initialize_kv_cache(
         started = time.monotonic()
         if profile or sharing is None:  # a profiling run's cache is its own, temporary: never published
             cache = allocate_kv_cache(
-                layout, num_blocks, platform.identity.device_string(layout.device_id), progress=progress
+                layout, num_blocks, platform.identity.device_string(layout.local_device), progress=progress
             )
             cache._platform = platform  # its clear returns the memory to the device
         else:
