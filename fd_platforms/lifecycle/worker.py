@@ -143,11 +143,11 @@ def _initialize(
         storage_backend=spec.deploy.cache.kvcache_storage_backend,
         splitwise_role=spec.deploy.scheduler.splitwise_role,
         rule=spec.rule,
-        signal_name=signal_name,
         setter_pid=manager_pid,
         timeout=spec.timeout,
         progress=say.allocation(f"creating {size}"),
         protocol=spec.deploy.scheduler.protocol,
+        **{protocol_named(spec.deploy.scheduler.protocol).name_argument: signal_name},  # its signal, or suffix
     )
     if cache.created:
         say(f"created {format_size(cache.nbytes)} of KV cache ({cache.decision.deciding_term}: {cache.decision.reason})")  # type: ignore[union-attr]
