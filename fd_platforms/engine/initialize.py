@@ -220,6 +220,14 @@ def manager_creates(platform: Platform, inputs: DecisionInputs) -> bool:
     return not (platform.should_create_cache_tensor(**inputs.kwargs()).create and inputs.num_cpu_blocks > 0)
 
 
+_REFUSALS = {
+    True: "hold a worker's cache. Fix: let the workers create their caches (role mixed, no swap space, no storage "
+          "backend), or use a platform that can share",
+    False: "attach to a worker's cache. Fix: pin a rule version under which the cache manager creates it (2026-01), "
+           "or use a platform that can share",
+}  # fmt: skip
+
+
 def _manage(
     platform: Platform,
     layout: CacheLayout,
@@ -231,9 +239,24 @@ def _manage(
     timeout: float | None,
     progress: AllocationProgress | None,
 ) -> ManagedCache:
-    """:func:`manage_kv_cache`'s work; ``creates`` None: as the rule decides (:func:`manager_creates`)."""
-    layout, wire, name, inputs, creates = _manager_layout(platform, layout, num_blocks, names, rule_arguments, creates)
-    num_cpu_blocks = inputs.num_cpu_blocks
+    """:func:`manage_kv_cache`'s work. Its arguments are checked before any hook: the protocol and the
+    engine's name (``names``: ``signal_name``, ``suffix``, ``protocol``; :func:`engine_name`), the rule's
+    inputs (``num_cpu_blocks``, ``storage_backend``, ``splitwise_role``; a manager never profiles) with the
+    rule in force; then the layout in the platform's shapes and whether the manager creates (``creates``,
+    None: as the rule decides, :func:`manager_creates`). A platform that cannot share is refused, naming
+    what the manager cannot do and the fix."""
+    check_cache_arguments(platform, layout, num_blocks)
+    wire, name = engine_name(names[2], names[0], names[1], stacklevel=4)
+    num_cpu_blocks, storage_backend, splitwise_role, rule = rule_arguments
+    inputs = DecisionInputs(False, num_cpu_blocks, storage_backend, splitwise_role)
+    inputs = replace(inputs, rule=wire.rule_in_force(rule, inputs))
+    layout = platform.cache_layout(layout, num_blocks)  # the platform's shapes, checked
+    creates = manager_creates(platform, inputs) if creates is None else creates
+    if platform.cache_sharing() is None:
+        raise CacheSharingError(
+            f"platform {platform.name} cannot share KV cache tensors between processes (it declares no cache_sharing), "
+            f"so a cache manager cannot {_REFUSALS[creates]}"
+        )
     limit = resolve_timeout(timeout)
     import_seconds = _import_paddle()
     wire.check_signals(name, layout.rank, manager=True, swap=num_cpu_blocks > 0)
@@ -287,42 +310,6 @@ def _all_or_nothing(cache: KVCache | ManagedCache, wire: WireProtocol, signal_na
             logger.warning("rank %d: the KV cache of a call that failed could not be withdrawn, it is freed when "
                            "this process exits: %s", device.rank, exc)  # fmt: skip
         raise
-
-
-_REFUSALS = {
-    True: "hold a worker's cache. Fix: let the workers create their caches (role mixed, no swap space, no storage "
-          "backend), or use a platform that can share",
-    False: "attach to a worker's cache. Fix: pin a rule version under which the cache manager creates it (2026-01), "
-           "or use a platform that can share",
-}  # fmt: skip
-
-
-def _manager_layout(
-    platform: Platform,
-    layout: CacheLayout,
-    num_blocks: int,
-    names: tuple[str | None, str | int | None, str],
-    rule_arguments: tuple[int, str | None, str, str | None],
-    creates: bool | None,
-) -> tuple[CacheLayout, WireProtocol, str, DecisionInputs, bool]:
-    """A cache manager call's arguments checked, before any hook: the protocol and the engine's name
-    (``signal_name``, ``suffix``, ``protocol``: :func:`engine_name`), the rule's inputs (``num_cpu_blocks``,
-    ``storage_backend``, ``splitwise_role``; a manager never profiles) with the rule in force (``rule``);
-    then the layout in the platform's shapes and whether the manager creates (``creates``, None: as the rule
-    decides). A platform that cannot share is refused, naming what the manager cannot do and the fix."""
-    check_cache_arguments(platform, layout, num_blocks)
-    wire, name = engine_name(names[2], names[0], names[1], stacklevel=5)
-    num_cpu_blocks, storage_backend, splitwise_role, rule = rule_arguments
-    inputs = DecisionInputs(False, num_cpu_blocks, storage_backend, splitwise_role)
-    inputs = replace(inputs, rule=wire.rule_in_force(rule, inputs))
-    shaped = platform.cache_layout(layout, num_blocks)  # the platform's shapes, checked
-    creates = manager_creates(platform, inputs) if creates is None else creates
-    if platform.cache_sharing() is None:
-        raise CacheSharingError(
-            f"platform {platform.name} cannot share KV cache tensors between processes (it declares no cache_sharing), "
-            f"so a cache manager cannot {_REFUSALS[creates]}"
-        )
-    return shaped, wire, name, inputs, creates
 
 
 def engine_name(
