@@ -88,7 +88,8 @@ def result(process: subprocess.Popen[str], what: str) -> dict[str, object]:
         if line.startswith("RESULT "):
             return json.loads(line.removeprefix("RESULT "))
     process.wait(30)
-    pytest.fail(f"the {what} ended without a result (rc={process.returncode}):\n{process.stderr.read()}")  # type: ignore[union-attr]
+    errors = process.stderr.read() if process.stderr is not None else ""
+    pytest.fail(f"the {what} ended without a result (rc={process.returncode}):\n{errors}")
 
 
 @pytest.mark.parametrize("name", CASES)

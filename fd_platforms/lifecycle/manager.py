@@ -5,10 +5,11 @@ creators))`` (the minimum across ranks; ``creators`` None, or each rank's worker
 rule lets the workers create). For each rank :func:`~fd_platforms.engine.manage_kv_cache` exports
 and publishes the device cache, carves the host swap space (``num_cpu_blocks`` blocks in the
 layout's names, pinned where the platform can) and sets the slot; or, where the rule lets the
-workers create, waits for the worker's cache, attaches to it and carves the host swap space. It sends ``("ready", allocations)``, then serves until ``("stop", None)``:
-``mark`` / ``check`` (a creator writes its tokens, reads the attacher's back), ``verify`` (an
-attacher reads the creator's, writes its own), ``clear`` (a creator waits for its attacher to let
-go, then frees; an attacher lets go) and ``init`` (take every rank again).
+workers create, waits for the worker's cache, attaches to it and carves the host swap space. It
+sends ``("ready", allocations)``, then serves until ``("stop", None)``: ``mark`` / ``check`` (a
+creator writes its tokens, reads the attacher's back), ``verify`` (an attacher reads the creator's,
+writes its own), ``clear`` (a creator waits for its attacher to let go, then frees; an attacher
+lets go) and ``init`` (take every rank again).
 """
 
 from __future__ import annotations
