@@ -129,7 +129,8 @@ def test_managed_cache_fields_read_as_kv_caches_with_deprecated_aliases(cpu: Pla
         assert managed.kv_cache.device == "cpu"  # the device string, as on a runner's KVCache
         with pytest.warns(DeprecationWarning, match=r"ManagedCache.device is deprecated .* ManagedCache.kv_cache"):
             assert managed.device is managed.kv_cache
-        with pytest.warns(DeprecationWarning, match=r"ManagedCache.host is deprecated .* host_cache") as caught:
+        host_alias = r"ManagedCache.host is deprecated .*ManagedCache.host_cache"
+        with pytest.warns(DeprecationWarning, match=host_alias) as caught:
             assert managed.host is managed.host_cache is not None
         assert caught[0].filename == __file__
     finally:
