@@ -33,10 +33,10 @@ def cache_manager(signal_name, num_blocks, num_cpu_blocks, conn):
     for cycle in (1, 2):
         managed = manage_kv_cache(platform, rank0_layout(), num_blocks, num_cpu_blocks=num_cpu_blocks,
                                            signal_name=signal_name)  # publishes, then sets rank 0's slot
-        managed.device.tensors[0][0, 0, 0, 0] = 100.0 + cycle  # for the runner to read
-        conn.send(managed.host.num_blocks)
+        managed.kv_cache.tensors[0][0, 0, 0, 0] = 100.0 + cycle  # for the runner to read
+        conn.send(managed.host_cache.num_blocks)
         receive(conn, '"clear" from the engine')  # sent once the runner has let go
-        written = managed.device.tensors[-1][-1, -1, -1, -1].item()  # the runner's write
+        written = managed.kv_cache.tensors[-1][-1, -1, -1, -1].item()  # the runner's write
         managed.clear(TIMEOUT)
         conn.send(written)
 

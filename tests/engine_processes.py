@@ -27,12 +27,12 @@ def manage(signal_name: str, num_blocks: int, num_cpu_blocks: int, conn: Connect
     managed = manage_kv_cache(
         platform, qwen_layout(**(cache or {})), num_blocks, num_cpu_blocks=num_cpu_blocks, signal_name=signal_name
     )
-    managed.device.tensors[0][0, 0, 0, 0] = 5.0
+    managed.kv_cache.tensors[0][0, 0, 0, 0] = 5.0
     conn.send(("ready", os.getpid()))
     while True:
         kind, payload = conn.recv()
         if kind == "read":
-            conn.send(managed.device.tensors[-1][-1, -1, -1, -1].item())
+            conn.send(managed.kv_cache.tensors[-1][-1, -1, -1, -1].item())
         elif kind == "clear":
             try:
                 managed.clear(payload)
@@ -94,7 +94,7 @@ def fastdeploy_runner(
 
     def attach() -> object:
         cache = initialize_kv_cache(
-            platform, layout, num_blocks, signal_name=suffix, protocol="fastdeploy", timeout=30, **FASTDEPLOY_ATTACH
+            platform, layout, num_blocks, suffix=suffix, protocol="fastdeploy", timeout=30, **FASTDEPLOY_ATTACH
         )
         assert not cache.created and first_bytes(cache, 0) == {rank + 1}, first_bytes(cache, 0)
         write_byte(cache, 1, 0x5A)
@@ -120,12 +120,12 @@ def fastdeploy_manager(suffix: str, rank: int, tp: int, num_blocks: int, device_
 
     platform = fd_platforms.current_platform()
     managed = manage_kv_cache(platform, qwen_layout(rank, tp, device_id), num_blocks, num_cpu_blocks=4,
-                              signal_name=suffix, protocol="fastdeploy", rule="2026-01")  # fmt: skip
-    conn.send(("published", str(managed.device.tensors[0].place)))
+                              suffix=suffix, protocol="fastdeploy", rule="2026-01")  # fmt: skip
+    conn.send(("published", str(managed.kv_cache.tensors[0].place)))
     while True:
         kind = conn.recv()
         if kind == "bytes":
-            conn.send(sorted(first_bytes(managed.device, 1)))
+            conn.send(sorted(first_bytes(managed.kv_cache, 1)))
         elif kind == "clear":
             managed.clear(30)
             conn.send("cleared")

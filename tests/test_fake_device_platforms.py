@@ -130,7 +130,7 @@ PROBE = textwrap.dedent(
         out["layout"] = {"names": list(layout.names()), "bytes_per_block": layout.bytes_per_block,
                          "shapes": [[64, *spec.block_shape] for spec in layout.tensors]}
         before = paddle.device.memory_allocated(device)
-        kv = allocate_kv_cache(layout, 64, platform.identity.device_string(layout.device_id))
+        kv = allocate_kv_cache(layout, 64, platform.identity.device_string(layout.local_device))
         out["kv"] = {
             "device": kv.device, "num_blocks": kv.num_blocks, "names": list(kv.names), "nbytes": kv.nbytes,
             "places": sorted({str(t.place) for t in kv.tensors}),
@@ -143,7 +143,7 @@ PROBE = textwrap.dedent(
         before = paddle.device.memory_allocated(device)
         too_many = out["memory0"]["total"] // layout.bytes_per_block + 64
         try:
-            allocate_kv_cache(layout, too_many, platform.identity.device_string(layout.device_id))
+            allocate_kv_cache(layout, too_many, platform.identity.device_string(layout.local_device))
             out["too_many"] = {"error": None}
         except Exception as exc:
             out["too_many"] = {"error": type(exc).__name__, "message": str(exc)}

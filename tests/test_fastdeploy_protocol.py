@@ -138,7 +138,7 @@ def test_a_standin_cache_manager_wakes_our_runner_which_attaches_by_fastdeploys_
         for creator in creators:
             stack.callback(creator.kill)
         caches = [
-            initialize_kv_cache(cpu, layout, BLOCKS, signal_name=suffix, protocol="fastdeploy", timeout=30,
+            initialize_kv_cache(cpu, layout, BLOCKS, suffix=suffix, protocol="fastdeploy", timeout=30,
                                 setter_pid=creator.pid, **FASTDEPLOY_ATTACH)  # fmt: skip
             for layout, creator in zip(runner_layouts, creators, strict=True)
         ]
@@ -161,7 +161,7 @@ def test_our_cache_manager_wakes_a_standin_worker_and_tells_the_engine_it_is_up(
     with fastdeploy_engine(2) as (suffix, engine):
         attachers = [standin("attacher", suffix, rank, 2, tensor_specs(cpu, rank, 2), 0, 0) for rank in range(2)]
         managed = [
-            manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, signal_name=suffix, protocol="fastdeploy",
+            manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, suffix=suffix, protocol="fastdeploy",
                             rule="2026-01")
             for rank in range(2)
         ]
@@ -197,7 +197,7 @@ def test_a_clear_update_driven_from_our_side_completes_20_times(cpu) -> None:
 def test_a_clear_update_driven_from_the_standins_side_completes_20_times(cpu) -> None:
     with fastdeploy_engine(4) as (suffix, _):
         def create(rank: int):
-            return manage_kv_cache(cpu, qwen_layout(rank, 4), BLOCKS, num_cpu_blocks=4, signal_name=suffix,
+            return manage_kv_cache(cpu, qwen_layout(rank, 4), BLOCKS, num_cpu_blocks=4, suffix=suffix,
                                    protocol="fastdeploy", rule="2026-01")  # fmt: skip
 
         managed = [create(rank) for rank in range(4)]
@@ -221,7 +221,7 @@ def test_a_clear_update_driven_from_the_standins_side_completes_20_times(cpu) ->
         held = serve_kv_cache_status(managed, create, suffix=suffix, until=all_done, timeout=30)
         for reader in readers:
             reader.join(5)
-        assert len(held) == 4 and all(cache.device.shared for cache in held)
+        assert len(held) == 4 and all(cache.kv_cache.shared for cache in held)
         with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
             assert status.get(0) == KVCacheStatus.NORMAL
         for attacher in attachers:
@@ -317,7 +317,7 @@ def test_our_metax_cache_manager_wakes_a_standin_worker_which_opens_the_raw_hand
 def test_a_rank_that_never_lets_go_is_named(cpu) -> None:
     with fastdeploy_engine(2) as (suffix, _):
         managed = [
-            manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, signal_name=suffix, protocol="fastdeploy",
+            manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, suffix=suffix, protocol="fastdeploy",
                             rule="2026-01")
             for rank in range(2)
         ]
@@ -344,7 +344,7 @@ def test_a_handle_that_does_not_fit_fastdeploys_record_is_refused(cpu, monkeypat
 
 def test_a_bad_suffix_or_protocol_is_refused_before_any_hook(cpu) -> None:
     with pytest.raises(ConfigError, match="suffix") as caught:
-        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, signal_name="../x", protocol="fastdeploy", **FASTDEPLOY_ATTACH)
+        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, suffix="../x", protocol="fastdeploy", **FASTDEPLOY_ATTACH)
     assert "engine_worker_queue_port" in str(caught.value)
     with pytest.raises(ConfigError, match="protocol"):
         initialize_kv_cache(cpu, qwen_layout(), BLOCKS, signal_name="9923", protocol="FastDeploy", **FASTDEPLOY_ATTACH)
@@ -476,7 +476,7 @@ def test_a_creator_nobody_attaches_to_sleeps_and_wakes_20_times_at_once(cpu) -> 
     with fastdeploy_engine(1) as (suffix, _):
         for _ in range(20):
             started = time.monotonic()
-            cache = initialize_kv_cache(cpu, qwen_layout(0, 1), BLOCKS, signal_name=suffix, protocol="fastdeploy",
+            cache = initialize_kv_cache(cpu, qwen_layout(0, 1), BLOCKS, suffix=suffix, protocol="fastdeploy",
                                         profile=False, num_cpu_blocks=0, storage_backend=None, splitwise_role="mixed",
                                         timeout=30)  # fmt: skip
             assert cache.created

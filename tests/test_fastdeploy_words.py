@@ -36,7 +36,7 @@ def managed(suffix: str) -> Iterator[list[ManagedCache]]:
     """Both ranks' caches, published with an attacher expected (host swap space): every slot set."""
     cpu = select_platform({"FD_PLATFORM": "cpu"}).platform
     caches = [
-        manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, signal_name=suffix, protocol="fastdeploy",
+        manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, suffix=suffix, protocol="fastdeploy",
                         rule="2026-01")
         for rank in range(2)
     ]  # fmt: skip
@@ -71,7 +71,7 @@ def test_a_status_outside_fastdeploys_set_is_refused_logged_and_never_acted_on(
         ready.set(0, 0)  # rank 0's attacher let go: only the word says whether to clear
         with caplog.at_level(logging.WARNING):
             held = serve_for(0.5, managed, suffix)
-        assert held == managed and not any(cache.device.cleared for cache in held), "nothing freed"
+        assert held == managed and not any(cache.kv_cache.cleared for cache in held), "nothing freed"
         assert status.get(0) == forged, "nothing answered"
     warned = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert len(warned) == 1, warned
@@ -107,7 +107,7 @@ def test_a_slot_that_flickers_through_0_while_its_attacher_holds_it_frees_nothin
         forger.start()
         held = serve_for(0.6, managed, suffix)
         forger.join()
-        assert held == managed and not any(cache.device.cleared for cache in held), "nothing freed under the runner"
+        assert held == managed and not any(cache.kv_cache.cleared for cache in held), "nothing freed under the runner"
         status.set(0, KVCacheStatus.NORMAL)
 
 
@@ -118,7 +118,7 @@ def test_a_neighbour_engine_on_the_same_device_ids_is_named_as_the_cause_when_it
     cpu = select_platform({"FD_PLATFORM": "cpu"}).platform
     neighbour, made = FASTDEPLOY.create_signals(1, device_type="cpu", block_count_suffix=None)
     with made, pytest.raises(CacheSharingError) as caught:
-        manage_kv_cache(cpu, qwen_layout(0, 2), BLOCKS, num_cpu_blocks=0, signal_name=neighbour, protocol="fastdeploy",
+        manage_kv_cache(cpu, qwen_layout(0, 2), BLOCKS, num_cpu_blocks=0, suffix=neighbour, protocol="fastdeploy",
                         rule="2026-01")  # fmt: skip
     assert "another engine on this machine with the same device ids took them" in str(caught.value)
     assert "FastDeploy's own engines collide the same way" in str(caught.value)

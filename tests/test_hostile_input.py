@@ -348,11 +348,11 @@ def published_by_us(cpu, layout, signal_name: str, *, handle_of: int | None = No
     if handle_of is not None:  # rewrite the manifest: the same tensors, the handles of another process
         from fd_platforms.engine.publication import Publication, PublishedTensor, publication_name
 
-        publication = managed.device._publication
+        publication = managed.kv_cache._publication
         entries = [PublishedTensor(t.name, t.shape, t.dtype, f"memfd:{handle_of}:3") for t in publication.tensors]
         publication._segment.close()
         Path(f"/dev/shm/{publication.name}").unlink()
-        managed.device._publication = Publication.create(publication_name(signal_name, 0), 0, "cpu", entries)
+        managed.kv_cache._publication = Publication.create(publication_name(signal_name, 0), 0, "cpu", entries)
     return managed
 
 
@@ -403,7 +403,7 @@ def test_importing_paddle_is_timed_apart_from_the_attach(cpu_and_layout, monkeyp
         try:
             decode = {**MIXED, "splitwise_role": "decode"}
             cache = initialize_kv_cache(cpu, layout, 1, signal_name=signal.name, setter_pid=os.getpid(), **decode)
-            assert managed.device.import_seconds is not None and managed.device.import_seconds >= 1.0
+            assert managed.kv_cache.import_seconds is not None and managed.kv_cache.import_seconds >= 1.0
             assert cache.import_seconds is not None and cache.import_seconds >= 1.0
             assert cache.attach_seconds is not None and cache.attach_seconds < cache.import_seconds
             assert cache.wait_seconds is not None and cache.wait_seconds < cache.import_seconds

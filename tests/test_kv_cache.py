@@ -27,7 +27,7 @@ def layout_of(model: str, tp: int = 4, **cache: Any) -> CacheLayout:
 def test_cpu_platform_allocates_the_layout_in_order_with_its_names() -> None:
     layout = layout_of("qwen3-30b-a3b")
     cpu = select_platform({}).platform
-    kv = allocate_kv_cache(layout, 4, cpu.identity.device_string(layout.device_id))
+    kv = allocate_kv_cache(layout, 4, cpu.identity.device_string(layout.local_device))
     assert kv.device == "cpu" and kv.num_blocks == 4
     assert kv.names == layout.names() and len(kv.tensors) == len(layout.tensors) == 96
     assert kv.names[:3] == ("key_caches_0_rank0.device0", "value_caches_0_rank0.device0", "key_caches_1_rank0.device0")

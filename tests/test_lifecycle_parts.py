@@ -39,8 +39,8 @@ class LiveMemory:
 
 def test_each_rank_has_its_own_device_except_on_cpu() -> None:
     gpu, cpu = spec("iluvatar_gpu"), spec("cpu")
-    assert [gpu.device_id(rank) for rank in (0, 1)] == [0, 1]
-    assert [cpu.device_id(rank) for rank in (0, 1)] == [0, 0]
+    assert [gpu.local_device(rank) for rank in (0, 1)] == [0, 1]
+    assert [cpu.local_device(rank) for rank in (0, 1)] == [0, 0]
     assert gpu.layout(1).names()[0] == "key_caches_0_rank1.device1"
     assert cpu.layout(1).names()[0] == "key_caches_0_rank1.device0"
 

@@ -18,7 +18,7 @@ import pytest
 
 from engine_processes import qwen_layout
 from run_helpers import QWEN, main_in_process
-from fd_platforms.engine import hold_kv_cache, initialize_kv_cache, manage_kv_cache
+from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
 from fd_platforms.engine.protocols import protocol_named
 from fd_platforms.ipc import waiting
 from fd_platforms.loading.platform import Platform
@@ -66,6 +66,11 @@ def progress_lines(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyP
     return lines
 
 
+def named(protocol: str, name: str) -> dict[str, str]:
+    """The engine calls' name argument for ``protocol``: ``signal_name=`` (ours) or ``suffix=`` (FastDeploy's)."""
+    return {protocol_named(protocol).name_argument: name}
+
+
 def later(seconds: float, action: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
     """``action()`` in a thread after ``seconds``; the thread and a list that gets its result."""
     result: list[object] = []
@@ -78,10 +83,11 @@ def test_an_unbounded_attach_without_setter_pid_is_woken_after_seconds_saying_wh
     cpu: Platform, engine: tuple[str, str], progress_lines: Callable[[int], list[str]]
 ) -> None:
     protocol, name = engine
+    names = named(protocol, name)
     layout = qwen_layout()
-    thread, managed = later(DELAY, lambda: manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, signal_name=name,
+    thread, managed = later(DELAY, lambda: manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, **names,
                                                            protocol=protocol, rule=OLD_RULE))  # fmt: skip
-    cache = initialize_kv_cache(cpu, layout, BLOCKS, signal_name=name, protocol=protocol, timeout=math.inf,
+    cache = initialize_kv_cache(cpu, layout, BLOCKS, **names, protocol=protocol, timeout=math.inf,
                                 rule=OLD_RULE, **SWAP)
     thread.join(30)
     try:
@@ -104,10 +110,11 @@ def test_a_bounded_wait_says_the_same_at_info(
     cpu: Platform, engine: tuple[str, str], progress_lines: Callable[[int], list[str]]
 ) -> None:
     protocol, name = engine
+    names = named(protocol, name)
     layout = qwen_layout()
-    thread, managed = later(1.0, lambda: manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, signal_name=name,
+    thread, managed = later(1.0, lambda: manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, **names,
                                                          protocol=protocol, rule=OLD_RULE))  # fmt: skip
-    cache = initialize_kv_cache(cpu, layout, BLOCKS, signal_name=name, protocol=protocol, timeout=30, rule=OLD_RULE,
+    cache = initialize_kv_cache(cpu, layout, BLOCKS, **names, protocol=protocol, timeout=30, rule=OLD_RULE,
                                 **SWAP)
     thread.join(30)
     try:
@@ -124,9 +131,10 @@ def test_an_unbounded_clear_waits_for_the_attacher_saying_so(
     cpu: Platform, engine: tuple[str, str], progress_lines: Callable[[int], list[str]]
 ) -> None:
     protocol, name = engine
+    names = named(protocol, name)
     layout = qwen_layout()
-    managed = manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, signal_name=name, protocol=protocol, rule=OLD_RULE)
-    cache = initialize_kv_cache(cpu, layout, BLOCKS, signal_name=name, protocol=protocol, timeout=30, rule=OLD_RULE,
+    managed = manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, **names, protocol=protocol, rule=OLD_RULE)
+    cache = initialize_kv_cache(cpu, layout, BLOCKS, **names, protocol=protocol, timeout=30, rule=OLD_RULE,
                                 **SWAP)
     thread, _ = later(DELAY, cache.clear)  # the attacher lets go after a few seconds
     started = time.monotonic()
@@ -141,18 +149,19 @@ def test_an_unbounded_clear_waits_for_the_attacher_saying_so(
 def test_the_cache_manager_holds_a_workers_cache_without_setter_pid(cpu: Platform, engine: tuple[str, str]) -> None:
     """Rule 2026-04 with swap space: the worker creates, the manager waits for it and attaches; no pid named."""
     protocol, name = engine
+    names = named(protocol, name)
     layout = qwen_layout()
-    thread, created = later(DELAY / 2, lambda: initialize_kv_cache(cpu, layout, BLOCKS, signal_name=name,
+    thread, created = later(DELAY / 2, lambda: initialize_kv_cache(cpu, layout, BLOCKS, **names,
                                                                     protocol=protocol, rule="2026-04", **SWAP))  # fmt: skip
-    manager = hold_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, signal_name=name, timeout=30, protocol=protocol,
-                            rule="2026-04")
+    manager = manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, **names, timeout=30, protocol=protocol,
+                              rule="2026-04")
     thread.join(30)
     [cache] = created
     try:
-        assert manager.device.wait_seconds >= DELAY / 2 - 0.1
-        assert cache.created and not manager.device.created  # type: ignore[attr-defined]
+        assert manager.kv_cache.wait_seconds >= DELAY / 2 - 0.1
+        assert cache.created and not manager.kv_cache.created  # type: ignore[attr-defined]
         cache.tensors[0][0, 0, 0, 0] = 2.5  # type: ignore[attr-defined]
-        assert manager.device.tensors[0][0, 0, 0, 0].item() == 2.5
+        assert manager.kv_cache.tensors[0][0, 0, 0, 0].item() == 2.5
     finally:
         manager.clear(5)  # lets go first: the worker's clear waits for it
         cache.clear(5)  # type: ignore[attr-defined]

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from ..ipc.timeouts import ALLOWED, UNBOUNDED, set_by_flag
     from ..lifecycle.engine import run_lifecycle, select_run_platform
     from ..lifecycle.progress import Progress
-    from ..lifecycle.spec import RunSpec
+    from ..lifecycle.spec import RunSpec, run_device_ids
 
     deploy = deploy_config(args)
     tp = deploy.parallel.tensor_parallel_size
@@ -119,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         cycles=args.cycles,
         nodes=nodes,
         block_count_suffix=block_count_suffix,
+        device_ids=run_device_ids(platform.identity, ranks),
     )
     with sigterm_raises(), sigint_says_stopping():
         report = run_lifecycle(spec, Progress(quiet=args.json), platform)

@@ -4,13 +4,14 @@ The layer above the :class:`~fd_platforms.loading.platform.Platform` facade: eve
 platform first, and the facade never imports the engine. A runner calls :func:`initialize_kv_cache`
 (decide with the rule, then create and publish, or wait and attach zero-copy by name); a cache
 manager calls :func:`manage_kv_cache` (publish a rank's device cache, carve its host swap cache,
-set the slot), or :func:`hold_kv_cache` where the pinned rule lets the workers create (attach to a
-rank's published cache and carve its host swap cache). Both give back records whose ``clear()`` lets go, so the cache can be created
-again. An engine over several nodes joins them with
-:meth:`Cluster.join <fd_platforms.engine.cluster.Cluster.join>` and agrees on the blocks with
-:meth:`Cluster.agree <fd_platforms.engine.cluster.Cluster.agree>` (Paddle's collective runtime).
-Beside FastDeploy's own processes, every call takes ``protocol="fastdeploy"`` (its signals and
-per-tensor handles); :func:`drive_kv_cache_update` and :func:`serve_kv_cache_status` are its
+set the slot; or, where the rule in force lets the workers create, attach to the rank's published
+cache and carve its host swap cache; :func:`hold_kv_cache`, which always attaches, is deprecated).
+Both give back records whose ``clear()`` lets go, so the cache can be created again. An engine over
+several nodes joins them with :meth:`Cluster.join <fd_platforms.engine.cluster.Cluster.join>` and
+agrees on the blocks with :meth:`Cluster.agree <fd_platforms.engine.cluster.Cluster.agree>`
+(Paddle's collective runtime).
+Beside FastDeploy's own processes, every call takes ``protocol="fastdeploy"`` and ``suffix=`` (its
+signals and per-tensor handles); :func:`drive_kv_cache_update` and :func:`serve_kv_cache_status` are its
 clear/update protocol, :func:`hand_off_block_count` its block-count hand-off.
 See ``docs/engine-integration.md``.
 

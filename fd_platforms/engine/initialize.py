@@ -19,14 +19,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from ..contract.errors import CacheSharingError, FdPlatformsError, SignalWaitError
+from ..contract.errors import CacheSharingError, ConfigError, FdPlatformsError, SignalWaitError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision, CacheRoleShape
 from ..ipc.cache_signal import resolve_timeout
+from ..ipc.fastdeploy_signals import check_suffix
 from ..rules.decision import DecisionInputs
 from .host_cache import HostCache, allocate_host_cache
 from .kv_cache import (
@@ -37,7 +39,7 @@ from .kv_cache import (
     check_cache_arguments,
     export_kv_cache,
 )
-from .protocols import OURS, WireProtocol, protocol_named
+from .protocols import FASTDEPLOY, OURS, WireProtocol, protocol_named
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..loading.platform import Platform
@@ -58,7 +60,8 @@ def initialize_kv_cache(
     num_cpu_blocks: int,
     storage_backend: str | None,
     splitwise_role: str,
-    signal_name: str,
+    signal_name: str | None = None,
+    suffix: str | int | None = None,
     setter_pid: int | None = None,
     timeout: float | None = None,
     progress: AllocationProgress | None = None,
@@ -73,16 +76,16 @@ def initialize_kv_cache(
     death; ``timeout`` bounds the wait (default ``FD_CACHE_READY_TIMEOUT``); ``rule`` is the rule
     version the engine pins (every process of one engine must pin the same; None: the protocol's
     :meth:`~.protocols.WireProtocol.rule_in_force`); ``protocol`` ``"fastdeploy"`` speaks FastDeploy's
-    own signals and per-tensor handles (``signal_name`` is then its signal suffix, the engine's port),
-    so this runner can work beside FastDeploy's unmodified processes. ``tensor_specs`` is one layer's
-    tensors as the engine's attention backend states them (``CacheRoleShape``: role, shape with the
-    blocks first, dtype; in the order its kernels index), used instead of the platform's shapes once
-    checked (:func:`~fd_platforms.rules.shapes.engine_shaped`: a ConfigError before any hook runs);
-    None keeps the derived shapes. Every process of the engine must state the same.
+    own signals and per-tensor handles, named by ``suffix`` (its signal suffix, the engine's port)
+    instead of ``signal_name``, so this runner can work beside FastDeploy's unmodified processes.
+    ``tensor_specs`` is one layer's tensors as the engine's attention backend states them
+    (``CacheRoleShape``: role, shape with the blocks first, dtype; in the order its kernels index), used
+    instead of the platform's shapes once checked (:func:`~fd_platforms.rules.shapes.engine_shaped`: a
+    ConfigError before any hook runs); None keeps the derived shapes. Every process of the engine must
+    state the same.
     """
     check_cache_arguments(platform, layout, num_blocks)
-    wire = protocol_named(protocol)
-    wire.check_signal_name(signal_name)
+    wire, signal_name = engine_name(protocol, signal_name, suffix)
     inputs = DecisionInputs(profile, num_cpu_blocks, storage_backend, splitwise_role)
     inputs = replace(inputs, rule=wire.rule_in_force(rule, inputs))
     limit = resolve_timeout(timeout)
@@ -94,7 +97,7 @@ def initialize_kv_cache(
         started = time.monotonic()
         if profile or sharing is None:  # a profiling run's cache is its own, temporary: never published
             cache = allocate_kv_cache(
-                layout, num_blocks, platform.identity.device_string(layout.device_id), progress=progress
+                layout, num_blocks, platform.identity.device_string(layout.local_device), progress=progress
             )
             cache._platform = platform  # its clear returns the memory to the device
         else:
@@ -119,21 +122,40 @@ def initialize_kv_cache(
 
 @dataclass(eq=False)
 class ManagedCache:
-    """What the cache manager holds for one rank: the published device cache and its host swap cache."""
+    """What the cache manager holds for one rank: its device cache (``kv_cache``, published by the manager
+    or attached to the worker's: :attr:`created` says which) and its host swap cache (``host_cache``)."""
 
     rank: int
-    device: KVCache
-    host: HostCache | None
+    kv_cache: KVCache
+    host_cache: HostCache | None
     _signal_name: str | None = field(default=None, repr=False)
     _protocol: WireProtocol = field(default=OURS, repr=False)
+
+    @property
+    def created(self) -> bool:
+        """Whether the manager created the device cache (False: it attached to the worker's)."""
+        return self.kv_cache.created
+
+    @property
+    def device(self) -> KVCache:
+        """Deprecated alias of :attr:`kv_cache` (in the next minor version ``device`` is the device string,
+        as :attr:`KVCache.device` is)."""
+        _deprecated("ManagedCache.device", "ManagedCache.kv_cache (its device string: ManagedCache.kv_cache.device)")
+        return self.kv_cache
+
+    @property
+    def host(self) -> HostCache | None:
+        """Deprecated alias of :attr:`host_cache`."""
+        _deprecated("ManagedCache.host", "ManagedCache.host_cache")
+        return self.host_cache
 
     def clear(self, timeout: float | None = None) -> None:
         """Wait until the rank's attacher has let go (:class:`CacheInUseError` naming the rank after
         ``timeout``, nothing freed), then unpublish and free the device cache and the host cache."""
-        self.device.clear(timeout)
-        if self.host is not None:
-            self.host.clear()
-            self.host = None
+        self.kv_cache.clear(timeout)
+        if self.host_cache is not None:
+            self.host_cache.clear()
+            self.host_cache = None
             if self._signal_name is not None:
                 self._protocol.manager_swap_freed(self._signal_name, self.rank)
 
@@ -144,7 +166,10 @@ def manage_kv_cache(
     num_blocks: int,
     *,
     num_cpu_blocks: int,
-    signal_name: str,
+    signal_name: str | None = None,
+    suffix: str | int | None = None,
+    setter_pid: int | None = None,
+    timeout: float | None = None,
     progress: AllocationProgress | None = None,
     protocol: str = OURS.name,
     rule: str | None = None,
@@ -152,25 +177,23 @@ def manage_kv_cache(
     splitwise_role: str = "mixed",
     tensor_specs: Sequence[CacheRoleShape] | None = None,
 ) -> ManagedCache:
-    """Export and publish rank ``layout.rank``'s device cache, allocate its host swap cache
-    (``num_cpu_blocks`` blocks of the same layout; none when 0), then set the rank's slot.
-    ``protocol`` and ``rule`` as :func:`initialize_kv_cache`'s, which also takes ``storage_backend``
-    and ``splitwise_role``: the engine's, the rule's inputs with ``num_cpu_blocks``; ``tensor_specs`` as
-    :func:`initialize_kv_cache`'s."""
-    layout, wire, _ = _manager_layout(
-        platform, layout, num_blocks, signal_name, protocol,
-        (num_cpu_blocks, storage_backend, splitwise_role, rule), tensor_specs,
-        "hold a worker's cache. Fix: let the workers create their caches (role mixed, no swap space, no storage "
-        "backend), or use a platform that can share",
+    """The cache manager's side of rank ``layout.rank``, as the rule in force decides (:func:`manager_creates`):
+
+    - where the workers attach, export and publish the device cache, allocate its host swap cache
+      (``num_cpu_blocks`` blocks of the same layout; none when 0), then set the rank's slot;
+    - where the workers create (rule ``2026-04`` with swap space), wait for the rank's published cache,
+      attach to it zero-copy, then allocate its host swap cache. ``setter_pid`` is the rank's worker, so
+      the wait fails within a quarter second of its death; ``timeout`` bounds it (default
+      ``FD_CACHE_READY_TIMEOUT``); ``clear()`` lets go first, so the worker can clear and re-create.
+
+    :attr:`ManagedCache.created` says which it did. ``signal_name``, ``suffix``, ``protocol`` and ``rule``
+    as :func:`initialize_kv_cache`'s, which also takes ``storage_backend`` and ``splitwise_role``: the
+    engine's, the rule's inputs with ``num_cpu_blocks``; ``tensor_specs`` as :func:`initialize_kv_cache`'s."""
+    return _manage(
+        platform, layout, num_blocks, (signal_name, suffix, protocol),
+        (num_cpu_blocks, storage_backend, splitwise_role, rule), None, setter_pid, timeout, progress,
+        tensor_specs,
     )  # fmt: skip
-    import_seconds = _import_paddle()
-    wire.check_signals(signal_name, layout.rank, manager=True, swap=num_cpu_blocks > 0)
-    started = time.monotonic()
-    device = export_kv_cache(
-        platform, layout, num_blocks, signal_name, progress=progress, protocol=wire, attacher_expected=True
-    )
-    device.create_seconds, device.import_seconds = time.monotonic() - started, import_seconds
-    return _managed(platform, layout, device, num_cpu_blocks, wire, signal_name)  # nobody attached yet
 
 
 def hold_kv_cache(
@@ -179,7 +202,8 @@ def hold_kv_cache(
     num_blocks: int,
     *,
     num_cpu_blocks: int,
-    signal_name: str,
+    signal_name: str | None = None,
+    suffix: str | int | None = None,
     setter_pid: int | None = None,
     timeout: float | None = None,
     protocol: str = OURS.name,
@@ -188,25 +212,77 @@ def hold_kv_cache(
     splitwise_role: str = "mixed",
     tensor_specs: Sequence[CacheRoleShape] | None = None,
 ) -> ManagedCache:
-    """The cache manager's side where the workers create (rule ``2026-04`` with swap space on): wait
-    for rank ``layout.rank``'s published cache, attach to it zero-copy, then allocate its host swap
-    cache (``num_cpu_blocks`` blocks). ``setter_pid`` is the rank's worker, so the wait fails within a
-    quarter second of its death; ``clear()`` lets go first, so the worker can clear and re-create.
-    The other arguments as :func:`manage_kv_cache`'s.
-    """
-    layout, wire, inputs = _manager_layout(
-        platform, layout, num_blocks, signal_name, protocol,
-        (num_cpu_blocks, storage_backend, splitwise_role, rule), tensor_specs,
-        "attach to a worker's cache. Fix: pin a rule version under which the cache manager creates it (2026-01), "
-        "or use a platform that can share",
+    """Deprecated: :func:`manage_kv_cache` attaches where the rule lets the workers create. This one always
+    waits for rank ``layout.rank``'s published cache and attaches to it, whatever the rule."""
+    _deprecated("hold_kv_cache", "manage_kv_cache, which attaches where the rule in force lets the workers create")
+    return _manage(
+        platform, layout, num_blocks, (signal_name, suffix, protocol),
+        (num_cpu_blocks, storage_backend, splitwise_role, rule), False, setter_pid, timeout, None,
+        tensor_specs,
     )  # fmt: skip
+
+
+def manager_creates(platform: Platform, inputs: DecisionInputs) -> bool:
+    """Whether a cache manager creates a rank's device cache on ``inputs`` (a manager never profiles): unless
+    the rule lets the workers create and the manager holds host swap space for them (``num_cpu_blocks > 0``),
+    the one case where it attaches to theirs, as FastDeploy's transfer manager does since PR #7471
+    (``fastdeploy/cache_manager/cache_transfer_manager.py``, "Waiting for runners ... to create kv cache")."""
+    return not (platform.should_create_cache_tensor(**inputs.kwargs()).create and inputs.num_cpu_blocks > 0)
+
+
+_REFUSALS = {
+    True: "hold a worker's cache. Fix: let the workers create their caches (role mixed, no swap space, no storage "
+          "backend), or use a platform that can share",
+    False: "attach to a worker's cache. Fix: pin a rule version under which the cache manager creates it (2026-01), "
+           "or use a platform that can share",
+}  # fmt: skip
+
+
+def _manage(
+    platform: Platform,
+    layout: CacheLayout,
+    num_blocks: int,
+    names: tuple[str | None, str | int | None, str],
+    rule_arguments: tuple[int, str | None, str, str | None],
+    creates: bool | None,
+    setter_pid: int | None,
+    timeout: float | None,
+    progress: AllocationProgress | None,
+    tensor_specs: Sequence[CacheRoleShape] | None,
+) -> ManagedCache:
+    """:func:`manage_kv_cache`'s work. Its arguments are checked before any hook: the protocol and the
+    engine's name (``names``: ``signal_name``, ``suffix``, ``protocol``; :func:`engine_name`), the rule's
+    inputs (``num_cpu_blocks``, ``storage_backend``, ``splitwise_role``; a manager never profiles) with the
+    rule in force; then the layout in the platform's shapes (the engine's ``tensor_specs`` where given) and
+    whether the manager creates (``creates``, None: as the rule decides, :func:`manager_creates`). A platform
+    that cannot share is refused, naming what the manager cannot do and the fix."""
+    check_cache_arguments(platform, layout, num_blocks)
+    wire, name = engine_name(names[2], names[0], names[1], stacklevel=4)
+    num_cpu_blocks, storage_backend, splitwise_role, rule = rule_arguments
+    inputs = DecisionInputs(False, num_cpu_blocks, storage_backend, splitwise_role)
+    inputs = replace(inputs, rule=wire.rule_in_force(rule, inputs))
+    layout = platform.cache_layout(layout, num_blocks, tensor_specs)  # the platform's or the engine's, checked
+    creates = manager_creates(platform, inputs) if creates is None else creates
+    if platform.cache_sharing() is None:
+        raise CacheSharingError(
+            f"platform {platform.name} cannot share KV cache tensors between processes (it declares no cache_sharing), "
+            f"so a cache manager cannot {_REFUSALS[creates]}"
+        )
     limit = resolve_timeout(timeout)
     import_seconds = _import_paddle()
-    wire.check_signals(signal_name, layout.rank, manager=True, swap=num_cpu_blocks > 0)
-    waited = _wait_ready(platform, wire, signal_name, layout.rank, limit, setter_pid, inputs)
-    device = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid, wire)
-    device.wait_seconds, device.import_seconds = waited, import_seconds
-    return _managed(platform, layout, device, num_cpu_blocks, wire, signal_name)
+    wire.check_signals(name, layout.rank, manager=True, swap=num_cpu_blocks > 0)
+    if creates:
+        started = time.monotonic()
+        device = export_kv_cache(
+            platform, layout, num_blocks, name, progress=progress, protocol=wire, attacher_expected=True
+        )
+        device.create_seconds = time.monotonic() - started
+    else:
+        waited = _wait_ready(platform, wire, name, layout.rank, limit, setter_pid, inputs)
+        device = attach_kv_cache(platform, layout, num_blocks, name, setter_pid, wire)
+        device.wait_seconds = waited
+    device.import_seconds = import_seconds
+    return _managed(platform, layout, device, num_cpu_blocks, wire, name)
 
 
 def _managed(
@@ -217,11 +293,11 @@ def _managed(
     device cache, then the manager announced where the protocol asks for it (FastDeploy's words)."""
     managed = ManagedCache(layout.rank, device, None)
     with _all_or_nothing(managed, wire, signal_name):
-        managed.host = allocate_host_cache(platform, layout, num_cpu_blocks) if num_cpu_blocks else None
+        managed.host_cache = allocate_host_cache(platform, layout, num_cpu_blocks) if num_cpu_blocks else None
         if device.created:
             wire.set_ready(signal_name, layout.rank)
         managed._signal_name, managed._protocol = signal_name, wire
-        wire.manager_up(signal_name, layout.rank, swap=managed.host is not None)
+        wire.manager_up(signal_name, layout.rank, swap=managed.host_cache is not None)
     return managed
 
 
@@ -232,7 +308,7 @@ def _all_or_nothing(cache: KVCache | ManagedCache, wire: WireProtocol, signal_na
     the rank's slot first (its own 1, or one the step inside was about to write: nobody may wait for a
     let-go of a cache that never finished), so its clear does not wait for an attacher that cannot come;
     what still cannot be withdrawn (an attacher of ours that came early and holds on) is logged."""
-    device = cache.device if isinstance(cache, ManagedCache) else cache
+    device = cache.kv_cache if isinstance(cache, ManagedCache) else cache
     try:
         yield
     except BaseException:
@@ -247,34 +323,48 @@ def _all_or_nothing(cache: KVCache | ManagedCache, wire: WireProtocol, signal_na
         raise
 
 
-def _manager_layout(
-    platform: Platform,
-    layout: CacheLayout,
-    num_blocks: int,
-    signal_name: str,
-    protocol: str,
-    rule_arguments: tuple[int, str | None, str, str | None],
-    tensor_specs: Sequence[CacheRoleShape] | None,
-    refusal: str,
-) -> tuple[CacheLayout, WireProtocol, DecisionInputs]:
-    """A cache manager call's arguments checked, before any hook: the protocol named ``protocol``, the
-    rule's inputs (``num_cpu_blocks``, ``storage_backend``, ``splitwise_role``; a manager never
-    profiles) with the rule in force (``rule``); then the layout in the platform's shapes (the engine's
-    ``tensor_specs`` where given). A platform
-    that cannot share is refused (``refusal`` ends the message: what the manager cannot do, the fix)."""
-    check_cache_arguments(platform, layout, num_blocks)
+def engine_name(
+    protocol: str, signal_name: str | None, suffix: str | int | None, *, stacklevel: int = 3
+) -> tuple[WireProtocol, str]:
+    """The protocol named ``protocol`` and the engine's shared name under it: ``signal_name`` (our cache-ready
+    signal) or, with ``protocol="fastdeploy"``, ``suffix`` (FastDeploy's signal suffix, its engine's
+    ``engine_worker_queue_port``; an int is taken as written). ``signal_name`` with FastDeploy's protocol is
+    its suffix still, with a DeprecationWarning (``stacklevel`` points it at the engine call's caller); a
+    ConfigError names a missing name, both names, or a suffix under our protocol."""
     wire = protocol_named(protocol)
-    wire.check_signal_name(signal_name)
-    num_cpu_blocks, storage_backend, splitwise_role, rule = rule_arguments
-    inputs = DecisionInputs(False, num_cpu_blocks, storage_backend, splitwise_role)
-    inputs = replace(inputs, rule=wire.rule_in_force(rule, inputs))
-    shaped = platform.cache_layout(layout, num_blocks, tensor_specs)  # the platform's or the engine's, checked
-    if platform.cache_sharing() is None:
-        raise CacheSharingError(
-            f"platform {platform.name} cannot share KV cache tensors between processes (it declares no cache_sharing), "
-            f"so a cache manager cannot {refusal}"
-        )
-    return shaped, wire, inputs
+    if wire.name_argument != "suffix":
+        if suffix is not None:
+            raise ConfigError(
+                "suffix", suffix, f"only with protocol={FASTDEPLOY.name!r} (FastDeploy's signal suffix)",
+                "pass the engine's cache-ready signal as signal_name=, or protocol='fastdeploy'",
+            )  # fmt: skip
+        if signal_name is None:
+            raise ConfigError("signal_name", None, "the engine's cache-ready signal (fd_cache_ready.<instance>)",
+                              "pass signal_name=, the name of the signal the engine created")  # fmt: skip
+        wire.check_signal_name(signal_name)
+        return wire, signal_name
+    if signal_name is not None and suffix is not None:
+        raise ConfigError(
+            "signal_name", signal_name, f"not with suffix= under protocol={FASTDEPLOY.name!r} (it names FastDeploy's "
+            "signals)", "drop signal_name=",
+        )  # fmt: skip
+    if signal_name is not None:
+        warnings.warn(
+            f"signal_name= with protocol={FASTDEPLOY.name!r} is deprecated and goes in the next minor version: pass "
+            "suffix= (FastDeploy's signal suffix, its engine's engine_worker_queue_port)",
+            DeprecationWarning, stacklevel=stacklevel,
+        )  # fmt: skip
+        suffix = signal_name
+    if suffix is None:
+        raise ConfigError("suffix", None, "FastDeploy's signal suffix (its engine's engine_worker_queue_port)",
+                          "pass suffix=, e.g. suffix=9923")  # fmt: skip
+    return wire, check_suffix(suffix)
+
+
+def _deprecated(old: str, new: str) -> None:
+    """A DeprecationWarning at the caller of the deprecated ``old`` (two frames up), naming ``new``."""
+    warnings.warn(f"{old} is deprecated and goes in the next minor version: use {new}", DeprecationWarning,
+                  stacklevel=3)  # fmt: skip
 
 
 def _wait_ready(

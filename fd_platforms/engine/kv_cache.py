@@ -183,7 +183,7 @@ def export_kv_cache(
     again and nothing is published.
     """
     check_num_blocks(num_blocks)
-    device = platform.identity.device_string(layout.device_id)
+    device = platform.identity.device_string(layout.local_device)
     shared: list[SharedTensor] = []
 
     def export_all() -> None:
@@ -234,7 +234,7 @@ def attach_kv_cache(
     expected = [PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, "") for spec in layout.tensors]
     publication = protocol.open_published(signal_name, layout.rank, expected, platform.name)
     shared: list[SharedTensor] = []
-    device = platform.identity.device_string(layout.device_id)
+    device = platform.identity.device_string(layout.local_device)
 
     def open_all() -> None:
         for spec, entry in zip(layout.tensors, publication.tensors, strict=True):

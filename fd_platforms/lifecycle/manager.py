@@ -2,14 +2,14 @@
 
 It starts beside the workers, imports paddle while they plan, and receives ``("final", (plan,
 creators))`` (the minimum across ranks; ``creators`` None, or each rank's worker pid where the pinned
-rule lets the workers create). For each rank: :func:`~fd_platforms.engine.manage_kv_cache` exports
+rule lets the workers create). For each rank :func:`~fd_platforms.engine.manage_kv_cache` exports
 and publishes the device cache, carves the host swap space (``num_cpu_blocks`` blocks in the
-layout's names, pinned where the platform can) and sets the slot; or, where the workers create,
-:func:`~fd_platforms.engine.hold_kv_cache` waits for the worker's cache, attaches to it and carves
-the host swap space. It sends ``("ready", allocations)``, then serves until ``("stop", None)``:
-``mark`` / ``check`` (a creator writes its tokens, reads the attacher's back), ``verify`` (an
-attacher reads the creator's, writes its own), ``clear`` (a creator waits for its attacher to let
-go, then frees; an attacher lets go) and ``init`` (take every rank again).
+layout's names, pinned where the platform can) and sets the slot; or, where the rule lets the
+workers create, waits for the worker's cache, attaches to it and carves the host swap space. It
+sends ``("ready", allocations)``, then serves until ``("stop", None)``: ``mark`` / ``check`` (a
+creator writes its tokens, reads the attacher's back), ``verify`` (an attacher reads the creator's,
+writes its own), ``clear`` (a creator waits for its attacher to let go, then frees; an attacher
+lets go) and ``init`` (take every rank again).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from multiprocessing.connection import Connection
 from ..contract.errors import FdPlatformsError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import Plan
-from ..engine.initialize import ManagedCache, hold_kv_cache, manage_kv_cache
+from ..engine.initialize import ManagedCache, manage_kv_cache
+from ..engine.protocols import protocol_named
 from ..kit.host_memory import resident_bytes
 from ..loading.platform import Platform
 from ..rules.sizes import format_size
@@ -56,10 +57,10 @@ def _manage(conn: Connection, say: Progress, spec: RunSpec, ranks: tuple[int, ..
                 del held[rank]
 
         serve(conn, spec.hold_timeout, {
-            "mark": lambda token: [write_tokens(cache.device.tensors, token, last=False) for cache in held.values()],
-            "check": lambda token: {rank: read_tokens(cache.device.tensors, token, last=True)
+            "mark": lambda token: [write_tokens(cache.kv_cache.tensors, token, last=False) for cache in held.values()],
+            "check": lambda token: {rank: read_tokens(cache.kv_cache.tensors, token, last=True)
                                     for rank, cache in held.items()},
-            "verify": lambda tokens: {rank: verify_attached(cache.device.tensors, *tokens)
+            "verify": lambda tokens: {rank: verify_attached(cache.kv_cache.tensors, *tokens)
                                       for rank, cache in held.items()},
             "clear": clear,
             "init": take_all,
@@ -87,39 +88,38 @@ def _take_all(
     """Each rank's cache: published here (``creators`` None), or attached to its worker's (the pid
     of each rank's creating worker given); with its host swap cache either way."""
     allocations = []
-    rule = {"protocol": spec.deploy.scheduler.protocol, "rule": spec.rule,  # the rule and its other inputs
+    protocol = spec.deploy.scheduler.protocol
+    rule = {"protocol": protocol, "rule": spec.rule,  # the rule and its other inputs, and the engine's name
             "storage_backend": spec.deploy.cache.kvcache_storage_backend,
-            "splitwise_role": spec.deploy.scheduler.splitwise_role}  # fmt: skip
+            "splitwise_role": spec.deploy.scheduler.splitwise_role,
+            protocol_named(protocol).name_argument: signal_name}  # fmt: skip
     for rank in ranks:
         size = format_size(spec.layout(rank).device_bytes(plan.num_blocks))
         swap = f"{format_size(plan.num_cpu_blocks * plan.bytes_per_block)} of host swap space ({plan.num_cpu_blocks} blocks)"
         started = time.monotonic()
         if creators is None:
             say(f"publishing {size} of KV cache" + (f" and allocating {swap}" if plan.num_cpu_blocks else "") + f" for rank {rank}")
-            cache = manage_kv_cache(
-                platform, spec.layout(rank), plan.num_blocks, num_cpu_blocks=plan.num_cpu_blocks,
-                signal_name=signal_name, progress=say.allocation(f"rank {rank}: publishing {size}"), **rule,
-            )  # fmt: skip
         else:
             say(f"attaching to rank {rank}'s KV cache (worker pid {creators[rank]}) to hold {swap}")
-            cache = hold_kv_cache(
-                platform, spec.layout(rank), plan.num_blocks, num_cpu_blocks=plan.num_cpu_blocks,
-                signal_name=signal_name, setter_pid=creators[rank], timeout=spec.timeout, **rule,
-            )  # fmt: skip
+        cache = manage_kv_cache(  # it creates or attaches as the rule decides, as the engine did to pass creators
+            platform, spec.layout(rank), plan.num_blocks, num_cpu_blocks=plan.num_cpu_blocks,
+            setter_pid=None if creators is None else creators[rank], timeout=spec.timeout,
+            progress=say.allocation(f"rank {rank}: publishing {size}"), **rule,
+        )  # fmt: skip
         seconds = time.monotonic() - started
         held[rank] = cache
-        host = cache.host
+        host = cache.host_cache
         allocations.append(
             Allocation(
                 rank=rank,
-                device=cache.device.device,
-                device_bytes=cache.device.nbytes,
+                device=cache.kv_cache.device,
+                device_bytes=cache.kv_cache.nbytes,
                 host_bytes=0 if host is None else host.nbytes,
                 pinned=None if host is None else host.pinned,
                 host_kind=None if host is None else host.buffer.kind,
                 seconds=seconds,
-                attached_tensors=0 if cache.device.created else len(cache.device.tensors),
-                attach_seconds=cache.device.attach_seconds,
+                attached_tensors=0 if cache.created else len(cache.kv_cache.tensors),
+                attach_seconds=cache.kv_cache.attach_seconds,
             )
         )
     return tuple(allocations)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..contract.types import PlatformIdentity
 from ..engine.nodes import NodeSpec
 from ..engine.protocols import protocol_named
 from ..rules.config.deploy import DeployConfig
 from ..rules.decision import RULE_VERSIONS, DecisionInputs
+from ..rules.devices import physical_device_id
 from ..rules.layout import CacheLayout, build_layout
 from ..rules.planner import host_swap_blocks, shares_one_device
 
@@ -30,7 +32,9 @@ class RunSpec:
     ``cycles`` how many times every rank clears and re-initializes after the first start;
     ``nodes`` where this node stands when the engine spans several (None: one node);
     ``block_count_suffix`` the suffix of FastDeploy's ``get_profile_block_num`` (``--block-count-suffix``;
-    None: the run's signal suffix).
+    None: the run's signal suffix); ``device_ids`` each local rank's physical device id, which names its
+    tensors (:func:`~fd_platforms.rules.devices.physical_device_id` of the platform's visible-devices
+    variable, worked out by the engine; empty: the local device's index).
     """
 
     deploy: DeployConfig
@@ -46,6 +50,7 @@ class RunSpec:
     cycles: int = 0
     nodes: NodeSpec | None = None
     block_count_suffix: str | None = None
+    device_ids: tuple[int, ...] = ()
 
     @property
     def hold_timeout(self) -> float:
@@ -105,11 +110,27 @@ class RunSpec:
             "the cache layout's bytes per block": self.layout(0).bytes_per_block,
         }
 
-    def device_id(self, rank: int) -> int:
-        """The local device of ``rank``."""
+    def local_device(self, rank: int) -> int:
+        """The local device ``rank``'s tensors live on."""
         return 0 if self.shares_device else rank
+
+    def device_id(self, rank: int) -> int:
+        """The physical device id that names ``rank``'s tensors."""
+        return self.device_ids[rank] if self.device_ids else self.local_device(rank)
 
     def layout(self, rank: int) -> CacheLayout:
         """The cache tensors of ``rank`` on its device."""
         parallel = replace(self.deploy.parallel, local_rank=rank)
-        return build_layout(self.deploy.model, self.deploy.cache, parallel, device_id=self.device_id(rank))
+        return build_layout(
+            self.deploy.model, self.deploy.cache, parallel,
+            device_id=self.device_id(rank), local_device=self.local_device(rank),
+        )  # fmt: skip
+
+
+def run_device_ids(identity: PlatformIdentity, ranks: int) -> tuple[int, ...]:
+    """Each of ``ranks`` local ranks' physical device id, from the platform's visible-devices variable
+    (a ConfigError naming it where it is bad, before any process starts); none where every rank shares
+    one device (cpu)."""
+    if shares_one_device(identity.device_type):
+        return ()
+    return tuple(physical_device_id(identity, rank) for rank in range(ranks))

@@ -58,7 +58,7 @@ def rank_memory(spec: RunSpec, platform: Platform, rank: int) -> DeviceMemory:
     (one host shared by every rank) an even share of the host's live facts."""
     if spec.device_memory is not None:
         return DeviceMemory(spec.device_memory, None, None, "--device-memory")
-    return memory_per_rank(platform.device_memory(spec.device_id(rank)), spec.device_type, spec.ranks)
+    return memory_per_rank(platform.device_memory(spec.local_device(rank)), spec.device_type, spec.ranks)
 
 
 def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, signal_name: str) -> None:
@@ -116,7 +116,7 @@ def _agree(spec: RunSpec, platform: Platform, rank: int, plan: Plan, say: Progre
     say(f"joining {spec.nodes.nnodes} nodes at {spec.nodes.master} as global rank {spec.nodes.global_rank(rank)}")
     cluster = Cluster.join(
         spec.nodes, rank, facts=spec.node_facts(), timeout=spec.timeout,
-        device_type=spec.device_type, device_id=spec.device_id(rank),
+        device_type=spec.device_type, device_id=spec.local_device(rank),
     )  # fmt: skip
     agreement = cluster.agree(plan)
     bound = agreement.bound_by
@@ -143,11 +143,11 @@ def _initialize(
         storage_backend=spec.deploy.cache.kvcache_storage_backend,
         splitwise_role=spec.deploy.scheduler.splitwise_role,
         rule=spec.rule,
-        signal_name=signal_name,
         setter_pid=manager_pid,
         timeout=spec.timeout,
         progress=say.allocation(f"creating {size}"),
         protocol=spec.deploy.scheduler.protocol,
+        **{protocol_named(spec.deploy.scheduler.protocol).name_argument: signal_name},  # its signal, or suffix
     )
     if cache.created:
         say(f"created {format_size(cache.nbytes)} of KV cache ({cache.decision.deciding_term}: {cache.decision.reason})")  # type: ignore[union-attr]

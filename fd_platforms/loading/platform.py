@@ -167,12 +167,13 @@ class Platform:
         layout: CacheLayout,
         cache: CacheConfig,
         memory: DeviceMemory | None = None,
-        device_id: int = 0,
+        device_id: int | None = None,
         non_cache_bytes: int | None = None,
         host_memory: int | None = None,
     ) -> Plan:
-        """Plan one rank's blocks on ``memory`` (default: this platform's live facts of ``device_id``), for
-        ``layout`` as this platform stores it (:meth:`~fd_platforms.rules.layout.CacheLayout.on_device_type`).
+        """Plan one rank's blocks on ``memory`` (default: this platform's live facts of local device
+        ``device_id``, None: ``layout.local_device``, the device the rank's tensors live on), for ``layout`` as
+        this platform stores it (:meth:`~fd_platforms.rules.layout.CacheLayout.on_device_type`).
 
         The plan must keep the planner's invariants (:func:`~fd_platforms.rules.planner.plan_violations`),
         and its host swap space must fit in ``host_memory`` bytes (default: this host's total).
@@ -183,7 +184,8 @@ class Platform:
         layout = layout.on_device_type(self.identity.device_type)  # the core's platform facts: bytes may change
         if host_memory is not None:
             host_memory = parse_size(host_memory, "host_memory")
-        memory = memory if memory is not None else self.device_memory(device_id)
+        if memory is None:
+            memory = self.device_memory(layout.local_device if device_id is None else device_id)
         limits = self.declared_limits()
         plan = self._call(
             "max_num_blocks", Plan, layout=layout, memory=memory, cache=cache, limits=limits,

@@ -33,7 +33,11 @@ layout; a proposer attaching through the engine API makes its own placeholder.
 
 Names: ``key_caches_{layer}_rank{rank}.device{device}``, ``value_caches_...``,
 ``key_cache_scales_...``, ``value_cache_scales_...``, ``indexer_caches_...`` with ``rank`` the
-local tensor-parallel rank; the host swap copies drop the ``.device{device}`` suffix.
+local tensor-parallel rank and ``device`` the PHYSICAL device id (:attr:`CacheLayout.device_id`), while
+the tensors live on the LOCAL device :attr:`CacheLayout.local_device` (an index among the visible
+devices), as FastDeploy names and places them (``fastdeploy/worker/gpu_worker.py`` ``init_device``:
+``device_ids[local_rank]`` names, ``gpu:{local_rank}`` places; :func:`~fd_platforms.rules.devices.physical_device_id`);
+the host swap copies drop the ``.device{device}`` suffix.
 
 These are the core's shapes. A platform states its own axis order and dtype for each role through
 the ``kv_cache_shapes`` hook (:mod:`.shapes`); the bytes stay the core's, role by role, so
@@ -126,8 +130,10 @@ class CacheLayout:
     """All cache tensors of one rank, in the contract order (see the module docstring).
 
     ``roles`` are the tensors of one layer in the core's shapes, in role order; every one of the
-    ``num_layers`` layers holds them. ``rank`` is the local tensor-parallel rank and ``device_id``
-    the local device the names were made for (``.device{N}``); the tensors are allocated there.
+    ``num_layers`` layers holds them. ``rank`` is the local tensor-parallel rank, ``device_id`` the
+    device id that names the shared objects (``.device{N}``: the physical id, as FastDeploy names them)
+    and ``local_device`` the local device index the tensors are allocated on, exported from and opened
+    on (:func:`build_layout` makes it ``device_id`` unless told otherwise).
     The last ``mtp_layers`` layers are MTP layers: on the device they hold ``int(num_blocks *
     mtp_block_ratio)`` blocks (:meth:`device_bytes`, :meth:`blocks_within`).
     ``attention``, ``quant_type``, ``cache_dtype``, ``kv_heads`` and ``head_dim`` are what a
@@ -140,6 +146,7 @@ class CacheLayout:
     block_size: int
     rank: int = 0
     device_id: int = 0
+    local_device: int = 0
     attention: str = "gqa"
     quant_type: str = "none"
     cache_dtype: str = "bfloat16"
@@ -329,13 +336,23 @@ def cache_tensor_dtype(cache: CacheConfig) -> str:
 
 
 def build_layout(
-    model: ModelConfig, cache: CacheConfig, parallel: ParallelConfig, *, device_id: int = 0
+    model: ModelConfig,
+    cache: CacheConfig,
+    parallel: ParallelConfig,
+    *,
+    device_id: int = 0,
+    local_device: int | None = None,
 ) -> CacheLayout:
-    """The cache tensors rank ``parallel.local_rank`` holds on device ``device_id``.
+    """The cache tensors rank ``parallel.local_rank`` holds: named for device ``device_id`` (the physical
+    id, :func:`~fd_platforms.rules.devices.physical_device_id`), allocated on local device ``local_device``
+    (None: ``device_id``, the same where the visible devices start at 0).
 
     Raises ConfigError for a tensor-parallel size that does not split the model's heads.
     """
-    check_int("device_id", device_id, 0, INT32_MAX, fix="pass the local device id")
+    check_int("device_id", device_id, 0, INT32_MAX, fix="pass the device id that names the rank's tensors")
+    if local_device is None:
+        local_device = device_id
+    check_int("local_device", local_device, 0, INT32_MAX, fix="pass the local device index the tensors live on")
     check_tensor_parallel(model, parallel.tensor_parallel_size)
     roles = _layer_roles(model, cache, parallel)
     latent = model.attention in ("mla", "dsa")  # one latent "head"; otherwise the core's key is heads-first
@@ -345,6 +362,7 @@ def build_layout(
         block_size=cache.block_size,
         rank=parallel.local_rank,
         device_id=device_id,
+        local_device=local_device,
         attention=model.attention,
         quant_type="none" if model.attention == "dsa" else cache.kv_cache_quant_type,
         cache_dtype=cache.cache_dtype,

@@ -38,7 +38,7 @@ def test_plan_on_live_facts_fits_free_memory(fd_platform: Platform, fd_platform_
 
 def test_kv_cache_on_device_0_in_layout_order(fd_platform: Platform, fd_platform_hardware: Detection) -> None:
     layout = small_layout()
-    cache = allocate_kv_cache(layout, 4, fd_platform.identity.device_string(layout.device_id))
+    cache = allocate_kv_cache(layout, 4, fd_platform.identity.device_string(layout.local_device))
     try:
         assert cache.names == layout.names() and len(cache.tensors) == len(layout.tensors)
         assert cache.nbytes == 4 * layout.bytes_per_block

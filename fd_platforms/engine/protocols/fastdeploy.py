@@ -3,7 +3,7 @@
 =================== ===============================================================================
 step                speaks
 =================== ===============================================================================
-``signal_name``     FastDeploy's signal suffix (its engine's ``engine_worker_queue_port``)
+``suffix=``         FastDeploy's signal suffix (its engine's ``engine_worker_queue_port``)
 cache ready         ``cache_ready_signal.<suffix>``, one int32 per rank
                     (:mod:`fd_platforms.ipc.fastdeploy_signals`)
 tensors published   one ``set_data_ipc`` record per tensor, named as the layout names it
@@ -65,6 +65,7 @@ class FastDeployProtocol(WireProtocol):
     """FastDeploy's signals and per-tensor records; see the module docstring."""
 
     name = "fastdeploy"
+    name_argument = "suffix"
 
     def check_signal_name(self, signal_name: object) -> None:
         check_suffix(signal_name)

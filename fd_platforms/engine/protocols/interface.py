@@ -29,6 +29,8 @@ class WireProtocol(ABC):
 
     #: As the public API and ``[scheduler] protocol`` spell it.
     name: ClassVar[str]
+    #: The engine calls' argument that names the engine's shared name under this protocol.
+    name_argument: ClassVar[str] = "signal_name"
 
     @abstractmethod
     def check_signal_name(self, signal_name: object) -> None:
