@@ -16,14 +16,17 @@ from dataclasses import replace
 import pytest
 
 from fd_platforms.contract.errors import ConfigError
+from fd_platforms.contract.types import DeviceMemory
 from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
 from fd_platforms.rules.config.model import ModelConfig
 from fd_platforms.rules.layout import build_draft_layout, build_layout
+from fd_platforms.rules.planner import plan_blocks, plan_violations
 from run_helpers import ROOT
 
 DEEPSEEK = f"{ROOT}/examples/deepseek-v3"  # 61 hidden layers + 1 MTP layer, MLA
 GQA_MTP = ModelConfig("gqa-mtp", num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
                       num_nextn_predict_layers=1)  # fmt: skip
+MEMORY = DeviceMemory(80 * 2**30, None, None, "test")
 
 
 def fastdeploy_draft_names(main_layers: int, draft_layers: int, rank: int, device: int, scales: bool) -> list[str]:
@@ -78,3 +81,29 @@ def test_only_a_whole_layout_splits_into_parts() -> None:
     with pytest.raises(ConfigError, match="layout.part='draft' is not valid") as info:
         draft.main()
     assert "Fix: take .main() of the rank's whole layout" in str(info.value)
+
+
+@pytest.mark.parametrize("ratio", [1.0, 2.0, 1.3])
+def test_the_plan_counts_main_and_draft_bytes_and_says_the_draft_blocks(ratio: float) -> None:
+    cache = CacheConfig(num_gpu_block_expand_ratio=ratio)
+    whole = build_layout(load_model_config(DEEPSEEK, use_mtp=True), cache, ParallelConfig())
+    plan = plan_blocks(whole, MEMORY, cache)
+    main, draft = whole.main(), whole.draft()
+    assert plan.num_draft_blocks == int(plan.num_blocks * ratio) == draft.tensors[0].shape(plan.num_blocks)[0]
+    device = main.device_bytes(plan.num_blocks) + draft.device_bytes(plan.num_blocks)
+    assert device <= plan.budget_bytes < whole.device_bytes(plan.num_blocks + 1)
+    assert plan.bytes_per_block == main.bytes_per_block + draft.bytes_per_block  # one source of bytes per block
+
+
+def test_a_plan_without_draft_layers_has_no_draft_blocks() -> None:
+    cache = CacheConfig()
+    plan = plan_blocks(build_layout(replace(GQA_MTP, use_mtp=False), cache, ParallelConfig()), MEMORY, cache)
+    assert plan.num_draft_blocks == 0
+
+
+def test_a_plan_naming_other_draft_blocks_breaks_the_planners_invariants() -> None:
+    cache = CacheConfig(num_gpu_block_expand_ratio=2.0)
+    whole = build_layout(load_model_config(DEEPSEEK, use_mtp=True), cache, ParallelConfig())
+    plan = plan_blocks(whole, MEMORY, cache)
+    broken = plan_violations(replace(plan, num_draft_blocks=plan.num_blocks), whole, MEMORY, cache, (), None)
+    assert broken == [f"num_draft_blocks={plan.num_blocks}, but the layout's draft layers hold {plan.num_draft_blocks}"]
