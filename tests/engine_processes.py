@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from multiprocessing.connection import Connection
 
-from fd_platforms.engine import manage_kv_cache
+from fd_platforms.engine import hold_kv_cache, manage_kv_cache
 from fd_platforms.kit.device_facts import write_element
 from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
 from fd_platforms.rules.layout import CacheLayout, build_layout
@@ -129,4 +129,62 @@ def fastdeploy_manager(suffix: str, rank: int, tp: int, num_blocks: int, device_
         elif kind == "clear":
             managed.clear(30)
             conn.send("cleared")
+            return
+
+
+def mtp_layout(ratio: float = 2.0) -> CacheLayout:
+    """A small GQA model with one MTP layer (4 main layers, the draft layer is layer 4), the whole layout."""
+    from fd_platforms.rules.config.model import ModelConfig
+
+    model = ModelConfig("gqa-mtp", num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                        num_nextn_predict_layers=1, use_mtp=True)  # fmt: skip
+    return build_layout(model, CacheConfig(block_size=16, num_gpu_block_expand_ratio=ratio), ParallelConfig())
+
+
+def manage_with_draft(signal_name: str, num_blocks: int, conn: Connection) -> None:
+    """A cache manager for rank 0 of :func:`mtp_layout` publishing main and draft layers in one call: writes
+    5.0 into the first main element and 6.0 into the first draft element, then serves ``read`` (the last
+    draft element), ``clear`` (with a timeout) and ``stop``, as :func:`manage`."""
+    import fd_platforms
+
+    whole = mtp_layout()
+    managed = manage_kv_cache(fd_platforms.current_platform(), whole.main(), num_blocks, num_cpu_blocks=2,
+                              signal_name=signal_name, draft=whole.draft())  # fmt: skip
+    assert managed.draft is not None
+    managed.device.tensors[0][0, 0, 0, 0] = 5.0
+    managed.draft.tensors[0][0, 0, 0, 0] = 6.0
+    conn.send(("ready", os.getpid()))
+    while True:
+        kind, payload = conn.recv()
+        if kind == "read":
+            conn.send(managed.draft.tensors[-1][-1, -1, -1, -1].item())
+        elif kind == "clear":
+            try:
+                managed.clear(payload)
+            except Exception as exc:  # reported to the test, which asserts on it
+                conn.send((type(exc).__name__, str(exc), getattr(exc, "ranks", None)))
+            else:
+                conn.send(("cleared", None, None))
+        elif kind == "stop":
+            return
+
+
+def hold_with_draft(suffix: str, num_blocks: int, conn: Connection) -> None:
+    """FastDeploy's cache transfer manager as rule 2026-04 has it, with MTP: wait for rank 0's worker to
+    publish main and draft layers, attach both and carve the host swap cache for all of them; report the
+    first draft element and the host tensor names, then serve ``clear`` (its let-go) and ``stop``."""
+    import fd_platforms
+
+    whole = mtp_layout()
+    managed = hold_kv_cache(fd_platforms.current_platform(), whole.main(), num_blocks, num_cpu_blocks=2,
+                            signal_name=suffix, protocol="fastdeploy", rule="2026-04", timeout=30,
+                            draft=whole.draft())  # fmt: skip
+    assert managed.draft is not None and managed.host is not None
+    conn.send(("ready", managed.draft.tensors[0][0, 0, 0, 0].item(), managed.host.names))
+    while True:
+        kind, payload = conn.recv()
+        if kind == "clear":
+            managed.clear(payload)
+            conn.send(("cleared",))
+        elif kind == "stop":
             return

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -28,6 +28,7 @@ from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision
 from ..ipc.cache_signal import resolve_timeout
 from ..rules.decision import DecisionInputs
+from . import rank_parts
 from .host_cache import HostCache, allocate_host_cache
 from .kv_cache import (
     AllocationProgress,
@@ -74,6 +75,12 @@ def initialize_kv_cache(
     :meth:`~.protocols.WireProtocol.rule_in_force`); ``protocol`` ``"fastdeploy"`` speaks FastDeploy's
     own signals and per-tensor handles (``signal_name`` is then its signal suffix, the engine's port),
     so this runner can work beside FastDeploy's unmodified processes.
+
+    With MTP the runner passes ``whole.main()`` and the proposer, on a call of its own, ``whole.draft()``
+    with the same ``num_blocks`` (its tensors hold ``plan.num_draft_blocks``). Each part creates or attaches
+    by the same rule; a creator sets the rank's one slot when the second of the two parts is published in
+    this process (:mod:`.rank_parts`), whichever comes first (FastDeploy's runner calls its proposer first,
+    ``gpu_model_runner.py`` ``update_share_input_block_num``); an attacher of either part waits for it.
     """
     check_cache_arguments(platform, layout, num_blocks)
     wire = protocol_named(protocol)
@@ -102,7 +109,8 @@ def initialize_kv_cache(
         if not profile:
             cache._signal_name, cache._protocol = signal_name, wire
             with _all_or_nothing(cache, wire, signal_name):
-                wire.set_ready(signal_name, layout.rank)
+                if rank_parts.created(wire.name, signal_name, layout.rank, layout.part):  # main and draft: both
+                    wire.set_ready(signal_name, layout.rank)
     else:
         check_can_attach(platform, decision, f"rank {layout.rank}")
         waited = _wait_ready(platform, wire, signal_name, layout.rank, limit, setter_pid, inputs)
@@ -114,17 +122,23 @@ def initialize_kv_cache(
 
 @dataclass(eq=False)
 class ManagedCache:
-    """What the cache manager holds for one rank: the published device cache and its host swap cache."""
+    """What the cache manager holds for one rank: the published device cache and its host swap cache,
+    and with MTP (``draft=``) the draft layers' device cache, published on its own (the host swap cache
+    then holds main and draft layers, as FastDeploy's transfer manager's does)."""
 
     rank: int
     device: KVCache
     host: HostCache | None
     _signal_name: str | None = field(default=None, repr=False)
     _protocol: WireProtocol = field(default=OURS, repr=False)
+    draft: KVCache | None = None
 
     def clear(self, timeout: float | None = None) -> None:
         """Wait until the rank's attacher has let go (:class:`CacheInUseError` naming the rank after
-        ``timeout``, nothing freed), then unpublish and free the device cache and the host cache."""
+        ``timeout``, nothing freed), then unpublish and free the device cache (the draft layers' first)
+        and the host cache."""
+        if self.draft is not None:
+            self.draft.clear(timeout)
         self.device.clear(timeout)
         if self.host is not None:
             self.host.clear()
@@ -145,17 +159,24 @@ def manage_kv_cache(
     rule: str | None = None,
     storage_backend: str | None = None,
     splitwise_role: str = "mixed",
+    draft: CacheLayout | None = None,
 ) -> ManagedCache:
     """Export and publish rank ``layout.rank``'s device cache, allocate its host swap cache
     (``num_cpu_blocks`` blocks of the same layout; none when 0), then set the rank's slot.
     ``protocol`` and ``rule`` as :func:`initialize_kv_cache`'s, which also takes ``storage_backend``
-    and ``splitwise_role``: the engine's, the rule's inputs with ``num_cpu_blocks``."""
+    and ``splitwise_role``: the engine's, the rule's inputs with ``num_cpu_blocks``. With MTP, ``layout``
+    is ``whole.main()`` and ``draft`` ``whole.draft()``: the draft layers are published too, on their own
+    for the proposer, before the rank's one slot is set (FastDeploy's transfer manager makes main and
+    extra layers in one loop before it sets ``cache_ready_signal``: ``cache_transfer_manager.py``
+    ``_init_gpu_cache``)."""
+    given = layout
     layout, wire, _ = _manager_layout(
         platform, layout, num_blocks, signal_name, protocol,
         (num_cpu_blocks, storage_backend, splitwise_role, rule),
         "hold a worker's cache. Fix: let the workers create their caches (role mixed, no swap space, no storage "
         "backend), or use a platform that can share",
     )  # fmt: skip
+    draft_layout, host_layout = _draft_part(platform, given, layout, draft, num_blocks)
     import_seconds = _import_paddle()
     wire.check_signals(signal_name, layout.rank, manager=True, swap=num_cpu_blocks > 0)
     started = time.monotonic()
@@ -163,7 +184,10 @@ def manage_kv_cache(
         platform, layout, num_blocks, signal_name, progress=progress, protocol=wire, attacher_expected=True
     )
     device.create_seconds, device.import_seconds = time.monotonic() - started, import_seconds
-    return _managed(platform, layout, device, num_cpu_blocks, wire, signal_name)  # nobody attached yet
+    make_draft = None if draft_layout is None else lambda: export_kv_cache(
+        platform, draft_layout, num_blocks, signal_name, protocol=wire, attacher_expected=True
+    )  # fmt: skip
+    return _managed(platform, host_layout, device, num_cpu_blocks, wire, signal_name, make_draft)
 
 
 def hold_kv_cache(
@@ -179,36 +203,59 @@ def hold_kv_cache(
     rule: str | None = None,
     storage_backend: str | None = None,
     splitwise_role: str = "mixed",
+    draft: CacheLayout | None = None,
 ) -> ManagedCache:
     """The cache manager's side where the workers create (rule ``2026-04`` with swap space on): wait
     for rank ``layout.rank``'s published cache, attach to it zero-copy, then allocate its host swap
     cache (``num_cpu_blocks`` blocks). ``setter_pid`` is the rank's worker, so the wait fails within a
     quarter second of its death; ``clear()`` lets go first, so the worker can clear and re-create.
-    The other arguments as :func:`manage_kv_cache`'s.
+    The other arguments as :func:`manage_kv_cache`'s; with ``draft`` the worker's proposer's draft layers
+    are attached too (the worker sets the slot once both are published).
     """
+    given = layout
     layout, wire, inputs = _manager_layout(
         platform, layout, num_blocks, signal_name, protocol,
         (num_cpu_blocks, storage_backend, splitwise_role, rule),
         "attach to a worker's cache. Fix: pin a rule version under which the cache manager creates it (2026-01), "
         "or use a platform that can share",
     )  # fmt: skip
+    draft_layout, host_layout = _draft_part(platform, given, layout, draft, num_blocks)
     limit = resolve_timeout(timeout)
     import_seconds = _import_paddle()
     wire.check_signals(signal_name, layout.rank, manager=True, swap=num_cpu_blocks > 0)
     waited = _wait_ready(platform, wire, signal_name, layout.rank, limit, setter_pid, inputs)
     device = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid, wire)
     device.wait_seconds, device.import_seconds = waited, import_seconds
-    return _managed(platform, layout, device, num_cpu_blocks, wire, signal_name)
+    make_draft = None if draft_layout is None else lambda: attach_kv_cache(
+        platform, draft_layout, num_blocks, signal_name, setter_pid, wire
+    )  # fmt: skip
+    return _managed(platform, host_layout, device, num_cpu_blocks, wire, signal_name, make_draft)
+
+
+def _draft_part(
+    platform: Platform, given: CacheLayout, shaped: CacheLayout, draft: object, num_blocks: int
+) -> tuple[CacheLayout | None, CacheLayout]:
+    """A manager's ``draft`` part in the platform's shapes (None without one) and the layout its host swap
+    cache holds: the whole (``shaped`` main joined with the draft), else ``shaped``. A ConfigError unless
+    ``draft`` is the draft part of the layout the manager was ``given``."""
+    if draft is None:
+        return None, shaped
+    given.joined(draft)
+    draft_shaped = platform.cache_layout(draft, num_blocks)  # type: ignore[arg-type]  # checked by joined
+    return draft_shaped, shaped.joined(draft_shaped)
 
 
 def _managed(
-    platform: Platform, layout: CacheLayout, device: KVCache, num_cpu_blocks: int, wire: WireProtocol, signal_name: str
+    platform: Platform, layout: CacheLayout, device: KVCache, num_cpu_blocks: int, wire: WireProtocol,
+    signal_name: str, make_draft: Callable[[], KVCache] | None = None,
 ) -> ManagedCache:
-    """What a cache manager holds for ``device``'s rank, all or nothing: ``device`` with its host swap cache
-    (``num_cpu_blocks`` blocks of ``layout``; none when 0), the rank's slot set where the manager created the
-    device cache, then the manager announced where the protocol asks for it (FastDeploy's words)."""
+    """What a cache manager holds for ``device``'s rank, all or nothing: ``device`` (and the draft layers'
+    cache ``make_draft`` makes) with its host swap cache (``num_cpu_blocks`` blocks of ``layout``; none when
+    0), the rank's slot set where the manager created the device cache, then the manager announced where the
+    protocol asks for it (FastDeploy's words)."""
     managed = ManagedCache(layout.rank, device, None)
     with _all_or_nothing(managed, wire, signal_name):
+        managed.draft = None if make_draft is None else make_draft()
         managed.host = allocate_host_cache(platform, layout, num_cpu_blocks) if num_cpu_blocks else None
         if device.created:
             wire.set_ready(signal_name, layout.rank)

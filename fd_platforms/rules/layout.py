@@ -179,6 +179,21 @@ class CacheLayout:
             )  # fmt: skip
         return replace(self, num_layers=self.mtp_layers, part="draft", first_layer=self.num_layers - self.mtp_layers)
 
+    def joined(self, draft: object) -> CacheLayout:
+        """The whole layout again from this main part and its ``draft`` part (what one host swap cache holds,
+        as FastDeploy's transfer manager carves one for ``num_layers + num_extra_layers``); a ConfigError
+        unless ``draft`` is the draft part of the same rank's layout."""
+        whole = replace(self, num_layers=self.num_layers + getattr(draft, "num_layers", 0), part="all",
+                        mtp_layers=getattr(draft, "num_layers", 0))  # fmt: skip
+        if self.part != "main" or not isinstance(draft, CacheLayout) or draft.part != "draft" or whole.draft() != draft:
+            raise ConfigError(
+                "draft", getattr(draft, "part", draft),
+                f"the draft part of the same rank's layout as this main part (part {self.part!r}, "
+                f"{self.num_layers} layers, rank {self.rank})",
+                "pass whole.main() as the layout and whole.draft() as draft, both of the rank's build_layout",
+            )  # fmt: skip
+        return whole
+
     def _check_whole(self, wanted: str) -> None:
         if self.part != "all":
             raise ConfigError(
