@@ -13,36 +13,29 @@ from __future__ import annotations
 import multiprocessing
 import os
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack, suppress
 
 import pytest
 
 import engine_processes
 from conftest import SHM_DIR
-from engine_processes import mtp_layout
+from engine_processes import mtp_layout, spawned_manager
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.contract.types import DeviceMemory
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
 from fd_platforms.ipc.cache_signal import CacheReadySignal
 from fd_platforms.ipc.fastdeploy_signals import FastDeploySignal
-from fd_platforms.loading.selection import select_platform
 from fd_platforms.rules.config import CacheConfig
 from fd_platforms.rules.planner import plan_blocks
+from test_engine_api import BLOCKS, DECODE, MIXED, cpu  # noqa: F401  # cpu: the cpu platform fixture
 
 paddle = pytest.importorskip("paddle")
 spawn = multiprocessing.get_context("spawn")
-MIXED = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "mixed"}
-DECODE = {**MIXED, "splitwise_role": "decode"}
-BLOCKS = 4
-
-
-@pytest.fixture
-def cpu():
-    return select_platform({"FD_PLATFORM": "cpu"}).platform
 
 
 @pytest.fixture
 def signal_owner(signal_name: str) -> Iterator[CacheReadySignal]:
+    """The engine's cache-ready signal for one rank."""
     with CacheReadySignal.create(1, signal_name) as owner:
         yield owner
 
@@ -98,29 +91,10 @@ def test_a_managers_draft_must_be_the_draft_of_its_layout(cpu, signal_owner) -> 
     assert signal_owner.slots() == (0,) and not (SHM_DIR / manifest(signal_owner)).exists()
 
 
-@contextmanager
-def draft_manager(signal_name: str) -> Iterator[tuple[object, int]]:
-    """A spawned cache manager that published rank 0's main and draft layers: yields (its pipe end, its pid)."""
-    ours, theirs = spawn.Pipe()
-    process = spawn.Process(target=engine_processes.manage_with_draft, args=(signal_name, BLOCKS, theirs))
-    process.start()
-    try:
-        assert ours.poll(60), "the cache manager never became ready"
-        assert ours.recv()[0] == "ready"
-        yield ours, process.pid
-    finally:
-        if process.is_alive():
-            ours.send(("stop", None))
-            process.join(30)
-        if process.is_alive():
-            process.kill()
-            process.join(10)
-
-
 @pytest.mark.slow
 def test_a_manager_publishes_main_and_draft_and_the_runner_and_proposer_attach(cpu, signal_owner) -> None:
     whole = mtp_layout()
-    with draft_manager(signal_owner.name) as (manager, pid):
+    with spawned_manager(engine_processes.manage_with_draft, signal_owner.name, BLOCKS) as (manager, pid):
         runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, signal_name=signal_owner.name, setter_pid=pid,
                                      timeout=30, **DECODE)  # fmt: skip
         proposer = initialize_kv_cache(cpu, whole.draft(), BLOCKS, signal_name=signal_owner.name, setter_pid=pid,
