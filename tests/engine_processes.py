@@ -34,7 +34,8 @@ def manage(signal_name: str, num_blocks: int, num_cpu_blocks: int, cache: dict, 
 
 
 def serve(conn: Connection, managed: ManagedCache, read_from: KVCache) -> None:
-    """Say ``ready``, then serve ``read`` (the last element of ``read_from``), ``clear`` (with a timeout) and ``stop``."""
+    """Say ``ready``, then serve ``read`` (the last element of ``read_from``), ``clear`` (with a timeout)
+    and ``stop``."""
     conn.send(("ready", os.getpid()))
     while True:
         kind, payload = conn.recv()

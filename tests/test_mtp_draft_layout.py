@@ -25,7 +25,7 @@ from run_helpers import ROOT
 
 DEEPSEEK = f"{ROOT}/examples/deepseek-v3"  # 61 hidden layers + 1 MTP layer, MLA
 GQA_MTP = ModelConfig("gqa-mtp", num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
-                      num_nextn_predict_layers=1)  # fmt: skip
+                      num_nextn_predict_layers=1, use_mtp=True)  # fmt: skip
 MEMORY = DeviceMemory(80 * 2**30, None, None, "test")
 
 
@@ -107,3 +107,18 @@ def test_a_plan_naming_other_draft_blocks_breaks_the_planners_invariants() -> No
     plan = plan_blocks(whole, MEMORY, cache)
     broken = plan_violations(replace(plan, num_draft_blocks=plan.num_blocks), whole, MEMORY, cache, (), None)
     assert broken == [f"num_draft_blocks={plan.num_blocks}, but the layout's draft layers hold {plan.num_draft_blocks}"]
+
+
+@pytest.mark.parametrize("other", [
+    build_layout(GQA_MTP, CacheConfig(), ParallelConfig(tensor_parallel_size=2, local_rank=1)).draft(),
+    build_layout(GQA_MTP, CacheConfig(num_gpu_block_expand_ratio=2.0), ParallelConfig()).draft(),
+    "layer 4",
+])  # fmt: skip
+def test_only_the_same_ranks_draft_part_joins_a_main_part(other: object) -> None:
+    main = build_layout(GQA_MTP, CacheConfig(), ParallelConfig()).main()
+    allowed = r"allowed: the draft part of the same rank's layout as this one \(the main part of rank 0: layers 0-3"
+    with pytest.raises(ConfigError, match=rf"^draft=.* is not valid; {allowed}, ratio 1\)") as info:
+        main.joined(other)
+    assert "Fix: pass whole.main() as the layout and whole.draft() as draft" in str(info.value)
+    whole = build_layout(GQA_MTP, CacheConfig(), ParallelConfig())
+    assert whole.main().joined(whole.draft()) == whole

@@ -85,7 +85,7 @@ def test_the_proposer_may_call_first_as_fastdeploys_runner_has_it(cpu, signal_ow
 
 def test_a_managers_draft_must_be_the_draft_of_its_layout(cpu, signal_owner) -> None:
     whole = mtp_layout()
-    with pytest.raises(ConfigError, match="draft='main' is not valid") as info:
+    with pytest.raises(ConfigError, match="draft='the main part of rank 0: layers 0-3, ratio 2' is not valid") as info:
         manage_kv_cache(cpu, whole.main(), BLOCKS, num_cpu_blocks=0, signal_name=signal_owner.name, draft=whole.main())
     assert "Fix: pass whole.main() as the layout and whole.draft() as draft" in str(info.value)
     assert signal_owner.slots() == (0,) and not (SHM_DIR / manifest(signal_owner)).exists()

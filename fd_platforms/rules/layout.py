@@ -183,16 +183,23 @@ class CacheLayout:
         """The whole layout again from this main part and its ``draft`` part (what one host swap cache holds,
         as FastDeploy's transfer manager carves one for ``num_layers + num_extra_layers``); a ConfigError
         unless ``draft`` is the draft part of the same rank's layout."""
-        whole = replace(self, num_layers=self.num_layers + getattr(draft, "num_layers", 0), part="all",
-                        mtp_layers=getattr(draft, "num_layers", 0))  # fmt: skip
-        if self.part != "main" or not isinstance(draft, CacheLayout) or draft.part != "draft" or whole.draft() != draft:
+        whole = None
+        if self.part == "main" and isinstance(draft, CacheLayout) and draft.part == "draft":
+            layers = self.num_layers + draft.num_layers
+            whole = replace(self, num_layers=layers, mtp_layers=draft.num_layers, part="all")
+        if whole is None or whole.draft() != draft:
+            found = draft.describe() if isinstance(draft, CacheLayout) else draft
             raise ConfigError(
-                "draft", getattr(draft, "part", draft),
-                f"the draft part of the same rank's layout as this main part (part {self.part!r}, "
-                f"{self.num_layers} layers, rank {self.rank})",
+                "draft", found, f"the draft part of the same rank's layout as this one ({self.describe()})",
                 "pass whole.main() as the layout and whole.draft() as draft, both of the rank's build_layout",
             )  # fmt: skip
         return whole
+
+    def describe(self) -> str:
+        """Which layers of which rank this layout holds, for a message."""
+        last = self.first_layer + self.num_layers - 1
+        ratio = f"ratio {self.mtp_block_ratio:g}"
+        return f"the {self.part} part of rank {self.rank}: layers {self.first_layer}-{last}, {ratio}"
 
     def _check_whole(self, wanted: str) -> None:
         if self.part != "all":
