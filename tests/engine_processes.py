@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
 
-from fd_platforms.engine import manage_kv_cache
+from fd_platforms.engine import KVCache, ManagedCache, manage_kv_cache
 from fd_platforms.kit.device_facts import write_element
 from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
 from fd_platforms.rules.layout import CacheLayout, build_layout
@@ -18,21 +21,26 @@ def qwen_layout(rank: int = 0, tp: int = 1, device_id: int = 0, **cache: object)
                         device_id=device_id)  # fmt: skip
 
 
-def manage(signal_name: str, num_blocks: int, num_cpu_blocks: int, conn: Connection, cache: dict | None = None) -> None:
-    """A cache manager for rank 0: publish, write 5.0 into the first key element, then serve
-    ``read`` (the last value element), ``clear`` (with a timeout) and ``stop``."""
+def manage(signal_name: str, num_blocks: int, num_cpu_blocks: int, cache: dict, conn: Connection) -> None:
+    """A cache manager for rank 0: publish, write 5.0 into the first key element, then :func:`serve`."""
     import fd_platforms
 
     platform = fd_platforms.current_platform()
     managed = manage_kv_cache(
-        platform, qwen_layout(**(cache or {})), num_blocks, num_cpu_blocks=num_cpu_blocks, signal_name=signal_name
+        platform, qwen_layout(**cache), num_blocks, num_cpu_blocks=num_cpu_blocks, signal_name=signal_name
     )
     managed.kv_cache.tensors[0][0, 0, 0, 0] = 5.0
+    serve(conn, managed, managed.kv_cache)
+
+
+def serve(conn: Connection, managed: ManagedCache, read_from: KVCache) -> None:
+    """Say ``ready``, then serve ``read`` (the last element of ``read_from``), ``clear`` (with a timeout)
+    and ``stop``."""
     conn.send(("ready", os.getpid()))
     while True:
         kind, payload = conn.recv()
         if kind == "read":
-            conn.send(managed.kv_cache.tensors[-1][-1, -1, -1, -1].item())
+            conn.send(read_from.tensors[-1][-1, -1, -1, -1].item())
         elif kind == "clear":
             try:
                 managed.clear(payload)
@@ -130,3 +138,69 @@ def fastdeploy_manager(suffix: str, rank: int, tp: int, num_blocks: int, device_
             managed.clear(30)
             conn.send("cleared")
             return
+
+
+def mtp_layout(ratio: float = 2.0) -> CacheLayout:
+    """A small GQA model with one MTP layer (4 main layers, the draft layer is layer 4), the whole layout."""
+    from fd_platforms.rules.config.model import ModelConfig
+
+    model = ModelConfig("gqa-mtp", num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                        num_nextn_predict_layers=1, use_mtp=True)  # fmt: skip
+    return build_layout(model, CacheConfig(block_size=16, num_gpu_block_expand_ratio=ratio), ParallelConfig())
+
+
+def manage_with_draft(signal_name: str, num_blocks: int, conn: Connection) -> None:
+    """A cache manager for rank 0 of :func:`mtp_layout` publishing main and draft layers in one call: writes
+    5.0 into the first main element and 6.0 into the first draft element, then :func:`serve` (reading the draft)."""
+    import fd_platforms
+
+    whole = mtp_layout()
+    managed = manage_kv_cache(fd_platforms.current_platform(), whole.main(), num_blocks, num_cpu_blocks=2,
+                              signal_name=signal_name, draft=whole.draft())  # fmt: skip
+    assert managed.draft is not None
+    managed.kv_cache.tensors[0][0, 0, 0, 0] = 5.0
+    managed.draft.tensors[0][0, 0, 0, 0] = 6.0
+    serve(conn, managed, managed.draft)
+
+
+def hold_with_draft(suffix: str, num_blocks: int, conn: Connection) -> None:
+    """FastDeploy's cache transfer manager as rule 2026-04 has it, with MTP: wait for rank 0's worker to
+    publish main and draft layers, attach both and carve the host swap cache for all of them; report the
+    first draft element and the host tensor names, then serve ``clear`` (its let-go) and ``stop``."""
+    import fd_platforms
+
+    whole = mtp_layout()
+    managed = manage_kv_cache(fd_platforms.current_platform(), whole.main(), num_blocks, num_cpu_blocks=2,
+                              suffix=suffix, protocol="fastdeploy", rule="2026-04", timeout=30,
+                              draft=whole.draft())  # fmt: skip
+    assert not managed.created  # the rule in force lets the worker create: the manager attaches
+    assert managed.draft is not None and managed.host_cache is not None
+    conn.send(("ready", managed.draft.tensors[0][0, 0, 0, 0].item(), managed.host_cache.names))
+    while True:
+        kind, payload = conn.recv()
+        if kind == "clear":
+            managed.clear(payload)
+            conn.send(("cleared",))
+        elif kind == "stop":
+            return
+
+
+@contextmanager
+def spawned_manager(target: Callable[..., None], *args: object) -> Iterator[tuple[Connection, int]]:
+    """``target(*args, its_pipe_end)`` spawned as a cache manager that says ``ready``: yields (our pipe end, its
+    pid); stopped (killed if it will not stop) after."""
+    ours, theirs = multiprocessing.get_context("spawn").Pipe()
+    process = multiprocessing.get_context("spawn").Process(target=target, args=(*args, theirs))
+    process.start()
+    try:
+        assert ours.poll(60), "the cache manager never became ready"
+        assert ours.recv()[0] == "ready"
+        assert process.pid is not None
+        yield ours, process.pid
+    finally:
+        if process.is_alive():
+            ours.send(("stop", None))
+            process.join(30)
+        if process.is_alive():
+            process.kill()
+            process.join(10)

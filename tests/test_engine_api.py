@@ -41,23 +41,9 @@ def signal_owner(signal_name: str) -> Iterator[CacheReadySignal]:
         yield owner
 
 
-@contextmanager
-def cache_manager(signal_name: str, num_cpu_blocks: int = 0, **cache: object) -> Iterator[tuple[object, int]]:
+def cache_manager(signal_name: str, num_cpu_blocks: int = 0, **cache: object):
     """A spawned cache manager that published rank 0's cache: yields (its end of the pipe, its pid)."""
-    ours, theirs = spawn.Pipe()
-    process = spawn.Process(target=engine_processes.manage, args=(signal_name, BLOCKS, num_cpu_blocks, theirs, cache))
-    process.start()
-    try:
-        assert ours.poll(60), "the cache manager never became ready"
-        assert ours.recv()[0] == "ready"
-        yield ours, process.pid
-    finally:
-        if process.is_alive():
-            ours.send(("stop", None))
-            process.join(30)
-        if process.is_alive():
-            process.kill()
-            process.join(10)
+    return engine_processes.spawned_manager(engine_processes.manage, signal_name, BLOCKS, num_cpu_blocks, cache)
 
 
 def test_a_worker_that_creates_zero_fills_publishes_and_sets_its_slot(cpu, signal_owner) -> None:

@@ -187,7 +187,7 @@ def manage_with_specs(signal_name: str, conn: Connection) -> None:
 
     managed = manage_kv_cache(fd_platforms.current_platform(), layout_of(), N, num_cpu_blocks=0,
                               signal_name=signal_name, tensor_specs=METAX)  # fmt: skip
-    managed.device.tensors[0][0, 0, 0, 0] = 5.0
+    managed.kv_cache.tensors[0][0, 0, 0, 0] = 5.0
     conn.send("ready")
     conn.recv()
     managed.clear(30)

@@ -157,6 +157,8 @@ class Plan:
     ``memory_blocks`` is ``budget_bytes // bytes_per_block``; ``num_blocks`` differs from it only
     when a declared limit or an override binds, which ``binding`` and ``binding_reason`` say.
     ``bytes_per_block`` is the per-rank figure used for device and host swap blocks alike.
+    ``num_draft_blocks`` is what each MTP draft layer holds on the device, ``int(num_blocks *
+    num_gpu_block_expand_ratio)`` as FastDeploy's proposer allocates (0: the layout has no draft layer).
     """
 
     num_blocks: int
@@ -167,9 +169,11 @@ class Plan:
     binding: Binding
     binding_reason: str
     num_cpu_blocks: int
+    num_draft_blocks: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("num_blocks", "memory_blocks", "bytes_per_block", "block_size", "num_cpu_blocks"):
+        for name in ("num_blocks", "memory_blocks", "bytes_per_block", "block_size", "num_cpu_blocks",
+                     "num_draft_blocks"):  # fmt: skip
             check_int(name, getattr(self, name), 0, record="Plan")
         check_int("budget_bytes", self.budget_bytes, -MAX_COUNT, note="negative when nothing fits", record="Plan")
         _check_choice(self, "binding", get_args(Binding))

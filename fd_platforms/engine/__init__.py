@@ -21,7 +21,8 @@ attached tensors), :mod:`.host_cache` (host swap tensors in the layout's names),
 :mod:`.rendezvous` (the nodes' handshake), :mod:`.cluster` (the process group and the agreement),
 :mod:`.bounded` (Paddle's blocking calls, bounded), :mod:`.protocols` (ours or FastDeploy's),
 :mod:`.fastdeploy_handles` (its per-tensor records), :mod:`.cache_status` (its clear/update),
-:mod:`.block_handoff` (its block-count word).
+:mod:`.block_handoff` (its block-count word), :mod:`.rank_parts` (a rank's slot set once its main and
+MTP draft parts are both published).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -30,6 +30,7 @@ from ..contract.types import CacheDecision, CacheRoleShape
 from ..ipc.cache_signal import resolve_timeout
 from ..ipc.fastdeploy_signals import check_suffix
 from ..rules.decision import DecisionInputs
+from . import rank_parts
 from .host_cache import HostCache, allocate_host_cache
 from .kv_cache import (
     AllocationProgress,
@@ -83,6 +84,12 @@ def initialize_kv_cache(
     instead of the platform's shapes once checked (:func:`~fd_platforms.rules.shapes.engine_shaped`: a
     ConfigError before any hook runs); None keeps the derived shapes. Every process of the engine must
     state the same.
+
+    With MTP the runner passes ``whole.main()`` and the proposer, on a call of its own, ``whole.draft()``
+    with the same ``num_blocks`` (its tensors hold ``plan.num_draft_blocks``). Each part creates or attaches
+    by the same rule; a creator sets the rank's one slot when the second of the two parts is published in
+    this process (:mod:`.rank_parts`), whichever comes first (FastDeploy's runner calls its proposer first,
+    ``gpu_model_runner.py`` ``update_share_input_block_num``); an attacher of either part waits for it.
     """
     check_cache_arguments(platform, layout, num_blocks)
     wire, signal_name = engine_name(protocol, signal_name, suffix)
@@ -110,7 +117,8 @@ def initialize_kv_cache(
         if not profile:
             cache._signal_name, cache._protocol = signal_name, wire
             with _all_or_nothing(cache, wire, signal_name):
-                wire.set_ready(signal_name, layout.rank)
+                if rank_parts.created(wire.name, signal_name, layout.rank, layout.part):  # main and draft: both
+                    wire.set_ready(signal_name, layout.rank)
     else:
         check_can_attach(platform, decision, f"rank {layout.rank}")
         waited = _wait_ready(platform, wire, signal_name, layout.rank, limit, setter_pid, inputs)
@@ -123,13 +131,16 @@ def initialize_kv_cache(
 @dataclass(eq=False)
 class ManagedCache:
     """What the cache manager holds for one rank: its device cache (``kv_cache``, published by the manager
-    or attached to the worker's: :attr:`created` says which) and its host swap cache (``host_cache``)."""
+    or attached to the worker's: :attr:`created` says which), its host swap cache (``host_cache``), and with
+    MTP (``draft=``) the draft layers' device cache, published on its own (the host swap cache then holds
+    main and draft layers, as FastDeploy's transfer manager's does)."""
 
     rank: int
     kv_cache: KVCache
     host_cache: HostCache | None
     _signal_name: str | None = field(default=None, repr=False)
     _protocol: WireProtocol = field(default=OURS, repr=False)
+    draft: KVCache | None = None
 
     @property
     def created(self) -> bool:
@@ -151,7 +162,10 @@ class ManagedCache:
 
     def clear(self, timeout: float | None = None) -> None:
         """Wait until the rank's attacher has let go (:class:`CacheInUseError` naming the rank after
-        ``timeout``, nothing freed), then unpublish and free the device cache and the host cache."""
+        ``timeout``, nothing freed), then unpublish and free the device cache (the draft layers' first)
+        and the host cache."""
+        if self.draft is not None:
+            self.draft.clear(timeout)
         self.kv_cache.clear(timeout)
         if self.host_cache is not None:
             self.host_cache.clear()
@@ -176,6 +190,7 @@ def manage_kv_cache(
     storage_backend: str | None = None,
     splitwise_role: str = "mixed",
     tensor_specs: Sequence[CacheRoleShape] | None = None,
+    draft: CacheLayout | None = None,
 ) -> ManagedCache:
     """The cache manager's side of rank ``layout.rank``, as the rule in force decides (:func:`manager_creates`):
 
@@ -188,11 +203,16 @@ def manage_kv_cache(
 
     :attr:`ManagedCache.created` says which it did. ``signal_name``, ``suffix``, ``protocol`` and ``rule``
     as :func:`initialize_kv_cache`'s, which also takes ``storage_backend`` and ``splitwise_role``: the
-    engine's, the rule's inputs with ``num_cpu_blocks``; ``tensor_specs`` as :func:`initialize_kv_cache`'s."""
+    engine's, the rule's inputs with ``num_cpu_blocks``; ``tensor_specs`` as :func:`initialize_kv_cache`'s.
+
+    With MTP, ``layout`` is ``whole.main()`` and ``draft`` ``whole.draft()``: the draft layers are published
+    (or attached) too, on their own for the proposer, before the rank's one slot is set (FastDeploy's
+    transfer manager makes main and extra layers in one loop before it sets ``cache_ready_signal``:
+    ``cache_transfer_manager.py`` ``_init_gpu_cache``); the host swap cache holds both."""
     return _manage(
         platform, layout, num_blocks, (signal_name, suffix, protocol),
         (num_cpu_blocks, storage_backend, splitwise_role, rule), None, setter_pid, timeout, progress,
-        tensor_specs,
+        tensor_specs, draft,
     )  # fmt: skip
 
 
@@ -211,6 +231,7 @@ def hold_kv_cache(
     storage_backend: str | None = None,
     splitwise_role: str = "mixed",
     tensor_specs: Sequence[CacheRoleShape] | None = None,
+    draft: CacheLayout | None = None,
 ) -> ManagedCache:
     """Deprecated: :func:`manage_kv_cache` attaches where the rule lets the workers create. This one always
     waits for rank ``layout.rank``'s published cache and attaches to it, whatever the rule."""
@@ -218,7 +239,7 @@ def hold_kv_cache(
     return _manage(
         platform, layout, num_blocks, (signal_name, suffix, protocol),
         (num_cpu_blocks, storage_backend, splitwise_role, rule), False, setter_pid, timeout, None,
-        tensor_specs,
+        tensor_specs, draft,
     )  # fmt: skip
 
 
@@ -249,25 +270,28 @@ def _manage(
     timeout: float | None,
     progress: AllocationProgress | None,
     tensor_specs: Sequence[CacheRoleShape] | None,
+    draft: CacheLayout | None,
 ) -> ManagedCache:
     """:func:`manage_kv_cache`'s work. Its arguments are checked before any hook: the protocol and the
     engine's name (``names``: ``signal_name``, ``suffix``, ``protocol``; :func:`engine_name`), the rule's
     inputs (``num_cpu_blocks``, ``storage_backend``, ``splitwise_role``; a manager never profiles) with the
     rule in force; then the layout in the platform's shapes (the engine's ``tensor_specs`` where given) and
     whether the manager creates (``creates``, None: as the rule decides, :func:`manager_creates`). A platform
-    that cannot share is refused, naming what the manager cannot do and the fix."""
+    that cannot share is refused, naming what the manager cannot do and the fix. A ``draft`` part (MTP) is
+    made or attached the same way, in the platform's shapes, after the main part."""
     check_cache_arguments(platform, layout, num_blocks)
     wire, name = engine_name(names[2], names[0], names[1], stacklevel=4)
     num_cpu_blocks, storage_backend, splitwise_role, rule = rule_arguments
     inputs = DecisionInputs(False, num_cpu_blocks, storage_backend, splitwise_role)
     inputs = replace(inputs, rule=wire.rule_in_force(rule, inputs))
-    layout = platform.cache_layout(layout, num_blocks, tensor_specs)  # the platform's or the engine's, checked
+    given, layout = layout, platform.cache_layout(layout, num_blocks, tensor_specs)  # the platform's or the engine's
     creates = manager_creates(platform, inputs) if creates is None else creates
     if platform.cache_sharing() is None:
         raise CacheSharingError(
             f"platform {platform.name} cannot share KV cache tensors between processes (it declares no cache_sharing), "
             f"so a cache manager cannot {_REFUSALS[creates]}"
         )
+    draft_layout, host_layout = _draft_part(platform, given, layout, draft, num_blocks)
     limit = resolve_timeout(timeout)
     import_seconds = _import_paddle()
     wire.check_signals(name, layout.rank, manager=True, swap=num_cpu_blocks > 0)
@@ -277,22 +301,44 @@ def _manage(
             platform, layout, num_blocks, name, progress=progress, protocol=wire, attacher_expected=True
         )
         device.create_seconds = time.monotonic() - started
+        make_draft = None if draft_layout is None else lambda: export_kv_cache(
+            platform, draft_layout, num_blocks, name, protocol=wire, attacher_expected=True
+        )  # fmt: skip
     else:
         waited = _wait_ready(platform, wire, name, layout.rank, limit, setter_pid, inputs)
         device = attach_kv_cache(platform, layout, num_blocks, name, setter_pid, wire)
         device.wait_seconds = waited
+        make_draft = None if draft_layout is None else lambda: attach_kv_cache(
+            platform, draft_layout, num_blocks, name, setter_pid, wire
+        )  # fmt: skip
     device.import_seconds = import_seconds
-    return _managed(platform, layout, device, num_cpu_blocks, wire, name)
+    return _managed(platform, host_layout, device, num_cpu_blocks, wire, name, make_draft)
+
+
+def _draft_part(
+    platform: Platform, given: CacheLayout, shaped: CacheLayout, draft: object, num_blocks: int
+) -> tuple[CacheLayout | None, CacheLayout]:
+    """A manager's ``draft`` part in the platform's shapes (None without one) and the layout its host swap
+    cache holds: the whole (``shaped`` main joined with the draft), else ``shaped``. A ConfigError unless
+    ``draft`` is the draft part of the layout the manager was ``given``."""
+    if draft is None:
+        return None, shaped
+    given.joined(draft)
+    draft_shaped = platform.cache_layout(draft, num_blocks)  # type: ignore[arg-type]  # checked by joined
+    return draft_shaped, shaped.joined(draft_shaped)
 
 
 def _managed(
-    platform: Platform, layout: CacheLayout, device: KVCache, num_cpu_blocks: int, wire: WireProtocol, signal_name: str
+    platform: Platform, layout: CacheLayout, device: KVCache, num_cpu_blocks: int, wire: WireProtocol,
+    signal_name: str, make_draft: Callable[[], KVCache] | None = None,
 ) -> ManagedCache:
-    """What a cache manager holds for ``device``'s rank, all or nothing: ``device`` with its host swap cache
-    (``num_cpu_blocks`` blocks of ``layout``; none when 0), the rank's slot set where the manager created the
-    device cache, then the manager announced where the protocol asks for it (FastDeploy's words)."""
+    """What a cache manager holds for ``device``'s rank, all or nothing: ``device`` (and the draft layers'
+    cache ``make_draft`` makes) with its host swap cache (``num_cpu_blocks`` blocks of ``layout``; none when
+    0), the rank's slot set where the manager created the device cache, then the manager announced where the
+    protocol asks for it (FastDeploy's words)."""
     managed = ManagedCache(layout.rank, device, None)
     with _all_or_nothing(managed, wire, signal_name):
+        managed.draft = None if make_draft is None else make_draft()
         managed.host_cache = allocate_host_cache(platform, layout, num_cpu_blocks) if num_cpu_blocks else None
         if device.created:
             wire.set_ready(signal_name, layout.rank)

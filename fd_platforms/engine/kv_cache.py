@@ -27,9 +27,10 @@ from ..ipc.cache_signal import resolve_timeout
 from ..kit.device_facts import data_address
 from ..kit.host_sharing import handle_pid
 from ..loading.platform import Platform
-from ..rules.layout import DTYPE_BYTES, CacheLayout, CacheTensorSpec, check_layout, check_num_blocks
+from ..rules.layout import DTYPE_BYTES, CacheLayout, CacheTensorSpec, Part, check_layout, check_num_blocks
 from ..rules.shapes import engine_shaped
 from ..rules.sizes import format_size
+from . import rank_parts
 from .protocols import OURS, Published, WireProtocol
 from .publication import PublishedTensor
 
@@ -46,7 +47,8 @@ class KVCache:
     cache); ``shared`` whether other processes can attach (the cache is published). Seconds:
     ``create_seconds`` allocating (creators), ``wait_seconds`` waiting for the cache-ready slot and
     ``attach_seconds`` opening the published tensors (attachers); ``import_seconds`` importing paddle
-    first (0 once this process has it), counted in none of the others.
+    first (0 once this process has it), counted in none of the others. ``part`` is the layout's part
+    (``"all"``; ``"main"`` or ``"draft"``: the runner's or the MTP proposer's, :meth:`CacheLayout.draft`).
     """
 
     device: str
@@ -67,6 +69,7 @@ class KVCache:
     _protocol: WireProtocol = field(default=OURS, repr=False)
     _platform: Platform | None = field(default=None, repr=False)
     cleared: bool = False
+    part: Part = "all"
 
     @property
     def shared(self) -> bool:
@@ -111,6 +114,8 @@ class KVCache:
             self._publication.let_go()
             self._publication = None
         self.cleared = True
+        if self.created and self._signal_name is not None:
+            rank_parts.cleared(self._protocol.name, self._signal_name, self.rank, self.part)
         if self.created and self._platform is not None:  # Paddle's allocator keeps what was freed cached
             self._platform.release_device_memory(self.device)
 
@@ -163,7 +168,7 @@ def allocate_kv_cache(
         done += spec.nbytes(num_blocks)
         if progress is not None:
             progress(done, layout.device_bytes(num_blocks))
-    return KVCache(device, num_blocks, layout.names(), tensors, done, layout.rank, created=True)
+    return KVCache(device, num_blocks, layout.names(), tensors, done, layout.rank, created=True, part=layout.part)
 
 
 def export_kv_cache(
@@ -201,16 +206,15 @@ def export_kv_cache(
             PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, tensor.handle, data_address(tensor.tensor))
             for spec, tensor in zip(layout.tensors, shared, strict=True)
         ]
-        publication = protocol.publish(
-            signal_name, layout.rank, device, entries, platform.name, attacher_expected=attacher_expected
-        )
+        publication = protocol.publish(signal_name, layout.rank, device, entries, platform.name,
+                                       attacher_expected=attacher_expected, part=layout.part)  # fmt: skip
     except BaseException:
         _close_all(shared)
         raise
     return KVCache(
         device, num_blocks, layout.names(), [tensor.tensor for tensor in shared], layout.device_bytes(num_blocks),
         layout.rank, created=True, _shared=shared, _publication=publication, _signal_name=signal_name,
-        _protocol=protocol, _platform=platform,
+        _protocol=protocol, _platform=platform, part=layout.part,
     )  # fmt: skip
 
 
@@ -232,7 +236,7 @@ def attach_kv_cache(
     check_num_blocks(num_blocks)
     started = time.monotonic()
     expected = [PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, "") for spec in layout.tensors]
-    publication = protocol.open_published(signal_name, layout.rank, expected, platform.name)
+    publication = protocol.open_published(signal_name, layout.rank, expected, platform.name, layout.part)
     shared: list[SharedTensor] = []
     device = platform.identity.device_string(layout.local_device)
 
@@ -253,7 +257,7 @@ def attach_kv_cache(
         device, num_blocks, layout.names(), [tensor.tensor for tensor in shared],
         sum(tensor.nbytes for tensor in shared), layout.rank, created=False,
         attach_seconds=time.monotonic() - started, _shared=shared, _publication=publication, _platform=platform,
-        _signal_name=signal_name, _protocol=protocol,
+        _signal_name=signal_name, _protocol=protocol, part=layout.part,
     )  # fmt: skip
 
 

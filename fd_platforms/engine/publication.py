@@ -3,7 +3,8 @@
 The creator of a rank's cache (a worker, or the cache manager) exports each tensor through the
 platform and publishes the manifest; an attacher reads it, checks it against its own layout and
 opens each tensor by its handle. Names follow the engine instance of the cache-ready signal:
-signal ``fd_cache_ready.<instance>`` → manifest ``fd_kv_cache.<instance>.rank<r>`` and published
+signal ``fd_cache_ready.<instance>`` → manifest ``fd_kv_cache.<instance>.rank<r>`` (its MTP draft
+layers' ``fd_kv_cache.<instance>.rank<r>.draft``) and published
 tensor names ``fd_kv.<instance>.<layout name>``.
 
 Manifest: an 8-byte header (magic ``FDKV``, then the native uint32 length of the JSON that follows)
@@ -50,9 +51,10 @@ def instance_of(signal_name: str) -> str:
     return signal_name.removeprefix(SIGNAL_PREFIX)
 
 
-def publication_name(signal_name: str, rank: int) -> str:
-    """The manifest of ``rank``'s cache in the engine instance of ``signal_name``."""
-    return f"{PUBLICATION_PREFIX}{instance_of(signal_name)}.rank{rank}"
+def publication_name(signal_name: str, rank: int, part: str = "all") -> str:
+    """The manifest of ``rank``'s cache in the engine instance of ``signal_name``; the MTP draft layers
+    (``part`` ``"draft"``, published on a call of their own) have their own, ``...rank<r>.draft``."""
+    return f"{PUBLICATION_PREFIX}{instance_of(signal_name)}.rank{rank}" + (".draft" if part == "draft" else "")
 
 
 def published_tensor_name(signal_name: str, layout_name: str) -> str:

@@ -31,6 +31,15 @@ MTP, FastDeploy's proposer also makes a ``value_caches_{layer}_rank...`` tensor 
 each draft layer: a placeholder that holds no block and is never shared, so it is not part of the
 layout; a proposer attaching through the engine API makes its own placeholder.
 
+Parts: FastDeploy's MTP proposer allocates its draft layers itself, separately from the main
+runner (``fastdeploy/spec_decode/mtp.py`` ``MTPProposer.initialize_kv_cache``: layers
+``num_hidden_layers ..`` of the main model's numbering, ``int(main_model_num_blocks *
+num_gpu_block_expand_ratio)`` blocks), while its cache transfer manager makes or attaches all of
+them in one loop (``cache_manager/cache_transfer_manager.py`` ``_init_gpu_cache``, ``num_extra_layers``,
+``num_extra_layer_gpu_blocks``). So a layout with MTP layers splits in two: :meth:`CacheLayout.main`
+(the runner's layers) and :meth:`CacheLayout.draft` (the proposer's, named by their layer in the
+whole model, :func:`build_draft_layout`). The whole layout stays the one the planner counts.
+
 Names: ``key_caches_{layer}_rank{rank}.device{device}``, ``value_caches_...``,
 ``key_cache_scales_...``, ``value_cache_scales_...``, ``indexer_caches_...`` with ``rank`` the
 local tensor-parallel rank and ``device`` the PHYSICAL device id (:attr:`CacheLayout.device_id`), while
@@ -56,6 +65,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import Literal
 
 from ..contract.errors import ConfigError
 from ..contract.integers import INT32_MAX, check_int
@@ -66,6 +76,8 @@ from .config.settings import CacheConfig, ParallelConfig
 from .config.vocabulary import int4_zp_storage
 
 Role = CacheRole
+#: Which layers of a rank a layout holds: all, the main model's alone, or the MTP draft layers alone.
+Part = Literal["all", "main", "draft"]
 
 ROLE_ORDER: tuple[Role, ...] = ("key", "value", "key_scale", "value_scale", "indexer")
 _NAME_PREFIX: dict[Role, str] = {
@@ -136,6 +148,8 @@ class CacheLayout:
     on (:func:`build_layout` makes it ``device_id`` unless told otherwise).
     The last ``mtp_layers`` layers are MTP layers: on the device they hold ``int(num_blocks *
     mtp_block_ratio)`` blocks (:meth:`device_bytes`, :meth:`blocks_within`).
+    ``part`` says which of the rank's layers it holds (:meth:`main`, :meth:`draft`); its layers are
+    numbered from ``first_layer`` (the draft's from the main model's layer count, as FastDeploy's).
     ``attention``, ``quant_type``, ``cache_dtype``, ``kv_heads`` and ``head_dim`` are what a
     platform is told when it shapes the layout; ``platform_roles`` (the same roles, the platform's
     axes and dtypes) is set by :meth:`shaped`.
@@ -155,6 +169,57 @@ class CacheLayout:
     mtp_layers: int = 0
     mtp_block_ratio: float = 1.0
     platform_roles: tuple[LayerRole, ...] | None = field(default=None, compare=False)
+    part: Part = "all"
+    first_layer: int = 0
+
+    def main(self) -> CacheLayout:
+        """The main model's layers alone, what the runner allocates: this layout without its MTP layers
+        (itself where it has none). Its cache is complete, and the rank's slot set, once :meth:`draft` is too."""
+        self._check_whole("main")
+        if not self.mtp_layers:
+            return self
+        return replace(self, num_layers=self.num_layers - self.mtp_layers, mtp_layers=0, part="main")
+
+    def draft(self) -> CacheLayout:
+        """The MTP draft layers alone, what FastDeploy's proposer allocates (``fastdeploy/spec_decode/mtp.py``
+        ``MTPProposer.initialize_kv_cache``): layers numbered after the main model's, each holding
+        ``int(num_blocks * mtp_block_ratio)`` blocks for the plan's ``num_blocks``."""
+        self._check_whole("draft")
+        if not self.mtp_layers:
+            raise ConfigError(
+                "use_mtp", False, "a layout with MTP layers for its draft part (use_mtp and num_nextn_predict_layers)",
+                "build the layout from a model config with use_mtp=True",
+            )  # fmt: skip
+        return replace(self, num_layers=self.mtp_layers, part="draft", first_layer=self.num_layers - self.mtp_layers)
+
+    def joined(self, draft: object) -> CacheLayout:
+        """The whole layout again from this main part and its ``draft`` part (what one host swap cache holds,
+        as FastDeploy's transfer manager carves one for ``num_layers + num_extra_layers``); a ConfigError
+        unless ``draft`` is the draft part of the same rank's layout."""
+        whole = None
+        if self.part == "main" and isinstance(draft, CacheLayout) and draft.part == "draft":
+            layers = self.num_layers + draft.num_layers
+            whole = replace(self, num_layers=layers, mtp_layers=draft.num_layers, part="all")
+        if whole is None or whole.draft() != draft:
+            found = draft.describe() if isinstance(draft, CacheLayout) else draft
+            raise ConfigError(
+                "draft", found, f"the draft part of the same rank's layout as this one ({self.describe()})",
+                "pass whole.main() as the layout and whole.draft() as draft, both of the rank's build_layout",
+            )  # fmt: skip
+        return whole
+
+    def describe(self) -> str:
+        """Which layers of which rank this layout holds, for a message."""
+        last = self.first_layer + self.num_layers - 1
+        ratio = f"ratio {self.mtp_block_ratio:g}"
+        return f"the {self.part} part of rank {self.rank}: layers {self.first_layer}-{last}, {ratio}"
+
+    def _check_whole(self, wanted: str) -> None:
+        if self.part != "all":
+            raise ConfigError(
+                "layout.part", self.part, f"all: only a whole layout has a {wanted} part",
+                f"take .{wanted}() of the rank's whole layout (build_layout)",
+            )  # fmt: skip
 
     @property
     def allocated_roles(self) -> tuple[LayerRole, ...]:
@@ -235,9 +300,10 @@ class CacheLayout:
                 role=role.role,
                 block_shape=role.block_shape,
                 dtype=role.dtype,
-                block_ratio=self.mtp_block_ratio if layer >= self.num_layers - self.mtp_layers else 1.0,
+                block_ratio=self.mtp_block_ratio if layer >= end - self.mtp_layers else 1.0,
             )
-            for layer in range(self.num_layers)
+            for end in (self.first_layer + self.num_layers,)
+            for layer in range(self.first_layer, end)
             for role in self.allocated_roles
         )
 
@@ -371,3 +437,13 @@ def build_layout(
         mtp_layers=model.num_nextn_predict_layers if model.use_mtp else 0,
         mtp_block_ratio=cache.num_gpu_block_expand_ratio,
     )
+
+
+def build_draft_layout(
+    model: ModelConfig, cache: CacheConfig, parallel: ParallelConfig, *, device_id: int = 0
+) -> CacheLayout:
+    """The MTP draft layers rank ``parallel.local_rank`` holds, as FastDeploy's proposer allocates them
+    (``fastdeploy/spec_decode/mtp.py`` ``MTPProposer.initialize_kv_cache``): the :meth:`~CacheLayout.draft`
+    part of the rank's whole layout with MTP (``model``'s ``use_mtp`` taken as set). A ConfigError for a
+    model without ``num_nextn_predict_layers``."""
+    return build_layout(replace(model, use_mtp=True), cache, parallel, device_id=device_id).draft()

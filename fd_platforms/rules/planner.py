@@ -188,6 +188,7 @@ def plan_blocks(
         binding=binding,
         binding_reason=reason,
         num_cpu_blocks=num_cpu_blocks,
+        num_draft_blocks=layout.reported_mtp_blocks(num_blocks) or 0,
     )
 
 
@@ -256,6 +257,9 @@ def plan_violations(
     cpu_blocks = host_swap_blocks(cache, per_block)
     if plan.num_cpu_blocks != cpu_blocks:
         broken.append(f"num_cpu_blocks={plan.num_cpu_blocks}, but the cache config gives {cpu_blocks}")
+    draft_blocks = layout.reported_mtp_blocks(plan.num_blocks) or 0
+    if plan.num_draft_blocks != draft_blocks:
+        broken.append(f"num_draft_blocks={plan.num_draft_blocks}, but the layout's draft layers hold {draft_blocks}")
     if broken:
         return broken
     return _undeclared_caution(plan, plan_blocks(layout, memory, cache, non_cache_bytes=non_cache_bytes, limits=limits))

@@ -110,12 +110,14 @@ class FastDeployProtocol(WireProtocol):
 
     def publish(
         self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str,
-        *, attacher_expected: bool,
+        *, attacher_expected: bool, part: str = "all",
     ) -> FastDeployHandles:
+        """One record per tensor, named by its layer: a draft part's records are its own whatever ``part``."""
         return FastDeployHandles.create(signal_name, rank, tensors, platform_name, attacher_expected=attacher_expected)
 
     def open_published(
-        self, signal_name: str, rank: int, expected: Sequence[PublishedTensor], platform_name: str
+        self, signal_name: str, rank: int, expected: Sequence[PublishedTensor], platform_name: str,
+        part: str = "all",
     ) -> FastDeployHandles:
         return FastDeployHandles.open(signal_name, rank, expected, platform_name)  # the records carry no shapes
 

@@ -68,15 +68,16 @@ class FdPlatformsProtocol(WireProtocol):
 
     def publish(
         self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str,
-        *, attacher_expected: bool,
+        *, attacher_expected: bool, part: str = "all",
     ) -> Publication:
         """Every attacher holds the manifest's lock while attached, so a clear waits for whoever does."""
-        return Publication.create(publication_name(signal_name, rank), rank, device, list(tensors))
+        return Publication.create(publication_name(signal_name, rank, part), rank, device, list(tensors))
 
     def open_published(
-        self, signal_name: str, rank: int, expected: Sequence[PublishedTensor], platform_name: str
+        self, signal_name: str, rank: int, expected: Sequence[PublishedTensor], platform_name: str,
+        part: str = "all",
     ) -> Publication:
-        return Publication.open(publication_name(signal_name, rank), rank)  # the manifest carries the shapes
+        return Publication.open(publication_name(signal_name, rank, part), rank)  # the manifest carries the shapes
 
     def manager_up(self, signal_name: str, rank: int, *, swap: bool) -> None:
         """Nothing: the slot is the whole word."""

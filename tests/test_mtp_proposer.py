@@ -1,0 +1,167 @@
+"""The MTP proposer's own call: its draft layers created or attached on a call separate from the runner's,
+in the same plan, with the rank's one cache-ready slot set once both parts are published.
+
+FastDeploy: the proposer allocates its draft layers itself (``fastdeploy/spec_decode/mtp.py``
+``MTPProposer.initialize_kv_cache``), the runner its main layers (``fastdeploy/worker/gpu_model_runner.py``
+``initialize_kv_cache``, which sets ``cache_ready_signal``), and its cache transfer manager makes or attaches
+both in one loop before or after that one word per rank (``cache_manager/cache_transfer_manager.py``
+``_init_gpu_cache``, ``num_extra_layers``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Iterator
+from contextlib import ExitStack, suppress
+
+import pytest
+
+import engine_processes
+from conftest import SHM_DIR
+from engine_processes import mtp_layout, spawned_manager
+from fd_platforms.contract.errors import ConfigError
+from fd_platforms.contract.types import DeviceMemory
+from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
+from fd_platforms.ipc.cache_signal import CacheReadySignal
+from fd_platforms.ipc.fastdeploy_signals import FastDeploySignal
+from fd_platforms.rules.config import CacheConfig
+from fd_platforms.rules.planner import plan_blocks
+from test_engine_api import BLOCKS, DECODE, MIXED, cpu  # noqa: F401  # cpu: the cpu platform fixture
+
+paddle = pytest.importorskip("paddle")
+spawn = multiprocessing.get_context("spawn")
+
+
+@pytest.fixture
+def signal_owner(signal_name: str) -> Iterator[CacheReadySignal]:
+    """The engine's cache-ready signal for one rank."""
+    with CacheReadySignal.create(1, signal_name) as owner:
+        yield owner
+
+
+def manifest(signal: CacheReadySignal, part: str = "") -> str:
+    return f"fd_kv_cache.{signal.name.removeprefix('fd_cache_ready.')}.rank0{part}"
+
+
+def test_the_proposers_later_call_creates_the_draft_and_only_then_is_the_rank_ready(cpu, signal_owner) -> None:
+    whole = mtp_layout(ratio=2.0)
+    plan = plan_blocks(whole, DeviceMemory(2**30, None, None, "test"), CacheConfig(num_gpu_block_expand_ratio=2.0))
+    runner = initialize_kv_cache(cpu, whole.main(), plan.num_blocks, signal_name=signal_owner.name, **MIXED)
+    try:
+        assert runner.created and runner.part == "main" and runner.names == whole.main().names()
+        assert signal_owner.slots() == (0,), "the rank is not ready while its draft layers are missing"
+        proposer = initialize_kv_cache(cpu, whole.draft(), plan.num_blocks, signal_name=signal_owner.name, **MIXED)
+        assert proposer.created and proposer.names == ("key_caches_4_rank0.device0", "value_caches_4_rank0.device0")
+        assert {tuple(t.shape)[0] for t in proposer.tensors} == {plan.num_draft_blocks} == {2 * plan.num_blocks}
+        assert signal_owner.slots() == (1,)
+        assert (SHM_DIR / manifest(signal_owner)).exists() and (SHM_DIR / manifest(signal_owner, ".draft")).exists()
+        proposer.clear()
+        assert signal_owner.slots() == (0,) and not (SHM_DIR / manifest(signal_owner, ".draft")).exists()
+    finally:
+        runner.clear()
+    assert not (SHM_DIR / manifest(signal_owner)).exists()
+
+
+def test_the_proposer_may_call_first_as_fastdeploys_runner_has_it(cpu, signal_owner) -> None:
+    """FastDeploy's ``update_share_input_block_num`` (gpu_model_runner.py) calls the proposer before the runner."""
+    whole = mtp_layout()
+    proposer = initialize_kv_cache(cpu, whole.draft(), BLOCKS, signal_name=signal_owner.name, **MIXED)
+    try:
+        assert signal_owner.slots() == (0,)
+        runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, signal_name=signal_owner.name, **MIXED)
+        assert signal_owner.slots() == (1,)
+        runner.clear()
+        assert signal_owner.slots() == (0,)
+        runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, signal_name=signal_owner.name, **MIXED)
+        assert signal_owner.slots() == (1,), "re-created: the draft layers are still published"
+        runner.clear()
+    finally:
+        proposer.clear()
+    runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, signal_name=signal_owner.name, **MIXED)
+    assert signal_owner.slots() == (0,), "both cleared: the re-created main part alone is not the rank"
+    runner.clear()
+
+
+def test_a_managers_draft_must_be_the_draft_of_its_layout(cpu, signal_owner) -> None:
+    whole = mtp_layout()
+    with pytest.raises(ConfigError, match="draft='the main part of rank 0: layers 0-3, ratio 2' is not valid") as info:
+        manage_kv_cache(cpu, whole.main(), BLOCKS, num_cpu_blocks=0, signal_name=signal_owner.name, draft=whole.main())
+    assert "Fix: pass whole.main() as the layout and whole.draft() as draft" in str(info.value)
+    assert signal_owner.slots() == (0,) and not (SHM_DIR / manifest(signal_owner)).exists()
+
+
+@pytest.mark.slow
+def test_a_manager_publishes_main_and_draft_and_the_runner_and_proposer_attach(cpu, signal_owner) -> None:
+    whole = mtp_layout()
+    with spawned_manager(engine_processes.manage_with_draft, signal_owner.name, BLOCKS) as (manager, pid):
+        runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, signal_name=signal_owner.name, setter_pid=pid,
+                                     timeout=30, **DECODE)  # fmt: skip
+        proposer = initialize_kv_cache(cpu, whole.draft(), BLOCKS, signal_name=signal_owner.name, setter_pid=pid,
+                                       timeout=30, **DECODE)  # fmt: skip
+        assert not runner.created and not proposer.created
+        assert runner.names == whole.main().names() and proposer.names == whole.draft().names()
+        assert runner.tensors[0][0, 0, 0, 0].item() == 5.0 and proposer.tensors[0][0, 0, 0, 0].item() == 6.0
+        assert tuple(proposer.tensors[0].shape)[0] == 2 * BLOCKS
+        proposer.tensors[-1][-1, -1, -1, -1] = 7.0
+        manager.send(("read", None))
+        assert manager.recv() == 7.0, "the proposer's write is seen by the manager"
+        runner.clear()
+        manager.send(("clear", 0.3))
+        kind, message, _ = manager.recv()
+        assert kind == "CacheInUseError" and "still held by its attaching process" in message, "the draft is held"
+        assert proposer.tensors[0][0, 0, 0, 0].item() == 6.0, "nothing of the draft was freed"
+        proposer.clear()
+        manager.send(("clear", 5.0))
+        assert manager.recv() == ("cleared", None, None)
+        assert signal_owner.slots() == (0,)
+        assert not (SHM_DIR / manifest(signal_owner, ".draft")).exists()
+
+
+@pytest.fixture
+def fastdeploy_suffix(fastdeploy_record_names) -> Iterator[str]:
+    """FastDeploy's signals for one rank under a fresh suffix, as its engine creates them; removed after."""
+    suffix = f"mtp{os.getpid()}"
+    with ExitStack() as stack:
+        for name in ("cache_ready_signal", "swap_space_ready_signal", "cache_transfer_inited_signal",
+                     "kv_cache_status", "get_profile_block_num"):  # fmt: skip
+            stack.enter_context(FastDeploySignal.create(name, suffix, 1))
+        yield suffix
+
+
+@pytest.mark.slow
+def test_fastdeploys_manager_attaches_main_and_draft_once_the_worker_published_both(cpu, fastdeploy_suffix) -> None:
+    """Rule 2026-04 with swap space: the worker's runner and proposer create, the transfer manager attaches to
+    every layer once the one ``cache_ready_signal`` word is set (``cache_transfer_manager.py``
+    ``_init_gpu_cache`` loops over ``num_layers + num_extra_layers``): the word waits for the draft too."""
+    whole = mtp_layout()
+    swap = {**MIXED, "num_cpu_blocks": 2}
+    ours, theirs = spawn.Pipe()
+    manager = spawn.Process(target=engine_processes.hold_with_draft, args=(fastdeploy_suffix, BLOCKS, theirs))
+    manager.start()
+    caches = []
+    try:
+        for part in (whole.main(), whole.draft()):
+            assert not ours.poll(0.2), "the manager attached before the rank's draft layers were published"
+            caches.append(initialize_kv_cache(cpu, part, BLOCKS, suffix=fastdeploy_suffix, protocol="fastdeploy",
+                                              rule="2026-04", **swap))  # fmt: skip
+        caches[1].tensors[0][0, 0, 0, 0] = 6.0
+        assert ours.poll(60), "the manager never attached"
+        kind, first_draft, host_names = ours.recv()
+        assert kind == "ready" and first_draft == 6.0
+        assert list(host_names) == [name.split(".device")[0] for name in whole.names()]  # main and draft layers
+        assert (SHM_DIR / "key_caches_4_rank0.device0").exists()
+        ours.send(("clear", 5.0))
+        assert ours.recv() == ("cleared",)
+        for cache in reversed(caches):
+            cache.clear(timeout=5)
+        assert not (SHM_DIR / "key_caches_4_rank0.device0").exists()
+    finally:
+        for cache in caches:
+            cache.clear(timeout=5)
+        with suppress(OSError):  # a manager that failed has closed its end
+            ours.send(("stop", None))
+        manager.join(30)
+        if manager.is_alive():
+            manager.kill()
+            manager.join(10)
