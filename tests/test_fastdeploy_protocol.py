@@ -31,7 +31,7 @@ from engine_processes import (
 )
 from fd_platforms.contract.errors import CacheSharingError, CacheSignalError, ConfigError, SignalWaitError
 from fd_platforms.contract.types import PlatformIdentity
-from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
+from fd_platforms.engine import ManagedCache, initialize_kv_cache, manage_kv_cache
 from fd_platforms.engine.block_handoff import hand_off_block_count
 from fd_platforms.engine.cache_status import drive_kv_cache_update, serve_kv_cache_status
 from fd_platforms.engine.fastdeploy_records import GPU_RECORD
@@ -178,7 +178,7 @@ def test_our_cache_manager_wakes_a_standin_worker_and_tells_the_engine_it_is_up(
         for attacher in attachers:
             finish(attacher)  # lets go: resets its slot
         for cache in managed:
-            cache.clear(10)
+            cache.clear(10, clear_host=True)  # as with FD_ENABLE_SWAP_SPACE_CLEARING=1 (a clear keeps it by default)
         with FastDeploySignal.attach("swap_space_ready_signal", suffix) as swap:
             assert swap.values() == (0, 0), "the swap space freed, as FastDeploy's transfer manager says"
 
@@ -196,9 +196,13 @@ def test_a_clear_update_driven_from_our_side_completes_20_times(cpu) -> None:
 
 def test_a_clear_update_driven_from_the_standins_side_completes_20_times(cpu) -> None:
     with fastdeploy_engine(4) as (suffix, _):
-        def create(rank: int):
-            return manage_kv_cache(cpu, qwen_layout(rank, 4), BLOCKS, num_cpu_blocks=4, signal_name=suffix,
-                                   protocol="fastdeploy", rule="2026-01")  # fmt: skip
+        made: dict[int, ManagedCache] = {}
+
+        def create(rank: int) -> ManagedCache:  # the host swap space a clear kept is reused, as FastDeploy's
+            kept = made[rank].host if rank in made else None
+            made[rank] = manage_kv_cache(cpu, qwen_layout(rank, 4), BLOCKS, num_cpu_blocks=4, signal_name=suffix,
+                                         protocol="fastdeploy", rule="2026-01", host_cache=kept)  # fmt: skip
+            return made[rank]
 
         managed = [create(rank) for rank in range(4)]
         attachers = [standin("attacher", suffix, rank, 4, tensor_specs(cpu, rank, 4), CYCLES, 0) for rank in range(4)]
@@ -222,12 +226,13 @@ def test_a_clear_update_driven_from_the_standins_side_completes_20_times(cpu) ->
         for reader in readers:
             reader.join(5)
         assert len(held) == 4 and all(cache.device.shared for cache in held)
+        assert [cache.host for cache in held] == [cache.host for cache in managed], "the swap space kept throughout"
         with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
             assert status.get(0) == KVCacheStatus.NORMAL
         for attacher in attachers:
             finish(attacher)
         for cache in held:
-            cache.clear(10)
+            cache.clear(10, clear_host=True)
 
 
 def spawn_all(stack: ExitStack, ranks: int, target, args_of) -> tuple[list, list]:  # type: ignore[no-untyped-def]

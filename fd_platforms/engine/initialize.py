@@ -28,7 +28,7 @@ from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision
 from ..ipc.cache_signal import resolve_timeout
 from ..rules.decision import DecisionInputs
-from .host_cache import HostCache, allocate_host_cache
+from .host_cache import HostCache, allocate_host_cache, check_host_cache, swap_space_clearing
 from .kv_cache import (
     AllocationProgress,
     KVCache,
@@ -122,11 +122,19 @@ class ManagedCache:
     _signal_name: str | None = field(default=None, repr=False)
     _protocol: WireProtocol = field(default=OURS, repr=False)
 
-    def clear(self, timeout: float | None = None) -> None:
+    def clear(self, timeout: float | None = None, *, clear_host: bool | None = None) -> None:
         """Wait until the rank's attacher has let go (:class:`CacheInUseError` naming the rank after
-        ``timeout``, nothing freed), then unpublish and free the device cache and the host cache."""
+        ``timeout``, nothing freed), then unpublish and free the device cache.
+
+        The host swap cache is kept, as FastDeploy's transfer manager keeps it across a clear/update
+        (``check_cache_status`` in ``fastdeploy/cache_manager/cache_transfer_manager.py``), unless
+        ``clear_host`` is True or, with ``clear_host`` None, ``FD_ENABLE_SWAP_SPACE_CLEARING`` is set
+        (:func:`~.host_cache.swap_space_clearing`; checked first). A kept one stays in :attr:`host` (and
+        ``swap_space_ready_signal`` at 1): pass it as ``host_cache=`` to the call that creates the cache again.
+        A freed one is None and its ``swap_space_ready_signal`` word 0."""
+        free_host = swap_space_clearing(clear_host)
         self.device.clear(timeout)
-        if self.host is not None:
+        if self.host is not None and free_host:
             self.host.clear()
             self.host = None
             if self._signal_name is not None:
@@ -145,14 +153,16 @@ def manage_kv_cache(
     rule: str | None = None,
     storage_backend: str | None = None,
     splitwise_role: str = "mixed",
+    host_cache: HostCache | None = None,
 ) -> ManagedCache:
     """Export and publish rank ``layout.rank``'s device cache, allocate its host swap cache
-    (``num_cpu_blocks`` blocks of the same layout; none when 0), then set the rank's slot.
+    (``num_cpu_blocks`` blocks of the same layout; none when 0) or reuse ``host_cache`` (the one a
+    cleared :class:`ManagedCache` kept, checked to fit), then set the rank's slot.
     ``protocol`` and ``rule`` as :func:`initialize_kv_cache`'s, which also takes ``storage_backend``
     and ``splitwise_role``: the engine's, the rule's inputs with ``num_cpu_blocks``."""
     layout, wire, _ = _manager_layout(
         platform, layout, num_blocks, signal_name, protocol,
-        (num_cpu_blocks, storage_backend, splitwise_role, rule),
+        (num_cpu_blocks, storage_backend, splitwise_role, rule), host_cache,
         "hold a worker's cache. Fix: let the workers create their caches (role mixed, no swap space, no storage "
         "backend), or use a platform that can share",
     )  # fmt: skip
@@ -163,7 +173,7 @@ def manage_kv_cache(
         platform, layout, num_blocks, signal_name, progress=progress, protocol=wire, attacher_expected=True
     )
     device.create_seconds, device.import_seconds = time.monotonic() - started, import_seconds
-    return _managed(platform, layout, device, num_cpu_blocks, wire, signal_name)  # nobody attached yet
+    return _managed(platform, layout, device, (num_cpu_blocks, host_cache), wire, signal_name)  # nobody attached yet
 
 
 def hold_kv_cache(
@@ -179,6 +189,7 @@ def hold_kv_cache(
     rule: str | None = None,
     storage_backend: str | None = None,
     splitwise_role: str = "mixed",
+    host_cache: HostCache | None = None,
 ) -> ManagedCache:
     """The cache manager's side where the workers create (rule ``2026-04`` with swap space on): wait
     for rank ``layout.rank``'s published cache, attach to it zero-copy, then allocate its host swap
@@ -188,7 +199,7 @@ def hold_kv_cache(
     """
     layout, wire, inputs = _manager_layout(
         platform, layout, num_blocks, signal_name, protocol,
-        (num_cpu_blocks, storage_backend, splitwise_role, rule),
+        (num_cpu_blocks, storage_backend, splitwise_role, rule), host_cache,
         "attach to a worker's cache. Fix: pin a rule version under which the cache manager creates it (2026-01), "
         "or use a platform that can share",
     )  # fmt: skip
@@ -198,18 +209,24 @@ def hold_kv_cache(
     waited = _wait_ready(platform, wire, signal_name, layout.rank, limit, setter_pid, inputs)
     device = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid, wire)
     device.wait_seconds, device.import_seconds = waited, import_seconds
-    return _managed(platform, layout, device, num_cpu_blocks, wire, signal_name)
+    return _managed(platform, layout, device, (num_cpu_blocks, host_cache), wire, signal_name)
 
 
 def _managed(
-    platform: Platform, layout: CacheLayout, device: KVCache, num_cpu_blocks: int, wire: WireProtocol, signal_name: str
+    platform: Platform, layout: CacheLayout, device: KVCache, host: tuple[int, HostCache | None], wire: WireProtocol,
+    signal_name: str,
 ) -> ManagedCache:
     """What a cache manager holds for ``device``'s rank, all or nothing: ``device`` with its host swap cache
-    (``num_cpu_blocks`` blocks of ``layout``; none when 0), the rank's slot set where the manager created the
-    device cache, then the manager announced where the protocol asks for it (FastDeploy's words)."""
+    (``host``: ``num_cpu_blocks`` blocks of ``layout``, none when 0, and a kept host cache to reuse or None),
+    the rank's slot set where the manager created the device cache, then the manager announced where the
+    protocol asks for it (FastDeploy's words). A reused host cache is the caller's: a withdrawal keeps it."""
+    num_cpu_blocks, kept = host
     managed = ManagedCache(layout.rank, device, None)
-    with _all_or_nothing(managed, wire, signal_name):
-        managed.host = allocate_host_cache(platform, layout, num_cpu_blocks) if num_cpu_blocks else None
+    with _all_or_nothing(managed, wire, signal_name, keep_host=kept is not None):
+        if kept is not None:
+            managed.host = kept
+        else:
+            managed.host = allocate_host_cache(platform, layout, num_cpu_blocks) if num_cpu_blocks else None
         if device.created:
             wire.set_ready(signal_name, layout.rank)
         managed._signal_name, managed._protocol = signal_name, wire
@@ -218,7 +235,9 @@ def _managed(
 
 
 @contextlib.contextmanager
-def _all_or_nothing(cache: KVCache | ManagedCache, wire: WireProtocol, signal_name: str) -> Iterator[None]:
+def _all_or_nothing(
+    cache: KVCache | ManagedCache, wire: WireProtocol, signal_name: str, *, keep_host: bool = False
+) -> Iterator[None]:
     """Withdraw ``cache`` (a manager's: with its host cache) if the steps inside fail: a creation leaves
     nothing behind, not at garbage collection but before the error reaches the caller. A creator resets
     the rank's slot first (its own 1, or one the step inside was about to write: nobody may wait for a
@@ -232,7 +251,10 @@ def _all_or_nothing(cache: KVCache | ManagedCache, wire: WireProtocol, signal_na
             with contextlib.suppress(FdPlatformsError, OSError):
                 wire.clear_ready(signal_name, device.rank)
         try:
-            cache.clear(WITHDRAW_SECONDS)
+            if isinstance(cache, ManagedCache):
+                cache.clear(WITHDRAW_SECONDS, clear_host=not keep_host)
+            else:
+                cache.clear(WITHDRAW_SECONDS)
         except FdPlatformsError as exc:
             logger.warning("rank %d: the KV cache of a call that failed could not be withdrawn, it is freed when "
                            "this process exits: %s", device.rank, exc)  # fmt: skip
@@ -246,12 +268,14 @@ def _manager_layout(
     signal_name: str,
     protocol: str,
     rule_arguments: tuple[int, str | None, str, str | None],
+    host_cache: HostCache | None,
     refusal: str,
 ) -> tuple[CacheLayout, WireProtocol, DecisionInputs]:
     """A cache manager call's arguments checked, before any hook: the protocol named ``protocol``, the
     rule's inputs (``num_cpu_blocks``, ``storage_backend``, ``splitwise_role``; a manager never
     profiles) with the rule in force (``rule``); then the layout in the platform's shapes. A platform
-    that cannot share is refused (``refusal`` ends the message: what the manager cannot do, the fix)."""
+    that cannot share is refused (``refusal`` ends the message: what the manager cannot do, the fix). A kept
+    ``host_cache`` must fit the layout and ``num_cpu_blocks`` (:func:`~.host_cache.check_host_cache`)."""
     check_cache_arguments(platform, layout, num_blocks)
     wire = protocol_named(protocol)
     wire.check_signal_name(signal_name)
@@ -259,6 +283,8 @@ def _manager_layout(
     inputs = DecisionInputs(False, num_cpu_blocks, storage_backend, splitwise_role)
     inputs = replace(inputs, rule=wire.rule_in_force(rule, inputs))
     shaped = platform.cache_layout(layout, num_blocks)  # the platform's shapes, checked
+    if host_cache is not None:
+        check_host_cache(host_cache, shaped, num_cpu_blocks)
     if platform.cache_sharing() is None:
         raise CacheSharingError(
             f"platform {platform.name} cannot share KV cache tensors between processes (it declares no cache_sharing), "
