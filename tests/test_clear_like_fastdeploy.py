@@ -120,3 +120,38 @@ def test_a_kept_host_cache_that_does_not_fit_is_refused_before_anything_is_publi
     with pytest.raises(ConfigError, match="freed"):
         manage(cpu, suffix, host_cache=managed.host)
     assert records() == set()
+
+
+# -- host-cache allocation public: fd_platforms.engine.allocate_host_cache, its arguments checked first --
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        (("cpu", "layout", CPU_BLOCKS), "platform"),
+        ((None, "not a layout", CPU_BLOCKS), "layout"),
+        ((None, None, 0), "num_cpu_blocks"),
+        ((None, None, True), "num_cpu_blocks"),
+    ],
+)
+def test_allocate_host_cache_is_public_and_checks_its_arguments_before_any_hook(
+    cpu: Platform, monkeypatch: pytest.MonkeyPatch, arguments: tuple[object, object, object], field: str
+) -> None:
+    from fd_platforms import engine
+
+    calls: list[int] = []
+    monkeypatch.setattr(Platform, "host_alloc", lambda self, nbytes: calls.append(nbytes))
+    platform, layout, blocks = arguments
+    with pytest.raises(ConfigError) as caught:
+        engine.allocate_host_cache(cpu if platform is None else platform,  # type: ignore[arg-type]
+                                   qwen_layout(0, 1, DEVICE) if layout is None else layout, blocks)  # type: ignore[arg-type]  # fmt: skip
+    assert field in str(caught.value) and "Fix:" in str(caught.value) and calls == []
+
+
+def test_allocate_host_cache_carves_the_layouts_host_tensors(cpu: Platform) -> None:
+    from fd_platforms.engine import HostCache, allocate_host_cache
+
+    host = allocate_host_cache(cpu, qwen_layout(0, 1, DEVICE), CPU_BLOCKS)
+    assert isinstance(host, HostCache) and host.names == qwen_layout(0, 1, DEVICE).host_names()
+    assert host.num_blocks == CPU_BLOCKS and tuple(host.tensors[0].shape)[0] == CPU_BLOCKS
+    host.clear()

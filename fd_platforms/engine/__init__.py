@@ -5,7 +5,7 @@ platform first, and the facade never imports the engine. A runner calls :func:`i
 (decide with the rule, then create and publish, or wait and attach zero-copy by name); a cache
 manager calls :func:`manage_kv_cache` (publish a rank's device cache, carve its host swap cache,
 set the slot), or :func:`hold_kv_cache` where the pinned rule lets the workers create (attach to a
-rank's published cache and carve its host swap cache). Both give back records whose ``clear()`` lets go, so the cache can be created
+rank's published cache and carve its host swap cache; :func:`allocate_host_cache` carves one alone). Both give back records whose ``clear()`` lets go, so the cache can be created
 again. An engine over several nodes joins them with
 :meth:`Cluster.join <fd_platforms.engine.cluster.Cluster.join>` and agrees on the blocks with
 :meth:`Cluster.agree <fd_platforms.engine.cluster.Cluster.agree>` (Paddle's collective runtime).
@@ -28,7 +28,7 @@ from __future__ import annotations
 from .block_handoff import hand_off_block_count
 from .cache_status import UpdateReport, drive_kv_cache_update, serve_kv_cache_status
 from .cluster import Agreement, Cluster, RankPlan, collective_backend
-from .host_cache import HostCache
+from .host_cache import HostCache, allocate_host_cache
 from .initialize import ManagedCache, check_can_attach, hold_kv_cache, initialize_kv_cache, manage_kv_cache
 from .kv_cache import KVCache, allocate_kv_cache
 from .nodes import NodeSpec, free_master
@@ -43,6 +43,7 @@ __all__ = [
     "NodeSpec",
     "RankPlan",
     "UpdateReport",
+    "allocate_host_cache",
     "allocate_kv_cache",
     "check_can_attach",
     "collective_backend",

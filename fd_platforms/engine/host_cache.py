@@ -19,6 +19,7 @@ from ..contract.integers import check_int
 from ..contract.paddle_import import import_paddle
 from ..contract.types import HostBuffer
 from ..rules.layout import DTYPE_BYTES, CacheLayout
+from .kv_cache import check_platform_and_layout
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..loading.platform import Platform
@@ -100,7 +101,14 @@ def host_offsets(layout: CacheLayout, num_blocks: int) -> tuple[list[int], int]:
 
 
 def allocate_host_cache(platform: Platform, layout: CacheLayout, num_blocks: int) -> HostCache:
-    """``num_blocks`` host swap blocks of every tensor of ``layout``, in one host allocation."""
+    """``num_blocks`` host swap blocks of every tensor of ``layout``, in one host allocation (the platform's
+    ``host_alloc``: pinned where it pins), each tensor a view named as FastDeploy's transfer manager names its
+    cpu caches (``key_caches_{layer}_rank{rank}``). What a cache manager carves (:func:`~.manage_kv_cache`); a
+    port that keeps its own manager calls it directly. ``HostCache.clear()`` frees it.
+
+    The arguments are checked before any hook runs: a ConfigError naming the platform, the layout or
+    ``num_cpu_blocks`` (at least 1)."""
+    check_platform_and_layout(platform, layout)
     check_int("num_cpu_blocks", num_blocks, 1, fix="pass the plan's num_cpu_blocks")
     offsets, total = host_offsets(layout, num_blocks)
     buffer = platform.host_alloc(total)

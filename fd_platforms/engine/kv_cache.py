@@ -292,12 +292,17 @@ def check_published(published: Sequence[PublishedTensor], layout: CacheLayout, n
 def check_cache_arguments(platform: object, layout: object, num_blocks: object) -> None:
     """An engine call's platform, layout and block count as the caller gave them: a ConfigError
     naming the first bad one, before any hook runs."""
+    check_platform_and_layout(platform, layout)
+    check_num_blocks(num_blocks)
+
+
+def check_platform_and_layout(platform: object, layout: object) -> None:
+    """The platform and layout an engine call was given: a ConfigError naming the first bad one."""
     if not isinstance(platform, Platform):
         raise ConfigError(
             "platform", platform, "a Platform", "pass the selected platform first (fd_platforms.current_platform())"
         )
     check_layout(layout)
-    check_num_blocks(num_blocks)
 
 
 def _close_all(shared: list[SharedTensor]) -> None:
