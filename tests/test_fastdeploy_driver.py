@@ -69,3 +69,45 @@ def test_a_drive_that_finds_a_dead_attacher_names_it_and_leaves_the_word_where_t
             drive_kv_cache_update(suffix, timeout=0.5)  # the next drive starts (no creator answers here)
         assert status.get(0) == KVCacheStatus.NORMAL
         ready.close()
+
+
+# -- the two events (issue 35, item 7): clear and restore callable separately --
+
+
+def test_a_restore_without_a_clear_done_is_refused_before_writing_anything(suffix: str) -> None:
+    from fd_platforms.contract.errors import ConfigError
+    from fd_platforms.engine import drive_kv_cache_restore
+
+    with pytest.raises(ConfigError, match=r"kv_cache_status='NORMAL' is not valid; allowed: CLEARED \(a clear done\)"):
+        drive_kv_cache_restore(suffix, timeout=0.5)
+    with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
+        assert status.get(0) == KVCacheStatus.NORMAL
+
+
+def test_each_half_that_fails_writes_normal_back_and_says_so(suffix: str) -> None:
+    from fd_platforms.engine import drive_kv_cache_clear, drive_kv_cache_restore
+
+    with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
+        with pytest.raises(SignalWaitError, match="the cache creator freeing the caches") as caught:
+            drive_kv_cache_clear(suffix, timeout=0.3)  # nobody attached (slot 0), no creator answers
+        assert "was written back to NORMAL (it said CLEARING)" in str(caught.value)
+        assert status.get(0) == KVCacheStatus.NORMAL
+        status.set(0, KVCacheStatus.CLEARED)  # as a creator answers a clear
+        with pytest.raises(SignalWaitError, match="the cache creator creating the caches") as caught:
+            drive_kv_cache_restore(suffix, timeout=0.3)
+        assert "was written back to NORMAL (it said UPDATING)" in str(caught.value)
+        assert status.get(0) == KVCacheStatus.NORMAL
+
+
+def test_a_second_restore_while_one_runs_is_told_who_holds_the_word(suffix: str) -> None:
+    """Each half claims kv_cache_status while it runs; the word's value between halves says which may come next."""
+    from fd_platforms.contract.errors import CacheSignalError
+    from fd_platforms.engine import drive_kv_cache_restore
+
+    with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
+        assert status.claim() is None  # another driver holds it (this process, through another descriptor)
+        status.set(0, KVCacheStatus.CLEARED)
+        with pytest.raises(CacheSignalError, match="is being driven by another drive_kv_cache_update"):
+            drive_kv_cache_restore(suffix, timeout=0.3)
+        assert status.get(0) == KVCacheStatus.CLEARED, "nothing written"
+        status.set(0, KVCacheStatus.NORMAL)

@@ -33,7 +33,12 @@ from fd_platforms.contract.errors import CacheSharingError, CacheSignalError, Co
 from fd_platforms.contract.types import PlatformIdentity
 from fd_platforms.engine import ManagedCache, initialize_kv_cache, manage_kv_cache
 from fd_platforms.engine.block_handoff import hand_off_block_count
-from fd_platforms.engine.cache_status import drive_kv_cache_update, serve_kv_cache_status
+from fd_platforms.engine.cache_status import (
+    drive_kv_cache_clear,
+    drive_kv_cache_restore,
+    drive_kv_cache_update,
+    serve_kv_cache_status,
+)
 from fd_platforms.engine.fastdeploy_records import GPU_RECORD
 from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
 from fd_platforms.loading.platform import Platform
@@ -194,6 +199,19 @@ def test_a_clear_update_driven_from_our_side_completes_20_times(cpu) -> None:
         drive_rounds(suffix, CYCLES, creators, runners, links)
 
 
+def test_a_clear_and_a_restore_driven_as_two_events_complete_20_times(cpu) -> None:
+    """FastDeploy's two events (issue 35, item 7): drive_kv_cache_clear, then separately drive_kv_cache_restore,
+    over FastDeploy's cache transfer managers (stand-ins) and our runners."""
+    with fastdeploy_engine(2) as (suffix, _), ExitStack() as stack:
+        creators = [standin("creator", suffix, rank, 2, tensor_specs(cpu, rank, 2)) for rank in range(2)]
+        for creator in creators:
+            stack.callback(creator.kill)
+        links, runners = spawn_all(stack, 2, fastdeploy_runner, lambda rank: (suffix, rank, 2, BLOCKS, CYCLES, 0))
+        for link in links:
+            assert link.poll(120) and link.recv()[0] == "attached"
+        drive_rounds(suffix, CYCLES, creators, runners, links, two_events=True)
+
+
 def test_a_clear_update_driven_from_the_standins_side_completes_20_times(cpu) -> None:
     with fastdeploy_engine(4) as (suffix, _):
         made: dict[int, ManagedCache] = {}
@@ -249,14 +267,22 @@ def spawn_all(stack: ExitStack, ranks: int, target, args_of) -> tuple[list, list
     return links, processes
 
 
-def drive_rounds(suffix: str, rounds: int, creators: list, runners: list, links: list) -> None:  # type: ignore[type-arg]
-    """Drive ``rounds`` clear/updates from our side over stand-in creators and our runners, then stop them all."""
+def drive_rounds(  # type: ignore[type-arg]
+    suffix: str, rounds: int, creators: list, runners: list, links: list, *, two_events: bool = False
+) -> None:
+    """Drive ``rounds`` clear/updates from our side over stand-in creators and our runners (``two_events``: each
+    as a clear and, separately, a restore), then stop them all."""
+    watched = {"creator_pid": creators[0].pid, "attacher_pids": {rank: runner.pid for rank, runner in enumerate(runners)}}
     for _ in range(rounds):
-        report = drive_kv_cache_update(
-            suffix, timeout=30, creator_pid=creators[0].pid,
-            attacher_pids={rank: runner.pid for rank, runner in enumerate(runners)},
-        )  # fmt: skip
-        assert report.ranks == len(runners)
+        if two_events:
+            assert drive_kv_cache_clear(suffix, timeout=30, **watched).ranks == len(runners)  # type: ignore[arg-type]
+            with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status, \
+                    FastDeploySignal.attach(CACHE_READY, suffix) as ready:  # fmt: skip
+                assert status.get(0) == KVCacheStatus.CLEARED and set(ready.values()) == {0}, "cleared, between events"
+            assert drive_kv_cache_restore(suffix, timeout=30, **watched).ranks == len(runners)  # type: ignore[arg-type]
+        else:
+            report = drive_kv_cache_update(suffix, timeout=30, **watched)  # type: ignore[arg-type]
+            assert report.ranks == len(runners)
     for link in links:
         assert link.poll(60) and link.recv() == ("done", rounds)
         link.send("stop")

@@ -10,7 +10,8 @@ again. An engine over several nodes joins them with
 :meth:`Cluster.join <fd_platforms.engine.cluster.Cluster.join>` and agrees on the blocks with
 :meth:`Cluster.agree <fd_platforms.engine.cluster.Cluster.agree>` (Paddle's collective runtime).
 Beside FastDeploy's own processes, every call takes ``protocol="fastdeploy"`` (its signals and
-per-tensor handles); :func:`drive_kv_cache_update` and :func:`serve_kv_cache_status` are its
+per-tensor handles); :func:`drive_kv_cache_clear` and :func:`drive_kv_cache_restore` (its two RL
+events; :func:`drive_kv_cache_update` both in a row) and :func:`serve_kv_cache_status` are its
 clear/update protocol, :func:`hand_off_block_count` its block-count hand-off.
 See ``docs/engine-integration.md``.
 
@@ -26,7 +27,15 @@ attached tensors), :mod:`.host_cache` (host swap tensors in the layout's names),
 from __future__ import annotations
 
 from .block_handoff import hand_off_block_count
-from .cache_status import UpdateReport, drive_kv_cache_update, serve_kv_cache_status
+from .cache_status import (
+    ClearReport,
+    RestoreReport,
+    UpdateReport,
+    drive_kv_cache_clear,
+    drive_kv_cache_restore,
+    drive_kv_cache_update,
+    serve_kv_cache_status,
+)
 from .cluster import Agreement, Cluster, RankPlan, collective_backend
 from .host_cache import HostCache, allocate_host_cache
 from .initialize import ManagedCache, check_can_attach, hold_kv_cache, initialize_kv_cache, manage_kv_cache
@@ -36,17 +45,21 @@ from .publication import publication_name, published_tensor_name
 
 __all__ = [
     "Agreement",
+    "ClearReport",
     "Cluster",
     "HostCache",
     "KVCache",
     "ManagedCache",
     "NodeSpec",
     "RankPlan",
+    "RestoreReport",
     "UpdateReport",
     "allocate_host_cache",
     "allocate_kv_cache",
     "check_can_attach",
     "collective_backend",
+    "drive_kv_cache_clear",
+    "drive_kv_cache_restore",
     "drive_kv_cache_update",
     "free_master",
     "hand_off_block_count",
