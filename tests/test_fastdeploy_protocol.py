@@ -24,7 +24,9 @@ import pytest
 from engine_processes import (
     FASTDEPLOY_ATTACH,
     fastdeploy_manager,
+    fastdeploy_rl_runner,
     fastdeploy_runner,
+    fastdeploy_serving_manager,
     first_bytes,
     qwen_layout,
     write_byte,
@@ -210,6 +212,59 @@ def test_a_clear_and_a_restore_driven_as_two_events_complete_20_times(cpu) -> No
         for link in links:
             assert link.poll(120) and link.recv()[0] == "attached"
         drive_rounds(suffix, CYCLES, creators, runners, links, two_events=True)
+
+
+def test_fastdeploys_rl_flow_over_its_workers_and_our_cache_managers_completes_20_times(cpu) -> None:
+    """FastDeploy's two events driven by its engine (model_weights_status CLEARING, then UPDATING: the stand-in
+    ``rl``), followed by its workers (stand-ins, which write kv_cache_status themselves) and answered by our
+    cache managers (serve_kv_cache_status), one process per rank."""
+    with fastdeploy_engine(2) as (suffix, _), ExitStack() as stack:
+        links, managers = spawn_all(stack, 2, fastdeploy_serving_manager, lambda rank: (suffix, rank, 2, BLOCKS))
+        for link in links:
+            assert link.poll(120) and link.recv()[0] == "published"
+        workers = [standin("worker", suffix, rank, 2, tensor_specs(cpu, rank, 2), CYCLES) for rank in range(2)]
+        for worker in workers:
+            stack.callback(worker.kill)
+            expect(worker, "attached")
+        engine_side = standin("rl", suffix, CYCLES)
+        stack.callback(engine_side.kill)
+        expect(engine_side, "done")
+        for worker in workers:
+            expect(worker, "done")
+            finish(worker)  # lets go: resets its slot
+        for link in links:
+            link.send("stop")
+            assert link.poll(60) and link.recv() == ("cleared", CYCLES + 1), "created once per round, no more"
+        for manager in managers:
+            manager.join(30)
+        finish(engine_side)
+
+
+def test_fastdeploys_rl_flow_over_our_runners_and_its_cache_transfer_managers_completes_20_times(cpu) -> None:
+    """FastDeploy's two events driven by its engine (the stand-in ``rl``), followed by our runners
+    (follow_model_weights_status: rank 0 drives kv_cache_status's clear and restore) beside FastDeploy's cache
+    transfer managers (stand-ins), one process per rank."""
+    with fastdeploy_engine(2) as (suffix, _), ExitStack() as stack:
+        creators = [standin("creator", suffix, rank, 2, tensor_specs(cpu, rank, 2)) for rank in range(2)]
+        for creator in creators:
+            stack.callback(creator.kill)
+        barrier = multiprocessing.get_context("spawn").Barrier(2)  # the tp group's barrier, stood in
+        links, runners = spawn_all(stack, 2, fastdeploy_rl_runner, lambda rank: (suffix, rank, 2, BLOCKS, barrier))
+        for link in links:
+            assert link.poll(120) and link.recv()[0] == "attached"
+        engine_side = standin("rl", suffix, CYCLES)
+        stack.callback(engine_side.kill)
+        expect(engine_side, "done")
+        for link in links:
+            link.send("report")
+            assert link.poll(60) and link.recv() == ("done", CYCLES)
+            link.send("stop")
+            assert link.poll(60) and link.recv()[0] == "cleared"
+        for runner in runners:
+            runner.join(30)
+        for creator in creators:
+            finish(creator)
+        finish(engine_side)
 
 
 def test_a_clear_update_driven_from_the_standins_side_completes_20_times(cpu) -> None:

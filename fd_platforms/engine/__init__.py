@@ -21,7 +21,8 @@ attached tensors), :mod:`.host_cache` (host swap tensors in the layout's names),
 :mod:`.rendezvous` (the nodes' handshake), :mod:`.cluster` (the process group and the agreement),
 :mod:`.bounded` (Paddle's blocking calls, bounded), :mod:`.protocols` (ours or FastDeploy's),
 :mod:`.fastdeploy_handles` (its per-tensor records), :mod:`.cache_status` (its clear/update),
-:mod:`.block_handoff` (its block-count word).
+:mod:`.block_handoff` (its block-count word), :mod:`.weights_status` (its RL flow's two events, followed by
+a runner of ours).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from .initialize import ManagedCache, check_can_attach, hold_kv_cache, initializ
 from .kv_cache import KVCache, allocate_kv_cache
 from .nodes import NodeSpec, free_master
 from .publication import publication_name, published_tensor_name
+from .weights_status import follow_model_weights_status
 
 __all__ = [
     "Agreement",
@@ -61,6 +63,7 @@ __all__ = [
     "drive_kv_cache_clear",
     "drive_kv_cache_restore",
     "drive_kv_cache_update",
+    "follow_model_weights_status",
     "free_master",
     "hand_off_block_count",
     "hold_kv_cache",

@@ -12,7 +12,7 @@ through one word, ``kv_cache_status.<suffix>``, and the ``cache_ready_signal`` s
    rank attaches again once its slot is set (:func:`~fd_platforms.engine.initialize_kv_cache`).
 
 FastDeploy runs steps 1-3 and 4-5 as two separate events, each on its own request to its engine
-(``model_weights_status`` CLEARING, then UPDATING);
+(``model_weights_status`` CLEARING, then UPDATING: :mod:`fd_platforms.engine.weights_status`);
 :func:`drive_kv_cache_update` is the two in a row, under one claim.
 
 FastDeploy runs a cache transfer manager per rank, and each writes ``CLEARED`` and ``NORMAL`` itself
@@ -302,6 +302,11 @@ def serve_kv_cache_status(
     ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``); ``tp`` (the local ranks, where known) is checked as
     :func:`drive_kv_cache_update` checks it.
 
+    FastDeploy's workers each write ``UPDATING`` themselves on its engine's update request
+    (``check_model_weights_status``, ``fastdeploy/rl/dynamic_weight_manager.py``), so a slower rank's can land
+    after the ``NORMAL`` written here; with every cache held and every slot set, ``UPDATING`` is answered
+    ``NORMAL`` again (nothing is created twice).
+
     Only the manager that holds local rank 0 waits for every slot and writes the answers: the word
     has no compare-and-swap, so a second writer's late CLEARED could overwrite the driver's UPDATING,
     and a manager waiting for every slot could miss a moment that already passed. Managers of other
@@ -342,6 +347,8 @@ def serve_kv_cache_status(
                 if answers:
                     _wait_all(ready, 1, limit, "having its KV cache created")
                     status.set(0, KVCacheStatus.NORMAL)
+            elif answers and current == KVCacheStatus.UPDATING and held and set(ready.values()) == {1}:
+                status.set(0, KVCacheStatus.NORMAL)  # a late UPDATING over our NORMAL: see the docstring
             else:
                 status.sleep_while(0, current, STATUS_POLL_SECONDS, since=since)
     return held
