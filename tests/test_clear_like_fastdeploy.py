@@ -1,20 +1,24 @@
 """Clear as FastDeploy clears (issue 35, item 6): the host swap space survives a clear unless
 ``FD_ENABLE_SWAP_SPACE_CLEARING`` asks (``fastdeploy/envs.py``; ``CacheTransferManager.check_cache_status``
-in ``fastdeploy/cache_manager/cache_transfer_manager.py``, f658b74), and the re-creation reuses it.
+in ``fastdeploy/cache_manager/cache_transfer_manager.py``, f658b74), and the re-creation reuses it; host-cache
+allocation is public; a lenient clear drops our references and leaves the engine's.
 
 In-process, on cpu, rank 0 on device 7 (FastDeploy's record names are the machine's: taken in turns).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 
 import pytest
 from engine_processes import qwen_layout
 
-from fd_platforms.contract.errors import ConfigError
-from fd_platforms.engine import ManagedCache, manage_kv_cache
+from fd_platforms.contract.errors import BufferInUseError, CacheInUseError, ConfigError
+from fd_platforms.engine import ManagedCache, initialize_kv_cache, manage_kv_cache
+from fd_platforms.engine.publication import publication_name
+from fd_platforms.ipc.cache_signal import CacheReadySignal
 from fd_platforms.ipc.fastdeploy_signals import (
     CACHE_READY,
     CACHE_TRANSFER_INITED,
@@ -155,3 +159,73 @@ def test_allocate_host_cache_carves_the_layouts_host_tensors(cpu: Platform) -> N
     assert isinstance(host, HostCache) and host.names == qwen_layout(0, 1, DEVICE).host_names()
     assert host.num_blocks == CPU_BLOCKS and tuple(host.tensors[0].shape)[0] == CPU_BLOCKS
     host.clear()
+
+
+# -- a clear that drops our references and lets the engine drop its own (KVCache.clear(strict=False)) --
+
+
+def memfd_mappings() -> int:
+    """This process's mappings of memfds (the cpu platform's shared cache tensors)."""
+    with open("/proc/self/maps") as maps:
+        return sum("/memfd:" in line for line in maps)
+
+
+@pytest.fixture
+def ready_signal() -> Iterator[CacheReadySignal]:
+    with CacheReadySignal.create(1) as signal:
+        yield signal
+
+
+def test_a_creators_lenient_clear_lets_go_at_once_and_frees_when_the_engines_last_reference_dies(
+    cpu: Platform, ready_signal: CacheReadySignal
+) -> None:
+    """FastDeploy's clear_cache drops its own references and leaves the rest (share_inputs, forward_meta, the
+    proposer) to the engine; memory a live tensor points at is never unmapped."""
+    before = memfd_mappings()
+    cache = initialize_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, profile=False, num_cpu_blocks=0,
+                                storage_backend=None, splitwise_role="mixed", signal_name=ready_signal.name)  # fmt: skip
+    assert cache.created and cache.shared and ready_signal.slots() == (1,)
+    held = cache.tensors[0][1]  # a view the engine keeps (forward_meta's, say)
+    cache.clear(strict=False)
+    assert cache.cleared and cache.tensors == [] and ready_signal.slots() == (0,)
+    assert not os.path.exists(f"/dev/shm/{publication_name(ready_signal.name, 0)}"), "unpublished at once"
+    held[0, 0, 0] = 2.5  # still mapped: no segfault
+    assert float(held[0, 0, 0]) == 2.5 and memfd_mappings() > before
+    del held
+    gc.collect()
+    assert memfd_mappings() == before, "unmapped once the engine's last reference died"
+
+
+def test_an_attachers_lenient_clear_lets_go_only_once_the_engines_last_reference_dies(
+    cpu: Platform, ready_signal: CacheReadySignal
+) -> None:
+    """The creator waits for an attacher's let-go before it frees: an attacher that still maps the cache (the
+    engine holds a tensor) has not let go, so nothing is freed under it."""
+    layout = qwen_layout(0, 1, DEVICE)
+    managed = manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=CPU_BLOCKS, signal_name=ready_signal.name)
+    cache = initialize_kv_cache(cpu, layout, BLOCKS, profile=False, num_cpu_blocks=CPU_BLOCKS, storage_backend=None,
+                                splitwise_role="mixed", signal_name=ready_signal.name, timeout=5)  # fmt: skip
+    assert not cache.created
+    held = cache.tensors[-1]
+    with pytest.raises(BufferInUseError):
+        cache.clear()  # the strict clear refuses while anything references a tensor
+    cache.clear(strict=False)
+    assert cache.cleared and cache.tensors == [] and ready_signal.slots() == (1,), "not let go while mapped"
+    with pytest.raises(CacheInUseError):
+        managed.clear(0.3)  # the creator does not free what the attacher still maps
+    held[0, 0, 0, 0] = 1.5
+    assert float(managed.device.tensors[-1][0, 0, 0, 0]) == 1.5, "the same memory, still shared"
+    del held
+    gc.collect()
+    assert ready_signal.slots() == (0,), "let go once the engine's last reference died"
+    managed.clear(5, clear_host=True)
+    assert not managed.device.shared
+
+
+def test_a_lenient_clear_with_nothing_referenced_is_the_strict_clear(cpu: Platform, ready_signal: CacheReadySignal) -> None:
+    before = memfd_mappings()
+    cache = initialize_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, profile=False, num_cpu_blocks=0,
+                                storage_backend=None, splitwise_role="mixed", signal_name=ready_signal.name)  # fmt: skip
+    cache.clear(strict=False)
+    assert memfd_mappings() == before and ready_signal.slots() == (0,)
+    cache.clear(strict=False)  # idempotent
