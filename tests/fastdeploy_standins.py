@@ -353,6 +353,11 @@ def attacher(suffix: str, rank: int, tp: int, specs: list[list], cycles: int, fi
         views = open_all(specs, first)
         if rank == 0:
             wait_until(lambda: status[0] == NORMAL, "the update to finish")
+    done_then_let_go(views, ready, rank)
+
+
+def done_then_let_go(views: list[mmap.mmap | DeviceView], ready: np.ndarray, rank: int) -> None:
+    """Print ``done``, wait for stdin to close, then let go: unmap, reset the rank's slot."""
     print("done", flush=True)
     while not stdin_closed(0.1):
         pass
@@ -414,12 +419,7 @@ def worker(suffix: str, rank: int, tp: int, specs: list[list], cycles: int) -> N
             wait_until(lambda: all(int(word) == done for word in barrier), "every rank to update", WORKER_POLL)
             weights[0] = NORMAL
         wait_until(lambda: weights[0] != UPDATING, "the update to finish", WORKER_POLL)  # NORMAL, or the next CLEARING
-    print("done", flush=True)
-    while not stdin_closed(0.1):
-        pass
-    for view in views:
-        view.close()
-    ready[rank] = 0  # the signal mappings go with the process, as FastDeploy's do
+    done_then_let_go(views, ready, rank)
 
 
 def main(argv: list[str]) -> None:

@@ -191,27 +191,25 @@ def test_our_cache_manager_wakes_a_standin_worker_and_tells_the_engine_it_is_up(
 
 
 def test_a_clear_update_driven_from_our_side_completes_20_times(cpu) -> None:
-    with fastdeploy_engine(4) as (suffix, _), ExitStack() as stack:
-        creators = [standin("creator", suffix, rank, 4, tensor_specs(cpu, rank, 4)) for rank in range(4)]
-        for creator in creators:
-            stack.callback(creator.kill)
-        links, runners = spawn_all(stack, 4, fastdeploy_runner, lambda rank: (suffix, rank, 4, BLOCKS, CYCLES, 0))
-        for link in links:
-            assert link.poll(120) and link.recv()[0] == "attached"
-        drive_rounds(suffix, CYCLES, creators, runners, links)
+    drive_over_standin_creators(cpu, 4, two_events=False)
 
 
 def test_a_clear_and_a_restore_driven_as_two_events_complete_20_times(cpu) -> None:
     """FastDeploy's two events (issue 35, item 7): drive_kv_cache_clear, then separately drive_kv_cache_restore,
     over FastDeploy's cache transfer managers (stand-ins) and our runners."""
-    with fastdeploy_engine(2) as (suffix, _), ExitStack() as stack:
-        creators = [standin("creator", suffix, rank, 2, tensor_specs(cpu, rank, 2)) for rank in range(2)]
+    drive_over_standin_creators(cpu, 2, two_events=True)
+
+
+def drive_over_standin_creators(cpu, tp: int, *, two_events: bool) -> None:  # type: ignore[no-untyped-def]
+    """CYCLES clear/updates driven from our side (:func:`drive_rounds`) over ``tp`` stand-in creators and our runners."""
+    with fastdeploy_engine(tp) as (suffix, _), ExitStack() as stack:
+        creators = [standin("creator", suffix, rank, tp, tensor_specs(cpu, rank, tp)) for rank in range(tp)]
         for creator in creators:
             stack.callback(creator.kill)
-        links, runners = spawn_all(stack, 2, fastdeploy_runner, lambda rank: (suffix, rank, 2, BLOCKS, CYCLES, 0))
+        links, runners = spawn_all(stack, tp, fastdeploy_runner, lambda rank: (suffix, rank, tp, BLOCKS, CYCLES, 0))
         for link in links:
             assert link.poll(120) and link.recv()[0] == "attached"
-        drive_rounds(suffix, CYCLES, creators, runners, links, two_events=True)
+        drive_rounds(suffix, CYCLES, creators, runners, links, two_events=two_events)
 
 
 def test_fastdeploys_rl_flow_over_its_workers_and_our_cache_managers_completes_20_times(cpu) -> None:
@@ -256,14 +254,8 @@ def test_fastdeploys_rl_flow_over_our_runners_and_its_cache_transfer_managers_co
         stack.callback(engine_side.kill)
         expect(engine_side, "done")
         for link in links:
-            link.send("report")
-            assert link.poll(60) and link.recv() == ("done", CYCLES)
-            link.send("stop")
-            assert link.poll(60) and link.recv()[0] == "cleared"
-        for runner in runners:
-            runner.join(30)
-        for creator in creators:
-            finish(creator)
+            link.send("report")  # stop following model_weights_status
+        stop_all(CYCLES, creators, runners, links)
         finish(engine_side)
 
 
@@ -338,6 +330,11 @@ def drive_rounds(  # type: ignore[type-arg]
         else:
             report = drive_kv_cache_update(suffix, timeout=30, **watched)  # type: ignore[arg-type]
             assert report.ranks == len(runners)
+    stop_all(rounds, creators, runners, links)
+
+
+def stop_all(rounds: int, creators: list, runners: list, links: list) -> None:  # type: ignore[type-arg]
+    """Each runner says it followed ``rounds`` rounds, clears and ends; then the stand-in creators end."""
     for link in links:
         assert link.poll(60) and link.recv() == ("done", rounds)
         link.send("stop")
