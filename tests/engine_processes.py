@@ -182,7 +182,8 @@ def fastdeploy_serving_manager(suffix: str, rank: int, tp: int, num_blocks: int,
         return made[-1]
 
     conn.send(("published", str(create(rank).device.tensors[0].place)))  # type: ignore[attr-defined]
-    held = serve_kv_cache_status([made[-1]], create, suffix=suffix, until=lambda: conn.poll(), timeout=30, tp=tp)  # type: ignore[list-item,arg-type]
+    held = serve_kv_cache_status([made[-1]], create, suffix=suffix,  # type: ignore[list-item,arg-type]
+                                 until=lambda: conn.poll(), timeout=30, tp=tp)
     assert conn.recv() == "stop"
     for cache in held:
         cache.clear(30, clear_host=True)

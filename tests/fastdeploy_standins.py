@@ -104,7 +104,8 @@ def stdin_closed(seconds: float) -> bool:
 
 def engine(suffix: str, tp: int, block_suffix: str, iluvatar: bool) -> None:
     made = []
-    signals = [(f"{name}.{suffix}", tp) for name in (*SIGNALS, BARRIER)] + [(f"{name}.{suffix}", 1) for name in STATUS_WORDS]
+    signals = [(f"{name}.{suffix}", tp) for name in (*SIGNALS, BARRIER)]
+    signals += [(f"{name}.{suffix}", 1) for name in STATUS_WORDS]
     for name, length in [*signals, (f"get_profile_block_num.{block_suffix}", tp if iluvatar else 1)]:
         block = shared_memory.SharedMemory(name=name, create=True, size=4 * length)
         np.ndarray((length,), dtype=np.int32, buffer=block.buf)[:] = 0

@@ -16,7 +16,7 @@ import pytest
 from engine_processes import qwen_layout
 
 from fd_platforms.contract.errors import BufferInUseError, CacheInUseError, ConfigError
-from fd_platforms.engine import ManagedCache, initialize_kv_cache, manage_kv_cache
+from fd_platforms.engine import KVCache, ManagedCache, initialize_kv_cache, manage_kv_cache
 from fd_platforms.engine.publication import publication_name
 from fd_platforms.ipc.cache_signal import CacheReadySignal
 from fd_platforms.ipc.fastdeploy_signals import (
@@ -148,7 +148,8 @@ def test_allocate_host_cache_is_public_and_checks_its_arguments_before_any_hook(
     platform, layout, blocks = arguments
     with pytest.raises(ConfigError) as caught:
         engine.allocate_host_cache(cpu if platform is None else platform,  # type: ignore[arg-type]
-                                   qwen_layout(0, 1, DEVICE) if layout is None else layout, blocks)  # type: ignore[arg-type]  # fmt: skip
+                                   qwen_layout(0, 1, DEVICE) if layout is None else layout,  # type: ignore[arg-type]
+                                   blocks)  # type: ignore[arg-type]  # fmt: skip
     assert field in str(caught.value) and "Fix:" in str(caught.value) and calls == []
 
 
@@ -170,6 +171,12 @@ def memfd_mappings() -> int:
         return sum("/memfd:" in line for line in maps)
 
 
+def create(cpu: Platform, ready_signal: CacheReadySignal) -> KVCache:
+    """Rank 0's cache as a runner that creates and publishes it (role mixed, no swap space)."""
+    return initialize_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, profile=False, num_cpu_blocks=0,
+                               storage_backend=None, splitwise_role="mixed", signal_name=ready_signal.name)
+
+
 @pytest.fixture
 def ready_signal() -> Iterator[CacheReadySignal]:
     with CacheReadySignal.create(1) as signal:
@@ -182,8 +189,7 @@ def test_a_creators_lenient_clear_lets_go_at_once_and_frees_when_the_engines_las
     """FastDeploy's clear_cache drops its own references and leaves the rest (share_inputs, forward_meta, the
     proposer) to the engine; memory a live tensor points at is never unmapped."""
     before = memfd_mappings()
-    cache = initialize_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, profile=False, num_cpu_blocks=0,
-                                storage_backend=None, splitwise_role="mixed", signal_name=ready_signal.name)  # fmt: skip
+    cache = create(cpu, ready_signal)
     assert cache.created and cache.shared and ready_signal.slots() == (1,)
     held = cache.tensors[0][1]  # a view the engine keeps (forward_meta's, say)
     cache.clear(strict=False)
@@ -222,10 +228,11 @@ def test_an_attachers_lenient_clear_lets_go_only_once_the_engines_last_reference
     assert not managed.device.shared
 
 
-def test_a_lenient_clear_with_nothing_referenced_is_the_strict_clear(cpu: Platform, ready_signal: CacheReadySignal) -> None:
+def test_a_lenient_clear_with_nothing_referenced_is_the_strict_clear(
+    cpu: Platform, ready_signal: CacheReadySignal
+) -> None:
     before = memfd_mappings()
-    cache = initialize_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, profile=False, num_cpu_blocks=0,
-                                storage_backend=None, splitwise_role="mixed", signal_name=ready_signal.name)  # fmt: skip
+    cache = create(cpu, ready_signal)
     cache.clear(strict=False)
     assert memfd_mappings() == before and ready_signal.slots() == (0,)
     cache.clear(strict=False)  # idempotent

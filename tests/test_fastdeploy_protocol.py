@@ -201,7 +201,8 @@ def test_a_clear_and_a_restore_driven_as_two_events_complete_20_times(cpu) -> No
 
 
 def drive_over_standin_creators(cpu, tp: int, *, two_events: bool) -> None:  # type: ignore[no-untyped-def]
-    """CYCLES clear/updates driven from our side (:func:`drive_rounds`) over ``tp`` stand-in creators and our runners."""
+    """CYCLES clear/updates driven from our side (:func:`drive_rounds`) over ``tp`` stand-in creators and our
+    runners."""
     with fastdeploy_engine(tp) as (suffix, _), ExitStack() as stack:
         creators = [standin("creator", suffix, rank, tp, tensor_specs(cpu, rank, tp)) for rank in range(tp)]
         for creator in creators:
@@ -319,7 +320,8 @@ def drive_rounds(  # type: ignore[type-arg]
 ) -> None:
     """Drive ``rounds`` clear/updates from our side over stand-in creators and our runners (``two_events``: each
     as a clear and, separately, a restore), then stop them all."""
-    watched = {"creator_pid": creators[0].pid, "attacher_pids": {rank: runner.pid for rank, runner in enumerate(runners)}}
+    pids = {rank: runner.pid for rank, runner in enumerate(runners)}
+    watched = {"creator_pid": creators[0].pid, "attacher_pids": pids}
     for _ in range(rounds):
         if two_events:
             assert drive_kv_cache_clear(suffix, timeout=30, **watched).ranks == len(runners)  # type: ignore[arg-type]

@@ -5,7 +5,8 @@ platform first, and the facade never imports the engine. A runner calls :func:`i
 (decide with the rule, then create and publish, or wait and attach zero-copy by name); a cache
 manager calls :func:`manage_kv_cache` (publish a rank's device cache, carve its host swap cache,
 set the slot), or :func:`hold_kv_cache` where the pinned rule lets the workers create (attach to a
-rank's published cache and carve its host swap cache; :func:`allocate_host_cache` carves one alone). Both give back records whose ``clear()`` lets go, so the cache can be created
+rank's published cache and carve its host swap cache; :func:`allocate_host_cache` carves one alone).
+Both give back records whose ``clear()`` lets go, so the cache can be created
 again. An engine over several nodes joins them with
 :meth:`Cluster.join <fd_platforms.engine.cluster.Cluster.join>` and agrees on the blocks with
 :meth:`Cluster.agree <fd_platforms.engine.cluster.Cluster.agree>` (Paddle's collective runtime).

@@ -294,7 +294,8 @@ def serve_kv_cache_status(
 
     ``managed`` are this process's caches (from :func:`~fd_platforms.engine.manage_kv_cache` with
     ``protocol="fastdeploy"``); ``recreate(rank)`` makes one again (passing ``host_cache=`` the host swap
-    cache the cleared one kept, its ``.host``, unless ``FD_ENABLE_SWAP_SPACE_CLEARING`` frees it). A status outside FastDeploy's
+    cache the cleared one kept, its ``.host``, unless ``FD_ENABLE_SWAP_SPACE_CLEARING`` frees it). A status
+    outside FastDeploy's
     ``KVCacheStatus`` is logged and never acted on. Once the status is not NORMAL and a held rank's
     slot was reset (its attacher let go, the 0 holding), each is cleared (its ``clear`` waits for
     the rank's attacher), then every slot must be 0 before ``CLEARED`` is written; on ``UPDATING``

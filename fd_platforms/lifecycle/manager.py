@@ -103,17 +103,20 @@ def _take_all(
         host_cache = kept.pop(rank, None)
         verb = "allocating" if host_cache is None else "reusing the kept"  # kept across the clear
         if creators is None:
-            say(f"publishing {size} of KV cache" + (f" and {verb} {swap}" if plan.num_cpu_blocks else "") + f" for rank {rank}")
+            say(f"publishing {size} of KV cache" + (f" and {verb} {swap}" if plan.num_cpu_blocks else "")
+                + f" for rank {rank}")
             cache = manage_kv_cache(
                 platform, spec.layout(rank), plan.num_blocks, num_cpu_blocks=plan.num_cpu_blocks,
-                signal_name=signal_name, progress=say.allocation(f"rank {rank}: publishing {size}"), host_cache=host_cache,
-                **rule,
+                signal_name=signal_name, progress=say.allocation(f"rank {rank}: publishing {size}"),
+                host_cache=host_cache, **rule,
             )  # fmt: skip
         else:
-            say(f"attaching to rank {rank}'s KV cache (worker pid {creators[rank]}) to hold {swap}" + ("" if host_cache is None else " (kept across the clear)"))
+            kept_note = "" if host_cache is None else " (kept across the clear)"
+            say(f"attaching to rank {rank}'s KV cache (worker pid {creators[rank]}) to hold {swap}{kept_note}")
             cache = hold_kv_cache(
                 platform, spec.layout(rank), plan.num_blocks, num_cpu_blocks=plan.num_cpu_blocks,
-                signal_name=signal_name, setter_pid=creators[rank], timeout=spec.timeout, host_cache=host_cache, **rule,
+                signal_name=signal_name, setter_pid=creators[rank], timeout=spec.timeout, host_cache=host_cache,
+                **rule,
             )  # fmt: skip
         seconds = time.monotonic() - started
         held[rank] = cache
