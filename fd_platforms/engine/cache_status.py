@@ -128,7 +128,7 @@ def drive_kv_cache_update(
     ``tp`` (the local ranks, where known) makes ``cache_ready_signal`` exactly FastDeploy's
     int32 array of that many words, else a CacheSignalError naming its size.
     """
-    drive = _checked(suffix, timeout, creator_pid, attacher_pids, platform, managers, tp)
+    drive = checked_drive(suffix, timeout, creator_pid, attacher_pids, platform, managers, tp)
     if update is not None:
         _check_callable("update", update, "pass a function that loads the new weights, or None")
     with _claimed(drive, KVCacheStatus.NORMAL, KVCacheStatus.CLEARING) as (status, ready):
@@ -165,7 +165,7 @@ def drive_kv_cache_clear(
     word's ``CLEARED`` then says that only a restore may come next) and what a failure writes back
     (``NORMAL``) as :func:`drive_kv_cache_update`'s; the status must be ``NORMAL`` at the start.
     """
-    drive = _checked(suffix, timeout, creator_pid, attacher_pids, platform, managers, tp)
+    drive = checked_drive(suffix, timeout, creator_pid, attacher_pids, platform, managers, tp)
     with _claimed(drive, KVCacheStatus.NORMAL, KVCacheStatus.CLEARING) as (status, ready):
         started = time.monotonic()
         let_go, cleared = _clear(drive, status, ready)
@@ -192,13 +192,13 @@ def drive_kv_cache_restore(
     start, else a ConfigError; the claim is held for this half; a restore that fails writes ``NORMAL`` back,
     as a failed :func:`drive_kv_cache_update` does. The arguments as :func:`drive_kv_cache_update`'s.
     """
-    drive = _checked(suffix, timeout, creator_pid, attacher_pids, platform, managers, tp)
+    drive = checked_drive(suffix, timeout, creator_pid, attacher_pids, platform, managers, tp)
     with _claimed(drive, KVCacheStatus.CLEARED, KVCacheStatus.UPDATING) as (status, ready):
         started = time.monotonic()
         return RestoreReport(_restore(drive, status, ready) - started, ready.length)
 
 
-def _checked(
+def checked_drive(
     suffix: str | int, timeout: float | None, creator_pid: int | None, attacher_pids: Mapping[int, int] | None,
     platform: Platform | None, managers: str, tp: int | None,
 ) -> _Drive:

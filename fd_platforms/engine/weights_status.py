@@ -27,7 +27,7 @@ from ..contract.integers import check_int
 from ..ipc.cache_signal import resolve_timeout
 from ..ipc.fastdeploy_signals import MAX_LOCAL_RANKS, MODEL_WEIGHTS_STATUS, FastDeploySignal, KVCacheStatus
 from ..loading.platform import Platform
-from .cache_status import drive_kv_cache_clear, drive_kv_cache_restore
+from .cache_status import checked_drive, drive_kv_cache_clear, drive_kv_cache_restore
 
 LOOK_SECONDS = 0.01  # how often the word is looked at (FastDeploy's worker: every 0.01 s)
 CLEAR_SIDE = (KVCacheStatus.CLEARING, KVCacheStatus.CLEARED)
@@ -72,6 +72,7 @@ def follow_model_weights_status(
     for name, function in (("clear", clear), ("restore", restore), ("until", until), ("barrier", meet)):
         if not callable(function):
             raise ConfigError(name, function, "a callable", "pass a function of no arguments")
+    checked_drive(suffix, timeout, creator_pid, None, platform, managers, tp)  # rank 0's drives, checked first
     drive = {"timeout": resolve_timeout(timeout), "creator_pid": creator_pid, "platform": platform,
              "managers": managers, "tp": tp}  # fmt: skip
     clear_caches, restore_caches = (partial(half, suffix, **drive) for half in (drive_kv_cache_clear,
