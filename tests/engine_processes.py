@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
+from typing import Any
 
 from fd_platforms.engine import KVCache, ManagedCache, manage_kv_cache
 from fd_platforms.kit.device_facts import write_element
@@ -204,3 +205,60 @@ def spawned_manager(target: Callable[..., None], *args: object) -> Iterator[tupl
         if process.is_alive():
             process.kill()
             process.join(10)
+
+
+def fastdeploy_rl_runner(
+    suffix: str, rank: int, tp: int, num_blocks: int, barrier: Any, conn: Connection
+) -> None:
+    """Our runner replacing FastDeploy's worker loop: attach rank ``rank`` by FastDeploy's names, then follow
+    ``model_weights_status`` (``follow_model_weights_status``, the ranks meeting at ``barrier``, a
+    multiprocessing barrier standing in for the tp group's) until told to report: let go on a clear request,
+    attach again (the stand-in creator's mark checked) on an update request."""
+    import fd_platforms
+    from fd_platforms.engine import follow_model_weights_status, initialize_kv_cache
+
+    platform = fd_platforms.current_platform()
+    held: list[object] = []
+
+    def attach() -> None:
+        cache = initialize_kv_cache(platform, qwen_layout(rank, tp), num_blocks, suffix=suffix,
+                                    protocol="fastdeploy", timeout=30, **FASTDEPLOY_ATTACH)  # fmt: skip
+        assert not cache.created and first_bytes(cache, 0) == {rank + 1}, first_bytes(cache, 0)
+        held.append(cache)
+
+    def clear() -> None:
+        held.pop().clear()  # type: ignore[attr-defined]
+
+    attach()
+    conn.send(("attached", None, None))
+    rounds = follow_model_weights_status(suffix, rank, clear=clear, restore=attach, timeout=30, tp=tp,
+                                         until=lambda: conn.poll(), barrier=lambda: barrier.wait(30))  # fmt: skip
+    conn.recv()
+    conn.send(("done", rounds))
+    assert conn.recv() == "stop"
+    clear()
+    conn.send(("cleared", None))
+
+
+def fastdeploy_serving_manager(suffix: str, rank: int, tp: int, num_blocks: int, conn: Connection) -> None:
+    """Our cache manager for rank ``rank`` (one process per rank, as FastDeploy's transfer managers): publish,
+    then serve ``kv_cache_status`` (reusing the host swap space a clear keeps) until told to stop, then clear."""
+    import fd_platforms
+    from fd_platforms.engine import serve_kv_cache_status
+
+    platform = fd_platforms.current_platform()
+    made: list[object] = []
+
+    def create(rank: int) -> object:
+        kept = made[-1].host_cache if made else None  # type: ignore[attr-defined]
+        made.append(manage_kv_cache(platform, qwen_layout(rank, tp), num_blocks, num_cpu_blocks=4, suffix=suffix,
+                                    protocol="fastdeploy", rule="2026-01", host_cache=kept))  # fmt: skip
+        return made[-1]
+
+    conn.send(("published", str(create(rank).kv_cache.tensors[0].place)))  # type: ignore[attr-defined]
+    held = serve_kv_cache_status([made[-1]], create, suffix=suffix,  # type: ignore[list-item,arg-type]
+                                 until=lambda: conn.poll(), timeout=30, tp=tp)
+    assert conn.recv() == "stop"
+    for cache in held:
+        cache.clear(30, clear_host=True)
+    conn.send(("cleared", len(made)))

@@ -33,6 +33,14 @@ fd-platforms (it says so on exit), so what meets our processes is FastDeploy's f
   NORMAL; another rank waits for CLEARING, lets go, waits for its slot, attaches again. ``CYCLES``
   0 drives nothing. Prints ``done``, waits for stdin to close, then lets go (resets its slot).
 
+- ``rl SUFFIX CYCLES``: FastDeploy's engine side of the RL flow (``fastdeploy/entrypoints/engine_client.py``):
+  per round, ``model_weights_status`` CLEARING, wait for CLEARED there and in ``kv_cache_status``; then
+  UPDATING, wait for NORMAL in both. Prints ``done``, then waits for stdin to close.
+- ``worker SUFFIX RANK TP TENSORS CYCLES``: FastDeploy's worker of one rank that attaches, following
+  ``model_weights_status`` (``fastdeploy/rl/dynamic_weight_manager.py`` ``check_model_weights_status``): it
+  writes ``kv_cache_status`` CLEARING or UPDATING itself, lets go or attaches again, and rank 0 answers the
+  engine (CLEARED, NORMAL). Prints ``attached``, ``done``; lets go when stdin closes.
+
 Every wait gives up after ``FD_STANDIN_TIMEOUT`` seconds (default 30) with exit status 3.
 
 Tensors live in sealed memfds (the handle is ``memfd:<pid>:<fd>``, as the cpu platform's), or, with
@@ -60,6 +68,10 @@ from multiprocessing import resource_tracker, shared_memory
 import numpy as np
 
 SIGNALS = ("cache_ready_signal", "swap_space_ready_signal", "cache_transfer_inited_signal")
+STATUS_WORDS = ("kv_cache_status", "model_weights_status")  # one word each, under the same suffix
+BARRIER = "standin_tp_barrier"  # not FastDeploy's: where the worker stand-ins meet, as its ranks meet in a tp barrier
+ENGINE_CLIENT_POLL = 0.01  # FastDeploy's engine client looks every 1 s; the stand-in every 0.01 s, to keep tests short
+WORKER_POLL = 0.01  # FastDeploy's worker looks at model_weights_status every 0.01 s (check_model_weights_status)
 NORMAL, UPDATING, CLEARING, CLEARED = 0, 1, -1, -2
 RECORD = struct.Struct("=Q64s")
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
@@ -92,7 +104,8 @@ def stdin_closed(seconds: float) -> bool:
 
 def engine(suffix: str, tp: int, block_suffix: str, iluvatar: bool) -> None:
     made = []
-    signals = [(f"{name}.{suffix}", tp) for name in SIGNALS] + [(f"kv_cache_status.{suffix}", 1)]
+    signals = [(f"{name}.{suffix}", tp) for name in (*SIGNALS, BARRIER)]
+    signals += [(f"{name}.{suffix}", 1) for name in STATUS_WORDS]
     for name, length in [*signals, (f"get_profile_block_num.{block_suffix}", tp if iluvatar else 1)]:
         block = shared_memory.SharedMemory(name=name, create=True, size=4 * length)
         np.ndarray((length,), dtype=np.int32, buffer=block.buf)[:] = 0
@@ -341,6 +354,11 @@ def attacher(suffix: str, rank: int, tp: int, specs: list[list], cycles: int, fi
         views = open_all(specs, first)
         if rank == 0:
             wait_until(lambda: status[0] == NORMAL, "the update to finish")
+    done_then_let_go(views, ready, rank)
+
+
+def done_then_let_go(views: list[mmap.mmap | DeviceView], ready: np.ndarray, rank: int) -> None:
+    """Print ``done``, wait for stdin to close, then let go: unmap, reset the rank's slot."""
     print("done", flush=True)
     while not stdin_closed(0.1):
         pass
@@ -349,12 +367,72 @@ def attacher(suffix: str, rank: int, tp: int, specs: list[list], cycles: int, fi
     ready[rank] = 0  # the signal mappings go with the process, as FastDeploy's do
 
 
+def rl(suffix: str, cycles: int) -> None:
+    """FastDeploy's engine side of the RL flow, its two requests per round: ``EngineClient.clear_load_weight``
+    writes ``model_weights_status`` CLEARING and waits for CLEARED there and in ``kv_cache_status`` (with a
+    cache transfer manager); ``update_model_weight`` writes UPDATING and waits for NORMAL in both
+    (``fastdeploy/entrypoints/engine_client.py``)."""
+    weights_block, weights = attach("model_weights_status", suffix, 1)
+    status_block, status = attach("kv_cache_status", suffix, 1)
+    for _ in range(cycles):
+        weights[0] = CLEARING
+        wait_until(lambda: weights[0] == CLEARED and status[0] == CLEARED, "the weights and caches cleared",
+                   ENGINE_CLIENT_POLL)
+        weights[0] = UPDATING
+        wait_until(lambda: weights[0] == NORMAL and status[0] == NORMAL, "the weights and caches updated",
+                   ENGINE_CLIENT_POLL)
+    print("done", flush=True)
+    while not stdin_closed(0.1):
+        pass
+    del weights, status  # the signal mappings go with the process, as FastDeploy's do
+
+
+def worker(suffix: str, rank: int, tp: int, specs: list[list], cycles: int) -> None:
+    """FastDeploy's worker of one rank that attaches to its cache transfer manager's cache, following
+    ``model_weights_status`` as ``DynamicWeightManager.check_model_weights_status`` does
+    (``fastdeploy/rl/dynamic_weight_manager.py``, called from ``worker_process.py``'s event loop): on CLEARING it
+    writes ``kv_cache_status`` CLEARING, lets go (unmaps, resets its slot: ``gpu_model_runner.py``
+    ``clear_cache``) and, on rank 0, writes CLEARED once every rank let go (where FastDeploy's ranks meet at a
+    tp barrier in ``clear_parameters``); on UPDATING it writes ``kv_cache_status`` UPDATING, waits for its slot,
+    attaches again and, on rank 0, writes NORMAL. Prints ``attached``, then ``done`` after ``cycles`` rounds."""
+    ready_block, ready = attach("cache_ready_signal", suffix, tp)
+    status_block, status = attach("kv_cache_status", suffix, 1)
+    weights_block, weights = attach("model_weights_status", suffix, 1)
+    barrier_block, barrier = attach(BARRIER, suffix, tp)
+    wait_until(lambda: ready[rank] == 1, f"rank {rank}'s cache to be created")
+    views = open_all(specs, -1)
+    print("attached", flush=True)
+    for done in range(1, cycles + 1):
+        wait_until(lambda: weights[0] == CLEARING, "a clear request", WORKER_POLL)
+        status[0] = CLEARING
+        for view in views:
+            view.close()
+        ready[rank] = 0
+        if rank == 0:  # clear_parameters' tp barrier: every rank let go
+            wait_until(lambda: int(ready.sum()) == 0, "every rank to let go", WORKER_POLL)
+            weights[0] = CLEARED
+        wait_until(lambda: weights[0] == UPDATING, "an update request", WORKER_POLL)
+        status[0] = UPDATING
+        wait_until(lambda: ready[rank] == 1, f"rank {rank}'s cache to be created again")
+        views = open_all(specs, -1)
+        barrier[rank] = done  # finalize_update's tp barrier: rank 0 answers once every rank updated
+        if rank == 0:
+            wait_until(lambda: all(int(word) == done for word in barrier), "every rank to update", WORKER_POLL)
+            weights[0] = NORMAL
+        wait_until(lambda: weights[0] != UPDATING, "the update to finish", WORKER_POLL)  # NORMAL, or the next CLEARING
+    done_then_let_go(views, ready, rank)
+
+
 def main(argv: list[str]) -> None:
     role, suffix, *rest = argv
     if role == "engine":
         engine(suffix, int(rest[0]), rest[1] if len(rest) > 1 else suffix, rest[2:] == ["iluvatar"])
     elif role == "creator":
         creator(suffix, int(rest[0]), int(rest[1]), json.loads(rest[2]))
+    elif role == "rl":
+        rl(suffix, int(rest[0]))
+    elif role == "worker":
+        worker(suffix, int(rest[0]), int(rest[1]), json.loads(rest[2]), int(rest[3]))
     elif role == "attacher":
         attacher(suffix, int(rest[0]), int(rest[1]), json.loads(rest[2]), int(rest[3]), int(rest[4]))
     else:

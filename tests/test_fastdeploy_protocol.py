@@ -24,16 +24,23 @@ import pytest
 from engine_processes import (
     FASTDEPLOY_ATTACH,
     fastdeploy_manager,
+    fastdeploy_rl_runner,
     fastdeploy_runner,
+    fastdeploy_serving_manager,
     first_bytes,
     qwen_layout,
     write_byte,
 )
 from fd_platforms.contract.errors import CacheSharingError, CacheSignalError, ConfigError, SignalWaitError
 from fd_platforms.contract.types import PlatformIdentity
-from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
+from fd_platforms.engine import ManagedCache, initialize_kv_cache, manage_kv_cache
 from fd_platforms.engine.block_handoff import hand_off_block_count
-from fd_platforms.engine.cache_status import drive_kv_cache_update, serve_kv_cache_status
+from fd_platforms.engine.cache_status import (
+    drive_kv_cache_clear,
+    drive_kv_cache_restore,
+    drive_kv_cache_update,
+    serve_kv_cache_status,
+)
 from fd_platforms.engine.fastdeploy_records import GPU_RECORD
 from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
 from fd_platforms.loading.platform import Platform
@@ -169,8 +176,8 @@ def test_our_cache_manager_wakes_a_standin_worker_and_tells_the_engine_it_is_up(
             expect(attacher, "attached")
             expect(attacher, "done")
         for cache in managed:
-            assert first_bytes(cache.device, 1) == {0x5A}, "the stand-in wrote into our tensors"
-            names = cache.device.names
+            assert first_bytes(cache.kv_cache, 1) == {0x5A}, "the stand-in wrote into our tensors"
+            names = cache.kv_cache.names
             record = GPU_RECORD.fields.unpack(Path(f"/dev/shm/{names[0]}").read_bytes())
             assert record[0] == 0 and record[1].rstrip(b"\0").decode().startswith(f"memfd:{os.getpid()}:")
         said = {engine.stdout.readline().strip() for _ in range(2)}  # type: ignore[union-attr]
@@ -178,27 +185,90 @@ def test_our_cache_manager_wakes_a_standin_worker_and_tells_the_engine_it_is_up(
         for attacher in attachers:
             finish(attacher)  # lets go: resets its slot
         for cache in managed:
-            cache.clear(10)
+            cache.clear(10, clear_host=True)  # as with FD_ENABLE_SWAP_SPACE_CLEARING=1 (a clear keeps it by default)
         with FastDeploySignal.attach("swap_space_ready_signal", suffix) as swap:
             assert swap.values() == (0, 0), "the swap space freed, as FastDeploy's transfer manager says"
 
 
 def test_a_clear_update_driven_from_our_side_completes_20_times(cpu) -> None:
-    with fastdeploy_engine(4) as (suffix, _), ExitStack() as stack:
-        creators = [standin("creator", suffix, rank, 4, tensor_specs(cpu, rank, 4)) for rank in range(4)]
+    drive_over_standin_creators(cpu, 4, two_events=False)
+
+
+def test_a_clear_and_a_restore_driven_as_two_events_complete_20_times(cpu) -> None:
+    """FastDeploy's two events (issue 35, item 7): drive_kv_cache_clear, then separately drive_kv_cache_restore,
+    over FastDeploy's cache transfer managers (stand-ins) and our runners."""
+    drive_over_standin_creators(cpu, 2, two_events=True)
+
+
+def drive_over_standin_creators(cpu, tp: int, *, two_events: bool) -> None:  # type: ignore[no-untyped-def]
+    """CYCLES clear/updates driven from our side (:func:`drive_rounds`) over ``tp`` stand-in creators and our
+    runners."""
+    with fastdeploy_engine(tp) as (suffix, _), ExitStack() as stack:
+        creators = [standin("creator", suffix, rank, tp, tensor_specs(cpu, rank, tp)) for rank in range(tp)]
         for creator in creators:
             stack.callback(creator.kill)
-        links, runners = spawn_all(stack, 4, fastdeploy_runner, lambda rank: (suffix, rank, 4, BLOCKS, CYCLES, 0))
+        links, runners = spawn_all(stack, tp, fastdeploy_runner, lambda rank: (suffix, rank, tp, BLOCKS, CYCLES, 0))
         for link in links:
             assert link.poll(120) and link.recv()[0] == "attached"
-        drive_rounds(suffix, CYCLES, creators, runners, links)
+        drive_rounds(suffix, CYCLES, creators, runners, links, two_events=two_events)
+
+
+def test_fastdeploys_rl_flow_over_its_workers_and_our_cache_managers_completes_20_times(cpu) -> None:
+    """FastDeploy's two events driven by its engine (model_weights_status CLEARING, then UPDATING: the stand-in
+    ``rl``), followed by its workers (stand-ins, which write kv_cache_status themselves) and answered by our
+    cache managers (serve_kv_cache_status), one process per rank."""
+    with fastdeploy_engine(2) as (suffix, _), ExitStack() as stack:
+        links, managers = spawn_all(stack, 2, fastdeploy_serving_manager, lambda rank: (suffix, rank, 2, BLOCKS))
+        for link in links:
+            assert link.poll(120) and link.recv()[0] == "published"
+        workers = [standin("worker", suffix, rank, 2, tensor_specs(cpu, rank, 2), CYCLES) for rank in range(2)]
+        for worker in workers:
+            stack.callback(worker.kill)
+            expect(worker, "attached")
+        engine_side = standin("rl", suffix, CYCLES)
+        stack.callback(engine_side.kill)
+        expect(engine_side, "done")
+        for worker in workers:
+            expect(worker, "done")
+            finish(worker)  # lets go: resets its slot
+        for link in links:
+            link.send("stop")
+            assert link.poll(60) and link.recv() == ("cleared", CYCLES + 1), "created once per round, no more"
+        for manager in managers:
+            manager.join(30)
+        finish(engine_side)
+
+
+def test_fastdeploys_rl_flow_over_our_runners_and_its_cache_transfer_managers_completes_20_times(cpu) -> None:
+    """FastDeploy's two events driven by its engine (the stand-in ``rl``), followed by our runners
+    (follow_model_weights_status: rank 0 drives kv_cache_status's clear and restore) beside FastDeploy's cache
+    transfer managers (stand-ins), one process per rank."""
+    with fastdeploy_engine(2) as (suffix, _), ExitStack() as stack:
+        creators = [standin("creator", suffix, rank, 2, tensor_specs(cpu, rank, 2)) for rank in range(2)]
+        for creator in creators:
+            stack.callback(creator.kill)
+        barrier = multiprocessing.get_context("spawn").Barrier(2)  # the tp group's barrier, stood in
+        links, runners = spawn_all(stack, 2, fastdeploy_rl_runner, lambda rank: (suffix, rank, 2, BLOCKS, barrier))
+        for link in links:
+            assert link.poll(120) and link.recv()[0] == "attached"
+        engine_side = standin("rl", suffix, CYCLES)
+        stack.callback(engine_side.kill)
+        expect(engine_side, "done")
+        for link in links:
+            link.send("report")  # stop following model_weights_status
+        stop_all(CYCLES, creators, runners, links)
+        finish(engine_side)
 
 
 def test_a_clear_update_driven_from_the_standins_side_completes_20_times(cpu) -> None:
     with fastdeploy_engine(4) as (suffix, _):
-        def create(rank: int):
-            return manage_kv_cache(cpu, qwen_layout(rank, 4), BLOCKS, num_cpu_blocks=4, suffix=suffix,
-                                   protocol="fastdeploy", rule="2026-01")  # fmt: skip
+        made: dict[int, ManagedCache] = {}
+
+        def create(rank: int) -> ManagedCache:  # the host swap space a clear kept is reused, as FastDeploy's
+            kept = made[rank].host_cache if rank in made else None
+            made[rank] = manage_kv_cache(cpu, qwen_layout(rank, 4), BLOCKS, num_cpu_blocks=4, suffix=suffix,
+                                         protocol="fastdeploy", rule="2026-01", host_cache=kept)  # fmt: skip
+            return made[rank]
 
         managed = [create(rank) for rank in range(4)]
         attachers = [standin("attacher", suffix, rank, 4, tensor_specs(cpu, rank, 4), CYCLES, 0) for rank in range(4)]
@@ -222,12 +292,13 @@ def test_a_clear_update_driven_from_the_standins_side_completes_20_times(cpu) ->
         for reader in readers:
             reader.join(5)
         assert len(held) == 4 and all(cache.kv_cache.shared for cache in held)
+        assert [cache.host_cache for cache in held] == [cache.host_cache for cache in managed], "the swap space kept throughout"
         with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
             assert status.get(0) == KVCacheStatus.NORMAL
         for attacher in attachers:
             finish(attacher)
         for cache in held:
-            cache.clear(10)
+            cache.clear(10, clear_host=True)
 
 
 def spawn_all(stack: ExitStack, ranks: int, target, args_of) -> tuple[list, list]:  # type: ignore[no-untyped-def]
@@ -244,14 +315,28 @@ def spawn_all(stack: ExitStack, ranks: int, target, args_of) -> tuple[list, list
     return links, processes
 
 
-def drive_rounds(suffix: str, rounds: int, creators: list, runners: list, links: list) -> None:  # type: ignore[type-arg]
-    """Drive ``rounds`` clear/updates from our side over stand-in creators and our runners, then stop them all."""
+def drive_rounds(  # type: ignore[type-arg]
+    suffix: str, rounds: int, creators: list, runners: list, links: list, *, two_events: bool = False
+) -> None:
+    """Drive ``rounds`` clear/updates from our side over stand-in creators and our runners (``two_events``: each
+    as a clear and, separately, a restore), then stop them all."""
+    pids = {rank: runner.pid for rank, runner in enumerate(runners)}
+    watched = {"creator_pid": creators[0].pid, "attacher_pids": pids}
     for _ in range(rounds):
-        report = drive_kv_cache_update(
-            suffix, timeout=30, creator_pid=creators[0].pid,
-            attacher_pids={rank: runner.pid for rank, runner in enumerate(runners)},
-        )  # fmt: skip
-        assert report.ranks == len(runners)
+        if two_events:
+            assert drive_kv_cache_clear(suffix, timeout=30, **watched).ranks == len(runners)  # type: ignore[arg-type]
+            with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status, \
+                    FastDeploySignal.attach(CACHE_READY, suffix) as ready:  # fmt: skip
+                assert status.get(0) == KVCacheStatus.CLEARED and set(ready.values()) == {0}, "cleared, between events"
+            assert drive_kv_cache_restore(suffix, timeout=30, **watched).ranks == len(runners)  # type: ignore[arg-type]
+        else:
+            report = drive_kv_cache_update(suffix, timeout=30, **watched)  # type: ignore[arg-type]
+            assert report.ranks == len(runners)
+    stop_all(rounds, creators, runners, links)
+
+
+def stop_all(rounds: int, creators: list, runners: list, links: list) -> None:  # type: ignore[type-arg]
+    """Each runner says it followed ``rounds`` rounds, clears and ends; then the stand-in creators end."""
     for link in links:
         assert link.poll(60) and link.recv() == ("done", rounds)
         link.send("stop")

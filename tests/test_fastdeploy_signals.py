@@ -64,11 +64,18 @@ def test_a_segment_is_a_bare_int32_array_that_numpy_style_readers_share(suffix: 
 
 def test_a_foreign_store_ends_a_wait(suffix: str) -> None:
     with FastDeploySignal.create(KV_CACHE_STATUS, suffix, 1) as status:
-        storer = threading.Timer(0.05, plain_store, (status.name, 0, int(KVCacheStatus.CLEARED)))
+        storing = threading.Event()
+
+        def store() -> None:
+            storing.set()  # before the store: a wait that returns has seen it only if this is set
+            plain_store(status.name, 0, int(KVCacheStatus.CLEARED))
+
+        storer = threading.Timer(0.05, store)
         storer.start()
         waited = status.wait_for(0, KVCacheStatus.CLEARED, 10)
+        assert storing.is_set(), "the wait ended before the foreign store"  # not a timing bound: load-proof
         storer.join()
-        assert 0.04 < waited < 10
+        assert waited < 10
 
 
 def test_a_wait_that_times_out_names_the_signal_word_and_step(suffix: str) -> None:

@@ -204,6 +204,7 @@ class SharedTensor:
     exported: bool
     _close: Callable[[], None] = field(repr=False)
     closed: bool = False
+    _close_when_unused: Callable[[Callable[[], None]], None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         _check_text(self, "name", empty=False)
@@ -212,6 +213,9 @@ class SharedTensor:
         _check_type(self, "exported", bool, "True or False")
         if not callable(self._close):
             raise RecordError("SharedTensor", "_close", self._close, "a callable that drops this process's hold")
+        if self._close_when_unused is not None and not callable(self._close_when_unused):
+            raise RecordError("SharedTensor", "_close_when_unused", self._close_when_unused,
+                              "None or a callable that drops the hold once nothing references the tensor")
 
     def close(self) -> None:
         """Drop this process's hold on the tensor; a second call does nothing."""
@@ -220,6 +224,23 @@ class SharedTensor:
         self.tensor = None
         self._close()
         self.closed = True
+
+    def release(self, then: Callable[[], None]) -> None:
+        """Drop this record's reference now and this process's hold once nothing in it references the
+        tensor any more (the engine may still): ``then`` runs once the hold is dropped, at once where nothing
+        references it. A platform whose ``close`` needs no waiting (Paddle's IPC tensors live as long as
+        their last reference) gives no ``_close_when_unused``: its close runs now. Never unmaps memory a
+        live tensor points at. A second call (or one after :meth:`close`) runs ``then`` at once."""
+        if self.closed:
+            then()
+            return
+        self.tensor = None
+        self.closed = True
+        if self._close_when_unused is None:
+            self._close()
+            then()
+        else:
+            self._close_when_unused(then)
 
 
 DTYPE_BYTES: dict[str, int] = {

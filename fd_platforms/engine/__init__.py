@@ -5,13 +5,14 @@ platform first, and the facade never imports the engine. A runner calls :func:`i
 (decide with the rule, then create and publish, or wait and attach zero-copy by name); a cache
 manager calls :func:`manage_kv_cache` (publish a rank's device cache, carve its host swap cache,
 set the slot; or, where the rule in force lets the workers create, attach to the rank's published
-cache and carve its host swap cache; :func:`hold_kv_cache`, which always attaches, is deprecated).
-Both give back records whose ``clear()`` lets go, so the cache can be created again. An engine over
-several nodes joins them with :meth:`Cluster.join <fd_platforms.engine.cluster.Cluster.join>` and
-agrees on the blocks with :meth:`Cluster.agree <fd_platforms.engine.cluster.Cluster.agree>`
-(Paddle's collective runtime).
+cache and carve its host swap cache; :func:`hold_kv_cache`, which always attaches, is deprecated;
+:func:`allocate_host_cache` carves a host swap cache alone). Both give back records whose ``clear()``
+lets go, so the cache can be created again. An engine over several nodes joins them with
+:meth:`Cluster.join <fd_platforms.engine.cluster.Cluster.join>` and agrees on the blocks with
+:meth:`Cluster.agree <fd_platforms.engine.cluster.Cluster.agree>` (Paddle's collective runtime).
 Beside FastDeploy's own processes, every call takes ``protocol="fastdeploy"`` and ``suffix=`` (its
-signals and per-tensor handles); :func:`drive_kv_cache_update` and :func:`serve_kv_cache_status` are its
+signals and per-tensor handles); :func:`drive_kv_cache_clear` and :func:`drive_kv_cache_restore` (its two
+RL events; :func:`drive_kv_cache_update` both in a row) and :func:`serve_kv_cache_status` are its
 clear/update protocol, :func:`hand_off_block_count` its block-count hand-off.
 See ``docs/engine-integration.md``.
 
@@ -22,33 +23,49 @@ attached tensors), :mod:`.host_cache` (host swap tensors in the layout's names),
 :mod:`.bounded` (Paddle's blocking calls, bounded), :mod:`.protocols` (ours or FastDeploy's),
 :mod:`.fastdeploy_handles` (its per-tensor records), :mod:`.cache_status` (its clear/update),
 :mod:`.block_handoff` (its block-count word), :mod:`.rank_parts` (a rank's slot set once its main and
-MTP draft parts are both published).
+MTP draft parts are both published), :mod:`.weights_status` (its RL flow's two events, followed by a
+runner of ours).
 """
 
 from __future__ import annotations
 
 from .block_handoff import hand_off_block_count
-from .cache_status import UpdateReport, drive_kv_cache_update, serve_kv_cache_status
+from .cache_status import (
+    ClearReport,
+    RestoreReport,
+    UpdateReport,
+    drive_kv_cache_clear,
+    drive_kv_cache_restore,
+    drive_kv_cache_update,
+    serve_kv_cache_status,
+)
 from .cluster import Agreement, Cluster, RankPlan, collective_backend
-from .host_cache import HostCache
+from .host_cache import HostCache, allocate_host_cache
 from .initialize import ManagedCache, check_can_attach, hold_kv_cache, initialize_kv_cache, manage_kv_cache
 from .kv_cache import KVCache, allocate_kv_cache
 from .nodes import NodeSpec, free_master
 from .publication import publication_name, published_tensor_name
+from .weights_status import follow_model_weights_status
 
 __all__ = [
     "Agreement",
+    "ClearReport",
     "Cluster",
     "HostCache",
     "KVCache",
     "ManagedCache",
     "NodeSpec",
     "RankPlan",
+    "RestoreReport",
     "UpdateReport",
+    "allocate_host_cache",
     "allocate_kv_cache",
     "check_can_attach",
     "collective_backend",
+    "drive_kv_cache_clear",
+    "drive_kv_cache_restore",
     "drive_kv_cache_update",
+    "follow_model_weights_status",
     "free_master",
     "hand_off_block_count",
     "hold_kv_cache",

@@ -1,15 +1,19 @@
-"""FastDeploy's clear/update protocol over ``kv_cache_status``, as two engine calls.
+"""FastDeploy's clear/update protocol over ``kv_cache_status``: the driver's calls and the creator's.
 
 RL weight updates clear the KV cache and create it again. FastDeploy's processes coordinate that
 through one word, ``kv_cache_status.<suffix>``, and the ``cache_ready_signal`` slots:
 
-1. the driver (FastDeploy's worker, or :func:`drive_kv_cache_update`) writes ``CLEARING``;
+1. the driver (FastDeploy's worker, or :func:`drive_kv_cache_clear`) writes ``CLEARING``;
 2. every attaching rank lets go of its cache and resets its ``cache_ready_signal`` slot to 0;
 3. the creator (FastDeploy's cache transfer manager, or :func:`serve_kv_cache_status`) sees every
    slot at 0, frees its caches and writes ``CLEARED``;
-4. the driver updates the weights and writes ``UPDATING``;
+4. the driver updates the weights and writes ``UPDATING`` (:func:`drive_kv_cache_restore`);
 5. the creator creates the caches again, sets every slot to 1 and writes ``NORMAL``; each attaching
    rank attaches again once its slot is set (:func:`~fd_platforms.engine.initialize_kv_cache`).
+
+FastDeploy runs steps 1-3 and 4-5 as two separate events, each on its own request to its engine
+(``model_weights_status`` CLEARING, then UPDATING: :mod:`fd_platforms.engine.weights_status`);
+:func:`drive_kv_cache_update` is the two in a row, under one claim.
 
 FastDeploy runs a cache transfer manager per rank, and each writes ``CLEARED`` and ``NORMAL`` itself
 (``fastdeploy/cache_manager/cache_transfer_manager.py``, ``check_cache_status``), so a slower rank's answer
@@ -64,6 +68,34 @@ class UpdateReport:
     ranks: int = field(default=0)
 
 
+@dataclass
+class ClearReport:
+    """Seconds each phase of one :func:`drive_kv_cache_clear` took: every rank letting go, the creator freeing."""
+
+    let_go_seconds: float
+    cleared_seconds: float
+    ranks: int
+
+
+@dataclass
+class RestoreReport:
+    """Seconds one :func:`drive_kv_cache_restore` took: the creator creating every rank's cache again."""
+
+    created_seconds: float
+    ranks: int
+
+
+@dataclass(frozen=True)
+class _Drive:
+    """A drive's arguments, checked: the bound on each wait and the processes each wait watches."""
+
+    suffix: str
+    limit: float
+    creator_pid: int | None
+    pids: dict[int, int]
+    tp: int | None
+
+
 def drive_kv_cache_update(
     suffix: str | int,
     *,
@@ -75,12 +107,13 @@ def drive_kv_cache_update(
     managers: str = "fastdeploy",
     tp: int | None = None,
 ) -> UpdateReport:
-    """Drive one clear/update over every local rank; see the module docstring.
+    """Drive one clear/update over every local rank: :func:`drive_kv_cache_clear`, ``update()`` (load the
+    new weights there), :func:`drive_kv_cache_restore`, under one claim of ``kv_cache_status`` (no other
+    driver can come between the halves); see the module docstring.
 
-    ``update`` runs between ``CLEARED`` and ``UPDATING`` (load the new weights there). Each wait is
-    bounded by ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``) and ends early, naming the process,
-    when ``creator_pid`` or a rank's process in ``attacher_pids`` exits. One driver at a time: a drive
-    claims ``kv_cache_status`` (a lock the kernel arbitrates, :mod:`fd_platforms.ipc.claims`), and a
+    Each wait is bounded by ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``) and ends early, naming the
+    process, when ``creator_pid`` or a rank's process in ``attacher_pids`` exits. One driver at a time: a
+    drive claims ``kv_cache_status`` (a lock the kernel arbitrates, :mod:`fd_platforms.ipc.claims`), and a
     second one is refused at once with a CacheSignalError naming the holder. A drive that fails after
     writing ``CLEARING`` (a wait, ``update``, an interrupt) writes ``NORMAL`` back, logs it and says so
     in its error, so the next drive can start; a
@@ -95,16 +128,98 @@ def drive_kv_cache_update(
     ``tp`` (the local ranks, where known) makes ``cache_ready_signal`` exactly FastDeploy's
     int32 array of that many words, else a CacheSignalError naming its size.
     """
+    drive = checked_drive(suffix, timeout, creator_pid, attacher_pids, platform, managers, tp)
+    if update is not None:
+        _check_callable("update", update, "pass a function that loads the new weights, or None")
+    with _claimed(drive, KVCacheStatus.NORMAL, KVCacheStatus.CLEARING) as (status, ready):
+        started = time.monotonic()
+        let_go, cleared = _clear(drive, status, ready)
+        if update is not None:
+            update()
+        updated = time.monotonic()
+        time.sleep(max(0.0, cleared + SETTLE_SECONDS - updated))  # every manager sees every slot at 0
+        status.set(0, KVCacheStatus.UPDATING)
+        done = _restore(drive, status, ready)
+        return UpdateReport(let_go - started, cleared - let_go, updated - cleared, done - updated, ready.length)
+
+
+def drive_kv_cache_clear(
+    suffix: str | int,
+    *,
+    timeout: float | None = None,
+    creator_pid: int | None = None,
+    attacher_pids: Mapping[int, int] | None = None,
+    platform: Platform | None = None,
+    managers: str = "fastdeploy",
+    tp: int | None = None,
+) -> ClearReport:
+    """The first of FastDeploy's two events: write ``CLEARING``, wait until every rank let go and the
+    creator wrote ``CLEARED``, and return once every manager has seen every slot at 0
+    (:data:`SETTLE_SECONDS`). The caches are then freed, ``kv_cache_status`` says ``CLEARED`` and the
+    caller may clear or load weights for as long as it takes; :func:`drive_kv_cache_restore` is the second.
+
+    FastDeploy's worker writes ``CLEARING`` on its engine's clear request (``model_weights_status`` CLEARING,
+    ``DynamicWeightManager.check_model_weights_status``, ``fastdeploy/rl/dynamic_weight_manager.py``), and its
+    engine client waits for ``CLEARED`` (``EngineClient.clear_load_weight``,
+    ``fastdeploy/entrypoints/engine_client.py``). The arguments, the claim (held for this half only: the
+    word's ``CLEARED`` then says that only a restore may come next) and what a failure writes back
+    (``NORMAL``) as :func:`drive_kv_cache_update`'s; the status must be ``NORMAL`` at the start.
+    """
+    drive = checked_drive(suffix, timeout, creator_pid, attacher_pids, platform, managers, tp)
+    with _claimed(drive, KVCacheStatus.NORMAL, KVCacheStatus.CLEARING) as (status, ready):
+        started = time.monotonic()
+        let_go, cleared = _clear(drive, status, ready)
+        time.sleep(max(0.0, cleared + SETTLE_SECONDS - time.monotonic()))  # every manager sees every slot at 0
+        return ClearReport(let_go - started, cleared - let_go, ready.length)
+
+
+def drive_kv_cache_restore(
+    suffix: str | int,
+    *,
+    timeout: float | None = None,
+    creator_pid: int | None = None,
+    attacher_pids: Mapping[int, int] | None = None,
+    platform: Platform | None = None,
+    managers: str = "fastdeploy",
+    tp: int | None = None,
+) -> RestoreReport:
+    """The second of FastDeploy's two events, after :func:`drive_kv_cache_clear`: write ``UPDATING``, wait
+    for the creator's ``NORMAL`` and every rank's slot set, and return once every manager has seen them set.
+    The attaching ranks then attach again (:func:`~fd_platforms.engine.initialize_kv_cache`).
+
+    FastDeploy's worker writes ``UPDATING`` on its engine's update request and its engine client waits for
+    ``NORMAL`` (``EngineClient.update_model_weight``). The status must be ``CLEARED`` (a clear done) at the
+    start, else a ConfigError; the claim is held for this half; a restore that fails writes ``NORMAL`` back,
+    as a failed :func:`drive_kv_cache_update` does. The arguments as :func:`drive_kv_cache_update`'s.
+    """
+    drive = checked_drive(suffix, timeout, creator_pid, attacher_pids, platform, managers, tp)
+    with _claimed(drive, KVCacheStatus.CLEARED, KVCacheStatus.UPDATING) as (status, ready):
+        started = time.monotonic()
+        return RestoreReport(_restore(drive, status, ready) - started, ready.length)
+
+
+def checked_drive(
+    suffix: str | int, timeout: float | None, creator_pid: int | None, attacher_pids: Mapping[int, int] | None,
+    platform: Platform | None, managers: str, tp: int | None,
+) -> _Drive:
+    """A drive's arguments checked before any signal is touched."""
     suffix = check_suffix(suffix)
     _check_managers(managers, platform)
     limit = resolve_timeout(timeout)
     pids = _check_pids(attacher_pids)
-    if update is not None:
-        _check_callable("update", update, "pass a function that loads the new weights, or None")
     if creator_pid is not None:
         check_int("creator_pid", creator_pid, 1, None, what="None or a process id", fix="pass the cache manager's pid")
     _check_tp(tp)
-    with _signals(suffix, tp) as (status, ready):
+    return _Drive(suffix, limit, creator_pid, pids, tp)
+
+
+@contextmanager
+def _claimed(
+    drive: _Drive, expected: KVCacheStatus, first: KVCacheStatus
+) -> Iterator[tuple[FastDeploySignal, FastDeploySignal]]:
+    """The signals, ``kv_cache_status`` claimed for this driver, found at ``expected`` and set to ``first``;
+    a failure inside writes NORMAL back (:func:`_written_back`)."""
+    with _signals(drive.suffix, drive.tp) as (status, ready):
         holder = status.claim()
         if holder is not None:
             raise CacheSignalError(
@@ -113,49 +228,48 @@ def drive_kv_cache_update(
                 "that process), then drive again"
             )
         current = status.get(0)
-        if current != KVCacheStatus.NORMAL:
+        if current != expected:
+            under_way = "no clear or update under way" if expected == KVCacheStatus.NORMAL else "a clear done"
             raise ConfigError(
-                "kv_cache_status", _status_name(current), "NORMAL (no clear or update under way)",
+                "kv_cache_status", _status_name(current), f"{expected.name} ({under_way})",
                 f"wait for the update under way to finish, or reset {status.name} after checking no process drives it",
             )  # fmt: skip
-        status.set(0, KVCacheStatus.CLEARING)
+        status.set(0, first)
         try:
-            return _drive(status, ready, update, limit, creator_pid, pids)
+            yield status, ready
         except BaseException as error:
             raise _written_back(status, error) from None
 
 
-def _drive(
-    status: FastDeploySignal, ready: FastDeploySignal, update: Callable[[], None] | None, limit: float,
-    creator_pid: int | None, pids: dict[int, int],
-) -> UpdateReport:
-    """The steps after the driver's CLEARING (see the module docstring)."""
-    started = time.monotonic()
+def _clear(drive: _Drive, status: FastDeploySignal, ready: FastDeploySignal) -> tuple[float, float]:
+    """After the driver's CLEARING: every rank lets go, the creator frees; when each was seen (monotonic)."""
     clearing = _keeping(status, KVCacheStatus.CLEARING, over=KVCacheStatus.NORMAL)
     for rank in range(ready.length):
-        ready.wait_for(rank, 0, limit, watch_pid=pids.get(rank), what=f"rank {rank} letting go of its KV cache",
-                       tend=clearing)  # fmt: skip
+        ready.wait_for(rank, 0, drive.limit, watch_pid=drive.pids.get(rank),
+                       what=f"rank {rank} letting go of its KV cache", tend=clearing)  # fmt: skip
     let_go = time.monotonic()
-    status.wait_for(0, KVCacheStatus.CLEARED, limit, watch_pid=creator_pid, what="the cache creator freeing the caches",
-                    tend=clearing)  # fmt: skip
-    cleared = time.monotonic()
-    if update is not None:
-        update()
-    updated = time.monotonic()
-    time.sleep(max(0.0, cleared + SETTLE_SECONDS - updated))  # every manager sees every slot at 0
-    status.set(0, KVCacheStatus.UPDATING)
-    status.wait_for(0, KVCacheStatus.NORMAL, limit, watch_pid=creator_pid, what="the cache creator creating the caches",
+    status.wait_for(0, KVCacheStatus.CLEARED, drive.limit, watch_pid=drive.creator_pid,
+                    what="the cache creator freeing the caches", tend=clearing)  # fmt: skip
+    return let_go, time.monotonic()
+
+
+def _restore(drive: _Drive, status: FastDeploySignal, ready: FastDeploySignal) -> float:
+    """After the driver's UPDATING: the creator creates and every slot is set, left set for SETTLE_SECONDS;
+    when it was done (monotonic)."""
+    status.wait_for(0, KVCacheStatus.NORMAL, drive.limit, watch_pid=drive.creator_pid,
+                    what="the cache creator creating the caches",
                     tend=_keeping(status, KVCacheStatus.UPDATING, over=KVCacheStatus.CLEARED))  # fmt: skip
     normal = time.monotonic()
     for rank in range(ready.length):
-        ready.wait_for(rank, 1, limit, watch_pid=creator_pid, what=f"rank {rank}'s KV cache being created again")
+        ready.wait_for(rank, 1, drive.limit, watch_pid=drive.creator_pid,
+                       what=f"rank {rank}'s KV cache being created again")  # fmt: skip
     done = time.monotonic()
     time.sleep(max(0.0, normal + SETTLE_SECONDS - done))  # every manager sees every slot at 1
-    return UpdateReport(let_go - started, cleared - let_go, updated - cleared, done - updated, ready.length)
+    return done
 
 
 def _written_back(status: FastDeploySignal, error: BaseException) -> BaseException:
-    """``error`` of a drive that failed after writing CLEARING, once ``kv_cache_status`` is NORMAL again
+    """``error`` of a drive that failed after writing its word, once ``kv_cache_status`` is NORMAL again
     (logged), saying so: the next drive can start."""
     was = _status_name(status.get(0))
     status.set(0, KVCacheStatus.NORMAL)
@@ -179,13 +293,20 @@ def serve_kv_cache_status(
     """The creator's side: follow ``kv_cache_status`` until ``until()`` is true; the caches then held.
 
     ``managed`` are this process's caches (from :func:`~fd_platforms.engine.manage_kv_cache` with
-    ``protocol="fastdeploy"``); ``recreate(rank)`` makes one again. A status outside FastDeploy's
+    ``protocol="fastdeploy"``); ``recreate(rank)`` makes one again (passing ``host_cache=`` the host swap
+    cache the cleared one kept, its ``.host``, unless ``FD_ENABLE_SWAP_SPACE_CLEARING`` frees it). A status
+    outside FastDeploy's
     ``KVCacheStatus`` is logged and never acted on. Once the status is not NORMAL and a held rank's
     slot was reset (its attacher let go, the 0 holding), each is cleared (its ``clear`` waits for
     the rank's attacher), then every slot must be 0 before ``CLEARED`` is written; on ``UPDATING``
     each is made again and every slot must be 1 before ``NORMAL`` is written. Waits are bounded by
     ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``); ``tp`` (the local ranks, where known) is checked as
     :func:`drive_kv_cache_update` checks it.
+
+    FastDeploy's workers each write ``UPDATING`` themselves on its engine's update request
+    (``check_model_weights_status``, ``fastdeploy/rl/dynamic_weight_manager.py``), so a slower rank's can land
+    after the ``NORMAL`` written here; with every cache held and every slot set, ``UPDATING`` is answered
+    ``NORMAL`` again (nothing is created twice).
 
     Only the manager that holds local rank 0 waits for every slot and writes the answers: the word
     has no compare-and-swap, so a second writer's late CLEARED could overwrite the driver's UPDATING,
@@ -227,6 +348,8 @@ def serve_kv_cache_status(
                 if answers:
                     _wait_all(ready, 1, limit, "having its KV cache created")
                     status.set(0, KVCacheStatus.NORMAL)
+            elif answers and current == KVCacheStatus.UPDATING and held and set(ready.values()) == {1}:
+                status.set(0, KVCacheStatus.NORMAL)  # a late UPDATING over our NORMAL: see the docstring
             else:
                 status.sleep_while(0, current, STATUS_POLL_SECONDS, since=since)
     return held

@@ -31,7 +31,7 @@ from ..ipc.cache_signal import resolve_timeout
 from ..ipc.fastdeploy_signals import check_suffix
 from ..rules.decision import DecisionInputs
 from . import rank_parts
-from .host_cache import HostCache, allocate_host_cache
+from .host_cache import HostCache, allocate_host_cache, check_host_cache, swap_space_clearing
 from .kv_cache import (
     AllocationProgress,
     KVCache,
@@ -160,14 +160,22 @@ class ManagedCache:
         _deprecated("ManagedCache.host", "ManagedCache.host_cache")
         return self.host_cache
 
-    def clear(self, timeout: float | None = None) -> None:
+    def clear(self, timeout: float | None = None, *, clear_host: bool | None = None) -> None:
         """Wait until the rank's attacher has let go (:class:`CacheInUseError` naming the rank after
-        ``timeout``, nothing freed), then unpublish and free the device cache (the draft layers' first)
-        and the host cache."""
+        ``timeout``, nothing freed), then unpublish and free the device cache (the draft
+        layers' first).
+
+        The host swap cache is kept, as FastDeploy's transfer manager keeps it across a clear/update
+        (``check_cache_status`` in ``fastdeploy/cache_manager/cache_transfer_manager.py``), unless
+        ``clear_host`` is True or, with ``clear_host`` None, ``FD_ENABLE_SWAP_SPACE_CLEARING`` is set
+        (:func:`~.host_cache.swap_space_clearing`; checked first). A kept one stays in :attr:`host_cache` (and
+        ``swap_space_ready_signal`` at 1): pass it as ``host_cache=`` to the call that creates the cache again.
+        A freed one is None and its ``swap_space_ready_signal`` word 0."""
+        free_host = swap_space_clearing(clear_host)
         if self.draft is not None:
             self.draft.clear(timeout)
         self.kv_cache.clear(timeout)
-        if self.host_cache is not None:
+        if self.host_cache is not None and free_host:
             self.host_cache.clear()
             self.host_cache = None
             if self._signal_name is not None:
@@ -191,11 +199,13 @@ def manage_kv_cache(
     splitwise_role: str = "mixed",
     tensor_specs: Sequence[CacheRoleShape] | None = None,
     draft: CacheLayout | None = None,
+    host_cache: HostCache | None = None,
 ) -> ManagedCache:
     """The cache manager's side of rank ``layout.rank``, as the rule in force decides (:func:`manager_creates`):
 
     - where the workers attach, export and publish the device cache, allocate its host swap cache
-      (``num_cpu_blocks`` blocks of the same layout; none when 0), then set the rank's slot;
+      (``num_cpu_blocks`` blocks of the same layout; none when 0) or reuse ``host_cache`` (the one a cleared
+      :class:`ManagedCache` kept, checked to fit), then set the rank's slot;
     - where the workers create (rule ``2026-04`` with swap space), wait for the rank's published cache,
       attach to it zero-copy, then allocate its host swap cache. ``setter_pid`` is the rank's worker, so
       the wait fails within a quarter second of its death; ``timeout`` bounds it (default
@@ -212,7 +222,7 @@ def manage_kv_cache(
     return _manage(
         platform, layout, num_blocks, (signal_name, suffix, protocol),
         (num_cpu_blocks, storage_backend, splitwise_role, rule), None, setter_pid, timeout, progress,
-        tensor_specs, draft,
+        tensor_specs, draft, host_cache,
     )  # fmt: skip
 
 
@@ -232,6 +242,7 @@ def hold_kv_cache(
     splitwise_role: str = "mixed",
     tensor_specs: Sequence[CacheRoleShape] | None = None,
     draft: CacheLayout | None = None,
+    host_cache: HostCache | None = None,
 ) -> ManagedCache:
     """Deprecated: :func:`manage_kv_cache` attaches where the rule lets the workers create. This one always
     waits for rank ``layout.rank``'s published cache and attaches to it, whatever the rule."""
@@ -239,7 +250,7 @@ def hold_kv_cache(
     return _manage(
         platform, layout, num_blocks, (signal_name, suffix, protocol),
         (num_cpu_blocks, storage_backend, splitwise_role, rule), False, setter_pid, timeout, None,
-        tensor_specs, draft,
+        tensor_specs, draft, host_cache,
     )  # fmt: skip
 
 
@@ -271,6 +282,7 @@ def _manage(
     progress: AllocationProgress | None,
     tensor_specs: Sequence[CacheRoleShape] | None,
     draft: CacheLayout | None,
+    host_cache: HostCache | None,
 ) -> ManagedCache:
     """:func:`manage_kv_cache`'s work. Its arguments are checked before any hook: the protocol and the
     engine's name (``names``: ``signal_name``, ``suffix``, ``protocol``; :func:`engine_name`), the rule's
@@ -278,7 +290,8 @@ def _manage(
     rule in force; then the layout in the platform's shapes (the engine's ``tensor_specs`` where given) and
     whether the manager creates (``creates``, None: as the rule decides, :func:`manager_creates`). A platform
     that cannot share is refused, naming what the manager cannot do and the fix. A ``draft`` part (MTP) is
-    made or attached the same way, in the platform's shapes, after the main part."""
+    made or attached the same way, in the platform's shapes, after the main part. A kept ``host_cache`` must
+    fit the layout (main and draft) and ``num_cpu_blocks`` (:func:`~.host_cache.check_host_cache`)."""
     check_cache_arguments(platform, layout, num_blocks)
     wire, name = engine_name(names[2], names[0], names[1], stacklevel=4)
     num_cpu_blocks, storage_backend, splitwise_role, rule = rule_arguments
@@ -292,6 +305,8 @@ def _manage(
             f"so a cache manager cannot {_REFUSALS[creates]}"
         )
     draft_layout, host_layout = _draft_part(platform, given, layout, draft, num_blocks)
+    if host_cache is not None:
+        check_host_cache(host_cache, host_layout, num_cpu_blocks)
     limit = resolve_timeout(timeout)
     import_seconds = _import_paddle()
     wire.check_signals(name, layout.rank, manager=True, swap=num_cpu_blocks > 0)
@@ -312,7 +327,7 @@ def _manage(
             platform, draft_layout, num_blocks, name, setter_pid, wire
         )  # fmt: skip
     device.import_seconds = import_seconds
-    return _managed(platform, host_layout, device, num_cpu_blocks, wire, name, make_draft)
+    return _managed(platform, host_layout, device, (num_cpu_blocks, host_cache), wire, name, make_draft)
 
 
 def _draft_part(
@@ -329,17 +344,22 @@ def _draft_part(
 
 
 def _managed(
-    platform: Platform, layout: CacheLayout, device: KVCache, num_cpu_blocks: int, wire: WireProtocol,
+    platform: Platform, layout: CacheLayout, device: KVCache, host: tuple[int, HostCache | None], wire: WireProtocol,
     signal_name: str, make_draft: Callable[[], KVCache] | None = None,
 ) -> ManagedCache:
     """What a cache manager holds for ``device``'s rank, all or nothing: ``device`` (and the draft layers'
-    cache ``make_draft`` makes) with its host swap cache (``num_cpu_blocks`` blocks of ``layout``; none when
-    0), the rank's slot set where the manager created the device cache, then the manager announced where the
-    protocol asks for it (FastDeploy's words)."""
+    cache ``make_draft`` makes) with its host swap cache (``host``: ``num_cpu_blocks`` blocks of ``layout``,
+    none when 0, and a kept host cache to reuse or None), the rank's slot set where the manager created the
+    device cache, then the manager announced where the protocol asks for it (FastDeploy's words). A reused
+    host cache is the caller's: a withdrawal keeps it."""
+    num_cpu_blocks, kept = host
     managed = ManagedCache(layout.rank, device, None)
-    with _all_or_nothing(managed, wire, signal_name):
+    with _all_or_nothing(managed, wire, signal_name, keep_host=kept is not None):
         managed.draft = None if make_draft is None else make_draft()
-        managed.host_cache = allocate_host_cache(platform, layout, num_cpu_blocks) if num_cpu_blocks else None
+        if kept is not None:
+            managed.host_cache = kept
+        else:
+            managed.host_cache = allocate_host_cache(platform, layout, num_cpu_blocks) if num_cpu_blocks else None
         if device.created:
             wire.set_ready(signal_name, layout.rank)
         managed._signal_name, managed._protocol = signal_name, wire
@@ -348,7 +368,9 @@ def _managed(
 
 
 @contextlib.contextmanager
-def _all_or_nothing(cache: KVCache | ManagedCache, wire: WireProtocol, signal_name: str) -> Iterator[None]:
+def _all_or_nothing(
+    cache: KVCache | ManagedCache, wire: WireProtocol, signal_name: str, *, keep_host: bool = False
+) -> Iterator[None]:
     """Withdraw ``cache`` (a manager's: with its host cache) if the steps inside fail: a creation leaves
     nothing behind, not at garbage collection but before the error reaches the caller. A creator resets
     the rank's slot first (its own 1, or one the step inside was about to write: nobody may wait for a
@@ -362,7 +384,10 @@ def _all_or_nothing(cache: KVCache | ManagedCache, wire: WireProtocol, signal_na
             with contextlib.suppress(FdPlatformsError, OSError):
                 wire.clear_ready(signal_name, device.rank)
         try:
-            cache.clear(WITHDRAW_SECONDS)
+            if isinstance(cache, ManagedCache):
+                cache.clear(WITHDRAW_SECONDS, clear_host=not keep_host)
+            else:
+                cache.clear(WITHDRAW_SECONDS)
         except FdPlatformsError as exc:
             logger.warning("rank %d: the KV cache of a call that failed could not be withdrawn, it is freed when "
                            "this process exits: %s", device.rank, exc)  # fmt: skip

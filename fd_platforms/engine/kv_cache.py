@@ -80,7 +80,7 @@ class KVCache:
         """The tensors keyed by name (for lookups; kernels index :attr:`tensors` by position)."""
         return dict(zip(self.names, self.tensors, strict=True))
 
-    def clear(self, timeout: float | None = None) -> None:
+    def clear(self, timeout: float | None = None, *, strict: bool = True) -> None:
         """Let go of the cache, so it can be created again (sleep mode, weight updates).
 
         - An attacher drops its mappings, resets its rank's cache-ready slot to 0 and only then
@@ -99,6 +99,15 @@ class KVCache:
         ``tensors`` is emptied in place: drop your own references (and views) first. One still
         alive is a :class:`BufferInUseError` naming the tensor, raised before the slot or the
         publication changes for an attacher; call ``clear()`` again once it is gone. Idempotent.
+
+        ``strict=False`` clears as FastDeploy's runner does (``GPUModelRunner.clear_cache``,
+        ``fastdeploy/worker/gpu_model_runner.py``, drops its own references and leaves the others, in
+        ``share_inputs``, ``forward_meta``, the proposer, to the engine): this record's references are
+        dropped at once and this process's hold on the memory when the engine's last reference dies
+        (:meth:`~fd_platforms.contract.types.SharedTensor.release`), never before. A creator waits for its
+        attachers and lets go of its slot and publication as above; an attacher resets its slot and lets
+        go of the publication only once its hold is dropped, so its creator never frees memory it still
+        maps. The strict clear stays the default (fd-platforms' own lifecycle).
         """
         if self.cleared:
             return
@@ -108,16 +117,41 @@ class KVCache:
             self._publication.retract(limit)  # type: ignore[union-attr]
             self._clear_slot()  # unpublished: an attacher arriving now waits instead of failing to find it
         self.tensors.clear()
-        self._close_shared()
-        self._clear_slot()
-        if self._publication is not None:
-            self._publication.let_go()
-            self._publication = None
+        if strict:
+            self._close_shared()
+            self._let_go()
+        elif creator:
+            self._let_go()
+            self._release_shared(then=lambda: None)  # its memory goes with the engine's last reference
+        else:
+            self._release_shared(then=self._let_go)  # no creator frees what this process still maps
         self.cleared = True
         if self.created and self._signal_name is not None:
             rank_parts.cleared(self._protocol.name, self._signal_name, self.rank, self.part)
         if self.created and self._platform is not None:  # Paddle's allocator keeps what was freed cached
             self._platform.release_device_memory(self.device)
+
+    def _let_go(self) -> None:
+        """The slot reset and the publication let go (an attacher's let-go; a creator's end). Idempotent."""
+        self._clear_slot()
+        if self._publication is not None:
+            self._publication.let_go()
+            self._publication = None
+
+    def _release_shared(self, then: Callable[[], None]) -> None:
+        """Release every shared tensor (:meth:`SharedTensor.release`); ``then()`` once the last hold is dropped."""
+        shared, self._shared = self._shared, []
+        pending = [len(shared)]
+
+        def one_dropped() -> None:
+            pending[0] -= 1
+            if not pending[0]:
+                then()
+
+        if not shared:
+            then()
+        for tensor in shared:
+            tensor.release(one_dropped)
 
     def _close_shared(self) -> None:
         while self._shared:
@@ -302,12 +336,17 @@ def check_published(published: Sequence[PublishedTensor], layout: CacheLayout, n
 def check_cache_arguments(platform: object, layout: object, num_blocks: object) -> None:
     """An engine call's platform, layout and block count as the caller gave them: a ConfigError
     naming the first bad one, before any hook runs."""
+    check_platform_and_layout(platform, layout)
+    check_num_blocks(num_blocks)
+
+
+def check_platform_and_layout(platform: object, layout: object) -> None:
+    """The platform and layout an engine call was given: a ConfigError naming the first bad one."""
     if not isinstance(platform, Platform):
         raise ConfigError(
             "platform", platform, "a Platform", "pass the selected platform first (fd_platforms.current_platform())"
         )
     check_layout(layout)
-    check_num_blocks(num_blocks)
 
 
 def _close_all(shared: list[SharedTensor]) -> None:

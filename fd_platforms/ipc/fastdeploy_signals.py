@@ -12,6 +12,8 @@ name                                   shape    meaning
 ``swap_space_ready_signal``            [tp]     1: rank's host swap cache allocated
 ``cache_transfer_inited_signal``       [tp]     1: rank's cache transfer manager is up
 ``kv_cache_status``                    [1]      :class:`KVCacheStatus` of the clear/update protocol
+``model_weights_status``               [1]      the weights' status, the same four values: the RL flow's
+                                                two events (:mod:`fd_platforms.engine.weights_status`)
 ``get_profile_block_num``              [1]      the agreed block count (local rank 0 writes it); one
                                                 word per rank on Iluvatar, and a suffix of its own
                                                 (:mod:`fd_platforms.engine.block_handoff`)
@@ -51,6 +53,7 @@ CACHE_READY = "cache_ready_signal"
 SWAP_SPACE_READY = "swap_space_ready_signal"
 CACHE_TRANSFER_INITED = "cache_transfer_inited_signal"
 KV_CACHE_STATUS = "kv_cache_status"
+MODEL_WEIGHTS_STATUS = "model_weights_status"
 PROFILE_BLOCK_NUM = "get_profile_block_num"
 
 _SUFFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
@@ -64,7 +67,8 @@ logger = logging.getLogger(__name__)
 
 
 class KVCacheStatus(enum.IntEnum):
-    """The values of ``kv_cache_status`` (FastDeploy's ``KVCacheStatus``)."""
+    """The values of ``kv_cache_status`` (FastDeploy's ``KVCacheStatus``), and of ``model_weights_status``
+    (its ``ModelWeightsStatus`` has the same four, ``fastdeploy/inter_communicator/ipc_signal_const.py``)."""
 
     NORMAL = 0
     UPDATING = 1
@@ -80,8 +84,9 @@ ALLOWED: dict[str, tuple[int, ...]] = {
     SWAP_SPACE_READY: (0, 1),
     CACHE_TRANSFER_INITED: (0, 1),
     KV_CACHE_STATUS: tuple(int(status) for status in KVCacheStatus),
+    MODEL_WEIGHTS_STATUS: tuple(int(status) for status in KVCacheStatus),  # ModelWeightsStatus: the same values
 }
-FIXED_LENGTH = {KV_CACHE_STATUS: 1}  # words whatever the tp (FastDeploy's np.zeros([1], dtype=np.int32))
+FIXED_LENGTH = {KV_CACHE_STATUS: 1, MODEL_WEIGHTS_STATUS: 1}  # words whatever the tp (np.zeros([1], dtype=np.int32))
 
 
 def check_suffix(suffix: object, field: str = "suffix") -> str:

@@ -26,11 +26,13 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import logging
 import os
 import re
 import resource
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +42,8 @@ from ..contract.types import SharedTensor
 from ..rules.layout import DTYPE_BYTES
 from ..rules.sizes import format_size
 from .host_memory import available_host_bytes
+
+logger = logging.getLogger(__name__)
 
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 """The seals every exported memfd carries: its size is fixed, and no seal can be added (or removed)."""
@@ -116,6 +120,7 @@ def export_host_tensor(name: str, shape: tuple[int, ...], dtype: str) -> SharedT
         nbytes=nbytes,
         exported=True,
         _close=lambda: mapping.close(name, fd),
+        _close_when_unused=lambda then: mapping.close_when_unused(name, fd, then),
     )
 
 
@@ -178,6 +183,7 @@ def open_host_tensor(name: str, handle: str, shape: tuple[int, ...], dtype: str)
     return SharedTensor(
         name=name, tensor=mapping.tensor(shape, dtype), handle=handle, nbytes=nbytes, exported=False,
         _close=lambda: mapping.close(name, None),
+        _close_when_unused=lambda then: mapping.close_when_unused(name, None, then),
     )  # fmt: skip
 
 
@@ -209,6 +215,31 @@ class _Mapping:
         self._arrays.append(weakref.ref(raw))
         tensor = paddle.from_dlpack(raw)
         return tensor if dtype == "uint8" else tensor.view(dtype)
+
+    def close_when_unused(self, name: str, fd: int | None, then: Callable[[], None]) -> None:
+        """:meth:`close` once the last tensor or view over the mapping has died (at once where none lives),
+        then ``then()``: a finalizer on each live array counts them down (none runs at interpreter exit, where
+        the process's end unmaps). An error then is logged: it happens wherever the last reference died."""
+        live = [array for array in (ref() for ref in self._arrays) if array is not None]
+        if not live:
+            self.close(name, fd)
+            then()
+            return
+        remaining = [len(live)]
+
+        def one_died() -> None:
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+            try:
+                self.close(name, fd)
+                then()
+            except Exception:  # noqa: BLE001 - a finalizer cannot raise to anyone
+                logger.exception("KV cache tensor %s: letting go once its last reference died failed", name)
+
+        for array in live:
+            weakref.finalize(array, one_died).atexit = False
+        del live, array
 
     def close(self, name: str, fd: int | None) -> None:
         """Unmap (and close the exporter's descriptor); BufferInUseError while a tensor over it lives."""

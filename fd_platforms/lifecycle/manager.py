@@ -22,6 +22,7 @@ from multiprocessing.connection import Connection
 from ..contract.errors import FdPlatformsError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import Plan
+from ..engine.host_cache import HostCache
 from ..engine.initialize import ManagedCache, manage_kv_cache
 from ..engine.protocols import protocol_named
 from ..kit.host_memory import resident_bytes
@@ -44,9 +45,10 @@ def _manage(conn: Connection, say: Progress, spec: RunSpec, ranks: tuple[int, ..
     platform = child_platform(spec)
     plan, creators = expect(conn, "final", spec.timeout)  # creators: each rank's worker pid where they create
     held: dict[int, ManagedCache] = {}
+    kept: dict[int, HostCache] = {}  # host swap caches a clear kept (FD_ENABLE_SWAP_SPACE_CLEARING unset), reused
 
     def take_all(_: object = None) -> tuple[Allocation, ...]:
-        return _take_all(platform, spec, ranks, plan, creators, signal_name, say, held)
+        return _take_all(platform, spec, ranks, plan, creators, signal_name, say, (held, kept))
 
     try:
         conn.send(("ready", take_all()))
@@ -54,7 +56,9 @@ def _manage(conn: Connection, say: Progress, spec: RunSpec, ranks: tuple[int, ..
         def clear(_: object) -> None:
             for rank in list(held):
                 held[rank].clear(spec.timeout)
-                del held[rank]
+                host = held.pop(rank).host_cache
+                if host is not None:
+                    kept[rank] = host
 
         serve(conn, spec.hold_timeout, {
             "mark": lambda token: [write_tokens(cache.kv_cache.tensors, token, last=False) for cache in held.values()],
@@ -69,10 +73,10 @@ def _manage(conn: Connection, say: Progress, spec: RunSpec, ranks: tuple[int, ..
     except BaseException:  # the real cause goes on at once: attachers may hold what was published, never wait
         for cache in held.values():
             with contextlib.suppress(FdPlatformsError):
-                cache.clear(0.001)
+                cache.clear(0.001, clear_host=True)
         raise
     for cache in held.values():
-        cache.clear(spec.timeout)
+        cache.clear(spec.timeout, clear_host=True)
 
 
 def _take_all(
@@ -83,10 +87,12 @@ def _take_all(
     creators: dict[int, int] | None,
     signal_name: str,
     say: Progress,
-    held: dict[int, ManagedCache],
+    caches: tuple[dict[int, ManagedCache], dict[int, HostCache]],
 ) -> tuple[Allocation, ...]:
     """Each rank's cache: published here (``creators`` None), or attached to its worker's (the pid
-    of each rank's creating worker given); with its host swap cache either way."""
+    of each rank's creating worker given); with its host swap cache either way, the one a clear kept
+    where there is one (``caches``: the caches held, filled here, and the kept host caches, taken)."""
+    held, kept = caches
     allocations = []
     protocol = spec.deploy.scheduler.protocol
     rule = {"protocol": protocol, "rule": spec.rule,  # the rule and its other inputs, and the engine's name
@@ -97,14 +103,18 @@ def _take_all(
         size = format_size(spec.layout(rank).device_bytes(plan.num_blocks))
         swap = f"{format_size(plan.num_cpu_blocks * plan.bytes_per_block)} of host swap space ({plan.num_cpu_blocks} blocks)"
         started = time.monotonic()
+        host_cache = kept.pop(rank, None)
+        verb = "allocating" if host_cache is None else "reusing the kept"  # kept across the clear
         if creators is None:
-            say(f"publishing {size} of KV cache" + (f" and allocating {swap}" if plan.num_cpu_blocks else "") + f" for rank {rank}")
+            say(f"publishing {size} of KV cache" + (f" and {verb} {swap}" if plan.num_cpu_blocks else "")
+                + f" for rank {rank}")
         else:
-            say(f"attaching to rank {rank}'s KV cache (worker pid {creators[rank]}) to hold {swap}")
+            kept_note = "" if host_cache is None else " (kept across the clear)"
+            say(f"attaching to rank {rank}'s KV cache (worker pid {creators[rank]}) to hold {swap}{kept_note}")
         cache = manage_kv_cache(  # it creates or attaches as the rule decides, as the engine did to pass creators
             platform, spec.layout(rank), plan.num_blocks, num_cpu_blocks=plan.num_cpu_blocks,
             setter_pid=None if creators is None else creators[rank], timeout=spec.timeout,
-            progress=say.allocation(f"rank {rank}: publishing {size}"), **rule,
+            progress=say.allocation(f"rank {rank}: publishing {size}"), host_cache=host_cache, **rule,
         )  # fmt: skip
         seconds = time.monotonic() - started
         held[rank] = cache

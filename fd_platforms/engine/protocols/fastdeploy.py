@@ -12,6 +12,8 @@ attacher lets go    resets its ``cache_ready_signal`` slot to 0
 cache manager up    ``swap_space_ready_signal`` (with swap space), ``cache_transfer_inited_signal``
 block count         ``get_profile_block_num`` under its own suffix, one word (one per rank on
                     Iluvatar) (:mod:`fd_platforms.engine.block_handoff`)
+RL clear/update     ``model_weights_status`` and ``kv_cache_status``, two events
+                    (:mod:`fd_platforms.engine.weights_status`, :mod:`fd_platforms.engine.cache_status`)
 the rule            no word: pinned where FastDeploy's releases disagree (:mod:`.fastdeploy_rule`)
 =================== ===============================================================================
 

@@ -1,0 +1,36 @@
+"""follow_model_weights_status (issue 35, item 7): its arguments are checked before any signal is touched."""
+
+from __future__ import annotations
+
+import pytest
+
+from fd_platforms.contract.errors import ConfigError
+from fd_platforms.engine import follow_model_weights_status
+
+
+def nothing() -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"suffix": "9923", "rank": -1}, "rank"),
+        ({"suffix": "9923", "rank": True}, "rank"),
+        ({"suffix": "9923", "rank": 0, "clear": "clear"}, "clear"),
+        ({"suffix": "9923", "rank": 0, "barrier": 3}, "barrier"),
+        ({"suffix": "9923", "rank": 0, "timeout": -1}, "timeout"),
+        ({"suffix": "9923", "rank": 0, "managers": "vllm"}, "managers"),
+        ({"suffix": "9923", "rank": 0, "tp": 0}, "tp"),
+        ({"suffix": "9923", "rank": 0, "creator_pid": 0}, "creator_pid"),
+        ({"suffix": "../x", "rank": 0}, "suffix"),
+    ],
+)
+def test_follow_model_weights_status_checks_its_arguments_before_touching_a_signal(
+    arguments: dict[str, object], field: str
+) -> None:
+    """No signal of suffix 9923 exists here: a check that came after the attach would be a CacheSignalError."""
+    given = {"clear": nothing, "restore": nothing, "until": lambda: True, **arguments}
+    with pytest.raises(ConfigError) as caught:
+        follow_model_weights_status(**given)  # type: ignore[arg-type]
+    assert field in str(caught.value) and "Fix:" in str(caught.value)
