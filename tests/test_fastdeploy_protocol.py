@@ -169,8 +169,8 @@ def test_our_cache_manager_wakes_a_standin_worker_and_tells_the_engine_it_is_up(
             expect(attacher, "attached")
             expect(attacher, "done")
         for cache in managed:
-            assert first_bytes(cache.device, 1) == {0x5A}, "the stand-in wrote into our tensors"
-            names = cache.device.names
+            assert first_bytes(cache.kv_cache, 1) == {0x5A}, "the stand-in wrote into our tensors"
+            names = cache.kv_cache.names
             record = GPU_RECORD.fields.unpack(Path(f"/dev/shm/{names[0]}").read_bytes())
             assert record[0] == 0 and record[1].rstrip(b"\0").decode().startswith(f"memfd:{os.getpid()}:")
         said = {engine.stdout.readline().strip() for _ in range(2)}  # type: ignore[union-attr]
