@@ -21,7 +21,7 @@ import engine_processes
 from conftest import SHM_DIR
 from engine_processes import mtp_layout, spawned_manager
 from fd_platforms.contract.errors import ConfigError
-from fd_platforms.contract.types import DeviceMemory
+from fd_platforms.contract.types import CacheRoleShape, DeviceMemory
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
 from fd_platforms.ipc.cache_signal import CacheReadySignal
 from fd_platforms.ipc.fastdeploy_signals import FastDeploySignal
@@ -165,3 +165,20 @@ def test_fastdeploys_manager_attaches_main_and_draft_once_the_worker_published_b
         if manager.is_alive():
             manager.kill()
             manager.join(10)
+
+
+def test_a_managers_draft_takes_the_engines_tensor_specs_as_its_main_part_does(cpu, signal_owner) -> None:
+    """The attention backend states one layer's shapes; a draft layer's block is a main layer's, so the draft part
+    holds them too (MetaX's flash backend: tokens before heads), with its own expanded blocks."""
+    whole = mtp_layout(ratio=2.0)
+    key = whole.roles[0]
+    heads, block, head_dim = key.block_shape
+    tokens_first = tuple(CacheRoleShape(role.role, (BLOCKS, block, heads, head_dim), role.dtype) for role in whole.roles)
+    managed = manage_kv_cache(cpu, whole.main(), BLOCKS, num_cpu_blocks=0, signal_name=signal_owner.name,
+                              tensor_specs=tokens_first, draft=whole.draft())  # fmt: skip
+    try:
+        assert managed.draft is not None
+        assert list(managed.kv_cache.tensors[0].shape) == [BLOCKS, block, heads, head_dim]
+        assert list(managed.draft.tensors[0].shape) == [int(BLOCKS * 2.0), block, heads, head_dim]
+    finally:
+        managed.clear(timeout=5)

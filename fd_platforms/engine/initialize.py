@@ -304,7 +304,7 @@ def _manage(
             f"platform {platform.name} cannot share KV cache tensors between processes (it declares no cache_sharing), "
             f"so a cache manager cannot {_REFUSALS[creates]}"
         )
-    draft_layout, host_layout = _draft_part(platform, given, layout, draft, num_blocks)
+    draft_layout, host_layout = _draft_part(platform, given, layout, draft, num_blocks, tensor_specs)
     if host_cache is not None:
         check_host_cache(host_cache, host_layout, num_cpu_blocks)
     limit = resolve_timeout(timeout)
@@ -331,15 +331,21 @@ def _manage(
 
 
 def _draft_part(
-    platform: Platform, given: CacheLayout, shaped: CacheLayout, draft: object, num_blocks: int
+    platform: Platform,
+    given: CacheLayout,
+    shaped: CacheLayout,
+    draft: object,
+    num_blocks: int,
+    tensor_specs: Sequence[CacheRoleShape] | None,
 ) -> tuple[CacheLayout | None, CacheLayout]:
-    """A manager's ``draft`` part in the platform's shapes (None without one) and the layout its host swap
-    cache holds: the whole (``shaped`` main joined with the draft), else ``shaped``. A ConfigError unless
-    ``draft`` is the draft part of the layout the manager was ``given``."""
+    """A manager's ``draft`` part in the main part's shapes (the platform's, or the engine's ``tensor_specs``: a
+    draft layer's block is a main layer's; None without a draft) and the layout its host swap cache holds: the
+    whole (``shaped`` main joined with the draft), else ``shaped``. A ConfigError unless ``draft`` is the draft
+    part of the layout the manager was ``given``."""
     if draft is None:
         return None, shaped
     given.joined(draft)
-    draft_shaped = platform.cache_layout(draft, num_blocks)  # type: ignore[arg-type]  # checked by joined
+    draft_shaped = platform.cache_layout(draft, num_blocks, tensor_specs)  # type: ignore[arg-type]  # joined checked
     return draft_shaped, shaped.joined(draft_shaped)
 
 
