@@ -122,3 +122,9 @@ def test_only_the_same_ranks_draft_part_joins_a_main_part(other: object) -> None
     assert "Fix: pass whole.main() as the layout and whole.draft() as draft" in str(info.value)
     whole = build_layout(GQA_MTP, CacheConfig(), ParallelConfig())
     assert whole.main().joined(whole.draft()) == whole
+
+
+def test_the_draft_layout_is_named_for_the_physical_device_and_lives_on_the_local_one() -> None:
+    draft = build_draft_layout(GQA_MTP, CacheConfig(), ParallelConfig(tensor_parallel_size=2, local_rank=1),
+                               device_id=5, local_device=1)  # fmt: skip
+    assert draft.names()[0] == "key_caches_4_rank1.device5" and draft.local_device == 1

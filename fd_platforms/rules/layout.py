@@ -440,10 +440,16 @@ def build_layout(
 
 
 def build_draft_layout(
-    model: ModelConfig, cache: CacheConfig, parallel: ParallelConfig, *, device_id: int = 0
+    model: ModelConfig,
+    cache: CacheConfig,
+    parallel: ParallelConfig,
+    *,
+    device_id: int = 0,
+    local_device: int | None = None,
 ) -> CacheLayout:
     """The MTP draft layers rank ``parallel.local_rank`` holds, as FastDeploy's proposer allocates them
     (``fastdeploy/spec_decode/mtp.py`` ``MTPProposer.initialize_kv_cache``): the :meth:`~CacheLayout.draft`
-    part of the rank's whole layout with MTP (``model``'s ``use_mtp`` taken as set). A ConfigError for a
-    model without ``num_nextn_predict_layers``."""
-    return build_layout(replace(model, use_mtp=True), cache, parallel, device_id=device_id).draft()
+    part of the rank's whole layout with MTP (``model``'s ``use_mtp`` taken as set); the device ids as
+    :func:`build_layout`'s. A ConfigError for a model without ``num_nextn_predict_layers``."""
+    whole = build_layout(replace(model, use_mtp=True), cache, parallel, device_id=device_id, local_device=local_device)
+    return whole.draft()
