@@ -1,0 +1,173 @@
+"""A stand-in of FastDeploy's configuration objects: the attribute names and defaults its classes have.
+
+Read from ``fastdeploy/config.py`` (gongshaotian/FastDeploy at 09a8c42) and ``fastdeploy/scheduler/config.py``;
+only what a KV-cache port reads is here, each attribute under FastDeploy's own name, with its default and the
+way FastDeploy derives it. Nothing of fd-platforms is imported: the adapter must read this as it would read
+FastDeploy's real ``FDConfig``.
+
+- ``ModelConfig(args)``: ``model`` (the model folder) and ``dtype`` from ``args``, then every key of the
+  folder's ``config.json`` as an attribute (``PretrainedConfig.get_config_dict``); absent
+  ``num_key_value_heads`` is ``-1`` (``PRETRAINED_INIT_CONFIGURATION``), absent ``head_dim`` is
+  ``hidden_size // num_attention_heads``; ``num_nextn_predict_layers`` defaults to 0.
+- ``CacheConfig(args)``: ``block_size`` 64, ``gpu_memory_utilization`` 0.9, ``cache_dtype`` ``bfloat16`` (a
+  quantized model's ``kv_cache_quant_type`` replaces it, and any int4/int8/float4/float8 name becomes
+  ``uint8``), ``swap_space`` (GiB) turned into ``num_cpu_blocks`` with FastDeploy's own bytes per block (all
+  KV heads, no tensor-parallel split), ``kvcache_storage_backend``, ``use_mla_cache`` from
+  ``FD_ATTENTION_BACKEND == "MLA_ATTN"``.
+- ``ParallelConfig(args)``: ``tensor_parallel_size``, ``data_parallel_size``, ``local_data_parallel_id``,
+  ``engine_worker_queue_port`` (parsed to a list of ports), ``device_ids``, ``engine_pid``.
+- ``SchedulerConfig``: ``splitwise_role`` (``mixed``, ``prefill``, ``decode``), ``name``.
+- ``SpeculativeConfig(args)``: ``method`` (None or ``mtp``), ``num_gpu_block_expand_ratio`` 1,
+  ``num_extra_cache_layer`` 1 with MTP.
+- ``QuantConfig``: FastDeploy's quantization configs carry ``kv_cache_quant_type`` (None when the cache is
+  not quantized); ``FDConfig.quant_config`` is None for an unquantized model.
+- ``FDConfig``: holds the above; ``parallel_config.device_ids`` becomes ``CUDA_VISIBLE_DEVICES`` (or
+  ``XPU_VISIBLE_DEVICES`` on XPU), else ``0,1,...`` for the node's workers; ``postprocess_devices_and_ports``
+  picks this data-parallel rank's ``local_device_ids`` and ``local_engine_worker_queue_port``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def _apply(target: object, args: dict[str, Any]) -> None:
+    """FastDeploy's config classes take only the keys they already have (``if hasattr(self, key)``)."""
+    for key, value in args.items():
+        if hasattr(target, key):
+            setattr(target, key, value)
+
+
+class ModelConfig:
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.model = ""
+        self.dtype = "bfloat16"
+        self.quantization: dict[str, Any] | None = None
+        self.num_nextn_predict_layers = 0
+        _apply(self, args)
+        for key, value in json.loads((Path(self.model) / "config.json").read_text()).items():
+            setattr(self, key, value)
+        if not hasattr(self, "num_key_value_heads"):
+            self.num_key_value_heads = -1
+        if not hasattr(self, "head_dim"):
+            self.head_dim = self.hidden_size // self.num_attention_heads
+
+
+class CacheConfig:
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.block_size = 64
+        self.gpu_memory_utilization = 0.9
+        self.num_gpu_blocks_override: int | None = None
+        self.cache_dtype = "bfloat16"
+        self.model_cfg: ModelConfig | None = None
+        self.enable_prefix_caching = False
+        self.swap_space: float | None = None
+        self.kvcache_storage_backend: str | None = None
+        self.num_cpu_blocks: int | None = None
+        self.use_mla_cache = os.environ.get("FD_ATTENTION_BACKEND") == "MLA_ATTN"
+        _apply(self, args)
+        if self.model_cfg is not None:
+            quantization = self.model_cfg.quantization or {}
+            self.cache_dtype = quantization.get("kv_cache_quant_type", self.cache_dtype)
+            if any(kind in self.cache_dtype.lower() for kind in ("int4", "int8", "float4", "float8")):
+                self.cache_dtype = "uint8"
+            heads = self.model_cfg.num_key_value_heads
+            heads = heads if heads and heads > 0 else self.model_cfg.num_attention_heads
+            byte_size = {"float32": 4, "uint8": 1}.get(self.cache_dtype, 2)
+            per_token = heads * self.model_cfg.head_dim * byte_size * (1 if self.use_mla_cache else 2)
+            self.bytes_per_block = per_token * self.block_size * self.model_cfg.num_hidden_layers
+        if self.num_cpu_blocks is None:
+            swap = self.swap_space
+            self.num_cpu_blocks = 0 if swap is None else int(swap * 1024**3 / self.bytes_per_block)
+
+
+class ParallelConfig:
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.tensor_parallel_rank = 0
+        self.tensor_parallel_size = 1
+        self.data_parallel_size = 1
+        self.local_data_parallel_id = 0
+        self.engine_worker_queue_port: Any = None
+        self.local_engine_worker_queue_port: int | None = None
+        self.device_ids = "0"
+        self.engine_pid: int | None = None
+        self.do_profile = False
+        _apply(self, args)
+        port = self.engine_worker_queue_port  # parse_ports: "8002,8003", 8002 or a list
+        self.engine_worker_queue_port = (
+            [int(p) for p in port.split(",")] if isinstance(port, str) else [port] if isinstance(port, int) else port
+        )
+
+
+class SchedulerConfig:
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.name = "local"
+        self.splitwise_role = "mixed"
+        self.max_num_seqs = 34
+        _apply(self, args)
+
+
+class SpeculativeConfig:
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.method: str | None = None
+        self.num_gpu_block_expand_ratio: float = 1
+        self.num_extra_cache_layer = 0
+        self.model: str | None = None
+        _apply(self, args)
+        if self.method == "mtp":
+            self.num_extra_cache_layer = 1
+
+
+class QuantConfig:
+    def __init__(self, kv_cache_quant_type: str | None) -> None:
+        self.kv_cache_quant_type = kv_cache_quant_type
+
+
+class FDConfig:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        cache_config: CacheConfig,
+        parallel_config: ParallelConfig,
+        scheduler_config: SchedulerConfig,
+        speculative_config: SpeculativeConfig,
+        quant_config: QuantConfig | None = None,
+    ) -> None:
+        self.model_config = model_config
+        self.cache_config = cache_config
+        self.parallel_config = parallel_config
+        self.scheduler_config = scheduler_config
+        self.speculative_config = speculative_config
+        self.quant_config = quant_config
+        workers = parallel_config.tensor_parallel_size * parallel_config.data_parallel_size
+        parallel_config.device_ids = os.getenv("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(workers)))
+        dp, tp = parallel_config.local_data_parallel_id, parallel_config.tensor_parallel_size
+        self.local_device_ids = parallel_config.device_ids.split(",")[dp * tp : (dp + 1) * tp]
+        parallel_config.local_engine_worker_queue_port = parallel_config.engine_worker_queue_port[dp]
+
+
+def fd_config(
+    model: str,
+    *,
+    tp: int = 1,
+    splitwise_role: str = "mixed",
+    swap_space: float | None = None,
+    kv_cache_quant_type: str | None = None,
+    mtp: bool = False,
+    port: str = "8002",
+    engine_pid: int = 4242,
+    **cache: Any,
+) -> FDConfig:
+    """An FDConfig as FastDeploy's engine builds one from its command line (``EngineArgs.create_engine_config``)."""
+    quantization = {"kv_cache_quant_type": kv_cache_quant_type} if kv_cache_quant_type else None
+    model_config = ModelConfig({"model": model, "quantization": quantization})
+    cache_config = CacheConfig({"model_cfg": model_config, "swap_space": swap_space, **cache})
+    parallel = ParallelConfig({"tensor_parallel_size": tp, "engine_worker_queue_port": port, "engine_pid": engine_pid})
+    speculative = SpeculativeConfig({"method": "mtp" if mtp else None})
+    return FDConfig(
+        model_config, cache_config, parallel, SchedulerConfig({"splitwise_role": splitwise_role}), speculative,
+        QuantConfig(kv_cache_quant_type) if kv_cache_quant_type else None,
+    )  # fmt: skip
