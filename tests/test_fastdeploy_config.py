@@ -87,11 +87,13 @@ def test_a_missing_fd_config_attribute_is_named(section: str, name: str) -> None
     assert "FDConfig" in str(caught.value)
 
 
-def test_device_ids_that_do_not_cover_the_local_rank_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+@pytest.mark.parametrize("visible", ["3", "GPU-8f2c,GPU-11aa"])
+def test_device_ids_that_do_not_cover_the_local_rank_are_refused(monkeypatch: pytest.MonkeyPatch, visible: str) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     with pytest.raises(ConfigError) as caught:
         from_fd_config(fd_config(QWEN, tp=2), local_rank=1)
-    assert caught.value.field == "fd_config.parallel_config.device_ids" and caught.value.value == "3"
+    assert caught.value.field == "fd_config.parallel_config.device_ids" and caught.value.value == visible
+    assert "Fix: set CUDA_VISIBLE_DEVICES" in str(caught.value)
 
 
 def manager_args(**changes: object) -> argparse.Namespace:

@@ -37,15 +37,24 @@ def physical_device_id(
     value = None if variable is None else (os.environ if environ is None else environ).get(variable)
     if variable is None or value is None:
         return local_device
+    return listed_device(variable, value, local_device, (
+        f"list the devices by index in {variable} (not by UUID, no empty entries), or unset it",
+        f"list one device per local rank in {variable}, or use fewer ranks",
+    ))  # fmt: skip
+
+
+def listed_device(field: str, value: str, local_device: int, fixes: tuple[str, str]) -> int:
+    """The ``local_device``-th entry of ``value``, a comma-separated list of device indices read from ``field``
+    (a visible-devices variable, or FastDeploy's ``parallel_config.device_ids`` that copies one). A list that is
+    not of indices, or too short, is a ConfigError naming ``field`` and its value, with ``fixes`` (for each)."""
     entries = [entry.strip() for entry in value.split(",")]
     if not all(entry.isdigit() and int(entry) <= INT32_MAX for entry in entries):
         raise ConfigError(
-            variable, value, "comma-separated device indices (4,5): FastDeploy names a rank's shared tensors with them",
-            f"list the devices by index in {variable} (not by UUID, no empty entries), or unset it",
+            field, value, "comma-separated device indices (4,5): FastDeploy names a rank's shared tensors with them",
+            fixes[0],
         )  # fmt: skip
     if local_device >= len(entries):
         raise ConfigError(
-            variable, value, f"at least {local_device + 1} device(s): local device {local_device} must be listed",
-            f"list one device per local rank in {variable}, or use fewer ranks",
+            field, value, f"at least {local_device + 1} device(s): local device {local_device} must be listed", fixes[1]
         )  # fmt: skip
     return int(entries[local_device])

@@ -28,6 +28,7 @@ from .config.model import ModelConfig, load_model_config
 from .config.settings import CacheConfig, ParallelConfig
 from .config.vocabulary import cache_settings_from_fastdeploy
 from .decision import check_pin
+from .devices import listed_device
 from .layout import CacheLayout, build_layout
 
 _ATTENTION_BACKENDS = {"MLA_ATTN": "mla", "DSA_ATTN": "dsa"}
@@ -233,14 +234,8 @@ def _physical_device(parallel_config: object, local_rank: int) -> int:
     """The physical id FastDeploy names this rank's tensors with: ``device_ids[local_rank]`` (``gpu_worker.py``),
     ``device_ids`` being its ``CUDA_VISIBLE_DEVICES`` (``FDConfig.__init__``)."""
     text = str(_read(parallel_config, "device_ids", "fd_config.parallel_config"))
-    ids = [part.strip() for part in text.split(",")]
-    if local_rank >= len(ids) or not all(part.isdigit() for part in ids):
-        raise ConfigError(
-            "fd_config.parallel_config.device_ids", text,
-            f"comma-separated device ids, at least {local_rank + 1} (local_rank={local_rank})",
-            "set CUDA_VISIBLE_DEVICES (FastDeploy copies it there) to this node's devices",
-        )  # fmt: skip
-    return int(ids[local_rank])
+    fix = "set CUDA_VISIBLE_DEVICES (FastDeploy copies it there) to this node's devices, by index, one per local rank"
+    return listed_device("fd_config.parallel_config.device_ids", text, local_rank, (fix, fix))
 
 
 def _local_port(parallel_config: object) -> int:
