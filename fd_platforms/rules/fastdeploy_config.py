@@ -17,7 +17,6 @@ allocates); the device id that names the tensors is the physical one from ``para
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -261,7 +260,7 @@ def _shape(text: object, flag: str) -> tuple[int, ...]:
 
 def _read(source: object, name: str, where: str = "fd_config") -> Any:
     """``source.name``, or a ConfigError naming ``where.name``."""
-    value = source.get(name) if isinstance(source, Mapping) else getattr(source, name, None)
+    value = getattr(source, name, None)
     if value is None:
         raise ConfigError(
             f"{where}.{name}", None, "the value FastDeploy's config holds there",
