@@ -44,8 +44,9 @@ def namespaces_refused() -> str | None:
     """Why a private ``/dev`` cannot be made here (not root, or the kernel refuses), or None."""
     if os.geteuid() != 0:
         return "a private /dev needs root (a mount namespace); these tests run as another user"
-    done = subprocess.run([sys.executable, str(DEVICE_NODES), "nvidia0", "--", "true"],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(DEVICE_NODES), "nvidia0", "--", "true"], capture_output=True, text=True, timeout=60
+    )
     return None if done.returncode == 0 else done.stderr.strip() or f"device_nodes.py exited {done.returncode}"
 
 
