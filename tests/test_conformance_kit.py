@@ -166,7 +166,7 @@ from fd_platforms.kit.paddle_platform import PaddlePlatform
 class IntMemory(PaddlePlatform):
     @hookimpl
     def device_memory(self, device_id):
-        count = self.device.confirm().device_count  # asks Paddle: the simulated one in the kit
+        count = self.device_facts().confirm().device_count  # asks Paddle: the simulated one in the kit
         return count * 80 * 2**30
 
 PLATFORM = IntMemory(name="intmem", device_type="intmem_npu", visible_devices_env=None,

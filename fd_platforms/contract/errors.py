@@ -164,6 +164,10 @@ class DeviceFactsUnavailableError(FdPlatformsError):
     exit_code = 2
 
 
+class PaddleUnavailableError(DeviceFactsUnavailableError):
+    """A Paddle-driven platform needs paddle for a fact, and paddle cannot be imported here."""
+
+
 class HostAllocError(FdPlatformsError, MemoryError):
     """Host memory could not be allocated as asked (size, or pinning the caller demanded)."""
 

@@ -2,24 +2,26 @@
 
 Plugins build one :class:`PaddlePlatform` record and name it in their entry point. Detection is
 cheap (:class:`~fd_platforms.kit.probes.RuntimeFacts`); Paddle is imported only when the platform is
-confirmed for selection or asked for device facts; the host-memory contract and every other rule
-come from the core, so a plugin holds no logic of its own.
+confirmed for selection or asked for device facts (by :meth:`PaddlePlatform.device_facts`, a method:
+registering the record, under any pluggy, reads every attribute and must run nothing). Where paddle
+cannot be imported the platform is unavailable with its install hint, its host memory is pageable
+and every other device fact is a :class:`~fd_platforms.contract.errors.PaddleUnavailableError`. The
+host-memory contract and every other rule come from the core, so a plugin holds no logic of its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
-from ..contract.errors import ConfigError
+from ..contract.errors import ConfigError, PaddleUnavailableError
 from ..contract.hookspecs import hookimpl
 from ..contract.integers import check_int
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheRoleShape, CacheShapeRequest, Detection, DeviceMemory, HostBuffer, SharedTensor
 from .device_facts import DeviceFacts
-from .host_memory import allocate_host
+from .host_memory import PinningUnavailable, allocate_host
 from .probes import RuntimeFacts
 from .vendor_device import VendorDeviceRuntime
 from .vendor_host import VendorHostRuntime
@@ -44,24 +46,40 @@ class PaddlePlatform(RuntimeFacts):
     cache_shapes: Callable[[CacheShapeRequest], tuple[CacheRoleShape, ...] | None] | None = None
     load_paddle: Callable[[], Any] = field(default=import_paddle, repr=False, compare=False)
 
-    @cached_property
-    def device(self) -> DeviceFacts:
-        """The device-facts reader, built on first use (this is where paddle is imported)."""
-        return self.facts(
-            self.load_paddle(), self.device_type, self.visible_devices_env, self.host_runtime, self.device_runtime
-        )
+    def device_facts(self) -> DeviceFacts:
+        """The device-facts reader, built by the first hook that needs the device: this is where paddle
+        is imported. A :class:`PaddleUnavailableError` naming the import's failure and the install hint
+        where paddle cannot be imported (nothing is kept then: a later call tries again)."""
+        reader = self.__dict__.get("_device_facts")
+        if reader is None:
+            try:
+                paddle = self.load_paddle()
+            except (ImportError, OSError) as exc:
+                raise PaddleUnavailableError(
+                    f"platform {self.name} reads its device through Paddle, which cannot be imported here "
+                    f"({type(exc).__name__}: {exc}). Fix: {self.install_hint}"
+                ) from exc
+            reader = self.facts(
+                paddle, self.device_type, self.visible_devices_env, self.host_runtime, self.device_runtime
+            )
+            object.__setattr__(self, "_device_facts", reader)  # a frozen record keeps its reader all the same
+        return reader
 
     @hookimpl
     def confirm_platform(self) -> Detection:
-        """Paddle's word on the device: build support and device count."""
-        return self.device.confirm()
+        """Paddle's word on the device: build support and device count; unavailable, with the reason and
+        the install hint, where paddle cannot be imported."""
+        try:
+            return self.device_facts().confirm()
+        except PaddleUnavailableError as exc:
+            return Detection(False, str(exc))
 
     @hookimpl
     def device_memory(self, device_id: int) -> DeviceMemory:
         """Memory facts of one local device, from Paddle."""
         check_int("device_id", device_id, 0, None, what="a local device index",
                   fix=f"pass 0 for the first visible {self.name} device")  # fmt: skip
-        count = self.device.confirm().device_count
+        count = self.device_facts().confirm().device_count
         if device_id >= count:
             raise ConfigError(
                 "device_id",
@@ -71,7 +89,7 @@ class PaddlePlatform(RuntimeFacts):
                 if count
                 else f"run where paddle sees a {self.name} device",
             )
-        return self.device.memory(device_id)
+        return self.device_facts().memory(device_id)
 
     @hookimpl
     def kv_cache_shapes(self, request: CacheShapeRequest) -> tuple[CacheRoleShape, ...] | None:
@@ -80,8 +98,17 @@ class PaddlePlatform(RuntimeFacts):
 
     @hookimpl
     def host_alloc(self, nbytes: int, require_pinned: bool) -> HostBuffer:
-        """Pinned host memory where the device can have it, else the core's documented fallback."""
-        return allocate_host(nbytes, require_pinned, self.device.pin, self.name)
+        """Pinned host memory where the device can have it, else the core's documented fallback (pageable
+        memory, or the error a caller demanding pinned memory gets); without paddle nothing can pin."""
+
+        def pin(size: int) -> HostBuffer:
+            try:
+                reader = self.device_facts()
+            except PaddleUnavailableError as exc:
+                raise PinningUnavailable(str(exc)) from None
+            return reader.pin(size)
+
+        return allocate_host(nbytes, require_pinned, pin, self.name)
 
     @hookimpl
     def cache_sharing(self) -> str | None:
@@ -94,16 +121,16 @@ class PaddlePlatform(RuntimeFacts):
     @hookimpl
     def export_cache_tensor(self, name: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
         """A zero-filled tensor exported through the device's IPC."""
-        return self.device.export(name, shape, dtype, device)
+        return self.device_facts().export(name, shape, dtype, device)
 
     @hookimpl
     def release_device_memory(self, device: str) -> str | None:
         """The device's cached allocator memory returned, through the facts class's call."""
-        return self.device.release(device)
+        return self.device_facts().release(device)
 
     @hookimpl
     def open_cache_tensor(
         self, name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str
     ) -> SharedTensor:
         """A tensor another process exported, opened through the device's IPC."""
-        return self.device.open(name, handle, shape, dtype, device)
+        return self.device_facts().open(name, handle, shape, dtype, device)
