@@ -79,6 +79,18 @@ def test_runtime_without_device_nodes_is_unavailable(tmp_path: Path, fake_dist) 
     assert not detection.available and "no device node matches" in detection.reason
 
 
+def test_iluvatar_counts_its_drivers_nodes(tmp_path: Path, fake_dist) -> None:
+    fake_dist("paddle-iluvatar-gpu", "3.3.0")
+    assert fd_platforms_iluvatar.PLATFORM.device_glob == "/dev/iluvatar[0-9]*"
+    (tmp_path / "dev").mkdir()
+    for name in ("iluvatar2", "iluvatar3"):  # a pod's nodes keep the host's numbers
+        (tmp_path / "dev" / name).touch()
+    facts = dataclasses.replace(fd_platforms_iluvatar.PLATFORM, device_glob=str(tmp_path / "dev" / "iluvatar[0-9]*"))
+    detection = facts.detect_platform(environ={})
+    assert detection.available and detection.device_count == 2
+    assert not dataclasses.replace(facts, device_glob=str(tmp_path / "none[0-9]*")).detect_platform(environ={}).available
+
+
 def test_metax_count_is_left_to_paddle(fake_dist) -> None:
     fake_dist("paddle-metax-gpu", "3.3.0")
     detection = fd_platforms_metax.PLATFORM.detect_platform()
@@ -91,5 +103,6 @@ def test_helpers(tmp_path: Path) -> None:
     assert [Path(p).name for p in device_nodes(pattern)] == ["nvidia2", "nvidia10"]
     assert visible_count(4, "X", {}) == 4 and visible_count(4, "X", {"X": "0,1,"}) == 2
     assert visible_count(1, "X", {"X": "0,1,2"}) == 1
+    assert visible_count(4, "X", {"X": "-1"}) == 0 and visible_count(4, "X", {"X": "0,-1,2"}) == 1  # as CUDA reads it
     assert installed_distribution("no-such-dist-xyz", "pluggy")[0] == "pluggy"
     assert installed_distribution("no-such-dist-xyz") is None

@@ -34,12 +34,14 @@ def device_nodes(pattern: str) -> list[str]:
 
 
 def visible_count(physical: int, env_var: str, environ: Mapping[str, str]) -> int:
-    """How many of ``physical`` devices the visibility variable leaves visible."""
+    """How many of ``physical`` devices the visibility variable leaves visible: every entry up to the
+    first negative one, as CUDA reads ``CUDA_VISIBLE_DEVICES`` (``""`` and ``-1`` hide all)."""
     value = environ.get(env_var)
     if value is None:
         return physical
-    entries = [entry for entry in value.split(",") if entry.strip()]
-    return min(len(entries), physical)
+    entries = [entry.strip() for entry in value.split(",") if entry.strip()]
+    negative = next((index for index, entry in enumerate(entries) if entry.startswith("-")), len(entries))
+    return min(negative, physical)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ PLATFORM = PaddlePlatform(
     device_type="iluvatar_gpu",
     visible_devices_env="CUDA_VISIBLE_DEVICES",  # CoreX keeps CUDA's variable
     distributions=("paddle-iluvatar-gpu",),
-    device_glob=None,  # Paddle's custom-device runtime counts the devices
+    device_glob="/dev/iluvatar[0-9]*",  # CoreX's driver: one node per GPU, numbered as on the host
     install_hint="pip install paddle-iluvatar-gpu beside paddlepaddle on a machine with Iluvatar GPUs",
     api_versions=">=1.5,<2",  # 1.5: fd_platforms.plugin (1.4: device_runtime)
     description="Iluvatar CoreX GPUs",
