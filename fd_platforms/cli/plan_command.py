@@ -15,7 +15,7 @@ from ..contract.errors import ConfigError, PlatformUnavailableError, UnknownPlat
 from ..contract.types import DeviceMemory
 from ..engine.protocols import protocol_named
 from ..loading.platform import Platform
-from ..loading.selection import Prober, select_platform
+from ..loading.selection import ENV_PLATFORM, FALLBACK_PLATFORM, Prober, select_platform
 from ..rules.config.deploy import DeployConfig
 from ..rules.decision import RULE_VERSIONS, DecisionInputs, decided_by
 from ..rules.layout import build_layout
@@ -46,9 +46,10 @@ def run(args: argparse.Namespace) -> int:
         note for text, size in ((args.device_memory, device_memory), (args.non_cache_memory, non_cache))
         if size is not None and (note := decimal_note(text, size))
     )  # fmt: skip
+    platforms, on_purpose = _platforms(args.platform)
     rows = [
-        _plan_row(platform, deploy, device_memory, non_cache, host_memory, notes)
-        for platform in _platforms(args.platform)
+        _plan_row(platform, deploy, device_memory, non_cache, host_memory, notes + on_purpose)
+        for platform in platforms
     ]
     if args.json:
         emit(json.dumps(rows if args.platform == "all" else rows[0], indent=2))
@@ -59,10 +60,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _platforms(choice: str | None) -> list[Platform]:
-    """The selected platform, one named platform, or every installed one that loads."""
+def _platforms(choice: str | None) -> tuple[list[Platform], tuple[str, ...]]:
+    """The selected platform, one named platform, or every installed one that loads; and a note for
+    each accelerator present here when the selection chose the host on purpose (``FD_PLATFORM=cpu``)."""
     if choice is None:
-        return [select_platform().platform]
+        selection = select_platform()
+        on_purpose = f"{ENV_PLATFORM}={FALLBACK_PLATFORM} plans for the host's memory on purpose"
+        notes = tuple(f"{found.describe()}; {on_purpose}" for found in selection.present)
+        return [selection.platform], notes
     prober = Prober()
     names = list(prober.found) if choice == "all" else [choice]
     if choice != "all" and choice not in prober.found:
@@ -75,7 +80,7 @@ def _platforms(choice: str | None) -> list[Platform]:
                 raise probe.error  # type: ignore[misc]
             continue  # a broken plugin has no facts to plan with; `fd-platforms list` shows why
         platforms.append(probe.platform)
-    return platforms
+    return platforms, ()
 
 
 def _plan_row(

@@ -102,6 +102,11 @@ class PlatformUnavailableError(SelectionError):
     """The selected platform is installed but its detection says it cannot run here."""
 
 
+class AcceleratorUnusableError(SelectionError):
+    """An accelerator's device nodes are here but no platform can drive it: selection refuses to fall
+    back to the host's memory silently (``FD_PLATFORM=cpu`` chooses it on purpose)."""
+
+
 class AmbiguousPlatformError(SelectionError):
     """Several platforms were detected and ``FD_PLATFORM`` does not choose between them."""
 

@@ -29,6 +29,7 @@ from ..contract import errors
 from ..contract.errors import FdPlatformsError, PluginError, PluginLoadError, PluginTimeoutError
 from ..contract.types import Detection
 from ..ipc.process_watch import describe_exit
+from .accelerators import NodeClaim
 from .discovery import Candidate
 from .watchdog import ENV_DETECT_TIMEOUT, EXIT_STATUS
 
@@ -40,11 +41,12 @@ _TIMED_OUT = re.compile(r" in fd-platforms: plugin .*?, (?P<step>[^,]+), bound [
 
 @dataclass(frozen=True)
 class Screened:
-    """One platform as the child found it: its detection and device type, or its error."""
+    """One platform as the child found it: its detection, device type and node claim, or its error."""
 
     detection: Detection | None = None
     device_type: str | None = None
     error: FdPlatformsError | None = None
+    claim: NodeClaim | None = None
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,8 @@ def _parse(line: bytes) -> str | tuple[str, Screened] | None:
         if "started" in found:
             return str(found["started"])
         if found.get("detection") is not None:
-            return found["name"], Screened(Detection(**found["detection"]), found.get("device_type"))
+            claim = None if found.get("claim") is None else NodeClaim(**found["claim"])
+            return found["name"], Screened(Detection(**found["detection"]), found.get("device_type"), claim=claim)
         return found["name"], Screened(error=_rebuilt(found["error"]))
     except Exception:  # noqa: BLE001 - any content at all
         return None
@@ -202,9 +205,18 @@ def _rebuilt(error: dict[str, object]) -> FdPlatformsError:
     return kind(plugin, distribution, message)
 
 
-def record(name: str, detection: Detection | None, device_type: str | None, error: FdPlatformsError | None) -> dict:
+def record(
+    name: str,
+    detection: Detection | None,
+    device_type: str | None,
+    error: FdPlatformsError | None,
+    claim: NodeClaim | None = None,
+) -> dict:
+    """One platform's result line: its detection, device type and node claim, or its error."""
     if error is None:
-        return {"name": name, "detection": asdict(detection), "device_type": device_type}  # type: ignore[arg-type]
+        claimed = None if claim is None else asdict(claim)
+        detected = asdict(detection)  # type: ignore[arg-type]  # no error: a detection
+        return {"name": name, "detection": detected, "device_type": device_type, "claim": claimed}
     described: dict[str, object] = {"type": type(error).__name__, "text": str(error)}
     if isinstance(error, PluginError):
         prefix = f"platform plugin {error.plugin!r} (distribution {error.distribution}): "

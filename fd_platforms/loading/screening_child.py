@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
             report.flush()
             probe = prober.confirm(name)
             device_type = None if probe.platform is None else probe.platform.identity.device_type
-            report.write(json.dumps(record(name, probe.detection, device_type, probe.error)) + "\n")
+            report.write(json.dumps(record(name, probe.detection, device_type, probe.error, probe.claim)) + "\n")
             report.flush()
     return 0
 

@@ -3,7 +3,11 @@
 - ``FD_PLATFORM=<name>`` imports only that plugin; unknown, excluded, broken or undetected is a
   hard error, never a silent fallback.
 - Unset: every allowed plugin is imported and detected; one available is selected, several are an
-  error asking for ``FD_PLATFORM``, none selects the built-in ``cpu`` (one INFO line says why).
+  error asking for ``FD_PLATFORM``. None available selects the built-in ``cpu`` (one INFO line says
+  why) only where no accelerator is present (:mod:`.accelerators`): where an accelerator's device
+  nodes are, and nothing can drive it, selection is an :class:`AcceleratorUnusableError` naming the
+  nodes, each platform that would drive them with its reason, and the fix (``FD_PLATFORM=cpu``
+  to run on the host on purpose).
 - ``FD_PLATFORM_PLUGINS=a,b`` limits the external plugins considered; the built-in cpu is always there.
 - The plugins not named are loaded, detected and confirmed in a child process, one after another
   (:mod:`.screening`); only the one selected is then imported here. A plugin that fails to import
@@ -21,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from ..contract.errors import (
+    AcceleratorUnusableError,
     AmbiguousPlatformError,
     DuplicatePlatformError,
     FdPlatformsError,
@@ -29,6 +34,7 @@ from ..contract.errors import (
     UnknownPlatformError,
 )
 from ..contract.types import Detection, PlatformReport, SelectedHow
+from .accelerators import Hidden, NodeClaim, PresentAccelerator, node_claim, present_accelerators
 from .discovery import Candidate, discover
 from .platform import Platform, load_platform
 from .screening import screen
@@ -44,25 +50,28 @@ logger = logging.getLogger("fd_platforms")
 
 @dataclass(frozen=True)
 class Selection:
-    """The chosen platform, how it was chosen (``env``, ``detected``, ``fallback``) and why."""
+    """The chosen platform, how it was chosen (``env``, ``detected``, ``fallback``) and why;
+    ``present``: the accelerators found here when cpu was chosen on purpose (``FD_PLATFORM=cpu``)."""
 
     platform: Platform
     how: SelectedHow
     reason: str
+    present: tuple[PresentAccelerator, ...] = ()
 
 
 @dataclass(frozen=True)
 class Probe:
     """One candidate after import and detection: a platform and its detection, or the error.
 
-    A platform detected in a child process (:mod:`.screening`) has its detection and device type
-    but no ``platform`` here until it is chosen (:meth:`Prober.load` loads it then)."""
+    A platform detected in a child process (:mod:`.screening`) has its detection, device type and
+    node claim but no ``platform`` here until it is chosen (:meth:`Prober.load` loads it then)."""
 
     candidate: Candidate
     platform: Platform | None = None
     detection: Detection | None = None
     error: FdPlatformsError | None = None
     device_type: str | None = None
+    claim: NodeClaim | None = None
 
     @property
     def available(self) -> bool:
@@ -110,7 +119,9 @@ class Prober:
             results = screen(screened, bound)
             for candidate in screened:
                 found = results[candidate.name]
-                self.probes[candidate.name] = Probe(candidate, None, found.detection, found.error, found.device_type)
+                self.probes[candidate.name] = Probe(
+                    candidate, None, found.detection, found.error, found.device_type, found.claim
+                )
                 if found.detection is not None and found.detection.available:
                     self.confirmed.add(candidate.name)  # the child confirmed it
         return {name: self.probes[name] for name in names}
@@ -129,7 +140,7 @@ class Prober:
         try:
             confirmed = probe.platform.confirm()  # type: ignore[union-attr]  # probed here: loaded
         except FdPlatformsError as exc:
-            self.probes[name] = Probe(probe.candidate, error=exc)
+            self.probes[name] = Probe(probe.candidate, error=exc, claim=probe.claim)
         else:
             self.probes[name] = replace(probe, detection=confirmed or probe.detection)
         return self.probes[name]
@@ -142,7 +153,7 @@ class Prober:
             try:
                 probe = replace(probe, platform=load_platform(probe.candidate))
             except FdPlatformsError as exc:
-                probe = Probe(probe.candidate, error=exc)
+                probe = Probe(probe.candidate, error=exc, claim=probe.claim)
             self.probes[name] = probe
         return probe
 
@@ -150,9 +161,13 @@ class Prober:
 def _load_and_detect(candidate: Candidate) -> Probe:
     try:
         platform = load_platform(candidate)
-        return Probe(candidate, platform, platform.detect())
     except FdPlatformsError as exc:
         return Probe(candidate, error=exc)
+    claim = node_claim(platform.manager.get_plugin(candidate.name))
+    try:
+        return Probe(candidate, platform, platform.detect(), claim=claim)
+    except FdPlatformsError as exc:
+        return Probe(candidate, error=exc, claim=claim)
 
 
 def single_candidate(found: Mapping[str, list[Candidate]], name: str) -> Candidate:
@@ -216,12 +231,49 @@ def select_platform(environ: Mapping[str, str] | None = None, prober: Prober | N
     fallback = prober.probe(FALLBACK_PLATFORM)
     if fallback.error is not None:
         raise fallback.error
+    present, hidden = present_accelerators(env, {p.candidate.name: p.claim for p in probes if p.claim is not None})
+    if present:
+        raise unusable_error(present, prober, allowed, env)
     broken = [p.candidate.name for p in probes if p.error is not None]
     unavailable = [p.candidate.name for p in probes if p.error is None]
-    parts = [f"{', '.join(unavailable)} not available" if unavailable else "", f"{', '.join(broken)} broken" if broken else ""]
+    parts = [
+        f"{', '.join(unavailable)} not available" if unavailable else "",
+        f"{', '.join(broken)} broken" if broken else "",
+        *(_hidden_text(found) for found in hidden),
+    ]
     reason = "no accelerator platform detected: " + ("; ".join(part for part in parts if part) or "no plugin considered")
     logger.info("using the built-in cpu platform (%s)", reason)
     return Selection(fallback.platform, "fallback", reason)  # type: ignore[arg-type]
+
+
+def unusable_error(
+    present: tuple[PresentAccelerator, ...], prober: Prober, allowed: list[str], env: Mapping[str, str]
+) -> AcceleratorUnusableError:
+    """The error for accelerators present here that no platform can drive: per accelerator its nodes,
+    and per platform that would drive them why it cannot (not installed, excluded, unavailable, broken)."""
+    accounts = []
+    for accelerator in present:
+        whys = []
+        for name in accelerator.platforms:
+            candidates = prober.found.get(name)
+            if not candidates:
+                whys.append(f"no installed plugin provides platform {name}. Fix: {_install_hint(name)}"
+                            + (f" ({accelerator.distribution})" if accelerator.distribution else ""))
+                continue
+            label = f"platform {name} ({candidates[0].distribution} {candidates[0].version})"
+            if name not in allowed:
+                whys.append(f"{label} is excluded by {ENV_PLUGINS}={env.get(ENV_PLUGINS)!r}. Fix: add {name} to it")
+                continue
+            probe = prober.probes[name]  # every allowed plugin was probed before the fallback
+            whys.append(f"{label} is {'broken' if probe.error is not None else 'unavailable'}: {probe.reason}")
+        accounts.append(f"{accelerator.describe()}, but no platform can use it: {'; '.join(whys)}")
+    on_purpose = f"To run on the host's memory on purpose instead, set {ENV_PLATFORM}={FALLBACK_PLATFORM}"
+    return AcceleratorUnusableError(f"{'; '.join(accounts)}. {on_purpose}")
+
+
+def _hidden_text(hidden: Hidden) -> str:
+    what = f"{hidden.vendor} devices" if hidden.vendor else "device nodes"
+    return f"{what} {', '.join(hidden.nodes[:4])} hidden by {hidden.variable}={hidden.value!r}"
 
 
 def _select_requested(requested: str, allowed: list[str], prober: Prober, env: Mapping[str, str]) -> Selection:
@@ -246,7 +298,17 @@ def _select_requested(requested: str, allowed: list[str], prober: Prober, env: M
             f"which is not available here: {probe.reason} "
             f"(or unset {ENV_PLATFORM} to use what is detected, cpu when nothing is)"
         )
-    return Selection(probe.platform, "env", f"{ENV_PLATFORM}={requested}")  # type: ignore[arg-type]
+    if requested != FALLBACK_PLATFORM:
+        return Selection(probe.platform, "env", f"{ENV_PLATFORM}={requested}")  # type: ignore[arg-type]
+    present, _ = present_accelerators(env)
+    if not present:
+        return Selection(probe.platform, "env", f"{ENV_PLATFORM}={requested}")  # type: ignore[arg-type]
+    reason = (
+        f"{ENV_PLATFORM}={requested}: the host's memory, on purpose; "
+        + "; ".join(accelerator.describe() for accelerator in present)
+    )
+    logger.info("using the built-in cpu platform (%s)", reason)
+    return Selection(probe.platform, "env", reason, present)  # type: ignore[arg-type]
 
 
 def _install_hint(name: str) -> str:
