@@ -251,24 +251,28 @@ def unusable_error(
 ) -> AcceleratorUnusableError:
     """The error for accelerators present here that no platform can drive: per accelerator its nodes,
     and per platform that would drive them why it cannot (not installed, excluded, unavailable, broken)."""
-    accounts = []
-    for accelerator in present:
-        whys = []
-        for name in accelerator.platforms:
-            candidates = prober.found.get(name)
-            if not candidates:
-                whys.append(f"no installed plugin provides platform {name}. Fix: {_install_hint(name)}"
-                            + (f" ({accelerator.distribution})" if accelerator.distribution else ""))
-                continue
-            label = f"platform {name} ({candidates[0].distribution} {candidates[0].version})"
-            if name not in allowed:
-                whys.append(f"{label} is excluded by {ENV_PLUGINS}={env.get(ENV_PLUGINS)!r}. Fix: add {name} to it")
-                continue
-            probe = prober.probes[name]  # every allowed plugin was probed before the fallback
-            whys.append(f"{label} is {'broken' if probe.error is not None else 'unavailable'}: {probe.reason}")
-        accounts.append(f"{accelerator.describe()}, but no platform can use it: {'; '.join(whys)}")
+    accounts = [
+        f"{accelerator.describe()}, but no platform can use it: "
+        + "; ".join(_why_not(name, accelerator, prober, allowed, env) for name in accelerator.platforms)
+        for accelerator in present
+    ]
     on_purpose = f"To run on the host's memory on purpose instead, set {ENV_PLATFORM}={FALLBACK_PLATFORM}"
     return AcceleratorUnusableError(f"{'; '.join(accounts)}. {on_purpose}")
+
+
+def _why_not(
+    name: str, accelerator: PresentAccelerator, prober: Prober, allowed: list[str], env: Mapping[str, str]
+) -> str:
+    """Why platform ``name`` cannot drive ``accelerator`` here, with the fix."""
+    candidates = prober.found.get(name)
+    if not candidates:
+        distribution = f" ({accelerator.distribution})" if accelerator.distribution else ""
+        return f"no installed plugin provides platform {name}. Fix: {_install_hint(name)}{distribution}"
+    label = f"platform {name} ({candidates[0].distribution} {candidates[0].version})"
+    if name not in allowed:
+        return f"{label} is excluded by {ENV_PLUGINS}={env.get(ENV_PLUGINS)!r}. Fix: add {name} to it"
+    probe = prober.probes[name]  # every allowed plugin was probed before the fallback
+    return f"{label} is {'broken' if probe.error is not None else 'unavailable'}: {probe.reason}"
 
 
 def _hidden_text(hidden: Hidden) -> str:
