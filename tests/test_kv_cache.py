@@ -5,11 +5,12 @@ from __future__ import annotations
 import gc
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from fd_platforms.contract.errors import ConfigError, DeviceAllocError
+from fd_platforms.contract.errors import ConfigError, DeviceAllocError, DevicePlacementError
 from fd_platforms.engine.kv_cache import allocate_kv_cache
 from fd_platforms.loading.selection import select_platform
 from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
@@ -73,13 +74,20 @@ class FakeTensor:
 
 
 class FailingPaddle:
-    """A paddle stand-in whose allocator fails on the ``fail_at``-th tensor; it tracks the live ones."""
+    """A paddle stand-in of a build with custom device ``npu`` registered, whose allocator fails on the
+    ``fail_at``-th tensor (never: 0); it tracks the live ones."""
 
     uint8 = "uint8"
     bfloat16 = "bfloat16"
+    device = SimpleNamespace(get_all_custom_device_type=lambda: ["npu"])
 
     def __init__(self, fail_at: int) -> None:
         self.fail_at, self.calls, self.made = fail_at, 0, []
+
+    def is_compiled_with_cuda(self) -> bool:
+        return False
+
+    is_compiled_with_xpu = is_compiled_with_ipu = is_compiled_with_cuda
 
     def zeros(self, shape: list[int], dtype: str, device: str) -> Any:
         self.calls += 1
@@ -102,6 +110,30 @@ def test_a_failed_tensor_names_itself_and_nothing_is_kept() -> None:
     assert "Fix: plan fewer blocks" in message
     gc.collect()
     assert all(ref() is None for ref in fake.made), "tensors allocated before the failure were dropped"
+
+
+def test_a_device_type_this_paddle_cannot_place_tensors_on_is_a_placement_error_before_any_tensor() -> None:
+    """A 128 KiB cache on a device Paddle does not drive: what to install, never "plan fewer blocks"."""
+    fake = FailingPaddle(fail_at=0)
+    with pytest.raises(DevicePlacementError) as raised:
+        allocate_kv_cache(layout_of("qwen3-30b-a3b"), 1, "zephyr_tpu:0", paddle=fake)
+    message = str(raised.value)
+    assert raised.value.exit_code == 2 and not isinstance(raised.value, DeviceAllocError)
+    assert "device 'zephyr_tpu:0'" in message and "it places them on cpu, npu." in message
+    assert "Fix: install the vendor's Paddle custom-device plugin that registers 'zephyr_tpu'" in message
+    assert "fewer blocks" not in message
+    assert fake.calls == 0, "refused before any tensor is allocated"
+
+
+def test_gpu_on_a_paddle_without_cuda_is_a_placement_error() -> None:
+    if paddle.is_compiled_with_cuda():
+        pytest.skip(f"this paddle {paddle.__version__} is compiled with CUDA: it places tensors on gpu")
+    with pytest.raises(DevicePlacementError) as raised:
+        allocate_kv_cache(layout_of("llama-3.1-8b"), 2, "gpu:0")
+    message = str(raised.value)
+    assert message.startswith("device 'gpu:0': this Paddle cannot place tensors on device type 'gpu'")
+    assert "Fix: install Paddle's CUDA build (pip install paddlepaddle-gpu)" in message
+    assert "fewer blocks" not in message
 
 
 @pytest.mark.parametrize("blocks", [0, -1, True, 2.0])

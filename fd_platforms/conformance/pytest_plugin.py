@@ -8,7 +8,9 @@ Vendor teams run, in any folder where their plugin and fd-platforms are installe
 The plugin is registered under the ``pytest11`` entry point and does nothing unless
 ``--fd-platform`` is given. Then it adds the suite (:mod:`fd_platforms.conformance.suite`, one module
 per check in :data:`CHECKS`) to the run, and gives its tests the fixtures below. Tests that need
-the device itself skip with the detection's reason where the hardware is absent.
+the device itself skip with the detection's reason where the hardware is absent; tests that need
+paddle skip with the platform's install hint where paddle cannot be imported, and tests that place
+tensors on the device skip with the placement error's reason where this Paddle cannot place them there.
 """
 
 from __future__ import annotations
@@ -16,13 +18,17 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
-from ..contract.errors import FdPlatformsError
+from ..contract.errors import DevicePlacementError, FdPlatformsError, first_line
+from ..contract.paddle_import import import_paddle
 from ..contract.types import Detection
 from ..kit.paddle_platform import PaddlePlatform
+from ..kit.placement import check_placeable
+from ..kit.probes import RuntimeFacts
 from ..loading.discovery import discover
 from ..loading.isolation import call_plugin
 from ..loading.watchdog import detect_bound
@@ -34,6 +40,7 @@ SUITE_DIR = Path(__file__).parent / "suite"
 SIMULATED_DEVICES = 2
 SIMULATED_BYTES = 16 * 2**30
 HOOKS_MARKER = "fd_hooks"
+PADDLE_HINT = "pip install paddlepaddle"  # the install hint of a platform that states none
 
 
 def suite_files() -> list[Path]:
@@ -177,3 +184,33 @@ def fd_platform_hardware(fd_platform: Platform) -> Detection:
         pytest.skip(f"hardware-only check: {fd_platform.name} is not available here: {detection.reason}")
     return detection
 
+
+@pytest.fixture(scope="session")
+def fd_paddle(fd_platform: Platform) -> ModuleType:
+    """``paddle``, imported the core's way; tests that need it skip, naming the platform's install hint,
+    where it cannot be imported here."""
+    try:
+        return import_paddle()
+    except (ImportError, OSError) as exc:
+        reason = f"needs paddle, which cannot be imported here ({first_line(exc)})"
+        pytest.skip(f"{reason}. Fix: {install_hint(fd_platform)}")
+
+
+@pytest.fixture(scope="session")
+def fd_platform_placeable(fd_platform: Platform, fd_paddle: ModuleType) -> str:
+    """Device 0's string, where this Paddle can place tensors on the platform's device type; tests that
+    allocate there skip with the :class:`DevicePlacementError`'s reason where it cannot."""
+    device = fd_platform.identity.device_string(0)
+    try:
+        check_placeable(fd_paddle, device)
+    except DevicePlacementError as exc:
+        pytest.skip(str(exc))
+    return device
+
+
+def install_hint(platform: Platform) -> str:
+    """What the plugin states a user runs to get its runtime (a :class:`RuntimeFacts` record's field, read
+    without running plugin code), else :data:`PADDLE_HINT`."""
+    plugin = platform.manager.get_plugin(platform.name)
+    hint = vars(plugin).get("install_hint") if isinstance(plugin, RuntimeFacts) else None
+    return hint if isinstance(hint, str) and hint.strip() else PADDLE_HINT

@@ -253,6 +253,22 @@ class DeviceAllocError(FdPlatformsError, MemoryError):
     """A KV cache tensor could not be allocated on the device; nothing allocated before it is kept."""
 
 
+class DevicePlacementError(FdPlatformsError):
+    """This Paddle cannot place tensors on the device's type at all (a configuration error, not a lack of
+    memory): ``device`` as given, ``placeable`` the device types this Paddle does place tensors on, ``fix``
+    the Paddle build or custom-device plugin that drives the type."""
+
+    exit_code = 2
+
+    def __init__(self, device: str, device_type: str, placeable: tuple[str, ...], fix: str) -> None:
+        self.device, self.device_type, self.placeable = device, device_type, placeable
+        super().__init__(
+            f"device {device!r}: this Paddle cannot place tensors on device type {device_type!r}; it places them "
+            f"on {', '.join(placeable)}. A platform whose device Paddle does not drive cannot hold a KV cache "
+            f"through the engine API. Fix: {fix}"
+        )
+
+
 class RunError(FdPlatformsError):
     """A process of ``fd-platforms run`` failed or fell silent.
 

@@ -26,6 +26,7 @@ from ..contract.types import CacheDecision, CacheRoleShape, SharedTensor
 from ..ipc.cache_signal import resolve_timeout
 from ..kit.device_facts import data_address
 from ..kit.host_sharing import handle_pid
+from ..kit.placement import check_placeable
 from ..loading.platform import Platform
 from ..rules.layout import DTYPE_BYTES, CacheLayout, CacheTensorSpec, Part, check_layout, check_num_blocks
 from ..rules.shapes import engine_shaped
@@ -179,9 +180,11 @@ def allocate_kv_cache(
     one layer's tensors as the engine's attention backend states them, checked against the layout
     (:func:`~fd_platforms.rules.shapes.engine_shaped`).
 
-    Raises :class:`DeviceAllocError` naming the tensor, its size and the device when Paddle cannot
-    allocate it; tensors allocated before it are dropped first. ``progress`` is called after
-    every tensor (throttling is the caller's).
+    Raises :class:`~fd_platforms.contract.errors.DevicePlacementError` before any tensor where this Paddle
+    cannot place tensors on the device's type at all (:func:`~fd_platforms.kit.placement.check_placeable`:
+    what to install, never fewer blocks), and :class:`DeviceAllocError` naming the tensor, its size and the
+    device when Paddle cannot allocate it; tensors allocated before it are dropped first. ``progress`` is
+    called after every tensor (throttling is the caller's).
     """
     check_layout(layout)
     check_num_blocks(num_blocks)
@@ -190,6 +193,7 @@ def allocate_kv_cache(
     if tensor_specs is not None:
         layout = engine_shaped(layout, tensor_specs, num_blocks)
     paddle = import_paddle() if paddle is None else paddle
+    check_placeable(paddle, device)
     tensors: list[Any] = []
     done = 0
     for spec in layout.tensors:

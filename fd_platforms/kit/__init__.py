@@ -10,5 +10,6 @@ not use them).
 - :mod:`.vendor_host` — ``VendorHostRuntime``, a vendor's pinned host allocator through ctypes;
 - :mod:`.host_memory` — the host-memory contract (pinned, else pageable) and the host's memory facts;
 - :mod:`.host_sharing` — cache tensors in sealed memfds, for platforms whose tensors live in host memory;
-- :mod:`.probes` — ``RuntimeFacts``: identity and cheap detection from stated facts.
+- :mod:`.probes` — ``RuntimeFacts``: identity and cheap detection from stated facts;
+- :mod:`.placement` — whether this Paddle can place tensors on a device type (checked before the engine allocates).
 """

@@ -1,4 +1,5 @@
-"""Hardware-only: live memory facts, planning on them, and the KV cache on device 0."""
+"""Hardware-only: live memory facts, planning on them, and the KV cache on device 0 (where this Paddle
+can place tensors on the device: a platform whose device Paddle does not drive skips those, saying why)."""
 
 from __future__ import annotations
 
@@ -36,9 +37,9 @@ def test_plan_on_live_facts_fits_free_memory(fd_platform: Platform, fd_platform_
         assert plan.budget_bytes <= facts.free_bytes
 
 
-def test_kv_cache_on_device_0_in_layout_order(fd_platform: Platform, fd_platform_hardware: Detection) -> None:
+def test_kv_cache_on_device_0_in_layout_order(fd_platform_hardware: Detection, fd_platform_placeable: str) -> None:
     layout = small_layout()
-    cache = allocate_kv_cache(layout, 4, fd_platform.identity.device_string(layout.local_device))
+    cache = allocate_kv_cache(layout, 4, fd_platform_placeable)
     try:
         assert cache.names == layout.names() and len(cache.tensors) == len(layout.tensors)
         assert cache.nbytes == 4 * layout.bytes_per_block
@@ -49,8 +50,10 @@ def test_kv_cache_on_device_0_in_layout_order(fd_platform: Platform, fd_platform
 
 
 @hooks("release_device_memory")
-def test_releasing_after_a_freed_cache_says_what_it_called(fd_platform: Platform, fd_platform_hardware: Detection) -> None:
-    device = fd_platform.identity.device_string(0)
+def test_releasing_after_a_freed_cache_says_what_it_called(
+    fd_platform: Platform, fd_platform_hardware: Detection, fd_platform_placeable: str
+) -> None:
+    device = fd_platform_placeable
     cache = allocate_kv_cache(small_layout(), 4, device)
     cache.clear()
     answer = fd_platform.release_device_memory(device)

@@ -1,6 +1,9 @@
-"""The ``host_alloc`` contract: size, alignment, zero-copy views, release, the unpinned path."""
+"""The ``host_alloc`` contract: size, alignment, zero-copy views (the paddle one where paddle is here),
+release, the unpinned path."""
 
 from __future__ import annotations
+
+from types import ModuleType
 
 import pytest
 
@@ -14,13 +17,21 @@ ALIGNMENT = 64  # every allocator returns at least cache-line-aligned memory; pa
 
 @hooks("host_alloc")
 @pytest.mark.parametrize("nbytes", SIZES)
-def test_size_alignment_and_zero_copy_views(fd_platform: Platform, nbytes: int) -> None:
+def test_size_alignment_and_zero_copy_numpy_view(fd_platform: Platform, nbytes: int) -> None:
     with fd_platform.host_alloc(nbytes, require_pinned=False) as buffer:
         assert buffer.nbytes == nbytes
         assert buffer.address % ALIGNMENT == 0, f"address {buffer.address:#x} is not {ALIGNMENT}-byte aligned"
         assert isinstance(buffer.pinned, bool) and buffer.kind.strip()
         array = buffer.numpy()
         assert array.size == nbytes and array.ctypes.data == buffer.address
+        del array
+
+
+@hooks("host_alloc")
+@pytest.mark.parametrize("nbytes", SIZES)
+def test_the_paddle_view_is_zero_copy(fd_platform: Platform, fd_paddle: ModuleType, nbytes: int) -> None:
+    with fd_platform.host_alloc(nbytes, require_pinned=False) as buffer:
+        array = buffer.numpy()
         array[-1] = 0x5A
         tensor = buffer.paddle()
         assert tensor.data_ptr() == buffer.address, "the paddle view must not copy"

@@ -1,7 +1,9 @@
 """``kv_cache_shapes`` keeps the core's bytes, role by role, for every layer kind and quantization,
-and the engine allocates the platform's shapes (a simulated allocation on the cpu device)."""
+and the engine allocates the platform's shapes (a simulated allocation on the cpu device, where paddle is here)."""
 
 from __future__ import annotations
+
+from types import ModuleType
 
 import pytest
 
@@ -24,11 +26,13 @@ def test_every_role_keeps_the_core_bytes(fd_platform: Platform, request_: CacheS
 @hooks("kv_cache_shapes")
 @pytest.mark.parametrize("cache", [CacheConfig(), CacheConfig(cache_dtype="fp8", kv_cache_quant_type="block_wise_fp8")],
                          ids=["bf16", "block_wise_fp8"])  # fmt: skip
-def test_the_shaped_layout_allocates_the_same_bytes(fd_platform: Platform, cache: CacheConfig) -> None:
+def test_the_shaped_layout_allocates_the_same_bytes(
+    fd_platform: Platform, fd_paddle: ModuleType, cache: CacheConfig
+) -> None:
     layout = small_layout(cache)
     shaped = fd_platform.cache_layout(layout, 2)
     assert shaped.bytes_per_block == layout.bytes_per_block
-    kv = allocate_kv_cache(shaped, 2, "cpu")
+    kv = allocate_kv_cache(shaped, 2, "cpu", fd_paddle)
     try:
         assert [list(tensor.shape) for tensor in kv.tensors] == [list(spec.shape(2)) for spec in shaped.tensors]
         assert kv.nbytes == 2 * layout.bytes_per_block

@@ -57,10 +57,11 @@ def test_sharing_is_declared_as_a_sentence_or_none(fd_platform: Platform) -> Non
 
 @hooks("cache_sharing", "should_create_cache_tensor")
 def test_a_platform_that_cannot_share_refuses_an_attaching_worker_when_it_decides(
-    fd_platform: Platform, signal: CacheReadySignal
+    fd_platform: Platform, signal: CacheReadySignal, request: pytest.FixtureRequest
 ) -> None:
     if fd_platform.cache_sharing() is not None:
         pytest.skip(f"{fd_platform.name} shares cache tensors between processes")
+    request.getfixturevalue("fd_paddle")  # the engine API imports paddle before it decides
     started = time.monotonic()
     with pytest.raises(CacheSharingError, match="deciding term splitwise_role.*cannot share KV cache tensors"):
         initialize_kv_cache(fd_platform, small_layout(), 2, signal_name=signal.name, timeout=60, **ATTACHING)
@@ -76,9 +77,10 @@ def shareable(fd_platform: Platform) -> Platform:
 
 @pytest.fixture
 def device(shareable: Platform, request: pytest.FixtureRequest) -> str:
-    """Device 0 of the platform; away from cpu the hardware must be here."""
+    """Device 0 of the platform; away from cpu the hardware must be here, and everywhere paddle."""
     if shareable.identity.device_type != "cpu":
         request.getfixturevalue("fd_platform_hardware")
+    request.getfixturevalue("fd_paddle")
     return shareable.identity.device_string(0)
 
 
