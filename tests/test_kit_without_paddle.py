@@ -18,9 +18,6 @@ from run_helpers import ROOT, SCRIPT, clean_env
 pytestmark = pytest.mark.slow  # a pytest process per platform, in a private mount namespace
 
 NO_PADDLE = "needs paddle, which cannot be imported here (ModuleNotFoundError: No module named 'paddle'). Fix: "
-HOST_ALLOC_IMPORTS_PADDLE = "hook host_alloc raised ModuleNotFoundError: No module named 'paddle'"
-"""PaddlePlatform.host_alloc imports paddle to ask whether it can pin (issue 40, items 1-4, make that pageable
-memory): until then the only failure here, and the one this test lets stand, as an expected failure."""
 PADDLE_VIEWS = 3  # host_alloc's zero-copy paddle view, one test per size
 ALLOCATIONS = 2  # shapes: the shaped layout allocated, bf16 and block-wise fp8
 
@@ -46,14 +43,10 @@ def test_check_on_a_host_with_an_nvidia_node_and_no_paddle_skips_what_needs_padd
     shapes, host_alloc = checks["shapes"], checks["host_alloc"]
     assert (shapes["failed"], shapes["skipped"], shapes["skip_reasons"]) == (0, ALLOCATIONS, [hint]), shapes
     assert host_alloc["skipped"] == PADDLE_VIEWS and host_alloc["skip_reasons"] == [hint], host_alloc
-    pending = [failure for failure in host_alloc["failures"] if HOST_ALLOC_IMPORTS_PADDLE in failure["message"]]
-    assert host_alloc["failures"] == pending, "host_alloc fails here for no other reason"
     assert list(checks) == list(CHECKS)
     failed = {check: result["failures"] for check, result in checks.items() if result["failed"]}
-    assert set(failed) <= {"host_alloc"}, failed
+    assert not failed, failed
     reasons = [reason for result in checks.values() for reason in result["skip_reasons"]]
     needs_paddle = {reason for reason in reasons if "needs paddle" in reason}
     assert needs_paddle <= {hint}, "a test that needs paddle skips naming the platform's install hint"
-    if pending:
-        pytest.xfail(f"{name}: {len(pending)} host_alloc tests: {HOST_ALLOC_IMPORTS_PADDLE} (issue 40, items 1-4)")
     assert done.returncode == 0, done.stdout + done.stderr
