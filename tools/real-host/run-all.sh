@@ -11,7 +11,7 @@ here=$(dirname "$0")
 nvidia-smi -L > "$out/host.log" 2>&1; ls -l /dev/nvidia* >> "$out/host.log" 2>&1
 for pluggy in 1.6.0 1.7.0; do
     target=/tmp/fd-pluggy-$pluggy
-    python3 -m pip install -q --no-index --no-deps --no-compile --target "$target" "$wheels"/pluggy-$pluggy/*.whl
+    python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target "$target" "$wheels"/pluggy-$pluggy/*.whl
     PYTHONPATH=$target "$here/check.sh" "$wheels/after" "after-pluggy-$pluggy" > "$out/after-pluggy-$pluggy.log" 2>&1
 done
 "$here/check.sh" "$wheels/before" "before-host-pluggy" > "$out/before.log" 2>&1
