@@ -7,7 +7,7 @@ KV cache; creators allocate it, the others wait while one cache-manager process 
 memory, and without ``--device-memory`` each plans on an even share of it. With ``--nnodes N``
 this node is one of N running the same command: every rank of every node agrees on the blocks
 through Paddle's collective runtime (:mod:`fd_platforms.engine.cluster`). Progress goes to
-stderr (not with ``--json``). Exit codes: 0, 1 a process (or another node) failed, 2 a configuration or memory
+stderr (not with ``--json``), and after a report the last line says what to try next. Exit codes: 0, 1 a process (or another node) failed, 2 a configuration or memory
 error (also a child's), 130 Ctrl-C, 143 SIGTERM.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 from typing import TYPE_CHECKING, Any
 
 from ..contract.errors import ConfigError
@@ -23,7 +24,7 @@ from ..lifecycle.interrupts import sigint_says_stopping, sigterm_raises
 from ..rules.config.settings import SchedulerConfig
 from ..rules.sizes import format_size
 from .deploy_args import add_deploy_arguments, deploy_config, memory_sizes
-from .output import emit
+from .output import emit, flush_output
 from .table import format_table
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -121,10 +122,26 @@ def run(args: argparse.Namespace) -> int:
         block_count_suffix=block_count_suffix,
         device_ids=run_device_ids(platform.identity, ranks),
     )
+    say = Progress(quiet=args.json)
     with sigterm_raises(), sigint_says_stopping():
-        report = run_lifecycle(spec, Progress(quiet=args.json), platform)
+        report = run_lifecycle(spec, say, platform)
     emit(json.dumps(report.to_json(), indent=2) if args.json else format_report(report))
+    flush_output()  # the report first: the hint is the last line on a terminal too
+    say(next_steps(args))
     return 0
+
+
+def next_steps(args: argparse.Namespace) -> str:
+    """The last line of a run that reported: what to try next, as commands for this deployment."""
+    deployment = ["--config", args.config] if args.config else ["--model", args.model]
+    if args.tp is not None:
+        deployment += ["--tp", str(args.tp)]
+    plan = shlex.join(["fd-platforms", "plan", "--platform", "all", *deployment, "--device-memory"])
+    again = "" if args.cycles else "--cycles 2 clears and re-creates every rank's cache; "
+    return (
+        f"next: {again}{plan} {shlex.quote(args.device_memory) if args.device_memory else 'SIZE'} compares every "
+        "platform's plan; docs/lifecycle.md explains each line"
+    )
 
 
 def _block_count_suffix(suffix: str | None, protocol: str) -> str | None:
