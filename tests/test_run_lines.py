@@ -21,7 +21,7 @@ IMPORTED = re.compile(
 )
 HINT = (
     "fd-platforms: next: --cycles 2 clears and re-creates every rank's cache; fd-platforms plan --platform all "
-    "--model examples/qwen3-30b-a3b --tp 2 --device-memory 256MiB compares every platform's plan; "
+    "--model examples/qwen3-30b-a3b --tp 2 --device-memory 256MiB --role decode compares every platform's plan; "
     "docs/lifecycle.md explains each line"
 )
 
@@ -89,12 +89,15 @@ def hint(*argv: str) -> str:
     return next_steps(args)
 
 
-def test_the_hint_carries_the_deployment_and_drops_what_was_done() -> None:
-    assert hint("--model", QWEN, "--tp", "2", "--device-memory", "256MiB") == HINT.removeprefix("fd-platforms: ")
+def test_the_hint_repeats_the_deployment_flags_given_and_drops_what_was_done() -> None:
+    run_flags = ("--ranks", "1", "--timeout", "60", "--profile")  # run's own: not plan's, never repeated
+    given = hint("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", *run_flags, "--role", "decode")
+    assert given == HINT.removeprefix("fd-platforms: ")
     assert hint("--config", "examples/deploy.toml", "--cycles", "3") == (
         "next: fd-platforms plan --platform all --config examples/deploy.toml --device-memory SIZE compares every "
         "platform's plan; docs/lifecycle.md explains each line"
     )
-    assert "--model 'my models/qwen' --device-memory '80 GiB' compares" in hint(
-        "--model", "my models/qwen", "--device-memory", "80 GiB"
-    )
+    deployment = ("--config", "examples/deploy.toml", "--model", "my models/qwen", "--mtp", "--tp", "4")
+    everything = hint(*deployment, "--memory-utilization", "0.5", "--device-memory", "80 GiB", "--swap-space", "4")
+    assert ("plan --platform all --config examples/deploy.toml --model 'my models/qwen' --mtp --tp 4 "
+            "--memory-utilization 0.5 --device-memory '80 GiB' --swap-space 4 compares") in everything

@@ -2,8 +2,9 @@
 
 Phases, each bounded by the run's timeout: the rule, asked once here (every rank has the same
 inputs, none of which needs a plan), tells whether a cache manager is needed, which then starts
-beside the workers; the workers' plans (the engine sends the minimum across ranks to every
-process); then every worker makes the one public call (``initialize_kv_cache``) and the manager
+beside the workers; the workers' import of Paddle (said when it starts and when every worker is
+done, the run's longest silence); the workers' plans (the engine sends the minimum across ranks to
+every process); then every worker makes the one public call (``initialize_kv_cache``) and the manager
 ``manage_kv_cache`` for the ranks it serves. When ranks
 attach, the driver proves each maps the manager's memory (tokens both ways). ``--cycles N`` clears
 and re-initializes N more times. Whatever happens, leaving :func:`run_lifecycle` stops every child
