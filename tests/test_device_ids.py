@@ -60,18 +60,21 @@ def test_a_layout_names_its_tensors_with_the_physical_id_and_lives_on_the_local_
         build_layout(model, CacheConfig(), ParallelConfig(2, 1), device_id=5, local_device=-1)
 
 
-def test_planning_reads_the_facts_of_the_device_the_tensors_live_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    cpu = select_platform({"FD_PLATFORM": "cpu"}).platform
+def test_planning_reads_the_facts_of_the_device_the_tensors_live_on(
+    make_plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_plugin("twodevices")  # a device platform: on cpu a plan without memory= is refused (the host is the device)
+    platform = select_platform({"FD_PLATFORM": "twodevices"}).platform
     asked: list[int] = []
 
     def device_memory(device_id: int = 0) -> DeviceMemory:
         asked.append(device_id)
         return DeviceMemory(2**34, 2**34, 0, "stand-in")
 
-    monkeypatch.setattr(cpu, "device_memory", device_memory)
+    monkeypatch.setattr(platform, "device_memory", device_memory)
     layout = build_layout(load_model_config(QWEN), CacheConfig(), ParallelConfig(2, 1), device_id=5, local_device=1)
-    cpu.max_num_blocks(layout=layout, cache=CacheConfig(), non_cache_bytes=0, host_memory=2**40)
-    cpu.max_num_blocks(layout=layout, cache=CacheConfig(), device_id=0, non_cache_bytes=0, host_memory=2**40)
+    platform.max_num_blocks(layout=layout, cache=CacheConfig(), non_cache_bytes=0, host_memory=2**40)
+    platform.max_num_blocks(layout=layout, cache=CacheConfig(), device_id=0, non_cache_bytes=0, host_memory=2**40)
     assert asked == [1, 0]
 
 

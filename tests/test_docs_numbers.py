@@ -226,6 +226,15 @@ def test_the_readmes_sample_run_is_what_the_main_job_prints() -> None:
     assert sorted(map(masked, printed)) == sorted(masked(line) for line in sample.splitlines() if line.strip())
 
 
+def test_lifecycle_quotes_the_readmes_import_line() -> None:
+    """The Paddle-import line docs/lifecycle.md quotes is the README's sample run's, seconds and all."""
+    sample = re.findall(r"^```text\n(fd-platforms: platform cpu: .*?)^```", README_TEXT, re.S | re.M)[0]
+    [line] = [line for line in sample.splitlines() if "imported Paddle" in line]
+    assert f"`{line.removeprefix('fd-platforms: ')}`" in LIFECYCLE
+    assert "`importing Paddle in 2 worker(s)`" in LIFECYCLE
+    assert "fd-platforms: importing Paddle in 2 worker(s)" in sample
+
+
 def test_the_readmes_list_sample_is_what_list_prints() -> None:
     """After the first command the four in-repo plugins are installed: the README's rows are theirs (the
     example plugin this venv also holds is left out with FD_PLATFORM_PLUGINS)."""

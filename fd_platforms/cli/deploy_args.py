@@ -7,6 +7,8 @@ and ``--non-cache-memory`` are sizes the commands read themselves (:func:`memory
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from typing import Any
 
 from ..contract.errors import ConfigError
 from ..rules.config.deploy import DeployConfig, deploy_config_from_overrides, load_deploy_config
@@ -17,64 +19,71 @@ from ..rules.decision import DEFAULT_RULE, RULE_VERSIONS, SPLITWISE_ROLES, STORA
 from ..rules.sizes import parse_size
 
 
-def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
+def add_deploy_arguments(parser: argparse.ArgumentParser) -> tuple[argparse.Action, ...]:
     """Add the model, cache, scheduler, parallel and memory flags to ``parser``; the defaults shown
-    are the config records' own (``--config`` values win over them, flags over both)."""
+    are the config records' own (``--config`` values win over them, flags over both). Returns their
+    actions (:func:`given_flags` repeats the ones a command line gave)."""
     cache, parallel, scheduler = CacheConfig(), ParallelConfig(), SchedulerConfig()
-    parser.add_argument("--config", metavar="FILE", help="deployment TOML ([model], [cache], [scheduler], [parallel])")
-    parser.add_argument("--model", metavar="PATH", help="model folder holding a Hugging Face config.json, or the file")
-    parser.add_argument("--attention", choices=ATTENTION_KINDS, help="attention variant (default: inferred from config.json)")
-    parser.add_argument("--mtp", action="store_true", default=None, help="add the model's MTP layers to the cache")
-    parser.add_argument("--tp", type=int, metavar="N", help=f"tensor-parallel size (default: {parallel.tensor_parallel_size})")
-    parser.add_argument("--block-size", type=int, metavar="N", help=f"tokens per block (default: {cache.block_size})")
-    parser.add_argument(
-        "--cache-dtype", choices=CACHE_DTYPE_WORDS, help=f"cache element type (default: {cache.cache_dtype})"
-    )
-    parser.add_argument(
-        "--kv-cache-quant-type", choices=QUANT_WORDS, help=f"cache quantization (default: {cache.kv_cache_quant_type})"
-    )
-    parser.add_argument(
+    added: list[argparse.Action] = []
+
+    def add(*flags: str, **options: Any) -> None:
+        added.append(parser.add_argument(*flags, **options))
+
+    add("--config", metavar="FILE", help="deployment TOML ([model], [cache], [scheduler], [parallel])")
+    add("--model", metavar="PATH", help="model folder holding a Hugging Face config.json, or the file")
+    add("--attention", choices=ATTENTION_KINDS, help="attention variant (default: inferred from config.json)")
+    add("--mtp", action="store_true", default=None, help="add the model's MTP layers to the cache")
+    add("--tp", type=int, metavar="N", help=f"tensor-parallel size (default: {parallel.tensor_parallel_size})")
+    add("--block-size", type=int, metavar="N", help=f"tokens per block (default: {cache.block_size})")
+    add("--cache-dtype", choices=CACHE_DTYPE_WORDS, help=f"cache element type (default: {cache.cache_dtype})")
+    add("--kv-cache-quant-type", choices=QUANT_WORDS, help=f"cache quantization (default: {cache.kv_cache_quant_type})")
+    add(
         "--memory-utilization", type=float, metavar="F",
         help=f"fraction of device memory the process may use, weights and cache (default: {cache.memory_utilization})",
     )  # fmt: skip
-    parser.add_argument(
+    add(
         "--device-memory", metavar="SIZE",
         help="device memory per rank: 80GiB, 81920MiB, 80GB (powers of 1000) or bytes (default: the device's live facts)",
     )  # fmt: skip
-    parser.add_argument(
+    add(
         "--non-cache-memory", metavar="SIZE",
         help="memory held outside the cache: weights + activation peak (default: what the process holds now, "
         "0 before the model is loaded: weights are then not counted)",
     )  # fmt: skip
-    parser.add_argument(
+    add(
         "--swap-space", metavar="SIZE",
         help="host swap space per rank (vLLM's 'per GPU'; FastDeploy converts its swap_space for the instance): "
         "GiB as a bare number, as their swap_space is, or a size such as 512MiB (default: 0, none)",
     )  # fmt: skip
-    parser.add_argument(
-        "--host-memory", metavar="SIZE", help="host memory the swap space must fit in (default: this host's total)"
-    )
-    parser.add_argument(
-        "--num-gpu-blocks-override", type=int, metavar="N", help="use exactly N blocks (default: what memory allows)"
-    )
-    parser.add_argument(
+    add("--host-memory", metavar="SIZE", help="host memory the swap space must fit in (default: this host's total)")
+    add("--num-gpu-blocks-override", type=int, metavar="N", help="use exactly N blocks (default: what memory allows)")
+    add(
         "--num-gpu-block-expand-ratio", type=float, metavar="F",
         help="device blocks of the MTP layers per main-layer block, FastDeploy's int(num_blocks * F) "
         f"(default: {cache.num_gpu_block_expand_ratio:g}; with --mtp)",
     )  # fmt: skip
-    parser.add_argument(
+    add(
         "--rule", choices=tuple(RULE_VERSIONS),
         help=f"the create-or-attach rule's version the engine pins (default: {DEFAULT_RULE}; with --protocol fastdeploy "
         "it must be pinned where the versions disagree; fd-platforms rules shows them)",
     )  # fmt: skip
-    parser.add_argument("--role", choices=SPLITWISE_ROLES, help=f"splitwise role (default: {scheduler.splitwise_role})")
-    parser.add_argument(
+    add("--role", choices=SPLITWISE_ROLES, help=f"splitwise role (default: {scheduler.splitwise_role})")
+    add(
         "--protocol", choices=PROTOCOLS,
         help=f"the processes' signals and tensor handles: ours, or FastDeploy's own (default: {scheduler.protocol})",
     )  # fmt: skip
-    parser.add_argument(
-        "--storage-backend", choices=("none", *STORAGE_BACKENDS), help="KV cache storage backend (default: none)"
-    )
+    add("--storage-backend", choices=("none", *STORAGE_BACKENDS), help="KV cache storage backend (default: none)")
+    return tuple(added)
+
+
+def given_flags(args: argparse.Namespace, actions: Sequence[argparse.Action]) -> list[str]:
+    """The flags of ``actions`` that ``args`` holds a value for, as a command line would repeat them."""
+    flags: list[str] = []
+    for action in actions:
+        value = getattr(args, action.dest)
+        if value is not None:
+            flags += [action.option_strings[0]] if action.nargs == 0 else [action.option_strings[0], str(value)]
+    return flags
 
 
 def deploy_config(args: argparse.Namespace) -> DeployConfig:

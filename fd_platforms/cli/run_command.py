@@ -7,8 +7,9 @@ KV cache; creators allocate it, the others wait while one cache-manager process 
 memory, and without ``--device-memory`` each plans on an even share of it. With ``--nnodes N``
 this node is one of N running the same command: every rank of every node agrees on the blocks
 through Paddle's collective runtime (:mod:`fd_platforms.engine.cluster`). Progress goes to
-stderr (not with ``--json``). Exit codes: 0, 1 a process (or another node) failed, 2 a configuration or memory
-error (also a child's), 130 Ctrl-C, 143 SIGTERM.
+stderr (not with ``--json``), and after a report the last line says what to try next. Exit codes: 0,
+1 a process (or another node) failed, 2 a configuration or memory error (also a child's), 130 Ctrl-C,
+143 SIGTERM.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 from typing import TYPE_CHECKING, Any
 
 from ..contract.errors import ConfigError
 from ..lifecycle.interrupts import sigint_says_stopping, sigterm_raises
 from ..rules.config.settings import SchedulerConfig
 from ..rules.sizes import format_size
-from .deploy_args import add_deploy_arguments, deploy_config, memory_sizes
-from .output import emit
+from .deploy_args import add_deploy_arguments, deploy_config, given_flags, memory_sizes
+from .output import emit, flush_output
 from .table import format_table
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -35,7 +37,7 @@ MAX_CYCLES = 100_000
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser = commands.add_parser("run", help="run the KV cache start-up lifecycle across processes, with a report")
-    add_deploy_arguments(parser)
+    deployment = add_deploy_arguments(parser)
     parser.add_argument("--ranks", type=int, metavar="N", help="local ranks, one worker process each (default: --tp)")
     parser.add_argument("--profile", action="store_true", help="a profiling run: every worker creates its cache")
     parser.add_argument(
@@ -66,7 +68,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "from its other signals (its workers' engine_pid; default: the run's signal suffix)",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the report as JSON, without progress lines")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, deployment=deployment)  # the deployment flags, repeated in the next-step line
     return parser
 
 
@@ -121,10 +123,21 @@ def run(args: argparse.Namespace) -> int:
         block_count_suffix=block_count_suffix,
         device_ids=run_device_ids(platform.identity, ranks),
     )
+    say = Progress(quiet=args.json)
     with sigterm_raises(), sigint_says_stopping():
-        report = run_lifecycle(spec, Progress(quiet=args.json), platform)
+        report = run_lifecycle(spec, say, platform)
     emit(json.dumps(report.to_json(), indent=2) if args.json else format_report(report))
+    flush_output()  # the report first: the hint is the last line on a terminal too
+    say(next_steps(args))
     return 0
+
+
+def next_steps(args: argparse.Namespace) -> str:
+    """The last line of a run that reported: what to try next, as commands for this deployment."""
+    plan = shlex.join(["fd-platforms", "plan", "--platform", "all", *given_flags(args, args.deployment)])
+    again = "" if args.cycles else "--cycles 2 clears and re-creates every rank's cache; "
+    size = "" if args.device_memory is not None else " --device-memory SIZE"
+    return f"next: {again}{plan}{size} compares every platform's plan; docs/lifecycle.md explains each line"
 
 
 def _block_count_suffix(suffix: str | None, protocol: str) -> str | None:

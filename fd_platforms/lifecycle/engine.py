@@ -2,8 +2,9 @@
 
 Phases, each bounded by the run's timeout: the rule, asked once here (every rank has the same
 inputs, none of which needs a plan), tells whether a cache manager is needed, which then starts
-beside the workers; the workers' plans (the engine sends the minimum across ranks to every
-process); then every worker makes the one public call (``initialize_kv_cache``) and the manager
+beside the workers; the workers' import of Paddle (said when it starts and when every worker is
+done, the run's longest silence); the workers' plans (the engine sends the minimum across ranks to
+every process); then every worker makes the one public call (``initialize_kv_cache``) and the manager
 ``manage_kv_cache`` for the ranks it serves. When ranks
 attach, the driver proves each maps the manager's memory (tokens both ways). ``--cycles N`` clears
 and re-initializes N more times. Whatever happens, leaving :func:`run_lifecycle` stops every child
@@ -93,6 +94,17 @@ class _Run:
     @property
     def everyone(self) -> list[Child]:
         return self.workers if self.manager is None else [self.manager, *self.workers]  # a failing manager first
+
+    def import_paddle(self, since: float) -> None:
+        """Wait until every worker has imported Paddle (the run's longest silence), saying so at the
+        start and the end, then ask each for its plan: the end's line comes before any plan's."""
+        self.say(f"importing Paddle in {len(self.workers)} worker(s)")
+        imported = self.children.collect(self.workers, "imported", self.spec.timeout)
+        self.say(
+            f"{len(self.workers)} worker(s) imported Paddle {time.monotonic() - since:.3f} s after they were started "
+            f"(import paddle itself: {max(imported.values()):.3f} s in the slowest)"
+        )
+        self.children.send(self.workers, "plan")
 
     def initialize(self) -> tuple[dict[Child, WorkerResult], tuple[Allocation, ...], bool | None]:
         """Every rank's cache, created or attached; with a manager, the tokens' proof both ways."""
@@ -211,6 +223,7 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
     signals = EngineSignals(spec)
     try:
         with signals, Children() as children:
+            spawned = time.monotonic()
             workers = [children.start(f"rank {rank}", worker_main, spec, rank, signals.name) for rank in range(spec.ranks)]
             pids = ", ".join(str(worker.pid) for worker in workers)
             say(f"platform {spec.platform}: started {spec.ranks} worker(s) (pid {pids}), {signals.describe()}")
@@ -221,6 +234,7 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
                 side = ": it attaches to the workers' caches to hold their host swap space" if workers_create else ""
                 say(f"starting the cache manager (pid {run.manager.pid}) for rank(s) "
                     f"{', '.join(map(str, run.attaching))}{side}")  # fmt: skip
+            run.import_paddle(spawned)
             # across nodes a worker's own bound (its join) must end first: it names the node that is missing
             planned = children.collect(workers, "plan", spec.timeout + (0 if spec.nodes is None else MARGIN_SECONDS))
             agreement: Agreement | None = planned[workers[0]][2]

@@ -1,9 +1,11 @@
 """The worker process of one local rank: plan, then the public engine call, then what the engine asks.
 
-Paddle is imported first, while the ranks plan in parallel, so that a rank told to wait for a
-cache manager already waits by the time that manager could fail. Messages with the engine, in
-order: send ``("plan", (plan, seconds, agreement, join_seconds))`` (the agreement across nodes and
-the seconds joining them took, None on one node); receive ``("final",
+Paddle is imported first, in parallel across ranks, so that a rank told to wait for a cache
+manager already waits by the time that manager could fail. Messages with the engine, in order:
+send ``("imported", seconds)`` (the seconds ``import paddle`` took); receive ``("plan", None)`` (sent
+once every worker has imported, so the engine's line saying so comes before any plan's); send
+``("plan", (plan, seconds, agreement, join_seconds))`` (the agreement across nodes and the seconds
+joining them took, None on one node); receive ``("final",
 (plan, manager_pid))`` (the minimum across ranks, and the cache manager's pid when there is one);
 call :func:`~fd_platforms.engine.initialize_kv_cache`, which creates or attaches; send ``("ready",
 WorkerResult)``. Then serve until ``("stop", None)``: ``verify`` (an attacher reads the cache
@@ -62,7 +64,10 @@ def rank_memory(spec: RunSpec, platform: Platform, rank: int) -> DeviceMemory:
 
 
 def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, signal_name: str) -> None:
+    started = time.monotonic()
     import_paddle()  # before planning, in parallel across ranks: once "final" comes, a rank acts at once
+    conn.send(("imported", time.monotonic() - started))
+    expect(conn, "plan", spec.timeout)
     platform = child_platform(spec)
     started = time.monotonic()
     layout = spec.layout(rank)

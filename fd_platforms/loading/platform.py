@@ -43,7 +43,7 @@ from ..contract.types import (
     PlatformLimit,
     SharedTensor,
 )
-from ..kit.host_memory import check_host_nbytes, host_bytes_for_swap
+from ..kit.host_memory import check_host_nbytes, host_bytes_for_swap, system_memory
 from ..rules.decision import DEFAULT_RULE, DecisionInputs, decide_cache_creation
 from ..rules.drift import DecisionDrift, drift_error, plan_drift_error, refuse_drift, shape_drift_error
 from ..rules.sizes import parse_size
@@ -175,15 +175,25 @@ class Platform:
         ``device_id``, None: ``layout.local_device``, the device the rank's tensors live on), for ``layout`` as
         this platform stores it (:meth:`~fd_platforms.rules.layout.CacheLayout.on_device_type`).
 
+        Where the device is the host (cpu), ``memory`` is required, ``device_id`` or not: the live facts
+        would be the whole host's, so its absence is a ConfigError naming the host's memory, before any hook.
         The plan must keep the planner's invariants (:func:`~fd_platforms.rules.planner.plan_violations`),
         and its host swap space must fit in ``host_memory`` bytes (default: this host's total).
         """
-        from ..rules.planner import check_host_swap, check_plan_arguments, plan_violations
+        from ..rules.planner import (
+            check_host_swap,
+            check_plan_arguments,
+            host_memory_not_given,
+            plan_violations,
+            shares_one_device,
+        )
 
         check_plan_arguments(layout, cache, memory, non_cache_bytes)
-        layout = layout.on_device_type(self.identity.device_type)  # the core's platform facts: bytes may change
         if host_memory is not None:
             host_memory = parse_size(host_memory, "host_memory")
+        if memory is None and shares_one_device(self.identity.device_type):
+            raise host_memory_not_given(self.name, system_memory(), cache.memory_utilization, device_id)
+        layout = layout.on_device_type(self.identity.device_type)  # the core's platform facts: bytes may change
         if memory is None:
             memory = self.device_memory(layout.local_device if device_id is None else device_id)
         limits = self.declared_limits()

@@ -318,6 +318,24 @@ def memory_per_rank(live: DeviceMemory, device_type: str, ranks: int) -> DeviceM
     return shared_by(live, ranks) if shares_one_device(device_type) else live
 
 
+def host_memory_not_given(platform: str, host: DeviceMemory, utilization: float, device_id: int | None) -> ConfigError:
+    """The error for a plan without ``memory=`` on a platform whose device is the host (cpu): its live
+    facts are the whole ``host``'s, and a plan on them would give one rank's cache nearly all of it."""
+    available = "unknown" if host.free_bytes is None else format_size(host.free_bytes)
+    alone = ""
+    if device_id is not None:
+        alone = f"; device_id={device_id} alone only picks whose live facts are read, and the one device is the host"
+    return ConfigError(
+        "memory",
+        None,
+        f"the memory to plan on, as a DeviceMemory: on platform {platform} the live facts are this host's memory "
+        f"({format_size(host.total_bytes)} total, {available} available, from {host.source}), and a plan on them "
+        f"gives this one rank's KV cache memory_utilization={utilization:g} of it{alone}",
+        "pass memory=DeviceMemory(total_bytes=..., free_bytes=None, process_bytes=None, source=...) sized for the "
+        "cache you mean; to plan on the whole host on purpose, pass memory=platform.device_memory(0)",
+    )
+
+
 def shared_by(memory: DeviceMemory, ranks: int) -> DeviceMemory:
     """One device's ``memory`` (on cpu: the host's) as each of ``ranks`` ranks sharing it plans on:
     an even share of total and free memory, so the ranks together stay within the device."""

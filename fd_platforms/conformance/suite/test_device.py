@@ -30,8 +30,8 @@ def test_a_device_it_does_not_have_is_a_config_error(fd_platform: Platform, fd_p
 @hooks("device_memory", "max_num_blocks")
 def test_plan_on_live_facts_fits_free_memory(fd_platform: Platform, fd_platform_hardware: Detection) -> None:
     cache = CacheConfig(memory_utilization=0.5)
-    plan = fd_platform.max_num_blocks(layout=small_layout(cache), cache=cache, device_id=0)
-    facts = fd_platform.device_memory(0)
+    facts = fd_platform.device_memory(0)  # given as memory=: on cpu a plan never reads the host's facts by itself
+    plan = fd_platform.max_num_blocks(layout=small_layout(cache), cache=cache, memory=facts)
     assert plan.num_blocks * plan.bytes_per_block <= plan.budget_bytes
     if facts.free_bytes is not None:
         assert plan.budget_bytes <= facts.free_bytes
