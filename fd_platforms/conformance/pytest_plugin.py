@@ -28,7 +28,7 @@ from ..contract.paddle_import import import_paddle
 from ..contract.types import Detection
 from ..kit.paddle_platform import PaddlePlatform
 from ..kit.placement import check_placeable
-from ..kit.probes import RuntimeFacts
+from ..kit.probes import stated_fact
 from ..loading.discovery import discover
 from ..loading.isolation import call_plugin
 from ..loading.watchdog import detect_bound
@@ -211,6 +211,4 @@ def fd_platform_placeable(fd_platform: Platform, fd_paddle: ModuleType) -> str:
 def install_hint(platform: Platform) -> str:
     """What the plugin states a user runs to get its runtime (a :class:`RuntimeFacts` record's field, read
     without running plugin code), else :data:`PADDLE_HINT`."""
-    plugin = platform.manager.get_plugin(platform.name)
-    hint = vars(plugin).get("install_hint") if isinstance(plugin, RuntimeFacts) else None
-    return hint if isinstance(hint, str) and hint.strip() else PADDLE_HINT
+    return stated_fact(platform.manager.get_plugin(platform.name), "install_hint") or PADDLE_HINT

@@ -44,6 +44,14 @@ def visible_count(physical: int, env_var: str, environ: Mapping[str, str]) -> in
     return min(negative, physical)
 
 
+def stated_fact(plugin: object, name: str) -> str | None:
+    """The text a :class:`RuntimeFacts` record states in its field ``name`` (``device_glob``,
+    ``install_hint``), read from the record's own fields so no plugin code runs (no property, no
+    ``__getattr__``); None for another object, or a field that is not non-empty text."""
+    value = vars(plugin).get(name) if isinstance(plugin, RuntimeFacts) else None
+    return value if isinstance(value, str) and value.strip() else None
+
+
 @dataclass(frozen=True)
 class RuntimeFacts:
     """What a device platform plugin states about its runtime; the record answers the identity and

@@ -20,7 +20,7 @@ import glob
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..kit.probes import RuntimeFacts, visible_count
+from ..kit.probes import stated_fact, visible_count
 
 
 @dataclass(frozen=True)
@@ -85,15 +85,12 @@ class NodeClaim:
 
 
 def node_claim(plugin: object) -> NodeClaim | None:
-    """What a plugin object states about device nodes: a ``RuntimeFacts`` record's ``device_glob``,
-    read from the record's fields (no plugin code runs), or None."""
-    if not isinstance(plugin, RuntimeFacts):
+    """What a plugin object states about device nodes: a ``RuntimeFacts`` record's ``device_glob``
+    under ``/dev`` and its visibility variable (no plugin code runs), or None."""
+    pattern = stated_fact(plugin, "device_glob")
+    if pattern is None or not pattern.startswith("/dev/"):
         return None
-    fields = vars(plugin)
-    pattern, env = fields.get("device_glob"), fields.get("visible_devices_env")
-    if not isinstance(pattern, str) or not pattern.startswith("/dev/"):
-        return None
-    return NodeClaim(pattern, env if isinstance(env, str) else None)
+    return NodeClaim(pattern, stated_fact(plugin, "visible_devices_env"))
 
 
 @dataclass(frozen=True)
