@@ -64,9 +64,9 @@ def rank_memory(spec: RunSpec, platform: Platform, rank: int) -> DeviceMemory:
 
 
 def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, signal_name: str) -> None:
-    started = time.monotonic()
+    importing = time.monotonic()
     import_paddle()  # before planning, in parallel across ranks: once "final" comes, a rank acts at once
-    conn.send(("imported", time.monotonic() - started))
+    conn.send(("imported", time.monotonic() - importing))
     expect(conn, "plan", spec.timeout)
     platform = child_platform(spec)
     started = time.monotonic()

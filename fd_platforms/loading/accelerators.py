@@ -109,9 +109,8 @@ class PresentAccelerator:
 
     def describe(self) -> str:
         """``NVIDIA devices are present here (/dev/nvidia0, /dev/nvidia1)``."""
-        shown = ", ".join(self.nodes[:4]) + (f" and {len(self.nodes) - 4} more" if len(self.nodes) > 4 else "")
         what = f"{self.vendor} devices" if self.vendor else f"devices that platform {self.platforms[0]} drives"
-        return f"{what} are present here ({shown})"
+        return f"{what} are present here ({shown(self.nodes)})"
 
 
 @dataclass(frozen=True)
@@ -122,6 +121,16 @@ class Hidden:
     nodes: tuple[str, ...]
     variable: str
     value: str
+
+    def describe(self) -> str:
+        """``NVIDIA devices /dev/nvidia0 hidden by CUDA_VISIBLE_DEVICES=''``."""
+        what = f"{self.vendor} devices" if self.vendor else "device nodes"
+        return f"{what} {shown(self.nodes)} hidden by {self.variable}={self.value!r}"
+
+
+def shown(nodes: tuple[str, ...]) -> str:
+    """Device nodes as a message names them: the first four, and how many more."""
+    return ", ".join(nodes[:4]) + (f" and {len(nodes) - 4} more" if len(nodes) > 4 else "")
 
 
 def find_nodes(pattern: str) -> tuple[str, ...]:
@@ -137,7 +146,8 @@ def present_accelerators(
     ``claims``: each installed plugin's statement, by platform name; a plugin whose nodes overlap a
     known accelerator's joins that one.
     """
-    claimed = {name: find_nodes(claim.glob) for name, claim in (claims or {}).items()}
+    claims = claims or {}
+    claimed = {name: find_nodes(claim.glob) for name, claim in claims.items()}
     present: list[PresentAccelerator] = []
     hidden: list[Hidden] = []
 
@@ -160,5 +170,5 @@ def present_accelerators(
         consider(known.vendor, nodes, known.visible_devices_env, (known.platform, *joining), known.distribution)
     for name, nodes in claimed.items():
         if nodes:
-            consider(None, nodes, (claims or {})[name].visible_devices_env, (name,), None)
+            consider(None, nodes, claims[name].visible_devices_env, (name,), None)
     return tuple(present), tuple(hidden)

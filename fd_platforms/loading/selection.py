@@ -34,7 +34,7 @@ from ..contract.errors import (
     UnknownPlatformError,
 )
 from ..contract.types import Detection, PlatformReport, SelectedHow
-from .accelerators import Hidden, NodeClaim, PresentAccelerator, node_claim, present_accelerators
+from .accelerators import NodeClaim, PresentAccelerator, node_claim, present_accelerators
 from .discovery import Candidate, discover
 from .platform import Platform, load_platform
 from .screening import screen
@@ -239,7 +239,7 @@ def select_platform(environ: Mapping[str, str] | None = None, prober: Prober | N
     parts = [
         f"{', '.join(unavailable)} not available" if unavailable else "",
         f"{', '.join(broken)} broken" if broken else "",
-        *(_hidden_text(found) for found in hidden),
+        *(found.describe() for found in hidden),
     ]
     reason = "no accelerator platform detected: " + ("; ".join(part for part in parts if part) or "no plugin considered")
     logger.info("using the built-in cpu platform (%s)", reason)
@@ -273,11 +273,6 @@ def _why_not(
         return f"{label} is excluded by {ENV_PLUGINS}={env.get(ENV_PLUGINS)!r}. Fix: add {name} to it"
     probe = prober.probes[name]  # every allowed plugin was probed before the fallback
     return f"{label} is {'broken' if probe.error is not None else 'unavailable'}: {probe.reason}"
-
-
-def _hidden_text(hidden: Hidden) -> str:
-    what = f"{hidden.vendor} devices" if hidden.vendor else "device nodes"
-    return f"{what} {', '.join(hidden.nodes[:4])} hidden by {hidden.variable}={hidden.value!r}"
 
 
 def _select_requested(requested: str, allowed: list[str], prober: Prober, env: Mapping[str, str]) -> Selection:
