@@ -600,7 +600,7 @@ def test_an_xpu_cache_published_the_fastdeploy_way_is_read_by_fastdeploys_xpu_re
     platform, suffix = registered("xpu", xpu_paddle(ipc=ipc)), f"t{secrets.token_hex(4)}"
     layout = dataclasses.replace(qwen_layout(), rank=secrets.randbelow(900) + 100, num_layers=1)  # names of its own
     with FastDeploySignal.create(CACHE_READY, suffix, layout.rank + 1):
-        created = export_kv_cache(platform, layout, 2, suffix, protocol=FASTDEPLOY, attacher_expected=False)
+        created = export_kv_cache(platform, layout, 2, suffix, protocol=FASTDEPLOY, attachers=0)
         try:
             for index, name in enumerate(layout.names()[:2]):
                 handle, data_ptr_addr = read_xpu_record(name)

@@ -52,7 +52,7 @@ from ..ipc.process_watch import process_uid
 from ..kit.device_facts import raw_ipc_handle
 from ..kit.host_sharing import handle_pid
 from ..kit.vendor_device import HANDLE_BYTES, handle_bytes, handle_text
-from .fastdeploy_attachers import make_mark, mark_prefix, reclaim_marks
+from .fastdeploy_marks import Attachers, attacher_prefix, look, make_attacher_mark, make_creator_mark, remove_dead, stale_creator
 from .fastdeploy_records import RecordLayout, record_layout
 from .publication import POLL_SECONDS, PublishedTensor
 
@@ -184,15 +184,15 @@ class FastDeployHandles:
 
     The same surface as :class:`~fd_platforms.engine.publication.Publication`: ``tensors``,
     ``creator``, ``creator_pid`` (the process the handles name, where they name one),
-    :meth:`retract` and :meth:`let_go`. ``attacher_expected``: whether a creator's clear waits for an
-    attacher's let-go in the ``cache_ready_signal`` slot (see the module docstring).
+    :meth:`retract`, :meth:`let_go` and :meth:`withdraw`. ``attachers``: how many processes attach the rank
+    (0: none, so a creator's clear waits for no let-go; :func:`~.fastdeploy_marks.attachers_per_rank`).
     """
 
     def __init__(self, suffix: str, rank: int, tensors: tuple[PublishedTensor, ...],
-                 segments: list[shm.Segment], *, creator: bool, attacher_expected: bool = False,
+                 segments: list[shm.Segment], *, creator: bool, attachers: int = 0,
                  mark: shm.Segment | None = None) -> None:  # fmt: skip
         self.suffix, self.rank, self.tensors, self.creator = suffix, rank, tensors, creator
-        self.attacher_expected, self._mark = attacher_expected, mark
+        self.attachers, self._mark = attachers, mark
         self.name = f"{tensors[0].name} and {len(tensors) - 1} more" if tensors else f"rank {rank}'s records"
         self.creator_pid = _named_pid(tensors)
         self._held = segments
@@ -200,39 +200,47 @@ class FastDeployHandles:
 
     @classmethod
     def create(
-        cls, suffix: str, rank: int, tensors: Sequence[PublishedTensor], platform: str, *, attacher_expected: bool
+        cls, suffix: str, rank: int, tensors: Sequence[PublishedTensor], platform: str, *, attachers: int
     ) -> FastDeployHandles:
-        """Write every tensor's record in ``platform``'s layout (this process holds them); on failure none is left.
-        Marks of attachers of ours that died before (unheld) are removed: at the next clear they would pass for
-        an attacher of this publication gone without letting go."""
+        """Write every tensor's record in ``platform``'s layout (this process holds them, and a creator mark of
+        its own: :mod:`.fastdeploy_marks`); on failure none is left. Records another process may still own are
+        refused (:func:`_check_not_published`). Marks of attachers of ours that died before are removed: at the
+        next clear they would pass for attachers of this publication gone without letting go."""
         check_suffix(suffix)
         records = [(tensor.name, encode_handle(tensor.name, tensor.handle, platform, tensor.address))
                    for tensor in tensors]  # fmt: skip
+        if records:
+            _check_not_published(suffix, rank, records[0][0], len(records), platform)
         held: list[shm.Segment] = []
         try:
             for name, record in records:
                 segment = _record_segment(name, platform)
                 held.append(segment)
                 os.pwrite(segment.fd, record, 0)
+            if records:
+                held.append(make_creator_mark(*records[0]))
         except BaseException:
             _release(held, os.getpid())
             raise
-        handles = cls(suffix, rank, tuple(tensors), held, creator=True, attacher_expected=attacher_expected)
-        handles._reclaim_dead_marks()
+        handles = cls(suffix, rank, tuple(tensors), held, creator=True, attachers=attachers)
+        remove_dead(look(suffix, rank))
         return handles
 
     @classmethod
-    def open(cls, suffix: str, rank: int, expected: Sequence[PublishedTensor], platform: str) -> FastDeployHandles:
+    def open(
+        cls, suffix: str, rank: int, expected: Sequence[PublishedTensor], platform: str, *, attachers: int = 1
+    ) -> FastDeployHandles:
         """Read the handle of every tensor of ``expected`` (names, shapes and dtypes are the attacher's own) from
         ``platform``'s records (on XPU the handle, as FastDeploy's transfer manager opens it, not the address),
-        and hold the first record (shared) and a mark of its own (:mod:`.fastdeploy_attachers`) until
-        :meth:`let_go`, so the creator waits for this process while it lives. A failed open lets go at once."""
+        and hold the first record (shared) and a mark of its own (:mod:`.fastdeploy_marks`, saying ``attachers``)
+        until :meth:`let_go`, so the creator waits for this process while it lives. A failed open withdraws at
+        once: it never got the cache, so it never writes the slot another attacher may hold."""
         check_suffix(suffix)
-        mark = make_mark(expected[0].name) if expected else None  # first: a death from here on is seen
+        mark = make_attacher_mark(suffix, rank, attachers) if expected else None  # first: a death from here on is seen
         try:
             return cls._open(suffix, rank, expected, platform, mark)
         except BaseException:
-            _let_go(suffix, rank, mark)
+            _remove_mark(mark)
             raise
 
     @classmethod
@@ -259,20 +267,26 @@ class FastDeployHandles:
         mark and drop its hold on the first record. Idempotent. (At exit without it only the holds go: the
         mark stays, unheld, and the creator knows the attacher of ours is gone.)"""
         if self._mark is not None:
-            _let_go(self.suffix, self.rank, self._mark)
-            self._mark = None
+            _reset_slot(self.suffix, self.rank)
+        self.withdraw()
+
+    def withdraw(self) -> None:
+        """An attach that failed after the records were read: its mark removed and its holds dropped, the slot left
+        as it is (it never got the cache; another attacher may hold the slot). Idempotent."""
+        _remove_mark(self._mark)
+        self._mark = None
         _release(self._held, None)
         self._at_exit.detach()
 
     def retract(self, timeout: float) -> None:
-        """The creator's clear: wait (at most ``timeout`` s in all) until the rank's attacher has reset its
+        """The creator's clear: wait (at most ``timeout`` s in all) until the rank's attachers have reset its
         ``cache_ready_signal`` slot to 0 (where one is expected) and no attacher of ours holds the first
-        record, then unlink the records. A :class:`CacheInUseError` naming the rank otherwise, with
-        everything left in place."""
+        record, then unlink the records. A :class:`CacheInUseError` naming the rank and whom it waits for
+        otherwise, with everything left in place."""
         if not self._held:
             return
         deadline = time.monotonic() + timeout
-        if self.attacher_expected:
+        if self.attachers:
             self._wait_for_let_go(timeout)
         first = self._held[0]
         first.close()  # our own lock dropped: what remains are attachers' locks
@@ -285,91 +299,146 @@ class FastDeployHandles:
                 if probe.unused():
                     probe.unlink()
                     break
+                holders = shm.flock_holders(probe.inode)
             finally:
                 probe.close()
             if time.monotonic() >= deadline:
                 self._held[0] = shm.Segment.open(first.name, first.size)  # hold it again: still published
                 raise CacheInUseError(
                     f"rank {self.rank}'s KV cache is still attached by a process of fd-platforms after {timeout:g} s "
-                    f"(it holds /dev/shm/{first.name}), so nothing was freed. Fix: clear that process's cache first "
-                    "(KVCache.clear()), or stop it",
+                    f"({_pids(holders)} holds /dev/shm/{first.name}), so nothing was freed. Fix: clear that process's "
+                    "cache first (KVCache.clear()), or stop it",
                     (self.rank,),
                 )
             time.sleep(POLL_SECONDS)
         self._held.pop(0)
         _release(self._held, os.getpid())
         self._at_exit.detach()
-        self._reclaim_dead_marks()
+        remove_dead(look(self.suffix, self.rank))
+
+    def attachers_now(self) -> Attachers:
+        """The rank's attachers of ours as a creator sees them: the marks, and the processes other than this one
+        that hold its first record (an attacher of ours holds it even where its mark was removed)."""
+        holders = shm.flock_holders(self._held[0].inode) - {os.getpid()} if self._held else set()
+        return look(self.suffix, self.rank, also_living=holders)
+
+    def released_by_death(self) -> bool:
+        """Whether the rank's slot stands released by the death of every attacher it can have, all of ours
+        (:attr:`~.fastdeploy_marks.Attachers.released_by_death`); never for a creator nobody attaches."""
+        return bool(self.attachers) and self.creator and self.attachers_now().released_by_death
 
     def _wait_for_let_go(self, timeout: float) -> None:
-        """Wait for the slot to go 0; an attacher of ours that is gone without letting go (its mark is unheld:
-        SIGKILLed, or died in its attach) and no living one: its slot is reset for it, with a WARNING."""
-        living: list[str] = []
+        """Wait for the slot to go 0. Where it stands released by death (every attacher the deployment can have is
+        one of ours gone without letting go: SIGKILLed, or died in its attach), it is reset for them, with a
+        WARNING; a dead mark beside an attacher that may be FastDeploy's, which holds nothing, is waited past."""
+        seen = Attachers((), (), self.attachers)
         next_look = 0.0
 
         def tend() -> None:
-            nonlocal living, next_look
+            nonlocal seen, next_look
             if time.monotonic() < next_look:
                 return
             next_look = time.monotonic() + MARK_LOOK_SECONDS
-            living, dead = self._reclaim_dead_marks()
-            if dead and not living and signal.get(self.rank) != 0:
+            seen = self.attachers_now()
+            if seen.released_by_death and signal.get(self.rank) != 0:
                 logger.warning(
-                    "rank %d's attacher of fd-platforms (%s) is gone without letting go (killed, or its attach "
-                    "failed): its slot in %s is reset for it and its KV cache freed", self.rank, ", ".join(dead),
-                    signal.name,
-                )
+                    "rank %d's attacher of fd-platforms (%s) is gone without letting go (killed, or died in its "
+                    "attach), and no other process can be attached (%d per rank here): its slot in %s is reset for it "
+                    "and its KV cache freed", self.rank, seen.describe_dead(), seen.per_rank, signal.name,
+                )  # fmt: skip
                 signal.set(self.rank, 0)
+                remove_dead(seen)
 
         with FastDeploySignal.attach(CACHE_READY, self.suffix) as signal:
             try:
                 signal.wait_for(self.rank, 0, timeout, what=f"rank {self.rank}'s creator waiting for its attacher",
                                 tend=tend)  # fmt: skip
             except SignalWaitError:
-                raise CacheInUseError(_still_attached(self, signal.name, living, timeout), (self.rank,)) from None
-
-    def _reclaim_dead_marks(self) -> tuple[list[str], list[str]]:
-        """The rank's attachers of ours (living, dead); the dead ones' marks removed, each named in a WARNING."""
-        if not self.tensors:
-            return [], []
-        living, dead = reclaim_marks(self.tensors[0].name)
-        for pid in dead:
-            logger.warning("removed the mark of rank %d's attacher %s of fd-platforms, gone without letting go",
-                           self.rank, pid)  # fmt: skip
-        return living, dead
+                raise CacheInUseError(_still_attached(self, signal.name, seen, timeout), (self.rank,)) from None
 
 
-def _still_attached(handles: FastDeployHandles, signal: str, living: list[str], timeout: float) -> str:
-    """Why a creator's wait for its attacher's let-go failed: which attacher holds on, and the way out."""
+def _still_attached(handles: FastDeployHandles, signal: str, seen: Attachers, timeout: float) -> str:
+    """Why a creator's wait for its attachers' let-go failed: whom it waits for, and the way out."""
     said = f"rank {handles.rank}'s KV cache: its slot in {signal} is still set after {timeout:g} s, so nothing was "
     said += "freed"
-    if living:
+    if seen.living:
         return (
-            f"{said}. It is still attached by a process of fd-platforms ({', '.join(living)}, which holds its mark "
-            f"/dev/shm/{mark_prefix(handles.tensors[0].name)}*). Fix: clear that process's cache first "
+            f"{said}. It is still attached by a process of fd-platforms ({', '.join(seen.living)}, as /proc/locks "
+            "shows the holder of its mark or of the first record). Fix: clear that process's cache first "
             "(KVCache.clear()), or stop it"
+        )
+    reset = (
+        "python -c \"from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal; "
+        f"FastDeploySignal.attach(CACHE_READY, '{handles.suffix}').set({handles.rank}, 0)\""
+    )
+    if seen.dead:
+        return (
+            f"{said}. Its attacher(s) of fd-platforms ({seen.describe_dead()}) are gone without letting go, but this "
+            f"deployment attaches {seen.per_rank} processes to each rank (P/D decode with swap space: the worker and the "
+            "cache transfer manager), and the other may be FastDeploy's own, which holds no mark and may still map the "
+            "cache: it is waited for, not freed under. Fix: clear or stop FastDeploy's attaching process (it resets the "
+            f"slot when it lets go); if you know no process is attached, reset the slot by hand: {reset}"
         )
     return (
         f"{said}. No attacher of fd-platforms is attached (each holds a mark /dev/shm/"
-        f"{mark_prefix(handles.tensors[0].name)}*), so the attacher is FastDeploy's own process (its cache transfer "
-        "manager or worker, which resets the slot to 0 when it lets go), or none came. Fix: clear or stop "
-        "FastDeploy's attaching process; if no process is attached, reset the slot by hand: python -c \"from "
-        "fd_platforms.ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal; "
-        f"FastDeploySignal.attach(CACHE_READY, '{handles.suffix}').set({handles.rank}, 0)\""
+        f"{attacher_prefix(handles.suffix, handles.rank)}*), so the attacher is FastDeploy's own process (its cache "
+        "transfer manager or worker, which resets the slot to 0 when it lets go), or none came. Fix: clear or stop "
+        f"FastDeploy's attaching process; if no process is attached, reset the slot by hand: {reset}"
     )
 
 
-def _let_go(suffix: str, rank: int, mark: shm.Segment | None) -> None:
-    """An attacher's let-go (or a failed attach's): its slot reset to 0, as FastDeploy's attacher does, and its
-    mark removed and released. A slot that cannot be reset (its signal is gone) is logged."""
+def _pids(holders: set[int]) -> str:
+    return f"pid {', '.join(map(str, sorted(holders)))}" if holders else "a process of another PID namespace"
+
+
+def _reset_slot(suffix: str, rank: int) -> None:
+    """An attacher's let-go: its slot reset to 0, as FastDeploy's attacher does; a slot that cannot be reset (its
+    signal is gone) is logged."""
     try:
         with FastDeploySignal.attach(CACHE_READY, suffix) as signal:
             signal.set(rank, 0)
     except FdPlatformsError as exc:
         logger.warning("rank %d's attacher could not reset its cache_ready_signal slot: %s", rank, exc)
+
+
+def _remove_mark(mark: shm.Segment | None) -> None:
     if mark is not None:
         mark.unlink()
         mark.close()
+
+
+def _check_not_published(suffix: str, rank: int, first: str, count: int, platform: str) -> None:
+    """Refuse to write over records another process may still own: where ``first`` exists and the rank's slot is
+    set (its cache published), unless an unheld creator mark of ours proves them a dead creator's of ours.
+    FastDeploy's creators (its cache messager, runner or transfer manager) hold nothing, so whether one lives
+    cannot be known; records held by a living process of ours are refused when reused (:func:`_record_segment`)."""
+    try:
+        probe = shm.Segment.inspect(first)
+    except (FileNotFoundError, shm.SegmentUnusable):
+        return  # none, or refused with its reason when written
+    try:
+        record = probe.read(record_layout(platform).size + 1)
+    finally:
+        probe.close()
+    if stale_creator(first, record) is not None or _slot(suffix, rank) != 1:
+        return
+    raise CacheSharingError(
+        f"rank {rank}'s KV cache is already published under FastDeploy's names (/dev/shm/{first} and {count - 1} "
+        f"more) and its slot in {CACHE_READY}.{suffix} is set, and no creator of fd-platforms wrote them: a FastDeploy "
+        "process (its cache messager, runner or transfer manager) published them and may still own them (it holds "
+        "nothing that would prove it dead), so they are not written over. Fix: attach to that cache instead of "
+        "creating one (in P/D decode with swap space FastDeploy's cache messager creates it); if no FastDeploy "
+        "process uses it, stop the engine that owns the suffix, or remove the records and reset the slot"
+    )
+
+
+def _slot(suffix: str, rank: int) -> int | None:
+    """The rank's ``cache_ready_signal`` word, None where it cannot be read."""
+    try:
+        with FastDeploySignal.attach(CACHE_READY, suffix) as signal:
+            return signal.get(rank)
+    except FdPlatformsError:
+        return None
 
 
 def _check_creator(name: str, pid: int) -> None:

@@ -28,9 +28,11 @@ from ..contract.errors import CacheSharingError, ConfigError, FdPlatformsError, 
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision, CacheRoleShape
 from ..ipc.cache_signal import resolve_timeout
-from ..ipc.fastdeploy_signals import check_suffix
+from ..contract.integers import check_int
+from ..ipc.fastdeploy_signals import MAX_LOCAL_RANKS, FastDeploySuffix
 from ..rules.decision import DecisionInputs
 from . import rank_parts
+from .fastdeploy_marks import attachers_per_rank
 from .host_cache import HostCache, allocate_host_cache, check_host_cache, swap_space_clearing
 from .kv_cache import (
     AllocationProgress,
@@ -69,6 +71,7 @@ def initialize_kv_cache(
     rule: str | None = None,
     protocol: str = OURS.name,
     tensor_specs: Sequence[CacheRoleShape] | None = None,
+    tp: int | None = None,
 ) -> KVCache:
     """Create or attach rank ``layout.rank``'s KV cache, as the rule decides; see the module docstring.
 
@@ -83,7 +86,8 @@ def initialize_kv_cache(
     (``CacheRoleShape``: role, shape with the blocks first, dtype; in the order its kernels index), used
     instead of the platform's shapes once checked (:func:`~fd_platforms.rules.shapes.engine_shaped`: a
     ConfigError before any hook runs); None keeps the derived shapes. Every process of the engine must
-    state the same.
+    state the same. ``tp`` (the local ranks, where known: FastDeploy's config knows it) makes every
+    per-rank signal FastDeploy's int32 array of exactly that many words, and ``layout.rank`` one of them.
 
     With MTP the runner passes ``whole.main()`` and the proposer, on a call of its own, ``whole.draft()``
     with the same ``num_blocks`` (its tensors hold ``plan.num_draft_blocks``). Each part creates or attaches
@@ -92,7 +96,7 @@ def initialize_kv_cache(
     ``gpu_model_runner.py`` ``update_share_input_block_num``); an attacher of either part waits for it.
     """
     check_cache_arguments(platform, layout, num_blocks)
-    wire, signal_name = engine_name(protocol, signal_name, suffix)
+    wire, signal_name = engine_name(protocol, signal_name, suffix, tp=tp, rank=layout.rank)
     inputs = DecisionInputs(profile, num_cpu_blocks, storage_backend, splitwise_role)
     inputs = replace(inputs, rule=wire.rule_in_force(rule, inputs))
     limit = resolve_timeout(timeout)
@@ -100,6 +104,7 @@ def initialize_kv_cache(
     import_seconds = _import_paddle()
     decision = platform.should_create_cache_tensor(**inputs.kwargs())
     sharing = platform.cache_sharing()
+    per_rank = attachers_per_rank(splitwise_role, num_cpu_blocks)
     if decision.create:
         started = time.monotonic()
         if profile or sharing is None:  # a profiling run's cache is its own, temporary: never published
@@ -111,7 +116,7 @@ def initialize_kv_cache(
             wire.check_signals(signal_name, layout.rank, manager=False, swap=False)
             cache = export_kv_cache(
                 platform, layout, num_blocks, signal_name, progress=progress, protocol=wire,
-                attacher_expected=num_cpu_blocks > 0,  # a cache manager with host swap attaches to a worker's
+                attachers=per_rank if num_cpu_blocks > 0 else 0,  # a cache manager with host swap attaches
             )  # fmt: skip
         cache.create_seconds = time.monotonic() - started
         if not profile:
@@ -122,7 +127,7 @@ def initialize_kv_cache(
     else:
         check_can_attach(platform, decision, f"rank {layout.rank}")
         waited = _wait_ready(platform, wire, signal_name, layout.rank, limit, setter_pid, inputs)
-        cache = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid, wire)
+        cache = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid, wire, attachers=per_rank)
         cache.wait_seconds = waited
     cache.decision, cache.import_seconds = decision, import_seconds
     return cache
@@ -200,6 +205,7 @@ def manage_kv_cache(
     tensor_specs: Sequence[CacheRoleShape] | None = None,
     draft: CacheLayout | None = None,
     host_cache: HostCache | None = None,
+    tp: int | None = None,
 ) -> ManagedCache:
     """The cache manager's side of rank ``layout.rank``, as the rule in force decides (:func:`manager_creates`):
 
@@ -213,14 +219,14 @@ def manage_kv_cache(
 
     :attr:`ManagedCache.created` says which it did. ``signal_name``, ``suffix``, ``protocol`` and ``rule``
     as :func:`initialize_kv_cache`'s, which also takes ``storage_backend`` and ``splitwise_role``: the
-    engine's, the rule's inputs with ``num_cpu_blocks``; ``tensor_specs`` as :func:`initialize_kv_cache`'s.
+    engine's, the rule's inputs with ``num_cpu_blocks``; ``tensor_specs`` and ``tp`` as :func:`initialize_kv_cache`'s.
 
     With MTP, ``layout`` is ``whole.main()`` and ``draft`` ``whole.draft()``: the draft layers are published
     (or attached) too, on their own for the proposer, before the rank's one slot is set (FastDeploy's
     transfer manager makes main and extra layers in one loop before it sets ``cache_ready_signal``:
     ``cache_transfer_manager.py`` ``_init_gpu_cache``); the host swap cache holds both."""
     return _manage(
-        platform, layout, num_blocks, (signal_name, suffix, protocol),
+        platform, layout, num_blocks, (signal_name, suffix, protocol, tp),
         (num_cpu_blocks, storage_backend, splitwise_role, rule), None, setter_pid, timeout, progress,
         tensor_specs, draft, host_cache,
     )  # fmt: skip
@@ -243,12 +249,13 @@ def hold_kv_cache(
     tensor_specs: Sequence[CacheRoleShape] | None = None,
     draft: CacheLayout | None = None,
     host_cache: HostCache | None = None,
+    tp: int | None = None,
 ) -> ManagedCache:
     """Deprecated: :func:`manage_kv_cache` attaches where the rule lets the workers create. This one always
     waits for rank ``layout.rank``'s published cache and attaches to it, whatever the rule."""
     _deprecated("hold_kv_cache", "manage_kv_cache, which attaches where the rule in force lets the workers create")
     return _manage(
-        platform, layout, num_blocks, (signal_name, suffix, protocol),
+        platform, layout, num_blocks, (signal_name, suffix, protocol, tp),
         (num_cpu_blocks, storage_backend, splitwise_role, rule), False, setter_pid, timeout, None,
         tensor_specs, draft, host_cache,
     )  # fmt: skip
@@ -274,7 +281,7 @@ def _manage(
     platform: Platform,
     layout: CacheLayout,
     num_blocks: int,
-    names: tuple[str | None, str | int | None, str],
+    names: tuple[str | None, str | int | None, str, int | None],
     rule_arguments: tuple[int, str | None, str, str | None],
     creates: bool | None,
     setter_pid: int | None,
@@ -293,7 +300,7 @@ def _manage(
     made or attached the same way, in the platform's shapes, after the main part. A kept ``host_cache`` must
     fit the layout (main and draft) and ``num_cpu_blocks`` (:func:`~.host_cache.check_host_cache`)."""
     check_cache_arguments(platform, layout, num_blocks)
-    wire, name = engine_name(names[2], names[0], names[1], stacklevel=4)
+    wire, name = engine_name(names[2], names[0], names[1], tp=names[3], rank=layout.rank, stacklevel=4)
     num_cpu_blocks, storage_backend, splitwise_role, rule = rule_arguments
     inputs = DecisionInputs(False, num_cpu_blocks, storage_backend, splitwise_role)
     inputs = replace(inputs, rule=wire.rule_in_force(rule, inputs))
@@ -310,21 +317,22 @@ def _manage(
     limit = resolve_timeout(timeout)
     import_seconds = _import_paddle()
     wire.check_signals(name, layout.rank, manager=True, swap=num_cpu_blocks > 0)
+    per_rank = attachers_per_rank(splitwise_role, num_cpu_blocks)
     if creates:
         started = time.monotonic()
         device = export_kv_cache(
-            platform, layout, num_blocks, name, progress=progress, protocol=wire, attacher_expected=True
+            platform, layout, num_blocks, name, progress=progress, protocol=wire, attachers=per_rank
         )
         device.create_seconds = time.monotonic() - started
         make_draft = None if draft_layout is None else lambda: export_kv_cache(
-            platform, draft_layout, num_blocks, name, protocol=wire, attacher_expected=True
+            platform, draft_layout, num_blocks, name, protocol=wire, attachers=per_rank
         )  # fmt: skip
     else:
         waited = _wait_ready(platform, wire, name, layout.rank, limit, setter_pid, inputs)
-        device = attach_kv_cache(platform, layout, num_blocks, name, setter_pid, wire)
+        device = attach_kv_cache(platform, layout, num_blocks, name, setter_pid, wire, attachers=per_rank)
         device.wait_seconds = waited
         make_draft = None if draft_layout is None else lambda: attach_kv_cache(
-            platform, draft_layout, num_blocks, name, setter_pid, wire
+            platform, draft_layout, num_blocks, name, setter_pid, wire, attachers=per_rank
         )  # fmt: skip
     device.import_seconds = import_seconds
     return _managed(platform, host_layout, device, (num_cpu_blocks, host_cache), wire, name, make_draft)
@@ -401,14 +409,21 @@ def _all_or_nothing(
 
 
 def engine_name(
-    protocol: str, signal_name: str | None, suffix: str | int | None, *, stacklevel: int = 3
+    protocol: str, signal_name: str | None, suffix: str | int | None, *, tp: int | None = None, rank: int = 0,
+    stacklevel: int = 3,
 ) -> tuple[WireProtocol, str]:
     """The protocol named ``protocol`` and the engine's shared name under it: ``signal_name`` (our cache-ready
     signal) or, with ``protocol="fastdeploy"``, ``suffix`` (FastDeploy's signal suffix, its engine's
     ``engine_worker_queue_port``; an int is taken as written). ``signal_name`` with FastDeploy's protocol is
     its suffix still, with a DeprecationWarning (``stacklevel`` points it at the engine call's caller); a
-    ConfigError names a missing name, both names, or a suffix under our protocol."""
+    ConfigError names a missing name, both names, or a suffix under our protocol. ``tp`` (None: unknown) must
+    hold ``rank``; FastDeploy's suffix carries it (:class:`~fd_platforms.ipc.fastdeploy_signals.FastDeploySuffix`)."""
     wire = protocol_named(protocol)
+    if tp is not None:
+        check_int("tp", tp, 1, MAX_LOCAL_RANKS, what="None or the number of local ranks",
+                  fix="pass the tensor-parallel size (FastDeploy's parallel_config.tensor_parallel_size)")  # fmt: skip
+        check_int("layout.rank", rank, 0, tp - 1, what=f"a local rank of tp {tp}",
+                  fix="build the layout for one of the engine's local ranks")  # fmt: skip
     if wire.name_argument != "suffix":
         if suffix is not None:
             raise ConfigError(
@@ -435,7 +450,7 @@ def engine_name(
     if suffix is None:
         raise ConfigError("suffix", None, "FastDeploy's signal suffix (its engine's engine_worker_queue_port)",
                           "pass suffix=, e.g. suffix=9923")  # fmt: skip
-    return wire, check_suffix(suffix)
+    return wire, FastDeploySuffix.of(suffix, tp=tp)
 
 
 def _deprecated(old: str, new: str) -> None:

@@ -215,14 +215,14 @@ def export_kv_cache(
     num_blocks: int,
     signal_name: str,
     *,
-    attacher_expected: bool,
+    attachers: int,
     progress: AllocationProgress | None = None,
     protocol: WireProtocol = OURS,
 ) -> KVCache:
     """Export every tensor of ``layout`` (zero-filled) and publish the rank's cache (``protocol``'s way).
 
-    ``attacher_expected``: whether another process is configured to attach (a protocol whose let-go
-    is a slot's value waits for it on clear only then). On any failure what was exported is closed
+    ``attachers``: how many processes are configured to attach each rank (0: none; a protocol whose let-go
+    is a slot's value waits for it on clear only where one is, and counts them: :mod:`.fastdeploy_marks`). On any failure what was exported is closed
     again and nothing is published.
     """
     check_num_blocks(num_blocks)
@@ -245,7 +245,7 @@ def export_kv_cache(
             for spec, tensor in zip(layout.tensors, shared, strict=True)
         ]
         publication = protocol.publish(signal_name, layout.rank, device, entries, platform.name,
-                                       attacher_expected=attacher_expected, part=layout.part)  # fmt: skip
+                                       attachers=attachers, part=layout.part)  # fmt: skip
     except BaseException:
         _close_all(shared)
         raise
@@ -263,18 +263,23 @@ def attach_kv_cache(
     signal_name: str,
     setter_pid: int | None = None,
     protocol: WireProtocol = OURS,
+    *,
+    attachers: int = 1,
 ) -> KVCache:
     """Open every tensor of rank ``layout.rank``'s published cache, zero-copy, checked against ``layout``.
 
     A published tensor whose name, shape or dtype differs from this process's layout is a
     :class:`CacheSharingError` naming the tensor and both shapes; so is a publication whose creator
     is not ``setter_pid`` (where the caller knows who sets the slot) or whose handles name another
-    process than its creator. Nothing is opened then.
+    process than its creator. Nothing is opened then, and the attach withdraws without a word in the rank's
+    slot (it never got the cache; another attacher may hold the slot). ``attachers``: how many processes attach
+    each rank in this deployment (:func:`~.fastdeploy_marks.attachers_per_rank`).
     """
     check_num_blocks(num_blocks)
     started = time.monotonic()
     expected = [PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, "") for spec in layout.tensors]
-    publication = protocol.open_published(signal_name, layout.rank, expected, platform.name, layout.part)
+    publication = protocol.open_published(signal_name, layout.rank, expected, platform.name, layout.part,
+                                           attachers=attachers)  # fmt: skip
     shared: list[SharedTensor] = []
     device = platform.identity.device_string(layout.local_device)
 
@@ -289,7 +294,7 @@ def attach_kv_cache(
         open_all()
     except BaseException:
         _close_all(shared)
-        publication.let_go()
+        publication.withdraw()
         raise
     return KVCache(
         device, num_blocks, layout.names(), [tensor.tensor for tensor in shared],

@@ -159,6 +159,10 @@ class Publication:
             self._segment = None
         self._at_exit.detach()
 
+    def withdraw(self) -> None:
+        """A failed attach's let-go: the hold dropped (this protocol's slot is not the attacher's to write)."""
+        self.let_go()
+
     def retract(self, timeout: float) -> None:
         """The creator's clear: wait (at most ``timeout`` s; ``math.inf``: no limit, saying what it waits
         for every few seconds, :mod:`fd_platforms.ipc.waiting`) until no attacher holds it, then unlink it.

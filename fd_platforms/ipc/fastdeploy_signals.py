@@ -38,6 +38,7 @@ import enum
 import logging
 import os
 import re
+import stat
 import struct
 import time
 from collections.abc import Callable
@@ -87,6 +88,29 @@ ALLOWED: dict[str, tuple[int, ...]] = {
     MODEL_WEIGHTS_STATUS: tuple(int(status) for status in KVCacheStatus),  # ModelWeightsStatus: the same values
 }
 FIXED_LENGTH = {KV_CACHE_STATUS: 1, MODEL_WEIGHTS_STATUS: 1}  # words whatever the tp (np.zeros([1], dtype=np.int32))
+PER_RANK = (CACHE_READY, SWAP_SPACE_READY, CACHE_TRANSFER_INITED)  # one word per local rank: np.zeros([tp])
+
+
+class FastDeploySuffix(str):
+    """FastDeploy's signal suffix with the engine's tensor-parallel size where known (``tp``, else None): every
+    per-rank signal attached under it must then be exactly FastDeploy's int32 array of ``tp`` words
+    (:meth:`FastDeploySignal.attach`), however deep in the engine the attach is."""
+
+    tp: int | None
+
+    @classmethod
+    def of(cls, suffix: object, *, tp: int | None = None, field: str = "suffix") -> FastDeploySuffix:
+        """``suffix`` checked (:func:`check_suffix`, a ConfigError naming ``field``), with ``tp`` (checked)."""
+        made = cls(check_suffix(suffix, field))
+        if tp is not None:
+            _check_tp(tp)
+        made.tp = tp
+        return made
+
+
+def ranks_of(suffix: str | int) -> int | None:
+    """The tp a suffix carries (:class:`FastDeploySuffix`), else None."""
+    return getattr(suffix, "tp", None)
 
 
 def check_suffix(suffix: object, field: str = "suffix") -> str:
@@ -149,6 +173,8 @@ class FastDeploySignal(SharedWords):
         (the local ranks, tp, where the caller knows them; ``kv_cache_status`` always has one word): then
         the file must be exactly the int32 array FastDeploy makes for it (:func:`_check_shape`)."""
         full = segment_name(name, suffix)
+        if length is None and name in PER_RANK:
+            length = ranks_of(suffix)
         length = FIXED_LENGTH.get(name, length)
         if length is not None:
             _check_length(length)
@@ -162,6 +188,7 @@ class FastDeploySignal(SharedWords):
         except shm.SegmentUnusable as exc:
             raise CacheSignalError(f"FastDeploy signal {full!r} cannot be used: {exc}") from None
         try:
+            _check_private(full, segment)
             words = _check_shape(full, segment.size, length, per_rank=name not in FIXED_LENGTH)
         except CacheSignalError:
             segment.close()
@@ -352,6 +379,22 @@ def _check_shape(full: str, size: int, length: int | None, *, per_rank: bool) ->
             f"{MAX_LOCAL_RANKS} words. Fix: check the signal name and suffix"
         )
     return words
+
+
+def _check_private(full: str, segment: shm.Segment) -> None:
+    """A signal others may write proves nothing (their write to a slot would make a creator free its cache): one
+    writable by its group or by anyone is refused, as records are (the owner is checked on open)."""
+    mode = os.fstat(segment.fd).st_mode
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise CacheSignalError(
+            f"FastDeploy signal {full!r} (/dev/shm/{full}) has mode {stat.S_IMODE(mode):04o}: users other than its "
+            "owner may write its words, so none can be trusted. Fix: start the FastDeploy engine with umask 022 (its "
+            f"IPCSignal creates signals 0600); remove /dev/shm/{full} if no engine uses it"
+        )
+
+
+def _check_tp(tp: object) -> None:
+    check_int("tp", tp, 1, MAX_LOCAL_RANKS, what="None or the number of local ranks", fix="pass the tensor-parallel size")
 
 
 def _word_now(name: str, index: int) -> str:

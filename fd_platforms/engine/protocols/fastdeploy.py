@@ -37,6 +37,7 @@ from ...ipc.fastdeploy_signals import (
     CACHE_TRANSFER_INITED,
     KV_CACHE_STATUS,
     MAX_LOCAL_RANKS,
+    PER_RANK,
     PROFILE_BLOCK_NUM,
     SWAP_SPACE_READY,
     WORD_BYTES,
@@ -54,9 +55,6 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from ...loading.platform import Platform
     from ...rules.decision import DecisionInputs
 
-#: The signals FastDeploy's engine creates with one word per rank (``kv_cache_status`` has one word, and
-#: ``get_profile_block_num`` is the block-count hand-off's).
-PER_RANK = (CACHE_READY, SWAP_SPACE_READY, CACHE_TRANSFER_INITED)
 #: Every signal a run's engine creates under its suffix (``get_profile_block_num`` where no engine's suffix is given).
 RUN_SIGNALS = (*PER_RANK, KV_CACHE_STATUS, PROFILE_BLOCK_NUM)
 RUN_SUFFIX = r"fdp(\d+)-[0-9a-f]{6}"  # a run's suffix: its engine's pid and three random bytes
@@ -112,16 +110,16 @@ class FastDeployProtocol(WireProtocol):
 
     def publish(
         self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str,
-        *, attacher_expected: bool, part: str = "all",
+        *, attachers: int, part: str = "all",
     ) -> FastDeployHandles:
         """One record per tensor, named by its layer: a draft part's records are its own whatever ``part``."""
-        return FastDeployHandles.create(signal_name, rank, tensors, platform_name, attacher_expected=attacher_expected)
+        return FastDeployHandles.create(signal_name, rank, tensors, platform_name, attachers=attachers)
 
     def open_published(
         self, signal_name: str, rank: int, expected: Sequence[PublishedTensor], platform_name: str,
-        part: str = "all",
+        part: str = "all", *, attachers: int = 1,
     ) -> FastDeployHandles:
-        return FastDeployHandles.open(signal_name, rank, expected, platform_name)  # the records carry no shapes
+        return FastDeployHandles.open(signal_name, rank, expected, platform_name, attachers=attachers)  # no shapes
 
     def manager_up(self, signal_name: str, rank: int, *, swap: bool) -> None:
         """Say so as FastDeploy's transfer manager does: ``swap_space_ready_signal`` where it holds swap

@@ -73,20 +73,21 @@ class WireProtocol(ABC):
     @abstractmethod
     def publish(
         self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str,
-        *, attacher_expected: bool, part: str = "all",
+        *, attachers: int, part: str = "all",
     ) -> Published:
-        """Publish ``rank``'s exported tensors (held by this process until retracted); ``attacher_expected``:
-        whether another process is configured to attach to them; ``part`` the layout's part (its MTP draft
+        """Publish ``rank``'s exported tensors (held by this process until retracted); ``attachers``: how many
+        processes are configured to attach to them (0: none); ``part`` the layout's part (its MTP draft
         layers are published on their own)."""
 
     @abstractmethod
     def open_published(
         self, signal_name: str, rank: int, expected: Sequence[PublishedTensor], platform_name: str,
-        part: str = "all",
+        part: str = "all", *, attachers: int = 1,
     ) -> Published:
-        """``rank``'s publication of ``part``, held by this attacher until it lets go; ``expected`` is this
-        process's layout (no handles), for a protocol whose records carry no shapes, and
-        ``platform_name`` the attaching platform, for one whose records are laid out per platform."""
+        """``rank``'s publication of ``part``, held by this attacher until it lets go (or withdraws, where its attach
+        fails); ``expected`` is this process's layout (no handles), for a protocol whose records carry no shapes,
+        ``platform_name`` the attaching platform, for one whose records are laid out per platform, and
+        ``attachers`` how many processes attach each rank in this deployment."""
 
     @abstractmethod
     def manager_up(self, signal_name: str, rank: int, *, swap: bool) -> None:

@@ -68,14 +68,14 @@ class FdPlatformsProtocol(WireProtocol):
 
     def publish(
         self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str,
-        *, attacher_expected: bool, part: str = "all",
+        *, attachers: int, part: str = "all",
     ) -> Publication:
         """Every attacher holds the manifest's lock while attached, so a clear waits for whoever does."""
         return Publication.create(publication_name(signal_name, rank, part), rank, device, list(tensors))
 
     def open_published(
         self, signal_name: str, rank: int, expected: Sequence[PublishedTensor], platform_name: str,
-        part: str = "all",
+        part: str = "all", *, attachers: int = 1,
     ) -> Publication:
         return Publication.open(publication_name(signal_name, rank, part), rank)  # the manifest carries the shapes
 

@@ -1,0 +1,169 @@
+"""Marks: what our processes beside FastDeploy's leave in ``/dev/shm``, so a dead one of ours is told from FastDeploy's.
+
+FastDeploy's worker and cache transfer manager attach with ``share_external_data`` and hold nothing: no lock, mark
+or pid file; they let go by resetting their rank's ``cache_ready_signal`` slot to 0 (``gpu_model_runner.py``
+``clear_cache`` waits for that when ``num_cpu_blocks > 0``). An attacher of ours that is SIGKILLed never does, so
+each one makes a mark of its own and holds a shared ``flock`` on it while attached; the kernel drops the lock when
+the process dies, however it dies.
+
+- **Attacher marks**, ``fdp-attacher.<suffix>.r<rank>.<pid>-<hex>``: one per attaching process and part, naming the
+  slot it holds (the suffix and rank), its pid and how many processes attach each rank in its deployment
+  (:func:`attachers_per_rank`). A dead mark stands for the slot only where every attacher the deployment can have is
+  a dead one of ours (:attr:`Attachers.released_by_death`): in P/D decode with swap space the other attacher may be
+  FastDeploy's, and a dead mark says nothing about it.
+- **Creator marks**, ``<first record>.fdp-creator``: a creator of ours holds one while its records are published,
+  with its pid and the first record's bytes. One nobody holds whose bytes are still the record's proves the records
+  stale ones of a dead creator of ours; records without that proof may be a living FastDeploy process's.
+
+Marks are this user's, mode 0600; one nobody holds is removed through :func:`fd_platforms.ipc.shm.reclaim`, which
+proves it unlocked first.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import struct
+from dataclasses import dataclass
+
+from ..ipc import shm
+
+_ATTACHER = struct.Struct("=qqq")  # pid, rank, attachers per rank
+_CREATOR_PID = struct.Struct("=q")
+ATTACHER_WHAT = "FastDeploy attacher mark"
+CREATOR_WHAT = "FastDeploy creator mark"
+MAX_ATTACHERS = 2
+
+
+def attachers_per_rank(splitwise_role: str, num_cpu_blocks: int) -> int:
+    """How many processes attach each rank's cache beside FastDeploy's: two in P/D decode with host swap space (the
+    worker and the cache transfer manager both attach the cache messager's, one ``cache_ready`` slot between them:
+    ``cache_manager/prefix_cache_manager.py`` ``launch_cache_manager``, ``cache_manager/cache_messager.py``), else one."""
+    return MAX_ATTACHERS if splitwise_role == "decode" and num_cpu_blocks > 0 else 1
+
+
+def attacher_prefix(suffix: str, rank: int) -> str:
+    """The names of the marks of the attachers of ``rank``'s slot under ``suffix`` start with this."""
+    return f"fdp-attacher.{suffix}.r{rank}."
+
+
+def make_attacher_mark(suffix: str, rank: int, attachers: int) -> shm.Segment:
+    """This attacher's mark of ``rank``'s slot, held (shared) until closed; the kernel drops it at death."""
+    segment = shm.Segment.create(f"{attacher_prefix(suffix, rank)}{os.getpid()}-{secrets.token_hex(3)}", _ATTACHER.size)
+    os.pwrite(segment.fd, _ATTACHER.pack(os.getpid(), rank, attachers), 0)
+    return segment
+
+
+@dataclass(frozen=True)
+class DeadMark:
+    """The mark of an attacher of ours that is gone without letting go (its lock dropped)."""
+
+    name: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class Attachers:
+    """What the marks of one slot say: the attachers of ours still attached (each ``pid N`` as ``/proc/locks``
+    shows its holder), the dead ones, and how many attachers the deployment has per rank (the most any mark says)."""
+
+    living: tuple[str, ...]
+    dead: tuple[DeadMark, ...]
+    per_rank: int
+
+    @property
+    def released_by_death(self) -> bool:
+        """Whether the slot stands released: no attacher of ours lives, and dead ones of ours are as many as the
+        attachers the deployment can have (so none of them can be FastDeploy's, which holds nothing)."""
+        return not self.living and len({mark.pid for mark in self.dead}) >= self.per_rank
+
+    def describe_dead(self) -> str:
+        return ", ".join(f"pid {mark.pid}" for mark in self.dead)
+
+
+def look(suffix: str, rank: int, *, also_living: set[int] | frozenset[int] = frozenset()) -> Attachers:
+    """The marks of ``rank``'s slot under ``suffix``, looked at, none removed. ``also_living`` are pids of attachers
+    of ours the caller knows alive otherwise (a creator: those holding its first record), a mark of theirs or not."""
+    living = {f"pid {pid}" for pid in also_living}
+    dead: list[DeadMark] = []
+    per_rank = 1
+    for name in _names(attacher_prefix(suffix, rank)):
+        try:
+            segment = shm.Segment.inspect(name, _ATTACHER.size)
+        except (OSError, shm.SegmentUnusable):
+            continue  # gone meanwhile, or not a mark of this user's
+        try:
+            pid, marked_rank, attachers = _ATTACHER.unpack(segment.read(_ATTACHER.size))
+            if pid <= 0 or marked_rank != rank or not 1 <= attachers <= MAX_ATTACHERS:
+                continue  # not a complete mark of ours: left alone
+            per_rank = max(per_rank, attachers)
+            if segment.unused():
+                dead.append(DeadMark(name, pid))
+            else:
+                living.update(f"pid {holder}" for holder in shm.flock_holders(segment.inode) or {pid})
+        finally:
+            segment.close()
+    return Attachers(tuple(sorted(living)), tuple(dead), per_rank)
+
+
+def remove_dead(attachers: Attachers) -> list[int]:
+    """Remove the dead marks of ``attachers`` that are still dead (each proven unlocked again); their pids."""
+    removed = []
+    for mark in attachers.dead:
+        verdict, _ = shm.reclaim(mark.name, _ATTACHER.size, _recognise_attacher, ATTACHER_WHAT, say=lambda *_: None)
+        if verdict == shm.Verdict.RECLAIMED:
+            removed.append(mark.pid)
+    return removed
+
+
+def _recognise_attacher(segment: shm.Segment) -> str | None:
+    raw = segment.read(_ATTACHER.size)
+    return f"pid {_ATTACHER.unpack(raw)[0]}" if len(raw) == _ATTACHER.size and _ATTACHER.unpack(raw)[0] > 0 else None
+
+
+def creator_mark_name(first_record: str) -> str:
+    return f"{first_record}.fdp-creator"
+
+
+def make_creator_mark(first_record: str, record: bytes) -> shm.Segment:
+    """A creator's mark of its records, holding its pid and the first ``record``'s bytes, held until closed. A
+    mark of a dead creator of ours still there (its records rewritten since by another) is removed first."""
+    name, size = creator_mark_name(first_record), _CREATOR_PID.size + len(record)
+    try:
+        segment = shm.Segment.create(name, size)
+    except FileExistsError:
+        shm.reclaim(name, _CREATOR_PID.size, _recognise_creator, CREATOR_WHAT)
+        segment = shm.Segment.create(name, size)  # a living creator's mark: its records were refused before
+    os.pwrite(segment.fd, _CREATOR_PID.pack(os.getpid()) + record, 0)
+    return segment
+
+
+def _recognise_creator(segment: shm.Segment) -> str | None:
+    raw = segment.read(_CREATOR_PID.size)
+    return f"pid {_CREATOR_PID.unpack(raw)[0]}" if len(raw) == _CREATOR_PID.size and _CREATOR_PID.unpack(raw)[0] > 0 else None
+
+
+def stale_creator(first_record: str, record: bytes) -> int | None:
+    """The pid of a dead creator of ours whose mark proves ``first_record`` (now holding ``record``) its stale
+    leftover, its mark removed; None where no unheld mark of ours holds exactly those bytes."""
+    name = creator_mark_name(first_record)
+    size = _CREATOR_PID.size + len(record)
+    try:
+        segment = shm.Segment.inspect(name, size)
+    except (OSError, shm.SegmentUnusable):
+        return None
+    try:
+        raw = segment.read(size + 1)
+        if len(raw) != size or raw[_CREATOR_PID.size:] != record or not segment.unused():
+            return None
+        pid = _CREATOR_PID.unpack(raw[: _CREATOR_PID.size])[0]
+        return pid if segment.unlink() else None
+    finally:
+        segment.close()
+
+
+def _names(prefix: str) -> list[str]:
+    try:
+        return sorted(name for name in os.listdir(shm.SHM_DIR) if name.startswith(prefix))
+    except OSError:
+        return []
