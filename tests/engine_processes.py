@@ -262,3 +262,17 @@ def fastdeploy_serving_manager(suffix: str, rank: int, tp: int, num_blocks: int,
     for cache in held:
         cache.clear(30, clear_host=True)
     conn.send(("cleared", len(made)))
+
+
+def decode_runner(suffix: str, conn: Connection) -> None:
+    """Our runner of rank 0 in P/D decode with host swap space: it attaches (the cache messager's cache, two
+    attachers per rank), reports, then holds the cache until killed."""
+    import fd_platforms
+    from fd_platforms.engine import initialize_kv_cache
+
+    cache = initialize_kv_cache(
+        fd_platforms.current_platform(), qwen_layout(), 4, profile=False, num_cpu_blocks=4, storage_backend=None,
+        splitwise_role="decode", protocol="fastdeploy", suffix=suffix, timeout=30, tp=1,
+    )  # fmt: skip
+    conn.send(("attached", cache.created))
+    conn.recv()

@@ -257,3 +257,74 @@ def test_a_signal_of_another_length_or_dtype_than_the_engines_tp_is_refused(suff
     finally:
         os.close(fd)
         os.unlink(path)
+
+
+@pytest.mark.usefixtures("fastdeploy_record_names")
+def test_engine_calls_given_tp_refuse_a_ready_signal_of_another_length_before_any_tensor(suffix: str) -> None:
+    """manage_kv_cache and initialize_kv_cache took no tp, so a 3-word cache_ready_signal was used as it was."""
+    from engine_processes import qwen_layout
+
+    from fd_platforms.contract.errors import ConfigError
+    from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
+    from fd_platforms.loading.selection import select_platform
+
+    platform = select_platform({"FD_PLATFORM": "cpu"}).platform
+    with FastDeploySignal.create(CACHE_READY, suffix, 3), FastDeploySignal.create(CACHE_TRANSFER_INITED, suffix, 2):
+        with pytest.raises(CacheSignalError, match="holds 12 bytes.*of 2 words .8 bytes for tp 2"):
+            initialize_kv_cache(platform, qwen_layout(0, 2), 4, profile=False, num_cpu_blocks=0, storage_backend=None,
+                                splitwise_role="mixed", protocol="fastdeploy", suffix=suffix, tp=2)  # fmt: skip
+        with pytest.raises(CacheSignalError, match="holds 12 bytes.*for tp 2"):
+            manage_kv_cache(platform, qwen_layout(0, 2), 4, num_cpu_blocks=0, protocol="fastdeploy", suffix=suffix,
+                            tp=2)  # fmt: skip
+        with pytest.raises(ConfigError, match="layout.rank=2 is not valid; allowed: a local rank of tp 2"):
+            manage_kv_cache(platform, qwen_layout(2, 4), 4, num_cpu_blocks=0, protocol="fastdeploy", suffix=suffix,
+                            tp=2)  # fmt: skip
+    assert not os.path.exists("/dev/shm/key_caches_0_rank0.device0"), "nothing published"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("fastdeploy_record_names")
+def test_decode_with_swap_our_manager_never_frees_under_fastdeploys_transfer_manager_when_our_runner_dies(
+    suffix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The repro of issue 41 item 1 through the engine calls: our manager creates (decode with swap space), our
+    runner (another process) and FastDeploy's transfer manager attach; our runner SIGKILLed. The manager's clear
+    frees nothing while FastDeploy's attacher maps the cache, naming whom it waits for; it frees once that lets go."""
+    import multiprocessing
+
+    from engine_processes import decode_runner, first_bytes, qwen_layout
+
+    from fd_platforms.engine import manage_kv_cache
+    from fd_platforms.ipc.fastdeploy_signals import SWAP_SPACE_READY
+    from fd_platforms.loading.selection import select_platform
+
+    monkeypatch.setenv("FD_PLATFORM", "cpu")
+    platform = select_platform({"FD_PLATFORM": "cpu"}).platform
+    made = [FastDeploySignal.create(name, suffix, 1)
+            for name in (CACHE_READY, SWAP_SPACE_READY, CACHE_TRANSFER_INITED, KV_CACHE_STATUS)]  # fmt: skip
+    try:
+        managed = manage_kv_cache(platform, qwen_layout(), 4, num_cpu_blocks=4, splitwise_role="decode",
+                                  protocol="fastdeploy", suffix=suffix, tp=1)  # fmt: skip
+        assert managed.created and made[0].get(0) == 1
+        names = managed.kv_cache.names
+        context = multiprocessing.get_context("spawn")
+        ours, theirs_end = context.Pipe()
+        runner = context.Process(target=decode_runner, args=(suffix, theirs_end), daemon=True)
+        runner.start()
+        assert ours.recv() == ("attached", False)
+        theirs = fastdeploys("attacher", suffix, names, "0", "-1")
+        assert [theirs.stdout.readline().strip() for _ in range(2)] == ["attached", "done"]  # type: ignore[union-attr]
+        runner.kill()
+        runner.join()
+        with pytest.raises(CacheInUseError) as caught:
+            managed.clear(0.6)
+        assert f"(pid {runner.pid}) are gone without letting go" in str(caught.value)
+        assert "the other may be FastDeploy's own" in str(caught.value)
+        assert made[0].get(0) == 1 and all(os.path.exists(f"/dev/shm/{name}") for name in names), "nothing freed"
+        assert first_bytes(managed.kv_cache, 1) == {0x5A}, "FastDeploy's attacher wrote into every tensor"
+        finish(theirs)
+        managed.clear(5)
+        assert not any(os.path.exists(f"/dev/shm/{name}") for name in names)
+    finally:
+        for signal in made:
+            signal.close()

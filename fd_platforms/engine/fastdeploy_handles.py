@@ -16,23 +16,24 @@ platform (or, for Paddle's metadata, why: VMM memory, or a tensor inside its all
 of another size than the platform's is refused when read or reused, naming both sizes.
 
 The let-go handshake is FastDeploy's too: an attacher resets its rank's ``cache_ready_signal`` slot
-to 0 when it lets go. A creator waits for that only where FastDeploy's creator does, where an attacher
-exists: a cache manager's cache (the runner attaches) and a runner's with host swap space
-(``num_cpu_blocks > 0``: FastDeploy's transfer manager attaches; ``gpu_model_runner.py`` ``clear_cache``
-waits for the slot only then, since its #7764), never for its own slot. One slot cannot count two
-attachers of one rank (P/D decode with swap: the worker and the transfer manager), so an attacher of
-ours also holds a shared ``flock`` on the rank's first record while attached, which the kernel drops
-when it dies, and a creator frees only once no attacher of ours holds it either. The creator holds a
-shared ``flock`` on each record while published (:mod:`fd_platforms.ipc.shm`); FastDeploy's creators
-never remove their records, so a record of this name that no process of ours holds is rewritten in
-place, as ``set_data_ipc`` does, with mode 0600 (replaced where others could write it); one held by a living
-process of ours is refused.
+to 0 when it lets go (an attach that failed never writes it: it never got the cache). A creator waits for
+that only where FastDeploy's creator does, where an attacher exists: a cache manager's cache (the runner
+attaches) and a runner's with host swap space (``num_cpu_blocks > 0``: FastDeploy's transfer manager
+attaches; ``gpu_model_runner.py`` ``clear_cache`` waits for the slot only then, since its #7764), never for
+its own slot. One slot cannot count two attachers of one rank (P/D decode with swap: the worker and the
+transfer manager), so every attacher of ours also holds a mark and a shared ``flock`` on the rank's first
+record while attached, which the kernel drops when it dies (:mod:`.fastdeploy_marks`); a creator frees
+only once no attacher of ours holds either, and resets the slot for dead attachers of ours only where they
+are every attacher the deployment can have. The creator holds a shared ``flock`` on each record while
+published (:mod:`fd_platforms.ipc.shm`) and a creator mark. FastDeploy's creators never remove their
+records, so a record of this name that no process of ours holds is rewritten in place, as ``set_data_ipc``
+does, with mode 0600 (replaced where others could write it) — unless the rank's slot says it is published
+and no dead creator of ours left it: FastDeploy's publisher may still own it. One held by a living process
+of ours is refused.
 
 The names are machine-wide, so a record is trusted only as far as it is proven: read whole until two reads
 agree (a rewrite in place can be met half done), this user's and writable by nobody else, its handle naming
-a process of this user that holds the record where a creator of ours holds it (``/proc/locks``). An attacher
-of ours also holds a mark of its own (:mod:`.fastdeploy_attachers`), so a creator tells an attacher of ours
-that died, or whose attach failed, from FastDeploy's own attacher, which holds nothing.
+a process of this user that holds the record where a creator of ours holds it (``/proc/locks``).
 """
 
 from __future__ import annotations
@@ -340,14 +341,7 @@ class FastDeployHandles:
                 return
             next_look = time.monotonic() + MARK_LOOK_SECONDS
             seen = self.attachers_now()
-            if seen.released_by_death and signal.get(self.rank) != 0:
-                logger.warning(
-                    "rank %d's attacher of fd-platforms (%s) is gone without letting go (killed, or died in its "
-                    "attach), and no other process can be attached (%d per rank here): its slot in %s is reset for it "
-                    "and its KV cache freed", self.rank, seen.describe_dead(), seen.per_rank, signal.name,
-                )  # fmt: skip
-                signal.set(self.rank, 0)
-                remove_dead(seen)
+            reset_for_the_dead(signal, self.rank, seen)
 
         with FastDeploySignal.attach(CACHE_READY, self.suffix) as signal:
             try:
@@ -355,6 +349,22 @@ class FastDeployHandles:
                                 tend=tend)  # fmt: skip
             except SignalWaitError:
                 raise CacheInUseError(_still_attached(self, signal.name, seen, timeout), (self.rank,)) from None
+
+
+def reset_for_the_dead(signal: FastDeploySignal, rank: int, seen: Attachers) -> bool:
+    """Where ``seen`` (the marks of ``rank``'s slot in ``signal``) says the slot stands released by the death of every
+    attacher the deployment can have, all of ours, reset it for them with a WARNING and remove their marks; whether it
+    did. A creator's clear, ``serve_kv_cache_status`` and a drive decide it alike."""
+    if not seen.released_by_death or signal.get(rank) == 0:
+        return False
+    logger.warning(
+        "rank %d's attacher of fd-platforms (%s) is gone without letting go (killed, or died in its attach), and no "
+        "other process can be attached (%d per rank here): its slot in %s is reset for it, so its KV cache can be "
+        "freed", rank, seen.describe_dead(), seen.per_rank, signal.name,
+    )  # fmt: skip
+    signal.set(rank, 0)
+    remove_dead(seen)
+    return True
 
 
 def _still_attached(handles: FastDeployHandles, signal: str, seen: Attachers, timeout: float) -> str:
