@@ -257,6 +257,7 @@ def test_a_speculative_config_that_is_not_fastdeploys_object_is_refused(spec: ob
         ({"key_cache_shape": "900,2,64,12\u00b2"}, "--key_cache_shape"),
         ({"key_cache_shape": "900,4,64,128", "value_cache_shape": "900,4,64,128"}, "--key_cache_shape"),
         ({"value_cache_shape": "900,2,64,12\u00b2"}, "--value_cache_shape"),
+        ({"value_cache_shape": "450,2,128,128"}, "--value_cache_shape"),  # the same bytes in other blocks
         ({"splitwise_role": "bogus"}, "--splitwise_role"),
         ({"ipc_suffix": "../x"}, "--ipc_suffix"),
         ({"ipc_suffix": "1e+30"}, "--ipc_suffix"),
@@ -310,7 +311,9 @@ def test_with_mtp_the_runner_and_the_manager_hold_the_same_draft_layers(monkeypa
 @pytest.mark.parametrize(
     ("quant", "dp_rank"), [("int8", 0), ("float8_e4m3fn", 0), ("int4_zp", 0), ("block_wise_fp8", 0), (None, 1)]
 )
-def test_the_engine_processes_fd_config_is_refused_where_the_workers_reads_right(quant: str | None, dp_rank: int) -> None:
+def test_the_engine_processes_fd_config_is_refused_where_the_workers_reads_right(
+    quant: str | None, dp_rank: int
+) -> None:
     """The engine's FDConfig (EngineArgs.create_engine_config) has no quant_config, no engine_pid and data-parallel
     rank 0's port; the worker's of the same deployment (worker_process.py) has all three."""
     local_rank = 2 * dp_rank + 1
@@ -355,15 +358,19 @@ M, C, P, S = ("fd_config.model_config", "fd_config.cache_config", "fd_config.par
               "fd_config.speculative_config")  # fmt: skip
 ROLES, BACKENDS, METHODS = ("mixed", "prefill", "decode"), ("mooncake", "attention_store", "file"), (
     "naive", "mtp", "ngram", "suffix")  # fmt: skip
+SIXTEEN_BIT = ("bfloat16", "float16", "float32")
+CACHE_DTYPE_FLAG = {"bfloat16": ("bfloat16", "none"), "uint8": ("uint8", "none"),
+                    "block_wise_fp8": ("float8_e4m3fn", "block_wise_fp8")}  # fmt: skip
+"""What --cache_dtype means: (cache dtype, quantization) for a 128-wide key, as the runner's layout has them."""
 
 
-def whole(value: object, low: int, high: int) -> bool:
+def whole(value: Any, low: int, high: int) -> bool:
     return type(value) is int and low <= value <= high
 
 
-def real(value: object, high: float) -> bool:
+def real(value: Any, high: float) -> bool:
     """A finite number above 0 and at most ``high``."""
-    return (type(value) is int or (type(value) is float and math.isfinite(value))) and 0 < value <= high  # type: ignore[operator]
+    return (type(value) is int or (type(value) is float and math.isfinite(value))) and 0 < value <= high
 
 
 def ascii_numbers(text: object, low: int, high: int) -> list[int] | None:
@@ -376,20 +383,20 @@ def ascii_numbers(text: object, low: int, high: int) -> list[int] | None:
     return [int(part) for part in parts]
 
 
-def port_list(value: object) -> list[int] | None:
+def port_list(value: Any) -> list[Any] | None:
     """What FastDeploy's parse_ports makes of a value, where every entry is a port."""
     if whole(value, 1, 65535):
-        return [value]  # type: ignore[list-item]
+        return [value]
     if isinstance(value, str):
         return ascii_numbers(value, 1, 65535)
     if isinstance(value, (list, tuple)) and value:
         entries = [entry if whole(entry, 1, 65535) else (ascii_numbers(entry, 1, 65535) or [None])[0]
                    if isinstance(entry, str) and "," not in entry else None for entry in value]  # fmt: skip
-        return None if None in entries else entries  # type: ignore[return-value]
+        return None if None in entries else entries
     return None
 
 
-def speculative_meaning(get: Callable[[str], object]) -> object:
+def speculative_meaning(get: Callable[[str], Any]) -> object:
     """``(cache layers, expand ratio)`` a speculative config means for the 48-layer model, or REFUSED."""
     method, extra, ratio = get("method"), get("num_extra_cache_layer"), get("num_gpu_block_expand_ratio")
     method = method.lower() if isinstance(method, str) else method
@@ -398,7 +405,7 @@ def speculative_meaning(get: Callable[[str], object]) -> object:
     layers = 1 if method == "mtp" else 0
     if (extra is not MISSING and not whole(extra, layers, layers)) or not real(ratio, 64):
         return REFUSED
-    return 48 + layers, float(ratio)  # type: ignore[arg-type]
+    return 48 + layers, float(ratio)
 
 
 def object_speculative(value: object) -> object:
@@ -435,7 +442,7 @@ class Attribute:
 
     name: str
     put: Callable[[Any, object], None]
-    meaning: Callable[[object], object]
+    meaning: Callable[[Any], object]
     read: Callable[[FastDeploySettings], object]
     good: tuple[object, ...] = ()
     also: tuple[str, ...] = ()
@@ -462,16 +469,16 @@ def spec_key(key: str) -> Callable[[Any, object], None]:
     return lambda args, value: setattr(args, "speculative_config", {key: value})
 
 
-def kind_of_heads(value: object) -> object:
+def kind_of_heads(value: Any) -> object:
     """The model's 32 heads split by 2 ranks need 1 KV head or more dividing 32 and 2 (either way)."""
     if value is None or (type(value) is int and value == -1):
         return 32
-    return value if whole(value, 1, 65536) and 32 % value == 0 and (value % 2 == 0 or 2 % value == 0) else REFUSED  # type: ignore[operator]
+    return value if whole(value, 1, 65536) and 32 % value == 0 and (value % 2 == 0 or 2 % value == 0) else REFUSED
 
 
 FD_ATTRIBUTES = (
     Attribute(f"{P}.tensor_parallel_size", attr(f"{P}.tensor_parallel_size"),
-              lambda v: v if whole(v, 1, 65536) and 32 % v == 0 and (4 % v == 0 or v % 4 == 0) else REFUSED,  # type: ignore[operator]
+              lambda v: v if whole(v, 1, 65536) and 32 % v == 0 and (4 % v == 0 or v % 4 == 0) else REFUSED,
               lambda s: s.parallel.tensor_parallel_size, (1, 2, 3, 4, 8, 64)),
     Attribute(f"{P}.device_ids", attr(f"{P}.device_ids"),
               lambda v: ids[1] if (ids := ascii_numbers(v, 0, 2**31 - 1)) and len(ids) > 1 else REFUSED,
@@ -494,7 +501,7 @@ FD_ATTRIBUTES = (
     Attribute(f"{C}.block_size", attr(f"{C}.block_size"), lambda v: v if whole(v, 1, 65536) else REFUSED,
               lambda s: s.cache.block_size, (1, 64, 65536, 65537)),
     Attribute(f"{C}.gpu_memory_utilization", attr(f"{C}.gpu_memory_utilization"),
-              lambda v: float(v) if real(v, 1) else REFUSED, lambda s: s.cache.memory_utilization,  # type: ignore[arg-type]
+              lambda v: float(v) if real(v, 1) else REFUSED, lambda s: s.cache.memory_utilization,
               (0.5, 1, 1.0, 0.0, 1.5, "0.9")),
     Attribute(f"{C}.num_cpu_blocks", attr(f"{C}.num_cpu_blocks"), lambda v: v if whole(v, 0, 2**63 - 1) else REFUSED,
               lambda s: s.cache.num_cpu_blocks, (0, 85, 2**63 - 1, 2**63)),
@@ -505,7 +512,7 @@ FD_ATTRIBUTES = (
               lambda v: v if v is None or whole(v, 1, 2**63 - 1) else REFUSED,
               lambda s: s.cache.num_gpu_blocks_override, (None, 1, 900, 0)),
     Attribute(f"{C}.cache_dtype", attr(f"{C}.cache_dtype"),
-              lambda v: "bfloat16" if isinstance(v, str) and v.lower() in ("bfloat16", "float16", "float32") else REFUSED,
+              lambda v: "bfloat16" if isinstance(v, str) and v.lower() in SIXTEEN_BIT else REFUSED,
               lambda s: s.cache.cache_dtype, ("bfloat16", "float16", "uint8", "int8", "block_wise_fp8", "int4_zp"),
               also=("fd_config.quant_config",)),
     Attribute("fd_config.quant_config", attr("fd_config.quant_config"), quant_meaning,
@@ -524,12 +531,12 @@ FD_ATTRIBUTES = (
     Attribute(f"{S}.num_extra_cache_layer", attr(f"{S}.num_extra_cache_layer"),
               lambda v: (49, 1.0) if whole(v, 1, 1) else REFUSED, cache_of, (0, 1, 2, "1", 1.0), mtp=True),
     Attribute(f"{S}.num_gpu_block_expand_ratio", attr(f"{S}.num_gpu_block_expand_ratio"),
-              lambda v: (49, float(v)) if real(v, 64) else REFUSED, cache_of, (0.5, 1, 2.0, 64, 64.5, 0, "1"),  # type: ignore[arg-type]
+              lambda v: (49, float(v)) if real(v, 64) else REFUSED, cache_of, (0.5, 1, 2.0, 64, 64.5, 0, "1"),
               mtp=True),
     Attribute(f"{M}.num_hidden_layers", attr(f"{M}.num_hidden_layers"),
               lambda v: v if whole(v, 1, 10_000) else REFUSED, lambda s: s.model.num_hidden_layers, (1, 48, 10_001)),
     Attribute(f"{M}.num_attention_heads", attr(f"{M}.num_attention_heads"),
-              lambda v: v if whole(v, 1, 65536) and v % 4 == 0 else REFUSED,  # type: ignore[operator]
+              lambda v: v if whole(v, 1, 65536) and v % 4 == 0 else REFUSED,
               lambda s: s.model.num_attention_heads, (4, 32, 64, 6, 2), also=(f"{M}.num_key_value_heads",)),
     Attribute(f"{M}.num_key_value_heads", attr(f"{M}.num_key_value_heads"), kind_of_heads,
               lambda s: s.model.num_key_value_heads, (None, -1, -1.0, 1, 2, 4, 32, 3, 64),
@@ -567,8 +574,7 @@ CLI_ATTRIBUTES = (
     Attribute("--device_id", flag("device_id"), lambda v: v if whole(v, 0, 2**31 - 1) else REFUSED,
               lambda s: (s.device_id, s.local_device)[0], (0, 5, 2**31)),
     Attribute("--cache_dtype", flag("cache_dtype"),
-              lambda v: {"bfloat16": ("bfloat16", "none"), "uint8": ("uint8", "none"),
-                         "block_wise_fp8": ("float8_e4m3fn", "block_wise_fp8")}.get(v, REFUSED) if type(v) is str else REFUSED,
+              lambda v: CACHE_DTYPE_FLAG.get(v, REFUSED) if type(v) is str else REFUSED,
               lambda s: (s.cache.cache_dtype, s.cache.kv_cache_quant_type),
               ("bfloat16", "uint8", "block_wise_fp8", "int8", "int4_zp", "float16", "UINT8")),
     Attribute("--key_cache_shape", flag("key_cache_shape"),
@@ -612,11 +618,11 @@ ODD_VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(), st.integers(min_value=-(2**70), max_value=2**70),
     st.floats(), st.sampled_from([0, -1, 2**31, 2**63, 10**400, 8002.0, 8002.9, 0.5, math.nan, math.inf, -math.inf]),
     st.text(max_size=10),
-    st.sampled_from(["", " ", "abc", "2", "8002", "8002,8003", "\u00b2", "\u0663", "0,\u00b2", "4,\u0663", "-1", "1e+30",
-                     "../x", " 8002 ", "0x10", "1_000", "nan", "None"]),
+    st.sampled_from(["", " ", "abc", "2", "8002", "8002,8003", "\u00b2", "\u0663", "0,\u00b2", "4,\u0663", "-1",
+                     "1e+30", "../x", " 8002 ", "0x10", "1_000", "nan", "None"]),
     st.lists(st.integers(min_value=-5, max_value=70_000), max_size=3), st.tuples(st.just(8002)),
     st.builds(SimpleNamespace), st.builds(object), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
-).filter(lambda value: not (isinstance(value, str) and value.lower() == "float8_e4m3"))  # its refusal is another issue's
+).filter(lambda value: not (isinstance(value, str) and value.lower() == "float8_e4m3"))  # another issue decides it
 """FastDeploy-shaped values of every kind: None, bools, ints (negative, huge), floats (NaN, inf, whole, not), text
 (non-ASCII digits, lists, numbers in other forms), lists, objects, dicts."""
 

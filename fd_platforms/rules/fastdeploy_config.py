@@ -9,9 +9,17 @@ FastDeploy's cache transfer manager and cache messager get no ``FDConfig``, only
 same settings from it and the model's ``config.json``.
 
 Every value is FastDeploy's own: its vocabulary (``kv_cache_quant_type``, ``cache_dtype``) goes through
-:mod:`.config.vocabulary`; ``num_cpu_blocks`` is the one FastDeploy's ``CacheConfig`` computed (what its transfer manager
-allocates); the device id that names the tensors is the physical one from ``parallel_config.device_ids`` (its
+:mod:`.config.vocabulary`; ``num_cpu_blocks`` is the one FastDeploy's ``CacheConfig`` computed (what its transfer
+manager allocates); the device id that names the tensors is the physical one from ``parallel_config.device_ids`` (its
 ``CUDA_VISIBLE_DEVICES``), the tensors live on the local device, as ``gpu_worker.py`` allocates them.
+
+Every value is checked here, each kind by one function of :mod:`.fastdeploy_values`, and the settings returned as
+the engine calls check theirs (the layout, the stated shapes, the rule's inputs, the suffixes), so no engine call
+refuses later what could be seen here: a :class:`~fd_platforms.contract.errors.ConfigError` names FastDeploy's
+attribute (``fd_config.parallel_config.tensor_parallel_size``) or flag (``--mp_num``), never our field. A config
+that cannot be read fully is refused naming what it lacks, never filled in: the ENGINE process's FDConfig
+(``engine/args_utils.py`` ``EngineArgs.create_engine_config``) has no ``engine_pid``, no ``quant_config`` and data-
+parallel rank 0's view; a runner's is the WORKER's (``worker/worker_process.py`` ``initialize_fd_config``).
 """
 
 from __future__ import annotations
@@ -30,7 +38,9 @@ from .config.model import ModelConfig, load_model_config
 from .config.settings import CacheConfig, ParallelConfig
 from .config.vocabulary import CACHE_DTYPE_WORDS, cache_settings_from_fastdeploy, fastdeploy_word
 from .decision import SPLITWISE_ROLES, STORAGE_BACKENDS, check_pin
-from .fastdeploy_values import device_ids, index, integer, one_of, port, ports, positive, shape, suffix, text
+from .fastdeploy_values import (
+    device_ids, index, integer, one_of, optional_one_of, port, ports, positive, shape, suffix, text,
+)
 from .layout import CacheLayout, build_layout
 from .shapes import engine_shaped, shape_request
 
@@ -103,7 +113,8 @@ _MODEL, _CACHE, _PARALLEL = f"{_FD}.model_config", f"{_FD}.cache_config", f"{_FD
 _SPEC = f"{_FD}.speculative_config"
 FD_FIX = "pass the FDConfig FastDeploy's worker process builds (worker_process.py initialize_fd_config) as it is"
 CLI_FIX = "pass the command line FastDeploy's launch_cache_manager gives (cache_transfer_manager.py parse_args)"
-_DEVICES_FIX = "set CUDA_VISIBLE_DEVICES (FastDeploy copies it there) to this node's devices, by index, one per local rank"
+_DEVICES_FIX = ("set CUDA_VISIBLE_DEVICES (FastDeploy copies it there) to this node's devices, by index, one per local "
+                "rank")
 _ENGINE_PROCESS = (
     "pass the FDConfig of FastDeploy's worker process (worker_process.py initialize_fd_config: it holds --engine_pid, "
     "the quantization and its data-parallel rank), not the engine process's (args_utils.py "
@@ -113,6 +124,9 @@ _LATENT_KEYS = ("kv_lora_rank", "qk_rope_head_dim", "index_head_dim")
 """An MLA or DSA model's config.json keys (FastDeploy's ModelConfig holds them where the file has them)."""
 SPEC_METHODS = ("naive", "mtp", "ngram", "suffix")
 """FastDeploy's speculative methods (``spec_decode/types.py`` ``SpecMethod``, matched case-insensitively)."""
+CACHE_DTYPE_FLAG = ("uint8", "bfloat16", "block_wise_fp8")
+"""``--cache_dtype`` as FastDeploy's cache processes allow it (``parse_args`` choices: its ``CacheConfig`` has turned
+every 4- and 8-bit word into ``uint8`` before ``launch_cache_manager`` passes it)."""
 DEFAULT_DTYPES = ("float16", "bfloat16", "uint8", "int8")
 """``--default_dtype`` as FastDeploy's cache processes allow it (``parse_args``; ``int8`` the messager's)."""
 _ABSENT = object()
@@ -176,7 +190,9 @@ def from_fd_config(fd_config: object, *, local_rank: int, rule: str | None = Non
     return settings
 
 
-def from_cache_manager_args(args: object, *, model_path: str | None = None, rule: str | None = None) -> FastDeploySettings:
+def from_cache_manager_args(
+    args: object, *, model_path: str | None = None, rule: str | None = None
+) -> FastDeploySettings:
     """The settings of FastDeploy's cache transfer manager or cache messager for one rank, from its parsed command
     line (``--rank``, ``--device_id``, ``--mp_num``, ``--cache_dtype``, ``--key_cache_shape``,
     ``--engine_worker_queue_port``, ...; ``cache_transfer_manager.py`` and ``cache_messager.py`` ``parse_args``) and
@@ -197,14 +213,15 @@ def from_cache_manager_args(args: object, *, model_path: str | None = None, rule
         model = replace(model, num_nextn_predict_layers=draft_layers, use_mtp=True)
     _check_num_layers(args, model)
     key_shape = shape("--key_cache_shape", _flag(args, "key_cache_shape"), CLI_FIX)
-    cache_dtype = _flag(args, "cache_dtype")
+    cache_dtype = one_of("--cache_dtype", _flag(args, "cache_dtype"), CACHE_DTYPE_FLAG, CLI_FIX)
     packed = cache_dtype == "uint8" and model.attention in ("mha", "gqa") and key_shape[3] * 2 == model.head_dim
     tp = integer("--mp_num", _flag(args, "mp_num"), 1, MAX_RANKS, CLI_FIX)
     with _named(_CLI_NAMES):
         cache = CacheConfig(
             block_size=key_shape[2], num_cpu_blocks=_num_cpu_blocks(args), kvcache_storage_backend=_backend(args),
             num_gpu_block_expand_ratio=ratio, rule=rule,
-            **cache_settings_from_fastdeploy(kv_cache_quant_type="int4_zp" if packed else None, cache_dtype=cache_dtype),
+            **cache_settings_from_fastdeploy(kv_cache_quant_type="int4_zp" if packed else None,
+                                             cache_dtype=cache_dtype),
         )  # fmt: skip
         device = integer("--device_id", _flag(args, "device_id"), 0, INT32_MAX, CLI_FIX)
         settings = FastDeploySettings(
@@ -242,17 +259,24 @@ def _command_line_specs(args: object, key_shape: tuple[int, ...], cache_dtype: s
 def _check_stated_shapes(args: object, settings: FastDeploySettings) -> None:
     """The shapes the command line states, checked as the engine calls check ``tensor_specs`` against the layout
     (:func:`~fd_platforms.rules.shapes.engine_shaped`), the error naming the flag of the first tensor that differs."""
-    layout, specs = settings.layout(), settings.tensor_specs or ()
+    layout, specs, blocks = settings.layout(), settings.tensor_specs or (), settings.num_blocks or 0
     try:
-        engine_shaped(layout, specs, settings.num_blocks)
+        engine_shaped(layout, specs, blocks)
     except ConfigError as error:
-        expected = shape_request(layout, settings.num_blocks).default  # type: ignore[arg-type]  # a manager's
-        differing = [got.role if got.role != core.role or got.nbytes != core.nbytes else None
-                     for got, core in zip(specs, expected)]  # fmt: skip
-        role = next(filter(None, differing), None) or (expected[len(specs)].role if len(expected) > len(specs) else
-                                                       specs[len(expected)].role)  # fmt: skip
-        flag = _SPEC_FLAGS.get(role, "--key_cache_shape")
+        flag = _SPEC_FLAGS[_first_differing_role(specs, shape_request(layout, blocks).default)]
         raise ConfigError(flag, _flag(args, flag[2:], optional=True), error.allowed, error.fix) from None
+
+
+def _first_differing_role(
+    stated: tuple[CacheRoleShape, ...], expected: tuple[CacheRoleShape, ...]
+) -> str:
+    """The role of the first stated tensor that is not the expected one (its role, blocks or bytes), or of the
+    first tensor one list has and the other lacks."""
+    for got, core in zip(stated, expected):
+        if got.role != core.role or got.shape[0] != core.shape[0] or got.nbytes != core.nbytes:
+            return got.role
+    longer = stated if len(stated) > len(expected) else expected
+    return longer[min(len(stated), len(expected))].role if len(stated) != len(expected) else "key"
 
 
 def _model(model_config: object, *, draft_layers: int) -> ModelConfig:
@@ -317,9 +341,9 @@ def _cache(fd_config: object, rule: str | None, ratio: float, model_dtype: str) 
                                     _read(cache_config, "gpu_memory_utilization", _CACHE), 1.0, FD_FIX),
         num_cpu_blocks=integer(f"{_CACHE}.num_cpu_blocks", _read(cache_config, "num_cpu_blocks", _CACHE), 0, MAX_COUNT,
                                FD_FIX),
-        kvcache_storage_backend=one_of(f"{_CACHE}.kvcache_storage_backend",
-                                       _read(cache_config, "kvcache_storage_backend", _CACHE, optional=True),
-                                       STORAGE_BACKENDS, FD_FIX, optional=True),
+        kvcache_storage_backend=optional_one_of(f"{_CACHE}.kvcache_storage_backend",
+                                                _read(cache_config, "kvcache_storage_backend", _CACHE, optional=True),
+                                                STORAGE_BACKENDS, FD_FIX),
         num_gpu_blocks_override=None if override is None else integer(f"{_CACHE}.num_gpu_blocks_override", override,
                                                                        1, MAX_COUNT, FD_FIX),
         num_gpu_block_expand_ratio=ratio,
@@ -341,8 +365,8 @@ def _kv_cache_quant_type(fd_config: object, cache_config: object) -> object:
     if quant is None and fastdeploy_word(f"{_CACHE}.cache_dtype", stated, CACHE_DTYPE_WORDS).tensor_dtype == "uint8":
         raise ConfigError(
             f"{_FD}.quant_config", quant_config,
-            f"a quant config with kv_cache_quant_type: cache_config.cache_dtype={stated!r} says the cache is quantized, "
-            "and the quantization (int8, float8_e4m3fn, int4_zp, block_wise_fp8, ...) decides its tensors",
+            f"a quant config with kv_cache_quant_type: cache_config.cache_dtype={stated!r} says the cache is "
+            "quantized, and the quantization (int8, float8_e4m3fn, int4_zp, block_wise_fp8, ...) decides its tensors",
             _ENGINE_PROCESS,
         )  # fmt: skip
     return quant
@@ -385,11 +409,11 @@ def _speculative(spec: object, field: str, fix: str, *, defaults: dict[str, obje
     def given(name: str) -> object:
         value = spec.get(name, _ABSENT) if isinstance(spec, Mapping) else getattr(spec, name, _ABSENT)
         if value is _ABSENT and defaults is None:
-            raise ConfigError(f"{field}.{name}", None, f"the value FastDeploy's SpeculativeConfig holds there", fix)
+            raise ConfigError(f"{field}.{name}", None, "the value FastDeploy's SpeculativeConfig holds there", fix)
         return defaults.get(name, _ABSENT) if value is _ABSENT and defaults is not None else value
 
     raw = given("method")
-    method = one_of(f"{field}.method", raw.lower() if isinstance(raw, str) else raw, SPEC_METHODS, fix, optional=True)
+    method = optional_one_of(f"{field}.method", raw.lower() if isinstance(raw, str) else raw, SPEC_METHODS, fix)
     layers = 1 if method == "mtp" else 0
     stated = given("num_extra_cache_layer")
     if stated is not _ABSENT and not (is_int(stated) and stated == layers):
@@ -437,8 +461,8 @@ def _local_port(parallel_config: object) -> int:
     if local is not None and port(f"{_PARALLEL}.local_engine_worker_queue_port", local, FD_FIX) != listed[rank]:
         raise ConfigError(
             f"{_PARALLEL}.local_engine_worker_queue_port", local,
-            f"engine_worker_queue_port[local_data_parallel_id] = {listed[rank]}, as FDConfig.postprocess_devices_and_ports "
-            "sets it", FD_FIX,
+            f"engine_worker_queue_port[local_data_parallel_id] = {listed[rank]}, as "
+            "FDConfig.postprocess_devices_and_ports sets it", FD_FIX,
         )  # fmt: skip
     return listed[rank]
 
@@ -449,7 +473,8 @@ def _model_path(args: object, model_path: object) -> str:
         return text("model_path", model_path, "pass the model folder FastDeploy serves")
     given = getattr(args, "model_path", None)
     if given is None:
-        raise ConfigError("model_path", None, "the model folder FastDeploy serves", "pass model_path=")
+        raise ConfigError("model_path", None, "the model folder FastDeploy serves, as the transfer manager's "
+                          "--model_path (the messager has none)", "pass model_path=")  # fmt: skip
     return text("--model_path", given, CLI_FIX)
 
 
@@ -471,7 +496,7 @@ def _num_cpu_blocks(args: object) -> int:
 def _backend(args: object) -> str | None:
     """``--kvcache_storage_backend`` (None: off, and the messager has none)."""
     value = getattr(args, "kvcache_storage_backend", None)
-    return one_of("--kvcache_storage_backend", value, STORAGE_BACKENDS, CLI_FIX, optional=True)
+    return optional_one_of("--kvcache_storage_backend", value, STORAGE_BACKENDS, CLI_FIX)
 
 
 def _ipc_suffix(args: object) -> str | None:
@@ -484,7 +509,8 @@ def _ipc_suffix(args: object) -> str | None:
 
 
 def _flag(args: object, name: str, *, optional: bool = False) -> Any:
-    """``args.name`` as ``parse_args`` gives it, or a ConfigError naming ``--name`` (None allowed where ``optional``)."""
+    """``args.name`` as ``parse_args`` gives it, or a ConfigError naming ``--name`` (None allowed where
+    ``optional``)."""
     value = getattr(args, name, None)
     if value is None and not optional:
         raise ConfigError(f"--{name}", None, "the value FastDeploy's parse_args gives it", CLI_FIX)

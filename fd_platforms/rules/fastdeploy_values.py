@@ -30,7 +30,7 @@ def integer(field: str, value: object, minimum: int, maximum: int, fix: str, *, 
     return check_int(field, value, minimum, maximum, fix=fix, what="an integer (not a bool, float or text)", note=note)
 
 
-def listed_integer(field: str, value: object, allowed: str, bounds: tuple[int, int], fix: str, entry: object) -> int:
+def _listed_integer(field: str, value: object, allowed: str, bounds: tuple[int, int], fix: str, entry: object) -> int:
     """``entry`` of a list ``value`` FastDeploy writes as text (``"4,5"``, ``"900,2,64,128"``) or holds as a Python
     list: ASCII digits, or an int in a list, within ``bounds``; else the error for the whole ``value``."""
     number = int(entry) if isinstance(entry, str) and _DIGITS.fullmatch(entry.strip()) else entry
@@ -58,7 +58,7 @@ def ports(field: str, value: object, fix: str) -> tuple[int, ...]:
         entries = []
     if not entries:
         raise ConfigError(field, value, allowed, fix)
-    return tuple(listed_integer(field, value, allowed, (1, MAX_PORT), fix, entry) for entry in entries)
+    return tuple(_listed_integer(field, value, allowed, (1, MAX_PORT), fix, entry) for entry in entries)
 
 
 def index(field: str, value: object, listed: Sequence[object], of: str, fix: str) -> int:
@@ -70,10 +70,10 @@ def index(field: str, value: object, listed: Sequence[object], of: str, fix: str
 def device_ids(field: str, value: object, fix: str) -> tuple[int, ...]:
     """A device list as FastDeploy's ``parallel_config.device_ids`` holds it: text of indices, ``"4,5"``
     (its ``CUDA_VISIBLE_DEVICES``; ``fastdeploy/config.py`` ``FDConfig.__init__``)."""
-    entry = "comma-separated device indices as text (4,5), not UUIDs: FastDeploy names a rank's shared tensors with them"
+    entry = "comma-separated device indices as text (4,5), not UUIDs: FastDeploy names a rank's tensors with them"
     if not isinstance(value, str):
         raise ConfigError(field, value, entry, fix)
-    return tuple(listed_integer(field, value, entry, (0, INT32_MAX), fix, part) for part in value.split(","))
+    return tuple(_listed_integer(field, value, entry, (0, INT32_MAX), fix, part) for part in value.split(","))
 
 
 def shape(field: str, value: object, fix: str) -> tuple[int, ...]:
@@ -84,7 +84,7 @@ def shape(field: str, value: object, fix: str) -> tuple[int, ...]:
     if len(parts) != 4:
         raise ConfigError(field, value, allowed, fix)
     bounds = [(1, MAX_COUNT), (1, MAX_WIDTH), (1, MAX_WIDTH), (1, MAX_WIDTH)]
-    return tuple(listed_integer(field, value, allowed, limit, fix, part) for limit, part in zip(bounds, parts))
+    return tuple(_listed_integer(field, value, allowed, limit, fix, part) for limit, part in zip(bounds, parts))
 
 
 def positive(field: str, value: object, maximum: float, fix: str) -> float:
@@ -95,13 +95,20 @@ def positive(field: str, value: object, maximum: float, fix: str) -> float:
     raise ConfigError(field, value, f"a number greater than 0 and at most {maximum:g} (not a bool or text)", fix)
 
 
-def one_of(field: str, value: object, choices: Sequence[str], fix: str, *, optional: bool = False) -> str | None:
-    """``value`` if it is one of ``choices`` exactly (FastDeploy compares its words as they are written), or None
-    where ``optional``."""
-    if (value is None and optional) or (isinstance(value, str) and value in choices):
+def one_of(field: str, value: object, choices: Sequence[str], fix: str) -> str:
+    """``value`` if it is one of ``choices`` exactly (FastDeploy compares its words as they are written)."""
+    if isinstance(value, str) and value in choices:
         return value
-    listed = ", ".join(choices) + (" or None" if optional else "")
-    raise ConfigError(field, value, f"one of {listed}", fix)
+    raise ConfigError(field, value, f"one of {', '.join(choices)}", fix)
+
+
+def optional_one_of(field: str, value: object, choices: Sequence[str], fix: str) -> str | None:
+    """None (FastDeploy's "not set"), else one of ``choices`` exactly."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value in choices:
+        return value
+    raise ConfigError(field, value, f"one of {', '.join(choices)} or None", fix)
 
 
 def suffix(field: str, value: object, fix: str) -> str:
@@ -119,6 +126,6 @@ def text(field: str, value: object, fix: str) -> str:
 
 
 __all__ = [
-    "MAX_PORT", "device_ids", "index", "integer", "listed_integer", "one_of", "port", "ports", "positive", "shape",
-    "suffix", "text",
+    "MAX_PORT", "device_ids", "index", "integer", "one_of", "optional_one_of", "port", "ports",
+    "positive", "shape", "suffix", "text",
 ]  # fmt: skip
