@@ -18,12 +18,23 @@ FastDeploy's real ``FDConfig``.
   ``engine_worker_queue_port`` (parsed to a list of ports), ``device_ids``, ``engine_pid``.
 - ``SchedulerConfig``: ``splitwise_role`` (``mixed``, ``prefill``, ``decode``), ``name``.
 - ``SpeculativeConfig(args)``: ``method`` (None or ``mtp``), ``num_gpu_block_expand_ratio`` 1,
-  ``num_extra_cache_layer`` 1 with MTP.
+  ``num_extra_cache_layer`` computed after the args are applied: 1 with MTP, else 0 (``_convert_and_validate``).
 - ``QuantConfig``: FastDeploy's quantization configs carry ``kv_cache_quant_type`` (None when the cache is
   not quantized); ``FDConfig.quant_config`` is None for an unquantized model.
 - ``FDConfig``: holds the above; ``parallel_config.device_ids`` becomes ``CUDA_VISIBLE_DEVICES`` (or
   ``XPU_VISIBLE_DEVICES`` on XPU), else ``0,1,...`` for the node's workers; ``postprocess_devices_and_ports``
-  picks this data-parallel rank's ``local_device_ids`` and ``local_engine_worker_queue_port``.
+  picks this data-parallel rank's ``local_device_ids`` and ``local_engine_worker_queue_port`` (leaving them
+  unset where that fails: it logs the error).
+
+Two processes build an FDConfig, and they differ (gongshaotian/FastDeploy at e53f518):
+
+- :func:`fd_config`, the WORKER's (``fastdeploy/worker/worker_process.py`` ``initialize_fd_config``, what a runner
+  holds): ``quant_config`` from ``parse_quant_config``, ``engine_pid`` from its ``--engine_pid`` (the engine
+  passes its first ``engine_worker_queue_port``: ``engine/engine.py`` ``_start_worker_service``), and
+  ``local_data_parallel_id`` from its rank (``data_parallel_rank % (max_chips_per_node // tensor_parallel_size)``).
+- :func:`engine_fd_config`, the ENGINE's (``fastdeploy/engine/args_utils.py`` ``EngineArgs.create_engine_config``):
+  no ``quant_config`` (None whatever the model), no ``engine_pid`` (EngineArgs has none), and the engine's own
+  ``local_data_parallel_id`` (0 unless given).
 """
 
 from __future__ import annotations
@@ -114,11 +125,9 @@ class SpeculativeConfig:
     def __init__(self, args: dict[str, Any]) -> None:
         self.method: str | None = None
         self.num_gpu_block_expand_ratio: float = 1
-        self.num_extra_cache_layer = 0
         self.model: str | None = None
         _apply(self, args)
-        if self.method == "mtp":
-            self.num_extra_cache_layer = 1
+        self.num_extra_cache_layer = 1 if self.method == "mtp" else 0  # computed after the args: never taken from them
 
 
 class QuantConfig:
@@ -146,28 +155,63 @@ class FDConfig:
         parallel_config.device_ids = os.getenv("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(workers)))
         dp, tp = parallel_config.local_data_parallel_id, parallel_config.tensor_parallel_size
         self.local_device_ids = parallel_config.device_ids.split(",")[dp * tp : (dp + 1) * tp]
-        parallel_config.local_engine_worker_queue_port = parallel_config.engine_worker_queue_port[dp]
+        try:
+            parallel_config.local_engine_worker_queue_port = parallel_config.engine_worker_queue_port[dp]
+        except (IndexError, TypeError):  # postprocess_devices_and_ports logs it and goes on
+            parallel_config.local_engine_worker_queue_port = None
 
 
 def fd_config(
     model: str,
     *,
     tp: int = 1,
+    dp: int = 1,
+    local_data_parallel_id: int = 0,
     splitwise_role: str = "mixed",
     swap_space: float | None = None,
     kv_cache_quant_type: str | None = None,
     mtp: bool = False,
     port: str = "8002",
-    engine_pid: int = 4242,
+    engine_pid: int | None = 4242,
     **cache: Any,
 ) -> FDConfig:
-    """An FDConfig as FastDeploy's engine builds one from its command line (``EngineArgs.create_engine_config``)."""
+    """The FDConfig FastDeploy's WORKER process builds (``worker_process.py`` ``initialize_fd_config``): what a
+    runner of data-parallel rank ``local_data_parallel_id`` holds."""
+    return _build(model, tp, dp, local_data_parallel_id, splitwise_role, swap_space, kv_cache_quant_type, mtp, port,
+                  engine_pid, worker=True, cache=cache)  # fmt: skip
+
+
+def engine_fd_config(
+    model: str,
+    *,
+    tp: int = 1,
+    dp: int = 1,
+    splitwise_role: str = "mixed",
+    swap_space: float | None = None,
+    kv_cache_quant_type: str | None = None,
+    mtp: bool = False,
+    port: str = "8002",
+    **cache: Any,
+) -> FDConfig:
+    """The FDConfig FastDeploy's ENGINE process builds for the same deployment (``args_utils.py``
+    ``EngineArgs.create_engine_config``): no ``quant_config``, no ``engine_pid``, data-parallel rank 0's view."""
+    return _build(model, tp, dp, 0, splitwise_role, swap_space, kv_cache_quant_type, mtp, port, None, worker=False,
+                  cache=cache)  # fmt: skip
+
+
+def _build(
+    model: str, tp: int, dp: int, local_data_parallel_id: int, splitwise_role: str, swap_space: float | None,
+    kv_cache_quant_type: str | None, mtp: bool, port: str, engine_pid: int | None, *, worker: bool,
+    cache: dict[str, Any],
+) -> FDConfig:
     quantization = {"kv_cache_quant_type": kv_cache_quant_type} if kv_cache_quant_type else None
     model_config = ModelConfig({"model": model, "quantization": quantization})
     cache_config = CacheConfig({"model_cfg": model_config, "swap_space": swap_space, **cache})
-    parallel = ParallelConfig({"tensor_parallel_size": tp, "engine_worker_queue_port": port, "engine_pid": engine_pid})
+    parallel = ParallelConfig({
+        "tensor_parallel_size": tp, "data_parallel_size": dp, "local_data_parallel_id": local_data_parallel_id,
+        "engine_worker_queue_port": port, "engine_pid": engine_pid,
+    })  # fmt: skip
     speculative = SpeculativeConfig({"method": "mtp" if mtp else None})
-    return FDConfig(
-        model_config, cache_config, parallel, SchedulerConfig({"splitwise_role": splitwise_role}), speculative,
-        QuantConfig(kv_cache_quant_type) if kv_cache_quant_type else None,
-    )  # fmt: skip
+    quant = QuantConfig(kv_cache_quant_type) if kv_cache_quant_type and worker else None
+    return FDConfig(model_config, cache_config, parallel, SchedulerConfig({"splitwise_role": splitwise_role}),
+                    speculative, quant)  # fmt: skip

@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from fastdeploy_config_standin import fd_config
+from fastdeploy_config_standin import QuantConfig, engine_fd_config, fd_config
 from fd_platforms.contract.errors import ConfigError
+from fd_platforms.ipc.fastdeploy_signals import check_suffix
 from fd_platforms.loading.platform import Platform
 from fd_platforms.loading.selection import select_platform
 from fd_platforms.rules.config import load_model_config
-from fd_platforms.rules.fastdeploy_config import from_cache_manager_args, from_fd_config
+from fd_platforms.rules.decision import DecisionInputs
+from fd_platforms.rules.fastdeploy_config import FastDeploySettings, from_cache_manager_args, from_fd_config
 
 from run_helpers import QWEN
 
@@ -178,3 +188,490 @@ def test_the_runner_and_manager_arguments_are_the_engine_calls_keywords() -> Non
                                                                                 settings.manager_arguments())):
         inspect.signature(call).bind(None, None, None, **arguments)  # a TypeError fails
     assert settings.runner_arguments()["suffix"] == "8002" and settings.manager_arguments()["rule"] == "2026-04"
+
+
+# Finding 7 of issue 41: FastDeploy-shaped values read right or refused at the adapter, naming FastDeploy's own
+# attribute or flag.
+
+NAN = float("nan")
+
+
+@pytest.mark.parametrize(
+    ("section", "name", "value"),
+    [
+        ("parallel_config", "tensor_parallel_size", 0),
+        ("parallel_config", "tensor_parallel_size", "2"),
+        ("parallel_config", "tensor_parallel_size", True),
+        ("parallel_config", "local_engine_worker_queue_port", "abc"),
+        ("parallel_config", "local_engine_worker_queue_port", NAN),
+        ("parallel_config", "local_engine_worker_queue_port", "8002,8003"),
+        ("parallel_config", "local_engine_worker_queue_port", [8002]),
+        ("parallel_config", "local_engine_worker_queue_port", 8002.9),
+        ("parallel_config", "engine_worker_queue_port", []),
+        ("parallel_config", "local_data_parallel_id", 2),
+        ("parallel_config", "local_data_parallel_id", -1),
+        ("parallel_config", "device_ids", "0,\u00b2"),
+        ("parallel_config", "device_ids", "0,\u0663"),
+        ("scheduler_config", "splitwise_role", "bogus"),
+        ("cache_config", "num_cpu_blocks", -1),
+        ("cache_config", "kvcache_storage_backend", "../x"),
+        ("model_config", "num_hidden_layers", 1e30),
+        ("speculative_config", "num_extra_cache_layer", "1"),
+        ("speculative_config", "num_extra_cache_layer", None),
+        ("speculative_config", "num_gpu_block_expand_ratio", "abc"),
+        ("speculative_config", "num_gpu_block_expand_ratio", 0),
+        ("speculative_config", "num_gpu_block_expand_ratio", NAN),
+    ],
+)
+def test_a_bad_fd_config_value_is_refused_naming_fastdeploys_attribute(section: str, name: str, value: object) -> None:
+    config = fd_config(QWEN, tp=2, port="8002,8012", mtp=True)
+    setattr(getattr(config, section), name, value)
+    with pytest.raises(ConfigError) as caught:
+        from_fd_config(config, local_rank=1)
+    assert caught.value.field == f"fd_config.{section}.{name}"
+    assert "Fix: " in str(caught.value)
+
+
+@pytest.mark.parametrize("spec", ['{"method": "mtp"}', ["mtp"], {"method": "mtp"}, object()],
+                         ids=["json-text", "list", "dict", "bare-object"])  # fmt: skip
+def test_a_speculative_config_that_is_not_fastdeploys_object_is_refused(spec: object) -> None:
+    config = fd_config(QWEN, tp=2)
+    config.speculative_config = spec
+    with pytest.raises(ConfigError) as caught:
+        from_fd_config(config, local_rank=1)
+    assert caught.value.field.startswith("fd_config.speculative_config")
+
+
+@pytest.mark.parametrize(
+    ("changes", "flag"),
+    [
+        ({"mp_num": 0}, "--mp_num"),
+        ({"mp_num": "2"}, "--mp_num"),
+        ({"rank": 2}, "--rank"),
+        ({"rank": -1}, "--rank"),
+        ({"device_id": True}, "--device_id"),
+        ({"engine_worker_queue_port": "abc"}, "--engine_worker_queue_port"),
+        ({"engine_worker_queue_port": NAN}, "--engine_worker_queue_port"),
+        ({"engine_worker_queue_port": 8002.9}, "--engine_worker_queue_port"),
+        ({"engine_worker_queue_port": [8002]}, "--engine_worker_queue_port"),
+        ({"key_cache_shape": "900,2,64,12\u00b2"}, "--key_cache_shape"),
+        ({"key_cache_shape": "900,4,64,128", "value_cache_shape": "900,4,64,128"}, "--key_cache_shape"),
+        ({"value_cache_shape": "900,2,64,12\u00b2"}, "--value_cache_shape"),
+        ({"value_cache_shape": "450,2,128,128"}, "--value_cache_shape"),  # the same bytes in other blocks
+        ({"splitwise_role": "bogus"}, "--splitwise_role"),
+        ({"ipc_suffix": "../x"}, "--ipc_suffix"),
+        ({"ipc_suffix": "1e+30"}, "--ipc_suffix"),
+        ({"num_cpu_blocks": -1}, "--num_cpu_blocks"),
+        ({"num_layers": 47}, "--num_layers"),
+        ({"speculative_config": '{"method": "mtp"}'}, "--speculative_config"),
+        ({"speculative_config": ["mtp"]}, "--speculative_config"),
+        ({"speculative_config": object()}, "--speculative_config"),
+        ({"speculative_config": {"method": "mtp", "num_extra_cache_layer": "1"}},
+         "--speculative_config.num_extra_cache_layer"),
+        ({"speculative_config": {"method": "mtp", "num_extra_cache_layer": None}},
+         "--speculative_config.num_extra_cache_layer"),
+        ({"speculative_config": {"method": "mtp", "num_gpu_block_expand_ratio": "abc"}},
+         "--speculative_config.num_gpu_block_expand_ratio"),
+        ({"speculative_config": {"method": "mtp", "num_gpu_block_expand_ratio": 0}},
+         "--speculative_config.num_gpu_block_expand_ratio"),
+        ({"speculative_config": {"method": "bogus"}}, "--speculative_config.method"),
+        ({"cache_dtype": "block_wise_fp8", "default_dtype": "uint8"}, "--default_dtype"),
+    ],
+)  # fmt: skip
+def test_a_bad_cache_manager_flag_is_refused_naming_the_flag(changes: dict[str, object], flag: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        from_cache_manager_args(manager_args(**changes))
+    assert caught.value.field == flag
+    assert "Fix: " in str(caught.value)
+
+
+def test_mtp_with_no_extra_cache_layer_is_refused_by_the_runner_and_the_manager_alike() -> None:
+    """FastDeploy's SpeculativeConfig computes num_extra_cache_layer from the method (1 for mtp), and its transfer
+    manager allocates that many draft layers whatever it is given: a config stating 0 with mtp is refused on both
+    sides, never a draft for one and none for the other."""
+    config = fd_config(QWEN, tp=2, mtp=True)
+    config.speculative_config.num_extra_cache_layer = 0
+    with pytest.raises(ConfigError) as runner:
+        from_fd_config(config, local_rank=1)
+    with pytest.raises(ConfigError) as manager:
+        from_cache_manager_args(manager_args(speculative_config={"method": "mtp", "num_extra_cache_layer": 0}))
+    assert runner.value.field == "fd_config.speculative_config.num_extra_cache_layer"
+    assert manager.value.field == "--speculative_config.num_extra_cache_layer"
+
+
+def test_with_mtp_the_runner_and_the_manager_hold_the_same_draft_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FastDeploy matches the method case-insensitively (``SpecMethod.from_string``), on both sides."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    runner = from_fd_config(fd_config(QWEN, tp=2, mtp=True), local_rank=1)
+    manager = from_cache_manager_args(manager_args(speculative_config={"method": "MTP", "num_extra_cache_layer": 1}))
+    assert runner.layout().draft().names() == manager.layout().draft().names()
+    assert manager.cache.num_gpu_block_expand_ratio == runner.cache.num_gpu_block_expand_ratio == 1.0
+
+
+@pytest.mark.parametrize(
+    ("quant", "dp_rank"), [("int8", 0), ("float8_e4m3fn", 0), ("int4_zp", 0), ("block_wise_fp8", 0), (None, 1)]
+)
+def test_the_engine_processes_fd_config_is_refused_where_the_workers_reads_right(
+    quant: str | None, dp_rank: int
+) -> None:
+    """The engine's FDConfig (EngineArgs.create_engine_config) has no quant_config, no engine_pid and data-parallel
+    rank 0's port; the worker's of the same deployment (worker_process.py) has all three."""
+    local_rank = 2 * dp_rank + 1
+    worker = from_fd_config(fd_config(QWEN, tp=2, dp=2, local_data_parallel_id=dp_rank, port="8002,8012",
+                                      kv_cache_quant_type=quant), local_rank=local_rank)  # fmt: skip
+    assert (worker.cache.kv_cache_quant_type, worker.cache.cache_dtype) == {
+        "int8": ("none", "int8"), "float8_e4m3fn": ("none", "float8_e4m3fn"), "int4_zp": ("int4_zp", "bfloat16"),
+        "block_wise_fp8": ("block_wise_fp8", "float8_e4m3fn"), None: ("none", "bfloat16"),
+    }[quant]  # fmt: skip
+    assert (worker.suffix, worker.block_count_suffix) == (("8002", "8012")[dp_rank], "4242")
+    engine = engine_fd_config(QWEN, tp=2, dp=2, port="8002,8012", kv_cache_quant_type=quant)
+    with pytest.raises(ConfigError) as caught:
+        from_fd_config(engine, local_rank=local_rank)
+    assert caught.value.field == "fd_config.parallel_config.engine_pid"
+    assert "worker process" in str(caught.value) and "create_engine_config" in str(caught.value)
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4_zp", "block_wise_fp8"])
+def test_a_quantized_cache_without_its_quant_config_is_refused(quant: str) -> None:
+    config = fd_config(QWEN, tp=2, kv_cache_quant_type=quant)
+    config.quant_config = None  # as the engine's FDConfig holds it
+    with pytest.raises(ConfigError) as caught:
+        from_fd_config(config, local_rank=1)
+    assert caught.value.field == "fd_config.quant_config"
+    assert "cache_dtype" in caught.value.allowed
+
+
+def test_a_port_list_is_read_in_every_form_fastdeploys_parse_ports_takes() -> None:
+    for ports in ("8002,8012", [8002, 8012], ["8002", "8012"], 8002):
+        config = fd_config(QWEN, tp=2, port="8002")
+        config.parallel_config.engine_worker_queue_port = ports
+        config.parallel_config.local_engine_worker_queue_port = None
+        assert from_fd_config(config, local_rank=1).suffix == "8002"
+
+
+# Every attribute the adapter reads, fed FastDeploy-shaped values: read as the value means, or refused naming it.
+
+REFUSED = object()
+"""What a value that FastDeploy's config cannot mean here must give: a ConfigError naming the attribute."""
+MISSING = object()
+M, C, P, S = ("fd_config.model_config", "fd_config.cache_config", "fd_config.parallel_config",
+              "fd_config.speculative_config")  # fmt: skip
+ROLES, BACKENDS, METHODS = ("mixed", "prefill", "decode"), ("mooncake", "attention_store", "file"), (
+    "naive", "mtp", "ngram", "suffix")  # fmt: skip
+SIXTEEN_BIT = ("bfloat16", "float16", "float32")
+CACHE_DTYPE_FLAG = {"bfloat16": ("bfloat16", "none"), "uint8": ("uint8", "none"),
+                    "block_wise_fp8": ("float8_e4m3fn", "block_wise_fp8")}  # fmt: skip
+"""What --cache_dtype means: (cache dtype, quantization) for a 128-wide key, as the runner's layout has them."""
+
+
+def whole(value: Any, low: int, high: int) -> bool:
+    return type(value) is int and low <= value <= high
+
+
+def real(value: Any, high: float) -> bool:
+    """A finite number above 0 and at most ``high``."""
+    return (type(value) is int or (type(value) is float and math.isfinite(value))) and 0 < value <= high
+
+
+def ascii_numbers(text: object, low: int, high: int) -> list[int] | None:
+    """Comma-separated ASCII digits within the bounds, or None."""
+    if not isinstance(text, str):
+        return None
+    parts = [part.strip() for part in text.split(",")]
+    if not all(re.fullmatch(r"[0-9]{1,19}", part) and low <= int(part) <= high for part in parts):
+        return None
+    return [int(part) for part in parts]
+
+
+def port_list(value: Any) -> list[Any] | None:
+    """What FastDeploy's parse_ports makes of a value, where every entry is a port."""
+    if whole(value, 1, 65535):
+        return [value]
+    if isinstance(value, str):
+        return ascii_numbers(value, 1, 65535)
+    if isinstance(value, (list, tuple)) and value:
+        entries = [entry if whole(entry, 1, 65535) else (ascii_numbers(entry, 1, 65535) or [None])[0]
+                   if isinstance(entry, str) and "," not in entry else None for entry in value]  # fmt: skip
+        return None if None in entries else entries
+    return None
+
+
+def speculative_meaning(get: Callable[[str], Any]) -> object:
+    """``(cache layers, expand ratio)`` a speculative config means for the 48-layer model, or REFUSED."""
+    method, extra, ratio = get("method"), get("num_extra_cache_layer"), get("num_gpu_block_expand_ratio")
+    method = method.lower() if isinstance(method, str) else method
+    if MISSING in (method, ratio) or (method is not None and method not in METHODS):
+        return REFUSED
+    layers = 1 if method == "mtp" else 0
+    if (extra is not MISSING and not whole(extra, layers, layers)) or not real(ratio, 64):
+        return REFUSED
+    return 48 + layers, float(ratio)
+
+
+def object_speculative(value: object) -> object:
+    if value is None or isinstance(value, (str, bytes, int, float, dict, list, tuple, set)):
+        return REFUSED
+    return speculative_meaning(lambda name: getattr(value, name, MISSING))
+
+
+def dict_speculative(value: object) -> object:
+    if not isinstance(value, dict):
+        return REFUSED
+    defaults = {"method": None, "num_gpu_block_expand_ratio": 1.0}
+    return speculative_meaning(lambda name: value.get(name, defaults.get(name, MISSING)))
+
+
+def quant_meaning(quant_config: object) -> object:
+    words = {None: ("bfloat16", "none"), "int8": ("int8", "none"), "int8_zp": ("int8", "none"),
+             "float8_e4m3fn": ("float8_e4m3fn", "none"), "float8_e4m3fn_zp": ("float8_e4m3fn", "none"),
+             "block_wise_fp8": ("float8_e4m3fn", "block_wise_fp8"), "int4_zp": ("bfloat16", "int4_zp")}  # fmt: skip
+    word = getattr(quant_config, "kv_cache_quant_type", None)  # FastDeploy's runner: hasattr(quant_config, ...)
+    word = word.lower() if isinstance(word, str) else word
+    return words.get(word, REFUSED) if word is None or isinstance(word, str) else REFUSED
+
+
+def cache_of(settings: FastDeploySettings) -> tuple[object, ...]:
+    return settings.model.num_cache_layers, settings.cache.num_gpu_block_expand_ratio
+
+
+@dataclass(frozen=True)
+class Attribute:
+    """One value the adapter reads: ``name`` (FastDeploy's attribute or flag, which an error must name), how a test
+    puts a value there, what FastDeploy makes of it (or REFUSED), where the settings hold it, values worth trying,
+    and the attributes a refusal may name instead (where the value conflicts with theirs)."""
+
+    name: str
+    put: Callable[[Any, object], None]
+    meaning: Callable[[Any], object]
+    read: Callable[[FastDeploySettings], object]
+    good: tuple[object, ...] = ()
+    also: tuple[str, ...] = ()
+    mtp: bool = False
+
+
+def attr(path: str) -> Callable[[Any, object], None]:
+    """Sets ``fd_config.<path>`` (a section's attribute, or a section itself)."""
+    *sections, name = path.split(".")[1:]
+
+    def put(config: Any, value: object) -> None:
+        for section in sections:
+            config = getattr(config, section)
+        setattr(config, name, value)
+
+    return put
+
+
+def flag(name: str) -> Callable[[Any, object], None]:
+    return lambda args, value: setattr(args, name, value)
+
+
+def spec_key(key: str) -> Callable[[Any, object], None]:
+    return lambda args, value: setattr(args, "speculative_config", {key: value})
+
+
+def kind_of_heads(value: Any) -> object:
+    """The model's 32 heads split by 2 ranks need 1 KV head or more dividing 32 and 2 (either way)."""
+    if value is None or (type(value) is int and value == -1):
+        return 32
+    return value if whole(value, 1, 65536) and 32 % value == 0 and (value % 2 == 0 or 2 % value == 0) else REFUSED
+
+
+FD_ATTRIBUTES = (
+    Attribute(f"{P}.tensor_parallel_size", attr(f"{P}.tensor_parallel_size"),
+              lambda v: v if whole(v, 1, 65536) and 32 % v == 0 and (4 % v == 0 or v % 4 == 0) else REFUSED,
+              lambda s: s.parallel.tensor_parallel_size, (1, 2, 3, 4, 8, 64)),
+    Attribute(f"{P}.device_ids", attr(f"{P}.device_ids"),
+              lambda v: ids[1] if (ids := ascii_numbers(v, 0, 2**31 - 1)) and len(ids) > 1 else REFUSED,
+              lambda s: s.device_id, ("4,5", " 6 , 7", "0,1,2,3", "0", "GPU-1,GPU-2", "0,2147483648")),
+    Attribute(f"{P}.engine_worker_queue_port", attr(f"{P}.engine_worker_queue_port"),
+              lambda v: "8002" if (ports := port_list(v)) and ports[0] == 8002 else REFUSED, lambda s: s.suffix,
+              ("8002", 8002, [8002, 9000], ["8002", "8012"], "8002,8012", "9000", (8002,), [8002.0]),
+              also=(f"{P}.local_engine_worker_queue_port",)),
+    Attribute(f"{P}.local_engine_worker_queue_port", attr(f"{P}.local_engine_worker_queue_port"),
+              lambda v: "8002" if v is None or whole(v, 8002, 8002) else REFUSED, lambda s: s.suffix,
+              (None, 8002, 8012, 8002.0)),
+    Attribute(f"{P}.local_data_parallel_id", attr(f"{P}.local_data_parallel_id"),
+              lambda v: "8002" if whole(v, 0, 0) else REFUSED, lambda s: s.suffix, (0, 1, 2, -1, -2),
+              also=(f"{P}.local_engine_worker_queue_port",)),
+    Attribute(f"{P}.engine_pid", attr(f"{P}.engine_pid"), lambda v: str(v) if whole(v, 1, 2**31 - 1) else REFUSED,
+              lambda s: s.block_count_suffix, (1, 4242, 2**31 - 1, 2**31, "4242")),
+    Attribute("fd_config.scheduler_config.splitwise_role", attr("fd_config.scheduler_config.splitwise_role"),
+              lambda v: v if v in ROLES and type(v) is str else REFUSED, lambda s: s.splitwise_role,
+              (*ROLES, "MIXED", "Prefill")),
+    Attribute(f"{C}.block_size", attr(f"{C}.block_size"), lambda v: v if whole(v, 1, 65536) else REFUSED,
+              lambda s: s.cache.block_size, (1, 64, 65536, 65537)),
+    Attribute(f"{C}.gpu_memory_utilization", attr(f"{C}.gpu_memory_utilization"),
+              lambda v: float(v) if real(v, 1) else REFUSED, lambda s: s.cache.memory_utilization,
+              (0.5, 1, 1.0, 0.0, 1.5, "0.9")),
+    Attribute(f"{C}.num_cpu_blocks", attr(f"{C}.num_cpu_blocks"), lambda v: v if whole(v, 0, 2**63 - 1) else REFUSED,
+              lambda s: s.cache.num_cpu_blocks, (0, 85, 2**63 - 1, 2**63)),
+    Attribute(f"{C}.kvcache_storage_backend", attr(f"{C}.kvcache_storage_backend"),
+              lambda v: v if v is None or (type(v) is str and v in BACKENDS) else REFUSED,
+              lambda s: s.cache.kvcache_storage_backend, (None, *BACKENDS, "none", "Mooncake")),
+    Attribute(f"{C}.num_gpu_blocks_override", attr(f"{C}.num_gpu_blocks_override"),
+              lambda v: v if v is None or whole(v, 1, 2**63 - 1) else REFUSED,
+              lambda s: s.cache.num_gpu_blocks_override, (None, 1, 900, 0)),
+    Attribute(f"{C}.cache_dtype", attr(f"{C}.cache_dtype"),
+              lambda v: "bfloat16" if isinstance(v, str) and v.lower() in SIXTEEN_BIT else REFUSED,
+              lambda s: s.cache.cache_dtype, ("bfloat16", "float16", "uint8", "int8", "block_wise_fp8", "int4_zp"),
+              also=("fd_config.quant_config",)),
+    Attribute("fd_config.quant_config", attr("fd_config.quant_config"), quant_meaning,
+              lambda s: (s.cache.cache_dtype, s.cache.kv_cache_quant_type),
+              tuple(QuantConfig(word) for word in (None, "int8", "int8_zp", "float8_e4m3fn", "float8_e4m3fn_zp",
+                                                   "block_wise_fp8", "int4_zp", "bogus", 3)),  # fmt: skip
+              also=("fd_config.quant_config.kv_cache_quant_type",)),
+    Attribute(S, attr(S), object_speculative, cache_of,
+              tuple(SimpleNamespace(method=method, num_extra_cache_layer=extra, num_gpu_block_expand_ratio=ratio)
+                    for method, extra, ratio in ((None, 0, 1.0), ("mtp", 1, 1), ("MTP", 1, 0.5), ("ngram", 0, 2.0),
+                                                 ("mtp", 0, 1.0), ("bogus", 0, 1.0), ("mtp", 1, "1"))),  # fmt: skip
+              also=(f"{S}.method", f"{S}.num_extra_cache_layer", f"{S}.num_gpu_block_expand_ratio")),
+    Attribute(f"{S}.method", attr(f"{S}.method"),
+              lambda v: (49, 1.0) if isinstance(v, str) and v.lower() == "mtp" else REFUSED, cache_of,
+              ("mtp", "MTP", "Mtp", "ngram", None), also=(f"{S}.num_extra_cache_layer",), mtp=True),
+    Attribute(f"{S}.num_extra_cache_layer", attr(f"{S}.num_extra_cache_layer"),
+              lambda v: (49, 1.0) if whole(v, 1, 1) else REFUSED, cache_of, (0, 1, 2, "1", 1.0), mtp=True),
+    Attribute(f"{S}.num_gpu_block_expand_ratio", attr(f"{S}.num_gpu_block_expand_ratio"),
+              lambda v: (49, float(v)) if real(v, 64) else REFUSED, cache_of, (0.5, 1, 2.0, 64, 64.5, 0, "1"),
+              mtp=True),
+    Attribute(f"{M}.num_hidden_layers", attr(f"{M}.num_hidden_layers"),
+              lambda v: v if whole(v, 1, 10_000) else REFUSED, lambda s: s.model.num_hidden_layers, (1, 48, 10_001)),
+    Attribute(f"{M}.num_attention_heads", attr(f"{M}.num_attention_heads"),
+              lambda v: v if whole(v, 1, 65536) and v % 4 == 0 else REFUSED,
+              lambda s: s.model.num_attention_heads, (4, 32, 64, 6, 2), also=(f"{M}.num_key_value_heads",)),
+    Attribute(f"{M}.num_key_value_heads", attr(f"{M}.num_key_value_heads"), kind_of_heads,
+              lambda s: s.model.num_key_value_heads, (None, -1, -1.0, 1, 2, 4, 32, 3, 64),
+              also=(f"{P}.tensor_parallel_size",)),
+    Attribute(f"{M}.head_dim", attr(f"{M}.head_dim"), lambda v: v if whole(v, 1, 65536) else REFUSED,
+              lambda s: s.model.head_dim, (64, 128, 65537)),
+    Attribute(f"{M}.dtype", attr(f"{M}.dtype"),
+              lambda v: v if type(v) is str and v in ("bfloat16", "float16", "float32") else REFUSED,
+              lambda s: s.model.dtype, ("bfloat16", "float16", "float32", "BFloat16", "fp16")),
+    Attribute(f"{M}.model", attr(f"{M}.model"),
+              lambda v: os.path.basename(v.rstrip("/")) if isinstance(v, str) and v.strip() else REFUSED,
+              lambda s: s.model.name, (QWEN, QWEN + "/", "")),
+    Attribute(f"{M}._name_or_path", attr(f"{M}._name_or_path"),
+              lambda v: "qwen3-30b-a3b" if v is None else v if isinstance(v, str) and v.strip() else REFUSED,
+              lambda s: s.model.name, (None, "Qwen/Qwen3-30B-A3B", "")),
+    Attribute(f"{M}.kv_lora_rank", attr(f"{M}.kv_lora_rank"), lambda v: None if v is None else REFUSED,
+              lambda s: s.model.kv_lora_rank, (None, 512), also=(f"{M}.qk_rope_head_dim",)),
+    Attribute(f"{M}.qk_rope_head_dim", attr(f"{M}.qk_rope_head_dim"),
+              lambda v: v if v is None or whole(v, 1, 65536) else REFUSED, lambda s: s.model.qk_rope_head_dim,
+              (None, 64)),
+    Attribute(f"{M}.index_head_dim", attr(f"{M}.index_head_dim"), lambda v: None if v is None else REFUSED,
+              lambda s: s.model.index_head_dim, (None, 128), also=(f"{M}.kv_lora_rank",)),
+    Attribute(f"{M}.num_nextn_predict_layers", attr(f"{M}.num_nextn_predict_layers"),
+              lambda v: 0 if v is None else v if whole(v, 0, 10_000) else REFUSED,
+              lambda s: s.model.num_nextn_predict_layers, (None, 0, 1, 10_001)),
+)  # fmt: skip
+
+SPEC_KEYS = {"method": ("mtp", "MTP", "ngram", None, "bogus"), "num_extra_cache_layer": (0, 1, "1", None),
+             "num_gpu_block_expand_ratio": (0.5, 1, 0, "1", None)}  # fmt: skip
+
+CLI_ATTRIBUTES = (
+    Attribute("--rank", flag("rank"), lambda v: v if whole(v, 0, 1) else REFUSED, lambda s: s.rank, (0, 1, 2, -1)),
+    Attribute("--mp_num", flag("mp_num"), lambda v: 2 if whole(v, 2, 2) else REFUSED,
+              lambda s: s.parallel.tensor_parallel_size, (1, 2, 3, 4), also=("--rank", "--key_cache_shape")),
+    Attribute("--device_id", flag("device_id"), lambda v: v if whole(v, 0, 2**31 - 1) else REFUSED,
+              lambda s: (s.device_id, s.local_device)[0], (0, 5, 2**31)),
+    Attribute("--cache_dtype", flag("cache_dtype"),
+              lambda v: CACHE_DTYPE_FLAG.get(v, REFUSED) if type(v) is str else REFUSED,
+              lambda s: (s.cache.cache_dtype, s.cache.kv_cache_quant_type),
+              ("bfloat16", "uint8", "block_wise_fp8", "int8", "int4_zp", "float16", "UINT8")),
+    Attribute("--key_cache_shape", flag("key_cache_shape"),
+              lambda v: 900 if ascii_numbers(v, 0, 2**63) == [900, 2, 64, 128] else REFUSED, lambda s: s.num_blocks,
+              ("900,2,64,128", " 900, 2,64,128", "1,2,64,128", "900,2,32,128", "900,2,64,64", "900,2,64"),
+              also=("--value_cache_shape",)),
+    Attribute("--value_cache_shape", flag("value_cache_shape"),
+              lambda v: (900, 2, 64, 128) if ascii_numbers(v, 0, 2**63) == [900, 2, 64, 128] else REFUSED,
+              lambda s: s.tensor_specs[1].shape, ("900,2,64,128", "", "900,2,64,64", "900,2,64,128,1")),
+    Attribute("--engine_worker_queue_port", flag("engine_worker_queue_port"),
+              lambda v: str(v) if whole(v, 1, 65535) else REFUSED, lambda s: s.suffix, (1, 8002, 65535, 65536)),
+    Attribute("--num_cpu_blocks", flag("num_cpu_blocks"), lambda v: v if whole(v, 0, 2**63 - 1) else REFUSED,
+              lambda s: s.cache.num_cpu_blocks, (0, 85, 2**63)),
+    Attribute("--kvcache_storage_backend", flag("kvcache_storage_backend"),
+              lambda v: v if v is None or (type(v) is str and v in BACKENDS) else REFUSED,
+              lambda s: s.cache.kvcache_storage_backend, (None, *BACKENDS, "none")),
+    Attribute("--splitwise_role", flag("splitwise_role"), lambda v: v if type(v) is str and v in ROLES else REFUSED,
+              lambda s: s.splitwise_role, (*ROLES, "Decode")),
+    Attribute("--speculative_config", flag("speculative_config"), dict_speculative, cache_of,
+              ({}, {"method": "mtp"}, {"method": "MTP", "num_extra_cache_layer": 1}, {"method": "mtp",
+               "num_extra_cache_layer": 0}, {"num_gpu_block_expand_ratio": 0.5}, '{"method": "mtp"}'),
+              also=tuple(f"--speculative_config.{key}" for key in SPEC_KEYS)),
+    *(Attribute(f"--speculative_config.{key}", spec_key(key), lambda v, key=key: dict_speculative({key: v}),
+                cache_of, values) for key, values in SPEC_KEYS.items()),
+    Attribute("--model_path", flag("model_path"), lambda v: "qwen3-30b-a3b" if v in (QWEN, QWEN + "/") else REFUSED,
+              lambda s: s.model.name, (QWEN, QWEN + "/", "examples", ""), also=("model_path",)),  # None: pass it
+    Attribute("--ipc_suffix", flag("ipc_suffix"),
+              lambda v: v if v is None or (isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", v))
+              else REFUSED, lambda s: s.block_count_suffix, (None, "4242", "a_b-c", "-x", "../x", "x" * 65)),
+    Attribute("--engine_pid", flag("engine_pid"), lambda v: "4242" if v is None else str(v) if whole(v, 1, 2**31 - 1)
+              else REFUSED, lambda s: s.block_count_suffix, (None, 4242, 0, "4242")),
+    Attribute("--num_layers", flag("num_layers"), lambda v: 48 if v is None or whole(v, 48, 48) else REFUSED,
+              lambda s: s.model.num_hidden_layers, (None, 48, 47)),
+    Attribute("--default_dtype", flag("default_dtype"),
+              lambda v: v if type(v) is str and v in ("bfloat16", "float16") else REFUSED,
+              lambda s: s.tensor_specs[2].dtype, ("bfloat16", "float16", "uint8", "int8", "float32")),
+)  # fmt: skip
+"""The cache transfer manager's flags (the --default_dtype case on a block_wise_fp8 cache, which has scales)."""
+
+ODD_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(), st.sampled_from([0, -1, 2**31, 2**63, 10**400, 8002.0, 8002.9, 0.5, math.nan, math.inf, -math.inf]),
+    st.text(max_size=10),
+    st.sampled_from(["", " ", "abc", "2", "8002", "8002,8003", "\u00b2", "\u0663", "0,\u00b2", "4,\u0663", "-1",
+                     "1e+30", "../x", " 8002 ", "0x10", "1_000", "nan", "None"]),
+    st.lists(st.integers(min_value=-5, max_value=70_000), max_size=3), st.tuples(st.just(8002)),
+    st.builds(SimpleNamespace), st.builds(object), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+).filter(lambda value: not (isinstance(value, str) and value.lower() == "float8_e4m3"))  # another issue decides it
+"""FastDeploy-shaped values of every kind: None, bools, ints (negative, huge), floats (NaN, inf, whole, not), text
+(non-ASCII digits, lists, numbers in other forms), lists, objects, dicts."""
+
+
+def engine_calls_accept(settings: FastDeploySettings, cpu: Platform) -> None:
+    """What every engine call checks of the settings it is given, before any hook runs."""
+    check_suffix(settings.suffix)
+    if settings.block_count_suffix is not None:
+        check_suffix(settings.block_count_suffix, "block_count_suffix")
+    DecisionInputs(False, settings.cache.num_cpu_blocks, settings.cache.kvcache_storage_backend,
+                   settings.splitwise_role)  # fmt: skip
+    layout = settings.layout()
+    for part in (layout.main(), layout.draft()) if layout.mtp_layers else (layout,):
+        cpu.cache_layout(part, settings.num_blocks or 16, settings.tensor_specs)
+
+
+def check_read_or_refused(read: Callable[[], FastDeploySettings], attribute: Attribute, value: object,
+                          cpu: Platform) -> None:  # fmt: skip
+    expected = attribute.meaning(value)
+    try:
+        settings = read()
+    except ConfigError as error:
+        assert error.field in (attribute.name, *attribute.also), (value, str(error))
+        assert expected is REFUSED, (value, str(error))
+        return
+    assert expected is not REFUSED, (value, "accepted", attribute.read(settings))
+    assert attribute.read(settings) == expected, value
+    engine_calls_accept(settings, cpu)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_fd_config_attribute_is_read_as_fastdeploy_means_it_or_refused_naming_it(
+    cpu: Platform, data: st.DataObject
+) -> None:
+    attribute = data.draw(st.sampled_from(FD_ATTRIBUTES), label="attribute")
+    value = data.draw(st.one_of(st.sampled_from(attribute.good), ODD_VALUES), label="value")
+    config = fd_config(QWEN, tp=2, port="8002,8012", mtp=attribute.mtp)
+    attribute.put(config, value)
+    check_read_or_refused(lambda: from_fd_config(config, local_rank=1), attribute, value, cpu)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_cache_manager_flag_is_read_as_fastdeploy_means_it_or_refused_naming_it(
+    cpu: Platform, data: st.DataObject
+) -> None:
+    attribute = data.draw(st.sampled_from(CLI_ATTRIBUTES), label="flag")
+    value = data.draw(st.one_of(st.sampled_from(attribute.good), ODD_VALUES), label="value")
+    args = manager_args(**({"cache_dtype": "block_wise_fp8"} if attribute.name == "--default_dtype" else {}))
+    attribute.put(args, value)
+    check_read_or_refused(lambda: from_cache_manager_args(args), attribute, value, cpu)

@@ -9,5 +9,6 @@ Not part of the plugin API: a plugin imports :mod:`fd_platforms.plugin` only.
 - :mod:`.planner` — how many blocks a rank gets, and the invariants every plan keeps;
 - :mod:`.drift` — the reports that refuse a plugin answering a rule hook differently;
 - :mod:`.devices` — the physical device id that names a rank's tensors, from the visible-devices variable;
-- :mod:`.fastdeploy_config` — FastDeploy's ``FDConfig`` (or a cache process's command line) read as it is.
+- :mod:`.fastdeploy_config` — FastDeploy's ``FDConfig`` (or a cache process's command line) read as it is, each kind
+  of value checked by one function of :mod:`.fastdeploy_values`.
 """

@@ -9,26 +9,40 @@ FastDeploy's cache transfer manager and cache messager get no ``FDConfig``, only
 same settings from it and the model's ``config.json``.
 
 Every value is FastDeploy's own: its vocabulary (``kv_cache_quant_type``, ``cache_dtype``) goes through
-:mod:`.config.vocabulary`; ``num_cpu_blocks`` is the one FastDeploy's ``CacheConfig`` computed (what its transfer manager
-allocates); the device id that names the tensors is the physical one from ``parallel_config.device_ids`` (its
+:mod:`.config.vocabulary`; ``num_cpu_blocks`` is the one FastDeploy's ``CacheConfig`` computed (what its transfer
+manager allocates); the device id that names the tensors is the physical one from ``parallel_config.device_ids`` (its
 ``CUDA_VISIBLE_DEVICES``), the tensors live on the local device, as ``gpu_worker.py`` allocates them.
+
+Every value is checked here, each kind by one function of :mod:`.fastdeploy_values`, and the settings returned as
+the engine calls check theirs (the layout, the stated shapes, the rule's inputs, the suffixes), so no engine call
+refuses later what could be seen here: a :class:`~fd_platforms.contract.errors.ConfigError` names FastDeploy's
+attribute (``fd_config.parallel_config.tensor_parallel_size``) or flag (``--mp_num``), never our field. A config
+that cannot be read fully is refused naming what it lacks, never filled in: the ENGINE process's FDConfig
+(``engine/args_utils.py`` ``EngineArgs.create_engine_config``) has no ``engine_pid``, no ``quant_config`` and data-
+parallel rank 0's view; a runner's is the WORKER's (``worker/worker_process.py`` ``initialize_fd_config``).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..contract.errors import ConfigError
-from ..contract.integers import check_int
+from ..contract.integers import INT32_MAX, MAX_COUNT, check_int, is_int
 from ..contract.types import CacheRoleShape
+from .config.limits import MAX_EXPAND_RATIO, MAX_LAYERS, MAX_RANKS, MAX_WIDTH, MODEL_DTYPES
 from .config.model import ModelConfig, load_model_config
 from .config.settings import CacheConfig, ParallelConfig
-from .config.vocabulary import cache_settings_from_fastdeploy
-from .decision import check_pin
-from .devices import listed_device
+from .config.vocabulary import CACHE_DTYPE_WORDS, cache_settings_from_fastdeploy, fastdeploy_word
+from .decision import SPLITWISE_ROLES, STORAGE_BACKENDS, check_pin
+from .fastdeploy_values import (
+    device_ids, index, integer, one_of, optional_one_of, port, ports, positive, shape, suffix, text,
+)
 from .layout import CacheLayout, build_layout
+from .shapes import engine_shaped, shape_request
 
 _ATTENTION_BACKENDS = {"MLA_ATTN": "mla", "DSA_ATTN": "dsa"}
 """FastDeploy's ``FD_ATTENTION_BACKEND`` values that change the cache's shape (its runners test these two)."""
@@ -94,76 +108,134 @@ class FastDeploySettings:
         return arguments
 
 
+_FD = "fd_config"
+_MODEL, _CACHE, _PARALLEL = f"{_FD}.model_config", f"{_FD}.cache_config", f"{_FD}.parallel_config"
+_SPEC = f"{_FD}.speculative_config"
+FD_FIX = "pass the FDConfig FastDeploy's worker process builds (worker_process.py initialize_fd_config) as it is"
+CLI_FIX = "pass the command line FastDeploy's launch_cache_manager gives (cache_transfer_manager.py parse_args)"
+_DEVICES_FIX = ("set CUDA_VISIBLE_DEVICES (FastDeploy copies it there) to this node's devices, by index, one per local "
+                "rank")
+_ENGINE_PROCESS = (
+    "pass the FDConfig of FastDeploy's worker process (worker_process.py initialize_fd_config: it holds --engine_pid, "
+    "the quantization and its data-parallel rank), not the engine process's (args_utils.py "
+    "EngineArgs.create_engine_config builds none of them)"
+)
+_LATENT_KEYS = ("kv_lora_rank", "qk_rope_head_dim", "index_head_dim")
+"""An MLA or DSA model's config.json keys (FastDeploy's ModelConfig holds them where the file has them)."""
+SPEC_METHODS = ("naive", "mtp", "ngram", "suffix")
+"""FastDeploy's speculative methods (``spec_decode/types.py`` ``SpecMethod``, matched case-insensitively)."""
+CACHE_DTYPE_FLAG = ("uint8", "bfloat16", "block_wise_fp8")
+"""``--cache_dtype`` as FastDeploy's cache processes allow it (``parse_args`` choices: its ``CacheConfig`` has turned
+every 4- and 8-bit word into ``uint8`` before ``launch_cache_manager`` passes it)."""
+DEFAULT_DTYPES = ("float16", "bfloat16", "uint8", "int8")
+"""``--default_dtype`` as FastDeploy's cache processes allow it (``parse_args``; ``int8`` the messager's)."""
+_ABSENT = object()
+
+_FD_NAMES = {
+    **{name: f"{_MODEL}.{name}" for name in (
+        "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "kv_lora_rank",
+        "qk_rope_head_dim", "index_head_dim", "num_nextn_predict_layers", "dtype",
+    )},
+    "attention": "FD_ATTENTION_BACKEND", "block_size": f"{_CACHE}.block_size",
+    "memory_utilization": f"{_CACHE}.gpu_memory_utilization", "num_cpu_blocks": f"{_CACHE}.num_cpu_blocks",
+    "kvcache_storage_backend": f"{_CACHE}.kvcache_storage_backend",
+    "num_gpu_blocks_override": f"{_CACHE}.num_gpu_blocks_override",
+    "num_gpu_block_expand_ratio": f"{_SPEC}.num_gpu_block_expand_ratio",
+    "kv_cache_quant_type": f"{_FD}.quant_config.kv_cache_quant_type", "cache_dtype": f"{_MODEL}.dtype",
+    "tensor_parallel_size": f"{_PARALLEL}.tensor_parallel_size", "device_id": f"{_PARALLEL}.device_ids",
+}  # fmt: skip
+"""Our record fields and the FastDeploy attributes they are read from, for an error a record raises."""
+
+_CLI_NAMES = {
+    "tensor_parallel_size": "--mp_num", "local_rank": "--rank", "device_id": "--device_id",
+    "local_device": "--device_id", "block_size": "--key_cache_shape", "num_cpu_blocks": "--num_cpu_blocks",
+    "kvcache_storage_backend": "--kvcache_storage_backend", "cache_dtype": "--cache_dtype",
+    "kv_cache_quant_type": "--cache_dtype",
+    "num_gpu_block_expand_ratio": "--speculative_config.num_gpu_block_expand_ratio",
+}  # fmt: skip
+"""Our record fields and the cache process's flags they are read from."""
+
+_SPEC_FLAGS = {"key": "--key_cache_shape", "value": "--value_cache_shape", "key_scale": "--default_dtype",
+               "value_scale": "--default_dtype"}  # fmt: skip
+
+
 def from_fd_config(fd_config: object, *, local_rank: int, rule: str | None = None) -> FastDeploySettings:
     """The settings of the runner of ``local_rank`` (FastDeploy's ``local_rank``, as ``gpu_worker.py`` has it),
-    read from a FastDeploy ``FDConfig``; ``rule`` pins the create-or-attach rule (FastDeploy's release)."""
-    check_int("local_rank", local_rank, 0, fix="pass the runner's local_rank")
+    read from the FDConfig of FastDeploy's worker process; ``rule`` pins the create-or-attach rule (FastDeploy's
+    release). Every attribute is checked as FastDeploy holds it, and the settings as the engine calls check them:
+    a ConfigError names the attribute (``fd_config.parallel_config.tensor_parallel_size``). The engine process's
+    FDConfig, which lacks what the worker's holds, is refused."""
+    check_int("local_rank", local_rank, 0, INT32_MAX, fix="pass the runner's local_rank")
     check_pin(rule)
-    model_config = _read(fd_config, "model_config")
     parallel_config = _read(fd_config, "parallel_config")
-    tp = _read(parallel_config, "tensor_parallel_size", "fd_config.parallel_config")
-    speculative = getattr(fd_config, "speculative_config", None)
-    draft_layers = getattr(speculative, "num_extra_cache_layer", 0) if getattr(speculative, "method", None) == "mtp" else 0
-    model = _model(model_config, draft_layers=draft_layers)
-    cache = _cache(fd_config, rule)
-    parallel = ParallelConfig(tensor_parallel_size=tp, local_rank=local_rank % tp)
-    return FastDeploySettings(
-        model=model,
-        cache=cache,
-        parallel=parallel,
-        splitwise_role=_read(_read(fd_config, "scheduler_config"), "splitwise_role", "fd_config.scheduler_config"),
-        device_id=_physical_device(parallel_config, local_rank),
-        local_device=local_rank,
-        suffix=str(_local_port(parallel_config)),
-        block_count_suffix=_optional_text(getattr(parallel_config, "engine_pid", None)),
-        rule=rule,
-    )
+    block_count_suffix = _engine_pid(parallel_config)
+    tp = integer(f"{_PARALLEL}.tensor_parallel_size", _read(parallel_config, "tensor_parallel_size", _PARALLEL), 1,
+                 MAX_RANKS, FD_FIX)  # fmt: skip
+    device_id = _physical_device(parallel_config, local_rank)
+    suffix = _local_port(parallel_config)
+    role = one_of(f"{_FD}.scheduler_config.splitwise_role",
+                  _read(_read(fd_config, "scheduler_config"), "splitwise_role", f"{_FD}.scheduler_config"),
+                  SPLITWISE_ROLES, FD_FIX)  # fmt: skip
+    draft_layers, ratio = _speculative(_speculative_object(fd_config), _SPEC, FD_FIX, defaults=None)
+    model_config = _read(fd_config, "model_config")
+    with _named(_FD_NAMES):
+        model = _model(model_config, draft_layers=draft_layers)
+        cache = _cache(fd_config, rule, ratio, model.dtype)
+        parallel = ParallelConfig(tensor_parallel_size=tp, local_rank=local_rank % tp)
+        settings = FastDeploySettings(
+            model=model, cache=cache, parallel=parallel, splitwise_role=role, device_id=device_id,
+            local_device=local_rank, suffix=str(suffix), block_count_suffix=block_count_suffix, rule=rule,
+        )  # fmt: skip
+        settings.layout()  # the tensor-parallel split, as every engine call's layout has it
+    return settings
 
 
-def from_cache_manager_args(args: object, *, model_path: str | None = None, rule: str | None = None) -> FastDeploySettings:
+def from_cache_manager_args(
+    args: object, *, model_path: str | None = None, rule: str | None = None
+) -> FastDeploySettings:
     """The settings of FastDeploy's cache transfer manager or cache messager for one rank, from its parsed command
     line (``--rank``, ``--device_id``, ``--mp_num``, ``--cache_dtype``, ``--key_cache_shape``,
     ``--engine_worker_queue_port``, ...; ``cache_transfer_manager.py`` and ``cache_messager.py`` ``parse_args``) and
     the model's ``config.json`` (``model_path``, default ``args.model_path``, which only the transfer manager gets).
     Its ``--device_id`` is the physical id and it sees every device, so the tensors live on that device too.
     Its ``--cache_dtype`` says ``uint8`` for every 4- and 8-bit cache (FastDeploy's ``CacheConfig``); a key whose
-    head dim is half the model's is ``int4_zp``'s two values a byte."""
+    head dim is half the model's is ``int4_zp``'s two values a byte. A flag only the transfer manager has
+    (``--num_cpu_blocks``, ``--kvcache_storage_backend``) is off for the messager. Every flag is checked as
+    FastDeploy's ``parse_args`` gives it, and the settings (the stated shapes too) as the engine calls check them:
+    a ConfigError names the flag."""
     check_pin(rule)
-    path = model_path if model_path is not None else getattr(args, "model_path", None)
-    if path is None:
-        raise ConfigError("model_path", None, "the model folder FastDeploy serves", "pass model_path=")
-    speculative = getattr(args, "speculative_config", None) or {}
-    model = load_model_config(path)
-    if speculative.get("method") == "mtp":  # as the runner's: the transfer manager's num_extra_layers
-        model = replace(model, num_nextn_predict_layers=int(speculative.get("num_extra_cache_layer") or 1), use_mtp=True)
-    key_shape = _shape(getattr(args, "key_cache_shape", None), "--key_cache_shape")
-    cache_dtype = _read(args, "cache_dtype", "args")
+    path = _model_path(args, model_path)
+    with _named({"path": "model_path" if model_path is not None else "--model_path"}):
+        model = load_model_config(path)
+    draft_layers, ratio = _speculative(_speculative_dict(args), "--speculative_config", CLI_FIX,
+                                       defaults={"method": None, "num_gpu_block_expand_ratio": 1.0})  # fmt: skip
+    if draft_layers:  # as the runner's: the transfer manager's num_extra_layers
+        model = replace(model, num_nextn_predict_layers=draft_layers, use_mtp=True)
+    _check_num_layers(args, model)
+    key_shape = shape("--key_cache_shape", _flag(args, "key_cache_shape"), CLI_FIX)
+    cache_dtype = one_of("--cache_dtype", _flag(args, "cache_dtype"), CACHE_DTYPE_FLAG, CLI_FIX)
     packed = cache_dtype == "uint8" and model.attention in ("mha", "gqa") and key_shape[3] * 2 == model.head_dim
-    cache_fields = cache_settings_from_fastdeploy(kv_cache_quant_type="int4_zp" if packed else None,
-                                                  cache_dtype=cache_dtype)  # fmt: skip
-    cache = CacheConfig(
-        block_size=key_shape[2],
-        num_cpu_blocks=getattr(args, "num_cpu_blocks", 0) or 0,
-        kvcache_storage_backend=getattr(args, "kvcache_storage_backend", None),
-        num_gpu_block_expand_ratio=float(speculative.get("num_gpu_block_expand_ratio", 1) or 1),
-        rule=rule,
-        **cache_fields,
-    )
-    device = _read(args, "device_id", "args")
-    tp = _read(args, "mp_num", "args")
-    return FastDeploySettings(
-        model=model,
-        cache=cache,
-        parallel=ParallelConfig(tensor_parallel_size=tp, local_rank=_read(args, "rank", "args")),
-        splitwise_role=getattr(args, "splitwise_role", "mixed"),
-        device_id=device,
-        local_device=device,
-        suffix=str(_read(args, "engine_worker_queue_port", "args")),
-        block_count_suffix=_optional_text(getattr(args, "engine_pid", None) or getattr(args, "ipc_suffix", None)),
-        rule=rule,
-        num_blocks=key_shape[0],
-        tensor_specs=_command_line_specs(args, key_shape, cache_dtype),
-    )
+    tp = integer("--mp_num", _flag(args, "mp_num"), 1, MAX_RANKS, CLI_FIX)
+    with _named(_CLI_NAMES):
+        cache = CacheConfig(
+            block_size=key_shape[2], num_cpu_blocks=_num_cpu_blocks(args), kvcache_storage_backend=_backend(args),
+            num_gpu_block_expand_ratio=ratio, rule=rule,
+            **cache_settings_from_fastdeploy(kv_cache_quant_type="int4_zp" if packed else None,
+                                             cache_dtype=cache_dtype),
+        )  # fmt: skip
+        device = integer("--device_id", _flag(args, "device_id"), 0, INT32_MAX, CLI_FIX)
+        settings = FastDeploySettings(
+            model=model, cache=cache,
+            parallel=ParallelConfig(tensor_parallel_size=tp, local_rank=integer(
+                "--rank", _flag(args, "rank"), 0, tp - 1, CLI_FIX, note=f"--mp_num={tp}")),
+            splitwise_role=one_of("--splitwise_role", _flag(args, "splitwise_role"), SPLITWISE_ROLES, CLI_FIX),
+            device_id=device, local_device=device,
+            suffix=str(port("--engine_worker_queue_port", _flag(args, "engine_worker_queue_port"), CLI_FIX)),
+            block_count_suffix=_ipc_suffix(args), rule=rule, num_blocks=key_shape[0],
+            tensor_specs=_command_line_specs(args, key_shape, cache_dtype),
+        )  # fmt: skip
+        _check_stated_shapes(args, settings)
+    return settings
 
 
 def _command_line_specs(args: object, key_shape: tuple[int, ...], cache_dtype: str) -> tuple[CacheRoleShape, ...]:
@@ -172,16 +244,39 @@ def _command_line_specs(args: object, key_shape: tuple[int, ...], cache_dtype: s
     or block_wise_fp8) else the cache dtype; with block_wise_fp8 the key and value scales ``[blocks, heads,
     block_size]`` in ``--default_dtype`` (Paddle's default dtype, which its ``CacheTransferManager.__init__``
     sets and sizes the scales in)."""
-    value_text = getattr(args, "value_cache_shape", None)
+    value_text = _flag(args, "value_cache_shape", optional=True)
     dtype = "uint8" if cache_dtype in ("uint8", "block_wise_fp8") else cache_dtype
     specs = [CacheRoleShape("key", key_shape, dtype)]
     if value_text:
-        specs.append(CacheRoleShape("value", _shape(value_text, "--value_cache_shape"), dtype))
+        specs.append(CacheRoleShape("value", shape("--value_cache_shape", value_text, CLI_FIX), dtype))
     if cache_dtype == "block_wise_fp8":
         scale = (key_shape[0], key_shape[1], key_shape[2])
-        default = str(getattr(args, "default_dtype", "bfloat16"))
+        default = one_of("--default_dtype", _flag(args, "default_dtype"), DEFAULT_DTYPES, CLI_FIX)
         specs += [CacheRoleShape(role, scale, default) for role in ("key_scale", "value_scale")[: len(specs)]]
     return tuple(specs)
+
+
+def _check_stated_shapes(args: object, settings: FastDeploySettings) -> None:
+    """The shapes the command line states, checked as the engine calls check ``tensor_specs`` against the layout
+    (:func:`~fd_platforms.rules.shapes.engine_shaped`), the error naming the flag of the first tensor that differs."""
+    layout, specs, blocks = settings.layout(), settings.tensor_specs or (), settings.num_blocks or 0
+    try:
+        engine_shaped(layout, specs, blocks)
+    except ConfigError as error:
+        flag = _SPEC_FLAGS[_first_differing_role(specs, shape_request(layout, blocks).default)]
+        raise ConfigError(flag, _flag(args, flag[2:], optional=True), error.allowed, error.fix) from None
+
+
+def _first_differing_role(
+    stated: tuple[CacheRoleShape, ...], expected: tuple[CacheRoleShape, ...]
+) -> str:
+    """The role of the first stated tensor that is not the expected one (its role, blocks or bytes), or of the
+    first tensor one list has and the other lacks."""
+    for got, core in zip(stated, expected):
+        if got.role != core.role or got.shape[0] != core.shape[0] or got.nbytes != core.nbytes:
+            return got.role
+    longer = stated if len(stated) > len(expected) else expected
+    return longer[min(len(stated), len(expected))].role if len(stated) != len(expected) else "key"
 
 
 def _model(model_config: object, *, draft_layers: int) -> ModelConfig:
@@ -189,79 +284,244 @@ def _model(model_config: object, *, draft_layers: int) -> ModelConfig:
     cache holds ``draft_layers`` more: FastDeploy's ``SpeculativeConfig.num_extra_cache_layer`` (1 for ``mtp``),
     what its transfer manager allocates after the main layers (``cache_transfer_manager.py``
     ``num_extra_layers``), whatever ``num_nextn_predict_layers`` the model's config.json has."""
-    where = "fd_config.model_config"
-    heads = _read(model_config, "num_attention_heads", where)
-    kv_heads = getattr(model_config, "num_key_value_heads", -1)
+    heads = integer(f"{_MODEL}.num_attention_heads", _read(model_config, "num_attention_heads", _MODEL), 1, MAX_WIDTH,
+                    FD_FIX)  # fmt: skip
+    latent = {name: _optional_int(model_config, name, 1, MAX_WIDTH) for name in _LATENT_KEYS}
     backend = os.environ.get("FD_ATTENTION_BACKEND", "")
-    return ModelConfig(
-        name=str(getattr(model_config, "_name_or_path", None) or os.path.basename(str(_read(model_config, "model", where)).rstrip("/"))),
-        num_hidden_layers=_read(model_config, "num_hidden_layers", where),
-        num_attention_heads=heads,
-        num_key_value_heads=heads if kv_heads in (None, -1) else kv_heads,  # FastDeploy's -1: not in config.json
-        head_dim=_read(model_config, "head_dim", where),
-        kv_lora_rank=getattr(model_config, "kv_lora_rank", None),
-        qk_rope_head_dim=getattr(model_config, "qk_rope_head_dim", None),
-        index_head_dim=getattr(model_config, "index_head_dim", None),
-        num_nextn_predict_layers=draft_layers or getattr(model_config, "num_nextn_predict_layers", 0) or 0,
-        use_mtp=draft_layers > 0,
-        attention=_ATTENTION_BACKENDS.get(backend),
-        dtype=str(getattr(model_config, "dtype", "bfloat16")),
-    )
+    needed = "FD_ATTENTION_BACKEND" if backend in _ATTENTION_BACKENDS else f"{_MODEL}.{_first_missing(latent)}"
+    with _named({"attention": needed}):  # the backend asks for a latent cache, or the model's keys half state one
+        return ModelConfig(
+            name=_model_name(model_config),
+            num_hidden_layers=integer(f"{_MODEL}.num_hidden_layers", _read(model_config, "num_hidden_layers", _MODEL),
+                                      1, MAX_LAYERS, FD_FIX),
+            num_attention_heads=heads,
+            num_key_value_heads=_kv_heads(model_config, heads),
+            head_dim=integer(f"{_MODEL}.head_dim", _read(model_config, "head_dim", _MODEL), 1, MAX_WIDTH, FD_FIX),
+            **latent,
+            num_nextn_predict_layers=draft_layers or _optional_int(model_config, "num_nextn_predict_layers", 0,
+                                                                   MAX_LAYERS) or 0,
+            use_mtp=draft_layers > 0,
+            attention=_ATTENTION_BACKENDS.get(backend),
+            dtype=one_of(f"{_MODEL}.dtype", _read(model_config, "dtype", _MODEL), MODEL_DTYPES, FD_FIX),
+        )  # fmt: skip
 
 
-def _cache(fd_config: object, rule: str | None) -> CacheConfig:
+def _kv_heads(model_config: object, heads: int) -> int:
+    """``num_key_value_heads``: FastDeploy's -1 (or None) where config.json lacks it, which is MHA: ``heads``."""
+    kv_heads = _read(model_config, "num_key_value_heads", _MODEL, optional=True)
+    if kv_heads is None or (is_int(kv_heads) and kv_heads == -1):
+        return heads
+    return integer(f"{_MODEL}.num_key_value_heads", kv_heads, 1, MAX_WIDTH, FD_FIX)
+
+
+def _first_missing(latent: dict[str, int | None]) -> str:
+    """The first of the latent keys (MLA's two, then DSA's) a model lacks."""
+    return next((name for name, value in latent.items() if value is None), "kv_lora_rank")
+
+
+def _model_name(model_config: object) -> str:
+    """The model's ``_name_or_path`` (where its config.json has one), else its folder's name."""
+    folder = text(f"{_MODEL}.model", _read(model_config, "model", _MODEL), FD_FIX)
+    name = getattr(model_config, "_name_or_path", None)
+    return os.path.basename(folder.rstrip("/")) if name is None else text(f"{_MODEL}._name_or_path", name, FD_FIX)
+
+
+def _optional_int(source: object, name: str, minimum: int, maximum: int) -> int | None:
+    """A key the model's config.json may lack (None), else an integer."""
+    value = getattr(source, name, None)
+    return None if value is None else integer(f"{_MODEL}.{name}", value, minimum, maximum, FD_FIX)
+
+
+def _cache(fd_config: object, rule: str | None, ratio: float, model_dtype: str) -> CacheConfig:
     cache_config = _read(fd_config, "cache_config")
-    where = "fd_config.cache_config"
-    quant_config = getattr(fd_config, "quant_config", None)
-    quant = getattr(quant_config, "kv_cache_quant_type", None) if quant_config is not None else None
-    speculative = getattr(fd_config, "speculative_config", None)
+    override = _read(cache_config, "num_gpu_blocks_override", _CACHE, optional=True)
     return CacheConfig(
-        block_size=_read(cache_config, "block_size", where),
-        memory_utilization=_read(cache_config, "gpu_memory_utilization", where),
-        num_cpu_blocks=getattr(cache_config, "num_cpu_blocks", 0) or 0,
-        kvcache_storage_backend=getattr(cache_config, "kvcache_storage_backend", None),
-        num_gpu_blocks_override=getattr(cache_config, "num_gpu_blocks_override", None),
-        num_gpu_block_expand_ratio=float(getattr(speculative, "num_gpu_block_expand_ratio", 1) or 1),
+        block_size=integer(f"{_CACHE}.block_size", _read(cache_config, "block_size", _CACHE), 1, MAX_WIDTH, FD_FIX),
+        memory_utilization=positive(f"{_CACHE}.gpu_memory_utilization",
+                                    _read(cache_config, "gpu_memory_utilization", _CACHE), 1.0, FD_FIX),
+        num_cpu_blocks=integer(f"{_CACHE}.num_cpu_blocks", _read(cache_config, "num_cpu_blocks", _CACHE), 0, MAX_COUNT,
+                               FD_FIX),
+        kvcache_storage_backend=optional_one_of(f"{_CACHE}.kvcache_storage_backend",
+                                                _read(cache_config, "kvcache_storage_backend", _CACHE, optional=True),
+                                                STORAGE_BACKENDS, FD_FIX),
+        num_gpu_blocks_override=None if override is None else integer(f"{_CACHE}.num_gpu_blocks_override", override,
+                                                                       1, MAX_COUNT, FD_FIX),
+        num_gpu_block_expand_ratio=ratio,
         rule=rule,
-        **cache_settings_from_fastdeploy(
-            kv_cache_quant_type=quant, cache_dtype=str(getattr(_read(fd_config, "model_config"), "dtype", "bfloat16"))
-        ),
-    )
+        **cache_settings_from_fastdeploy(kv_cache_quant_type=_kv_cache_quant_type(fd_config, cache_config),
+                                         cache_dtype=model_dtype),
+    )  # fmt: skip
+
+
+def _kv_cache_quant_type(fd_config: object, cache_config: object) -> object:
+    """``quant_config.kv_cache_quant_type`` (None: the cache is not quantized; FastDeploy's runner reads it where the
+    quant config has it, ``gpu_model_runner.py`` ``initialize_kv_cache``). Where ``cache_config.cache_dtype`` says
+    the cache is quantized (FastDeploy's ``CacheConfig`` turns a 4- or 8-bit ``kv_cache_quant_type`` into ``uint8``)
+    but no quantization is stated, which one decides the tensors cannot be read: a ConfigError (the engine process's
+    FDConfig has no ``quant_config``)."""
+    quant_config = _read(fd_config, "quant_config", _FD, optional=True)
+    quant = None if quant_config is None else getattr(quant_config, "kv_cache_quant_type", None)
+    stated = _read(cache_config, "cache_dtype", _CACHE)
+    if quant is None and fastdeploy_word(f"{_CACHE}.cache_dtype", stated, CACHE_DTYPE_WORDS).tensor_dtype == "uint8":
+        raise ConfigError(
+            f"{_FD}.quant_config", quant_config,
+            f"a quant config with kv_cache_quant_type: cache_config.cache_dtype={stated!r} says the cache is "
+            "quantized, and the quantization (int8, float8_e4m3fn, int4_zp, block_wise_fp8, ...) decides its tensors",
+            _ENGINE_PROCESS,
+        )  # fmt: skip
+    return quant
+
+
+def _speculative_object(fd_config: object) -> object:
+    """``fd_config.speculative_config``: FastDeploy's ``SpeculativeConfig`` object (``FDConfig`` holds one, built from
+    the ``--speculative_config`` dict: ``worker_process.py`` ``initialize_fd_config``), read by attribute."""
+    spec = _read(fd_config, "speculative_config")
+    if isinstance(spec, (str, bytes, int, float, Mapping, list, tuple, set)):
+        raise ConfigError(
+            _SPEC, spec, "FastDeploy's SpeculativeConfig object, whose attributes (method, num_extra_cache_layer, "
+            "num_gpu_block_expand_ratio) its runner reads", "pass the FDConfig's SpeculativeConfig(args) as it is",
+        )  # fmt: skip
+    return spec
+
+
+def _speculative_dict(args: object) -> Mapping[str, object]:
+    """``--speculative_config`` as ``parse_args`` gives it: the dict ``json.loads`` makes of the flag's JSON. Its text
+    is refused, not parsed: FastDeploy's ``SpeculativeConfig`` takes the dict alone (``args.items()``), so a cache
+    process given the text would fail there; a Namespace holding it was not built by ``parse_args``."""
+    spec = _flag(args, "speculative_config")
+    if not isinstance(spec, Mapping):
+        raise ConfigError(
+            "--speculative_config", spec, "the dict parse_args makes of the flag's JSON (type=json.loads), e.g. "
+            "{'method': 'mtp'}", "parse the flag's JSON with json.loads, as cache_transfer_manager.py parse_args does",
+        )  # fmt: skip
+    return spec
+
+
+def _speculative(spec: object, field: str, fix: str, *, defaults: dict[str, object] | None) -> tuple[int, float]:
+    """``(draft layers, num_gpu_block_expand_ratio)`` from a speculative config: FastDeploy's ``SpeculativeConfig``
+    object (``defaults`` None: every attribute it has must be there) or the command line's dict (keys it lacks take
+    ``defaults``, FastDeploy's ``SpeculativeConfig._DEFAULTS``). Runner and cache process read it alike: the draft
+    layers are what FastDeploy's ``SpeculativeConfig`` computes from ``method`` (1 for ``mtp``, else 0;
+    ``config.py`` ``_convert_and_validate``), which its transfer manager and messager allocate whatever
+    ``num_extra_cache_layer`` they are given; a config stating another count is refused, never followed by one
+    side alone."""
+
+    def given(name: str) -> object:
+        value = spec.get(name, _ABSENT) if isinstance(spec, Mapping) else getattr(spec, name, _ABSENT)
+        if value is _ABSENT and defaults is None:
+            raise ConfigError(f"{field}.{name}", None, "the value FastDeploy's SpeculativeConfig holds there", fix)
+        return defaults.get(name, _ABSENT) if value is _ABSENT and defaults is not None else value
+
+    raw = given("method")
+    method = optional_one_of(f"{field}.method", raw.lower() if isinstance(raw, str) else raw, SPEC_METHODS, fix)
+    layers = 1 if method == "mtp" else 0
+    stated = given("num_extra_cache_layer")
+    if stated is not _ABSENT and not (is_int(stated) and stated == layers):
+        raise ConfigError(
+            f"{field}.num_extra_cache_layer", stated,
+            f"{layers} with method {method!r}: FastDeploy's SpeculativeConfig computes it (1 for mtp, else 0) and its "
+            "cache transfer manager allocates that many draft layers",
+            f"leave num_extra_cache_layer as FastDeploy's SpeculativeConfig sets it; {fix}",
+        )  # fmt: skip
+    ratio = positive(f"{field}.num_gpu_block_expand_ratio", given("num_gpu_block_expand_ratio"), MAX_EXPAND_RATIO, fix)
+    return layers, ratio
+
+
+def _engine_pid(parallel_config: object) -> str:
+    """``engine_pid``, the suffix of FastDeploy's ``get_profile_block_num`` signal: the worker's FDConfig holds what
+    its engine passes (``--engine_pid``, ``engine.py`` ``_start_worker_service``); the engine's holds None."""
+    pid = _read(parallel_config, "engine_pid", _PARALLEL, optional=True)
+    if pid is None:
+        raise ConfigError(f"{_PARALLEL}.engine_pid", None, "the --engine_pid the worker's FDConfig holds",
+                          _ENGINE_PROCESS)  # fmt: skip
+    return str(integer(f"{_PARALLEL}.engine_pid", pid, 1, INT32_MAX, FD_FIX))
 
 
 def _physical_device(parallel_config: object, local_rank: int) -> int:
     """The physical id FastDeploy names this rank's tensors with: ``device_ids[local_rank]`` (``gpu_worker.py``),
     ``device_ids`` being its ``CUDA_VISIBLE_DEVICES`` (``FDConfig.__init__``)."""
-    text = str(_read(parallel_config, "device_ids", "fd_config.parallel_config"))
-    fix = "set CUDA_VISIBLE_DEVICES (FastDeploy copies it there) to this node's devices, by index, one per local rank"
-    return listed_device("fd_config.parallel_config.device_ids", text, local_rank, (fix, fix))
+    field = f"{_PARALLEL}.device_ids"
+    value = _read(parallel_config, "device_ids", _PARALLEL)
+    devices = device_ids(field, value, _DEVICES_FIX)
+    if local_rank >= len(devices):
+        raise ConfigError(field, value, f"at least {local_rank + 1} device(s): local rank {local_rank} must be listed",
+                          _DEVICES_FIX)  # fmt: skip
+    return devices[local_rank]
 
 
 def _local_port(parallel_config: object) -> int:
-    """This data-parallel rank's ``engine_worker_queue_port``, which suffixes FastDeploy's cache signals."""
-    port = getattr(parallel_config, "local_engine_worker_queue_port", None)
-    if port is None:
-        ports = _read(parallel_config, "engine_worker_queue_port", "fd_config.parallel_config")
-        index = getattr(parallel_config, "local_data_parallel_id", 0) or 0
-        port = ports[index] if isinstance(ports, (list, tuple)) else ports
-    return int(port)
-
-
-def _shape(text: object, flag: str) -> tuple[int, ...]:
-    """A ``--key_cache_shape`` as FastDeploy writes it: ``blocks,heads,block_size,head_dim``."""
-    parts = str(text).split(",") if text else []
-    if len(parts) != 4 or not all(part.strip().isdigit() and int(part) > 0 for part in parts):
+    """This data-parallel rank's ``engine_worker_queue_port``, which suffixes FastDeploy's cache signals:
+    ``engine_worker_queue_port[local_data_parallel_id]``, which ``FDConfig.postprocess_devices_and_ports`` stores as
+    ``local_engine_worker_queue_port`` (None where that failed)."""
+    listed = ports(f"{_PARALLEL}.engine_worker_queue_port",
+                   _read(parallel_config, "engine_worker_queue_port", _PARALLEL), FD_FIX)  # fmt: skip
+    rank = index(f"{_PARALLEL}.local_data_parallel_id", _read(parallel_config, "local_data_parallel_id", _PARALLEL),
+                 listed, "engine_worker_queue_port", FD_FIX)  # fmt: skip
+    local = _read(parallel_config, "local_engine_worker_queue_port", _PARALLEL, optional=True)
+    if local is not None and port(f"{_PARALLEL}.local_engine_worker_queue_port", local, FD_FIX) != listed[rank]:
         raise ConfigError(
-            flag, text, "four positive integers: blocks,kv_heads,block_size,head_dim",
-            "pass the command line FastDeploy's launch_cache_manager gives",
+            f"{_PARALLEL}.local_engine_worker_queue_port", local,
+            f"engine_worker_queue_port[local_data_parallel_id] = {listed[rank]}, as "
+            "FDConfig.postprocess_devices_and_ports sets it", FD_FIX,
         )  # fmt: skip
-    return tuple(int(part) for part in parts)
+    return listed[rank]
 
 
-def _read(source: object, name: str, where: str = "fd_config") -> Any:
-    """``source.name``, or a ConfigError naming ``where.name``."""
-    value = getattr(source, name, None)
-    if value is None:
+def _model_path(args: object, model_path: object) -> str:
+    """The model folder: ``model_path``, else the transfer manager's ``--model_path`` (the messager has none)."""
+    if model_path is not None:
+        return text("model_path", model_path, "pass the model folder FastDeploy serves")
+    given = getattr(args, "model_path", None)
+    if given is None:
+        raise ConfigError("model_path", None, "the model folder FastDeploy serves, as the transfer manager's "
+                          "--model_path (the messager has none)", "pass model_path=")  # fmt: skip
+    return text("--model_path", given, CLI_FIX)
+
+
+def _check_num_layers(args: object, model: ModelConfig) -> None:
+    """``--num_layers`` (the model's ``num_hidden_layers``, which FastDeploy's cache processes allocate) where the
+    command line has it, against the model's ``config.json``."""
+    layers = getattr(args, "num_layers", None)
+    if layers is not None and integer("--num_layers", layers, 1, MAX_LAYERS, CLI_FIX) != model.num_hidden_layers:
+        raise ConfigError("--num_layers", layers, f"{model.num_hidden_layers}, the model's num_hidden_layers",
+                          "pass the model_path of the model the engine serves")  # fmt: skip
+
+
+def _num_cpu_blocks(args: object) -> int:
+    """``--num_cpu_blocks``: the transfer manager's host swap blocks (0 for the messager, which has none)."""
+    value = getattr(args, "num_cpu_blocks", _ABSENT)
+    return 0 if value is _ABSENT else integer("--num_cpu_blocks", value, 0, MAX_COUNT, CLI_FIX)
+
+
+def _backend(args: object) -> str | None:
+    """``--kvcache_storage_backend`` (None: off, and the messager has none)."""
+    value = getattr(args, "kvcache_storage_backend", None)
+    return optional_one_of("--kvcache_storage_backend", value, STORAGE_BACKENDS, CLI_FIX)
+
+
+def _ipc_suffix(args: object) -> str | None:
+    """The suffix of the engine's block-count signal: ``--engine_pid`` or the messager's ``--ipc_suffix``."""
+    pid = getattr(args, "engine_pid", None)
+    if pid is not None:
+        return str(integer("--engine_pid", pid, 1, INT32_MAX, CLI_FIX))
+    given = getattr(args, "ipc_suffix", None)
+    return None if given is None else suffix("--ipc_suffix", given, CLI_FIX)
+
+
+def _flag(args: object, name: str, *, optional: bool = False) -> Any:
+    """``args.name`` as ``parse_args`` gives it, or a ConfigError naming ``--name`` (None allowed where
+    ``optional``)."""
+    value = getattr(args, name, None)
+    if value is None and not optional:
+        raise ConfigError(f"--{name}", None, "the value FastDeploy's parse_args gives it", CLI_FIX)
+    return value
+
+
+def _read(source: object, name: str, where: str = _FD, *, optional: bool = False) -> Any:
+    """``source.name``, or a ConfigError naming ``where.name``: where FastDeploy's config class lacks it, or it is
+    None and not ``optional``."""
+    value = getattr(source, name, _ABSENT)
+    if value is _ABSENT or (value is None and not optional):
         raise ConfigError(
             f"{where}.{name}", None, "the value FastDeploy's config holds there",
             "pass FastDeploy's FDConfig (or an object with its attribute names) as it is",
@@ -269,8 +529,16 @@ def _read(source: object, name: str, where: str = "fd_config") -> Any:
     return value
 
 
-def _optional_text(value: object) -> str | None:
-    return None if value is None else str(value)
+@contextmanager
+def _named(names: Mapping[str, str]) -> Iterator[None]:
+    """A ConfigError a record raises about one of its fields, re-raised naming the FastDeploy attribute or flag
+    ``names`` reads it from."""
+    try:
+        yield
+    except ConfigError as error:
+        if error.field not in names:
+            raise
+        raise ConfigError(names[error.field], error.value, error.allowed, error.fix, source=error.source) from None
 
 
 __all__ = ["FastDeploySettings", "from_cache_manager_args", "from_fd_config"]
