@@ -37,7 +37,6 @@ from __future__ import annotations
 import enum
 import logging
 import os
-import re
 import stat
 import struct
 import time
@@ -46,6 +45,7 @@ from collections.abc import Callable
 from ..contract.errors import CacheSignalError, ConfigError, SignalWaitError
 from ..contract.integers import check_int, is_int
 from . import claims, shm
+from ..rules.fastdeploy_values import SUFFIX
 from .process_watch import ProcessWatch
 from .shared_words import CHECK_SECONDS, MAX_LOCAL_RANKS, WORD_BYTES, SharedWords
 from .waiting import WaitProgress
@@ -57,7 +57,6 @@ KV_CACHE_STATUS = "kv_cache_status"
 MODEL_WEIGHTS_STATUS = "model_weights_status"
 PROFILE_BLOCK_NUM = "get_profile_block_num"
 
-_SUFFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 LET_GO_HOLD_SECONDS = 0.2
 """How long a ``cache_ready_signal`` slot must read 0 (its let-go value) before a wait for that 0 ends: a
 slot flickering through 0 while its attacher still maps the cache frees nothing. A real let-go stays 0
@@ -117,7 +116,7 @@ def check_suffix(suffix: object, field: str = "suffix") -> str:
     """``suffix`` as FastDeploy names its signals with it (the engine's port), else a ConfigError naming ``field``."""
     if is_int(suffix):
         suffix = str(suffix)
-    if not isinstance(suffix, str) or not _SUFFIX.fullmatch(suffix):
+    if not isinstance(suffix, str) or not SUFFIX.fullmatch(suffix):
         raise ConfigError(
             field,
             suffix,

@@ -20,8 +20,9 @@ from .config.limits import MAX_WIDTH
 
 MAX_PORT = 65_535
 _DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII only; 19 digits hold every int64 count
-_SUFFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
-"""A signal suffix as ``fd_platforms.ipc.fastdeploy_signals.check_suffix`` allows it (the rules layer is below ipc)."""
+SUFFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+"""A signal suffix as FastDeploy's names allow it (its engine's port, a run's ``fdp<pid>-<hex>``): the one pattern,
+which ``fd_platforms.ipc.fastdeploy_signals.check_suffix`` uses too."""
 
 
 def integer(field: str, value: object, minimum: int, maximum: int, fix: str, *, note: str = "") -> int:
@@ -113,7 +114,7 @@ def optional_one_of(field: str, value: object, choices: Sequence[str], fix: str)
 
 def suffix(field: str, value: object, fix: str) -> str:
     """A signal suffix as FastDeploy passes one as text (``--ipc_suffix``): letters, digits, '_' and '-'."""
-    if isinstance(value, str) and _SUFFIX.fullmatch(value):
+    if isinstance(value, str) and SUFFIX.fullmatch(value):
         return value
     raise ConfigError(field, value, "letters, digits, '_' and '-', at most 64, starting with a letter or digit", fix)
 
@@ -126,6 +127,6 @@ def text(field: str, value: object, fix: str) -> str:
 
 
 __all__ = [
-    "MAX_PORT", "device_ids", "index", "integer", "one_of", "optional_one_of", "port", "ports",
+    "MAX_PORT", "SUFFIX", "device_ids", "index", "integer", "one_of", "optional_one_of", "port", "ports",
     "positive", "shape", "suffix", "text",
 ]  # fmt: skip
