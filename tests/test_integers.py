@@ -113,3 +113,22 @@ def test_the_api_1_1_aliases_still_hold_the_old_names_of_max_count() -> None:
         types = importlib.import_module("fd_platforms.types")
     assert host_memory.MAX_BYTES == types.MAX_COUNT == MAX_COUNT == 2**63 - 1
     assert "MAX_BYTES" in host_memory.__all__ and "MAX_COUNT" in types.__all__
+
+
+@pytest.mark.parametrize("text", ["²", "٣", "0,²", "١٢", "1e3", "-1", "", str(2**63)])
+def test_only_ascii_digits_are_read_as_counts_wherever_digit_text_comes_from_outside(text: str) -> None:
+    """``str.isdigit`` takes ``"²"`` (``int`` then raises ValueError) and ``"٣"`` (``int`` reads 3): a device list
+    ``CUDA_VISIBLE_DEVICES=0,²`` gave a traceback."""
+    from fd_platforms.contract.integers import decimal
+    from fd_platforms.rules.devices import listed_device
+
+    assert decimal(text) is None
+    with pytest.raises(ConfigError, match="CUDA_VISIBLE_DEVICES=.* is not valid; allowed: comma-separated device"):
+        listed_device("CUDA_VISIBLE_DEVICES", f"0,{text}", 1, ("fix", "fix"))
+
+
+def test_ascii_digits_are_read_up_to_the_bound() -> None:
+    from fd_platforms.contract.integers import decimal
+
+    assert decimal("0") == 0 and decimal("0042") == 42 and decimal(str(INT32_MAX), INT32_MAX) == INT32_MAX
+    assert decimal(str(INT32_MAX + 1), INT32_MAX) is None

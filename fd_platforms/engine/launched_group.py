@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from ..contract.errors import ConfigError, NodeError
+from ..contract.integers import decimal
 from ..contract.paddle_import import import_paddle
 from .bounded import bounded
 from .rendezvous import POLL_SECONDS, store_call
@@ -51,7 +52,7 @@ def enter_group(timeout: float, timed_out: Callable[[], NodeError]) -> tuple[int
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     world = os.environ.get("PADDLE_TRAINERS_NUM")
-    if world is None or not world.isdigit() or int(world) < 1 or "PADDLE_TRAINER_ID" not in os.environ:
+    if world is None or not decimal(world) or "PADDLE_TRAINER_ID" not in os.environ:
         raise ConfigError(
             "PADDLE_TRAINERS_NUM", world, "set by python -m paddle.distributed.launch, or a process group made by "
             "fleet.init(is_collective=True) / paddle.distributed.init_parallel_env()",
@@ -76,7 +77,7 @@ class Place:
         endpoint = environ.get("PADDLE_CURRENT_ENDPOINT", "")
         host = environ.get("POD_IP") or endpoint.rpartition(":")[0] or os.uname().nodename
         local = environ.get("PADDLE_LOCAL_RANK", environ.get("PADDLE_RANK_IN_NODE", ""))
-        return cls(host, int(local) if local.isdigit() else rank)
+        return cls(host, rank if decimal(local) is None else decimal(local))
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import os
 import select
 import signal
 
-from ..contract.integers import check_int
+from ..contract.integers import check_int, decimal
 
 START_TICKS_MASK = 0x7FFFFFFF  # start times are compared on their low 31 bits (they fit an int32 word)
 
@@ -25,13 +25,13 @@ def _stat_fields(pid: int) -> list[str] | None:
 def process_start_ticks(pid: int) -> int | None:
     """The process's start time in clock ticks after boot (``/proc/<pid>/stat``), or ``None``."""
     fields = _stat_fields(pid)
-    return int(fields[19]) if fields and len(fields) > 19 and fields[19].isdigit() else None
+    return decimal(fields[19]) if fields and len(fields) > 19 else None
 
 
 def parent_pid(pid: int) -> int | None:
     """The process's parent (``/proc/<pid>/stat``), or ``None`` when unreadable."""
     fields = _stat_fields(pid)
-    return int(fields[1]) if fields and len(fields) > 1 and fields[1].isdigit() else None
+    return decimal(fields[1]) if fields and len(fields) > 1 else None
 
 
 def process_uid(pid: int) -> int | None:
@@ -42,7 +42,7 @@ def process_uid(pid: int) -> int | None:
             for line in handle:
                 if line.startswith("Uid:"):
                     fields = line.split()
-                    return int(fields[2]) if len(fields) > 2 and fields[2].isdigit() else None
+                    return decimal(fields[2]) if len(fields) > 2 else None
     except OSError:
         return None
     return None

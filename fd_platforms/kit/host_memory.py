@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable
 
 from ..contract.errors import HostAllocError
-from ..contract.integers import check_int
+from ..contract.integers import check_int, decimal
 from ..contract.types import DeviceMemory, HostBuffer
 
 logger = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ def _read_int(path: str) -> int | None:
             text = handle.read().strip()
     except OSError:
         return None
-    return int(text) if text.isdigit() else None
+    return decimal(text)
 
 
 def _read_meminfo() -> dict[str, int]:
@@ -129,8 +129,9 @@ def _read_meminfo() -> dict[str, int]:
     for line in lines:
         key, _, rest = line.partition(":")
         number, _, unit = rest.strip().partition(" ")
-        if number.isdigit():
-            values[key] = int(number) * (1024 if unit == "kB" else 1)
+        count = decimal(number)
+        if count is not None:
+            values[key] = count * (1024 if unit == "kB" else 1)
     return values
 
 

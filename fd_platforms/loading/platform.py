@@ -31,7 +31,7 @@ from ..contract.errors import (
     PluginHookError,
     PluginLoadError,
 )
-from ..contract.integers import INT32_MAX, MAX_COUNT, bound_text, check_int, is_int
+from ..contract.integers import INT32_MAX, MAX_COUNT, bound_text, check_int, decimal, is_int
 from ..contract.types import (
     CacheDecision,
     CacheShapeRequest,
@@ -289,7 +289,7 @@ class Platform:
         kind, _, index = device.partition(":")
         ours = self.identity.device_type
         if kind != ours or (ours == "cpu" and index) or (
-            ours != "cpu" and not (index.isdigit() and int(index) <= INT32_MAX)
+            ours != "cpu" and decimal(index, INT32_MAX) is None
         ):
             example = self.identity.device_string(0)
             raise ConfigError(

@@ -18,7 +18,7 @@ import os
 from collections.abc import Mapping
 
 from ..contract.errors import ConfigError
-from ..contract.integers import INT32_MAX, check_int
+from ..contract.integers import INT32_MAX, check_int, decimal
 from ..contract.types import PlatformIdentity
 
 
@@ -48,7 +48,7 @@ def listed_device(field: str, value: str, local_device: int, fixes: tuple[str, s
     (a visible-devices variable, or FastDeploy's ``parallel_config.device_ids`` that copies one). A list that is
     not of indices, or too short, is a ConfigError naming ``field`` and its value, with ``fixes`` (for each)."""
     entries = [entry.strip() for entry in value.split(",")]
-    if not all(entry.isdigit() and int(entry) <= INT32_MAX for entry in entries):
+    if any(decimal(entry, INT32_MAX) is None for entry in entries):
         raise ConfigError(
             field, value, "comma-separated device indices (4,5): FastDeploy names a rank's shared tensors with them",
             fixes[0],

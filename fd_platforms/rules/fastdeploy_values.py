@@ -15,11 +15,10 @@ import re
 from collections.abc import Sequence
 
 from ..contract.errors import ConfigError
-from ..contract.integers import INT32_MAX, MAX_COUNT, check_int, is_int
+from ..contract.integers import INT32_MAX, MAX_COUNT, check_int, decimal, is_int
 from .config.limits import MAX_WIDTH
 
 MAX_PORT = 65_535
-_DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII only; 19 digits hold every int64 count
 SUFFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 """A signal suffix as FastDeploy's names allow it (its engine's port, a run's ``fdp<pid>-<hex>``): the one pattern,
 which ``fd_platforms.ipc.fastdeploy_signals.check_suffix`` uses too."""
@@ -34,7 +33,7 @@ def integer(field: str, value: object, minimum: int, maximum: int, fix: str, *, 
 def _listed_integer(field: str, value: object, allowed: str, bounds: tuple[int, int], fix: str, entry: object) -> int:
     """``entry`` of a list ``value`` FastDeploy writes as text (``"4,5"``, ``"900,2,64,128"``) or holds as a Python
     list: ASCII digits, or an int in a list, within ``bounds``; else the error for the whole ``value``."""
-    number = int(entry) if isinstance(entry, str) and _DIGITS.fullmatch(entry.strip()) else entry
+    number = (decimal(entry.strip()) if isinstance(entry, str) else entry)
     if is_int(number) and bounds[0] <= number <= bounds[1]:
         return number
     raise ConfigError(field, value, allowed, fix)
