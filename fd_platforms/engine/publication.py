@@ -43,6 +43,13 @@ FORMAT = 1
 HEADER = struct.Struct("=4sI")
 MAX_MANIFEST_BYTES = 64 << 20  # far above any layout (a few hundred bytes per tensor)
 POLL_SECONDS = 0.005
+#: The way out of a creator's clear that an attacher still holds: a lenient attacher (``clear(strict=False)``)
+#: has cleared already and lets go only once its engine's own references to the tensors are gone.
+STILL_HELD_FIX = (
+    "clear the attaching process's cache (KVCache.clear()); if it cleared with strict=False, it lets go only once "
+    "its engine drops its own references to the cache's tensors (and views of them): drop those there, then clear "
+    "this cache again; or stop that process"
+)
 
 
 def instance_of(signal_name: str) -> str:
@@ -189,7 +196,7 @@ class Publication:
                 self._segment = shm.Segment.open(self.name, HEADER.size)  # hold it again: still published
                 raise CacheInUseError(
                     f"rank {self.rank}'s KV cache is still held by its attaching process after {timeout:g} s, so it "
-                    "was not freed. Fix: clear the worker's cache first (KVCache.clear()), or stop that process",
+                    f"was not freed. Fix: {STILL_HELD_FIX}",
                     (self.rank,),
                 )
             progress.say(time.monotonic(), lambda: f"rank {self.rank}'s creator waiting for its attacher to let go of "
