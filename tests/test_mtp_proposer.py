@@ -91,6 +91,18 @@ def test_a_managers_draft_must_be_the_draft_of_its_layout(cpu, signal_owner) -> 
     assert signal_owner.slots() == (0,) and not (SHM_DIR / manifest(signal_owner)).exists()
 
 
+def test_a_managers_layout_that_is_a_draft_part_is_refused_naming_the_fix(cpu, signal_owner) -> None:
+    whole = mtp_layout()
+    with pytest.raises(ConfigError) as info:
+        manage_kv_cache(cpu, whole.draft(), BLOCKS, num_cpu_blocks=0, signal_name=signal_owner.name)
+    assert info.value.field == "layout" and str(info.value).startswith(
+        "layout='the draft part of rank 0: layers 4-4, ratio 2' is not valid; allowed: the rank's whole layout, or "
+        "with MTP its main part (whole.main()). Fix: pass whole.main() as layout and whole.draft() as draft="
+    ), info.value
+    assert signal_owner.slots() == (0,) and not (SHM_DIR / manifest(signal_owner)).exists()
+    assert not (SHM_DIR / manifest(signal_owner, ".draft")).exists()
+
+
 @pytest.mark.slow
 def test_a_manager_publishes_main_and_draft_and_the_runner_and_proposer_attach(cpu, signal_owner) -> None:
     whole = mtp_layout()

@@ -293,6 +293,7 @@ def _manage(
     made or attached the same way, in the platform's shapes, after the main part. A kept ``host_cache`` must
     fit the layout (main and draft) and ``num_cpu_blocks`` (:func:`~.host_cache.check_host_cache`)."""
     check_cache_arguments(platform, layout, num_blocks)
+    _check_not_draft(layout)
     wire, name = engine_name(names[2], names[0], names[1], stacklevel=4)
     num_cpu_blocks, storage_backend, splitwise_role, rule = rule_arguments
     inputs = DecisionInputs(False, num_cpu_blocks, storage_backend, splitwise_role)
@@ -328,6 +329,15 @@ def _manage(
         )  # fmt: skip
     device.import_seconds = import_seconds
     return _managed(platform, host_layout, device, (num_cpu_blocks, host_cache), wire, name, make_draft)
+
+
+def _check_not_draft(layout: CacheLayout) -> None:
+    """A cache manager's ``layout`` is the rank's whole layout or its main part; its draft part goes in ``draft=``."""
+    if layout.part == "draft":
+        raise ConfigError(
+            "layout", layout.describe(), "the rank's whole layout, or with MTP its main part (whole.main())",
+            "pass whole.main() as layout and whole.draft() as draft=, both of the rank's build_layout",
+        )  # fmt: skip
 
 
 def _draft_part(
