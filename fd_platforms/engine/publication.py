@@ -182,10 +182,12 @@ class Publication:
         deadline, progress = start + timeout, WaitProgress(timeout, start)
         while True:
             try:
-                probe = shm.Segment.inspect(self.name, HEADER.size)
+                probe = shm.Segment.inspect(self.name)  # any size: ours even if damaged (truncated) since
             except (FileNotFoundError, shm.SegmentUnusable):
-                return  # removed or replaced meanwhile: nothing of ours is left to retract
+                return  # removed meanwhile, or no longer a file of ours: nothing of ours is left to retract
             try:
+                if probe.inode != own.inode:
+                    return  # replaced meanwhile: not ours to remove
                 if probe.unused():
                     probe.unlink()
                     self._at_exit.detach()
@@ -193,7 +195,7 @@ class Publication:
             finally:
                 probe.close()
             if time.monotonic() >= deadline:
-                self._segment = shm.Segment.open(self.name, HEADER.size)  # hold it again: still published
+                self._segment = shm.Segment.open(self.name)  # hold it again: still published
                 raise CacheInUseError(
                     f"rank {self.rank}'s KV cache is still held by its attaching process after {timeout:g} s, so it "
                     f"was not freed. Fix: {STILL_HELD_FIX}",
