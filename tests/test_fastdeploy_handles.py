@@ -579,3 +579,14 @@ def test_a_handle_beside_handles_naming_no_process_says_what_they_name_not_pid_n
     assert "pid None" not in said, said
     known = f"1 names pid {other}, 1 names no process"
     assert f"with a handle of pid {other}, but its handles name no one creator ({known}): it would map" in said, said
+
+
+@pytest.mark.xfail(strict=True, reason="fastdeploy_handles: FastDeployHandles.retract probes its first record with "
+                   "Segment.inspect(first.name, first.size) and, a truncated one being SegmentUnusable, breaks out "
+                   "without unlinking it: probe at any size and unlink while the name still names first.inode")
+@pytest.mark.parametrize("size", [0, 10])
+def test_a_creators_clear_removes_its_first_record_even_truncated_since(names: list[str], size: int) -> None:
+    held = FastDeployHandles.create("9923", 0, tensors(names), "cpu", attacher_expected=False)
+    os.truncate(f"/dev/shm/{names[0]}", size)
+    held.retract(1)
+    assert [name for name in names if os.path.exists(f"/dev/shm/{name}")] == [], "the damaged record stays"
