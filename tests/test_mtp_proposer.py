@@ -20,7 +20,7 @@ import pytest
 import engine_processes
 from conftest import SHM_DIR
 from engine_processes import mtp_layout, spawned_manager
-from fd_platforms.contract.errors import ConfigError
+from fd_platforms.contract.errors import CacheNotReadyError, ConfigError, SignalWaitError
 from fd_platforms.contract.types import CacheRoleShape, DeviceMemory
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
 from fd_platforms.ipc.cache_signal import CacheReadySignal
@@ -130,6 +130,27 @@ def test_a_manager_publishes_main_and_draft_and_the_runner_and_proposer_attach(c
         assert not (SHM_DIR / manifest(signal_owner, ".draft")).exists()
 
 
+SWAP_2026_04 = {**MIXED, "num_cpu_blocks": 2, "rule": "2026-04"}  # the worker creates, the manager attaches
+
+
+def test_a_managers_timeout_says_the_worker_published_its_main_part_but_not_the_draft(cpu, signal_owner) -> None:
+    whole = mtp_layout()
+    runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, signal_name=signal_owner.name, **SWAP_2026_04)
+    try:
+        with pytest.raises(CacheNotReadyError) as info:
+            manage_kv_cache(cpu, whole.main(), BLOCKS, num_cpu_blocks=2, signal_name=signal_owner.name, rule="2026-04",
+                            draft=whole.draft(), timeout=0.3)  # fmt: skip
+    finally:
+        runner.clear(timeout=5)
+    said = str(info.value)
+    assert info.value.cause == "timeout" and said.endswith(
+        f"Rank 0's creator published its main part (/dev/shm/{manifest(signal_owner)}) but not its draft part (no "
+        f"/dev/shm/{manifest(signal_owner, '.draft')}), and sets the rank's slot only once both are. Fix: have the "
+        "creating worker's MTP proposer create the draft layers too (initialize_kv_cache with whole.draft() and the "
+        "same num_blocks), or, without MTP, pass the manager no draft="
+    ), said
+
+
 @pytest.fixture
 def fastdeploy_suffix(fastdeploy_record_names) -> Iterator[str]:
     """FastDeploy's signals for one rank under a fresh suffix, as its engine creates them; removed after."""
@@ -194,3 +215,25 @@ def test_a_managers_draft_takes_the_engines_tensor_specs_as_its_main_part_does(c
         assert list(managed.draft.tensors[0].shape) == [int(BLOCKS * 2.0), block, heads, head_dim]
     finally:
         managed.clear(timeout=5)
+
+
+def test_a_fastdeploy_managers_timeout_says_the_worker_published_its_draft_but_not_the_main_part(
+    cpu, fastdeploy_suffix
+) -> None:
+    """The proposer first, as FastDeploy's runner calls it, and no runner after: the records of layer 4 are there,
+    those of layer 0 not; the manager's wait on the one cache_ready_signal word says so."""
+    whole = mtp_layout()
+    proposer = initialize_kv_cache(cpu, whole.draft(), BLOCKS, suffix=fastdeploy_suffix, protocol="fastdeploy",
+                                   **SWAP_2026_04)  # fmt: skip
+    try:
+        with pytest.raises(SignalWaitError) as info:
+            manage_kv_cache(cpu, whole.main(), BLOCKS, num_cpu_blocks=2, suffix=fastdeploy_suffix, protocol="fastdeploy",
+                            rule="2026-04", draft=whole.draft(), timeout=0.3)  # fmt: skip
+    finally:
+        proposer.clear(timeout=5)
+    said = str(info.value)
+    assert (
+        "Rank 0's creator published its draft part (/dev/shm/key_caches_4_rank0.device0) but not its main part (no "
+        "/dev/shm/key_caches_0_rank0.device0), and sets the rank's slot only once both are. Fix: have the creating "
+        "worker's runner create the main layers too (initialize_kv_cache with whole.main() and the same num_blocks). "
+    ) in said, said

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from ..contract.errors import CacheSharingError, ConfigError, FdPlatformsError, SignalWaitError
+from ..contract.errors import CacheNotReadyError, CacheSharingError, ConfigError, FdPlatformsError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision, CacheRoleShape
 from ..ipc.cache_signal import resolve_timeout
@@ -321,7 +321,7 @@ def _manage(
             platform, draft_layout, num_blocks, name, protocol=wire, attacher_expected=True
         )  # fmt: skip
     else:
-        waited = _wait_ready(platform, wire, name, layout.rank, limit, setter_pid, inputs)
+        waited = _wait_ready(platform, wire, name, layout.rank, limit, setter_pid, inputs, (layout, draft_layout))
         device = attach_kv_cache(platform, layout, num_blocks, name, setter_pid, wire)
         device.wait_seconds = waited
         make_draft = None if draft_layout is None else lambda: attach_kv_cache(
@@ -462,16 +462,20 @@ def _wait_ready(
     limit: float,
     setter_pid: int | None,
     inputs: DecisionInputs,
+    parts: Sequence[CacheLayout | None] = (),
 ) -> float:
-    """``wire.wait_ready``; a wait on FastDeploy's side that timed out names, where the protocol says
+    """``wire.wait_ready``; a wait that timed out names, where it can be seen, the part of the rank's cache
+    (of ``parts``: main and draft) that its creator published without the other, and, where the protocol says
     one could be at fault, a peer following another version of the rule than ``inputs.rule``."""
     try:
         return wire.wait_ready(platform, signal_name, rank, limit, setter_pid)
-    except SignalWaitError as error:
-        hint = wire.rule_mismatch(inputs.rule, inputs) if error.cause == "timeout" else ""
-        if not hint:
+    except CacheNotReadyError as error:
+        if error.cause != "timeout":
             raise
-        raise error.with_hint(hint) from None
+        hints = (rank_parts.one_missing(wire, signal_name, rank, parts), wire.rule_mismatch(inputs.rule, inputs))
+        if not any(hints):
+            raise
+        raise error.with_hint(". ".join(hint for hint in hints if hint)) from None
 
 
 def _import_paddle() -> float:
