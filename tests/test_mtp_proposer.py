@@ -14,6 +14,7 @@ import multiprocessing
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack, suppress
+from dataclasses import replace
 
 import pytest
 
@@ -221,8 +222,9 @@ def test_a_fastdeploy_managers_timeout_says_the_worker_published_its_draft_but_n
     cpu, fastdeploy_suffix
 ) -> None:
     """The proposer first, as FastDeploy's runner calls it, and no runner after: the records of layer 4 are there,
-    those of layer 0 not; the manager's wait on the one cache_ready_signal word says so."""
-    whole = mtp_layout()
+    those of layer 0 not; the manager's wait on the one cache_ready_signal word says so. Device 11 names records
+    of no other test (FastDeploy's names are the machine's)."""
+    whole = replace(mtp_layout(), device_id=11)
     proposer = initialize_kv_cache(cpu, whole.draft(), BLOCKS, suffix=fastdeploy_suffix, protocol="fastdeploy",
                                    **SWAP_2026_04)  # fmt: skip
     try:
@@ -233,7 +235,7 @@ def test_a_fastdeploy_managers_timeout_says_the_worker_published_its_draft_but_n
         proposer.clear(timeout=5)
     said = str(info.value)
     assert (
-        "Rank 0's creator published its draft part (/dev/shm/key_caches_4_rank0.device0) but not its main part (no "
-        "/dev/shm/key_caches_0_rank0.device0), and sets the rank's slot only once both are. Fix: have the creating "
+        "Rank 0's creator published its draft part (/dev/shm/key_caches_4_rank0.device11) but not its main part (no "
+        "/dev/shm/key_caches_0_rank0.device11), and sets the rank's slot only once both are. Fix: have the creating "
         "worker's runner create the main layers too (initialize_kv_cache with whole.main() and the same num_blocks). "
     ) in said, said
