@@ -6,7 +6,9 @@ no port, store or environment variable of ours), and local rank 0 hands the coun
 on this machine with 96 and 64 MiB and prints each rank's line; under a launcher of yours, run it as
 the launcher's script with ``--memory-mib`` (one value per global rank, comma- or space-separated).
 ``ENGINE_SUFFIX``, where set, is the suffix of the engine's ``get_profile_block_num``. Both are checked
-before anything starts: a bad one is one line naming it, with exit code 2. Runs from any folder.
+before anything starts: a bad one is one line naming it, with exit code 2. A failure of fd-platforms
+later (e.g. the engine's signal missing) is one line too, with its exit code, as ``fd-platforms`` says
+it. Runs from any folder.
 """
 
 import argparse
@@ -18,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import fd_platforms
-from fd_platforms.contract.errors import ConfigError
+from fd_platforms.contract.errors import ConfigError, FdPlatformsError
 from fd_platforms.contract.types import DeviceMemory
 from fd_platforms.engine import Cluster, hand_off_block_count
 from fd_platforms.ipc.fastdeploy_signals import check_suffix
@@ -75,6 +77,7 @@ def parse_args(argv, environ=os.environ):
     :data:`LOCAL_RANKS` this example launches) and ``ENGINE_SUFFIX``, checked before anything is planned;
     argparse's exit 2 with one line otherwise."""
     parser = argparse.ArgumentParser(prog="launched_worker.py", description=__doc__.split("\n\n")[0])
+    parser._negative_number_matcher = re.compile(r"-\.?\d")  # "-5,64" is a value (refused below), not a flag
     parser.add_argument("--memory-mib", nargs="+", default=["96,64"], metavar="MIB[,MIB...]",
                         help="device memory of each global rank, in MiB (default 96,64)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -100,17 +103,23 @@ def parse_args(argv, environ=os.environ):
 def main(argv):
     args = parse_args(argv)
     if "PADDLE_TRAINER_ID" in os.environ:  # started by the launcher
-        worker(args.memory_mib)
+        try:
+            worker(args.memory_mib)
+        except FdPlatformsError as error:  # one line and its exit code, as fd-platforms' CLI reports it
+            print(f"launched_worker.py: error: {error}", file=sys.stderr, flush=True)
+            return error.exit_code
         return 0
     memory = ",".join(map(str, args.memory_mib))
     with tempfile.TemporaryDirectory() as logs:
         done = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(LOCAL_RANKS),
                                "--log_dir", logs, __file__, "--memory-mib", memory],
                               capture_output=True, text=True, timeout=TIMEOUT + 60)  # fmt: skip
-        for rank in range(LOCAL_RANKS):  # each rank's line from its log, among Paddle's own
+        for rank in range(LOCAL_RANKS):  # each rank's line (or error) from its log, among Paddle's own
             for line in (Path(logs) / f"workerlog.{rank}").read_text().splitlines():
                 if line.startswith(f"rank {rank}: "):
                     print(line)
+                elif line.startswith("launched_worker.py: error: "):
+                    print(f"rank {rank}: {line}", file=sys.stderr)
     return done.returncode
 
 

@@ -236,3 +236,48 @@ def test_a_lenient_clear_with_nothing_referenced_is_the_strict_clear(
     cache.clear(strict=False)
     assert memfd_mappings() == before and ready_signal.slots() == (0,)
     cache.clear(strict=False)  # idempotent
+
+
+def held_by_a_lenient_attacher(cpu: Platform, **names: object) -> tuple[ManagedCache, KVCache, object]:
+    """A manager's cache, an attacher of it in this process that cleared with strict=False, and the view
+    of one of its tensors that its engine still holds."""
+    layout = qwen_layout(0, 1, DEVICE)
+    managed = manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=CPU_BLOCKS, rule=RULE, **names)  # type: ignore[arg-type]
+    cache = initialize_kv_cache(cpu, layout, BLOCKS, profile=False, num_cpu_blocks=CPU_BLOCKS, storage_backend=None,
+                                splitwise_role="mixed", rule=RULE, timeout=5, **names)  # type: ignore[arg-type]  # fmt: skip
+    held = cache.tensors[-1][0]
+    cache.clear(strict=False)
+    return managed, cache, held
+
+
+def assert_told_to_drop_the_engines_references(refused: CacheInUseError) -> None:
+    said = str(refused)
+    fix = "drops its own references to the cache's tensors (and views of them): drop those there, then clear this cache"
+    assert "if it cleared with strict=False, it lets go only once its engine " + fix in said, said
+
+
+def test_a_creator_held_by_a_lenient_attacher_is_told_to_drop_the_engines_references_not_to_clear_it_again(
+    cpu: Platform, ready_signal: CacheReadySignal
+) -> None:
+    managed, cache, held = held_by_a_lenient_attacher(cpu, signal_name=ready_signal.name)
+    with pytest.raises(CacheInUseError) as refused:
+        managed.clear(0.3)
+    assert_told_to_drop_the_engines_references(refused.value)
+    del held
+    gc.collect()
+    managed.clear(5, clear_host=True)
+
+
+def test_a_fastdeploy_creator_held_by_a_lenient_attacher_is_told_to_drop_the_engines_references(
+    cpu: Platform, engine
+) -> None:
+    suffix, _, _ = engine
+    managed, cache, held = held_by_a_lenient_attacher(cpu, suffix=suffix, protocol="fastdeploy")
+    try:
+        with pytest.raises(CacheInUseError) as refused:
+            managed.clear(0.3)
+    finally:
+        del held
+        gc.collect()
+        managed.clear(5, clear_host=True)
+    assert_told_to_drop_the_engines_references(refused.value)

@@ -546,3 +546,31 @@ def test_a_leftover_record_writable_by_others_is_replaced_so_a_descriptor_opened
     assert read_handle(names[0], "cpu") == f"memfd:{os.getpid()}:3"
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
     held.retract(1)
+
+
+def test_a_handle_beside_handles_naming_no_process_says_what_they_name_not_pid_none(names: list[str]) -> None:
+    """One record names a process, the other a raw device handle: no one creator is known, and the refusal
+    says what the handles name instead of an unknown creator's ``pid None``."""
+    other = os.getppid()  # a process of this user that holds no record
+    with open(f"/dev/shm/{names[0]}", "wb") as file:
+        file.write(GPU_RECORD.fields.pack(0, f"memfd:{other}:3".encode()))
+    with open(f"/dev/shm/{names[1]}", "wb") as file:
+        file.write(GPU_RECORD.fields.pack(0, bytes(range(1, 65))))
+    opened = FastDeployHandles.open("9923", 0, tensors(names, handle="-"), "cpu")
+    try:
+        with pytest.raises(CacheSharingError) as refused:
+            check_provenance(opened, None)
+    finally:
+        opened.let_go()
+    said = str(refused.value)
+    assert "pid None" not in said, said
+    known = f"1 names pid {other}, 1 names no process"
+    assert f"with a handle of pid {other}, but its handles name no one creator ({known}): it would map" in said, said
+
+
+@pytest.mark.parametrize("size", [0, 10])
+def test_a_creators_clear_removes_its_first_record_even_truncated_since(names: list[str], size: int) -> None:
+    held = FastDeployHandles.create("9923", 0, tensors(names), "cpu", attachers=0)
+    os.truncate(f"/dev/shm/{names[0]}", size)
+    held.retract(1)
+    assert [name for name in names if os.path.exists(f"/dev/shm/{name}")] == [], "the damaged record stays"

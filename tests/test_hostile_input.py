@@ -379,6 +379,26 @@ def test_an_attacher_refuses_a_publication_it_cannot_trace_to_the_setter(cpu_and
             managed.clear(1)
 
 
+@pytest.mark.parametrize("size", [0, 5])
+def test_a_creators_clear_removes_its_publication_even_truncated_since(cpu_and_layout, size: int) -> None:
+    """The creator holds its manifest's inode: damaged (truncated below its header) while published, it is
+    still the creator's own, and its clear removes it."""
+    from fd_platforms.engine import initialize_kv_cache
+    from fd_platforms.engine.publication import publication_name
+    from fd_platforms.ipc.cache_signal import CacheReadySignal
+
+    cpu, layout = cpu_and_layout
+    with CacheReadySignal.create(num_ranks=1) as signal:
+        cache = initialize_kv_cache(cpu, layout, 1, signal_name=signal.name, **MIXED)
+        path = Path("/dev/shm") / publication_name(signal.name, 0)
+        os.truncate(path, size)
+        try:
+            cache.clear(1)
+            assert not path.exists(), "the creator's damaged publication stays after its clear"
+        finally:
+            path.unlink(missing_ok=True)
+
+
 # -- item 15: attach_seconds is the attach; importing paddle is reported apart ---------------------
 
 

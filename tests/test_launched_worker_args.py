@@ -4,10 +4,13 @@ anything: a bad value is argparse's one line naming it, with exit code 2, never 
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from fd_platforms.engine import hand_off_block_count
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,6 +38,7 @@ def example(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
         (["--memory-mib", "96,,64"], "--memory-mib: '' is not valid"),
         (["--memory-mib", "0,64"], "--memory-mib: '0' is not valid"),
         (["--memory-mib=-5,64"], "--memory-mib: '-5' is not valid"),
+        (["--memory-mib", "-5,64"], "--memory-mib: '-5' is not valid"),
         (["--memory-mib", "1e3,64"], "--memory-mib: '1e3' is not valid"),
         (["--memory-mib", "²,64"], "--memory-mib: '²' is not valid"),
         (["--memory-mib", "99999999999,64"], "--memory-mib: '99999999999' is not valid"),
@@ -79,3 +83,27 @@ def test_without_a_launcher_it_asks_for_a_value_per_rank_it_launches(
         example.main(["--memory-mib", "96,64,32"])
     assert stopped.value.code == 2
     assert f"but this example launches {example.LOCAL_RANKS} rank(s)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("signal", ["missing", "a directory", "3 bytes long"])
+def test_an_unusable_engine_signal_is_one_line_with_its_exit_code_not_a_traceback(
+    example: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], signal: str
+) -> None:
+    suffix = f"fdptest{os.getpid()}"
+    path = Path(f"/dev/shm/get_profile_block_num.{suffix}")
+    if signal == "a directory":
+        path.mkdir()
+    elif signal == "3 bytes long":
+        path.write_bytes(bytes(3))
+    monkeypatch.setattr(example, "worker", lambda memory_mib: hand_off_block_count(suffix, 10))  # its last step
+    try:
+        code = example.main(["--memory-mib", "96,64"])
+    finally:
+        if path.is_dir():
+            path.rmdir()
+        path.unlink(missing_ok=True)
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err
+    assert err.startswith(f"launched_worker.py: error: FastDeploy signal 'get_profile_block_num.{suffix}' ") and (
+        err.count("\n") == 1
+    ), err

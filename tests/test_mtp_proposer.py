@@ -14,13 +14,14 @@ import multiprocessing
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack, suppress
+from dataclasses import replace
 
 import pytest
 
 import engine_processes
 from conftest import SHM_DIR
 from engine_processes import mtp_layout, spawned_manager
-from fd_platforms.contract.errors import ConfigError
+from fd_platforms.contract.errors import CacheNotReadyError, ConfigError, SignalWaitError
 from fd_platforms.contract.types import CacheRoleShape, DeviceMemory
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
 from fd_platforms.ipc.cache_signal import CacheReadySignal
@@ -91,6 +92,18 @@ def test_a_managers_draft_must_be_the_draft_of_its_layout(cpu, signal_owner) -> 
     assert signal_owner.slots() == (0,) and not (SHM_DIR / manifest(signal_owner)).exists()
 
 
+def test_a_managers_layout_that_is_a_draft_part_is_refused_naming_the_fix(cpu, signal_owner) -> None:
+    whole = mtp_layout()
+    with pytest.raises(ConfigError) as info:
+        manage_kv_cache(cpu, whole.draft(), BLOCKS, num_cpu_blocks=0, signal_name=signal_owner.name)
+    assert info.value.field == "layout" and str(info.value).startswith(
+        "layout='the draft part of rank 0: layers 4-4, ratio 2' is not valid; allowed: the rank's whole layout, or "
+        "with MTP its main part (whole.main()). Fix: pass whole.main() as layout and whole.draft() as draft="
+    ), info.value
+    assert signal_owner.slots() == (0,) and not (SHM_DIR / manifest(signal_owner)).exists()
+    assert not (SHM_DIR / manifest(signal_owner, ".draft")).exists()
+
+
 @pytest.mark.slow
 def test_a_manager_publishes_main_and_draft_and_the_runner_and_proposer_attach(cpu, signal_owner) -> None:
     whole = mtp_layout()
@@ -116,6 +129,27 @@ def test_a_manager_publishes_main_and_draft_and_the_runner_and_proposer_attach(c
         assert manager.recv() == ("cleared", None, None)
         assert signal_owner.slots() == (0,)
         assert not (SHM_DIR / manifest(signal_owner, ".draft")).exists()
+
+
+SWAP_2026_04 = {**MIXED, "num_cpu_blocks": 2, "rule": "2026-04"}  # the worker creates, the manager attaches
+
+
+def test_a_managers_timeout_says_the_worker_published_its_main_part_but_not_the_draft(cpu, signal_owner) -> None:
+    whole = mtp_layout()
+    runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, signal_name=signal_owner.name, **SWAP_2026_04)
+    try:
+        with pytest.raises(CacheNotReadyError) as info:
+            manage_kv_cache(cpu, whole.main(), BLOCKS, num_cpu_blocks=2, signal_name=signal_owner.name, rule="2026-04",
+                            draft=whole.draft(), timeout=0.3)  # fmt: skip
+    finally:
+        runner.clear(timeout=5)
+    said = str(info.value)
+    assert info.value.cause == "timeout" and said.endswith(
+        f"Rank 0's creator published its main part (/dev/shm/{manifest(signal_owner)}) but not its draft part (no "
+        f"/dev/shm/{manifest(signal_owner, '.draft')}), and sets the rank's slot only once both are. Fix: have the "
+        "creating worker's MTP proposer create the draft layers too (initialize_kv_cache with whole.draft() and the "
+        "same num_blocks), or, without MTP, pass the manager no draft="
+    ), said
 
 
 @pytest.fixture
@@ -182,3 +216,26 @@ def test_a_managers_draft_takes_the_engines_tensor_specs_as_its_main_part_does(c
         assert list(managed.draft.tensors[0].shape) == [int(BLOCKS * 2.0), block, heads, head_dim]
     finally:
         managed.clear(timeout=5)
+
+
+def test_a_fastdeploy_managers_timeout_says_the_worker_published_its_draft_but_not_the_main_part(
+    cpu, fastdeploy_suffix
+) -> None:
+    """The proposer first, as FastDeploy's runner calls it, and no runner after: the records of layer 4 are there,
+    those of layer 0 not; the manager's wait on the one cache_ready_signal word says so. Device 11 names records
+    of no other test (FastDeploy's names are the machine's)."""
+    whole = replace(mtp_layout(), device_id=11)
+    proposer = initialize_kv_cache(cpu, whole.draft(), BLOCKS, suffix=fastdeploy_suffix, protocol="fastdeploy",
+                                   **SWAP_2026_04)  # fmt: skip
+    try:
+        with pytest.raises(SignalWaitError) as info:
+            manage_kv_cache(cpu, whole.main(), BLOCKS, num_cpu_blocks=2, suffix=fastdeploy_suffix, protocol="fastdeploy",
+                            rule="2026-04", draft=whole.draft(), timeout=0.3)  # fmt: skip
+    finally:
+        proposer.clear(timeout=5)
+    said = str(info.value)
+    assert (
+        "Rank 0's creator published its draft part (/dev/shm/key_caches_4_rank0.device11) but not its main part (no "
+        "/dev/shm/key_caches_0_rank0.device11), and sets the rank's slot only once both are. Fix: have the creating "
+        "worker's runner create the main layers too (initialize_kv_cache with whole.main() and the same num_blocks). "
+    ) in said, said

@@ -168,11 +168,25 @@ def test_the_cache_manager_holds_a_workers_cache_without_setter_pid(cpu: Platfor
 
 
 @pytest.mark.parametrize(
-    ("args", "env", "field"),
-    [(("--timeout", "inf"), {}, "--timeout"), ((), {"FD_CACHE_READY_TIMEOUT": "inf"}, "FD_CACHE_READY_TIMEOUT")],
+    ("args", "env", "given"),
+    [(("--timeout", "inf"), {}, "--timeout=inf"), ((), {"FD_CACHE_READY_TIMEOUT": "inf"}, "FD_CACHE_READY_TIMEOUT='inf'")],
 )
-def test_run_bounds_each_phase_so_it_refuses_no_limit(args: tuple[str, ...], env: dict[str, str], field: str) -> None:
+def test_run_bounds_each_phase_so_it_refuses_no_limit(args: tuple[str, ...], env: dict[str, str], given: str) -> None:
     done = main_in_process("run", "--model", QWEN, "--device-memory", "256MiB", *args, **env)
     assert done.returncode == 2, done.stderr
-    assert f"{field}='inf' is not valid; allowed: a finite number of seconds > 0" in done.stderr
+    assert f"{given} is not valid; allowed: a finite number of seconds > 0" in done.stderr
     assert "Fix: run bounds each of its phases by this limit: pass --timeout SECONDS" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "given"),
+    [(("--timeout", "-1"), {}, "--timeout=-1.0"), ((), {"FD_CACHE_READY_TIMEOUT": "-1"}, "FD_CACHE_READY_TIMEOUT='-1'")],
+)
+def test_runs_refusal_of_a_bad_timeout_never_offers_no_limit_which_run_refuses(
+    args: tuple[str, ...], env: dict[str, str], given: str
+) -> None:
+    done = main_in_process("run", "--model", QWEN, "--device-memory", "256MiB", *args, **env)
+    assert done.returncode == 2, done.stderr
+    assert f"{given} is not valid; allowed: a finite number of seconds > 0 and at most 604800 (7 days). " in done.stderr
+    assert "Fix: run bounds each of its phases by this limit: pass --timeout SECONDS, e.g. --timeout 600" in done.stderr
+    assert "no limit" not in done.stderr and "inf" not in done.stderr, done.stderr

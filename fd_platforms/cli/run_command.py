@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shlex
 from typing import TYPE_CHECKING, Any
 
@@ -75,8 +74,8 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     # Imported here: the other commands never pay for multiprocessing and the lifecycle.
     from ..engine.nodes import NodeSpec, check_resolves
-    from ..ipc.cache_signal import ENV_TIMEOUT, resolve_timeout
-    from ..ipc.timeouts import ALLOWED, UNBOUNDED, set_by_flag
+    from ..ipc.cache_signal import ENV_TIMEOUT
+    from ..ipc.timeouts import set_by_flag
     from ..lifecycle.engine import run_lifecycle, select_run_platform
     from ..lifecycle.progress import Progress
     from ..lifecycle.spec import RunSpec, run_device_ids
@@ -98,13 +97,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--cycles", args.cycles, f"0 to {MAX_CYCLES}", "pass how many clear/re-initialize cycles to run")
     block_count_suffix = _block_count_suffix(args.block_count_suffix, deploy.scheduler.protocol)
     device_memory, non_cache, host_memory = memory_sizes(args)
-    timeout = resolve_timeout(args.timeout)
-    if math.isinf(timeout):  # the engine's processes may wait with no limit; run bounds each phase by it
-        raise ConfigError(
-            "--timeout" if args.timeout is not None else ENV_TIMEOUT, UNBOUNDED, ALLOWED,
-            "run bounds each of its phases by this limit: pass --timeout SECONDS (an engine's own processes may wait "
-            f"with no limit, {ENV_TIMEOUT}={UNBOUNDED})",
-        )  # fmt: skip
+    timeout = _phase_limit(args.timeout)
     set_by_flag(ENV_TIMEOUT, "--timeout", timeout)  # the children's bounds follow it; messages name --timeout
     platform = select_run_platform(ranks, args.platform)  # before SIGTERM is ours: it may import paddle, which sets a handler
     spec = RunSpec(
@@ -177,6 +170,18 @@ def _ranks_per_node(args: argparse.Namespace, tp: int) -> int:
             "pass --nnodes that divides --tp, or change --tp",
         )  # fmt: skip
     return tp // args.nnodes
+
+
+def _phase_limit(flag: float | None) -> float:
+    """The limit of each of run's phases: ``--timeout``, else ``FD_CACHE_READY_TIMEOUT``, else 600 seconds.
+    Finite: run bounds every phase, so its refusal asks for seconds, never for no limit (``inf``), which it refuses."""
+    from ..ipc.cache_signal import DEFAULT_TIMEOUT, ENV_TIMEOUT
+    from ..ipc.timeouts import check_seconds, env_seconds
+
+    fix = f"run bounds each of its phases by this limit: pass --timeout SECONDS, e.g. --timeout {DEFAULT_TIMEOUT:g}"
+    if flag is None:
+        return env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT, fix=fix)
+    return check_seconds("--timeout", flag, fix)
 
 
 def _attached(tensors: int, by: str | None) -> str | int:

@@ -189,18 +189,25 @@ class CacheNotReadyError(FdPlatformsError):
     """A wait for a cache-ready slot ended without the slot being set.
 
     ``cause`` is ``"timeout"`` or ``"setter_exited"``; ``slots`` holds every rank's slot value
-    (1 set, 0 clear) at the moment the wait gave up.
+    (1 set, 0 clear) at the moment the wait gave up; another cause the caller knows of ends the
+    message (:meth:`with_hint`).
     """
 
     def __init__(
         self, signal_name: str, rank: int, elapsed: float, slots: tuple[int, ...], cause: str, detail: str, fix: str
     ) -> None:
         self.signal_name, self.rank, self.elapsed, self.slots, self.cause = signal_name, rank, elapsed, slots, cause
+        self.detail, self.fix = detail, fix
         states = ", ".join(f"rank {index} {'set' if value else 'clear'}" for index, value in enumerate(slots))
         super().__init__(
             f"cache-ready signal {signal_name!r}: rank {rank} was not set after {elapsed:.1f} s: {detail}. "
             f"Slots: {states}. Fix: {fix}"
         )
+
+    def with_hint(self, hint: str) -> CacheNotReadyError:
+        """This error with ``hint`` ending its message."""
+        return CacheNotReadyError(self.signal_name, self.rank, self.elapsed, self.slots, self.cause, self.detail,
+                                  f"{self.fix}. {hint}")  # fmt: skip
 
 
 class SignalWaitError(CacheNotReadyError):

@@ -55,7 +55,7 @@ from ..kit.host_sharing import handle_pid
 from ..kit.vendor_device import HANDLE_BYTES, handle_bytes, handle_text
 from .fastdeploy_marks import Attachers, attacher_prefix, look, make_attacher_mark, make_creator_mark, remove_dead, stale_creator
 from .fastdeploy_records import RecordLayout, record_layout
-from .publication import POLL_SECONDS, PublishedTensor
+from .publication import POLL_SECONDS, STILL_HELD_FIX, PublishedTensor
 
 logger = logging.getLogger(__name__)
 
@@ -293,10 +293,12 @@ class FastDeployHandles:
         first.close()  # our own lock dropped: what remains are attachers' locks
         while True:
             try:
-                probe = shm.Segment.inspect(first.name, first.size)
+                probe = shm.Segment.inspect(first.name)  # any size: one truncated while published is still ours
             except (FileNotFoundError, shm.SegmentUnusable):
-                break  # removed or replaced meanwhile: not ours to wait for
+                break  # removed meanwhile: not ours to wait for
             try:
+                if probe.inode != first.inode:
+                    break  # replaced meanwhile: not ours to remove or wait for
                 if probe.unused():
                     probe.unlink()
                     break
@@ -304,11 +306,10 @@ class FastDeployHandles:
             finally:
                 probe.close()
             if time.monotonic() >= deadline:
-                self._held[0] = shm.Segment.open(first.name, first.size)  # hold it again: still published
+                self._held[0] = shm.Segment.open(first.name)  # hold it again: still published
                 raise CacheInUseError(
                     f"rank {self.rank}'s KV cache is still attached by a process of fd-platforms after {timeout:g} s "
-                    f"({_pids(holders)} holds /dev/shm/{first.name}), so nothing was freed. Fix: clear that process's "
-                    "cache first (KVCache.clear()), or stop it",
+                    f"({_pids(holders)} holds /dev/shm/{first.name}), so nothing was freed. Fix: {STILL_HELD_FIX}",
                     (self.rank,),
                 )
             time.sleep(POLL_SECONDS)
@@ -374,8 +375,7 @@ def _still_attached(handles: FastDeployHandles, signal: str, seen: Attachers, ti
     if seen.living:
         return (
             f"{said}. It is still attached by a process of fd-platforms ({', '.join(seen.living)}, as /proc/locks "
-            "shows the holder of its mark or of the first record). Fix: clear that process's cache first "
-            "(KVCache.clear()), or stop it"
+            f"shows the holder of its mark or of the first record). Fix: {STILL_HELD_FIX}"
         )
     reset = (
         "python -c \"from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal; "

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from ..contract.errors import CacheSharingError, ConfigError, FdPlatformsError, SignalWaitError
+from ..contract.errors import CacheNotReadyError, CacheSharingError, ConfigError, FdPlatformsError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision, CacheRoleShape
 from ..ipc.cache_signal import resolve_timeout
@@ -300,6 +300,7 @@ def _manage(
     made or attached the same way, in the platform's shapes, after the main part. A kept ``host_cache`` must
     fit the layout (main and draft) and ``num_cpu_blocks`` (:func:`~.host_cache.check_host_cache`)."""
     check_cache_arguments(platform, layout, num_blocks)
+    _check_not_draft(layout)
     wire, name = engine_name(names[2], names[0], names[1], tp=names[3], rank=layout.rank, stacklevel=4)
     num_cpu_blocks, storage_backend, splitwise_role, rule = rule_arguments
     inputs = DecisionInputs(False, num_cpu_blocks, storage_backend, splitwise_role)
@@ -328,7 +329,7 @@ def _manage(
             platform, draft_layout, num_blocks, name, protocol=wire, attachers=per_rank
         )  # fmt: skip
     else:
-        waited = _wait_ready(platform, wire, name, layout.rank, limit, setter_pid, inputs)
+        waited = _wait_ready(platform, wire, name, layout.rank, limit, setter_pid, inputs, (layout, draft_layout))
         device = attach_kv_cache(platform, layout, num_blocks, name, setter_pid, wire, attachers=per_rank)
         device.wait_seconds = waited
         make_draft = None if draft_layout is None else lambda: attach_kv_cache(
@@ -336,6 +337,15 @@ def _manage(
         )  # fmt: skip
     device.import_seconds = import_seconds
     return _managed(platform, host_layout, device, (num_cpu_blocks, host_cache), wire, name, make_draft)
+
+
+def _check_not_draft(layout: CacheLayout) -> None:
+    """A cache manager's ``layout`` is the rank's whole layout or its main part; its draft part goes in ``draft=``."""
+    if layout.part == "draft":
+        raise ConfigError(
+            "layout", layout.describe(), "the rank's whole layout, or with MTP its main part (whole.main())",
+            "pass whole.main() as layout and whole.draft() as draft=, both of the rank's build_layout",
+        )  # fmt: skip
 
 
 def _draft_part(
@@ -467,16 +477,20 @@ def _wait_ready(
     limit: float,
     setter_pid: int | None,
     inputs: DecisionInputs,
+    parts: Sequence[CacheLayout | None] = (),
 ) -> float:
-    """``wire.wait_ready``; a wait on FastDeploy's side that timed out names, where the protocol says
+    """``wire.wait_ready``; a wait that timed out names, where it can be seen, the part of the rank's cache
+    (of ``parts``: main and draft) that its creator published without the other, and, where the protocol says
     one could be at fault, a peer following another version of the rule than ``inputs.rule``."""
     try:
         return wire.wait_ready(platform, signal_name, rank, limit, setter_pid)
-    except SignalWaitError as error:
-        hint = wire.rule_mismatch(inputs.rule, inputs) if error.cause == "timeout" else ""
-        if not hint:
+    except CacheNotReadyError as error:
+        if error.cause != "timeout":
             raise
-        raise error.with_hint(hint) from None
+        hints = (rank_parts.one_missing(wire, signal_name, rank, parts), wire.rule_mismatch(inputs.rule, inputs))
+        if not any(hints):
+            raise
+        raise error.with_hint(". ".join(hint for hint in hints if hint)) from None
 
 
 def _import_paddle() -> float:

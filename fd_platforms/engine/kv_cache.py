@@ -16,6 +16,7 @@ Each tensor is raw bytes viewed as its dtype, so every cache dtype, fp8 included
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -318,10 +319,21 @@ def check_provenance(publication: Published, setter_pid: int | None) -> None:
         named = handle_pid(tensor.handle)
         if named is not None and named != creator:
             raise CacheSharingError(
-                f"rank {rank}'s KV cache publication lists tensor {tensor.name} with a handle of pid {named}, not "
-                f"of its creator (pid {creator}): it would map another process's memory. Fix: restart the engine; "
+                f"rank {rank}'s KV cache publication lists tensor {tensor.name} with a handle of pid {named}, "
+                f"{_not_its_creator(publication)}: it would map another process's memory. Fix: restart the engine; "
                 "check what else writes to /dev/shm under this engine's names"
             )
+
+
+def _not_its_creator(publication: Published) -> str:
+    """A handle is not of its publication's creator: that creator's pid, or, where none is known (the
+    handles name different processes, or some none), what they name: ``1 names pid 12, 1 names no process``."""
+    if publication.creator_pid is not None:
+        return f"not of its creator (pid {publication.creator_pid})"
+    owners = Counter(handle_pid(tensor.handle) for tensor in publication.tensors)
+    named = [f"{count} name{'s' if count == 1 else ''} {'no process' if pid is None else f'pid {pid}'}"
+             for pid, count in sorted(owners.items(), key=lambda item: (item[0] is None, item[0] or 0))]  # fmt: skip
+    return f"but its handles name no one creator ({', '.join(named)})"
 
 
 def check_published(published: Sequence[PublishedTensor], layout: CacheLayout, num_blocks: int) -> None:

@@ -43,6 +43,13 @@ FORMAT = 1
 HEADER = struct.Struct("=4sI")
 MAX_MANIFEST_BYTES = 64 << 20  # far above any layout (a few hundred bytes per tensor)
 POLL_SECONDS = 0.005
+#: The way out of a creator's clear that an attacher still holds: a lenient attacher (``clear(strict=False)``)
+#: has cleared already and lets go only once its engine's own references to the tensors are gone.
+STILL_HELD_FIX = (
+    "clear the attaching process's cache (KVCache.clear()); if it cleared with strict=False, it lets go only once "
+    "its engine drops its own references to the cache's tensors (and views of them): drop those there, then clear "
+    "this cache again; or stop that process"
+)
 
 
 def instance_of(signal_name: str) -> str:
@@ -179,10 +186,12 @@ class Publication:
         deadline, progress = start + timeout, WaitProgress(timeout, start)
         while True:
             try:
-                probe = shm.Segment.inspect(self.name, HEADER.size)
+                probe = shm.Segment.inspect(self.name)  # any size: ours even if damaged (truncated) since
             except (FileNotFoundError, shm.SegmentUnusable):
-                return  # removed or replaced meanwhile: nothing of ours is left to retract
+                return  # removed meanwhile, or no longer a file of ours: nothing of ours is left to retract
             try:
+                if probe.inode != own.inode:
+                    return  # replaced meanwhile: not ours to remove
                 if probe.unused():
                     probe.unlink()
                     self._at_exit.detach()
@@ -190,10 +199,10 @@ class Publication:
             finally:
                 probe.close()
             if time.monotonic() >= deadline:
-                self._segment = shm.Segment.open(self.name, HEADER.size)  # hold it again: still published
+                self._segment = shm.Segment.open(self.name)  # hold it again: still published
                 raise CacheInUseError(
                     f"rank {self.rank}'s KV cache is still held by its attaching process after {timeout:g} s, so it "
-                    "was not freed. Fix: clear the worker's cache first (KVCache.clear()), or stop that process",
+                    f"was not freed. Fix: {STILL_HELD_FIX}",
                     (self.rank,),
                 )
             progress.say(time.monotonic(), lambda: f"rank {self.rank}'s creator waiting for its attacher to let go of "

@@ -12,7 +12,16 @@ call. Both parts of a rank are created in one process (the worker), so the recor
 
 from __future__ import annotations
 
+import os
 import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..ipc.shm import shm_path
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..rules.layout import CacheLayout
+    from .protocols import WireProtocol
 
 #: The parts a rank's cache is complete with, for each part a layout can be (rules.layout.Part).
 _COMPLETE: dict[str, frozenset[str]] = {
@@ -20,6 +29,13 @@ _COMPLETE: dict[str, frozenset[str]] = {
     "main": frozenset({"main", "draft"}),
     "draft": frozenset({"main", "draft"}),
 }
+#: How to publish a part a creator left out.
+_MAKE_PART = {
+    "draft": "have the creating worker's MTP proposer create the draft layers too (initialize_kv_cache with "
+             "whole.draft() and the same num_blocks), or, without MTP, pass the manager no draft=",
+    "main": "have the creating worker's runner create the main layers too (initialize_kv_cache with whole.main() and "
+            "the same num_blocks)",
+}  # fmt: skip
 _lock = threading.Lock()
 _created: dict[tuple[str, str, int], set[str]] = {}
 
@@ -41,3 +57,17 @@ def cleared(protocol: str, signal_name: str, rank: int, part: str) -> None:
             parts.discard(part)
             if not parts:
                 del _created[(protocol, signal_name, rank)]
+
+
+def one_missing(wire: WireProtocol, signal_name: str, rank: int, parts: Sequence[CacheLayout | None]) -> str:
+    """For an attacher's timed-out wait on the rank's slot, where ``parts`` are main and draft and the creator
+    published one without the other (its record is there, the other's not): which, and the fix; "" otherwise."""
+    records = {layout.part: wire.part_record(signal_name, layout) for layout in parts if layout is not None}
+    published = {part: os.path.exists(shm_path(record)) for part, record in records.items()}
+    if len(published) != 2 or len(set(published.values())) != 2:
+        return ""
+    there, missing = sorted(published, key=lambda part: not published[part])
+    return (
+        f"Rank {rank}'s creator published its {there} part (/dev/shm/{records[there]}) but not its {missing} part "
+        f"(no /dev/shm/{records[missing]}), and sets the rank's slot only once both are. Fix: {_MAKE_PART[missing]}"
+    )

@@ -61,18 +61,21 @@ def check_seconds(field: str, value: object, fix: str, *, shown: object = None, 
 
 
 def env_seconds(
-    variable: str, default: float, environ: Mapping[str, str] | None = None, *, unbounded: bool = False
+    variable: str, default: float, environ: Mapping[str, str] | None = None, *, unbounded: bool = False,
+    fix: str | None = None,
 ) -> float:
     """Seconds from environment ``variable`` (unset or empty: ``default``; ``unbounded``: also
-    :data:`UNBOUNDED`, spelled so, for ``math.inf``); a ConfigError naming it."""
+    :data:`UNBOUNDED`, spelled so, for ``math.inf``); a ConfigError naming it, with ``fix`` where the
+    caller has its own (default: set the variable to seconds)."""
     raw = (os.environ if environ is None else environ).get(variable)
     if raw is None or raw.strip() == "":
         return default
     if unbounded and raw.strip() == UNBOUNDED:
         return math.inf
-    fix = f"set {variable} to seconds, e.g. {variable}={int(default)}"
-    if unbounded:
-        fix += f", or to {UNBOUNDED} for no limit"
+    if fix is None:
+        fix = f"set {variable} to seconds, e.g. {variable}={int(default)}"
+        if unbounded:
+            fix += f", or to {UNBOUNDED} for no limit"
     value = _number(raw)  # any other spelling of infinity ("Infinity", "1e999") is refused below
     return check_seconds(variable, value if math.isfinite(value) else math.nan, fix, shown=raw, unbounded=unbounded)
 

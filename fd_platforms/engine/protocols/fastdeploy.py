@@ -54,6 +54,7 @@ from .interface import WireProtocol
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ...loading.platform import Platform
     from ...rules.decision import DecisionInputs
+    from ...rules.layout import CacheLayout
 
 #: Every signal a run's engine creates under its suffix (``get_profile_block_num`` where no engine's suffix is given).
 RUN_SIGNALS = (*PER_RANK, KV_CACHE_STATUS, PROFILE_BLOCK_NUM)
@@ -107,6 +108,10 @@ class FastDeployProtocol(WireProtocol):
         with FastDeploySignal.attach(CACHE_READY, signal_name) as signal:
             return signal.wait_for(rank, 1, timeout, watch_pid=setter_pid, what=f"rank {rank} waiting for its KV cache",
                                    writer="the process creating it (FastDeploy's cache transfer manager or runner)")
+
+    def part_record(self, signal_name: str, layout: CacheLayout) -> str:
+        """The record of the part's first tensor (each tensor has its own, named by its layer)."""
+        return self.tensor_name(signal_name, layout.names()[0])
 
     def publish(
         self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str,

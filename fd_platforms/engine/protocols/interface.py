@@ -13,6 +13,7 @@ from ..publication import Publication, PublishedTensor
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ...loading.platform import Platform
     from ...rules.decision import DecisionInputs
+    from ...rules.layout import CacheLayout
 
 #: A rank's published cache, as the protocol publishes it.
 Published = Union[Publication, FastDeployHandles]
@@ -69,6 +70,11 @@ class WireProtocol(ABC):
         self, platform: Platform, signal_name: str, rank: int, timeout: float, setter_pid: int | None
     ) -> float:
         """Wait (at most ``timeout``, failing early when ``setter_pid`` dies) for ``rank``'s slot; the seconds waited."""
+
+    @abstractmethod
+    def part_record(self, signal_name: str, layout: CacheLayout) -> str:
+        """The ``/dev/shm`` entry that is there while ``layout``'s part of its rank's cache is published (a
+        timed-out wait says which part of main and draft it sees published and which not)."""
 
     @abstractmethod
     def publish(

@@ -27,6 +27,7 @@ from .interface import WireProtocol
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ...loading.platform import Platform
+    from ...rules.layout import CacheLayout
 
 
 class FdPlatformsProtocol(WireProtocol):
@@ -65,6 +66,10 @@ class FdPlatformsProtocol(WireProtocol):
         self, platform: Platform, signal_name: str, rank: int, timeout: float, setter_pid: int | None
     ) -> float:
         return platform.wait_cache_ready(signal_name, rank, timeout=timeout, setter_pid=setter_pid)
+
+    def part_record(self, signal_name: str, layout: CacheLayout) -> str:
+        """The part's manifest."""
+        return publication_name(signal_name, layout.rank, layout.part)
 
     def publish(
         self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str,
