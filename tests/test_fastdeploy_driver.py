@@ -91,13 +91,15 @@ def test_a_restore_without_a_clear_done_is_refused_before_writing_anything(suffi
 def test_a_clear_that_fails_before_any_rank_let_go_writes_normal_back_and_says_so(suffix: str) -> None:
     from fd_platforms.engine import drive_kv_cache_clear
 
-    with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status, FastDeploySignal.attach(CACHE_READY, suffix) as ready:
+    with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
+        ready = FastDeploySignal.attach(CACHE_READY, suffix)
         ready.set(0, 1)  # rank 0 attached, and never lets go: nothing is freed
         with pytest.raises(SignalWaitError, match="rank 0 letting go of its KV cache") as caught:
             drive_kv_cache_clear(suffix, timeout=0.3)
         assert "was written back to NORMAL (it said CLEARING): every rank's cache is there" in str(caught.value)
         assert status.get(0) == KVCacheStatus.NORMAL
         ready.set(0, 0)
+        ready.close()
 
 
 def test_a_failed_restore_leaves_a_word_saying_the_caches_are_freed_and_the_next_drive_names_it(suffix: str) -> None:

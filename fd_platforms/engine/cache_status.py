@@ -693,7 +693,7 @@ def _check_pids(pids: object, tp: int | None) -> dict[int, int]:
 
 
 def _check_ranks_fit(pids: Mapping[int, int], ready: FastDeploySignal) -> None:
-    """Every rank of ``attacher_pids`` one of ``cache_ready_signal``'s words (the local ranks, where tp was not given)."""
+    """Every rank of ``attacher_pids`` one of ``cache_ready_signal``'s words (its local ranks: tp not given)."""
     for rank, pid in pids.items():
         if rank >= ready.length:
             raise ConfigError(
