@@ -248,7 +248,8 @@ def two_ranks() -> Iterator[str]:
 
 class Served:
     """Both ranks' caches made by our cache manager, served in a thread of this process; attachers played by
-    a thread that resets the slots of ``letting_go`` once per CLEARING (as KVCache.clear does)."""
+    a thread that resets the slots of ``letting_go`` (as KVCache.clear does) at the first CLEARING after each
+    :meth:`drive` starts."""
 
     def __init__(self, suffix: str, recreate_fails: dict[int, BaseException], timeout: float) -> None:
         from fd_platforms.engine import manage_kv_cache, serve_kv_cache_status
@@ -268,7 +269,7 @@ class Served:
             return self.made[rank]
 
         first = [make(rank) for rank in range(2)]
-        self.stop = threading.Event()
+        self.stop, self.armed = threading.Event(), threading.Event()
         self.held: list[object] = []
         self.server = threading.Thread(target=lambda: self.held.extend(serve_kv_cache_status(
             first, make, suffix=suffix, until=self.stop.is_set, timeout=timeout, failures=self.failures)))  # type: ignore[arg-type]
@@ -280,13 +281,21 @@ class Served:
         with FastDeploySignal.attach(KV_CACHE_STATUS, self.suffix) as status:
             with FastDeploySignal.attach(CACHE_READY, self.suffix) as ready:
                 while not self.stop.is_set():
-                    if status.get(0) != KVCacheStatus.CLEARING:
+                    if not self.armed.is_set() or status.get(0) != KVCacheStatus.CLEARING:
                         time.sleep(0.005)
                         continue
+                    self.armed.clear()
                     for rank in sorted(self.letting_go):
                         ready.set(rank, 0)
-                    while status.get(0) == KVCacheStatus.CLEARING and not self.stop.is_set():
-                        time.sleep(0.005)
+
+    def drive(self, letting_go: set[int]) -> object:
+        """drive_kv_cache_update, the ranks in ``letting_go`` letting go at its CLEARING."""
+        self.letting_go = letting_go
+        self.armed.set()
+        try:
+            return drive_kv_cache_update(self.suffix, timeout=20)
+        finally:
+            self.armed.clear()
 
     def close(self) -> list[object]:
         self.stop.set()
@@ -322,9 +331,8 @@ def test_serve_keeps_serving_after_a_rank_fails_to_clear(
     from fd_platforms.contract.errors import CacheInUseError, CacheUpdateError
 
     serving = served()
-    serving.letting_go = {0}
     with caplog.at_level(logging.ERROR), pytest.raises(CacheUpdateError) as caught:
-        drive_kv_cache_update(serving.suffix, timeout=20)
+        serving.drive({0})
     said = str(caught.value)
     assert caught.value.rank == 1 and "could not clear rank 1's KV cache; it kept the others" in said, said
     assert "was written back to NORMAL" in said, "every rank's cache is there again"
@@ -332,8 +340,7 @@ def test_serve_keeps_serving_after_a_rank_fails_to_clear(
     errors = [record.getMessage() for record in caplog.records if record.levelno == logging.ERROR]
     assert any(line.startswith("rank 1: the cache manager could not clear") and "CacheInUseError" in line
                for line in errors), errors  # fmt: skip
-    serving.letting_go = {0, 1}
-    assert drive_kv_cache_update(serving.suffix, timeout=20).ranks == 2, "still served"
+    assert serving.drive({0, 1}).ranks == 2, "still served"  # type: ignore[attr-defined]
     assert len(serving.close()) == 2
 
 
@@ -347,13 +354,13 @@ def test_serve_keeps_serving_when_dev_shm_is_full_at_recreate(served: Callable[.
 
     serving = served({1: ShmSpaceError("/dev/shm has 0 bytes free (simulated)")})
     with pytest.raises(CacheUpdateError) as caught:
-        drive_kv_cache_update(serving.suffix, timeout=20)
+        serving.drive({0, 1})
     said = str(caught.value)
     assert caught.value.rank == 1 and "could not create rank 1's KV cache again: that rank has none" in said, said
     assert "was left at -20001" in said and "not NORMAL" in said
     assert [(f.rank, f.step, type(f.error)) for f in serving.failures] == [(1, "create", ShmSpaceError)]
     with pytest.raises(CacheUpdateError, match="the last clear/update failed after the caches were freed"):
-        drive_kv_cache_update(serving.suffix, timeout=20)
+        serving.drive({0, 1})
     assert drive_kv_cache_restore(serving.suffix, timeout=20).ranks == 2, "the restore creates what is missing"
     with FastDeploySignal.attach(CACHE_READY, serving.suffix) as ready:
         assert ready.values() == (1, 1)
@@ -371,7 +378,7 @@ def test_serve_keeps_serving_when_fd_enable_swap_space_clearing_turns_bad(
     serving = served()
     monkeypatch.setenv("FD_ENABLE_SWAP_SPACE_CLEARING", "true")
     with pytest.raises(CacheUpdateError) as caught:
-        drive_kv_cache_update(serving.suffix, timeout=20)
+        serving.drive({0, 1})
     assert caught.value.rank == 0 and "could not clear rank 0's KV cache" in str(caught.value)
     assert [(f.rank, f.step, f.error.field) for f in serving.failures] == [  # type: ignore[attr-defined]
         (0, "clear", "FD_ENABLE_SWAP_SPACE_CLEARING")]
@@ -379,5 +386,5 @@ def test_serve_keeps_serving_when_fd_enable_swap_space_clearing_turns_bad(
     with FastDeploySignal.attach(CACHE_READY, serving.suffix) as ready:
         assert ready.values() == (1, 1), "the kept caches' slots set again: their attachers attach again"
     monkeypatch.setenv("FD_ENABLE_SWAP_SPACE_CLEARING", "0")
-    assert drive_kv_cache_update(serving.suffix, timeout=20).ranks == 2
+    assert serving.drive({0, 1}).ranks == 2  # type: ignore[attr-defined]
     assert len(serving.close()) == 2

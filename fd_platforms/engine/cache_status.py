@@ -141,7 +141,7 @@ class ServeFailure:
 
     rank: int
     step: str
-    error: BaseException
+    error: Exception
 
 
 @dataclass
@@ -659,7 +659,7 @@ def _check_tp(tp: object) -> None:
                   fix="pass the tensor-parallel size")  # fmt: skip
 
 
-def pid_max() -> int:
+def _pid_max() -> int:
     """The largest process id the kernel gives (``/proc/sys/kernel/pid_max``; :data:`PID_MAX_LIMIT` unread)."""
     try:
         with open("/proc/sys/kernel/pid_max") as limit:
@@ -669,7 +669,7 @@ def pid_max() -> int:
 
 
 def _check_pid(field_name: str, pid: object, fix: str) -> None:
-    check_int(field_name, pid, 1, pid_max(), what="None or a process id", note="/proc/sys/kernel/pid_max", fix=fix)
+    check_int(field_name, pid, 1, _pid_max(), what="None or a process id", note="/proc/sys/kernel/pid_max", fix=fix)
 
 
 ATTACHER_PIDS_FIX = "pass {local rank: the pid of that rank's attaching process, ...}"
@@ -682,7 +682,7 @@ def _check_pids(pids: object, tp: int | None) -> dict[int, int]:
     if not isinstance(pids, Mapping):
         raise ConfigError("attacher_pids", pids, "None or a mapping of local rank to process id", ATTACHER_PIDS_FIX)
     ranks, of = (tp, f"tp {tp}") if tp is not None else (MAX_LOCAL_RANKS, "the most local ranks")
-    limit = pid_max()
+    limit = _pid_max()
     for rank, pid in pids.items():
         if not (is_int(rank) and 0 <= rank < ranks and is_int(pid) and 1 <= pid <= limit):
             raise ConfigError(
