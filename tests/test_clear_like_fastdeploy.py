@@ -112,6 +112,20 @@ def test_an_invalid_fd_enable_swap_space_clearing_is_a_config_error_before_anyth
     let_go_and_clear(managed, ready, clear_host=True)
 
 
+@pytest.mark.parametrize("value", ["true", "yes", ""])
+def test_manage_kv_cache_refuses_an_invalid_fd_enable_swap_space_clearing_before_anything_is_published(
+    cpu: Platform, engine, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """Issue 41, finding 4: read where it is first read (manage time), not at a serving manager's first clear."""
+    suffix, ready, swap = engine
+    monkeypatch.setenv("FD_ENABLE_SWAP_SPACE_CLEARING", value)
+    with pytest.raises(ConfigError) as caught:
+        manage(cpu, suffix)
+    assert caught.value.field == "FD_ENABLE_SWAP_SPACE_CLEARING" and f"={value!r} is not valid" in str(caught.value)
+    assert "Fix: export FD_ENABLE_SWAP_SPACE_CLEARING=0 or =1" in str(caught.value)
+    assert records() == set() and ready.values() == (0,) and swap.values() == (0,), "nothing published"
+
+
 def test_a_kept_host_cache_that_does_not_fit_is_refused_before_anything_is_published(cpu: Platform, engine) -> None:
     suffix, ready, _ = engine
     managed = manage(cpu, suffix)

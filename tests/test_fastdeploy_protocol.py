@@ -416,9 +416,9 @@ def test_a_rank_that_never_lets_go_is_named(cpu) -> None:
             assert caught.value.rank == 1 and caught.value.cause == "timeout"
             assert "rank 1 letting go of its KV cache" in str(caught.value)
             ready.set(1, 0)
-            assert f"kv_cache_status.{suffix} was written back to NORMAL (it said CLEARING)" in str(caught.value)
+            assert f"kv_cache_status.{suffix} was left at -30000 (fd-platforms' failure word" in str(caught.value)
         with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
-            assert status.get(0) == KVCacheStatus.NORMAL, "where the next drive can start"
+            assert status.get(0) == -30000, "not NORMAL: rank 0 let go, so its creator may have freed its cache"
         for cache in managed:
             cache.clear(1)
 

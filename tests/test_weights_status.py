@@ -23,6 +23,7 @@ def nothing() -> None:
         ({"suffix": "9923", "rank": 0, "managers": "vllm"}, "managers"),
         ({"suffix": "9923", "rank": 0, "tp": 0}, "tp"),
         ({"suffix": "9923", "rank": 0, "creator_pid": 0}, "creator_pid"),
+        ({"suffix": "9923", "rank": 0, "creator_pid": 2**70}, "creator_pid"),  # beyond the kernel's pid range
         ({"suffix": "../x", "rank": 0}, "suffix"),
     ],
 )

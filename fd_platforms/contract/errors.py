@@ -256,6 +256,20 @@ class CacheInUseError(FdPlatformsError):
         super().__init__(message)
 
 
+class CacheUpdateError(FdPlatformsError):
+    """A KV-cache clear/update failed, or a new one cannot start after one failed: ``word`` is what
+    ``kv_cache_status`` says (an fd-platforms failure word, :mod:`fd_platforms.engine.cache_status`), ``rank``
+    the local rank it names (None: none)."""
+
+    def __init__(self, message: str, word: int, rank: int | None = None) -> None:
+        self.word, self.rank = word, rank
+        super().__init__(message)
+
+    def with_hint(self, hint: str) -> CacheUpdateError:
+        """This error with ``hint`` ending its message."""
+        return CacheUpdateError(f"{self}. {hint}", self.word, self.rank)
+
+
 class DeviceAllocError(FdPlatformsError, MemoryError):
     """A KV cache tensor could not be allocated on the device; nothing allocated before it is kept."""
 

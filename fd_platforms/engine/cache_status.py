@@ -23,17 +23,47 @@ hang. While it waits, the driver writes its own word again each time it reads th
 before. That never replaces a current answer: a manager answers ``CLEARED`` only once every slot is 0
 and ``NORMAL`` only once every slot is set, and a creating manager frees or creates only after it has
 seen the driver's word, so the answer to the current step needs every such manager to have seen it.
+
+When a step fails. FastDeploy's ``KVCacheStatus`` has no word for a failure (NORMAL 0, UPDATING 1,
+CLEARING -1, CLEARED -2: ``fastdeploy/inter_communicator/ipc_signal_const.py``); its transfer manager
+logs a failed clear or restore and leaves the word (``check_cache_status``), so its engine client times
+out. Here a failure is said in the word with values of fd-platforms' own, far below FastDeploy's
+(:class:`KVCacheFault`): ``-10000 - rank`` (the creator could not clear that rank; it kept the others
+and created again what it had freed), ``-20000 - rank`` (the creator could not create that rank's cache
+again: the rank has none) and ``-30000`` (a drive failed after a rank let go: the caches may be freed).
+A word of our own, because only the word reaches the driver in another process at once, rank included,
+and none of FastDeploy's values would be true. FastDeploy's processes are never fooled by it: its engine
+client waits for ``== NORMAL`` and ``== CLEARED`` (``EngineClient.update_model_weight`` and
+``clear_load_weight``, ``fastdeploy/entrypoints/engine_client.py``) and its transfer manager acts on
+``== CLEARING`` and ``== UPDATING`` only, so a failure word is neither a step done nor one to take; its
+workers write their next CLEARING or UPDATING over it (``DynamicWeightManager.check_model_weights_status``,
+``fastdeploy/rl/dynamic_weight_manager.py``). Our signal layer refuses words outside FastDeploy's values
+(``fastdeploy_signals.ALLOWED``), so this module reads a failure word before it asks that layer.
+
+A drive that fails writes NORMAL back only where every ``cache_ready_signal`` slot reads 1: every
+rank's cache is there (a creator sets a slot once it created, an attacher resets it before it lets
+go, and a creator frees only after that). Otherwise it leaves a failure word, the next clear or update
+is refused naming it (:class:`~fd_platforms.contract.errors.CacheUpdateError`), and
+:func:`drive_kv_cache_restore`, which starts from it as from CLEARED, has the creator create what is missing.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ..contract.errors import CacheSharingError, CacheSignalError, ConfigError, SignalWaitError
+from ..contract.errors import (
+    CacheSharingError,
+    CacheSignalError,
+    CacheUpdateError,
+    ConfigError,
+    FdPlatformsError,
+    SignalWaitError,
+)
 from ..contract.integers import check_int, is_int
 from ..ipc.cache_signal import resolve_timeout
 from ..ipc.fastdeploy_signals import (
@@ -55,6 +85,63 @@ moment waits forever. FastDeploy's own driver leaves seconds there (the weight u
 request)."""
 logger = logging.getLogger(__name__)
 STATUS_POLL_SECONDS = 0.1  # how long serve_kv_cache_status sleeps between looks at `until` (a status write wakes it)
+PID_MAX_LIMIT = 2**22  # the largest pid_max the kernel allows (PID_MAX_LIMIT, include/linux/threads.h)
+
+
+class FaultKind(enum.IntEnum):
+    """fd-platforms' failure words in ``kv_cache_status``, outside FastDeploy's values (see the module
+    docstring); the first two less the rank they name."""
+
+    NOT_CLEARED = -10000
+    NOT_CREATED = -20000
+    DRIVE_FAILED = -30000
+
+
+@dataclass(frozen=True)
+class KVCacheFault:
+    """A failure said in ``kv_cache_status``: its kind and the local rank it names (None for DRIVE_FAILED)."""
+
+    kind: FaultKind
+    rank: int | None = None
+
+    @property
+    def word(self) -> int:
+        return self.kind - (self.rank or 0)
+
+    @property
+    def kept(self) -> bool:
+        """Whether every cache is kept or created again (a clear that failed), none lost."""
+        return self.kind == FaultKind.NOT_CLEARED
+
+    @classmethod
+    def read(cls, word: int) -> KVCacheFault | None:
+        """The failure ``word`` says, None where it is no failure word."""
+        for kind in FaultKind:
+            if kind == FaultKind.DRIVE_FAILED:
+                if word == kind:
+                    return cls(kind)
+            elif kind - MAX_LOCAL_RANKS < word <= kind:
+                return cls(kind, kind - word)
+        return None
+
+    def describe(self) -> str:
+        said = {
+            FaultKind.NOT_CLEARED: f"the cache creator could not clear rank {self.rank}'s KV cache; it kept the "
+                                   "others and created again what it had freed",
+            FaultKind.NOT_CREATED: f"the cache creator could not create rank {self.rank}'s KV cache again: that rank "
+                                   "has none",
+            FaultKind.DRIVE_FAILED: "a drive failed after a rank let go of its KV cache: the caches may be freed",
+        }[self.kind]  # fmt: skip
+        return f"{self.word} (fd-platforms' failure word: {said})"
+
+
+@dataclass(frozen=True)
+class ServeFailure:
+    """A step :func:`serve_kv_cache_status` could not do for one rank: ``step`` is ``"clear"`` or ``"create"``."""
+
+    rank: int
+    step: str
+    error: Exception
 
 
 @dataclass
@@ -115,10 +202,13 @@ def drive_kv_cache_update(
     process, when ``creator_pid`` or a rank's process in ``attacher_pids`` exits. One driver at a time: a
     drive claims ``kv_cache_status`` (a lock the kernel arbitrates, :mod:`fd_platforms.ipc.claims`), and a
     second one is refused at once with a CacheSignalError naming the holder. A drive that fails after
-    writing ``CLEARING`` (a wait, ``update``, an interrupt) writes ``NORMAL`` back, logs it and says so
-    in its error, so the next drive can start; a
-    :class:`~fd_platforms.contract.errors.SignalWaitError` says which rank or process did not move; a status
-    other than ``NORMAL`` at the start (an update under way) is a ConfigError.
+    writing ``CLEARING`` (a wait, ``update``, an interrupt, a failure word of the creator's) writes ``NORMAL``
+    back where every rank's cache is there, else leaves a failure word (module docstring); it logs which and
+    says so in its error. A :class:`~fd_platforms.contract.errors.SignalWaitError` says which rank or process
+    did not move, a :class:`~fd_platforms.contract.errors.CacheUpdateError` which rank the creator could not
+    clear or create. At the start, a status other than ``NORMAL`` (an update under way) is a ConfigError, a
+    failure word left by a drive that failed after the caches were freed a CacheUpdateError naming it (the
+    creator's ``-10000 - rank``, every cache kept, counts as ``NORMAL``, with a WARNING).
 
     ``platform`` (the selected one) and ``managers`` (whose cache managers serve the word:
     ``"fastdeploy"`` or ``"fd-platforms"``) let it refuse at once what can only time out: FastDeploy's
@@ -126,7 +216,10 @@ def drive_kv_cache_update(
     ``fastdeploy/cache_manager/cache_transfer_manager.py``, "TODO XPU support RL").
 
     ``tp`` (the local ranks, where known) makes ``cache_ready_signal`` exactly FastDeploy's
-    int32 array of that many words, else a CacheSignalError naming its size.
+    int32 array of that many words, else a CacheSignalError naming its size. ``creator_pid`` and every pid
+    in ``attacher_pids`` must be a process id the kernel can give (1 to ``/proc/sys/kernel/pid_max``), and
+    every rank there a local rank (0 to ``tp`` - 1, or to the signal's words less one once attached):
+    checked before any signal word is written, a ConfigError naming the field otherwise.
     """
     drive = checked_drive(suffix, timeout, creator_pid, attacher_pids, platform, managers, tp)
     if update is not None:
@@ -162,8 +255,8 @@ def drive_kv_cache_clear(
     ``DynamicWeightManager.check_model_weights_status``, ``fastdeploy/rl/dynamic_weight_manager.py``), and its
     engine client waits for ``CLEARED`` (``EngineClient.clear_load_weight``,
     ``fastdeploy/entrypoints/engine_client.py``). The arguments, the claim (held for this half only: the
-    word's ``CLEARED`` then says that only a restore may come next) and what a failure writes back
-    (``NORMAL``) as :func:`drive_kv_cache_update`'s; the status must be ``NORMAL`` at the start.
+    word's ``CLEARED`` then says that only a restore may come next), what a failure leaves and what the
+    status must be at the start as :func:`drive_kv_cache_update`'s.
     """
     drive = checked_drive(suffix, timeout, creator_pid, attacher_pids, platform, managers, tp)
     with _claimed(drive, KVCacheStatus.NORMAL, KVCacheStatus.CLEARING) as (status, ready):
@@ -188,9 +281,11 @@ def drive_kv_cache_restore(
     The attaching ranks then attach again (:func:`~fd_platforms.engine.initialize_kv_cache`).
 
     FastDeploy's worker writes ``UPDATING`` on its engine's update request and its engine client waits for
-    ``NORMAL`` (``EngineClient.update_model_weight``). The status must be ``CLEARED`` (a clear done) at the
-    start, else a ConfigError; the claim is held for this half; a restore that fails writes ``NORMAL`` back,
-    as a failed :func:`drive_kv_cache_update` does. The arguments as :func:`drive_kv_cache_update`'s.
+    ``NORMAL`` (``EngineClient.update_model_weight``). The status must be ``CLEARED`` (a clear done) or a
+    failure word saying a rank may have no cache (a drive or a creation that failed after the caches were
+    freed: the creator creates what is missing) at the start, else a ConfigError; the claim is held for this
+    half; a restore that fails leaves what :func:`drive_kv_cache_update` leaves (every slot set: ``NORMAL``,
+    else a failure word). The arguments as :func:`drive_kv_cache_update`'s.
     """
     drive = checked_drive(suffix, timeout, creator_pid, attacher_pids, platform, managers, tp)
     with _claimed(drive, KVCacheStatus.CLEARED, KVCacheStatus.UPDATING) as (status, ready):
@@ -202,14 +297,15 @@ def checked_drive(
     suffix: str | int, timeout: float | None, creator_pid: int | None, attacher_pids: Mapping[int, int] | None,
     platform: Platform | None, managers: str, tp: int | None,
 ) -> _Drive:
-    """A drive's arguments checked before any signal is touched."""
+    """A drive's arguments checked before any signal is touched (the ranks of ``attacher_pids`` against the
+    signal's length once attached, :func:`_check_ranks_fit`)."""
     suffix = check_suffix(suffix)
     _check_managers(managers, platform)
     limit = resolve_timeout(timeout)
-    pids = _check_pids(attacher_pids)
-    if creator_pid is not None:
-        check_int("creator_pid", creator_pid, 1, None, what="None or a process id", fix="pass the cache manager's pid")
     _check_tp(tp)
+    pids = _check_pids(attacher_pids, tp)
+    if creator_pid is not None:
+        _check_pid("creator_pid", creator_pid, "pass the cache manager's pid")
     return _Drive(suffix, limit, creator_pid, pids, tp)
 
 
@@ -217,9 +313,10 @@ def checked_drive(
 def _claimed(
     drive: _Drive, expected: KVCacheStatus, first: KVCacheStatus
 ) -> Iterator[tuple[FastDeploySignal, FastDeploySignal]]:
-    """The signals, ``kv_cache_status`` claimed for this driver, found at ``expected`` and set to ``first``;
-    a failure inside writes NORMAL back (:func:`_written_back`)."""
+    """The signals, ``kv_cache_status`` claimed for this driver, found at ``expected`` (:func:`_check_start`)
+    and set to ``first``; a failure inside writes back what is true (:func:`_left_after`)."""
     with _signals(drive.suffix, drive.tp) as (status, ready):
+        _check_ranks_fit(drive.pids, ready)
         holder = status.claim()
         if holder is not None:
             raise CacheSignalError(
@@ -227,26 +324,47 @@ def _claimed(
                 "one clear/update at a time, or the update would run twice. Fix: wait for that update to end (or stop "
                 "that process), then drive again"
             )
-        current = status.get(0)
-        if current != expected:
-            under_way = "no clear or update under way" if expected == KVCacheStatus.NORMAL else "a clear done"
-            raise ConfigError(
-                "kv_cache_status", _status_name(current), f"{expected.name} ({under_way})",
-                f"wait for the update under way to finish, or reset {status.name} after checking no process drives it",
-            )  # fmt: skip
+        _check_start(status, expected)
         status.set(0, first)
         try:
             yield status, ready
         except BaseException as error:
-            raise _written_back(status, error) from None
+            raise _left_after(status, ready, error) from None
+
+
+def _check_start(status: FastDeploySignal, expected: KVCacheStatus) -> None:
+    """Refuse to start unless ``kv_cache_status`` says ``expected``: a failure word is a CacheUpdateError
+    naming it, except where it lets this drive start (a kept one a clear, a lost one a restore: see
+    :func:`drive_kv_cache_update`, :func:`drive_kv_cache_restore`); anything else a ConfigError."""
+    current = status.get(0)
+    fault = KVCacheFault.read(current)
+    if fault is not None and fault.kept == (expected == KVCacheStatus.NORMAL):
+        if fault.kept:
+            logger.warning("%s says %s: every cache is held, so this drive starts from it", status.name,
+                           fault.describe())  # fmt: skip
+        return
+    if fault is not None and not fault.kept:
+        raise CacheUpdateError(
+            f"{status.name} says {fault.describe()}: the last clear/update failed after the caches were freed, so "
+            "another clear would wait for caches that are not there. Fix: run drive_kv_cache_restore (the cache "
+            "creator creates what is missing; its log names why it could not) once the cause is gone, e.g. space in "
+            "/dev/shm; if the cache creator exited, restart the engine", fault.word, fault.rank,
+        )  # fmt: skip
+    if current != expected:
+        under_way = "no clear or update under way" if expected == KVCacheStatus.NORMAL else "a clear done"
+        fix = f"wait for the update under way to finish, or reset {status.name} after checking no process drives it"
+        if current == KVCacheStatus.CLEARED:
+            fix = "the caches are freed: run drive_kv_cache_restore first (it has the creator create them again)"
+        raise ConfigError("kv_cache_status", _status_name(current), f"{expected.name} ({under_way})", fix)
 
 
 def _clear(drive: _Drive, status: FastDeploySignal, ready: FastDeploySignal) -> tuple[float, float]:
     """After the driver's CLEARING: every rank lets go, the creator frees; when each was seen (monotonic)."""
     clearing = _keeping(status, KVCacheStatus.CLEARING, over=KVCacheStatus.NORMAL)
     for rank in range(ready.length):
-        ready.wait_for(rank, 0, drive.limit, watch_pid=drive.pids.get(rank),
-                       what=f"rank {rank} letting go of its KV cache", tend=clearing)  # fmt: skip
+        if not _let_go(ready, rank):
+            ready.wait_for(rank, 0, drive.limit, watch_pid=drive.pids.get(rank),
+                           what=f"rank {rank} letting go of its KV cache", tend=clearing)  # fmt: skip
     let_go = time.monotonic()
     status.wait_for(0, KVCacheStatus.CLEARED, drive.limit, watch_pid=drive.creator_pid,
                     what="the cache creator freeing the caches", tend=clearing)  # fmt: skip
@@ -268,14 +386,27 @@ def _restore(drive: _Drive, status: FastDeploySignal, ready: FastDeploySignal) -
     return done
 
 
-def _written_back(status: FastDeploySignal, error: BaseException) -> BaseException:
-    """``error`` of a drive that failed after writing its word, once ``kv_cache_status`` is NORMAL again
-    (logged), saying so: the next drive can start."""
-    was = _status_name(status.get(0))
-    status.set(0, KVCacheStatus.NORMAL)
-    note = f"{status.name} was written back to NORMAL (it said {was}) so that the next drive_kv_cache_update can start"
+def _left_after(status: FastDeploySignal, ready: FastDeploySignal, error: BaseException) -> BaseException:
+    """``error`` of a drive that failed after writing its word, saying what ``kv_cache_status`` was left at
+    (logged): NORMAL where every slot is set (every rank's cache is there), unless the creator's failure
+    word says a rank has none; else that failure word, or DRIVE_FAILED (see the module docstring)."""
+    said = status.get(0)
+    fault = KVCacheFault.read(said)
+    if (fault is None or fault.kept) and all(slot == 1 for slot in ready.values()):
+        status.set(0, KVCacheStatus.NORMAL)
+        note = (f"{status.name} was written back to NORMAL (it said {_status_name(said)}): every rank's cache is "
+                "there (every cache_ready_signal slot set), so the next drive_kv_cache_update can start")  # fmt: skip
+    elif fault is not None and fault.kept:
+        note = (f"{status.name} was left at {_status_name(said)}, not NORMAL: a cache_ready_signal slot is 0 while the "
+                "creator creates again what it freed; the next drive_kv_cache_update starts from it")  # fmt: skip
+    else:
+        if fault is None:
+            status.set(0, KVCacheFault(FaultKind.DRIVE_FAILED).word)
+        note = (f"{status.name} was left at {_status_name(status.get(0))} (it said {_status_name(said)}), not NORMAL: "
+                "not every rank's cache is there (a cache_ready_signal slot is 0). Fix: drive_kv_cache_restore has the "
+                "creator create what is missing; the next clear or update is refused until then")  # fmt: skip
     logger.warning("drive_kv_cache_update failed (%s): %s", type(error).__name__, note)
-    if isinstance(error, SignalWaitError):
+    if isinstance(error, (SignalWaitError, CacheUpdateError)):
         return error.with_hint(note)
     error.add_note(note)
     return error
@@ -289,30 +420,39 @@ def serve_kv_cache_status(
     until: Callable[[], bool],
     timeout: float | None = None,
     tp: int | None = None,
+    failures: list[ServeFailure] | None = None,
 ) -> list[ManagedCache]:
     """The creator's side: follow ``kv_cache_status`` until ``until()`` is true; the caches then held.
 
     ``managed`` are this process's caches (from :func:`~fd_platforms.engine.manage_kv_cache` with
     ``protocol="fastdeploy"``); ``recreate(rank)`` makes one again (passing ``host_cache=`` the host swap
-    cache the cleared one kept, its ``.host``, unless ``FD_ENABLE_SWAP_SPACE_CLEARING`` frees it). A status
-    outside FastDeploy's
-    ``KVCacheStatus`` is logged and never acted on. Once the status is not NORMAL and a held rank's
-    slot was reset (its attacher let go, the 0 holding), each is cleared (its ``clear`` waits for
-    the rank's attacher), then every slot must be 0 before ``CLEARED`` is written; on ``UPDATING``
-    each is made again and every slot must be 1 before ``NORMAL`` is written. Waits are bounded by
-    ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``); ``tp`` (the local ranks, where known) is checked as
-    :func:`drive_kv_cache_update` checks it.
+    cache the cleared one kept, its ``.host_cache``, unless ``FD_ENABLE_SWAP_SPACE_CLEARING`` frees it). A
+    status outside FastDeploy's ``KVCacheStatus`` and fd-platforms' failure words is logged and never acted
+    on. Once the status is not NORMAL and a held rank's slot was reset (its attacher let go, the 0 holding),
+    each is cleared (its ``clear`` waits for the rank's attacher), then every slot must be 0 before
+    ``CLEARED`` is written; on ``UPDATING`` what is missing is made again and every slot must be 1 before
+    ``NORMAL`` is written. Waits are bounded by ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``); ``tp`` (the
+    local ranks, where known) is checked as :func:`drive_kv_cache_update` checks it.
+
+    A rank that fails does not end the serving. Its error (a clear whose attacher does not let go in time,
+    CacheInUseError; a creation with /dev/shm full, ShmSpaceError; any error of ``clear`` or ``recreate``)
+    is logged at ERROR naming the rank and the cause and appended to ``failures`` (a list, where given) as
+    a :class:`ServeFailure`. A failed clear keeps the ranks not cleared (setting a kept rank's slot again
+    where its attacher had let go, so that it attaches again) and creates again those it freed; then the
+    manager of rank 0 writes ``NOT_CLEARED`` (``-10000 - rank``). A rank not created is left out, the
+    others held, and its manager writes ``NOT_CREATED`` (``-20000 - rank``); the next ``UPDATING`` (a
+    :func:`drive_kv_cache_restore`) creates what is missing. The module docstring says why these words.
 
     FastDeploy's workers each write ``UPDATING`` themselves on its engine's update request
     (``check_model_weights_status``, ``fastdeploy/rl/dynamic_weight_manager.py``), so a slower rank's can land
     after the ``NORMAL`` written here; with every cache held and every slot set, ``UPDATING`` is answered
     ``NORMAL`` again (nothing is created twice).
 
-    Only the manager that holds local rank 0 waits for every slot and writes the answers: the word
-    has no compare-and-swap, so a second writer's late CLEARED could overwrite the driver's UPDATING,
-    and a manager waiting for every slot could miss a moment that already passed. Managers of other
-    ranks (one per rank, as FastDeploy runs its transfer managers) follow their ranks' words and
-    write nothing.
+    Only the manager that holds local rank 0 waits for every slot and writes the answers (and
+    ``NOT_CLEARED``): the word has no compare-and-swap, so a second writer's late CLEARED could overwrite
+    the driver's UPDATING, and a manager waiting for every slot could miss a moment that already passed.
+    Managers of other ranks (one per rank, as FastDeploy runs its transfer managers) follow their ranks'
+    words and write only ``NOT_CREATED``, which never comes late: a rank without a cache holds back NORMAL.
     """
     suffix = check_suffix(suffix)
     limit = resolve_timeout(timeout)
@@ -323,44 +463,153 @@ def serve_kv_cache_status(
     _check_callable("recreate", recreate, "pass a function of the rank that calls manage_kv_cache again")
     _check_callable("until", until, "pass a function that says when to stop (e.g. threading.Event().is_set)")
     _check_tp(tp)
-    held = list(managed)
-    ranks = [cache.rank for cache in held]
-    answers = 0 in ranks
+    if failures is not None and not isinstance(failures, list):
+        raise ConfigError("failures", failures, "None or a list", "pass a list the failed ranks are appended to")
     with _signals(suffix, tp) as (status, ready):
+        server = _Server(status, ready, recreate, limit, {cache.rank: cache for cache in managed}, failures)
         last, since = None, 0.0  # the status last seen, and since when (the looks for a foreign write slow down)
         while not until():
             current = status.get(0)
             if current != last:
                 last, since = current, time.monotonic()
-            # A look can miss a whole phase where another rank's manager answers, so the cue to let go
-            # is a held rank's own word: only its attacher resets it, when it lets go (and its 0 holds).
-            if not status.allows(0, current):
-                status.sleep_while(0, current, STATUS_POLL_SECONDS, since=since)  # refused and logged
-            elif held and current != KVCacheStatus.NORMAL and any(ready.let_go(cache.rank) for cache in held):
-                for cache in held:
-                    cache.clear(limit)
-                held = []
-                if answers:
-                    _wait_all(ready, 0, limit, "letting go of its KV cache")
-                    status.set(0, KVCacheStatus.CLEARED)
-            elif current in (KVCacheStatus.UPDATING, KVCacheStatus.NORMAL) and not held and ranks:
-                held = [recreate(rank) for rank in ranks]
-                if answers:
-                    _wait_all(ready, 1, limit, "having its KV cache created")
-                    status.set(0, KVCacheStatus.NORMAL)
-            elif answers and current == KVCacheStatus.UPDATING and held and set(ready.values()) == {1}:
-                status.set(0, KVCacheStatus.NORMAL)  # a late UPDATING over our NORMAL: see the docstring
-            else:
+            if not server.step(current):
                 status.sleep_while(0, current, STATUS_POLL_SECONDS, since=since)
-    return held
+    return server.caches()
+
+
+class _Server:
+    """:func:`serve_kv_cache_status`'s state: the caches held per rank (a rank missing once freed, or not
+    created again) and what it does on each look."""
+
+    def __init__(
+        self, status: FastDeploySignal, ready: FastDeploySignal, recreate: Callable[[int], ManagedCache],
+        limit: float, held: dict[int, ManagedCache], failures: list[ServeFailure] | None,
+    ) -> None:  # fmt: skip
+        self.status, self.ready, self.recreate, self.limit = status, ready, recreate, limit
+        self.ranks, self.held, self.failures = list(held), held, failures
+        self.answers = 0 in held  # see serve_kv_cache_status: only rank 0's manager answers
+
+    def caches(self) -> list[ManagedCache]:
+        return [self.held[rank] for rank in self.ranks if rank in self.held]
+
+    def missing(self) -> list[int]:
+        return [rank for rank in self.ranks if rank not in self.held]
+
+    def step(self, current: int) -> bool:
+        """Act on the status ``current`` where it asks for a step; whether it did."""
+        fault = KVCacheFault.read(current)
+        if fault is not None:  # a failed round: only what another manager's failed clear freed is made again
+            if fault.kept and self.missing():
+                self.create(answer=False)
+                return True
+            return False
+        if not self.status.allows(0, current):  # refused and logged
+            return False
+        # A look can miss a whole phase where another rank's manager answers, so the cue to let go
+        # is a held rank's own word: only its attacher resets it, when it lets go (and its 0 holds).
+        if self.held and current != KVCacheStatus.NORMAL and any(_let_go(self.ready, rank) for rank in self.held):
+            self.clear()
+        elif current in (KVCacheStatus.UPDATING, KVCacheStatus.NORMAL) and self.missing():
+            self.create(answer=True)
+        elif (self.answers and current == KVCacheStatus.UPDATING and not self.missing()
+              and set(self.ready.values()) == {1}):  # fmt: skip
+            self.status.set(0, KVCacheStatus.NORMAL)  # a late UPDATING over our NORMAL: see the docstring
+        else:
+            return False
+        return True
+
+    def clear(self) -> None:
+        """Clear every held rank, then (rank 0's manager) wait for every slot at 0 and answer CLEARED; on the
+        first failure, :meth:`undo`."""
+        freed: list[int] = []
+        for rank in list(self.held):
+            try:
+                self.held[rank].clear(self.limit)
+            except Exception as error:  # the rank's failure is reported; serving goes on
+                self.failed(rank, "clear", error)
+                self.undo(freed, rank)
+                return
+            del self.held[rank]
+            freed.append(rank)
+        if self.answers:
+            try:
+                _wait_all(self.ready, 0, self.limit, "letting go of its KV cache")
+            except SignalWaitError as error:
+                self.failed(error.rank, "clear", error)
+                self.undo(freed, error.rank)
+                return
+            self.status.set(0, KVCacheStatus.CLEARED)
+
+    def undo(self, freed: list[int], rank: int) -> None:
+        """After ``rank``'s clear failed: the kept ranks' slots set again where their attachers let go (their
+        caches are still published), the ``freed`` ones created again, the failure said."""
+        for kept, cache in self.held.items():
+            if cache.created and not cache.kv_cache.cleared and self.ready.get(kept) == 0:
+                self.ready.set(kept, 1)
+        lost = self.create_again(freed)
+        self.say(KVCacheFault(FaultKind.NOT_CLEARED, rank) if lost is None else lost)
+
+    def create(self, *, answer: bool) -> None:
+        """Create what is missing; with ``answer`` (rank 0's manager), wait for every slot at 1 and answer NORMAL."""
+        lost = self.create_again(self.missing())
+        if lost is not None:
+            self.say(lost)
+        elif answer and self.answers:
+            try:
+                _wait_all(self.ready, 1, self.limit, "having its KV cache created")
+            except SignalWaitError as error:
+                self.failed(error.rank, "create", error)
+                self.say(KVCacheFault(FaultKind.NOT_CREATED, error.rank))
+                return
+            self.status.set(0, KVCacheStatus.NORMAL)
+
+    def create_again(self, ranks: list[int]) -> KVCacheFault | None:
+        """Make each of ``ranks`` again (``recreate``); NOT_CREATED for the first that could not be, else None."""
+        lost = None
+        for rank in ranks:
+            try:
+                self.held[rank] = self.recreate(rank)
+            except Exception as error:  # the rank's failure is reported; the others are made
+                self.failed(rank, "create", error)
+                lost = lost or KVCacheFault(FaultKind.NOT_CREATED, rank)
+        return lost
+
+    def say(self, fault: KVCacheFault) -> None:
+        """Write ``fault`` where this manager writes it (NOT_CLEARED: rank 0's manager only)."""
+        if self.answers or not fault.kept:
+            self.status.set(0, fault.word)
+
+    def failed(self, rank: int, step: str, error: Exception) -> None:
+        logger.error("rank %d: the cache manager could not %s its KV cache (%s: %s); it serves the other ranks on",
+                     rank, step, type(error).__name__, error,
+                     exc_info=not isinstance(error, FdPlatformsError))  # fmt: skip
+        if self.failures is not None:
+            self.failures.append(ServeFailure(rank, step, error))
+
+
+def _let_go(ready: FastDeploySignal, rank: int) -> bool:
+    """Whether ``rank``'s attacher let go of its KV cache: its ``cache_ready_signal`` slot's 0, holding.
+    Serve's cue to clear and the drive's look before it waits for each rank ask here: where a dead
+    attacher's mark is to stand for its slot, it plugs in here (and the drive's wait in :func:`_clear`
+    then ends on it too)."""
+    return ready.let_go(rank)
 
 
 def _keeping(status: FastDeploySignal, ours: KVCacheStatus, *, over: KVCacheStatus) -> Callable[[], None]:
     """What keeps the driver's ``ours`` in the word while it waits: a late manager's ``over`` (the
-    answer to the step before) is replaced by ``ours`` again; see the module docstring."""
+    answer to the step before) is replaced by ``ours`` again; see the module docstring. A creator's failure
+    word ends the wait: a CacheUpdateError naming it."""
 
     def keep() -> None:
-        if status.get(0) == over:
+        now = status.get(0)
+        fault = KVCacheFault.read(now)
+        if fault is not None:
+            raise CacheUpdateError(
+                f"{status.name} says {fault.describe()}, in place of the drive's {ours.name}. Fix: the cache "
+                f"creator's log names the cause (an ERROR naming rank {fault.rank}): e.g. stop the process that "
+                "holds that rank's cache, or free space in /dev/shm; then drive again", fault.word, fault.rank,
+            )  # fmt: skip
+        if now == over:
             status.set(0, ours)
 
     return keep
@@ -410,17 +659,54 @@ def _check_tp(tp: object) -> None:
                   fix="pass the tensor-parallel size")  # fmt: skip
 
 
-def _check_pids(pids: Mapping[int, int] | None) -> dict[int, int]:
+def _pid_max() -> int:
+    """The largest process id the kernel gives (``/proc/sys/kernel/pid_max``; :data:`PID_MAX_LIMIT` unread)."""
+    try:
+        with open("/proc/sys/kernel/pid_max") as limit:
+            return int(limit.read())
+    except (OSError, ValueError):
+        return PID_MAX_LIMIT
+
+
+def _check_pid(field_name: str, pid: object, fix: str) -> None:
+    check_int(field_name, pid, 1, _pid_max(), what="None or a process id", note="/proc/sys/kernel/pid_max", fix=fix)
+
+
+ATTACHER_PIDS_FIX = "pass {local rank: the pid of that rank's attaching process, ...}"
+
+
+def _check_pids(pids: object, tp: int | None) -> dict[int, int]:
+    """``attacher_pids``: local ranks (0 to ``tp`` - 1, else to MAX_LOCAL_RANKS - 1) to process ids."""
     if pids is None:
         return {}
-    if not isinstance(pids, Mapping) or not all(
-        is_int(rank) and is_int(pid) and pid > 0 for rank, pid in pids.items()
-    ):
-        raise ConfigError("attacher_pids", pids, "a mapping of local rank to process id", "pass {rank: pid, ...}")
+    if not isinstance(pids, Mapping):
+        raise ConfigError("attacher_pids", pids, "None or a mapping of local rank to process id", ATTACHER_PIDS_FIX)
+    ranks, of = (tp, f"tp {tp}") if tp is not None else (MAX_LOCAL_RANKS, "the most local ranks")
+    limit = _pid_max()
+    for rank, pid in pids.items():
+        if not (is_int(rank) and 0 <= rank < ranks and is_int(pid) and 1 <= pid <= limit):
+            raise ConfigError(
+                "attacher_pids", {rank: pid}, f"local ranks from 0 to {ranks - 1} ({of}), each to a process id from "
+                f"1 to {limit} (/proc/sys/kernel/pid_max)", ATTACHER_PIDS_FIX,
+            )  # fmt: skip
     return dict(pids)
 
 
+def _check_ranks_fit(pids: Mapping[int, int], ready: FastDeploySignal) -> None:
+    """Every rank of ``attacher_pids`` one of ``cache_ready_signal``'s words (its local ranks: tp not given)."""
+    for rank, pid in pids.items():
+        if rank >= ready.length:
+            raise ConfigError(
+                "attacher_pids", {rank: pid}, f"local ranks from 0 to {ready.length - 1} ({ready.name} has "
+                f"{ready.length} word{'s' if ready.length > 1 else ''}, one per local rank)",
+                f"{ATTACHER_PIDS_FIX} of this engine's local ranks; pass tp= to have it checked before attaching",
+            )  # fmt: skip
+
+
 def _status_name(value: int) -> str:
+    fault = KVCacheFault.read(value)
+    if fault is not None:
+        return fault.describe()
     try:
         return KVCacheStatus(value).name
     except ValueError:

@@ -298,9 +298,12 @@ def _manage(
     whether the manager creates (``creates``, None: as the rule decides, :func:`manager_creates`). A platform
     that cannot share is refused, naming what the manager cannot do and the fix. A ``draft`` part (MTP) is
     made or attached the same way, in the platform's shapes, after the main part. A kept ``host_cache`` must
-    fit the layout (main and draft) and ``num_cpu_blocks`` (:func:`~.host_cache.check_host_cache`)."""
+    fit the layout (main and draft) and ``num_cpu_blocks`` (:func:`~.host_cache.check_host_cache`).
+    ``FD_ENABLE_SWAP_SPACE_CLEARING``, which the manager's clear follows, is checked here, where it is first
+    read (:func:`~.host_cache.swap_space_clearing`), not at the first clear of a serving manager."""
     check_cache_arguments(platform, layout, num_blocks)
     _check_not_draft(layout)
+    swap_space_clearing(None)  # FD_ENABLE_SWAP_SPACE_CLEARING is checked where it is first read, not at a clear
     wire, name = engine_name(names[2], names[0], names[1], tp=names[3], rank=layout.rank, stacklevel=4)
     num_cpu_blocks, storage_backend, splitwise_role, rule = rule_arguments
     inputs = DecisionInputs(False, num_cpu_blocks, storage_backend, splitwise_role)

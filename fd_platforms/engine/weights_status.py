@@ -64,8 +64,10 @@ def follow_model_weights_status(
 
     ``timeout``, ``creator_pid``, ``platform``, ``managers`` and ``tp`` as
     :func:`~fd_platforms.engine.drive_kv_cache_update`'s (rank 0's drives); a word outside FastDeploy's
-    values is logged and never acted on. A failed drive raises (its NORMAL written back to
-    ``kv_cache_status``), leaving ``model_weights_status`` as it was, which FastDeploy's engine times out on.
+    values is logged and never acted on. A failed drive raises (a SignalWaitError, or a CacheUpdateError
+    naming the rank the cache creator could not clear or create), leaving ``kv_cache_status`` NORMAL where
+    every rank's cache is there, else a failure word (:mod:`~fd_platforms.engine.cache_status`), and
+    ``model_weights_status`` as it was, which FastDeploy's engine times out on.
     """
     check_int("rank", rank, 0, MAX_LOCAL_RANKS - 1, what="a local rank", fix="pass this runner's local rank")
     meet = barrier if barrier is not None else (lambda: None)
