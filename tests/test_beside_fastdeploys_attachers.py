@@ -328,3 +328,87 @@ def test_decode_with_swap_our_manager_never_frees_under_fastdeploys_transfer_man
     finally:
         for signal in made:
             signal.close()
+
+
+@pytest.mark.slow
+def test_a_drive_notices_a_dead_attacher_of_ours_that_held_the_rank_and_the_round_completes(
+    names: list[str], suffix: str
+) -> None:
+    """Issue 41 item 5: after an attacher of ours holding every rank was SIGKILLed beside FastDeploy's creator (its
+    transfer manager with --create_cache_tensor), every later drive timed out: only a creator's own clear of ours
+    looked at the dead mark. The drive now looks as the clear does, resets the slot for the dead attacher, and
+    FastDeploy's creator frees and creates again."""
+    from fd_platforms.engine.cache_status import drive_kv_cache_clear, drive_kv_cache_restore
+
+    signals = [FastDeploySignal.create(name, suffix, 1) for name in (CACHE_READY, CACHE_TRANSFER_INITED)]
+    signals.append(FastDeploySignal.create(KV_CACHE_STATUS, suffix, 1))
+    try:
+        theirs = fastdeploys("creator", suffix, names)
+        assert theirs.stdout.readline().strip() == "created"  # type: ignore[union-attr]
+        ours = our_attacher(suffix, names, 1)
+        ours.kill()
+        ours.wait()
+        cleared = drive_kv_cache_clear(suffix, timeout=10, tp=1)
+        assert cleared.ranks == 1 and signals[0].get(0) == 0
+        assert not glob.glob(f"/dev/shm/{attacher_prefix(suffix, 0)}*"), "the dead mark went with the reset"
+        drive_kv_cache_restore(suffix, timeout=10, tp=1)
+        assert signals[0].get(0) == 1 and signals[2].get(0) == 0
+        finish(theirs)
+    finally:
+        for signal in signals:
+            signal.close()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("fastdeploy_record_names")
+def test_serve_notices_a_dead_attacher_of_ours_when_fastdeploys_worker_drives(
+    suffix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FastDeploy's worker drives (it writes CLEARING, and looks at no mark); our runner, the rank's only attacher,
+    was SIGKILLed: serve_kv_cache_status clears as if it had let go, answers CLEARED, and creates again on UPDATING."""
+    import threading
+
+    from engine_processes import qwen_layout
+
+    from fd_platforms.engine import manage_kv_cache
+    from fd_platforms.engine.cache_status import serve_kv_cache_status
+    from fd_platforms.ipc.fastdeploy_signals import SWAP_SPACE_READY, KVCacheStatus
+    from fd_platforms.loading.selection import select_platform
+
+    monkeypatch.setenv("FD_PLATFORM", "cpu")
+    platform = select_platform({"FD_PLATFORM": "cpu"}).platform
+    made = [FastDeploySignal.create(name, suffix, 1)
+            for name in (CACHE_READY, SWAP_SPACE_READY, CACHE_TRANSFER_INITED, KV_CACHE_STATUS)]  # fmt: skip
+    ready, status = made[0], made[3]
+
+    def manage(rank: int = 0) -> object:
+        return manage_kv_cache(platform, qwen_layout(), 4, num_cpu_blocks=4, protocol="fastdeploy", suffix=suffix,
+                               rule="2026-01", tp=1)  # fmt: skip
+
+    stop, held = threading.Event(), []
+    try:
+        managed = manage()
+        ours = our_attacher(suffix, list(managed.kv_cache.names), 1)
+        ours.kill()
+        ours.wait()
+        server = threading.Thread(target=lambda: held.extend(serve_kv_cache_status(
+            [managed], manage, suffix=suffix, until=stop.is_set, timeout=10, tp=1)))  # fmt: skip
+        server.start()
+        status.set(0, KVCacheStatus.CLEARING)  # FastDeploy's worker: it looks at no mark of ours
+        deadline = time.monotonic() + 10
+        while status.get(0) != KVCacheStatus.CLEARED and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status.get(0) == KVCacheStatus.CLEARED and ready.get(0) == 0
+        status.set(0, KVCacheStatus.UPDATING)
+        while status.get(0) != KVCacheStatus.NORMAL and time.monotonic() < deadline + 10:
+            time.sleep(0.05)
+        assert status.get(0) == KVCacheStatus.NORMAL and ready.get(0) == 1
+    finally:
+        stop.set()
+        server.join(15)
+        ready.set(0, 0)  # no runner attached again: nothing else would reset the slot the creation set
+        for cache in held:
+            cache.clear(5)
+        for signal in made:
+            signal.close()
+    assert not glob.glob("/dev/shm/key_caches_0_rank0.device0*"), "the re-created cache is cleared"

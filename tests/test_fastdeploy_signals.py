@@ -234,3 +234,21 @@ def test_a_signal_replaced_while_waited_on_is_reported_at_once_with_its_current_
     expected = (f"rank 0 waiting for its KV cache: FastDeploy signal 'cache_ready_signal.{suffix}' "
                 f"(/dev/shm/cache_ready_signal.{suffix}) was replaced by another file (its word 0 is now 1)")
     assert expected in str(caught[0])
+
+
+def test_our_failure_words_in_kv_cache_status_are_known_words_and_a_stray_one_is_still_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A creator's or driver's failure word (ipc.fault_words) is not logged as a stray value by every reader."""
+    import logging
+
+    from fd_platforms.ipc.fastdeploy_signals import KV_CACHE_STATUS, FastDeploySignal
+    from fd_platforms.ipc.fault_words import FaultKind, KVCacheFault
+
+    with FastDeploySignal.create(KV_CACHE_STATUS, f"t{secrets.token_hex(4)}", 1) as status, caplog.at_level(
+        logging.WARNING
+    ):
+        for word in (FaultKind.DRIVE_FAILED, KVCacheFault(FaultKind.NOT_CLEARED, 3).word, FaultKind.NOT_CREATED - 1023):
+            assert status.allows(0, word), word
+        assert not caplog.records
+        assert not status.allows(0, -29999) and "not one of FastDeploy's values" in caplog.text

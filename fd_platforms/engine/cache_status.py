@@ -49,12 +49,12 @@ is refused naming it (:class:`~fd_platforms.contract.errors.CacheUpdateError`), 
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 from ..contract.errors import (
     CacheSharingError,
@@ -75,6 +75,9 @@ from ..ipc.fastdeploy_signals import (
     check_suffix,
 )
 from ..loading.platform import Platform
+from ..ipc.fault_words import FaultKind, KVCacheFault
+from .fastdeploy_handles import DeathWatch
+from .fastdeploy_marks import look
 from .initialize import ManagedCache
 
 SETTLE_SECONDS = 0.5
@@ -86,53 +89,6 @@ request)."""
 logger = logging.getLogger(__name__)
 STATUS_POLL_SECONDS = 0.1  # how long serve_kv_cache_status sleeps between looks at `until` (a status write wakes it)
 PID_MAX_LIMIT = 2**22  # the largest pid_max the kernel allows (PID_MAX_LIMIT, include/linux/threads.h)
-
-
-class FaultKind(enum.IntEnum):
-    """fd-platforms' failure words in ``kv_cache_status``, outside FastDeploy's values (see the module
-    docstring); the first two less the rank they name."""
-
-    NOT_CLEARED = -10000
-    NOT_CREATED = -20000
-    DRIVE_FAILED = -30000
-
-
-@dataclass(frozen=True)
-class KVCacheFault:
-    """A failure said in ``kv_cache_status``: its kind and the local rank it names (None for DRIVE_FAILED)."""
-
-    kind: FaultKind
-    rank: int | None = None
-
-    @property
-    def word(self) -> int:
-        return self.kind - (self.rank or 0)
-
-    @property
-    def kept(self) -> bool:
-        """Whether every cache is kept or created again (a clear that failed), none lost."""
-        return self.kind == FaultKind.NOT_CLEARED
-
-    @classmethod
-    def read(cls, word: int) -> KVCacheFault | None:
-        """The failure ``word`` says, None where it is no failure word."""
-        for kind in FaultKind:
-            if kind == FaultKind.DRIVE_FAILED:
-                if word == kind:
-                    return cls(kind)
-            elif kind - MAX_LOCAL_RANKS < word <= kind:
-                return cls(kind, kind - word)
-        return None
-
-    def describe(self) -> str:
-        said = {
-            FaultKind.NOT_CLEARED: f"the cache creator could not clear rank {self.rank}'s KV cache; it kept the "
-                                   "others and created again what it had freed",
-            FaultKind.NOT_CREATED: f"the cache creator could not create rank {self.rank}'s KV cache again: that rank "
-                                   "has none",
-            FaultKind.DRIVE_FAILED: "a drive failed after a rank let go of its KV cache: the caches may be freed",
-        }[self.kind]  # fmt: skip
-        return f"{self.word} (fd-platforms' failure word: {said})"
 
 
 @dataclass(frozen=True)
@@ -363,8 +319,9 @@ def _clear(drive: _Drive, status: FastDeploySignal, ready: FastDeploySignal) -> 
     clearing = _keeping(status, KVCacheStatus.CLEARING, over=KVCacheStatus.NORMAL)
     for rank in range(ready.length):
         if not _let_go(ready, rank):
+            dead = DeathWatch(ready, rank, partial(look, drive.suffix, rank))  # an attacher of ours that died
             ready.wait_for(rank, 0, drive.limit, watch_pid=drive.pids.get(rank),
-                           what=f"rank {rank} letting go of its KV cache", tend=clearing)  # fmt: skip
+                           what=f"rank {rank} letting go of its KV cache", tend=lambda: (clearing(), dead()))  # fmt: skip
     let_go = time.monotonic()
     status.wait_for(0, KVCacheStatus.CLEARED, drive.limit, watch_pid=drive.creator_pid,
                     what="the cache creator freeing the caches", tend=clearing)  # fmt: skip
@@ -507,7 +464,9 @@ class _Server:
             return False
         # A look can miss a whole phase where another rank's manager answers, so the cue to let go
         # is a held rank's own word: only its attacher resets it, when it lets go (and its 0 holds).
-        if self.held and current != KVCacheStatus.NORMAL and any(_let_go(self.ready, rank) for rank in self.held):
+        if self.held and current != KVCacheStatus.NORMAL and any(
+            _let_go(self.ready, rank) or cache.released_by_death() for rank, cache in self.held.items()
+        ):
             self.clear()
         elif current in (KVCacheStatus.UPDATING, KVCacheStatus.NORMAL) and self.missing():
             self.create(answer=True)
@@ -589,9 +548,9 @@ class _Server:
 
 def _let_go(ready: FastDeploySignal, rank: int) -> bool:
     """Whether ``rank``'s attacher let go of its KV cache: its ``cache_ready_signal`` slot's 0, holding.
-    Serve's cue to clear and the drive's look before it waits for each rank ask here: where a dead
-    attacher's mark is to stand for its slot, it plugs in here (and the drive's wait in :func:`_clear`
-    then ends on it too)."""
+    Serve's cue to clear and the drive's look before it waits for each rank ask here; attachers of ours
+    that died stand for the slot alike in both (a held cache's ``released_by_death``, the drive's
+    :class:`~.fastdeploy_handles.DeathWatch`), under the condition a creator's clear applies."""
     return ready.let_go(rank)
 
 

@@ -44,7 +44,7 @@ import re
 import stat
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..contract.errors import CacheInUseError, CacheSharingError, FdPlatformsError, SignalWaitError
 from ..ipc import shm
@@ -333,23 +333,32 @@ class FastDeployHandles:
         """Wait for the slot to go 0. Where it stands released by death (every attacher the deployment can have is
         one of ours gone without letting go: SIGKILLed, or died in its attach), it is reset for them, with a
         WARNING; a dead mark beside an attacher that may be FastDeploy's, which holds nothing, is waited past."""
-        seen = Attachers((), (), self.attachers)
-        next_look = 0.0
-
-        def tend() -> None:
-            nonlocal seen, next_look
-            if time.monotonic() < next_look:
-                return
-            next_look = time.monotonic() + MARK_LOOK_SECONDS
-            seen = self.attachers_now()
-            reset_for_the_dead(signal, self.rank, seen)
-
         with FastDeploySignal.attach(CACHE_READY, self.suffix) as signal:
+            watch = DeathWatch(signal, self.rank, self.attachers_now, Attachers((), (), self.attachers))
             try:
                 signal.wait_for(self.rank, 0, timeout, what=f"rank {self.rank}'s creator waiting for its attacher",
-                                tend=tend)  # fmt: skip
+                                tend=watch)  # fmt: skip
             except SignalWaitError:
-                raise CacheInUseError(_still_attached(self, signal.name, seen, timeout), (self.rank,)) from None
+                raise CacheInUseError(_still_attached(self, signal.name, watch.seen, timeout), (self.rank,)) from None
+
+
+class DeathWatch:
+    """A wait's tend that looks at a slot's attachers every :data:`MARK_LOOK_SECONDS` (``look()``) and resets the
+    slot for them where they stand released by death (:func:`reset_for_the_dead`); ``seen`` is the last look.
+    A creator's clear and a drive wait with one alike."""
+
+    def __init__(self, signal: FastDeploySignal, rank: int, look: Callable[[], Attachers],
+                 seen: Attachers | None = None) -> None:  # fmt: skip
+        self.signal, self.rank, self._look = signal, rank, look
+        self.seen = seen if seen is not None else Attachers((), (), 1)
+        self._next = 0.0
+
+    def __call__(self) -> None:
+        if time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + MARK_LOOK_SECONDS
+        self.seen = self._look()
+        reset_for_the_dead(self.signal, self.rank, self.seen)
 
 
 def reset_for_the_dead(signal: FastDeploySignal, rank: int, seen: Attachers) -> bool:

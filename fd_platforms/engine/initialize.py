@@ -165,6 +165,11 @@ class ManagedCache:
         _deprecated("ManagedCache.host", "ManagedCache.host_cache")
         return self.host_cache
 
+    def released_by_death(self) -> bool:
+        """Whether the rank's published cache (main or draft) stands released by the death of its attachers, all
+        of ours (:meth:`KVCache.released_by_death`): ``serve_kv_cache_status`` clears it as if they had let go."""
+        return self.kv_cache.released_by_death() or (self.draft is not None and self.draft.released_by_death())
+
     def clear(self, timeout: float | None = None, *, clear_host: bool | None = None) -> None:
         """Wait until the rank's attacher has let go (:class:`CacheInUseError` naming the rank after
         ``timeout``, nothing freed), then unpublish and free the device cache (the draft

@@ -133,6 +133,12 @@ class KVCache:
         if self.created and self._platform is not None:  # Paddle's allocator keeps what was freed cached
             self._platform.release_device_memory(self.device)
 
+    def released_by_death(self) -> bool:
+        """Whether this creator's published cache stands released: every attacher the deployment can have is one of
+        ours, gone without letting go (:mod:`.fastdeploy_marks`); never under our protocol, whose attachers' locks
+        the kernel drops with them."""
+        return self._publication is not None and self._publication.released_by_death()
+
     def _let_go(self) -> None:
         """The slot reset and the publication let go (an attacher's let-go; a creator's end). Idempotent."""
         self._clear_slot()

@@ -166,6 +166,10 @@ class Publication:
             self._segment = None
         self._at_exit.detach()
 
+    def released_by_death(self) -> bool:
+        """Never: an attacher's hold is its lock on the manifest, which the kernel drops at its death."""
+        return False
+
     def withdraw(self) -> None:
         """A failed attach's let-go: the hold dropped (this protocol's slot is not the attacher's to write)."""
         self.let_go()

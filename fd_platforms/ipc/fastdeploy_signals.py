@@ -46,6 +46,7 @@ from ..contract.errors import CacheSignalError, ConfigError, SignalWaitError
 from ..contract.integers import check_int, is_int
 from . import claims, shm
 from ..rules.fastdeploy_values import SUFFIX
+from .fault_words import KVCacheFault
 from .process_watch import ProcessWatch
 from .shared_words import CHECK_SECONDS, MAX_LOCAL_RANKS, WORD_BYTES, SharedWords
 from .waiting import WaitProgress
@@ -211,8 +212,10 @@ class FastDeploySignal(SharedWords):
         return value if self.allows(index, value) else None
 
     def allows(self, index: int, value: int) -> bool:
-        """Whether ``value`` read from word ``index`` is one FastDeploy writes there; a WARNING when not."""
-        if self.allowed is None or value in self.allowed:
+        """Whether ``value`` read from word ``index`` is one FastDeploy writes there (or, in ``kv_cache_status``, a
+        failure word of ours: :mod:`.fault_words`); a WARNING when not."""
+        ours = self.kind == KV_CACHE_STATUS and KVCacheFault.read(value) is not None
+        if self.allowed is None or value in self.allowed or ours:
             self._refused.pop(index, None)
             return True
         if self._refused.get(index) != value:
