@@ -99,19 +99,6 @@ def test_fd_enable_swap_space_clearing_frees_it_and_an_explicit_argument_overrid
     managed.host_cache.clear()
 
 
-def test_an_invalid_fd_enable_swap_space_clearing_is_a_config_error_before_anything_is_freed(
-    cpu: Platform, engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    suffix, ready, _ = engine
-    managed = manage(cpu, suffix)
-    monkeypatch.setenv("FD_ENABLE_SWAP_SPACE_CLEARING", "yes")
-    with pytest.raises(ConfigError) as caught:
-        let_go_and_clear(managed, ready)
-    assert caught.value.field == "FD_ENABLE_SWAP_SPACE_CLEARING" and "Fix:" in str(caught.value)
-    assert managed.kv_cache.shared and managed.host_cache is not None, "nothing freed"
-    let_go_and_clear(managed, ready, clear_host=True)
-
-
 @pytest.mark.parametrize("value", ["true", "yes", ""])
 def test_manage_kv_cache_refuses_an_invalid_fd_enable_swap_space_clearing_before_anything_is_published(
     cpu: Platform, engine, monkeypatch: pytest.MonkeyPatch, value: str

@@ -146,6 +146,8 @@ class ManagedCache:
     _signal_name: str | None = field(default=None, repr=False)
     _protocol: WireProtocol = field(default=OURS, repr=False)
     draft: KVCache | None = None
+    swap_space_clearing: bool = field(default=False, repr=False)
+    """``FD_ENABLE_SWAP_SPACE_CLEARING`` as :func:`manage_kv_cache` read it: whether a clear frees the host swap cache."""
 
     @property
     def created(self) -> bool:
@@ -177,11 +179,11 @@ class ManagedCache:
 
         The host swap cache is kept, as FastDeploy's transfer manager keeps it across a clear/update
         (``check_cache_status`` in ``fastdeploy/cache_manager/cache_transfer_manager.py``), unless
-        ``clear_host`` is True or, with ``clear_host`` None, ``FD_ENABLE_SWAP_SPACE_CLEARING`` is set
-        (:func:`~.host_cache.swap_space_clearing`; checked first). A kept one stays in :attr:`host_cache` (and
+        ``clear_host`` is True or, with ``clear_host`` None, ``FD_ENABLE_SWAP_SPACE_CLEARING`` was set when the cache
+        was managed (:attr:`swap_space_clearing`: read and checked there, once). A kept one stays in :attr:`host_cache` (and
         ``swap_space_ready_signal`` at 1): pass it as ``host_cache=`` to the call that creates the cache again.
         A freed one is None and its ``swap_space_ready_signal`` word 0."""
-        free_host = swap_space_clearing(clear_host)
+        free_host = self.swap_space_clearing if clear_host is None else swap_space_clearing(clear_host)
         if self.draft is not None:
             self.draft.clear(timeout)
         self.kv_cache.clear(timeout)
@@ -297,18 +299,18 @@ def _manage(
     host_cache: HostCache | None,
 ) -> ManagedCache:
     """:func:`manage_kv_cache`'s work. Its arguments are checked before any hook: the protocol and the
-    engine's name (``names``: ``signal_name``, ``suffix``, ``protocol``; :func:`engine_name`), the rule's
+    engine's name (``names``: ``signal_name``, ``suffix``, ``protocol``, ``tp``; :func:`engine_name`), the rule's
     inputs (``num_cpu_blocks``, ``storage_backend``, ``splitwise_role``; a manager never profiles) with the
     rule in force; then the layout in the platform's shapes (the engine's ``tensor_specs`` where given) and
     whether the manager creates (``creates``, None: as the rule decides, :func:`manager_creates`). A platform
     that cannot share is refused, naming what the manager cannot do and the fix. A ``draft`` part (MTP) is
     made or attached the same way, in the platform's shapes, after the main part. A kept ``host_cache`` must
     fit the layout (main and draft) and ``num_cpu_blocks`` (:func:`~.host_cache.check_host_cache`).
-    ``FD_ENABLE_SWAP_SPACE_CLEARING``, which the manager's clear follows, is checked here, where it is first
-    read (:func:`~.host_cache.swap_space_clearing`), not at the first clear of a serving manager."""
+    ``FD_ENABLE_SWAP_SPACE_CLEARING``, which the manager's clear follows, is read and checked here, once
+    (:func:`~.host_cache.swap_space_clearing`), not at the first clear of a serving manager."""
     check_cache_arguments(platform, layout, num_blocks)
     _check_not_draft(layout)
-    swap_space_clearing(None)  # FD_ENABLE_SWAP_SPACE_CLEARING is checked where it is first read, not at a clear
+    frees_swap = swap_space_clearing(None)  # FD_ENABLE_SWAP_SPACE_CLEARING read (and checked) once, here
     wire, name = engine_name(names[2], names[0], names[1], tp=names[3], rank=layout.rank, stacklevel=4)
     num_cpu_blocks, storage_backend, splitwise_role, rule = rule_arguments
     inputs = DecisionInputs(False, num_cpu_blocks, storage_backend, splitwise_role)
@@ -344,7 +346,9 @@ def _manage(
             platform, draft_layout, num_blocks, name, setter_pid, wire, attachers=per_rank
         )  # fmt: skip
     device.import_seconds = import_seconds
-    return _managed(platform, host_layout, device, (num_cpu_blocks, host_cache), wire, name, make_draft)
+    managed = _managed(platform, host_layout, device, (num_cpu_blocks, host_cache), wire, name, make_draft)
+    managed.swap_space_clearing = frees_swap
+    return managed
 
 
 def _check_not_draft(layout: CacheLayout) -> None:
