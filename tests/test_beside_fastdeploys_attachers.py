@@ -412,3 +412,15 @@ def test_serve_notices_a_dead_attacher_of_ours_when_fastdeploys_worker_drives(
         for signal in made:
             signal.close()
     assert not glob.glob("/dev/shm/key_caches_0_rank0.device0*"), "the re-created cache is cleared"
+
+
+def test_records_that_mix_a_memfd_handle_with_a_raw_one_are_refused_naming_both(names: list[str], suffix: str) -> None:
+    """One creator writes every record of a rank alike; a mix was opened, and its error then said 'pid None'."""
+    from fd_platforms.engine.fastdeploy_records import GPU_RECORD
+
+    for name, handle in zip(names, (f"memfd:{os.getpid()}:3".encode(), bytes(range(1, 65)))):
+        fd = os.open(f"/dev/shm/{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, GPU_RECORD.fields.pack(0, handle))
+        os.close(fd)
+    with pytest.raises(CacheSharingError, match=f"mix handles of two kinds: 1 name no process .* 1 name pid {os.getpid()}"):
+        FastDeployHandles.open(suffix, 0, expected(names), "cpu")

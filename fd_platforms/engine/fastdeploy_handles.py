@@ -251,7 +251,15 @@ class FastDeployHandles:
             PublishedTensor(tensor.name, tensor.shape, tensor.dtype, read_handle(tensor.name, platform))
             for tensor in expected
         )
-        pids = sorted({pid for pid in (handle_pid(tensor.handle) for tensor in tensors) if pid is not None})
+        named = [handle_pid(tensor.handle) for tensor in tensors]
+        pids = sorted({pid for pid in named if pid is not None})
+        if pids and None in named:
+            raise CacheSharingError(
+                f"rank {rank}'s FastDeploy records mix handles of two kinds: {named.count(None)} name no process (a raw "
+                f"IPC handle) and {len(named) - named.count(None)} name pid {', '.join(map(str, pids))} (memfd:<pid>:<fd>), "
+                "but one creator on one platform writes every record of a rank alike: some were written by another "
+                "process. Fix: find what else writes to /dev/shm under FastDeploy's names; restart the engine"
+            )
         if len(pids) > 1:
             raise CacheSharingError(
                 f"rank {rank}'s FastDeploy records name handles of {len(pids)} processes (pids "
