@@ -371,7 +371,7 @@ def test_serve_notices_a_dead_attacher_of_ours_when_fastdeploys_worker_drives(
     from engine_processes import qwen_layout
 
     from fd_platforms.engine import manage_kv_cache
-    from fd_platforms.engine.cache_status import serve_kv_cache_status
+    from fd_platforms.engine.cache_server import serve_kv_cache_status
     from fd_platforms.ipc.fastdeploy_signals import SWAP_SPACE_READY, KVCacheStatus
     from fd_platforms.loading.selection import select_platform
 

@@ -35,12 +35,8 @@ from fd_platforms.contract.errors import CacheSharingError, CacheSignalError, Co
 from fd_platforms.contract.types import PlatformIdentity
 from fd_platforms.engine import ManagedCache, initialize_kv_cache, manage_kv_cache
 from fd_platforms.engine.block_handoff import hand_off_block_count
-from fd_platforms.engine.cache_status import (
-    drive_kv_cache_clear,
-    drive_kv_cache_restore,
-    drive_kv_cache_update,
-    serve_kv_cache_status,
-)
+from fd_platforms.engine.cache_server import serve_kv_cache_status
+from fd_platforms.engine.cache_status import drive_kv_cache_clear, drive_kv_cache_restore, drive_kv_cache_update
 from fd_platforms.engine.fastdeploy_records import GPU_RECORD
 from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
 from fd_platforms.loading.platform import Platform

@@ -30,6 +30,7 @@ runner of ours).
 from __future__ import annotations
 
 from .block_handoff import hand_off_block_count
+from .cache_server import serve_kv_cache_status
 from .cache_status import (
     ClearReport,
     RestoreReport,
@@ -37,7 +38,6 @@ from .cache_status import (
     drive_kv_cache_clear,
     drive_kv_cache_restore,
     drive_kv_cache_update,
-    serve_kv_cache_status,
 )
 from .cluster import Agreement, Cluster, RankPlan, collective_backend
 from .host_cache import HostCache, allocate_host_cache

@@ -5,7 +5,7 @@ through one word, ``kv_cache_status.<suffix>``, and the ``cache_ready_signal`` s
 
 1. the driver (FastDeploy's worker, or :func:`drive_kv_cache_clear`) writes ``CLEARING``;
 2. every attaching rank lets go of its cache and resets its ``cache_ready_signal`` slot to 0;
-3. the creator (FastDeploy's cache transfer manager, or :func:`serve_kv_cache_status`) sees every
+3. the creator (FastDeploy's cache transfer manager, or :func:`~.cache_server.serve_kv_cache_status`) sees every
    slot at 0, frees its caches and writes ``CLEARED``;
 4. the driver updates the weights and writes ``UPDATING`` (:func:`drive_kv_cache_restore`);
 5. the creator creates the caches again, sets every slot to 1 and writes ``NORMAL``; each attaching
@@ -37,8 +37,8 @@ client waits for ``== NORMAL`` and ``== CLEARED`` (``EngineClient.update_model_w
 ``clear_load_weight``, ``fastdeploy/entrypoints/engine_client.py``) and its transfer manager acts on
 ``== CLEARING`` and ``== UPDATING`` only, so a failure word is neither a step done nor one to take; its
 workers write their next CLEARING or UPDATING over it (``DynamicWeightManager.check_model_weights_status``,
-``fastdeploy/rl/dynamic_weight_manager.py``). Our signal layer refuses words outside FastDeploy's values
-(``fastdeploy_signals.ALLOWED``), so this module reads a failure word before it asks that layer.
+``fastdeploy/rl/dynamic_weight_manager.py``). The words are :mod:`fd_platforms.ipc.fault_words`, which our signal layer
+knows beside FastDeploy's values; :mod:`.cache_server` says when a creator of ours writes them.
 
 A drive that fails writes NORMAL back only where every ``cache_ready_signal`` slot reads 1: every
 rank's cache is there (a creator sets a slot once it created, an attacher resets it before it lets
@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -61,7 +61,6 @@ from ..contract.errors import (
     CacheSignalError,
     CacheUpdateError,
     ConfigError,
-    FdPlatformsError,
     SignalWaitError,
 )
 from ..contract.integers import check_int, is_int
@@ -73,12 +72,12 @@ from ..ipc.fastdeploy_signals import (
     FastDeploySignal,
     KVCacheStatus,
     check_suffix,
+    check_tp,
 )
-from ..loading.platform import Platform
 from ..ipc.fault_words import FaultKind, KVCacheFault
+from ..loading.platform import Platform
 from .fastdeploy_handles import DeathWatch
 from .fastdeploy_marks import look
-from .initialize import ManagedCache
 
 SETTLE_SECONDS = 0.5
 """The least time the driver leaves every slot at 0 (from the first ``CLEARED`` to its ``UPDATING``) and
@@ -87,17 +86,7 @@ at 1 (from ``NORMAL`` to its return, so to a next clear): FastDeploy's managers 
 moment waits forever. FastDeploy's own driver leaves seconds there (the weight update, the next
 request)."""
 logger = logging.getLogger(__name__)
-STATUS_POLL_SECONDS = 0.1  # how long serve_kv_cache_status sleeps between looks at `until` (a status write wakes it)
 PID_MAX_LIMIT = 2**22  # the largest pid_max the kernel allows (PID_MAX_LIMIT, include/linux/threads.h)
-
-
-@dataclass(frozen=True)
-class ServeFailure:
-    """A step :func:`serve_kv_cache_status` could not do for one rank: ``step`` is ``"clear"`` or ``"create"``."""
-
-    rank: int
-    step: str
-    error: Exception
 
 
 @dataclass
@@ -179,7 +168,7 @@ def drive_kv_cache_update(
     """
     drive = checked_drive(suffix, timeout, creator_pid, attacher_pids, platform, managers, tp)
     if update is not None:
-        _check_callable("update", update, "pass a function that loads the new weights, or None")
+        check_callable("update", update, "pass a function that loads the new weights, or None")
     with _claimed(drive, KVCacheStatus.NORMAL, KVCacheStatus.CLEARING) as (status, ready):
         started = time.monotonic()
         let_go, cleared = _clear(drive, status, ready)
@@ -258,7 +247,7 @@ def checked_drive(
     suffix = check_suffix(suffix)
     _check_managers(managers, platform)
     limit = resolve_timeout(timeout)
-    _check_tp(tp)
+    check_tp(tp)
     pids = _check_pids(attacher_pids, tp)
     if creator_pid is not None:
         _check_pid("creator_pid", creator_pid, "pass the cache manager's pid")
@@ -271,7 +260,7 @@ def _claimed(
 ) -> Iterator[tuple[FastDeploySignal, FastDeploySignal]]:
     """The signals, ``kv_cache_status`` claimed for this driver, found at ``expected`` (:func:`_check_start`)
     and set to ``first``; a failure inside writes back what is true (:func:`_left_after`)."""
-    with _signals(drive.suffix, drive.tp) as (status, ready):
+    with status_signals(drive.suffix, drive.tp) as (status, ready):
         _check_ranks_fit(drive.pids, ready)
         holder = status.claim()
         if holder is not None:
@@ -318,7 +307,7 @@ def _clear(drive: _Drive, status: FastDeploySignal, ready: FastDeploySignal) -> 
     """After the driver's CLEARING: every rank lets go, the creator frees; when each was seen (monotonic)."""
     clearing = _keeping(status, KVCacheStatus.CLEARING, over=KVCacheStatus.NORMAL)
     for rank in range(ready.length):
-        if not _let_go(ready, rank):
+        if not ready.let_go(rank):
             dead = DeathWatch(ready, rank, partial(look, drive.suffix, rank))  # an attacher of ours that died
             ready.wait_for(rank, 0, drive.limit, watch_pid=drive.pids.get(rank),
                            what=f"rank {rank} letting go of its KV cache", tend=lambda: (clearing(), dead()))  # fmt: skip
@@ -369,191 +358,6 @@ def _left_after(status: FastDeploySignal, ready: FastDeploySignal, error: BaseEx
     return error
 
 
-def serve_kv_cache_status(
-    managed: Sequence[ManagedCache],
-    recreate: Callable[[int], ManagedCache],
-    *,
-    suffix: str | int,
-    until: Callable[[], bool],
-    timeout: float | None = None,
-    tp: int | None = None,
-    failures: list[ServeFailure] | None = None,
-) -> list[ManagedCache]:
-    """The creator's side: follow ``kv_cache_status`` until ``until()`` is true; the caches then held.
-
-    ``managed`` are this process's caches (from :func:`~fd_platforms.engine.manage_kv_cache` with
-    ``protocol="fastdeploy"``); ``recreate(rank)`` makes one again (passing ``host_cache=`` the host swap
-    cache the cleared one kept, its ``.host_cache``, unless ``FD_ENABLE_SWAP_SPACE_CLEARING`` frees it). A
-    status outside FastDeploy's ``KVCacheStatus`` and fd-platforms' failure words is logged and never acted
-    on. Once the status is not NORMAL and a held rank's slot was reset (its attacher let go, the 0 holding),
-    each is cleared (its ``clear`` waits for the rank's attacher), then every slot must be 0 before
-    ``CLEARED`` is written; on ``UPDATING`` what is missing is made again and every slot must be 1 before
-    ``NORMAL`` is written. Waits are bounded by ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``); ``tp`` (the
-    local ranks, where known) is checked as :func:`drive_kv_cache_update` checks it.
-
-    A rank that fails does not end the serving. Its error (a clear whose attacher does not let go in time,
-    CacheInUseError; a creation with /dev/shm full, ShmSpaceError; any error of ``clear`` or ``recreate``)
-    is logged at ERROR naming the rank and the cause and appended to ``failures`` (a list, where given) as
-    a :class:`ServeFailure`. A failed clear keeps the ranks not cleared (setting a kept rank's slot again
-    where its attacher had let go, so that it attaches again) and creates again those it freed; then the
-    manager of rank 0 writes ``NOT_CLEARED`` (``-10000 - rank``). A rank not created is left out, the
-    others held, and its manager writes ``NOT_CREATED`` (``-20000 - rank``); the next ``UPDATING`` (a
-    :func:`drive_kv_cache_restore`) creates what is missing. The module docstring says why these words.
-
-    FastDeploy's workers each write ``UPDATING`` themselves on its engine's update request
-    (``check_model_weights_status``, ``fastdeploy/rl/dynamic_weight_manager.py``), so a slower rank's can land
-    after the ``NORMAL`` written here; with every cache held and every slot set, ``UPDATING`` is answered
-    ``NORMAL`` again (nothing is created twice).
-
-    Only the manager that holds local rank 0 waits for every slot and writes the answers (and
-    ``NOT_CLEARED``): the word has no compare-and-swap, so a second writer's late CLEARED could overwrite
-    the driver's UPDATING, and a manager waiting for every slot could miss a moment that already passed.
-    Managers of other ranks (one per rank, as FastDeploy runs its transfer managers) follow their ranks'
-    words and write only ``NOT_CREATED``, which never comes late: a rank without a cache holds back NORMAL.
-    """
-    suffix = check_suffix(suffix)
-    limit = resolve_timeout(timeout)
-    if isinstance(managed, (str, bytes)) or not isinstance(managed, Sequence) or not all(
-        isinstance(cache, ManagedCache) for cache in managed
-    ):
-        raise ConfigError("managed", managed, "a list of ManagedCache", "pass what manage_kv_cache returned per rank")
-    _check_callable("recreate", recreate, "pass a function of the rank that calls manage_kv_cache again")
-    _check_callable("until", until, "pass a function that says when to stop (e.g. threading.Event().is_set)")
-    _check_tp(tp)
-    if failures is not None and not isinstance(failures, list):
-        raise ConfigError("failures", failures, "None or a list", "pass a list the failed ranks are appended to")
-    with _signals(suffix, tp) as (status, ready):
-        server = _Server(status, ready, recreate, limit, {cache.rank: cache for cache in managed}, failures)
-        last, since = None, 0.0  # the status last seen, and since when (the looks for a foreign write slow down)
-        while not until():
-            current = status.get(0)
-            if current != last:
-                last, since = current, time.monotonic()
-            if not server.step(current):
-                status.sleep_while(0, current, STATUS_POLL_SECONDS, since=since)
-    return server.caches()
-
-
-class _Server:
-    """:func:`serve_kv_cache_status`'s state: the caches held per rank (a rank missing once freed, or not
-    created again) and what it does on each look."""
-
-    def __init__(
-        self, status: FastDeploySignal, ready: FastDeploySignal, recreate: Callable[[int], ManagedCache],
-        limit: float, held: dict[int, ManagedCache], failures: list[ServeFailure] | None,
-    ) -> None:  # fmt: skip
-        self.status, self.ready, self.recreate, self.limit = status, ready, recreate, limit
-        self.ranks, self.held, self.failures = list(held), held, failures
-        self.answers = 0 in held  # see serve_kv_cache_status: only rank 0's manager answers
-
-    def caches(self) -> list[ManagedCache]:
-        return [self.held[rank] for rank in self.ranks if rank in self.held]
-
-    def missing(self) -> list[int]:
-        return [rank for rank in self.ranks if rank not in self.held]
-
-    def step(self, current: int) -> bool:
-        """Act on the status ``current`` where it asks for a step; whether it did."""
-        fault = KVCacheFault.read(current)
-        if fault is not None:  # a failed round: only what another manager's failed clear freed is made again
-            if fault.kept and self.missing():
-                self.create(answer=False)
-                return True
-            return False
-        if not self.status.allows(0, current):  # refused and logged
-            return False
-        # A look can miss a whole phase where another rank's manager answers, so the cue to let go
-        # is a held rank's own word: only its attacher resets it, when it lets go (and its 0 holds).
-        if self.held and current != KVCacheStatus.NORMAL and any(
-            _let_go(self.ready, rank) or cache.released_by_death() for rank, cache in self.held.items()
-        ):
-            self.clear()
-        elif current in (KVCacheStatus.UPDATING, KVCacheStatus.NORMAL) and self.missing():
-            self.create(answer=True)
-        elif (self.answers and current == KVCacheStatus.UPDATING and not self.missing()
-              and set(self.ready.values()) == {1}):  # fmt: skip
-            self.status.set(0, KVCacheStatus.NORMAL)  # a late UPDATING over our NORMAL: see the docstring
-        else:
-            return False
-        return True
-
-    def clear(self) -> None:
-        """Clear every held rank, then (rank 0's manager) wait for every slot at 0 and answer CLEARED; on the
-        first failure, :meth:`undo`."""
-        freed: list[int] = []
-        for rank in list(self.held):
-            try:
-                self.held[rank].clear(self.limit)
-            except Exception as error:  # the rank's failure is reported; serving goes on
-                self.failed(rank, "clear", error)
-                self.undo(freed, rank)
-                return
-            del self.held[rank]
-            freed.append(rank)
-        if self.answers:
-            try:
-                _wait_all(self.ready, 0, self.limit, "letting go of its KV cache")
-            except SignalWaitError as error:
-                self.failed(error.rank, "clear", error)
-                self.undo(freed, error.rank)
-                return
-            self.status.set(0, KVCacheStatus.CLEARED)
-
-    def undo(self, freed: list[int], rank: int) -> None:
-        """After ``rank``'s clear failed: the kept ranks' slots set again where their attachers let go (their
-        caches are still published), the ``freed`` ones created again, the failure said."""
-        for kept, cache in self.held.items():
-            if cache.created and not cache.kv_cache.cleared and self.ready.get(kept) == 0:
-                self.ready.set(kept, 1)
-        lost = self.create_again(freed)
-        self.say(KVCacheFault(FaultKind.NOT_CLEARED, rank) if lost is None else lost)
-
-    def create(self, *, answer: bool) -> None:
-        """Create what is missing; with ``answer`` (rank 0's manager), wait for every slot at 1 and answer NORMAL."""
-        lost = self.create_again(self.missing())
-        if lost is not None:
-            self.say(lost)
-        elif answer and self.answers:
-            try:
-                _wait_all(self.ready, 1, self.limit, "having its KV cache created")
-            except SignalWaitError as error:
-                self.failed(error.rank, "create", error)
-                self.say(KVCacheFault(FaultKind.NOT_CREATED, error.rank))
-                return
-            self.status.set(0, KVCacheStatus.NORMAL)
-
-    def create_again(self, ranks: list[int]) -> KVCacheFault | None:
-        """Make each of ``ranks`` again (``recreate``); NOT_CREATED for the first that could not be, else None."""
-        lost = None
-        for rank in ranks:
-            try:
-                self.held[rank] = self.recreate(rank)
-            except Exception as error:  # the rank's failure is reported; the others are made
-                self.failed(rank, "create", error)
-                lost = lost or KVCacheFault(FaultKind.NOT_CREATED, rank)
-        return lost
-
-    def say(self, fault: KVCacheFault) -> None:
-        """Write ``fault`` where this manager writes it (NOT_CLEARED: rank 0's manager only)."""
-        if self.answers or not fault.kept:
-            self.status.set(0, fault.word)
-
-    def failed(self, rank: int, step: str, error: Exception) -> None:
-        logger.error("rank %d: the cache manager could not %s its KV cache (%s: %s); it serves the other ranks on",
-                     rank, step, type(error).__name__, error,
-                     exc_info=not isinstance(error, FdPlatformsError))  # fmt: skip
-        if self.failures is not None:
-            self.failures.append(ServeFailure(rank, step, error))
-
-
-def _let_go(ready: FastDeploySignal, rank: int) -> bool:
-    """Whether ``rank``'s attacher let go of its KV cache: its ``cache_ready_signal`` slot's 0, holding.
-    Serve's cue to clear and the drive's look before it waits for each rank ask here; attachers of ours
-    that died stand for the slot alike in both (a held cache's ``released_by_death``, the drive's
-    :class:`~.fastdeploy_handles.DeathWatch`), under the condition a creator's clear applies."""
-    return ready.let_go(rank)
-
-
 def _keeping(status: FastDeploySignal, ours: KVCacheStatus, *, over: KVCacheStatus) -> Callable[[], None]:
     """What keeps the driver's ``ours`` in the word while it waits: a late manager's ``over`` (the
     answer to the step before) is replaced by ``ours`` again; see the module docstring. A creator's failure
@@ -572,11 +376,6 @@ def _keeping(status: FastDeploySignal, ours: KVCacheStatus, *, over: KVCacheStat
             status.set(0, ours)
 
     return keep
-
-
-def _wait_all(ready: FastDeploySignal, value: int, limit: float, what: str) -> None:
-    for rank in range(ready.length):
-        ready.wait_for(rank, value, limit, what=f"rank {rank} {what}")
 
 
 MANAGERS = ("fastdeploy", "fd-platforms")
@@ -599,23 +398,17 @@ def _check_managers(managers: object, platform: object) -> None:
         )
 
 
-def _check_callable(field_name: str, value: object, fix: str) -> None:
+def check_callable(field_name: str, value: object, fix: str) -> None:
     if not callable(value):
         raise ConfigError(field_name, value, "a callable", fix)
 
 
 @contextmanager
-def _signals(suffix: str, tp: int | None) -> Iterator[tuple[FastDeploySignal, FastDeploySignal]]:
+def status_signals(suffix: str, tp: int | None) -> Iterator[tuple[FastDeploySignal, FastDeploySignal]]:
     """``kv_cache_status`` and ``cache_ready_signal`` (of ``tp`` words where known), attached."""
     with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
         with FastDeploySignal.attach(CACHE_READY, suffix, tp) as ready:
             yield status, ready
-
-
-def _check_tp(tp: object) -> None:
-    if tp is not None:
-        check_int("tp", tp, 1, MAX_LOCAL_RANKS, what="None or the number of local ranks",
-                  fix="pass the tensor-parallel size")  # fmt: skip
 
 
 def _pid_max() -> int:

@@ -103,7 +103,7 @@ class FastDeploySuffix(str):
         """``suffix`` checked (:func:`check_suffix`, a ConfigError naming ``field``), with ``tp`` (checked)."""
         made = cls(check_suffix(suffix, field))
         if tp is not None:
-            _check_tp(tp)
+            check_tp(tp)
         made.tp = tp
         return made
 
@@ -395,7 +395,10 @@ def _check_private(full: str, segment: shm.Segment) -> None:
         )
 
 
-def _check_tp(tp: object) -> None:
+def check_tp(tp: object) -> None:
+    """``tp`` as an engine call takes it: None, or the number of local ranks (a ConfigError naming ``tp``)."""
+    if tp is None:
+        return
     check_int("tp", tp, 1, MAX_LOCAL_RANKS, what="None or the number of local ranks", fix="pass the tensor-parallel size")
 
 
