@@ -112,7 +112,7 @@ def main_in_process(*argv: str, cwd: Path | str = ROOT, **env: str) -> subproces
     return subprocess.CompletedProcess(["fd-platforms", *argv], code, stdout, stderr)
 
 
-SWEEP_LINES = (": WARNING: left ", ": WARNING: reclaiming cache-ready signal ")
+SWEEP_LINES = (": WARNING: left ", ": WARNING: reclaiming cache-ready signal ", ": WARNING: reclaiming FastDeploy attacher mark ")
 
 
 def without_sweep(stderr: str) -> list[str]:

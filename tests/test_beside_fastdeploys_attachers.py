@@ -424,3 +424,24 @@ def test_records_that_mix_a_memfd_handle_with_a_raw_one_are_refused_naming_both(
         os.close(fd)
     with pytest.raises(CacheSharingError, match=f"mix handles of two kinds: 1 name no process .* 1 name pid {os.getpid()}"):
         FastDeployHandles.open(suffix, 0, expected(names), "cpu")
+
+
+def test_a_dead_attachers_mark_goes_once_its_slot_is_gone_and_stays_while_it_stands_for_the_slot(
+    names: list[str], suffix: str, memfds: list[PublishedTensor]
+) -> None:
+    """Marks are named by their slot (the suffix and rank), so a run's next suffix never meets its last run's: a
+    dead mark whose cache_ready_signal is gone is removed by the next creator (or run), one whose slot lives stays."""
+    import struct
+
+    gone, living_slot = f"t{secrets.token_hex(4)}", suffix
+    marks = [f"/dev/shm/{attacher_prefix(slot, 0)}999999-abcdef" for slot in (gone, living_slot)]
+    with FastDeploySignal.create(CACHE_READY, living_slot, 1):
+        for mark in marks:
+            with open(mark, "wb") as file:
+                file.write(struct.pack("=qqq", 999999, 0, 1))
+            os.chmod(mark, 0o600)
+        held = FastDeployHandles.create(f"t{secrets.token_hex(4)}", 0, memfds, "cpu", attachers=0)
+        assert not os.path.exists(marks[0]), "its slot is gone: nothing it could stand for"
+        assert os.path.exists(marks[1]), "its slot lives: it stands for its attacher until that slot's creator clears"
+        held.retract(0)
+        os.unlink(marks[1])

@@ -549,19 +549,17 @@ def test_a_leftover_record_writable_by_others_is_replaced_so_a_descriptor_opened
 
 
 def test_a_handle_beside_handles_naming_no_process_says_what_they_name_not_pid_none(names: list[str]) -> None:
-    """One record names a process, the other a raw device handle: no one creator is known, and the refusal
-    says what the handles name instead of an unknown creator's ``pid None``."""
+    """A publication whose handles name no one creator (one names a process, the other a raw device handle): the
+    refusal says what the handles name instead of an unknown creator's ``pid None``. (FastDeploy's records of such
+    a mix are refused when opened: tests/test_beside_fastdeploys_attachers.py.)"""
+    from types import SimpleNamespace
+
     other = os.getppid()  # a process of this user that holds no record
-    with open(f"/dev/shm/{names[0]}", "wb") as file:
-        file.write(GPU_RECORD.fields.pack(0, f"memfd:{other}:3".encode()))
-    with open(f"/dev/shm/{names[1]}", "wb") as file:
-        file.write(GPU_RECORD.fields.pack(0, bytes(range(1, 65))))
-    opened = FastDeployHandles.open("9923", 0, tensors(names, handle="-"), "cpu")
-    try:
-        with pytest.raises(CacheSharingError) as refused:
-            check_provenance(opened, None)
-    finally:
-        opened.let_go()
+    handles = [f"memfd:{other}:3", handle_text(bytes(range(1, 65)))]
+    published = SimpleNamespace(rank=0, creator_pid=None, name=names[0], tensors=[
+        PublishedTensor(name, (4, 8), "uint8", handle) for name, handle in zip(names, handles)])  # fmt: skip
+    with pytest.raises(CacheSharingError) as refused:
+        check_provenance(published, None)  # type: ignore[arg-type]
     said = str(refused.value)
     assert "pid None" not in said, said
     known = f"1 names pid {other}, 1 names no process"

@@ -53,7 +53,7 @@ from ..ipc.process_watch import process_uid
 from ..kit.device_facts import raw_ipc_handle
 from ..kit.host_sharing import handle_pid
 from ..kit.vendor_device import HANDLE_BYTES, handle_bytes, handle_text
-from .fastdeploy_marks import Attachers, attacher_prefix, look, make_attacher_mark, make_creator_mark, remove_dead, stale_creator
+from .fastdeploy_marks import Attachers, attacher_prefix, look, make_attacher_mark, make_creator_mark, remove_dead, stale_creator, sweep_orphan_marks
 from .fastdeploy_records import RecordLayout, record_layout
 from .publication import POLL_SECONDS, STILL_HELD_FIX, PublishedTensor
 
@@ -225,6 +225,7 @@ class FastDeployHandles:
             raise
         handles = cls(suffix, rank, tuple(tensors), held, creator=True, attachers=attachers)
         remove_dead(look(suffix, rank))
+        sweep_orphan_marks()
         return handles
 
     @classmethod

@@ -27,6 +27,7 @@ import struct
 from dataclasses import dataclass
 
 from ..ipc import shm
+from ..ipc.fastdeploy_signals import CACHE_READY
 
 _ATTACHER = struct.Struct("=qqq")  # pid, rank, attachers per rank
 _CREATOR_PID = struct.Struct("=q")
@@ -42,9 +43,12 @@ def attachers_per_rank(splitwise_role: str, num_cpu_blocks: int) -> int:
     return MAX_ATTACHERS if splitwise_role == "decode" and num_cpu_blocks > 0 else 1
 
 
+ATTACHER_NAME_START = "fdp-attacher."
+
+
 def attacher_prefix(suffix: str, rank: int) -> str:
     """The names of the marks of the attachers of ``rank``'s slot under ``suffix`` start with this."""
-    return f"fdp-attacher.{suffix}.r{rank}."
+    return f"{ATTACHER_NAME_START}{suffix}.r{rank}."
 
 
 def make_attacher_mark(suffix: str, rank: int, attachers: int) -> shm.Segment:
@@ -113,6 +117,20 @@ def remove_dead(attachers: Attachers) -> list[int]:
         verdict, _ = shm.reclaim(mark.name, _ATTACHER.size, _recognise_attacher, ATTACHER_WHAT, say=lambda *_: None)
         if verdict == shm.Verdict.RECLAIMED:
             removed.append(mark.pid)
+    return removed
+
+
+def sweep_orphan_marks() -> list[str]:
+    """Remove the dead attacher marks of slots that are gone (no ``cache_ready_signal.<suffix>`` any more: the engine
+    that owned the suffix exited, or a run's signals were swept), each proven ours and unlocked; the names removed.
+    A dead mark of a slot that still exists is left: it stands for its attacher until the slot's creator clears."""
+    removed = []
+    for name in _names(ATTACHER_NAME_START):
+        suffix = name[len(ATTACHER_NAME_START):].rsplit(".r", 1)[0]
+        if suffix and not os.path.exists(shm.shm_path(f"{CACHE_READY}.{suffix}")):
+            verdict, _ = shm.reclaim(name, _ATTACHER.size, _recognise_attacher, ATTACHER_WHAT)
+            if verdict == shm.Verdict.RECLAIMED:
+                removed.append(name)
     return removed
 
 

@@ -47,6 +47,7 @@ from ...ipc.fastdeploy_signals import (
 )
 from ..block_handoff import block_count_words, hand_off_block_count
 from ..fastdeploy_handles import FastDeployHandles
+from ..fastdeploy_marks import sweep_orphan_marks
 from ..publication import PublishedTensor
 from .fastdeploy_rule import mismatch_hint, rule_in_force
 from .interface import WireProtocol
@@ -184,7 +185,7 @@ def sweep_dead_runs() -> list[str]:
     removed: list[str] = []
     for signal in RUN_SIGNALS:
         removed += shm.sweep(f"{signal}.fdp", WORD_BYTES, _run_signal(signal), LEFTOVER)
-    return removed
+    return removed + sweep_orphan_marks()  # its attachers' marks, where the run's slots are gone
 
 
 def _run_signal(signal: str) -> shm.Recognise:
