@@ -53,7 +53,16 @@ from ..ipc.process_watch import process_uid
 from ..kit.device_facts import raw_ipc_handle
 from ..kit.host_sharing import handle_pid
 from ..kit.vendor_device import HANDLE_BYTES, handle_bytes, handle_text
-from .fastdeploy_marks import Attachers, attacher_prefix, look, make_attacher_mark, make_creator_mark, remove_dead, stale_creator, sweep_orphan_marks
+from .fastdeploy_marks import (
+    Attachers,
+    attacher_prefix,
+    look,
+    make_attacher_mark,
+    make_creator_mark,
+    remove_dead,
+    stale_creator,
+    sweep_orphan_marks,
+)
 from .fastdeploy_records import RecordLayout, record_layout
 from .publication import POLL_SECONDS, STILL_HELD_FIX, PublishedTensor
 
@@ -62,7 +71,7 @@ logger = logging.getLogger(__name__)
 _PRINTABLE = re.compile(rb"[\x21-\x7e]+")
 READ_TRIES = 20  # reads of one record until two agree: a rewrite in place takes microseconds
 READ_PAUSE = 0.001  # seconds between reads of a record that changed
-MARK_LOOK_SECONDS = 0.1  # how often a creator waiting for its attacher's let-go looks at the attachers' marks
+MARK_LOOK_SECONDS = 0.1  # how often a wait for a slot's let-go looks at its attachers' marks (DeathWatch)
 
 
 def encode_handle(name: str, handle: str, platform: str, address: int | None = None) -> bytes:

@@ -82,6 +82,7 @@ class Attachers:
         return not self.living and len({mark.pid for mark in self.dead}) >= self.per_rank
 
     def describe_dead(self) -> str:
+        """The dead attachers, for messages (``pid 12, pid 34``)."""
         return ", ".join(f"pid {mark.pid}" for mark in self.dead)
 
 
