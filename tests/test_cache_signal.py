@@ -518,3 +518,12 @@ def test_process_watch_without_pidfd_falls_back_to_the_pid(monkeypatch) -> None:
 def test_bad_setter_pid_is_a_config_error(pid: object) -> None:
     with pytest.raises(ConfigError, match="setter_pid="):
         ProcessWatch(pid)  # type: ignore[arg-type]
+
+
+def test_a_watch_of_a_pid_beyond_the_kernels_limit_is_refused_naming_it_not_an_overflow() -> None:
+    """``pidfd_open(2**70)`` raised OverflowError; every pid check bounds by the kernel's PID_MAX_LIMIT."""
+    from fd_platforms.ipc.process_watch import PID_MAX_LIMIT, ProcessWatch
+
+    with pytest.raises(ConfigError, match=r"setter_pid=.* is not valid; allowed: a process id from 1 to 4194304.*Fix: pass"):
+        ProcessWatch(2**70)
+    assert PID_MAX_LIMIT == 2**22

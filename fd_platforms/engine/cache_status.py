@@ -75,6 +75,7 @@ from ..ipc.fastdeploy_signals import (
     check_tp,
 )
 from ..ipc.fault_words import FaultKind, KVCacheFault
+from ..ipc.process_watch import pid_max
 from ..loading.platform import Platform
 from .fastdeploy_handles import DeathWatch
 from .fastdeploy_marks import look
@@ -86,7 +87,6 @@ at 1 (from ``NORMAL`` to its return, so to a next clear): FastDeploy's managers 
 moment waits forever. FastDeploy's own driver leaves seconds there (the weight update, the next
 request)."""
 logger = logging.getLogger(__name__)
-PID_MAX_LIMIT = 2**22  # the largest pid_max the kernel allows (PID_MAX_LIMIT, include/linux/threads.h)
 
 
 @dataclass
@@ -411,17 +411,8 @@ def status_signals(suffix: str, tp: int | None) -> Iterator[tuple[FastDeploySign
             yield status, ready
 
 
-def _pid_max() -> int:
-    """The largest process id the kernel gives (``/proc/sys/kernel/pid_max``; :data:`PID_MAX_LIMIT` unread)."""
-    try:
-        with open("/proc/sys/kernel/pid_max") as limit:
-            return int(limit.read())
-    except (OSError, ValueError):
-        return PID_MAX_LIMIT
-
-
 def _check_pid(field_name: str, pid: object, fix: str) -> None:
-    check_int(field_name, pid, 1, _pid_max(), what="None or a process id", note="/proc/sys/kernel/pid_max", fix=fix)
+    check_int(field_name, pid, 1, pid_max(), what="None or a process id", note="/proc/sys/kernel/pid_max", fix=fix)
 
 
 ATTACHER_PIDS_FIX = "pass {local rank: the pid of that rank's attaching process, ...}"
@@ -434,7 +425,7 @@ def _check_pids(pids: object, tp: int | None) -> dict[int, int]:
     if not isinstance(pids, Mapping):
         raise ConfigError("attacher_pids", pids, "None or a mapping of local rank to process id", ATTACHER_PIDS_FIX)
     ranks, of = (tp, f"tp {tp}") if tp is not None else (MAX_LOCAL_RANKS, "the most local ranks")
-    limit = _pid_max()
+    limit = pid_max()
     for rank, pid in pids.items():
         if not (is_int(rank) and 0 <= rank < ranks and is_int(pid) and 1 <= pid <= limit):
             raise ConfigError(

@@ -9,6 +9,16 @@ import signal
 from ..contract.integers import check_int, decimal
 
 START_TICKS_MASK = 0x7FFFFFFF  # start times are compared on their low 31 bits (they fit an int32 word)
+PID_MAX_LIMIT = 2**22  # the largest pid_max the kernel allows (PID_MAX_LIMIT, include/linux/threads.h)
+
+
+def pid_max() -> int:
+    """The largest process id the kernel gives (``/proc/sys/kernel/pid_max``; :data:`PID_MAX_LIMIT` unread)."""
+    try:
+        with open("/proc/sys/kernel/pid_max") as limit:
+            return int(limit.read())
+    except (OSError, ValueError):
+        return PID_MAX_LIMIT
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -77,7 +87,8 @@ class ProcessWatch:
     """
 
     def __init__(self, pid: int) -> None:
-        check_int("setter_pid", pid, 1, None, what="a process id", fix="pass the pid of the process that sets the slot")
+        check_int("setter_pid", pid, 1, PID_MAX_LIMIT, what="a process id",
+                  fix="pass the pid of the process that sets the slot")  # fmt: skip
         self.pid = pid
         self._start_ticks = process_start_ticks(pid)
         self._pidfd: int | None = None

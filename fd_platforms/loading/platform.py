@@ -58,7 +58,6 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 RecordT = TypeVar("RecordT")
 
-PID_MAX = 2**22  # Linux's PID_MAX_LIMIT: no process id is larger
 WAIT_MARGIN_SECONDS = 5.0  # what a plugin's own wait_cache_ready gets beyond the wait's timeout
 
 
@@ -229,13 +228,14 @@ class Platform:
     ) -> float:
         """Block until ``rank``'s cache-ready slot is set; seconds waited."""
         from ..ipc.cache_signal import check_signal_name, resolve_timeout
+        from ..ipc.process_watch import PID_MAX_LIMIT
         from ..ipc.shared_words import MAX_LOCAL_RANKS
 
         check_signal_name(signal_name)
         check_int("rank", rank, 0, MAX_LOCAL_RANKS - 1, what="a local rank", fix="pass this worker's local rank")
         limit = resolve_timeout(timeout)
         if setter_pid is not None:
-            check_int("setter_pid", setter_pid, 1, PID_MAX, what="None or a process id",
+            check_int("setter_pid", setter_pid, 1, PID_MAX_LIMIT, what="None or a process id",
                       fix="pass the pid of the process that sets the slot (the cache manager), or None")  # fmt: skip
         waited = self._call(
             "wait_cache_ready", float, signal_name=signal_name, rank=rank, timeout=limit, setter_pid=setter_pid
