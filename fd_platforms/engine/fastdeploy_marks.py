@@ -30,7 +30,7 @@ from ..ipc import shm
 from ..ipc.fastdeploy_signals import CACHE_READY
 
 _ATTACHER = struct.Struct("=qqq")  # pid, rank, attachers per rank
-_CREATOR_PID = struct.Struct("=q")
+_PID = struct.Struct("=q")  # a creator mark: its pid, then the first record's bytes
 ATTACHER_WHAT = "FastDeploy attacher mark"
 CREATOR_WHAT = "FastDeploy creator mark"
 MAX_ATTACHERS = 2
@@ -92,7 +92,7 @@ def look(suffix: str, rank: int, *, also_living: set[int] | frozenset[int] = fro
     living = {f"pid {pid}" for pid in also_living}
     dead: list[DeadMark] = []
     per_rank = 1
-    for name in _names(attacher_prefix(suffix, rank)):
+    for name in shm.names(attacher_prefix(suffix, rank)):
         try:
             segment = shm.Segment.inspect(name, _ATTACHER.size)
         except (OSError, shm.SegmentUnusable):
@@ -115,7 +115,7 @@ def remove_dead(attachers: Attachers) -> list[int]:
     """Remove the dead marks of ``attachers`` that are still dead (each proven unlocked again); their pids."""
     removed = []
     for mark in attachers.dead:
-        verdict, _ = shm.reclaim(mark.name, _ATTACHER.size, _recognise_attacher, ATTACHER_WHAT, say=lambda *_: None)
+        verdict, _ = shm.reclaim(mark.name, _ATTACHER.size, _recognise, ATTACHER_WHAT, say=lambda *_: None)
         if verdict == shm.Verdict.RECLAIMED:
             removed.append(mark.pid)
     return removed
@@ -126,18 +126,19 @@ def sweep_orphan_marks() -> list[str]:
     that owned the suffix exited, or a run's signals were swept), each proven ours and unlocked; the names removed.
     A dead mark of a slot that still exists is left: it stands for its attacher until the slot's creator clears."""
     removed = []
-    for name in _names(ATTACHER_NAME_START):
+    for name in shm.names(ATTACHER_NAME_START):
         suffix = name[len(ATTACHER_NAME_START):].rsplit(".r", 1)[0]
         if suffix and not os.path.exists(shm.shm_path(f"{CACHE_READY}.{suffix}")):
-            verdict, _ = shm.reclaim(name, _ATTACHER.size, _recognise_attacher, ATTACHER_WHAT)
+            verdict, _ = shm.reclaim(name, _ATTACHER.size, _recognise, ATTACHER_WHAT)
             if verdict == shm.Verdict.RECLAIMED:
                 removed.append(name)
     return removed
 
 
-def _recognise_attacher(segment: shm.Segment) -> str | None:
-    raw = segment.read(_ATTACHER.size)
-    return f"pid {_ATTACHER.unpack(raw)[0]}" if len(raw) == _ATTACHER.size and _ATTACHER.unpack(raw)[0] > 0 else None
+def _recognise(segment: shm.Segment) -> str | None:
+    """Who made a mark of either kind (each starts with its maker's pid), or None where it is no complete mark."""
+    raw = segment.read(_PID.size)
+    return f"pid {_PID.unpack(raw)[0]}" if len(raw) == _PID.size and _PID.unpack(raw)[0] > 0 else None
 
 
 def creator_mark_name(first_record: str) -> str:
@@ -147,42 +148,30 @@ def creator_mark_name(first_record: str) -> str:
 def make_creator_mark(first_record: str, record: bytes) -> shm.Segment:
     """A creator's mark of its records, holding its pid and the first ``record``'s bytes, held until closed. A
     mark of a dead creator of ours still there (its records rewritten since by another) is removed first."""
-    name, size = creator_mark_name(first_record), _CREATOR_PID.size + len(record)
+    name, size = creator_mark_name(first_record), _PID.size + len(record)
     try:
         segment = shm.Segment.create(name, size)
     except FileExistsError:
-        shm.reclaim(name, _CREATOR_PID.size, _recognise_creator, CREATOR_WHAT)
+        shm.reclaim(name, _PID.size, _recognise, CREATOR_WHAT)
         segment = shm.Segment.create(name, size)  # a living creator's mark: its records were refused before
-    os.pwrite(segment.fd, _CREATOR_PID.pack(os.getpid()) + record, 0)
+    os.pwrite(segment.fd, _PID.pack(os.getpid()) + record, 0)
     return segment
-
-
-def _recognise_creator(segment: shm.Segment) -> str | None:
-    raw = segment.read(_CREATOR_PID.size)
-    return f"pid {_CREATOR_PID.unpack(raw)[0]}" if len(raw) == _CREATOR_PID.size and _CREATOR_PID.unpack(raw)[0] > 0 else None
 
 
 def stale_creator(first_record: str, record: bytes) -> int | None:
     """The pid of a dead creator of ours whose mark proves ``first_record`` (now holding ``record``) its stale
     leftover, its mark removed; None where no unheld mark of ours holds exactly those bytes."""
     name = creator_mark_name(first_record)
-    size = _CREATOR_PID.size + len(record)
+    size = _PID.size + len(record)
     try:
         segment = shm.Segment.inspect(name, size)
     except (OSError, shm.SegmentUnusable):
         return None
     try:
         raw = segment.read(size + 1)
-        if len(raw) != size or raw[_CREATOR_PID.size:] != record or not segment.unused():
+        if len(raw) != size or raw[_PID.size:] != record or not segment.unused():
             return None
-        pid = _CREATOR_PID.unpack(raw[: _CREATOR_PID.size])[0]
+        pid = _PID.unpack(raw[: _PID.size])[0]
         return pid if segment.unlink() else None
     finally:
         segment.close()
-
-
-def _names(prefix: str) -> list[str]:
-    try:
-        return sorted(name for name in os.listdir(shm.SHM_DIR) if name.startswith(prefix))
-    except OSError:
-        return []

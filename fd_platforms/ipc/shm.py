@@ -309,17 +309,21 @@ def reclaim(
         segment.close()
 
 
+def names(prefix: str) -> list[str]:
+    """The names in ``/dev/shm`` that start with ``prefix``, sorted (none where it cannot be listed)."""
+    try:
+        return sorted(entry for entry in os.listdir(SHM_DIR) if entry.startswith(prefix))
+    except OSError:
+        return []
+
+
 def sweep(prefix: str, min_size: int, recognise: Recognise, what: str) -> list[str]:
     """Reclaim every ``what`` named ``prefix*`` that no living process holds; the names reclaimed.
 
     Entries it cannot open or does not recognise are left alone, named in one WARNING line.
     """
-    try:
-        names = sorted(entry for entry in os.listdir(SHM_DIR) if entry.startswith(prefix))
-    except OSError:
-        return []
     reclaimed, skipped = [], []
-    for name in names:
+    for name in names(prefix):
         verdict, detail = reclaim(name, min_size, recognise, what)
         if verdict == Verdict.RECLAIMED:
             reclaimed.append(name)
