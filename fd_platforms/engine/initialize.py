@@ -29,7 +29,7 @@ from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision, CacheRoleShape
 from ..ipc.cache_signal import resolve_timeout
 from ..contract.integers import check_int
-from ..ipc.fastdeploy_signals import MAX_LOCAL_RANKS, FastDeploySuffix
+from ..ipc.fastdeploy_signals import FastDeploySuffix, check_tp
 from ..rules.decision import DecisionInputs
 from . import rank_parts
 from .fastdeploy_marks import attachers_per_rank
@@ -442,8 +442,7 @@ def engine_name(
     hold ``rank``; FastDeploy's suffix carries it (:class:`~fd_platforms.ipc.fastdeploy_signals.FastDeploySuffix`)."""
     wire = protocol_named(protocol)
     if tp is not None:
-        check_int("tp", tp, 1, MAX_LOCAL_RANKS, what="None or the number of local ranks",
-                  fix="pass the tensor-parallel size (FastDeploy's parallel_config.tensor_parallel_size)")  # fmt: skip
+        check_tp(tp)
         check_int("layout.rank", rank, 0, tp - 1, what=f"a local rank of tp {tp}",
                   fix="build the layout for one of the engine's local ranks")  # fmt: skip
     if wire.name_argument != "suffix":

@@ -399,7 +399,8 @@ def check_tp(tp: object) -> None:
     """``tp`` as an engine call takes it: None, or the number of local ranks (a ConfigError naming ``tp``)."""
     if tp is None:
         return
-    check_int("tp", tp, 1, MAX_LOCAL_RANKS, what="None or the number of local ranks", fix="pass the tensor-parallel size")
+    check_int("tp", tp, 1, MAX_LOCAL_RANKS, what="None or the number of local ranks",
+              fix="pass the tensor-parallel size (FastDeploy's parallel_config.tensor_parallel_size)")  # fmt: skip
 
 
 def _word_now(name: str, index: int) -> str:
