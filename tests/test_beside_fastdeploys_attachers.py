@@ -151,6 +151,7 @@ def test_a_living_attacher_whose_mark_was_removed_still_holds_the_slot_beside_a_
 
 def test_a_held_mark_is_reported_by_the_holder_proc_locks_shows_not_the_pid_in_its_name(suffix: str) -> None:
     name = f"{attacher_prefix(suffix, 0)}999999-abcdef"
+    ready = FastDeploySignal.create(CACHE_READY, suffix, 1)  # its slot lives: no creator's sweep takes the mark
     fd = os.open(f"/dev/shm/{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.write(fd, (999999).to_bytes(8, sys.byteorder) + (0).to_bytes(8, sys.byteorder) + (1).to_bytes(8, sys.byteorder))
@@ -164,6 +165,7 @@ def test_a_held_mark_is_reported_by_the_holder_proc_locks_shows_not_the_pid_in_i
     finally:
         os.close(fd)
         os.unlink(f"/dev/shm/{name}")
+        ready.close()
 
 
 @pytest.mark.slow
