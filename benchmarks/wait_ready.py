@@ -18,7 +18,7 @@ setter pid to watch, as workers use it); ``spin`` is FastDeploy's XPU ``while no
 ``poll-2ms`` is what the core falls back to where futexes are unavailable.
 
 Beside FastDeploy's processes the signal is FastDeploy's own array
-(:class:`fd_platforms.ipc.fastdeploy_signals.FastDeploySignal`, waited on with ``wait_for``):
+(:class:`fd_platforms.fastdeploy.signals.FastDeploySignal`, waited on with ``wait_for``):
 ``fastdeploy`` is that wait woken by our setter (the anchor), ``fastdeploy-foreign`` the same wait
 while the setter only *stores* 1 through its own mapping and wakes nobody, as FastDeploy's
 processes write their numpy arrays. Its sets land 1-100 ms into a wait (most where the wait looks
@@ -53,7 +53,7 @@ except ModuleNotFoundError:
 
 from fd_platforms.cli.table import format_table  # noqa: E402
 from fd_platforms.ipc.cache_signal import CacheReadySignal  # noqa: E402
-from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal  # noqa: E402
+from fd_platforms.fastdeploy.signals import CACHE_READY, FastDeploySignal  # noqa: E402
 
 POLL_INTERVALS = {"poll-1s": 1.0, "poll-100ms": 0.1, "poll-10ms": 0.01, "poll-2ms": 0.002}
 FASTDEPLOY, FOREIGN = "fastdeploy", "fastdeploy-foreign"

@@ -22,8 +22,9 @@ from pathlib import Path
 import fd_platforms
 from fd_platforms.contract.errors import ConfigError, FdPlatformsError
 from fd_platforms.contract.types import DeviceMemory
-from fd_platforms.engine import Cluster, hand_off_block_count
-from fd_platforms.ipc.fastdeploy_signals import check_suffix
+from fd_platforms.engine import Cluster
+from fd_platforms.fastdeploy import hand_off_block_count
+from fd_platforms.fastdeploy.signals import check_suffix
 from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
 from fd_platforms.rules.decision import RULE_VERSIONS
 from fd_platforms.rules.layout import build_layout

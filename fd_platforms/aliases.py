@@ -1,4 +1,6 @@
-"""Plugin API 1.1's module paths (``fd_platforms.types``, ...), importing again until plugin API 2.0.
+"""Paths that moved, importing again for a while: plugin API 1.1's module paths (``fd_platforms.types``,
+...) until plugin API 2.0, and the FastDeploy modules and engine names that moved into
+:mod:`fd_platforms.fastdeploy` (:data:`MOVED_MODULES`, :data:`MOVED_NAMES`) for one minor version.
 
 API 1.1 told plugins to import from nine top-level modules. A later layout change moved them into
 ``contract/`` and ``kit/`` while the API stayed 1.x, so a plugin declaring ``>=1.0,<2`` passed the
@@ -139,6 +141,59 @@ def deprecation_message(path: str) -> str:
     )
 
 
+MOVED_IN = "0.2"
+MOVED_REMOVED_IN = "0.3"
+MOVED_MODULES = {
+    # old path: the module it is now (FastDeploy's code in one package, fd_platforms.fastdeploy)
+    "fd_platforms.rules.fastdeploy_config": "fd_platforms.fastdeploy.config",
+    "fd_platforms.rules.fastdeploy_values": "fd_platforms.fastdeploy.values",
+    "fd_platforms.ipc.fastdeploy_signals": "fd_platforms.fastdeploy.signals",
+    "fd_platforms.ipc.fault_words": "fd_platforms.fastdeploy.fault_words",
+    "fd_platforms.engine.fastdeploy_records": "fd_platforms.fastdeploy.records",
+    "fd_platforms.engine.fastdeploy_marks": "fd_platforms.fastdeploy.marks",
+    "fd_platforms.engine.fastdeploy_handles": "fd_platforms.fastdeploy.handles",
+    "fd_platforms.engine.protocols.fastdeploy": "fd_platforms.fastdeploy.protocol",
+    "fd_platforms.engine.protocols.fastdeploy_rule": "fd_platforms.fastdeploy.rule",
+    "fd_platforms.engine.block_handoff": "fd_platforms.fastdeploy.block_handoff",
+    "fd_platforms.engine.cache_status": "fd_platforms.fastdeploy.cache_status",
+    "fd_platforms.engine.cache_server": "fd_platforms.fastdeploy.cache_server",
+    "fd_platforms.engine.weights_status": "fd_platforms.fastdeploy.weights_status",
+}
+MOVED_NAMES = {
+    # module: {name it no longer holds: the public module that holds it now}
+    "fd_platforms.engine": {
+        name: "fd_platforms.fastdeploy"
+        for name in (
+            "ClearReport RestoreReport UpdateReport drive_kv_cache_clear drive_kv_cache_restore drive_kv_cache_update "
+            "serve_kv_cache_status hand_off_block_count follow_model_weights_status"
+        ).split()
+    },
+    "fd_platforms.engine.protocols": {"FASTDEPLOY": "fd_platforms.fastdeploy"},
+}
+
+
+def moved_message(old: str, new: str) -> str:
+    """The warning a use of the moved ``old`` gives, naming ``new``."""
+    return (
+        f"{old} is deprecated: it moved to {new} in fd-platforms {MOVED_IN} and the old path goes in "
+        f"{MOVED_REMOVED_IN}. Import it from {new}"
+    )
+
+
+def moved_attribute(module: str, name: str) -> Any:
+    """``module.name`` where ``name`` moved (:data:`MOVED_NAMES`), with a DeprecationWarning at its user; an
+    AttributeError otherwise (a module's ``__getattr__``)."""
+    home = MOVED_NAMES.get(module, {}).get(name)
+    if home is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    import importlib
+    import warnings
+
+    # at the user's line: past this function and the module's __getattr__ that called it
+    warnings.warn(moved_message(f"{module}.{name}", home), DeprecationWarning, stacklevel=3)
+    return getattr(importlib.import_module(home), name)
+
+
 class AliasFinder:
     """A ``sys.meta_path`` finder that answers for the alias paths only (after Python's own finders)."""
 
@@ -147,6 +202,10 @@ class AliasFinder:
     @staticmethod
     def find_spec(fullname: str, path: object = None, target: object = None) -> Any:
         package, _, name = fullname.rpartition(".")
+        if fullname in MOVED_MODULES:
+            from importlib.machinery import ModuleSpec
+
+            return ModuleSpec(fullname, MovedLoader(), origin=f"alias of {MOVED_MODULES[fullname]}")
         if package != PACKAGE or name not in ALIASES:
             return None
         from importlib.machinery import ModuleSpec
@@ -180,6 +239,27 @@ class AliasLoader:
                 names.append(old)
         module.__doc__ = f"Deprecated alias: {deprecation_message(module.__name__)}."
         module.__all__ = sorted(set(names))  # type: ignore[attr-defined]
+
+
+class MovedLoader:
+    """Fills a moved module's alias with every name of the module it is now, after warning its importer."""
+
+    @staticmethod
+    def create_module(spec: object) -> None:
+        return None  # the default module
+
+    @staticmethod
+    def exec_module(module: ModuleType) -> None:
+        import importlib
+
+        new = MOVED_MODULES[module.__name__]
+        warn_importer(moved_message(module.__name__, new))
+        found = importlib.import_module(new)
+        for name, value in vars(found).items():
+            if not (name.startswith("__") and name.endswith("__")):
+                setattr(module, name, value)
+        module.__doc__ = f"Deprecated alias: {moved_message(module.__name__, new)}."
+        module.__all__ = list(getattr(found, "__all__", [n for n in vars(found) if not n.startswith("_")]))  # type: ignore[attr-defined]
 
 
 def warn_importer(message: str) -> None:

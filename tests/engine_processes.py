@@ -96,7 +96,7 @@ def fastdeploy_runner(
     is set)."""
     import fd_platforms
     from fd_platforms.engine import initialize_kv_cache
-    from fd_platforms.ipc.fastdeploy_signals import KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
+    from fd_platforms.fastdeploy.signals import KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
 
     platform = fd_platforms.current_platform()
     layout = qwen_layout(rank, tp, device_id)
@@ -215,7 +215,8 @@ def fastdeploy_rl_runner(
     multiprocessing barrier standing in for the tp group's) until told to report: let go on a clear request,
     attach again (the stand-in creator's mark checked) on an update request."""
     import fd_platforms
-    from fd_platforms.engine import follow_model_weights_status, initialize_kv_cache
+    from fd_platforms.engine import initialize_kv_cache
+    from fd_platforms.fastdeploy import follow_model_weights_status
 
     platform = fd_platforms.current_platform()
     held: list[object] = []
@@ -244,7 +245,7 @@ def fastdeploy_serving_manager(suffix: str, rank: int, tp: int, num_blocks: int,
     """Our cache manager for rank ``rank`` (one process per rank, as FastDeploy's transfer managers): publish,
     then serve ``kv_cache_status`` (reusing the host swap space a clear keeps) until told to stop, then clear."""
     import fd_platforms
-    from fd_platforms.engine import serve_kv_cache_status
+    from fd_platforms.fastdeploy import serve_kv_cache_status
 
     platform = fd_platforms.current_platform()
     made: list[object] = []

@@ -21,7 +21,8 @@ from pathlib import Path
 import paddle  # every FastDeploy worker imports paddle first; its import sets OMP_NUM_THREADS and CUSTOM_DEVICE_ROOT
 
 from fd_platforms.contract.errors import FdPlatformsError
-from fd_platforms.engine import Cluster, hand_off_block_count
+from fd_platforms.engine import Cluster
+from fd_platforms.fastdeploy import hand_off_block_count
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("launched_example", ROOT / "examples" / "launched_worker.py")

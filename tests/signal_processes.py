@@ -46,7 +46,7 @@ def create_and_report(num_ranks: int, results: Connection) -> None:
 def drive_and_report(suffix: str, timeout: float, start: float, results: Connection) -> None:
     """At ``start`` (``time.time()``), drive one FastDeploy clear/update on ``suffix``; send back
     ``(pid, error class or "ok", message, seconds)``."""
-    from fd_platforms.engine.cache_status import drive_kv_cache_update
+    from fd_platforms.fastdeploy.cache_status import drive_kv_cache_update
 
     time.sleep(max(0.0, start - time.time()))
     began = time.monotonic()

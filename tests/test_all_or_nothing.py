@@ -15,11 +15,11 @@ from engine_processes import qwen_layout
 
 from fd_platforms.contract.errors import CacheSignalError
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
-from fd_platforms.engine.protocols.fastdeploy import FastDeployProtocol
+from fd_platforms.fastdeploy.protocol import FastDeployProtocol
 from fd_platforms.engine.protocols.ours import FdPlatformsProtocol
 from fd_platforms.engine.publication import publication_name
 from fd_platforms.ipc.cache_signal import CacheReadySignal
-from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, SWAP_SPACE_READY, FastDeploySignal
+from fd_platforms.fastdeploy.signals import CACHE_READY, KV_CACHE_STATUS, SWAP_SPACE_READY, FastDeploySignal
 from fd_platforms.loading.platform import Platform
 from fd_platforms.loading.selection import select_platform
 
@@ -140,7 +140,7 @@ def test_a_cache_an_attacher_came_to_before_the_failure_is_logged_not_freed_unde
     """An attacher of ours opened the records between the slot and the failure: the withdrawal waits
     WITHDRAW_SECONDS for it, frees nothing under it and says so, the error still reaching the caller."""
     from fd_platforms.engine import initialize
-    from fd_platforms.engine.fastdeploy_handles import FastDeployHandles
+    from fd_platforms.fastdeploy.handles import FastDeployHandles
     from fd_platforms.engine.publication import PublishedTensor
 
     suffix, _ = engine_without_swap_signal

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from fd_platforms.contract.errors import CacheInUseError, CacheSharingError, CacheSignalError
-from fd_platforms.engine.fastdeploy_handles import FastDeployHandles, read_handle
-from fd_platforms.engine.fastdeploy_marks import attacher_prefix, attachers_per_rank, look
+from fd_platforms.fastdeploy.handles import FastDeployHandles, read_handle
+from fd_platforms.fastdeploy.marks import attacher_prefix, attachers_per_rank, look
 from fd_platforms.engine.publication import PublishedTensor
-from fd_platforms.ipc.fastdeploy_signals import (
+from fd_platforms.fastdeploy.signals import (
     CACHE_READY,
     CACHE_TRANSFER_INITED,
     KV_CACHE_STATUS,
@@ -75,7 +75,7 @@ def our_attacher(suffix: str, names: list[str], attachers: int) -> subprocess.Po
     """An attacher of ours in another process; it lets go when its stdin closes."""
     child = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys; from fd_platforms.engine.fastdeploy_handles import FastDeployHandles\n"
+         "import sys; from fd_platforms.fastdeploy.handles import FastDeployHandles\n"
          "from fd_platforms.engine.publication import PublishedTensor\n"
          f"h = FastDeployHandles.open({suffix!r}, 0, [PublishedTensor(n, (4, 8), 'uint8', '') for n in {names!r}], "
          f"'cpu', attachers={attachers})\n"
@@ -199,9 +199,9 @@ def test_stale_records_of_a_dead_creator_of_ours_are_still_reclaimed_with_the_sl
     with FastDeploySignal.create(CACHE_READY, suffix, 1):
         creator = subprocess.Popen(
             [sys.executable, "-c",
-             "import sys; from fd_platforms.engine.fastdeploy_handles import FastDeployHandles\n"
+             "import sys; from fd_platforms.fastdeploy.handles import FastDeployHandles\n"
              "from fd_platforms.engine.publication import PublishedTensor\n"
-             "from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal\n"
+             "from fd_platforms.fastdeploy.signals import CACHE_READY, FastDeploySignal\n"
              f"h = FastDeployHandles.create({suffix!r}, 0, [PublishedTensor(n, (4, 8), 'uint8', 'memfd:1:3') "
              f"for n in {names!r}], 'cpu', attachers=1)\n"
              f"FastDeploySignal.attach(CACHE_READY, {suffix!r}).set(0, 1)\n"
@@ -297,7 +297,7 @@ def test_decode_with_swap_our_manager_never_frees_under_fastdeploys_transfer_man
     from engine_processes import decode_runner, first_bytes, qwen_layout
 
     from fd_platforms.engine import manage_kv_cache
-    from fd_platforms.ipc.fastdeploy_signals import SWAP_SPACE_READY
+    from fd_platforms.fastdeploy.signals import SWAP_SPACE_READY
     from fd_platforms.loading.selection import select_platform
 
     monkeypatch.setenv("FD_PLATFORM", "cpu")
@@ -340,7 +340,7 @@ def test_a_drive_notices_a_dead_attacher_of_ours_that_held_the_rank_and_the_roun
     transfer manager with --create_cache_tensor), every later drive timed out: only a creator's own clear of ours
     looked at the dead mark. The drive now looks as the clear does, resets the slot for the dead attacher, and
     FastDeploy's creator frees and creates again."""
-    from fd_platforms.engine.cache_status import drive_kv_cache_clear, drive_kv_cache_restore
+    from fd_platforms.fastdeploy.cache_status import drive_kv_cache_clear, drive_kv_cache_restore
 
     signals = [FastDeploySignal.create(name, suffix, 1) for name in (CACHE_READY, CACHE_TRANSFER_INITED)]
     signals.append(FastDeploySignal.create(KV_CACHE_STATUS, suffix, 1))
@@ -373,8 +373,8 @@ def test_serve_notices_a_dead_attacher_of_ours_when_fastdeploys_worker_drives(
     from engine_processes import qwen_layout
 
     from fd_platforms.engine import manage_kv_cache
-    from fd_platforms.engine.cache_server import serve_kv_cache_status
-    from fd_platforms.ipc.fastdeploy_signals import SWAP_SPACE_READY, KVCacheStatus
+    from fd_platforms.fastdeploy.cache_server import serve_kv_cache_status
+    from fd_platforms.fastdeploy.signals import SWAP_SPACE_READY, KVCacheStatus
     from fd_platforms.loading.selection import select_platform
 
     monkeypatch.setenv("FD_PLATFORM", "cpu")
@@ -418,7 +418,7 @@ def test_serve_notices_a_dead_attacher_of_ours_when_fastdeploys_worker_drives(
 
 def test_records_that_mix_a_memfd_handle_with_a_raw_one_are_refused_naming_both(names: list[str], suffix: str) -> None:
     """One creator writes every record of a rank alike; a mix was opened, and its error then said 'pid None'."""
-    from fd_platforms.engine.fastdeploy_records import GPU_RECORD
+    from fd_platforms.fastdeploy.records import GPU_RECORD
 
     for name, handle in zip(names, (f"memfd:{os.getpid()}:3".encode(), bytes(range(1, 65)))):
         fd = os.open(f"/dev/shm/{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)

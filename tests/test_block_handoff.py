@@ -12,9 +12,9 @@ import pytest
 
 from fd_platforms.contract.errors import CacheSignalError, ConfigError
 from fd_platforms.contract.types import PlatformIdentity
-from fd_platforms.engine import hand_off_block_count
-from fd_platforms.engine.protocols import FASTDEPLOY
-from fd_platforms.ipc.fastdeploy_signals import PROFILE_BLOCK_NUM, FastDeploySignal
+from fd_platforms.fastdeploy import hand_off_block_count
+from fd_platforms.fastdeploy import FASTDEPLOY
+from fd_platforms.fastdeploy.signals import PROFILE_BLOCK_NUM, FastDeploySignal
 from fd_platforms.loading.platform import Platform
 from fd_platforms.loading.selection import select_platform
 

@@ -19,7 +19,7 @@ from fd_platforms.contract.errors import BufferInUseError, CacheInUseError, Conf
 from fd_platforms.engine import KVCache, ManagedCache, initialize_kv_cache, manage_kv_cache
 from fd_platforms.engine.publication import publication_name
 from fd_platforms.ipc.cache_signal import CacheReadySignal
-from fd_platforms.ipc.fastdeploy_signals import (
+from fd_platforms.fastdeploy.signals import (
     CACHE_READY,
     CACHE_TRANSFER_INITED,
     KV_CACHE_STATUS,

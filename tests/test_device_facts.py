@@ -28,11 +28,11 @@ from engine_processes import qwen_layout
 from fastdeploy_standins import read_xpu_record
 from fd_platforms.contract.errors import CacheSharingError, CacheSignalError, ConfigError, HostAllocError
 from fd_platforms.contract.types import DTYPE_BYTES
-from fd_platforms.engine.fastdeploy_handles import encode_handle as encode_record
-from fd_platforms.engine.fastdeploy_records import record_layout
+from fd_platforms.fastdeploy.handles import encode_handle as encode_record
+from fd_platforms.fastdeploy.records import record_layout
 from fd_platforms.engine.kv_cache import attach_kv_cache, export_kv_cache
-from fd_platforms.engine.protocols.fastdeploy import FASTDEPLOY
-from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal
+from fd_platforms.fastdeploy.protocol import FASTDEPLOY
+from fd_platforms.fastdeploy.signals import CACHE_READY, FastDeploySignal
 from fd_platforms.kit.custom_device import CustomDeviceFacts
 from fd_platforms.kit.device_facts import PADDLE_UINT8, DeviceFacts, paddle_attribute
 from fd_platforms.kit.host_memory import PinningUnavailable, allocate_host
@@ -674,7 +674,7 @@ def test_a_driven_update_beside_fastdeploys_xpu_managers_is_refused_at_once() ->
     """FastDeploy's XPU cache transfer manager never answers CLEARING (its check_cache_status returns at once):
     the driver refuses before touching a signal instead of waiting its whole timeout; with our own managers
     (serve_kv_cache_status) it drives."""
-    from fd_platforms.engine.cache_status import drive_kv_cache_update
+    from fd_platforms.fastdeploy.cache_status import drive_kv_cache_update
 
     platform = registered("xpu", xpu_paddle())
     with pytest.raises(CacheSharingError, match="FastDeploy's cache transfer manager on xpu has no clear or restore"):

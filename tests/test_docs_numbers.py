@@ -120,7 +120,7 @@ def test_the_foreign_poll_and_the_stand_in_rounds_quoted_are_the_codes() -> None
 
 def test_the_fastdeploy_record_table_is_the_layouts() -> None:
     """Each row's offsets, size and declaring file are the platform's record layout's own."""
-    from fd_platforms.engine.fastdeploy_records import record_layout
+    from fd_platforms.fastdeploy.records import record_layout
 
     table = [line for line in (ROOT / "docs" / "engine-integration.md").read_text().splitlines()
              if line.startswith("| `") and "shmStruct" not in line and "memHandle` at byte" in line]  # fmt: skip
@@ -261,7 +261,7 @@ def test_the_readmes_list_sample_is_what_list_prints() -> None:
 
 
 def test_the_drivers_settle_time_and_the_managers_look_are_the_codes() -> None:
-    from fd_platforms.engine.cache_status import SETTLE_SECONDS
+    from fd_platforms.fastdeploy.cache_status import SETTLE_SECONDS
 
     guide = (Path(__file__).resolve().parent.parent / "docs" / "engine-integration.md").read_text()
     quoted = re.search(r"at least `SETTLE_SECONDS` \(([0-9.]+) s\)", guide)
@@ -271,7 +271,7 @@ def test_the_drivers_settle_time_and_the_managers_look_are_the_codes() -> None:
 
 
 def test_the_let_go_hold_is_the_codes() -> None:
-    from fd_platforms.ipc.fastdeploy_signals import LET_GO_HOLD_SECONDS
+    from fd_platforms.fastdeploy.signals import LET_GO_HOLD_SECONDS
 
     quoted = re.search(r"`LET_GO_HOLD_SECONDS` \(([0-9.]+) s\)", prose("docs/engine-integration.md"))
     assert quoted is not None and float(quoted.group(1)) == LET_GO_HOLD_SECONDS

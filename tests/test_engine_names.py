@@ -12,7 +12,7 @@ import pytest
 from engine_processes import qwen_layout
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.engine import KVCache, ManagedCache, hold_kv_cache, initialize_kv_cache, manage_kv_cache
-from fd_platforms.engine.protocols import FASTDEPLOY
+from fd_platforms.fastdeploy import FASTDEPLOY
 from fd_platforms.ipc.cache_signal import CacheReadySignal
 from fd_platforms.loading.platform import Platform
 from fd_platforms.loading.selection import select_platform

@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 
 from fastdeploy_config_standin import QuantConfig, engine_fd_config, fd_config
 from fd_platforms.contract.errors import ConfigError
-from fd_platforms.ipc.fastdeploy_signals import check_suffix
+from fd_platforms.fastdeploy.signals import check_suffix
 from fd_platforms.loading.platform import Platform
 from fd_platforms.loading.selection import select_platform
 from fd_platforms.rules.config import load_model_config
 from fd_platforms.rules.decision import DecisionInputs
-from fd_platforms.rules.fastdeploy_config import FastDeploySettings, from_cache_manager_args, from_fd_config
+from fd_platforms.fastdeploy.config import FastDeploySettings, from_cache_manager_args, from_fd_config
 
 from run_helpers import QWEN
 

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from fd_platforms.contract.errors import SignalWaitError
-from fd_platforms.engine.cache_status import drive_kv_cache_update
-from fd_platforms.engine.protocols.fastdeploy import FASTDEPLOY
-from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
+from fd_platforms.fastdeploy.cache_status import drive_kv_cache_update
+from fd_platforms.fastdeploy.protocol import FASTDEPLOY
+from fd_platforms.fastdeploy.signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
 from signal_processes import drive_and_report
 
 DRIVE_FAILED = -30000  # fd-platforms' failure word: a drive failed after a rank let go (cache_status.FaultKind)
@@ -80,7 +80,7 @@ def test_a_drive_that_finds_a_dead_attacher_names_it_and_leaves_the_word_where_t
 
 def test_a_restore_without_a_clear_done_is_refused_before_writing_anything(suffix: str) -> None:
     from fd_platforms.contract.errors import ConfigError
-    from fd_platforms.engine import drive_kv_cache_restore
+    from fd_platforms.fastdeploy import drive_kv_cache_restore
 
     with pytest.raises(ConfigError, match=r"kv_cache_status='NORMAL' is not valid; allowed: CLEARED \(a clear done\)"):
         drive_kv_cache_restore(suffix, timeout=0.5)
@@ -89,7 +89,7 @@ def test_a_restore_without_a_clear_done_is_refused_before_writing_anything(suffi
 
 
 def test_a_clear_that_fails_before_any_rank_let_go_writes_normal_back_and_says_so(suffix: str) -> None:
-    from fd_platforms.engine import drive_kv_cache_clear
+    from fd_platforms.fastdeploy import drive_kv_cache_clear
 
     with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
         ready = FastDeploySignal.attach(CACHE_READY, suffix)
@@ -105,7 +105,7 @@ def test_a_clear_that_fails_before_any_rank_let_go_writes_normal_back_and_says_s
 def test_a_failed_restore_leaves_a_word_saying_the_caches_are_freed_and_the_next_drive_names_it(suffix: str) -> None:
     """Finding 5a (issue 41): with the caches freed and no creator left, a failed restore wrote NORMAL back."""
     from fd_platforms.contract.errors import CacheUpdateError
-    from fd_platforms.engine import drive_kv_cache_clear, drive_kv_cache_restore
+    from fd_platforms.fastdeploy import drive_kv_cache_clear, drive_kv_cache_restore
 
     with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
         status.set(0, KVCacheStatus.CLEARED)  # as a creator answers a clear; the slot 0: the cache freed
@@ -127,7 +127,7 @@ def test_a_failed_restore_leaves_a_word_saying_the_caches_are_freed_and_the_next
 def test_a_second_restore_while_one_runs_is_told_who_holds_the_word(suffix: str) -> None:
     """Each half claims kv_cache_status while it runs; the word's value between halves says which may come next."""
     from fd_platforms.contract.errors import CacheSignalError
-    from fd_platforms.engine import drive_kv_cache_restore
+    from fd_platforms.fastdeploy import drive_kv_cache_restore
 
     with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
         assert status.claim() is None  # another driver holds it (this process, through another descriptor)
@@ -148,7 +148,9 @@ def test_a_late_updating_over_the_managers_normal_is_answered_normal_again(suffi
 
     from engine_processes import qwen_layout
 
-    from fd_platforms.engine import manage_kv_cache, serve_kv_cache_status
+    from fd_platforms.engine import manage_kv_cache
+
+    from fd_platforms.fastdeploy import serve_kv_cache_status
     from fd_platforms.loading.selection import select_platform
 
     cpu = select_platform({"FD_PLATFORM": "cpu"}).platform
@@ -252,7 +254,8 @@ class Served:
     :meth:`drive` starts."""
 
     def __init__(self, suffix: str, recreate_fails: dict[int, BaseException], timeout: float) -> None:
-        from fd_platforms.engine import manage_kv_cache, serve_kv_cache_status
+        from fd_platforms.engine import manage_kv_cache
+        from fd_platforms.fastdeploy import serve_kv_cache_status
         from fd_platforms.loading.selection import select_platform
         from engine_processes import qwen_layout
 
@@ -349,7 +352,7 @@ def test_serve_keeps_serving_when_dev_shm_is_full_at_recreate(served: Callable[.
     """Rank 1 cannot be created again (ShmSpaceError): rank 0 is; the drive ends with a CacheUpdateError naming
     rank 1, the word says so, the next update is refused naming it, and a restore creates rank 1."""
     from fd_platforms.contract.errors import CacheUpdateError
-    from fd_platforms.engine import drive_kv_cache_restore
+    from fd_platforms.fastdeploy import drive_kv_cache_restore
     from fd_platforms.ipc.shm import ShmSpaceError
 
     serving = served({1: ShmSpaceError("/dev/shm has 0 bytes free (simulated)")})
@@ -375,7 +378,7 @@ def test_serve_keeps_serving_when_fd_enable_swap_space_clearing_turns_bad(
     the re-create (manage_kv_cache again) refuses the bad value (a ConfigError): serve goes on, the drive ends with
     a CacheUpdateError naming the rank, and once the value is fixed the next restore creates what is missing."""
     from fd_platforms.contract.errors import CacheUpdateError, ConfigError
-    from fd_platforms.engine import drive_kv_cache_restore
+    from fd_platforms.fastdeploy import drive_kv_cache_restore
 
     serving = served()
     monkeypatch.setenv("FD_ENABLE_SWAP_SPACE_CLEARING", "true")

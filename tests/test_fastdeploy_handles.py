@@ -17,13 +17,13 @@ import time
 import pytest
 
 from fd_platforms.contract.errors import CacheInUseError, CacheSharingError
-from fd_platforms.engine.fastdeploy_handles import FastDeployHandles, encode_handle, read_handle
-from fd_platforms.engine.fastdeploy_marks import attacher_prefix
-from fd_platforms.engine.fastdeploy_records import GPU_RECORD, XPU_RECORD, record_layout
+from fd_platforms.fastdeploy.handles import FastDeployHandles, encode_handle, read_handle
+from fd_platforms.fastdeploy.marks import attacher_prefix
+from fd_platforms.fastdeploy.records import GPU_RECORD, XPU_RECORD, record_layout
 from fd_platforms.engine.kv_cache import check_provenance
 from fd_platforms.engine.publication import PublishedTensor
 from fd_platforms.ipc import shm
-from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal
+from fd_platforms.fastdeploy.signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal
 from fd_platforms.kit.vendor_device import handle_bytes, handle_text
 
 
@@ -49,7 +49,7 @@ def attach_in_child(suffix: str, names: list[str]) -> tuple[subprocess.Popen, li
     when its stdin closes."""
     child = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys; from fd_platforms.engine.fastdeploy_handles import FastDeployHandles\n"
+         "import sys; from fd_platforms.fastdeploy.handles import FastDeployHandles\n"
          "from fd_platforms.engine.publication import PublishedTensor\n"
          f"expected = [PublishedTensor(n, (4, 8), 'uint8', '') for n in {names!r}]\n"
          f"h = FastDeployHandles.open({suffix!r}, 0, expected, 'cpu')\n"
@@ -123,7 +123,7 @@ def test_a_rank_two_processes_attach_to_is_freed_only_after_both_let_go(names: l
 def test_a_record_held_by_a_living_creator_is_refused_and_a_leftover_is_reused(names: list[str]) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys; from fd_platforms.engine.fastdeploy_handles import FastDeployHandles\n"
+         "import sys; from fd_platforms.fastdeploy.handles import FastDeployHandles\n"
          "from fd_platforms.engine.publication import PublishedTensor\n"
          f"h = FastDeployHandles.create('9923', 0, [PublishedTensor({names[0]!r}, (4,), 'uint8', 'memfd:1:3')], 'cpu', "
          "attachers=0)\n"
@@ -416,7 +416,7 @@ def test_a_record_naming_another_process_than_the_creator_of_ours_holding_it_is_
     neighbour process of the same user are refused, even without setter_pid."""
     neighbour, pid = spawn("print(os.getpid(), flush=True)")
     creator, said = spawn(
-        "from fd_platforms.engine.fastdeploy_handles import FastDeployHandles\n"
+        "from fd_platforms.fastdeploy.handles import FastDeployHandles\n"
         "from fd_platforms.engine.publication import PublishedTensor\n"
         f"h = FastDeployHandles.create('9923', 0, [PublishedTensor(n, (4, 8), 'uint8', 'memfd:{pid}:3') "
         f"for n in {names!r}], 'cpu', attachers=0)\n"

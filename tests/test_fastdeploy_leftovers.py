@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fd_platforms.engine.protocols.fastdeploy import FASTDEPLOY
+from fd_platforms.fastdeploy.protocol import FASTDEPLOY
 
 OTHER_UID = 65534  # nobody
 RUN_SIGNALS = ("cache_ready_signal", "swap_space_ready_signal", "cache_transfer_inited_signal", "kv_cache_status",

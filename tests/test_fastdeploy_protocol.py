@@ -34,11 +34,11 @@ from engine_processes import (
 from fd_platforms.contract.errors import CacheSharingError, CacheSignalError, ConfigError, SignalWaitError
 from fd_platforms.contract.types import PlatformIdentity
 from fd_platforms.engine import ManagedCache, initialize_kv_cache, manage_kv_cache
-from fd_platforms.engine.block_handoff import hand_off_block_count
-from fd_platforms.engine.cache_server import serve_kv_cache_status
-from fd_platforms.engine.cache_status import drive_kv_cache_clear, drive_kv_cache_restore, drive_kv_cache_update
-from fd_platforms.engine.fastdeploy_records import GPU_RECORD
-from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
+from fd_platforms.fastdeploy.block_handoff import hand_off_block_count
+from fd_platforms.fastdeploy.cache_server import serve_kv_cache_status
+from fd_platforms.fastdeploy.cache_status import drive_kv_cache_clear, drive_kv_cache_restore, drive_kv_cache_update
+from fd_platforms.fastdeploy.records import GPU_RECORD
+from fd_platforms.fastdeploy.signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
 from fd_platforms.loading.platform import Platform
 from fd_platforms.loading.selection import select_platform
 from run_helpers import QWEN, ROOT, SCRIPT, clean_env, main_in_process
@@ -597,7 +597,7 @@ def test_a_clear_that_fails_is_reported_as_the_workers_own_error_once() -> None:
     """A process of ours holds rank 0's records (a second attacher), so rank 0's worker cannot free its cache:
     the run fails with that worker's CacheInUseError within its --timeout, not with the engine's "sent no
     'clear'" after the worker waited a second time on its way out."""
-    from fd_platforms.engine.fastdeploy_handles import FastDeployHandles
+    from fd_platforms.fastdeploy.handles import FastDeployHandles
     from fd_platforms.engine.publication import PublishedTensor
     from run_helpers import started as started_run
 

@@ -1,4 +1,4 @@
-"""FastDeploy's signal arrays as our processes read and write them (fd_platforms.ipc.fastdeploy_signals)."""
+"""FastDeploy's signal arrays as our processes read and write them (fd_platforms.fastdeploy.signals)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import time
 import pytest
 
 from fd_platforms.contract.errors import CacheNotReadyError, CacheSignalError, ConfigError, SignalWaitError
-from fd_platforms.engine.cache_status import drive_kv_cache_update
-from fd_platforms.ipc.fastdeploy_signals import (
+from fd_platforms.fastdeploy.cache_status import drive_kv_cache_update
+from fd_platforms.fastdeploy.signals import (
     CACHE_READY,
     KV_CACHE_STATUS,
     FastDeploySignal,
@@ -242,8 +242,8 @@ def test_our_failure_words_in_kv_cache_status_are_known_words_and_a_stray_one_is
     """A creator's or driver's failure word (ipc.fault_words) is not logged as a stray value by every reader."""
     import logging
 
-    from fd_platforms.ipc.fastdeploy_signals import KV_CACHE_STATUS, FastDeploySignal
-    from fd_platforms.ipc.fault_words import FaultKind, KVCacheFault
+    from fd_platforms.fastdeploy.signals import KV_CACHE_STATUS, FastDeploySignal
+    from fd_platforms.fastdeploy.fault_words import FaultKind, KVCacheFault
 
     with FastDeploySignal.create(KV_CACHE_STATUS, f"t{secrets.token_hex(4)}", 1) as status, caplog.at_level(
         logging.WARNING

@@ -13,9 +13,9 @@ import pytest
 from engine_processes import qwen_layout
 from fd_platforms.contract.errors import CacheSharingError, SignalWaitError
 from fd_platforms.engine import ManagedCache, manage_kv_cache
-from fd_platforms.engine.cache_server import serve_kv_cache_status
-from fd_platforms.engine.protocols.fastdeploy import FASTDEPLOY
-from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
+from fd_platforms.fastdeploy.cache_server import serve_kv_cache_status
+from fd_platforms.fastdeploy.protocol import FASTDEPLOY
+from fd_platforms.fastdeploy.signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
 from fd_platforms.loading.selection import select_platform
 
 # FastDeploy's record names are the machine's: taken in turns

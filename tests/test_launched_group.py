@@ -23,7 +23,7 @@ import pytest
 
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.engine import Cluster, NodeSpec, free_master
-from fd_platforms.ipc.fastdeploy_signals import PROFILE_BLOCK_NUM, FastDeploySignal
+from fd_platforms.fastdeploy.signals import PROFILE_BLOCK_NUM, FastDeploySignal
 from run_helpers import ROOT, clean_env
 
 launcher = pytest.mark.slow  # the real launcher: left out of -m "not slow"

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from fd_platforms.engine import hand_off_block_count
+from fd_platforms.fastdeploy import hand_off_block_count
 
 ROOT = Path(__file__).resolve().parents[1]
 

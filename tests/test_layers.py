@@ -71,6 +71,13 @@ BREAKS = {
     "siblings of one layer importing each other": (
         "kit/host_sharing.py", "from ..ipc import shm", "fd_platforms.kit.host_sharing -> fd_platforms.ipc.shm",
     ),
+    "the engine importing FastDeploy's package": (  # the engine is given FastDeploy's protocol object, never imports it
+        "engine/initialize.py", "from ..fastdeploy import FASTDEPLOY",
+        "fd_platforms.engine is not allowed to import fd_platforms.fastdeploy",
+    ),
+    "the rules reaching FastDeploy's package through another one": (  # no indirect path either
+        "rules/sizes.py", "from ..lifecycle import spec", "fd_platforms.rules is not allowed to import fd_platforms.fastdeploy",
+    ),
     "a circle inside a package": (  # the planner imports the decision through the config
         "rules/decision.py", "from . import planner", "No cycles are allowed in fd_platforms.rules.",
     ),

@@ -25,7 +25,7 @@ from fd_platforms.contract.errors import CacheNotReadyError, ConfigError, Signal
 from fd_platforms.contract.types import CacheRoleShape, DeviceMemory
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
 from fd_platforms.ipc.cache_signal import CacheReadySignal
-from fd_platforms.ipc.fastdeploy_signals import FastDeploySignal
+from fd_platforms.fastdeploy.signals import FastDeploySignal
 from fd_platforms.rules.config import CacheConfig
 from fd_platforms.rules.planner import plan_blocks
 from test_engine_api import BLOCKS, DECODE, MIXED, cpu  # noqa: F401  # cpu: the cpu platform fixture

@@ -23,7 +23,7 @@ from engine_processes import qwen_layout
 from fd_platforms.contract.errors import CacheNotReadyError, ConfigError, SignalWaitError
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
 from fd_platforms.ipc.cache_signal import CacheReadySignal
-from fd_platforms.ipc.fastdeploy_signals import FastDeploySignal
+from fd_platforms.fastdeploy.signals import FastDeploySignal
 from fd_platforms.loading.selection import select_platform
 from run_helpers import QWEN, ROOT, console_script
 from run_helpers import main_in_process as cli

@@ -30,7 +30,7 @@ paddle = pytest.importorskip("paddle")  # imported now: each wait below starts a
 BLOCKS = 4
 SWAP = {"profile": False, "num_cpu_blocks": 4, "storage_backend": None, "splitwise_role": "mixed"}
 # With swap space in the mixed role the rule's versions disagree, and beside FastDeploy the rule is pinned
-# (fd_platforms.engine.protocols.fastdeploy_rule): 2026-01, the manager creates and the worker attaches.
+# (fd_platforms.fastdeploy.rule): 2026-01, the manager creates and the worker attaches.
 OLD_RULE = "2026-01"
 DELAY = 2.0  # seconds before the other side acts
 PERIOD = 0.4  # seconds between two progress lines in these tests

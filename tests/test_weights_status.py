@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fd_platforms.contract.errors import ConfigError
-from fd_platforms.engine import follow_model_weights_status
+from fd_platforms.fastdeploy import follow_model_weights_status
 
 
 def nothing() -> None:

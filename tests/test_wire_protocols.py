@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 
 import pytest
 
 from fd_platforms.contract.errors import ConfigError
-from fd_platforms.engine.protocols import FASTDEPLOY, OURS, WireProtocol, protocol_named
+from fd_platforms.engine.protocols import OURS, WireProtocol, protocol_named, register_protocol
 from fd_platforms.engine.publication import published_tensor_name
+from fd_platforms.fastdeploy import FASTDEPLOY
 from fd_platforms.rules.config.settings import PROTOCOLS
+from run_helpers import ROOT
 
 BOTH = (OURS, FASTDEPLOY)
 OPERATIONS = sorted(WireProtocol.__abstractmethods__)
@@ -46,8 +50,8 @@ def test_the_lookup_refuses_any_other_name_naming_the_choices_and_the_fix(bad: o
     with pytest.raises(ConfigError) as caught:
         protocol_named(bad)
     assert str(caught.value).endswith(
-        "is not valid; allowed: one of fd-platforms, fastdeploy. "
-        "Fix: pass protocol='fastdeploy' beside FastDeploy's own processes, else leave the default"
+        "is not valid; allowed: one of fastdeploy, fd-platforms. Fix: pass protocol='fastdeploy' beside FastDeploy's "
+        "own processes (import fd_platforms.fastdeploy first), else leave the default"
     )
     assert caught.value.field == "protocol" and caught.value.value == bad
 
@@ -75,3 +79,74 @@ def test_the_steps_only_fastdeploy_has_are_no_ops_under_ours() -> None:
     nobody = {"block_count_suffix": "nobody", "platform": None, "ranks": 2}
     assert OURS.hand_off_block_count(missing, 8, **nobody) is None  # type: ignore[arg-type]
     FASTDEPLOY.reclaim("nobody-made-this")
+
+
+def test_fastdeploys_protocol_resolves_by_name_only_once_its_package_registered_it() -> None:
+    """The engine never imports fd_platforms.fastdeploy: in a process that has not imported it, the name is a
+    ConfigError naming the import (or the object) as the fix; importing the package registers it."""
+    code = (
+        "import sys\n"
+        "from fd_platforms.contract.errors import ConfigError\n"
+        "from fd_platforms.engine.protocols import protocol_named\n"
+        "import fd_platforms.engine\n"
+        "assert 'fd_platforms.fastdeploy' not in sys.modules, 'the engine imported FastDeploy\\'s package'\n"
+        "try:\n"
+        "    protocol_named('fastdeploy')\n"
+        "except ConfigError as error:\n"
+        "    print('refused:', error)\n"
+        "from fd_platforms.fastdeploy import FASTDEPLOY\n"
+        "print('registered:', protocol_named('fastdeploy') is FASTDEPLOY is protocol_named(FASTDEPLOY))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    refused, registered = done.stdout.splitlines()
+    assert "protocol='fastdeploy' is not valid" in refused
+    assert "Fix: import fd_platforms.fastdeploy before naming it" in refused
+    assert "from fd_platforms.fastdeploy import FASTDEPLOY" in refused
+    assert registered == "registered: True"
+
+
+def test_a_second_protocol_of_a_registered_name_is_refused() -> None:
+    class Impostor(type(FASTDEPLOY)):  # type: ignore[misc]
+        pass
+
+    with pytest.raises(ValueError, match="a protocol named 'fastdeploy' is registered already"):
+        register_protocol(Impostor())
+    with pytest.raises(TypeError, match="register_protocol takes a WireProtocol"):
+        register_protocol("fastdeploy")  # type: ignore[arg-type]
+
+
+MOVED_PATHS = [
+    ("fd_platforms.rules.fastdeploy_config", "from_fd_config", "fd_platforms.fastdeploy.config"),
+    ("fd_platforms.ipc.fastdeploy_signals", "FastDeploySignal", "fd_platforms.fastdeploy.signals"),
+    ("fd_platforms.engine.cache_status", "drive_kv_cache_clear", "fd_platforms.fastdeploy.cache_status"),
+    ("fd_platforms.engine.fastdeploy_handles", "FastDeployHandles", "fd_platforms.fastdeploy.handles"),
+]
+
+
+@pytest.mark.parametrize(("old", "name", "new"), MOVED_PATHS)
+def test_a_moved_module_imports_from_its_old_path_with_a_warning_at_the_importer(old: str, name: str, new: str) -> None:
+    code = (
+        "import warnings\nwarnings.simplefilter('error', DeprecationWarning)\n"
+        f"import importlib\ntry:\n    from {old} import {name}\nexcept DeprecationWarning as w:\n    print('warned:', w)\n"
+        f"warnings.simplefilter('ignore')\nfrom {old} import {name} as old\nfrom {new} import {name} as new\n"
+        "print('same:', old is new)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    warned, same = done.stdout.splitlines()
+    assert f"warned: {old} is deprecated: it moved to {new} in fd-platforms 0.2" in warned and "goes in 0.3" in warned
+    assert same == "same: True"
+
+
+@pytest.mark.parametrize("name", ["drive_kv_cache_clear", "serve_kv_cache_status", "hand_off_block_count", "UpdateReport"])
+def test_fastdeploys_names_on_the_engine_module_warn_and_are_the_same_objects(name: str) -> None:
+    import fd_platforms.engine
+    import fd_platforms.fastdeploy
+
+    with pytest.warns(DeprecationWarning, match=f"fd_platforms.engine.{name} is deprecated: it moved to fd_platforms.fastdeploy") as caught:
+        found = getattr(fd_platforms.engine, name)
+    assert found is getattr(fd_platforms.fastdeploy, name)
+    assert caught[0].filename == __file__, "the warning names the user's line"
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        fd_platforms.engine.no_such_name  # noqa: B018

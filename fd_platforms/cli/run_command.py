@@ -135,8 +135,8 @@ def next_steps(args: argparse.Namespace) -> str:
 
 def _block_count_suffix(suffix: str | None, protocol: str) -> str | None:
     """``--block-count-suffix`` checked: FastDeploy's suffix format, and only with its protocol."""
-    from ..engine.protocols import FASTDEPLOY
-    from ..ipc.fastdeploy_signals import check_suffix
+    from ..fastdeploy import FASTDEPLOY
+    from ..fastdeploy.signals import check_suffix
 
     if suffix is None:
         return None

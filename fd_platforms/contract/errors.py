@@ -258,7 +258,7 @@ class CacheInUseError(FdPlatformsError):
 
 class CacheUpdateError(FdPlatformsError):
     """A KV-cache clear/update failed, or a new one cannot start after one failed: ``word`` is what
-    ``kv_cache_status`` says (an fd-platforms failure word, :mod:`fd_platforms.engine.cache_status`), ``rank``
+    ``kv_cache_status`` says (an fd-platforms failure word, :mod:`fd_platforms.fastdeploy.cache_status`), ``rank``
     the local rank it names (None: none)."""
 
     def __init__(self, message: str, word: int, rank: int | None = None) -> None:

@@ -10,68 +10,51 @@ cache and carve its host swap cache; :func:`hold_kv_cache`, which always attache
 lets go, so the cache can be created again. An engine over several nodes joins them with
 :meth:`Cluster.join <fd_platforms.engine.cluster.Cluster.join>` and agrees on the blocks with
 :meth:`Cluster.agree <fd_platforms.engine.cluster.Cluster.agree>` (Paddle's collective runtime).
-Beside FastDeploy's own processes, every call takes ``protocol="fastdeploy"`` and ``suffix=`` (its
-signals and per-tensor handles); :func:`drive_kv_cache_clear` and :func:`drive_kv_cache_restore` (its two
-RL events; :func:`drive_kv_cache_update` both in a row) and :func:`serve_kv_cache_status` are its
-clear/update protocol, :func:`hand_off_block_count` its block-count hand-off.
-See ``docs/engine-integration.md``.
+Beside FastDeploy's own processes, every call takes FastDeploy's protocol (``protocol=FASTDEPLOY``, or
+``"fastdeploy"`` once :mod:`fd_platforms.fastdeploy` is imported) and ``suffix=``; everything else of
+FastDeploy's (its clear/update, block-count hand-off, config) is :mod:`fd_platforms.fastdeploy`'s, which this
+package never imports. See ``docs/engine-integration.md``.
 
 Modules: :mod:`.initialize` (the two calls), :mod:`.kv_cache` (the cache record; plain, exported and
 attached tensors), :mod:`.host_cache` (host swap tensors in the layout's names), :mod:`.publication`
 (where a rank's cache is published, by name), :mod:`.nodes` (where a rank stands among nodes),
 :mod:`.rendezvous` (the nodes' handshake), :mod:`.cluster` (the process group and the agreement),
-:mod:`.bounded` (Paddle's blocking calls, bounded), :mod:`.protocols` (ours or FastDeploy's),
-:mod:`.fastdeploy_handles` (its per-tensor records), :mod:`.cache_status` (its clear/update),
-:mod:`.block_handoff` (its block-count word), :mod:`.rank_parts` (a rank's slot set once its main and
-MTP draft parts are both published), :mod:`.weights_status` (its RL flow's two events, followed by a
-runner of ours).
+:mod:`.bounded` (Paddle's blocking calls, bounded), :mod:`.protocols` (the wire-protocol interface, ours,
+and the registry), :mod:`.rank_parts` (a rank's slot set once its main and MTP draft parts are both published).
 """
 
 from __future__ import annotations
 
-from .block_handoff import hand_off_block_count
-from .cache_server import serve_kv_cache_status
-from .cache_status import (
-    ClearReport,
-    RestoreReport,
-    UpdateReport,
-    drive_kv_cache_clear,
-    drive_kv_cache_restore,
-    drive_kv_cache_update,
-)
+from .. import aliases as _aliases
 from .cluster import Agreement, Cluster, RankPlan, collective_backend
 from .host_cache import HostCache, allocate_host_cache
 from .initialize import ManagedCache, check_can_attach, hold_kv_cache, initialize_kv_cache, manage_kv_cache
 from .kv_cache import KVCache, allocate_kv_cache
 from .nodes import NodeSpec, free_master
 from .publication import publication_name, published_tensor_name
-from .weights_status import follow_model_weights_status
 
 __all__ = [
     "Agreement",
-    "ClearReport",
     "Cluster",
     "HostCache",
     "KVCache",
     "ManagedCache",
     "NodeSpec",
     "RankPlan",
-    "RestoreReport",
-    "UpdateReport",
     "allocate_host_cache",
     "allocate_kv_cache",
     "check_can_attach",
     "collective_backend",
-    "drive_kv_cache_clear",
-    "drive_kv_cache_restore",
-    "drive_kv_cache_update",
-    "follow_model_weights_status",
     "free_master",
-    "hand_off_block_count",
     "hold_kv_cache",
     "initialize_kv_cache",
     "manage_kv_cache",
     "publication_name",
     "published_tensor_name",
-    "serve_kv_cache_status",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """FastDeploy's calls that lived here (``drive_kv_cache_clear``, ...), with a DeprecationWarning: they are
+    :mod:`fd_platforms.fastdeploy`'s now."""
+    return _aliases.moved_attribute(__name__, name)

@@ -8,11 +8,10 @@ aligned offset, with the device tensor's block shape and dtype and ``num_cpu_blo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from ..contract.errors import ConfigError
 from ..contract.integers import check_int

@@ -25,14 +25,13 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from ..contract.errors import CacheNotReadyError, CacheSharingError, ConfigError, FdPlatformsError
+from ..contract.integers import check_int
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision, CacheRoleShape
 from ..ipc.cache_signal import resolve_timeout
-from ..contract.integers import check_int
-from ..ipc.fastdeploy_signals import FastDeploySuffix, check_tp
+from ..ipc.shared_words import check_tp
 from ..rules.decision import DecisionInputs
 from . import rank_parts
-from .fastdeploy_marks import attachers_per_rank
 from .host_cache import HostCache, allocate_host_cache, check_host_cache, swap_space_clearing
 from .kv_cache import (
     AllocationProgress,
@@ -42,7 +41,7 @@ from .kv_cache import (
     check_cache_arguments,
     export_kv_cache,
 )
-from .protocols import FASTDEPLOY, OURS, WireProtocol, protocol_named
+from .protocols import OURS, WireProtocol, protocol_named
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..loading.platform import Platform
@@ -104,7 +103,7 @@ def initialize_kv_cache(
     import_seconds = _import_paddle()
     decision = platform.should_create_cache_tensor(**inputs.kwargs())
     sharing = platform.cache_sharing()
-    per_rank = attachers_per_rank(splitwise_role, num_cpu_blocks)
+    per_rank = wire.attachers_per_rank(splitwise_role, num_cpu_blocks)
     if decision.create:
         started = time.monotonic()
         if profile or sharing is None:  # a profiling run's cache is its own, temporary: never published
@@ -328,7 +327,7 @@ def _manage(
     limit = resolve_timeout(timeout)
     import_seconds = _import_paddle()
     wire.check_signals(name, layout.rank, manager=True, swap=num_cpu_blocks > 0)
-    per_rank = attachers_per_rank(splitwise_role, num_cpu_blocks)
+    per_rank = wire.attachers_per_rank(splitwise_role, num_cpu_blocks)
     if creates:
         started = time.monotonic()
         device = export_kv_cache(
@@ -431,47 +430,18 @@ def _all_or_nothing(
 
 
 def engine_name(
-    protocol: str, signal_name: str | None, suffix: str | int | None, *, tp: int | None = None, rank: int = 0,
-    stacklevel: int = 3,
+    protocol: str | WireProtocol, signal_name: str | None, suffix: str | int | None, *, tp: int | None = None,
+    rank: int = 0, stacklevel: int = 3,
 ) -> tuple[WireProtocol, str]:
-    """The protocol named ``protocol`` and the engine's shared name under it: ``signal_name`` (our cache-ready
-    signal) or, with ``protocol="fastdeploy"``, ``suffix`` (FastDeploy's signal suffix, its engine's
-    ``engine_worker_queue_port``; an int is taken as written). ``signal_name`` with FastDeploy's protocol is
-    its suffix still, with a DeprecationWarning (``stacklevel`` points it at the engine call's caller); a
-    ConfigError names a missing name, both names, or a suffix under our protocol. ``tp`` (None: unknown) must
-    hold ``rank``; FastDeploy's suffix carries it (:class:`~fd_platforms.ipc.fastdeploy_signals.FastDeploySuffix`)."""
+    """The protocol ``protocol`` (a registered name, or the object) and the engine instance's shared name under it,
+    from ``signal_name=`` and ``suffix=`` (:meth:`WireProtocol.instance_name`; ``stacklevel`` points a deprecation
+    warning at the engine call's caller). ``tp`` (None: unknown) must hold ``rank``."""
     wire = protocol_named(protocol)
     if tp is not None:
         check_tp(tp)
         check_int("layout.rank", rank, 0, tp - 1, what=f"a local rank of tp {tp}",
                   fix="build the layout for one of the engine's local ranks")  # fmt: skip
-    if wire.name_argument != "suffix":
-        if suffix is not None:
-            raise ConfigError(
-                "suffix", suffix, f"only with protocol={FASTDEPLOY.name!r} (FastDeploy's signal suffix)",
-                "pass the engine's cache-ready signal as signal_name=, or protocol='fastdeploy'",
-            )  # fmt: skip
-        if signal_name is None:
-            raise ConfigError("signal_name", None, "the engine's cache-ready signal (fd_cache_ready.<instance>)",
-                              "pass signal_name=, the name of the signal the engine created")  # fmt: skip
-        wire.check_signal_name(signal_name)
-        return wire, signal_name
-    if signal_name is not None and suffix is not None:
-        raise ConfigError(
-            "signal_name", signal_name, f"not with suffix= under protocol={FASTDEPLOY.name!r} (it names FastDeploy's "
-            "signals)", "drop signal_name=",
-        )  # fmt: skip
-    if signal_name is not None:
-        warnings.warn(
-            f"signal_name= with protocol={FASTDEPLOY.name!r} is deprecated and goes in the next minor version: pass "
-            "suffix= (FastDeploy's signal suffix, its engine's engine_worker_queue_port)",
-            DeprecationWarning, stacklevel=stacklevel,
-        )  # fmt: skip
-        suffix = signal_name
-    if suffix is None:
-        raise ConfigError("suffix", None, "FastDeploy's signal suffix (its engine's engine_worker_queue_port)",
-                          "pass suffix=, e.g. suffix=9923")  # fmt: skip
-    return wire, FastDeploySuffix.of(suffix, tp=tp)
+    return wire, wire.instance_name(signal_name, suffix, tp=tp, stacklevel=stacklevel + 1)
 
 
 def _deprecated(old: str, new: str) -> None:

@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import TypeVar
 
 from ..contract.errors import CacheSignalError
+from ..contract.integers import check_int
 from . import futex, shm
 
 WORD_BYTES = 4
@@ -124,3 +125,11 @@ def _release(segment: shm.Segment, owner_pid: int | None) -> None:
     if owner_pid == os.getpid():
         segment.unlink()
     segment.close()
+
+
+def check_tp(tp: object) -> None:
+    """``tp`` as an engine call takes it: None, or the number of local ranks (a ConfigError naming ``tp``)."""
+    if tp is None:
+        return
+    check_int("tp", tp, 1, MAX_LOCAL_RANKS, what="None or the number of local ranks",
+              fix="pass the tensor-parallel size (FastDeploy's parallel_config.tensor_parallel_size)")  # fmt: skip

@@ -25,6 +25,7 @@ from ..contract.types import Plan
 from ..engine.host_cache import HostCache
 from ..engine.initialize import ManagedCache, manage_kv_cache
 from ..engine.protocols import protocol_named
+from ..fastdeploy import FASTDEPLOY  # noqa: F401 - registers protocol "fastdeploy", which [scheduler] protocol may name
 from ..kit.host_memory import resident_bytes
 from ..loading.platform import Platform
 from ..rules.sizes import format_size

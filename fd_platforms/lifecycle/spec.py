@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from ..contract.types import PlatformIdentity
 from ..engine.nodes import NodeSpec
 from ..engine.protocols import protocol_named
+from ..fastdeploy import FASTDEPLOY  # noqa: F401 - registers protocol "fastdeploy", which [scheduler] protocol may name
 from ..rules.config.deploy import DeployConfig
 from ..rules.decision import RULE_VERSIONS, DecisionInputs
 from ..rules.devices import physical_device_id

@@ -28,6 +28,7 @@ from ..engine.cluster import Agreement, Cluster
 from ..engine.initialize import initialize_kv_cache
 from ..engine.kv_cache import KVCache
 from ..engine.protocols import protocol_named
+from ..fastdeploy import FASTDEPLOY  # noqa: F401 - registers protocol "fastdeploy", which [scheduler] protocol may name
 from ..kit.host_memory import resident_bytes
 from ..loading.platform import Platform
 from ..rules.planner import memory_per_rank

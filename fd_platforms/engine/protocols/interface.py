@@ -5,18 +5,39 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, ClassVar, Union
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from ..fastdeploy_handles import FastDeployHandles
-from ..publication import Publication, PublishedTensor
+from ..publication import PublishedTensor
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ...loading.platform import Platform
     from ...rules.decision import DecisionInputs
     from ...rules.layout import CacheLayout
 
-#: A rank's published cache, as the protocol publishes it.
-Published = Union[Publication, FastDeployHandles]
+class Published(Protocol):
+    """A rank's published cache, as a protocol publishes it (our manifest, FastDeploy's records): what the
+    cache record asks of it, whoever published it."""
+
+    name: str
+    rank: int
+    creator: bool
+    tensors: Sequence[PublishedTensor]
+
+    @property
+    def creator_pid(self) -> int | None:
+        """The pid of the process that published it, where the records say (None: they do not)."""
+
+    def let_go(self) -> None:
+        """An attacher lets go of it."""
+
+    def withdraw(self) -> None:
+        """An attach that failed lets go without telling anyone it was attached."""
+
+    def released_by_death(self) -> bool:
+        """Whether every attacher that held it has died (so the creator may free it)."""
+
+    def retract(self, timeout: float) -> None:
+        """The creator takes it back once every attacher has let go (at most ``timeout``)."""
 
 
 class WireProtocol(ABC):
@@ -36,6 +57,17 @@ class WireProtocol(ABC):
     @abstractmethod
     def check_signal_name(self, signal_name: object) -> None:
         """A ConfigError unless ``signal_name`` is a name this protocol's signals can have."""
+
+    @abstractmethod
+    def instance_name(self, signal_name: object, suffix: object, *, tp: int | None, stacklevel: int) -> str:
+        """The engine instance's shared name from the engine call's ``signal_name=`` and ``suffix=`` (one of them
+        is this protocol's :attr:`name_argument`; the other is refused), checked; ``tp`` (None: unknown) the
+        engine's local ranks, ``stacklevel`` where a deprecation warning points."""
+
+    @abstractmethod
+    def attachers_per_rank(self, splitwise_role: str, num_cpu_blocks: int) -> int:
+        """How many processes attach each rank's cache in a deployment of ``splitwise_role`` with
+        ``num_cpu_blocks`` host swap blocks."""
 
     @abstractmethod
     def tensor_name(self, signal_name: str, layout_name: str) -> str:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
+from ...contract.errors import ConfigError
 from ...ipc.cache_signal import CacheReadySignal, check_signal_name
 from ...rules.decision import DEFAULT_RULE, DecisionInputs, check_pin
 from ..publication import Publication, PublishedTensor, publication_name, published_tensor_name, reclaim_instance
@@ -37,6 +38,24 @@ class FdPlatformsProtocol(WireProtocol):
 
     def check_signal_name(self, signal_name: object) -> None:
         check_signal_name(signal_name)  # type: ignore[arg-type]
+
+    def instance_name(self, signal_name: object, suffix: object, *, tp: int | None, stacklevel: int) -> str:
+        """``signal_name=``, our cache-ready signal; ``suffix=`` names FastDeploy's signals only."""
+        if suffix is not None:
+            raise ConfigError(
+                "suffix", suffix, "only with protocol='fastdeploy' (FastDeploy's signal suffix)",
+                "pass the engine's cache-ready signal as signal_name=, or protocol='fastdeploy'",
+            )  # fmt: skip
+        if signal_name is None:
+            raise ConfigError("signal_name", None, "the engine's cache-ready signal (fd_cache_ready.<instance>)",
+                              "pass signal_name=, the name of the signal the engine created")  # fmt: skip
+        self.check_signal_name(signal_name)
+        assert isinstance(signal_name, str)  # checked above
+        return signal_name
+
+    def attachers_per_rank(self, splitwise_role: str, num_cpu_blocks: int) -> int:
+        """One: our attachers are counted by the locks they hold on the manifest, never by configuration."""
+        return 1
 
     def tensor_name(self, signal_name: str, layout_name: str) -> str:
         return published_tensor_name(signal_name, layout_name)

@@ -5,16 +5,16 @@ step                speaks
 =================== ===============================================================================
 ``suffix=``         FastDeploy's signal suffix (its engine's ``engine_worker_queue_port``)
 cache ready         ``cache_ready_signal.<suffix>``, one int32 per rank
-                    (:mod:`fd_platforms.ipc.fastdeploy_signals`)
+                    (:mod:`fd_platforms.fastdeploy.signals`)
 tensors published   one ``set_data_ipc`` record per tensor, named as the layout names it
-                    (:mod:`fd_platforms.engine.fastdeploy_handles`)
+                    (:mod:`fd_platforms.fastdeploy.handles`)
 attacher lets go    resets its ``cache_ready_signal`` slot to 0
 cache manager up    ``swap_space_ready_signal`` (with swap space), ``cache_transfer_inited_signal``
 block count         ``get_profile_block_num`` under its own suffix, one word (one per rank on
-                    Iluvatar) (:mod:`fd_platforms.engine.block_handoff`)
+                    Iluvatar) (:mod:`fd_platforms.fastdeploy.block_handoff`)
 RL clear/update     ``model_weights_status`` and ``kv_cache_status``, two events
-                    (:mod:`fd_platforms.engine.weights_status`, :mod:`fd_platforms.engine.cache_status`)
-the rule            no word: pinned where FastDeploy's releases disagree (:mod:`.fastdeploy_rule`)
+                    (:mod:`fd_platforms.fastdeploy.weights_status`, :mod:`fd_platforms.fastdeploy.cache_status`)
+the rule            no word: pinned where FastDeploy's releases disagree (:mod:`.rule`)
 =================== ===============================================================================
 
 FastDeploy's side: its runner creates and attaches in ``fastdeploy/worker/gpu_model_runner.py``
@@ -27,12 +27,20 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import warnings
 from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
-from ...ipc import shm
-from ...ipc.fastdeploy_signals import (
+from ..contract.errors import ConfigError
+from ..engine.protocols import WireProtocol, register_protocol
+from ..engine.publication import PublishedTensor
+from ..ipc import shm
+from .block_handoff import block_count_words, hand_off_block_count
+from .handles import FastDeployHandles
+from .marks import attachers_per_rank, sweep_orphan_marks
+from .rule import mismatch_hint, rule_in_force
+from .signals import (
     CACHE_READY,
     CACHE_TRANSFER_INITED,
     KV_CACHE_STATUS,
@@ -42,20 +50,15 @@ from ...ipc.fastdeploy_signals import (
     SWAP_SPACE_READY,
     WORD_BYTES,
     FastDeploySignal,
+    FastDeploySuffix,
     check_suffix,
     segment_name,
 )
-from ..block_handoff import block_count_words, hand_off_block_count
-from ..fastdeploy_handles import FastDeployHandles
-from ..fastdeploy_marks import sweep_orphan_marks
-from ..publication import PublishedTensor
-from .fastdeploy_rule import mismatch_hint, rule_in_force
-from .interface import WireProtocol
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from ...loading.platform import Platform
-    from ...rules.decision import DecisionInputs
-    from ...rules.layout import CacheLayout
+    from ..loading.platform import Platform
+    from ..rules.decision import DecisionInputs
+    from ..rules.layout import CacheLayout
 
 #: Every signal a run's engine creates under its suffix (``get_profile_block_num`` where no engine's suffix is given).
 RUN_SIGNALS = (*PER_RANK, KV_CACHE_STATUS, PROFILE_BLOCK_NUM)
@@ -71,6 +74,30 @@ class FastDeployProtocol(WireProtocol):
 
     def check_signal_name(self, signal_name: object) -> None:
         check_suffix(signal_name)
+
+    def instance_name(self, signal_name: object, suffix: object, *, tp: int | None, stacklevel: int) -> str:
+        """``suffix=``, FastDeploy's signal suffix (its engine's ``engine_worker_queue_port``; an int is taken as
+        written), carrying ``tp`` (:class:`~.signals.FastDeploySuffix`); ``signal_name=`` is the suffix still, with a
+        DeprecationWarning."""
+        if signal_name is not None and suffix is not None:
+            raise ConfigError(
+                "signal_name", signal_name, f"not with suffix= under protocol={self.name!r} (it names FastDeploy's "
+                "signals)", "drop signal_name=",
+            )  # fmt: skip
+        if signal_name is not None:
+            warnings.warn(
+                f"signal_name= with protocol={self.name!r} is deprecated and goes in the next minor version: pass "
+                "suffix= (FastDeploy's signal suffix, its engine's engine_worker_queue_port)",
+                DeprecationWarning, stacklevel=stacklevel,
+            )  # fmt: skip
+            suffix = signal_name
+        if suffix is None:
+            raise ConfigError("suffix", None, "FastDeploy's signal suffix (its engine's engine_worker_queue_port)",
+                              "pass suffix=, e.g. suffix=9923")  # fmt: skip
+        return FastDeploySuffix.of(suffix, tp=tp)
+
+    def attachers_per_rank(self, splitwise_role: str, num_cpu_blocks: int) -> int:
+        return attachers_per_rank(splitwise_role, num_cpu_blocks)
 
     def tensor_name(self, signal_name: str, layout_name: str) -> str:
         return layout_name  # FastDeploy's records are named as its layout names the tensors
@@ -105,7 +132,7 @@ class FastDeployProtocol(WireProtocol):
     def wait_ready(
         self, platform: Platform, signal_name: str, rank: int, timeout: float, setter_pid: int | None
     ) -> float:
-        """Watched by the core itself: FastDeploy's writers wake nobody (see :mod:`fd_platforms.ipc.fastdeploy_signals`)."""
+        """Watched by the core itself: FastDeploy's writers wake nobody (see :mod:`fd_platforms.fastdeploy.signals`)."""
         with FastDeploySignal.attach(CACHE_READY, signal_name) as signal:
             return signal.wait_for(rank, 1, timeout, watch_pid=setter_pid, what=f"rank {rank} waiting for its KV cache",
                                    writer="the process creating it (FastDeploy's cache transfer manager or runner)")
@@ -152,7 +179,7 @@ class FastDeployProtocol(WireProtocol):
     def create_signals(self, ranks: int, *, device_type: str, block_count_suffix: str | None) -> tuple[str, ExitStack]:
         """The arrays FastDeploy's engine creates, under a suffix of this run's (FastDeploy's is its
         engine's port), ``get_profile_block_num`` under its own suffix and as long as FastDeploy's
-        engine makes it (:mod:`fd_platforms.engine.block_handoff`); a failure part-way removes what was made.
+        engine makes it (:mod:`fd_platforms.fastdeploy.block_handoff`); a failure part-way removes what was made.
         What killed runs left first goes (:func:`sweep_dead_runs`)."""
         sweep_dead_runs()
         suffix = f"fdp{os.getpid()}-{secrets.token_hex(3)}"
@@ -203,3 +230,4 @@ def _run_signal(signal: str) -> shm.Recognise:
 
 
 FASTDEPLOY = FastDeployProtocol()
+register_protocol(FASTDEPLOY)  # protocol='fastdeploy' resolves once this package is imported

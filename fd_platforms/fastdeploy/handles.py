@@ -47,13 +47,13 @@ import weakref
 from collections.abc import Callable, Sequence
 
 from ..contract.errors import CacheInUseError, CacheSharingError, FdPlatformsError, SignalWaitError
+from ..engine.publication import POLL_SECONDS, STILL_HELD_FIX, PublishedTensor
 from ..ipc import shm
-from ..ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal, check_suffix
 from ..ipc.process_watch import process_uid
 from ..kit.device_facts import raw_ipc_handle
 from ..kit.host_sharing import handle_pid
 from ..kit.vendor_device import HANDLE_BYTES, handle_bytes, handle_text
-from .fastdeploy_marks import (
+from .marks import (
     Attachers,
     attacher_prefix,
     look,
@@ -63,8 +63,8 @@ from .fastdeploy_marks import (
     stale_creator,
     sweep_orphan_marks,
 )
-from .fastdeploy_records import RecordLayout, record_layout
-from .publication import POLL_SECONDS, STILL_HELD_FIX, PublishedTensor
+from .records import RecordLayout, record_layout
+from .signals import CACHE_READY, FastDeploySignal, check_suffix
 
 logger = logging.getLogger(__name__)
 
@@ -405,7 +405,7 @@ def _still_attached(handles: FastDeployHandles, signal: str, seen: Attachers, ti
             f"shows the holder of its mark or of the first record). Fix: {STILL_HELD_FIX}"
         )
     reset = (
-        "python -c \"from fd_platforms.ipc.fastdeploy_signals import CACHE_READY, FastDeploySignal; "
+        "python -c \"from fd_platforms.fastdeploy.signals import CACHE_READY, FastDeploySignal; "
         f"FastDeploySignal.attach(CACHE_READY, '{handles.suffix}').set({handles.rank}, 0)\""
     )
     if seen.dead:

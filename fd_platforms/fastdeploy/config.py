@@ -33,16 +33,26 @@ from typing import Any
 from ..contract.errors import ConfigError
 from ..contract.integers import INT32_MAX, MAX_COUNT, check_int, is_int
 from ..contract.types import CacheRoleShape
-from .config.limits import MAX_EXPAND_RATIO, MAX_LAYERS, MAX_RANKS, MAX_WIDTH, MODEL_DTYPES
-from .config.model import ModelConfig, load_model_config
-from .config.settings import CacheConfig, ParallelConfig
-from .config.vocabulary import CACHE_DTYPE_WORDS, cache_settings_from_fastdeploy, fastdeploy_word
-from .decision import SPLITWISE_ROLES, STORAGE_BACKENDS, check_pin
-from .fastdeploy_values import (
-    device_ids, index, integer, one_of, optional_one_of, port, ports, positive, shape, suffix, text,
+from ..rules.config.limits import MAX_EXPAND_RATIO, MAX_LAYERS, MAX_RANKS, MAX_WIDTH, MODEL_DTYPES
+from ..rules.config.model import ModelConfig, load_model_config
+from ..rules.config.settings import CacheConfig, ParallelConfig
+from ..rules.config.vocabulary import CACHE_DTYPE_WORDS, cache_settings_from_fastdeploy, fastdeploy_word
+from ..rules.decision import SPLITWISE_ROLES, STORAGE_BACKENDS, check_pin
+from ..rules.layout import CacheLayout, build_layout
+from ..rules.shapes import engine_shaped, shape_request
+from .values import (
+    device_ids,
+    index,
+    integer,
+    one_of,
+    optional_one_of,
+    port,
+    ports,
+    positive,
+    shape,
+    suffix,
+    text,
 )
-from .layout import CacheLayout, build_layout
-from .shapes import engine_shaped, shape_request
 
 _ATTENTION_BACKENDS = {"MLA_ATTN": "mla", "DSA_ATTN": "dsa"}
 """FastDeploy's ``FD_ATTENTION_BACKEND`` values that change the cache's shape (its runners test these two)."""

@@ -13,10 +13,10 @@ name                                   shape    meaning
 ``cache_transfer_inited_signal``       [tp]     1: rank's cache transfer manager is up
 ``kv_cache_status``                    [1]      :class:`KVCacheStatus` of the clear/update protocol
 ``model_weights_status``               [1]      the weights' status, the same four values: the RL flow's
-                                                two events (:mod:`fd_platforms.engine.weights_status`)
+                                                two events (:mod:`fd_platforms.fastdeploy.weights_status`)
 ``get_profile_block_num``              [1]      the agreed block count (local rank 0 writes it); one
                                                 word per rank on Iluvatar, and a suffix of its own
-                                                (:mod:`fd_platforms.engine.block_handoff`)
+                                                (:mod:`fd_platforms.fastdeploy.block_handoff`)
 ====================================== ======== ==================================================
 
 Reading and writing: every word goes through ``pread``/``pwrite`` on the descriptor, so a segment
@@ -44,12 +44,12 @@ from collections.abc import Callable
 
 from ..contract.errors import CacheSignalError, ConfigError, SignalWaitError
 from ..contract.integers import check_int, is_int
-from . import claims, shm
-from ..rules.fastdeploy_values import SUFFIX
+from ..ipc import claims, shm
+from ..ipc.process_watch import ProcessWatch
+from ..ipc.shared_words import CHECK_SECONDS, MAX_LOCAL_RANKS, WORD_BYTES, SharedWords, check_tp
+from ..ipc.waiting import WaitProgress
 from .fault_words import KVCacheFault
-from .process_watch import ProcessWatch
-from .shared_words import CHECK_SECONDS, MAX_LOCAL_RANKS, WORD_BYTES, SharedWords
-from .waiting import WaitProgress
+from .values import SUFFIX
 
 CACHE_READY = "cache_ready_signal"
 SWAP_SPACE_READY = "swap_space_ready_signal"
@@ -393,14 +393,6 @@ def _check_private(full: str, segment: shm.Segment) -> None:
             "owner may write its words, so none can be trusted. Fix: start the FastDeploy engine with umask 022 (its "
             f"IPCSignal creates signals 0600); remove /dev/shm/{full} if no engine uses it"
         )
-
-
-def check_tp(tp: object) -> None:
-    """``tp`` as an engine call takes it: None, or the number of local ranks (a ConfigError naming ``tp``)."""
-    if tp is None:
-        return
-    check_int("tp", tp, 1, MAX_LOCAL_RANKS, what="None or the number of local ranks",
-              fix="pass the tensor-parallel size (FastDeploy's parallel_config.tensor_parallel_size)")  # fmt: skip
 
 
 def _word_now(name: str, index: int) -> str:

@@ -12,7 +12,7 @@ cache again, and local rank 0 writes NORMAL.
 
 :func:`follow_model_weights_status` is that loop for a runner of ours that replaces FastDeploy's worker loop:
 every rank runs its own (one process per rank, as FastDeploy), and rank 0 drives ``kv_cache_status`` with
-:func:`~fd_platforms.engine.drive_kv_cache_clear` and :func:`~fd_platforms.engine.drive_kv_cache_restore`,
+:func:`~fd_platforms.fastdeploy.drive_kv_cache_clear` and :func:`~fd_platforms.fastdeploy.drive_kv_cache_restore`,
 so its answer to the engine waits until every rank let go and the caches are freed, then created again.
 """
 
@@ -25,9 +25,9 @@ from functools import partial
 from ..contract.errors import ConfigError
 from ..contract.integers import check_int
 from ..ipc.cache_signal import resolve_timeout
-from ..ipc.fastdeploy_signals import MAX_LOCAL_RANKS, MODEL_WEIGHTS_STATUS, FastDeploySignal, KVCacheStatus
 from ..loading.platform import Platform
 from .cache_status import checked_drive, drive_kv_cache_clear, drive_kv_cache_restore
+from .signals import MAX_LOCAL_RANKS, MODEL_WEIGHTS_STATUS, FastDeploySignal, KVCacheStatus
 
 LOOK_SECONDS = 0.01  # how often the word is looked at (FastDeploy's worker: every 0.01 s)
 CLEAR_SIDE = (KVCacheStatus.CLEARING, KVCacheStatus.CLEARED)
@@ -52,9 +52,9 @@ def follow_model_weights_status(
 
     On CLEARING (or CLEARED, where this rank's look missed CLEARING) ``clear()`` runs once: drop the
     weights and let go of the KV cache (``KVCache.clear``); rank 0 then drives the cache's clear
-    (:func:`~fd_platforms.engine.drive_kv_cache_clear`: every rank let go, the creator freed) and writes
+    (:func:`~fd_platforms.fastdeploy.drive_kv_cache_clear`: every rank let go, the creator freed) and writes
     CLEARED. On UPDATING (or NORMAL, where a look missed UPDATING) after a clear, rank 0 drives the restore
-    (:func:`~fd_platforms.engine.drive_kv_cache_restore`) and every rank runs ``restore()`` (load the
+    (:func:`~fd_platforms.fastdeploy.drive_kv_cache_restore`) and every rank runs ``restore()`` (load the
     weights, :func:`~fd_platforms.engine.initialize_kv_cache` again); rank 0 then writes NORMAL.
 
     ``barrier`` (every rank's, e.g. a tensor-parallel group's ``paddle.distributed.barrier``) is called by
@@ -63,10 +63,10 @@ def follow_model_weights_status(
     rank has seen UPDATING, and the engine's next CLEARING may come before that rank restored.
 
     ``timeout``, ``creator_pid``, ``platform``, ``managers`` and ``tp`` as
-    :func:`~fd_platforms.engine.drive_kv_cache_update`'s (rank 0's drives); a word outside FastDeploy's
+    :func:`~fd_platforms.fastdeploy.drive_kv_cache_update`'s (rank 0's drives); a word outside FastDeploy's
     values is logged and never acted on. A failed drive raises (a SignalWaitError, or a CacheUpdateError
     naming the rank the cache creator could not clear or create), leaving ``kv_cache_status`` NORMAL where
-    every rank's cache is there, else a failure word (:mod:`~fd_platforms.engine.cache_status`), and
+    every rank's cache is there, else a failure word (:mod:`~fd_platforms.fastdeploy.cache_status`), and
     ``model_weights_status`` as it was, which FastDeploy's engine times out on.
     """
     check_int("rank", rank, 0, MAX_LOCAL_RANKS - 1, what="a local rank", fix="pass this runner's local rank")

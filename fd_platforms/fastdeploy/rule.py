@@ -19,9 +19,9 @@ FastDeploy's package at all; refusing costs one pinned setting, a wrong guess a 
 
 from __future__ import annotations
 
-from ...contract.errors import ConfigError
-from ...contract.types import CacheDecision
-from ...rules.decision import DEFAULT_RULE, RULE_VERSIONS, DecisionInputs, check_rule, decisions_by_version
+from ..contract.errors import ConfigError
+from ..contract.types import CacheDecision
+from ..rules.decision import DEFAULT_RULE, RULE_VERSIONS, DecisionInputs, check_rule, decisions_by_version
 
 HOW_TO_PIN = "rule= in the Python API, --rule on the command line, rule under [cache] in the deploy file"
 

@@ -27,7 +27,7 @@ import struct
 from dataclasses import dataclass
 
 from ..ipc import shm
-from ..ipc.fastdeploy_signals import CACHE_READY
+from .signals import CACHE_READY
 
 _ATTACHER = struct.Struct("=qqq")  # pid, rank, attachers per rank
 _PID = struct.Struct("=q")  # a creator mark: its pid, then the first record's bytes

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from ..contract.errors import CacheSignalError, ConfigError
 from ..contract.integers import INT32_MAX, check_int
-from ..ipc.fastdeploy_signals import PROFILE_BLOCK_NUM, FastDeploySignal, check_suffix, segment_name
 from ..ipc.shared_words import MAX_LOCAL_RANKS
 from ..loading.platform import Platform
+from .signals import PROFILE_BLOCK_NUM, FastDeploySignal, check_suffix, segment_name
 
 #: Paddle device types whose FastDeploy engine makes ``get_profile_block_num`` one word per local rank
 #: (its ``paddle.is_compiled_with_custom_device("iluvatar_gpu")`` in ``_init_worker_signals``).

@@ -3,7 +3,7 @@
 FastDeploy's ``KVCacheStatus`` (``fastdeploy/inter_communicator/ipc_signal_const.py``) has NORMAL 0, UPDATING 1,
 CLEARING -1 and CLEARED -2, and no word for a failure: its transfer manager logs a failed clear and leaves the word,
 so its engine client times out. A creator or driver of ours says a failure in words far below those
-(:mod:`fd_platforms.engine.cache_status` says who writes which); FastDeploy's processes act only on its own four, so
+(:mod:`fd_platforms.fastdeploy.cache_status` says who writes which); FastDeploy's processes act only on its own four, so
 none of them takes a failure word for NORMAL, and a signal's reader counts them as known words, not stray ones.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from .shared_words import MAX_LOCAL_RANKS
+from ..ipc.shared_words import MAX_LOCAL_RANKS
 
 
 class FaultKind(enum.IntEnum):

@@ -15,11 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..contract.errors import ConfigError, FdPlatformsError, SignalWaitError
+from ..engine.initialize import ManagedCache
 from ..ipc.cache_signal import resolve_timeout
-from ..ipc.fastdeploy_signals import FastDeploySignal, KVCacheStatus, check_suffix, check_tp
-from ..ipc.fault_words import FaultKind, KVCacheFault
 from .cache_status import check_callable, status_signals
-from .initialize import ManagedCache
+from .fault_words import FaultKind, KVCacheFault
+from .signals import FastDeploySignal, KVCacheStatus, check_suffix, check_tp
 
 logger = logging.getLogger(__name__)
 STATUS_POLL_SECONDS = 0.1  # how long serve_kv_cache_status sleeps between looks at `until` (a status write wakes it)

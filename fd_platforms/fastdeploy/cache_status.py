@@ -12,7 +12,7 @@ through one word, ``kv_cache_status.<suffix>``, and the ``cache_ready_signal`` s
    rank attaches again once its slot is set (:func:`~fd_platforms.engine.initialize_kv_cache`).
 
 FastDeploy runs steps 1-3 and 4-5 as two separate events, each on its own request to its engine
-(``model_weights_status`` CLEARING, then UPDATING: :mod:`fd_platforms.engine.weights_status`);
+(``model_weights_status`` CLEARING, then UPDATING: :mod:`fd_platforms.fastdeploy.weights_status`);
 :func:`drive_kv_cache_update` is the two in a row, under one claim.
 
 FastDeploy runs a cache transfer manager per rank, and each writes ``CLEARED`` and ``NORMAL`` itself
@@ -37,7 +37,7 @@ client waits for ``== NORMAL`` and ``== CLEARED`` (``EngineClient.update_model_w
 ``clear_load_weight``, ``fastdeploy/entrypoints/engine_client.py``) and its transfer manager acts on
 ``== CLEARING`` and ``== UPDATING`` only, so a failure word is neither a step done nor one to take; its
 workers write their next CLEARING or UPDATING over it (``DynamicWeightManager.check_model_weights_status``,
-``fastdeploy/rl/dynamic_weight_manager.py``). The words are :mod:`fd_platforms.ipc.fault_words`, which our signal layer
+``fastdeploy/rl/dynamic_weight_manager.py``). The words are :mod:`fd_platforms.fastdeploy.fault_words`, which our signal layer
 knows beside FastDeploy's values; :mod:`.cache_server` says when a creator of ours writes them.
 
 A drive that fails writes NORMAL back only where every ``cache_ready_signal`` slot reads 1: every
@@ -65,7 +65,12 @@ from ..contract.errors import (
 )
 from ..contract.integers import check_int, is_int
 from ..ipc.cache_signal import resolve_timeout
-from ..ipc.fastdeploy_signals import (
+from ..ipc.process_watch import pid_max
+from ..loading.platform import Platform
+from .fault_words import FaultKind, KVCacheFault
+from .handles import DeathWatch
+from .marks import look
+from .signals import (
     CACHE_READY,
     KV_CACHE_STATUS,
     MAX_LOCAL_RANKS,
@@ -74,11 +79,6 @@ from ..ipc.fastdeploy_signals import (
     check_suffix,
     check_tp,
 )
-from ..ipc.fault_words import FaultKind, KVCacheFault
-from ..ipc.process_watch import pid_max
-from ..loading.platform import Platform
-from .fastdeploy_handles import DeathWatch
-from .fastdeploy_marks import look
 
 SETTLE_SECONDS = 0.5
 """The least time the driver leaves every slot at 0 (from the first ``CLEARED`` to its ``UPDATING``) and

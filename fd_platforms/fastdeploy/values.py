@@ -16,12 +16,12 @@ from collections.abc import Sequence
 
 from ..contract.errors import ConfigError
 from ..contract.integers import INT32_MAX, MAX_COUNT, check_int, decimal, is_int
-from .config.limits import MAX_WIDTH
+from ..rules.config.limits import MAX_WIDTH
 
 MAX_PORT = 65_535
 SUFFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 """A signal suffix as FastDeploy's names allow it (its engine's port, a run's ``fdp<pid>-<hex>``): the one pattern,
-which ``fd_platforms.ipc.fastdeploy_signals.check_suffix`` uses too."""
+which ``fd_platforms.fastdeploy.signals.check_suffix`` uses too."""
 
 
 def integer(field: str, value: object, minimum: int, maximum: int, fix: str, *, note: str = "") -> int:
