@@ -10,6 +10,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from fd_platforms.engine import KVCache, ManagedCache, manage_kv_cache
+from fd_platforms.fastdeploy import FASTDEPLOY
 from fd_platforms.kit.device_facts import write_element
 from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
 from fd_platforms.rules.layout import CacheLayout, build_layout
@@ -103,7 +104,7 @@ def fastdeploy_runner(
 
     def attach() -> object:
         cache = initialize_kv_cache(
-            platform, layout, num_blocks, suffix=suffix, protocol="fastdeploy", timeout=30, **FASTDEPLOY_ATTACH
+            platform, layout, num_blocks, suffix=suffix, protocol=FASTDEPLOY, timeout=30, **FASTDEPLOY_ATTACH
         )
         assert not cache.created and first_bytes(cache, 0) == {rank + 1}, first_bytes(cache, 0)
         write_byte(cache, 1, 0x5A)
@@ -129,7 +130,7 @@ def fastdeploy_manager(suffix: str, rank: int, tp: int, num_blocks: int, device_
 
     platform = fd_platforms.current_platform()
     managed = manage_kv_cache(platform, qwen_layout(rank, tp, device_id), num_blocks, num_cpu_blocks=4,
-                              suffix=suffix, protocol="fastdeploy", rule="2026-01")  # fmt: skip
+                              suffix=suffix, protocol=FASTDEPLOY, rule="2026-01")  # fmt: skip
     conn.send(("published", str(managed.kv_cache.tensors[0].place)))
     while True:
         kind = conn.recv()
@@ -172,7 +173,7 @@ def hold_with_draft(suffix: str, num_blocks: int, conn: Connection) -> None:
 
     whole = mtp_layout()
     managed = manage_kv_cache(fd_platforms.current_platform(), whole.main(), num_blocks, num_cpu_blocks=2,
-                              suffix=suffix, protocol="fastdeploy", rule="2026-04", timeout=30,
+                              suffix=suffix, protocol=FASTDEPLOY, rule="2026-04", timeout=30,
                               draft=whole.draft())  # fmt: skip
     assert not managed.created  # the rule in force lets the worker create: the manager attaches
     assert managed.draft is not None and managed.host_cache is not None
@@ -223,7 +224,7 @@ def fastdeploy_rl_runner(
 
     def attach() -> None:
         cache = initialize_kv_cache(platform, qwen_layout(rank, tp), num_blocks, suffix=suffix,
-                                    protocol="fastdeploy", timeout=30, **FASTDEPLOY_ATTACH)  # fmt: skip
+                                    protocol=FASTDEPLOY, timeout=30, **FASTDEPLOY_ATTACH)  # fmt: skip
         assert not cache.created and first_bytes(cache, 0) == {rank + 1}, first_bytes(cache, 0)
         held.append(cache)
 
@@ -253,7 +254,7 @@ def fastdeploy_serving_manager(suffix: str, rank: int, tp: int, num_blocks: int,
     def create(rank: int) -> object:
         kept = made[-1].host_cache if made else None  # type: ignore[attr-defined]
         made.append(manage_kv_cache(platform, qwen_layout(rank, tp), num_blocks, num_cpu_blocks=4, suffix=suffix,
-                                    protocol="fastdeploy", rule="2026-01", host_cache=kept))  # fmt: skip
+                                    protocol=FASTDEPLOY, rule="2026-01", host_cache=kept))  # fmt: skip
         return made[-1]
 
     conn.send(("published", str(create(rank).kv_cache.tensors[0].place)))  # type: ignore[attr-defined]
@@ -273,7 +274,7 @@ def decode_runner(suffix: str, conn: Connection) -> None:
 
     cache = initialize_kv_cache(
         fd_platforms.current_platform(), qwen_layout(), 4, profile=False, num_cpu_blocks=4, storage_backend=None,
-        splitwise_role="decode", protocol="fastdeploy", suffix=suffix, timeout=30, tp=1,
+        splitwise_role="decode", protocol=FASTDEPLOY, suffix=suffix, timeout=30, tp=1,
     )  # fmt: skip
     conn.send(("attached", cache.created))
     conn.recv()

@@ -313,7 +313,8 @@ def test_decode_with_swap_our_manager_never_frees_under_fastdeploys_transfer_man
         ours, theirs_end = context.Pipe()
         runner = context.Process(target=decode_runner, args=(suffix, theirs_end), daemon=True)
         runner.start()
-        assert ours.recv() == ("attached", False)
+        theirs_end.close()  # the runner's end is the runner's: its death ends our wait
+        assert ours.poll(60) and ours.recv() == ("attached", False)
         theirs = fastdeploys("attacher", suffix, names, "0", "-1")
         assert [theirs.stdout.readline().strip() for _ in range(2)] == ["attached", "done"]  # type: ignore[union-attr]
         runner.kill()

@@ -136,3 +136,12 @@ def test_a_plugin_importing_the_core_past_the_plugin_module_breaks_the_contract(
     assert done.returncode == 1
     assert "BROKEN" in done.stdout and "fd_platforms_nimbus is not allowed to import" in done.stdout
     assert f"fd_platforms_nimbus -> {named}" in done.stdout, done.stdout
+
+
+def test_the_readmes_layout_table_lists_the_contracts_layers_top_down() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## Layout", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    stated = [line.split("  ", 1)[0].strip() for line in block.splitlines() if line.strip()]
+    assert stated == contract("Layers")["layers"]
+    words = {4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten", 11: "eleven"}
+    assert f"The package is {words[len(stated)]} layers" in readme
