@@ -105,6 +105,7 @@ def test_every_file_with_samples_is_covered() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("fastdeploy_record_names")  # the porting guide's samples write FastDeploy's record names
 @pytest.mark.parametrize("path", [p for p in DOCS if p not in SESSION_TESTED_ELSEWHERE], ids=lambda p: p.name)
 def test_the_python_samples_of_a_file_run_as_one_session(path: Path) -> None:
     code = "\n".join(block for block in blocks(path, "python") if not is_signature(block))
