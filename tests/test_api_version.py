@@ -44,7 +44,7 @@ def versioned(make_plugin, declared: object) -> None:
 
 
 def test_the_api_version_is_exported_lazily() -> None:
-    assert fd_platforms.API_VERSION == API_VERSION == "1.5"
+    assert fd_platforms.API_VERSION == API_VERSION == "1.6"
 
 
 @pytest.mark.parametrize("declared", [">=1.0,<2", ">=0.9", "==1.*", "~=1.0"])
@@ -61,14 +61,14 @@ def test_an_incompatible_plugin_is_refused_naming_both_versions_and_the_fix(make
     assert info.value.exit_code == 2 and "fd-test-future" in message
     assert "supports fd-platforms plugin API >=2.0,<3" in message
     assert f"the installed fd-platforms {core_version()} provides plugin API {API_VERSION}" in message
-    assert "Fix: install a release of fd-test-future that supports API 1.5" in message
+    assert "Fix: install a release of fd-test-future that supports API 1.6" in message
 
 
 def test_an_incompatible_plugin_is_listed_as_broken_and_not_detected(make_plugin) -> None:
     versioned(make_plugin, "<1.0")
     assert select_platform({}).platform.name == "cpu"
     report = {r.name: r for r in survey({}).reports}["future"]
-    assert report.status == "broken" and "provides plugin API 1.5" in report.reason
+    assert report.status == "broken" and "provides plugin API 1.6" in report.reason
 
 
 @pytest.mark.parametrize("declared", ["1.x", "", 1.0, None])
