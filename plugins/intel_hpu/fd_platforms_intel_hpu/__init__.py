@@ -14,7 +14,7 @@ PLATFORM = PaddlePlatform(
     device_type="intel_hpu",  # PaddleCustomDevice backends/intel_hpu/runtime/runtime.cc: device_type "intel_hpu"
     visible_devices_env="HABANA_VISIBLE_MODULES",  # Paddle's device N is Gaudi module N (synDeviceAcquireByModuleId)
     distributions=("paddle-intel-hpu",),
-    device_glob="/dev/accel/accel_controlD[0-9]*",  # habanalabs' own per-device node; /dev/accel/accelN is any accel driver's
+    device_glob="/dev/accel/accel_controlD[0-9]*",  # habanalabs' own node; accelN is any accel driver's
     install_hint="pip install paddle-intel-hpu beside paddlepaddle on a machine with Intel Gaudi HPUs and SynapseAI",
     api_versions=">=1.5,<2",  # 1.5: fd_platforms.plugin
     description="Intel Gaudi HPUs",
