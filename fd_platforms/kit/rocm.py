@@ -4,16 +4,17 @@ Paddle's ROCm build (compiled with ``PADDLE_WITH_HIP``) drives its devices as ``
 the same ``paddle.device.cuda`` calls as the CUDA build: ``is_compiled_with_cuda()`` is true for
 both builds and ``is_compiled_with_rocm()`` for this one only (``IsCompiledWithCUDA`` and
 ``IsCompiledWithROCM`` in Paddle's ``paddle/fluid/pybind/pybind.cc``), so ``is_compiled_with_rocm``
-is what tells them apart. ``CUDAPinnedPlace`` is made by both builds (its constructor refuses only
-where neither ``PADDLE_WITH_CUDA`` nor ``PADDLE_WITH_HIP`` is set, ``paddle/fluid/pybind/place.cc``),
-so host memory is pinned through it. Free device memory is not read: ``paddle.cuda.mem_get_info``
+is what tells them apart (FastDeploy asks it before CUDA: ``fastdeploy/platforms/__init__.py:39``).
+``CUDAPinnedPlace`` is made by both builds (its constructor refuses only where neither
+``PADDLE_WITH_CUDA`` nor ``PADDLE_WITH_HIP`` is set, ``paddle/fluid/pybind/place.cc``), so host
+memory is pinned through it. Free device memory is not read: ``paddle.cuda.mem_get_info``
 goes through Paddle's CUDA runtime binding, which is not known to serve a HIP build, so the planner
 budgets from the total, as on custom devices.
 
 A cache tensor cannot cross processes through Paddle here: ``DenseTensor._share_cuda`` and
 ``_new_shared_cuda`` are bound only under ``PADDLE_WITH_CUDA`` (``paddle/fluid/pybind/tensor.cc``),
 and FastDeploy's cache-manager ops serve CUDA, MACA and XPU alone
-(``fastdeploy/cache_manager/ops.py``: "Prefix cache ops only supported CUDA nor XPU platform").
+(``fastdeploy/cache_manager/ops.py:92-93``: "Prefix cache ops only supported CUDA nor XPU platform").
 :attr:`~fd_platforms.kit.device_facts.DeviceFacts.sharing` is None, so a worker the rule sends to
 attach is refused when it decides.
 """
@@ -49,8 +50,9 @@ class RocmFacts(DeviceFacts):
 
     @classmethod
     def simulated_paddle(cls, device_type: str, devices: int, total_bytes: int) -> Any:
+        properties = SimpleNamespace(total_memory=total_bytes)
         cuda = SimpleNamespace(device_count=lambda: devices, max_memory_allocated=lambda device=None: 0,
-                               get_device_properties=lambda device=None: SimpleNamespace(total_memory=total_bytes))  # fmt: skip
+                               get_device_properties=lambda device=None: properties)  # fmt: skip
         return SimpleNamespace(is_compiled_with_rocm=lambda: True, device=SimpleNamespace(cuda=cuda))
 
     def confirm(self) -> Detection:
