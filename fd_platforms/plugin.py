@@ -1,4 +1,4 @@
-"""The plugin API: everything a platform plugin may use, in one module (plugin API 1.5).
+"""The plugin API: everything a platform plugin may use, in one module (plugin API 1.6).
 
 A plugin imports from here and nowhere else in ``fd_platforms``::
 
@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers; at run time each name
     from .kit.host_sharing import export_host_tensor, open_host_tensor
     from .kit.paddle_platform import PaddlePlatform
     from .kit.probes import RuntimeFacts, device_nodes, installed_distribution, visible_count
+    from .kit.rocm import RocmFacts
     from .kit.vendor_device import VendorDeviceRuntime
     from .kit.vendor_host import VendorHostRuntime
 
@@ -71,6 +72,7 @@ _SOURCES = {
     ".kit.host_sharing": "export_host_tensor open_host_tensor",
     ".kit.paddle_platform": "PaddlePlatform",
     ".kit.probes": "RuntimeFacts device_nodes installed_distribution visible_count",
+    ".kit.rocm": "RocmFacts",
     ".kit.vendor_device": "VendorDeviceRuntime",
     ".kit.vendor_host": "VendorHostRuntime",
 }
@@ -102,6 +104,7 @@ __all__ = [
     "PaddlePlatform",
     "DeviceFacts",
     "CustomDeviceFacts",
+    "RocmFacts",
     "VendorHostRuntime",
     "VendorDeviceRuntime",
     "import_paddle",

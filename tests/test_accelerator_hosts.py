@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Mapping
+from fnmatch import fnmatch
 
 import pytest
 from accelerator_host import host_command, skip_without_namespaces
@@ -56,13 +57,17 @@ NVIDIA = {"/dev/nvidia[0-9]*": ("/dev/nvidia0", "/dev/nvidia1")}
 
 
 def test_each_in_repo_plugin_states_the_nodes_the_table_knows_for_it() -> None:
-    """The cuda, xpu and iluvatar records claim exactly the table's nodes; MetaX's state none (its GPUs
-    are /dev/dri render nodes any vendor's GPU has), and the table knows its control node."""
+    """The cuda, xpu, iluvatar, intel_hpu and npu records claim exactly the table's nodes; MetaX's and
+    dcu's state none (their GPUs are /dev/dri render nodes any vendor's GPU has: the table knows their
+    control node), nor gcu's (its cards' nodes share their prefix with its codec nodes)."""
+    assert {known.platform for known in KNOWN_ACCELERATORS} == {
+        "cuda", "xpu", "iluvatar", "metax", "dcu", "gcu", "intel_hpu", "npu"
+    }  # fmt: skip
     for known in KNOWN_ACCELERATORS:
         [candidate] = discover()[known.platform]
         assert candidate.distribution == known.distribution
         claim = accelerators.node_claim(candidate.load())
-        if known.platform in ("cuda", "xpu", "iluvatar"):
+        if known.platform in ("cuda", "xpu", "iluvatar", "intel_hpu", "npu"):
             assert claim == NodeClaim(known.nodes, known.visible_devices_env)
         else:
             assert claim is None
@@ -91,6 +96,38 @@ def test_metax_is_known_by_its_control_node(host_nodes) -> None:
     [found], _ = present_accelerators({})
     assert (found.vendor, found.platforms) == ("MetaX", ("metax",))
     assert present_accelerators({"MACA_VISIBLE_DEVICES": ""})[0] == ()
+
+
+@pytest.mark.parametrize(
+    ("nodes", "vendor", "platform", "variable"),
+    [({"/dev/kfd": ("/dev/kfd",)}, "ROCm (Hygon DCU, AMD)", "dcu", "HIP_VISIBLE_DEVICES"),
+     ({"/dev/gcu[0-9]*": ("/dev/gcu0", "/dev/gcu0vid0")}, "Enflame", "gcu", "TOPS_VISIBLE_DEVICES"),
+     ({"/dev/accel/accel_controlD[0-9]*": ("/dev/accel/accel_controlD0",)}, "Intel Gaudi", "intel_hpu",
+      "HABANA_VISIBLE_MODULES"),
+     ({"/dev/davinci[0-9]*": ("/dev/davinci0", "/dev/davinci1")}, "Ascend", "npu", "ASCEND_RT_VISIBLE_DEVICES")],
+    ids=["dcu", "gcu", "intel_hpu", "npu"],
+)
+def test_fastdeploys_other_accelerators_are_known_by_their_nodes_and_hidden_by_their_variable(
+    host_nodes, nodes: NodeTable, vendor: str, platform: str, variable: str
+) -> None:
+    host_nodes(nodes)
+    [found], _ = present_accelerators({})
+    assert (found.vendor, found.platforms, found.nodes) == (vendor, (platform,), next(iter(nodes.values())))
+    assert found.distribution == f"fd-platforms-{platform.replace('_', '-')}"
+    assert present_accelerators({"CUDA_VISIBLE_DEVICES": ""})[0] == (found,), "another vendor's variable hides nothing"
+    found_none, [hidden] = present_accelerators({variable: "-1"})
+    assert found_none == () and (hidden.vendor, hidden.variable) == (vendor, variable)
+
+
+def test_the_accel_class_and_render_nodes_alone_mark_no_vendor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/dev/accel/accelN (other vendors' NPUs use that class too) and /dev/dri render nodes are no vendor's:
+    neither the table nor an installed plugin's glob finds an accelerator in them."""
+    shared = ("/dev/accel/accel0", "/dev/dri/renderD128")
+    monkeypatch.setattr(accelerators, "find_nodes", lambda pattern: tuple(n for n in shared if fnmatch(n, pattern)))
+    claims = {name: claim for name, [candidate, *_] in discover().items()
+              if name != "cpu" and (claim := accelerators.node_claim(candidate.load())) is not None}  # fmt: skip
+    assert {"intel_hpu", "npu"} <= set(claims)
+    assert present_accelerators({}, claims) == ((), ())
 
 
 def test_a_plugin_claiming_known_nodes_joins_that_accelerator_and_one_claiming_others_stands_alone(host_nodes) -> None:

@@ -44,7 +44,7 @@ def versioned(make_plugin, declared: object) -> None:
 
 
 def test_the_api_version_is_exported_lazily() -> None:
-    assert fd_platforms.API_VERSION == API_VERSION == "1.5"
+    assert fd_platforms.API_VERSION == API_VERSION == "1.6"
 
 
 @pytest.mark.parametrize("declared", [">=1.0,<2", ">=0.9", "==1.*", "~=1.0"])
@@ -61,14 +61,14 @@ def test_an_incompatible_plugin_is_refused_naming_both_versions_and_the_fix(make
     assert info.value.exit_code == 2 and "fd-test-future" in message
     assert "supports fd-platforms plugin API >=2.0,<3" in message
     assert f"the installed fd-platforms {core_version()} provides plugin API {API_VERSION}" in message
-    assert "Fix: install a release of fd-test-future that supports API 1.5" in message
+    assert "Fix: install a release of fd-test-future that supports API 1.6" in message
 
 
 def test_an_incompatible_plugin_is_listed_as_broken_and_not_detected(make_plugin) -> None:
     versioned(make_plugin, "<1.0")
     assert select_platform({}).platform.name == "cpu"
     report = {r.name: r for r in survey({}).reports}["future"]
-    assert report.status == "broken" and "provides plugin API 1.5" in report.reason
+    assert report.status == "broken" and "provides plugin API 1.6" in report.reason
 
 
 @pytest.mark.parametrize("declared", ["1.x", "", 1.0, None])
@@ -97,7 +97,8 @@ def _imported_modules(path: Path) -> set[str]:
 @pytest.mark.parametrize(
     "package",
     ["examples/plugin-template/src/fd_platforms_nimbus", *(f"plugins/{name}/fd_platforms_{name}" for name in
-                                                           ("cuda", "xpu", "iluvatar", "metax"))],
+                                                           ("cuda", "xpu", "iluvatar", "metax", "dcu", "gcu",
+                                                            "intel_hpu", "npu"))],
 )
 def test_plugins_import_only_the_public_plugin_api(package: str) -> None:
     for source in (ROOT / package).rglob("*.py"):
@@ -106,11 +107,19 @@ def test_plugins_import_only_the_public_plugin_api(package: str) -> None:
 
 
 @pytest.mark.parametrize("module", ["fd_platforms_nimbus", "fd_platforms_cuda", "fd_platforms_xpu",
-                                    "fd_platforms_iluvatar", "fd_platforms_metax"])
+                                    "fd_platforms_iluvatar", "fd_platforms_metax", "fd_platforms_dcu",
+                                    "fd_platforms_gcu", "fd_platforms_intel_hpu", "fd_platforms_npu"])
 def test_a_plugin_importing_the_plugin_module_declares_the_api_that_has_it(module: str) -> None:
     """``fd_platforms.plugin`` came with API 1.5: an older core would pass the check, then fail the import."""
     declared = importlib.import_module(module).PLATFORM.api_versions
     assert release_range_contains(declared, API_VERSION) and not release_range_contains(declared, "1.4"), declared
+
+
+
+def test_the_dcu_plugin_declares_the_api_that_has_rocm_facts() -> None:
+    """``RocmFacts`` came with API 1.6: a 1.5 core has ``fd_platforms.plugin``, but not the name dcu imports."""
+    declared = importlib.import_module("fd_platforms_dcu").PLATFORM.api_versions
+    assert release_range_contains(declared, API_VERSION) and not release_range_contains(declared, "1.5"), declared
 
 
 VERSIONS = st.lists(st.integers(min_value=0, max_value=12), min_size=1, max_size=4).map(

@@ -25,7 +25,7 @@ def test_list_json_on_a_machine_without_accelerators() -> None:
     assert platforms["cpu"]["status"] == "available" and platforms["cpu"]["builtin"]
     for name in IN_REPO:
         assert platforms[name]["status"] == "unavailable"
-        assert platforms[name]["distribution"] == f"fd-platforms-{name}"
+        assert platforms[name]["distribution"] == f"fd-platforms-{name.replace('_', '-')}"
         assert platforms[name]["version"] == "0.1.0"
         assert "not installed" in platforms[name]["reason"]
     assert payload["selected"]["name"] == "cpu" and payload["selected"]["how"] == "fallback"

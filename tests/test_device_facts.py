@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import re
 import secrets
 from collections.abc import Callable
 from importlib import metadata
@@ -21,13 +22,18 @@ from typing import Any
 import pytest
 
 import fd_platforms_cuda
+import fd_platforms_dcu
+import fd_platforms_gcu
 import fd_platforms_iluvatar
+import fd_platforms_intel_hpu
 import fd_platforms_metax
+import fd_platforms_npu
 import fd_platforms_xpu
 from engine_processes import qwen_layout
 from fastdeploy_standins import read_xpu_record
 from fd_platforms.contract.errors import CacheSharingError, CacheSignalError, ConfigError, HostAllocError
 from fd_platforms.contract.types import DTYPE_BYTES
+from fd_platforms.engine.initialize import check_can_attach
 from fd_platforms.fastdeploy.handles import encode_handle as encode_record
 from fd_platforms.fastdeploy.records import record_layout
 from fd_platforms.engine.kv_cache import attach_kv_cache, export_kv_cache
@@ -37,6 +43,7 @@ from fd_platforms.kit.custom_device import CustomDeviceFacts
 from fd_platforms.kit.device_facts import PADDLE_UINT8, DeviceFacts, paddle_attribute
 from fd_platforms.kit.host_memory import PinningUnavailable, allocate_host
 from fd_platforms.kit.paddle_platform import PaddlePlatform
+from fd_platforms.kit.rocm import RocmFacts
 from fd_platforms.kit.vendor_device import VendorDeviceRuntime, handle_text
 from fd_platforms.loading.discovery import Candidate
 from fd_platforms.loading.platform import Platform, register_platform
@@ -46,7 +53,12 @@ PLATFORMS = {
     "xpu": fd_platforms_xpu.PLATFORM,
     "iluvatar": fd_platforms_iluvatar.PLATFORM,
     "metax": fd_platforms_metax.PLATFORM,
+    "dcu": fd_platforms_dcu.PLATFORM,
+    "gcu": fd_platforms_gcu.PLATFORM,
+    "intel_hpu": fd_platforms_intel_hpu.PLATFORM,
+    "npu": fd_platforms_npu.PLATFORM,
 }
+CUSTOM = ["iluvatar", "metax", "gcu", "intel_hpu", "npu"]
 GiB = 2**30
 
 
@@ -207,6 +219,23 @@ def xpu_paddle(
     )
 
 
+def rocm_paddle(rocm: bool = True, count: int = 8, empty: Callable[..., Any] | None = None) -> SimpleNamespace:
+    """Paddle's ROCm build (``rocm=False``: any other build, whose ``paddle.device.cuda`` calls exist too)."""
+    emptied: list[int] = []
+    paddle = fake_paddle(
+        RocmFacts,
+        is_compiled_with_rocm=lambda: rocm,
+        device__cuda__device_count=lambda: count,
+        device__cuda__get_device_properties=lambda device: SimpleNamespace(total_memory=64 * GiB + device),
+        device__cuda__max_memory_allocated=lambda device: 5 * GiB,
+        CUDAPinnedPlace=(lambda: "pinned") if rocm else no_pinned_place,
+        empty=empty or (lambda shape, dtype, device: FakeTensor(shape[0])),
+        device__cuda__empty_cache=lambda: emptied.append(1),
+    )
+    paddle.emptied = emptied
+    return paddle
+
+
 def custom_paddle(types: list[str], count: int = 2) -> SimpleNamespace:
     return fake_paddle(
         CustomDeviceFacts,
@@ -320,10 +349,65 @@ def test_xpu_pins_through_the_xpu_pinned_place() -> None:
         facts_of("xpu", xpu_paddle(compiled=False)).pin(128)
 
 
-# -- custom devices (Iluvatar, MetaX): one implementation in the core ----------------------------
+# -- Paddle's ROCm build (dcu): the kit's RocmFacts --------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["iluvatar", "metax"])
+def test_dcu_confirms_a_rocm_build_with_devices() -> None:
+    detection = facts_of("dcu", rocm_paddle()).confirm()
+    assert (detection.available, detection.device_count) == (True, 8)
+
+
+@pytest.mark.parametrize(("paddle", "reason"), [
+    (rocm_paddle(rocm=False), "not Paddle's ROCm build (paddle.is_compiled_with_rocm() is False). Fix: install "
+                              "Paddle's ROCm build (pip install paddlepaddle-dcu"),
+    (rocm_paddle(count=0), "paddle's ROCm build sees no device. Fix: check the driver (hy-smi or rocm-smi) and "
+                           "HIP_VISIBLE_DEVICES"),
+])  # fmt: skip
+def test_dcu_refuses_other_builds_and_machines_without_devices(paddle: SimpleNamespace, reason: str) -> None:
+    detection = facts_of("dcu", paddle).confirm()
+    assert not detection.available and reason in detection.reason
+
+
+def test_dcu_memory_is_the_devices_total_and_the_allocator_peak_with_free_unknown() -> None:
+    memory = facts_of("dcu", rocm_paddle()).memory(3)
+    assert (memory.total_bytes, memory.free_bytes, memory.process_bytes) == (64 * GiB + 3, None, 5 * GiB)
+    assert "get_device_properties(3).total_memory" in memory.source and "free memory is unknown" in memory.source
+
+
+def test_dcu_pins_through_the_pinned_place_and_only_on_a_rocm_build() -> None:
+    made: list[object] = []
+
+    def empty(shape: list[int], dtype: str, device: object) -> FakeTensor:
+        made.append(device)
+        return FakeTensor(shape[0])
+
+    with facts_of("dcu", rocm_paddle(empty=empty)).pin(256) as buffer:
+        assert (buffer.pinned, buffer.kind, buffer.nbytes, made) == (True, "rocm_pinned", 256, ["pinned"])
+    with pytest.raises(PinningUnavailable, match="not Paddle's ROCm build"):
+        facts_of("dcu", rocm_paddle(rocm=False)).pin(256)
+
+
+def test_dcu_cannot_share_and_an_export_names_the_missing_paddle_ipc() -> None:
+    """Paddle binds _share_cuda only under PADDLE_WITH_CUDA: the ROCm build has no IPC to export through."""
+    platform = with_paddle("dcu", rocm_paddle())
+    assert platform.cache_sharing() is None
+    with pytest.raises(CacheSharingError, match=r"gpu tensors cannot be shared between processes \(tensor fd_kv\.x\.t\): "
+                                                r"Paddle's ROCm build has no DenseTensor\._share_cuda"):  # fmt: skip
+        platform.export_cache_tensor("fd_kv.x.t", (8,), "uint8", "gpu:0")
+    with pytest.raises(CacheSharingError, match="_share_cuda"):
+        platform.open_cache_tensor("fd_kv.x.t", "{}", (8,), "uint8", "gpu:0")
+
+
+def test_dcu_releases_cached_memory_through_empty_cache() -> None:
+    paddle = rocm_paddle()
+    assert with_paddle("dcu", paddle).release_device_memory("gpu:0") == "paddle.device.cuda.empty_cache()"
+    assert paddle.emptied == [1]
+
+
+# -- custom devices (Iluvatar, MetaX, GCU, Gaudi, Ascend): one implementation in the core ------------
+
+
+@pytest.mark.parametrize("name", CUSTOM)
 def test_custom_device_confirms_its_registered_type(name: str) -> None:
     device_type = PLATFORMS[name].device_type
     detection = facts_of(name, custom_paddle(["other_npu", device_type])).confirm()
@@ -336,7 +420,7 @@ def test_custom_device_confirms_its_registered_type(name: str) -> None:
     assert not empty.available and PLATFORMS[name].visible_devices_env in empty.reason
 
 
-@pytest.mark.parametrize("name", ["iluvatar", "metax"])
+@pytest.mark.parametrize("name", CUSTOM)
 def test_custom_device_memory_says_free_is_unknown(name: str) -> None:
     memory = facts_of(name, custom_paddle([PLATFORMS[name].device_type])).memory(1)
     assert (memory.total_bytes, memory.free_bytes, memory.process_bytes) == (64 * GiB, None, GiB)
@@ -350,17 +434,32 @@ def test_custom_device_without_a_vendor_allocator_cannot_pin() -> None:
         facts.pin(64)
 
 
-def test_custom_device_with_an_absent_vendor_library_cannot_pin() -> None:
-    metax = PLATFORMS["metax"]
-    assert metax.host_runtime is not None and metax.host_runtime.library == "libmcruntime.so"
-    facts = facts_of("metax", custom_paddle(["metax_gpu"]))
+@pytest.mark.parametrize("name", ["intel_hpu", "npu"])
+def test_gaudi_and_ascend_state_no_vendor_allocator_and_no_sharing(name: str) -> None:
+    """SynapseAI's synHostMalloc and CANN's aclrtMallocHost are not the kit's VendorHostRuntime shape, and neither
+    runtime has CUDA-shaped IPC: pageable host memory, and an export names what is missing."""
+    platform = with_paddle(name, custom_paddle([name]))
+    assert platform.host_runtime is None and platform.device_runtime is None and platform.cache_sharing() is None
+    with pytest.raises(PinningUnavailable, match=f"no vendor host allocator is known for '{name}'"):
+        platform.device_facts().pin(64)
+    with pytest.raises(CacheSharingError, match=f"{name} tensors cannot be shared between processes .*no vendor device "
+                                                "runtime"):  # fmt: skip
+        platform.export_cache_tensor("fd_kv.x.t", (8,), "uint8", f"{name}:0")
+
+
+@pytest.mark.parametrize(("name", "library", "alloc"), [("metax", "libmcruntime.so", "mcMallocHost"),
+                                                         ("gcu", "libtopsrt.so", "topsHostMalloc")])
+def test_custom_device_with_an_absent_vendor_library_cannot_pin(name: str, library: str, alloc: str) -> None:
+    runtime = PLATFORMS[name].host_runtime
+    assert runtime is not None and (runtime.library, runtime.alloc) == (library, alloc)
+    facts = facts_of(name, custom_paddle([PLATFORMS[name].device_type]))
     try:
-        ctypes.CDLL("libmcruntime.so")
+        ctypes.CDLL(library)
     except OSError:
-        with pytest.raises(PinningUnavailable, match="libmcruntime.so"):
+        with pytest.raises(PinningUnavailable, match=re.escape(library)):
             facts.pin(64)
-    else:  # pragma: no cover - a MetaX machine
-        pytest.skip("libmcruntime.so is installed here")
+    else:  # pragma: no cover - a machine with the vendor's runtime
+        pytest.skip(f"{library} is installed here")
 
 
 # -- the host-memory contract, one for every platform -------------------------------------------
@@ -434,7 +533,7 @@ def test_device_memory_is_asked_only_of_devices_paddle_sees() -> None:
 
 def test_only_iluvatar_declares_a_limit_and_says_why() -> None:
     limits = {name: platform.declared_limits() for name, platform in PLATFORMS.items()}
-    assert limits["cuda"] == limits["xpu"] == limits["metax"] == ()
+    assert all(limit == () for name, limit in limits.items() if name != "iluvatar")
     (limit,) = limits["iluvatar"]
     assert (limit.kind, limit.value) == ("max_tensor_elements", 2**31 - 1)
     assert "32-bit element offsets" in limit.reason
@@ -443,7 +542,8 @@ def test_only_iluvatar_declares_a_limit_and_says_why() -> None:
 def test_plugins_hold_facts_not_logic() -> None:
     """Every plugin is a PaddlePlatform record; the custom-device ones share the core's facts class."""
     assert all(isinstance(platform, PaddlePlatform) for platform in PLATFORMS.values())
-    assert PLATFORMS["iluvatar"].facts is PLATFORMS["metax"].facts is CustomDeviceFacts
+    assert all(PLATFORMS[name].facts is CustomDeviceFacts for name in CUSTOM)
+    assert PLATFORMS["dcu"].facts is RocmFacts, "the ROCm facts are the kit's: plugins never import each other"
     for name in ("cuda", "xpu"):
         methods = {key for key, value in vars(PLATFORMS[name].facts).items() if callable(value)}
         assert methods <= {"confirm", "memory", "pin", "on_device"}, f"{name} implements only the seam"
@@ -456,7 +556,7 @@ def lacking(paddle: Any, names: tuple[str, ...]) -> list[str]:
     return [f"paddle.{dotted}" for dotted in names if not callable(paddle_attribute(paddle, dotted))]
 
 
-@pytest.mark.parametrize("facts", [fd_platforms_cuda.CudaFacts, fd_platforms_xpu.XpuFacts, CustomDeviceFacts])
+@pytest.mark.parametrize("facts", [fd_platforms_cuda.CudaFacts, fd_platforms_xpu.XpuFacts, CustomDeviceFacts, RocmFacts])
 def test_every_declared_paddle_call_exists_in_the_installed_paddle(facts: type[DeviceFacts]) -> None:
     paddle = importlib.import_module("paddle")
     missing = lacking(paddle, facts.paddle_calls)
@@ -475,7 +575,7 @@ def leaves(node: object, prefix: str = "") -> list[str]:
     return [name for key, child in vars(node).items() for name in leaves(child, f"{prefix}.{key}" if prefix else key)]
 
 
-@pytest.mark.parametrize("facts", [fd_platforms_cuda.CudaFacts, fd_platforms_xpu.XpuFacts, CustomDeviceFacts])
+@pytest.mark.parametrize("facts", [fd_platforms_cuda.CudaFacts, fd_platforms_xpu.XpuFacts, CustomDeviceFacts, RocmFacts])
 def test_the_simulated_paddle_answers_confirm_and_memory_with_declared_calls_only(facts: type[DeviceFacts]) -> None:
     simulated = facts.simulated_paddle("sim_npu", 3, 5 * 2**30)
     assert set(leaves(simulated)) <= set(facts.paddle_calls), "a simulation invents no call the class does not declare"
@@ -628,6 +728,24 @@ def test_a_handle_a_raw_record_cannot_stand_for_is_refused_saying_why() -> None:
     shared = vmm.export("key_caches_0_rank0.device0", (8,), "uint8", "gpu:0")
     with pytest.raises(CacheSharingError, match="virtual-memory allocator.*FLAGS_use_virtual_memory_auto_growth=0"):
         encode_record("key_caches_0_rank0.device0", shared.handle, "cuda")
+
+
+@pytest.mark.parametrize(("name", "make"), [("dcu", rocm_paddle), ("gcu", lambda: custom_paddle(["gcu"])),
+                                            ("intel_hpu", lambda: custom_paddle(["intel_hpu"])),
+                                            ("npu", lambda: custom_paddle(["npu"]))])  # fmt: skip
+def test_a_platform_that_cannot_share_refuses_an_attaching_worker_when_the_rule_decides(name: str, make) -> None:
+    """No IPC export here: the engine's check refuses a worker sent to attach, before any wait; a creator is not."""
+    platform = registered(name, make())
+    assert platform.cache_sharing() is None
+    attach = platform.should_create_cache_tensor(profile=False, num_cpu_blocks=0, storage_backend=None,
+                                                 splitwise_role="decode")  # fmt: skip
+    assert not attach.create
+    with pytest.raises(CacheSharingError, match=f"rank 0: the rule decided the workers attach .*platform {name} cannot "
+                                                "share KV cache tensors between processes"):  # fmt: skip
+        check_can_attach(platform, attach, "rank 0")
+    create = platform.should_create_cache_tensor(profile=False, num_cpu_blocks=0, storage_backend=None,
+                                                 splitwise_role="mixed")  # fmt: skip
+    check_can_attach(platform, create, "rank 0")
 
 
 def test_a_stale_or_foreign_ipc_handle_is_a_sharing_error() -> None:

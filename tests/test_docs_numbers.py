@@ -236,11 +236,11 @@ def test_lifecycle_quotes_the_readmes_import_line() -> None:
 
 
 def test_the_readmes_list_sample_is_what_list_prints() -> None:
-    """After the first command the four in-repo plugins are installed: the README's rows are theirs (the
+    """After the first command the eight in-repo plugins are installed: the README's rows are theirs (the
     example plugin this venv also holds is left out with FD_PLATFORM_PLUGINS)."""
-    sample = re.findall(r"^```text\n(PLATFORM  DISTRIBUTION.*?)^```", README_TEXT, re.S | re.M)[0]
+    sample = re.findall(r"^```text\n(PLATFORM +DISTRIBUTION.*?)^```", README_TEXT, re.S | re.M)[0]
     done = subprocess.run([SCRIPT, "list"], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                          env=clean_env(FD_PLATFORM_PLUGINS="cuda,xpu,iluvatar,metax"))  # fmt: skip
+                          env=clean_env(FD_PLATFORM_PLUGINS="cuda,xpu,iluvatar,metax,dcu,gcu,intel_hpu,npu"))  # fmt: skip
     assert done.returncode == 0, done.stderr
     printed = [line for line in done.stdout.splitlines() if " excluded " not in line]
 

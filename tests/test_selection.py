@@ -23,7 +23,7 @@ from fd_platforms.loading.discovery import discover
 from fd_platforms.loading.platform import Platform, load_platform
 from fd_platforms.loading.selection import Prober, select_platform, survey
 
-IN_REPO = ["cuda", "iluvatar", "metax", "xpu"]
+IN_REPO = ["cuda", "dcu", "gcu", "iluvatar", "intel_hpu", "metax", "npu", "xpu"]
 
 
 def test_in_repo_plugins_are_discovered_through_entry_points() -> None:
@@ -31,7 +31,7 @@ def test_in_repo_plugins_are_discovered_through_entry_points() -> None:
     assert list(found)[:1] == ["cpu"]
     for name in IN_REPO:
         (candidate,) = found[name]
-        assert candidate.distribution == f"fd-platforms-{name}"
+        assert candidate.distribution == f"fd-platforms-{name.replace('_', '-')}"
         assert candidate.entry_point.value == f"fd_platforms_{name}:PLATFORM"
         assert not candidate.builtin
 

@@ -9,7 +9,7 @@ hook; the core refuses a plugin whose range does not hold :data:`API_VERSION`.
 - **MINOR** grows with an addition a plugin written for the previous MINOR cannot notice: a new
   optional hook, a new record field with a default, a new name in ``fd_platforms.plugin``, a new
   module (1.1 the sharing hooks, 1.2 ``kv_cache_shapes``, 1.3 ``release_device_memory``, 1.4
-  ``VendorDeviceRuntime``, 1.5 ``fd_platforms.plugin`` itself).
+  ``VendorDeviceRuntime``, 1.5 ``fd_platforms.plugin`` itself, 1.6 ``RocmFacts``).
 - **MAJOR** grows when anything a plugin may already use changes or goes away: a hook, a parameter,
   a record field, a name of ``fd_platforms.plugin``, and a module path a plugin may import.
   Removing or moving such a module is MAJOR, unless an alias keeps the old path importing the same
@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 from .errors import PluginContractError, PluginVersionError
 
-API_VERSION = "1.5"
+API_VERSION = "1.6"
 PLUGIN_API_MODULES = ("fd_platforms.plugin",)
 """The modules a plugin may import: since API 1.5 one, whose ``__all__`` is the whole plugin API."""
 DEPRECATED_PLUGIN_MODULES = {

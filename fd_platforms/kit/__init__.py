@@ -7,6 +7,7 @@ not use them).
 - :mod:`.paddle_platform` — ``PaddlePlatform``, a whole Paddle-driven platform from its facts;
 - :mod:`.device_facts` — ``DeviceFacts``, the seam between the core and Paddle (memory, pinning, IPC);
 - :mod:`.custom_device` — ``CustomDeviceFacts``, for Paddle custom devices;
+- :mod:`.rocm` — ``RocmFacts``, for Paddle's ROCm build (a ``gpu`` device that is not CUDA);
 - :mod:`.vendor_host` — ``VendorHostRuntime``, a vendor's pinned host allocator through ctypes;
 - :mod:`.host_memory` — the host-memory contract (pinned, else pageable) and the host's memory facts;
 - :mod:`.host_sharing` — cache tensors in sealed memfds, for platforms whose tensors live in host memory;

@@ -40,6 +40,7 @@ class CustomDeviceFacts(DeviceFacts):
         "utils.cpp_extension.load_op_meta_info_and_register_op",
         "_C_ops._run_custom_op",
     )
+    no_sharing = "Paddle has no IPC for custom devices, and the platform names no vendor device runtime"
 
     @classmethod
     def simulated_paddle(cls, device_type: str, devices: int, total_bytes: int) -> Any:

@@ -43,6 +43,8 @@ class DeviceFacts(ABC):
     paddle_calls: ClassVar[tuple[str, ...]]
     #: How a KV cache tensor crosses processes on this device, in one sentence; None where it cannot.
     sharing: ClassVar[str | None] = None
+    #: What is missing where a tensor cannot cross processes, named in the error an export or open raises.
+    no_sharing: ClassVar[str] = "this device's facts state no way to share them"
     #: Paddle calls the sharing makes that only the device's own Paddle build has (the CPU wheel lacks them).
     device_build_calls: ClassVar[tuple[str, ...]] = ()
     #: Paddle's ``DenseTensor`` methods that export and open a tensor's IPC handle on this device
@@ -184,7 +186,7 @@ class DeviceFacts(ABC):
 
     def _unshareable(self, name: str) -> CacheSharingError:
         return CacheSharingError(
-            f"{self.device_type} tensors cannot be shared between processes (tensor {name}). "
+            f"{self.device_type} tensors cannot be shared between processes (tensor {name}): {self.no_sharing}. "
             "Fix: let the workers create their own caches"
         )
 

@@ -73,6 +73,42 @@ KNOWN_ACCELERATORS = (
         source="MetaX's driver makes the control node /dev/mxcd; its GPUs are /dev/dri render nodes, which "
         "other vendors' GPUs have too",
     ),
+    KnownAccelerator(
+        vendor="ROCm (Hygon DCU, AMD)",
+        nodes="/dev/kfd",
+        platform="dcu",
+        distribution="fd-platforms-dcu",
+        visible_devices_env="HIP_VISIBLE_DEVICES",
+        source="the ROCm/DTK driver's kernel fusion driver node /dev/kfd, one for all devices (FastDeploy's Hygon "
+        "DCU guide mounts /dev/kfd and /dev/dri); its GPUs are /dev/dri render nodes, which other vendors' GPUs "
+        "have too",
+    ),
+    KnownAccelerator(
+        vendor="Enflame",
+        nodes="/dev/gcu[0-9]*",
+        platform="gcu",
+        distribution="fd-platforms-gcu",
+        visible_devices_env="TOPS_VISIBLE_DEVICES",
+        source="Enflame's driver makes /dev/gcuN per card, and its codec nodes /dev/gcuNvidM beside them",
+    ),
+    KnownAccelerator(
+        vendor="Intel Gaudi",
+        nodes="/dev/accel/accel_controlD[0-9]*",
+        platform="intel_hpu",
+        distribution="fd-platforms-intel-hpu",
+        visible_devices_env="HABANA_VISIBLE_MODULES",
+        source="habanalabs makes /dev/accel/accel_controlDN per device beside /dev/accel/accelN, the kernel's "
+        "accel class, which other vendors' NPUs use too",
+    ),
+    KnownAccelerator(
+        vendor="Ascend",
+        nodes="/dev/davinci[0-9]*",
+        platform="npu",
+        distribution="fd-platforms-npu",
+        visible_devices_env="ASCEND_RT_VISIBLE_DEVICES",
+        source="Ascend's driver makes /dev/davinciN per NPU (beside /dev/davinci_manager, /dev/devmm_svm and "
+        "/dev/hisi_hdc)",
+    ),
 )
 
 

@@ -43,7 +43,7 @@ from .watchdog import DEFAULT_DETECT_TIMEOUT, detect_bound
 ENV_PLATFORM = "FD_PLATFORM"
 ENV_PLUGINS = "FD_PLATFORM_PLUGINS"
 FALLBACK_PLATFORM = "cpu"
-IN_REPO_PLUGINS = ("cuda", "xpu", "iluvatar", "metax")
+IN_REPO_PLUGINS = ("cuda", "xpu", "iluvatar", "metax", "dcu", "gcu", "intel_hpu", "npu")
 
 logger = logging.getLogger("fd_platforms")
 
