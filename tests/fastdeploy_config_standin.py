@@ -5,9 +5,11 @@ only what a KV-cache port reads is here, each attribute under FastDeploy's own n
 way FastDeploy derives it. Nothing of fd-platforms is imported: the adapter must read this as it would read
 FastDeploy's real ``FDConfig``.
 
-- ``ModelConfig(args)``: ``model`` (the model folder) and ``dtype`` from ``args``, then every key of the
-  folder's ``config.json`` as an attribute (``PretrainedConfig.get_config_dict``); absent
-  ``num_key_value_heads`` is ``-1`` (``PRETRAINED_INIT_CONFIGURATION``), absent ``head_dim`` is
+- ``ModelConfig(args)``: ``model`` (the model folder) and ``dtype`` from ``args``; a ``text_config`` section of
+  the folder's ``config.json`` is flattened first (its keys become attributes where the config has none yet, and
+  ``text_config`` itself is no attribute: ``ModelConfig.__init__``, develop c1b7c083), then every top-level key
+  as an attribute (``PretrainedConfig.get_config_dict``); absent keys of ``PRETRAINED_INIT_CONFIGURATION`` take its
+  defaults (``num_key_value_heads`` ``-1``, ``start_layer_index`` 0), absent ``head_dim`` is
   ``hidden_size // num_attention_heads``; ``num_nextn_predict_layers`` defaults to 0.
 - ``CacheConfig(args)``: ``block_size`` 64, ``gpu_memory_utilization`` 0.9, ``cache_dtype`` ``bfloat16`` (a
   quantized model's ``kv_cache_quant_type`` replaces it, and any int4/int8/float4/float8 name becomes
@@ -17,8 +19,13 @@ FastDeploy's real ``FDConfig``.
 - ``ParallelConfig(args)``: ``tensor_parallel_size``, ``data_parallel_size``, ``local_data_parallel_id``,
   ``engine_worker_queue_port`` (parsed to a list of ports), ``device_ids``, ``engine_pid``.
 - ``SchedulerConfig``: ``splitwise_role`` (``mixed``, ``prefill``, ``decode``), ``name``.
-- ``SpeculativeConfig(args)``: ``method`` (None or ``mtp``), ``num_gpu_block_expand_ratio`` 1,
-  ``num_extra_cache_layer`` computed after the args are applied: 1 with MTP, else 0 (``_convert_and_validate``).
+- ``SpeculativeConfig(args)``: ``method`` (None or ``mtp``), ``num_gpu_block_expand_ratio`` 1, ``model`` None,
+  ``model_type`` ``main`` (``_DEFAULTS``), ``num_extra_cache_layer`` computed after the args are applied: 1 with
+  MTP, else 0 (``_convert_and_validate``).
+- :func:`proposer_fd_config`: the MTP proposer's own FDConfig, a deep copy of its runner's
+  (``spec_decode/base.py`` ``Proposer.__init__``) changed as ``spec_decode/mtp.py`` ``_update_mtp_config`` changes
+  it: ``num_hidden_layers`` 1, ``start_layer_index`` the main model's layers, ``model`` the speculative model,
+  ``speculative_config.model_type`` ``mtp``.
 - ``QuantConfig``: FastDeploy's quantization configs carry ``kv_cache_quant_type`` (None when the cache is
   not quantized); ``FDConfig.quant_config`` is None for an unquantized model.
 - ``FDConfig``: holds the above; ``parallel_config.device_ids`` becomes ``CUDA_VISIBLE_DEVICES`` (or
@@ -30,8 +37,10 @@ Two processes build an FDConfig, and they differ (gongshaotian/FastDeploy at e53
 
 - :func:`fd_config`, the WORKER's (``fastdeploy/worker/worker_process.py`` ``initialize_fd_config``, what a runner
   holds): ``quant_config`` from ``parse_quant_config``, ``engine_pid`` from its ``--engine_pid`` (the engine
-  passes its first ``engine_worker_queue_port``: ``engine/engine.py`` ``_start_worker_service``), and
-  ``local_data_parallel_id`` from its rank (``data_parallel_rank % (max_chips_per_node // tensor_parallel_size)``).
+  passes its first ``engine_worker_queue_port``: ``engine/engine.py`` ``_start_worker_service``), and from its
+  GLOBAL ``local_rank`` (``fleet.worker_index()``: ``init_distributed_environment``) ``tensor_parallel_rank``
+  (``local_rank % tp``), ``data_parallel_rank`` (``local_rank // tp``) and, with data parallelism,
+  ``local_data_parallel_id`` (``data_parallel_rank % (max_chips_per_node // tensor_parallel_size)``).
 - :func:`engine_fd_config`, the ENGINE's (``fastdeploy/engine/args_utils.py`` ``EngineArgs.create_engine_config``):
   no ``quant_config`` (None whatever the model), no ``engine_pid`` (EngineArgs has none), and the engine's own
   ``local_data_parallel_id`` (0 unless given).
@@ -39,6 +48,7 @@ Two processes build an FDConfig, and they differ (gongshaotian/FastDeploy at e53
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -52,6 +62,10 @@ def _apply(target: object, args: dict[str, Any]) -> None:
             setattr(target, key, value)
 
 
+PRETRAINED_INIT_CONFIGURATION = {"num_key_value_heads": -1, "start_layer_index": 0}
+"""The defaults of ``fastdeploy/config.py`` ``PRETRAINED_INIT_CONFIGURATION`` a KV-cache port reads."""
+
+
 class ModelConfig:
     def __init__(self, args: dict[str, Any]) -> None:
         self.model = ""
@@ -59,10 +73,17 @@ class ModelConfig:
         self.quantization: dict[str, Any] | None = None
         self.num_nextn_predict_layers = 0
         _apply(self, args)
-        for key, value in json.loads((Path(self.model) / "config.json").read_text()).items():
+        pretrained = json.loads((Path(self.model) / "config.json").read_text())
+        text_config = pretrained.pop("text_config", None)
+        if isinstance(text_config, dict):  # flattened where the config has no such attribute yet
+            for key, value in text_config.items():
+                if not hasattr(self, key):
+                    setattr(self, key, value)
+        for key, value in pretrained.items():
             setattr(self, key, value)
-        if not hasattr(self, "num_key_value_heads"):
-            self.num_key_value_heads = -1
+        for key, value in PRETRAINED_INIT_CONFIGURATION.items():
+            if not hasattr(self, key):
+                setattr(self, key, value)
         if not hasattr(self, "head_dim"):
             self.head_dim = self.hidden_size // self.num_attention_heads
 
@@ -98,6 +119,7 @@ class CacheConfig:
 class ParallelConfig:
     def __init__(self, args: dict[str, Any]) -> None:
         self.tensor_parallel_rank = 0
+        self.data_parallel_rank = 0
         self.tensor_parallel_size = 1
         self.data_parallel_size = 1
         self.local_data_parallel_id = 0
@@ -126,6 +148,7 @@ class SpeculativeConfig:
         self.method: str | None = None
         self.num_gpu_block_expand_ratio: float = 1
         self.model: str | None = None
+        self.model_type = "main"
         _apply(self, args)
         self.num_extra_cache_layer = 1 if self.method == "mtp" else 0  # computed after the args: never taken from them
 
@@ -173,12 +196,33 @@ def fd_config(
     mtp: bool = False,
     port: str = "8002",
     engine_pid: int | None = 4242,
+    local_rank: int | None = None,
+    max_chips_per_node: int = 8,
     **cache: Any,
 ) -> FDConfig:
     """The FDConfig FastDeploy's WORKER process builds (``worker_process.py`` ``initialize_fd_config``): what a
-    runner of data-parallel rank ``local_data_parallel_id`` holds."""
-    return _build(model, tp, dp, local_data_parallel_id, splitwise_role, swap_space, kv_cache_quant_type, mtp, port,
-                  engine_pid, worker=True, cache=cache)  # fmt: skip
+    runner of data-parallel rank ``local_data_parallel_id`` holds; given the worker's global ``local_rank``, its
+    ranks are derived from it as ``initialize_fd_config`` derives them (``max_chips_per_node``: 8, 16 on Iluvatar)."""
+    if local_rank is not None and dp > 1:
+        local_data_parallel_id = local_rank // tp % (max_chips_per_node // tp)
+    config = _build(model, tp, dp, local_data_parallel_id, splitwise_role, swap_space, kv_cache_quant_type, mtp,
+                    port, engine_pid, worker=True, cache=cache)  # fmt: skip
+    if local_rank is not None:
+        config.parallel_config.tensor_parallel_rank = local_rank % tp
+        config.parallel_config.data_parallel_rank = local_rank // tp
+    return config
+
+
+def proposer_fd_config(runner_fd_config: FDConfig) -> FDConfig:
+    """The MTP proposer's own FDConfig: a deep copy of its runner's (``spec_decode/base.py`` ``Proposer.__init__``:
+    ``self.fd_config = deepcopy(fd_config)``), changed as ``spec_decode/mtp.py`` ``_update_mtp_config`` changes it."""
+    proposer = copy.deepcopy(runner_fd_config)
+    main_layers = proposer.model_config.num_hidden_layers
+    proposer.model_config.num_hidden_layers = 1  # "The number of MTP layers should be read from model config"
+    proposer.model_config.model = proposer.speculative_config.model
+    proposer.model_config.start_layer_index = main_layers
+    proposer.speculative_config.model_type = "mtp"
+    return proposer
 
 
 def engine_fd_config(
