@@ -4,13 +4,18 @@ FastDeploy's signals (:mod:`.signals`, their failure words :mod:`.fault_words`),
 (:mod:`.records`, :mod:`.handles`) and our marks beside them (:mod:`.marks`), its wire protocol (:mod:`.protocol`,
 the rule it follows :mod:`.rule`), its config read into ours (:mod:`.config`, its values checked :mod:`.values`),
 its block-count hand-off (:mod:`.block_handoff`), its RL clear/update (:mod:`.cache_status` drives it,
-:mod:`.cache_server` serves it, :mod:`.weights_status` follows it). The engine (:mod:`fd_platforms.engine`) never
+:mod:`.cache_server` serves it, :mod:`.weights_status` follows it), and what a port of FastDeploy would otherwise
+write itself: our platform for its ``current_platform`` (:mod:`.platforms`), its attention backend's shapes as our
+tensor specs (:mod:`.backend_shapes`), its profiled budget as a plan (:mod:`.profile_budget`), the MTP proposer's
+settings from its runner's (:mod:`.proposer`), a managed cache in the views its cache processes keep
+(:mod:`.cache_views`) and the rule its release follows (:data:`FASTDEPLOY_RULE`). The engine (:mod:`fd_platforms.engine`) never
 imports this package; importing it registers :data:`FASTDEPLOY`, so an engine call's ``protocol="fastdeploy"``
 resolves (or pass ``protocol=FASTDEPLOY``). See ``docs/porting-fastdeploy.md``.
 """
 
 from __future__ import annotations
 
+from .backend_shapes import backend_tensor_specs, tensor_specs_from_shapes
 from .block_handoff import hand_off_block_count
 from .cache_server import serve_kv_cache_status
 from .cache_status import (
@@ -21,20 +26,30 @@ from .cache_status import (
     drive_kv_cache_restore,
     drive_kv_cache_update,
 )
+from .cache_views import messager_cache_kvs, transfer_manager_views
 from .config import FastDeploySettings, from_cache_manager_args, from_fd_config
+from .platforms import FASTDEPLOY_PLATFORMS, our_platform, our_platform_name
+from .profile_budget import ProfiledBudget, plan_from_profile, profile_cache_bytes
+from .proposer import ProposerSettings, proposer_settings
 from .protocol import FASTDEPLOY
+from .rule import FASTDEPLOY_RULE
 from .signals import FastDeploySignal, FastDeploySuffix, KVCacheStatus, check_suffix
 from .weights_status import follow_model_weights_status
 
 __all__ = [
     "FASTDEPLOY",
+    "FASTDEPLOY_PLATFORMS",
+    "FASTDEPLOY_RULE",
     "ClearReport",
     "FastDeploySettings",
     "FastDeploySignal",
     "FastDeploySuffix",
     "KVCacheStatus",
+    "ProfiledBudget",
+    "ProposerSettings",
     "RestoreReport",
     "UpdateReport",
+    "backend_tensor_specs",
     "check_suffix",
     "drive_kv_cache_clear",
     "drive_kv_cache_restore",
@@ -43,5 +58,13 @@ __all__ = [
     "from_cache_manager_args",
     "from_fd_config",
     "hand_off_block_count",
+    "messager_cache_kvs",
+    "our_platform",
+    "our_platform_name",
+    "plan_from_profile",
+    "profile_cache_bytes",
+    "proposer_settings",
     "serve_kv_cache_status",
+    "tensor_specs_from_shapes",
+    "transfer_manager_views",
 ]

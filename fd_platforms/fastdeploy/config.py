@@ -188,7 +188,9 @@ def from_fd_config(fd_config: object, *, local_rank: int, rule: str | None = Non
     role = one_of(f"{_FD}.scheduler_config.splitwise_role",
                   _read(_read(fd_config, "scheduler_config"), "splitwise_role", f"{_FD}.scheduler_config"),
                   SPLITWISE_ROLES, FD_FIX)  # fmt: skip
-    draft_layers, ratio = _speculative(_speculative_object(fd_config), _SPEC, FD_FIX, defaults=None)
+    spec = _speculative_object(fd_config)
+    _not_the_proposers(spec)
+    draft_layers, ratio = _speculative(spec, _SPEC, FD_FIX, defaults=None)
     model_config = _read(fd_config, "model_config")
     with _named(_FD_NAMES):
         model = _model(model_config, draft_layers=draft_layers)
@@ -394,6 +396,20 @@ def _speculative_object(fd_config: object) -> object:
             "num_gpu_block_expand_ratio) its runner reads", "pass the FDConfig's SpeculativeConfig(args) as it is",
         )  # fmt: skip
     return spec
+
+
+def _not_the_proposers(spec: object) -> None:
+    """The MTP proposer's FDConfig is a deep copy of its runner's in which ``_update_mtp_config`` sets
+    ``speculative_config.model_type = "mtp"`` and ``num_hidden_layers = 1`` (``spec_decode/mtp.py``): read as a
+    model it is a one-layer one, so it is refused, naming the call that reads the runner's instead."""
+    if getattr(spec, "model_type", "main") == "mtp":
+        raise ConfigError(
+            f"{_SPEC}.model_type", "mtp",
+            "main: this is the MTP proposer's copy of its runner's FDConfig (spec_decode/base.py deepcopy; mtp.py "
+            "_update_mtp_config sets num_hidden_layers = 1), which plans a one-layer model",
+            "read the runner's FDConfig (the fd_config the proposer is given) with from_fd_config, and take the "
+            "proposer's settings from it with proposer_settings(runner_settings, proposer.fd_config)",
+        )  # fmt: skip
 
 
 def _speculative_dict(args: object) -> Mapping[str, object]:

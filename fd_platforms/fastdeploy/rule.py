@@ -23,6 +23,11 @@ from ..contract.errors import ConfigError
 from ..contract.types import CacheDecision
 from ..rules.decision import DEFAULT_RULE, RULE_VERSIONS, DecisionInputs, check_rule, decisions_by_version
 
+FASTDEPLOY_RULE = "2026-04"
+"""The rule FastDeploy follows since PR #7471 (2026-04-29; develop c1b7c083, the release the porting guide ports:
+``gpu_model_runner.py`` ``initialize_kv_cache`` creates unless a storage backend or P/D says otherwise). A port of
+that release pins it (``from_fd_config(..., rule=FASTDEPLOY_RULE)``), so its processes and any of FastDeploy's
+own left unported decide alike; a port of an older release pins ``"2026-01"``."""
 HOW_TO_PIN = "rule= in the Python API, --rule on the command line, rule under [cache] in the deploy file"
 
 
