@@ -3,7 +3,8 @@
 - ``python`` blocks of a file run in order as one session (a later block uses what an earlier
   one made), from the repository root, in a fresh interpreter; a block made only of ``def``
   lines is a hook signature and must be the hook spec's own. ``docs/engine-integration.md`` is
-  run block by block in one session by ``test_engine_docs.py``, with its own checks.
+  run block by block in one session by ``test_engine_docs.py``, with its own checks, and
+  ``docs/porting-fastdeploy.md`` by ``test_porting_guide.py``, under FastDeploy's record names' lock.
 - ``bash`` blocks: ``docs/multinode.md``'s commands for two machines, run together by ``test_multinode.py``.
 - ``sh`` blocks: every ``fd-platforms`` command runs and exits 0 (the fake runtime a line builds
   with ``tools/fake-custom-device/build.sh`` is the session's built one); the set-up commands at
@@ -36,7 +37,10 @@ from fd_platforms.loading.platform import Platform
 from run_helpers import ROOT, SCRIPT, clean_env
 
 DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
-SESSION_TESTED_ELSEWHERE = {ROOT / "docs" / "engine-integration.md": "test_engine_docs.py"}
+SESSION_TESTED_ELSEWHERE = {
+    ROOT / "docs" / "engine-integration.md": "test_engine_docs.py",
+    ROOT / "docs" / "porting-fastdeploy.md": "test_porting_guide.py",  # it writes FastDeploy's record names: under their lock
+}
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
 SIGNATURE = re.compile(r"def (\w+)\((.*)\) -> (.+)")
 INLINE_CALL = re.compile(r"`(?:(platform|fd_platforms)\.)?(\w+)\(([^`]*)\)`")
