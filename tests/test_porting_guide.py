@@ -13,6 +13,7 @@ method or function, which runs the lines FastDeploy keeps there).
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import json
 import os
@@ -25,6 +26,8 @@ import fastdeploy_runner_standin
 import pytest
 from conftest import left_behind_by, run_tracked, shm_entries
 from run_helpers import ROOT, clean_env
+
+from fd_platforms.engine import KVCache, ManagedCache
 
 GUIDE = ROOT / "docs" / "porting-fastdeploy.md"
 FASTDEPLOY = json.loads((ROOT / "tests" / "fastdeploy_lines.json").read_text())
@@ -211,6 +214,23 @@ def test_the_guide_runs_on_cpu_as_one_session() -> None:
 # --- The port as it will be once the blockers' branches are merged: each flips to a pass there. ---------------
 
 
+def let_go(*parts: object) -> None:
+    """What a test that stopped half-way made, let go (its runners and proposers, a transfer manager, a messager's
+    cache), so a strict xfail failing on main leaves no published record to the modules after it."""
+    fastdeploy_runner_standin.MESSAGERS.clear()
+    for part in parts:
+        for inputs in ("share_inputs", "model_inputs"):
+            getattr(part, inputs, {}).pop("caches", None)
+        if hasattr(part, "_drop_gpu_views") and hasattr(part, "gpu_cache_kvs"):
+            part._drop_gpu_views()
+        cache = getattr(part, "kv_cache", None) or getattr(part, "managed", None) or part
+        with contextlib.suppress(Exception):  # best effort: the test's own failure is what it reports
+            if isinstance(cache, KVCache):
+                cache.clear(strict=False)
+            elif isinstance(cache, ManagedCache):
+                cache.clear(timeout=5, clear_host=True)
+
+
 def ported(**names: object) -> dict[str, object]:
     """The guide's set-up and FastDeploy files' blocks (no driver), run in one namespace here."""
     namespace: dict[str, object] = {"__name__": "ported", **names}
@@ -228,14 +248,15 @@ def test_the_ported_runner_and_proposer_with_mtp_ratio_2() -> None:
     config = port["fd_config"]("examples/qwen3-30b-a3b", mtp=True, port="8402", engine_pid=8400)  # type: ignore[operator]
     config.speculative_config.num_gpu_block_expand_ratio = 2
     signal = port["FastDeploySignal"].create("cache_ready_signal", "8402", 1)  # type: ignore[attr-defined]
+    runner = port["GPUModelRunner"](config, "gpu:0", 0, rank=0, local_rank=0)  # type: ignore[operator]
+    runner.load_model()
     try:
-        runner = port["GPUModelRunner"](config, "gpu:0", 0, rank=0, local_rank=0)  # type: ignore[operator]
-        runner.load_model()
         runner.update_share_input_block_num(10)
         assert runner.proposer.kv_cache.tensors[0].shape[0] == 20 and signal.values() == (1,)
         runner.proposer.clear_mtp_cache()
         runner.clear_cache()
     finally:
+        let_go(runner.proposer, runner)
         signal.close()
 
 
@@ -269,6 +290,7 @@ def test_p_d_decode_with_swap_space_the_messager_creates_and_both_attach(monkeyp
     flags = ("--rank 0 --device_id 0 --mp_num 1 --num_layers 48 --splitwise_role decode --cache_dtype bfloat16 "
              "--key_cache_shape 40,4,64,128 --value_cache_shape 40,4,64,128 --engine_worker_queue_port 8602 "
              "--model_path examples/qwen3-30b-a3b").split()  # fmt: skip
+    messager = runner = manager = None
     try:
         monkeypatch.setattr(sys, "argv", ["cache_messager.py", *flags, "--ipc_suffix", "8602"])
         port["args"] = port["parse_args"]()  # type: ignore[operator]
@@ -285,6 +307,7 @@ def test_p_d_decode_with_swap_space_the_messager_creates_and_both_attach(monkeyp
         messager.clear()
         manager.kept_host.clear()
     finally:
+        let_go(manager, getattr(runner, "proposer", None), runner, messager)
         for signal in signals:
             signal.close()
 
