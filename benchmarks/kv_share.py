@@ -13,7 +13,7 @@ memfd zero-filled by the kernel, the manifest published in ``/dev/shm``, the slo
    for scale, a single-thread memset of the same bytes over a buffer already touched once (``numpy``
    ``fill(0)``: memory bandwidth without page faults, which no fresh allocation can reach).
 2. **attach**: with the creator's cache already published, this process times
-   ``initialize_kv_cache(platform, ..., splitwise_role="decode", setter_pid=<creator>)``: the
+   ``initialize_kv_cache(platform, ..., splitwise_role="decode", creator_pid=<creator>)``: the
    KVCache's ``attach_seconds`` (opening every published tensor) apart from ``wait_seconds`` (the
    slot is set already, so the wait is near zero) and the whole call. Goal: attach <= 20 ms per rank.
    The model's first attach in this process (the first warm-up cycle: cold caches, as a worker's
@@ -113,7 +113,7 @@ def warm_paddle() -> None:
 # -- the creator process (the cache manager) --------------------------------------------------
 
 
-def creator(signal_name: str, link: Connection) -> None:
+def creator(instance: str, link: Connection) -> None:
     """Serve the benchmark: ``anchors``, ``publish``, ``clear``, ``recreate``, ``stop``; each answered
     with ``("ok", result)`` or ``("error", text)``. Ends on ``stop``, on an error, or when the benchmark
     is gone."""
@@ -125,7 +125,7 @@ def creator(signal_name: str, link: Connection) -> None:
         nonlocal managed
         layout = layout_of(model)
         started = time.perf_counter()
-        managed = manage_kv_cache(platform, layout, num_blocks, num_cpu_blocks=0, signal_name=signal_name)
+        managed = manage_kv_cache(platform, layout, num_blocks, num_cpu_blocks=0, instance=instance)
         return {"create_s": time.perf_counter() - started, "export_s": managed.kv_cache.create_seconds}
 
     def clear() -> dict[str, float]:
@@ -256,7 +256,7 @@ class Run:
         """Initialize this process's cache by attaching; the whole call's seconds."""
         started = time.perf_counter()
         self.cache = initialize_kv_cache(
-            self.platform, layout, num_blocks, signal_name=self.ready.name, setter_pid=self.pid, timeout=STEP_SECONDS,
+            self.platform, layout, num_blocks, instance=self.ready.name, creator_pid=self.pid, timeout=STEP_SECONDS,
             **DECODE,
         )
         return time.perf_counter() - started

@@ -102,7 +102,7 @@ def _wait(signal: CacheReadySignal | FastDeploySignal, strategy: str, setter_pid
         signal.wait_for(0, 1, timeout, watch_pid=setter_pid)
         return
     if strategy == "futex":
-        signal.wait(0, timeout=timeout, setter_pid=setter_pid)
+        signal.wait(0, timeout=timeout, creator_pid=setter_pid)
         return
     if strategy == "spin":
         while not signal.is_set(0):

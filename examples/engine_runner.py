@@ -28,11 +28,11 @@ def receive(conn, what):
     return conn.recv()
 
 
-def cache_manager(signal_name, num_blocks, num_cpu_blocks, conn):
+def cache_manager(instance, num_blocks, num_cpu_blocks, conn):
     platform = fd_platforms.current_platform()
     for cycle in (1, 2):
         managed = manage_kv_cache(platform, rank0_layout(), num_blocks, num_cpu_blocks=num_cpu_blocks,
-                                           signal_name=signal_name)  # publishes, then sets rank 0's slot
+                                           instance=instance)  # publishes, then sets rank 0's slot
         managed.kv_cache.tensors[0][0, 0, 0, 0] = 100.0 + cycle  # for the runner to read
         conn.send(managed.host_cache.num_blocks)
         receive(conn, '"clear" from the engine')  # sent once the runner has let go
@@ -57,7 +57,7 @@ def main():
             for cycle in (1, 2):
                 cache = initialize_kv_cache(
                     platform, layout, plan.num_blocks, profile=False, num_cpu_blocks=plan.num_cpu_blocks,
-                    storage_backend=None, splitwise_role="decode", signal_name=signal.name, setter_pid=manager.pid,
+                    storage_backend=None, splitwise_role="decode", instance=signal.name, creator_pid=manager.pid,
                     timeout=TIMEOUT)
                 seen = cache.tensors[0][0, 0, 0, 0].item()
                 cache.tensors[-1][-1, -1, -1, -1] = 7.0 * cycle

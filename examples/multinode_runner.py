@@ -33,7 +33,7 @@ def node(node_rank, master, memory_mib):
     with CacheReadySignal.create(1) as signal:  # each node's engine owns its own signal
         cache = initialize_kv_cache(
             platform, layout, agreement.plan.num_blocks, profile=False, num_cpu_blocks=0, storage_backend=None,
-            splitwise_role="mixed", signal_name=signal.name, setter_pid=None, timeout=TIMEOUT)
+            splitwise_role="mixed", instance=signal.name, creator_pid=None, timeout=TIMEOUT)
         cluster.barrier("every node's cache is ready")
         print(f"node {node_rank}: planned {plan.num_blocks} blocks, uses {agreement.plan.num_blocks} "
               f"(node {bound.node} rank {bound.local_rank}'s plan), created={cache.created}", flush=True)

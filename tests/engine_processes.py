@@ -29,7 +29,7 @@ def manage(signal_name: str, num_blocks: int, num_cpu_blocks: int, cache: dict, 
 
     platform = fd_platforms.current_platform()
     managed = manage_kv_cache(
-        platform, qwen_layout(**cache), num_blocks, num_cpu_blocks=num_cpu_blocks, signal_name=signal_name
+        platform, qwen_layout(**cache), num_blocks, num_cpu_blocks=num_cpu_blocks, instance=signal_name
     )
     managed.kv_cache.tensors[0][0, 0, 0, 0] = 5.0
     serve(conn, managed, managed.kv_cache)
@@ -104,7 +104,7 @@ def fastdeploy_runner(
 
     def attach() -> object:
         cache = initialize_kv_cache(
-            platform, layout, num_blocks, suffix=suffix, protocol=FASTDEPLOY, timeout=30, **FASTDEPLOY_ATTACH
+            platform, layout, num_blocks, instance=suffix, protocol=FASTDEPLOY, timeout=30, **FASTDEPLOY_ATTACH
         )
         assert not cache.created and first_bytes(cache, 0) == {rank + 1}, first_bytes(cache, 0)
         write_byte(cache, 1, 0x5A)
@@ -130,7 +130,7 @@ def fastdeploy_manager(suffix: str, rank: int, tp: int, num_blocks: int, device_
 
     platform = fd_platforms.current_platform()
     managed = manage_kv_cache(platform, qwen_layout(rank, tp, device_id), num_blocks, num_cpu_blocks=4,
-                              suffix=suffix, protocol=FASTDEPLOY, rule="2026-01")  # fmt: skip
+                              instance=suffix, protocol=FASTDEPLOY, rule="2026-01")  # fmt: skip
     conn.send(("published", str(managed.kv_cache.tensors[0].place)))
     while True:
         kind = conn.recv()
@@ -158,7 +158,7 @@ def manage_with_draft(signal_name: str, num_blocks: int, conn: Connection) -> No
 
     whole = mtp_layout()
     managed = manage_kv_cache(fd_platforms.current_platform(), whole.main(), num_blocks, num_cpu_blocks=2,
-                              signal_name=signal_name, draft=whole.draft())  # fmt: skip
+                              instance=signal_name, draft=whole.draft())  # fmt: skip
     assert managed.draft is not None
     managed.kv_cache.tensors[0][0, 0, 0, 0] = 5.0
     managed.draft.tensors[0][0, 0, 0, 0] = 6.0
@@ -173,7 +173,7 @@ def hold_with_draft(suffix: str, num_blocks: int, conn: Connection) -> None:
 
     whole = mtp_layout()
     managed = manage_kv_cache(fd_platforms.current_platform(), whole.main(), num_blocks, num_cpu_blocks=2,
-                              suffix=suffix, protocol=FASTDEPLOY, rule="2026-04", timeout=30,
+                              instance=suffix, protocol=FASTDEPLOY, rule="2026-04", timeout=30,
                               draft=whole.draft())  # fmt: skip
     assert not managed.created  # the rule in force lets the worker create: the manager attaches
     assert managed.draft is not None and managed.host_cache is not None
@@ -223,7 +223,7 @@ def fastdeploy_rl_runner(
     held: list[object] = []
 
     def attach() -> None:
-        cache = initialize_kv_cache(platform, qwen_layout(rank, tp), num_blocks, suffix=suffix,
+        cache = initialize_kv_cache(platform, qwen_layout(rank, tp), num_blocks, instance=suffix,
                                     protocol=FASTDEPLOY, timeout=30, **FASTDEPLOY_ATTACH)  # fmt: skip
         assert not cache.created and first_bytes(cache, 0) == {rank + 1}, first_bytes(cache, 0)
         held.append(cache)
@@ -253,12 +253,12 @@ def fastdeploy_serving_manager(suffix: str, rank: int, tp: int, num_blocks: int,
 
     def create(rank: int) -> object:
         kept = made[-1].host_cache if made else None  # type: ignore[attr-defined]
-        made.append(manage_kv_cache(platform, qwen_layout(rank, tp), num_blocks, num_cpu_blocks=4, suffix=suffix,
+        made.append(manage_kv_cache(platform, qwen_layout(rank, tp), num_blocks, num_cpu_blocks=4, instance=suffix,
                                     protocol=FASTDEPLOY, rule="2026-01", host_cache=kept))  # fmt: skip
         return made[-1]
 
     conn.send(("published", str(create(rank).kv_cache.tensors[0].place)))  # type: ignore[attr-defined]
-    held = serve_kv_cache_status([made[-1]], create, suffix=suffix,  # type: ignore[list-item,arg-type]
+    held = serve_kv_cache_status([made[-1]], create, instance=suffix,  # type: ignore[list-item,arg-type]
                                  until=lambda: conn.poll(), timeout=30, tp=tp)
     assert conn.recv() == "stop"
     for cache in held:
@@ -274,7 +274,7 @@ def decode_runner(suffix: str, conn: Connection) -> None:
 
     cache = initialize_kv_cache(
         fd_platforms.current_platform(), qwen_layout(), 4, profile=False, num_cpu_blocks=4, storage_backend=None,
-        splitwise_role="decode", protocol=FASTDEPLOY, suffix=suffix, timeout=30, tp=1,
+        splitwise_role="decode", protocol=FASTDEPLOY, instance=suffix, timeout=30, tp=1,
     )  # fmt: skip
     conn.send(("attached", cache.created))
     conn.recv()

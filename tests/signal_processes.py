@@ -14,7 +14,7 @@ def wait_and_report(name: str, rank: int, timeout: float, setter_pid: int | None
     """Attach, wait on ``rank`` and send back ``(rank, "ready", seconds)`` or ``(rank, cause, message)``."""
     with CacheReadySignal.attach(name) as signal:
         try:
-            waited = signal.wait(rank, timeout=timeout, setter_pid=setter_pid)
+            waited = signal.wait(rank, timeout=timeout, creator_pid=setter_pid)
         except CacheNotReadyError as error:
             results.send((rank, error.cause, str(error)))
         else:

@@ -110,8 +110,8 @@ def cpu():
 @pytest.mark.parametrize(
     ("call", "field"),
     [
-        (lambda p: p.wait_cache_ready("fd_cache_ready.x", 0, setter_pid=2**40), "setter_pid"),
-        (lambda p: p.wait_cache_ready("fd_cache_ready.x", 0, setter_pid=True), "setter_pid"),
+        (lambda p: p.wait_cache_ready("fd_cache_ready.x", 0, creator_pid=2**40), "creator_pid"),
+        (lambda p: p.wait_cache_ready("fd_cache_ready.x", 0, creator_pid=True), "creator_pid"),
         (lambda p: p.wait_cache_ready("fd_cache_ready.x", -1), "rank"),
         (lambda p: p.wait_cache_ready("../etc/passwd", 0), "signal_name"),
         (lambda p: p.wait_cache_ready("fd_cache_ready.x", 0, timeout=1e9), "timeout"),

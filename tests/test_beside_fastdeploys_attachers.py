@@ -274,12 +274,12 @@ def test_engine_calls_given_tp_refuse_a_ready_signal_of_another_length_before_an
     with FastDeploySignal.create(CACHE_READY, suffix, 3), FastDeploySignal.create(CACHE_TRANSFER_INITED, suffix, 2):
         with pytest.raises(CacheSignalError, match="holds 12 bytes.*of 2 words .8 bytes for tp 2"):
             initialize_kv_cache(platform, qwen_layout(0, 2), 4, profile=False, num_cpu_blocks=0, storage_backend=None,
-                                splitwise_role="mixed", protocol="fastdeploy", suffix=suffix, tp=2)  # fmt: skip
+                                splitwise_role="mixed", protocol="fastdeploy", instance=suffix, tp=2)  # fmt: skip
         with pytest.raises(CacheSignalError, match="holds 12 bytes.*for tp 2"):
-            manage_kv_cache(platform, qwen_layout(0, 2), 4, num_cpu_blocks=0, protocol="fastdeploy", suffix=suffix,
+            manage_kv_cache(platform, qwen_layout(0, 2), 4, num_cpu_blocks=0, protocol="fastdeploy", instance=suffix,
                             tp=2)  # fmt: skip
         with pytest.raises(ConfigError, match="layout.rank=2 is not valid; allowed: a local rank of tp 2"):
-            manage_kv_cache(platform, qwen_layout(2, 4), 4, num_cpu_blocks=0, protocol="fastdeploy", suffix=suffix,
+            manage_kv_cache(platform, qwen_layout(2, 4), 4, num_cpu_blocks=0, protocol="fastdeploy", instance=suffix,
                             tp=2)  # fmt: skip
     assert not os.path.exists("/dev/shm/key_caches_0_rank0.device0"), "nothing published"
 
@@ -306,7 +306,7 @@ def test_decode_with_swap_our_manager_never_frees_under_fastdeploys_transfer_man
             for name in (CACHE_READY, SWAP_SPACE_READY, CACHE_TRANSFER_INITED, KV_CACHE_STATUS)]  # fmt: skip
     try:
         managed = manage_kv_cache(platform, qwen_layout(), 4, num_cpu_blocks=4, splitwise_role="decode",
-                                  protocol="fastdeploy", suffix=suffix, tp=1)  # fmt: skip
+                                  protocol="fastdeploy", instance=suffix, tp=1)  # fmt: skip
         assert managed.created and made[0].get(0) == 1
         names = managed.kv_cache.names
         context = multiprocessing.get_context("spawn")
@@ -385,7 +385,7 @@ def test_serve_notices_a_dead_attacher_of_ours_when_fastdeploys_worker_drives(
     ready, status = made[0], made[3]
 
     def manage(rank: int = 0) -> object:
-        return manage_kv_cache(platform, qwen_layout(), 4, num_cpu_blocks=4, protocol="fastdeploy", suffix=suffix,
+        return manage_kv_cache(platform, qwen_layout(), 4, num_cpu_blocks=4, protocol="fastdeploy", instance=suffix,
                                rule="2026-01", tp=1)  # fmt: skip
 
     stop, held = threading.Event(), []
@@ -395,7 +395,7 @@ def test_serve_notices_a_dead_attacher_of_ours_when_fastdeploys_worker_drives(
         ours.kill()
         ours.wait()
         server = threading.Thread(target=lambda: held.extend(serve_kv_cache_status(
-            [managed], manage, suffix=suffix, until=stop.is_set, timeout=10, tp=1)))  # fmt: skip
+            [managed], manage, instance=suffix, until=stop.is_set, timeout=10, tp=1)))  # fmt: skip
         server.start()
         status.set(0, KVCacheStatus.CLEARING)  # FastDeploy's worker: it looks at no mark of ours
         deadline = time.monotonic() + 10
@@ -425,7 +425,7 @@ def test_records_that_mix_a_memfd_handle_with_a_raw_one_are_refused_naming_both(
         fd = os.open(f"/dev/shm/{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         os.write(fd, GPU_RECORD.fields.pack(0, handle))
         os.close(fd)
-    with pytest.raises(CacheSharingError, match=f"mix handles of two kinds: 1 name no process .* 1 name pid {os.getpid()}"):
+    with pytest.raises(CacheSharingError, match=rf"publication \(FastDeploy.s records\) mixes handles of two kinds: 1 name no process .* 1 name pid {os.getpid()}"):
         FastDeployHandles.open(suffix, 0, expected(names), "cpu")
 
 

@@ -93,7 +93,7 @@ def test_a_word_of_another_length_than_fastdeploys_engine_makes_is_refused_untou
         ({"ranks": True}, "ranks"),
         ({"num_blocks": 0}, "num_blocks"),
         ({"num_blocks": 2**31}, "num_blocks"),
-        ({"suffix": "a/b"}, "suffix"),
+        ({"suffix": "a/b"}, "instance"),
     ],
 )
 def test_bad_arguments_are_config_errors_naming_the_field_before_any_signal(kwargs: dict, field: str) -> None:

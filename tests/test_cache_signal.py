@@ -383,7 +383,7 @@ def test_setter_killed_with_sigkill_ends_the_wait_within_a_second(signal_name: s
 
         threading.Timer(0.5, kill).start()
         with pytest.raises(CacheNotReadyError) as raised:
-            owner.wait(1, timeout=60, setter_pid=manager.pid)
+            owner.wait(1, timeout=60, creator_pid=manager.pid)
         noticed = time.monotonic() - killed_at[0]
         manager.join(10)
     assert noticed < 1.0, f"the dead setter was noticed after {noticed:.2f} s"
@@ -399,7 +399,7 @@ def test_setter_already_gone_fails_at_once(signal_name: str) -> None:
     with CacheReadySignal.create(1, signal_name) as owner:
         start = time.monotonic()
         with pytest.raises(CacheNotReadyError, match="exited without setting it"):
-            owner.wait(0, timeout=30, setter_pid=gone.pid)
+            owner.wait(0, timeout=30, creator_pid=gone.pid)
         assert time.monotonic() - start < 10, "the setter's exit ended the wait, not the 30 s timeout"
 
 
@@ -408,7 +408,7 @@ def test_setter_that_sets_then_exits_is_success(signal_name: str) -> None:
         manager = spawn.Process(target=signal_processes.set_ranks, args=(signal_name, [0], 0.0))
         manager.start()
         manager.join(30)
-        assert owner.wait(0, timeout=5, setter_pid=manager.pid) < 0.5
+        assert owner.wait(0, timeout=5, creator_pid=manager.pid) < 0.5
 
 
 def test_ctrl_c_interrupts_a_waiting_worker_at_once(signal_name: str) -> None:
@@ -451,7 +451,7 @@ def test_an_unbounded_wait_says_every_few_seconds_what_it_waits_for_at_warning(s
     with CacheReadySignal.create(2, signal_name) as owner:
         threading.Timer(1.5, owner.set, (1,)).start()
         with caplog.at_level(logging.INFO, logger="fd_platforms"):
-            waited = owner.wait(1, timeout=math.inf, setter_pid=os.getpid(), progress_seconds=0.3)
+            waited = owner.wait(1, timeout=math.inf, creator_pid=os.getpid(), progress_seconds=0.3)
     assert waited >= 1.4
     progress = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert len(progress) >= 4, progress
@@ -516,7 +516,7 @@ def test_process_watch_without_pidfd_falls_back_to_the_pid(monkeypatch) -> None:
 
 @pytest.mark.parametrize("pid", [0, -3, True, "12"])
 def test_bad_setter_pid_is_a_config_error(pid: object) -> None:
-    with pytest.raises(ConfigError, match="setter_pid="):
+    with pytest.raises(ConfigError, match="creator_pid="):
         ProcessWatch(pid)  # type: ignore[arg-type]
 
 
@@ -524,6 +524,6 @@ def test_a_watch_of_a_pid_beyond_the_kernels_limit_is_refused_naming_it_not_an_o
     """``pidfd_open(2**70)`` raised OverflowError; every pid check bounds by the kernel's PID_MAX_LIMIT."""
     from fd_platforms.ipc.process_watch import PID_MAX_LIMIT, ProcessWatch
 
-    with pytest.raises(ConfigError, match=r"setter_pid=.* is not valid; allowed: a process id from 1 to 4194304.*Fix: pass"):
+    with pytest.raises(ConfigError, match=r"creator_pid=.* is not valid; allowed: a process id from 1 to 4194304.*Fix: pass"):
         ProcessWatch(2**70)
     assert PID_MAX_LIMIT == 2**22

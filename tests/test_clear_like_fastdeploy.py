@@ -57,7 +57,7 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, FastDeploySig
 
 
 def manage(cpu: Platform, suffix: str, **kwargs: object) -> ManagedCache:
-    return manage_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=CPU_BLOCKS, suffix=suffix,
+    return manage_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=CPU_BLOCKS, instance=suffix,
                            protocol="fastdeploy", rule=RULE, **kwargs)  # type: ignore[arg-type]  # fmt: skip
 
 
@@ -118,7 +118,7 @@ def test_a_kept_host_cache_that_does_not_fit_is_refused_before_anything_is_publi
     managed = manage(cpu, suffix)
     let_go_and_clear(managed, ready)
     with pytest.raises(ConfigError, match=f"{CPU_BLOCKS + 1} blocks") as caught:
-        manage_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=CPU_BLOCKS + 1, suffix=suffix,
+        manage_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=CPU_BLOCKS + 1, instance=suffix,
                         protocol="fastdeploy", rule=RULE, host_cache=managed.host_cache)  # fmt: skip
     assert caught.value.field == "host_cache" and records() == set() and ready.values() == (0,)
     managed.host_cache.clear()  # type: ignore[union-attr]
@@ -175,7 +175,7 @@ def memfd_mappings() -> int:
 def create(cpu: Platform, ready_signal: CacheReadySignal) -> KVCache:
     """Rank 0's cache as a runner that creates and publishes it (role mixed, no swap space)."""
     return initialize_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, profile=False, num_cpu_blocks=0,
-                               storage_backend=None, splitwise_role="mixed", signal_name=ready_signal.name)
+                               storage_backend=None, splitwise_role="mixed", instance=ready_signal.name)
 
 
 @pytest.fixture
@@ -209,9 +209,9 @@ def test_an_attachers_lenient_clear_lets_go_only_once_the_engines_last_reference
     """The creator waits for an attacher's let-go before it frees: an attacher that still maps the cache (the
     engine holds a tensor) has not let go, so nothing is freed under it."""
     layout = qwen_layout(0, 1, DEVICE)
-    managed = manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=CPU_BLOCKS, signal_name=ready_signal.name)
+    managed = manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=CPU_BLOCKS, instance=ready_signal.name)
     cache = initialize_kv_cache(cpu, layout, BLOCKS, profile=False, num_cpu_blocks=CPU_BLOCKS, storage_backend=None,
-                                splitwise_role="mixed", signal_name=ready_signal.name, timeout=5)  # fmt: skip
+                                splitwise_role="mixed", instance=ready_signal.name, timeout=5)  # fmt: skip
     assert not cache.created
     held = cache.tensors[-1]
     with pytest.raises(BufferInUseError):
@@ -260,7 +260,7 @@ def assert_told_to_drop_the_engines_references(refused: CacheInUseError) -> None
 def test_a_creator_held_by_a_lenient_attacher_is_told_to_drop_the_engines_references_not_to_clear_it_again(
     cpu: Platform, ready_signal: CacheReadySignal
 ) -> None:
-    managed, cache, held = held_by_a_lenient_attacher(cpu, signal_name=ready_signal.name)
+    managed, cache, held = held_by_a_lenient_attacher(cpu, instance=ready_signal.name)
     with pytest.raises(CacheInUseError) as refused:
         managed.clear(0.3)
     assert_told_to_drop_the_engines_references(refused.value)
@@ -273,7 +273,7 @@ def test_a_fastdeploy_creator_held_by_a_lenient_attacher_is_told_to_drop_the_eng
     cpu: Platform, engine
 ) -> None:
     suffix, _, _ = engine
-    managed, cache, held = held_by_a_lenient_attacher(cpu, suffix=suffix, protocol="fastdeploy")
+    managed, cache, held = held_by_a_lenient_attacher(cpu, instance=suffix, protocol="fastdeploy")
     try:
         with pytest.raises(CacheInUseError) as refused:
             managed.clear(0.3)

@@ -60,14 +60,14 @@ SCRIPT = textwrap.dedent(
             local = rank
             layout = build_layout(SMALL_MODEL, CacheConfig(block_size=16), ParallelConfig(2, rank),
                                   device_id=physical_device_id(platform.identity, local), local_device=local)
-            cache = initialize_kv_cache(platform, layout, 2, profile=False, signal_name=signal_name, **SWAP)
+            cache = initialize_kv_cache(platform, layout, 2, profile=False, instance=signal_name, **SWAP)
             write_tokens(cache.tensors, 7, last=False)
             out[rank] = {**facts(cache), "created": cache.created}
         else:  # sees every device: attaches on the physical one the names carry
             physical = int(sys.argv[5 + rank])
             layout = build_layout(SMALL_MODEL, CacheConfig(block_size=16), ParallelConfig(2, rank),
                                   device_id=physical, local_device=physical_device_id(platform.identity, physical))
-            cache = manage_kv_cache(platform, layout, 2, signal_name=signal_name, setter_pid=int(sys.argv[4]),
+            cache = manage_kv_cache(platform, layout, 2, instance=signal_name, creator_pid=int(sys.argv[4]),
                                     timeout=30, **SWAP)
             out[rank] = {**facts(cache.kv_cache), "created": cache.created,
                          "tokens": read_tokens(cache.kv_cache.tensors, 7)}

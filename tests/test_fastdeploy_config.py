@@ -187,7 +187,7 @@ def test_the_runner_and_manager_arguments_are_the_engine_calls_keywords() -> Non
     for call, arguments in ((initialize_kv_cache, settings.runner_arguments()), (manage_kv_cache,
                                                                                 settings.manager_arguments())):
         inspect.signature(call).bind(None, None, None, **arguments)  # a TypeError fails
-    assert settings.runner_arguments()["suffix"] == "8002" and settings.manager_arguments()["rule"] == "2026-04"
+    assert settings.runner_arguments()["instance"] == "8002" and settings.manager_arguments()["rule"] == "2026-04"
 
 
 # Finding 7 of issue 41: FastDeploy-shaped values read right or refused at the adapter, naming FastDeploy's own

@@ -154,12 +154,12 @@ def test_a_late_updating_over_the_managers_normal_is_answered_normal_again(suffi
     from fd_platforms.loading.selection import select_platform
 
     cpu = select_platform({"FD_PLATFORM": "cpu"}).platform
-    managed = manage_kv_cache(cpu, qwen_layout(0, 1, 6), 4, num_cpu_blocks=2, suffix=suffix,
+    managed = manage_kv_cache(cpu, qwen_layout(0, 1, 6), 4, num_cpu_blocks=2, instance=suffix,
                               protocol="fastdeploy", rule="2026-01")  # fmt: skip
     stop = threading.Event()
     served: list[object] = []
     server = threading.Thread(target=lambda: served.extend(
-        serve_kv_cache_status([managed], lambda rank: managed, suffix=suffix, until=stop.is_set, timeout=5)))
+        serve_kv_cache_status([managed], lambda rank: managed, instance=suffix, until=stop.is_set, timeout=5)))
     server.start()
     try:
         with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
@@ -267,7 +267,7 @@ class Served:
             if rank in self.made and rank in recreate_fails:
                 raise recreate_fails.pop(rank)
             kept = self.made[rank].host_cache if rank in self.made else None  # type: ignore[attr-defined]
-            self.made[rank] = manage_kv_cache(cpu, qwen_layout(rank, 2), 4, num_cpu_blocks=2, suffix=suffix,
+            self.made[rank] = manage_kv_cache(cpu, qwen_layout(rank, 2), 4, num_cpu_blocks=2, instance=suffix,
                                               protocol="fastdeploy", rule="2026-01", host_cache=kept)  # fmt: skip
             return self.made[rank]
 
@@ -275,7 +275,7 @@ class Served:
         self.stop, self.armed = threading.Event(), threading.Event()
         self.held: list[object] = []
         self.server = threading.Thread(target=lambda: self.held.extend(serve_kv_cache_status(
-            first, make, suffix=suffix, until=self.stop.is_set, timeout=timeout, failures=self.failures)))  # type: ignore[arg-type]
+            first, make, instance=suffix, until=self.stop.is_set, timeout=timeout, failures=self.failures)))  # type: ignore[arg-type]
         self.attachers = threading.Thread(target=self.attach, daemon=True)
         self.server.start()
         self.attachers.start()

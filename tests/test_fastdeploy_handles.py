@@ -145,7 +145,7 @@ def test_records_naming_several_processes_are_refused(names: list[str]) -> None:
     for name, pid in zip(names, (os.getpid(), 1), strict=True):
         with open(f"/dev/shm/{name}", "wb") as file:
             file.write(GPU_RECORD.fields.pack(0, f"memfd:{pid}:3".encode()))
-    with pytest.raises(CacheSharingError, match=r"name handles of 2 processes \(pids 1, "):
+    with pytest.raises(CacheSharingError, match=r"publication \(FastDeploy.s records\) names handles of 2 processes \(pids 1, "):
         FastDeployHandles.open("9923", 0, tensors(names, handle="-"), "cpu")
 
 

@@ -144,8 +144,8 @@ def test_a_standin_cache_manager_wakes_our_runner_which_attaches_by_fastdeploys_
         for creator in creators:
             stack.callback(creator.kill)
         caches = [
-            initialize_kv_cache(cpu, layout, BLOCKS, suffix=suffix, protocol="fastdeploy", timeout=30,
-                                setter_pid=creator.pid, **FASTDEPLOY_ATTACH)  # fmt: skip
+            initialize_kv_cache(cpu, layout, BLOCKS, instance=suffix, protocol="fastdeploy", timeout=30,
+                                creator_pid=creator.pid, **FASTDEPLOY_ATTACH)  # fmt: skip
             for layout, creator in zip(runner_layouts, creators, strict=True)
         ]
         for rank, (cache, creator) in enumerate(zip(caches, creators, strict=True)):
@@ -167,7 +167,7 @@ def test_our_cache_manager_wakes_a_standin_worker_and_tells_the_engine_it_is_up(
     with fastdeploy_engine(2) as (suffix, engine):
         attachers = [standin("attacher", suffix, rank, 2, tensor_specs(cpu, rank, 2), 0, 0) for rank in range(2)]
         managed = [
-            manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, suffix=suffix, protocol="fastdeploy",
+            manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, instance=suffix, protocol="fastdeploy",
                             rule="2026-01")
             for rank in range(2)
         ]
@@ -265,7 +265,7 @@ def test_a_clear_update_driven_from_the_standins_side_completes_round_after_roun
 
         def create(rank: int) -> ManagedCache:  # the host swap space a clear kept is reused, as FastDeploy's
             kept = made[rank].host_cache if rank in made else None
-            made[rank] = manage_kv_cache(cpu, qwen_layout(rank, 4), BLOCKS, num_cpu_blocks=4, suffix=suffix,
+            made[rank] = manage_kv_cache(cpu, qwen_layout(rank, 4), BLOCKS, num_cpu_blocks=4, instance=suffix,
                                          protocol="fastdeploy", rule="2026-01", host_cache=kept)  # fmt: skip
             return made[rank]
 
@@ -287,7 +287,7 @@ def test_a_clear_update_driven_from_the_standins_side_completes_round_after_roun
         readers = [threading.Thread(target=read, args=(attacher,), daemon=True) for attacher in attachers]
         for reader in readers:
             reader.start()
-        held = serve_kv_cache_status(managed, create, suffix=suffix, until=all_done, timeout=30)
+        held = serve_kv_cache_status(managed, create, instance=suffix, until=all_done, timeout=30)
         for reader in readers:
             reader.join(5)
         assert len(held) == 4 and all(cache.kv_cache.shared for cache in held)
@@ -401,7 +401,7 @@ def test_our_metax_cache_manager_wakes_a_standin_worker_which_opens_the_raw_hand
 def test_a_rank_that_never_lets_go_is_named(cpu) -> None:
     with fastdeploy_engine(2) as (suffix, _):
         managed = [
-            manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, suffix=suffix, protocol="fastdeploy",
+            manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, instance=suffix, protocol="fastdeploy",
                             rule="2026-01")
             for rank in range(2)
         ]
@@ -428,10 +428,10 @@ def test_a_handle_that_does_not_fit_fastdeploys_record_is_refused(cpu, monkeypat
 
 def test_a_bad_suffix_or_protocol_is_refused_before_any_hook(cpu) -> None:
     with pytest.raises(ConfigError, match="suffix") as caught:
-        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, suffix="../x", protocol="fastdeploy", **FASTDEPLOY_ATTACH)
+        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance="../x", protocol="fastdeploy", **FASTDEPLOY_ATTACH)
     assert "engine_worker_queue_port" in str(caught.value)
     with pytest.raises(ConfigError, match="protocol"):
-        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, signal_name="9923", protocol="FastDeploy", **FASTDEPLOY_ATTACH)
+        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance="9923", protocol="FastDeploy", **FASTDEPLOY_ATTACH)
 
 
 def test_the_agreed_block_count_reaches_a_standin_engine_in_its_format(cpu) -> None:
@@ -530,10 +530,10 @@ def test_the_status_calls_check_their_arguments_before_touching_a_signal() -> No
     with pytest.raises(ConfigError, match="attacher_pids"):
         drive_kv_cache_update("9923", attacher_pids={0: "x"}, timeout=1)
     with pytest.raises(ConfigError) as caught:
-        serve_kv_cache_status(["cache"], lambda rank: None, suffix="9923", until=lambda: True)
+        serve_kv_cache_status(["cache"], lambda rank: None, instance="9923", until=lambda: True)
     assert caught.value.field == "managed" and "manage_kv_cache" in str(caught.value)
     with pytest.raises(ConfigError, match="until"):
-        serve_kv_cache_status([], lambda rank: None, suffix="9923", until=True)
+        serve_kv_cache_status([], lambda rank: None, instance="9923", until=True)
 
 
 # -- clear like FastDeploy: a creator waits for an attacher only where one is configured, never for itself --
@@ -560,7 +560,7 @@ def test_a_creator_nobody_attaches_to_sleeps_and_wakes_20_times_at_once(cpu) -> 
     with fastdeploy_engine(1) as (suffix, _):
         for _ in range(20):
             started = time.monotonic()
-            cache = initialize_kv_cache(cpu, qwen_layout(0, 1), BLOCKS, suffix=suffix, protocol="fastdeploy",
+            cache = initialize_kv_cache(cpu, qwen_layout(0, 1), BLOCKS, instance=suffix, protocol="fastdeploy",
                                         profile=False, num_cpu_blocks=0, storage_backend=None, splitwise_role="mixed",
                                         timeout=30)  # fmt: skip
             assert cache.created
@@ -574,7 +574,7 @@ def test_a_killed_run_leaves_no_process_and_the_next_run_starts(role: str) -> No
 
     with started_run("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", role,
                      "--protocol", "fastdeploy", "--cycles", "100000", "--timeout", "30") as run:  # fmt: skip
-        suffix = run.read_until(r"FastDeploy's signals with suffix (\S+)").group(1)
+        suffix = run.read_until(r"engine instance (\S+): FastDeploy's signals").group(1)
         run.read_until(r"cycle 2: cleared")
         children = [pid for pid in run.group() if pid != run.process.pid]
         run.process.kill()
@@ -605,7 +605,7 @@ def test_a_clear_that_fails_is_reported_as_the_workers_own_error_once() -> None:
     names = qwen_layout(0, 2).names()
     with started_run("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--protocol", "fastdeploy",
                      "--cycles", "100000", "--timeout", str(timeout)) as run:  # fmt: skip
-        suffix = run.read_until(r"FastDeploy's signals with suffix (\S+)").group(1)
+        suffix = run.read_until(r"engine instance (\S+): FastDeploy's signals").group(1)
         run.read_until(r"cycle 1: cleared")
         held = None
         while held is None:  # between a clear and the next creation the records are gone for a moment

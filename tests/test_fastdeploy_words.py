@@ -36,7 +36,7 @@ def managed(suffix: str) -> Iterator[list[ManagedCache]]:
     """Both ranks' caches, published with an attacher expected (host swap space): every slot set."""
     cpu = select_platform({"FD_PLATFORM": "cpu"}).platform
     caches = [
-        manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, suffix=suffix, protocol="fastdeploy",
+        manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, instance=suffix, protocol="fastdeploy",
                         rule="2026-01")
         for rank in range(2)
     ]  # fmt: skip
@@ -58,7 +58,7 @@ def signals(suffix: str) -> Iterator[tuple[FastDeploySignal, FastDeploySignal]]:
 def serve_for(seconds: float, managed: list[ManagedCache], suffix: str) -> list[ManagedCache]:
     """The creator's side for ``seconds`` (a recreate hands back what it held: nothing is made again here)."""
     end = time.monotonic() + seconds
-    return serve_kv_cache_status(managed, lambda rank: managed[rank], suffix=suffix,
+    return serve_kv_cache_status(managed, lambda rank: managed[rank], instance=suffix,
                                  until=lambda: time.monotonic() > end, timeout=1)  # fmt: skip
 
 
@@ -118,7 +118,7 @@ def test_a_neighbour_engine_on_the_same_device_ids_is_named_as_the_cause_when_it
     cpu = select_platform({"FD_PLATFORM": "cpu"}).platform
     neighbour, made = FASTDEPLOY.create_signals(1, device_type="cpu", block_count_suffix=None)
     with made, pytest.raises(CacheSharingError) as caught:
-        manage_kv_cache(cpu, qwen_layout(0, 2), BLOCKS, num_cpu_blocks=0, suffix=neighbour, protocol="fastdeploy",
+        manage_kv_cache(cpu, qwen_layout(0, 2), BLOCKS, num_cpu_blocks=0, instance=neighbour, protocol="fastdeploy",
                         rule="2026-01")  # fmt: skip
     assert "another engine on this machine with the same device ids took them" in str(caught.value)
     assert "FastDeploy's own engines collide the same way" in str(caught.value)

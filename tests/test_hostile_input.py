@@ -127,19 +127,19 @@ def engine_calls(cpu, layout):
     from fd_platforms.engine import allocate_kv_cache, initialize_kv_cache, manage_kv_cache
 
     return {
-        "initialize_kv_cache(None, ...)": (lambda: initialize_kv_cache(None, layout, 4, signal_name=SIGNAL, **MIXED),
+        "initialize_kv_cache(None, ...)": (lambda: initialize_kv_cache(None, layout, 4, instance=SIGNAL, **MIXED),
                                            "platform is not given; allowed: a Platform"),
-        "initialize_kv_cache(cpu, None, ...)": (lambda: initialize_kv_cache(cpu, None, 4, signal_name=SIGNAL, **MIXED),
+        "initialize_kv_cache(cpu, None, ...)": (lambda: initialize_kv_cache(cpu, None, 4, instance=SIGNAL, **MIXED),
                                                 "layout is not given; allowed: a CacheLayout"),
         "initialize_kv_cache(cpu, layout, '4', ...)": (
-            lambda: initialize_kv_cache(cpu, layout, "4", signal_name=SIGNAL, **MIXED), "num_blocks='4' is not valid"),
-        "manage_kv_cache(None, ...)": (lambda: manage_kv_cache(None, layout, 4, num_cpu_blocks=0, signal_name=SIGNAL),
+            lambda: initialize_kv_cache(cpu, layout, "4", instance=SIGNAL, **MIXED), "num_blocks='4' is not valid"),
+        "manage_kv_cache(None, ...)": (lambda: manage_kv_cache(None, layout, 4, num_cpu_blocks=0, instance=SIGNAL),
                                        "platform is not given; allowed: a Platform"),
         "manage_kv_cache(cpu, 'layout', ...)": (
-            lambda: manage_kv_cache(cpu, "layout", 4, num_cpu_blocks=0, signal_name=SIGNAL),
+            lambda: manage_kv_cache(cpu, "layout", 4, num_cpu_blocks=0, instance=SIGNAL),
             "layout='layout' is not valid; allowed: a CacheLayout"),
         "manage_kv_cache(num_cpu_blocks=-1)": (
-            lambda: manage_kv_cache(cpu, layout, 4, num_cpu_blocks=-1, signal_name=SIGNAL),
+            lambda: manage_kv_cache(cpu, layout, 4, num_cpu_blocks=-1, instance=SIGNAL),
             "num_cpu_blocks=-1 is not valid; allowed: an integer from 0"),
         "allocate_kv_cache(None, ...)": (lambda: allocate_kv_cache(None, 4, "cpu"), "layout is not given"),
         "allocate_kv_cache(device=None)": (lambda: allocate_kv_cache(layout, 4, None), "device is not given"),
@@ -209,7 +209,7 @@ def test_a_cpu_run_that_would_take_most_of_the_host_is_refused_naming_the_sizes(
     last = done.stderr.splitlines()[-1]
     assert last.startswith("fd-platforms: error: --device-memory=\"not given (the host's memory)\" is not valid")
     assert "4 rank(s) x (" in last and "more than half of the" in last and "Fix: give --device-memory SIZE" in last
-    signal = re.search(r"cache-ready signal (\S+)", done.stderr)
+    signal = re.search(r"engine instance (\S+) \(its cache-ready signal\)", done.stderr)
     assert "allocat" not in done.stderr and signal is not None and signal.group(1) not in shm_entries()
 
 
@@ -344,7 +344,7 @@ def published_by_us(cpu, layout, signal_name: str, *, handle_of: int | None = No
     """Publish rank 0 of ``layout`` from this process (one 1-block tensor per layout entry)."""
     from fd_platforms.engine import manage_kv_cache
 
-    managed = manage_kv_cache(cpu, layout, 1, num_cpu_blocks=0, signal_name=signal_name)
+    managed = manage_kv_cache(cpu, layout, 1, num_cpu_blocks=0, instance=signal_name)
     if handle_of is not None:  # rewrite the manifest: the same tensors, the handles of another process
         from fd_platforms.engine.publication import Publication, PublishedTensor, publication_name
 
@@ -371,7 +371,7 @@ def test_an_attacher_refuses_a_publication_it_cannot_trace_to_the_setter(cpu_and
         setter = other if forgery == "creator-is-not-the-setter" else os.getpid()
         try:
             with pytest.raises(CacheSharingError) as info:
-                initialize_kv_cache(cpu, layout, 1, signal_name=signal.name, setter_pid=setter, timeout=10, **decode)
+                initialize_kv_cache(cpu, layout, 1, instance=signal.name, creator_pid=setter, timeout=10, **decode)
             says = {"creator-is-not-the-setter": f"names creator pid {os.getpid()}, but pid {other} sets this rank's slot",
                     "handle-of-another-process": f"with a handle of pid {other}, not of its creator"}[forgery]  # fmt: skip
             assert says in str(info.value)
@@ -389,7 +389,7 @@ def test_a_creators_clear_removes_its_publication_even_truncated_since(cpu_and_l
 
     cpu, layout = cpu_and_layout
     with CacheReadySignal.create(num_ranks=1) as signal:
-        cache = initialize_kv_cache(cpu, layout, 1, signal_name=signal.name, **MIXED)
+        cache = initialize_kv_cache(cpu, layout, 1, instance=signal.name, **MIXED)
         path = Path("/dev/shm") / publication_name(signal.name, 0)
         os.truncate(path, size)
         try:
@@ -422,7 +422,7 @@ def test_importing_paddle_is_timed_apart_from_the_attach(cpu_and_layout, monkeyp
         managed = published_by_us(cpu, layout, signal.name)
         try:
             decode = {**MIXED, "splitwise_role": "decode"}
-            cache = initialize_kv_cache(cpu, layout, 1, signal_name=signal.name, setter_pid=os.getpid(), **decode)
+            cache = initialize_kv_cache(cpu, layout, 1, instance=signal.name, creator_pid=os.getpid(), **decode)
             assert managed.kv_cache.import_seconds is not None and managed.kv_cache.import_seconds >= 1.0
             assert cache.import_seconds is not None and cache.import_seconds >= 1.0
             assert cache.attach_seconds is not None and cache.attach_seconds < cache.import_seconds
@@ -712,7 +712,7 @@ def test_a_rank_stopped_during_cycles_fails_the_run_within_twice_the_timeout_and
     # workers (spawn, import paddle) is inside the first phase's --timeout too: 5 s was too few on a busy machine
     with started("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode",
                  "--cycles", "100000", "--timeout", str(timeout)) as run:  # fmt: skip
-        found = run.read_until(r"started 2 worker\(s\) \(pid (\d+), (\d+)\), cache-ready signal (\S+)")
+        found = run.read_until(r"started 2 worker\(s\) \(pid (\d+), (\d+)\), engine instance (\S+) \(its cache-ready signal\)")
         run.read_until(r"cycle 1: cleared")
         stopped_at = time.monotonic()
         os.kill(int(found.group(1)), signal.SIGSTOP)
@@ -755,7 +755,7 @@ def test_a_manager_killed_after_ready_is_reported_and_its_run_leaves_nothing() -
 
     with started("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode",
                  "--cycles", "100000", "--timeout", "30") as run:  # fmt: skip
-        signal_name = run.read_until(r"cache-ready signal (\S+)").group(1)
+        signal_name = run.read_until(r"engine instance (\S+) \(its cache-ready signal\)").group(1)
         manager = int(run.read_until(r"starting the cache manager \(pid (\d+)\)").group(1))
         run.read_until(r"cycle 1: cleared")
         os.kill(manager, signal.SIGKILL)

@@ -48,11 +48,11 @@ def manifest(signal: CacheReadySignal, part: str = "") -> str:
 def test_the_proposers_later_call_creates_the_draft_and_only_then_is_the_rank_ready(cpu, signal_owner) -> None:
     whole = mtp_layout(ratio=2.0)
     plan = plan_blocks(whole, DeviceMemory(2**30, None, None, "test"), CacheConfig(num_gpu_block_expand_ratio=2.0))
-    runner = initialize_kv_cache(cpu, whole.main(), plan.num_blocks, signal_name=signal_owner.name, **MIXED)
+    runner = initialize_kv_cache(cpu, whole.main(), plan.num_blocks, instance=signal_owner.name, **MIXED)
     try:
         assert runner.created and runner.part == "main" and runner.names == whole.main().names()
         assert signal_owner.slots() == (0,), "the rank is not ready while its draft layers are missing"
-        proposer = initialize_kv_cache(cpu, whole.draft(), plan.num_blocks, signal_name=signal_owner.name, **MIXED)
+        proposer = initialize_kv_cache(cpu, whole.draft(), plan.num_blocks, instance=signal_owner.name, **MIXED)
         assert proposer.created and proposer.names == ("key_caches_4_rank0.device0", "value_caches_4_rank0.device0")
         assert {tuple(t.shape)[0] for t in proposer.tensors} == {plan.num_draft_blocks} == {2 * plan.num_blocks}
         assert signal_owner.slots() == (1,)
@@ -67,19 +67,19 @@ def test_the_proposers_later_call_creates_the_draft_and_only_then_is_the_rank_re
 def test_the_proposer_may_call_first_as_fastdeploys_runner_has_it(cpu, signal_owner) -> None:
     """FastDeploy's ``update_share_input_block_num`` (gpu_model_runner.py) calls the proposer before the runner."""
     whole = mtp_layout()
-    proposer = initialize_kv_cache(cpu, whole.draft(), BLOCKS, signal_name=signal_owner.name, **MIXED)
+    proposer = initialize_kv_cache(cpu, whole.draft(), BLOCKS, instance=signal_owner.name, **MIXED)
     try:
         assert signal_owner.slots() == (0,)
-        runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, signal_name=signal_owner.name, **MIXED)
+        runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, instance=signal_owner.name, **MIXED)
         assert signal_owner.slots() == (1,)
         runner.clear()
         assert signal_owner.slots() == (0,)
-        runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, signal_name=signal_owner.name, **MIXED)
+        runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, instance=signal_owner.name, **MIXED)
         assert signal_owner.slots() == (1,), "re-created: the draft layers are still published"
         runner.clear()
     finally:
         proposer.clear()
-    runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, signal_name=signal_owner.name, **MIXED)
+    runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, instance=signal_owner.name, **MIXED)
     assert signal_owner.slots() == (0,), "both cleared: the re-created main part alone is not the rank"
     runner.clear()
 
@@ -87,7 +87,7 @@ def test_the_proposer_may_call_first_as_fastdeploys_runner_has_it(cpu, signal_ow
 def test_a_managers_draft_must_be_the_draft_of_its_layout(cpu, signal_owner) -> None:
     whole = mtp_layout()
     with pytest.raises(ConfigError, match="draft='the main part of rank 0: layers 0-3, ratio 2' is not valid") as info:
-        manage_kv_cache(cpu, whole.main(), BLOCKS, num_cpu_blocks=0, signal_name=signal_owner.name, draft=whole.main())
+        manage_kv_cache(cpu, whole.main(), BLOCKS, num_cpu_blocks=0, instance=signal_owner.name, draft=whole.main())
     assert "Fix: pass whole.main() as the layout and whole.draft() as draft" in str(info.value)
     assert signal_owner.slots() == (0,) and not (SHM_DIR / manifest(signal_owner)).exists()
 
@@ -95,7 +95,7 @@ def test_a_managers_draft_must_be_the_draft_of_its_layout(cpu, signal_owner) -> 
 def test_a_managers_layout_that_is_a_draft_part_is_refused_naming_the_fix(cpu, signal_owner) -> None:
     whole = mtp_layout()
     with pytest.raises(ConfigError) as info:
-        manage_kv_cache(cpu, whole.draft(), BLOCKS, num_cpu_blocks=0, signal_name=signal_owner.name)
+        manage_kv_cache(cpu, whole.draft(), BLOCKS, num_cpu_blocks=0, instance=signal_owner.name)
     assert info.value.field == "layout" and str(info.value).startswith(
         "layout='the draft part of rank 0: layers 4-4, ratio 2' is not valid; allowed: the rank's whole layout, or "
         "with MTP its main part (whole.main()). Fix: pass whole.main() as layout and whole.draft() as draft="
@@ -108,9 +108,9 @@ def test_a_managers_layout_that_is_a_draft_part_is_refused_naming_the_fix(cpu, s
 def test_a_manager_publishes_main_and_draft_and_the_runner_and_proposer_attach(cpu, signal_owner) -> None:
     whole = mtp_layout()
     with spawned_manager(engine_processes.manage_with_draft, signal_owner.name, BLOCKS) as (manager, pid):
-        runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, signal_name=signal_owner.name, setter_pid=pid,
+        runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, instance=signal_owner.name, creator_pid=pid,
                                      timeout=30, **DECODE)  # fmt: skip
-        proposer = initialize_kv_cache(cpu, whole.draft(), BLOCKS, signal_name=signal_owner.name, setter_pid=pid,
+        proposer = initialize_kv_cache(cpu, whole.draft(), BLOCKS, instance=signal_owner.name, creator_pid=pid,
                                        timeout=30, **DECODE)  # fmt: skip
         assert not runner.created and not proposer.created
         assert runner.names == whole.main().names() and proposer.names == whole.draft().names()
@@ -136,10 +136,10 @@ SWAP_2026_04 = {**MIXED, "num_cpu_blocks": 2, "rule": "2026-04"}  # the worker c
 
 def test_a_managers_timeout_says_the_worker_published_its_main_part_but_not_the_draft(cpu, signal_owner) -> None:
     whole = mtp_layout()
-    runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, signal_name=signal_owner.name, **SWAP_2026_04)
+    runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, instance=signal_owner.name, **SWAP_2026_04)
     try:
         with pytest.raises(CacheNotReadyError) as info:
-            manage_kv_cache(cpu, whole.main(), BLOCKS, num_cpu_blocks=2, signal_name=signal_owner.name, rule="2026-04",
+            manage_kv_cache(cpu, whole.main(), BLOCKS, num_cpu_blocks=2, instance=signal_owner.name, rule="2026-04",
                             draft=whole.draft(), timeout=0.3)  # fmt: skip
     finally:
         runner.clear(timeout=5)
@@ -177,7 +177,7 @@ def test_fastdeploys_manager_attaches_main_and_draft_once_the_worker_published_b
     try:
         for part in (whole.main(), whole.draft()):
             assert not ours.poll(0.2), "the manager attached before the rank's draft layers were published"
-            caches.append(initialize_kv_cache(cpu, part, BLOCKS, suffix=fastdeploy_suffix, protocol="fastdeploy",
+            caches.append(initialize_kv_cache(cpu, part, BLOCKS, instance=fastdeploy_suffix, protocol="fastdeploy",
                                               rule="2026-04", **swap))  # fmt: skip
         caches[1].tensors[0][0, 0, 0, 0] = 6.0
         assert ours.poll(60), "the manager never attached"
@@ -208,7 +208,7 @@ def test_a_managers_draft_takes_the_engines_tensor_specs_as_its_main_part_does(c
     key = whole.roles[0]
     heads, block, head_dim = key.block_shape
     tokens_first = tuple(CacheRoleShape(role.role, (BLOCKS, block, heads, head_dim), role.dtype) for role in whole.roles)
-    managed = manage_kv_cache(cpu, whole.main(), BLOCKS, num_cpu_blocks=0, signal_name=signal_owner.name,
+    managed = manage_kv_cache(cpu, whole.main(), BLOCKS, num_cpu_blocks=0, instance=signal_owner.name,
                               tensor_specs=tokens_first, draft=whole.draft())  # fmt: skip
     try:
         assert managed.draft is not None
@@ -225,11 +225,11 @@ def test_a_fastdeploy_managers_timeout_says_the_worker_published_its_draft_but_n
     those of layer 0 not; the manager's wait on the one cache_ready_signal word says so. Device 11 names records
     of no other test (FastDeploy's names are the machine's)."""
     whole = replace(mtp_layout(), device_id=11)
-    proposer = initialize_kv_cache(cpu, whole.draft(), BLOCKS, suffix=fastdeploy_suffix, protocol="fastdeploy",
+    proposer = initialize_kv_cache(cpu, whole.draft(), BLOCKS, instance=fastdeploy_suffix, protocol="fastdeploy",
                                    **SWAP_2026_04)  # fmt: skip
     try:
         with pytest.raises(SignalWaitError) as info:
-            manage_kv_cache(cpu, whole.main(), BLOCKS, num_cpu_blocks=2, suffix=fastdeploy_suffix, protocol="fastdeploy",
+            manage_kv_cache(cpu, whole.main(), BLOCKS, num_cpu_blocks=2, instance=fastdeploy_suffix, protocol="fastdeploy",
                             rule="2026-04", draft=whole.draft(), timeout=0.3)  # fmt: skip
     finally:
         proposer.clear(timeout=5)

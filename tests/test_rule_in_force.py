@@ -89,14 +89,14 @@ def assert_names_both_versions(error: ConfigError, field: str) -> None:
 
 def test_an_unpinned_runner_beside_fastdeploy_is_refused_before_any_hook(no_hook) -> None:
     with pytest.raises(ConfigError) as caught:
-        initialize_kv_cache(no_hook, qwen_layout(), BLOCKS, suffix=SUFFIX, protocol="fastdeploy", **DISAGREE)
+        initialize_kv_cache(no_hook, qwen_layout(), BLOCKS, instance=SUFFIX, protocol="fastdeploy", **DISAGREE)
     assert_names_both_versions(caught.value, "rule")
     assert "rule= in the Python API" in str(caught.value)
 
 
 def test_an_unpinned_cache_manager_beside_fastdeploy_is_refused_before_any_hook(no_hook) -> None:
     with pytest.raises(ConfigError) as caught:
-        manage_kv_cache(no_hook, qwen_layout(), BLOCKS, num_cpu_blocks=4, suffix=SUFFIX, protocol="fastdeploy")
+        manage_kv_cache(no_hook, qwen_layout(), BLOCKS, num_cpu_blocks=4, instance=SUFFIX, protocol="fastdeploy")
     assert_names_both_versions(caught.value, "rule")
 
 
@@ -159,7 +159,7 @@ def test_run_beside_fastdeploy_goes_the_way_its_pinned_rule_says(rule: str) -> N
 
 
 def test_a_pinned_runner_beside_fastdeploy_decides_by_its_pin(cpu, fastdeploy_signals) -> None:
-    cache = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, suffix=fastdeploy_signals, protocol="fastdeploy",
+    cache = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=fastdeploy_signals, protocol="fastdeploy",
                                 rule="2026-04", **DISAGREE)  # fmt: skip
     assert cache.created and cache.decision.deciding_term == "none"  # FastDeploy from PR #7471 on: the runner creates
     clear_created(cache, fastdeploy_signals)
@@ -173,7 +173,7 @@ def test_a_pinned_runner_beside_fastdeploy_decides_by_its_pin(cpu, fastdeploy_si
 def test_where_the_versions_agree_an_unpinned_rule_is_no_question(cpu, fastdeploy_signals, agreeing) -> None:
     inputs = {**DISAGREE, **agreeing}
     try:
-        cache = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, suffix=fastdeploy_signals, protocol="fastdeploy",
+        cache = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=fastdeploy_signals, protocol="fastdeploy",
                                     timeout=0.2, **inputs)  # fmt: skip
     except SignalWaitError as error:  # sent to attach, as both versions decide; nobody creates here
         assert "rule" not in str(error), "no rule could be at fault where both versions decide alike"
@@ -185,7 +185,7 @@ def test_where_the_versions_agree_an_unpinned_rule_is_no_question(cpu, fastdeplo
 
 def test_under_our_protocol_an_unpinned_rule_is_2026_01_as_before(cpu, signal_name) -> None:
     with CacheReadySignal.create(1, signal_name), pytest.raises(CacheNotReadyError) as caught:
-        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, signal_name=signal_name, timeout=0.2, **DISAGREE)
+        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=signal_name, timeout=0.2, **DISAGREE)
     assert caught.value.cause == "timeout"  # 2026-01: swap space on, the runner waited for a cache manager
 
 
@@ -194,7 +194,7 @@ def test_under_our_protocol_an_unpinned_rule_is_2026_01_as_before(cpu, signal_na
 
 def test_a_runner_pinned_to_2026_01_that_times_out_names_the_newer_fastdeploy(cpu, fastdeploy_signals) -> None:
     with pytest.raises(SignalWaitError) as caught:
-        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, suffix=fastdeploy_signals, protocol="fastdeploy",
+        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=fastdeploy_signals, protocol="fastdeploy",
                             rule="2026-01", timeout=0.2, **DISAGREE)  # fmt: skip
     message = str(caught.value)
     assert caught.value.cause == "timeout" and "the limit is 0.2 s" in message
@@ -206,7 +206,7 @@ def test_a_runner_pinned_to_2026_01_that_times_out_names_the_newer_fastdeploy(cp
 
 def test_a_manager_pinned_to_2026_04_that_times_out_names_the_older_fastdeploy(cpu, fastdeploy_signals) -> None:
     with pytest.raises(SignalWaitError) as caught:
-        manage_kv_cache(cpu, qwen_layout(), BLOCKS, num_cpu_blocks=4, suffix=fastdeploy_signals,
+        manage_kv_cache(cpu, qwen_layout(), BLOCKS, num_cpu_blocks=4, instance=fastdeploy_signals,
                         protocol="fastdeploy", rule="2026-04", timeout=0.2)  # fmt: skip
     message = str(caught.value)
     assert "pinned rule 2026-04 (FastDeploy from PR #7471 (2026-04-29) on)" in message

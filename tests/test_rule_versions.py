@@ -138,7 +138,7 @@ def test_hold_kv_cache_on_a_platform_that_cannot_share_is_refused_naming_the_fix
     platform = select_platform({"FD_PLATFORM": "loner"}).platform
     layout = build_layout(load_model_config(ROOT / QWEN), CacheConfig(), ParallelConfig())
     with pytest.raises(CacheSharingError) as info, pytest.warns(DeprecationWarning, match="hold_kv_cache"):
-        hold_kv_cache(platform, layout, 4, num_cpu_blocks=2, signal_name="fd_cache_ready.unused-0")
+        hold_kv_cache(platform, layout, 4, num_cpu_blocks=2, instance="fd_cache_ready.unused-0")
     message = str(info.value)
     assert "platform loner cannot share KV cache tensors" in message and "cannot attach to a worker's cache" in message
     assert "Fix: pin a rule version under which the cache manager creates it (2026-01)" in message

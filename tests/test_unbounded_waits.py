@@ -67,8 +67,8 @@ def progress_lines(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyP
 
 
 def named(protocol: str, name: str) -> dict[str, str]:
-    """The engine calls' name argument for ``protocol``: ``signal_name=`` (ours) or ``suffix=`` (FastDeploy's)."""
-    return {protocol_named(protocol).name_argument: name}
+    """The engine calls' engine instance under ``protocol`` (ours: its signal's name; FastDeploy's: its suffix)."""
+    return {"instance": name}
 
 
 def later(seconds: float, action: Callable[[], object]) -> tuple[threading.Thread, list[object]]:

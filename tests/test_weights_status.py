@@ -15,16 +15,16 @@ def nothing() -> None:
 @pytest.mark.parametrize(
     ("arguments", "field"),
     [
-        ({"suffix": "9923", "rank": -1}, "rank"),
-        ({"suffix": "9923", "rank": True}, "rank"),
-        ({"suffix": "9923", "rank": 0, "clear": "clear"}, "clear"),
-        ({"suffix": "9923", "rank": 0, "barrier": 3}, "barrier"),
-        ({"suffix": "9923", "rank": 0, "timeout": -1}, "timeout"),
-        ({"suffix": "9923", "rank": 0, "managers": "vllm"}, "managers"),
-        ({"suffix": "9923", "rank": 0, "tp": 0}, "tp"),
-        ({"suffix": "9923", "rank": 0, "creator_pid": 0}, "creator_pid"),
-        ({"suffix": "9923", "rank": 0, "creator_pid": 2**70}, "creator_pid"),  # beyond the kernel's pid range
-        ({"suffix": "../x", "rank": 0}, "suffix"),
+        ({"instance": "9923", "rank": -1}, "rank"),
+        ({"instance": "9923", "rank": True}, "rank"),
+        ({"instance": "9923", "rank": 0, "clear": "clear"}, "clear"),
+        ({"instance": "9923", "rank": 0, "barrier": 3}, "barrier"),
+        ({"instance": "9923", "rank": 0, "timeout": -1}, "timeout"),
+        ({"instance": "9923", "rank": 0, "managers": "vllm"}, "managers"),
+        ({"instance": "9923", "rank": 0, "tp": 0}, "tp"),
+        ({"instance": "9923", "rank": 0, "creator_pid": 0}, "creator_pid"),
+        ({"instance": "9923", "rank": 0, "creator_pid": 2**70}, "creator_pid"),  # beyond the kernel's pid range
+        ({"instance": "../x", "rank": 0}, "instance"),
     ],
 )
 def test_follow_model_weights_status_checks_its_arguments_before_touching_a_signal(

@@ -24,7 +24,8 @@ def parameters(function: object) -> list[tuple[str, object]]:
 
 
 def test_every_public_method_of_the_interface_is_an_operation_both_must_have() -> None:
-    attributes = ("name", "name_argument")  # what a protocol is called, and what its engine calls name it by
+    # what a protocol is called, the keyword its engine calls name the instance by, and the old ones it still takes
+    attributes = ("name", "name_argument", "old_keywords", "check_signal_name")  # the last: deprecated, check_instance
     public = sorted(name for name in vars(WireProtocol) if not name.startswith("_") and name not in attributes)
     assert public == OPERATIONS
 
@@ -57,13 +58,13 @@ def test_the_lookup_refuses_any_other_name_naming_the_choices_and_the_fix(bad: o
 
 
 def test_each_protocol_checks_its_own_signal_names() -> None:
-    OURS.check_signal_name("fd_cache_ready.engine-8188")
-    FASTDEPLOY.check_signal_name("9923")
-    FASTDEPLOY.check_signal_name(9923)  # FastDeploy's suffix is its engine's port
-    with pytest.raises(ConfigError, match="^signal_name="):
-        OURS.check_signal_name("../x")
-    with pytest.raises(ConfigError, match="^suffix="):
-        FASTDEPLOY.check_signal_name("fd_cache_ready.engine-8188")
+    OURS.check_instance("fd_cache_ready.engine-8188")
+    FASTDEPLOY.check_instance("9923")
+    FASTDEPLOY.check_instance(9923)  # FastDeploy's suffix is its engine's port
+    with pytest.raises(ConfigError, match="^instance="):
+        OURS.check_instance("../x")
+    with pytest.raises(ConfigError, match="^instance="):
+        FASTDEPLOY.check_instance("fd_cache_ready.engine-8188")
 
 
 def test_tensors_are_named_by_our_instance_or_as_fastdeploys_layout_names_them() -> None:

@@ -11,7 +11,7 @@ lets go, so the cache can be created again. An engine over several nodes joins t
 :meth:`Cluster.join <fd_platforms.engine.cluster.Cluster.join>` and agrees on the blocks with
 :meth:`Cluster.agree <fd_platforms.engine.cluster.Cluster.agree>` (Paddle's collective runtime).
 Beside FastDeploy's own processes, every call takes FastDeploy's protocol (``protocol=FASTDEPLOY``, or
-``"fastdeploy"`` once :mod:`fd_platforms.fastdeploy` is imported) and ``suffix=``; everything else of
+``"fastdeploy"`` once :mod:`fd_platforms.fastdeploy` is imported) and its suffix as ``instance=``; everything else of
 FastDeploy's (its clear/update, block-count hand-off, config) is :mod:`fd_platforms.fastdeploy`'s, which this
 package never imports. See ``docs/engine-integration.md``.
 

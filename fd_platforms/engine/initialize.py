@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from ..contract.errors import CacheNotReadyError, CacheSharingError, ConfigError, FdPlatformsError
 from ..contract.integers import check_int
 from ..contract.paddle_import import import_paddle
+from ..contract.renamed import renamed_warning
 from ..contract.types import CacheDecision, CacheRoleShape
 from ..ipc.cache_signal import resolve_timeout
 from ..ipc.shared_words import check_tp
@@ -62,25 +63,29 @@ def initialize_kv_cache(
     num_cpu_blocks: int,
     storage_backend: str | None,
     splitwise_role: str,
-    signal_name: str | None = None,
-    suffix: str | int | None = None,
-    setter_pid: int | None = None,
+    instance: str | int | None = None,
+    creator_pid: int | None = None,
     timeout: float | None = None,
     progress: AllocationProgress | None = None,
     rule: str | None = None,
-    protocol: str = OURS.name,
+    protocol: str | WireProtocol = OURS.name,
     tensor_specs: Sequence[CacheRoleShape] | None = None,
     tp: int | None = None,
+    signal_name: str | None = None,
+    suffix: str | int | None = None,
+    setter_pid: int | None = None,
 ) -> KVCache:
     """Create or attach rank ``layout.rank``'s KV cache, as the rule decides; see the module docstring.
 
-    ``signal_name`` is the engine's cache-ready signal (its instance also names the publication);
-    ``setter_pid`` the cache manager's pid, so a waiting worker fails within a quarter second of its
-    death; ``timeout`` bounds the wait (default ``FD_CACHE_READY_TIMEOUT``); ``rule`` is the rule
-    version the engine pins (every process of one engine must pin the same; None: the protocol's
-    :meth:`~.protocols.WireProtocol.rule_in_force`); ``protocol`` ``"fastdeploy"`` speaks FastDeploy's
-    own signals and per-tensor handles, named by ``suffix`` (its signal suffix, the engine's port)
-    instead of ``signal_name``, so this runner can work beside FastDeploy's unmodified processes.
+    ``instance`` names the engine instance (under our protocol its cache-ready signal, which also names the
+    rank's publication; under FastDeploy's its signal suffix, the engine's ``engine_worker_queue_port``);
+    ``creator_pid`` the pid of the process that creates the cache (the cache manager), so a waiting worker
+    fails within a quarter second of its death; ``timeout`` bounds the wait (default ``FD_CACHE_READY_TIMEOUT``);
+    ``rule`` is the rule version the engine pins (every process of one engine must pin the same; None: the
+    protocol's :meth:`~.protocols.WireProtocol.rule_in_force`); ``protocol`` ``"fastdeploy"`` speaks
+    FastDeploy's own signals and per-tensor handles, so this runner can work beside FastDeploy's unmodified
+    processes. ``signal_name=``, ``suffix=`` (for ``instance=``) and ``setter_pid=`` (for ``creator_pid=``)
+    are the names before 0.2: taken with a DeprecationWarning until 0.3.
     ``tensor_specs`` is one layer's tensors as the engine's attention backend states them
     (``CacheRoleShape``: role, shape with the blocks first, dtype; in the order its kernels index), used
     instead of the platform's shapes once checked (:func:`~fd_platforms.rules.shapes.engine_shaped`: a
@@ -94,8 +99,9 @@ def initialize_kv_cache(
     this process (:mod:`.rank_parts`), whichever comes first (FastDeploy's runner calls its proposer first,
     ``gpu_model_runner.py`` ``update_share_input_block_num``); an attacher of either part waits for it.
     """
+    creator_pid = creator_of(creator_pid, setter_pid)
     check_cache_arguments(platform, layout, num_blocks)
-    wire, signal_name = engine_name(protocol, signal_name, suffix, tp=tp, rank=layout.rank)
+    wire, instance = engine_name(protocol, instance, signal_name=signal_name, suffix=suffix, tp=tp, rank=layout.rank)
     inputs = DecisionInputs(profile, num_cpu_blocks, storage_backend, splitwise_role)
     inputs = replace(inputs, rule=wire.rule_in_force(rule, inputs))
     limit = resolve_timeout(timeout)
@@ -112,21 +118,21 @@ def initialize_kv_cache(
             )
             cache._platform = platform  # its clear returns the memory to the device
         else:
-            wire.check_signals(signal_name, layout.rank, manager=False, swap=False)
+            wire.check_signals(instance, layout.rank, manager=False, swap=False)
             cache = export_kv_cache(
-                platform, layout, num_blocks, signal_name, progress=progress, protocol=wire,
+                platform, layout, num_blocks, instance, progress=progress, protocol=wire,
                 attachers=per_rank if num_cpu_blocks > 0 else 0,  # a cache manager with host swap attaches
             )  # fmt: skip
         cache.create_seconds = time.monotonic() - started
         if not profile:
-            cache._signal_name, cache._protocol = signal_name, wire
-            with _all_or_nothing(cache, wire, signal_name):
-                if rank_parts.created(wire.name, signal_name, layout.rank, layout.part):  # main and draft: both
-                    wire.set_ready(signal_name, layout.rank)
+            cache._instance, cache._protocol = instance, wire
+            with _all_or_nothing(cache, wire, instance):
+                if rank_parts.created(wire.name, instance, layout.rank, layout.part):  # main and draft: both
+                    wire.set_ready(instance, layout.rank)
     else:
         check_can_attach(platform, decision, f"rank {layout.rank}")
-        waited = _wait_ready(platform, wire, signal_name, layout.rank, limit, setter_pid, inputs)
-        cache = attach_kv_cache(platform, layout, num_blocks, signal_name, setter_pid, wire, attachers=per_rank)
+        waited = _wait_ready(platform, wire, instance, layout.rank, limit, creator_pid, inputs)
+        cache = attach_kv_cache(platform, layout, num_blocks, instance, creator_pid, wire, attachers=per_rank)
         cache.wait_seconds = waited
     cache.decision, cache.import_seconds = decision, import_seconds
     return cache
@@ -142,7 +148,7 @@ class ManagedCache:
     rank: int
     kv_cache: KVCache
     host_cache: HostCache | None
-    _signal_name: str | None = field(default=None, repr=False)
+    _instance: str | None = field(default=None, repr=False)
     _protocol: WireProtocol = field(default=OURS, repr=False)
     draft: KVCache | None = None
     swap_space_clearing: bool = field(default=False, repr=False)
@@ -189,8 +195,8 @@ class ManagedCache:
         if self.host_cache is not None and free_host:
             self.host_cache.clear()
             self.host_cache = None
-            if self._signal_name is not None:
-                self._protocol.manager_swap_freed(self._signal_name, self.rank)
+            if self._instance is not None:
+                self._protocol.manager_swap_freed(self._instance, self.rank)
 
 
 def manage_kv_cache(
@@ -199,12 +205,11 @@ def manage_kv_cache(
     num_blocks: int,
     *,
     num_cpu_blocks: int,
-    signal_name: str | None = None,
-    suffix: str | int | None = None,
-    setter_pid: int | None = None,
+    instance: str | int | None = None,
+    creator_pid: int | None = None,
     timeout: float | None = None,
     progress: AllocationProgress | None = None,
-    protocol: str = OURS.name,
+    protocol: str | WireProtocol = OURS.name,
     rule: str | None = None,
     storage_backend: str | None = None,
     splitwise_role: str = "mixed",
@@ -212,6 +217,9 @@ def manage_kv_cache(
     draft: CacheLayout | None = None,
     host_cache: HostCache | None = None,
     tp: int | None = None,
+    signal_name: str | None = None,
+    suffix: str | int | None = None,
+    setter_pid: int | None = None,
 ) -> ManagedCache:
     """The cache manager's side of rank ``layout.rank``, as the rule in force decides (:func:`manager_creates`):
 
@@ -219,11 +227,11 @@ def manage_kv_cache(
       (``num_cpu_blocks`` blocks of the same layout; none when 0) or reuse ``host_cache`` (the one a cleared
       :class:`ManagedCache` kept, checked to fit), then set the rank's slot;
     - where the workers create (rule ``2026-04`` with swap space), wait for the rank's published cache,
-      attach to it zero-copy, then allocate its host swap cache. ``setter_pid`` is the rank's worker, so
+      attach to it zero-copy, then allocate its host swap cache. ``creator_pid`` is the rank's worker, so
       the wait fails within a quarter second of its death; ``timeout`` bounds it (default
       ``FD_CACHE_READY_TIMEOUT``); ``clear()`` lets go first, so the worker can clear and re-create.
 
-    :attr:`ManagedCache.created` says which it did. ``signal_name``, ``suffix``, ``protocol`` and ``rule``
+    :attr:`ManagedCache.created` says which it did. ``instance``, ``protocol``, ``rule`` and the old keywords
     as :func:`initialize_kv_cache`'s, which also takes ``storage_backend`` and ``splitwise_role``: the
     engine's, the rule's inputs with ``num_cpu_blocks``; ``tensor_specs`` and ``tp`` as :func:`initialize_kv_cache`'s.
 
@@ -231,9 +239,10 @@ def manage_kv_cache(
     (or attached) too, on their own for the proposer, before the rank's one slot is set (FastDeploy's
     transfer manager makes main and extra layers in one loop before it sets ``cache_ready_signal``:
     ``cache_transfer_manager.py`` ``_init_gpu_cache``); the host swap cache holds both."""
+    creator_pid = creator_of(creator_pid, setter_pid)
     return _manage(
-        platform, layout, num_blocks, (signal_name, suffix, protocol, tp),
-        (num_cpu_blocks, storage_backend, splitwise_role, rule), None, setter_pid, timeout, progress,
+        platform, layout, num_blocks, (instance, signal_name, suffix, protocol, tp),
+        (num_cpu_blocks, storage_backend, splitwise_role, rule), None, creator_pid, timeout, progress,
         tensor_specs, draft, host_cache,
     )  # fmt: skip
 
@@ -244,11 +253,10 @@ def hold_kv_cache(
     num_blocks: int,
     *,
     num_cpu_blocks: int,
-    signal_name: str | None = None,
-    suffix: str | int | None = None,
-    setter_pid: int | None = None,
+    instance: str | int | None = None,
+    creator_pid: int | None = None,
     timeout: float | None = None,
-    protocol: str = OURS.name,
+    protocol: str | WireProtocol = OURS.name,
     rule: str | None = None,
     storage_backend: str | None = None,
     splitwise_role: str = "mixed",
@@ -256,13 +264,17 @@ def hold_kv_cache(
     draft: CacheLayout | None = None,
     host_cache: HostCache | None = None,
     tp: int | None = None,
+    signal_name: str | None = None,
+    suffix: str | int | None = None,
+    setter_pid: int | None = None,
 ) -> ManagedCache:
     """Deprecated: :func:`manage_kv_cache` attaches where the rule lets the workers create. This one always
     waits for rank ``layout.rank``'s published cache and attaches to it, whatever the rule."""
     _deprecated("hold_kv_cache", "manage_kv_cache, which attaches where the rule in force lets the workers create")
+    creator_pid = creator_of(creator_pid, setter_pid)
     return _manage(
-        platform, layout, num_blocks, (signal_name, suffix, protocol, tp),
-        (num_cpu_blocks, storage_backend, splitwise_role, rule), False, setter_pid, timeout, None,
+        platform, layout, num_blocks, (instance, signal_name, suffix, protocol, tp),
+        (num_cpu_blocks, storage_backend, splitwise_role, rule), False, creator_pid, timeout, None,
         tensor_specs, draft, host_cache,
     )  # fmt: skip
 
@@ -287,10 +299,10 @@ def _manage(
     platform: Platform,
     layout: CacheLayout,
     num_blocks: int,
-    names: tuple[str | None, str | int | None, str, int | None],
+    names: tuple[str | int | None, str | None, str | int | None, str | WireProtocol, int | None],
     rule_arguments: tuple[int, str | None, str, str | None],
     creates: bool | None,
-    setter_pid: int | None,
+    creator_pid: int | None,
     timeout: float | None,
     progress: AllocationProgress | None,
     tensor_specs: Sequence[CacheRoleShape] | None,
@@ -298,7 +310,7 @@ def _manage(
     host_cache: HostCache | None,
 ) -> ManagedCache:
     """:func:`manage_kv_cache`'s work. Its arguments are checked before any hook: the protocol and the
-    engine's name (``names``: ``signal_name``, ``suffix``, ``protocol``, ``tp``; :func:`engine_name`), the rule's
+    engine instance (``names``: ``instance``, ``signal_name``, ``suffix``, ``protocol``, ``tp``; :func:`engine_name`), the rule's
     inputs (``num_cpu_blocks``, ``storage_backend``, ``splitwise_role``; a manager never profiles) with the
     rule in force; then the layout in the platform's shapes (the engine's ``tensor_specs`` where given) and
     whether the manager creates (``creates``, None: as the rule decides, :func:`manager_creates`). A platform
@@ -310,7 +322,8 @@ def _manage(
     check_cache_arguments(platform, layout, num_blocks)
     _check_not_draft(layout)
     frees_swap = swap_space_clearing(None)  # FD_ENABLE_SWAP_SPACE_CLEARING read (and checked) once, here
-    wire, name = engine_name(names[2], names[0], names[1], tp=names[3], rank=layout.rank, stacklevel=4)
+    wire, name = engine_name(names[3], names[0], signal_name=names[1], suffix=names[2], tp=names[4], rank=layout.rank,
+                             stacklevel=4)
     num_cpu_blocks, storage_backend, splitwise_role, rule = rule_arguments
     inputs = DecisionInputs(False, num_cpu_blocks, storage_backend, splitwise_role)
     inputs = replace(inputs, rule=wire.rule_in_force(rule, inputs))
@@ -338,11 +351,11 @@ def _manage(
             platform, draft_layout, num_blocks, name, protocol=wire, attachers=per_rank
         )  # fmt: skip
     else:
-        waited = _wait_ready(platform, wire, name, layout.rank, limit, setter_pid, inputs, (layout, draft_layout))
-        device = attach_kv_cache(platform, layout, num_blocks, name, setter_pid, wire, attachers=per_rank)
+        waited = _wait_ready(platform, wire, name, layout.rank, limit, creator_pid, inputs, (layout, draft_layout))
+        device = attach_kv_cache(platform, layout, num_blocks, name, creator_pid, wire, attachers=per_rank)
         device.wait_seconds = waited
         make_draft = None if draft_layout is None else lambda: attach_kv_cache(
-            platform, draft_layout, num_blocks, name, setter_pid, wire, attachers=per_rank
+            platform, draft_layout, num_blocks, name, creator_pid, wire, attachers=per_rank
         )  # fmt: skip
     device.import_seconds = import_seconds
     managed = _managed(platform, host_layout, device, (num_cpu_blocks, host_cache), wire, name, make_draft)
@@ -380,7 +393,7 @@ def _draft_part(
 
 def _managed(
     platform: Platform, layout: CacheLayout, device: KVCache, host: tuple[int, HostCache | None], wire: WireProtocol,
-    signal_name: str, make_draft: Callable[[], KVCache] | None = None,
+    instance: str, make_draft: Callable[[], KVCache] | None = None,
 ) -> ManagedCache:
     """What a cache manager holds for ``device``'s rank, all or nothing: ``device`` (and the draft layers'
     cache ``make_draft`` makes) with its host swap cache (``host``: ``num_cpu_blocks`` blocks of ``layout``,
@@ -389,22 +402,22 @@ def _managed(
     host cache is the caller's: a withdrawal keeps it."""
     num_cpu_blocks, kept = host
     managed = ManagedCache(layout.rank, device, None)
-    with _all_or_nothing(managed, wire, signal_name, keep_host=kept is not None):
+    with _all_or_nothing(managed, wire, instance, keep_host=kept is not None):
         managed.draft = None if make_draft is None else make_draft()
         if kept is not None:
             managed.host_cache = kept
         else:
             managed.host_cache = allocate_host_cache(platform, layout, num_cpu_blocks) if num_cpu_blocks else None
         if device.created:
-            wire.set_ready(signal_name, layout.rank)
-        managed._signal_name, managed._protocol = signal_name, wire
-        wire.manager_up(signal_name, layout.rank, swap=managed.host_cache is not None)
+            wire.set_ready(instance, layout.rank)
+        managed._instance, managed._protocol = instance, wire
+        wire.manager_up(instance, layout.rank, swap=managed.host_cache is not None)
     return managed
 
 
 @contextlib.contextmanager
 def _all_or_nothing(
-    cache: KVCache | ManagedCache, wire: WireProtocol, signal_name: str, *, keep_host: bool = False
+    cache: KVCache | ManagedCache, wire: WireProtocol, instance: str, *, keep_host: bool = False
 ) -> Iterator[None]:
     """Withdraw ``cache`` (a manager's: with its host cache) if the steps inside fail: a creation leaves
     nothing behind, not at garbage collection but before the error reaches the caller. A creator resets
@@ -417,7 +430,7 @@ def _all_or_nothing(
     except BaseException:
         if device.created:
             with contextlib.suppress(FdPlatformsError, OSError):
-                wire.clear_ready(signal_name, device.rank)
+                wire.clear_ready(instance, device.rank)
         try:
             if isinstance(cache, ManagedCache):
                 cache.clear(WITHDRAW_SECONDS, clear_host=not keep_host)
@@ -429,19 +442,48 @@ def _all_or_nothing(
         raise
 
 
+#: What the engine calls' old keywords for the engine instance named, for the refusal of one its protocol never took.
+_OLD_KEYWORDS = {"signal_name": "our cache-ready signal", "suffix": "FastDeploy's signal suffix, with protocol='fastdeploy'"}
+
+
 def engine_name(
-    protocol: str | WireProtocol, signal_name: str | None, suffix: str | int | None, *, tp: int | None = None,
-    rank: int = 0, stacklevel: int = 3,
+    protocol: str | WireProtocol, instance: str | int | None, *, signal_name: str | None = None,
+    suffix: str | int | None = None, tp: int | None = None, rank: int = 0, stacklevel: int = 3,
 ) -> tuple[WireProtocol, str]:
-    """The protocol ``protocol`` (a registered name, or the object) and the engine instance's shared name under it,
-    from ``signal_name=`` and ``suffix=`` (:meth:`WireProtocol.instance_name`; ``stacklevel`` points a deprecation
-    warning at the engine call's caller). ``tp`` (None: unknown) must hold ``rank``."""
+    """The protocol ``protocol`` (a registered name, or the object) and the engine instance's name under it
+    (:meth:`WireProtocol.instance_name`), from ``instance=`` or one of the keywords that named it before 0.2
+    (``signal_name=``, ``suffix=``: a DeprecationWarning ``stacklevel`` frames up, at the engine call's caller,
+    where the protocol took it, else a ConfigError). ``tp`` (None: unknown) must hold ``rank``."""
     wire = protocol_named(protocol)
     if tp is not None:
         check_tp(tp)
         check_int("layout.rank", rank, 0, tp - 1, what=f"a local rank of tp {tp}",
                   fix="build the layout for one of the engine's local ranks")  # fmt: skip
-    return wire, wire.instance_name(signal_name, suffix, tp=tp, stacklevel=stacklevel + 1)
+    given = {key: value for key, value in (("instance", instance), ("signal_name", signal_name), ("suffix", suffix))
+             if value is not None}  # fmt: skip
+    old = [key for key in given if key != "instance"]
+    if len(given) > 1:
+        extra = list(given)[1]
+        raise ConfigError(extra, given[extra], "one name for the engine instance: instance= alone",
+                          f"drop {extra}= (instance= is its name now)")  # fmt: skip
+    if old:
+        if old[0] not in wire.old_keywords:
+            raise ConfigError(old[0], given[old[0]], f"only as {_OLD_KEYWORDS[old[0]]} (deprecated), not under "
+                              f"protocol={wire.name!r}", "pass the engine instance as instance=")  # fmt: skip
+        renamed_warning(old[0], "instance", stacklevel=stacklevel, note=" (the engine instance's name)")
+        instance = given[old[0]]
+    return wire, wire.instance_name(instance, tp=tp)
+
+
+def creator_of(creator_pid: int | None, setter_pid: int | None) -> int | None:
+    """The engine call's ``creator_pid=``, or its old name ``setter_pid=`` with a DeprecationWarning at the
+    engine call's caller (two frames up); both: a ConfigError."""
+    if setter_pid is None:
+        return creator_pid
+    if creator_pid is not None:
+        raise ConfigError("setter_pid", setter_pid, "not with creator_pid= (its name since 0.2)", "drop setter_pid=")
+    renamed_warning("setter_pid", "creator_pid", stacklevel=3, note=" (the pid of the process that creates the cache)")
+    return setter_pid
 
 
 def _deprecated(old: str, new: str) -> None:
@@ -453,10 +495,10 @@ def _deprecated(old: str, new: str) -> None:
 def _wait_ready(
     platform: Platform,
     wire: WireProtocol,
-    signal_name: str,
+    instance: str,
     rank: int,
     limit: float,
-    setter_pid: int | None,
+    creator_pid: int | None,
     inputs: DecisionInputs,
     parts: Sequence[CacheLayout | None] = (),
 ) -> float:
@@ -464,11 +506,11 @@ def _wait_ready(
     (of ``parts``: main and draft) that its creator published without the other, and, where the protocol says
     one could be at fault, a peer following another version of the rule than ``inputs.rule``."""
     try:
-        return wire.wait_ready(platform, signal_name, rank, limit, setter_pid)
+        return wire.wait_ready(platform, instance, rank, limit, creator_pid)
     except CacheNotReadyError as error:
         if error.cause != "timeout":
             raise
-        hints = (rank_parts.one_missing(wire, signal_name, rank, parts), wire.rule_mismatch(inputs.rule, inputs))
+        hints = (rank_parts.one_missing(wire, instance, rank, parts), wire.rule_mismatch(inputs.rule, inputs))
         if not any(hints):
             raise
         raise error.with_hint(". ".join(hint for hint in hints if hint)) from None

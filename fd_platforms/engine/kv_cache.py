@@ -67,7 +67,7 @@ class KVCache:
     import_seconds: float | None = None
     _shared: list[SharedTensor] = field(default_factory=list, repr=False)
     _publication: Published | None = field(default=None, repr=False)
-    _signal_name: str | None = field(default=None, repr=False)
+    _instance: str | None = field(default=None, repr=False)
     _protocol: WireProtocol = field(default=OURS, repr=False)
     _platform: Platform | None = field(default=None, repr=False)
     cleared: bool = False
@@ -128,8 +128,8 @@ class KVCache:
         else:
             self._release_shared(then=self._let_go)  # no creator frees what this process still maps
         self.cleared = True
-        if self.created and self._signal_name is not None:
-            rank_parts.cleared(self._protocol.name, self._signal_name, self.rank, self.part)
+        if self.created and self._instance is not None:
+            rank_parts.cleared(self._protocol.name, self._instance, self.rank, self.part)
         if self.created and self._platform is not None:  # Paddle's allocator keeps what was freed cached
             self._platform.release_device_memory(self.device)
 
@@ -167,8 +167,8 @@ class KVCache:
             self._shared.pop()
 
     def _clear_slot(self) -> None:
-        if self._signal_name is not None:
-            self._protocol.clear_ready(self._signal_name, self.rank)
+        if self._instance is not None:
+            self._protocol.clear_ready(self._instance, self.rank)
 
 
 def allocate_kv_cache(
@@ -220,7 +220,7 @@ def export_kv_cache(
     platform: Platform,
     layout: CacheLayout,
     num_blocks: int,
-    signal_name: str,
+    instance: str,
     *,
     attachers: int,
     progress: AllocationProgress | None = None,
@@ -239,7 +239,7 @@ def export_kv_cache(
     def export_all() -> None:
         done = 0
         for spec in layout.tensors:
-            name = protocol.tensor_name(signal_name, spec.name)
+            name = protocol.tensor_name(instance, spec.name)
             shared.append(platform.export_cache_tensor(name, spec.shape(num_blocks), spec.dtype, device))
             done += spec.nbytes(num_blocks)
             if progress is not None:
@@ -251,14 +251,14 @@ def export_kv_cache(
             PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, tensor.handle, data_address(tensor.tensor))
             for spec, tensor in zip(layout.tensors, shared, strict=True)
         ]
-        publication = protocol.publish(signal_name, layout.rank, device, entries, platform.name,
+        publication = protocol.publish(instance, layout.rank, device, entries, platform.name,
                                        attachers=attachers, part=layout.part)  # fmt: skip
     except BaseException:
         _close_all(shared)
         raise
     return KVCache(
         device, num_blocks, layout.names(), [tensor.tensor for tensor in shared], layout.device_bytes(num_blocks),
-        layout.rank, created=True, _shared=shared, _publication=publication, _signal_name=signal_name,
+        layout.rank, created=True, _shared=shared, _publication=publication, _instance=instance,
         _protocol=protocol, _platform=platform, part=layout.part,
     )  # fmt: skip
 
@@ -267,8 +267,8 @@ def attach_kv_cache(
     platform: Platform,
     layout: CacheLayout,
     num_blocks: int,
-    signal_name: str,
-    setter_pid: int | None = None,
+    instance: str,
+    creator_pid: int | None = None,
     protocol: WireProtocol = OURS,
     *,
     attachers: int = 1,
@@ -277,7 +277,7 @@ def attach_kv_cache(
 
     A published tensor whose name, shape or dtype differs from this process's layout is a
     :class:`CacheSharingError` naming the tensor and both shapes; so is a publication whose creator
-    is not ``setter_pid`` (where the caller knows who sets the slot) or whose handles name another
+    is not ``creator_pid`` (where the caller knows who sets the slot) or whose handles name another
     process than its creator. Nothing is opened then, and the attach withdraws without a word in the rank's
     slot (it never got the cache; another attacher may hold the slot). ``attachers``: how many processes attach
     each rank in this deployment (:func:`~.fastdeploy_marks.attachers_per_rank`).
@@ -285,18 +285,18 @@ def attach_kv_cache(
     check_num_blocks(num_blocks)
     started = time.monotonic()
     expected = [PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, "") for spec in layout.tensors]
-    publication = protocol.open_published(signal_name, layout.rank, expected, platform.name, layout.part,
+    publication = protocol.open_published(instance, layout.rank, expected, platform.name, layout.part,
                                            attachers=attachers)  # fmt: skip
     shared: list[SharedTensor] = []
     device = platform.identity.device_string(layout.local_device)
 
     def open_all() -> None:
         for spec, entry in zip(layout.tensors, publication.tensors, strict=True):
-            name = protocol.tensor_name(signal_name, spec.name)
+            name = protocol.tensor_name(instance, spec.name)
             shared.append(platform.open_cache_tensor(name, entry.handle, entry.shape, entry.dtype, device))
 
     try:
-        check_provenance(publication, setter_pid)
+        check_provenance(publication, creator_pid)
         check_published(publication.tensors, layout, num_blocks)
         open_all()
     except BaseException:
@@ -307,18 +307,18 @@ def attach_kv_cache(
         device, num_blocks, layout.names(), [tensor.tensor for tensor in shared],
         sum(tensor.nbytes for tensor in shared), layout.rank, created=False,
         attach_seconds=time.monotonic() - started, _shared=shared, _publication=publication, _platform=platform,
-        _signal_name=signal_name, _protocol=protocol, part=layout.part,
+        _instance=instance, _protocol=protocol, part=layout.part,
     )  # fmt: skip
 
 
-def check_provenance(publication: Published, setter_pid: int | None) -> None:
+def check_provenance(publication: Published, creator_pid: int | None) -> None:
     """A publication is trusted only as far as it is proven: its creator is the process that sets the
     rank's slot (where one is named), and every handle that names a process names that creator."""
     rank, creator = publication.rank, publication.creator_pid
-    if setter_pid is not None and creator is not None and creator != setter_pid:
+    if creator_pid is not None and creator is not None and creator != creator_pid:
         raise CacheSharingError(
             f"rank {rank}'s KV cache publication /dev/shm/{publication.name} names creator pid {creator}, but pid "
-            f"{setter_pid} sets this rank's slot: it was not published by that process. Fix: find what else writes "
+            f"{creator_pid} sets this rank's slot: it was not published by that process. Fix: find what else writes "
             "to /dev/shm under this engine's names; restart the engine with a signal name of its own"
         )
     for tensor in publication.tensors:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from ..contract.errors import CacheInUseError, CacheSharingError
 from ..contract.integers import MAX_COUNT, is_int
+from ..contract.renamed import renamed_keywords
 from ..ipc import shm
 from ..ipc.cache_signal import SIGNAL_PREFIX, check_signal_name
 from ..ipc.waiting import WaitProgress
@@ -52,21 +53,23 @@ STILL_HELD_FIX = (
 )
 
 
-def instance_of(signal_name: str) -> str:
-    """The engine instance a cache-ready signal name stands for (``fd_cache_ready.X`` → ``X``)."""
-    check_signal_name(signal_name)
-    return signal_name.removeprefix(SIGNAL_PREFIX)
+def instance_of(instance: str) -> str:
+    """The id in an engine instance's name, its cache-ready signal (``fd_cache_ready.X`` → ``X``)."""
+    check_signal_name(instance)
+    return instance.removeprefix(SIGNAL_PREFIX)
 
 
-def publication_name(signal_name: str, rank: int, part: str = "all") -> str:
-    """The manifest of ``rank``'s cache in the engine instance of ``signal_name``; the MTP draft layers
+@renamed_keywords(signal_name="instance")
+def publication_name(instance: str, rank: int, part: str = "all") -> str:
+    """The manifest of ``rank``'s cache in engine ``instance`` (its cache-ready signal); the MTP draft layers
     (``part`` ``"draft"``, published on a call of their own) have their own, ``...rank<r>.draft``."""
-    return f"{PUBLICATION_PREFIX}{instance_of(signal_name)}.rank{rank}" + (".draft" if part == "draft" else "")
+    return f"{PUBLICATION_PREFIX}{instance_of(instance)}.rank{rank}" + (".draft" if part == "draft" else "")
 
 
-def published_tensor_name(signal_name: str, layout_name: str) -> str:
+@renamed_keywords(signal_name="instance")
+def published_tensor_name(instance: str, layout_name: str) -> str:
     """The name a tensor of the layout is exported under, unique to the engine instance."""
-    return f"{TENSOR_PREFIX}{instance_of(signal_name)}.{layout_name}"
+    return f"{TENSOR_PREFIX}{instance_of(instance)}.{layout_name}"
 
 
 @dataclass(frozen=True)
@@ -266,12 +269,12 @@ def _recognise(segment: shm.Segment) -> str | None:
     return None if document is None else f"pid {document.get('creator_pid')}"
 
 
-def reclaim_instance(signal_name: str) -> list[str]:
-    """Unlink what the engine instance of ``signal_name`` published and no living process holds any
+def reclaim_instance(instance: str) -> list[str]:
+    """Unlink what the engine instance of ``instance`` published and no living process holds any
     more (its processes were killed mid-clear): the engine's own leftovers, reclaimed quietly. Call it
     once every process of the instance has ended: one still held is held from outside the engine,
     and is named in a WARNING, never left behind without a word."""
-    prefix = f"{PUBLICATION_PREFIX}{instance_of(signal_name)}."
+    prefix = f"{PUBLICATION_PREFIX}{instance_of(instance)}."
     try:
         names = sorted(entry for entry in os.listdir(shm.SHM_DIR) if entry.startswith(prefix))
     except OSError:

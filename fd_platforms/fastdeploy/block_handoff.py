@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from ..contract.errors import CacheSignalError, ConfigError
 from ..contract.integers import INT32_MAX, check_int
+from ..contract.renamed import renamed_keywords
 from ..ipc.shared_words import MAX_LOCAL_RANKS
 from ..loading.platform import Platform
 from .signals import PROFILE_BLOCK_NUM, FastDeploySignal, check_suffix, segment_name
@@ -42,8 +43,9 @@ def block_count_words(device_type: str, ranks: int) -> int:
     return ranks if device_type in PER_RANK_DEVICE_TYPES else 1
 
 
+@renamed_keywords(suffix="instance")
 def hand_off_block_count(
-    suffix: str | int,
+    instance: str | int,
     num_blocks: int,
     *,
     block_count_suffix: str | int | None = None,
@@ -53,8 +55,9 @@ def hand_off_block_count(
     """Write ``num_blocks`` into FastDeploy's ``get_profile_block_num.<block_count_suffix>`` (call it on
     local rank 0); the segment's name.
 
-    ``suffix`` is FastDeploy's signal suffix (its ``engine_worker_queue_port``); ``block_count_suffix``
-    the block count's own (its worker's ``parallel_config.engine_pid``), default ``suffix``.
+    ``instance`` is the engine instance, FastDeploy's signal suffix (its ``engine_worker_queue_port``; ``suffix=``
+    before 0.2); ``block_count_suffix`` the block count's own (its worker's ``parallel_config.engine_pid``), default
+    ``instance``.
     ``platform`` (default: one word, as on every platform but Iluvatar) and ``ranks``, the local
     ranks, give the words FastDeploy's engine makes (:func:`block_count_words`).
 
@@ -63,7 +66,7 @@ def hand_off_block_count(
     :class:`~fd_platforms.contract.errors.CacheSignalError` when the engine has not created the
     signal, or made it another length than FastDeploy's engine makes for this platform and ``ranks``.
     """
-    target = check_suffix(suffix)
+    target = check_suffix(instance, "instance")
     if block_count_suffix is not None:
         target = check_suffix(block_count_suffix, "block_count_suffix")
     check_int("num_blocks", num_blocks, 1, INT32_MAX, note="FastDeploy's get_profile_block_num is int32",

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..contract.errors import ConfigError, FdPlatformsError, SignalWaitError
+from ..contract.renamed import renamed_keywords
 from ..engine.initialize import ManagedCache
 from ..ipc.cache_signal import resolve_timeout
 from .cache_status import check_callable, status_signals
@@ -34,11 +35,12 @@ class ServeFailure:
     error: Exception
 
 
+@renamed_keywords(suffix="instance")
 def serve_kv_cache_status(
     managed: Sequence[ManagedCache],
     recreate: Callable[[int], ManagedCache],
     *,
-    suffix: str | int,
+    instance: str | int,
     until: Callable[[], bool],
     timeout: float | None = None,
     tp: int | None = None,
@@ -76,7 +78,7 @@ def serve_kv_cache_status(
     Managers of other ranks (one per rank, as FastDeploy runs its transfer managers) follow their ranks'
     words and write only ``NOT_CREATED``, which never comes late: a rank without a cache holds back NORMAL.
     """
-    suffix = check_suffix(suffix)
+    suffix = check_suffix(instance, "instance")  # FastDeploy names its signals after the engine instance
     limit = resolve_timeout(timeout)
     if isinstance(managed, (str, bytes)) or not isinstance(managed, Sequence) or not all(
         isinstance(cache, ManagedCache) for cache in managed

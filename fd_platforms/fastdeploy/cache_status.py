@@ -64,6 +64,7 @@ from ..contract.errors import (
     SignalWaitError,
 )
 from ..contract.integers import check_int, is_int
+from ..contract.renamed import renamed_keywords
 from ..ipc.cache_signal import resolve_timeout
 from ..ipc.process_watch import pid_max
 from ..loading.platform import Platform
@@ -128,8 +129,9 @@ class _Drive:
     tp: int | None
 
 
+@renamed_keywords(suffix="instance")
 def drive_kv_cache_update(
-    suffix: str | int,
+    instance: str | int,
     *,
     update: Callable[[], None] | None = None,
     timeout: float | None = None,
@@ -141,7 +143,8 @@ def drive_kv_cache_update(
 ) -> UpdateReport:
     """Drive one clear/update over every local rank: :func:`drive_kv_cache_clear`, ``update()`` (load the
     new weights there), :func:`drive_kv_cache_restore`, under one claim of ``kv_cache_status`` (no other
-    driver can come between the halves); see the module docstring.
+    driver can come between the halves); see the module docstring. ``instance`` is the engine instance, FastDeploy's
+    signal suffix (``suffix=`` before 0.2, deprecated, as in every FastDeploy call here).
 
     Each wait is bounded by ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``) and ends early, naming the
     process, when ``creator_pid`` or a rank's process in ``attacher_pids`` exits. One driver at a time: a
@@ -166,7 +169,7 @@ def drive_kv_cache_update(
     every rank there a local rank (0 to ``tp`` - 1, or to the signal's words less one once attached):
     checked before any signal word is written, a ConfigError naming the field otherwise.
     """
-    drive = checked_drive(suffix, timeout, creator_pid, attacher_pids, platform, managers, tp)
+    drive = checked_drive(instance, timeout, creator_pid, attacher_pids, platform, managers, tp)
     if update is not None:
         check_callable("update", update, "pass a function that loads the new weights, or None")
     with _claimed(drive, KVCacheStatus.NORMAL, KVCacheStatus.CLEARING) as (status, ready):
@@ -181,8 +184,9 @@ def drive_kv_cache_update(
         return UpdateReport(let_go - started, cleared - let_go, updated - cleared, done - updated, ready.length)
 
 
+@renamed_keywords(suffix="instance")
 def drive_kv_cache_clear(
-    suffix: str | int,
+    instance: str | int,
     *,
     timeout: float | None = None,
     creator_pid: int | None = None,
@@ -203,7 +207,7 @@ def drive_kv_cache_clear(
     word's ``CLEARED`` then says that only a restore may come next), what a failure leaves and what the
     status must be at the start as :func:`drive_kv_cache_update`'s.
     """
-    drive = checked_drive(suffix, timeout, creator_pid, attacher_pids, platform, managers, tp)
+    drive = checked_drive(instance, timeout, creator_pid, attacher_pids, platform, managers, tp)
     with _claimed(drive, KVCacheStatus.NORMAL, KVCacheStatus.CLEARING) as (status, ready):
         started = time.monotonic()
         let_go, cleared = _clear(drive, status, ready)
@@ -211,8 +215,9 @@ def drive_kv_cache_clear(
         return ClearReport(let_go - started, cleared - let_go, ready.length)
 
 
+@renamed_keywords(suffix="instance")
 def drive_kv_cache_restore(
-    suffix: str | int,
+    instance: str | int,
     *,
     timeout: float | None = None,
     creator_pid: int | None = None,
@@ -232,7 +237,7 @@ def drive_kv_cache_restore(
     half; a restore that fails leaves what :func:`drive_kv_cache_update` leaves (every slot set: ``NORMAL``,
     else a failure word). The arguments as :func:`drive_kv_cache_update`'s.
     """
-    drive = checked_drive(suffix, timeout, creator_pid, attacher_pids, platform, managers, tp)
+    drive = checked_drive(instance, timeout, creator_pid, attacher_pids, platform, managers, tp)
     with _claimed(drive, KVCacheStatus.CLEARED, KVCacheStatus.UPDATING) as (status, ready):
         started = time.monotonic()
         return RestoreReport(_restore(drive, status, ready) - started, ready.length)
@@ -244,7 +249,7 @@ def checked_drive(
 ) -> _Drive:
     """A drive's arguments checked before any signal is touched (the ranks of ``attacher_pids`` against the
     signal's length once attached, :func:`_check_ranks_fit`)."""
-    suffix = check_suffix(suffix)
+    suffix = check_suffix(suffix, "instance")
     _check_managers(managers, platform)
     limit = resolve_timeout(timeout)
     check_tp(tp)

@@ -94,9 +94,9 @@ class FastDeploySettings:
                             local_device=self.local_device)  # fmt: skip
 
     def protocol_arguments(self) -> dict[str, Any]:
-        """FastDeploy's protocol as every engine call takes it: ``protocol``, ``suffix``, ``rule``, and ``tp``, so
-        that every per-rank signal is checked to be FastDeploy's array of that many words."""
-        return {"protocol": "fastdeploy", "suffix": self.suffix, "rule": self.rule,
+        """FastDeploy's protocol as every engine call takes it: ``protocol``, ``instance`` (its suffix), ``rule``, and
+        ``tp``, so that every per-rank signal is checked to be FastDeploy's array of that many words."""
+        return {"protocol": "fastdeploy", "instance": self.suffix, "rule": self.rule,
                 "tp": self.parallel.tensor_parallel_size}  # fmt: skip
 
     def rule_inputs(self, *, profile: bool = False) -> dict[str, Any]:

@@ -203,7 +203,7 @@ class FastDeployHandles:
                  mark: shm.Segment | None = None) -> None:  # fmt: skip
         self.suffix, self.rank, self.tensors, self.creator = suffix, rank, tensors, creator
         self.attachers, self._mark = attachers, mark
-        self.name = f"{tensors[0].name} and {len(tensors) - 1} more" if tensors else f"rank {rank}'s records"
+        self.name = f"{tensors[0].name} and {len(tensors) - 1} more" if tensors else f"rank {rank}'s publication"
         self.creator_pid = _named_pid(tensors)
         self._held = segments
         self._at_exit = weakref.finalize(self, _release, self._held, os.getpid() if creator else None)
@@ -265,14 +265,14 @@ class FastDeployHandles:
         pids = sorted({pid for pid in named if pid is not None})
         if pids and None in named:
             raise CacheSharingError(
-                f"rank {rank}'s FastDeploy records mix handles of two kinds: {named.count(None)} name no process (a raw "
+                f"rank {rank}'s publication (FastDeploy's records) mixes handles of two kinds: {named.count(None)} name no process (a raw "
                 f"IPC handle) and {len(named) - named.count(None)} name pid {', '.join(map(str, pids))} (memfd:<pid>:<fd>), "
                 "but one creator on one platform writes every record of a rank alike: some were written by another "
                 "process. Fix: find what else writes to /dev/shm under FastDeploy's names; restart the engine"
             )
         if len(pids) > 1:
             raise CacheSharingError(
-                f"rank {rank}'s FastDeploy records name handles of {len(pids)} processes (pids "
+                f"rank {rank}'s publication (FastDeploy's records) names handles of {len(pids)} processes (pids "
                 f"{', '.join(map(str, pids))}), but one creator makes every tensor of a rank: some were written by "
                 "another process. Fix: find what else writes to /dev/shm under FastDeploy's names; restart the engine"
             )
@@ -470,7 +470,7 @@ def _check_not_published(suffix: str, rank: int, first: str, count: int, platfor
 
 
 def _slot(suffix: str, rank: int) -> int | None:
-    """The rank's ``cache_ready_signal`` word, None where it cannot be read."""
+    """The rank's slot (its ``cache_ready_signal`` word), None where it cannot be read."""
     try:
         with FastDeploySignal.attach(CACHE_READY, suffix) as signal:
             return signal.get(rank)

@@ -3,7 +3,7 @@
 =================== ===============================================================================
 step                speaks
 =================== ===============================================================================
-``suffix=``         FastDeploy's signal suffix (its engine's ``engine_worker_queue_port``)
+``instance=``       FastDeploy's signal suffix (its engine's ``engine_worker_queue_port``)
 cache ready         ``cache_ready_signal.<suffix>``, one int32 per rank
                     (:mod:`fd_platforms.fastdeploy.signals`)
 tensors published   one ``set_data_ipc`` record per tensor, named as the layout names it
@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import warnings
 from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
@@ -70,57 +69,44 @@ class FastDeployProtocol(WireProtocol):
     """FastDeploy's signals and per-tensor records; see the module docstring."""
 
     name = "fastdeploy"
-    name_argument = "suffix"
+    old_keywords = ("signal_name", "suffix")
 
-    def check_signal_name(self, signal_name: object) -> None:
-        check_suffix(signal_name)
+    def check_instance(self, instance: object) -> None:
+        check_suffix(instance, "instance")
 
-    def instance_name(self, signal_name: object, suffix: object, *, tp: int | None, stacklevel: int) -> str:
-        """``suffix=``, FastDeploy's signal suffix (its engine's ``engine_worker_queue_port``; an int is taken as
-        written), carrying ``tp`` (:class:`~.signals.FastDeploySuffix`); ``signal_name=`` is the suffix still, with a
-        DeprecationWarning."""
-        if signal_name is not None and suffix is not None:
-            raise ConfigError(
-                "signal_name", signal_name, f"not with suffix= under protocol={self.name!r} (it names FastDeploy's "
-                "signals)", "drop signal_name=",
-            )  # fmt: skip
-        if signal_name is not None:
-            warnings.warn(
-                f"signal_name= with protocol={self.name!r} is deprecated and goes in the next minor version: pass "
-                "suffix= (FastDeploy's signal suffix, its engine's engine_worker_queue_port)",
-                DeprecationWarning, stacklevel=stacklevel,
-            )  # fmt: skip
-            suffix = signal_name
-        if suffix is None:
-            raise ConfigError("suffix", None, "FastDeploy's signal suffix (its engine's engine_worker_queue_port)",
-                              "pass suffix=, e.g. suffix=9923")  # fmt: skip
-        return FastDeploySuffix.of(suffix, tp=tp)
+    def instance_name(self, instance: object, *, tp: int | None) -> str:
+        """FastDeploy's signal suffix (its engine's ``engine_worker_queue_port``; an int is taken as written),
+        carrying ``tp`` (:class:`~.signals.FastDeploySuffix`)."""
+        if instance is None:
+            raise ConfigError("instance", None, "FastDeploy's signal suffix (its engine's engine_worker_queue_port)",
+                              "pass instance=, e.g. instance=9923")  # fmt: skip
+        return FastDeploySuffix.of(instance, tp=tp, field="instance")
 
     def attachers_per_rank(self, splitwise_role: str, num_cpu_blocks: int) -> int:
         return attachers_per_rank(splitwise_role, num_cpu_blocks)
 
-    def tensor_name(self, signal_name: str, layout_name: str) -> str:
+    def tensor_name(self, instance: str, layout_name: str) -> str:
         return layout_name  # FastDeploy's records are named as its layout names the tensors
 
-    def set_ready(self, signal_name: str, rank: int) -> None:
-        self._write_ready(signal_name, rank, 1)
+    def set_ready(self, instance: str, rank: int) -> None:
+        self._write_ready(instance, rank, 1)
 
-    def clear_ready(self, signal_name: str, rank: int) -> None:
+    def clear_ready(self, instance: str, rank: int) -> None:
         """The attacher's let-go (and a creator's clear)."""
-        self._write_ready(signal_name, rank, 0)
+        self._write_ready(instance, rank, 0)
 
-    def check_signals(self, signal_name: str, rank: int, *, manager: bool, swap: bool) -> None:
+    def check_signals(self, instance: str, rank: int, *, manager: bool, swap: bool) -> None:
         """``cache_ready_signal``, and a manager's ``swap_space_ready_signal`` (with swap space) and
-        ``cache_transfer_inited_signal``: each must exist and have ``rank``'s word."""
+        ``cache_transfer_inited_signal``: each must exist and have ``rank``'s slot."""
         names = (CACHE_READY, *((SWAP_SPACE_READY,) if manager and swap else ()),
                  *((CACHE_TRANSFER_INITED,) if manager else ()))  # fmt: skip
         for name in names:
-            with FastDeploySignal.attach(name, signal_name) as signal:
+            with FastDeploySignal.attach(name, instance) as signal:
                 signal.get(rank)
 
     @staticmethod
-    def _write_ready(signal_name: str, rank: int, value: int) -> None:
-        with FastDeploySignal.attach(CACHE_READY, signal_name) as signal:
+    def _write_ready(instance: str, rank: int, value: int) -> None:
+        with FastDeploySignal.attach(CACHE_READY, instance) as signal:
             signal.set(rank, value)
 
     def rule_in_force(self, rule: str | None, inputs: DecisionInputs, field: str = "rule") -> str:
@@ -130,50 +116,50 @@ class FastDeployProtocol(WireProtocol):
         return mismatch_hint(rule, inputs)
 
     def wait_ready(
-        self, platform: Platform, signal_name: str, rank: int, timeout: float, setter_pid: int | None
+        self, platform: Platform, instance: str, rank: int, timeout: float, creator_pid: int | None
     ) -> float:
         """Watched by the core itself: FastDeploy's writers wake nobody (see :mod:`fd_platforms.fastdeploy.signals`)."""
-        with FastDeploySignal.attach(CACHE_READY, signal_name) as signal:
-            return signal.wait_for(rank, 1, timeout, watch_pid=setter_pid, what=f"rank {rank} waiting for its KV cache",
+        with FastDeploySignal.attach(CACHE_READY, instance) as signal:
+            return signal.wait_for(rank, 1, timeout, watch_pid=creator_pid, what=f"rank {rank} waiting for its KV cache",
                                    writer="the process creating it (FastDeploy's cache transfer manager or runner)")
 
-    def part_record(self, signal_name: str, layout: CacheLayout) -> str:
+    def part_record(self, instance: str, layout: CacheLayout) -> str:
         """The record of the part's first tensor (each tensor has its own, named by its layer)."""
-        return self.tensor_name(signal_name, layout.names()[0])
+        return self.tensor_name(instance, layout.names()[0])
 
     def publish(
-        self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str,
+        self, instance: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str,
         *, attachers: int, part: str = "all",
     ) -> FastDeployHandles:
         """One record per tensor, named by its layer: a draft part's records are its own whatever ``part``."""
-        return FastDeployHandles.create(signal_name, rank, tensors, platform_name, attachers=attachers)
+        return FastDeployHandles.create(instance, rank, tensors, platform_name, attachers=attachers)
 
     def open_published(
-        self, signal_name: str, rank: int, expected: Sequence[PublishedTensor], platform_name: str,
+        self, instance: str, rank: int, expected: Sequence[PublishedTensor], platform_name: str,
         part: str = "all", *, attachers: int = 1,
     ) -> FastDeployHandles:
-        return FastDeployHandles.open(signal_name, rank, expected, platform_name, attachers=attachers)  # no shapes
+        return FastDeployHandles.open(instance, rank, expected, platform_name, attachers=attachers)  # no shapes
 
-    def manager_up(self, signal_name: str, rank: int, *, swap: bool) -> None:
+    def manager_up(self, instance: str, rank: int, *, swap: bool) -> None:
         """Say so as FastDeploy's transfer manager does: ``swap_space_ready_signal`` where it holds swap
         space, then ``cache_transfer_inited_signal``."""
         if swap:
-            with FastDeploySignal.attach(SWAP_SPACE_READY, signal_name) as swap_ready:
+            with FastDeploySignal.attach(SWAP_SPACE_READY, instance) as swap_ready:
                 swap_ready.set(rank, 1)
-        with FastDeploySignal.attach(CACHE_TRANSFER_INITED, signal_name) as inited:
+        with FastDeploySignal.attach(CACHE_TRANSFER_INITED, instance) as inited:
             inited.set(rank, 1)
 
-    def manager_swap_freed(self, signal_name: str, rank: int) -> None:
+    def manager_swap_freed(self, instance: str, rank: int) -> None:
         """Reset ``swap_space_ready_signal``, as FastDeploy's transfer manager does."""
-        with FastDeploySignal.attach(SWAP_SPACE_READY, signal_name) as swap_ready:
+        with FastDeploySignal.attach(SWAP_SPACE_READY, instance) as swap_ready:
             swap_ready.set(rank, 0)
 
     def hand_off_block_count(
-        self, signal_name: str, num_blocks: int, *, block_count_suffix: str | None, platform: Platform, ranks: int
+        self, instance: str, num_blocks: int, *, block_count_suffix: str | None, platform: Platform, ranks: int
     ) -> str:
         """FastDeploy's engine waits for this word before it sizes its block tables."""
         return hand_off_block_count(
-            signal_name, num_blocks, block_count_suffix=block_count_suffix, platform=platform, ranks=ranks
+            instance, num_blocks, block_count_suffix=block_count_suffix, platform=platform, ranks=ranks
         )
 
     def create_signals(self, ranks: int, *, device_type: str, block_count_suffix: str | None) -> tuple[str, ExitStack]:
@@ -191,13 +177,13 @@ class FastDeployProtocol(WireProtocol):
             making.enter_context(FastDeploySignal.create(PROFILE_BLOCK_NUM, block_count_suffix or suffix, words))
             return suffix, making.pop_all()
 
-    def ready_signal(self, signal_name: str) -> str:
-        return segment_name(CACHE_READY, signal_name)
+    def ready_signal(self, instance: str) -> str:
+        return segment_name(CACHE_READY, instance)
 
-    def describe_signals(self, signal_name: str) -> str:
-        return f"FastDeploy's signals with suffix {signal_name} ({self.ready_signal(signal_name)}, ...)"
+    def describe_signals(self, instance: str) -> str:
+        return f"engine instance {instance}: FastDeploy's signals ({self.ready_signal(instance)}, ...)"
 
-    def reclaim(self, signal_name: str) -> None:
+    def reclaim(self, instance: str) -> None:
         """Nothing: FastDeploy's per-tensor records carry no instance, and each creator removes its own."""
 
 

@@ -24,6 +24,7 @@ from functools import partial
 
 from ..contract.errors import ConfigError
 from ..contract.integers import check_int
+from ..contract.renamed import renamed_keywords
 from ..ipc.cache_signal import resolve_timeout
 from ..loading.platform import Platform
 from .cache_status import checked_drive, drive_kv_cache_clear, drive_kv_cache_restore
@@ -33,8 +34,9 @@ LOOK_SECONDS = 0.01  # how often the word is looked at (FastDeploy's worker: eve
 CLEAR_SIDE = (KVCacheStatus.CLEARING, KVCacheStatus.CLEARED)
 
 
+@renamed_keywords(suffix="instance")
 def follow_model_weights_status(
-    suffix: str | int,
+    instance: str | int,
     rank: int,
     *,
     clear: Callable[[], None],
@@ -69,6 +71,7 @@ def follow_model_weights_status(
     every rank's cache is there, else a failure word (:mod:`~fd_platforms.fastdeploy.cache_status`), and
     ``model_weights_status`` as it was, which FastDeploy's engine times out on.
     """
+    suffix = instance  # FastDeploy names its signals after the engine instance
     check_int("rank", rank, 0, MAX_LOCAL_RANKS - 1, what="a local rank", fix="pass this runner's local rank")
     meet = barrier if barrier is not None else (lambda: None)
     for name, function in (("clear", clear), ("restore", restore), ("until", until), ("barrier", meet)):

@@ -54,6 +54,7 @@ from collections.abc import Mapping
 
 from ..contract.errors import CacheNotReadyError, CacheSignalError, ConfigError
 from ..contract.integers import check_int
+from ..contract.renamed import renamed_keywords
 from . import shm
 from .process_watch import ProcessWatch
 from .shared_words import CHECK_SECONDS, MAX_LOCAL_RANKS, WORD_BYTES, SharedWords
@@ -82,11 +83,11 @@ def new_signal_name(instance: str | None = None) -> str:
     return check_signal_name(SIGNAL_PREFIX + suffix)
 
 
-def check_signal_name(name: str) -> str:
-    """``name`` if it is a valid segment name, else a :class:`ConfigError`."""
+def check_signal_name(name: str, field: str = "signal_name") -> str:
+    """``name`` if it is a valid segment name, else a :class:`ConfigError` naming ``field``."""
     if not isinstance(name, str) or not _NAME_PATTERN.fullmatch(name):
         raise ConfigError(
-            "signal_name",
+            field,
             name,
             "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 201 characters",
             "pass a name such as 'fd_cache_ready.engine-8188', or omit it to get a unique one",
@@ -180,25 +181,26 @@ class CacheReadySignal(SharedWords):
 
     # -- waiting ------------------------------------------------------------------------------
 
+    @renamed_keywords(setter_pid="creator_pid")
     def wait(
         self,
         rank: int,
         timeout: float | None = None,
-        setter_pid: int | None = None,
+        creator_pid: int | None = None,
         *,
         progress_seconds: float | None = None,
     ) -> float:
         """Block until ``rank``'s slot is set; the seconds waited.
 
         ``timeout`` defaults to ``FD_CACHE_READY_TIMEOUT`` (600 s); ``math.inf`` waits with no limit.
-        With ``setter_pid``, the wait fails within about :data:`CHECK_SECONDS` of that process
-        exiting. Every ``progress_seconds`` (default :data:`~.waiting.PROGRESS_SECONDS`) it logs what
+        With ``creator_pid`` (the process that creates the cache and sets the slot; ``setter_pid=`` before 0.2,
+        deprecated), the wait fails within about :data:`CHECK_SECONDS` of that process exiting. Every ``progress_seconds`` (default :data:`~.waiting.PROGRESS_SECONDS`) it logs what
         it waits for (:mod:`.waiting`: INFO, WARNING without a limit). Raises
         :class:`CacheNotReadyError`; Ctrl-C interrupts at once.
         """
         self._check_rank(rank)
         limit = resolve_timeout(timeout)
-        watch = ProcessWatch(setter_pid) if setter_pid is not None else None
+        watch = ProcessWatch(creator_pid) if creator_pid is not None else None
         start = time.monotonic()
         progress = WaitProgress(limit, start, progress_seconds)
         try:
@@ -233,11 +235,11 @@ class CacheReadySignal(SharedWords):
         """What a wait for ``rank``'s slot says it waits for (:mod:`.waiting`)."""
         slots = self.slots()
         ready = [index for index, value in enumerate(slots) if value]
-        setter = (f"pid {watch.pid}, watched: its exit ends the wait" if watch is not None
-                  else "no setter_pid named, so its exit goes unnoticed")  # fmt: skip
+        creator = (f"pid {watch.pid}, watched: its exit ends the wait" if watch is not None
+                   else "no creator_pid named, so its exit goes unnoticed")  # fmt: skip
         return (
             f"rank {rank} waiting for its KV cache: cache-ready signal {self.name!r} slot {rank} is {slots[rank]}, "
-            f"set once the process creating the cache has it ({setter}); slots set: {ready or 'none'} of "
+            f"set once the process creating the cache has it ({creator}); slots set: {ready or 'none'} of "
             f"{self.num_ranks}"
         )
 

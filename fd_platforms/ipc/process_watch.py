@@ -87,8 +87,8 @@ class ProcessWatch:
     """
 
     def __init__(self, pid: int) -> None:
-        check_int("setter_pid", pid, 1, PID_MAX_LIMIT, what="a process id",
-                  fix="pass the pid of the process that sets the slot")  # fmt: skip
+        check_int("creator_pid", pid, 1, PID_MAX_LIMIT, what="a process id",
+                  fix="pass the pid of the process that creates the cache (it sets the slot)")  # fmt: skip
         self.pid = pid
         self._start_ticks = process_start_ticks(pid)
         self._pidfd: int | None = None

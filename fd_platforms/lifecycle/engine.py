@@ -250,8 +250,8 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
             creators = {rank: worker.pid for rank, worker in enumerate(workers)} if workers_create else None
             if run.manager is not None:
                 children.send([run.manager], "final", (final, creators))
-            setter = None if run.manager is None or workers_create else run.manager.pid
-            children.send(workers, "final", (final, setter))
+            creator = None if run.manager is None or workers_create else run.manager.pid
+            children.send(workers, "final", (final, creator))
             ready, published, verified = run.initialize()
             say("every rank's KV cache is ready" + ("" if verified is None else f"; shared memory verified: {verified}"))
             cycles = tuple(run.cycle(number) for number in range(1, spec.cycles + 1))

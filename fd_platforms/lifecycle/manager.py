@@ -24,7 +24,6 @@ from ..contract.paddle_import import import_paddle
 from ..contract.types import Plan
 from ..engine.host_cache import HostCache
 from ..engine.initialize import ManagedCache, manage_kv_cache
-from ..engine.protocols import protocol_named
 from ..fastdeploy import FASTDEPLOY  # noqa: F401 - registers protocol "fastdeploy", which [scheduler] protocol may name
 from ..kit.host_memory import resident_bytes
 from ..loading.platform import Platform
@@ -36,12 +35,12 @@ from .spec import RunSpec
 from .tokens import read_tokens, verify_attached, write_tokens
 
 
-def manager_main(spec: RunSpec, ranks: tuple[int, ...], signal_name: str, conn: Connection) -> None:
+def manager_main(spec: RunSpec, ranks: tuple[int, ...], instance: str, conn: Connection) -> None:
     """Process target of the cache manager serving ``ranks``."""
-    run_child(f"cache manager (pid {os.getpid()})", conn, spec, _manage, spec, ranks, signal_name)
+    run_child(f"cache manager (pid {os.getpid()})", conn, spec, _manage, spec, ranks, instance)
 
 
-def _manage(conn: Connection, say: Progress, spec: RunSpec, ranks: tuple[int, ...], signal_name: str) -> None:
+def _manage(conn: Connection, say: Progress, spec: RunSpec, ranks: tuple[int, ...], instance: str) -> None:
     import_paddle()  # while the workers plan
     platform = child_platform(spec)
     plan, creators = expect(conn, "final", spec.timeout)  # creators: each rank's worker pid where they create
@@ -49,7 +48,7 @@ def _manage(conn: Connection, say: Progress, spec: RunSpec, ranks: tuple[int, ..
     kept: dict[int, HostCache] = {}  # host swap caches a clear kept (FD_ENABLE_SWAP_SPACE_CLEARING unset), reused
 
     def take_all(_: object = None) -> tuple[Allocation, ...]:
-        return _take_all(platform, spec, ranks, plan, creators, signal_name, say, (held, kept))
+        return _take_all(platform, spec, ranks, plan, creators, instance, say, (held, kept))
 
     try:
         conn.send(("ready", take_all()))
@@ -86,7 +85,7 @@ def _take_all(
     ranks: tuple[int, ...],
     plan: Plan,
     creators: dict[int, int] | None,
-    signal_name: str,
+    instance: str,
     say: Progress,
     caches: tuple[dict[int, ManagedCache], dict[int, HostCache]],
 ) -> tuple[Allocation, ...]:
@@ -99,7 +98,7 @@ def _take_all(
     rule = {"protocol": protocol, "rule": spec.rule,  # the rule and its other inputs, and the engine's name
             "storage_backend": spec.deploy.cache.kvcache_storage_backend,
             "splitwise_role": spec.deploy.scheduler.splitwise_role,
-            protocol_named(protocol).name_argument: signal_name}  # fmt: skip
+            "instance": instance}  # fmt: skip
     for rank in ranks:
         size = format_size(spec.layout(rank).device_bytes(plan.num_blocks))
         swap = f"{format_size(plan.num_cpu_blocks * plan.bytes_per_block)} of host swap space ({plan.num_cpu_blocks} blocks)"
@@ -114,7 +113,7 @@ def _take_all(
             say(f"attaching to rank {rank}'s KV cache (worker pid {creators[rank]}) to hold {swap}{kept_note}")
         cache = manage_kv_cache(  # it creates or attaches as the rule decides, as the engine did to pass creators
             platform, spec.layout(rank), plan.num_blocks, num_cpu_blocks=plan.num_cpu_blocks,
-            setter_pid=None if creators is None else creators[rank], timeout=spec.timeout,
+            creator_pid=None if creators is None else creators[rank], timeout=spec.timeout,
             progress=say.allocation(f"rank {rank}: publishing {size}"), host_cache=host_cache, **rule,
         )  # fmt: skip
         seconds = time.monotonic() - started

@@ -51,9 +51,9 @@ class WorkerResult:
     attach_seconds: float | None
 
 
-def worker_main(spec: RunSpec, rank: int, signal_name: str, conn: Connection) -> None:
+def worker_main(spec: RunSpec, rank: int, instance: str, conn: Connection) -> None:
     """Process target of rank ``rank``'s worker."""
-    run_child(f"rank {rank}", conn, spec, _work, spec, rank, signal_name)
+    run_child(f"rank {rank}", conn, spec, _work, spec, rank, instance)
 
 
 def rank_memory(spec: RunSpec, platform: Platform, rank: int) -> DeviceMemory:
@@ -64,7 +64,7 @@ def rank_memory(spec: RunSpec, platform: Platform, rank: int) -> DeviceMemory:
     return memory_per_rank(platform.device_memory(spec.local_device(rank)), spec.device_type, spec.ranks)
 
 
-def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, signal_name: str) -> None:
+def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, instance: str) -> None:
     importing = time.monotonic()
     import_paddle()  # before planning, in parallel across ranks: once "final" comes, a rank acts at once
     conn.send(("imported", time.monotonic() - importing))
@@ -86,15 +86,15 @@ def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, signal_name
     final, manager_pid = expect(conn, "final", spec.timeout)
     protocol = protocol_named(spec.deploy.scheduler.protocol)
     if rank == 0 and (word := protocol.hand_off_block_count(
-        signal_name, final.num_blocks, block_count_suffix=spec.block_count_suffix, platform=platform, ranks=spec.ranks
+        instance, final.num_blocks, block_count_suffix=spec.block_count_suffix, platform=platform, ranks=spec.ranks
     )) is not None:  # fmt: skip
         say(f"handed the agreed {final.num_blocks} blocks to the engine ({word})")
-    state = {"cache": _initialize(platform, spec, rank, signal_name, final, manager_pid, say)}
+    state = {"cache": _initialize(platform, spec, rank, instance, final, manager_pid, say)}
     try:
         conn.send(("ready", _result(state["cache"])))
 
         def reinitialize(_: object) -> WorkerResult:
-            state["cache"] = _initialize(platform, spec, rank, signal_name, final, manager_pid, say)
+            state["cache"] = _initialize(platform, spec, rank, instance, final, manager_pid, say)
             return _result(state["cache"])
 
         handlers = {
@@ -132,7 +132,7 @@ def _agree(spec: RunSpec, platform: Platform, rank: int, plan: Plan, say: Progre
 
 
 def _initialize(
-    platform: Platform, spec: RunSpec, rank: int, signal_name: str, final: Plan, manager_pid: int | None, say: Progress
+    platform: Platform, spec: RunSpec, rank: int, instance: str, final: Plan, manager_pid: int | None, say: Progress
 ) -> KVCache:
     """The one public call every runner makes: create, or wait and attach."""
     size = format_size(spec.layout(rank).device_bytes(final.num_blocks))
@@ -149,11 +149,11 @@ def _initialize(
         storage_backend=spec.deploy.cache.kvcache_storage_backend,
         splitwise_role=spec.deploy.scheduler.splitwise_role,
         rule=spec.rule,
-        setter_pid=manager_pid,
+        creator_pid=manager_pid,
         timeout=spec.timeout,
         progress=say.allocation(f"creating {size}"),
         protocol=spec.deploy.scheduler.protocol,
-        **{protocol_named(spec.deploy.scheduler.protocol).name_argument: signal_name},  # its signal, or suffix
+        instance=instance,  # the engine instance: our cache-ready signal, or FastDeploy's suffix
     )
     if cache.created:
         say(f"created {format_size(cache.nbytes)} of KV cache ({cache.decision.deciding_term}: {cache.decision.reason})")  # type: ignore[union-attr]

@@ -101,7 +101,7 @@ def wait_cache_ready(signal_name: str, rank: int, timeout: float | None, setter_
     from ..ipc.cache_signal import CacheReadySignal
 
     with CacheReadySignal.attach(signal_name) as signal:
-        return signal.wait(rank, timeout=timeout, setter_pid=setter_pid)
+        return signal.wait(rank, timeout=timeout, creator_pid=setter_pid)
 
 
 @hookimpl(trylast=True)

@@ -27,11 +27,11 @@ from ..contract.api_version import check_api_compatibility
 from ..contract.errors import (
     ConfigError,
     PluginContractError,
-    PluginError,
     PluginHookError,
     PluginLoadError,
 )
 from ..contract.integers import INT32_MAX, MAX_COUNT, bound_text, check_int, decimal, is_int
+from ..contract.renamed import renamed_keywords
 from ..contract.types import (
     CacheDecision,
     CacheShapeRequest,
@@ -223,10 +223,12 @@ class Platform:
             )
         return buffer
 
+    @renamed_keywords(setter_pid="creator_pid")
     def wait_cache_ready(
-        self, signal_name: str, rank: int, *, timeout: float | None = None, setter_pid: int | None = None
+        self, signal_name: str, rank: int, *, timeout: float | None = None, creator_pid: int | None = None
     ) -> float:
-        """Block until ``rank``'s cache-ready slot is set; seconds waited."""
+        """Block until ``rank``'s cache-ready slot is set; seconds waited. ``creator_pid`` (``setter_pid=`` before
+        0.2, deprecated): the process that creates the cache; its exit ends the wait (the hook's ``setter_pid``)."""
         from ..ipc.cache_signal import check_signal_name, resolve_timeout
         from ..ipc.process_watch import PID_MAX_LIMIT
         from ..ipc.shared_words import MAX_LOCAL_RANKS
@@ -234,11 +236,11 @@ class Platform:
         check_signal_name(signal_name)
         check_int("rank", rank, 0, MAX_LOCAL_RANKS - 1, what="a local rank", fix="pass this worker's local rank")
         limit = resolve_timeout(timeout)
-        if setter_pid is not None:
-            check_int("setter_pid", setter_pid, 1, PID_MAX_LIMIT, what="None or a process id",
-                      fix="pass the pid of the process that sets the slot (the cache manager), or None")  # fmt: skip
+        if creator_pid is not None:
+            check_int("creator_pid", creator_pid, 1, PID_MAX_LIMIT, what="None or a process id",
+                      fix="pass the pid of the process that creates the cache (the cache manager), or None")  # fmt: skip
         waited = self._call(
-            "wait_cache_ready", float, signal_name=signal_name, rank=rank, timeout=limit, setter_pid=setter_pid
+            "wait_cache_ready", float, signal_name=signal_name, rank=rank, timeout=limit, setter_pid=creator_pid
         )
         if waited < 0:
             raise PluginContractError(self.name, self.distribution, f"hook wait_cache_ready returned {waited} seconds")

@@ -64,7 +64,7 @@ def test_a_platform_that_cannot_share_refuses_an_attaching_worker_when_it_decide
     request.getfixturevalue("fd_paddle")  # the engine API imports paddle before it decides
     started = time.monotonic()
     with pytest.raises(CacheSharingError, match="deciding term splitwise_role.*cannot share KV cache tensors"):
-        initialize_kv_cache(fd_platform, small_layout(), 2, signal_name=signal.name, timeout=60, **ATTACHING)
+        initialize_kv_cache(fd_platform, small_layout(), 2, instance=signal.name, timeout=60, **ATTACHING)
     assert time.monotonic() - started < 10, "refused when deciding, not after waiting for the cache"
 
 

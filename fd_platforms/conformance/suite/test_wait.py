@@ -58,7 +58,7 @@ def test_notices_a_dead_setter(fd_platform: Platform, signal: CacheReadySignal) 
     started = time.monotonic()
     try:
         with pytest.raises(CacheNotReadyError) as info:
-            fd_platform.wait_cache_ready(signal.name, 0, timeout=30, setter_pid=setter.pid)
+            fd_platform.wait_cache_ready(signal.name, 0, timeout=30, creator_pid=setter.pid)
     finally:
         killer.cancel()
         setter.kill()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -15,8 +16,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from ...rules.layout import CacheLayout
 
 class Published(Protocol):
-    """A rank's published cache, as a protocol publishes it (our manifest, FastDeploy's records): what the
-    cache record asks of it, whoever published it."""
+    """A rank's publication: the handles of its cache as a protocol publishes them (our manifest, FastDeploy's
+    records, one per tensor): what the cache record asks of it, whoever published it."""
 
     name: str
     rank: int
@@ -45,24 +46,32 @@ class WireProtocol(ABC):
 
     An ABC rather than a ``typing.Protocol``: the implementations are this package's own, each made
     once at import, so one that lacks an operation fails there instead of at its first call. A step
-    that exists under one protocol only is a no-op under the other. ``signal_name`` is the name the
-    processes of one engine share (our cache-ready signal, or FastDeploy's signal suffix).
+    that exists under one protocol only is a no-op under the other. ``instance`` is the name the
+    processes of one engine share: the engine instance (our cache-ready signal's name, or FastDeploy's signal suffix).
     """
 
     #: As the public API and ``[scheduler] protocol`` spell it.
     name: ClassVar[str]
-    #: The engine calls' argument that names the engine's shared name under this protocol.
-    name_argument: ClassVar[str] = "signal_name"
+    #: The engine calls' keyword that names the engine instance: ``instance=`` under every protocol (it was the
+    #: protocol's own before 0.2: ``signal_name`` or ``suffix``).
+    name_argument: ClassVar[str] = "instance"
+    #: The keywords that named the engine instance under this protocol before 0.2, still taken with a warning.
+    old_keywords: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
+    def check_instance(self, instance: object) -> None:
+        """A ConfigError unless ``instance`` is a name this protocol's signals can have."""
+
     def check_signal_name(self, signal_name: object) -> None:
-        """A ConfigError unless ``signal_name`` is a name this protocol's signals can have."""
+        """Deprecated (0.2): :meth:`check_instance`."""
+        warnings.warn("WireProtocol.check_signal_name is deprecated and goes in fd-platforms 0.3: use check_instance",
+                      DeprecationWarning, stacklevel=2)  # fmt: skip
+        self.check_instance(signal_name)
 
     @abstractmethod
-    def instance_name(self, signal_name: object, suffix: object, *, tp: int | None, stacklevel: int) -> str:
-        """The engine instance's shared name from the engine call's ``signal_name=`` and ``suffix=`` (one of them
-        is this protocol's :attr:`name_argument`; the other is refused), checked; ``tp`` (None: unknown) the
-        engine's local ranks, ``stacklevel`` where a deprecation warning points."""
+    def instance_name(self, instance: object, *, tp: int | None) -> str:
+        """The engine instance's name from the engine call's ``instance=``, checked; ``tp`` (None: unknown) the
+        engine's local ranks."""
 
     @abstractmethod
     def attachers_per_rank(self, splitwise_role: str, num_cpu_blocks: int) -> int:
@@ -70,21 +79,21 @@ class WireProtocol(ABC):
         ``num_cpu_blocks`` host swap blocks."""
 
     @abstractmethod
-    def tensor_name(self, signal_name: str, layout_name: str) -> str:
+    def tensor_name(self, instance: str, layout_name: str) -> str:
         """The name the layout's tensor ``layout_name`` is exported and opened under."""
 
     @abstractmethod
-    def set_ready(self, signal_name: str, rank: int) -> None:
+    def set_ready(self, instance: str, rank: int) -> None:
         """Set ``rank``'s cache-ready slot (and wake its waiters)."""
 
     @abstractmethod
-    def clear_ready(self, signal_name: str, rank: int) -> None:
+    def clear_ready(self, instance: str, rank: int) -> None:
         """Reset ``rank``'s cache-ready slot to 0."""
 
     @abstractmethod
-    def check_signals(self, signal_name: str, rank: int, *, manager: bool, swap: bool) -> None:
+    def check_signals(self, instance: str, rank: int, *, manager: bool, swap: bool) -> None:
         """Before anything is published: a typed error unless every signal that a creation for ``rank``
-        writes exists and has ``rank``'s word (``manager``: the cache manager's words too; ``swap``: it
+        writes exists and has ``rank``'s slot (``manager``: the cache manager's words too; ``swap``: it
         holds host swap space), so a call that cannot finish fails before it leaves anything behind."""
 
     @abstractmethod
@@ -99,18 +108,18 @@ class WireProtocol(ABC):
 
     @abstractmethod
     def wait_ready(
-        self, platform: Platform, signal_name: str, rank: int, timeout: float, setter_pid: int | None
+        self, platform: Platform, instance: str, rank: int, timeout: float, creator_pid: int | None
     ) -> float:
-        """Wait (at most ``timeout``, failing early when ``setter_pid`` dies) for ``rank``'s slot; the seconds waited."""
+        """Wait (at most ``timeout``, failing early when ``creator_pid`` dies) for ``rank``'s slot; the seconds waited."""
 
     @abstractmethod
-    def part_record(self, signal_name: str, layout: CacheLayout) -> str:
+    def part_record(self, instance: str, layout: CacheLayout) -> str:
         """The ``/dev/shm`` entry that is there while ``layout``'s part of its rank's cache is published (a
         timed-out wait says which part of main and draft it sees published and which not)."""
 
     @abstractmethod
     def publish(
-        self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str,
+        self, instance: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str,
         *, attachers: int, part: str = "all",
     ) -> Published:
         """Publish ``rank``'s exported tensors (held by this process until retracted); ``attachers``: how many
@@ -119,7 +128,7 @@ class WireProtocol(ABC):
 
     @abstractmethod
     def open_published(
-        self, signal_name: str, rank: int, expected: Sequence[PublishedTensor], platform_name: str,
+        self, instance: str, rank: int, expected: Sequence[PublishedTensor], platform_name: str,
         part: str = "all", *, attachers: int = 1,
     ) -> Published:
         """``rank``'s publication of ``part``, held by this attacher until it lets go (or withdraws, where its attach
@@ -128,35 +137,35 @@ class WireProtocol(ABC):
         ``attachers`` how many processes attach each rank in this deployment."""
 
     @abstractmethod
-    def manager_up(self, signal_name: str, rank: int, *, swap: bool) -> None:
+    def manager_up(self, instance: str, rank: int, *, swap: bool) -> None:
         """The cache manager holds ``rank``'s caches (``swap``: with host swap space)."""
 
     @abstractmethod
-    def manager_swap_freed(self, signal_name: str, rank: int) -> None:
+    def manager_swap_freed(self, instance: str, rank: int) -> None:
         """The cache manager freed ``rank``'s host swap space."""
 
     @abstractmethod
     def hand_off_block_count(
-        self, signal_name: str, num_blocks: int, *, block_count_suffix: str | None, platform: Platform, ranks: int
+        self, instance: str, num_blocks: int, *, block_count_suffix: str | None, platform: Platform, ranks: int
     ) -> str | None:
         """Give the engine the agreed block count (local rank 0 calls it; ``ranks`` local ranks on
-        ``platform``; the word's own suffix, None: ``signal_name``'s); where it was written, or None
+        ``platform``; the word's own suffix, None: ``instance``'s); where it was written, or None
         where this protocol's engine waits for no such word."""
 
     @abstractmethod
     def create_signals(self, ranks: int, *, device_type: str, block_count_suffix: str | None) -> tuple[str, ExitStack]:
         """Create a run's signals for ``ranks`` local ranks of ``device_type``, as its engine (the block
-        count's word under ``block_count_suffix``, None: the run's): the signal name its processes are
+        count's word under ``block_count_suffix``, None: the run's): the engine instance its processes are
         given, and what removes the signals again."""
 
     @abstractmethod
-    def ready_signal(self, signal_name: str) -> str:
+    def ready_signal(self, instance: str) -> str:
         """The shared-memory name of the cache-ready signal (for the run report)."""
 
     @abstractmethod
-    def describe_signals(self, signal_name: str) -> str:
-        """The signals of ``signal_name``, for the run's start-up line."""
+    def describe_signals(self, instance: str) -> str:
+        """The signals of ``instance``, for the run's start-up line."""
 
     @abstractmethod
-    def reclaim(self, signal_name: str) -> None:
+    def reclaim(self, instance: str) -> None:
         """Once every process of the run has ended: remove what processes killed mid-clear left published."""

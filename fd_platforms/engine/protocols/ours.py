@@ -3,10 +3,10 @@
 =================== =====================================================================
 step                speaks
 =================== =====================================================================
-``signal_name``     our cache-ready signal, ``fd_cache_ready.<instance>``
+``instance=``       our cache-ready signal, ``fd_cache_ready.<id>``
 cache ready         its slot: a futex word, the creator's liveness by ``flock``
                     (:class:`~fd_platforms.ipc.cache_signal.CacheReadySignal`)
-tensors published   one JSON manifest per rank, tensors named ``fd_kv.<instance>.<name>``
+tensors published   one JSON manifest per rank, tensors named ``fd_kv.<id>.<name>``
                     (:mod:`fd_platforms.engine.publication`)
 attacher lets go    drops its lock on the manifest (and resets its slot)
 =================== =====================================================================
@@ -35,42 +35,38 @@ class FdPlatformsProtocol(WireProtocol):
     """Our signal and manifests; see the module docstring."""
 
     name = "fd-platforms"
+    old_keywords = ("signal_name",)
 
-    def check_signal_name(self, signal_name: object) -> None:
-        check_signal_name(signal_name)  # type: ignore[arg-type]
+    def check_instance(self, instance: object) -> None:
+        check_signal_name(instance, "instance")  # type: ignore[arg-type]
 
-    def instance_name(self, signal_name: object, suffix: object, *, tp: int | None, stacklevel: int) -> str:
-        """``signal_name=``, our cache-ready signal; ``suffix=`` names FastDeploy's signals only."""
-        if suffix is not None:
-            raise ConfigError(
-                "suffix", suffix, "only with protocol='fastdeploy' (FastDeploy's signal suffix)",
-                "pass the engine's cache-ready signal as signal_name=, or protocol='fastdeploy'",
-            )  # fmt: skip
-        if signal_name is None:
-            raise ConfigError("signal_name", None, "the engine's cache-ready signal (fd_cache_ready.<instance>)",
-                              "pass signal_name=, the name of the signal the engine created")  # fmt: skip
-        self.check_signal_name(signal_name)
-        assert isinstance(signal_name, str)  # checked above
-        return signal_name
+    def instance_name(self, instance: object, *, tp: int | None) -> str:
+        """Our engine instance is named by its cache-ready signal (``fd_cache_ready.<id>``); ``tp`` changes nothing."""
+        if instance is None:
+            raise ConfigError("instance", None, "the engine instance's cache-ready signal (fd_cache_ready.<id>)",
+                              "pass instance=, the name of the signal the engine created")  # fmt: skip
+        self.check_instance(instance)
+        assert isinstance(instance, str)  # checked above
+        return instance
 
     def attachers_per_rank(self, splitwise_role: str, num_cpu_blocks: int) -> int:
         """One: our attachers are counted by the locks they hold on the manifest, never by configuration."""
         return 1
 
-    def tensor_name(self, signal_name: str, layout_name: str) -> str:
-        return published_tensor_name(signal_name, layout_name)
+    def tensor_name(self, instance: str, layout_name: str) -> str:
+        return published_tensor_name(instance, layout_name)
 
-    def set_ready(self, signal_name: str, rank: int) -> None:
-        with CacheReadySignal.attach(signal_name) as signal:
+    def set_ready(self, instance: str, rank: int) -> None:
+        with CacheReadySignal.attach(instance) as signal:
             signal.set(rank)
 
-    def clear_ready(self, signal_name: str, rank: int) -> None:
-        with CacheReadySignal.attach(signal_name) as signal:
+    def clear_ready(self, instance: str, rank: int) -> None:
+        with CacheReadySignal.attach(instance) as signal:
             signal.clear(rank)
 
-    def check_signals(self, signal_name: str, rank: int, *, manager: bool, swap: bool) -> None:
+    def check_signals(self, instance: str, rank: int, *, manager: bool, swap: bool) -> None:
         """The cache-ready signal with ``rank``'s slot: the one signal either side writes."""
-        with CacheReadySignal.attach(signal_name) as signal:
+        with CacheReadySignal.attach(instance) as signal:
             signal.is_set(rank)
 
     def rule_in_force(self, rule: str | None, inputs: DecisionInputs, field: str = "rule") -> str:
@@ -82,35 +78,35 @@ class FdPlatformsProtocol(WireProtocol):
         return ""
 
     def wait_ready(
-        self, platform: Platform, signal_name: str, rank: int, timeout: float, setter_pid: int | None
+        self, platform: Platform, instance: str, rank: int, timeout: float, creator_pid: int | None
     ) -> float:
-        return platform.wait_cache_ready(signal_name, rank, timeout=timeout, setter_pid=setter_pid)
+        return platform.wait_cache_ready(instance, rank, timeout=timeout, creator_pid=creator_pid)
 
-    def part_record(self, signal_name: str, layout: CacheLayout) -> str:
+    def part_record(self, instance: str, layout: CacheLayout) -> str:
         """The part's manifest."""
-        return publication_name(signal_name, layout.rank, layout.part)
+        return publication_name(instance, layout.rank, layout.part)
 
     def publish(
-        self, signal_name: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str,
+        self, instance: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str,
         *, attachers: int, part: str = "all",
     ) -> Publication:
         """Every attacher holds the manifest's lock while attached, so a clear waits for whoever does."""
-        return Publication.create(publication_name(signal_name, rank, part), rank, device, list(tensors))
+        return Publication.create(publication_name(instance, rank, part), rank, device, list(tensors))
 
     def open_published(
-        self, signal_name: str, rank: int, expected: Sequence[PublishedTensor], platform_name: str,
+        self, instance: str, rank: int, expected: Sequence[PublishedTensor], platform_name: str,
         part: str = "all", *, attachers: int = 1,
     ) -> Publication:
-        return Publication.open(publication_name(signal_name, rank, part), rank)  # the manifest carries the shapes
+        return Publication.open(publication_name(instance, rank, part), rank)  # the manifest carries the shapes
 
-    def manager_up(self, signal_name: str, rank: int, *, swap: bool) -> None:
+    def manager_up(self, instance: str, rank: int, *, swap: bool) -> None:
         """Nothing: the slot is the whole word."""
 
-    def manager_swap_freed(self, signal_name: str, rank: int) -> None:
+    def manager_swap_freed(self, instance: str, rank: int) -> None:
         """Nothing: no process watches our swap space."""
 
     def hand_off_block_count(
-        self, signal_name: str, num_blocks: int, *, block_count_suffix: str | None, platform: Platform, ranks: int
+        self, instance: str, num_blocks: int, *, block_count_suffix: str | None, platform: Platform, ranks: int
     ) -> None:
         """Nothing: our engine hands the count to its processes itself."""
 
@@ -120,14 +116,14 @@ class FdPlatformsProtocol(WireProtocol):
         signal = held.enter_context(CacheReadySignal.create(ranks))
         return signal.name, held
 
-    def ready_signal(self, signal_name: str) -> str:
-        return signal_name
+    def ready_signal(self, instance: str) -> str:
+        return instance
 
-    def describe_signals(self, signal_name: str) -> str:
-        return f"cache-ready signal {signal_name}"
+    def describe_signals(self, instance: str) -> str:
+        return f"engine instance {instance} (its cache-ready signal)"
 
-    def reclaim(self, signal_name: str) -> None:
-        reclaim_instance(signal_name)
+    def reclaim(self, instance: str) -> None:
+        reclaim_instance(instance)
 
 
 OURS = FdPlatformsProtocol()
