@@ -190,6 +190,26 @@ def test_the_runner_and_manager_arguments_are_the_engine_calls_keywords() -> Non
     assert settings.runner_arguments()["instance"] == "8002" and settings.manager_arguments()["rule"] == "2026-04"
 
 
+def test_the_settings_give_the_request_record_the_keywords_would_build() -> None:
+    """``cache_request`` is the record the keyword form builds from ``runner_arguments``/``manager_arguments``."""
+    from fd_platforms.engine import CacheRequest
+    from fd_platforms.fastdeploy import FASTDEPLOY
+
+    manager = from_cache_manager_args(manager_args(), rule="2026-04")
+    layout = manager.layout()
+    made = manager.cache_request(layout)
+    keywords = manager.manager_arguments()
+    assert made == CacheRequest(layout=layout, num_blocks=manager.num_blocks, **keywords)
+    assert made.protocol is FASTDEPLOY and made.instance == "8002" and made.tp == manager.parallel.tensor_parallel_size
+    assert made.tensor_specs == manager.tensor_specs and made.rule == "2026-04"
+    runner = from_fd_config(fd_config(QWEN, tp=2), local_rank=1)
+    request = runner.cache_request(runner.layout(), 64, profile=True, timeout=5)
+    assert request == CacheRequest(layout=runner.layout(), num_blocks=64, timeout=5, **runner.runner_arguments(profile=True))
+    with pytest.raises(ConfigError) as caught:
+        runner.cache_request()  # a runner's settings hold no block count: its plan does
+    assert caught.value.field == "num_blocks"
+
+
 # Finding 7 of issue 41: FastDeploy-shaped values read right or refused at the adapter, naming FastDeploy's own
 # attribute or flag.
 

@@ -1,7 +1,7 @@
 """The engine API: a model runner's whole KV-cache initialization, and the cache manager's side.
 
 The layer above the :class:`~fd_platforms.loading.platform.Platform` facade: every call takes the
-platform first, and the facade never imports the engine. A runner calls :func:`initialize_kv_cache`
+platform first, and the facade never imports the engine. Both calls take one :class:`CacheRequest` per rank (or the keywords of before 0.2). A runner calls :func:`initialize_kv_cache`
 (decide with the rule, then create and publish, or wait and attach zero-copy by name); a cache
 manager calls :func:`manage_kv_cache` (publish a rank's device cache, carve its host swap cache,
 set the slot; or, where the rule in force lets the workers create, attach to the rank's published
@@ -15,7 +15,7 @@ Beside FastDeploy's own processes, every call takes FastDeploy's protocol (``pro
 FastDeploy's (its clear/update, block-count hand-off, config) is :mod:`fd_platforms.fastdeploy`'s, which this
 package never imports. See ``docs/engine-integration.md``.
 
-Modules: :mod:`.initialize` (the two calls), :mod:`.kv_cache` (the cache record; plain, exported and
+Modules: :mod:`.initialize` (the two calls), :mod:`.request` (what they take: one rank's :class:`CacheRequest`), :mod:`.kv_cache` (the cache record; plain, exported and
 attached tensors), :mod:`.host_cache` (host swap tensors in the layout's names), :mod:`.publication`
 (where a rank's cache is published, by name), :mod:`.nodes` (where a rank stands among nodes),
 :mod:`.rendezvous` (the nodes' handshake), :mod:`.cluster` (the process group and the agreement),
@@ -32,9 +32,11 @@ from .initialize import ManagedCache, check_can_attach, hold_kv_cache, initializ
 from .kv_cache import KVCache, allocate_kv_cache
 from .nodes import NodeSpec, free_master
 from .publication import publication_name, published_tensor_name
+from .request import CacheRequest
 
 __all__ = [
     "Agreement",
+    "CacheRequest",
     "Cluster",
     "HostCache",
     "KVCache",

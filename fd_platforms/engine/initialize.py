@@ -20,17 +20,14 @@ import contextlib
 import logging
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from ..contract.errors import CacheNotReadyError, CacheSharingError, ConfigError, FdPlatformsError
-from ..contract.integers import check_int
 from ..contract.paddle_import import import_paddle
-from ..contract.renamed import renamed_warning
 from ..contract.types import CacheDecision, CacheRoleShape
 from ..ipc.cache_signal import resolve_timeout
-from ..ipc.shared_words import check_tp
 from ..rules.decision import DecisionInputs
 from . import rank_parts
 from .host_cache import HostCache, allocate_host_cache, check_host_cache, swap_space_clearing
@@ -40,9 +37,11 @@ from .kv_cache import (
     allocate_kv_cache,
     attach_kv_cache,
     check_cache_arguments,
+    check_platform_and_layout,
     export_kv_cache,
 )
-from .protocols import OURS, WireProtocol, protocol_named
+from .protocols import OURS, WireProtocol
+from .request import CacheRequest, check_not_draft
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..loading.platform import Platform
@@ -56,42 +55,30 @@ WITHDRAW_SECONDS = 1.0
 
 def initialize_kv_cache(
     platform: Platform,
-    layout: CacheLayout,
-    num_blocks: int,
+    request: CacheRequest | CacheLayout,
+    num_blocks: int | None = None,
     *,
-    profile: bool,
-    num_cpu_blocks: int,
-    storage_backend: str | None,
-    splitwise_role: str,
-    instance: str | int | None = None,
-    creator_pid: int | None = None,
-    timeout: float | None = None,
     progress: AllocationProgress | None = None,
-    rule: str | None = None,
-    protocol: str | WireProtocol = OURS.name,
-    tensor_specs: Sequence[CacheRoleShape] | None = None,
-    tp: int | None = None,
-    signal_name: str | None = None,
-    suffix: str | int | None = None,
-    setter_pid: int | None = None,
+    **keywords: Any,
 ) -> KVCache:
-    """Create or attach rank ``layout.rank``'s KV cache, as the rule decides; see the module docstring.
+    """Create or attach the rank's KV cache that ``request`` (a :class:`~.request.CacheRequest`) asks for, as the
+    rule decides; see the module docstring. ``progress`` gets ``(bytes done, bytes in all)`` as a creator allocates.
 
-    ``instance`` names the engine instance (under our protocol its cache-ready signal, which also names the
-    rank's publication; under FastDeploy's its signal suffix, the engine's ``engine_worker_queue_port``);
-    ``creator_pid`` the pid of the process that creates the cache (the cache manager), so a waiting worker
-    fails within a quarter second of its death; ``timeout`` bounds the wait (default ``FD_CACHE_READY_TIMEOUT``);
-    ``rule`` is the rule version the engine pins (every process of one engine must pin the same; None: the
-    protocol's :meth:`~.protocols.WireProtocol.rule_in_force`); ``protocol`` ``"fastdeploy"`` speaks
-    FastDeploy's own signals and per-tensor handles, so this runner can work beside FastDeploy's unmodified
-    processes. ``signal_name=``, ``suffix=`` (for ``instance=``) and ``setter_pid=`` (for ``creator_pid=``)
-    are the names before 0.2: taken with a DeprecationWarning until 0.3.
-    ``tensor_specs`` is one layer's tensors as the engine's attention backend states them
-    (``CacheRoleShape``: role, shape with the blocks first, dtype; in the order its kernels index), used
-    instead of the platform's shapes once checked (:func:`~fd_platforms.rules.shapes.engine_shaped`: a
-    ConfigError before any hook runs); None keeps the derived shapes. Every process of the engine must
-    state the same. ``tp`` (the local ranks, where known: FastDeploy's config knows it) makes every
-    per-rank signal FastDeploy's int32 array of exactly that many words, and ``layout.rank`` one of them.
+    The keyword form of before 0.2 still works and builds the request: ``initialize_kv_cache(platform, layout,
+    num_blocks, profile=..., num_cpu_blocks=..., storage_backend=..., splitwise_role=..., instance=..., ...)``
+    (the four rule inputs required, as they were; every other field of the record by its name).
+
+    The request's fields (:class:`~.request.CacheRequest`): ``instance`` names the engine instance (under our
+    protocol its cache-ready signal, which also names the rank's publication; under FastDeploy's its signal suffix,
+    the engine's ``engine_worker_queue_port``); ``creator_pid`` the process that creates the cache (the cache
+    manager), so a waiting worker fails within a quarter second of its death; ``timeout`` bounds the wait;
+    ``rule`` is the version every process of the engine pins alike; ``protocol`` ``"fastdeploy"`` speaks
+    FastDeploy's own signals and per-tensor handles, beside its unmodified processes; ``tensor_specs`` (one layer's
+    tensors as the engine's attention backend states them) are checked against the platform's shapes
+    (:func:`~fd_platforms.rules.shapes.engine_shaped`) before any hook runs; ``tp`` makes every per-rank signal
+    FastDeploy's int32 array of exactly that many words. ``signal_name=``, ``suffix=`` (for ``instance=``) and
+    ``setter_pid=`` (for ``creator_pid=``) are the keywords' names before 0.2: taken with a DeprecationWarning
+    until 0.3.
 
     With MTP the runner passes ``whole.main()`` and the proposer, on a call of its own, ``whole.draft()``
     with the same ``num_blocks`` (its tensors hold ``plan.num_draft_blocks``). Each part creates or attaches
@@ -99,17 +86,17 @@ def initialize_kv_cache(
     this process (:mod:`.rank_parts`), whichever comes first (FastDeploy's runner calls its proposer first,
     ``gpu_model_runner.py`` ``update_share_input_block_num``); an attacher of either part waits for it.
     """
-    creator_pid = creator_of(creator_pid, setter_pid)
-    check_cache_arguments(platform, layout, num_blocks)
-    wire, instance = engine_name(protocol, instance, signal_name=signal_name, suffix=suffix, tp=tp, rank=layout.rank)
-    inputs = DecisionInputs(profile, num_cpu_blocks, storage_backend, splitwise_role)
-    inputs = replace(inputs, rule=wire.rule_in_force(rule, inputs))
-    limit = resolve_timeout(timeout)
-    layout = platform.cache_layout(layout, num_blocks, tensor_specs)  # the platform's or the engine's shapes, checked
+    request = _request(platform, "initialize_kv_cache", request, num_blocks, keywords, _RUNNER_REQUIRED)
+    _check_one_part(request)
+    wire, instance, creator_pid = request.protocol, request.instance, request.creator_pid
+    profile, num_blocks, num_cpu_blocks = request.profile, request.num_blocks, request.num_cpu_blocks
+    inputs = request.rule_in_force()
+    limit = resolve_timeout(request.timeout)
+    layout = platform.cache_layout(request.layout, num_blocks, request.tensor_specs)  # the platform's or the engine's
     import_seconds = _import_paddle()
     decision = platform.should_create_cache_tensor(**inputs.kwargs())
     sharing = platform.cache_sharing()
-    per_rank = wire.attachers_per_rank(splitwise_role, num_cpu_blocks)
+    per_rank = wire.attachers_per_rank(request.splitwise_role, num_cpu_blocks)
     if decision.create:
         started = time.monotonic()
         if profile or sharing is None:  # a profiling run's cache is its own, temporary: never published
@@ -201,27 +188,14 @@ class ManagedCache:
 
 def manage_kv_cache(
     platform: Platform,
-    layout: CacheLayout,
-    num_blocks: int,
+    request: CacheRequest | CacheLayout,
+    num_blocks: int | None = None,
     *,
-    num_cpu_blocks: int,
-    instance: str | int | None = None,
-    creator_pid: int | None = None,
-    timeout: float | None = None,
     progress: AllocationProgress | None = None,
-    protocol: str | WireProtocol = OURS.name,
-    rule: str | None = None,
-    storage_backend: str | None = None,
-    splitwise_role: str = "mixed",
-    tensor_specs: Sequence[CacheRoleShape] | None = None,
-    draft: CacheLayout | None = None,
-    host_cache: HostCache | None = None,
-    tp: int | None = None,
-    signal_name: str | None = None,
-    suffix: str | int | None = None,
-    setter_pid: int | None = None,
+    **keywords: Any,
 ) -> ManagedCache:
-    """The cache manager's side of rank ``layout.rank``, as the rule in force decides (:func:`manager_creates`):
+    """The cache manager's side of the rank ``request`` (a :class:`~.request.CacheRequest`) names, as the rule in
+    force decides (:func:`manager_creates`):
 
     - where the workers attach, export and publish the device cache, allocate its host swap cache
       (``num_cpu_blocks`` blocks of the same layout; none when 0) or reuse ``host_cache`` (the one a cleared
@@ -231,52 +205,26 @@ def manage_kv_cache(
       the wait fails within a quarter second of its death; ``timeout`` bounds it (default
       ``FD_CACHE_READY_TIMEOUT``); ``clear()`` lets go first, so the worker can clear and re-create.
 
-    :attr:`ManagedCache.created` says which it did. ``instance``, ``protocol``, ``rule`` and the old keywords
-    as :func:`initialize_kv_cache`'s, which also takes ``storage_backend`` and ``splitwise_role``: the
-    engine's, the rule's inputs with ``num_cpu_blocks``; ``tensor_specs`` and ``tp`` as :func:`initialize_kv_cache`'s.
+    :attr:`ManagedCache.created` says which it did. The other fields as :func:`initialize_kv_cache`'s (a manager never
+    profiles). The keyword form of before 0.2 still works and builds the request: ``manage_kv_cache(platform,
+    layout, num_blocks, num_cpu_blocks=..., instance=..., ...)`` (``splitwise_role`` ``"mixed"`` unless given).
 
-    With MTP, ``layout`` is ``whole.main()`` and ``draft`` ``whole.draft()``: the draft layers are published
-    (or attached) too, on their own for the proposer, before the rank's one slot is set (FastDeploy's
+    With MTP, the request's ``layout`` is ``whole.main()`` and its ``draft`` ``whole.draft()``: the draft layers are
+    published (or attached) too, on their own for the proposer, before the rank's one slot is set (FastDeploy's
     transfer manager makes main and extra layers in one loop before it sets ``cache_ready_signal``:
     ``cache_transfer_manager.py`` ``_init_gpu_cache``); the host swap cache holds both."""
-    creator_pid = creator_of(creator_pid, setter_pid)
-    return _manage(
-        platform, layout, num_blocks, (instance, signal_name, suffix, protocol, tp),
-        (num_cpu_blocks, storage_backend, splitwise_role, rule), None, creator_pid, timeout, progress,
-        tensor_specs, draft, host_cache,
-    )  # fmt: skip
+    request = _request(platform, "manage_kv_cache", request, num_blocks, keywords, _MANAGER_REQUIRED, _MANAGER_DEFAULTS)
+    return _manage(platform, request, None, progress)
 
 
 def hold_kv_cache(
-    platform: Platform,
-    layout: CacheLayout,
-    num_blocks: int,
-    *,
-    num_cpu_blocks: int,
-    instance: str | int | None = None,
-    creator_pid: int | None = None,
-    timeout: float | None = None,
-    protocol: str | WireProtocol = OURS.name,
-    rule: str | None = None,
-    storage_backend: str | None = None,
-    splitwise_role: str = "mixed",
-    tensor_specs: Sequence[CacheRoleShape] | None = None,
-    draft: CacheLayout | None = None,
-    host_cache: HostCache | None = None,
-    tp: int | None = None,
-    signal_name: str | None = None,
-    suffix: str | int | None = None,
-    setter_pid: int | None = None,
+    platform: Platform, request: CacheRequest | CacheLayout, num_blocks: int | None = None, **keywords: Any
 ) -> ManagedCache:
     """Deprecated: :func:`manage_kv_cache` attaches where the rule lets the workers create. This one always
     waits for rank ``layout.rank``'s published cache and attaches to it, whatever the rule."""
     _deprecated("hold_kv_cache", "manage_kv_cache, which attaches where the rule in force lets the workers create")
-    creator_pid = creator_of(creator_pid, setter_pid)
-    return _manage(
-        platform, layout, num_blocks, (instance, signal_name, suffix, protocol, tp),
-        (num_cpu_blocks, storage_backend, splitwise_role, rule), False, creator_pid, timeout, None,
-        tensor_specs, draft, host_cache,
-    )  # fmt: skip
+    request = _request(platform, "hold_kv_cache", request, num_blocks, keywords, _MANAGER_REQUIRED, _MANAGER_DEFAULTS)
+    return _manage(platform, request, False, None)
 
 
 def manager_creates(platform: Platform, inputs: DecisionInputs) -> bool:
@@ -296,48 +244,35 @@ _REFUSALS = {
 
 
 def _manage(
-    platform: Platform,
-    layout: CacheLayout,
-    num_blocks: int,
-    names: tuple[str | int | None, str | None, str | int | None, str | WireProtocol, int | None],
-    rule_arguments: tuple[int, str | None, str, str | None],
-    creates: bool | None,
-    creator_pid: int | None,
-    timeout: float | None,
-    progress: AllocationProgress | None,
-    tensor_specs: Sequence[CacheRoleShape] | None,
-    draft: CacheLayout | None,
-    host_cache: HostCache | None,
+    platform: Platform, request: CacheRequest, creates: bool | None, progress: AllocationProgress | None
 ) -> ManagedCache:
-    """:func:`manage_kv_cache`'s work. Its arguments are checked before any hook: the protocol and the
-    engine instance (``names``: ``instance``, ``signal_name``, ``suffix``, ``protocol``, ``tp``; :func:`engine_name`), the rule's
-    inputs (``num_cpu_blocks``, ``storage_backend``, ``splitwise_role``; a manager never profiles) with the
-    rule in force; then the layout in the platform's shapes (the engine's ``tensor_specs`` where given) and
-    whether the manager creates (``creates``, None: as the rule decides, :func:`manager_creates`). A platform
-    that cannot share is refused, naming what the manager cannot do and the fix. A ``draft`` part (MTP) is
-    made or attached the same way, in the platform's shapes, after the main part. A kept ``host_cache`` must
-    fit the layout (main and draft) and ``num_cpu_blocks`` (:func:`~.host_cache.check_host_cache`).
-    ``FD_ENABLE_SWAP_SPACE_CLEARING``, which the manager's clear follows, is read and checked here, once
+    """:func:`manage_kv_cache`'s work. Its ``request`` was checked when it was made; here, before any hook: a
+    manager never profiles and takes no draft part as its layout; then the layout in the platform's shapes (the
+    engine's ``tensor_specs`` where given) and whether the manager creates (``creates``, None: as the rule decides,
+    :func:`manager_creates`). A platform that cannot share is refused, naming what the manager cannot do and the
+    fix. A ``draft`` part (MTP) is made or attached the same way, in the platform's shapes, after the main part. A
+    kept ``host_cache`` must fit the layout (main and draft) and ``num_cpu_blocks``
+    (:func:`~.host_cache.check_host_cache`). ``FD_ENABLE_SWAP_SPACE_CLEARING``, which the manager's clear follows, is read and checked here, once
     (:func:`~.host_cache.swap_space_clearing`), not at the first clear of a serving manager."""
-    check_cache_arguments(platform, layout, num_blocks)
-    _check_not_draft(layout)
+    if request.profile:
+        raise ConfigError("profile", True, "False: a cache manager never profiles",
+                          "pass profile=False (a runner's profiling run makes a cache of its own)")  # fmt: skip
+    check_not_draft(request.layout)
     frees_swap = swap_space_clearing(None)  # FD_ENABLE_SWAP_SPACE_CLEARING read (and checked) once, here
-    wire, name = engine_name(names[3], names[0], signal_name=names[1], suffix=names[2], tp=names[4], rank=layout.rank,
-                             stacklevel=4)
-    num_cpu_blocks, storage_backend, splitwise_role, rule = rule_arguments
-    inputs = DecisionInputs(False, num_cpu_blocks, storage_backend, splitwise_role)
-    inputs = replace(inputs, rule=wire.rule_in_force(rule, inputs))
-    given, layout = layout, platform.cache_layout(layout, num_blocks, tensor_specs)  # the platform's or the engine's
+    wire, name, num_blocks, creator_pid = request.protocol, request.instance, request.num_blocks, request.creator_pid
+    num_cpu_blocks, splitwise_role, host_cache = request.num_cpu_blocks, request.splitwise_role, request.host_cache
+    inputs = request.rule_in_force()
+    layout = platform.cache_layout(request.layout, num_blocks, request.tensor_specs)  # the platform's or the engine's
     creates = manager_creates(platform, inputs) if creates is None else creates
     if platform.cache_sharing() is None:
         raise CacheSharingError(
             f"platform {platform.name} cannot share KV cache tensors between processes (it declares no cache_sharing), "
             f"so a cache manager cannot {_REFUSALS[creates]}"
         )
-    draft_layout, host_layout = _draft_part(platform, given, layout, draft, num_blocks, tensor_specs)
+    draft_layout, host_layout = _draft_part(platform, layout, request.draft, num_blocks, request.tensor_specs)
     if host_cache is not None:
         check_host_cache(host_cache, host_layout, num_cpu_blocks)
-    limit = resolve_timeout(timeout)
+    limit = resolve_timeout(request.timeout)
     import_seconds = _import_paddle()
     wire.check_signals(name, layout.rank, manager=True, swap=num_cpu_blocks > 0)
     per_rank = wire.attachers_per_rank(splitwise_role, num_cpu_blocks)
@@ -363,31 +298,58 @@ def _manage(
     return managed
 
 
-def _check_not_draft(layout: CacheLayout) -> None:
-    """A cache manager's ``layout`` is the rank's whole layout or its main part; its draft part goes in ``draft=``."""
-    if layout.part == "draft":
-        raise ConfigError(
-            "layout", layout.describe(), "the rank's whole layout, or with MTP its main part (whole.main())",
-            "pass whole.main() as layout and whole.draft() as draft=, both of the rank's build_layout",
-        )  # fmt: skip
+_RUNNER_REQUIRED = ("profile", "num_cpu_blocks", "storage_backend", "splitwise_role")
+_MANAGER_REQUIRED = ("num_cpu_blocks",)
+_MANAGER_DEFAULTS = {"splitwise_role": "mixed"}
+
+
+def _request(
+    platform: Platform, call: str, request: object, num_blocks: object, keywords: dict[str, Any],
+    required: Sequence[str], defaults: Mapping[str, Any] | None = None,
+) -> CacheRequest:
+    """The engine call's :class:`CacheRequest`: ``request`` itself (nothing beside it), or, in the keyword form of
+    before 0.2, the one its layout, ``num_blocks`` and ``keywords`` make (the platform, layout and blocks checked
+    first, as that form checked them; a deprecated keyword warns at the engine call's caller)."""
+    if isinstance(request, CacheRequest):
+        extra = ["num_blocks"] * (num_blocks is not None) + sorted(keywords)
+        if extra:
+            value = num_blocks if extra[0] == "num_blocks" else keywords[extra[0]]
+            raise ConfigError(extra[0], value, "nothing beside a CacheRequest (it holds every field)",
+                              f"set it in the request: dataclasses.replace(request, {extra[0]}=...)")  # fmt: skip
+        check_platform_and_layout(platform, request.layout)
+        return request
+    layout = keywords.pop("layout", request)
+    num_blocks = keywords.pop("num_blocks", num_blocks)
+    check_cache_arguments(platform, layout, num_blocks)
+    return CacheRequest.from_keywords(call, layout, num_blocks, keywords, required=required, defaults=defaults,
+                                      stacklevel=4)  # fmt: skip
+
+
+def _check_one_part(request: CacheRequest) -> None:
+    """A runner's call makes one part of the rank's cache: no ``draft`` beside it, no kept host cache."""
+    if request.draft is not None:
+        raise ConfigError("draft", request.draft.describe(), "None: initialize_kv_cache makes one part per call",
+                          "call initialize_kv_cache again with the draft part as the layout (the proposer's call); "
+                          "draft= is a cache manager's (manage_kv_cache)")  # fmt: skip
+    if request.host_cache is not None:
+        raise ConfigError("host_cache", request.host_cache, "None: a runner holds no host swap cache",
+                          "pass the kept host cache to manage_kv_cache, the cache manager's call")  # fmt: skip
 
 
 def _draft_part(
     platform: Platform,
-    given: CacheLayout,
     shaped: CacheLayout,
-    draft: object,
+    draft: CacheLayout | None,
     num_blocks: int,
     tensor_specs: Sequence[CacheRoleShape] | None,
 ) -> tuple[CacheLayout | None, CacheLayout]:
-    """A manager's ``draft`` part in the main part's shapes (the platform's, or the engine's ``tensor_specs``: a
-    draft layer's block is a main layer's; None without a draft) and the layout its host swap cache holds: the
-    whole (``shaped`` main joined with the draft), else ``shaped``. A ConfigError unless ``draft`` is the draft
-    part of the layout the manager was ``given``."""
+    """A manager's ``draft`` part (the request checked it is the draft part of its layout) in the main part's
+    shapes (the platform's, or the engine's ``tensor_specs``: a draft layer's block is a main layer's; None without
+    a draft) and the layout its host swap cache holds: the whole (``shaped`` main joined with the draft), else
+    ``shaped``."""
     if draft is None:
         return None, shaped
-    given.joined(draft)
-    draft_shaped = platform.cache_layout(draft, num_blocks, tensor_specs)  # type: ignore[arg-type]  # joined checked
+    draft_shaped = platform.cache_layout(draft, num_blocks, tensor_specs)
     return draft_shaped, shaped.joined(draft_shaped)
 
 
@@ -440,50 +402,6 @@ def _all_or_nothing(
             logger.warning("rank %d: the KV cache of a call that failed could not be withdrawn, it is freed when "
                            "this process exits: %s", device.rank, exc)  # fmt: skip
         raise
-
-
-#: What the engine calls' old keywords for the engine instance named, for the refusal of one its protocol never took.
-_OLD_KEYWORDS = {"signal_name": "our cache-ready signal", "suffix": "FastDeploy's signal suffix, with protocol='fastdeploy'"}
-
-
-def engine_name(
-    protocol: str | WireProtocol, instance: str | int | None, *, signal_name: str | None = None,
-    suffix: str | int | None = None, tp: int | None = None, rank: int = 0, stacklevel: int = 3,
-) -> tuple[WireProtocol, str]:
-    """The protocol ``protocol`` (a registered name, or the object) and the engine instance's name under it
-    (:meth:`WireProtocol.instance_name`), from ``instance=`` or one of the keywords that named it before 0.2
-    (``signal_name=``, ``suffix=``: a DeprecationWarning ``stacklevel`` frames up, at the engine call's caller,
-    where the protocol took it, else a ConfigError). ``tp`` (None: unknown) must hold ``rank``."""
-    wire = protocol_named(protocol)
-    if tp is not None:
-        check_tp(tp)
-        check_int("layout.rank", rank, 0, tp - 1, what=f"a local rank of tp {tp}",
-                  fix="build the layout for one of the engine's local ranks")  # fmt: skip
-    given = {key: value for key, value in (("instance", instance), ("signal_name", signal_name), ("suffix", suffix))
-             if value is not None}  # fmt: skip
-    old = [key for key in given if key != "instance"]
-    if len(given) > 1:
-        extra = list(given)[1]
-        raise ConfigError(extra, given[extra], "one name for the engine instance: instance= alone",
-                          f"drop {extra}= (instance= is its name now)")  # fmt: skip
-    if old:
-        if old[0] not in wire.old_keywords:
-            raise ConfigError(old[0], given[old[0]], f"only as {_OLD_KEYWORDS[old[0]]} (deprecated), not under "
-                              f"protocol={wire.name!r}", "pass the engine instance as instance=")  # fmt: skip
-        renamed_warning(old[0], "instance", stacklevel=stacklevel, note=" (the engine instance's name)")
-        instance = given[old[0]]
-    return wire, wire.instance_name(instance, tp=tp)
-
-
-def creator_of(creator_pid: int | None, setter_pid: int | None) -> int | None:
-    """The engine call's ``creator_pid=``, or its old name ``setter_pid=`` with a DeprecationWarning at the
-    engine call's caller (two frames up); both: a ConfigError."""
-    if setter_pid is None:
-        return creator_pid
-    if creator_pid is not None:
-        raise ConfigError("setter_pid", setter_pid, "not with creator_pid= (its name since 0.2)", "drop setter_pid=")
-    renamed_warning("setter_pid", "creator_pid", stacklevel=3, note=" (the pid of the process that creates the cache)")
-    return setter_pid
 
 
 def _deprecated(old: str, new: str) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 from ..contract.errors import ConfigError
 from ..contract.integers import INT32_MAX, MAX_COUNT, check_int, is_int
 from ..contract.types import CacheRoleShape
+from ..engine.request import CacheRequest
 from ..rules.config.limits import MAX_EXPAND_RATIO, MAX_LAYERS, MAX_RANKS, MAX_WIDTH, MODEL_DTYPES
 from ..rules.config.model import ModelConfig, load_model_config
 from ..rules.config.settings import CacheConfig, ParallelConfig
@@ -108,13 +109,32 @@ class FastDeploySettings:
             "splitwise_role": self.splitwise_role,
         }
 
+    def cache_request(
+        self, layout: CacheLayout | None = None, num_blocks: int | None = None, *, profile: bool = False, **fields: Any
+    ) -> CacheRequest:
+        """The rank's :class:`~fd_platforms.engine.CacheRequest` beside FastDeploy, for ``initialize_kv_cache`` and
+        ``manage_kv_cache`` alike: ``layout`` (default :meth:`layout`, the whole; a runner passes its ``main()``, its
+        proposer its ``draft()``, a cache process the main part with ``draft=``) and ``num_blocks`` (default: a cache
+        process's own, its command line's) with the rule's inputs, FastDeploy's protocol, its suffix as the instance,
+        the pin and ``tp``, and the tensor specs a cache process's command line states; ``fields`` any other field
+        of the record (``creator_pid``, ``timeout``, ``tensor_specs``, ``draft``, ``host_cache``)."""
+        blocks = self.num_blocks if num_blocks is None else num_blocks
+        if blocks is None:
+            raise ConfigError("num_blocks", None, "the blocks the ranks agreed on (a runner's plan; a cache process's "
+                              "--key_cache_shape)", "pass num_blocks=, the agreed plan's num_blocks")  # fmt: skip
+        arguments = {"tensor_specs": self.tensor_specs, **self.rule_inputs(profile=profile),
+                     **self.protocol_arguments()}  # fmt: skip
+        return CacheRequest(layout=self.layout() if layout is None else layout, num_blocks=blocks,
+                            **{**arguments, **fields})  # fmt: skip
+
     def runner_arguments(self, *, profile: bool = False) -> dict[str, Any]:
-        """Every keyword ``initialize_kv_cache`` needs beside FastDeploy: the rule's inputs and its protocol."""
+        """Every keyword ``initialize_kv_cache`` needs beside FastDeploy: the rule's inputs and its protocol (the
+        keyword form; :meth:`cache_request` gives the record)."""
         return {**self.rule_inputs(profile=profile), **self.protocol_arguments()}
 
     def manager_arguments(self) -> dict[str, Any]:
         """Every keyword ``manage_kv_cache`` needs beside FastDeploy (a manager never profiles), with the
-        shapes its command line states where it has them."""
+        shapes its command line states where it has them (the keyword form; :meth:`cache_request` gives the record)."""
         arguments = {**self.rule_inputs(), **self.protocol_arguments(), "tensor_specs": self.tensor_specs}
         del arguments["profile"]
         return arguments

@@ -94,11 +94,6 @@ def _take_all(
     where there is one (``caches``: the caches held, filled here, and the kept host caches, taken)."""
     held, kept = caches
     allocations = []
-    protocol = spec.deploy.scheduler.protocol
-    rule = {"protocol": protocol, "rule": spec.rule,  # the rule and its other inputs, and the engine's name
-            "storage_backend": spec.deploy.cache.kvcache_storage_backend,
-            "splitwise_role": spec.deploy.scheduler.splitwise_role,
-            "instance": instance}  # fmt: skip
     for rank in ranks:
         size = format_size(spec.layout(rank).device_bytes(plan.num_blocks))
         swap = f"{format_size(plan.num_cpu_blocks * plan.bytes_per_block)} of host swap space ({plan.num_cpu_blocks} blocks)"
@@ -111,11 +106,10 @@ def _take_all(
         else:
             kept_note = "" if host_cache is None else " (kept across the clear)"
             say(f"attaching to rank {rank}'s KV cache (worker pid {creators[rank]}) to hold {swap}{kept_note}")
-        cache = manage_kv_cache(  # it creates or attaches as the rule decides, as the engine did to pass creators
-            platform, spec.layout(rank), plan.num_blocks, num_cpu_blocks=plan.num_cpu_blocks,
-            creator_pid=None if creators is None else creators[rank], timeout=spec.timeout,
-            progress=say.allocation(f"rank {rank}: publishing {size}"), host_cache=host_cache, **rule,
-        )  # fmt: skip
+        request = spec.cache_request(rank, plan, instance, host_cache=host_cache,
+                                     creator_pid=None if creators is None else creators[rank])  # fmt: skip
+        # it creates or attaches as the rule decides, as the engine did to pass creators
+        cache = manage_kv_cache(platform, request, progress=say.allocation(f"rank {rank}: publishing {size}"))
         seconds = time.monotonic() - started
         held[rank] = cache
         host = cache.host_cache

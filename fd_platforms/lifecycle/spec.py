@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
-from ..contract.types import PlatformIdentity
+from ..contract.types import Plan, PlatformIdentity
 from ..engine.nodes import NodeSpec
 from ..engine.protocols import protocol_named
+from ..engine.request import CacheRequest
 from ..fastdeploy import FASTDEPLOY  # noqa: F401 - registers protocol "fastdeploy", which [scheduler] protocol may name
 from ..rules.config.deploy import DeployConfig
 from ..rules.decision import RULE_VERSIONS, DecisionInputs
@@ -125,6 +127,17 @@ class RunSpec:
         return build_layout(
             self.deploy.model, self.deploy.cache, parallel,
             device_id=self.device_id(rank), local_device=self.local_device(rank),
+        )  # fmt: skip
+
+    def cache_request(self, rank: int, plan: Plan, instance: str, **fields: Any) -> CacheRequest:
+        """``rank``'s cache request in this run: its layout, ``plan``'s blocks, the run's rule inputs, pin, protocol
+        and timeout, under the engine ``instance``; ``fields`` the rest (``profile``, ``creator_pid``,
+        ``host_cache``)."""
+        return CacheRequest(
+            layout=self.layout(rank), num_blocks=plan.num_blocks, num_cpu_blocks=plan.num_cpu_blocks,
+            storage_backend=self.deploy.cache.kvcache_storage_backend,
+            splitwise_role=self.deploy.scheduler.splitwise_role, rule=self.rule,
+            protocol=self.deploy.scheduler.protocol, instance=instance, timeout=self.timeout, **fields,
         )  # fmt: skip
 
 

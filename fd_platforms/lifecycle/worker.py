@@ -140,21 +140,8 @@ def _initialize(
         say(f"creating {size} of KV cache")
     else:
         say(f"waiting for the cache manager (pid {manager_pid}) to publish this rank's cache")
-    cache = initialize_kv_cache(
-        platform,
-        spec.layout(rank),
-        final.num_blocks,
-        profile=spec.profile,
-        num_cpu_blocks=final.num_cpu_blocks,
-        storage_backend=spec.deploy.cache.kvcache_storage_backend,
-        splitwise_role=spec.deploy.scheduler.splitwise_role,
-        rule=spec.rule,
-        creator_pid=manager_pid,
-        timeout=spec.timeout,
-        progress=say.allocation(f"creating {size}"),
-        protocol=spec.deploy.scheduler.protocol,
-        instance=instance,  # the engine instance: our cache-ready signal, or FastDeploy's suffix
-    )
+    request = spec.cache_request(rank, final, instance, profile=spec.profile, creator_pid=manager_pid)
+    cache = initialize_kv_cache(platform, request, progress=say.allocation(f"creating {size}"))
     if cache.created:
         say(f"created {format_size(cache.nbytes)} of KV cache ({cache.decision.deciding_term}: {cache.decision.reason})")  # type: ignore[union-attr]
     else:

@@ -1,0 +1,183 @@
+"""One request record for a rank's cache: ``CacheRequest`` is validated when it is made (a ConfigError naming the
+field), ``initialize_kv_cache(platform, request)`` and ``manage_kv_cache(platform, request)`` take it, and the
+keyword calls of before 0.2 build the same record and give the same result."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine_processes import mtp_layout, qwen_layout
+from fd_platforms.contract.errors import ConfigError
+from fd_platforms.contract.integers import MAX_COUNT
+from fd_platforms.contract.types import CacheRoleShape
+from fd_platforms.engine import CacheRequest, initialize_kv_cache, manage_kv_cache
+from fd_platforms.engine.protocols import OURS
+from fd_platforms.ipc.cache_signal import CacheReadySignal
+from fd_platforms.ipc.process_watch import PID_MAX_LIMIT
+from fd_platforms.loading.platform import Platform
+from fd_platforms.loading.selection import select_platform
+
+BLOCKS = 2
+MIXED = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "mixed"}
+SWAP = {**MIXED, "num_cpu_blocks": 2}
+
+
+@pytest.fixture(scope="module")
+def cpu() -> Platform:
+    return select_platform({"FD_PLATFORM": "cpu"}).platform
+
+
+@pytest.fixture
+def ours(signal_name: str) -> Iterator[str]:
+    """Our engine's cache-ready signal for one rank."""
+    with CacheReadySignal.create(1, signal_name) as signal:
+        yield signal.name
+
+
+def request(**changes: object) -> CacheRequest:
+    fields = {"layout": qwen_layout(), "num_blocks": BLOCKS, "instance": "fd_cache_ready.request-test", **MIXED}
+    return CacheRequest(**{**fields, **changes})  # type: ignore[arg-type]
+
+
+def test_a_request_holds_its_fields_checked_and_the_protocol_as_its_object() -> None:
+    made = request(protocol="fd-platforms", creator_pid=1, timeout=5, tensor_specs=None)
+    assert made.protocol is OURS and made.instance == "fd_cache_ready.request-test" and made.creator_pid == 1
+    assert made.inputs().kwargs() == {**MIXED, "rule": "2026-01"} and made.rule_in_force().rule == "2026-01"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.num_blocks = 3  # type: ignore[misc]
+    assert dataclasses.replace(made, num_blocks=3).num_blocks == 3, "replace makes a new record, checked again"
+    with pytest.raises(ConfigError) as caught:
+        dataclasses.replace(made, num_blocks=0)
+    assert caught.value.field == "num_blocks"
+
+
+BAD_FIELDS = [
+    ("layout", "x", "layout"),
+    ("num_blocks", 0, "num_blocks"),
+    ("num_blocks", 2.0, "num_blocks"),
+    ("num_cpu_blocks", -1, "num_cpu_blocks"),
+    ("splitwise_role", "both", "splitwise_role"),
+    ("storage_backend", "tape", "storage_backend"),
+    ("profile", "no", "profile"),
+    ("rule", "1999-01", "rule"),
+    ("protocol", "grpc", "protocol"),
+    ("instance", None, "instance"),
+    ("instance", "../x", "instance"),
+    ("tp", 0, "tp"),
+    ("creator_pid", 0, "creator_pid"),
+    ("creator_pid", PID_MAX_LIMIT + 1, "creator_pid"),
+    ("creator_pid", True, "creator_pid"),
+    ("timeout", -1, "timeout"),
+    ("timeout", float("nan"), "timeout"),
+    ("tensor_specs", ["key"], "tensor_specs"),
+    ("tensor_specs", (), "tensor_specs"),
+    ("draft", "x", "draft"),
+    ("host_cache", "x", "host_cache"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "field"), BAD_FIELDS, ids=[f"{n}={v!r}" for n, v, _ in BAD_FIELDS])
+def test_a_bad_field_is_a_config_error_naming_it_when_the_request_is_made(name: str, value: object, field: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        request(**{name: value})
+    assert caught.value.field == field and "Fix: " in str(caught.value)
+
+
+def test_a_draft_goes_with_its_main_part_and_a_rank_outside_tp_is_refused() -> None:
+    whole = mtp_layout()
+    assert request(layout=whole.main(), draft=whole.draft()).draft == whole.draft()
+    with pytest.raises(ConfigError) as caught:
+        request(layout=whole.draft(), draft=whole.draft())
+    assert caught.value.field == "layout"
+    with pytest.raises(ConfigError) as caught:
+        request(layout=qwen_layout(rank=1, tp=2), tp=1)
+    assert caught.value.field == "layout.rank"
+
+
+@settings(max_examples=60, deadline=None)
+@given(num_blocks=st.integers(-3, 2**64), creator_pid=st.one_of(st.none(), st.integers(-3, 2**40)),
+       num_cpu_blocks=st.integers(-3, 2**64))  # fmt: skip
+def test_integers_are_taken_exactly_in_their_range(num_blocks: int, creator_pid: int | None, num_cpu_blocks: int) -> None:
+    bad = [name for name, ok in (
+        ("num_blocks", 1 <= num_blocks <= MAX_COUNT),
+        ("num_cpu_blocks", 0 <= num_cpu_blocks <= MAX_COUNT),
+        ("creator_pid", creator_pid is None or 1 <= creator_pid <= PID_MAX_LIMIT),
+    ) if not ok]  # fmt: skip
+    try:
+        request(num_blocks=num_blocks, creator_pid=creator_pid, num_cpu_blocks=num_cpu_blocks)
+    except ConfigError as error:
+        assert error.field in bad
+    else:
+        assert not bad
+
+
+def outcome(cache: object) -> tuple[object, ...]:
+    """What a call gave, to compare the two forms: names, shapes, dtypes, what it did and why."""
+    kv = getattr(cache, "kv_cache", cache)
+    shapes = [(list(tensor.shape), str(tensor.dtype)) for tensor in kv.tensors]  # type: ignore[attr-defined]
+    return kv.names, shapes, kv.created, kv.decision  # type: ignore[attr-defined]
+
+
+def test_both_forms_of_initialize_kv_cache_give_the_same_cache(cpu: Platform, ours: str) -> None:
+    by_keywords = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=ours, rule="2026-01", **MIXED)
+    first = outcome(by_keywords)
+    by_keywords.clear(5)
+    by_record = initialize_kv_cache(cpu, request(instance=ours, rule="2026-01"))
+    try:
+        assert outcome(by_record) == first and by_record.created and by_record.decision.create
+    finally:
+        by_record.clear(5)
+
+
+def test_both_forms_of_manage_kv_cache_give_the_same_cache_and_the_runner_attaches_to_either(
+    cpu: Platform, ours: str
+) -> None:
+    results = []
+    for form in ("keywords", "record"):
+        if form == "keywords":
+            managed = manage_kv_cache(cpu, qwen_layout(), BLOCKS, num_cpu_blocks=2, instance=ours, rule="2026-01")
+        else:
+            managed = manage_kv_cache(cpu, request(instance=ours, rule="2026-01", num_cpu_blocks=2))
+        runner = initialize_kv_cache(cpu, request(instance=ours, rule="2026-01", timeout=5, **{**SWAP, "profile": False}))
+        try:
+            assert managed.created and not runner.created
+            results.append((outcome(managed), managed.host_cache.names, list(managed.host_cache.tensors[0].shape)))  # type: ignore[union-attr]
+        finally:
+            runner.clear(5)
+            managed.clear(5, clear_host=True)
+    assert results[0] == results[1]
+
+
+def test_a_request_and_keywords_together_or_a_wrong_keyword_are_refused(cpu: Platform) -> None:
+    made = request()
+    with pytest.raises(ConfigError) as caught:
+        initialize_kv_cache(cpu, made, timeout=5)
+    assert caught.value.field == "timeout" and "dataclasses.replace(request, timeout=...)" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        manage_kv_cache(cpu, made, BLOCKS)
+    assert caught.value.field == "num_blocks"
+    with pytest.raises(TypeError, match=r"initialize_kv_cache\(\) got an unexpected keyword argument 'signal'"):
+        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, signal="x", **MIXED)
+    with pytest.raises(TypeError, match=r"initialize_kv_cache\(\) missing required keyword-only argument: 'profile'"):
+        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance="fd_cache_ready.x", num_cpu_blocks=0,
+                            storage_backend=None, splitwise_role="mixed")  # fmt: skip
+
+
+def test_each_call_refuses_what_only_the_other_takes(cpu: Platform) -> None:
+    whole = mtp_layout()
+    with pytest.raises(ConfigError) as caught:
+        initialize_kv_cache(cpu, request(layout=whole.main(), draft=whole.draft()))
+    assert caught.value.field == "draft" and "the proposer's call" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        manage_kv_cache(cpu, request(profile=True))
+    assert caught.value.field == "profile" and "never profiles" in str(caught.value)
+
+
+def test_tensor_specs_are_held_as_a_tuple() -> None:
+    specs = [CacheRoleShape("key", (BLOCKS, 4, 64, 128), "bfloat16"), CacheRoleShape("value", (BLOCKS, 4, 64, 128), "bfloat16")]
+    assert request(tensor_specs=specs).tensor_specs == tuple(specs)
