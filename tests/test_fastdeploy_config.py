@@ -329,7 +329,8 @@ def test_with_mtp_the_runner_and_the_manager_hold_the_same_draft_layers(monkeypa
 
 
 @pytest.mark.parametrize(
-    ("quant", "dp_rank"), [("int8", 0), ("float8_e4m3fn", 0), ("int4_zp", 0), ("block_wise_fp8", 0), (None, 1)]
+    ("quant", "dp_rank"),
+    [("int8", 0), ("float8_e4m3fn", 0), ("float8_e4m3", 0), ("int4_zp", 0), ("block_wise_fp8", 0), (None, 1)],
 )
 def test_the_engine_processes_fd_config_is_refused_where_the_workers_reads_right(
     quant: str | None, dp_rank: int
@@ -341,6 +342,7 @@ def test_the_engine_processes_fd_config_is_refused_where_the_workers_reads_right
                                       kv_cache_quant_type=quant), local_rank=local_rank)  # fmt: skip
     assert (worker.cache.kv_cache_quant_type, worker.cache.cache_dtype) == {
         "int8": ("none", "int8"), "float8_e4m3fn": ("none", "float8_e4m3fn"), "int4_zp": ("int4_zp", "bfloat16"),
+        "float8_e4m3": ("none", "float8_e4m3fn"),
         "block_wise_fp8": ("block_wise_fp8", "float8_e4m3fn"), None: ("none", "bfloat16"),
     }[quant]  # fmt: skip
     assert (worker.suffix, worker.block_count_suffix) == (("8002", "8012")[dp_rank], "4242")
@@ -351,7 +353,7 @@ def test_the_engine_processes_fd_config_is_refused_where_the_workers_reads_right
     assert "worker process" in str(caught.value) and "create_engine_config" in str(caught.value)
 
 
-@pytest.mark.parametrize("quant", ["int8", "int4_zp", "block_wise_fp8"])
+@pytest.mark.parametrize("quant", ["int8", "float8_e4m3", "int4_zp", "block_wise_fp8"])
 def test_a_quantized_cache_without_its_quant_config_is_refused(quant: str) -> None:
     config = fd_config(QWEN, tp=2, kv_cache_quant_type=quant)
     config.quant_config = None  # as the engine's FDConfig holds it
@@ -444,7 +446,7 @@ def dict_speculative(value: object) -> object:
 def quant_meaning(quant_config: object) -> object:
     words = {None: ("bfloat16", "none"), "int8": ("int8", "none"), "int8_zp": ("int8", "none"),
              "float8_e4m3fn": ("float8_e4m3fn", "none"), "float8_e4m3fn_zp": ("float8_e4m3fn", "none"),
-             "block_wise_fp8": ("float8_e4m3fn", "block_wise_fp8"), "int4_zp": ("bfloat16", "int4_zp")}  # fmt: skip
+             "float8_e4m3": ("float8_e4m3fn", "none"), "block_wise_fp8": ("float8_e4m3fn", "block_wise_fp8"), "int4_zp": ("bfloat16", "int4_zp")}  # fmt: skip
     word = getattr(quant_config, "kv_cache_quant_type", None)  # FastDeploy's runner: hasattr(quant_config, ...)
     word = word.lower() if isinstance(word, str) else word
     return words.get(word, REFUSED) if word is None or isinstance(word, str) else REFUSED
@@ -538,7 +540,7 @@ FD_ATTRIBUTES = (
     Attribute("fd_config.quant_config", attr("fd_config.quant_config"), quant_meaning,
               lambda s: (s.cache.cache_dtype, s.cache.kv_cache_quant_type),
               tuple(QuantConfig(word) for word in (None, "int8", "int8_zp", "float8_e4m3fn", "float8_e4m3fn_zp",
-                                                   "block_wise_fp8", "int4_zp", "bogus", 3)),  # fmt: skip
+                                                   "float8_e4m3", "block_wise_fp8", "int4_zp", "bogus", 3)),  # fmt: skip
               also=("fd_config.quant_config.kv_cache_quant_type",)),
     Attribute(S, attr(S), object_speculative, cache_of,
               tuple(SimpleNamespace(method=method, num_extra_cache_layer=extra, num_gpu_block_expand_ratio=ratio)
@@ -642,7 +644,7 @@ ODD_VALUES = st.one_of(
                      "1e+30", "../x", " 8002 ", "0x10", "1_000", "nan", "None"]),
     st.lists(st.integers(min_value=-5, max_value=70_000), max_size=3), st.tuples(st.just(8002)),
     st.builds(SimpleNamespace), st.builds(object), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
-).filter(lambda value: not (isinstance(value, str) and value.lower() == "float8_e4m3"))  # another issue decides it
+)
 """FastDeploy-shaped values of every kind: None, bools, ints (negative, huge), floats (NaN, inf, whole, not), text
 (non-ASCII digits, lists, numbers in other forms), lists, objects, dicts."""
 

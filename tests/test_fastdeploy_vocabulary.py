@@ -31,6 +31,7 @@ GQA = ModelConfig("gqa", 2, 32, 8, 128)
         ("int8_zp", "int8", "none"),
         ("float8_e4m3fn", "float8_e4m3fn", "none"),
         ("float8_e4m3fn_zp", "float8_e4m3fn", "none"),
+        ("float8_e4m3", "float8_e4m3fn", "none"),  # kv_cache.py KvCacheQuantzationTypes.FP8_E4M3
         ("block_wise_fp8", "float8_e4m3fn", "block_wise_fp8"),
         ("int4_zp", "bfloat16", "int4_zp"),
     ],
@@ -79,6 +80,8 @@ def test_a_float32_cache_is_four_bytes_a_value_as_fastdeploys_runner_allocates_t
         ("block_wise_fp8", "uint8", ("float8_e4m3fn", "block_wise_fp8")),
         (None, "block_wise_fp8", ("float8_e4m3fn", "block_wise_fp8")),  # the transfer manager's --cache_dtype
         ("int4_zp", "uint8", ("uint8", "int4_zp")),
+        ("float8_e4m3", "uint8", ("float8_e4m3fn", "none")),  # CacheConfig turned it into uint8
+        ("float8_e4m3", "bfloat16", ("float8_e4m3fn", "none")),  # the runner's model dtype: uint8 all the same
         ("int8_zp", "bfloat16", ("int8", "none")),  # the runner allocates uint8 whenever a quantization is set
     ],
 )
@@ -112,3 +115,42 @@ def test_every_row_of_the_table_maps_to_our_values() -> None:
         assert row.quant_type in QUANT_TYPES, word
         assert row.cache_dtype is None or row.cache_dtype in CACHE_DTYPES, word
         assert row.source, word
+
+
+FP8_E4M3 = "float8_e4m3"
+"""FastDeploy's ``KvCacheQuantzationTypes.FP8_E4M3`` (``model_executor/layers/quantization/kv_cache.py``): its
+runner allocates it as ``uint8`` (``gpu_model_runner.py`` ``initialize_kv_cache``, any kv_cache_quant_type), its
+``CacheConfig.__init__`` turns it into the cache dtype ``uint8`` (the name holds ``float8``)."""
+
+
+def test_float8_e4m3_is_a_quantization_word_everywhere_fastdeploy_takes_one(tmp_path) -> None:
+    """As kv_cache_quant_type of our record, of the deploy TOML, of the CLI's --kv-cache-quant-type, and as the
+    quantization FastDeploy's raw strings hold: an 8-bit cache a byte a value, as float8_e4m3fn's."""
+    from fd_platforms.rules.config import load_deploy_config
+
+    fn = build_layout(GQA, CacheConfig(kv_cache_quant_type="float8_e4m3fn"), ParallelConfig())
+    cache = CacheConfig(kv_cache_quant_type=FP8_E4M3)
+    layout = build_layout(GQA, cache, ParallelConfig())
+    assert (cache.cache_dtype, cache.kv_cache_quant_type) == ("float8_e4m3fn", "none")
+    assert layout.bytes_per_block == fn.bytes_per_block and layout.tensors[0].dtype == "uint8"
+    assert FP8_E4M3 in QUANT_WORDS and FP8_E4M3 in CACHE_DTYPE_WORDS
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text('{"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8}')
+    (tmp_path / "deploy.toml").write_text(f'[model]\npath = "m"\n[cache]\nkv_cache_quant_type = "{FP8_E4M3}"\n')
+    assert load_deploy_config(tmp_path / "deploy.toml").cache == cache
+    assert cache_settings_from_fastdeploy(kv_cache_quant_type=FP8_E4M3.upper(), cache_dtype="bfloat16") == {
+        "cache_dtype": "float8_e4m3fn", "kv_cache_quant_type": "none"}  # fmt: skip
+
+
+def test_the_plan_command_takes_float8_e4m3_as_float8_e4m3fn_bytes() -> None:
+    import json
+
+    from run_helpers import QWEN, console_script
+
+    plans = []
+    for word in (FP8_E4M3, "float8_e4m3fn"):
+        done = console_script("plan", "--platform", "cpu", "--model", QWEN, "--device-memory", "8GiB",
+                              "--kv-cache-quant-type", word, "--json")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        plans.append(json.loads(done.stdout))
+    assert plans[0] == plans[1] and plans[0]["tensor_dtypes"] == {"key": "uint8", "value": "uint8"}

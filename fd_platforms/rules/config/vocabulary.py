@@ -7,8 +7,9 @@ FastDeploy's configuration allows is a row of :data:`FASTDEPLOY_WORDS`, read fro
 
 - ``kv_cache_quant_type``: ``KvCacheQuantzationTypes`` in
   ``fastdeploy/model_executor/layers/quantization/kv_cache.py`` (``int8``, ``float8_e4m3fn``,
-  ``block_wise_fp8``, ``int8_zp``, ``int4_zp``, ``float8_e4m3fn_zp``); None (no quantization) is
-  ``none`` here. The ``_zp`` variants add zero points, which are weights, not cache.
+  ``float8_e4m3`` (``FP8_E4M3``, scaled to 240 where ``float8_e4m3fn`` is to 448: the same byte a
+  value), ``block_wise_fp8``, ``int8_zp``, ``int4_zp``, ``float8_e4m3fn_zp``); None (no
+  quantization) is ``none`` here. The ``_zp`` variants add zero points, which are weights, not cache.
 - ``cache_dtype``: ``CacheConfig`` in ``fastdeploy/config.py`` defaults to ``bfloat16``, takes the
   model's ``kv_cache_quant_type`` as its value, then turns every 4- and 8-bit one into ``uint8``
   (``CacheConfig.__init__``); so a quantization word may arrive as ``cache_dtype`` too.
@@ -18,7 +19,9 @@ FastDeploy's configuration allows is a row of :data:`FASTDEPLOY_WORDS`, read fro
 - What the cache transfer manager is passed: ``cache_manager/cache_transfer_manager.py``
   ``parse_args`` takes ``--cache_dtype`` from ``uint8``, ``bfloat16``, ``block_wise_fp8``
   (``cache_manager/prefix_cache_manager.py`` ``launch_cache_manager`` passes the cache config's).
-- ``float8_e4m3`` is the short name FastDeploy's docs and XPU/MetaX paths give the fp8 cache.
+- ``float8_e4m3`` is a quantization word (``FP8_E4M3``) and, as every quantization word, a
+  ``cache_dtype`` word; FastDeploy's runner allocates it as ``uint8`` (``CacheConfig.__init__``
+  turns it into ``uint8``: it holds ``float8``), so its transfer manager is passed ``uint8``.
 
 A row gives our ``kv_cache_quant_type`` and ``cache_dtype`` (None: the word leaves the element
 type to the other word), and the tensor dtype and packing FastDeploy's GPU runner allocates.
@@ -57,6 +60,7 @@ FASTDEPLOY_WORDS: dict[str, FastDeployWord] = {
     "int8_zp": FastDeployWord("none", "int8", "uint8", "none", _QUANT),
     "float8_e4m3fn": FastDeployWord("none", "float8_e4m3fn", "uint8", "none", _QUANT),
     "float8_e4m3fn_zp": FastDeployWord("none", "float8_e4m3fn", "uint8", "none", _QUANT),
+    "float8_e4m3": FastDeployWord("none", "float8_e4m3fn", "uint8", "none", f"{_QUANT} FP8_E4M3"),
     "block_wise_fp8": FastDeployWord(
         "block_wise_fp8", "float8_e4m3fn", "uint8", "none (scales beside)", f"{_QUANT}; {_TRANSFER}"
     ),
@@ -66,18 +70,17 @@ FASTDEPLOY_WORDS: dict[str, FastDeployWord] = {
     "float16": FastDeployWord("none", "float16", "float16", "none", f"{_RUNNER} (model dtype)"),
     "float32": FastDeployWord("none", "float32", "float32", "none", f"{_RUNNER} (model dtype)"),
     "uint8": FastDeployWord("none", "uint8", "uint8", "none", f"{_CONFIG} (any 4/8-bit cache); {_TRANSFER}"),
-    "float8_e4m3": FastDeployWord("none", "float8_e4m3fn", "uint8", "none", "FastDeploy's short fp8 name"),
     "fp8": FastDeployWord("none", "float8_e4m3fn", "uint8", "none", "fd-platforms' alias"),
 }
 """Every value FastDeploy's ``kv_cache_quant_type`` and ``cache_dtype`` allow, mapped to ours."""
 
 QUANT_WORDS: tuple[str, ...] = (
-    "none", "int8", "int8_zp", "float8_e4m3fn", "float8_e4m3fn_zp", "block_wise_fp8", "int4_zp",
+    "none", "int8", "int8_zp", "float8_e4m3fn", "float8_e4m3", "float8_e4m3fn_zp", "block_wise_fp8", "int4_zp",
 )  # fmt: skip
 """The words ``kv_cache_quant_type`` accepts (FastDeploy's list, and ``none``)."""
 
 CACHE_DTYPE_WORDS: tuple[str, ...] = (
-    "bfloat16", "float16", "float32", "uint8", "float8_e4m3", "fp8", *QUANT_WORDS[1:],
+    "bfloat16", "float16", "float32", "uint8", "fp8", *QUANT_WORDS[1:],
 )  # fmt: skip
 """The words ``cache_dtype`` accepts: element types, then the quantization words FastDeploy's config puts there."""
 
