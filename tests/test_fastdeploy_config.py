@@ -13,19 +13,18 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fastdeploy_config_standin import QuantConfig, engine_fd_config, fd_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from run_helpers import QWEN
 
-from fastdeploy_config_standin import QuantConfig, engine_fd_config, fd_config
 from fd_platforms.contract.errors import ConfigError
+from fd_platforms.fastdeploy.config import FastDeploySettings, from_cache_manager_args, from_fd_config
 from fd_platforms.fastdeploy.signals import check_suffix
 from fd_platforms.loading.platform import Platform
 from fd_platforms.loading.selection import select_platform
 from fd_platforms.rules.config import load_model_config
 from fd_platforms.rules.decision import DecisionInputs
-from fd_platforms.fastdeploy.config import FastDeploySettings, from_cache_manager_args, from_fd_config
-
-from run_helpers import QWEN
 
 
 @pytest.fixture(scope="module")

@@ -79,9 +79,9 @@ QUANT_WORDS: tuple[str, ...] = (
 )  # fmt: skip
 """The words ``kv_cache_quant_type`` accepts (FastDeploy's list, and ``none``)."""
 
-CACHE_DTYPE_WORDS: tuple[str, ...] = (
-    "bfloat16", "float16", "float32", "uint8", "fp8", *QUANT_WORDS[1:],
-)  # fmt: skip
+CACHE_DTYPE_WORDS: tuple[str, ...] = tuple(dict.fromkeys((
+    "bfloat16", "float16", "float32", "uint8", "float8_e4m3", "fp8", *QUANT_WORDS[1:],
+)))  # fmt: skip
 """The words ``cache_dtype`` accepts: element types, then the quantization words FastDeploy's config puts there."""
 
 SIXTEEN_BIT_AND_WIDER: tuple[str, ...] = ("bfloat16", "float16", "float32")
