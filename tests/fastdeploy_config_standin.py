@@ -28,7 +28,10 @@ FastDeploy's real ``FDConfig``.
   ``speculative_config.model_type`` ``mtp``.
 - ``QuantConfig``: FastDeploy's quantization configs carry ``kv_cache_quant_type`` (None when the cache is
   not quantized); ``FDConfig.quant_config`` is None for an unquantized model.
-- ``FDConfig``: holds the above; ``parallel_config.device_ids`` becomes ``CUDA_VISIBLE_DEVICES`` (or
+- ``FDConfig``: holds the above; ``max_chips_per_node`` is 16 on Iluvatar, else 8, and a deployment of more ranks
+  (``tensor_parallel_size * data_parallel_size``) than that runs ``max_chips_per_node`` workers a node
+  (``worker_num_per_node``, over ``nnode`` nodes; ``FDConfig.__init__``, gongshaotian/FastDeploy e53f518
+  ``fastdeploy/config.py`` lines 1991-1997); ``parallel_config.device_ids`` becomes ``CUDA_VISIBLE_DEVICES`` (or
   ``XPU_VISIBLE_DEVICES`` on XPU), else ``0,1,...`` for the node's workers; ``postprocess_devices_and_ports``
   picks this data-parallel rank's ``local_device_ids`` and ``local_engine_worker_queue_port`` (leaving them
   unset where that fails: it logs the error).
@@ -167,6 +170,7 @@ class FDConfig:
         scheduler_config: SchedulerConfig,
         speculative_config: SpeculativeConfig,
         quant_config: QuantConfig | None = None,
+        platform: str = "cuda",
     ) -> None:
         self.model_config = model_config
         self.cache_config = cache_config
@@ -174,8 +178,13 @@ class FDConfig:
         self.scheduler_config = scheduler_config
         self.speculative_config = speculative_config
         self.quant_config = quant_config
-        workers = parallel_config.tensor_parallel_size * parallel_config.data_parallel_size
-        parallel_config.device_ids = os.getenv("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(workers)))
+        ranks = parallel_config.tensor_parallel_size * parallel_config.data_parallel_size
+        self.max_chips_per_node = 16 if platform == "iluvatar" else 8  # current_platform.is_iluvatar()
+        self.worker_num_per_node = min(ranks, self.max_chips_per_node)
+        self.nnode = -(-ranks // self.worker_num_per_node)  # FastDeploy asserts its --ips give this many nodes
+        visible = "XPU_VISIBLE_DEVICES" if platform == "xpu" else "CUDA_VISIBLE_DEVICES"
+        default = os.getenv("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(self.worker_num_per_node)))
+        parallel_config.device_ids = os.getenv(visible, default)
         dp, tp = parallel_config.local_data_parallel_id, parallel_config.tensor_parallel_size
         self.local_device_ids = parallel_config.device_ids.split(",")[dp * tp : (dp + 1) * tp]
         try:
@@ -197,16 +206,18 @@ def fd_config(
     port: str = "8002",
     engine_pid: int | None = 4242,
     local_rank: int | None = None,
-    max_chips_per_node: int = 8,
+    platform: str = "cuda",
     **cache: Any,
 ) -> FDConfig:
-    """The FDConfig FastDeploy's WORKER process builds (``worker_process.py`` ``initialize_fd_config``): what a
-    runner of data-parallel rank ``local_data_parallel_id`` holds; given the worker's global ``local_rank``, its
-    ranks are derived from it as ``initialize_fd_config`` derives them (``max_chips_per_node``: 8, 16 on Iluvatar)."""
+    """The FDConfig FastDeploy's WORKER process builds (``worker_process.py`` ``initialize_fd_config``) on
+    ``platform`` (FastDeploy's ``current_platform``: ``cuda``, ``xpu``, ``iluvatar``, ...): what a runner of
+    data-parallel rank ``local_data_parallel_id`` holds; given the worker's global ``local_rank``, its ranks are
+    derived from it as ``initialize_fd_config`` derives them (``max_chips_per_node``: 8, 16 on Iluvatar)."""
     if local_rank is not None and dp > 1:
+        max_chips_per_node = 16 if platform == "iluvatar" else 8
         local_data_parallel_id = local_rank // tp % (max_chips_per_node // tp)
     config = _build(model, tp, dp, local_data_parallel_id, splitwise_role, swap_space, kv_cache_quant_type, mtp,
-                    port, engine_pid, worker=True, cache=cache)  # fmt: skip
+                    port, engine_pid, worker=True, cache=cache, platform=platform)  # fmt: skip
     if local_rank is not None:
         config.parallel_config.tensor_parallel_rank = local_rank % tp
         config.parallel_config.data_parallel_rank = local_rank // tp
@@ -235,18 +246,19 @@ def engine_fd_config(
     kv_cache_quant_type: str | None = None,
     mtp: bool = False,
     port: str = "8002",
+    platform: str = "cuda",
     **cache: Any,
 ) -> FDConfig:
     """The FDConfig FastDeploy's ENGINE process builds for the same deployment (``args_utils.py``
     ``EngineArgs.create_engine_config``): no ``quant_config``, no ``engine_pid``, data-parallel rank 0's view."""
     return _build(model, tp, dp, 0, splitwise_role, swap_space, kv_cache_quant_type, mtp, port, None, worker=False,
-                  cache=cache)  # fmt: skip
+                  cache=cache, platform=platform)  # fmt: skip
 
 
 def _build(
     model: str, tp: int, dp: int, local_data_parallel_id: int, splitwise_role: str, swap_space: float | None,
     kv_cache_quant_type: str | None, mtp: bool, port: str, engine_pid: int | None, *, worker: bool,
-    cache: dict[str, Any],
+    cache: dict[str, Any], platform: str,
 ) -> FDConfig:
     quantization = {"kv_cache_quant_type": kv_cache_quant_type} if kv_cache_quant_type else None
     model_config = ModelConfig({"model": model, "quantization": quantization})
@@ -258,4 +270,4 @@ def _build(
     speculative = SpeculativeConfig({"method": "mtp" if mtp else None})
     quant = QuantConfig(kv_cache_quant_type) if kv_cache_quant_type and worker else None
     return FDConfig(model_config, cache_config, parallel, SchedulerConfig({"splitwise_role": splitwise_role}),
-                    speculative, quant)  # fmt: skip
+                    speculative, quant, platform)  # fmt: skip

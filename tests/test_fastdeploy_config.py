@@ -18,6 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from run_helpers import QWEN
 
+LLAMA = "examples/llama-3.1-8b"  # 8 key/value heads: tp16 gives each rank one
+
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.fastdeploy.config import FastDeploySettings, from_cache_manager_args, from_fd_config
 from fd_platforms.fastdeploy.signals import check_suffix
@@ -81,6 +83,29 @@ def test_the_tensors_are_named_with_the_physical_device_and_live_on_the_local_on
     config = fd_config(QWEN, tp=2)
     ids = [(s.device_id, s.local_device) for s in (from_fd_config(config, local_rank=r) for r in (0, 1))]
     assert ids == [(4, 0), (5, 1)]
+
+
+@pytest.mark.parametrize(("platform", "tp", "chips"), [("cuda", 8, 8), ("xpu", 8, 8), ("iluvatar", 16, 16)])
+def test_on_several_nodes_a_global_rank_names_and_places_its_tensors_on_its_nodes_device(
+    monkeypatch: pytest.MonkeyPatch, platform: str, tp: int, chips: int
+) -> None:
+    """tp x dp2 over 2 nodes, the layout FastDeploy builds: its ``local_rank`` is the global rank
+    (``worker_process.py`` ``init_distributed_environment``: ``fleet.worker_index()``), its device
+    ``local_rank % max_chips_per_node`` and its tensors' id ``device_ids`` there (``gpu_worker.py`` ``init_device``
+    lines 62-91, ``xpu_worker.py`` 60-72), ``max_chips_per_node`` 16 on Iluvatar, else 8 (``config.py``
+    ``FDConfig.__init__`` line 1992). Node 1's worker of data-parallel rank 1 has ``local_data_parallel_id``
+    ``1 % (max_chips_per_node // tp)`` = 0 (``worker_process.py`` ``initialize_fd_config``)."""
+    visible = ",".join(str(chips - 1 - device) for device in range(chips))  # this node's devices, reversed
+    monkeypatch.setenv("XPU_VISIBLE_DEVICES" if platform == "xpu" else "CUDA_VISIBLE_DEVICES", visible)
+    global_rank = chips + 1  # rank 1 of node 1
+    config = fd_config(QWEN if tp == 8 else LLAMA, tp=tp, dp=2, local_rank=global_rank, platform=platform)
+    assert (config.max_chips_per_node, config.nnode, config.parallel_config.local_data_parallel_id) == (chips, 2, 0)
+    settings = from_fd_config(config, local_rank=global_rank)
+    assert (settings.rank, settings.local_device, settings.device_id) == (1, 1, chips - 2)  # device_ids[1]
+    assert settings.layout().names()[0] == f"key_caches_0_rank1.device{chips - 2}"
+    assert settings.layout().local_device == 1
+    on_node_0 = from_fd_config(config, local_rank=1)  # the same tensor-parallel rank of data-parallel rank 0
+    assert on_node_0.layout().names() == settings.layout().names()
 
 
 @pytest.mark.parametrize(
@@ -504,6 +529,9 @@ FD_ATTRIBUTES = (
     Attribute(f"{P}.device_ids", attr(f"{P}.device_ids"),
               lambda v: ids[1] if (ids := ascii_numbers(v, 0, 2**31 - 1)) and len(ids) > 1 else REFUSED,
               lambda s: s.device_id, ("4,5", " 6 , 7", "0,1,2,3", "0", "GPU-1,GPU-2", "0,2147483648")),
+    Attribute("fd_config.max_chips_per_node", attr("fd_config.max_chips_per_node"),
+              lambda v: (1 % v, 1 % v) if whole(v, 1, 65536) else REFUSED, lambda s: (s.local_device, s.device_id),
+              (8, 16, 1, 2, 65536, 65537, 0, "8", 8.0)),
     Attribute(f"{P}.engine_worker_queue_port", attr(f"{P}.engine_worker_queue_port"),
               lambda v: "8002" if (ports := port_list(v)) and ports[0] == 8002 else REFUSED, lambda s: s.suffix,
               ("8002", 8002, [8002, 9000], ["8002", "8012"], "8002,8012", "9000", (8002,), [8002.0]),

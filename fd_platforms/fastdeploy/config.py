@@ -11,7 +11,11 @@ same settings from it and the model's ``config.json``.
 Every value is FastDeploy's own: its vocabulary (``kv_cache_quant_type``, ``cache_dtype``) goes through
 :mod:`.config.vocabulary`; ``num_cpu_blocks`` is the one FastDeploy's ``CacheConfig`` computed (what its transfer
 manager allocates); the device id that names the tensors is the physical one from ``parallel_config.device_ids`` (its
-``CUDA_VISIBLE_DEVICES``), the tensors live on the local device, as ``gpu_worker.py`` allocates them.
+``CUDA_VISIBLE_DEVICES``), the tensors live on the local device, as ``gpu_worker.py`` allocates them. FastDeploy's
+``local_rank`` is the global rank (``worker_process.py`` ``init_distributed_environment``: ``fleet.worker_index()``);
+on several nodes its device is ``local_rank % max_chips_per_node`` and its name's id ``device_ids`` at that index
+(``gpu_worker.py``/``xpu_worker.py``/``metax_worker.py`` ``init_device``), ``max_chips_per_node`` as its ``FDConfig``
+holds it (``config.py`` ``FDConfig.__init__``: 16 on Iluvatar, else 8).
 
 Every value is checked here, each kind by one function of :mod:`.fastdeploy_values`, and the settings returned as
 the engine calls check theirs (the layout, the stated shapes, the rule's inputs, the suffixes), so no engine call
@@ -192,8 +196,9 @@ _SPEC_FLAGS = {"key": "--key_cache_shape", "value": "--value_cache_shape", "key_
 
 
 def from_fd_config(fd_config: object, *, local_rank: int, rule: str | None = None) -> FastDeploySettings:
-    """The settings of the runner of ``local_rank`` (FastDeploy's ``local_rank``, as ``gpu_worker.py`` has it),
-    read from the FDConfig of FastDeploy's worker process; ``rule`` pins the create-or-attach rule (FastDeploy's
+    """The settings of the runner of ``local_rank`` (FastDeploy's ``local_rank``, as ``gpu_worker.py`` has it: the
+    global rank, whose device on its node is ``local_rank % fd_config.max_chips_per_node``), read from the FDConfig
+    of FastDeploy's worker process; ``rule`` pins the create-or-attach rule (FastDeploy's
     release). Every attribute is checked as FastDeploy holds it, and the settings as the engine calls check them:
     a ConfigError names the attribute (``fd_config.parallel_config.tensor_parallel_size``). The engine process's
     FDConfig, which lacks what the worker's holds, is refused."""
@@ -203,7 +208,9 @@ def from_fd_config(fd_config: object, *, local_rank: int, rule: str | None = Non
     block_count_suffix = _engine_pid(parallel_config)
     tp = integer(f"{_PARALLEL}.tensor_parallel_size", _read(parallel_config, "tensor_parallel_size", _PARALLEL), 1,
                  MAX_RANKS, FD_FIX)  # fmt: skip
-    device_id = _physical_device(parallel_config, local_rank)
+    local_device = local_rank % integer(f"{_FD}.max_chips_per_node", _read(fd_config, "max_chips_per_node"), 1,
+                                        MAX_RANKS, FD_FIX)  # fmt: skip
+    device_id = _physical_device(parallel_config, local_device, local_rank)
     suffix = _local_port(parallel_config)
     role = one_of(f"{_FD}.scheduler_config.splitwise_role",
                   _read(_read(fd_config, "scheduler_config"), "splitwise_role", f"{_FD}.scheduler_config"),
@@ -218,7 +225,7 @@ def from_fd_config(fd_config: object, *, local_rank: int, rule: str | None = Non
         parallel = ParallelConfig(tensor_parallel_size=tp, local_rank=local_rank % tp)
         settings = FastDeploySettings(
             model=model, cache=cache, parallel=parallel, splitwise_role=role, device_id=device_id,
-            local_device=local_rank, suffix=str(suffix), block_count_suffix=block_count_suffix, rule=rule,
+            local_device=local_device, suffix=str(suffix), block_count_suffix=block_count_suffix, rule=rule,
         )  # fmt: skip
         settings.layout()  # the tensor-parallel split, as every engine call's layout has it
     return settings
@@ -485,16 +492,19 @@ def _engine_pid(parallel_config: object) -> str:
     return str(integer(f"{_PARALLEL}.engine_pid", pid, 1, INT32_MAX, FD_FIX))
 
 
-def _physical_device(parallel_config: object, local_rank: int) -> int:
-    """The physical id FastDeploy names this rank's tensors with: ``device_ids[local_rank]`` (``gpu_worker.py``),
-    ``device_ids`` being its ``CUDA_VISIBLE_DEVICES`` (``FDConfig.__init__``)."""
+def _physical_device(parallel_config: object, local_device: int, local_rank: int) -> int:
+    """The physical id FastDeploy names this rank's tensors with: ``device_ids[local_rank % max_chips_per_node]``
+    (``gpu_worker.py`` ``init_device``; ``local_device`` here), ``device_ids`` being this node's
+    ``CUDA_VISIBLE_DEVICES`` (``FDConfig.__init__``)."""
     field = f"{_PARALLEL}.device_ids"
     value = _read(parallel_config, "device_ids", _PARALLEL)
     devices = device_ids(field, value, _DEVICES_FIX)
-    if local_rank >= len(devices):
-        raise ConfigError(field, value, f"at least {local_rank + 1} device(s): local rank {local_rank} must be listed",
+    if local_device >= len(devices):
+        where = f"local rank {local_rank}" if local_device == local_rank else (
+            f"local rank {local_rank} is local device {local_device} of its node (local_rank % max_chips_per_node)")
+        raise ConfigError(field, value, f"at least {local_device + 1} device(s): {where} must be listed",
                           _DEVICES_FIX)  # fmt: skip
-    return devices[local_rank]
+    return devices[local_device]
 
 
 def _local_port(parallel_config: object) -> int:

@@ -45,8 +45,8 @@ Names: ``key_caches_{layer}_rank{rank}.device{device}``, ``value_caches_...``,
 local tensor-parallel rank and ``device`` the PHYSICAL device id (:attr:`CacheLayout.device_id`), while
 the tensors live on the LOCAL device :attr:`CacheLayout.local_device` (an index among the visible
 devices), as FastDeploy names and places them (``fastdeploy/worker/gpu_worker.py`` ``init_device``:
-``device_ids[local_rank]`` names, ``gpu:{local_rank}`` places; :func:`~fd_platforms.rules.devices.physical_device_id`);
-the host swap copies drop the ``.device{device}`` suffix.
+``device_ids[local_rank % max_chips_per_node]`` names, ``gpu:{local_rank % max_chips_per_node}`` places;
+:func:`~fd_platforms.rules.devices.physical_device_id`); the host swap copies drop the ``.device{device}`` suffix.
 
 These are the core's shapes. A platform states its own axis order and dtype for each role through
 the ``kv_cache_shapes`` hook (:mod:`.shapes`); the bytes stay the core's, role by role, so
