@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+from operator import itemgetter
 
 import pytest
+from run_helpers import QWEN, ROOT, SCRIPT, clean_env, host_sharing_plugin, main_in_process
 
 from fd_platforms.contract.errors import ConfigError, PlatformDriftError, RecordError
 from fd_platforms.contract.types import CacheRoleShape
@@ -15,7 +17,6 @@ from fd_platforms.loading.selection import select_platform
 from fd_platforms.rules.config import CacheConfig, ModelConfig, ParallelConfig, load_model_config
 from fd_platforms.rules.layout import build_layout
 from fd_platforms.rules.shapes import shape_cases, shape_request, shape_violations
-from run_helpers import QWEN, ROOT, SCRIPT, clean_env, host_sharing_plugin, main_in_process
 
 LLAMA = "examples/llama-3.1-8b"
 
@@ -51,6 +52,8 @@ def tensors(row: dict) -> dict[str, tuple[list[int], str]]:
         ("cuda", ("--cache-dtype", "int8"), {"key": (["N", 8, 64, 128], "uint8"), "value": (["N", 8, 64, 128], "uint8")}),
         ("xpu", ("--kv-cache-quant-type", "int4_zp"),
          {"key": (["N", 8, 64, 128], "int8"), "value": (["N", 8, 64, 128], "int8")}),
+        ("xpu", ("--cache-dtype", "fp8", "--kv-cache-quant-type", "block_wise_fp8"),
+         {"key": (["N", 8, 64, 128], "int8"), "value": (["N", 8, 64, 128], "int8")}),
     ],
 )  # fmt: skip
 def test_each_platform_shapes_llama_as_its_kernels_do(platform: str, flags: tuple[str, ...], expected: dict) -> None:
@@ -73,8 +76,17 @@ def test_plan_json_lists_the_platforms_shapes(platform: str, flags: tuple[str, .
 
 
 def test_the_platforms_plan_the_same_blocks_whatever_their_axes() -> None:
-    rows = [plan_json(name, "--cache-dtype", "fp8", "--kv-cache-quant-type", "block_wise_fp8") for name in ("cuda", "metax", "xpu")]
+    rows = [plan_json(name, "--cache-dtype", "fp8", "--kv-cache-quant-type", "block_wise_fp8") for name in ("cuda", "metax")]
     assert len({(row["num_blocks"], row["bytes_per_block"]) for row in rows}) == 1
+
+
+def test_xpu_plans_block_wise_fp8_without_scales_as_its_runner_allocates_it() -> None:
+    """FastDeploy's XPU runner allocates key and value alone, int8, for any quantization (``xpu_model_runner.py``
+    ``initialize_kv_cache``): an int8 cache's blocks, not the GPU's with scales."""
+    xpu = plan_json("xpu", "--cache-dtype", "fp8", "--kv-cache-quant-type", "block_wise_fp8")
+    assert (xpu["num_blocks"], xpu["bytes_per_block"]) == itemgetter("num_blocks", "bytes_per_block")(
+        plan_json("xpu", "--cache-dtype", "int8"))  # fmt: skip
+    assert set(tensors(xpu)) == {"key", "value"}
 
 
 def test_int4_zp_is_counted_exactly_half_a_byte_per_value() -> None:

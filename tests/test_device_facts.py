@@ -19,8 +19,6 @@ from importlib import metadata
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
-
 import fd_platforms_cuda
 import fd_platforms_dcu
 import fd_platforms_gcu
@@ -29,15 +27,17 @@ import fd_platforms_intel_hpu
 import fd_platforms_metax
 import fd_platforms_npu
 import fd_platforms_xpu
+import pytest
 from engine_processes import qwen_layout
 from fastdeploy_standins import read_xpu_record
+
 from fd_platforms.contract.errors import CacheSharingError, CacheSignalError, ConfigError, HostAllocError
 from fd_platforms.contract.types import DTYPE_BYTES
 from fd_platforms.engine.initialize import check_can_attach
-from fd_platforms.fastdeploy.handles import encode_handle as encode_record
-from fd_platforms.fastdeploy.records import record_layout
 from fd_platforms.engine.kv_cache import attach_kv_cache, export_kv_cache
+from fd_platforms.fastdeploy.handles import encode_handle as encode_record
 from fd_platforms.fastdeploy.protocol import FASTDEPLOY
+from fd_platforms.fastdeploy.records import record_layout
 from fd_platforms.fastdeploy.signals import CACHE_READY, FastDeploySignal
 from fd_platforms.kit.custom_device import CustomDeviceFacts
 from fd_platforms.kit.device_facts import PADDLE_UINT8, DeviceFacts, paddle_attribute
@@ -340,6 +340,30 @@ def test_xpu_confirms_and_reports_free_as_total_minus_used() -> None:
 def test_xpu_refuses_with_a_reason(paddle: SimpleNamespace, reason: str) -> None:
     detection = facts_of("xpu", paddle).confirm()
     assert not detection.available and reason in detection.reason
+
+
+def test_xpu_block_wise_fp8_is_planned_and_shaped_as_fastdeploys_xpu_runner_allocates_it() -> None:
+    """FastDeploy's XPU runner allocates key and value only, int8, with block_wise_fp8 as with any quantization
+    (``worker/xpu_model_runner.py`` ``initialize_kv_cache``, gongshaotian/FastDeploy e53f518 lines 1230-1283): the
+    XPU platform plans, shapes and takes those specs, where the GPU layout's four tensors a layer were asked."""
+    from fd_platforms.contract.types import CacheRoleShape
+    from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
+    from fd_platforms.rules.layout import build_layout
+
+    platform, cache, blocks = registered("xpu", xpu_paddle()), CacheConfig(kv_cache_quant_type="block_wise_fp8"), 5
+    layout = build_layout(load_model_config("examples/qwen3-30b-a3b"), cache, ParallelConfig(tensor_parallel_size=2,
+                                                                                            local_rank=1))  # fmt: skip
+    runner = tuple(CacheRoleShape(role, (blocks, 2, 64, 128), "int8") for role in ("key", "value"))  # type: ignore[arg-type]
+    stated = platform.cache_layout(layout, blocks, runner)
+    own = platform.cache_layout(layout, blocks)  # the plugin's own shapes: the same two, int8
+    for shaped in (stated, own):
+        assert [(spec.role, spec.shape(blocks), spec.dtype) for spec in shaped.tensors[:3]] == [
+            ("key", (blocks, 2, 64, 128), "int8"), ("value", (blocks, 2, 64, 128), "int8"),
+            ("key", (blocks, 2, 64, 128), "int8")]  # fmt: skip
+        assert len(shaped.tensors) == 2 * 48
+    plan = platform.max_num_blocks(layout=layout, cache=cache)
+    assert plan.bytes_per_block == 48 * 2 * 2 * 64 * 128  # key and value a byte a value, no scales
+    assert plan.num_blocks == plan.budget_bytes // plan.bytes_per_block  # the blocks the two tensors a layer allow
 
 
 def test_xpu_pins_through_the_xpu_pinned_place() -> None:

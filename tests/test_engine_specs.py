@@ -96,12 +96,17 @@ def test_xpu_shapes_int8_and_int4_zp_one_value_a_byte_in_the_order_its_kernels_i
     assert allocated(int4, xpu_int8) == expected(int4, xpu_int8)
 
 
-def test_xpu_block_wise_fp8_has_its_four_tensors_a_layer() -> None:
-    specs = (spec("key", (N, H, B, D), "int8"), spec("value", (N, H, B, D), "int8"),
-             spec("key_scale", (N, H, B), "bfloat16"), spec("value_scale", (N, H, B), "bfloat16"))  # fmt: skip
+def test_xpu_block_wise_fp8_is_key_and_value_alone_as_its_runner_allocates_them() -> None:
+    """``xpu_model_runner.py`` ``initialize_kv_cache`` (lines 1230-1283): key and value ``int8`` of the backend's
+    ``[N, kv_heads, block, head_dim]`` for any quantization, and no scales; the GPU's four tensors are refused."""
+    specs = (spec("key", (N, H, B, D), "int8"), spec("value", (N, H, B, D), "int8"))
     layout = layout_of(kv_cache_quant_type="block_wise_fp8").on_device_type("xpu")
     got = allocated(layout, specs)
-    assert len(got) == 4 * layout.num_layers and got == expected(layout, specs)
+    assert len(got) == 2 * layout.num_layers and got == expected(layout, specs)
+    assert layout.bytes_per_block == layout_of(cache_dtype="int8").bytes_per_block
+    gpu = (*specs, spec("key_scale", (N, H, B), "bfloat16"), spec("value_scale", (N, H, B), "bfloat16"))
+    with pytest.raises(ConfigError, match="roles"):
+        allocated(layout, gpu)
 
 
 def test_metax_flash_backend_tokens_before_heads() -> None:

@@ -12,7 +12,8 @@ layer-major; within a layer the roles come in the order ``key``, ``value``, ``ke
   with ``int4_zp`` key and value are ``(kv_heads_per_rank, block_size, head_dim // 2)`` ``uint8``
   (two 4-bit values a byte; the zero points and scales are weights, not cache), except on a
   platform the core's table stores one value a byte (XPU: ``int8`` ``head_dim``;
-  :meth:`CacheLayout.on_device_type`, applied by the platform's ``cache_layout`` and planner).
+  :meth:`CacheLayout.on_device_type`, applied by the platform's ``cache_layout`` and planner), and
+  ``block_wise_fp8`` has no scales on a platform whose runner allocates none (XPU, the same way).
 - ``mla``: key only, ``(1, block_size, kv_lora_rank + qk_rope_head_dim)`` in the cache dtype
   (``uint8`` when 8-bit), the same on every rank; with ``block_wise_fp8`` also key_scale
   ``(1, block_size)`` in the model's dtype (FastDeploy's ``gpu_model_runner.py``
@@ -73,7 +74,7 @@ from ..contract.types import DTYPE_BYTES, CacheRole, CacheRoleShape
 from .config.limits import EIGHT_BIT_DTYPES
 from .config.model import ModelConfig, check_tensor_parallel
 from .config.settings import CacheConfig, ParallelConfig
-from .config.vocabulary import int4_zp_storage
+from .config.vocabulary import BLOCK_WISE_FP8_WITHOUT_SCALES, int4_zp_storage
 
 Role = CacheRole
 #: Which layers of a rank a layout holds: all, the main model's alone, or the MTP draft layers alone.
@@ -237,11 +238,15 @@ class CacheLayout:
 
     def on_device_type(self, device_type: str) -> CacheLayout:
         """This layout as a platform of Paddle device type ``device_type`` stores it: the core's own
-        platform facts (``int4_zp``'s packing, :data:`~fd_platforms.rules.config.vocabulary.INT4_ZP_STORAGE`)
-        applied, which may change the bytes; ``self`` where none applies."""
-        if self.quant_type != "int4_zp":
-            return self
-        roles = int4_zp_roles(self.kv_heads, self.block_size, self.head_dim, device_type)
+        platform facts (``int4_zp``'s packing of key and value heads,
+        :data:`~fd_platforms.rules.config.vocabulary.INT4_ZP_STORAGE`; a ``block_wise_fp8`` cache without
+        scales, :data:`~fd_platforms.rules.config.vocabulary.BLOCK_WISE_FP8_WITHOUT_SCALES`) applied, which may
+        change the bytes; ``self`` where none applies."""
+        roles = self.roles
+        if self.quant_type == "int4_zp" and self.attention in ("mha", "gqa"):  # MLA's latent is never packed
+            roles = int4_zp_roles(self.kv_heads, self.block_size, self.head_dim, device_type)
+        elif self.quant_type == "block_wise_fp8" and device_type in BLOCK_WISE_FP8_WITHOUT_SCALES:
+            roles = tuple(role for role in roles if role.role not in ("key_scale", "value_scale"))
         return self if roles == self.roles else replace(self, roles=roles, platform_roles=None)
 
     @property

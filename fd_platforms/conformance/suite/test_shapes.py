@@ -29,7 +29,7 @@ def test_every_role_keeps_the_core_bytes(fd_platform: Platform, request_: CacheS
 def test_the_shaped_layout_allocates_the_same_bytes(
     fd_platform: Platform, fd_paddle: ModuleType, cache: CacheConfig
 ) -> None:
-    layout = small_layout(cache)
+    layout = small_layout(cache).on_device_type(fd_platform.identity.device_type)  # the core's platform facts
     shaped = fd_platform.cache_layout(layout, 2)
     assert shaped.bytes_per_block == layout.bytes_per_block
     kv = allocate_kv_cache(shaped, 2, "cpu", fd_paddle)

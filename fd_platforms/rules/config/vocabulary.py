@@ -99,6 +99,14 @@ the cache is twice the GPU's. The core applies it (:meth:`~fd_platforms.rules.la
 so a plugin cannot drift the bytes: it can only be a device type this table names."""
 
 
+BLOCK_WISE_FP8_WITHOUT_SCALES: frozenset[str] = frozenset({"xpu"})
+"""Platforms, by the Paddle device type their plugin declares, whose runner allocates a ``block_wise_fp8`` cache
+as key and value alone, no scales: FastDeploy's XPU runner allocates key and value, ``int8`` for any
+``kv_cache_quant_type``, and no ``key_cache_scales``/``value_cache_scales`` (``worker/xpu_model_runner.py``
+``initialize_kv_cache``, gongshaotian/FastDeploy e53f518 lines 1230-1283), so the cache is the GPU's less its scales.
+The core applies it (:meth:`~fd_platforms.rules.layout.CacheLayout.on_device_type`), as :data:`INT4_ZP_STORAGE`."""
+
+
 def int4_zp_storage(device_type: str | None) -> tuple[int, str]:
     """``(values a byte, tensor dtype)`` of an ``int4_zp`` cache on a platform of ``device_type``."""
     return INT4_ZP_STORAGE.get(device_type or "", INT4_ZP_PACKED)
