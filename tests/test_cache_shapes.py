@@ -96,14 +96,26 @@ def test_int4_zp_is_counted_exactly_half_a_byte_per_value() -> None:
     assert packed.bytes_per_block == 2 * 8 * 64 * (128 // 2) * 32 == plain.bytes_per_block // 4
 
 
-def test_int4_zp_needs_an_even_head_dim_and_mha_or_gqa() -> None:
+def test_int4_zp_needs_an_even_head_dim_for_its_packed_key_and_value() -> None:
     odd = ModelConfig("odd", 2, 8, 2, 127)
     with pytest.raises(ConfigError, match="head_dim.*an even number for kv_cache_quant_type int4_zp") as info:
         build_layout(odd, CacheConfig(kv_cache_quant_type="int4_zp"), ParallelConfig())
     assert "Fix: use a model with an even head_dim or another kv_cache_quant_type" in str(info.value)
+
+
+@pytest.mark.parametrize("platform", ["cuda", "metax", "xpu"])
+def test_mla_with_int4_zp_is_the_full_latent_a_byte_a_value_as_fastdeploys_runner_allocates_it(platform: str) -> None:
+    """FastDeploy's MLA backend states ``[N, 1, block, kv_lora_rank + qk_rope_head_dim]`` whatever the quantization
+    (``mla_attention_backend.py`` ``get_kv_cache_shape``, lines 390-400) and its runner allocates ``uint8`` whenever
+    ``kv_cache_quant_type`` is set (``gpu_model_runner.py`` ``initialize_kv_cache``, lines 1410-1430): not packed,
+    on any platform, the bytes of an 8-bit MLA cache."""
     mla = ModelConfig("mla", 2, 16, 16, 192, kv_lora_rank=512, qk_rope_head_dim=64)
-    with pytest.raises(ConfigError, match="kv_cache_quant_type"):
-        build_layout(mla, CacheConfig(kv_cache_quant_type="int4_zp"), ParallelConfig())
+    layout = build_layout(mla, CacheConfig(kv_cache_quant_type="int4_zp"), ParallelConfig())
+    assert [(spec.role, spec.block_shape, spec.dtype) for spec in layout.tensors] == [
+        ("key", (1, 64, 576), "uint8"), ("key", (1, 64, 576), "uint8")]  # fmt: skip
+    assert layout.bytes_per_block == build_layout(mla, CacheConfig(cache_dtype="int8"), ParallelConfig()).bytes_per_block
+    shaped = load_platform(discover()[platform][0]).cache_layout(layout, 5)
+    assert shaped.bytes_per_block == layout.bytes_per_block and len(shaped.tensors) == 2
 
 
 def test_a_role_shape_is_a_checked_record() -> None:

@@ -129,6 +129,8 @@ def test_mla_states_one_latent_a_layer_as_caches_layer_id_indexes_it() -> None:
     with_scales = (*latent, spec("key_scale", (N, 1, B), "bfloat16"))
     layout = layout_of(MLA, kv_cache_quant_type="block_wise_fp8")
     assert allocated(layout, with_scales) == expected(layout, with_scales)
+    layout = layout_of(MLA, kv_cache_quant_type="int4_zp")  # the backend ignores it; the runner's uint8, full width
+    assert allocated(layout, latent) == expected(layout, latent)
 
 
 # Refusals ----------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import fd_platforms.rules.layout as layout_module
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.rules.config import CacheConfig, ModelConfig, ParallelConfig, load_model_config
-from fd_platforms.rules.layout import DTYPE_BYTES, ROLE_ORDER, CacheLayout, build_layout
+from fd_platforms.rules.layout import DTYPE_BYTES, ROLE_ORDER, CacheLayout, LayerRole, build_layout
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 QWEN = load_model_config(EXAMPLES / "qwen3-30b-a3b")
@@ -179,11 +179,12 @@ def test_dsa_with_block_wise_fp8_builds_the_packed_cache_fastdeploy_builds() -> 
     assert layout.quant_type == "none"
 
 
-def test_int4_zp_is_refused_for_mla() -> None:
-    with pytest.raises(ConfigError) as info:
-        build_layout(DEEPSEEK_V3, CacheConfig(kv_cache_quant_type="int4_zp"), TP4)
-    message = str(info.value)
-    assert "kv_cache_quant_type='int4_zp'" in message and "mla" in message and "Fix:" in message
+def test_int4_zp_on_mla_is_the_full_latent_in_uint8_as_fastdeploys_runner_allocates_it() -> None:
+    """``mla_attention_backend.py`` ``get_kv_cache_shape`` ignores the quantization; ``gpu_model_runner.py``
+    ``initialize_kv_cache`` allocates ``uint8`` whenever one is set."""
+    layout = build_layout(DEEPSEEK_V3, CacheConfig(kv_cache_quant_type="int4_zp"), TP4)
+    assert layout.quant_type == "int4_zp" and layout.roles == (LayerRole("key", (1, 64, 512 + 64), "uint8"),)
+    assert layout.on_device_type("xpu") is layout  # never packed, on any platform
 
 
 @pytest.mark.parametrize("device_id", [-1, True, "0"])

@@ -175,6 +175,8 @@ def _dtype_text(row: dict[str, Any]) -> str:
     dtypes = sorted(set(row["tensor_dtypes"].values()))
     if row["attention"] == "dsa":
         return f"{'/'.join(dtypes)} (DSA packs key and indexer as uint8; cache_dtype does not apply)"
+    if row["kv_cache_quant_type"] == "int4_zp" and row["attention"] == "mla":
+        return f"{'/'.join(dtypes)} (int4_zp on MLA: the full latent, a byte a value, as FastDeploy allocates it)"
     if row["kv_cache_quant_type"] == "int4_zp":
         return f"{'/'.join(dtypes)} (int4_zp: two 4-bit values a byte, half head_dim; cache_dtype does not apply)"
     if row["cache_dtype"] != row["configured_cache_dtype"]:

@@ -15,7 +15,13 @@ layer-major; within a layer the roles come in the order ``key``, ``value``, ``ke
   :meth:`CacheLayout.on_device_type`, applied by the platform's ``cache_layout`` and planner), and
   ``block_wise_fp8`` has no scales on a platform whose runner allocates none (XPU, the same way).
 - ``mla``: key only, ``(1, block_size, kv_lora_rank + qk_rope_head_dim)`` in the cache dtype
-  (``uint8`` when 8-bit), the same on every rank; with ``block_wise_fp8`` also key_scale
+  (``uint8`` when 8-bit, and with ``int4_zp``), the same on every rank. MLA with ``int4_zp`` is what
+  FastDeploy allocates, where FastDeploy disagrees with itself: its runner allocates ``uint8`` because a
+  quantization is set (``gpu_model_runner.py`` ``initialize_kv_cache``), its MLA backend states the full latent
+  width whatever the quantization (``mla_attention_backend.py`` ``get_kv_cache_shape``; GQA's halves it) and
+  runs its kernels with ``cache_quant_type`` ``"none"``, and ``launch_cache_manager`` gives the transfer manager
+  that full width with ``--cache_dtype uint8``: one value a byte, not 4 bits. The layout follows what is
+  allocated and published, so every attacher maps the creator's tensors. With ``block_wise_fp8`` also key_scale
   ``(1, block_size)`` in the model's dtype (FastDeploy's ``gpu_model_runner.py``
   ``initialize_kv_cache``: the scales are the key's first three axes, key then its scales).
 - ``dsa``: key ``(1, block_size, kv_lora_rank + kv_lora_rank // 128 * 4 + 2 * qk_rope_head_dim)``
@@ -324,12 +330,6 @@ class CacheLayout:
 def _layer_roles(model: ModelConfig, cache: CacheConfig, parallel: ParallelConfig) -> tuple[LayerRole, ...]:
     """One layer's tensors, in role order."""
     block = cache.block_size
-    if model.attention == "mla" and cache.kv_cache_quant_type == "int4_zp":
-        raise ConfigError(
-            "kv_cache_quant_type", cache.kv_cache_quant_type,
-            "none or block_wise_fp8 for mla attention (its latent cache has no 4-bit packing)",
-            "set kv_cache_quant_type to none; use cache_dtype for an 8-bit MLA cache",
-        )  # fmt: skip
     if model.attention == "dsa":  # FastDeploy's runner sets its own "uint8" quantization for DSA
         lora, rope, index = model.kv_lora_rank, model.qk_rope_head_dim, model.index_head_dim
         assert lora is not None and rope is not None and index is not None  # ModelConfig checked
@@ -339,10 +339,10 @@ def _layer_roles(model: ModelConfig, cache: CacheConfig, parallel: ParallelConfi
         )
     dtype = cache_tensor_dtype(cache)
     scales = cache.kv_cache_quant_type == "block_wise_fp8"
-    if model.attention == "mla":
+    if model.attention == "mla":  # int4_zp too: FastDeploy's MLA backend ignores the quantization (full width)
         lora, rope = model.kv_lora_rank, model.qk_rope_head_dim
         assert lora is not None and rope is not None  # ModelConfig checked
-        key = (LayerRole("key", (1, block, lora + rope), dtype),)
+        key = (LayerRole("key", (1, block, lora + rope), "uint8" if cache.kv_cache_quant_type == "int4_zp" else dtype),)
         return key + ((LayerRole("key_scale", (1, block), model.dtype),) if scales else ())
     heads = max(1, model.num_key_value_heads // parallel.tensor_parallel_size)
     if cache.kv_cache_quant_type == "int4_zp":

@@ -101,7 +101,7 @@ def shape_cases() -> tuple[CacheShapeRequest, ...]:
     mla = ModelConfig("case-mla", 2, 16, 16, 192, kv_lora_rank=512, qk_rope_head_dim=64)
     dsa = ModelConfig("case-dsa", 2, 16, 16, 192, kv_lora_rank=512, qk_rope_head_dim=64, index_head_dim=128)
     requests = []
-    quants = {gqa: QUANT_TYPES, mla: ("none", "block_wise_fp8"), dsa: ("none",)}
+    quants = {gqa: QUANT_TYPES, mla: QUANT_TYPES, dsa: ("none",)}
     for model in (gqa, mla, dsa):
         for quant in quants[model]:
             for dtype in EIGHT_BIT_DTYPES if quant == "block_wise_fp8" else CACHE_DTYPES:
