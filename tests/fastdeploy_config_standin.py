@@ -27,7 +27,10 @@ FastDeploy's real ``FDConfig``.
   it: ``num_hidden_layers`` 1, ``start_layer_index`` the main model's layers, ``model`` the speculative model,
   ``speculative_config.model_type`` ``mtp``.
 - ``QuantConfig``: FastDeploy's quantization configs carry ``kv_cache_quant_type`` (None when the cache is
-  not quantized); ``FDConfig.quant_config`` is None for an unquantized model.
+  not quantized); ``FDConfig.quant_config`` is None for an unquantized model. It is built from the model's
+  ``config.json`` ``quantization_config`` where it has one, else from the engine's ``--quantization``
+  (``model_executor/layers/quantization/__init__.py`` ``parse_quant_config``; ``MixQuantConfig.from_config`` reads
+  ``kv_cache_quant_type``), and ``CacheConfig`` reads both, ``quantization_config`` last.
 - ``FDConfig``: holds the above; ``max_chips_per_node`` is 16 on Iluvatar, else 8, and a deployment of more ranks
   (``tensor_parallel_size * data_parallel_size``) than that runs ``max_chips_per_node`` workers a node
   (``worker_num_per_node``, over ``nnode`` nodes; ``FDConfig.__init__``, gongshaotian/FastDeploy e53f518
@@ -73,7 +76,8 @@ class ModelConfig:
     def __init__(self, args: dict[str, Any]) -> None:
         self.model = ""
         self.dtype = "bfloat16"
-        self.quantization: dict[str, Any] | None = None
+        self.quantization: dict[str, Any] | None = None  # the engine's --quantization, parsed
+        self.quantization_config: dict[str, Any] | None = None  # PRETRAINED_INIT_CONFIGURATION; config.json's
         self.num_nextn_predict_layers = 0
         _apply(self, args)
         pretrained = json.loads((Path(self.model) / "config.json").read_text())
@@ -105,8 +109,8 @@ class CacheConfig:
         self.use_mla_cache = os.environ.get("FD_ATTENTION_BACKEND") == "MLA_ATTN"
         _apply(self, args)
         if self.model_cfg is not None:
-            quantization = self.model_cfg.quantization or {}
-            self.cache_dtype = quantization.get("kv_cache_quant_type", self.cache_dtype)
+            for quantization in (self.model_cfg.quantization, self.model_cfg.quantization_config):  # config.json last
+                self.cache_dtype = (quantization or {}).get("kv_cache_quant_type", self.cache_dtype)
             if any(kind in self.cache_dtype.lower() for kind in ("int4", "int8", "float4", "float8")):
                 self.cache_dtype = "uint8"
             heads = self.model_cfg.num_key_value_heads
@@ -268,6 +272,8 @@ def _build(
         "engine_worker_queue_port": port, "engine_pid": engine_pid,
     })  # fmt: skip
     speculative = SpeculativeConfig({"method": "mtp" if mtp else None})
-    quant = QuantConfig(kv_cache_quant_type) if kv_cache_quant_type and worker else None
+    stated = model_config.quantization_config or quantization or {}  # parse_quant_config: config.json's first
+    kv = stated.get("kv_cache_quant_type")
+    quant = QuantConfig(kv) if kv and worker else None
     return FDConfig(model_config, cache_config, parallel, SchedulerConfig({"splitwise_role": splitwise_role}),
                     speculative, quant, platform)  # fmt: skip

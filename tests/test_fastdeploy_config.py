@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -143,6 +144,20 @@ def manager_args(**changes: object) -> argparse.Namespace:
     return argparse.Namespace(**args)
 
 
+def quantized_model(folder: Path, quant: str | None, source: str = QWEN, **changes: object) -> str:
+    """A copy of ``source``'s config.json stating ``quant`` as FastDeploy's quantized models do: a
+    ``quantization_config`` of ``mix_quant`` with ``kv_cache_quant_type`` (``quantization/__init__.py``
+    ``parse_quant_config``, ``mix_quant.py`` ``MixQuantConfig.from_config``), ``changes`` applied."""
+    raw = json.loads((Path(source) / "config.json").read_text())
+    if quant is not None:
+        raw["quantization_config"] = {"quantization": "mix_quant", "dense_quant_type": "wint8",
+                                      "moe_quant_type": "wint4", "kv_cache_quant_type": quant}  # fmt: skip
+    raw.update(changes)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(raw))
+    return str(folder)
+
+
 def test_the_transfer_managers_command_line_gives_the_settings_a_runner_gets() -> None:
     settings = from_cache_manager_args(manager_args())
     runner = from_fd_config(fd_config(QWEN, tp=2), local_rank=1)
@@ -184,22 +199,100 @@ def test_a_quantized_fd_config_maps_through_the_vocabulary() -> None:
         ({"cache_dtype": "block_wise_fp8"}, "block_wise_fp8"),
         ({"cache_dtype": "uint8", "key_cache_shape": "900,2,64,64", "value_cache_shape": "900,2,64,64"}, "int4_zp"),
         ({"cache_dtype": "uint8"}, "int8"),
+        ({"cache_dtype": "uint8"}, "float8_e4m3"),
     ],
-    ids=["bfloat16", "block_wise_fp8", "int4_zp", "int8"],
+    ids=["bfloat16", "block_wise_fp8", "int4_zp", "int8", "float8_e4m3"],
 )
 def test_the_managers_command_line_shapes_are_the_runners_layout(
-    cpu: Platform, monkeypatch: pytest.MonkeyPatch, changes: dict[str, object], quant: str | None
+    cpu: Platform, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, changes: dict[str, object], quant: str | None
 ) -> None:
-    """What ``launch_cache_manager`` passes (``--cache_dtype`` is ``uint8`` for every 4- and 8-bit cache) is
-    checked as the engine's tensor specs against the layout a runner of the same deployment plans with."""
+    """What ``launch_cache_manager`` passes (``--cache_dtype`` is ``uint8`` for every 4- and 8-bit cache, the
+    quantization read from the model's config.json) is checked as the engine's tensor specs against the layout a
+    runner of the same deployment plans with."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
-    manager = from_cache_manager_args(manager_args(**changes))
-    runner = from_fd_config(fd_config(QWEN, tp=2, kv_cache_quant_type=quant), local_rank=1)
+    model = quantized_model(tmp_path / "m", quant)
+    config = fd_config(model, tp=2)
+    assert config.cache_config.cache_dtype == changes.get("cache_dtype", "bfloat16")  # what launch_cache_manager passes
+    manager = from_cache_manager_args(manager_args(**changes, model_path=model))
+    runner = from_fd_config(config, local_rank=1)
+    assert manager.cache.cache_dtype == runner.cache.cache_dtype
+    assert manager.cache.kv_cache_quant_type == runner.cache.kv_cache_quant_type
     assert manager.layout().names() == runner.layout().names()  # both name rank 1's tensors .device5
     assert manager.layout().bytes_per_block == runner.layout().bytes_per_block
     shaped = cpu.cache_layout(manager.layout(), 900, manager.tensor_specs)
     assert [spec.shape(900) for spec in shaped.tensors[:2]] == [spec.shape for spec in manager.tensor_specs[:2]]
     assert manager.manager_arguments()["tensor_specs"] == manager.tensor_specs
+
+
+def test_a_uint8_cache_whose_model_states_no_quantization_is_refused_naming_what_is_missing() -> None:
+    """``--cache_dtype uint8`` is every 4- and 8-bit cache (FastDeploy's ``CacheConfig.__init__``): which one decides
+    the tensors (int4_zp's are half as wide), and the transfer manager has no ``--quantization`` to say it."""
+    with pytest.raises(ConfigError) as caught:
+        from_cache_manager_args(manager_args(cache_dtype="uint8"))
+    assert caught.value.field == "quantization_config.kv_cache_quant_type" and caught.value.value is None
+    assert caught.value.source == f"{QWEN}/config.json"
+    assert "int4_zp" in caught.value.allowed and "quantization_config" in caught.value.fix
+
+
+@pytest.mark.parametrize(("quant", "flag"), [("int8", "bfloat16"), ("int4_zp", "block_wise_fp8"),
+                                             ("block_wise_fp8", "uint8"), (None, "uint8")])  # fmt: skip
+def test_a_cache_dtype_flag_the_models_quantization_does_not_make_is_refused(
+    tmp_path: Path, quant: str | None, flag: str
+) -> None:
+    """The flag is what FastDeploy's CacheConfig made of the model's kv_cache_quant_type: another is another model."""
+    with pytest.raises(ConfigError) as caught:
+        from_cache_manager_args(manager_args(cache_dtype=flag, model_path=quantized_model(tmp_path, quant)))
+    assert caught.value.field in ("--cache_dtype", "quantization_config.kv_cache_quant_type")
+    assert caught.value.field == "--cache_dtype" or quant is None
+
+
+@pytest.mark.parametrize("quant", ["bogus", 3, ["int8"]])
+def test_a_quantization_fastdeploy_does_not_know_is_refused_naming_the_config_json_key(
+    tmp_path: Path, quant: object
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        from_cache_manager_args(manager_args(cache_dtype="uint8", model_path=quantized_model(tmp_path, quant)))
+    assert caught.value.field == "quantization_config.kv_cache_quant_type" and caught.value.value == quant
+    assert caught.value.source == str(tmp_path / "config.json")
+
+
+@pytest.mark.usefixtures("fastdeploy_record_names")
+def test_with_mla_and_int4_zp_the_transfer_manager_attaches_to_what_the_runner_published(
+    cpu: Platform, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """DeepSeek-V3's MLA with int4_zp, swap space, rule 2026-04: the runner creates what FastDeploy's runner
+    allocates (``gpu_model_runner.py`` ``initialize_kv_cache``: uint8, the MLA backend's full-width latent,
+    ``mla_attention_backend.py`` ``get_kv_cache_shape``), and the transfer manager, from the command line
+    ``launch_cache_manager`` gives it (``--cache_dtype uint8``, ``--key_cache_shape N,1,64,576``, no value), reads
+    the quantization from the model's config.json and attaches to that, zero-copy."""
+    from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
+    from fd_platforms.fastdeploy.protocol import FASTDEPLOY
+
+    monkeypatch.setenv("FD_ATTENTION_BACKEND", "MLA_ATTN")  # as FastDeploy serves DeepSeek-V3
+    model = quantized_model(tmp_path / "m", "int4_zp", "examples/deepseek-v3", num_hidden_layers=2)
+    config = fd_config(model, num_cpu_blocks=2)
+    runner = from_fd_config(config, local_rank=0, rule="2026-04")
+    blocks = 4
+    suffix, made = FASTDEPLOY.create_signals(1, device_type="cpu", block_count_suffix=None)
+    with made:
+        created = initialize_kv_cache(cpu, runner.layout(), blocks, **{**runner.runner_arguments(), "suffix": suffix})
+        try:
+            assert created.created and [list(t.shape) for t in created.tensors] == [[blocks, 1, 64, 576]] * 2
+            args = manager_args(rank=0, mp_num=1, device_id=0, num_layers=2, cache_dtype=config.cache_config.cache_dtype,
+                                key_cache_shape=f"{blocks},1,64,576", value_cache_shape="", model_path=model,
+                                num_cpu_blocks=2)  # fmt: skip
+            manager = from_cache_manager_args(args, rule="2026-04")
+            assert (manager.cache.kv_cache_quant_type, manager.layout().roles) == ("int4_zp", runner.layout().roles)
+            managed = manage_kv_cache(cpu, manager.layout(), blocks, setter_pid=os.getpid(), timeout=30,
+                                      **{**manager.manager_arguments(), "suffix": suffix})  # fmt: skip
+            try:
+                assert not managed.created and str(managed.kv_cache.tensors[0].dtype).endswith("uint8")
+                created.tensors[1][3, 0, 63, 575] = 7
+                assert int(managed.kv_cache.tensors[1][3, 0, 63, 575]) == 7, "the runner's tensor, attached"
+            finally:
+                managed.clear(30)
+        finally:
+            created.clear(30)
 
 
 def test_the_runner_and_manager_arguments_are_the_engine_calls_keywords() -> None:
@@ -405,9 +498,9 @@ M, C, P, S = ("fd_config.model_config", "fd_config.cache_config", "fd_config.par
 ROLES, BACKENDS, METHODS = ("mixed", "prefill", "decode"), ("mooncake", "attention_store", "file"), (
     "naive", "mtp", "ngram", "suffix")  # fmt: skip
 SIXTEEN_BIT = ("bfloat16", "float16", "float32")
-CACHE_DTYPE_FLAG = {"bfloat16": ("bfloat16", "none"), "uint8": ("uint8", "none"),
-                    "block_wise_fp8": ("float8_e4m3fn", "block_wise_fp8")}  # fmt: skip
-"""What --cache_dtype means: (cache dtype, quantization) for a 128-wide key, as the runner's layout has them."""
+CACHE_DTYPE_FLAG = {"bfloat16": ("bfloat16", "none"), "block_wise_fp8": ("float8_e4m3fn", "block_wise_fp8")}
+"""What --cache_dtype means: (cache dtype, quantization) for a 128-wide key, as the runner's layout has them, with a
+model whose config.json states no quantization (``uint8`` hides which one: refused)."""
 
 
 def whole(value: Any, low: int, high: int) -> bool:
@@ -625,7 +718,8 @@ CLI_ATTRIBUTES = (
     Attribute("--cache_dtype", flag("cache_dtype"),
               lambda v: CACHE_DTYPE_FLAG.get(v, REFUSED) if type(v) is str else REFUSED,
               lambda s: (s.cache.cache_dtype, s.cache.kv_cache_quant_type),
-              ("bfloat16", "uint8", "block_wise_fp8", "int8", "int4_zp", "float16", "UINT8")),
+              ("bfloat16", "uint8", "block_wise_fp8", "int8", "int4_zp", "float16", "UINT8"),
+              also=("quantization_config.kv_cache_quant_type",)),
     Attribute("--key_cache_shape", flag("key_cache_shape"),
               lambda v: 900 if ascii_numbers(v, 0, 2**63) == [900, 2, 64, 128] else REFUSED, lambda s: s.num_blocks,
               ("900,2,64,128", " 900, 2,64,128", "1,2,64,128", "900,2,32,128", "900,2,64,64", "900,2,64"),

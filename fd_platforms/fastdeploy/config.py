@@ -28,20 +28,23 @@ parallel rank 0's view; a runner's is the WORKER's (``worker/worker_process.py``
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from ..contract.errors import ConfigError
 from ..contract.integers import INT32_MAX, MAX_COUNT, check_int, is_int
 from ..contract.types import CacheRoleShape
 from ..engine.request import CacheRequest
+from ..rules.config.files import read_config_file
 from ..rules.config.limits import MAX_EXPAND_RATIO, MAX_LAYERS, MAX_RANKS, MAX_WIDTH, MODEL_DTYPES
 from ..rules.config.model import ModelConfig, load_model_config
 from ..rules.config.settings import CacheConfig, ParallelConfig
-from ..rules.config.vocabulary import CACHE_DTYPE_WORDS, cache_settings_from_fastdeploy, fastdeploy_word
+from ..rules.config.vocabulary import CACHE_DTYPE_WORDS, QUANT_WORDS, cache_settings_from_fastdeploy, fastdeploy_word
 from ..rules.decision import SPLITWISE_ROLES, STORAGE_BACKENDS, check_pin
 from ..rules.layout import CacheLayout, build_layout
 from ..rules.shapes import engine_shaped, shape_request
@@ -182,11 +185,12 @@ _FD_NAMES = {
 }  # fmt: skip
 """Our record fields and the FastDeploy attributes they are read from, for an error a record raises."""
 
+_QUANT_KEY = "quantization_config.kv_cache_quant_type"
+"""Where a cache process's quantization is read: the model's config.json, its ``quantization_config``."""
 _CLI_NAMES = {
     "tensor_parallel_size": "--mp_num", "local_rank": "--rank", "device_id": "--device_id",
     "local_device": "--device_id", "block_size": "--key_cache_shape", "num_cpu_blocks": "--num_cpu_blocks",
     "kvcache_storage_backend": "--kvcache_storage_backend", "cache_dtype": "--cache_dtype",
-    "kv_cache_quant_type": "--cache_dtype",
     "num_gpu_block_expand_ratio": "--speculative_config.num_gpu_block_expand_ratio",
 }  # fmt: skip
 """Our record fields and the cache process's flags they are read from."""
@@ -239,8 +243,10 @@ def from_cache_manager_args(
     ``--engine_worker_queue_port``, ...; ``cache_transfer_manager.py`` and ``cache_messager.py`` ``parse_args``) and
     the model's ``config.json`` (``model_path``, default ``args.model_path``, which only the transfer manager gets).
     Its ``--device_id`` is the physical id and it sees every device, so the tensors live on that device too.
-    Its ``--cache_dtype`` says ``uint8`` for every 4- and 8-bit cache (FastDeploy's ``CacheConfig``); a key whose
-    head dim is half the model's is ``int4_zp``'s two values a byte. A flag only the transfer manager has
+    Its ``--cache_dtype`` says ``uint8`` for every 4- and 8-bit cache (FastDeploy's ``CacheConfig``), hiding which
+    one: the quantization is read where FastDeploy reads it, the model's ``config.json`` ``quantization_config``
+    (``kv_cache_quant_type``), and a ``uint8`` cache whose config.json states none is refused, never guessed (the
+    transfer manager gets no ``--quantization``). A flag only the transfer manager has
     (``--num_cpu_blocks``, ``--kvcache_storage_backend``) is off for the messager. Every flag is checked as
     FastDeploy's ``parse_args`` gives it, and the settings (the stated shapes too) as the engine calls check them:
     a ConfigError names the flag."""
@@ -255,14 +261,14 @@ def from_cache_manager_args(
     _check_num_layers(args, model)
     key_shape = shape("--key_cache_shape", _flag(args, "key_cache_shape"), CLI_FIX)
     cache_dtype = one_of("--cache_dtype", _flag(args, "cache_dtype"), CACHE_DTYPE_FLAG, CLI_FIX)
-    packed = cache_dtype == "uint8" and model.attention in ("mha", "gqa") and key_shape[3] * 2 == model.head_dim
+    quant, config_json = _model_quant_type(path, cache_dtype)
     tp = integer("--mp_num", _flag(args, "mp_num"), 1, MAX_RANKS, CLI_FIX)
-    with _named(_CLI_NAMES):
+    with _named({**_CLI_NAMES, "kv_cache_quant_type": _QUANT_KEY}, source=config_json):
         cache = CacheConfig(
             block_size=key_shape[2], num_cpu_blocks=_num_cpu_blocks(args), kvcache_storage_backend=_backend(args),
             num_gpu_block_expand_ratio=ratio, rule=rule,
-            **cache_settings_from_fastdeploy(kv_cache_quant_type="int4_zp" if packed else None,
-                                             cache_dtype=cache_dtype),
+            **cache_settings_from_fastdeploy(kv_cache_quant_type=quant,  # the flag was made of it: as the runner's
+                                             cache_dtype=cache_dtype if quant is None else model.dtype),
         )  # fmt: skip
         device = integer("--device_id", _flag(args, "device_id"), 0, INT32_MAX, CLI_FIX)
         settings = FastDeploySettings(
@@ -277,6 +283,42 @@ def from_cache_manager_args(
         )  # fmt: skip
         _check_stated_shapes(args, settings)
     return settings
+
+
+def _model_quant_type(path: str, cache_dtype: str) -> tuple[object, str]:
+    """``(kv_cache_quant_type, config.json path)``: the quantization the model's ``config.json`` states
+    (``quantization_config.kv_cache_quant_type``, which FastDeploy's ``CacheConfig.__init__`` and
+    ``parse_quant_config`` read before its engine's ``--quantization``), checked against ``--cache_dtype``, which
+    FastDeploy's ``CacheConfig`` made of it (``uint8`` for a 4- or 8-bit word, else the word). Where config.json
+    states none, ``--cache_dtype`` ``bfloat16`` or ``block_wise_fp8`` speaks for itself, and ``uint8`` is refused:
+    it hides which quantization decides the tensors."""
+    folder = Path(path)
+    file = folder / "config.json" if folder.is_dir() else folder
+    raw = json.loads(read_config_file(file, "model_path", "a readable config.json"))  # load_model_config read it
+    stated = raw.get("quantization_config")
+    quant = stated.get("kv_cache_quant_type") if isinstance(stated, Mapping) else None
+    if quant is None:
+        if cache_dtype == "uint8":
+            raise ConfigError(
+                _QUANT_KEY, None,
+                "the cache's quantization (int8, float8_e4m3fn, float8_e4m3, int4_zp, ...): --cache_dtype uint8 says "
+                "it is 4- or 8-bit, which decides its tensors, and FastDeploy's cache transfer manager and messager "
+                "get no --quantization",
+                "state the quantization FastDeploy serves with (its --quantization JSON, kv_cache_quant_type in it) "
+                "as the model's config.json quantization_config, which FastDeploy reads first (parse_quant_config)",
+                source=str(file),
+            )  # fmt: skip
+        return None, str(file)
+    with _named({_QUANT_KEY: _QUANT_KEY}, source=str(file)):
+        fastdeploy_word(_QUANT_KEY, quant, QUANT_WORDS)
+    word = quant.lower()
+    made = "uint8" if any(kind in word for kind in ("int4", "int8", "float4", "float8")) else word
+    if made != cache_dtype:
+        raise ConfigError(
+            "--cache_dtype", cache_dtype, f"{made}, what FastDeploy's CacheConfig makes of the model's {_QUANT_KEY}="
+            f"{quant!r}", f"pass the model_path of the model the engine serves; {CLI_FIX}",
+        )  # fmt: skip
+    return quant, str(file)
 
 
 def _command_line_specs(args: object, key_shape: tuple[int, ...], cache_dtype: str) -> tuple[CacheRoleShape, ...]:
@@ -588,15 +630,17 @@ def _read(source: object, name: str, where: str = _FD, *, optional: bool = False
 
 
 @contextmanager
-def _named(names: Mapping[str, str]) -> Iterator[None]:
+def _named(names: Mapping[str, str], *, source: str | None = None) -> Iterator[None]:
     """A ConfigError a record raises about one of its fields, re-raised naming the FastDeploy attribute or flag
-    ``names`` reads it from."""
+    ``names`` reads it from (and ``source``, the file, for a field read from ``config.json``)."""
     try:
         yield
     except ConfigError as error:
         if error.field not in names:
             raise
-        raise ConfigError(names[error.field], error.value, error.allowed, error.fix, source=error.source) from None
+        field = names[error.field]
+        where = source if field == _QUANT_KEY else error.source
+        raise ConfigError(field, error.value, error.allowed, error.fix, source=where) from None
 
 
 __all__ = ["FastDeploySettings", "from_cache_manager_args", "from_fd_config"]
