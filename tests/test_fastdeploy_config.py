@@ -95,7 +95,9 @@ def test_on_several_nodes_a_global_rank_names_and_places_its_tensors_on_its_node
     ``local_rank % max_chips_per_node`` and its tensors' id ``device_ids`` there (``gpu_worker.py`` ``init_device``
     lines 62-91, ``xpu_worker.py`` 60-72), ``max_chips_per_node`` 16 on Iluvatar, else 8 (``config.py``
     ``FDConfig.__init__`` line 1992). Node 1's worker of data-parallel rank 1 has ``local_data_parallel_id``
-    ``1 % (max_chips_per_node // tp)`` = 0 (``worker_process.py`` ``initialize_fd_config``)."""
+    ``1 % (max_chips_per_node // tp)`` = 0 (``worker_process.py`` ``initialize_fd_config``). FastDeploy's own
+    Iluvatar worker indexes ``device_ids[local_rank]`` without the modulo (``iluvatar_worker.py`` ``init_device``
+    lines 57-71): the same on one node, past its node's devices on a second; ours follows FDConfig's 16."""
     visible = ",".join(str(chips - 1 - device) for device in range(chips))  # this node's devices, reversed
     monkeypatch.setenv("XPU_VISIBLE_DEVICES" if platform == "xpu" else "CUDA_VISIBLE_DEVICES", visible)
     global_rank = chips + 1  # rank 1 of node 1

@@ -295,7 +295,7 @@ def _model_quant_type(path: str, cache_dtype: str) -> tuple[object, str]:
     folder = Path(path)
     file = folder / "config.json" if folder.is_dir() else folder
     raw = json.loads(read_config_file(file, "model_path", "a readable config.json"))  # load_model_config read it
-    stated = raw.get("quantization_config")
+    stated = raw.get("quantization_config") if isinstance(raw, dict) else None
     quant = stated.get("kv_cache_quant_type") if isinstance(stated, Mapping) else None
     if quant is None:
         if cache_dtype == "uint8":
