@@ -272,8 +272,10 @@ def _build(
         "engine_worker_queue_port": port, "engine_pid": engine_pid,
     })  # fmt: skip
     speculative = SpeculativeConfig({"method": "mtp" if mtp else None})
-    stated = model_config.quantization_config or quantization or {}  # parse_quant_config: config.json's first
-    kv = stated.get("kv_cache_quant_type")
+    # parse_quant_config: config.json's quantization_config first, else the engine's --quantization (simplified: a
+    # config.json stating no kv_cache_quant_type, e.g. DeepSeek's torch-format fp8, leaves the engine's here)
+    kv = (model_config.quantization_config or {}).get("kv_cache_quant_type") or (quantization or {}).get(
+        "kv_cache_quant_type")
     quant = QuantConfig(kv) if kv and worker else None
     return FDConfig(model_config, cache_config, parallel, SchedulerConfig({"splitwise_role": splitwise_role}),
                     speculative, quant, platform)  # fmt: skip
