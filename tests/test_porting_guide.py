@@ -260,7 +260,6 @@ def test_the_ported_runner_and_proposer_with_mtp_ratio_2() -> None:
         signal.close()
 
 
-@pytest.mark.xfail(strict=True, reason="needs config-blockers-42: FastDeploy's global local_rank on several nodes")
 def test_the_ported_runner_of_global_rank_9_on_the_second_node() -> None:
     """tp8 x dp2 over two nodes: the worker of global rank 9 sees its node's eight devices (CUDA_VISIBLE_DEVICES)
     and names its tensors after device_ids[9 % 8] (``gpu_worker.py`` ``init_device``)."""
