@@ -277,7 +277,7 @@ def test_with_mla_and_int4_zp_the_transfer_manager_attaches_to_what_the_runner_p
     blocks = 4
     suffix, made = FASTDEPLOY.create_signals(1, device_type="cpu", block_count_suffix=None)
     with made:
-        created = initialize_kv_cache(cpu, runner.layout(), blocks, **{**runner.runner_arguments(), "suffix": suffix})
+        created = initialize_kv_cache(cpu, runner.cache_request(num_blocks=blocks, instance=suffix))
         try:
             assert created.created and [list(t.shape) for t in created.tensors] == [[blocks, 1, 64, 576]] * 2
             args = manager_args(rank=0, mp_num=1, device_id=0, num_layers=2, cache_dtype=config.cache_config.cache_dtype,
@@ -285,8 +285,7 @@ def test_with_mla_and_int4_zp_the_transfer_manager_attaches_to_what_the_runner_p
                                 num_cpu_blocks=2)  # fmt: skip
             manager = from_cache_manager_args(args, rule="2026-04")
             assert (manager.cache.kv_cache_quant_type, manager.layout().roles) == ("int4_zp", runner.layout().roles)
-            managed = manage_kv_cache(cpu, manager.layout(), blocks, setter_pid=os.getpid(), timeout=30,
-                                      **{**manager.manager_arguments(), "suffix": suffix})  # fmt: skip
+            managed = manage_kv_cache(cpu, manager.cache_request(instance=suffix, creator_pid=os.getpid(), timeout=30))
             try:
                 assert not managed.created and str(managed.kv_cache.tensors[0].dtype).endswith("uint8")
                 created.tensors[1][3, 0, 63, 575] = 7
