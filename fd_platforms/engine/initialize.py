@@ -418,13 +418,19 @@ def _draft_part(
     num_blocks: int,
     tensor_specs: Sequence[CacheRoleShape] | None,
 ) -> tuple[CacheLayout | None, CacheLayout]:
-    """A manager's ``draft`` part in the main part's shapes (the platform's, or the engine's ``tensor_specs``: a
-    draft layer's block is a main layer's; None without a draft) and the layout its host swap cache holds: the
-    whole (``shaped`` main joined with the draft), else ``shaped``. A ConfigError unless ``draft`` is the draft
-    part of the layout the manager was ``given``."""
+    """A manager's ``draft`` part in the main part's shapes (the platform's, or the engine's ``tensor_specs``, stated
+    for the main layers: a draft layer's block is a main layer's, the block axis its ``int(num_blocks * ratio)``, as
+    FastDeploy's transfer manager shapes its extra layers from one ``key_cache_shape``: ``cache_transfer_manager.py``
+    ``_init_gpu_cache``, ``num_extra_layer_gpu_blocks``; None without a draft) and the layout its host swap cache
+    holds: the whole (``shaped`` main joined with the draft), else ``shaped``. A ConfigError unless ``draft`` is the
+    draft part of the layout the manager was ``given``."""
     if draft is None:
         return None, shaped
     given.joined(draft)
+    if tensor_specs is not None:
+        blocks = draft.mtp_blocks(num_blocks)  # type: ignore[attr-defined]  # joined checked: a CacheLayout
+        tensor_specs = [CacheRoleShape(spec.role, (blocks, *spec.shape[1:]), spec.dtype)
+                        if isinstance(spec, CacheRoleShape) else spec for spec in tensor_specs]  # fmt: skip
     draft_shaped = platform.cache_layout(draft, num_blocks, tensor_specs)  # type: ignore[arg-type]  # joined checked
     return draft_shaped, shaped.joined(draft_shaped)
 
