@@ -292,12 +292,12 @@ def pd_process(role: str, name: str, protocol: str, conn: Connection) -> None:
     (``up``, created, host swap blocks, byte 0 of every tensor), writes byte 1 = 0x5A, then serves ``clear`` (with
     a timeout; the error's type and text come back) and ``stop``."""
     import fd_platforms
-    import fd_platforms.fastdeploy  # registers protocol 'fastdeploy'
     from fd_platforms.engine import initialize_kv_cache
 
     platform = fd_platforms.current_platform()
     names = {"suffix": name, "tp": 1} if protocol == "fastdeploy" else {"signal_name": name}
-    common = {"protocol": protocol, "splitwise_role": "decode", "timeout": 30, **names}
+    wire = FASTDEPLOY if protocol == "fastdeploy" else protocol
+    common = {"protocol": wire, "splitwise_role": "decode", "timeout": 30, **names}
     if role == "messager":
         held: Any = manage_kv_cache(platform, qwen_layout(), PD_BLOCKS, num_cpu_blocks=0, **common)
     elif role == "worker":
