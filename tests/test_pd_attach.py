@@ -220,3 +220,23 @@ def test_attach_is_refused_where_it_would_leave_the_rank_without_a_creator(cpu) 
                             splitwise_role="decode", attach=True)  # fmt: skip
         assert caught.value.field == "num_cpu_blocks" and "attach=True" in str(caught.value)
         assert not published()
+
+
+def test_our_manager_holding_the_swap_space_frees_once_the_worker_its_only_attacher_lets_go(cpu) -> None:
+    """Our cache manager creating in decode with its own swap space (``fd-platforms run`` has it so) is the rank's
+    transfer manager: only the worker attaches, though the worker's settings count two. The worker's let-go resets
+    the slot (its creator's mark says one), so the manager's clear frees at once instead of waiting out its timeout."""
+    from fd_platforms.engine import manage_kv_cache
+
+    with fastdeploy_signals() as (suffix, signals), ExitStack() as stack:
+        managed = manage_kv_cache(cpu, qwen_layout(), PD_BLOCKS, num_cpu_blocks=PD_CPU_BLOCKS, protocol="fastdeploy",
+                                  suffix=suffix, splitwise_role="decode", tp=1)  # fmt: skip
+        stack.callback(managed.clear, 5)
+        assert managed.created and managed.host_cache is not None
+        worker = Spawned("worker", suffix, "fastdeploy")
+        stack.callback(worker.stop)
+        assert worker.up()[0] is False
+        assert worker.clear(10) == ("cleared", "")
+        assert signals[CACHE_READY].get(0) == 0, "the only attacher reset the slot"
+        managed.clear(2)
+        assert not published()

@@ -298,8 +298,8 @@ def _check_attach(platform: Platform, inputs: DecisionInputs) -> None:
         raise ConfigError(
             "attach", True, "only beside another creator of the rank's cache: the workers (where the rule in force "
             "lets them create) or, in P/D (splitwise_role prefill or decode), the cache messager",
-            f"drop attach=True: under rule {inputs.rule} the workers of this mixed instance attach ({decision.deciding_term}"
-            f": {decision.reason}), so this cache manager is the one that creates",
+            f"drop attach=True: under rule {inputs.rule} the workers of this mixed instance attach "
+            f"({decision.deciding_term}: {decision.reason}), so this cache manager is the one that creates",
         )  # fmt: skip
     if inputs.num_cpu_blocks == 0:
         raise ConfigError(
@@ -379,13 +379,16 @@ def _manage(
     wire.check_signals(name, layout.rank, manager=not messager, swap=num_cpu_blocks > 0)
     per_rank = wire.attachers_per_rank(splitwise_role, num_cpu_blocks)
     if creates:
+        # Holding the host swap space itself, a creating manager is the rank's transfer manager: the worker alone
+        # attaches. The messager holds none: the transfer manager may attach beside the worker (P/D with swap).
+        expected = wire.attachers_per_rank(splitwise_role, 0 if num_cpu_blocks else 1)
         started = time.monotonic()
         device = export_kv_cache(
-            platform, layout, num_blocks, name, progress=progress, protocol=wire, attachers=per_rank
+            platform, layout, num_blocks, name, progress=progress, protocol=wire, attachers=expected
         )
         device.create_seconds = time.monotonic() - started
         make_draft = None if draft_layout is None else lambda: export_kv_cache(
-            platform, draft_layout, num_blocks, name, protocol=wire, attachers=per_rank
+            platform, draft_layout, num_blocks, name, protocol=wire, attachers=expected
         )  # fmt: skip
     else:
         waited = _wait_ready(platform, wire, name, layout.rank, limit, setter_pid, inputs, (layout, draft_layout))

@@ -25,8 +25,8 @@ transfer manager), so every attacher of ours also holds a mark and a shared ``fl
 record while attached, which the kernel drops when it dies (:mod:`.fastdeploy_marks`); a creator frees
 only once no attacher of ours holds either, and resets the slot for dead attachers of ours only where they
 are every attacher the deployment can have. An attacher of ours beside one that may be FastDeploy's leaves the slot
-to it (:meth:`FastDeployHandles.let_go`), so the creator frees only once both have let go. The creator holds a shared ``flock`` on each record while
-published (:mod:`fd_platforms.ipc.shm`) and a creator mark. FastDeploy's creators never remove their
+to it (:meth:`FastDeployHandles.let_go`), so the creator frees only once both have let go. The creator holds a
+shared ``flock`` on each record while published (:mod:`fd_platforms.ipc.shm`) and a creator mark. FastDeploy's creators never remove their
 records, so a record of this name that no process of ours holds is rewritten in place, as ``set_data_ipc``
 does, with mode 0600 (replaced where others could write it) — unless the rank's slot says it is published
 and no dead creator of ours left it: FastDeploy's publisher may still own it. One held by a living process
@@ -57,6 +57,7 @@ from ..kit.vendor_device import HANDLE_BYTES, handle_bytes, handle_text
 from .marks import (
     Attachers,
     attacher_prefix,
+    creator_attachers,
     look,
     make_attacher_mark,
     make_creator_mark,
@@ -229,7 +230,7 @@ class FastDeployHandles:
                 held.append(segment)
                 os.pwrite(segment.fd, record, 0)
             if records:
-                held.append(make_creator_mark(*records[0]))
+                held.append(make_creator_mark(*records[0], attachers))
         except BaseException:
             _release(held, os.getpid())
             raise
@@ -297,11 +298,16 @@ class FastDeployHandles:
     def _last_to_let_go(self) -> bool:
         """Whether this attacher's let-go may reset the rank's one slot. With one attacher per rank, always. With two
         (P/D with swap space: the worker and the transfer manager attach the cache messager's; any attacher's mark
-        says so), only where the other is one of ours, living or dead by its mark: a creator of ours then waits for its lock, or frees for its death.
-        Otherwise the other may be FastDeploy's, which holds nothing and resets the slot itself when it lets go; a
-        reset now would let the creator free the cache under it (FastDeploy's own processes share the slot so)."""
+        says so, and a living creator of ours says how many it expects: one where it holds the host swap space
+        itself, the rank's transfer manager), only where the other is one of ours, living or dead by its mark: a
+        creator of ours then waits for its lock, or frees for its death. Otherwise the other may be FastDeploy's,
+        which holds nothing and resets the slot itself when it lets go; a reset now would let the creator free the
+        cache under it (FastDeploy's own processes share the slot so)."""
         seen = look(self.suffix, self.rank)
         per_rank = max(self.attachers, seen.per_rank)  # any mark of the slot says what its deployment has
+        expected = creator_attachers(self.tensors[0].name) if self.tensors else None
+        if expected is not None:
+            per_rank = min(per_rank, max(expected, 1))
         if per_rank <= 1:
             return True
         others = {int(pid.removeprefix("pid ")) for pid in seen.living} | {mark.pid for mark in seen.dead}
