@@ -278,3 +278,47 @@ def decode_runner(suffix: str, conn: Connection) -> None:
     )  # fmt: skip
     conn.send(("attached", cache.created))
     conn.recv()
+
+
+#: P/D decode with host swap space (FastDeploy's ``prefix_cache_manager.py`` ``launch_cache_manager``): the cache
+#: messager creates, the worker and the cache transfer manager attach.
+PD_BLOCKS, PD_CPU_BLOCKS = 4, 4
+
+
+def pd_process(role: str, name: str, protocol: str, conn: Connection) -> None:
+    """One process of rank 0 in P/D decode with swap space, through the public calls: ``messager`` creates
+    (``manage_kv_cache`` with no swap space of its own), ``worker`` attaches (``initialize_kv_cache``, as the rule
+    decides), ``transfer`` attaches and carves its host swap cache (``manage_kv_cache(..., attach=True)``). Reports
+    (``up``, created, host swap blocks, byte 0 of every tensor), writes byte 1 = 0x5A, then serves ``clear`` (with
+    a timeout; the error's type and text come back) and ``stop``."""
+    import fd_platforms
+    from fd_platforms.engine import initialize_kv_cache
+
+    platform = fd_platforms.current_platform()
+    names = {"suffix": name, "tp": 1} if protocol == "fastdeploy" else {"signal_name": name}
+    wire = FASTDEPLOY if protocol == "fastdeploy" else protocol
+    common = {"protocol": wire, "splitwise_role": "decode", "timeout": 30, **names}
+    if role == "messager":
+        held: Any = manage_kv_cache(platform, qwen_layout(), PD_BLOCKS, num_cpu_blocks=0, **common)
+    elif role == "worker":
+        held = initialize_kv_cache(platform, qwen_layout(), PD_BLOCKS, profile=False, num_cpu_blocks=PD_CPU_BLOCKS,
+                                   storage_backend=None, **common)  # fmt: skip
+    else:
+        held = manage_kv_cache(platform, qwen_layout(), PD_BLOCKS, num_cpu_blocks=PD_CPU_BLOCKS, attach=True, **common)
+    cache = held.kv_cache if isinstance(held, ManagedCache) else held
+    host = held.host_cache.num_blocks if isinstance(held, ManagedCache) and held.host_cache else 0
+    bytes0 = first_bytes(cache, 0)
+    if role != "messager":
+        write_byte(cache, 1, 0x5A)
+    conn.send(("up", cache.created, host, sorted(bytes0)))
+    while True:
+        kind, payload = conn.recv()
+        if kind == "clear":
+            try:
+                held.clear(payload)
+            except Exception as exc:  # reported to the test, which asserts on it
+                conn.send((type(exc).__name__, str(exc)))
+            else:
+                conn.send(("cleared", ""))
+        elif kind == "stop":
+            return

@@ -25,6 +25,12 @@ fd-platforms (it says so on exit), so what meets our processes is FastDeploy's f
   tensors), sets its slot, waits for every slot to be 1 and writes NORMAL. It never resets its own slot.
   Every rank writes the answers, so a slower rank's CLEARED can land after the driver's UPDATING, as it
   can beside FastDeploy. Ends when stdin closes.
+- ``messager SUFFIX RANK TP TENSORS``: the cache messager of one rank in P/D (``fastdeploy/cache_manager/cache_messager.py``
+  ``main``, launched for every splitwise role but mixed by ``prefix_cache_manager.py`` ``launch_cache_manager``):
+  creates each tensor of ``TENSORS`` as ``creator`` does, then sets ``cache_ready_signal[RANK] = 1`` and no other
+  word (no ``cache_transfer_inited_signal``: that is the transfer manager's). It never clears (it follows no
+  ``kv_cache_status``: FastDeploy does not clear in P/D); prints ``touched`` once an attacher wrote byte 1, and
+  frees when stdin closes.
 - ``attacher SUFFIX RANK TP TENSORS CYCLES FIRST``: the worker of one rank that attaches. Polls its
   slot, opens every record's memfd, checks each tensor's byte 0 is ``FIRST`` (-1: any), writes
   byte 1 = 0x5A (the creator checks it), prints ``attached``. Then ``CYCLES`` clear/update rounds, as FastDeploy's
@@ -315,6 +321,19 @@ def creator(suffix: str, rank: int, tp: int, specs: list[list]) -> None:
     # the signal mappings go with the process, as FastDeploy's do
 
 
+def messager(suffix: str, rank: int, tp: int, specs: list[list]) -> None:
+    ready_block, ready = attach("cache_ready_signal", suffix, tp)
+    tensors = make_tensors(specs, rank)
+    ready[rank] = 1  # cache_messager.py main: the one word it writes
+    print("created", flush=True)
+    touched_once = False
+    while not stdin_closed(POLL):
+        if not touched_once and tensors.touched():
+            touched_once = True
+            print("touched", flush=True)
+    tensors.free()
+
+
 def open_all(specs: list[list], first: int) -> list[mmap.mmap | DeviceView]:
     views: list[mmap.mmap | DeviceView] = []
     for name, nbytes in specs:
@@ -429,6 +448,8 @@ def main(argv: list[str]) -> None:
         engine(suffix, int(rest[0]), rest[1] if len(rest) > 1 else suffix, rest[2:] == ["iluvatar"])
     elif role == "creator":
         creator(suffix, int(rest[0]), int(rest[1]), json.loads(rest[2]))
+    elif role == "messager":
+        messager(suffix, int(rest[0]), int(rest[1]), json.loads(rest[2]))
     elif role == "rl":
         rl(suffix, int(rest[0]))
     elif role == "worker":

@@ -192,6 +192,7 @@ def manage_kv_cache(
     num_blocks: int | None = None,
     *,
     progress: AllocationProgress | None = None,
+    attach: bool = False,
     **keywords: Any,
 ) -> ManagedCache:
     """The cache manager's side of the rank ``request`` (a :class:`~.request.CacheRequest`) names, as the rule in
@@ -212,19 +213,33 @@ def manage_kv_cache(
     With MTP, the request's ``layout`` is ``whole.main()`` and its ``draft`` ``whole.draft()``: the draft layers are
     published (or attached) too, on their own for the proposer, before the rank's one slot is set (FastDeploy's
     transfer manager makes main and extra layers in one loop before it sets ``cache_ready_signal``:
-    ``cache_transfer_manager.py`` ``_init_gpu_cache``); the host swap cache holds both."""
+    ``cache_transfer_manager.py`` ``_init_gpu_cache``); the host swap cache holds both.
+
+    P/D (``splitwise_role`` prefill or decode): FastDeploy's cache messager creates the rank's cache
+    (``cache_manager/cache_messager.py`` ``main``) and the worker attaches; with swap space its transfer manager
+    attaches too. Our messager is this call with ``num_cpu_blocks=0``: it creates and publishes, sets the slot and,
+    as FastDeploy's messager, writes no transfer-manager word and holds no host swap cache. Our transfer manager is
+    this call with ``attach=True`` (beside the request: it is this caller's side, not the cache's) and the deployment's ``num_cpu_blocks``: it waits for the rank's published cache
+    (``creator_pid``: the messager), attaches, then carves its host swap cache (what
+    ``cache_transfer_manager.py`` ``_init_gpu_cache`` does without ``--create_cache_tensor``). The rule decides the
+    workers' side only, and in P/D it sends them to attach whoever creates; ``attach=True`` is refused (a
+    ConfigError) only where it would leave nobody to create: a mixed instance whose workers the rule sends to attach
+    (this manager is their creator), and without swap space (FastDeploy starts no transfer manager then, and
+    counts no second attacher). ``attach=False`` (the default) keeps the rule's side."""
     request = _request(platform, "manage_kv_cache", request, num_blocks, keywords, _MANAGER_REQUIRED, _MANAGER_DEFAULTS)
-    return _manage(platform, request, None, progress)
+    return _manage(platform, request, "attach" if attach else "rule", progress)
 
 
 def hold_kv_cache(
     platform: Platform, request: CacheRequest | CacheLayout, num_blocks: int | None = None, **keywords: Any
 ) -> ManagedCache:
-    """Deprecated: :func:`manage_kv_cache` attaches where the rule lets the workers create. This one always
-    waits for rank ``layout.rank``'s published cache and attaches to it, whatever the rule."""
-    _deprecated("hold_kv_cache", "manage_kv_cache, which attaches where the rule in force lets the workers create")
+    """Deprecated: :func:`manage_kv_cache` attaches where the rule lets the workers create, and with ``attach=True``
+    beside another creator (P/D: the cache messager). This one always waits for rank ``layout.rank``'s published
+    cache and attaches to it, whatever the rule."""
+    _deprecated("hold_kv_cache", "manage_kv_cache, which attaches where the rule in force lets the workers create, "
+                "and with attach=True beside the cache messager (P/D)")  # fmt: skip
     request = _request(platform, "hold_kv_cache", request, num_blocks, keywords, _MANAGER_REQUIRED, _MANAGER_DEFAULTS)
-    return _manage(platform, request, False, None)
+    return _manage(platform, request, "hold", None)
 
 
 def manager_creates(platform: Platform, inputs: DecisionInputs) -> bool:
@@ -235,21 +250,52 @@ def manager_creates(platform: Platform, inputs: DecisionInputs) -> bool:
     return not (platform.should_create_cache_tensor(**inputs.kwargs()).create and inputs.num_cpu_blocks > 0)
 
 
+def _check_attach(platform: Platform, inputs: DecisionInputs) -> None:
+    """``attach=True`` only where another process creates the rank's cache (:func:`manage_kv_cache`): a ConfigError
+    naming the rule's term where it would leave the rank with no creator."""
+    decision = platform.should_create_cache_tensor(**inputs.kwargs())
+    if inputs.splitwise_role == "mixed" and not decision.create:
+        raise ConfigError(
+            "attach", True, "only beside another creator of the rank's cache: the workers (where the rule in force "
+            "lets them create) or, in P/D (splitwise_role prefill or decode), the cache messager",
+            f"drop attach=True: under rule {inputs.rule} the workers of this mixed instance attach "
+            f"({decision.deciding_term}: {decision.reason}), so this cache manager is the one that creates",
+        )  # fmt: skip
+    if inputs.num_cpu_blocks == 0:
+        raise ConfigError(
+            "num_cpu_blocks", 0, "> 0 with attach=True: a cache manager attaches to carve host swap space beside the "
+            "cache (without it FastDeploy starts no transfer manager, and its creator counts no second attacher)",
+            "pass the deployment's num_cpu_blocks, or drop attach=True (P/D without swap space: the messager's call, "
+            "manage_kv_cache with num_cpu_blocks=0, creates)",
+        )  # fmt: skip
+
+
+def _is_messager(creates: bool, inputs: DecisionInputs) -> bool:
+    """Whether a creating cache manager is the cache messager of P/D: FastDeploy starts no transfer manager there (no
+    swap space, no storage backend: ``prefix_cache_manager.py`` ``launch_cache_manager``), and its messager writes
+    ``cache_ready_signal`` alone (``cache_messager.py`` ``main``), no transfer-manager word."""
+    return creates and inputs.splitwise_role != "mixed" and not inputs.num_cpu_blocks and not inputs.storage_backend
+
+
 _REFUSALS = {
     True: "hold a worker's cache. Fix: let the workers create their caches (role mixed, no swap space, no storage "
           "backend), or use a platform that can share",
     False: "attach to a worker's cache. Fix: pin a rule version under which the cache manager creates it (2026-01), "
            "or use a platform that can share",
+    "attach": "attach to the cache of another process (the workers' or the cache messager's). Fix: use a platform "
+              "that can share",
 }  # fmt: skip
 
 
 def _manage(
-    platform: Platform, request: CacheRequest, creates: bool | None, progress: AllocationProgress | None
+    platform: Platform, request: CacheRequest, side: str, progress: AllocationProgress | None
 ) -> ManagedCache:
     """:func:`manage_kv_cache`'s work. Its ``request`` was checked when it was made; here, before any hook: a
     manager never profiles and takes no draft part as its layout; then the layout in the platform's shapes (the
-    engine's ``tensor_specs`` where given) and whether the manager creates (``creates``, None: as the rule decides,
-    :func:`manager_creates`). A platform that cannot share is refused, naming what the manager cannot do and the
+    engine's ``tensor_specs`` where given) and whether the manager creates (``side``: ``"rule"`` as the rule decides, :func:`manager_creates`;
+    ``"attach"`` attaches, checked by :func:`_check_attach`; ``"hold"``, the deprecated :func:`hold_kv_cache`,
+    attaches unchecked). A creating P/D manager without swap space is the cache messager (:func:`_is_messager`): it
+    says nothing beyond the slot. A platform that cannot share is refused, naming what the manager cannot do and the
     fix. A ``draft`` part (MTP) is made or attached the same way, in the platform's shapes, after the main part. A
     kept ``host_cache`` must fit the layout (main and draft) and ``num_cpu_blocks``
     (:func:`~.host_cache.check_host_cache`). ``FD_ENABLE_SWAP_SPACE_CLEARING``, which the manager's clear follows, is read and checked here, once
@@ -263,27 +309,33 @@ def _manage(
     num_cpu_blocks, splitwise_role, host_cache = request.num_cpu_blocks, request.splitwise_role, request.host_cache
     inputs = request.rule_in_force()
     layout = platform.cache_layout(request.layout, num_blocks, request.tensor_specs)  # the platform's or the engine's
-    creates = manager_creates(platform, inputs) if creates is None else creates
+    if side == "attach":
+        _check_attach(platform, inputs)
+    creates = manager_creates(platform, inputs) if side == "rule" else False
     if platform.cache_sharing() is None:
         raise CacheSharingError(
             f"platform {platform.name} cannot share KV cache tensors between processes (it declares no cache_sharing), "
-            f"so a cache manager cannot {_REFUSALS[creates]}"
+            f"so a cache manager cannot {_REFUSALS['attach' if side == 'attach' else creates]}"
         )
+    messager = _is_messager(creates, inputs)
     draft_layout, host_layout = _draft_part(platform, layout, request.draft, num_blocks, request.tensor_specs)
     if host_cache is not None:
         check_host_cache(host_cache, host_layout, num_cpu_blocks)
     limit = resolve_timeout(request.timeout)
     import_seconds = _import_paddle()
-    wire.check_signals(name, layout.rank, manager=True, swap=num_cpu_blocks > 0)
+    wire.check_signals(name, layout.rank, manager=not messager, swap=num_cpu_blocks > 0)
     per_rank = wire.attachers_per_rank(splitwise_role, num_cpu_blocks)
     if creates:
+        # Holding the host swap space itself, a creating manager is the rank's transfer manager: the worker alone
+        # attaches. The messager holds none: the transfer manager may attach beside the worker (P/D with swap).
+        expected = wire.attachers_per_rank(splitwise_role, 0 if num_cpu_blocks else 1)
         started = time.monotonic()
         device = export_kv_cache(
-            platform, layout, num_blocks, name, progress=progress, protocol=wire, attachers=per_rank
+            platform, layout, num_blocks, name, progress=progress, protocol=wire, attachers=expected
         )
         device.create_seconds = time.monotonic() - started
         make_draft = None if draft_layout is None else lambda: export_kv_cache(
-            platform, draft_layout, num_blocks, name, protocol=wire, attachers=per_rank
+            platform, draft_layout, num_blocks, name, protocol=wire, attachers=expected
         )  # fmt: skip
     else:
         waited = _wait_ready(platform, wire, name, layout.rank, limit, creator_pid, inputs, (layout, draft_layout))
@@ -293,7 +345,8 @@ def _manage(
             platform, draft_layout, num_blocks, name, creator_pid, wire, attachers=per_rank
         )  # fmt: skip
     device.import_seconds = import_seconds
-    managed = _managed(platform, host_layout, device, (num_cpu_blocks, host_cache), wire, name, make_draft)
+    managed = _managed(platform, host_layout, device, (num_cpu_blocks, host_cache), wire, name, make_draft,
+                       announce=not messager)  # fmt: skip
     managed.swap_space_clearing = frees_swap
     return managed
 
@@ -344,24 +397,31 @@ def _draft_part(
     tensor_specs: Sequence[CacheRoleShape] | None,
 ) -> tuple[CacheLayout | None, CacheLayout]:
     """A manager's ``draft`` part (the request checked it is the draft part of its layout) in the main part's
-    shapes (the platform's, or the engine's ``tensor_specs``: a draft layer's block is a main layer's; None without
-    a draft) and the layout its host swap cache holds: the whole (``shaped`` main joined with the draft), else
-    ``shaped``."""
+    shapes (the platform's, or the engine's ``tensor_specs``, stated for the main layers: a draft layer's block is a
+    main layer's, the block axis its ``int(num_blocks * ratio)``, as FastDeploy's transfer manager shapes its extra
+    layers from one ``key_cache_shape``: ``cache_transfer_manager.py`` ``_init_gpu_cache``,
+    ``num_extra_layer_gpu_blocks``; None without a draft) and the layout its host swap cache holds: the whole
+    (``shaped`` main joined with the draft), else ``shaped``."""
     if draft is None:
         return None, shaped
+    if tensor_specs is not None:
+        blocks = draft.mtp_blocks(num_blocks)
+        tensor_specs = [CacheRoleShape(spec.role, (blocks, *spec.shape[1:]), spec.dtype)
+                        if isinstance(spec, CacheRoleShape) else spec for spec in tensor_specs]  # fmt: skip
     draft_shaped = platform.cache_layout(draft, num_blocks, tensor_specs)
     return draft_shaped, shaped.joined(draft_shaped)
 
 
 def _managed(
     platform: Platform, layout: CacheLayout, device: KVCache, host: tuple[int, HostCache | None], wire: WireProtocol,
-    instance: str, make_draft: Callable[[], KVCache] | None = None,
+    instance: str, make_draft: Callable[[], KVCache] | None = None, *, announce: bool = True,
 ) -> ManagedCache:
     """What a cache manager holds for ``device``'s rank, all or nothing: ``device`` (and the draft layers'
     cache ``make_draft`` makes) with its host swap cache (``host``: ``num_cpu_blocks`` blocks of ``layout``,
     none when 0, and a kept host cache to reuse or None), the rank's slot set where the manager created the
-    device cache, then the manager announced where the protocol asks for it (FastDeploy's words). A reused
-    host cache is the caller's: a withdrawal keeps it."""
+    device cache, then the manager announced where the protocol asks for it (FastDeploy's words; not ``announce``:
+    the cache messager, which says nothing beyond the slot). A reused host cache is the caller's: a withdrawal
+    keeps it."""
     num_cpu_blocks, kept = host
     managed = ManagedCache(layout.rank, device, None)
     with _all_or_nothing(managed, wire, instance, keep_host=kept is not None):
@@ -373,7 +433,8 @@ def _managed(
         if device.created:
             wire.set_ready(instance, layout.rank)
         managed._instance, managed._protocol = instance, wire
-        wire.manager_up(instance, layout.rank, swap=managed.host_cache is not None)
+        if announce:
+            wire.manager_up(instance, layout.rank, swap=managed.host_cache is not None)
     return managed
 
 

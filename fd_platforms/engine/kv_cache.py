@@ -140,8 +140,10 @@ class KVCache:
         return self._publication is not None and self._publication.released_by_death()
 
     def _let_go(self) -> None:
-        """The slot reset and the publication let go (an attacher's let-go; a creator's end). Idempotent."""
-        self._clear_slot()
+        """The slot reset and the publication let go (an attacher's let-go; a creator's end). Idempotent. An
+        attacher's publication that decides the slot itself (:attr:`~.protocols.Published.resets_slot`) resets it."""
+        if self.created or self._publication is None or not self._publication.resets_slot:
+            self._clear_slot()
         if self._publication is not None:
             self._publication.let_go()
             self._publication = None

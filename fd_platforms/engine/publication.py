@@ -162,6 +162,9 @@ class Publication:
         )
         return cls(segment, rank, document["creator_pid"], document["device"], tensors, creator=False)
 
+    #: Its :meth:`let_go` leaves the rank's slot alone: the attacher's :meth:`KVCache.clear` resets it.
+    resets_slot = False
+
     def let_go(self) -> None:
         """Drop this process's hold (an attacher's clear). Idempotent."""
         if self._segment is not None:

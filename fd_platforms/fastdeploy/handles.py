@@ -20,12 +20,13 @@ to 0 when it lets go (an attach that failed never writes it: it never got the ca
 that only where FastDeploy's creator does, where an attacher exists: a cache manager's cache (the runner
 attaches) and a runner's with host swap space (``num_cpu_blocks > 0``: FastDeploy's transfer manager
 attaches; ``gpu_model_runner.py`` ``clear_cache`` waits for the slot only then, since its #7764), never for
-its own slot. One slot cannot count two attachers of one rank (P/D decode with swap: the worker and the
+its own slot. One slot cannot count two attachers of one rank (P/D with swap: the worker and the
 transfer manager), so every attacher of ours also holds a mark and a shared ``flock`` on the rank's first
 record while attached, which the kernel drops when it dies (:mod:`.fastdeploy_marks`); a creator frees
 only once no attacher of ours holds either, and resets the slot for dead attachers of ours only where they
-are every attacher the deployment can have. The creator holds a shared ``flock`` on each record while
-published (:mod:`fd_platforms.ipc.shm`) and a creator mark. FastDeploy's creators never remove their
+are every attacher the deployment can have. An attacher of ours beside one that may be FastDeploy's leaves the slot
+to it (:meth:`FastDeployHandles.let_go`), so the creator frees only once both have let go. The creator holds a
+shared ``flock`` on each record while published (:mod:`fd_platforms.ipc.shm`) and a creator mark. FastDeploy's creators never remove their
 records, so a record of this name that no process of ours holds is rewritten in place, as ``set_data_ipc``
 does, with mode 0600 (replaced where others could write it) — unless the rank's slot says it is published
 and no dead creator of ours left it: FastDeploy's publisher may still own it. One held by a living process
@@ -56,6 +57,7 @@ from ..kit.vendor_device import HANDLE_BYTES, handle_bytes, handle_text
 from .marks import (
     Attachers,
     attacher_prefix,
+    creator_attachers,
     look,
     make_attacher_mark,
     make_creator_mark,
@@ -228,7 +230,7 @@ class FastDeployHandles:
                 held.append(segment)
                 os.pwrite(segment.fd, record, 0)
             if records:
-                held.append(make_creator_mark(*records[0]))
+                held.append(make_creator_mark(*records[0], attachers))
         except BaseException:
             _release(held, os.getpid())
             raise
@@ -249,14 +251,14 @@ class FastDeployHandles:
         check_suffix(suffix)
         mark = make_attacher_mark(suffix, rank, attachers) if expected else None  # first: a death from here on is seen
         try:
-            return cls._open(suffix, rank, expected, platform, mark)
+            return cls._open(suffix, rank, expected, platform, mark, attachers)
         except BaseException:
             _remove_mark(mark)
             raise
 
     @classmethod
     def _open(cls, suffix: str, rank: int, expected: Sequence[PublishedTensor], platform: str,
-              mark: shm.Segment | None) -> FastDeployHandles:  # fmt: skip
+              mark: shm.Segment | None, attachers: int) -> FastDeployHandles:  # fmt: skip
         tensors = tuple(
             PublishedTensor(tensor.name, tensor.shape, tensor.dtype, read_handle(tensor.name, platform))
             for tensor in expected
@@ -279,15 +281,37 @@ class FastDeployHandles:
         if pids:
             _check_creator(tensors[-1].name, pids[0])
         held = [_hold_record(tensors[0].name, record_layout(platform).size), mark] if mark is not None else []
-        return cls(suffix, rank, tensors, held, creator=False, mark=mark)
+        return cls(suffix, rank, tensors, held, creator=False, attachers=attachers, mark=mark)
+
+    #: Its :meth:`let_go` decides the rank's slot itself (:meth:`KVCache.clear` leaves it to the records).
+    resets_slot = True
 
     def let_go(self) -> None:
-        """An attacher's let-go, as FastDeploy's: reset the rank's ``cache_ready_signal`` slot to 0, remove its
-        mark and drop its hold on the first record. Idempotent. (At exit without it only the holds go: the
-        mark stays, unheld, and the creator knows the attacher of ours is gone.)"""
-        if self._mark is not None:
+        """An attacher's let-go, as FastDeploy's: reset the rank's ``cache_ready_signal`` slot to 0 (where this is
+        the rank's last attacher that could be: :meth:`_last_to_let_go`), remove its mark and drop its hold on the
+        first record. Idempotent. (At exit without it only the holds go: the mark stays, unheld, and the creator
+        knows the attacher of ours is gone.)"""
+        if self._mark is not None and self._last_to_let_go():
             _reset_slot(self.suffix, self.rank)
         self.withdraw()
+
+    def _last_to_let_go(self) -> bool:
+        """Whether this attacher's let-go may reset the rank's one slot. With one attacher per rank, always. With two
+        (P/D with swap space: the worker and the transfer manager attach the cache messager's; any attacher's mark
+        says so, and a living creator of ours says how many it expects: one where it holds the host swap space
+        itself, the rank's transfer manager), only where the other is one of ours, living or dead by its mark: a
+        creator of ours then waits for its lock, or frees for its death. Otherwise the other may be FastDeploy's,
+        which holds nothing and resets the slot itself when it lets go; a reset now would let the creator free the
+        cache under it (FastDeploy's own processes share the slot so)."""
+        seen = look(self.suffix, self.rank)
+        per_rank = max(self.attachers, seen.per_rank)  # any mark of the slot says what its deployment has
+        expected = creator_attachers(self.tensors[0].name) if self.tensors else None
+        if expected is not None:
+            per_rank = min(per_rank, max(expected, 1))
+        if per_rank <= 1:
+            return True
+        others = {int(pid.removeprefix("pid ")) for pid in seen.living} | {mark.pid for mark in seen.dead}
+        return len(others - {os.getpid()}) + 1 >= per_rank
 
     def withdraw(self) -> None:
         """An attach that failed after the records were read: its mark removed and its holds dropped, the slot left
@@ -411,7 +435,7 @@ def _still_attached(handles: FastDeployHandles, signal: str, seen: Attachers, ti
     if seen.dead:
         return (
             f"{said}. Its attacher(s) of fd-platforms ({seen.describe_dead()}) are gone without letting go, but this "
-            f"deployment attaches {seen.per_rank} processes to each rank (P/D decode with swap space: the worker and the "
+            f"deployment attaches {seen.per_rank} processes to each rank (P/D with swap space: the worker and the "
             "cache transfer manager), and the other may be FastDeploy's own, which holds no mark and may still map the "
             "cache: it is waited for, not freed under. Fix: clear or stop FastDeploy's attaching process (it resets the "
             f"slot when it lets go); if you know no process is attached, reset the slot by hand: {reset}"

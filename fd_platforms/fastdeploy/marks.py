@@ -9,11 +9,12 @@ the process dies, however it dies.
 - **Attacher marks**, ``fdp-attacher.<suffix>.r<rank>.<pid>-<hex>``: one per attaching process and part, naming the
   slot it holds (the suffix and rank), its pid and how many processes attach each rank in its deployment
   (:func:`attachers_per_rank`). A dead mark stands for the slot only where every attacher the deployment can have is
-  a dead one of ours (:attr:`Attachers.released_by_death`): in P/D decode with swap space the other attacher may be
+  a dead one of ours (:attr:`Attachers.released_by_death`): in P/D with swap space the other attacher may be
   FastDeploy's, and a dead mark says nothing about it.
 - **Creator marks**, ``<first record>.fdp-creator``: a creator of ours holds one while its records are published,
-  with its pid and the first record's bytes. One nobody holds whose bytes are still the record's proves the records
-  stale ones of a dead creator of ours; records without that proof may be a living FastDeploy process's.
+  with its pid, how many processes it expects to attach (:func:`creator_attachers`) and the first record's bytes.
+  One nobody holds whose bytes are still the record's proves the records stale ones of a dead creator of ours;
+  records without that proof may be a living FastDeploy process's.
 
 Marks are this user's, mode 0600; one nobody holds is removed through :func:`fd_platforms.ipc.shm.reclaim`, which
 proves it unlocked first.
@@ -30,17 +31,21 @@ from ..ipc import shm
 from .signals import CACHE_READY
 
 _ATTACHER = struct.Struct("=qqq")  # pid, rank, attachers per rank
-_PID = struct.Struct("=q")  # a creator mark: its pid, then the first record's bytes
+_PID = struct.Struct("=q")  # either mark starts with its maker's pid
+_CREATOR = struct.Struct("=qq")  # a creator mark: its pid, the attachers it expects per rank, then the first record
 ATTACHER_WHAT = "FastDeploy attacher mark"
 CREATOR_WHAT = "FastDeploy creator mark"
 MAX_ATTACHERS = 2
 
 
 def attachers_per_rank(splitwise_role: str, num_cpu_blocks: int) -> int:
-    """How many processes attach each rank's cache beside FastDeploy's: two in P/D decode with host swap space (the
-    worker and the cache transfer manager both attach the cache messager's, one ``cache_ready`` slot between them:
-    ``cache_manager/prefix_cache_manager.py`` ``launch_cache_manager``, ``cache_manager/cache_messager.py``), else one."""
-    return MAX_ATTACHERS if splitwise_role == "decode" and num_cpu_blocks > 0 else 1
+    """How many processes attach each rank's cache beside FastDeploy's: two in P/D (prefill or decode) with host swap
+    space, else one. There the cache messager creates (``cache_manager/cache_messager.py`` ``main``; it is launched
+    for every role but mixed: ``cache_manager/prefix_cache_manager.py`` ``PrefixCacheManager.__init__``
+    ``enable_splitwise``, ``launch_cache_manager``), and the worker and the cache transfer manager (launched with swap
+    space, without ``--create_cache_tensor`` in a split deployment) both attach it, one ``cache_ready`` slot between
+    them."""
+    return MAX_ATTACHERS if splitwise_role != "mixed" and num_cpu_blocks > 0 else 1
 
 
 ATTACHER_NAME_START = "fdp-attacher."
@@ -145,31 +150,48 @@ def creator_mark_name(first_record: str) -> str:
     return f"{first_record}.fdp-creator"
 
 
-def make_creator_mark(first_record: str, record: bytes) -> shm.Segment:
-    """A creator's mark of its records, holding its pid and the first ``record``'s bytes, held until closed. A
-    mark of a dead creator of ours still there (its records rewritten since by another) is removed first."""
-    name, size = creator_mark_name(first_record), _PID.size + len(record)
+def make_creator_mark(first_record: str, record: bytes, attachers: int = 1) -> shm.Segment:
+    """A creator's mark of its records, holding its pid, the ``attachers`` it expects per rank and the first
+    ``record``'s bytes, held until closed. A mark of a dead creator of ours still there (its records rewritten since
+    by another) is removed first."""
+    name, size = creator_mark_name(first_record), _CREATOR.size + len(record)
     try:
         segment = shm.Segment.create(name, size)
     except FileExistsError:
         shm.reclaim(name, _PID.size, _recognise, CREATOR_WHAT)
         segment = shm.Segment.create(name, size)  # a living creator's mark: its records were refused before
-    os.pwrite(segment.fd, _PID.pack(os.getpid()) + record, 0)
+    os.pwrite(segment.fd, _CREATOR.pack(os.getpid(), attachers) + record, 0)
     return segment
+
+
+def creator_attachers(first_record: str) -> int | None:
+    """How many processes the living creator of ours of ``first_record`` expects to attach each rank (its mark says:
+    one where it holds the host swap space itself, the rank's transfer manager; two for P/D's cache messager, whose
+    transfer manager may attach beside the worker), or None where no living creator of ours holds the records
+    (FastDeploy's creators make no mark)."""
+    try:
+        segment = shm.Segment.inspect(creator_mark_name(first_record), _CREATOR.size)
+    except (OSError, shm.SegmentUnusable):
+        return None
+    try:
+        pid, attachers = _CREATOR.unpack(segment.read(_CREATOR.size))
+        return attachers if pid > 0 and 0 <= attachers <= MAX_ATTACHERS and not segment.unused() else None
+    finally:
+        segment.close()
 
 
 def stale_creator(first_record: str, record: bytes) -> int | None:
     """The pid of a dead creator of ours whose mark proves ``first_record`` (now holding ``record``) its stale
     leftover, its mark removed; None where no unheld mark of ours holds exactly those bytes."""
     name = creator_mark_name(first_record)
-    size = _PID.size + len(record)
+    size = _CREATOR.size + len(record)
     try:
         segment = shm.Segment.inspect(name, size)
     except (OSError, shm.SegmentUnusable):
         return None
     try:
         raw = segment.read(size + 1)
-        if len(raw) != size or raw[_PID.size:] != record or not segment.unused():
+        if len(raw) != size or raw[_CREATOR.size:] != record or not segment.unused():
             return None
         pid = _PID.unpack(raw[: _PID.size])[0]
         return pid if segment.unlink() else None

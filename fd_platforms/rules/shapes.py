@@ -24,17 +24,27 @@ CASE_BLOCKS = 3
 """Blocks in the load-time cases (any count checks the same axes; a small one keeps them cheap)."""
 
 
+def layer_blocks(layout: CacheLayout, num_blocks: int) -> int:
+    """Blocks one layer's tensors of ``layout`` hold on the device when the rank has ``num_blocks``: the MTP draft
+    part's ``int(num_blocks * num_gpu_block_expand_ratio)`` (every layer of it an MTP layer: what FastDeploy's proposer
+    asks its backend for, ``fastdeploy/spec_decode/mtp.py`` ``MTPProposer.initialize_kv_cache``), else ``num_blocks``
+    (a whole layout's one layer is a main layer)."""
+    return layout.mtp_blocks(num_blocks) if layout.part == "draft" else num_blocks
+
+
 def shape_request(layout: CacheLayout, num_blocks: int) -> CacheShapeRequest:
-    """What a platform is asked to shape ``layout``'s tensors for ``num_blocks`` blocks."""
+    """What a platform is asked to shape one layer of ``layout``'s tensors for, the rank having ``num_blocks`` blocks:
+    the blocks that layer holds (:func:`layer_blocks`)."""
+    blocks = layer_blocks(layout, num_blocks)
     return CacheShapeRequest(
         attention=layout.attention,  # type: ignore[arg-type]  # build_layout resolved it
         quant_type=layout.quant_type,
         cache_dtype=layout.cache_dtype,
-        num_blocks=num_blocks,
+        num_blocks=blocks,
         block_size=layout.block_size,
         kv_heads=layout.kv_heads,
         head_dim=layout.head_dim,
-        default=layout.default_shapes(num_blocks),
+        default=layout.default_shapes(blocks),
     )
 
 
@@ -64,7 +74,8 @@ def shape_violations(request: CacheShapeRequest, answer: object) -> list[str]:
 
 def engine_shaped(layout: CacheLayout, tensor_specs: object, num_blocks: int) -> CacheLayout:
     """``layout`` in the engine's own shapes: ``tensor_specs`` is one layer's tensors as the engine's
-    attention backend states them for ``num_blocks`` blocks (FastDeploy: ``get_kv_cache_shape`` in
+    attention backend states them for the blocks that layer holds when the rank has ``num_blocks``
+    (:func:`layer_blocks`: an MTP draft part's ``int(num_blocks * ratio)``) (FastDeploy: ``get_kv_cache_shape`` in
     ``append_attn_backend.py``, ``backends/xpu/attention.py``, ``mla_attention_backend.py``, the scales
     the key's first three axes), in the order its kernels index the flat cache list. The core checks
     them instead of deriving them: the layout's roles in the contract order (key, value, key_scale,
@@ -87,10 +98,17 @@ def engine_shaped(layout: CacheLayout, tensor_specs: object, num_blocks: int) ->
             "tensor_specs", stated,
             f"the layout's roles in this order, blocks first, each with the planner's bytes: {expected} "
             "(any axes after the blocks and any dtype of the same bytes)",
-            f"{violations[0]}; state what the attention backend gives for these {num_blocks} blocks, with the model, "
-            "cache and parallel settings the plan used",
+            f"{violations[0]}; state what the attention backend gives for these {request.num_blocks} blocks"
+            f"{_draft_note(layout, num_blocks)}, with the model, cache and parallel settings the plan used",
         )  # fmt: skip
     return layout.shaped(specs)
+
+
+def _draft_note(layout: CacheLayout, num_blocks: int) -> str:
+    """For a draft part's refusal: how its block count follows from the rank's."""
+    if layout.part != "draft":
+        return ""
+    return f" (the draft layers hold int({num_blocks} * num_gpu_block_expand_ratio {layout.mtp_block_ratio:g}))"
 
 
 @cache

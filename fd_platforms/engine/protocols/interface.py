@@ -23,6 +23,9 @@ class Published(Protocol):
     rank: int
     creator: bool
     tensors: Sequence[PublishedTensor]
+    #: Whether an attacher's :meth:`let_go` decides the rank's slot itself (FastDeploy's records: one slot for two
+    #: attachers), so the cache record does not reset it first.
+    resets_slot: bool
 
     @property
     def creator_pid(self) -> int | None:
