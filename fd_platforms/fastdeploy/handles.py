@@ -310,8 +310,9 @@ class FastDeployHandles:
             per_rank = min(per_rank, max(expected, 1))
         if per_rank <= 1:
             return True
-        others = {int(pid.removeprefix("pid ")) for pid in seen.living} | {mark.pid for mark in seen.dead}
-        return len(others - {os.getpid()}) + 1 >= per_rank
+        mine = self._mark.name if self._mark is not None else None
+        others = [name for name in seen.held if name != mine] + [mark.name for mark in seen.dead]
+        return len(others) + 1 >= per_rank  # by marks, not pids: one process may hold both (a test, a colocated port)
 
     def withdraw(self) -> None:
         """An attach that failed after the records were read: its mark removed and its holds dropped, the slot left

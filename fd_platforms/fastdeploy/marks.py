@@ -74,11 +74,13 @@ class DeadMark:
 @dataclass(frozen=True)
 class Attachers:
     """What the marks of one slot say: the attachers of ours still attached (each ``pid N`` as ``/proc/locks``
-    shows its holder), the dead ones, and how many attachers the deployment has per rank (the most any mark says)."""
+    shows its holder), the dead ones, how many attachers the deployment has per rank (the most any mark says), and
+    the held marks by name (one per attacher: two attachers of one process hold two)."""
 
     living: tuple[str, ...]
     dead: tuple[DeadMark, ...]
     per_rank: int
+    held: tuple[str, ...] = ()
 
     @property
     def released_by_death(self) -> bool:
@@ -96,6 +98,7 @@ def look(suffix: str, rank: int, *, also_living: set[int] | frozenset[int] = fro
     of ours the caller knows alive otherwise (a creator: those holding its first record), a mark of theirs or not."""
     living = {f"pid {pid}" for pid in also_living}
     dead: list[DeadMark] = []
+    held: list[str] = []
     per_rank = 1
     for name in shm.names(attacher_prefix(suffix, rank)):
         try:
@@ -111,9 +114,10 @@ def look(suffix: str, rank: int, *, also_living: set[int] | frozenset[int] = fro
                 dead.append(DeadMark(name, pid))
             else:
                 living.update(f"pid {holder}" for holder in shm.flock_holders(segment.inode) or {pid})
+                held.append(name)
         finally:
             segment.close()
-    return Attachers(tuple(sorted(living)), tuple(dead), per_rank)
+    return Attachers(tuple(sorted(living)), tuple(dead), per_rank, tuple(sorted(held)))
 
 
 def remove_dead(attachers: Attachers) -> list[int]:
