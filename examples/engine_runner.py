@@ -5,12 +5,17 @@ import multiprocessing
 from pathlib import Path
 
 import fd_platforms
-from fd_platforms.contract.types import DeviceMemory
-from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
-from fd_platforms.ipc.cache_signal import CacheReadySignal
-from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
-from fd_platforms.rules.layout import build_layout
-from fd_platforms.rules.planner import min_across_ranks
+from fd_platforms.engine import (
+    CacheConfig,
+    CacheReadySignal,
+    DeviceMemory,
+    ParallelConfig,
+    build_layout,
+    initialize_kv_cache,
+    load_model_config,
+    manage_kv_cache,
+    min_across_ranks,
+)
 
 MODEL = Path(__file__).resolve().parent / "qwen3-30b-a3b"
 CACHE = CacheConfig(swap_space_bytes=12 << 20)  # a little host swap space: 12 MiB per rank

@@ -20,14 +20,17 @@ import tempfile
 from pathlib import Path
 
 import fd_platforms
-from fd_platforms.contract.errors import ConfigError, FdPlatformsError
-from fd_platforms.contract.types import DeviceMemory
-from fd_platforms.engine import Cluster
-from fd_platforms.fastdeploy import hand_off_block_count
-from fd_platforms.fastdeploy.signals import check_suffix
-from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
-from fd_platforms.rules.decision import RULE_VERSIONS
-from fd_platforms.rules.layout import build_layout
+from fd_platforms.engine import (
+    CacheConfig,
+    Cluster,
+    ConfigError,
+    DeviceMemory,
+    FdPlatformsError,
+    ParallelConfig,
+    build_layout,
+    load_model_config,
+)
+from fd_platforms.fastdeploy import check_suffix, hand_off_block_count
 
 MODEL = Path(__file__).resolve().parent / "qwen3-30b-a3b"
 CACHE = CacheConfig(rule="2026-04")  # the FastDeploy beside it: from PR #7471 on (its IPC cannot say which)
@@ -42,8 +45,7 @@ def plan_this_rank(memory_mib, tp=2):
     layout = build_layout(load_model_config(MODEL), CACHE, ParallelConfig(tensor_parallel_size=2, local_rank=0))
     memory = DeviceMemory(memory_mib << 20, None, None, "this example's --memory-mib")
     plan = platform.max_num_blocks(layout=layout, cache=CACHE, memory=memory)
-    facts = {"model": MODEL.name, "tp": tp, "bytes_per_block": layout.bytes_per_block,
-             "rule": f"{CACHE.rule}: {RULE_VERSIONS[CACHE.rule].text}"}  # fmt: skip
+    facts = {"model": MODEL.name, "tp": tp, "bytes_per_block": layout.bytes_per_block, "rule": CACHE.rule}
     return plan, facts
 
 

@@ -10,11 +10,18 @@ import sys
 from pathlib import Path
 
 import fd_platforms
-from fd_platforms.contract.types import DeviceMemory
-from fd_platforms.engine import Cluster, NodeSpec, free_master, initialize_kv_cache
-from fd_platforms.ipc.cache_signal import CacheReadySignal
-from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
-from fd_platforms.rules.layout import build_layout
+from fd_platforms.engine import (
+    CacheConfig,
+    CacheReadySignal,
+    Cluster,
+    DeviceMemory,
+    NodeSpec,
+    ParallelConfig,
+    build_layout,
+    free_master,
+    initialize_kv_cache,
+    load_model_config,
+)
 
 MODEL = Path(__file__).resolve().parent / "qwen3-30b-a3b"
 CACHE = CacheConfig()

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import paddle  # every FastDeploy worker imports paddle first; its import sets OMP_NUM_THREADS and CUSTOM_DEVICE_ROOT
 
-from fd_platforms.contract.errors import FdPlatformsError
-from fd_platforms.engine import Cluster
+from fd_platforms.engine import Cluster, FdPlatformsError
 from fd_platforms.fastdeploy import hand_off_block_count
 
 ROOT = Path(__file__).resolve().parents[1]

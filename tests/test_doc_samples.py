@@ -162,8 +162,8 @@ def target(owner: str, name: str) -> Callable[..., object]:
 
 @pytest.mark.parametrize(("doc", "owner", "name", "args"), inline_calls(), ids=lambda v: str(v)[:40])
 def test_an_inline_call_in_the_docs_fits_the_signature(doc: str, owner: str, name: str, args: str) -> None:
-    """Written as a call (``f(a, b=1)``): it binds; written as a signature (``f(a, *, b)``): the same
-    parameters, in order, as the code's."""
+    """Written as a call (``f(a, b=1)``): it binds (a last ``...`` stands for the arguments left out: what is
+    written binds); written as a signature (``f(a, *, b)``): the same parameters, in order, as the code's."""
     real = inspect.signature(target(owner, name))
     parameters = [p for p in real.parameters.values() if p.name != "self"]
     try:
@@ -172,7 +172,11 @@ def test_an_inline_call_in_the_docs_fits_the_signature(doc: str, owner: str, nam
         call = None
     if isinstance(call, ast.Call) and not any(isinstance(a, ast.Starred) for a in call.args):
         fake = inspect.Signature(parameters)
-        fake.bind(*(None for _ in call.args), **{k.arg: None for k in call.keywords if k.arg})  # a TypeError fails
+        given = list(call.args)
+        elided = bool(given) and isinstance(given[-1], ast.Constant) and given[-1].value is Ellipsis
+        bind = fake.bind_partial if elided else fake.bind
+        keywords = {k.arg: None for k in call.keywords if k.arg}
+        bind(*(None for _ in given[: len(given) - elided]), **keywords)  # a TypeError fails
         return
     documented = ast.parse(f"def f({args}): pass").body[0].args  # type: ignore[attr-defined]
     names = [a.arg for a in (*documented.posonlyargs, *documented.args, *documented.kwonlyargs)]

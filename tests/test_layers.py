@@ -5,6 +5,7 @@ importing the core past ``fd_platforms.plugin`` each break it, naming what broke
 from __future__ import annotations
 
 import os
+import pkgutil
 import shutil
 import subprocess
 import sys
@@ -78,6 +79,14 @@ BREAKS = {
     "the rules reaching FastDeploy's package through another one": (  # no indirect path either
         "rules/sizes.py", "from ..lifecycle import spec", "fd_platforms.rules is not allowed to import fd_platforms.fastdeploy",
     ),
+    "fd-platforms run's processes importing an engine module past fd_platforms.engine": (  # as any engine: the API
+        "lifecycle/worker.py", "from ..engine.kv_cache import KVCache",
+        "fd_platforms.lifecycle is not allowed to import fd_platforms.engine.kv_cache",
+    ),
+    "the CLI importing an engine module past fd_platforms.engine": (
+        "cli/plan_command.py", "from ..engine.protocols import OURS",
+        "fd_platforms.cli is not allowed to import fd_platforms.engine.protocols",
+    ),
     "a circle inside a package": (  # the planner imports the decision through the config
         "rules/decision.py", "from . import planner", "No cycles are allowed in fd_platforms.rules.",
     ),
@@ -116,6 +125,17 @@ def test_the_plugins_are_held_off_every_package_of_the_core_but_the_plugin_modul
     expected = {f"fd_platforms.{name}" for name in packages - {"plugin"}}
     assert set(forbidden["forbidden_modules"]) == expected  # type: ignore[arg-type]
     assert set(forbidden["source_modules"]) == set(plugins)  # type: ignore[arg-type]
+
+
+def test_lifecycle_and_the_cli_are_held_off_every_engine_module_but_its_errors() -> None:
+    """The forbidden list is every module of ``fd_platforms.engine`` but ``errors`` (public, as the engine module
+    is): a module added to the engine is off limits to ``lifecycle/`` and ``cli/`` once it exists."""
+    held = contract("lifecycle/ and cli/ take the engine's names from fd_platforms.engine")
+    modules = {info.name for info in pkgutil.iter_modules([str(ROOT / "fd_platforms" / "engine")])}
+    expected = {f"fd_platforms.engine.{name}" for name in modules - {"errors"}}
+    assert set(held["forbidden_modules"]) == expected  # type: ignore[arg-type]
+    assert set(held["source_modules"]) == {"fd_platforms.lifecycle", "fd_platforms.cli"}  # type: ignore[arg-type]
+    assert held["allow_indirect_imports"] is True  # fd_platforms.engine itself imports its modules
 
 
 PLUGIN_BREAKS = {

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..contract.errors import ConfigError, PlatformUnavailableError, UnknownPlatformError
 from ..contract.types import DeviceMemory
-from ..engine.protocols import protocol_named
+from ..engine import protocol_named
 from ..fastdeploy import FASTDEPLOY  # noqa: F401 - registers protocol "fastdeploy", which [scheduler] protocol may name
 from ..loading.platform import Platform
 from ..loading.selection import ENV_PLATFORM, FALLBACK_PLATFORM, Prober, select_platform

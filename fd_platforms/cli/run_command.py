@@ -73,12 +73,13 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     # Imported here: the other commands never pay for multiprocessing and the lifecycle.
-    from ..engine.nodes import NodeSpec, check_resolves
+    from ..engine import NodeSpec
     from ..ipc.cache_signal import ENV_TIMEOUT
     from ..ipc.timeouts import set_by_flag
     from ..lifecycle.engine import run_lifecycle, select_run_platform
     from ..lifecycle.progress import Progress
     from ..lifecycle.spec import RunSpec, run_device_ids
+    from ..rules.config.nodes import check_resolves
 
     deploy = deploy_config(args)
     tp = deploy.parallel.tensor_parallel_size
@@ -150,7 +151,7 @@ def _block_count_suffix(suffix: str | None, protocol: str) -> str | None:
 
 def _ranks_per_node(args: argparse.Namespace, tp: int) -> int:
     """``--tp / --nnodes``, once ``--nnodes``, ``--node-rank`` and ``--master`` are consistent."""
-    from ..engine.nodes import MAX_NODES, check_nodes
+    from ..rules.config.nodes import MAX_NODES, check_nodes
 
     if not 1 <= args.nnodes <= MAX_NODES:
         raise ConfigError("--nnodes", args.nnodes, f"1 to {MAX_NODES}", "pass how many nodes (machines) the engine spans")

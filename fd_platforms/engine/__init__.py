@@ -1,62 +1,116 @@
-"""The engine API: a model runner's whole KV-cache initialization, and the cache manager's side.
+"""The engine API: everything an engine (a model runner, its cache manager) uses, in one module.
 
-The layer above the :class:`~fd_platforms.loading.platform.Platform` facade: every call takes the
-platform first, and the facade never imports the engine. Both calls take one :class:`CacheRequest` per rank (or the keywords of before 0.2). A runner calls :func:`initialize_kv_cache`
-(decide with the rule, then create and publish, or wait and attach zero-copy by name); a cache
-manager calls :func:`manage_kv_cache` (publish a rank's device cache, carve its host swap cache,
-set the slot; or, where the rule in force lets the workers create, attach to the rank's published
-cache and carve its host swap cache; :func:`hold_kv_cache`, which always attaches, is deprecated;
+An engine imports from here, from :mod:`fd_platforms` (``current_platform()``) and, beside FastDeploy's own
+processes, from :mod:`fd_platforms.fastdeploy`, and nowhere else in ``fd_platforms``::
+
+    from fd_platforms.engine import CacheConfig, build_layout, initialize_kv_cache, load_model_config
+
+:data:`__all__` is the whole API (at most 35 names): the calls, the records they give back, the configs,
+the layout and the plan, a cache-ready signal, the nodes of a multi-node engine, the wire-protocol type,
+and the errors a runner catches; every other error is in :mod:`fd_platforms.engine.errors`
+(``from fd_platforms.engine import errors``). The other modules of the package are its own, and so is
+every submodule here; ``lifecycle/`` and ``cli/`` (``fd-platforms run``) use this module as any engine
+does (an import contract in ``pyproject.toml`` holds it). A name that leaves :data:`__all__` keeps
+working with a DeprecationWarning for one minor version (:data:`fd_platforms.aliases.MOVED_NAMES`).
+
+Every call takes the platform first (the :class:`~fd_platforms.loading.platform.Platform` facade never
+imports the engine), and both calls take one :class:`CacheRequest` per rank (or the keywords of before
+0.2). A runner calls :func:`initialize_kv_cache` (decide with the rule, then create and
+publish, or wait and attach zero-copy by name); a cache manager calls :func:`manage_kv_cache` (publish a
+rank's device cache, carve its host swap cache, set the slot; or, where the rule in force lets the
+workers create, attach to the rank's published cache and carve its host swap cache;
 :func:`allocate_host_cache` carves a host swap cache alone). Both give back records whose ``clear()``
 lets go, so the cache can be created again. An engine over several nodes joins them with
 :meth:`Cluster.join <fd_platforms.engine.cluster.Cluster.join>` and agrees on the blocks with
-:meth:`Cluster.agree <fd_platforms.engine.cluster.Cluster.agree>` (Paddle's collective runtime).
-Beside FastDeploy's own processes, every call takes FastDeploy's protocol (``protocol=FASTDEPLOY``, or
-``"fastdeploy"`` once :mod:`fd_platforms.fastdeploy` is imported) and its suffix as ``instance=``; everything else of
-FastDeploy's (its clear/update, block-count hand-off, config) is :mod:`fd_platforms.fastdeploy`'s, which this
-package never imports. See ``docs/engine-integration.md``.
+:meth:`Cluster.agree <fd_platforms.engine.cluster.Cluster.agree>`. Beside FastDeploy's own processes every
+call takes FastDeploy's protocol (``protocol=FASTDEPLOY``, or ``"fastdeploy"`` once
+:mod:`fd_platforms.fastdeploy` is imported: :func:`protocol_named` resolves it) and its suffix as ``instance=``; everything
+else of FastDeploy's is :mod:`fd_platforms.fastdeploy`'s, which this package never imports. See
+``docs/engine-integration.md``.
 
 Modules: :mod:`.initialize` (the two calls), :mod:`.request` (what they take: one rank's :class:`CacheRequest`), :mod:`.kv_cache` (the cache record; plain, exported and
 attached tensors), :mod:`.host_cache` (host swap tensors in the layout's names), :mod:`.publication`
 (where a rank's cache is published, by name), :mod:`.nodes` (where a rank stands among nodes),
 :mod:`.rendezvous` (the nodes' handshake), :mod:`.cluster` (the process group and the agreement),
 :mod:`.bounded` (Paddle's blocking calls, bounded), :mod:`.protocols` (the wire-protocol interface, ours,
-and the registry), :mod:`.rank_parts` (a rank's slot set once its main and MTP draft parts are both published).
+and the registry), :mod:`.rank_parts` (a rank's slot set once its main and MTP draft parts are both
+published), :mod:`.errors` (every error).
 """
 
 from __future__ import annotations
 
 from .. import aliases as _aliases
-from .cluster import Agreement, Cluster, RankPlan, collective_backend
+from ..contract.errors import BufferInUseError, CacheInUseError, CacheNotReadyError, ConfigError, FdPlatformsError
+from ..contract.types import CacheRoleShape, DeviceMemory, Plan, PlatformIdentity
+from ..ipc.cache_signal import CacheReadySignal
+from ..rules.config import CacheConfig, ParallelConfig, load_model_config
+from ..rules.layout import CacheLayout, build_layout
+from ..rules.planner import min_across_ranks, plan_blocks
+from . import errors  # noqa: F401 - public beside __all__: from fd_platforms.engine import errors
+from .cluster import Agreement, Cluster
 from .host_cache import HostCache, allocate_host_cache
-from .initialize import ManagedCache, check_can_attach, hold_kv_cache, initialize_kv_cache, manage_kv_cache
+from .initialize import ManagedCache, check_can_attach, initialize_kv_cache, manage_kv_cache
 from .kv_cache import KVCache, allocate_kv_cache
 from .nodes import NodeSpec, free_master
-from .publication import publication_name, published_tensor_name
+from .protocols import WireProtocol, protocol_named
+from .publication import publication_name, published_tensor_name, reclaim_stale_publications
 from .request import CacheRequest
 
 __all__ = [
-    "Agreement",
+    # the calls: a runner's, a cache manager's, and their parts; what each takes for a rank
     "CacheRequest",
-    "Cluster",
-    "HostCache",
-    "KVCache",
-    "ManagedCache",
-    "NodeSpec",
-    "RankPlan",
-    "allocate_host_cache",
-    "allocate_kv_cache",
-    "check_can_attach",
-    "collective_backend",
-    "free_master",
-    "hold_kv_cache",
     "initialize_kv_cache",
     "manage_kv_cache",
+    "allocate_kv_cache",
+    "allocate_host_cache",
+    "check_can_attach",
+    "reclaim_stale_publications",
+    # what they give back, and the engine's cache-ready signal
+    "KVCache",
+    "ManagedCache",
+    "HostCache",
+    "CacheReadySignal",
+    # configs
+    "CacheConfig",
+    "ParallelConfig",
+    "load_model_config",
+    # the layout: tensor names, shapes and dtypes; an attention backend's own tensor specs
+    "build_layout",
+    "CacheLayout",
+    "CacheRoleShape",
+    # planning: the blocks a rank's memory holds, the fewest across ranks
+    "plan_blocks",
+    "min_across_ranks",
+    "Plan",
+    "DeviceMemory",
+    # who the platform is (platform.identity): its name, Paddle device type and visible-devices variable
+    "PlatformIdentity",
+    # several nodes
+    "NodeSpec",
+    "Cluster",
+    "Agreement",
+    "free_master",
+    # the wire protocol an engine speaks, and where a rank's cache is published under it
+    "WireProtocol",
+    "protocol_named",
     "publication_name",
     "published_tensor_name",
+    # the errors a runner catches (every other one: fd_platforms.engine.errors)
+    "FdPlatformsError",
+    "ConfigError",
+    "CacheNotReadyError",
+    "CacheInUseError",
+    "BufferInUseError",
 ]
 
 
 def __getattr__(name: str) -> object:
-    """FastDeploy's calls that lived here (``drive_kv_cache_clear``, ...), with a DeprecationWarning: they are
-    :mod:`fd_platforms.fastdeploy`'s now."""
+    """A name that left this module (FastDeploy's ``drive_kv_cache_clear``, ..., now
+    :mod:`fd_platforms.fastdeploy`'s; ``collective_backend``), with a DeprecationWarning; and
+    ``hold_kv_cache``, deprecated itself (it warns on each call), out of :data:`__all__`."""
+    if name == "hold_kv_cache":
+        from .initialize import hold_kv_cache
+
+        return hold_kv_cache
     return _aliases.moved_attribute(__name__, name)
+

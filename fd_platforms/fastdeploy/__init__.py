@@ -10,11 +10,16 @@ tensor specs (:mod:`.backend_shapes`), its profiled budget as a plan (:mod:`.pro
 settings from its runner's (:mod:`.proposer`), a managed cache in the views its cache processes keep
 (:mod:`.cache_views`) and the rule its release follows (:data:`FASTDEPLOY_RULE`). The engine (:mod:`fd_platforms.engine`) never
 imports this package; importing it registers :data:`FASTDEPLOY`, so an engine call's ``protocol="fastdeploy"``
-resolves (or pass ``protocol=FASTDEPLOY``). See ``docs/porting-fastdeploy.md``.
+resolves (or pass ``protocol=FASTDEPLOY``). Beside them, two rules of ours stated in FastDeploy's terms:
+its cache words read into our cache settings (``cache_settings_from_fastdeploy``) and the physical device id it
+names a rank's tensors with (``physical_device_id``). An engine beside FastDeploy imports from here, from
+:mod:`fd_platforms.engine` and from :mod:`fd_platforms`. See ``docs/porting-fastdeploy.md``.
 """
 
 from __future__ import annotations
 
+from ..rules.config import cache_settings_from_fastdeploy
+from ..rules.devices import physical_device_id
 from .backend_shapes import backend_tensor_specs, tensor_specs_from_shapes
 from .block_handoff import hand_off_block_count
 from .cache_server import serve_kv_cache_status
@@ -50,6 +55,7 @@ __all__ = [
     "RestoreReport",
     "UpdateReport",
     "backend_tensor_specs",
+    "cache_settings_from_fastdeploy",
     "check_suffix",
     "drive_kv_cache_clear",
     "drive_kv_cache_restore",
@@ -61,6 +67,7 @@ __all__ = [
     "messager_cache_kvs",
     "our_platform",
     "our_platform_name",
+    "physical_device_id",
     "plan_from_profile",
     "profile_cache_bytes",
     "proposer_settings",

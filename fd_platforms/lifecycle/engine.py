@@ -27,10 +27,7 @@ from typing import Any
 
 from ..contract.errors import ConfigError, NodeError, PluginContractError, UnknownPlatformError
 from ..contract.types import Plan
-from ..engine.cluster import Agreement
-from ..engine.initialize import check_can_attach
-from ..engine.nodes import NodeSpec
-from ..engine.publication import reclaim_stale_publications
+from ..engine import Agreement, NodeSpec, check_can_attach, reclaim_stale_publications
 from ..ipc.cache_signal import reclaim_stale_signals
 from ..kit.host_memory import available_host_bytes, host_bytes_for_swap, resident_bytes
 from ..loading.platform import Platform

@@ -22,8 +22,7 @@ from multiprocessing.connection import Connection
 from ..contract.errors import FdPlatformsError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import Plan
-from ..engine.host_cache import HostCache
-from ..engine.initialize import ManagedCache, manage_kv_cache
+from ..engine import HostCache, ManagedCache, manage_kv_cache
 from ..fastdeploy import FASTDEPLOY  # noqa: F401 - registers protocol "fastdeploy", which [scheduler] protocol may name
 from ..kit.host_memory import resident_bytes
 from ..loading.platform import Platform

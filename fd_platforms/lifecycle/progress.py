@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
-from ..engine.kv_cache import AllocationProgress
 from ..ipc.console import write_line
 from ..rules.sizes import format_size
 
@@ -21,8 +21,8 @@ class Progress:
         if not self.quiet:
             write_line(f"fd-platforms: {self.prefix}{message}")
 
-    def allocation(self, what: str) -> AllocationProgress | None:
-        """A KV-cache allocation callback printing ``what: X of Y`` at most once a second."""
+    def allocation(self, what: str) -> Callable[[int, int], None] | None:
+        """A KV-cache allocation callback (an engine call's ``progress=``: blocks done, of total) printing ``what: X of Y`` at most once a second."""
         if self.quiet:
             return None
         next_line = time.monotonic() + ALLOCATION_INTERVAL

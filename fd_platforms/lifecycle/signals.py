@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from types import TracebackType
 
-from ..engine.protocols import protocol_named
+from ..engine import protocol_named
 from .spec import RunSpec
 
 

@@ -6,9 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..contract.types import Plan, PlatformIdentity
-from ..engine.nodes import NodeSpec
-from ..engine.protocols import protocol_named
-from ..engine.request import CacheRequest
+from ..engine import CacheRequest, NodeSpec, protocol_named
 from ..fastdeploy import FASTDEPLOY  # noqa: F401 - registers protocol "fastdeploy", which [scheduler] protocol may name
 from ..rules.config.deploy import DeployConfig
 from ..rules.decision import RULE_VERSIONS, DecisionInputs

@@ -24,10 +24,7 @@ from multiprocessing.connection import Connection
 from ..contract.errors import FdPlatformsError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision, DeviceMemory, Plan
-from ..engine.cluster import Agreement, Cluster
-from ..engine.initialize import initialize_kv_cache
-from ..engine.kv_cache import KVCache
-from ..engine.protocols import protocol_named
+from ..engine import Agreement, Cluster, KVCache, initialize_kv_cache, protocol_named
 from ..fastdeploy import FASTDEPLOY  # noqa: F401 - registers protocol "fastdeploy", which [scheduler] protocol may name
 from ..kit.host_memory import resident_bytes
 from ..loading.platform import Platform

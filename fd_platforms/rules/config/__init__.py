@@ -4,8 +4,10 @@ allowed and the fix.
 
 Modules: :mod:`.limits` (vocabularies and bounds), :mod:`.settings` (cache, scheduler, parallel),
 :mod:`.model` (``config.json``), :mod:`.deploy` (the TOML file and overrides), :mod:`.vocabulary`
-(FastDeploy's ``kv_cache_quant_type`` and ``cache_dtype`` words mapped to ours). The names below are
-the public ones; an engine imports them from here.
+(FastDeploy's ``kv_cache_quant_type`` and ``cache_dtype`` words mapped to ours), :mod:`.nodes` (the node count,
+node rank and master address of an engine over several nodes). The names below are
+the package's; an engine imports those it needs from :mod:`fd_platforms.engine` (``CacheConfig``,
+``ParallelConfig``, ``load_model_config``) or :mod:`fd_platforms.fastdeploy` (``cache_settings_from_fastdeploy``).
 """
 
 from __future__ import annotations
