@@ -26,6 +26,7 @@ from fd_platforms.ipc.shm import Segment, SegmentUnusable
 
 ISOLATED_VARS = ("FD_PLATFORM", "FD_PLATFORM_PLUGINS", "FD_CACHE_READY_TIMEOUT")
 SHM_DIR = Path("/dev/shm")
+LOCK_WAIT = 480  # seconds a module waits for FastDeploy's record names (pyproject's pytest timeout is 600)
 TEST_SIGNAL_PREFIX = "fd_cache_ready.test-"
 
 
@@ -277,17 +278,17 @@ def operator_cache(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPat
 def fastdeploy_record_names() -> Iterator[None]:
     """FastDeploy's record names (``key_caches_0_rank0.device0``) are the same for every run on a machine:
     two test runs at once (CI beside a developer's loop) would read, reuse and remove each other's. Every
-    module that writes them takes them in turns, under one lock, waiting at most 600 s."""
+    module that writes them takes them in turns, under one lock, waiting at most 480 s (under pytest-timeout's 600)."""
     path = Path(tempfile.gettempdir()) / "fd-platforms-fastdeploy-records.lock"
     with open(path, "a") as lock:
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + LOCK_WAIT
         while True:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    pytest.fail(f"another test run held {path} for 600 s")
+                    pytest.fail(f"another test run held {path} for {LOCK_WAIT} s")
                 time.sleep(0.5)
         yield
 
