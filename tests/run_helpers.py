@@ -11,6 +11,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -176,14 +177,19 @@ class Run:
         self.process = process
         self.lines: list[str] = []
 
-    def read_until(self, pattern: str) -> re.Match[str]:
-        """Read stderr until a line matches ``pattern`` (the process must print it: it ends otherwise)."""
+    def read_until(self, pattern: str, within: float = 120) -> re.Match[str]:
+        """Read stderr until a line matches ``pattern``: an AssertionError naming it where the process ends, or goes on
+        printing other lines for ``within`` seconds (a run of many cycles would otherwise be read to its end)."""
         assert self.process.stderr is not None
+        deadline = time.monotonic() + within
         for line in self.process.stderr:
             self.lines.append(line)
             found = re.search(pattern, line)
             if found:
                 return found
+            if time.monotonic() > deadline:
+                self.process.kill()
+                raise AssertionError(f"no line matched {pattern!r} in {within:g} s; stderr:\n{''.join(self.lines)}")
         raise AssertionError(f"no line matched {pattern!r}; stderr:\n{''.join(self.lines)}")
 
     def finish(self) -> tuple[int, str]:

@@ -800,7 +800,7 @@ def test_a_publication_held_from_outside_the_run_is_named_when_the_run_ends() ->
 
     with started("--model", QWEN, "--tp", "1", "--device-memory", "256MiB", "--role", "decode",
                  "--cycles", "100000", "--timeout", "30") as run:  # fmt: skip
-        instance = run.read_until(r"cache-ready signal fd_cache_ready\.(\S+)").group(1)
+        instance = run.read_until(r"engine instance fd_cache_ready\.(\S+) \(its cache-ready signal\)").group(1)
         manager = int(run.read_until(r"starting the cache manager \(pid (\d+)\)").group(1))
         run.read_until(r"cycle 1: cleared")
         path = Path("/dev/shm") / f"fd_kv_cache.{instance}.rank0"

@@ -42,7 +42,7 @@ def left_by(*engine_pids: int) -> set[str]:
 
 def engine_pid(stderr: str) -> int:
     """The engine's pid, from its cache-ready signal's name in its progress lines."""
-    found = re.search(r"cache-ready signal fd_cache_ready\.(\d+)-", stderr)
+    found = re.search(r"engine instance fd_cache_ready\.(\d+)-\S+ \(its cache-ready signal\)", stderr)
     assert found, stderr
     return int(found.group(1))
 

@@ -21,7 +21,7 @@ MANAGER_PATH = ("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--ro
 
 
 def signal_name(stderr: str) -> str:
-    found = re.search(r"cache-ready signal (fd_cache_ready\.\S+)", stderr)
+    found = re.search(r"engine instance (fd_cache_ready\.\S+) \(its cache-ready signal\)", stderr)
     assert found, stderr
     return found.group(1)
 
@@ -132,7 +132,7 @@ def test_bad_timeout_is_a_configuration_error() -> None:
 
 def test_a_signal_left_by_an_engine_killed_with_sigkill_is_reclaimed_by_the_next_run() -> None:
     with started(*MANAGER_PATH) as run:
-        left = run.read_until(r"cache-ready signal (fd_cache_ready\.\S+)").group(1)
+        left = run.read_until(r"engine instance (fd_cache_ready\.\S+) \(its cache-ready signal\)").group(1)
         run.read_until(r"rank \d: waiting for the cache manager")
         processes = run.group()
         os.killpg(run.process.pid, signal.SIGKILL)  # no cleanup runs anywhere

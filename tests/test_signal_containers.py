@@ -105,7 +105,7 @@ def test_a_run_in_another_pid_namespace_keeps_its_signal_while_a_run_outside_swe
         first = engine.stderr.readline()
         while without_sweep(first) == [] and first:  # a suite beside this one may leave odd entries to warn of
             first = engine.stderr.readline()
-        assert "cache-ready signal fd_cache_ready.1-" in first, first  # the engine is pid 1 in there
+        assert "engine instance fd_cache_ready.1-" in first, first  # the engine is pid 1 in there
         name = first.rsplit(" ", 1)[1].strip()
         sweep = subprocess.run(
             [sys.executable, "-c", "from fd_platforms.ipc.cache_signal import reclaim_stale_signals as r; print(r())"],
