@@ -420,7 +420,7 @@ def test_a_rank_that_never_lets_go_is_named(cpu) -> None:
 
 
 def test_a_handle_that_does_not_fit_fastdeploys_record_is_refused(cpu, monkeypatch) -> None:
-    from fd_platforms.engine import fastdeploy_handles
+    from fd_platforms.fastdeploy import handles as fastdeploy_handles
 
     with pytest.raises(CacheSharingError, match="is 65 bytes, but FastDeploy's record holds a 64-byte handle"):
         fastdeploy_handles.encode_handle("key_caches_0_rank0.device0", "x" * 65, "cpu")
