@@ -1,0 +1,159 @@
+"""The plugin API version contract: a plugin declares the range it supports; others are refused."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import fd_platforms
+from fd_platforms.contract.api_version import (
+    API_VERSION,
+    DEPRECATED_PLUGIN_MODULES,
+    PLUGIN_API_MODULES,
+    release_range_contains,
+)
+from fd_platforms.contract.errors import PluginContractError, PluginHookError, PluginVersionError
+from fd_platforms.loading.discovery import core_version
+from fd_platforms.loading.selection import select_platform, survey
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PLUGIN = """
+from fd_platforms import hookimpl
+from fd_platforms.contract.types import Detection, PlatformIdentity
+
+@hookimpl
+def platform_identity():
+    return PlatformIdentity("future", "future_npu", None)
+
+@hookimpl
+def detect_platform():
+    return Detection(True, "future device present", 1)
+"""
+
+
+def versioned(make_plugin, declared: object) -> None:
+    make_plugin("future", source=PLUGIN + f"\n@hookimpl\ndef supported_api_versions():\n    return {declared!r}\n")
+
+
+def test_the_api_version_is_exported_lazily() -> None:
+    assert fd_platforms.API_VERSION == API_VERSION == "1.6"
+
+
+@pytest.mark.parametrize("declared", [">=1.0,<2", ">=0.9", "==1.*", "~=1.0"])
+def test_a_range_holding_the_core_api_is_accepted(make_plugin, declared: str) -> None:
+    versioned(make_plugin, declared)
+    assert select_platform({"FD_PLATFORM": "future"}).platform.name == "future"
+
+
+def test_an_incompatible_plugin_is_refused_naming_both_versions_and_the_fix(make_plugin) -> None:
+    versioned(make_plugin, ">=2.0,<3")
+    with pytest.raises(PluginVersionError) as info:
+        select_platform({"FD_PLATFORM": "future"})
+    message = str(info.value)
+    assert info.value.exit_code == 2 and "fd-test-future" in message
+    assert "supports fd-platforms plugin API >=2.0,<3" in message
+    assert f"the installed fd-platforms {core_version()} provides plugin API {API_VERSION}" in message
+    assert "Fix: install a release of fd-test-future that supports API 1.6" in message
+
+
+def test_an_incompatible_plugin_is_listed_as_broken_and_not_detected(make_plugin) -> None:
+    versioned(make_plugin, "<1.0")
+    assert select_platform({}).platform.name == "cpu"
+    report = {r.name: r for r in survey({}).reports}["future"]
+    assert report.status == "broken" and "provides plugin API 1.6" in report.reason
+
+
+@pytest.mark.parametrize("declared", ["1.x", "", 1.0, None])
+def test_a_declaration_that_is_not_a_specifier_is_a_contract_error(make_plugin, declared: object) -> None:
+    versioned(make_plugin, declared)
+    with pytest.raises(PluginContractError, match="supported_api_versions returned .*Fix: return"):
+        select_platform({"FD_PLATFORM": "future"})
+
+
+def test_a_plugin_without_a_declaration_is_refused(make_plugin) -> None:
+    make_plugin("future", source=PLUGIN)
+    with pytest.raises(PluginHookError, match="required hook.*supported_api_versions not implemented"):
+        select_platform({"FD_PLATFORM": "future"})
+
+
+def _imported_modules(path: Path) -> set[str]:
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            modules.add(node.module)
+        elif isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+    return modules
+
+
+@pytest.mark.parametrize(
+    "package",
+    ["examples/plugin-template/src/fd_platforms_nimbus", *(f"plugins/{name}/fd_platforms_{name}" for name in
+                                                           ("cuda", "xpu", "iluvatar", "metax", "dcu", "gcu",
+                                                            "intel_hpu", "npu"))],
+)
+def test_plugins_import_only_the_public_plugin_api(package: str) -> None:
+    for source in (ROOT / package).rglob("*.py"):
+        core = {m for m in _imported_modules(source) if m.split(".")[0] == "fd_platforms"}
+        assert core <= set(PLUGIN_API_MODULES), f"{source} imports non-public {sorted(core - set(PLUGIN_API_MODULES))}"
+
+
+@pytest.mark.parametrize("module", ["fd_platforms_nimbus", "fd_platforms_cuda", "fd_platforms_xpu",
+                                    "fd_platforms_iluvatar", "fd_platforms_metax", "fd_platforms_dcu",
+                                    "fd_platforms_gcu", "fd_platforms_intel_hpu", "fd_platforms_npu"])
+def test_a_plugin_importing_the_plugin_module_declares_the_api_that_has_it(module: str) -> None:
+    """``fd_platforms.plugin`` came with API 1.5: an older core would pass the check, then fail the import."""
+    declared = importlib.import_module(module).PLATFORM.api_versions
+    assert release_range_contains(declared, API_VERSION) and not release_range_contains(declared, "1.4"), declared
+
+
+
+def test_the_dcu_plugin_declares_the_api_that_has_rocm_facts() -> None:
+    """``RocmFacts`` came with API 1.6: a 1.5 core has ``fd_platforms.plugin``, but not the name dcu imports."""
+    declared = importlib.import_module("fd_platforms_dcu").PLATFORM.api_versions
+    assert release_range_contains(declared, API_VERSION) and not release_range_contains(declared, "1.5"), declared
+
+
+VERSIONS = st.lists(st.integers(min_value=0, max_value=12), min_size=1, max_size=4).map(
+    lambda parts: ".".join(map(str, parts))
+)
+CLAUSES = st.tuples(st.sampled_from([">=", "<=", "==", "!=", "<", ">"]), VERSIONS, st.sampled_from(["", " "])).map(
+    lambda c: f"{c[2]}{c[0]}{c[2]}{c[1]}{c[2]}"
+)
+
+
+@given(st.lists(CLAUSES, min_size=1, max_size=3).map(",".join), VERSIONS)
+def test_the_fast_range_check_is_packagings_answer(declared: str, version: str) -> None:
+    from packaging.specifiers import SpecifierSet
+
+    assert release_range_contains(declared, version) == SpecifierSet(declared).contains(version, prereleases=True)
+
+
+@pytest.mark.parametrize("declared", ["~=1.0", "==1.*", "===1.1", ">=1.0,", ">=1.0.dev1", ">=1.0rc1,<2", "", ">=x"])
+def test_any_other_form_is_left_to_packaging(declared: str) -> None:
+    assert release_range_contains(declared, "1.1") is None
+
+
+GUIDE = (ROOT / "docs" / "writing-a-plugin.md").read_text()
+GUIDE_API = GUIDE[GUIDE.index("## 2. The public plugin API") : GUIDE.index("## 3. The hooks")]
+
+
+@pytest.mark.parametrize("module", [*PLUGIN_API_MODULES, *DEPRECATED_PLUGIN_MODULES])
+def test_every_plugin_api_module_is_in_the_guide_and_imports_without_paddle(module: str) -> None:
+    """The module a plugin imports, and every path plugins imported before it (until API 2.0)."""
+    listed = f"| `{module}` |" if module in PLUGIN_API_MODULES else f"`{module}`"
+    assert listed in GUIDE_API, f"section 2 of docs/writing-a-plugin.md does not list {module}"
+    code = (
+        "import importlib, sys, warnings\nwarnings.simplefilter('ignore', DeprecationWarning)\n"
+        f"importlib.import_module({module!r}); assert 'paddle' not in sys.modules"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -1,0 +1,233 @@
+"""Every code sample in the README and ``docs/`` runs, so none can drift from the code.
+
+- ``python`` blocks of a file run in order as one session (a later block uses what an earlier
+  one made), from the repository root, in a fresh interpreter; a block made only of ``def``
+  lines is a hook signature and must be the hook spec's own. ``docs/engine-integration.md`` is
+  run block by block in one session by ``test_engine_docs.py``, with its own checks, and
+  ``docs/porting-fastdeploy.md`` by ``test_porting_guide.py``, under FastDeploy's record names' lock.
+- ``bash`` blocks: ``docs/multinode.md``'s commands for two machines, run together by ``test_multinode.py``.
+- ``sh`` blocks: every ``fd-platforms`` command runs and exits 0 (the fake runtime a line builds
+  with ``tools/fake-custom-device/build.sh`` is the session's built one); the set-up commands at
+  the README's top are what CI runs.
+- The README stays a few screens long, and every relative link in the README and ``docs/`` names a
+  file that exists and, after ``#``, one of its headings.
+- Inline calls such as ``platform.max_num_blocks(layout=layout, cache=cache)`` or the engine API's
+  ``initialize_kv_cache(platform, layout, ...)`` in prose bind to the
+  real signature (a call the docs show must not be a ``TypeError``).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from conftest import left_behind_by, run_tracked, shm_entries
+from fd_platforms import engine
+from fd_platforms.contract import hookspecs
+from fd_platforms.loading.platform import Platform
+from run_helpers import ROOT, SCRIPT, clean_env
+
+DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+SESSION_TESTED_ELSEWHERE = {
+    ROOT / "docs" / "engine-integration.md": "test_engine_docs.py",
+    ROOT / "docs" / "porting-fastdeploy.md": "test_porting_guide.py",  # it writes FastDeploy's record names: under their lock
+}
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
+SIGNATURE = re.compile(r"def (\w+)\((.*)\) -> (.+)")
+INLINE_CALL = re.compile(r"`(?:(platform|fd_platforms)\.)?(\w+)\(([^`]*)\)`")
+SETUP = ("python3 -m venv", "pip install", "pytest")  # CI's own commands, or a plugin author's in their folder
+
+
+def blocks(path: Path, language: str) -> list[str]:
+    return [body for lang, body in FENCE.findall(path.read_text()) if lang == language]
+
+
+def is_signature(block: str) -> bool:
+    lines = [line for line in block.splitlines() if line.strip()]
+    return bool(lines) and all(SIGNATURE.fullmatch(line) for line in lines)
+
+
+def test_the_only_bash_block_is_the_multinode_guides_two_machine_commands() -> None:
+    """``bash`` marks commands that run on several machines at once: ``test_multinode.py`` runs the
+    one in ``docs/multinode.md`` on 127.0.0.1; any other would run nowhere."""
+    found = {path.name: len(blocks(path, "bash")) for path in DOCS if blocks(path, "bash")}
+    assert found == {"multinode.md": 1}
+
+
+README_MOST_LINES = 250  # a few screens: what it is, the two commands, selecting, one example, the commands, links
+
+
+def test_the_readme_fits_on_a_few_screens() -> None:
+    lines = (ROOT / "README.md").read_text().count("\n")
+    assert lines <= README_MOST_LINES, f"README.md has {lines} lines; move detail to docs/ and link to it"
+
+
+def test_the_readme_links_every_guide() -> None:
+    readme = (ROOT / "README.md").read_text()
+    missing = [path.name for path in sorted((ROOT / "docs").glob("*.md")) if f"](docs/{path.name})" not in readme]
+    assert not missing, f"the README does not link {missing}"
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchors for the headings of ``path``: lowercase, punctuation but ``-`` and ``_`` dropped,
+    spaces to ``-``."""
+    text = FENCE.sub("", path.read_text())
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+            for heading in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def relative_links() -> list[tuple[str, str]]:
+    return [(path.name, target) for path in DOCS for target in LINK.findall(FENCE.sub("", path.read_text()))
+            if not re.match(r"[a-z]+:", target)]
+
+
+@pytest.mark.parametrize(("doc", "target"), relative_links(), ids=lambda v: str(v)[:60])
+def test_a_relative_link_names_a_file_and_heading_that_exist(doc: str, target: str) -> None:
+    source = ROOT / "README.md" if doc == "README.md" else ROOT / "docs" / doc
+    file, _, anchor = target.partition("#")
+    found = (source.parent / file).resolve() if file else source
+    assert found.exists(), f"{doc} links {target}: no {found}"
+    if anchor:
+        assert anchor in anchors(found), f"{doc} links {target}: {found.name} has no such heading"
+
+
+def test_every_file_with_samples_is_covered() -> None:
+    assert (ROOT / "tests" / "docs" / "test_engine_docs.py").is_file()
+    assert sum(len(blocks(path, "python")) for path in DOCS) >= 20, "the samples were found"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("fastdeploy_record_names")  # the porting guide's samples write FastDeploy's record names
+@pytest.mark.parametrize("path", [p for p in DOCS if p not in SESSION_TESTED_ELSEWHERE], ids=lambda p: p.name)
+def test_the_python_samples_of_a_file_run_as_one_session(path: Path) -> None:
+    code = "\n".join(block for block in blocks(path, "python") if not is_signature(block))
+    if not code:
+        pytest.skip(f"{path.name} has no python sample")
+    before = shm_entries()
+    env = {k: v for k, v in clean_env().items() if k != "FD_PLATFORM"}
+    done, pids = run_tracked([sys.executable, "-c", code], cwd=ROOT, env=env, timeout=180)
+    assert done.returncode == 0, f"{path.name}'s python samples failed:\n{done.stderr}"
+    left = left_behind_by(pids, before)
+    assert not left, f"{path.name}'s samples left {left} in /dev/shm"
+
+
+def hook_signatures() -> list[tuple[str, str, str, str]]:
+    return [
+        (path.name, *SIGNATURE.fullmatch(line).groups())  # type: ignore[union-attr]
+        for path in DOCS
+        for block in blocks(path, "python")
+        if is_signature(block)
+        for line in block.splitlines()
+        if line.strip()
+    ]
+
+
+@pytest.mark.parametrize(("doc", "hook", "params", "returns"), hook_signatures(), ids=lambda v: str(v)[:40])
+def test_a_documented_hook_signature_is_the_spec(doc: str, hook: str, params: str, returns: str) -> None:
+    spec = getattr(hookspecs, hook, None)
+    assert spec is not None and hasattr(spec, "fd_platforms_spec"), f"{doc} documents {hook}, which is no hook"
+    real = inspect.signature(spec)
+    assert f"({params}) -> {returns}" == str(real).replace("'", ""), f"{doc}: {hook}{real}"
+
+
+def inline_calls() -> list[tuple[str, str, str, str]]:
+    """``platform.f(...)``, ``fd_platforms.f(...)`` and the engine API's own calls (``initialize_kv_cache(...)``)."""
+    return [
+        (path.name, owner or "engine", name, args)
+        for path in DOCS
+        for owner, name, args in INLINE_CALL.findall(path.read_text())
+        if owner or name in engine.__all__
+    ]
+
+
+def target(owner: str, name: str) -> Callable[..., object]:
+    import fd_platforms
+
+    found = getattr({"platform": Platform, "fd_platforms": fd_platforms, "engine": engine}[owner], name, None)
+    assert callable(found), f"{owner}.{name} does not exist"
+    return found  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(("doc", "owner", "name", "args"), inline_calls(), ids=lambda v: str(v)[:40])
+def test_an_inline_call_in_the_docs_fits_the_signature(doc: str, owner: str, name: str, args: str) -> None:
+    """Written as a call (``f(a, b=1)``): it binds (a last ``...`` stands for the arguments left out: what is
+    written binds); written as a signature (``f(a, *, b)``): the same parameters, in order, as the code's."""
+    real = inspect.signature(target(owner, name))
+    parameters = [p for p in real.parameters.values() if p.name != "self"]
+    try:
+        call = ast.parse(f"f({args})", mode="eval").body
+    except SyntaxError:
+        call = None
+    if isinstance(call, ast.Call) and not any(isinstance(a, ast.Starred) for a in call.args):
+        fake = inspect.Signature(parameters)
+        given = list(call.args)
+        elided = bool(given) and isinstance(given[-1], ast.Constant) and given[-1].value is Ellipsis
+        bind = fake.bind_partial if elided else fake.bind
+        keywords = {k.arg: None for k in call.keywords if k.arg}
+        bind(*(None for _ in given[: len(given) - elided]), **keywords)  # a TypeError fails
+        return
+    documented = ast.parse(f"def f({args}): pass").body[0].args  # type: ignore[attr-defined]
+    names = [a.arg for a in (*documented.posonlyargs, *documented.args, *documented.kwonlyargs)]
+    assert names == [p.name for p in parameters][: len(names)], f"{doc}: {owner}.{name}({args}) vs {real}"
+    keyword_only = [a.arg for a in documented.kwonlyargs]
+    assert keyword_only == [p.name for p in parameters if p.kind is p.KEYWORD_ONLY][: len(keyword_only)]
+
+
+def commands(path: Path) -> list[str]:
+    """The ``sh`` lines of ``path`` with continuations joined and comments dropped."""
+    lines = []
+    for block in blocks(path, "sh"):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = shlex.join(shlex.split(line, comments=True)) if line.strip() else ""
+            if line and not line.startswith(SETUP):
+                lines.append(line)
+    return lines
+
+
+SH_CASES = [(path.name, line) for path in DOCS for line in commands(path)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("doc", "line"), SH_CASES, ids=[f"{doc}:{line[:50]}" for doc, line in SH_CASES])
+def test_a_documented_command_runs(doc: str, line: str, fake_device_root, fake_vendor_runtime, tmp_path: Path) -> None:
+    words = shlex.split(line)
+    if words[0].endswith("tools/fake-custom-device/build.sh"):  # from the repository or a plugin's folder
+        assert fake_device_root(words[1]).is_dir()  # the session's build of the same script
+        return
+    if words[0].endswith("tools/fake-custom-device/build-host-runtime.sh"):
+        assert (fake_vendor_runtime / "libmcruntime.so").is_file()  # the session's build of the same script
+        return
+    env = {k: v for k, v in clean_env().items() if k != "FD_PLATFORM"}
+    while "=" in words[0]:
+        key, value = words.pop(0).split("=", 1)
+        fake = re.fullmatch(r"/tmp/fake-(\w+)", value)
+        if fake and fake.group(1) == "vendor":
+            value = str(fake_vendor_runtime)
+        elif fake:
+            value = str(fake_device_root(_device_type(fake.group(1))))
+        env[key] = value
+    assert words[0] == "fd-platforms", f"{doc}: an unknown command {line!r}"
+    done = subprocess.run([SCRIPT, *words[1:]], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert done.returncode == 0, f"{doc}: {line}\n{done.stderr}"
+
+
+def _device_type(short: str) -> str:
+    return {"iluvatar": "iluvatar_gpu", "metax": "metax_gpu", "nimbus": "nimbus_npu"}[short]
+
+
+def test_the_setup_commands_are_the_readme_s_first_two() -> None:
+    first_two = blocks(ROOT / "README.md", "sh")[:2]
+    assert [block.strip().startswith("python3 -m venv .venv") for block in first_two] == [True, True]
+    assert first_two[1].strip().endswith("python -m pytest") and os.path.exists(ROOT / ".ci" / "run")
