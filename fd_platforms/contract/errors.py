@@ -30,7 +30,7 @@ def show_value(value: object) -> str:
         return f"<an integer of {digits} digits>"
     try:
         shown = repr(value)
-    except Exception as exc:  # a repr that fails must not hide the error being reported
+    except Exception as exc:  # noqa: BLE001 - a repr that fails must not hide the error being reported
         shown = f"<{type(value).__name__} whose repr raised {type(exc).__name__}>"
     return shown if len(shown) <= MAX_SHOWN else shown[: MAX_SHOWN - 3] + "..."
 

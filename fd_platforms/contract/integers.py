@@ -11,7 +11,6 @@ a field of a record. Each names the field, the value, what is allowed and the fi
 from __future__ import annotations
 
 import re
-
 from typing import TypeGuard
 
 from .errors import ConfigError, RecordError
@@ -25,7 +24,8 @@ _DECIMAL = re.compile(r"[0-9]{1,19}")  # ASCII only; 19 digits hold every int64 
 
 def decimal(text: str, maximum: int = 2**63 - 1) -> int | None:
     """The count ``text`` writes in ASCII digits, at most ``maximum``, else None: ``str.isdigit`` also takes ``"²"``
-    and ``"٣"``, which ``int`` then refuses or reads as another number. Every digit string read from outside goes here."""
+    and ``"٣"``, which ``int`` then refuses or reads as another number. Every digit string read from outside goes
+    here."""
     number = int(text) if _DECIMAL.fullmatch(text) else None
     return number if number is not None and number <= maximum else None
 

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from types import ModuleType
 
 KEPT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_GLOG_LEVEL = "GLOG_minloglevel"  # glog's flag, spelled as glog reads it (case-sensitive)
 _SIGACTION_BYTES = 256  # room for the C library's struct sigaction (152 bytes on x86-64 and arm64 glibc)
 
 
@@ -32,8 +33,8 @@ def import_paddle(*, leave_environment: bool = False) -> ModuleType:
     """
     if "paddle" in sys.modules:
         return sys.modules["paddle"]
-    added = "GLOG_minloglevel" not in os.environ
-    os.environ.setdefault("GLOG_minloglevel", "1")
+    added = _GLOG_LEVEL not in os.environ
+    os.environ.setdefault(_GLOG_LEVEL, "1")
     held = signal.pthread_sigmask(signal.SIG_BLOCK, KEPT_SIGNALS)
     try:
         with keeping_signal_handlers(), warnings.catch_warnings():
@@ -42,7 +43,7 @@ def import_paddle(*, leave_environment: bool = False) -> ModuleType:
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
         if added and leave_environment:
-            del os.environ["GLOG_minloglevel"]
+            del os.environ[_GLOG_LEVEL]
 
 
 @contextmanager

@@ -10,7 +10,7 @@ import functools
 import inspect
 import warnings
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from .errors import ConfigError
 
@@ -46,6 +46,6 @@ def renamed_keywords(**renames: str) -> Callable[[F], F]:
                     kwargs[new] = kwargs.pop(old)
             return function(*args, **kwargs)
 
-        return wrapper  # type: ignore[return-value]
+        return cast(F, wrapper)  # functools.wraps: the same signature
 
     return decorate

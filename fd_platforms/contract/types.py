@@ -21,6 +21,7 @@ from .integers import MAX_COUNT, bound_text, check_int, is_int
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import numpy
     import paddle
+    from typing_extensions import Self  # typing.Self is Python 3.11's
 
 
 def _check_type(record: object, name: str, kind: type | tuple[type, ...], allowed: str) -> None:
@@ -367,7 +368,7 @@ class HostBuffer:
 
         self._check_live()
         raw = (ctypes.c_uint8 * self.nbytes).from_address(self.address)
-        view = np.frombuffer(raw, dtype=np.uint8)
+        view = np.frombuffer(memoryview(raw), dtype=np.uint8)
         self._views.append(weakref.ref(view))
         return view
 
@@ -402,7 +403,7 @@ class HostBuffer:
                 "Fix: take views before calling release()"
             )
 
-    def __enter__(self) -> HostBuffer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -83,7 +83,7 @@ def new_signal_name(instance: str | None = None) -> str:
     return check_signal_name(SIGNAL_PREFIX + suffix)
 
 
-def check_signal_name(name: str, field: str = "signal_name") -> str:
+def check_signal_name(name: object, field: str = "signal_name") -> str:
     """``name`` if it is a valid segment name, else a :class:`ConfigError` naming ``field``."""
     if not isinstance(name, str) or not _NAME_PATTERN.fullmatch(name):
         raise ConfigError(
@@ -194,9 +194,9 @@ class CacheReadySignal(SharedWords):
 
         ``timeout`` defaults to ``FD_CACHE_READY_TIMEOUT`` (600 s); ``math.inf`` waits with no limit.
         With ``creator_pid`` (the process that creates the cache and sets the slot; ``setter_pid=`` before 0.2,
-        deprecated), the wait fails within about :data:`CHECK_SECONDS` of that process exiting. Every ``progress_seconds`` (default :data:`~.waiting.PROGRESS_SECONDS`) it logs what
-        it waits for (:mod:`.waiting`: INFO, WARNING without a limit). Raises
-        :class:`CacheNotReadyError`; Ctrl-C interrupts at once.
+        deprecated), the wait fails within about :data:`CHECK_SECONDS` of that process exiting. Every
+        ``progress_seconds`` (default :data:`~.waiting.PROGRESS_SECONDS`) it logs what it waits for (:mod:`.waiting`:
+        INFO, WARNING without a limit). Raises :class:`CacheNotReadyError`; Ctrl-C interrupts at once.
         """
         self._check_rank(rank)
         limit = resolve_timeout(timeout)

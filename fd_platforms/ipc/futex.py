@@ -22,6 +22,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 
 from ..contract.integers import INT32_MAX
 
@@ -37,7 +38,7 @@ class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
-def _load() -> tuple[object, int] | None:
+def _load() -> tuple[Callable[..., int], int] | None:
     number = _SYSCALL_NUMBERS.get(platform.machine().lower())
     if not sys.platform.startswith("linux") or number is None:
         return None

@@ -18,17 +18,19 @@ import time
 import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import TypeVar
+from typing import TYPE_CHECKING
 
 from ..contract.errors import CacheSignalError
 from ..contract.integers import check_int
 from . import futex, shm
 
+if TYPE_CHECKING:  # typing.Self is Python 3.11's
+    from typing_extensions import Self
+
 WORD_BYTES = 4
 MAX_LOCAL_RANKS = 1024  # the most words a signal holds, one per local rank
 CHECK_SECONDS = 0.25  # how often a wait looks at the watched process and the clock
 POLL_SECONDS = 0.002  # the sleep between looks where futexes are unavailable
-Self = TypeVar("Self", bound="SharedWords")
 
 
 class SharedWords:
@@ -58,7 +60,7 @@ class SharedWords:
         """Whether :meth:`close` has run."""
         return not self._release.alive
 
-    def __enter__(self: Self) -> Self:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -127,9 +129,9 @@ def _release(segment: shm.Segment, owner_pid: int | None) -> None:
     segment.close()
 
 
-def check_tp(tp: object) -> None:
+def check_tp(tp: object) -> int | None:
     """``tp`` as an engine call takes it: None, or the number of local ranks (a ConfigError naming ``tp``)."""
     if tp is None:
-        return
-    check_int("tp", tp, 1, MAX_LOCAL_RANKS, what="None or the number of local ranks",
+        return None
+    return check_int("tp", tp, 1, MAX_LOCAL_RANKS, what="None or the number of local ranks",
               fix="pass the tensor-parallel size (FastDeploy's parallel_config.tensor_parallel_size)")  # fmt: skip

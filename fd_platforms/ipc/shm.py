@@ -293,7 +293,7 @@ def reclaim(
     try:
         try:
             owner = recognise(segment)
-        except Exception as exc:  # any content at all: what cannot be recognised is left alone
+        except Exception as exc:  # noqa: BLE001 - any content at all: what cannot be recognised is left alone
             owner = None
             logger.info("/dev/shm/%s could not be recognised as a %s: %s: %s", name, what, type(exc).__name__, exc)
         if not segment.unused():

@@ -50,14 +50,10 @@ def check_seconds(field: str, value: object, fix: str, *, shown: object = None, 
     ``field`` (showing ``shown`` if given)."""
     if unbounded and isinstance(value, float) and value == math.inf:
         return value
-    valid = (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and 0 < value <= MAX_SECONDS  # compared before any float(): a huge int cannot overflow here
-    )
-    if not valid:
-        raise ConfigError(field, value if shown is None else shown, ALLOWED_UNBOUNDED if unbounded else ALLOWED, fix)
-    return float(value)  # type: ignore[arg-type]
+    # compared before any float(): a huge int cannot overflow here
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_SECONDS:
+        return float(value)
+    raise ConfigError(field, value if shown is None else shown, ALLOWED_UNBOUNDED if unbounded else ALLOWED, fix)
 
 
 def env_seconds(

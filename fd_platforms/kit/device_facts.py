@@ -145,8 +145,8 @@ class DeviceFacts(ABC):
         restoring the previous device after; None where this device's IPC does not depend on it."""
         if self.current_device_calls is None:
             return None
-        getter = paddle_attribute(self.paddle, self.current_device_calls[0])
-        setter = paddle_attribute(self.paddle, self.current_device_calls[1])
+        get_name, set_name = self.current_device_calls
+        getter, setter = paddle_attribute(self.paddle, get_name), paddle_attribute(self.paddle, set_name)
         wanted = device_index(device)
 
         def run(call: Callable[[], Any]) -> Any:
@@ -156,10 +156,10 @@ class DeviceFacts(ABC):
             if setter is None:
                 raise CacheSharingError(
                     f"{device} is not this process's current {self.device_type} device ({previous} is), and this "
-                    f"Paddle build has no paddle.{self.current_device_calls[1]} to switch (its IPC would label the "
+                    f"Paddle build has no paddle.{set_name} to switch (its IPC would label the "
                     f"tensor with device {previous}). Fix: start each rank in its own process with "
                     f"{self.visible_devices_env} naming its device, so it is device 0, or use a newer Paddle build"
-                )  # type: ignore[index]
+                )
             setter(wanted)
             try:
                 return call()
@@ -207,7 +207,14 @@ def paddle_attribute(paddle: Any, dotted: str) -> Any:
 
 
 def share_ipc_tensor(
-    paddle: Any, name: str, shape: tuple[int, ...], dtype: str, device: str, share: str, *, on_device: OnDevice | None = None
+    paddle: Any,
+    name: str,
+    shape: tuple[int, ...],
+    dtype: str,
+    device: str,
+    share: str,
+    *,
+    on_device: OnDevice | None = None,
 ) -> SharedTensor:
     """A zero-filled device tensor exported through Paddle's own IPC (what ``paddle.incubate.multiprocessing``
     uses): raw ``uint8`` allocated on ``device``, its DenseTensor's ``share`` method (``_share_cuda``,
@@ -254,7 +261,8 @@ def write_element(tensor: Any, position: tuple[int, ...], value: int) -> None:
     paddle = import_paddle()
     *outer, inner = position
     one = paddle.to_tensor([value], dtype=tensor.dtype, place=paddle.CPUPlace())
-    tensor[(*outer, slice(inner, inner + 1))].copy_(one, True)
+    view = (*outer, slice(inner, inner + 1))  # the element as a one-element view
+    tensor[view].copy_(one, True)
 
 
 def shared_view(
@@ -342,7 +350,9 @@ def decode_handle(handle: str) -> tuple[Any, ...]:
     try:
         decoded = json.loads(handle)
     except ValueError:
-        raise CacheSharingError(f"IPC handle {handle[:60]!r} is not JSON. Fix: pass the exporter's handle as published") from None
+        raise CacheSharingError(
+            f"IPC handle {handle[:60]!r} is not JSON. Fix: pass the exporter's handle as published"
+        ) from None
     return tuple(restore(item) for item in decoded)
 
 

@@ -40,7 +40,9 @@ def cache_dir() -> Path:
     raw = os.environ.get(ENV_CACHE_DIR, "")
     if raw:
         if not os.path.isabs(raw):
-            raise ConfigError(ENV_CACHE_DIR, raw, "an absolute directory path", f"set {ENV_CACHE_DIR}=/abs/path or unset it")
+            raise ConfigError(
+                ENV_CACHE_DIR, raw, "an absolute directory path", f"set {ENV_CACHE_DIR}=/abs/path or unset it"
+            )
         return Path(raw)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "fd-platforms"

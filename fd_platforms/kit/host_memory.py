@@ -63,7 +63,9 @@ def allocate_host(nbytes: int, require_pinned: bool, pin: Callable[[int], HostBu
                 f"here: {exc}. Fix: call host_alloc(require_pinned=False) to accept pageable memory, "
                 "or install the device runtime named above"
             ) from None
-        logger.warning("platform %r cannot pin host memory (%s); using %d bytes of pageable memory", platform, exc, nbytes)
+        logger.warning(
+            "platform %r cannot pin host memory (%s); using %d bytes of pageable memory", platform, exc, nbytes
+        )
     return allocate_pageable(nbytes)
 
 

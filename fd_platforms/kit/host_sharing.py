@@ -23,6 +23,7 @@ whose cache lives in host memory:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -38,8 +39,7 @@ from typing import Any
 
 from ..contract.errors import BufferInUseError, CacheSharingError, DeviceAllocError
 from ..contract.paddle_import import import_paddle
-from ..contract.types import SharedTensor
-from ..rules.layout import DTYPE_BYTES
+from ..contract.types import DTYPE_BYTES, SharedTensor
 from ..rules.sizes import format_size
 from .host_memory import available_host_bytes
 
@@ -210,7 +210,7 @@ class _Mapping:
         import numpy as np
 
         paddle = import_paddle()
-        raw = np.frombuffer((ctypes.c_uint8 * self.nbytes).from_address(self.address), dtype=np.uint8)
+        raw = np.frombuffer(memoryview((ctypes.c_uint8 * self.nbytes).from_address(self.address)), dtype=np.uint8)
         raw = raw.reshape(*shape[:-1], shape[-1] * DTYPE_BYTES[dtype])
         self._arrays.append(weakref.ref(raw))
         tensor = paddle.from_dlpack(raw)
@@ -234,7 +234,7 @@ class _Mapping:
             try:
                 self.close(name, fd)
                 then()
-            except Exception:  # noqa: BLE001 - a finalizer cannot raise to anyone
+            except Exception:  # a finalizer cannot raise to anyone: logged
                 logger.exception("KV cache tensor %s: letting go once its last reference died failed", name)
 
         for array in live:
@@ -259,10 +259,9 @@ def _descriptor_room() -> None:
     """Each exported tensor holds one descriptor: let this process use as many as its hard limit allows."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard and (hard == resource.RLIM_INFINITY or soft < hard):
-        try:
+        # where refused, keep the soft limit; running out is reported by _descriptor_error
+        with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError):
-            pass  # keep the soft limit; running out is reported by _descriptor_error
 
 
 def _descriptor_error(name: str, exc: OSError) -> CacheSharingError:

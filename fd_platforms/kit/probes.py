@@ -132,7 +132,8 @@ class RuntimeFacts:
             if matches:
                 return Detection(
                     True,
-                    f"custom-device runtime {matches[0]} (CUSTOM_DEVICE_ROOT); the device count is known once paddle starts",
+                    f"custom-device runtime {matches[0]} (CUSTOM_DEVICE_ROOT); the device count is known once paddle "
+                    "starts",
                     0,
                 )
             extra += f", and CUSTOM_DEVICE_ROOT={root} holds no {self.custom_device_library}"

@@ -9,9 +9,9 @@ one :class:`RuleVersion` entry in :data:`RULE_VERSIONS` (the terms that make a w
 order); a third is one more entry. The engine pins the version (``rule`` in the deployment,
 ``--rule``); platforms never choose it. Left unpinned (None) it is :data:`DEFAULT_RULE`, except where
 the engine's protocol cannot tell which version its peers follow (beside FastDeploy, in the cases
-where the versions disagree: :func:`decisions_by_version`), which refuses instead. Every platform answers ``should_create_cache_tensor``
-through :func:`decide_cache_creation`, and a plugin that implements the hook itself is held to
-:data:`TRUTH_TABLE` under every version (:mod:`fd_platforms.rules.drift`).
+where the versions disagree: :func:`decisions_by_version`), which refuses instead. Every platform answers
+``should_create_cache_tensor`` through :func:`decide_cache_creation`, and a plugin that implements the hook itself is
+held to :data:`TRUTH_TABLE` under every version (:mod:`fd_platforms.rules.drift`).
 """
 
 from __future__ import annotations

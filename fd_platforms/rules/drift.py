@@ -118,7 +118,9 @@ def shape_drift_error(platform: Platform, violations: list[str], *, at_call: boo
     from .shapes import shape_cases
 
     listing = "".join(f"\n  - {violation}" for violation in violations)
-    where = "for this call" if at_call else f"in the load-time cases ({len(shape_cases())} layer kinds and quantizations)"
+    where = (
+        "for this call" if at_call else f"in the load-time cases ({len(shape_cases())} layer kinds and quantizations)"
+    )
     return PlatformDriftError(
         platform.name,
         platform.distribution,

@@ -72,7 +72,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Literal
+from typing import Literal, cast
 
 from ..contract.errors import ConfigError
 from ..contract.integers import INT32_MAX, check_int
@@ -353,7 +353,7 @@ def _layer_roles(model: ModelConfig, cache: CacheConfig, parallel: ParallelConfi
             )  # fmt: skip
         return int4_zp_roles(heads, block, model.head_dim, None)
     kv = (heads, block, model.head_dim)
-    roles = (LayerRole("key", kv, dtype), LayerRole("value", kv, dtype))
+    roles: tuple[LayerRole, ...] = (LayerRole("key", kv, dtype), LayerRole("value", kv, dtype))
     if scales:
         scale = (heads, block)
         roles += (LayerRole("key_scale", scale, model.dtype), LayerRole("value_scale", scale, model.dtype))
@@ -395,15 +395,15 @@ def check_layout(layout: object) -> CacheLayout:
     return layout
 
 
-def check_num_blocks(num_blocks: object) -> None:
-    """``num_blocks`` must be an integer from 1 to ``MAX_COUNT`` (ConfigError otherwise)."""
-    check_int("num_blocks", num_blocks, 1, fix="plan the blocks first (max_num_blocks)")
+def check_num_blocks(num_blocks: object) -> int:
+    """``num_blocks`` if it is an integer from 1 to ``MAX_COUNT`` (ConfigError otherwise)."""
+    return check_int("num_blocks", num_blocks, 1, fix="plan the blocks first (max_num_blocks)")
 
 
 def cache_tensor_dtype(cache: CacheConfig) -> str:
     """The dtype key and value tensors are allocated in: the cache dtype, or ``uint8`` for an 8-bit
     cache (FastDeploy allocates fp8 and int8 caches as ``uint8``; kernels view them as they need)."""
-    return "uint8" if cache.cache_dtype in EIGHT_BIT_DTYPES else cache.cache_dtype
+    return "uint8" if cache.cache_dtype in EIGHT_BIT_DTYPES else cast(str, cache.cache_dtype)  # resolved: never None
 
 
 def build_layout(
@@ -427,6 +427,7 @@ def build_layout(
     check_tensor_parallel(model, parallel.tensor_parallel_size)
     roles = _layer_roles(model, cache, parallel)
     latent = model.attention in ("mla", "dsa")  # one latent "head"; otherwise the core's key is heads-first
+    assert model.attention is not None and cache.cache_dtype is not None  # both resolved by __post_init__
     return CacheLayout(
         roles=roles,
         num_layers=model.num_cache_layers,

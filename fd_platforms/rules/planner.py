@@ -15,9 +15,9 @@ from fractions import Fraction
 
 from ..contract.errors import ConfigError, FdPlatformsError
 from ..contract.integers import check_int
-from ..contract.types import Binding, DeviceMemory, Plan, PlatformLimit
+from ..contract.types import DTYPE_BYTES, Binding, DeviceMemory, Plan, PlatformLimit
 from .config.settings import CacheConfig
-from .layout import DTYPE_BYTES, CacheLayout, check_layout, largest
+from .layout import CacheLayout, check_layout, largest
 from .sizes import format_size
 
 
@@ -198,7 +198,9 @@ def check_plan_arguments(
     """The planner's arguments as a caller gave them; a ConfigError naming the first bad one."""
     check_layout(layout)
     if not isinstance(cache, CacheConfig):
-        raise ConfigError("cache", cache, "a CacheConfig", "pass the deployment's fd_platforms.rules.config.CacheConfig")
+        raise ConfigError(
+            "cache", cache, "a CacheConfig", "pass the deployment's fd_platforms.rules.config.CacheConfig"
+        )
     if memory is not None and not isinstance(memory, DeviceMemory):
         raise ConfigError("memory", memory, "None or a DeviceMemory", "pass platform.device_memory(id) or None")
     if non_cache_bytes is not None:
@@ -250,7 +252,9 @@ def plan_violations(
     for limit in limits:
         cap = _limit_cap(limit, layout)
         if plan.num_blocks > cap:
-            broken.append(f"num_blocks={plan.num_blocks} is over the declared {limit.kind}={limit.value} ({cap} blocks)")
+            broken.append(
+                f"num_blocks={plan.num_blocks} is over the declared {limit.kind}={limit.value} ({cap} blocks)"
+            )
     override = cache.num_gpu_blocks_override
     if override is not None and plan.num_blocks != override:
         broken.append(f"num_blocks={plan.num_blocks}, but num_gpu_blocks_override={override}")

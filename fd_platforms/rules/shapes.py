@@ -58,7 +58,7 @@ def shape_violations(request: CacheShapeRequest, answer: object) -> list[str]:
     if roles != expected:
         return [f"{kind}: roles {roles}, expected {expected} in that order"]
     found = []
-    for got, core in zip(answer, request.default):
+    for got, core in zip(answer, request.default, strict=True):  # the same roles: checked above
         if got.shape[0] != request.num_blocks:
             found.append(
                 f"{kind}: role {got.role} shape {list(got.shape)} does not start with the block axis "
@@ -123,6 +123,8 @@ def shape_cases() -> tuple[CacheShapeRequest, ...]:
     for model in (gqa, mla, dsa):
         for quant in quants[model]:
             for dtype in EIGHT_BIT_DTYPES if quant == "block_wise_fp8" else CACHE_DTYPES:
-                layout = build_layout(model, CacheConfig(cache_dtype=dtype, kv_cache_quant_type=quant), ParallelConfig())
+                layout = build_layout(
+                    model, CacheConfig(cache_dtype=dtype, kv_cache_quant_type=quant), ParallelConfig()
+                )
                 requests.append(shape_request(layout, CASE_BLOCKS))
     return tuple(requests)

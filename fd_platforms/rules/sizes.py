@@ -21,7 +21,7 @@ _UNITS: dict[str, int] = {
     "gib": 2**30,
     "tib": 2**40,
 }
-_SPELLING = {"b": "B", "kb": "KB", "mb": "MB", "gb": "GB", "tb": "TB", "kib": "KiB", "mib": "MiB", "gib": "GiB", "tib": "TiB"}
+_SPELLING = {unit: unit.upper().replace("I", "i") for unit in _UNITS}  # as written: KiB, KB
 _DECIMAL = ("kb", "mb", "gb", "tb")
 _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*", re.IGNORECASE)
 _ALLOWED = (
@@ -33,7 +33,7 @@ _FIX = "write it like 80GiB, 81920MiB, 1.5GiB, 80GB or 1073741824"
 _TABLE_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
 
 
-def parse_size(text: str | int | float, field: str, *, bare: str = "B") -> int:
+def parse_size(text: str | float, field: str, *, bare: str = "B") -> int:
     """Bytes in ``text``; units are case-insensitive, fractions round down to whole bytes.
 
     A number without a unit counts in ``bare`` (bytes by default; ``"GiB"`` for swap space, as
@@ -79,7 +79,7 @@ def decimal_note(text: object, nbytes: int) -> str | None:
     if match is None or match.group(2).lower() not in _DECIMAL:
         return None
     return (
-        f"{text.strip()} is {nbytes} bytes (powers of 1000) = {format_size(nbytes)}; "
+        f"{match.string.strip()} is {nbytes} bytes (powers of 1000) = {format_size(nbytes)}; "
         f"write {match.group(1)}{match.group(2)[0].upper()}iB for powers of 1024"
     )
 

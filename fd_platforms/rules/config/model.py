@@ -155,7 +155,9 @@ def load_model_config(path: str | Path, *, attention: str | None = None, use_mtp
         )
     top = {key: value for key, value in raw.items() if value is not None}
     nested = top.get("text_config")
-    scope, prefix = (nested, "text_config.") if isinstance(nested, dict) and "num_hidden_layers" not in top else (top, "")
+    scope, prefix = (
+        (nested, "text_config.") if isinstance(nested, dict) and "num_hidden_layers" not in top else (top, "")
+    )
     values = {key: value for key, value in scope.items() if value is not None}
 
     def required(key: str) -> Any:
@@ -180,7 +182,9 @@ def load_model_config(path: str | Path, *, attention: str | None = None, use_mtp
         head_dim = hidden // heads
     name = top.get("_name_or_path") or (file.parent.name if file.name == "config.json" else file.stem)
     name = name or top.get("model_type", "model")
-    dtype = next((where[key] for where in (values, top) for key in ("torch_dtype", "dtype") if key in where), "bfloat16")
+    dtype = next(
+        (where[key] for where in (values, top) for key in ("torch_dtype", "dtype") if key in where), "bfloat16"
+    )
     try:
         return ModelConfig(
             name=str(name),

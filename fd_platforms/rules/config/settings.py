@@ -1,4 +1,5 @@
-"""The engine's settings the KV cache depends on: cache, scheduler (the splitwise role, the protocol) and parallelism."""
+"""The engine's settings the KV cache depends on: cache, scheduler (the splitwise role, the protocol) and
+parallelism."""
 
 from __future__ import annotations
 

@@ -33,6 +33,7 @@ through :func:`resolve_cache_words`, so it takes FastDeploy's values as they are
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ...contract.errors import ConfigError
 
@@ -154,7 +155,7 @@ def resolve_cache_words(cache_dtype: object, kv_cache_quant_type: object, *, qua
     return element or "bfloat16", quant_type
 
 
-def cache_settings_from_fastdeploy(*, kv_cache_quant_type: str | None, cache_dtype: str | None) -> dict[str, str]:
+def cache_settings_from_fastdeploy(*, kv_cache_quant_type: object, cache_dtype: object) -> dict[str, Any]:
     """The :class:`~fd_platforms.rules.config.settings.CacheConfig` fields for FastDeploy's raw strings.
 
     ``kv_cache_quant_type`` is FastDeploy's ``quant_config.kv_cache_quant_type`` (None without one),
