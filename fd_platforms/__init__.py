@@ -28,7 +28,7 @@ _LAZY = {
     "hookimpl": "contract.hookspecs",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = ["API_VERSION", "current_platform", "current_selection", "hookimpl", "reset_platform"]  # _LAZY's names
 
 
 def __getattr__(name: str) -> Any:

@@ -26,7 +26,12 @@ from __future__ import annotations
 
 import sys
 from types import FrameType, ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the import system takes any object with these methods; importlib.abc costs 11 ms to import
+    from importlib.abc import Loader
+else:
+    Loader = object
 
 PACKAGE = "fd_platforms"
 REPLACEMENT = "fd_platforms.plugin"
@@ -162,13 +167,13 @@ MOVED_MODULES = {
 MOVED_NAMES = {
     # module: {name it no longer holds: the public module that holds it now}
     "fd_platforms.engine": {
-        **{
-            name: "fd_platforms.fastdeploy"
-            for name in (
+        **dict.fromkeys(
+            (
                 "ClearReport RestoreReport UpdateReport drive_kv_cache_clear drive_kv_cache_restore "
                 "drive_kv_cache_update serve_kv_cache_status hand_off_block_count follow_model_weights_status"
-            ).split()
-        },
+            ).split(),
+            "fd_platforms.fastdeploy",
+        ),
         # left when its __all__ became the engines' whole API (at most 35 names): the module that has it
         "collective_backend": "fd_platforms.engine.cluster",
         "RankPlan": "fd_platforms.engine.cluster",
@@ -222,7 +227,7 @@ class AliasFinder:
         """Nothing cached (``importlib.invalidate_caches`` calls it on every finder that has it)."""
 
 
-class AliasLoader:
+class AliasLoader(Loader):
     """Fills an alias module from the modules its names live in now, after warning its importer."""
 
     @staticmethod
@@ -233,7 +238,7 @@ class AliasLoader:
     def exec_module(module: ModuleType) -> None:
         import importlib
 
-        instead, sources = ALIASES[module.__name__.rpartition(".")[2]]
+        _, sources = ALIASES[module.__name__.rpartition(".")[2]]
         warn_importer(deprecation_message(module.__name__))
         names = []
         for source, held in sources.items():
@@ -243,10 +248,10 @@ class AliasLoader:
                 setattr(module, old, getattr(found, new or old))
                 names.append(old)
         module.__doc__ = f"Deprecated alias: {deprecation_message(module.__name__)}."
-        module.__all__ = sorted(set(names))  # type: ignore[attr-defined]
+        module.__dict__["__all__"] = sorted(set(names))
 
 
-class MovedLoader:
+class MovedLoader(Loader):
     """Fills a moved module's alias with every name of the module it is now, after warning its importer."""
 
     @staticmethod
@@ -264,7 +269,7 @@ class MovedLoader:
             if not (name.startswith("__") and name.endswith("__")):
                 setattr(module, name, value)
         module.__doc__ = f"Deprecated alias: {moved_message(module.__name__, new)}."
-        module.__all__ = list(getattr(found, "__all__", [n for n in vars(found) if not n.startswith("_")]))  # type: ignore[attr-defined]
+        module.__dict__["__all__"] = list(getattr(found, "__all__", [n for n in vars(found) if not n.startswith("_")]))
 
 
 def warn_importer(message: str) -> None:
@@ -303,4 +308,4 @@ def importer_frame() -> FrameType | None:
 def install() -> None:
     """Put the alias finder at the end of ``sys.meta_path``, once per process."""
     if not any(getattr(finder, "fd_platforms_aliases", False) for finder in sys.meta_path):
-        sys.meta_path.append(AliasFinder())  # type: ignore[arg-type]
+        sys.meta_path.append(AliasFinder())

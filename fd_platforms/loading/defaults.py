@@ -30,7 +30,6 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 @hookimpl(trylast=True)
 def confirm_platform() -> None:
     """Nothing to confirm beyond the cheap detection."""
-    return None
 
 
 @hookimpl(trylast=True)
@@ -107,7 +106,6 @@ def wait_cache_ready(signal_name: str, rank: int, timeout: float | None, setter_
 @hookimpl(trylast=True)
 def cache_sharing() -> None:
     """Tensors cannot cross processes unless the platform says how."""
-    return None
 
 
 @hookimpl(trylast=True)
@@ -131,4 +129,3 @@ def open_cache_tensor(name: str, handle: str, shape: tuple[int, ...], dtype: str
 @hookimpl(trylast=True)
 def release_device_memory(device: str) -> None:
     """Nothing cached to release unless the platform says so."""
-    return None

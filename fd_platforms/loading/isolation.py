@@ -123,7 +123,7 @@ def _check_standard_streams(before: tuple[tuple[int, int] | None, ...]) -> list[
     file now; a closed one is opened again on /dev/null (one closed before the call too, unblamed)."""
     disturbed = []
     with _reopening:
-        for (fd, label), was in zip(_STANDARD_STREAMS, before):
+        for (fd, label), was in zip(_STANDARD_STREAMS, before, strict=True):
             now = _file_of(fd)
             if was is not None and now != was:
                 disturbed.append(label)
@@ -153,5 +153,5 @@ def describe(raised: BaseException) -> str:
     try:
         text = str(raised) if isinstance(raised, Exception) else ""
         return f"{type(raised).__name__}: {text}" if text else show_value(raised)
-    except Exception:  # a plugin's exception whose str() fails still gets reported
+    except Exception:  # noqa: BLE001 - a plugin's exception whose str() fails still gets reported
         return type(raised).__name__

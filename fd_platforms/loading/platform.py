@@ -238,7 +238,8 @@ class Platform:
         limit = resolve_timeout(timeout)
         if creator_pid is not None:
             check_int("creator_pid", creator_pid, 1, PID_MAX_LIMIT, what="None or a process id",
-                      fix="pass the pid of the process that creates the cache (the cache manager), or None")  # fmt: skip
+                      fix="pass the pid of the process that creates the cache (the cache manager), "
+                          "or None")  # fmt: skip
         waited = self._call(
             "wait_cache_ready", float, signal_name=signal_name, rank=rank, timeout=limit, setter_pid=creator_pid
         )
@@ -251,7 +252,9 @@ class Platform:
         answer = self._call("cache_sharing", object)
         if answer is not None and (not isinstance(answer, str) or not answer.strip()):
             raise PluginContractError(
-                self.name, self.distribution, f"hook cache_sharing returned {answer!r}; it must return a sentence or None"
+                self.name,
+                self.distribution,
+                f"hook cache_sharing returned {answer!r}; it must return a sentence or None",
             )
         return answer
 
@@ -282,7 +285,9 @@ class Platform:
         answer = self._call("release_device_memory", object, device=device)
         if answer is not None and (not isinstance(answer, str) or not answer.strip()):
             raise PluginContractError(
-                self.name, self.distribution, f"hook release_device_memory returned {answer!r}; it must return text or None"
+                self.name,
+                self.distribution,
+                f"hook release_device_memory returned {answer!r}; it must return text or None",
             )
         return answer
 
@@ -349,7 +354,7 @@ TENSOR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,248}")
 
 def check_tensor_request(name: object, shape: object, dtype: object, device: object) -> tuple[int, ...]:
     """A cache tensor request as the caller gave it; the shape as a tuple, or a ConfigError naming the field."""
-    from ..rules.layout import DTYPE_BYTES
+    from ..contract.types import DTYPE_BYTES
 
     if not isinstance(name, str) or not TENSOR_NAME.fullmatch(name):
         raise ConfigError(

@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from ..contract import errors
 from ..contract.errors import FdPlatformsError, PluginError, PluginLoadError, PluginTimeoutError
@@ -194,14 +195,14 @@ def _parse(line: bytes) -> str | tuple[str, Screened] | None:
         return None
 
 
-def _rebuilt(error: dict[str, object]) -> FdPlatformsError:
+def _rebuilt(error: dict[str, Any]) -> FdPlatformsError:
     """The child's error as this process's own, of the same type where it is a plugin error."""
     kind = getattr(errors, str(error["type"]), None)
     if not (isinstance(kind, type) and issubclass(kind, PluginError)):
         return FdPlatformsError(str(error["text"]))
     plugin, distribution, message = str(error["plugin"]), str(error["distribution"]), str(error["message"])
     if issubclass(kind, PluginTimeoutError):
-        return kind(plugin, distribution, message, step=str(error["step"]), seconds=float(error["seconds"]))  # type: ignore[arg-type]
+        return kind(plugin, distribution, message, step=str(error["step"]), seconds=float(error["seconds"]))
     return kind(plugin, distribution, message)
 
 
@@ -211,7 +212,7 @@ def record(
     device_type: str | None,
     error: FdPlatformsError | None,
     claim: NodeClaim | None = None,
-) -> dict:
+) -> dict[str, object]:
     """One platform's result line: its detection, device type and node claim, or its error."""
     if error is None:
         claimed = None if claim is None else asdict(claim)

@@ -33,7 +33,7 @@ from ..contract.errors import (
     SelectionError,
     UnknownPlatformError,
 )
-from ..contract.types import Detection, PlatformReport, SelectedHow
+from ..contract.types import Detection, PlatformReport, PlatformStatus, SelectedHow
 from .accelerators import NodeClaim, PresentAccelerator, node_claim, present_accelerators
 from .discovery import Candidate, discover
 from .platform import Platform, load_platform
@@ -81,6 +81,13 @@ class Probe:
     def reason(self) -> str:
         """Detection's reason, or the error that made the platform broken."""
         return str(self.error) if self.detection is None else self.detection.reason
+
+    def loaded(self) -> Platform:
+        """The platform loaded here, or the error that broke it raised."""
+        if self.platform is None:
+            assert self.error is not None, f"{self.candidate.name} was detected in the child, not loaded: Prober.load"
+            raise self.error
+        return self.platform
 
 
 @dataclass
@@ -138,7 +145,7 @@ class Prober:
             return probe
         self.confirmed.add(name)
         try:
-            confirmed = probe.platform.confirm()  # type: ignore[union-attr]  # probed here: loaded
+            confirmed = probe.loaded().confirm()  # probed here: loaded
         except FdPlatformsError as exc:
             self.probes[name] = Probe(probe.candidate, error=exc, claim=probe.claim)
         else:
@@ -219,18 +226,14 @@ def select_platform(environ: Mapping[str, str] | None = None, prober: Prober | N
     available = [probe for probe in probes if probe.available]
     if len(available) == 1:
         chosen = prober.load(available[0].candidate.name)
-        if chosen.error is not None:
-            raise chosen.error
-        return Selection(chosen.platform, "detected", f"only platform detected: {chosen.reason}")  # type: ignore[arg-type]
+        return Selection(chosen.loaded(), "detected", f"only platform detected: {chosen.reason}")
     if len(available) > 1:
         listing = "; ".join(f"{p.candidate.name} ({p.reason})" for p in available)
         names = ", ".join(p.candidate.name for p in available)
         raise AmbiguousPlatformError(
             f"several platforms are available: {listing}. Fix: set {ENV_PLATFORM} to one of: {names}"
         )
-    fallback = prober.probe(FALLBACK_PLATFORM)
-    if fallback.error is not None:
-        raise fallback.error
+    fallback = prober.probe(FALLBACK_PLATFORM).loaded()
     present, hidden = present_accelerators(env, {p.candidate.name: p.claim for p in probes if p.claim is not None})
     if present:
         raise unusable_error(present, prober, allowed, env)
@@ -241,9 +244,11 @@ def select_platform(environ: Mapping[str, str] | None = None, prober: Prober | N
         f"{', '.join(broken)} broken" if broken else "",
         *(found.describe() for found in hidden),
     ]
-    reason = "no accelerator platform detected: " + ("; ".join(part for part in parts if part) or "no plugin considered")
+    reason = "no accelerator platform detected: " + (
+        "; ".join(part for part in parts if part) or "no plugin considered"
+    )
     logger.info("using the built-in cpu platform (%s)", reason)
-    return Selection(fallback.platform, "fallback", reason)  # type: ignore[arg-type]
+    return Selection(fallback, "fallback", reason)
 
 
 def unusable_error(
@@ -298,16 +303,16 @@ def _select_requested(requested: str, allowed: list[str], prober: Prober, env: M
             f"(or unset {ENV_PLATFORM} to use what is detected, cpu when nothing is)"
         )
     if requested != FALLBACK_PLATFORM:
-        return Selection(probe.platform, "env", f"{ENV_PLATFORM}={requested}")  # type: ignore[arg-type]
+        return Selection(probe.loaded(), "env", f"{ENV_PLATFORM}={requested}")
     present, _ = present_accelerators(env)
     if not present:
-        return Selection(probe.platform, "env", f"{ENV_PLATFORM}={requested}")  # type: ignore[arg-type]
+        return Selection(probe.loaded(), "env", f"{ENV_PLATFORM}={requested}")
     reason = (
         f"{ENV_PLATFORM}={requested}: the host's memory, on purpose; "
         + "; ".join(accelerator.describe() for accelerator in present)
     )
     logger.info("using the built-in cpu platform (%s)", reason)
-    return Selection(probe.platform, "env", reason, present)  # type: ignore[arg-type]
+    return Selection(probe.loaded(), "env", reason, present)
 
 
 def _install_hint(name: str) -> str:
@@ -355,13 +360,13 @@ def _reports_for(name: str, allowed: bool, prober: Prober) -> list[PlatformRepor
     probe = prober.probe(name)
     if probe.detection is None:
         return [_report(probe.candidate, "broken", probe.reason)]
-    status = "available" if probe.available else "unavailable"
+    status: PlatformStatus = "available" if probe.available else "unavailable"
     device_type = probe.device_type if probe.platform is None else probe.platform.identity.device_type
     return [_report(probe.candidate, status, probe.reason, probe.detection.device_count, device_type)]
 
 
 def _report(
-    candidate: Candidate, status: str, reason: str, device_count: int = 0, device_type: str | None = None
+    candidate: Candidate, status: PlatformStatus, reason: str, device_count: int = 0, device_type: str | None = None
 ) -> PlatformReport:
     return PlatformReport(
         name=candidate.name,
@@ -369,7 +374,7 @@ def _report(
         version=candidate.version,
         entry_point=candidate.entry_point.value,
         builtin=candidate.builtin,
-        status=status,  # type: ignore[arg-type]
+        status=status,
         reason=reason,
         device_count=device_count,
         device_type=device_type,

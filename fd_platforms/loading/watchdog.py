@@ -18,7 +18,7 @@ stack shows it under the plugin's own frames::
     Current thread 0x00007f3a2b1c4740 (most recent call first):
       File "/site-packages/fd_platforms_hangs/__init__.py", line 9 in device_memory
       ...
-      File ".../fd_platforms/loading/watchdog.py", line 150 in fd-platforms: plugin 'hangs' ... bound 2 s (FD_PLATFORM_DETECT_TIMEOUT)
+      File ".../watchdog.py", line 150 in fd-platforms: plugin 'hangs' ... bound 2 s (FD_PLATFORM_DETECT_TIMEOUT)
 
 The process has one real-time interval timer and one SIGALRM handler: a process that handles
 SIGALRM itself is refused when the watchdog is first armed, and an engine with a watchdog of its
@@ -92,7 +92,7 @@ _inside = threading.local()  # .bound: the Bound of this thread's outermost plug
 
 def write_to(fd: int) -> None:
     """Send the stacks of a call past its bound to ``fd`` (the screening child's report pipe)."""
-    global _output_fd, _registered
+    global _output_fd
     _output_fd = fd
     if _registered:
         faulthandler.register(signal.SIGALRM, file=fd, all_threads=True, chain=True)
@@ -103,7 +103,7 @@ def run_bounded(label: str, bound: Bound, fn: Callable[[], T]) -> T:
     outer: Bound | None = getattr(_inside, "bound", None)
     if outer is not None or bound.seconds is None:
         return _frame(f"{label}, {(outer or bound).describe()}")(fn)
-    _arm(bound)
+    _arm(bound, bound.seconds)
     _inside.bound = bound
     try:
         return _frame(f"{label}, {bound.describe()}")(fn)
@@ -112,11 +112,11 @@ def run_bounded(label: str, bound: Bound, fn: Callable[[], T]) -> T:
         _disarm()
 
 
-def _arm(bound: Bound) -> None:
+def _arm(bound: Bound, seconds: float) -> None:
     with _lock:
         _register(bound)
         now = time.monotonic()
-        _deadlines[threading.get_ident()] = now + bound.seconds  # type: ignore[operator]
+        _deadlines[threading.get_ident()] = now + seconds
         _set_timer(now)
 
 
@@ -158,6 +158,7 @@ def _enter(fn: Callable[[], T]) -> T:
 @functools.lru_cache(maxsize=256)
 def _frame(label: str) -> Callable[[Callable[[], T]], T]:
     """:func:`_enter` with ``label`` as its function name, which faulthandler prints for its frame."""
-    names = {"co_name": label, "co_qualname": label} if sys.version_info >= (3, 11) else {"co_name": label}
-    code = _enter.__code__.replace(**names)  # type: ignore[arg-type]
+    code = _enter.__code__.replace(co_name=label)
+    if sys.version_info >= (3, 11):
+        code = code.replace(co_qualname=label)
     return types.FunctionType(code, _enter.__globals__, label)
