@@ -24,17 +24,17 @@ lets go, so the cache can be created again. An engine over several nodes joins t
 :meth:`Cluster.join <fd_platforms.engine.cluster.Cluster.join>` and agrees on the blocks with
 :meth:`Cluster.agree <fd_platforms.engine.cluster.Cluster.agree>`. Beside FastDeploy's own processes every
 call takes FastDeploy's protocol (``protocol=FASTDEPLOY``, or ``"fastdeploy"`` once
-:mod:`fd_platforms.fastdeploy` is imported: :func:`protocol_named` resolves it) and its suffix as ``instance=``; everything
-else of FastDeploy's is :mod:`fd_platforms.fastdeploy`'s, which this package never imports. See
+:mod:`fd_platforms.fastdeploy` is imported: :func:`protocol_named` resolves it) and its suffix as ``instance=``;
+everything else of FastDeploy's is :mod:`fd_platforms.fastdeploy`'s, which this package never imports. See
 ``docs/engine-integration.md``.
 
-Modules: :mod:`.initialize` (the two calls), :mod:`.request` (what they take: one rank's :class:`CacheRequest`), :mod:`.kv_cache` (the cache record; plain, exported and
-attached tensors), :mod:`.host_cache` (host swap tensors in the layout's names), :mod:`.publication`
-(where a rank's cache is published, by name), :mod:`.nodes` (where a rank stands among nodes),
-:mod:`.rendezvous` (the nodes' handshake), :mod:`.cluster` (the process group and the agreement),
-:mod:`.bounded` (Paddle's blocking calls, bounded), :mod:`.protocols` (the wire-protocol interface, ours,
-and the registry), :mod:`.rank_parts` (a rank's slot set once its main and MTP draft parts are both
-published), :mod:`.errors` (every error).
+Modules: :mod:`.initialize` (the two calls), :mod:`.request` (what they take: one rank's :class:`CacheRequest`),
+:mod:`.kv_cache` (the cache record; plain, exported and attached tensors), :mod:`.host_cache` (host swap tensors in the
+layout's names), :mod:`.publication` (where a rank's cache is published, by name), :mod:`.nodes` (where a rank stands
+among nodes), :mod:`.rendezvous` (the nodes' handshake), :mod:`.cluster` (the process group and the agreement),
+:mod:`.bounded` (Paddle's blocking calls, bounded), :mod:`.protocols` (the wire-protocol interface, ours, and the
+registry), :mod:`.rank_parts` (a rank's slot set once its main and MTP draft parts are both published), :mod:`.errors`
+(every error).
 """
 
 from __future__ import annotations

@@ -21,20 +21,21 @@ T = TypeVar("T")
 def bounded(call: Callable[[], T], seconds: float, timed_out: Callable[[], FdPlatformsError]) -> T:
     """``call()``'s value or exception, or ``timed_out()`` raised once ``seconds`` have passed."""
     done = threading.Event()
-    outcome: dict[str, object] = {}
+    value: list[T] = []
+    raised: list[BaseException] = []
 
     def run() -> None:
         try:
-            outcome["value"] = call()
+            value.append(call())
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread as is
-            outcome["raised"] = exc
+            raised.append(exc)
         finally:
             done.set()
 
     threading.Thread(target=run, name="fd-platforms collective call", daemon=True).start()
     if not done.wait(max(0.0, seconds)):
         raise timed_out()
-    if "raised" in outcome:
-        raise outcome["raised"]  # type: ignore[misc]
-    return outcome["value"]  # type: ignore[return-value]
+    if raised:
+        raise raised[0]
+    return value[0]
 

@@ -167,7 +167,11 @@ class Cluster:
         rank, world = enter_group(timeout, lambda: _timed_out(here, joining, timeout, limit))
         cluster = cls(GroupRanks.from_launcher(os.environ, world), rank, group_place, timeout, limit)
         slower = f"raise {knob(limit, argument=True)} if a rank is legitimately slower"
-        cluster._arrival = Arrival(rank, world, lambda other: cluster.nodes.describe(other), slower)
+
+        def describe(other: int) -> str:  # by the group's ranks as they stand then: cluster.nodes is replaced below
+            return cluster.nodes.describe(other)
+
+        cluster._arrival = Arrival(rank, world, describe, slower)
         ours = json.dumps({"facts": dict(facts), **asdict(Place.here(os.environ, rank))})
         gathered = cluster.gather_text(ours, "comparing every node's facts")
         rows = [_row(row, other, cluster.me) for other, row in enumerate(gathered)]
@@ -243,7 +247,7 @@ class Cluster:
         buffer[: len(data)] = np.frombuffer(data, dtype=np.uint8)
         parts: list[Any] = []
         self._collective(lambda: dist.all_gather(parts, paddle.to_tensor(buffer, place=place)), what)
-        return [bytes(part.numpy()[:size]).decode(errors="replace") for part, size in zip(parts, sizes)]
+        return [bytes(part.numpy()[:size]).decode(errors="replace") for part, size in zip(parts, sizes, strict=True)]
 
     def _plan(self, rank: int, row: str) -> Plan:
         try:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from ..contract.errors import ConfigError
 from ..contract.integers import check_int
 from ..contract.paddle_import import import_paddle
-from ..contract.types import HostBuffer
-from ..rules.layout import DTYPE_BYTES, CacheLayout
+from ..contract.types import DTYPE_BYTES, HostBuffer
+from ..rules.layout import CacheLayout
 from .kv_cache import check_platform_and_layout
 
 if TYPE_CHECKING:  # pragma: no cover - typing only

@@ -40,7 +40,7 @@ from .kv_cache import (
     check_platform_and_layout,
     export_kv_cache,
 )
-from .protocols import OURS, WireProtocol
+from .protocols import OURS, WireProtocol, protocol_named
 from .request import CacheRequest, check_not_draft
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -88,7 +88,7 @@ def initialize_kv_cache(
     """
     request = _request(platform, "initialize_kv_cache", request, num_blocks, keywords, _RUNNER_REQUIRED)
     _check_one_part(request)
-    wire, instance, creator_pid = request.protocol, request.instance, request.creator_pid
+    wire, instance, creator_pid = protocol_named(request.protocol), request.instance, request.creator_pid
     profile, num_blocks, num_cpu_blocks = request.profile, request.num_blocks, request.num_cpu_blocks
     inputs = request.rule_in_force()
     limit = resolve_timeout(request.timeout)
@@ -139,7 +139,8 @@ class ManagedCache:
     _protocol: WireProtocol = field(default=OURS, repr=False)
     draft: KVCache | None = None
     swap_space_clearing: bool = field(default=False, repr=False)
-    """``FD_ENABLE_SWAP_SPACE_CLEARING`` as :func:`manage_kv_cache` read it: whether a clear frees the host swap cache."""
+    """``FD_ENABLE_SWAP_SPACE_CLEARING`` as :func:`manage_kv_cache` read it: whether a clear frees the host swap
+    cache."""
 
     @property
     def created(self) -> bool:
@@ -172,8 +173,9 @@ class ManagedCache:
         The host swap cache is kept, as FastDeploy's transfer manager keeps it across a clear/update
         (``check_cache_status`` in ``fastdeploy/cache_manager/cache_transfer_manager.py``), unless
         ``clear_host`` is True or, with ``clear_host`` None, ``FD_ENABLE_SWAP_SPACE_CLEARING`` was set when the cache
-        was managed (:attr:`swap_space_clearing`: read and checked there, once). A kept one stays in :attr:`host_cache` (and
-        ``swap_space_ready_signal`` at 1): pass it as ``host_cache=`` to the call that creates the cache again.
+        was managed (:attr:`swap_space_clearing`: read and checked there, once). A kept one stays in
+        :attr:`host_cache` (and ``swap_space_ready_signal`` at 1): pass it as ``host_cache=`` to the call that creates
+        the cache again.
         A freed one is None and its ``swap_space_ready_signal`` word 0."""
         free_host = self.swap_space_clearing if clear_host is None else swap_space_clearing(clear_host)
         if self.draft is not None:
@@ -219,12 +221,12 @@ def manage_kv_cache(
     (``cache_manager/cache_messager.py`` ``main``) and the worker attaches; with swap space its transfer manager
     attaches too. Our messager is this call with ``num_cpu_blocks=0``: it creates and publishes, sets the slot and,
     as FastDeploy's messager, writes no transfer-manager word and holds no host swap cache. Our transfer manager is
-    this call with ``attach=True`` (beside the request: it is this caller's side, not the cache's) and the deployment's ``num_cpu_blocks``: it waits for the rank's published cache
-    (``creator_pid``: the messager), attaches, then carves its host swap cache (what
-    ``cache_transfer_manager.py`` ``_init_gpu_cache`` does without ``--create_cache_tensor``). The rule decides the
-    workers' side only, and in P/D it sends them to attach whoever creates; ``attach=True`` is refused (a
-    ConfigError) only where it would leave nobody to create: a mixed instance whose workers the rule sends to attach
-    (this manager is their creator), and without swap space (FastDeploy starts no transfer manager then, and
+    this call with ``attach=True`` (beside the request: it is this caller's side, not the cache's) and the deployment's
+    ``num_cpu_blocks``: it waits for the rank's published cache (``creator_pid``: the messager), attaches, then carves
+    its host swap cache (what ``cache_transfer_manager.py`` ``_init_gpu_cache`` does without ``--create_cache_tensor``).
+    The rule decides the workers' side only, and in P/D it sends them to attach whoever creates; ``attach=True`` is
+    refused (a ConfigError) only where it would leave nobody to create: a mixed instance whose workers the rule sends to
+    attach (this manager is their creator), and without swap space (FastDeploy starts no transfer manager then, and
     counts no second attacher). ``attach=False`` (the default) keeps the rule's side."""
     request = _request(platform, "manage_kv_cache", request, num_blocks, keywords, _MANAGER_REQUIRED, _MANAGER_DEFAULTS)
     return _manage(platform, request, "attach" if attach else "rule", progress)
@@ -292,20 +294,22 @@ def _manage(
 ) -> ManagedCache:
     """:func:`manage_kv_cache`'s work. Its ``request`` was checked when it was made; here, before any hook: a
     manager never profiles and takes no draft part as its layout; then the layout in the platform's shapes (the
-    engine's ``tensor_specs`` where given) and whether the manager creates (``side``: ``"rule"`` as the rule decides, :func:`manager_creates`;
-    ``"attach"`` attaches, checked by :func:`_check_attach`; ``"hold"``, the deprecated :func:`hold_kv_cache`,
-    attaches unchecked). A creating P/D manager without swap space is the cache messager (:func:`_is_messager`): it
-    says nothing beyond the slot. A platform that cannot share is refused, naming what the manager cannot do and the
-    fix. A ``draft`` part (MTP) is made or attached the same way, in the platform's shapes, after the main part. A
-    kept ``host_cache`` must fit the layout (main and draft) and ``num_cpu_blocks``
-    (:func:`~.host_cache.check_host_cache`). ``FD_ENABLE_SWAP_SPACE_CLEARING``, which the manager's clear follows, is read and checked here, once
-    (:func:`~.host_cache.swap_space_clearing`), not at the first clear of a serving manager."""
+    engine's ``tensor_specs`` where given) and whether the manager creates (``side``: ``"rule"`` as the rule decides,
+    :func:`manager_creates`; ``"attach"`` attaches, checked by :func:`_check_attach`; ``"hold"``, the deprecated
+    :func:`hold_kv_cache`, attaches unchecked). A creating P/D manager without swap space is the cache messager
+    (:func:`_is_messager`): it says nothing beyond the slot. A platform that cannot share is refused, naming what the
+    manager cannot do and the fix. A ``draft`` part (MTP) is made or attached the same way, in the platform's shapes,
+    after the main part. A kept ``host_cache`` must fit the layout (main and draft) and ``num_cpu_blocks``
+    (:func:`~.host_cache.check_host_cache`). ``FD_ENABLE_SWAP_SPACE_CLEARING``, which the manager's clear follows, is
+    read and checked here, once (:func:`~.host_cache.swap_space_clearing`), not at the first clear of a serving
+    manager."""
     if request.profile:
         raise ConfigError("profile", True, "False: a cache manager never profiles",
                           "pass profile=False (a runner's profiling run makes a cache of its own)")  # fmt: skip
     check_not_draft(request.layout)
     frees_swap = swap_space_clearing(None)  # FD_ENABLE_SWAP_SPACE_CLEARING read (and checked) once, here
-    wire, name, num_blocks, creator_pid = request.protocol, request.instance, request.num_blocks, request.creator_pid
+    wire = protocol_named(request.protocol)  # the object already: the request resolved it
+    name, num_blocks, creator_pid = request.instance, request.num_blocks, request.creator_pid
     num_cpu_blocks, splitwise_role, host_cache = request.num_cpu_blocks, request.splitwise_role, request.host_cache
     inputs = request.rule_in_force()
     layout = platform.cache_layout(request.layout, num_blocks, request.tensor_specs)  # the platform's or the engine's

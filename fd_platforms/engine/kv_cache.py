@@ -23,13 +23,13 @@ from typing import Any
 
 from ..contract.errors import CacheSharingError, ConfigError, DeviceAllocError
 from ..contract.paddle_import import import_paddle
-from ..contract.types import CacheDecision, CacheRoleShape, SharedTensor
+from ..contract.types import DTYPE_BYTES, CacheDecision, CacheRoleShape, SharedTensor
 from ..ipc.cache_signal import resolve_timeout
 from ..kit.device_facts import data_address
 from ..kit.host_sharing import handle_pid
 from ..kit.placement import check_placeable
 from ..loading.platform import Platform
-from ..rules.layout import DTYPE_BYTES, CacheLayout, CacheTensorSpec, Part, check_layout, check_num_blocks
+from ..rules.layout import CacheLayout, CacheTensorSpec, Part, check_layout, check_num_blocks
 from ..rules.shapes import engine_shaped
 from ..rules.sizes import format_size
 from . import rank_parts
@@ -115,8 +115,8 @@ class KVCache:
             return
         limit = resolve_timeout(timeout)
         creator = self._publication is not None and self._publication.creator
-        if creator:
-            self._publication.retract(limit)  # type: ignore[union-attr]
+        if creator and self._publication is not None:
+            self._publication.retract(limit)
             self._clear_slot()  # unpublished: an attacher arriving now waits instead of failing to find it
         self.tensors.clear()
         if strict:
@@ -231,8 +231,8 @@ def export_kv_cache(
     """Export every tensor of ``layout`` (zero-filled) and publish the rank's cache (``protocol``'s way).
 
     ``attachers``: how many processes are configured to attach each rank (0: none; a protocol whose let-go
-    is a slot's value waits for it on clear only where one is, and counts them: :mod:`.fastdeploy_marks`). On any failure what was exported is closed
-    again and nothing is published.
+    is a slot's value waits for it on clear only where one is, and counts them: :mod:`.fastdeploy_marks`). On any
+    failure what was exported is closed again and nothing is published.
     """
     check_num_blocks(num_blocks)
     device = platform.identity.device_string(layout.local_device)

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from types import ModuleType
 from typing import Any
 
@@ -76,8 +77,8 @@ class Place:
     def here(cls, environ: Mapping[str, str], rank: int) -> Place:
         endpoint = environ.get("PADDLE_CURRENT_ENDPOINT", "")
         host = environ.get("POD_IP") or endpoint.rpartition(":")[0] or os.uname().nodename
-        local = environ.get("PADDLE_LOCAL_RANK", environ.get("PADDLE_RANK_IN_NODE", ""))
-        return cls(host, rank if decimal(local) is None else decimal(local))
+        local = decimal(environ.get("PADDLE_LOCAL_RANK", environ.get("PADDLE_RANK_IN_NODE", "")))
+        return cls(host, rank if local is None else local)
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ class Arrival:
             count = self._call(lambda: store.add(key, 0), what, deadline)
 
     def _missing(self, store: Any, round_: int, what: str, seconds: float, deadline: float) -> NodeError:
-        counts = [self._call(lambda r=r: store.add(f"{ARRIVED}rank/{r}", 0), what, deadline) for r in range(self.world)]
+        counts = [self._call(partial(store.add, f"{ARRIVED}rank/{r}", 0), what, deadline) for r in range(self.world)]
         missing = [self.describe(r) for r, n in enumerate(counts) if n < round_]
         return NodeError(
             f"{self.me()}: {', '.join(missing) or 'a rank'} did not come to {what} within {seconds:g} s. "

@@ -27,6 +27,7 @@ import struct
 import time
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
 from ..contract.errors import CacheInUseError, CacheSharingError
 from ..contract.integers import MAX_COUNT, is_int
@@ -153,8 +154,8 @@ class Publication:
         if document is None or document.get("rank") != rank:
             segment.close()
             raise CacheSharingError(
-                f"/dev/shm/{name} is not a complete fd-platforms KV cache publication (format {FORMAT}) of rank {rank}. "
-                "Fix: check the signal name; a publication of another version or engine cannot be used"
+                f"/dev/shm/{name} is not a complete fd-platforms KV cache publication (format {FORMAT}) of rank "
+                f"{rank}. Fix: check the signal name; a publication of another version or engine cannot be used"
             )
         tensors = tuple(
             PublishedTensor(entry["name"], tuple(entry["shape"]), entry["dtype"], entry["handle"])
@@ -231,7 +232,7 @@ def _release(held: dict[str, shm.Segment | None], creator_pid: int | None) -> No
     held["segment"] = None
 
 
-def _read(segment: shm.Segment) -> dict | None:
+def _read(segment: shm.Segment) -> dict[str, Any] | None:
     """The manifest's JSON if the segment holds a complete one (sizes checked before reading), else None."""
     header = segment.read(HEADER.size)
     if len(header) < HEADER.size:

@@ -15,6 +15,7 @@ import json
 import socket
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from ..contract.errors import ConfigError, NodeError, show_value
@@ -70,7 +71,7 @@ class Rendezvous:
         others = range(1, self.nodes.nnodes)
         try:
             while time.monotonic() < deadline:
-                joined = sum(bounded(lambda n=n: self.store.add(f"{PREFIX}node/{n}/joined", 0), 1.0, _gave_up) for n in others)
+                joined = sum(bounded(partial(self.store.add, f"{PREFIX}node/{n}/joined", 0), 1.0, _gave_up) for n in others)
                 if bounded(lambda: self.store.add(f"{PREFIX}node/0/read", 0), 1.0, _gave_up) >= joined:
                     return
                 time.sleep(POLL_SECONDS)
@@ -108,7 +109,7 @@ class Rendezvous:
 
     def _wait_for_nodes(self, ours: dict[str, object]) -> None:
         pending = [node for node in range(self.nodes.nnodes) if node != self.nodes.node_rank]
-        joined = {node: 0 for node in range(self.nodes.nnodes)}
+        joined = dict.fromkeys(range(self.nodes.nnodes), 0)
         compared: set[int] = set()
         while True:
             for node in list(pending):

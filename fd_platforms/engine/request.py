@@ -97,7 +97,7 @@ class CacheRequest:
     def rule_in_force(self) -> DecisionInputs:
         """The rule's inputs with the version the processes follow (the pin, or the protocol's default)."""
         inputs = self.inputs()
-        return replace(inputs, rule=self.protocol.rule_in_force(self.rule, inputs))
+        return replace(inputs, rule=protocol_named(self.protocol).rule_in_force(self.rule, inputs))
 
     @classmethod
     def from_keywords(
@@ -116,14 +116,14 @@ class CacheRequest:
             raise TypeError(f"{call}() missing required keyword-only argument{'s' * (len(missing) > 1)}: "
                             + ", ".join(repr(name) for name in missing))  # fmt: skip
         given = {**(defaults or {}), **given}
-        check_layout(layout)
+        layout, num_blocks = check_layout(layout), check_num_blocks(num_blocks)
         wire, instance = engine_name(
             given.pop("protocol", OURS), given.pop("instance", None), signal_name=given.pop("signal_name", None),
-            suffix=given.pop("suffix", None), tp=given.get("tp"), rank=layout.rank,  # type: ignore[union-attr]
+            suffix=given.pop("suffix", None), tp=given.get("tp"), rank=layout.rank,
             stacklevel=stacklevel + 1,
         )  # fmt: skip
         creator_pid = creator_of(given.pop("creator_pid", None), given.pop("setter_pid", None), stacklevel + 1)
-        return cls(layout=layout, num_blocks=num_blocks, instance=instance, protocol=wire,  # type: ignore[arg-type]
+        return cls(layout=layout, num_blocks=num_blocks, instance=instance, protocol=wire,
                    creator_pid=creator_pid, **given)  # fmt: skip
 
 
@@ -143,11 +143,11 @@ def check_not_draft(layout: CacheLayout) -> None:
 
 def _instance(wire: WireProtocol, instance: object, tp: object, rank: int) -> str:
     """The engine instance's name under ``wire``, checked, with ``tp`` (None: unknown), which must hold ``rank``."""
+    tp = check_tp(tp)
     if tp is not None:
-        check_tp(tp)
-        check_int("layout.rank", rank, 0, tp - 1, what=f"a local rank of tp {tp}",  # type: ignore[operator]
+        check_int("layout.rank", rank, 0, tp - 1, what=f"a local rank of tp {tp}",
                   fix="build the layout for one of the engine's local ranks")  # fmt: skip
-    return wire.instance_name(instance, tp=tp)  # type: ignore[arg-type]
+    return wire.instance_name(instance, tp=tp)
 
 
 def _specs(specs: object) -> tuple[CacheRoleShape, ...] | None:

@@ -22,7 +22,7 @@ class Published(Protocol):
     name: str
     rank: int
     creator: bool
-    tensors: Sequence[PublishedTensor]
+    tensors: tuple[PublishedTensor, ...]
     #: Whether an attacher's :meth:`let_go` decides the rank's slot itself (FastDeploy's records: one slot for two
     #: attachers), so the cache record does not reset it first.
     resets_slot: bool
@@ -113,7 +113,8 @@ class WireProtocol(ABC):
     def wait_ready(
         self, platform: Platform, instance: str, rank: int, timeout: float, creator_pid: int | None
     ) -> float:
-        """Wait (at most ``timeout``, failing early when ``creator_pid`` dies) for ``rank``'s slot; the seconds waited."""
+        """Wait (at most ``timeout``, failing early when ``creator_pid`` dies) for ``rank``'s slot; the seconds
+        waited."""
 
     @abstractmethod
     def part_record(self, instance: str, layout: CacheLayout) -> str:

@@ -38,7 +38,7 @@ class FdPlatformsProtocol(WireProtocol):
     old_keywords = ("signal_name",)
 
     def check_instance(self, instance: object) -> None:
-        check_signal_name(instance, "instance")  # type: ignore[arg-type]
+        check_signal_name(instance, "instance")
 
     def instance_name(self, instance: object, *, tp: int | None) -> str:
         """Our engine instance is named by its cache-ready signal (``fd_cache_ready.<id>``); ``tp`` changes nothing."""
