@@ -48,7 +48,7 @@ def tensor_specs_from_shapes(
     if value:
         specs.append(CacheRoleShape("value", value, dtype))
     if quant == "block_wise_fp8" and model.attention != "dsa":
-        specs += [CacheRoleShape(role, key[:3], model.dtype) for role in ("key_scale", "value_scale")[: len(specs)]]
+        specs += [CacheRoleShape(role, key[:3], model.dtype) for role in ("key_scale", "value_scale")][: len(specs)]
     if indexer:
         specs.append(CacheRoleShape("indexer", indexer, "uint8"))
     return tuple(specs)

@@ -18,9 +18,10 @@ from ..contract.errors import ConfigError, FdPlatformsError, SignalWaitError
 from ..contract.renamed import renamed_keywords
 from ..engine.initialize import ManagedCache
 from ..ipc.cache_signal import resolve_timeout
+from ..ipc.shared_words import check_tp
 from .cache_status import check_callable, status_signals
 from .fault_words import FaultKind, KVCacheFault
-from .signals import FastDeploySignal, KVCacheStatus, check_suffix, check_tp
+from .signals import FastDeploySignal, KVCacheStatus, check_suffix
 
 logger = logging.getLogger(__name__)
 STATUS_POLL_SECONDS = 0.1  # how long serve_kv_cache_status sleeps between looks at `until` (a status write wakes it)
@@ -80,9 +81,7 @@ def serve_kv_cache_status(
     """
     suffix = check_suffix(instance, "instance")  # FastDeploy names its signals after the engine instance
     limit = resolve_timeout(timeout)
-    if isinstance(managed, (str, bytes)) or not isinstance(managed, Sequence) or not all(
-        isinstance(cache, ManagedCache) for cache in managed
-    ):
+    if not isinstance(managed, (list, tuple)) or not all(isinstance(cache, ManagedCache) for cache in managed):
         raise ConfigError("managed", managed, "a list of ManagedCache", "pass what manage_kv_cache returned per rank")
     check_callable("recreate", recreate, "pass a function of the rank that calls manage_kv_cache again")
     check_callable("until", until, "pass a function that says when to stop (e.g. threading.Event().is_set)")
@@ -151,7 +150,7 @@ class _Server:
         for rank in list(self.held):
             try:
                 self.held[rank].clear(self.limit)
-            except Exception as error:  # the rank's failure is reported; serving goes on
+            except Exception as error:  # noqa: BLE001 - the rank's failure is reported; serving goes on
                 self.failed(rank, "clear", error)
                 self.undo(freed, rank)
                 return
@@ -195,7 +194,7 @@ class _Server:
         for rank in ranks:
             try:
                 self.held[rank] = self.recreate(rank)
-            except Exception as error:  # the rank's failure is reported; the others are made
+            except Exception as error:  # noqa: BLE001 - the rank's failure is reported; the others are made
                 self.failed(rank, "create", error)
                 lost = lost or KVCacheFault(FaultKind.NOT_CREATED, rank)
         return lost

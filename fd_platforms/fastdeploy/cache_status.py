@@ -37,8 +37,8 @@ client waits for ``== NORMAL`` and ``== CLEARED`` (``EngineClient.update_model_w
 ``clear_load_weight``, ``fastdeploy/entrypoints/engine_client.py``) and its transfer manager acts on
 ``== CLEARING`` and ``== UPDATING`` only, so a failure word is neither a step done nor one to take; its
 workers write their next CLEARING or UPDATING over it (``DynamicWeightManager.check_model_weights_status``,
-``fastdeploy/rl/dynamic_weight_manager.py``). The words are :mod:`fd_platforms.fastdeploy.fault_words`, which our signal layer
-knows beside FastDeploy's values; :mod:`.cache_server` says when a creator of ours writes them.
+``fastdeploy/rl/dynamic_weight_manager.py``). The words are :mod:`fd_platforms.fastdeploy.fault_words`, which our
+signal layer knows beside FastDeploy's values; :mod:`.cache_server` says when a creator of ours writes them.
 
 A drive that fails writes NORMAL back only where every ``cache_ready_signal`` slot reads 1: every
 rank's cache is there (a creator sets a slot once it created, an attacher resets it before it lets
@@ -67,6 +67,7 @@ from ..contract.integers import check_int, is_int
 from ..contract.renamed import renamed_keywords
 from ..ipc.cache_signal import resolve_timeout
 from ..ipc.process_watch import pid_max
+from ..ipc.shared_words import MAX_LOCAL_RANKS, check_tp
 from ..loading.platform import Platform
 from .fault_words import FaultKind, KVCacheFault
 from .handles import DeathWatch
@@ -74,11 +75,9 @@ from .marks import look
 from .signals import (
     CACHE_READY,
     KV_CACHE_STATUS,
-    MAX_LOCAL_RANKS,
     FastDeploySignal,
     KVCacheStatus,
     check_suffix,
-    check_tp,
 )
 
 SETTLE_SECONDS = 0.5
@@ -278,7 +277,7 @@ def _claimed(
         status.set(0, first)
         try:
             yield status, ready
-        except BaseException as error:
+        except BaseException as error:  # noqa: BLE001 - any failure leaves the word saying what is true
             raise _left_after(status, ready, error) from None
 
 
@@ -314,8 +313,8 @@ def _clear(drive: _Drive, status: FastDeploySignal, ready: FastDeploySignal) -> 
     for rank in range(ready.length):
         if not ready.let_go(rank):
             dead = DeathWatch(ready, rank, partial(look, drive.suffix, rank))  # an attacher of ours that died
-            ready.wait_for(rank, 0, drive.limit, watch_pid=drive.pids.get(rank),
-                           what=f"rank {rank} letting go of its KV cache", tend=lambda: (clearing(), dead()))  # fmt: skip
+            ready.wait_for(rank, 0, drive.limit, watch_pid=drive.pids.get(rank), what=f"rank {rank} letting go of its "
+                           "KV cache", tend=partial(_each, clearing, dead))  # fmt: skip
     let_go = time.monotonic()
     status.wait_for(0, KVCacheStatus.CLEARED, drive.limit, watch_pid=drive.creator_pid,
                     what="the cache creator freeing the caches", tend=clearing)  # fmt: skip
@@ -359,8 +358,15 @@ def _left_after(status: FastDeploySignal, ready: FastDeploySignal, error: BaseEx
     logger.warning("drive_kv_cache_update failed (%s): %s", type(error).__name__, note)
     if isinstance(error, (SignalWaitError, CacheUpdateError)):
         return error.with_hint(note)
-    error.add_note(note)
+    if hasattr(error, "add_note"):  # Python 3.11+ (PEP 678); on 3.10 the warning above alone carries the note
+        error.add_note(note)
     return error
+
+
+def _each(*tends: Callable[[], None]) -> None:
+    """Run each of ``tends``: one wait's tend made of several."""
+    for tend in tends:
+        tend()
 
 
 def _keeping(status: FastDeploySignal, ours: KVCacheStatus, *, over: KVCacheStatus) -> Callable[[], None]:
@@ -411,9 +417,11 @@ def check_callable(field_name: str, value: object, fix: str) -> None:
 @contextmanager
 def status_signals(suffix: str, tp: int | None) -> Iterator[tuple[FastDeploySignal, FastDeploySignal]]:
     """``kv_cache_status`` and ``cache_ready_signal`` (of ``tp`` words where known), attached."""
-    with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
-        with FastDeploySignal.attach(CACHE_READY, suffix, tp) as ready:
-            yield status, ready
+    with (
+        FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status,
+        FastDeploySignal.attach(CACHE_READY, suffix, tp) as ready,
+    ):
+        yield status, ready
 
 
 def _check_pid(field_name: str, pid: object, fix: str) -> None:

@@ -335,7 +335,7 @@ def _command_line_specs(args: object, key_shape: tuple[int, ...], cache_dtype: s
     if cache_dtype == "block_wise_fp8":
         scale = (key_shape[0], key_shape[1], key_shape[2])
         default = one_of("--default_dtype", _flag(args, "default_dtype"), DEFAULT_DTYPES, CLI_FIX)
-        specs += [CacheRoleShape(role, scale, default) for role in ("key_scale", "value_scale")[: len(specs)]]
+        specs += [CacheRoleShape(role, scale, default) for role in ("key_scale", "value_scale")][: len(specs)]
     return tuple(specs)
 
 
@@ -355,7 +355,7 @@ def _first_differing_role(
 ) -> str:
     """The role of the first stated tensor that is not the expected one (its role, blocks or bytes), or of the
     first tensor one list has and the other lacks."""
-    for got, core in zip(stated, expected):
+    for got, core in zip(stated, expected, strict=False):  # the shorter list's tensors, then the rest
         if got.role != core.role or got.shape[0] != core.shape[0] or got.nbytes != core.nbytes:
             return got.role
     longer = stated if len(stated) > len(expected) else expected

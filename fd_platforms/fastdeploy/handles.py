@@ -26,11 +26,11 @@ record while attached, which the kernel drops when it dies (:mod:`.fastdeploy_ma
 only once no attacher of ours holds either, and resets the slot for dead attachers of ours only where they
 are every attacher the deployment can have. An attacher of ours beside one that may be FastDeploy's leaves the slot
 to it (:meth:`FastDeployHandles.let_go`), so the creator frees only once both have let go. The creator holds a
-shared ``flock`` on each record while published (:mod:`fd_platforms.ipc.shm`) and a creator mark. FastDeploy's creators never remove their
-records, so a record of this name that no process of ours holds is rewritten in place, as ``set_data_ipc``
-does, with mode 0600 (replaced where others could write it) — unless the rank's slot says it is published
-and no dead creator of ours left it: FastDeploy's publisher may still own it. One held by a living process
-of ours is refused.
+shared ``flock`` on each record while published (:mod:`fd_platforms.ipc.shm`) and a creator mark. FastDeploy's
+creators never remove their records, so a record of this name that no process of ours holds is rewritten in place, as
+``set_data_ipc`` does, with mode 0600 (replaced where others could write it) — unless the rank's slot says it is
+published and no dead creator of ours left it: FastDeploy's publisher may still own it. One held by a living process of
+ours is refused.
 
 The names are machine-wide, so a record is trusted only as far as it is proven: read whole until two reads
 agree (a rewrite in place can be met half done), this user's and writable by nobody else, its handle naming
@@ -267,8 +267,9 @@ class FastDeployHandles:
         pids = sorted({pid for pid in named if pid is not None})
         if pids and None in named:
             raise CacheSharingError(
-                f"rank {rank}'s publication (FastDeploy's records) mixes handles of two kinds: {named.count(None)} name no process (a raw "
-                f"IPC handle) and {len(named) - named.count(None)} name pid {', '.join(map(str, pids))} (memfd:<pid>:<fd>), "
+                f"rank {rank}'s publication (FastDeploy's records) mixes handles of two kinds: {named.count(None)} "
+                f"name no process (a raw IPC handle) and {len(named) - named.count(None)} name pid "
+                f"{', '.join(map(str, pids))} (memfd:<pid>:<fd>), "
                 "but one creator on one platform writes every record of a rank alike: some were written by another "
                 "process. Fix: find what else writes to /dev/shm under FastDeploy's names; restart the engine"
             )
@@ -438,8 +439,8 @@ def _still_attached(handles: FastDeployHandles, signal: str, seen: Attachers, ti
             f"{said}. Its attacher(s) of fd-platforms ({seen.describe_dead()}) are gone without letting go, but this "
             f"deployment attaches {seen.per_rank} processes to each rank (P/D with swap space: the worker and the "
             "cache transfer manager), and the other may be FastDeploy's own, which holds no mark and may still map the "
-            "cache: it is waited for, not freed under. Fix: clear or stop FastDeploy's attaching process (it resets the "
-            f"slot when it lets go); if you know no process is attached, reset the slot by hand: {reset}"
+            "cache: it is waited for, not freed under. Fix: clear or stop FastDeploy's attaching process (it resets "
+            f"the slot when it lets go); if you know no process is attached, reset the slot by hand: {reset}"
         )
     return (
         f"{said}. No attacher of fd-platforms is attached (each holds a mark /dev/shm/"

@@ -63,7 +63,7 @@ def our_platform(current_platform: object, *, environ: Mapping[str, str] | None 
     if requested and requested != name:
         raise ConfigError(
             ENV_PLATFORM, requested,
-            f"unset, or {name!r}: FastDeploy runs on {current_platform.device_name!r} "
+            f"unset, or {name!r}: FastDeploy runs on {getattr(current_platform, 'device_name', name)!r} "
             f"({type(current_platform).__name__})",
             f"unset {ENV_PLATFORM}, or set it to {name}, in FastDeploy's processes",
         )  # fmt: skip

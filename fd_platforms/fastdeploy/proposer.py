@@ -33,7 +33,8 @@ class ProposerSettings:
         return self.runner.layout().draft()
 
     def runner_arguments(self, *, profile: bool = False) -> dict[str, Any]:
-        """The keywords ``initialize_kv_cache`` takes for the draft part: the runner's (one rank, one rule, one slot)."""
+        """The keywords ``initialize_kv_cache`` takes for the draft part: the runner's (one rank, one rule, one
+        slot)."""
         return self.runner.runner_arguments(profile=profile)
 
 
@@ -56,7 +57,8 @@ def proposer_settings(runner: FastDeploySettings, proposer_fd_config: object | N
             if found != expected:
                 raise ConfigError(
                     f"proposer.fd_config.model_config.{name}", found,
-                    f"{expected}, as the proposer's copy of this runner's FDConfig holds it (mtp.py _update_mtp_config)",
+                    f"{expected}, as the proposer's copy of this runner's FDConfig holds it "
+                    "(mtp.py _update_mtp_config)",
                     _FIX,
                 )  # fmt: skip
     return ProposerSettings(runner)

@@ -35,6 +35,7 @@ from ..contract.errors import ConfigError
 from ..engine.protocols import WireProtocol, register_protocol
 from ..engine.publication import PublishedTensor
 from ..ipc import shm
+from ..ipc.shared_words import MAX_LOCAL_RANKS, WORD_BYTES
 from .block_handoff import block_count_words, hand_off_block_count
 from .handles import FastDeployHandles
 from .marks import attachers_per_rank, sweep_orphan_marks
@@ -43,11 +44,9 @@ from .signals import (
     CACHE_READY,
     CACHE_TRANSFER_INITED,
     KV_CACHE_STATUS,
-    MAX_LOCAL_RANKS,
     PER_RANK,
     PROFILE_BLOCK_NUM,
     SWAP_SPACE_READY,
-    WORD_BYTES,
     FastDeploySignal,
     FastDeploySuffix,
     check_suffix,
@@ -120,8 +119,14 @@ class FastDeployProtocol(WireProtocol):
     ) -> float:
         """Watched by the core itself: FastDeploy's writers wake nobody (see :mod:`fd_platforms.fastdeploy.signals`)."""
         with FastDeploySignal.attach(CACHE_READY, instance) as signal:
-            return signal.wait_for(rank, 1, timeout, watch_pid=creator_pid, what=f"rank {rank} waiting for its KV cache",
-                                   writer="the process creating it (FastDeploy's cache transfer manager or runner)")
+            return signal.wait_for(
+                rank,
+                1,
+                timeout,
+                watch_pid=creator_pid,
+                what=f"rank {rank} waiting for its KV cache",
+                writer="the process creating it (FastDeploy's cache transfer manager or runner)",
+            )
 
     def part_record(self, instance: str, layout: CacheLayout) -> str:
         """The record of the part's first tensor (each tensor has its own, named by its layer)."""

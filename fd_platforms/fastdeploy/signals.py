@@ -41,6 +41,7 @@ import stat
 import struct
 import time
 from collections.abc import Callable
+from functools import partial
 
 from ..contract.errors import CacheSignalError, ConfigError, SignalWaitError
 from ..contract.integers import check_int, is_int
@@ -302,7 +303,7 @@ class FastDeploySignal(SharedWords):
                 if now - start >= timeout:
                     raise SignalWaitError(self.name, index, value, seen, now - start, "timeout", what,
                                           f"the limit is {timeout:g} s")  # fmt: skip
-                progress.say(now, lambda: self._waiting_for(index, value, seen, what, writer, watch))
+                progress.say(now, partial(self._waiting_for, index, value, seen, what, writer, watch))
                 self.sleep_while(index, seen, min(CHECK_SECONDS, start + timeout - now, progress.until_next(now)),
                                  since=start)  # fmt: skip
         finally:

@@ -84,14 +84,15 @@ def shape(field: str, value: object, fix: str) -> tuple[int, ...]:
     if len(parts) != 4:
         raise ConfigError(field, value, allowed, fix)
     bounds = [(1, MAX_COUNT), (1, MAX_WIDTH), (1, MAX_WIDTH), (1, MAX_WIDTH)]
-    return tuple(_listed_integer(field, value, allowed, limit, fix, part) for limit, part in zip(bounds, parts))
+    return tuple(
+        _listed_integer(field, value, allowed, limit, fix, part) for limit, part in zip(bounds, parts, strict=True)
+    )
 
 
 def positive(field: str, value: object, maximum: float, fix: str) -> float:
     """A finite real number above 0 and at most ``maximum`` (not a bool or text)."""
-    finite = is_int(value) or (isinstance(value, float) and math.isfinite(value))
-    if finite and 0 < value <= maximum:  # type: ignore[operator]  # an int or a finite float
-        return float(value)  # type: ignore[arg-type]
+    if (is_int(value) or (isinstance(value, float) and math.isfinite(value))) and 0 < value <= maximum:
+        return float(value)
     raise ConfigError(field, value, f"a number greater than 0 and at most {maximum:g} (not a bool or text)", fix)
 
 

@@ -26,9 +26,10 @@ from ..contract.errors import ConfigError
 from ..contract.integers import check_int
 from ..contract.renamed import renamed_keywords
 from ..ipc.cache_signal import resolve_timeout
+from ..ipc.shared_words import MAX_LOCAL_RANKS
 from ..loading.platform import Platform
 from .cache_status import checked_drive, drive_kv_cache_clear, drive_kv_cache_restore
-from .signals import MAX_LOCAL_RANKS, MODEL_WEIGHTS_STATUS, FastDeploySignal, KVCacheStatus
+from .signals import MODEL_WEIGHTS_STATUS, FastDeploySignal, KVCacheStatus
 
 LOOK_SECONDS = 0.01  # how often the word is looked at (FastDeploy's worker: every 0.01 s)
 CLEAR_SIDE = (KVCacheStatus.CLEARING, KVCacheStatus.CLEARED)
@@ -78,10 +79,11 @@ def follow_model_weights_status(
         if not callable(function):
             raise ConfigError(name, function, "a callable", "pass a function of no arguments")
     checked_drive(suffix, timeout, creator_pid, None, platform, managers, tp)  # rank 0's drives, checked first
-    drive = {"timeout": resolve_timeout(timeout), "creator_pid": creator_pid, "platform": platform,
-             "managers": managers, "tp": tp}  # fmt: skip
-    clear_caches, restore_caches = (partial(half, suffix, **drive) for half in (drive_kv_cache_clear,
-                                                                                drive_kv_cache_restore))  # fmt: skip
+    limit = resolve_timeout(timeout)
+    clear_caches, restore_caches = (
+        partial(half, suffix, timeout=limit, creator_pid=creator_pid, platform=platform, managers=managers, tp=tp)
+        for half in (drive_kv_cache_clear, drive_kv_cache_restore)
+    )
     rounds, cleared = 0, False
     with FastDeploySignal.attach(MODEL_WEIGHTS_STATUS, suffix) as weights:
         while not until():

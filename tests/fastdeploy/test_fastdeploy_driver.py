@@ -102,6 +102,32 @@ def test_a_clear_that_fails_before_any_rank_let_go_writes_normal_back_and_says_s
         ready.close()
 
 
+class _NoNotes(OSError):
+    """An error as Python 3.10 (which fd-platforms supports) makes them: without ``add_note`` (PEP 678, 3.11)."""
+
+    def __getattribute__(self, name: str) -> object:
+        if name == "add_note":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+def test_a_drive_failing_on_python_3_10_raises_its_own_error_and_logs_what_the_word_was_left_at(
+    suffix: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from fd_platforms.fastdeploy import cache_status, drive_kv_cache_clear
+
+    failure = _NoNotes(5, "Input/output error")
+
+    def clear_fails(*_: object) -> tuple[float, float]:
+        raise failure
+
+    monkeypatch.setattr(cache_status, "_clear", clear_fails)
+    with caplog.at_level(logging.WARNING), pytest.raises(_NoNotes) as caught:  # not an AttributeError for add_note
+        drive_kv_cache_clear(suffix, timeout=0.3)
+    assert caught.value is failure
+    assert f"drive_kv_cache_update failed (_NoNotes): kv_cache_status.{suffix} was left at" in caplog.text
+
+
 def test_a_failed_restore_leaves_a_word_saying_the_caches_are_freed_and_the_next_drive_names_it(suffix: str) -> None:
     """Finding 5a (issue 41): with the caches freed and no creator left, a failed restore wrote NORMAL back."""
     from fd_platforms.contract.errors import CacheUpdateError
