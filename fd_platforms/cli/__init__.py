@@ -1,4 +1,5 @@
-"""The ``fd-platforms`` command: ``list`` platforms, ``plan`` KV cache blocks, ``run`` the lifecycle, ``check`` conformance.
+"""The ``fd-platforms`` command: ``list`` platforms, ``plan`` KV cache blocks, ``run`` the lifecycle, ``check``
+conformance.
 
 Exit codes: 0 success, 2 usage or configuration error (one message on stderr, no traceback),
 1 any other failure (an unexpected one is one ``internal error`` line; ``-v`` adds the traceback),
@@ -81,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Terminated:
         write_line("fd-platforms: terminated")
         return 143
-    except Exception as exc:  # a bug of ours: still one line, the traceback only when asked for
+    except Exception as exc:  # noqa: BLE001 - a bug of ours: still one line, the traceback only when asked for
         if stdout_failed(exc):
             silence_stdout()
             write_line(

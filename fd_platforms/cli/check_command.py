@@ -114,7 +114,9 @@ def _matrix(results: list[PlatformResult]) -> str:
             continue
         rows.append((result.name, *(_cell(result, check) for check in CHECKS), "ok" if result.passed else "FAILED"))
         for outcome in result.checks:
-            notes.extend(f"{result.name} {outcome.check} FAILED {test}: {message}" for test, message in outcome.failures)
+            notes.extend(
+                f"{result.name} {outcome.check} FAILED {test}: {message}" for test, message in outcome.failures
+            )
             notes.extend(f"{result.name} {outcome.check} skipped: {reason}" for reason in outcome.skip_reasons)
     verdict = "all platforms pass" if all(r.passed for r in results) else "some platforms FAIL"
     unrun = [f"{r.name} {c.check}" for r in results if r.error is None for c in r.checks if c.status == "skip"]

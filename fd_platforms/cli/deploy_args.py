@@ -43,7 +43,8 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> tuple[argparse.Acti
     )  # fmt: skip
     add(
         "--device-memory", metavar="SIZE",
-        help="device memory per rank: 80GiB, 81920MiB, 80GB (powers of 1000) or bytes (default: the device's live facts)",
+        help="device memory per rank: 80GiB, 81920MiB, 80GB (powers of 1000) or bytes "
+        "(default: the device's live facts)",
     )  # fmt: skip
     add(
         "--non-cache-memory", metavar="SIZE",
@@ -64,8 +65,8 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> tuple[argparse.Acti
     )  # fmt: skip
     add(
         "--rule", choices=tuple(RULE_VERSIONS),
-        help=f"the create-or-attach rule's version the engine pins (default: {DEFAULT_RULE}; with --protocol fastdeploy "
-        "it must be pinned where the versions disagree; fd-platforms rules shows them)",
+        help=f"the create-or-attach rule's version the engine pins (default: {DEFAULT_RULE}; "
+        "with --protocol fastdeploy it must be pinned where the versions disagree; fd-platforms rules shows them)",
     )  # fmt: skip
     add("--role", choices=SPLITWISE_ROLES, help=f"splitwise role (default: {scheduler.splitwise_role})")
     add(
@@ -107,7 +108,9 @@ def deploy_config(args: argparse.Namespace) -> DeployConfig:
     if args.config:
         return load_deploy_config(args.config, overrides)
     if args.model is None:
-        raise ConfigError("--model", None, "a config.json or a folder holding one", "pass --model PATH or --config FILE")
+        raise ConfigError(
+            "--model", None, "a config.json or a folder holding one", "pass --model PATH or --config FILE"
+        )
     return deploy_config_from_overrides(overrides)
 
 

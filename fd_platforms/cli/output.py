@@ -13,9 +13,12 @@ from __future__ import annotations
 import io
 import os
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO, TypeGuard
 
 from ..ipc.console import printable
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 
 class _Descriptor(io.RawIOBase):
@@ -32,7 +35,7 @@ class _Descriptor(io.RawIOBase):
     def fileno(self) -> int:
         return self.fd
 
-    def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
+    def write(self, data: ReadableBuffer, /) -> int:
         try:
             return os.write(self.fd, data)
         except OSError as exc:
@@ -65,7 +68,7 @@ def take_stdout() -> None:
     _guard = _Descriptor(os.dup(fd))  # not inherited by child processes
     _output = _Printable(
         io.BufferedWriter(_guard), encoding=stream.encoding, errors=stream.errors,
-        line_buffering=stream.line_buffering, write_through=False,
+        line_buffering=bool(stream.line_buffering), write_through=False,
     )  # fmt: skip
     os.dup2(err, fd)
     sys.stdout = sys.stderr
@@ -82,7 +85,7 @@ def flush_output() -> None:
     (sys.stdout if _output is None else _output).flush()
 
 
-def stdout_failed(exc: BaseException) -> bool:
+def stdout_failed(exc: BaseException) -> TypeGuard[OSError]:
     """Whether ``exc`` is the error of a failed write of the command's output."""
     failed = None if _guard is None else _guard.failed
     return failed is not None and (failed is exc or (isinstance(exc, OSError) and exc.errno == failed.errno))

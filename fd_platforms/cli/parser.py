@@ -11,7 +11,7 @@ import argparse
 import difflib
 import re
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ..ipc.console import write_line
 
@@ -34,9 +34,9 @@ class DefaultsFormatter(argparse.HelpFormatter):
 class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line with a did-you-mean; defaults shown in ``--help``."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", DefaultsFormatter)
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         write_line(f"{self.prog}: error: {message}{self._hint(message)}")

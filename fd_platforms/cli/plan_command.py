@@ -40,7 +40,10 @@ def run(args: argparse.Namespace) -> int:
     deploy = deploy_config(args)
     if args.platform == "all" and args.device_memory is None:
         raise ConfigError(
-            "--device-memory", None, "a SIZE with --platform all", "pass e.g. --device-memory 80GiB to compare platforms"
+            "--device-memory",
+            None,
+            "a SIZE with --platform all",
+            "pass e.g. --device-memory 80GiB to compare platforms",
         )
     device_memory, non_cache, host_memory = memory_sizes(args)
     notes = tuple(
@@ -77,8 +80,8 @@ def _platforms(choice: str | None) -> tuple[list[Platform], tuple[str, ...]]:
     for name in names:
         probe = prober.probe(name)
         if probe.platform is None:
-            if choice != "all":
-                raise probe.error  # type: ignore[misc]
+            if choice != "all" and probe.error is not None:
+                raise probe.error
             continue  # a broken plugin has no facts to plan with; `fd-platforms list` shows why
         platforms.append(probe.platform)
     return platforms, ()
@@ -104,7 +107,9 @@ def _plan_row(
                 f"platform {platform.name} has no live memory facts here: {detection.reason}. "
                 "Fix: pass --device-memory SIZE to plan without the device"
             )
-        memory = memory_per_rank(platform.device_memory(0), platform.identity.device_type, parallel.tensor_parallel_size)
+        memory = memory_per_rank(
+            platform.device_memory(0), platform.identity.device_type, parallel.tensor_parallel_size
+        )
     else:
         memory = DeviceMemory(device_memory, None, None, "--device-memory")
     plan = platform.max_num_blocks(
@@ -191,7 +196,7 @@ def _tensors_text(row: dict[str, Any]) -> str:
 
 def _details(row: dict[str, Any]) -> str:
     memory = row["device_memory"]
-    limits = "; ".join(f"{l['kind']}={l['value']} ({l['reason']})" for l in row["limits"]) or "none declared"
+    limits = "; ".join(f"{lim['kind']}={lim['value']} ({lim['reason']})" for lim in row["limits"]) or "none declared"
     blocks = f"{row['num_blocks']} ({row['tokens']} tokens)"
     if row["num_blocks"] != row["memory_blocks"]:
         blocks += f"; memory alone would allow {row['memory_blocks']}"
@@ -233,7 +238,8 @@ def _shape_differences(rows: list[dict[str, Any]]) -> str:
     """Where the platforms allocate a layer's tensors differently (axis order, dtype): each one's
     tensors, blocks written N; nothing when they all agree."""
     shapes = {
-        r["platform"]: "; ".join(f"{t['role']} [N, {', '.join(map(str, t['shape'][1:]))}] {t['dtype']}" for t in r["layer_tensors"])
+        r["platform"]: "; ".join(f"{t['role']} [N, {', '.join(map(str, t['shape'][1:]))}] {t['dtype']}"
+                                 for t in r["layer_tensors"])
         for r in rows
     }  # fmt: skip
     if len(set(shapes.values())) < 2:

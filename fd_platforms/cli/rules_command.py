@@ -37,7 +37,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     versions = format_table(
         ("VERSION", "RULE", "ORIGIN"),
-        [(f"{v.name}{' (default)' if v.name == DEFAULT_RULE else ''}", v.text, v.origin) for v in RULE_VERSIONS.values()],
+        [
+            (f"{v.name}{' (default)' if v.name == DEFAULT_RULE else ''}", v.text, v.origin)
+            for v in RULE_VERSIONS.values()
+        ],
     )
     cases = format_table(
         ("CASE", *(name.upper() for name in names)),

@@ -202,9 +202,9 @@ def format_report(report: RunReport) -> str:
         + (f"MTP layers {report.mtp_num_blocks} blocks each, " if report.mtp_num_blocks is not None else "")
         + f"wall {report.wall_seconds:.2f} s"
     )
-    headers = ("RANK", "DEVICE", "CREATE", "DECIDED BY", "ALLOCATED BY", "BLOCKS", "CPU BLOCKS", "DEVICE MEM",
+    headers: tuple[str, ...] = ("RANK", "DEVICE", "CREATE", "DECIDED BY", "ALLOCATED BY", "BLOCKS", "CPU BLOCKS", "DEVICE MEM",
                "HOST MEM", "PINNED", "PLAN S", "ALLOCATE S", "WAIT S", "ATTACHED", "ATTACH S", "VERIFIED")
-    rows = [
+    rows: list[tuple[object, ...]] = [
         (
             rank.rank,
             rank.device,
@@ -234,7 +234,7 @@ def format_report(report: RunReport) -> str:
             + ("" if nodes.all_ranks else "; node 0 shows every node's ranks")
         )
         headers = ("NODE", "GLOBAL", *headers, "JOIN S")
-        rows = [(rank.node, rank.global_rank, *row, _seconds(rank.join_seconds)) for rank, row in zip(report.ranks, rows)]
+        rows = [(rank.node, rank.global_rank, *row, _seconds(rank.join_seconds)) for rank, row in zip(report.ranks, rows, strict=True)]
     table = header + "\n" + format_table(headers, rows)
     if not report.cycles:
         return table

@@ -117,7 +117,7 @@ def run_suite(
         try:
             done = subprocess.run(
                 command, cwd=scratch, env=_same_core(os.environ if environ is None else environ),
-                capture_output=True, text=True, timeout=timeout,
+                capture_output=True, text=True, timeout=timeout, check=False,
             )  # fmt: skip
         except subprocess.TimeoutExpired:
             return _with_error(base, f"the suite did not finish within {timeout:g} s. Fix: raise --timeout")
@@ -182,6 +182,6 @@ def _group(outcomes: Mapping[str, Mapping[str, str]]) -> list[CheckResult]:
             tally.skip_reasons.append(outcome["message"])
     return [
         CheckResult(check, tally.counts["passed"], tally.counts["failed"], tally.counts["skipped"],
-                    tuple(tally.failures), tuple(tally.skip_reasons))  # fmt: skip
+                    tuple(tally.failures), tuple(tally.skip_reasons))
         for check, tally in tallies.items()
     ]

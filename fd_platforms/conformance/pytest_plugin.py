@@ -31,9 +31,9 @@ from ..kit.placement import check_placeable
 from ..kit.probes import stated_fact
 from ..loading.discovery import discover
 from ..loading.isolation import call_plugin
-from ..loading.watchdog import detect_bound
 from ..loading.platform import Platform, load_platform, register_platform
 from ..loading.selection import single_candidate
+from ..loading.watchdog import detect_bound
 from . import CHECKS
 
 SUITE_DIR = Path(__file__).parent / "suite"
@@ -163,15 +163,14 @@ def fd_platform_simulated(fd_platform: Platform) -> Platform:
     """A copy of the platform whose ``paddle`` is its facts class's simulation (:data:`SIMULATED_DEVICES`
     devices of :data:`SIMULATED_BYTES`), registered as a plugin again; skips where there is none."""
     plugin = fd_platform.manager.get_plugin(fd_platform.name)
-    simulated = None
-    if isinstance(plugin, PaddlePlatform):
-        simulated = plugin.facts.simulated_paddle(plugin.device_type, SIMULATED_DEVICES, SIMULATED_BYTES)
-    if simulated is None:
+    if not isinstance(plugin, PaddlePlatform) or (
+        simulated := plugin.facts.simulated_paddle(plugin.device_type, SIMULATED_DEVICES, SIMULATED_BYTES)
+    ) is None:
         pytest.skip(f"{fd_platform.name} is not a PaddlePlatform whose facts class simulates Paddle")
     copy = dataclasses.replace(plugin, load_paddle=lambda: simulated)
     candidate = fd_platform.candidate
-    return call_plugin(candidate, "loading a simulated copy", lambda: register_platform(candidate, copy, drift_guard=False),
-                       detect_bound())  # fmt: skip
+    return call_plugin(candidate, "loading a simulated copy",
+                       lambda: register_platform(candidate, copy, drift_guard=False), detect_bound())  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -78,7 +78,7 @@ def _run(label: str, conn: Connection, spec: RunSpec, body: Body, *args: Any) ->
         sys.exit(1)
     except FdPlatformsError as exc:
         _send_error(conn, type(exc).__name__, str(exc), exc.exit_code)
-    except Exception as exc:  # not ours: still one line for the engine, never a traceback
+    except Exception as exc:  # noqa: BLE001 - not ours: still one line for the engine, never a traceback
         _send_error(conn, type(exc).__name__, str(exc) or repr(exc), 1)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # exiting already: let the exit handlers finish
@@ -99,10 +99,8 @@ def _stop_with_the_engine() -> None:
 
 
 def _send_error(conn: Connection, kind: str, message: str, exit_code: int) -> None:
-    try:
+    with contextlib.suppress(OSError):  # the engine is gone; it will not read the error
         conn.send(("error", (kind, message, exit_code)))
-    except OSError:
-        pass  # the engine is gone; it will not read the error
     sys.exit(exit_code)
 
 

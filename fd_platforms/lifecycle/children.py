@@ -7,6 +7,7 @@ report theirs, so one error message tells what happened to every process.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import time
 from collections.abc import Callable, Sequence
@@ -14,11 +15,14 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..contract.errors import RunError
 from ..ipc.process_watch import describe_exit
 from .interrupts import sigint_ignored_by_children
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11's
+    from typing_extensions import Self
 
 FAILURE_GRACE = 2.0  # seconds the rest of a phase may still report after its first failure
 STOP_SECONDS = 5.0  # seconds children get to exit after "stop" or SIGTERM, before SIGKILL
@@ -59,10 +63,8 @@ class Children:
     def send(self, children: Sequence[Child], kind: str, payload: Any = None) -> None:
         """Send ``(kind, payload)`` to each child; one that is gone is reported by the next collect."""
         for child in children:
-            try:
+            with contextlib.suppress(OSError):
                 child.conn.send((kind, payload))
-            except OSError:
-                pass
 
     def collect(self, children: Sequence[Child], kind: str, timeout: float) -> dict[Child, Any]:
         """The payload of each child's next message, which must be ``kind``; :class:`RunError` otherwise.
@@ -94,8 +96,8 @@ class Children:
         if not failed:
             for child in waiting:
                 failed[child] = (
-                    f"sent no {kind!r} within {timeout:g} s (pid {child.pid} still running). "
-                    "Fix: raise --timeout if this phase legitimately takes longer",
+                    (f"sent no {kind!r} within {timeout:g} s (pid {child.pid} still running). "
+                     "Fix: raise --timeout if this phase legitimately takes longer"),
                     1,
                 )
         if failed:
@@ -115,7 +117,8 @@ class Children:
                 continue
             child.process.join(max(0.0, deadline - time.monotonic()))
             if child.process.exitcode not in (None, 0):
-                ended.append((child.label, f"pid {child.pid} {describe_exit(child.process.exitcode)} during this phase"))
+                died = describe_exit(child.process.exitcode)
+                ended.append((child.label, f"pid {child.pid} {died} during this phase"))
         return tuple(ended)
 
     def _receive(self, child: Child) -> tuple[str, Any] | None:
@@ -123,7 +126,7 @@ class Children:
         if not child.conn.poll(0):
             return None  # only the sentinel was ready: it ended without a message
         try:
-            return child.conn.recv()  # type: ignore[no-any-return]
+            return child.conn.recv()
         except (EOFError, OSError):
             return None
 
@@ -158,7 +161,7 @@ class Children:
         for child in self.started:
             child.process.join(max(0.0, deadline - time.monotonic()))
 
-    def __enter__(self) -> Children:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(

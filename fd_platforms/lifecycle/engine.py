@@ -167,7 +167,7 @@ class _Run:
         the agreement's summary; also the barrier that ends the run on every node together."""
         nodes = self.spec.nodes
         assert nodes is not None
-        for worker, report in zip(self.workers, ranks):  # each worker adds its own row
+        for worker, report in zip(self.workers, ranks, strict=True):  # each worker adds its own row
             self.children.send([worker], "share", json.dumps(asdict(report)))
         rows = self.children.collect(self.workers, "share", self.spec.timeout + MARGIN_SECONDS)  # across nodes
         texts: list[str] = rows[self.workers[0]]
@@ -187,7 +187,7 @@ class _Run:
         answers = self._ask(self.everyone, "rss")
         return {"engine": resident_bytes(), **{child.label: answers[child] for child in self.everyone}}
 
-    def _ask(self, children: Sequence[Child], kind: str, payload: object = None) -> dict[Child, object]:
+    def _ask(self, children: Sequence[Child], kind: str, payload: object = None) -> dict[Child, Any]:
         self.children.send(children, kind, payload)
         return self.children.collect(children, kind, self.spec.timeout + self.spec.margin)
 
@@ -242,7 +242,7 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
                 say(f"every rank planned; each uses {final.num_blocks} blocks (the minimum across ranks)")
             else:
                 bound = agreement.bound_by
-                say(f"every rank of {spec.nodes.nnodes} nodes planned; each uses {final.num_blocks} blocks "  # type: ignore[union-attr]
+                say(f"every rank of {spec.nodes.nnodes} nodes planned; each uses {final.num_blocks} blocks "  # type: ignore[union-attr]  # agreed: nodes
                     f"(the minimum, node {bound.node} rank {bound.local_rank}'s plan)")  # fmt: skip
             creators = {rank: worker.pid for rank, worker in enumerate(workers)} if workers_create else None
             if run.manager is not None:

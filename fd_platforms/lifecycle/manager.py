@@ -59,8 +59,12 @@ def _manage(conn: Connection, say: Progress, spec: RunSpec, ranks: tuple[int, ..
                 if host is not None:
                     kept[rank] = host
 
+        def mark(token: int) -> None:
+            for cache in held.values():
+                write_tokens(cache.kv_cache.tensors, token, last=False)
+
         serve(conn, spec.hold_timeout, {
-            "mark": lambda token: [write_tokens(cache.kv_cache.tensors, token, last=False) for cache in held.values()],
+            "mark": mark,
             "check": lambda token: {rank: read_tokens(cache.kv_cache.tensors, token, last=True)
                                     for rank, cache in held.items()},
             "verify": lambda tokens: {rank: verify_attached(cache.kv_cache.tensors, *tokens)
@@ -95,7 +99,8 @@ def _take_all(
     allocations = []
     for rank in ranks:
         size = format_size(spec.layout(rank).device_bytes(plan.num_blocks))
-        swap = f"{format_size(plan.num_cpu_blocks * plan.bytes_per_block)} of host swap space ({plan.num_cpu_blocks} blocks)"
+        swap_bytes = format_size(plan.num_cpu_blocks * plan.bytes_per_block)
+        swap = f"{swap_bytes} of host swap space ({plan.num_cpu_blocks} blocks)"
         started = time.monotonic()
         host_cache = kept.pop(rank, None)
         verb = "allocating" if host_cache is None else "reusing the kept"  # kept across the clear

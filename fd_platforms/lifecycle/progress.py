@@ -22,7 +22,8 @@ class Progress:
             write_line(f"fd-platforms: {self.prefix}{message}")
 
     def allocation(self, what: str) -> Callable[[int, int], None] | None:
-        """A KV-cache allocation callback (an engine call's ``progress=``: blocks done, of total) printing ``what: X of Y`` at most once a second."""
+        """A KV-cache allocation callback (an engine call's ``progress=``: blocks done, of total) printing
+        ``what: X of Y`` at most once a second."""
         if self.quiet:
             return None
         next_line = time.monotonic() + ALLOCATION_INTERVAL

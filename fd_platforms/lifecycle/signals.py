@@ -12,9 +12,13 @@ given) — and the children get the suffix. The protocol's object
 from __future__ import annotations
 
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from ..engine import protocol_named
 from .spec import RunSpec
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11's
+    from typing_extensions import Self
 
 
 class EngineSignals:
@@ -38,7 +42,7 @@ class EngineSignals:
     def close(self) -> None:
         self._held.close()
 
-    def __enter__(self) -> EngineSignals:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(

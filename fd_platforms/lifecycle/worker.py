@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import Any
 
 from ..contract.errors import FdPlatformsError
 from ..contract.paddle_import import import_paddle
@@ -94,7 +96,7 @@ def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, instance: s
             state["cache"] = _initialize(platform, spec, rank, instance, final, manager_pid, say)
             return _result(state["cache"])
 
-        handlers = {
+        handlers: dict[str, Callable[[Any], Any]] = {  # the engine's payloads come off a pipe
             "verify": lambda tokens: verify_attached(state["cache"].tensors, *tokens),
             "mark": lambda token: write_tokens(state["cache"].tensors, token, last=False),
             "check": lambda token: read_tokens(state["cache"].tensors, token, last=True),
@@ -140,7 +142,7 @@ def _initialize(
     request = spec.cache_request(rank, final, instance, profile=spec.profile, creator_pid=manager_pid)
     cache = initialize_kv_cache(platform, request, progress=say.allocation(f"creating {size}"))
     if cache.created:
-        say(f"created {format_size(cache.nbytes)} of KV cache ({cache.decision.deciding_term}: {cache.decision.reason})")  # type: ignore[union-attr]
+        say(f"created {format_size(cache.nbytes)} of KV cache ({cache.decision.deciding_term}: {cache.decision.reason})")  # type: ignore[union-attr]  # initialize_kv_cache sets it
     else:
         say(f"attached to {len(cache.tensors)} tensors of the cache manager's KV cache in {cache.attach_seconds:.3f} s")
     return cache
@@ -151,7 +153,7 @@ def _result(cache: KVCache) -> WorkerResult:
     if cache.created:
         allocation = Allocation(cache.rank, cache.device, cache.nbytes, 0, None, None, cache.create_seconds or 0.0)
     return WorkerResult(
-        decision=cache.decision,  # type: ignore[arg-type]
+        decision=cache.decision,  # type: ignore[arg-type]  # initialize_kv_cache sets it
         allocation=allocation,
         wait_seconds=cache.wait_seconds,
         attached_tensors=0 if cache.created else len(cache.tensors),

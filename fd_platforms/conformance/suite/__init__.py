@@ -13,7 +13,7 @@ from ...rules.config.settings import CacheConfig, ParallelConfig
 from ...rules.layout import CacheLayout, build_layout
 from ..pytest_plugin import HOOKS_MARKER
 
-hooks = getattr(pytest.mark, HOOKS_MARKER)
+hooks: pytest.MarkDecorator = getattr(pytest.mark, HOOKS_MARKER)
 
 SMALL_MODEL = ModelConfig(
     name="conformance-gqa", num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=128

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -38,7 +39,7 @@ def test_the_drift_guard_would_accept_it(fd_platform: Platform, fd_platform_rule
 @pytest.mark.parametrize(
     ("field", "value"), [("splitwise_role", "both"), ("storage_backend", "redis"), ("num_cpu_blocks", -1)]
 )
-def test_bad_inputs_are_config_errors(fd_platform: Platform, field: str, value: object) -> None:
+def test_bad_inputs_are_config_errors(fd_platform: Platform, field: str, value: Any) -> None:
     inputs = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "mixed", field: value}
     with pytest.raises(ConfigError, match="Fix:"):
         fd_platform.should_create_cache_tensor(**inputs)

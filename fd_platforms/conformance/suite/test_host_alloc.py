@@ -4,6 +4,7 @@ release, the unpinned path."""
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -70,6 +71,6 @@ def test_pinned_or_the_documented_unpinned_path(fd_platform: Platform) -> None:
 
 @hooks("host_alloc")
 @pytest.mark.parametrize("nbytes", [0, -1, 1.5])
-def test_bad_sizes_are_config_errors(fd_platform: Platform, nbytes: object) -> None:
+def test_bad_sizes_are_config_errors(fd_platform: Platform, nbytes: Any) -> None:
     with pytest.raises(ConfigError, match="nbytes"):
-        fd_platform.host_alloc(nbytes, require_pinned=False)  # type: ignore[arg-type]
+        fd_platform.host_alloc(nbytes, require_pinned=False)

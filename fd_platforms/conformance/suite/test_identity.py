@@ -52,7 +52,7 @@ def test_detection_never_imports_paddle(fd_platform_name: str) -> None:
         f"load_platform(single_candidate(discover(), {fd_platform_name!r}), drift_guard=False).detect()\n"
         "print(sorted(name for name in ('paddle', 'torch', 'numpy') if name in sys.modules))\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", f"importing the plugin and detect_platform imported {done.stdout.strip()}"
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ from ...kit.device_facts import write_element
 from ...loading.platform import Platform
 from . import hooks, small_layout
 
-ATTACHING = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "decode"}
+ATTACHING: dict[str, Any] = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "decode"}
 OPEN_IN_ANOTHER_PROCESS = """
 import os, sys
 from fd_platforms.kit.device_facts import write_element
@@ -63,7 +64,7 @@ def test_a_platform_that_cannot_share_refuses_an_attaching_worker_when_it_decide
         pytest.skip(f"{fd_platform.name} shares cache tensors between processes")
     request.getfixturevalue("fd_paddle")  # the engine API imports paddle before it decides
     started = time.monotonic()
-    with pytest.raises(CacheSharingError, match="deciding term splitwise_role.*cannot share KV cache tensors"):
+    with pytest.raises(CacheSharingError, match=r"deciding term splitwise_role.*cannot share KV cache tensors"):
         initialize_kv_cache(fd_platform, small_layout(), 2, instance=signal.name, timeout=60, **ATTACHING)
     assert time.monotonic() - started < 10, "refused when deciding, not after waiting for the cache"
 
@@ -96,7 +97,7 @@ def test_an_exported_tensor_is_zero_filled_and_opened_zero_copy_by_another_proce
         write_element(shared.tensor, (1, 2), 37)  # into its own memory on every device
         done = subprocess.run(
             [sys.executable, "-c", OPEN_IN_ANOTHER_PROCESS, shareable.name, name, shared.handle, device],
-            capture_output=True, text=True, timeout=300,
+            capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert done.stdout.split()[-1] == "37", "the other process reads what this one wrote"
@@ -110,7 +111,7 @@ def test_a_handle_whose_exporter_is_gone_is_a_sharing_error(shareable: Platform,
     name = f"fd_kv.conformance-{os.getpid()}.gone"
     done = subprocess.run(
         [sys.executable, "-c", EXPORT_AND_EXIT, shareable.name, name, device],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     with pytest.raises(CacheSharingError, match=name.replace(".", r"\.")):

@@ -54,7 +54,8 @@ class XpuFacts(DeviceFacts):
     def confirm(self) -> Detection:
         if not self.paddle.is_compiled_with_xpu():
             return Detection(
-                False, f"this paddle build has no XPU support (paddle.is_compiled_with_xpu() is False). Fix: {INSTALL_HINT}"
+                False,
+                f"this paddle build has no XPU support (paddle.is_compiled_with_xpu() is False). Fix: {INSTALL_HINT}",
             )
         count = int(self.paddle.device.xpu.device_count())
         if count == 0:
