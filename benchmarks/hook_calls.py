@@ -18,14 +18,16 @@ import json
 import os
 import sys
 import timeit
+from collections.abc import Callable
 from importlib import metadata
+from typing import Any
 
 import pluggy
 
+from fd_platforms.builtin import cpu as builtin_cpu
 from fd_platforms.contract import hookspecs
 from fd_platforms.contract.hookspecs import hookimpl
 from fd_platforms.contract.types import Detection, DeviceMemory, PlatformIdentity
-from fd_platforms.builtin import cpu as builtin_cpu
 from fd_platforms.loading import defaults
 from fd_platforms.loading.discovery import Candidate
 from fd_platforms.loading.platform import Platform, register_platform
@@ -70,9 +72,9 @@ def plain_manager(plugin: object, name: str) -> pluggy.PluginManager:
     return manager
 
 
-def per_call_us(call: object, calls: int, repeat: int) -> float:
+def per_call_us(call: Callable[[], object], calls: int, repeat: int) -> float:
     """The fastest of ``repeat`` runs of ``calls`` calls, in microseconds per call."""
-    return min(timeit.repeat(call, number=calls, repeat=repeat)) / calls * 1e6  # type: ignore[arg-type]
+    return min(timeit.repeat(call, number=calls, repeat=repeat)) / calls * 1e6
 
 
 ANCHOR = "plain pluggy call: the cpu platform's device_memory (anchor)"
@@ -81,7 +83,11 @@ MEASURED = "Platform.device_memory(0) on the cpu platform"
 
 def measure(calls: int, repeat: int) -> list[dict[str, object]]:
     cpu = select_platform({"FD_PLATFORM": "cpu"}).platform
-    plain_cpu, bench, plain_bench = plain_manager(builtin_cpu, "cpu"), bench_platform(), plain_manager(BenchPlugin(), "b")
+    plain_cpu, bench, plain_bench = (
+        plain_manager(builtin_cpu, "cpu"),
+        bench_platform(),
+        plain_manager(BenchPlugin(), "b"),
+    )
     runs = {
         ANCHOR: lambda: plain_cpu.hook.device_memory(device_id=0),
         MEASURED: lambda: cpu.device_memory(0),
@@ -94,9 +100,9 @@ def measure(calls: int, repeat: int) -> list[dict[str, object]]:
     ]
 
 
-def ratio(rows: list[dict[str, object]]) -> dict[str, object]:
+def ratio(rows: list[dict[str, Any]]) -> dict[str, object]:
     """The platform's call as a multiple of the plain pluggy call, both from the same run."""
-    us = {row["measurement"]: float(row["us_per_call"]) for row in rows}  # type: ignore[arg-type]
+    us = {row["measurement"]: float(row["us_per_call"]) for row in rows}
     anchor, measured = us[ANCHOR], us[MEASURED]
     value = measured / anchor
     return {"ratio": round(value, 2), "goal": GOAL_RATIO, "met": value <= GOAL_RATIO}

@@ -45,6 +45,7 @@ Run from the repository root:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -85,7 +86,7 @@ START_SECONDS = 180.0  # the creator's start (spawn, imports) on a loaded machin
 STEP_SECONDS = 120.0  # any one step of the creator, and any wait of this process for a slot
 CLEAR_SECONDS = 30.0  # a creator's clear waits at most this long for the attacher to let go
 SHM_DIR = Path("/dev/shm")
-DECODE = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "decode"}
+DECODE: dict[str, Any] = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "decode"}
 
 
 def layout_of(model: str) -> CacheLayout:
@@ -157,17 +158,15 @@ def creator(instance: str, link: Connection) -> None:
                     result.update(publish(*argument))
                 else:
                     raise ValueError(f"unknown request {kind!r}")
-            except Exception as exc:  # reported to the benchmark, which stops with it; a worker waiting for
+            except Exception as exc:  # noqa: BLE001 - reported to the benchmark, which stops with it; a worker waiting for
                 link.send(("error", f"{type(exc).__name__}: {exc}"))  # the slot sees this process exit
                 return
             else:
                 link.send(("ok", result))
     finally:
         if managed is not None:
-            try:
+            with contextlib.suppress(Exception):  # the benchmark removes what is left once this process is gone
                 managed.clear(5.0)
-            except Exception:  # the benchmark removes what is left once this process is gone
-                pass
 
 
 def anchors(nbytes: int, tensor_bytes: list[int], repeat: int) -> dict[str, list[float]]:
@@ -309,10 +308,8 @@ class Run:
             print(f"kv_share.py: clearing this process's cache failed: {exc}", file=sys.stderr)
             self.cache = None
         if self.process.pid is not None and self.process.is_alive():
-            try:
+            with contextlib.suppress(OSError):
                 self.link.send(("stop", None))
-            except OSError:
-                pass
             self.process.join(CLEAR_SECONDS + 10)
         if self.process.pid is not None and self.process.is_alive():
             self.process.kill()
@@ -321,10 +318,8 @@ class Run:
         self.ready.close()
         for entry in os.listdir(SHM_DIR):  # a creator that had to be killed leaves its publication
             if entry.startswith(f"{PUBLICATION_PREFIX}{self.instance}.") or entry == SIGNAL_PREFIX + self.instance:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(SHM_DIR / entry)
-                except FileNotFoundError:
-                    pass
 
 
 def resident(pid: int) -> int:
@@ -377,14 +372,14 @@ def measure_model(run: Run, model: str, size: int, repeat: int, warmup: int, cyc
         "memset_ratio": round(memset_s / create_s, 3),
     }  # fmt: skip
     create["met"] = create["ratio"] >= GOAL["ratio"]
-    attach = {
+    attach: dict[str, Any] = {
         **base, "measure": "attach", "samples": repeat, "attach_ms": ms(median(fresh, "attach_s")),
         "wait_ms": ms(median(fresh, "wait_s")), "initialize_ms": ms(median(fresh, "call_s")),
         "first_attach_ms": ms(first["attach_s"]),
     }  # fmt: skip
     attach["met"] = attach["attach_ms"] <= GOAL["attach_ms"]
     overheads = [sample["cycle_s"] - sample["export_s"] for sample in full]
-    recreate = {
+    recreate: dict[str, Any] = {
         **base, "measure": "recreate", "samples": repeat, "cycle_ms": ms(median(full, "cycle_s")),
         "export_ms": ms(median(full, "export_s")), "overhead_ms": ms(statistics.median(overheads)),
         "attacher_clear_ms": ms(median(full, "attacher_clear_s")),
@@ -426,6 +421,7 @@ def gib_s(nbytes: int, seconds: float) -> float:
 
 def machine() -> dict[str, Any]:
     """The facts the numbers depend on."""
+    cpus_usable: int | None
     try:
         cpus_usable = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux

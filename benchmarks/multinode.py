@@ -40,8 +40,8 @@ def command(model: str, memory: str, *extra: str) -> list[str]:
 def finish(process: subprocess.Popen[str]) -> dict[str, Any]:
     stdout, stderr = process.communicate(timeout=300)
     if process.returncode != 0:
-        raise SystemExit(f"multinode.py: {' '.join(map(str, process.args[2:]))} failed: {stderr.strip()}")  # type: ignore[index]
-    return json.loads(stdout)  # type: ignore[no-any-return]
+        raise SystemExit(f"multinode.py: {' '.join(map(str, process.args[2:]))} failed: {stderr.strip()}")  # type: ignore[index]  # a list: command()
+    return json.loads(stdout)
 
 
 def sample(model: str, memory: str) -> dict[str, dict[str, Any]]:
@@ -58,7 +58,12 @@ def sample(model: str, memory: str) -> dict[str, dict[str, Any]]:
     reports = [finish(process) for process in nodes]
     ranks = reports[0]["ranks"]  # node 0 reports every node's ranks
     return {
-        "1 node": {"run_s": one["wall_seconds"], "num_blocks": one["ranks"][0]["num_blocks"], "join_s": None, "agree_s": None},
+        "1 node": {
+            "run_s": one["wall_seconds"],
+            "num_blocks": one["ranks"][0]["num_blocks"],
+            "join_s": None,
+            "agree_s": None,
+        },
         "2 nodes": {
             "run_s": max(report["wall_seconds"] for report in reports),
             "num_blocks": ranks[0]["num_blocks"],

@@ -18,7 +18,9 @@ import subprocess
 import sys
 import sysconfig
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 # A child prints "<seconds> <peak RSS KiB>" for the timed statement.
 TIMED = (
@@ -38,8 +40,7 @@ MEASUREMENTS = {
 
 
 def child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("FD_PLATFORM", "FD_PLATFORM_PLUGINS")}
-    return env
+    return {k: v for k, v in os.environ.items() if k not in ("FD_PLATFORM", "FD_PLATFORM_PLUGINS")}
 
 
 def timed_statement(statement: str) -> tuple[float, float]:
@@ -61,10 +62,10 @@ def wall(command: list[str]) -> tuple[float, float]:
 def measure(repeat: int) -> list[dict[str, object]]:
     script = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")
     runs = {
-        name: (lambda s=statement: timed_statement(s)) if statement else (lambda: wall([sys.executable, "-c", "pass"]))
+        name: partial(timed_statement, statement) if statement else partial(wall, [sys.executable, "-c", "pass"])
         for name, statement in MEASUREMENTS.items()
     }
-    runs["fd-platforms list (whole command, wall)"] = lambda: wall([script, "list"])
+    runs["fd-platforms list (whole command, wall)"] = partial(wall, [script, "list"])
     rows = []
     for name, run in runs.items():
         samples = [run() for _ in range(repeat)]
@@ -84,10 +85,10 @@ SELECTION, ANCHOR = "discovery + selection (all installed)", "import paddle"
 GOAL_RATIO = 0.05  # discovery + selection should cost at most 5 % of importing paddle, which every worker pays
 
 
-def ratio(rows: list[dict[str, object]]) -> dict[str, object]:
+def ratio(rows: list[dict[str, Any]]) -> dict[str, object]:
     """Discovery + selection as a fraction of ``import paddle``, both medians of the same run."""
     median = {row["measurement"]: row["median_ms"] for row in rows}
-    value = float(median[SELECTION]) / float(median[ANCHOR])  # type: ignore[arg-type]
+    value = float(median[SELECTION]) / float(median[ANCHOR])
     return {"ratio": round(value, 3), "goal": GOAL_RATIO, "met": value <= GOAL_RATIO}
 
 

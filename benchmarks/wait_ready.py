@@ -44,6 +44,7 @@ import sys
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 try:
@@ -52,8 +53,11 @@ except ModuleNotFoundError:
     sys.path.insert(0, str(ROOT))
 
 from fd_platforms.cli.table import format_table  # noqa: E402
-from fd_platforms.ipc.cache_signal import CacheReadySignal  # noqa: E402
 from fd_platforms.fastdeploy.signals import CACHE_READY, FastDeploySignal  # noqa: E402
+from fd_platforms.ipc.cache_signal import CacheReadySignal  # noqa: E402
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11's
+    from typing_extensions import Self
 
 POLL_INTERVALS = {"poll-1s": 1.0, "poll-100ms": 0.1, "poll-10ms": 0.01, "poll-2ms": 0.002}
 FASTDEPLOY, FOREIGN = "fastdeploy", "fastdeploy-foreign"
@@ -89,7 +93,7 @@ class FastDeployBoard:
             self._foreign.close()
         self.signal.close()
 
-    def __enter__(self) -> FastDeployBoard:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -116,7 +120,8 @@ def _wait(signal: CacheReadySignal | FastDeploySignal, strategy: str, setter_pid
 def waiter(name: str, strategy: str, setter_pid: int, cpu_seconds: float, rounds: int, link: Connection) -> None:
     """The waiter process: one long wait for CPU, then ``rounds`` short ones for latency."""
     fastdeploy = strategy in (FASTDEPLOY, FOREIGN)
-    with FastDeploySignal.attach(*name.split(".", 1)) if fastdeploy else CacheReadySignal.attach(name) as signal:
+    kind, _, suffix = name.partition(".")
+    with FastDeploySignal.attach(kind, suffix) if fastdeploy else CacheReadySignal.attach(name) as signal:
         link.send("ready")
         cpu_start, wall_start = time.process_time(), time.monotonic()
         _wait(signal, strategy, setter_pid, cpu_seconds + 60)
@@ -189,10 +194,10 @@ def percentile(ordered: list[float], percent: float) -> float:
     return ordered[int(index)]
 
 
-def meets_goal(row: dict[str, object]) -> bool:
+def meets_goal(row: dict[str, Any]) -> bool:
     """Whether a row meets all three of its goals at once (a foreign store has its own)."""
     goal = FOREIGN_GOAL if row["strategy"] == FOREIGN else GOAL
-    return all(float(row[key]) <= limit for key, limit in goal.items())  # type: ignore[arg-type]
+    return all(float(row[key]) <= limit for key, limit in goal.items())
 
 
 def render(table: list[dict[str, object]], cpu_seconds: float) -> str:
@@ -204,7 +209,9 @@ def render(table: list[dict[str, object]], cpu_seconds: float) -> str:
         for row in table
     ]
     goals = f"goal p50<=0.2 ms, p99<=1 ms, cpu<=0.5 %; {FOREIGN}: p50<=10 ms, p99<=20 ms, cpu<=0.1 %"
-    return f"waiter CPU over a {cpu_seconds:g} s wait; latency from set to return; {goals}\n" + format_table(headers, lines)
+    return f"waiter CPU over a {cpu_seconds:g} s wait; latency from set to return; {goals}\n" + format_table(
+        headers, lines
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

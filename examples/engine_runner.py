@@ -2,11 +2,13 @@
 attaches again, on the public engine API of docs/engine-integration.md. Runs from any folder."""
 
 import multiprocessing
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import fd_platforms
 from fd_platforms.engine import (
     CacheConfig,
+    CacheLayout,
     CacheReadySignal,
     DeviceMemory,
     ParallelConfig,
@@ -23,22 +25,23 @@ MEMORY = DeviceMemory(64 << 20, None, None, "this example's 64 MiB")  # leave ou
 TIMEOUT = 30.0  # bounds every wait below
 
 
-def rank0_layout():
+def rank0_layout() -> CacheLayout:
     return build_layout(load_model_config(MODEL), CACHE, ParallelConfig(tensor_parallel_size=1, local_rank=0))
 
 
-def receive(conn, what):
+def receive(conn: Connection, what: str) -> object:
     if not conn.poll(TIMEOUT):
         raise TimeoutError(f"no {what} within {TIMEOUT:g} s")
     return conn.recv()
 
 
-def cache_manager(instance, num_blocks, num_cpu_blocks, conn):
+def cache_manager(instance: str, num_blocks: int, num_cpu_blocks: int, conn: Connection) -> None:
     platform = fd_platforms.current_platform()
     for cycle in (1, 2):
         managed = manage_kv_cache(platform, rank0_layout(), num_blocks, num_cpu_blocks=num_cpu_blocks,
                                            instance=instance)  # publishes, then sets rank 0's slot
         managed.kv_cache.tensors[0][0, 0, 0, 0] = 100.0 + cycle  # for the runner to read
+        assert managed.host_cache is not None  # num_cpu_blocks > 0: the manager holds the host swap space
         conn.send(managed.host_cache.num_blocks)
         receive(conn, '"clear" from the engine')  # sent once the runner has let go
         written = managed.kv_cache.tensors[-1][-1, -1, -1, -1].item()  # the runner's write
@@ -46,7 +49,7 @@ def cache_manager(instance, num_blocks, num_cpu_blocks, conn):
         conn.send(written)
 
 
-def main():
+def main() -> int:
     platform = fd_platforms.current_platform()
     layout = rank0_layout()
     plan = min_across_ranks([platform.max_num_blocks(layout=layout, cache=CACHE, memory=MEMORY)])
@@ -65,6 +68,7 @@ def main():
                     storage_backend=None, splitwise_role="decode", instance=signal.name, creator_pid=manager.pid,
                     timeout=TIMEOUT)
                 seen = cache.tensors[0][0, 0, 0, 0].item()
+                assert cache.decision is not None  # initialize_kv_cache's cache holds the rule's answer
                 cache.tensors[-1][-1, -1, -1, -1] = 7.0 * cycle
                 print(f"cycle {cycle}: attached={not cache.created} (deciding term {cache.decision.deciding_term}), "
                       f"{len(cache.tensors)} tensors, read {seen} written by the cache manager")

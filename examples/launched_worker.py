@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import fd_platforms
@@ -27,6 +28,7 @@ from fd_platforms.engine import (
     DeviceMemory,
     FdPlatformsError,
     ParallelConfig,
+    Plan,
     build_layout,
     load_model_config,
 )
@@ -39,7 +41,7 @@ MAX_MIB = 1 << 24  # 16 TiB of device memory: more is a typo
 LOCAL_RANKS = 2  # the ranks this example starts on this machine when run without a launcher
 
 
-def plan_this_rank(memory_mib, tp=2):
+def plan_this_rank(memory_mib: int, tp: int = 2) -> tuple[Plan, dict[str, object]]:
     """This rank's own plan on ``memory_mib`` of device memory, and the facts every node must share."""
     platform = fd_platforms.current_platform()
     layout = build_layout(load_model_config(MODEL), CACHE, ParallelConfig(tensor_parallel_size=2, local_rank=0))
@@ -49,7 +51,7 @@ def plan_this_rank(memory_mib, tp=2):
     return plan, facts
 
 
-def worker(memory_mib):
+def worker(memory_mib: list[int]) -> None:
     import paddle.distributed as dist
     from paddle.distributed import fleet
 
@@ -57,7 +59,7 @@ def worker(memory_mib):
     plan, facts = plan_this_rank(memory_mib[dist.get_rank()])
     cluster = Cluster.current(facts=facts, timeout=TIMEOUT)
     agreement = cluster.agree(plan)  # every rank of every node: the fewest blocks
-    node, local = cluster.nodes.locate(cluster.global_rank)
+    _, local = cluster.nodes.locate(cluster.global_rank)
     if local == 0 and os.environ.get("ENGINE_SUFFIX"):  # the node's FastDeploy engine waits on this word
         hand_off_block_count(os.environ["ENGINE_SUFFIX"], agreement.plan.num_blocks)
     bound = agreement.bound_by
@@ -65,7 +67,7 @@ def worker(memory_mib):
           f"(node {bound.node} rank {bound.local_rank}'s plan)", flush=True)
 
 
-def mebibytes(raw):
+def mebibytes(raw: str) -> int:
     """One rank's ``--memory-mib`` value: a whole number of MiB from 1 to :data:`MAX_MIB`."""
     if not re.fullmatch(r"[0-9]{1,9}", raw) or not 1 <= int(raw) <= MAX_MIB:
         raise argparse.ArgumentTypeError(
@@ -75,7 +77,7 @@ def mebibytes(raw):
     return int(raw)
 
 
-def parse_args(argv, environ=os.environ):
+def parse_args(argv: list[str], environ: Mapping[str, str] = os.environ) -> argparse.Namespace:
     """``--memory-mib`` (one value per global rank: the launcher's ``PADDLE_TRAINERS_NUM``, or the
     :data:`LOCAL_RANKS` this example launches) and ``ENGINE_SUFFIX``, checked before anything is planned;
     argparse's exit 2 with one line otherwise."""
@@ -103,7 +105,7 @@ def parse_args(argv, environ=os.environ):
     return args
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if "PADDLE_TRAINER_ID" in os.environ:  # started by the launcher
         try:
@@ -116,7 +118,7 @@ def main(argv):
     with tempfile.TemporaryDirectory() as logs:
         done = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(LOCAL_RANKS),
                                "--log_dir", logs, __file__, "--memory-mib", memory],
-                              capture_output=True, text=True, timeout=TIMEOUT + 60)  # fmt: skip
+                              capture_output=True, text=True, timeout=TIMEOUT + 60, check=False)  # fmt: skip
         for rank in range(LOCAL_RANKS):  # each rank's line (or error) from its log, among Paddle's own
             for line in (Path(logs) / f"workerlog.{rank}").read_text().splitlines():
                 if line.startswith(f"rank {rank}: "):

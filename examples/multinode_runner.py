@@ -28,7 +28,7 @@ CACHE = CacheConfig()
 TIMEOUT = 60.0  # bounds every wait below
 
 
-def node(node_rank, master, memory_mib):
+def node(node_rank: int, master: str, memory_mib: int) -> None:
     platform = fd_platforms.current_platform()
     layout = build_layout(load_model_config(MODEL), CACHE, ParallelConfig(tensor_parallel_size=2, local_rank=0))
     memory = DeviceMemory(memory_mib << 20, None, None, "this example's --memory-mib")
@@ -47,7 +47,7 @@ def node(node_rank, master, memory_mib):
         cache.clear(TIMEOUT)
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     if argv:
         node(int(argv[argv.index("--node-rank") + 1]), argv[argv.index("--master") + 1],
              int(argv[argv.index("--memory-mib") + 1]))
