@@ -343,6 +343,7 @@ def _check_stated_shapes(args: object, settings: FastDeploySettings) -> None:
     """The shapes the command line states, checked as the engine calls check ``tensor_specs`` against the layout
     (:func:`~fd_platforms.rules.shapes.engine_shaped`), the error naming the flag of the first tensor that differs."""
     layout, specs, blocks = settings.layout(), settings.tensor_specs or (), settings.num_blocks or 0
+    layout.check_mtp_blocks(blocks)  # the ratio's own error (named by its flag), before the shapes it makes
     try:
         engine_shaped(layout, specs, blocks)
     except ConfigError as error:

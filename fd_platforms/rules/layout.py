@@ -269,6 +269,19 @@ class CacheLayout:
         """Blocks an MTP layer's tensors hold on the device when the rank has ``num_blocks``."""
         return expanded_blocks(num_blocks, self.mtp_block_ratio)
 
+    def check_mtp_blocks(self, num_blocks: int) -> int:
+        """:meth:`mtp_blocks`, refused where the layout has MTP layers and a ratio below 1 rounds ``num_blocks`` to
+        none (a ConfigError naming ``num_gpu_block_expand_ratio``): every path to a draft's tensors checks it."""
+        blocks = self.mtp_blocks(num_blocks)
+        if self.mtp_layers and blocks < 1:
+            raise ConfigError(
+                "num_gpu_block_expand_ratio",
+                self.mtp_block_ratio,
+                f"a ratio giving the MTP layers at least one block: int({num_blocks} x {self.mtp_block_ratio:g}) is 0",
+                "raise num_gpu_block_expand_ratio (FastDeploy's default is 1.0) or plan more blocks",
+            )
+        return blocks
+
     def reported_mtp_blocks(self, num_blocks: int) -> int | None:
         """:meth:`mtp_blocks` for a report: None where the layout has no MTP layer."""
         return self.mtp_blocks(num_blocks) if self.mtp_layers else None

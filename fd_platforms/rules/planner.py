@@ -116,17 +116,6 @@ def _check_override(
         )
 
 
-def _check_mtp_blocks(layout: CacheLayout, num_blocks: int) -> None:
-    """MTP layers' tensors hold at least one block (a ratio below 1 may round a small count to none)."""
-    if layout.mtp_layers and layout.mtp_blocks(num_blocks) < 1:
-        raise ConfigError(
-            "num_gpu_block_expand_ratio",
-            layout.mtp_block_ratio,
-            f"a ratio giving the MTP layers at least one block: int({num_blocks} x {layout.mtp_block_ratio:g}) is 0",
-            "raise num_gpu_block_expand_ratio (FastDeploy's default is 1.0) or plan more blocks",
-        )
-
-
 def host_swap_blocks(cache: CacheConfig, bytes_per_block: int) -> int:
     """Host swap blocks per rank: ``num_cpu_blocks``, else the swap space in whole blocks. It needs
     no device facts, so an engine knows it (and the rule's answer) before any rank has planned.
@@ -177,7 +166,7 @@ def plan_blocks(
                 f"budget {format_size(budget)}: the most blocks whose tensors fit, {layout.mtp_layers} MTP layer(s) "
                 f"holding int(num_blocks x {layout.mtp_block_ratio:g}) each"
             )
-    _check_mtp_blocks(layout, num_blocks)
+    layout.check_mtp_blocks(num_blocks)
     num_cpu_blocks = host_swap_blocks(cache, per_block)
     return Plan(
         num_blocks=num_blocks,

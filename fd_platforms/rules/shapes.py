@@ -28,8 +28,8 @@ def layer_blocks(layout: CacheLayout, num_blocks: int) -> int:
     """Blocks one layer's tensors of ``layout`` hold on the device when the rank has ``num_blocks``: the MTP draft
     part's ``int(num_blocks * num_gpu_block_expand_ratio)`` (every layer of it an MTP layer: what FastDeploy's proposer
     asks its backend for, ``fastdeploy/spec_decode/mtp.py`` ``MTPProposer.initialize_kv_cache``), else ``num_blocks``
-    (a whole layout's one layer is a main layer)."""
-    return layout.mtp_blocks(num_blocks) if layout.part == "draft" else num_blocks
+    (a whole layout's one layer is a main layer). A ratio that leaves the draft no block is refused, naming it."""
+    return layout.check_mtp_blocks(num_blocks) if layout.part == "draft" else num_blocks
 
 
 def shape_request(layout: CacheLayout, num_blocks: int) -> CacheShapeRequest:

@@ -8,7 +8,7 @@ import math
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -779,8 +779,10 @@ def engine_calls_accept(settings: FastDeploySettings, cpu: Platform) -> None:
     DecisionInputs(False, settings.cache.num_cpu_blocks, settings.cache.kvcache_storage_backend,
                    settings.splitwise_role)  # fmt: skip
     layout = settings.layout()
+    # a cache process's own blocks; a runner's are its plan's, which gives the draft at least one block
+    blocks = settings.num_blocks or max(16, math.ceil(1 / layout.mtp_block_ratio))
     for part in (layout.main(), layout.draft()) if layout.mtp_layers else (layout,):
-        cpu.cache_layout(part, settings.num_blocks or 16, settings.tensor_specs)
+        cpu.cache_layout(part, blocks, settings.tensor_specs)
 
 
 def check_read_or_refused(read: Callable[[], FastDeploySettings], attribute: Attribute, value: object,
@@ -795,6 +797,30 @@ def check_read_or_refused(read: Callable[[], FastDeploySettings], attribute: Att
     assert expected is not REFUSED, (value, "accepted", attribute.read(settings))
     assert attribute.read(settings) == expected, value
     engine_calls_accept(settings, cpu)
+
+
+def test_a_cache_process_ratio_that_leaves_the_draft_no_block_is_refused_naming_its_flag() -> None:
+    """int(16 x 0.03125) is 0 draft blocks: refused where the command line is read, naming the flag, not later by an
+    engine call as a zero-length tensor shape."""
+    mtp = {"method": "mtp", "num_gpu_block_expand_ratio": 0.03125, "num_extra_cache_layer": 1}
+    args = manager_args(speculative_config=mtp, key_cache_shape="16,2,64,128", value_cache_shape="16,2,64,128")
+    with pytest.raises(ConfigError) as refusal:
+        from_cache_manager_args(args)
+    assert refusal.value.field == "--speculative_config.num_gpu_block_expand_ratio"
+    assert "int(16 x 0.03125) is 0" in str(refusal.value)
+    assert from_cache_manager_args(manager_args(speculative_config={**mtp, "num_gpu_block_expand_ratio": 0.0625},
+                                                key_cache_shape="16,2,64,128", value_cache_shape="16,2,64,128"))
+
+
+def test_a_runners_draft_shaped_for_too_few_blocks_is_refused_naming_the_ratio(cpu: Platform) -> None:
+    """A runner's plan gives the draft at least one block; an engine call given fewer blocks is refused naming the
+    ratio (ConfigError), not a record's zero-length shape."""
+    settings = from_fd_config(fd_config(QWEN, tp=2, port="8002,8012", mtp=True), local_rank=1)
+    draft = replace(settings.cache, num_gpu_block_expand_ratio=0.03125)
+    layout = replace(settings, cache=draft).layout().draft()
+    with pytest.raises(ConfigError) as refusal:
+        cpu.cache_layout(layout, 16)
+    assert refusal.value.field == "num_gpu_block_expand_ratio"
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
