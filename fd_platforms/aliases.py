@@ -29,6 +29,7 @@ from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the import system takes any object with these methods; importlib.abc costs 11 ms to import
+    from collections.abc import Callable
     from importlib.abc import Loader
 else:
     Loader = object
@@ -213,14 +214,17 @@ class AliasFinder:
     def find_spec(fullname: str, path: object = None, target: object = None) -> Any:
         package, _, name = fullname.rpartition(".")
         if fullname in MOVED_MODULES:
-            from importlib.machinery import ModuleSpec
-
-            return ModuleSpec(fullname, MovedLoader(), origin=f"alias of {MOVED_MODULES[fullname]}")
-        if package != PACKAGE or name not in ALIASES:
+            new = MOVED_MODULES[fullname]
+            loader = AliasLoader(moved_message(fullname, new), lambda: _moved_names(new))
+            origin = f"alias of {new}"
+        elif package == PACKAGE and name in ALIASES:
+            loader = AliasLoader(deprecation_message(fullname), lambda: _api_1_1_names(name))
+            origin = f"alias of plugin API 1.1's {fullname}"
+        else:
             return None
         from importlib.machinery import ModuleSpec
 
-        return ModuleSpec(fullname, AliasLoader(), origin=f"alias of plugin API 1.1's {fullname}")
+        return ModuleSpec(fullname, loader, origin=origin)
 
     @staticmethod
     def invalidate_caches() -> None:
@@ -228,48 +232,44 @@ class AliasFinder:
 
 
 class AliasLoader(Loader):
-    """Fills an alias module from the modules its names live in now, after warning its importer."""
+    """Fills an alias module with the names it stands for (``names()``: the names and the ``__all__``), after
+    warning its importer with ``message``."""
+
+    def __init__(self, message: str, names: Callable[[], tuple[dict[str, Any], list[str]]]) -> None:
+        self.message, self.names = message, names
 
     @staticmethod
     def create_module(spec: object) -> None:
         return None  # the default module
 
-    @staticmethod
-    def exec_module(module: ModuleType) -> None:
-        import importlib
-
-        _, sources = ALIASES[module.__name__.rpartition(".")[2]]
-        warn_importer(deprecation_message(module.__name__))
-        names = []
-        for source, held in sources.items():
-            found = importlib.import_module(source)
-            for name in held.split():
-                old, _, new = name.partition("=")
-                setattr(module, old, getattr(found, new or old))
-                names.append(old)
-        module.__doc__ = f"Deprecated alias: {deprecation_message(module.__name__)}."
-        module.__dict__["__all__"] = sorted(set(names))
+    def exec_module(self, module: ModuleType) -> None:
+        warn_importer(self.message)
+        names, public = self.names()
+        vars(module).update(names)
+        module.__doc__ = f"Deprecated alias: {self.message}."
+        module.__dict__["__all__"] = public
 
 
-class MovedLoader(Loader):
-    """Fills a moved module's alias with every name of the module it is now, after warning its importer."""
+def _api_1_1_names(name: str) -> tuple[dict[str, Any], list[str]]:
+    """What plugin API 1.1's module ``name`` held, from the modules its names live in now."""
+    import importlib
 
-    @staticmethod
-    def create_module(spec: object) -> None:
-        return None  # the default module
+    names = {}
+    for source, held in ALIASES[name][1].items():
+        found = importlib.import_module(source)
+        for entry in held.split():
+            old, _, new = entry.partition("=")
+            names[old] = getattr(found, new or old)
+    return names, sorted(names)
 
-    @staticmethod
-    def exec_module(module: ModuleType) -> None:
-        import importlib
 
-        new = MOVED_MODULES[module.__name__]
-        warn_importer(moved_message(module.__name__, new))
-        found = importlib.import_module(new)
-        for name, value in vars(found).items():
-            if not (name.startswith("__") and name.endswith("__")):
-                setattr(module, name, value)
-        module.__doc__ = f"Deprecated alias: {moved_message(module.__name__, new)}."
-        module.__dict__["__all__"] = list(getattr(found, "__all__", [n for n in vars(found) if not n.startswith("_")]))
+def _moved_names(new: str) -> tuple[dict[str, Any], list[str]]:
+    """Every name of the module at ``new``, and its ``__all__`` (else its public names)."""
+    import importlib
+
+    found = vars(importlib.import_module(new))
+    names = {name: value for name, value in found.items() if not (name.startswith("__") and name.endswith("__"))}
+    return names, list(found.get("__all__", [name for name in found if not name.startswith("_")]))
 
 
 def warn_importer(message: str) -> None:
