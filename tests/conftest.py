@@ -332,3 +332,27 @@ def fake_vendor_runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
     expected = [str(folder / "libcudart.so"), str(folder / "libmcruntime.so")]
     assert done.stdout.split() == expected, f"printed {done.stdout!r}\nstderr:\n{done.stderr}"
     return folder
+
+
+@pytest.fixture(scope="session")
+def cpu() -> fd_platforms.loading.platform.Platform:
+    """The built-in cpu platform, selected by name; one for the session (a test that patches it does so through
+    ``monkeypatch``, undone after the test)."""
+    from fd_platforms.loading.selection import select_platform
+
+    return select_platform({"FD_PLATFORM": "cpu"}).platform
+
+
+@pytest.fixture
+def cpu_for_children(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``FD_PLATFORM=cpu`` for the processes the test starts, which select their platform themselves."""
+    monkeypatch.setenv("FD_PLATFORM", "cpu")
+
+
+@pytest.fixture
+def ours(signal_name: str) -> Iterator[str]:
+    """Our engine's cache-ready signal for one rank: its name, the ``instance=`` of our protocol's calls."""
+    from fd_platforms.ipc.cache_signal import CacheReadySignal
+
+    with CacheReadySignal.create(1, signal_name) as signal:
+        yield signal.name

@@ -11,12 +11,6 @@ import pytest
 
 from fd_platforms.contract.errors import BufferInUseError, CacheNotReadyError, ConfigError, HostAllocError
 from fd_platforms.ipc.cache_signal import CacheReadySignal
-from fd_platforms.loading.selection import select_platform
-
-
-@pytest.fixture
-def cpu():
-    return select_platform({"FD_PLATFORM": "cpu"}).platform
 
 
 def test_identity(cpu) -> None:

@@ -21,18 +21,12 @@ from fd_platforms.engine.publication import publication_name
 from fd_platforms.ipc.cache_signal import CacheReadySignal
 from fd_platforms.fastdeploy.signals import CACHE_READY, KV_CACHE_STATUS, SWAP_SPACE_READY, FastDeploySignal
 from fd_platforms.loading.platform import Platform
-from fd_platforms.loading.selection import select_platform
 
 pytestmark = pytest.mark.usefixtures("fastdeploy_record_names")
 
 BLOCKS = 4
 DEVICE = 9  # FastDeploy's names of no other test's tensors
 RULE = "2026-01"  # the manager creates where the rule's versions disagree (swap space, mixed role)
-
-
-@pytest.fixture(scope="module")
-def cpu() -> Platform:
-    return select_platform({"FD_PLATFORM": "cpu"}).platform
 
 
 def records() -> set[str]:

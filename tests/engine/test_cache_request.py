@@ -5,7 +5,6 @@ keyword calls of before 0.2 build the same record and give the same result."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings
@@ -17,26 +16,12 @@ from fd_platforms.contract.integers import MAX_COUNT
 from fd_platforms.contract.types import CacheRoleShape
 from fd_platforms.engine import CacheRequest, initialize_kv_cache, manage_kv_cache
 from fd_platforms.engine.protocols import OURS
-from fd_platforms.ipc.cache_signal import CacheReadySignal
 from fd_platforms.ipc.process_watch import PID_MAX_LIMIT
 from fd_platforms.loading.platform import Platform
-from fd_platforms.loading.selection import select_platform
 
 BLOCKS = 2
 MIXED = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "mixed"}
 SWAP = {**MIXED, "num_cpu_blocks": 2}
-
-
-@pytest.fixture(scope="module")
-def cpu() -> Platform:
-    return select_platform({"FD_PLATFORM": "cpu"}).platform
-
-
-@pytest.fixture
-def ours(signal_name: str) -> Iterator[str]:
-    """Our engine's cache-ready signal for one rank."""
-    with CacheReadySignal.create(1, signal_name) as signal:
-        yield signal.name
 
 
 def request(**changes: object) -> CacheRequest:

@@ -10,14 +10,13 @@ import re
 import signal
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
 import engine_processes
 from conftest import SHM_DIR, shm_entries
 from engine_processes import qwen_layout
-from fd_platforms.contract.errors import BufferInUseError, CacheInUseError, CacheNotReadyError, CacheSharingError
+from fd_platforms.contract.errors import BufferInUseError, CacheNotReadyError, CacheSharingError
 from fd_platforms.engine import initialize_kv_cache
 from fd_platforms.ipc.cache_signal import CacheReadySignal
 from fd_platforms.kit.host_memory import resident_bytes
@@ -28,11 +27,6 @@ spawn = multiprocessing.get_context("spawn")
 DECODE = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "decode"}
 MIXED = {**DECODE, "splitwise_role": "mixed"}
 BLOCKS = 4
-
-
-@pytest.fixture
-def cpu():
-    return select_platform({"FD_PLATFORM": "cpu"}).platform
 
 
 @pytest.fixture

@@ -18,23 +18,10 @@ from fd_platforms.engine import KVCache, ManagedCache, hold_kv_cache, initialize
 from fd_platforms.fastdeploy import FASTDEPLOY
 from fd_platforms.ipc.cache_signal import CacheReadySignal
 from fd_platforms.loading.platform import Platform
-from fd_platforms.loading.selection import select_platform
 
 pytest.importorskip("paddle")
 BLOCKS = 2
 SWAP = {"profile": False, "num_cpu_blocks": 2, "storage_backend": None, "splitwise_role": "mixed"}
-
-
-@pytest.fixture(scope="module")
-def cpu() -> Platform:
-    return select_platform({"FD_PLATFORM": "cpu"}).platform
-
-
-@pytest.fixture
-def ours(signal_name: str) -> Iterator[str]:
-    """Our engine's cache-ready signal for one rank."""
-    with CacheReadySignal.create(1, signal_name) as signal:
-        yield signal.name
 
 
 @pytest.fixture

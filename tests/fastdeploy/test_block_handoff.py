@@ -16,12 +16,6 @@ from fd_platforms.fastdeploy import hand_off_block_count
 from fd_platforms.fastdeploy import FASTDEPLOY
 from fd_platforms.fastdeploy.signals import PROFILE_BLOCK_NUM, FastDeploySignal
 from fd_platforms.loading.platform import Platform
-from fd_platforms.loading.selection import select_platform
-
-
-@pytest.fixture(scope="module")
-def cpu() -> Platform:
-    return select_platform({"FD_PLATFORM": "cpu"}).platform
 
 
 @pytest.fixture(scope="module")

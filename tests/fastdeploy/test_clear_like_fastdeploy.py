@@ -27,7 +27,6 @@ from fd_platforms.fastdeploy.signals import (
     FastDeploySignal,
 )
 from fd_platforms.loading.platform import Platform
-from fd_platforms.loading.selection import select_platform
 
 pytestmark = pytest.mark.usefixtures("fastdeploy_record_names")
 
@@ -35,11 +34,6 @@ BLOCKS = 4
 CPU_BLOCKS = 3
 DEVICE = 7  # FastDeploy's names of no other test's tensors
 RULE = "2026-01"  # the manager creates
-
-
-@pytest.fixture(scope="module")
-def cpu() -> Platform:
-    return select_platform({"FD_PLATFORM": "cpu"}).platform
 
 
 @pytest.fixture

@@ -25,14 +25,8 @@ from fd_platforms.contract.errors import ConfigError
 from fd_platforms.fastdeploy.config import FastDeploySettings, from_cache_manager_args, from_fd_config
 from fd_platforms.fastdeploy.signals import check_suffix
 from fd_platforms.loading.platform import Platform
-from fd_platforms.loading.selection import select_platform
 from fd_platforms.rules.config import load_model_config
 from fd_platforms.rules.decision import DecisionInputs
-
-
-@pytest.fixture(scope="module")
-def cpu() -> Platform:
-    return select_platform({"FD_PLATFORM": "cpu"}).platform
 
 
 CONFIG_JSON_KEYS = ("_name_or_path", "kv_lora_rank", "qk_rope_head_dim", "index_head_dim")

@@ -40,11 +40,11 @@ from fd_platforms.fastdeploy.cache_status import drive_kv_cache_clear, drive_kv_
 from fd_platforms.fastdeploy.records import GPU_RECORD
 from fd_platforms.fastdeploy.signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
 from fd_platforms.loading.platform import Platform
-from fd_platforms.loading.selection import select_platform
 from run_helpers import QWEN, ROOT, SCRIPT, clean_env, main_in_process
 
-# multi-process: left out of -m "not slow"; FastDeploy's record names are the machine's, taken in turns
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fastdeploy_record_names")]
+# multi-process: left out of -m "not slow"; FastDeploy's record names are the machine's, taken in turns; the runners it
+# starts select cpu
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fastdeploy_record_names", "cpu_for_children")]
 
 STANDINS = Path(__file__).resolve().parents[1] / "support" / "fastdeploy_standins.py"
 FD_SIGNAL_NAMES = ("cache_ready_signal.", "swap_space_ready_signal.", "cache_transfer_inited_signal.",
@@ -55,12 +55,6 @@ CYCLES = int(os.environ.get("FD_TEST_DRIVEN_ROUNDS", "3"))
 runners' second creation and attach) in the suite; the soak runs them long, e.g. ``FD_TEST_DRIVEN_ROUNDS=200
 python -m pytest tests/fastdeploy/test_fastdeploy_protocol.py -k "driven or rl_flow"``."""
 METAX_CYCLES = 3
-
-
-@pytest.fixture
-def cpu(monkeypatch):
-    monkeypatch.setenv("FD_PLATFORM", "cpu")  # for the runners this test spawns
-    return select_platform({"FD_PLATFORM": "cpu"}).platform
 
 
 @pytest.fixture

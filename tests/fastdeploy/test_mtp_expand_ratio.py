@@ -32,14 +32,6 @@ MIXED = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitw
 
 
 @pytest.fixture
-def cpu(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    from fd_platforms.loading.selection import select_platform
-
-    monkeypatch.setenv("FD_PLATFORM", "cpu")
-    return select_platform({"FD_PLATFORM": "cpu"}).platform
-
-
-@pytest.fixture
 def signal() -> Iterator[CacheReadySignal]:
     with CacheReadySignal.create(1) as owner:
         yield owner

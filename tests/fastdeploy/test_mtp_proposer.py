@@ -28,10 +28,12 @@ from fd_platforms.ipc.cache_signal import CacheReadySignal
 from fd_platforms.fastdeploy.signals import FastDeploySignal
 from fd_platforms.rules.config import CacheConfig
 from fd_platforms.rules.planner import plan_blocks
-from test_engine_api import BLOCKS, DECODE, MIXED, cpu  # noqa: F401  # cpu: the cpu platform fixture
 
 paddle = pytest.importorskip("paddle")
 spawn = multiprocessing.get_context("spawn")
+DECODE = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "decode"}
+MIXED = {**DECODE, "splitwise_role": "mixed"}
+BLOCKS = 4
 
 
 @pytest.fixture

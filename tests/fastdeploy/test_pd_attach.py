@@ -36,15 +36,7 @@ from fd_platforms.fastdeploy.signals import (
 from fd_platforms.ipc.cache_signal import CacheReadySignal
 
 STANDINS = Path(__file__).resolve().parents[1] / "support" / "fastdeploy_standins.py"
-pytestmark = pytest.mark.usefixtures("fastdeploy_record_names")
-
-
-@pytest.fixture
-def cpu(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    from fd_platforms.loading.selection import select_platform
-
-    monkeypatch.setenv("FD_PLATFORM", "cpu")  # the spawned processes select it too
-    return select_platform({"FD_PLATFORM": "cpu"}).platform
+pytestmark = pytest.mark.usefixtures("fastdeploy_record_names", "cpu_for_children")  # its processes select cpu too
 
 
 @contextmanager

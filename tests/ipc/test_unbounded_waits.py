@@ -22,7 +22,6 @@ from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
 from fd_platforms.engine.protocols import protocol_named
 from fd_platforms.ipc import waiting
 from fd_platforms.loading.platform import Platform
-from fd_platforms.loading.selection import select_platform
 
 pytestmark = pytest.mark.slow  # each waits a few seconds on purpose
 paddle = pytest.importorskip("paddle")  # imported now: each wait below starts at once, not after the import
@@ -35,11 +34,6 @@ OLD_RULE = "2026-01"
 DELAY = 2.0  # seconds before the other side acts
 PERIOD = 0.4  # seconds between two progress lines in these tests
 PROTOCOLS = ("fd-platforms", "fastdeploy")
-
-
-@pytest.fixture(scope="module")
-def cpu() -> Platform:
-    return select_platform({"FD_PLATFORM": "cpu"}).platform
 
 
 @pytest.fixture(params=PROTOCOLS)

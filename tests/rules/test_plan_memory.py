@@ -40,11 +40,6 @@ def device_memory(device_id):
 '''
 
 
-@pytest.fixture
-def cpu():
-    return select_platform({"FD_PLATFORM": "cpu"}).platform
-
-
 def qwen() -> tuple[CacheLayout, CacheConfig]:
     cache = CacheConfig()
     return build_layout(load_model_config(QWEN), cache, ParallelConfig()), cache

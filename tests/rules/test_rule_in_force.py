@@ -24,7 +24,6 @@ from fd_platforms.contract.errors import CacheNotReadyError, ConfigError, Signal
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
 from fd_platforms.ipc.cache_signal import CacheReadySignal
 from fd_platforms.fastdeploy.signals import FastDeploySignal
-from fd_platforms.loading.selection import select_platform
 from run_helpers import QWEN, ROOT, console_script
 from run_helpers import main_in_process as cli
 
@@ -32,11 +31,6 @@ from run_helpers import main_in_process as cli
 DISAGREE = {"profile": False, "num_cpu_blocks": 4, "storage_backend": None, "splitwise_role": "mixed"}
 BLOCKS = 4
 SUFFIX = "9923"  # no signal of that suffix is ever made: a refusal comes before any is touched
-
-
-@pytest.fixture
-def cpu():
-    return select_platform({"FD_PLATFORM": "cpu"}).platform
 
 
 @pytest.fixture
