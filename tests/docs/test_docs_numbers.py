@@ -108,8 +108,8 @@ def test_the_tensor_parallel_example_is_computed() -> None:
 
 
 def test_the_foreign_poll_and_the_stand_in_rounds_quoted_are_the_codes() -> None:
+    from engine_processes import DRIVEN_ROUNDS as CYCLES
     from fd_platforms.ipc.futex import FIRST_POLL_SECONDS, FOREIGN_POLL_SECONDS
-    from test_fastdeploy_protocol import CYCLES
 
     first, last = f"{FIRST_POLL_SECONDS * 1000:g} ms", f"{FOREIGN_POLL_SECONDS * 1000:g} ms"
     assert f"first after {first}, then as far apart as the wait has lasted, up to {last}" in LIFECYCLE

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from engine_processes import (
+    DRIVEN_ROUNDS,
     FASTDEPLOY_ATTACH,
     fastdeploy_manager,
     fastdeploy_rl_runner,
@@ -50,10 +51,7 @@ STANDINS = Path(__file__).resolve().parents[1] / "support" / "fastdeploy_standin
 FD_SIGNAL_NAMES = ("cache_ready_signal.", "swap_space_ready_signal.", "cache_transfer_inited_signal.",
                    "kv_cache_status.", "get_profile_block_num.")  # fmt: skip
 BLOCKS = 4
-CYCLES = int(os.environ.get("FD_TEST_DRIVEN_ROUNDS", "3"))
-"""Clear/update rounds each driven test runs: enough for a round to follow a round (the creators' and the
-runners' second creation and attach) in the suite; the soak runs them long, e.g. ``FD_TEST_DRIVEN_ROUNDS=200
-python -m pytest tests/fastdeploy/test_fastdeploy_protocol.py -k "driven or rl_flow"``."""
+CYCLES = DRIVEN_ROUNDS
 METAX_CYCLES = 3
 
 

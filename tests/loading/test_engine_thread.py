@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from engine_processes import qwen_layout
-from test_device_facts import FakeIpc, cuda_paddle, registered, xpu_paddle
+from fake_paddle import FakeIpc, cuda_paddle, registered, xpu_paddle
 
 from fd_platforms.loading.selection import select_platform
 from fd_platforms.rules.config.settings import CacheConfig

@@ -65,6 +65,11 @@ def export_and_hold(nbytes: int, conn: Connection) -> None:
     conn.recv()
 
 
+DRIVEN_ROUNDS = int(os.environ.get("FD_TEST_DRIVEN_ROUNDS", "3"))
+"""Clear/update rounds each driven test runs: enough for a round to follow a round (the creators' and the
+runners' second creation and attach) in the suite; the soak runs them long, e.g. ``FD_TEST_DRIVEN_ROUNDS=200
+python -m pytest tests/fastdeploy/test_fastdeploy_protocol.py -k "driven or rl_flow"``. docs/lifecycle.md quotes it."""
+
 #: Our runner sent to attach beside FastDeploy: swap space in a mixed instance, where only rule 2026-01
 #: (FastDeploy before PR #7471, whose cache transfer manager creates: the stand-in ``creator``) attaches.
 FASTDEPLOY_ATTACH = {"profile": False, "num_cpu_blocks": 4, "storage_backend": None, "splitwise_role": "mixed",
