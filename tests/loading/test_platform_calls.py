@@ -1,0 +1,140 @@
+"""Calls into a platform (``fd_platforms.loading.platform.Platform``): the caller's bad argument is a ConfigError
+naming it before any hook runs; what a plugin's hook gets wrong (a bad record, a close that raises) is a
+PluginError naming the plugin."""
+
+from __future__ import annotations
+
+import pytest
+
+from fd_platforms.contract.errors import ConfigError, PluginError
+from fd_platforms.loading.selection import select_platform
+from fd_platforms.rules.config import CacheConfig, ModelConfig, ParallelConfig
+from fd_platforms.rules.layout import build_layout
+
+LAYOUT = build_layout(ModelConfig("m", 2, 8, 8, 64), CacheConfig(), ParallelConfig())
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda p: p.wait_cache_ready("fd_cache_ready.x", 0, creator_pid=2**40), "creator_pid"),
+        (lambda p: p.wait_cache_ready("fd_cache_ready.x", 0, creator_pid=True), "creator_pid"),
+        (lambda p: p.wait_cache_ready("fd_cache_ready.x", -1), "rank"),
+        (lambda p: p.wait_cache_ready("../etc/passwd", 0), "signal_name"),
+        (lambda p: p.wait_cache_ready("fd_cache_ready.x", 0, timeout=1e9), "timeout"),
+        (lambda p: p.max_num_blocks(layout="x", cache=CacheConfig()), "layout"),
+        (lambda p: p.max_num_blocks(layout=LAYOUT, cache={"block_size": 64}), "cache"),
+        (lambda p: p.max_num_blocks(layout=LAYOUT, cache=CacheConfig(), memory=80), "memory"),
+        (lambda p: p.max_num_blocks(layout=LAYOUT, cache=CacheConfig(), non_cache_bytes=-1), "non_cache_bytes"),
+        (lambda p: p.max_num_blocks(layout=LAYOUT, cache=CacheConfig(), non_cache_bytes=1.5), "non_cache_bytes"),
+        (lambda p: p.max_num_blocks(layout=LAYOUT, cache=CacheConfig(), host_memory="lots"), "host_memory"),
+        (lambda p: p.device_memory("0"), "device_id"),
+        (lambda p: p.device_memory(-1), "device_id"),
+        (lambda p: p.host_alloc(10, require_pinned="no"), "require_pinned"),
+        (lambda p: p.host_alloc(10.0), "nbytes"),
+        (lambda p: p.host_alloc(2**80), "nbytes"),
+        (lambda p: p.should_create_cache_tensor(profile=False, num_cpu_blocks=10**5000, storage_backend=None,
+                                                splitwise_role="mixed"), "num_cpu_blocks"),  # fmt: skip
+        (lambda p: p.should_create_cache_tensor(profile="yes", num_cpu_blocks=0, storage_backend=None,
+                                                splitwise_role="mixed"), "profile"),  # fmt: skip
+    ],
+)
+def test_platform_calls_blame_the_callers_argument(cpu, call, field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        call(cpu)
+    assert info.value.field == field and not isinstance(info.value, PluginError)
+    assert "Fix:" in str(info.value) and len(str(info.value)) < 600
+
+
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        (lambda p: p.export_cache_tensor("fd_kv.x.t", (2, 2), "uint8", "gpu:7"),
+         "device='gpu:7' is not valid; allowed: a device of platform cpu (cpu)"),
+        (lambda p: p.export_cache_tensor("fd_kv.x.t", (2, 2), "uint8", "cpu:3"), "device='cpu:3' is not valid"),
+        (lambda p: p.open_cache_tensor("fd_kv.x.t", "memfd:1:1", (2, 2), "uint8", "npu:0"), "device='npu:0' is not valid"),
+    ],
+    ids=["export-gpu:7", "export-cpu:3", "open-npu:0"],
+)  # fmt: skip
+def test_a_cache_tensor_on_a_device_of_another_platform_is_refused_naming_it(cpu, call, says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        call(cpu)
+    assert says in str(info.value) and "Fix:" in str(info.value)
+
+
+def test_a_plugin_hook_never_runs_on_a_bad_argument(make_plugin) -> None:
+    source = (
+        "from fd_platforms import hookimpl\nfrom fd_platforms.contract.types import Detection, PlatformIdentity\n"
+        "CALLS = []\n"
+        "@hookimpl\ndef platform_identity():\n    return PlatformIdentity('spy', 'spy', None)\n"
+        "@hookimpl\ndef detect_platform():\n    return Detection(True, 'here', 1)\n"
+        "@hookimpl\ndef supported_api_versions():\n    return '>=1.0,<2'\n"
+        "@hookimpl\ndef device_memory(device_id):\n    CALLS.append(device_id)\n    raise RuntimeError('reached')\n"
+        "@hookimpl\ndef host_alloc(nbytes, require_pinned):\n    CALLS.append(nbytes)\n    raise RuntimeError('reached')\n"
+    )
+    make_plugin("spy", source=source)
+    platform = select_platform({"FD_PLATFORM": "spy"}).platform
+    for call in (lambda: platform.device_memory(-1), lambda: platform.host_alloc(0), lambda: platform.host_alloc(8, require_pinned=1)):
+        with pytest.raises(ConfigError):
+            call()
+    import fd_test_plugin_fd_test_spy as spy  # type: ignore[import-not-found]
+
+    assert spy.CALLS == []
+    with pytest.raises(PluginError, match="hook device_memory raised RuntimeError: reached"):
+        platform.device_memory(0)  # a good argument reaches the plugin, whose failure is its own
+
+
+def test_a_plugin_building_a_bad_record_is_its_contract_error(make_plugin) -> None:
+    source = (
+        "from fd_platforms import hookimpl\nfrom fd_platforms.contract.types import Detection, DeviceMemory, PlatformIdentity\n"
+        "@hookimpl\ndef platform_identity():\n    return PlatformIdentity('sloppy', 'sloppy', None)\n"
+        "@hookimpl\ndef detect_platform():\n    return Detection(True, 'here', 1)\n"
+        "@hookimpl\ndef supported_api_versions():\n    return '>=1.0,<2'\n"
+        "@hookimpl\ndef device_memory(device_id):\n    return DeviceMemory('80GiB', None, None, 'sloppy')\n"
+    )
+    make_plugin("sloppy", source=source)
+    platform = select_platform({"FD_PLATFORM": "sloppy"}).platform
+    with pytest.raises(PluginError) as info:
+        platform.device_memory(0)
+    message = str(info.value)
+    assert "platform plugin 'sloppy' (distribution fd-test-sloppy): hook device_memory built a bad record" in message
+    assert "DeviceMemory.total_bytes='80GiB'" in message
+
+
+def test_a_shared_tensors_close_that_raises_is_blamed_on_the_plugin(make_plugin) -> None:
+    source = '''
+from fd_platforms import hookimpl
+from fd_platforms.contract.types import Detection, PlatformIdentity, SharedTensor
+from fd_platforms.kit.host_sharing import export_host_tensor
+
+@hookimpl
+def platform_identity():
+    return PlatformIdentity("badclose", "cpu", None)
+
+@hookimpl
+def detect_platform():
+    return Detection(True, "here", 1)
+
+@hookimpl
+def supported_api_versions():
+    return ">=1.0,<2"
+
+@hookimpl
+def cache_sharing():
+    return "memfds whose close fails"
+
+@hookimpl
+def export_cache_tensor(name, shape, dtype, device):
+    shared = export_host_tensor(name, shape, dtype)
+    def close():
+        shared.close()
+        raise RuntimeError("the driver lost the handle")
+    return SharedTensor(shared.name, shared.tensor, shared.handle, shared.nbytes, True, close)
+'''
+    make_plugin("badclose", source=source)
+    platform = select_platform({"FD_PLATFORM": "badclose"}).platform
+    shared = platform.export_cache_tensor("fd_kv.test-badclose.t", (2, 8), "uint8", "cpu")
+    with pytest.raises(PluginError) as info:
+        shared.close()
+    assert str(info.value).startswith("platform plugin 'badclose' (distribution fd-test-badclose): closing KV cache")
+    assert "RuntimeError: the driver lost the handle" in str(info.value)
