@@ -1,4 +1,4 @@
-"""Our creators and attachers beside FastDeploy's, which hold no mark or lock of ours (issue 41, items 1-3 and 6).
+"""Our creators and attachers beside FastDeploy's, which hold no mark or lock of ours (``fd_platforms.fastdeploy.marks``).
 
 FastDeploy's worker and transfer manager attach through one ``cache_ready_signal`` slot and hold nothing; its cache
 messager publishes records and holds nothing either. The stand-ins (``tests/support/fastdeploy_standins.py``) import nothing
@@ -8,12 +8,10 @@ waits for.
 
 from __future__ import annotations
 
-import fcntl
 import glob
 import json
 import os
 import secrets
-import stat
 import subprocess
 import sys
 import time
@@ -22,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fd_platforms.contract.errors import CacheInUseError, CacheSharingError, CacheSignalError
+from fd_platforms.contract.errors import CacheInUseError, CacheSharingError
 from fd_platforms.fastdeploy.handles import FastDeployHandles, read_handle
 from fd_platforms.fastdeploy.marks import attacher_prefix, attachers_per_rank, look
 from fd_platforms.engine.publication import PublishedTensor
@@ -31,7 +29,6 @@ from fd_platforms.fastdeploy.signals import (
     CACHE_TRANSFER_INITED,
     KV_CACHE_STATUS,
     FastDeploySignal,
-    FastDeploySuffix,
 )
 
 STANDINS = Path(__file__).resolve().parents[1] / "support" / "fastdeploy_standins.py"
@@ -238,58 +235,12 @@ def test_a_failed_attach_never_writes_the_slot_another_attacher_holds(
         held.retract(5)
 
 
-def test_a_signal_other_users_may_write_is_refused(suffix: str) -> None:
-    """Another user's write to rank 0's slot made root's creator free its cache: a signal group- or
-    world-writable is refused as records are."""
-    with FastDeploySignal.create(CACHE_READY, suffix, 2):
-        os.chmod(f"/dev/shm/{CACHE_READY}.{suffix}", 0o666)
-        with pytest.raises(CacheSignalError, match=r"mode 0666: users other than its owner may write its words"):
-            FastDeploySignal.attach(CACHE_READY, suffix)
-
-
-@pytest.mark.parametrize("words,dtype", [(3, "int32"), (1024, "int32"), (2, "int64")])
-def test_a_signal_of_another_length_or_dtype_than_the_engines_tp_is_refused(suffix: str, words: int, dtype: str) -> None:
-    """The engine's tp is known wherever FastDeploy's config is: every attach under its suffix checks the array."""
-    path = f"/dev/shm/{CACHE_READY}.{suffix}"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.ftruncate(fd, words * (8 if dtype == "int64" else 4))
-        with pytest.raises(CacheSignalError, match="for tp 2, one word per local rank"):
-            FastDeploySignal.attach(CACHE_READY, FastDeploySuffix.of(suffix, tp=2))
-    finally:
-        os.close(fd)
-        os.unlink(path)
-
-
-@pytest.mark.usefixtures("fastdeploy_record_names")
-def test_engine_calls_given_tp_refuse_a_ready_signal_of_another_length_before_any_tensor(suffix: str) -> None:
-    """manage_kv_cache and initialize_kv_cache took no tp, so a 3-word cache_ready_signal was used as it was."""
-    from engine_processes import qwen_layout
-
-    from fd_platforms.contract.errors import ConfigError
-    from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
-    from fd_platforms.loading.selection import select_platform
-
-    platform = select_platform({"FD_PLATFORM": "cpu"}).platform
-    with FastDeploySignal.create(CACHE_READY, suffix, 3), FastDeploySignal.create(CACHE_TRANSFER_INITED, suffix, 2):
-        with pytest.raises(CacheSignalError, match="holds 12 bytes.*of 2 words .8 bytes for tp 2"):
-            initialize_kv_cache(platform, qwen_layout(0, 2), 4, profile=False, num_cpu_blocks=0, storage_backend=None,
-                                splitwise_role="mixed", protocol="fastdeploy", instance=suffix, tp=2)  # fmt: skip
-        with pytest.raises(CacheSignalError, match="holds 12 bytes.*for tp 2"):
-            manage_kv_cache(platform, qwen_layout(0, 2), 4, num_cpu_blocks=0, protocol="fastdeploy", instance=suffix,
-                            tp=2)  # fmt: skip
-        with pytest.raises(ConfigError, match="layout.rank=2 is not valid; allowed: a local rank of tp 2"):
-            manage_kv_cache(platform, qwen_layout(2, 4), 4, num_cpu_blocks=0, protocol="fastdeploy", instance=suffix,
-                            tp=2)  # fmt: skip
-    assert not os.path.exists("/dev/shm/key_caches_0_rank0.device0"), "nothing published"
-
-
 @pytest.mark.slow
 @pytest.mark.usefixtures("fastdeploy_record_names")
 def test_decode_with_swap_our_manager_never_frees_under_fastdeploys_transfer_manager_when_our_runner_dies(
     suffix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The repro of issue 41 item 1 through the engine calls: our manager creates (decode with swap space), our
+    """Through the engine calls: our manager creates (decode with swap space), our
     runner (another process) and FastDeploy's transfer manager attach; our runner SIGKILLed. The manager's clear
     frees nothing while FastDeploy's attacher maps the cache, naming whom it waits for; it frees once that lets go."""
     import multiprocessing
@@ -337,10 +288,10 @@ def test_decode_with_swap_our_manager_never_frees_under_fastdeploys_transfer_man
 def test_a_drive_notices_a_dead_attacher_of_ours_that_held_the_rank_and_the_round_completes(
     names: list[str], suffix: str
 ) -> None:
-    """Issue 41 item 5: after an attacher of ours holding every rank was SIGKILLed beside FastDeploy's creator (its
-    transfer manager with --create_cache_tensor), every later drive timed out: only a creator's own clear of ours
-    looked at the dead mark. The drive now looks as the clear does, resets the slot for the dead attacher, and
-    FastDeploy's creator frees and creates again."""
+    """An attacher of ours holding every rank SIGKILLed beside FastDeploy's creator (its transfer manager with
+    --create_cache_tensor), which looks at no mark: the drive looks at the dead mark as a creator's clear of ours
+    does, resets the slot for the dead attacher, and FastDeploy's creator frees and creates again (every later drive
+    timed out while only our creator's clear looked)."""
     from fd_platforms.fastdeploy.cache_status import drive_kv_cache_clear, drive_kv_cache_restore
 
     signals = [FastDeploySignal.create(name, suffix, 1) for name in (CACHE_READY, CACHE_TRANSFER_INITED)]
@@ -415,18 +366,6 @@ def test_serve_notices_a_dead_attacher_of_ours_when_fastdeploys_worker_drives(
         for signal in made:
             signal.close()
     assert not glob.glob("/dev/shm/key_caches_0_rank0.device0*"), "the re-created cache is cleared"
-
-
-def test_records_that_mix_a_memfd_handle_with_a_raw_one_are_refused_naming_both(names: list[str], suffix: str) -> None:
-    """One creator writes every record of a rank alike; a mix was opened, and its error then said 'pid None'."""
-    from fd_platforms.fastdeploy.records import GPU_RECORD
-
-    for name, handle in zip(names, (f"memfd:{os.getpid()}:3".encode(), bytes(range(1, 65)))):
-        fd = os.open(f"/dev/shm/{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        os.write(fd, GPU_RECORD.fields.pack(0, handle))
-        os.close(fd)
-    with pytest.raises(CacheSharingError, match=rf"publication \(FastDeploy.s records\) mixes handles of two kinds: 1 name no process .* 1 name pid {os.getpid()}"):
-        FastDeployHandles.open(suffix, 0, expected(names), "cpu")
 
 
 def test_a_dead_attachers_mark_goes_once_its_slot_is_gone_and_stays_while_it_stands_for_the_slot(

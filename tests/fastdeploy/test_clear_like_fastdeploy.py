@@ -1,4 +1,4 @@
-"""Clear as FastDeploy clears (issue 35, item 6): the host swap space survives a clear unless
+"""Clear as FastDeploy clears: the host swap space survives a clear unless
 ``FD_ENABLE_SWAP_SPACE_CLEARING`` asks (``fastdeploy/envs.py``; ``CacheTransferManager.check_cache_status``
 in ``fastdeploy/cache_manager/cache_transfer_manager.py``, f658b74), and the re-creation reuses it; host-cache
 allocation is public; a lenient clear drops our references and leaves the engine's.
@@ -97,7 +97,7 @@ def test_fd_enable_swap_space_clearing_frees_it_and_an_explicit_argument_overrid
 def test_manage_kv_cache_refuses_an_invalid_fd_enable_swap_space_clearing_before_anything_is_published(
     cpu: Platform, engine, monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
-    """Issue 41, finding 4: read where it is first read (manage time), not at a serving manager's first clear."""
+    """Read where it is first read (manage time), not at a serving manager's first clear."""
     suffix, ready, swap = engine
     monkeypatch.setenv("FD_ENABLE_SWAP_SPACE_CLEARING", value)
     with pytest.raises(ConfigError) as caught:

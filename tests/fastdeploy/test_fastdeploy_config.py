@@ -322,8 +322,7 @@ def test_the_settings_give_the_request_record_the_keywords_would_build() -> None
     assert caught.value.field == "num_blocks"
 
 
-# Finding 7 of issue 41: FastDeploy-shaped values read right or refused at the adapter, naming FastDeploy's own
-# attribute or flag.
+# FastDeploy-shaped values read right or refused at the adapter, naming FastDeploy's own attribute or flag.
 
 NAN = float("nan")
 

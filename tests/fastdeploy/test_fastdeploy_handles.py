@@ -16,9 +16,12 @@ import time
 
 import pytest
 
+from engine_processes import qwen_layout
 from fd_platforms.contract.errors import CacheInUseError, CacheSharingError
+from fd_platforms.engine import manage_kv_cache
 from fd_platforms.fastdeploy.handles import FastDeployHandles, encode_handle, read_handle
 from fd_platforms.fastdeploy.marks import attacher_prefix
+from fd_platforms.fastdeploy.protocol import FASTDEPLOY
 from fd_platforms.fastdeploy.records import GPU_RECORD, XPU_RECORD, record_layout
 from fd_platforms.engine.kv_cache import check_provenance
 from fd_platforms.engine.publication import PublishedTensor
@@ -267,7 +270,7 @@ def test_a_record_of_another_platforms_size_is_refused_naming_both_sizes(names: 
 def test_a_record_truncated_after_its_size_check_is_a_typed_error_never_struct_error(
     names: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 34 item 6: a record cut short between the size check and the read escaped as struct.error."""
+    """A record cut short between the size check and the read (a rewriter, or anyone) is named, not a struct.error."""
     with open(f"/dev/shm/{names[0]}", "wb") as file:
         file.write(GPU_RECORD.fields.pack(0, f"memfd:{os.getpid()}:3".encode()))
     inspect = shm.Segment.inspect
@@ -321,7 +324,7 @@ def test_a_record_left_torn_or_unwritten_is_a_typed_error_naming_it(
 
 
 def test_an_unheld_record_of_the_wrong_size_says_its_size_that_nobody_holds_it_and_the_fix(names: list[str]) -> None:
-    """Issue 34 item 8: an odd-sized leftover nobody holds was reported as another creator's."""
+    """An odd-sized leftover nobody holds is named as such, never as another creator's."""
     with open(f"/dev/shm/{names[0]}", "wb") as file:
         file.write(bytes(10))
     with pytest.raises(CacheSharingError) as caught:
@@ -382,8 +385,8 @@ def memfds_of_another_user(names: list[str], user: int) -> tuple[int, list[int],
 @pytest.mark.slow
 @root_only
 def test_a_record_naming_another_users_memfd_is_refused_by_the_attacher_and_by_the_opener(names: list[str]) -> None:
-    """Issue 34 item 2: another user rewrote the records to name its own memfds (named like the tensors, sealed),
-    and a root runner without setter_pid mapped them as its KV cache."""
+    """Another user rewrote the records to name its own memfds (named like the tensors, sealed): a root runner
+    without setter_pid must not map them as its KV cache."""
     from fd_platforms.kit.host_sharing import open_host_tensor
 
     pid, fds, stop_write = memfds_of_another_user(names, 65534)
@@ -463,8 +466,8 @@ def test_a_leftover_record_of_another_user_is_refused_naming_its_owner(names: li
 def test_a_sigkilled_attacher_of_ours_never_blocks_the_creators_clear(
     names: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 34 item 1: an attacher of ours killed while attached left its slot at 1, and the creator's clear
-    failed on every retry naming a process that no longer existed. Its mark, no longer held, says it is gone."""
+    """An attacher of ours killed while attached leaves its slot at 1: the creator's clear does not fail on every
+    retry naming a process that no longer exists. Its mark, no longer held, says it is gone."""
     suffix = f"t{secrets.token_hex(4)}"
     with FastDeploySignal.create(CACHE_READY, suffix, 1) as ready:
         held = FastDeployHandles.create(suffix, 0, tensors(names), "cpu", attachers=1)
@@ -551,7 +554,7 @@ def test_a_leftover_record_writable_by_others_is_replaced_so_a_descriptor_opened
 def test_a_handle_beside_handles_naming_no_process_says_what_they_name_not_pid_none(names: list[str]) -> None:
     """A publication whose handles name no one creator (one names a process, the other a raw device handle): the
     refusal says what the handles name instead of an unknown creator's ``pid None``. (FastDeploy's records of such
-    a mix are refused when opened: tests/fastdeploy/test_beside_fastdeploys_attachers.py.)"""
+    a mix are refused when opened: the next test.)"""
     from types import SimpleNamespace
 
     other = os.getppid()  # a process of this user that holds no record
@@ -564,6 +567,41 @@ def test_a_handle_beside_handles_naming_no_process_says_what_they_name_not_pid_n
     assert "pid None" not in said, said
     known = f"1 names pid {other}, 1 names no process"
     assert f"with a handle of pid {other}, but its handles name no one creator ({known}): it would map" in said, said
+
+
+def test_records_that_mix_a_memfd_handle_with_a_raw_one_are_refused_naming_both(names: list[str]) -> None:
+    """One creator writes every record of a rank alike; a mix is refused when opened, naming both kinds (its error
+    once said 'pid None')."""
+    for name, handle in zip(names, (f"memfd:{os.getpid()}:3".encode(), bytes(range(1, 65)))):
+        fd = os.open(f"/dev/shm/{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, GPU_RECORD.fields.pack(0, handle))
+        os.close(fd)
+    expected = [PublishedTensor(name, (4, 8), "uint8", "") for name in names]
+    with pytest.raises(CacheSharingError, match=rf"publication \(FastDeploy.s records\) mixes handles of two kinds: 1 name no process .* 1 name pid {os.getpid()}"):
+        FastDeployHandles.open(f"t{secrets.token_hex(4)}", 0, expected, "cpu")
+
+
+@pytest.mark.usefixtures("fastdeploy_record_names")
+def test_a_neighbour_engine_on_the_same_device_ids_is_named_as_the_cause_when_it_holds_fastdeploys_names(cpu) -> None:
+    """FastDeploy's record names carry no instance: a second engine's creator of rank 0 on device 0 collides with the
+    first engine's, whose caches are published (with an attacher expected: host swap space)."""
+    first, first_signals = FASTDEPLOY.create_signals(2, device_type="cpu", block_count_suffix=None)
+    with first_signals:
+        managed = [manage_kv_cache(cpu, qwen_layout(rank, 2), 4, num_cpu_blocks=4, instance=first,
+                                   protocol="fastdeploy", rule="2026-01") for rank in range(2)]  # fmt: skip
+        try:
+            neighbour, made = FASTDEPLOY.create_signals(1, device_type="cpu", block_count_suffix=None)
+            with made, pytest.raises(CacheSharingError) as caught:
+                manage_kv_cache(cpu, qwen_layout(0, 2), 4, num_cpu_blocks=0, instance=neighbour, protocol="fastdeploy",
+                                rule="2026-01")  # fmt: skip
+        finally:
+            with FastDeploySignal.attach(CACHE_READY, first) as ready:
+                ready.write_all(0)
+            for cache in managed:
+                cache.clear(1)
+    assert "another engine on this machine with the same device ids took them" in str(caught.value)
+    assert "FastDeploy's own engines collide the same way" in str(caught.value)
+    assert "Fix: give each engine distinct device ids, or run one engine per device" in str(caught.value)
 
 
 @pytest.mark.parametrize("size", [0, 10])

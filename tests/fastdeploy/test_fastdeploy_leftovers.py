@@ -1,4 +1,5 @@
-"""What a SIGKILLed run beside FastDeploy leaves, and what the next run's engine sweeps (issue 34)."""
+"""What a SIGKILLed run beside FastDeploy leaves, and what the next run's engine sweeps when it creates its signals:
+a dead run's own, never one a living process holds, one of the wrong size, FastDeploy's own or another user's."""
 
 from __future__ import annotations
 

@@ -186,7 +186,7 @@ def test_a_clear_update_driven_from_our_side_completes_round_after_round(cpu) ->
 
 
 def test_a_clear_and_a_restore_driven_as_two_events_complete_round_after_round(cpu) -> None:
-    """FastDeploy's two events (issue 35, item 7): drive_kv_cache_clear, then separately drive_kv_cache_restore,
+    """FastDeploy's two events: drive_kv_cache_clear, then separately drive_kv_cache_restore,
     over FastDeploy's cache transfer managers (stand-ins) and our runners."""
     drive_over_standin_creators(cpu, 2, two_events=True)
 
@@ -511,21 +511,6 @@ def test_a_deploy_files_protocol_is_checked_by_name(tmp_path: Path) -> None:
 def test_runs_block_count_suffix_is_checked_before_anything_starts(args: tuple[str, ...], expected: str) -> None:
     done = main_in_process("run", "--model", QWEN, "--device-memory", "256MiB", *args)
     assert done.returncode == 2 and expected in done.stderr, done.stderr
-
-
-def test_the_status_calls_check_their_arguments_before_touching_a_signal() -> None:
-    with pytest.raises(ConfigError) as caught:
-        drive_kv_cache_update("9923", update="reload", timeout=1)
-    assert caught.value.field == "update"
-    with pytest.raises(ConfigError, match="creator_pid"):
-        drive_kv_cache_update("9923", creator_pid=-1, timeout=1)
-    with pytest.raises(ConfigError, match="attacher_pids"):
-        drive_kv_cache_update("9923", attacher_pids={0: "x"}, timeout=1)
-    with pytest.raises(ConfigError) as caught:
-        serve_kv_cache_status(["cache"], lambda rank: None, instance="9923", until=lambda: True)
-    assert caught.value.field == "managed" and "manage_kv_cache" in str(caught.value)
-    with pytest.raises(ConfigError, match="until"):
-        serve_kv_cache_status([], lambda rank: None, instance="9923", until=True)
 
 
 # -- clear like FastDeploy: a creator waits for an attacher only where one is configured, never for itself --

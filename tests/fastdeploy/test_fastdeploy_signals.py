@@ -1,7 +1,10 @@
-"""FastDeploy's signal arrays as our processes read and write them (fd_platforms.fastdeploy.signals)."""
+"""FastDeploy's signal arrays as our processes read and write them (``fd_platforms.fastdeploy.signals``): their names,
+waits on their words, and what a reader refuses in them (a word outside FastDeploy's values, an array FastDeploy did
+not make for the engine's tp, a file other users may write, one replaced under a wait)."""
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import secrets
@@ -13,12 +16,16 @@ import time
 
 import pytest
 
+from engine_processes import qwen_layout
 from fd_platforms.contract.errors import CacheNotReadyError, CacheSignalError, ConfigError, SignalWaitError
+from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
 from fd_platforms.fastdeploy.cache_status import drive_kv_cache_update
 from fd_platforms.fastdeploy.signals import (
     CACHE_READY,
+    CACHE_TRANSFER_INITED,
     KV_CACHE_STATUS,
     FastDeploySignal,
+    FastDeploySuffix,
     KVCacheStatus,
     check_suffix,
     segment_name,
@@ -97,6 +104,17 @@ def test_a_wait_ends_when_the_watched_process_exits(suffix: str) -> None:
         writer.wait()
     assert caught.value.cause == "watched_exited" and f"pid {writer.pid}" in str(caught.value)
     assert time.monotonic() - started < 10
+
+
+def test_a_slot_outside_0_and_1_is_logged_and_never_taken_for_set(suffix: str, caplog: pytest.LogCaptureFixture) -> None:
+    with FastDeploySignal.create(CACHE_READY, suffix, 2) as ready:
+        ready.set(1, 7)
+        with caplog.at_level(logging.WARNING), pytest.raises(SignalWaitError) as caught:
+            ready.wait_for(1, 1, 0.3)
+        assert caught.value.seen == 7
+    warned = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(warned) == 1 and f"'cache_ready_signal.{suffix}' (/dev/shm/cache_ready_signal.{suffix}) word 1 " \
+        "holds 7, not one of FastDeploy's values 0, 1" in warned[0], warned
 
 
 class FakeClock:
@@ -189,19 +207,49 @@ def test_an_index_out_of_range_is_refused(suffix: str) -> None:
             ready.set(2, 1)
 
 
-# -- shape and identity (issue 34): an array FastDeploy did not make for this tp, a file replaced under a wait --
+# -- shape and identity: an array FastDeploy did not make for this tp, a file others may write, one replaced --
 
 
-@pytest.mark.parametrize(("words", "size"), [(4, 16), (1024, 4096)], ids=["int64-of-tp-2", "4096-bytes"])
+@pytest.mark.parametrize("size", [12, 16, 4096], ids=["3-words", "int64-of-tp-2", "4096-bytes"])
+@pytest.mark.parametrize("reader", ["attach", "drive"])
 def test_a_cache_ready_signal_not_fastdeploys_int32_array_for_the_tp_is_refused_naming_its_size(
-    suffix: str, words: int, size: int
+    suffix: str, size: int, reader: str
 ) -> None:
-    with FastDeploySignal.create(CACHE_READY, suffix, words), FastDeploySignal.create(KV_CACHE_STATUS, suffix, 1):
+    """The engine's tp is known wherever FastDeploy's config is: every attach under its suffix checks the array."""
+    with FastDeploySignal.create(CACHE_READY, suffix, size // 4), FastDeploySignal.create(KV_CACHE_STATUS, suffix, 1):
         with pytest.raises(CacheSignalError) as caught:
-            drive_kv_cache_update(suffix, tp=2, timeout=0.5)
+            if reader == "attach":
+                FastDeploySignal.attach(CACHE_READY, FastDeploySuffix.of(suffix, tp=2))
+            else:
+                drive_kv_cache_update(suffix, tp=2, timeout=0.5)
     expected = (f"FastDeploy signal 'cache_ready_signal.{suffix}' (/dev/shm/cache_ready_signal.{suffix}) holds {size} "
-                "bytes, but FastDeploy makes it an int32 array of 2 words (8 bytes for tp 2")  # fmt: skip
+                "bytes, but FastDeploy makes it an int32 array of 2 words (8 bytes for tp 2, one word per local rank")  # fmt: skip
     assert expected in str(caught.value)
+
+
+def test_a_signal_other_users_may_write_is_refused(suffix: str) -> None:
+    """Another user's write to rank 0's slot made root's creator free its cache: a signal group- or
+    world-writable is refused as records are."""
+    with FastDeploySignal.create(CACHE_READY, suffix, 2):
+        os.chmod(f"/dev/shm/{CACHE_READY}.{suffix}", 0o666)
+        with pytest.raises(CacheSignalError, match=r"mode 0666: users other than its owner may write its words"):
+            FastDeploySignal.attach(CACHE_READY, suffix)
+
+
+@pytest.mark.usefixtures("fastdeploy_record_names")
+def test_engine_calls_given_tp_refuse_a_ready_signal_of_another_length_before_any_tensor(cpu, suffix: str) -> None:
+    """manage_kv_cache and initialize_kv_cache take the engine's tp and check the array before any tensor."""
+    with FastDeploySignal.create(CACHE_READY, suffix, 3), FastDeploySignal.create(CACHE_TRANSFER_INITED, suffix, 2):
+        with pytest.raises(CacheSignalError, match="holds 12 bytes.*of 2 words .8 bytes for tp 2"):
+            initialize_kv_cache(cpu, qwen_layout(0, 2), 4, profile=False, num_cpu_blocks=0, storage_backend=None,
+                                splitwise_role="mixed", protocol="fastdeploy", instance=suffix, tp=2)  # fmt: skip
+        with pytest.raises(CacheSignalError, match="holds 12 bytes.*for tp 2"):
+            manage_kv_cache(cpu, qwen_layout(0, 2), 4, num_cpu_blocks=0, protocol="fastdeploy", instance=suffix,
+                            tp=2)  # fmt: skip
+        with pytest.raises(ConfigError, match="layout.rank=2 is not valid; allowed: a local rank of tp 2"):
+            manage_kv_cache(cpu, qwen_layout(2, 4), 4, num_cpu_blocks=0, protocol="fastdeploy", instance=suffix,
+                            tp=2)  # fmt: skip
+    assert not os.path.exists("/dev/shm/key_caches_0_rank0.device0"), "nothing published"
 
 
 def test_an_int64_kv_cache_status_is_refused_whatever_the_tp(suffix: str) -> None:

@@ -1,4 +1,4 @@
-"""MTP with ``num_gpu_block_expand_ratio`` 2 (issue 42, item 4, blocker 3): the draft's tensor specs as FastDeploy's
+"""MTP with ``num_gpu_block_expand_ratio`` 2: the draft's tensor specs as FastDeploy's
 backend states them, for ``int(blocks * ratio)`` blocks, are taken, and exactly those shapes are allocated.
 
 FastDeploy (develop c1b7c083): the proposer sets ``self.num_gpu_blocks = int(main_model_num_blocks *

@@ -1,4 +1,4 @@
-"""P/D with a cache transfer manager (issue 42, item 4, blocker 2): the cache messager creates, the worker and the
+"""P/D with a cache transfer manager: the cache messager creates, the worker and the
 transfer manager attach, each through a public, non-deprecated call, and nothing is freed before both let go.
 
 FastDeploy's side (develop c1b7c083): in a split deployment ``cache_manager/prefix_cache_manager.py``

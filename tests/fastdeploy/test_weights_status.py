@@ -1,4 +1,5 @@
-"""follow_model_weights_status (issue 35, item 7): its arguments are checked before any signal is touched."""
+"""``follow_model_weights_status``, our runners' side of FastDeploy's RL flow (``fd_platforms.fastdeploy.weights_status``):
+its arguments are checked before any signal is touched."""
 
 from __future__ import annotations
 

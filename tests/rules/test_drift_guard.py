@@ -82,7 +82,7 @@ SWAP_THRESHOLD = """    # treats a little swap space as none: passes every table
 
 
 def test_a_rule_that_knows_one_storage_backend_is_refused_at_load(make_plugin) -> None:
-    """The attack's bypass: sampling only None and mooncake let `== "mooncake"` through."""
+    """A guard that sampled only None and mooncake let `== "mooncake"` through: every backend is sampled."""
     drifting(make_plugin, "onebackend", MOONCAKE_ONLY)
     with pytest.raises(PlatformDriftError) as info:
         select_platform({"FD_PLATFORM": "onebackend"})
