@@ -1,4 +1,7 @@
-"""The conformance kit: ``fd-platforms check``, ``pytest --fd-platform``, hook coverage and the guide."""
+"""The conformance kit: ``fd-platforms check``, ``pytest --fd-platform``, hook coverage and the guide.
+
+``check --all`` runs every platform's suite once for the module (:func:`checked_all`); the tests of its table and
+verdict hand its results to the command again (:func:`replayed`) instead of checking every platform a second time."""
 
 from __future__ import annotations
 
@@ -8,13 +11,15 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fd_platforms import API_VERSION
-from fd_platforms.conformance import CHECKS, ConformanceUnavailableError, require_pytest
+from fd_platforms.cli import check_command
+from fd_platforms.conformance import CHECKS, ConformanceUnavailableError, PlatformResult, require_pytest, run_suites
 from fd_platforms.conformance.pytest_plugin import HOOKS_MARKER, suite_files
 from fd_platforms.conformance.suite import test_device as suite_test_device
 from fd_platforms.contract import hookspecs
@@ -65,8 +70,47 @@ def checks_of(payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {platform["name"]: platform for platform in payload["platforms"]}
 
 
-def test_check_all_passes_for_every_installed_platform() -> None:
-    done = check("--all", "--json", "--jobs", "2")
+@dataclass
+class CheckedAll:
+    """``check --all --json``'s output, and the results its suites gave the command."""
+
+    done: subprocess.CompletedProcess[str]
+    results: list[PlatformResult]
+
+
+@pytest.fixture(scope="module")
+def checked_all() -> CheckedAll:
+    """``check --all --json --jobs 2``, run once for the module (every platform's suite: the longest step here)."""
+    results: list[PlatformResult] = []
+
+    def kept(*args: Any, **kwargs: Any) -> list[PlatformResult]:
+        results.extend(run_suites(*args, **kwargs))
+        return results
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(check_command, "run_suites", kept)
+        done = check("--all", "--json", "--jobs", "2")
+    return CheckedAll(done, results)
+
+
+def replayed(checked: CheckedAll, *args: str) -> subprocess.CompletedProcess[str]:
+    """``fd-platforms check *args`` given the results ``check --all`` found for the platforms it names: the command's
+    own table, progress lines and verdict, without running any suite again."""
+    def replay(candidates: list[Any], *, finished: Any, **_: Any) -> list[PlatformResult]:
+        found = {result.name: result for result in checked.results}
+        results = [found[candidate.name] for candidate in candidates]
+        for result in results:
+            if finished is not None:
+                finished(result, 0.0)
+        return results
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(check_command, "run_suites", replay)
+        return check(*args)
+
+
+def test_check_all_passes_for_every_installed_platform(checked_all: CheckedAll) -> None:
+    done = checked_all.done
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stderr == "", "no progress lines with --json"
     payload = json.loads(done.stdout)
@@ -189,8 +233,8 @@ def test_a_device_memory_of_the_wrong_type_fails_without_hardware(make_plugin, s
     assert result["checks"]["device"]["status"] == "skip", "the hardware-only check could not have found it"
 
 
-def test_the_guides_matrix_is_what_check_all_prints() -> None:
-    done = check("--all")
+def test_the_guides_matrix_is_what_check_all_prints(checked_all: CheckedAll) -> None:
+    done = replayed(checked_all, "--all")
     assert done.returncode == 0, done.stdout + done.stderr
     progress = done.stderr.splitlines()  # a line per platform as its suite ends, in any order
     assert sorted(re.fullmatch(r"fd-platforms: checked (\w+) \(\d+ of \d+\): ok in [0-9.]+ s", line).group(1)
@@ -298,8 +342,8 @@ def test_every_hook_is_in_the_guide_with_its_exact_signature(name: str) -> None:
     assert exact_signature(name) in guide, f"the guide's signature of {name} differs from: {exact_signature(name)}"
 
 
-def test_a_check_that_could_not_run_is_named_beside_the_verdict() -> None:
-    done = check("nimbus")  # the example plugin, without its device here
+def test_a_check_that_could_not_run_is_named_beside_the_verdict(checked_all: CheckedAll) -> None:
+    done = replayed(checked_all, "nimbus")  # the example plugin, without its device here
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip().endswith(
         f"all platforms pass what could run here; not run: nimbus device (the reasons are above) (plugin API {API_VERSION})"
