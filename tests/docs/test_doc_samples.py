@@ -1,10 +1,10 @@
 """Every code sample in the README and ``docs/`` runs, so none can drift from the code.
 
 - ``python`` blocks of a file run in order as one session (a later block uses what an earlier
-  one made), from the repository root, in a fresh interpreter; a block made only of ``def``
-  lines is a hook signature and must be the hook spec's own. ``docs/engine-integration.md`` is
-  run block by block in one session by ``test_engine_docs.py``, with its own checks, and
-  ``docs/porting-fastdeploy.md`` by ``test_porting_guide.py``, under FastDeploy's record names' lock.
+  one made), from the repository root, in a fresh interpreter, each compiled under the file's
+  name and its own line numbers (a traceback names the doc's line); a block made only of ``def``
+  lines is a hook signature and must be the hook spec's own. The guides that write FastDeploy's
+  record names (the engine guide, the porting guide) run under their lock, as every file does here.
 - ``bash`` blocks: ``docs/multinode.md``'s commands for two machines, run together by ``test_multinode.py``.
 - ``sh`` blocks: every ``fd-platforms`` command runs and exits 0 (the fake runtime a line builds
   with ``tools/fake-custom-device/build.sh`` is the session's built one); the set-up commands at
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import os
 import re
 import shlex
@@ -37,10 +38,6 @@ from fd_platforms.loading.platform import Platform
 from run_helpers import ROOT, SCRIPT, clean_env
 
 DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
-SESSION_TESTED_ELSEWHERE = {
-    ROOT / "docs" / "engine-integration.md": "test_engine_docs.py",
-    ROOT / "docs" / "porting-fastdeploy.md": "test_porting_guide.py",  # it writes FastDeploy's record names: under their lock
-}
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
 SIGNATURE = re.compile(r"def (\w+)\((.*)\) -> (.+)")
 INLINE_CALL = re.compile(r"`(?:(platform|fd_platforms)\.)?(\w+)\(([^`]*)\)`")
@@ -54,6 +51,25 @@ def blocks(path: Path, language: str) -> list[str]:
 def is_signature(block: str) -> bool:
     lines = [line for line in block.splitlines() if line.strip()]
     return bool(lines) and all(SIGNATURE.fullmatch(line) for line in lines)
+
+
+def python_samples(path: Path) -> list[tuple[int, str]]:
+    """(the line it starts on, its code) of each ``python`` block of ``path`` that is not a hook signature."""
+    text = path.read_text(encoding="utf-8")
+    found = [(text.count("\n", 0, match.start(2)) + 1, match.group(2)) for match in FENCE.finditer(text)
+             if match.group(1) == "python"]  # fmt: skip
+    assert len(found) == text.count("```python"), f"every ```python block of {path.name} is found (none skipped)"
+    return [(line, code) for line, code in found if not is_signature(code)]
+
+
+# Runs the blocks given as JSON, one after another in this interpreter's __main__ (the guide's session), each
+# compiled under the doc's name at its own line, so a traceback names the doc's line; says each block ran.
+SESSION = """
+import json as _json, sys as _sys
+for _number, (_line, _source) in enumerate(_json.load(open(_sys.argv[2])), 1):
+    exec(compile("\\n" * (_line - 1) + _source, _sys.argv[1], "exec"), globals())
+    print(f"block {_number} ran", flush=True)
+"""
 
 
 def test_the_only_bash_block_is_the_multinode_guides_two_machine_commands() -> None:
@@ -104,21 +120,22 @@ def test_a_relative_link_names_a_file_and_heading_that_exist(doc: str, target: s
 
 
 def test_every_file_with_samples_is_covered() -> None:
-    assert (ROOT / "tests" / "docs" / "test_engine_docs.py").is_file()
-    assert sum(len(blocks(path, "python")) for path in DOCS) >= 20, "the samples were found"
+    assert sum(len(python_samples(path)) for path in DOCS) >= 20, "the samples were found"
+    assert {"engine-integration.md", "porting-fastdeploy.md"} <= {path.name for path in DOCS if python_samples(path)}
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("fastdeploy_record_names")  # the porting guide's samples write FastDeploy's record names
-@pytest.mark.parametrize("path", [p for p in DOCS if p not in SESSION_TESTED_ELSEWHERE], ids=lambda p: p.name)
-def test_the_python_samples_of_a_file_run_as_one_session(path: Path) -> None:
-    code = "\n".join(block for block in blocks(path, "python") if not is_signature(block))
-    if not code:
-        pytest.skip(f"{path.name} has no python sample")
+@pytest.mark.usefixtures("fastdeploy_record_names")  # the engine and porting guides write FastDeploy's record names
+@pytest.mark.parametrize("path", [path for path in DOCS if python_samples(path)], ids=lambda p: p.name)
+def test_the_python_samples_of_a_file_run_as_one_session(path: Path, tmp_path: Path) -> None:
+    samples = python_samples(path)
+    (tmp_path / "blocks.json").write_text(json.dumps(samples))
     before = shm_entries()
-    env = {k: v for k, v in clean_env().items() if k != "FD_PLATFORM"}
-    done, pids = run_tracked([sys.executable, "-c", code], cwd=ROOT, env=env, timeout=180)
+    command = [sys.executable, "-c", SESSION, str(path.relative_to(ROOT)), str(tmp_path / "blocks.json")]
+    done, pids = run_tracked(command, cwd=ROOT, env=clean_env(), timeout=300)
     assert done.returncode == 0, f"{path.name}'s python samples failed:\n{done.stderr}"
+    ran = [line for line in done.stdout.splitlines() if re.fullmatch(r"block \d+ ran", line)]
+    assert ran == [f"block {number} ran" for number in range(1, len(samples) + 1)], "every block ran to its end"
     left = left_behind_by(pids, before)
     assert not left, f"{path.name}'s samples left {left} in /dev/shm"
 

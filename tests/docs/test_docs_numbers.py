@@ -39,8 +39,9 @@ from fd_platforms.rules.config.limits import MAX_LAYERS, MAX_RANKS, MAX_WIDTH
 from fd_platforms.rules.decision import TRUTH_TABLE, differing_cases
 from fd_platforms.rules.layout import build_layout
 from fd_platforms.rules.planner import plan_blocks
-from run_helpers import SCRIPT, clean_env, without_sweep
+import port_lines
 from drift_plugins import OLD_XPU_RULE, drifting
+from run_helpers import SCRIPT, clean_env, main_in_process, without_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB, GIB = 2**20, 2**30
@@ -133,6 +134,26 @@ def test_the_fastdeploy_record_table_is_the_layouts() -> None:
             assert f"memHandle` at byte {layout.handle_offset}" in struct_text
             assert (f"at byte {layout.address_offset}" in struct_text) == (layout.address_offset is not None)
             assert struct_text.count(" at byte ") == (1 if layout.address_offset is None else 2)
+
+
+def test_the_porting_guides_line_counts_are_the_counted_lines() -> None:
+    """Each part's count in the guide's table is what its blocks add to FastDeploy's files (:mod:`port_lines`)."""
+    assert port_lines.stated() == port_lines.counts()
+
+
+def test_the_porting_guides_before_table_states_fastdeploys_functions_and_their_lines() -> None:
+    """Each row of the first table is functions of FastDeploy's file at c1b7c083 and their physical lines; the
+    guide's totals are the table's sum and the counted lines' sum."""
+    text = port_lines.GUIDE.read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `([\w/]+\.py)` \| ([^|]+) \| (\d+) \|", text, re.M)
+    assert len(rows) >= 10
+    for file, names, lines in rows:
+        known = port_lines.FASTDEPLOY["files"][f"fastdeploy/{file}"]
+        found = [key for name in re.findall(r"`([\w.]+)`", names) for key in known
+                 if key == name or key.endswith(f".{name}")]  # fmt: skip
+        assert found and sum(known[key]["physical"] for key in found) == int(lines), (file, names, lines)
+    assert f"**{sum(int(lines) for _, _, lines in rows)} lines** at c1b7c083" in text
+    assert f"**{sum(port_lines.counts().values())} lines** added in FastDeploy's own files" in text
 
 
 def benchmark(name: str) -> ModuleType:
@@ -239,8 +260,7 @@ def test_the_readmes_list_sample_is_what_list_prints() -> None:
     """After the first command the eight in-repo plugins are installed: the README's rows are theirs (the
     example plugin this venv also holds is left out with FD_PLATFORM_PLUGINS)."""
     sample = re.findall(r"^```text\n(PLATFORM +DISTRIBUTION.*?)^```", README_TEXT, re.S | re.M)[0]
-    done = subprocess.run([SCRIPT, "list"], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                          env=clean_env(FD_PLATFORM_PLUGINS="cuda,xpu,iluvatar,metax,dcu,gcu,intel_hpu,npu"))  # fmt: skip
+    done = main_in_process("list", FD_PLATFORM_PLUGINS="cuda,xpu,iluvatar,metax,dcu,gcu,intel_hpu,npu")
     assert done.returncode == 0, done.stderr
     printed = [line for line in done.stdout.splitlines() if " excluded " not in line]
 

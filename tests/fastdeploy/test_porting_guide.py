@@ -1,171 +1,35 @@
-"""The porting guide is the real port: its blocks of FastDeploy's files run, on cpu, beside stand-ins of the rest
-of FastDeploy's classes, and every line they add to FastDeploy's files is counted here; the guide states those
-counts, and they keep within the issue's limits.
-
-How a line is counted (the guide states the same rules): every non-blank line of a block headed by a FastDeploy
-file (``# fastdeploy/...py``) is added, comments too, except a ``class`` line and its docstring, the ``def`` lines of
-a function FastDeploy has at c1b7c083 with its parameters and return annotation (``fastdeploy_lines.json``: read
-from gongshaotian/FastDeploy with ``ast``, each function's line range, signature and the hashes of its stripped lines), a line marked ``# unchanged`` (it must hash to a line of
-that function) and a line marked ``# stands for:`` (it must be one call, to ``super()`` or to the stand-in's own
-method or function, which runs the lines FastDeploy keeps there).
+"""The porting guide is the real port: its blocks of FastDeploy's files (``docs/porting-fastdeploy.md``) run on cpu
+beside stand-ins of the rest of FastDeploy's classes, name no module FastDeploy lacks, import only the public modules,
+and each part adds no more lines to FastDeploy's files than its limit; the counting rules hold
+(:mod:`port_lines`, which the guide states too). The guide's blocks run in order as one session in
+``tests/docs/test_doc_samples.py``, and the counts it states are checked in ``tests/docs/test_docs_numbers.py``.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
-import hashlib
-import json
 import os
-import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import fastdeploy_runner_standin
 import pytest
-from conftest import left_behind_by, run_tracked, shm_entries
-from run_helpers import ROOT, clean_env
+from port_lines import FASTDEPLOY, GUIDE, HEADER, LAUNCH_LINES, PARTS, added_lines, counts, fastdeploy_blocks, guide_blocks
 
 from fd_platforms.engine import KVCache, ManagedCache
 
-GUIDE = ROOT / "docs" / "porting-fastdeploy.md"
-FASTDEPLOY = json.loads((ROOT / "tests" / "support" / "fastdeploy_lines.json").read_text())
-PYTHON = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
-HEADER = re.compile(r"# (fastdeploy/[\w/]+\.py)\n")
-UNCHANGED, STANDS_FOR = "# unchanged", "# stands for:"
-LAUNCH_LINES = {"fastdeploy/cache_manager/prefix_cache_manager.py": 1}
-"""Lines the port adds outside the blocks: ``launch_cache_messager`` passing ``--model_path`` (the guide shows it)."""
-PARTS = {
-    "GPU runner + MTP proposer": (
-        ("fastdeploy/worker/gpu_model_runner.py", "fastdeploy/spec_decode/mtp.py", "fastdeploy/spec_decode/mtp_cuda.py"),
-        30,
-    ),
-    "XPU runner": (("fastdeploy/worker/xpu_model_runner.py",), 15),
-    "worker": (("fastdeploy/worker/gpu_worker.py", "fastdeploy/worker/worker_process.py"), None),
-    "cache transfer manager": (("fastdeploy/cache_manager/cache_transfer_manager.py",), 30),
-    "cache messager": (
-        ("fastdeploy/cache_manager/cache_messager.py", "fastdeploy/cache_manager/prefix_cache_manager.py"),
-        15,
-    ),
-}
-"""Each part of the port, its FastDeploy files and the issue's limit on the lines it adds (issue 42)."""
 ALLOWED_IMPORTS = ("fd_platforms", "fd_platforms.engine", "fd_platforms.fastdeploy", "fastdeploy_runner_standin")
 """What a ported file imports: the public modules, and FastDeploy's own (stood in: its ``current_platform``)."""
 
 
-def guide_blocks() -> list[str]:
-    return PYTHON.findall(GUIDE.read_text(encoding="utf-8"))
-
-
-def fastdeploy_blocks() -> dict[str, str]:
-    """The guide's blocks of FastDeploy's files, by file (a file's blocks joined)."""
-    found: dict[str, str] = {}
-    for block in guide_blocks():
-        header = HEADER.match(block)
-        if header:
-            found[header.group(1)] = found.get(header.group(1), "") + block[header.end() :]
-    return found
-
-
-def functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef]]:
-    """Every function of a block with FastDeploy's name for it (``Class.method`` or ``function``)."""
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef):
-            for child in node.body:
-                if isinstance(child, ast.FunctionDef):
-                    yield f"{node.name}.{child.name}", child
-        elif isinstance(node, ast.FunctionDef):
-            yield node.name, node
-
-
-def signature(function: ast.FunctionDef) -> tuple[list[str], str | None]:
-    """A function's parameter names and return annotation, as ``fastdeploy_lines.json`` holds FastDeploy's."""
-    args = function.args
-    names = [arg.arg for arg in (*args.posonlyargs, *args.args)] + ([f"*{args.vararg.arg}"] if args.vararg else [])
-    names += [arg.arg for arg in args.kwonlyargs] + ([f"**{args.kwarg.arg}"] if args.kwarg else [])
-    return names, None if function.returns is None else ast.unparse(function.returns)
-
-
-def line_hash(line: str) -> str:
-    return hashlib.sha256(line.strip().encode()).hexdigest()[:16]
-
-
-def is_standin_call(line: str) -> bool:
-    """One statement whose value is a call to ``super().x(...)``, or to a function or method the stand-in has."""
-    statement = ast.parse(line.split(STANDS_FOR)[0].strip()).body
-    if len(statement) != 1 or not isinstance(statement[0], (ast.Expr, ast.Assign, ast.Return)):
-        return False
-    call = statement[0].value
-    if not isinstance(call, ast.Call):
-        return False
-    func = call.func
-    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call) and getattr(func.value.func, "id", "") == "super":
-        return True
-    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-    owners = [fastdeploy_runner_standin, *vars(fastdeploy_runner_standin).values()]
-    return any(callable(getattr(owner, name, None)) for owner in owners if isinstance(owner, type) or owner is owners[0])
-
-
-def added_lines(file: str, block: str) -> list[str]:
-    """The lines ``block`` adds to FastDeploy's ``file`` (see the module docstring); an AssertionError for a marked
-    line that is not what its mark says."""
-    known = FASTDEPLOY["files"].get(file, {})
-    tree = ast.parse(block)
-    lines = block.splitlines()
-    skipped: set[int] = set()
-    owner: dict[int, str] = {}
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef):
-            body = node.body
-            skipped.update(range(node.lineno, body[0].lineno))
-            if ast.get_docstring(node) is not None:
-                skipped.update(range(body[0].lineno, body[0].end_lineno + 1))  # type: ignore[operator]
-    for name, function in functions(tree):
-        for number in range(function.lineno, function.end_lineno + 1):  # type: ignore[operator]
-            owner[number] = name
-        if name in known and signature(function) == (known[name]["parameters"], known[name]["returns"]):
-            skipped.update(range(function.lineno, function.body[0].lineno))  # FastDeploy's def, as it has it
-    counted = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip() or number in skipped:
-            continue
-        if line.rstrip().endswith(UNCHANGED):
-            function = owner.get(number)
-            assert function in known, f"{file}: line {number} is marked unchanged outside a function of FastDeploy's"
-            text = line.rsplit(UNCHANGED, 1)[0]
-            assert line_hash(text) in known[function]["hashes"], f"{file} {function}: {text.strip()!r} is not its line"
-            continue
-        if STANDS_FOR in line:
-            assert owner.get(number) in known, f"{file}: line {number} stands for lines of a function FastDeploy lacks"
-            assert is_standin_call(line), f"{file}: line {number} stands for FastDeploy's lines but is no single call"
-            continue
-        counted.append(line)
-    return counted
-
-
-def counts() -> dict[str, int]:
-    """Lines each part adds, from the guide's blocks and :data:`LAUNCH_LINES`."""
-    blocks = fastdeploy_blocks()
-    per_file = {file: len(added_lines(file, block)) for file, block in blocks.items()} | LAUNCH_LINES
-    return {part: sum(per_file.get(file, 0) for file in files) for part, (files, _) in PARTS.items()}
-
-
-def stated() -> dict[str, int]:
-    """The counts the guide's table states: ``| part | files | **N** | limit |``."""
-    rows = re.findall(r"^\| ([^|]+?) \| [^|]+ \| \*\*(\d+)\*\* \|", GUIDE.read_text(encoding="utf-8"), re.M)
-    return {part: int(count) for part, count in rows}
-
-
-def test_every_part_of_the_port_has_its_blocks_and_the_guide_states_each_count() -> None:
-    blocks = fastdeploy_blocks()
+def test_every_part_of_the_port_has_its_blocks() -> None:
     expected = {file for files, _ in PARTS.values() for file in files} - set(LAUNCH_LINES)
-    assert set(blocks) == expected, "the guide's blocks of FastDeploy's files"
-    assert stated() == counts()
+    assert set(fastdeploy_blocks()) == expected, "the guide's blocks of FastDeploy's files"
 
 
 @pytest.mark.parametrize("part", [part for part, (_, limit) in PARTS.items() if limit is not None])
-def test_each_part_adds_no_more_lines_than_the_issue_allows(part: str) -> None:
+def test_each_part_adds_no_more_lines_than_its_limit(part: str) -> None:
     assert counts()[part] <= PARTS[part][1], (part, counts()[part])
 
 
@@ -199,19 +63,7 @@ def test_a_marked_line_must_be_what_its_mark_says() -> None:
     assert len(added_lines(gpu, changed)) == 2  # a def whose parameters FastDeploy's lacks is a changed line
 
 
-@pytest.mark.slow
-@pytest.mark.usefixtures("fastdeploy_record_names")
-def test_the_guide_runs_on_cpu_as_one_session() -> None:
-    """Every block in order, in a fresh interpreter from the repository root (as ``test_doc_samples.py`` runs the
-    other guides; this one writes FastDeploy's record names, so under their lock), leaving nothing in /dev/shm."""
-    before = shm_entries()
-    env = {k: v for k, v in clean_env().items() if k != "FD_PLATFORM"}
-    done, pids = run_tracked([sys.executable, "-c", "\n".join(guide_blocks())], cwd=ROOT, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert not left_behind_by(pids, before)
-
-
-# --- The port in the deployments the blockers were about: MTP ratio 2, several nodes, P/D decode with swap. ------
+# --- The port in the deployments beyond the plain path: MTP ratio 2, several nodes, P/D decode with swap. -------------
 
 
 def let_go(*parts: object) -> None:
@@ -305,21 +157,6 @@ def test_p_d_decode_with_swap_space_the_messager_creates_and_both_attach(monkeyp
         let_go(manager, getattr(runner, "proposer", None), runner, messager)
         for signal in signals:
             signal.close()
-
-
-def test_the_before_table_states_fastdeploys_functions_and_their_lines() -> None:
-    """Each row of the first table is functions of FastDeploy's file at c1b7c083 and their physical lines; the
-    guide's totals are the table's sum and the counted lines' sum."""
-    text = GUIDE.read_text(encoding="utf-8")
-    rows = re.findall(r"^\| `([\w/]+\.py)` \| ([^|]+) \| (\d+) \|", text, re.M)
-    assert len(rows) >= 10
-    for file, names, lines in rows:
-        known = FASTDEPLOY["files"][f"fastdeploy/{file}"]
-        found = [key for name in re.findall(r"`([\w.]+)`", names) for key in known
-                 if key == name or key.endswith(f".{name}")]  # fmt: skip
-        assert found and sum(known[key]["physical"] for key in found) == int(lines), (file, names, lines)
-    assert f"**{sum(int(lines) for _, _, lines in rows)} lines** at c1b7c083" in text
-    assert f"**{sum(counts().values())} lines** added in FastDeploy's own files" in text
 
 
 def test_the_stated_functions_are_fastdeploys() -> None:

@@ -1,10 +1,9 @@
-"""The engine guide runs as written: ``examples/engine_runner.py`` end to end from another folder, and
-every Python block of ``docs/engine-integration.md``, in order, as the one session the guide says they are."""
+"""The engine guide's example runs as written: ``examples/engine_runner.py`` end to end, from another folder, leaving
+nothing behind (the guide's own blocks run in ``test_doc_samples.py``, with every doc's)."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 import subprocess
 import sys
@@ -15,29 +14,13 @@ import pytest
 from conftest import left_behind_by, run_tracked, shm_entries
 from run_helpers import ROOT, clean_env
 
-GUIDE = ROOT / "docs" / "engine-integration.md"
 EXAMPLE = ROOT / "examples" / "engine_runner.py"
-PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```[ \t]*$", re.S | re.M)
 TIMEOUT = 120
 
 pytestmark = [  # multi-process: left out of -m "not slow"
     pytest.mark.slow,
     pytest.mark.skipif(importlib.util.find_spec("paddle") is None, reason="paddle is not installed"),
 ]
-
-# Runs the blocks given as a JSON list, one after another in one namespace (the guide's session),
-# each compiled under its own name so a traceback says which block and line failed.
-SESSION = """
-import json, sys
-namespace = {"__name__": "__main__"}
-for number, source in enumerate(json.load(open(sys.argv[1])), 1):
-    exec(compile(source, f"<docs/engine-integration.md python block {number}>", "exec"), namespace)
-    print(f"block {number} ran", flush=True)
-"""
-
-
-def python_blocks() -> list[str]:
-    return PYTHON_BLOCK.findall(GUIDE.read_text(encoding="utf-8"))
 
 
 def run_python(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess[str], set[int]]:
@@ -63,16 +46,3 @@ def test_the_example_runs_from_any_folder_and_leaves_nothing_behind(tmp_path: Pa
     assert not left_behind_by(pids, before)
 
 
-@pytest.mark.usefixtures("fastdeploy_record_names")  # its FastDeploy section writes key_caches_0_rank0.device0, ...
-def test_every_python_block_of_the_guide_runs_in_order(tmp_path: Path) -> None:
-    blocks = python_blocks()
-    text = GUIDE.read_text(encoding="utf-8")
-    assert len(blocks) == text.count("```python") >= 5, "every ```python block is found (none skipped)"
-    (tmp_path / "blocks.json").write_text(json.dumps(blocks))
-    (tmp_path / "session.py").write_text(SESSION)
-    before = shm_entries()
-    done, pids = run_python(str(tmp_path / "session.py"), str(tmp_path / "blocks.json"), cwd=ROOT)
-    assert done.returncode == 0, f"rc={done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
-    ran = [line for line in done.stdout.splitlines() if re.fullmatch(r"block \d+ ran", line)]
-    assert ran == [f"block {number} ran" for number in range(1, len(blocks) + 1)]
-    assert not left_behind_by(pids, before)
