@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from error_lines import one_error_line
 from run_helpers import QWEN
 from run_helpers import main_in_process as cli

@@ -13,7 +13,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from run_helpers import QWEN, ROOT, SCRIPT, clean_env, console_script
 from run_helpers import main_in_process as cli
 

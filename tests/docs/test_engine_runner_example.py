@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import left_behind_by, run_tracked, shm_entries
 from run_helpers import ROOT, clean_env
 

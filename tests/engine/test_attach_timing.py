@@ -7,6 +7,7 @@ import os
 import time
 
 import pytest
+from run_helpers import QWEN, ROOT
 
 import fd_platforms.engine.initialize as initialize
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
@@ -14,7 +15,6 @@ from fd_platforms.ipc.cache_signal import CacheReadySignal
 from fd_platforms.loading.platform import Platform
 from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
 from fd_platforms.rules.layout import build_layout
-from run_helpers import QWEN, ROOT
 
 DECODE = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "decode"}
 

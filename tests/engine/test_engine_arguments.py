@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from run_helpers import QWEN, ROOT
 
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.engine import allocate_kv_cache, initialize_kv_cache, manage_kv_cache
 from fd_platforms.loading.platform import Platform
 from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
 from fd_platforms.rules.layout import build_layout
-from run_helpers import QWEN, ROOT
 
 SIGNAL = "fd_cache_ready.never-created"
 MIXED = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "mixed"}

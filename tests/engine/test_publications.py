@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from run_helpers import QWEN, ROOT
 
 from fd_platforms.contract.errors import CacheSharingError
 from fd_platforms.engine import ManagedCache, initialize_kv_cache, manage_kv_cache
@@ -25,7 +26,6 @@ from fd_platforms.ipc.cache_signal import CacheReadySignal
 from fd_platforms.loading.platform import Platform
 from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
 from fd_platforms.rules.layout import build_layout
-from run_helpers import QWEN, ROOT
 
 MIXED = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "mixed"}
 LAYOUT = build_layout(load_model_config(ROOT / QWEN), CacheConfig(), ParallelConfig())

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
-
 from engine_processes import qwen_layout
+
 from fd_platforms.contract.errors import CacheInUseError, CacheUpdateError, ConfigError
 from fd_platforms.engine import ManagedCache, manage_kv_cache
 from fd_platforms.fastdeploy import drive_kv_cache_restore

@@ -12,13 +12,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from signal_processes import drive_and_report
 
 from fd_platforms.contract.errors import CacheSignalError, CacheUpdateError, ConfigError, SignalWaitError
 from fd_platforms.fastdeploy import cache_status, drive_kv_cache_clear, drive_kv_cache_restore
 from fd_platforms.fastdeploy.cache_status import drive_kv_cache_update
 from fd_platforms.fastdeploy.protocol import FASTDEPLOY
 from fd_platforms.fastdeploy.signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
-from signal_processes import drive_and_report
 
 DRIVE_FAILED = -30000  # fd-platforms' failure word: a drive failed after a rank let go (cache_status.FaultKind)
 

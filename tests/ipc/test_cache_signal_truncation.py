@@ -8,11 +8,10 @@ import subprocess
 import sys
 
 import pytest
+from run_helpers import ROOT, clean_env
 
 from fd_platforms.contract.errors import CacheSignalError
 from fd_platforms.ipc.cache_signal import CacheReadySignal
-from run_helpers import ROOT, clean_env
-
 
 WAITER = """
 import sys

@@ -5,11 +5,11 @@ starts, never a hang or an overflow deep inside a wait."""
 from __future__ import annotations
 
 import pytest
-
 from error_lines import one_error_line
-from fd_platforms.ipc.timeouts import ALLOWED
 from run_helpers import QWEN
 from run_helpers import main_in_process as cli
+
+from fd_platforms.ipc.timeouts import ALLOWED
 
 RUN = ("run", "--model", QWEN, "--device-memory", "256MiB")
 

@@ -8,7 +8,6 @@ import json
 import re
 
 import pytest
-
 from conftest import shm_entries
 from run_helpers import console_script, main_in_process
 

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 import pytest
-
 from conftest import shm_entries
-from fd_platforms.engine.publication import reclaim_stale_publications
 from run_helpers import QWEN, started
+
+from fd_platforms.engine.publication import reclaim_stale_publications
 
 pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
 

@@ -8,7 +8,6 @@ import json
 import time
 
 import pytest
-
 from run_helpers import QWEN, console_script, host_sharing_plugin, main_in_process
 
 pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"

@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from run_helpers import QWEN, console_script
-
 
 ENDS_ITS_PROCESS = {
     "exit-in-import": "import os\nos._exit(3)\n",

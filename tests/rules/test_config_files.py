@@ -7,12 +7,12 @@ import os
 from pathlib import Path
 
 import pytest
-
 from error_lines import one_error_line
-from fd_platforms.contract.errors import ConfigError
-from fd_platforms.rules.config import load_model_config
 from run_helpers import QWEN, ROOT
 from run_helpers import main_in_process as cli
+
+from fd_platforms.contract.errors import ConfigError
+from fd_platforms.rules.config import load_model_config
 
 QWEN_CONFIG = ROOT / QWEN / "config.json"
 

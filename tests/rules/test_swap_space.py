@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from error_lines import one_error_line
-from fd_platforms.contract.errors import ConfigError
-from fd_platforms.rules.config import load_deploy_config
 from run_helpers import QWEN, ROOT
 from run_helpers import main_in_process as cli
+
+from fd_platforms.contract.errors import ConfigError
+from fd_platforms.rules.config import load_deploy_config
 
 
 def test_a_huge_swap_space_in_toml_names_swap_space(tmp_path: Path) -> None:

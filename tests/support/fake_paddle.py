@@ -19,7 +19,6 @@ import fd_platforms_intel_hpu
 import fd_platforms_metax
 import fd_platforms_npu
 import fd_platforms_xpu
-
 from fd_platforms.contract.types import DTYPE_BYTES
 from fd_platforms.kit.custom_device import CustomDeviceFacts
 from fd_platforms.kit.device_facts import PADDLE_UINT8, DeviceFacts
@@ -27,7 +26,6 @@ from fd_platforms.kit.paddle_platform import PaddlePlatform
 from fd_platforms.kit.rocm import RocmFacts
 from fd_platforms.loading.discovery import Candidate
 from fd_platforms.loading.platform import Platform, register_platform
-
 
 PLATFORMS = {
     "cuda": fd_platforms_cuda.PLATFORM,
@@ -145,7 +143,7 @@ class FakeIpc:
         return self.dense(metadata[0])
 
     def get_flags(self, names: list[str]) -> dict[str, Any]:
-        return {name: self.vmm for name in names}
+        return dict.fromkeys(names, self.vmm)
 
     def empty_cache(self) -> None:
         self.emptied = getattr(self, "emptied", 0) + 1
