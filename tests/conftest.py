@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import fd_platforms
+import private_shm
 from fd_platforms.ipc.process_watch import parent_pid, pid_running
 from fd_platforms.ipc.shm import Segment, SegmentUnusable
 
@@ -31,15 +32,27 @@ TEST_SIGNAL_PREFIX = "fd_cache_ready.test-"
 
 
 OUR_PREFIXES = ("fd_cache_ready.", "fd_kv_cache.")
+SHARED_SHM = pytest.StashKey[str | None]()  # why this process's /dev/shm is the host's; None: it is its own
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Tests press Ctrl-C as a terminal does, on a foreground job. Started in the background
+    """Each pytest process (each xdist worker) gets a /dev/shm of its own where it can (tests/support/private_shm.py).
+
+    Tests press Ctrl-C as a terminal does, on a foreground job. Started in the background
     (``nohup pytest &``), pytest inherits SIGINT *ignored*, every process it starts would inherit
     that too (an ignored signal survives exec), and Python then never raises KeyboardInterrupt:
     give the processes the tests start the default disposition a foreground job has."""
+    config.stash[SHARED_SHM] = private_shm.enter()
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Whose /dev/shm the tests write in."""
+    shared = config.stash[SHARED_SHM]
+    if shared is None:
+        return "/dev/shm: a private tmpfs per test process (FastDeploy's names need no lock)"
+    return f"/dev/shm: the host's ({shared}); tests writing FastDeploy's names take them in turns"
 
 
 def shm_entries() -> set[str]:
@@ -148,18 +161,21 @@ def left_behind_by(pids: set[int], before: set[str]) -> list[str]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def no_shared_memory_left_behind() -> Iterator[None]:
+def no_shared_memory_left_behind(pytestconfig: pytest.Config) -> Iterator[None]:
     """The suite leaves no cache-ready segment behind: every new entry is gone or held by a living process.
 
-    A segment some other live process holds (an engine, or a second test run on the same machine)
-    is not this suite's doing and is ignored, as is one another suite's process made.
+    In a private /dev/shm that is every entry this test process's tests made. In the host's, a segment
+    some other live process holds (an engine, or a second test run on the same machine) is not this
+    suite's doing and is ignored, as is one another suite's process made.
     """
     before = shm_entries()
     foreign = ForeignEntries(before)
-    foreign.start()
+    if pytestconfig.stash[SHARED_SHM] is not None:  # no other suite writes in a private /dev/shm
+        foreign.start()
     yield
     foreign.done.set()
-    foreign.join()
+    if foreign.is_alive():
+        foreign.join()
     left = sorted(
         name for name in shm_entries() - before - foreign.found
         if not held_by_a_living_process(name) and not made_by_another_living_process(name)
@@ -275,10 +291,15 @@ def operator_cache(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPat
 
 
 @pytest.fixture(scope="module")
-def fastdeploy_record_names() -> Iterator[None]:
+def fastdeploy_record_names(pytestconfig: pytest.Config) -> Iterator[None]:
     """FastDeploy's record names (``key_caches_0_rank0.device0``) are the same for every run on a machine:
-    two test runs at once (CI beside a developer's loop) would read, reuse and remove each other's. Every
-    module that writes them takes them in turns, under one lock, waiting at most 480 s (under pytest-timeout's 600)."""
+    two test processes at once on the host's /dev/shm (two xdist workers, CI beside a developer's loop) would
+    read, reuse and remove each other's. In a private /dev/shm (:mod:`private_shm`) they are this process's
+    alone; otherwise every module that writes them takes them in turns, under one lock, waiting at most 480 s
+    (under pytest-timeout's 600)."""
+    if pytestconfig.stash[SHARED_SHM] is None:
+        yield
+        return
     path = Path(tempfile.gettempdir()) / "fd-platforms-fastdeploy-records.lock"
     with open(path, "a") as lock:
         deadline = time.monotonic() + LOCK_WAIT
