@@ -275,14 +275,19 @@ def operator_cache(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPat
     (``.pytest_cache/d/foreign-tensor-operator``) rather than the user's cache, so a later run loads it
     again; the build's name is the key the code itself uses (the operator's source, Paddle's version
     and folder, Python's version), so an edit or another Paddle compiles anew, as does ``--cache-clear``.
-    Without pytest's cache (``-p no:cacheprovider``) a folder of this session's; FD_PLATFORMS_CACHE_DIR,
-    where set, wins. The processes the tests start inherit it. Tests of the compile itself use folders
-    of their own."""
+    Without pytest's cache (``-p no:cacheprovider``) a folder of this run's, one for all its xdist workers
+    (the compile takes a lock: one worker compiles, the other loads); FD_PLATFORMS_CACHE_DIR, where set,
+    wins. The processes the tests start inherit it. Tests of the compile itself use folders of their own."""
     from fd_platforms.kit.foreign_tensor import ENV_CACHE_DIR
 
     given = os.environ.get(ENV_CACHE_DIR)
     cache = getattr(pytestconfig, "cache", None)
-    kept = cache.mkdir("foreign-tensor-operator") if cache is not None else tmp_path_factory.mktemp("operator-cache")
+    if cache is not None:
+        kept = cache.mkdir("foreign-tensor-operator")
+    elif "PYTEST_XDIST_WORKER" in os.environ:  # the worker's basetemp is popen-gwN in the run's
+        kept = tmp_path_factory.getbasetemp().parent / "operator-cache"
+    else:
+        kept = tmp_path_factory.mktemp("operator-cache")
     folder = given or str(kept)
     os.environ[ENV_CACHE_DIR] = folder
     yield folder
