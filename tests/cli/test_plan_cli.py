@@ -26,6 +26,11 @@ HAND_BYTES_PER_BLOCK = {
 
 
 def plan(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``fd-platforms plan *args`` in this process, on the cpu platform (``FD_PLATFORM=cpu``) unless ``--platform``
+    names one: the figures are this file's subject. (Left to select, it would screen every installed plugin in a
+    child process first: the selection's subject, tests/loading/test_selection.py's and test_cli.py's.)"""
+    if "--platform" not in args:
+        env = {"FD_PLATFORM": "cpu", **env}
     return main_in_process("plan", *args, **env)
 
 
