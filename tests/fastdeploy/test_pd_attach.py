@@ -37,6 +37,7 @@ from fd_platforms.ipc.cache_signal import CacheReadySignal
 
 STANDINS = Path(__file__).resolve().parents[1] / "support" / "fastdeploy_standins.py"
 pytestmark = pytest.mark.usefixtures("fastdeploy_record_names", "cpu_for_children")  # its processes select cpu too
+multi_process = pytest.mark.slow  # our processes spawned beside FastDeploy's: left out of -m "not slow"
 
 
 @contextmanager
@@ -111,6 +112,7 @@ def test_two_processes_attach_each_rank_in_either_split_role_with_swap_space() -
     assert [attachers_per_rank(role, 0) for role in ("mixed", "prefill", "decode")] == [1, 1, 1]
 
 
+@multi_process
 @pytest.mark.parametrize("protocol", ["fastdeploy", "fd-platforms"])
 @pytest.mark.parametrize("first", ["worker", "transfer"])
 def test_our_messager_creates_our_worker_and_transfer_manager_attach_and_nothing_is_freed_before_both_let_go(
@@ -150,6 +152,7 @@ def test_our_messager_creates_our_worker_and_transfer_manager_attach_and_nothing
             assert not published() and signals[CACHE_READY].get(0) == 0
 
 
+@multi_process
 def test_fastdeploys_messager_creates_and_our_worker_and_transfer_manager_attach(cpu) -> None:
     """FastDeploy's cache messager (the stand-in) creates; our worker and transfer manager attach through the
     public calls, write into every tensor, let go; FastDeploy's records stay its own until it exits."""
@@ -171,6 +174,7 @@ def test_fastdeploys_messager_creates_and_our_worker_and_transfer_manager_attach
     assert not published()
 
 
+@multi_process
 @pytest.mark.parametrize("ours", ["worker", "transfer"])
 def test_our_messager_frees_nothing_before_fastdeploys_attacher_lets_go_beside_ours(cpu, ours: str) -> None:
     """Our messager creates; one of FastDeploy's attachers (the stand-in, which holds nothing and resets the slot when
@@ -214,6 +218,7 @@ def test_attach_is_refused_where_it_would_leave_the_rank_without_a_creator(cpu) 
         assert not published()
 
 
+@multi_process
 def test_our_manager_holding_the_swap_space_frees_once_the_worker_its_only_attacher_lets_go(cpu) -> None:
     """Our cache manager creating in decode with its own swap space (``fd-platforms run`` has it so) is the rank's
     transfer manager: only the worker attaches, though the worker's settings count two. The worker's let-go resets
