@@ -145,11 +145,11 @@ def test_float8_e4m3_is_a_quantization_word_everywhere_fastdeploy_takes_one(tmp_
 def test_the_plan_command_takes_float8_e4m3_as_float8_e4m3fn_bytes() -> None:
     import json
 
-    from run_helpers import QWEN, console_script
+    from run_helpers import QWEN, main_in_process
 
     plans = []
     for word in (FP8_E4M3, "float8_e4m3fn"):
-        done = console_script("plan", "--platform", "cpu", "--model", QWEN, "--device-memory", "8GiB",
+        done = main_in_process("plan", "--platform", "cpu", "--model", QWEN, "--device-memory", "8GiB",
                               "--kv-cache-quant-type", word, "--json")  # fmt: skip
         assert done.returncode == 0, done.stderr
         plans.append(json.loads(done.stdout))
