@@ -255,7 +255,12 @@ class Run:
         """Initialize this process's cache by attaching; the whole call's seconds."""
         started = time.perf_counter()
         self.cache = initialize_kv_cache(
-            self.platform, layout, num_blocks, instance=self.ready.name, creator_pid=self.pid, timeout=STEP_SECONDS,
+            self.platform,
+            layout,
+            num_blocks,
+            instance=self.ready.name,
+            creator_pid=self.pid,
+            timeout=STEP_SECONDS,
             **DECODE,
         )
         return time.perf_counter() - started
@@ -281,10 +286,15 @@ class Run:
         cycle = time.perf_counter() - started
         creator = self.receive(STEP_SECONDS, "recreate")
         return {
-            "cycle_s": cycle, "attacher_clear_s": detached, "creator_clear_s": creator["clear_s"],
-            "create_s": creator["create_s"], "export_s": creator["export_s"], "call_s": call,
-            "attach_s": self.cache.attach_seconds, "wait_s": self.cache.wait_seconds,
-        }  # fmt: skip
+            "cycle_s": cycle,
+            "attacher_clear_s": detached,
+            "creator_clear_s": creator["clear_s"],
+            "create_s": creator["create_s"],
+            "export_s": creator["export_s"],
+            "call_s": call,
+            "attach_s": self.cache.attach_seconds,
+            "wait_s": self.cache.wait_seconds,
+        }
 
     # the machine's view of both processes
 
@@ -366,29 +376,45 @@ def measure_model(run: Run, model: str, size: int, repeat: int, warmup: int, cyc
 
     create_s = median(fresh, "create_s")
     create = {
-        **base, "measure": "create", "samples": repeat, "create_ms": ms(create_s),
-        "create_gib_s": gib_s(nbytes, create_s), "fresh_ms": ms(fresh_s), "fresh_gib_s": gib_s(nbytes, fresh_s),
-        "ratio": round(fresh_s / create_s, 3), "memset_ms": ms(memset_s), "memset_gib_s": gib_s(nbytes, memset_s),
+        **base,
+        "measure": "create",
+        "samples": repeat,
+        "create_ms": ms(create_s),
+        "create_gib_s": gib_s(nbytes, create_s),
+        "fresh_ms": ms(fresh_s),
+        "fresh_gib_s": gib_s(nbytes, fresh_s),
+        "ratio": round(fresh_s / create_s, 3),
+        "memset_ms": ms(memset_s),
+        "memset_gib_s": gib_s(nbytes, memset_s),
         "memset_ratio": round(memset_s / create_s, 3),
-    }  # fmt: skip
+    }
     create["met"] = create["ratio"] >= GOAL["ratio"]
     attach: dict[str, Any] = {
-        **base, "measure": "attach", "samples": repeat, "attach_ms": ms(median(fresh, "attach_s")),
-        "wait_ms": ms(median(fresh, "wait_s")), "initialize_ms": ms(median(fresh, "call_s")),
+        **base,
+        "measure": "attach",
+        "samples": repeat,
+        "attach_ms": ms(median(fresh, "attach_s")),
+        "wait_ms": ms(median(fresh, "wait_s")),
+        "initialize_ms": ms(median(fresh, "call_s")),
         "first_attach_ms": ms(first["attach_s"]),
-    }  # fmt: skip
+    }
     attach["met"] = attach["attach_ms"] <= GOAL["attach_ms"]
     overheads = [sample["cycle_s"] - sample["export_s"] for sample in full]
     recreate: dict[str, Any] = {
-        **base, "measure": "recreate", "samples": repeat, "cycle_ms": ms(median(full, "cycle_s")),
-        "export_ms": ms(median(full, "export_s")), "overhead_ms": ms(statistics.median(overheads)),
+        **base,
+        "measure": "recreate",
+        "samples": repeat,
+        "cycle_ms": ms(median(full, "cycle_s")),
+        "export_ms": ms(median(full, "export_s")),
+        "overhead_ms": ms(statistics.median(overheads)),
         "attacher_clear_ms": ms(median(full, "attacher_clear_s")),
-        "creator_clear_ms": ms(median(full, "creator_clear_s")), "attach_ms": ms(median(full, "attach_s")),
+        "creator_clear_ms": ms(median(full, "creator_clear_s")),
+        "attach_ms": ms(median(full, "attach_s")),
         "free_anchor_ms": ms(free_s),
-        "overhead_beyond_free_ms": ms(statistics.median(
-            sample["cycle_s"] - sample["export_s"] - sample["creator_clear_s"] for sample in full
-        )),
-    }  # fmt: skip
+        "overhead_beyond_free_ms": ms(
+            statistics.median(sample["cycle_s"] - sample["export_s"] - sample["creator_clear_s"] for sample in full)
+        ),
+    }
     recreate["met"] = recreate["overhead_beyond_free_ms"] <= GOAL["overhead_ms"]
     growth: dict[str, Any] = {**base, "measure": "growth", "cycles": cycles, "cycles_before": warmup + 2 * repeat}
     growth["shm_entries"] = after["shm_entries"]
@@ -434,39 +460,58 @@ def machine() -> dict[str, Any]:
     with open("/proc/meminfo", encoding="ascii") as meminfo:
         total = int(meminfo.readline().split()[1]) * 1024
     return {
-        "python": python_platform.python_version(), "cpus": os.cpu_count(), "cpus_usable": cpus_usable,
-        "kernel": python_platform.release(), "memory": format_size(total), "shmem_thp": thp,
-    }  # fmt: skip
+        "python": python_platform.python_version(),
+        "cpus": os.cpu_count(),
+        "cpus_usable": cpus_usable,
+        "kernel": python_platform.release(),
+        "memory": format_size(total),
+        "shmem_thp": thp,
+    }
 
 
 def result_text(row: dict[str, Any]) -> str:
     if row["measure"] == "create":
-        return (f"{row['create_gib_s']:.2f} GiB/s ({row['create_ms']:.1f} ms) vs fresh pages "
-                f"{row['fresh_gib_s']:.2f} GiB/s ({row['fresh_ms']:.1f} ms): ratio {row['ratio']:.2f}; memset over "
-                f"touched memory {row['memset_gib_s']:.2f} GiB/s (ratio {row['memset_ratio']:.2f})")  # fmt: skip
+        return (
+            f"{row['create_gib_s']:.2f} GiB/s ({row['create_ms']:.1f} ms) vs fresh pages "
+            f"{row['fresh_gib_s']:.2f} GiB/s ({row['fresh_ms']:.1f} ms): ratio {row['ratio']:.2f}; memset over "
+            f"touched memory {row['memset_gib_s']:.2f} GiB/s (ratio {row['memset_ratio']:.2f})"
+        )
     if row["measure"] == "attach":
-        return (f"attach {row['attach_ms']:.2f} ms, wait {row['wait_ms']:.2f} ms, whole initialize_kv_cache "
-                f"{row['initialize_ms']:.2f} ms; first (cold) attach {row['first_attach_ms']:.2f} ms")  # fmt: skip
+        return (
+            f"attach {row['attach_ms']:.2f} ms, wait {row['wait_ms']:.2f} ms, whole initialize_kv_cache "
+            f"{row['initialize_ms']:.2f} ms; first (cold) attach {row['first_attach_ms']:.2f} ms"
+        )
     if row["measure"] == "recreate":
-        return (f"{row['overhead_beyond_free_ms']:.1f} ms beyond allocating and freeing (cycle {row['cycle_ms']:.1f} "
-                f"- export {row['export_ms']:.1f} - creator's clear {row['creator_clear_ms']:.1f}; free anchor "
-                f"{row['free_anchor_ms']:.1f}); in it: attacher's clear {row['attacher_clear_ms']:.1f}, attach "
-                f"{row['attach_ms']:.1f}")  # fmt: skip
-    return (f"shm {row['shm_entries_growth']:+d} (now {row['shm_entries']}), "
-            f"fds {row['fds_growth_benchmark']:+d}/{row['fds_growth_creator']:+d}, "
-            f"RSS {row['rss_growth_benchmark_percent']:+.2f} %/{row['rss_growth_creator_percent']:+.2f} % "
-            f"({format_size(row['rss_growth_benchmark_bytes'])}/{format_size(row['rss_growth_creator_bytes'])}) "
-            "benchmark/creator")  # fmt: skip
+        return (
+            f"{row['overhead_beyond_free_ms']:.1f} ms beyond allocating and freeing (cycle {row['cycle_ms']:.1f} "
+            f"- export {row['export_ms']:.1f} - creator's clear {row['creator_clear_ms']:.1f}; free anchor "
+            f"{row['free_anchor_ms']:.1f}); in it: attacher's clear {row['attacher_clear_ms']:.1f}, attach "
+            f"{row['attach_ms']:.1f}"
+        )
+    return (
+        f"shm {row['shm_entries_growth']:+d} (now {row['shm_entries']}), "
+        f"fds {row['fds_growth_benchmark']:+d}/{row['fds_growth_creator']:+d}, "
+        f"RSS {row['rss_growth_benchmark_percent']:+.2f} %/{row['rss_growth_creator_percent']:+.2f} % "
+        f"({format_size(row['rss_growth_benchmark_bytes'])}/{format_size(row['rss_growth_creator_bytes'])}) "
+        "benchmark/creator"
+    )
 
 
 def render(rows: list[dict[str, Any]], facts: dict[str, Any], repeat: int) -> str:
     """The rows as a text table, the goal check per row, the machine in the footer."""
     headers = ("model", "tensors", "MiB/rank", "measure", "goal", "met", "result")
     lines = [
-        (row["model"], row["tensors"], f"{row['bytes'] / 2**20:.0f}", row["measure"] + _cycles(row), row["goal"],
-         "met" if row["met"] else "missed", result_text(row))
+        (
+            row["model"],
+            row["tensors"],
+            f"{row['bytes'] / 2**20:.0f}",
+            row["measure"] + _cycles(row),
+            row["goal"],
+            "met" if row["met"] else "missed",
+            result_text(row),
+        )
         for row in rows
-    ]  # fmt: skip
+    ]
     header = (
         f"cpu platform, one rank; create/attach/recreate: median of {repeat}; fresh pages = memfd_create + "
         "posix_fallocate of the same tensors (the kernel's zeroed pages); memset = single-thread numpy fill(0) "
@@ -490,8 +535,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="1GiB", help="KV cache per rank, e.g. 512MiB (1GiB)")
     parser.add_argument("--cycles", type=int, default=100, help="clear + re-create cycles for the growth (100)")
     parser.add_argument(
-        "--warmup", type=int, default=3, help="untimed cycles per model before anything is timed (3; its first attach "
-        "is reported apart)"
+        "--warmup",
+        type=int,
+        default=3,
+        help="untimed cycles per model before anything is timed (3; its first attach is reported apart)",
     )
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of: {', '.join(MODELS)}")
     args = parser.parse_args(argv)

@@ -46,8 +46,22 @@ PHASES = ("plan", "allocate", "wait")
 
 def run_once(ranks: int, path: str, model: str, device_memory: str) -> dict[str, Any]:
     """One ``fd-platforms run --json``; the phase times of its report, in seconds."""
-    argv = [sys.executable, "-m", "fd_platforms.cli", "run", "--model", model, "--tp", str(ranks), "--ranks",
-            str(ranks), "--device-memory", device_memory, *PATHS[path], "--json"]
+    argv = [
+        sys.executable,
+        "-m",
+        "fd_platforms.cli",
+        "run",
+        "--model",
+        model,
+        "--tp",
+        str(ranks),
+        "--ranks",
+        str(ranks),
+        "--device-memory",
+        device_memory,
+        *PATHS[path],
+        "--json",
+    ]
     env = {k: v for k, v in os.environ.items() if k not in ("FD_PLATFORM", "FD_PLATFORM_PLUGINS")}
     started = time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300, check=False)
@@ -91,11 +105,29 @@ def render(rows: list[dict[str, Any]]) -> str:
             return "-"
         return f"{1000 * row[f'{phase}_max_s']:.1f} / {1000 * row[f'{phase}_mean_s']:.1f}"
 
-    headers = ("ranks", "path", "blocks/rank", "MiB/rank (device+host)", "plan ms", "allocate ms", "wait ms",
-               "run s", "command s")
+    headers = (
+        "ranks",
+        "path",
+        "blocks/rank",
+        "MiB/rank (device+host)",
+        "plan ms",
+        "allocate ms",
+        "wait ms",
+        "run s",
+        "command s",
+    )
     lines = [
-        (row["ranks"], row["path"], row["num_blocks"], f"{(row['device_bytes'] + row['host_bytes']) / 2**20:.0f}",
-         ms(row, "plan"), ms(row, "allocate"), ms(row, "wait"), f"{row['run_s']:.2f}", f"{row['command_s']:.2f}")
+        (
+            row["ranks"],
+            row["path"],
+            row["num_blocks"],
+            f"{(row['device_bytes'] + row['host_bytes']) / 2**20:.0f}",
+            ms(row, "plan"),
+            ms(row, "allocate"),
+            ms(row, "wait"),
+            f"{row['run_s']:.2f}",
+            f"{row['command_s']:.2f}",
+        )
         for row in rows
     ]
     runs = rows[0]["runs"]

@@ -47,7 +47,10 @@ def timed_statement(statement: str) -> tuple[float, float]:
     """Seconds spent in ``statement`` inside a fresh interpreter, and that interpreter's peak RSS (MiB)."""
     out = subprocess.run(
         [sys.executable, "-c", TIMED.format(statement=statement)],
-        capture_output=True, text=True, check=True, env=child_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+        env=child_env(),
     ).stdout.split()
     return float(out[0]), int(out[1]) / 1024
 
@@ -71,13 +74,15 @@ def measure(repeat: int) -> list[dict[str, object]]:
         samples = [run() for _ in range(repeat)]
         seconds = [s for s, _ in samples]
         rss = [r for _, r in samples]
-        rows.append({
-            "measurement": name,
-            "median_ms": round(statistics.median(seconds) * 1000, 1),
-            "min_ms": round(min(seconds) * 1000, 1),
-            "peak_rss_mib": None if rss[0] != rss[0] else round(statistics.median(rss), 1),
-            "repeat": repeat,
-        })
+        rows.append(
+            {
+                "measurement": name,
+                "median_ms": round(statistics.median(seconds) * 1000, 1),
+                "min_ms": round(min(seconds) * 1000, 1),
+                "peak_rss_mib": None if rss[0] != rss[0] else round(statistics.median(rss), 1),
+                "repeat": repeat,
+            }
+        )
     return rows
 
 

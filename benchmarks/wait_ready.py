@@ -204,8 +204,15 @@ def render(table: list[dict[str, object]], cpu_seconds: float) -> str:
     """The rows as a text table, with the goal check."""
     headers = ("strategy", "p50 ms", "p99 ms", "max ms", "samples", "cpu % of a core", "goal")
     lines = [
-        (row["strategy"], row["p50_ms"], row["p99_ms"], row["max_ms"], row["samples"], row["cpu_percent"],
-         "met" if meets_goal(row) else "missed")
+        (
+            row["strategy"],
+            row["p50_ms"],
+            row["p99_ms"],
+            row["max_ms"],
+            row["samples"],
+            row["cpu_percent"],
+            "met" if meets_goal(row) else "missed",
+        )
         for row in table
     ]
     goals = f"goal p50<=0.2 ms, p99<=1 ms, cpu<=0.5 %; {FOREIGN}: p50<=10 ms, p99<=20 ms, cpu<=0.1 %"

@@ -38,8 +38,9 @@ def receive(conn: Connection, what: str) -> object:
 def cache_manager(instance: str, num_blocks: int, num_cpu_blocks: int, conn: Connection) -> None:
     platform = fd_platforms.current_platform()
     for cycle in (1, 2):
-        managed = manage_kv_cache(platform, rank0_layout(), num_blocks, num_cpu_blocks=num_cpu_blocks,
-                                           instance=instance)  # publishes, then sets rank 0's slot
+        managed = manage_kv_cache(
+            platform, rank0_layout(), num_blocks, num_cpu_blocks=num_cpu_blocks, instance=instance
+        )  # publishes, then sets rank 0's slot
         managed.kv_cache.tensors[0][0, 0, 0, 0] = 100.0 + cycle  # for the runner to read
         assert managed.host_cache is not None  # num_cpu_blocks > 0: the manager holds the host swap space
         conn.send(managed.host_cache.num_blocks)
@@ -53,31 +54,46 @@ def main() -> int:
     platform = fd_platforms.current_platform()
     layout = rank0_layout()
     plan = min_across_ranks([platform.max_num_blocks(layout=layout, cache=CACHE, memory=MEMORY)])
-    print(f"platform {platform.name}: {plan.num_blocks} blocks of {plan.bytes_per_block >> 20} MiB, "
-          f"{plan.num_cpu_blocks} host swap blocks")
+    print(
+        f"platform {platform.name}: {plan.num_blocks} blocks of {plan.bytes_per_block >> 20} MiB, "
+        f"{plan.num_cpu_blocks} host swap blocks"
+    )
     spawn = multiprocessing.get_context("spawn")
     with CacheReadySignal.create(1) as signal:  # the engine owns the signal
         engine_end, manager_end = spawn.Pipe()
-        manager = spawn.Process(target=cache_manager, args=(signal.name, plan.num_blocks, plan.num_cpu_blocks,
-                                                            manager_end))
+        manager = spawn.Process(
+            target=cache_manager, args=(signal.name, plan.num_blocks, plan.num_cpu_blocks, manager_end)
+        )
         manager.start()
         try:
             for cycle in (1, 2):
                 cache = initialize_kv_cache(
-                    platform, layout, plan.num_blocks, profile=False, num_cpu_blocks=plan.num_cpu_blocks,
-                    storage_backend=None, splitwise_role="decode", instance=signal.name, creator_pid=manager.pid,
-                    timeout=TIMEOUT)
+                    platform,
+                    layout,
+                    plan.num_blocks,
+                    profile=False,
+                    num_cpu_blocks=plan.num_cpu_blocks,
+                    storage_backend=None,
+                    splitwise_role="decode",
+                    instance=signal.name,
+                    creator_pid=manager.pid,
+                    timeout=TIMEOUT,
+                )
                 seen = cache.tensors[0][0, 0, 0, 0].item()
                 assert cache.decision is not None  # initialize_kv_cache's cache holds the rule's answer
                 cache.tensors[-1][-1, -1, -1, -1] = 7.0 * cycle
-                print(f"cycle {cycle}: attached={not cache.created} (deciding term {cache.decision.deciding_term}), "
-                      f"{len(cache.tensors)} tensors, read {seen} written by the cache manager")
+                print(
+                    f"cycle {cycle}: attached={not cache.created} (deciding term {cache.decision.deciding_term}), "
+                    f"{len(cache.tensors)} tensors, read {seen} written by the cache manager"
+                )
                 cache.clear(TIMEOUT)  # the attacher lets go first, then the cache manager clears
                 swap_blocks = receive(engine_end, "publication from the cache manager")
                 engine_end.send("clear")
                 written = receive(engine_end, "clear from the cache manager")
-                print(f"cycle {cycle}: cleared; the cache manager ({swap_blocks} host swap blocks) "
-                      f"read {written} written by the runner")
+                print(
+                    f"cycle {cycle}: cleared; the cache manager ({swap_blocks} host swap blocks) "
+                    f"read {written} written by the runner"
+                )
         finally:
             engine_end.close()  # a cache manager still waiting for "clear" sees EOF and exits
             manager.join(TIMEOUT)

@@ -63,8 +63,11 @@ def worker(memory_mib: list[int]) -> None:
     if local == 0 and os.environ.get("ENGINE_SUFFIX"):  # the node's FastDeploy engine waits on this word
         hand_off_block_count(os.environ["ENGINE_SUFFIX"], agreement.plan.num_blocks)
     bound = agreement.bound_by
-    print(f"rank {cluster.global_rank}: planned {plan.num_blocks} blocks, uses {agreement.plan.num_blocks} "
-          f"(node {bound.node} rank {bound.local_rank}'s plan)", flush=True)
+    print(
+        f"rank {cluster.global_rank}: planned {plan.num_blocks} blocks, uses {agreement.plan.num_blocks} "
+        f"(node {bound.node} rank {bound.local_rank}'s plan)",
+        flush=True,
+    )
 
 
 def mebibytes(raw: str) -> int:
@@ -83,8 +86,13 @@ def parse_args(argv: list[str], environ: Mapping[str, str] = os.environ) -> argp
     argparse's exit 2 with one line otherwise."""
     parser = argparse.ArgumentParser(prog="launched_worker.py", description=__doc__.split("\n\n")[0])
     parser._negative_number_matcher = re.compile(r"-\.?\d")  # "-5,64" is a value (refused below), not a flag
-    parser.add_argument("--memory-mib", nargs="+", default=["96,64"], metavar="MIB[,MIB...]",
-                        help="device memory of each global rank, in MiB (default 96,64)")  # fmt: skip
+    parser.add_argument(
+        "--memory-mib",
+        nargs="+",
+        default=["96,64"],
+        metavar="MIB[,MIB...]",
+        help="device memory of each global rank, in MiB (default 96,64)",
+    )
     args = parser.parse_args(argv)
     values = [part for value in args.memory_mib for part in value.split(",")]
     try:
@@ -95,8 +103,10 @@ def parse_args(argv: list[str], environ: Mapping[str, str] = os.environ) -> argp
     ranks = environ.get("PADDLE_TRAINERS_NUM", "") if launched else str(LOCAL_RANKS)
     if ranks.isdigit() and len(args.memory_mib) != int(ranks):
         who = "the launcher started" if launched else "this example launches"
-        parser.error(f"--memory-mib has {len(args.memory_mib)} value(s) but {who} {ranks} rank(s). "
-                     "Fix: give one value per global rank")  # fmt: skip
+        parser.error(
+            f"--memory-mib has {len(args.memory_mib)} value(s) but {who} {ranks} rank(s). "
+            "Fix: give one value per global rank"
+        )
     if environ.get("ENGINE_SUFFIX"):
         try:
             check_suffix(environ["ENGINE_SUFFIX"], "ENGINE_SUFFIX")
@@ -116,9 +126,24 @@ def main(argv: list[str]) -> int:
         return 0
     memory = ",".join(map(str, args.memory_mib))
     with tempfile.TemporaryDirectory() as logs:
-        done = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(LOCAL_RANKS),
-                               "--log_dir", logs, __file__, "--memory-mib", memory],
-                              capture_output=True, text=True, timeout=TIMEOUT + 60, check=False)  # fmt: skip
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "paddle.distributed.launch",
+                "--nproc_per_node",
+                str(LOCAL_RANKS),
+                "--log_dir",
+                logs,
+                __file__,
+                "--memory-mib",
+                memory,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT + 60,
+            check=False,
+        )
         for rank in range(LOCAL_RANKS):  # each rank's line (or error) from its log, among Paddle's own
             for line in (Path(logs) / f"workerlog.{rank}").read_text().splitlines():
                 if line.startswith(f"rank {rank}: "):

@@ -18,10 +18,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import private_shm
 import pytest
 
 import fd_platforms
-import private_shm
 from fd_platforms.ipc.process_watch import parent_pid, pid_running
 from fd_platforms.ipc.shm import Segment, SegmentUnusable
 
@@ -140,8 +140,11 @@ def process_tree(pids: set[int], done: threading.Event) -> None:
     """Add to ``pids`` every process that descends from one of them, until ``done`` (polling /proc
     every 50 ms: a process that lives less is missed)."""
     while not done.is_set():
-        parents = {pid: parent for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
-                   if (parent := parent_pid(pid)) is not None}  # fmt: skip
+        parents = {
+            pid: parent
+            for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+            if (parent := parent_pid(pid)) is not None
+        }
         for pid in parents:
             chain, seen = pid, set()
             while chain in parents and chain not in seen:
@@ -153,7 +156,9 @@ def process_tree(pids: set[int], done: threading.Event) -> None:
         done.wait(0.05)  # an engine process lives far longer
 
 
-def run_tracked(command: list[str], *, cwd: Path, env: dict[str, str], timeout: float) -> tuple[subprocess.CompletedProcess[str], set[int]]:  # fmt: skip
+def run_tracked(
+    command: list[str], *, cwd: Path, env: dict[str, str], timeout: float
+) -> tuple[subprocess.CompletedProcess[str], set[int]]:
     """``command`` run to the end (its output captured), and the pids of it and every process it started."""
     process = subprocess.Popen(command, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     pids, done = {process.pid}, threading.Event()
@@ -175,6 +180,7 @@ def left_behind_by(pids: set[int], before: set[str]) -> list[str]:
     these processes' doing: a pid of theirs in the name, or no pid at all (a name the code chose; the
     tests' own ``fd_cache_ready.test-`` names excepted). A suite running beside this one kills engines
     and sweeps after them: their entries carry other pids."""
+
     def theirs(name: str) -> bool:
         found = {int(pid) for pid in _PID.findall(name)}
         return bool(found & pids) if found else not name.startswith(TEST_SIGNAL_PREFIX)
@@ -199,7 +205,8 @@ def no_shared_memory_left_behind(pytestconfig: pytest.Config) -> Iterator[None]:
     if foreign.is_alive():
         foreign.join()
     left = sorted(
-        name for name in shm_entries() - before - foreign.found
+        name
+        for name in shm_entries() - before - foreign.found
         if not held_by_a_living_process(name) and not made_by_another_living_process(name)
     )
     assert not left, f"the test suite left shared memory behind: {left}"
@@ -212,7 +219,8 @@ def signal_name() -> Iterator[str]:
     yield name
     assert name not in shm_entries(), f"test left /dev/shm/{name} behind"
 
-PLUGIN_TEMPLATE = '''
+
+PLUGIN_TEMPLATE = """
 from fd_platforms import hookimpl
 from fd_platforms.contract.types import Detection, PlatformIdentity
 
@@ -227,7 +235,7 @@ def detect_platform():
 @hookimpl
 def supported_api_versions():
     return ">=1.0,<2"
-'''
+"""
 
 
 @pytest.fixture(autouse=True)
@@ -270,8 +278,10 @@ def make_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Plu
     ) -> Path:
         dist = dist or f"fd-test-{name}"
         module = module or f"fd_test_plugin_{dist.replace('-', '_')}"
-        body = source if source is not None else PLUGIN_TEMPLATE.format(
-            name=name, available=available, reason=reason, count=count
+        body = (
+            source
+            if source is not None
+            else PLUGIN_TEMPLATE.format(name=name, available=available, reason=reason, count=count)
         )
         (root / f"{module}.py").write_text(textwrap.dedent(body))
         info = root / f"{dist.replace('-', '_')}-1.0.dist-info"
@@ -355,8 +365,11 @@ def fake_device_root(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str]
             root = tmp_path_factory.mktemp(f"fake-{device_type}")
             done = subprocess.run(
                 ["bash", str(FAKE_DEVICE_TOOLS / "build.sh"), device_type, str(root)],
-                capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable}, timeout=300,
-            )  # fmt: skip
+                capture_output=True,
+                text=True,
+                env={**os.environ, "PYTHON": sys.executable},
+                timeout=300,
+            )
             assert done.returncode == 0, f"building the fake {device_type} runtime failed:\n{done.stderr}"
             library = root / f"libfake_{device_type}.so"
             assert done.stdout.strip() == str(library), f"build.sh printed {done.stdout!r}\nstderr:\n{done.stderr}"
@@ -374,8 +387,12 @@ def fake_vendor_runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("g++") is None:
         pytest.skip("g++ not found on PATH: cannot compile the fake vendor runtime")
     folder = tmp_path_factory.mktemp("fake-vendor-runtime")
-    done = subprocess.run(["bash", str(FAKE_DEVICE_TOOLS / "build-host-runtime.sh"), str(folder)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(FAKE_DEVICE_TOOLS / "build-host-runtime.sh"), str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, f"building the fake vendor runtime failed:\n{done.stderr}"
     expected = [str(folder / "libcudart.so"), str(folder / "libmcruntime.so")]
     assert done.stdout.split() == expected, f"printed {done.stdout!r}\nstderr:\n{done.stderr}"

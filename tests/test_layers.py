@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from run_helpers import ROOT
 
 if sys.version_info >= (3, 11):
@@ -37,8 +36,12 @@ def lint(root: Path = ROOT, package: Path | None = None) -> subprocess.Completed
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package.parent), env.get("PYTHONPATH")]))
     return subprocess.run(
         [str(LINT_IMPORTS), "--no-cache", "--config", str(ROOT / "pyproject.toml")],
-        capture_output=True, text=True, cwd=root, env=env, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env=env,
+        timeout=120,
+    )
 
 
 def test_every_contract_is_kept() -> None:
@@ -62,35 +65,46 @@ def append(path: Path, line: str) -> None:
 
 BREAKS = {
     "an upward import": (
-        "rules/decision.py", "from ..loading import platform",
+        "rules/decision.py",
+        "from ..loading import platform",
         "fd_platforms.rules.decision -> fd_platforms.loading.platform",
     ),
     "the facade importing the engine": (
-        "loading/platform.py", "from ..engine import initialize",
+        "loading/platform.py",
+        "from ..engine import initialize",
         "fd_platforms.loading.platform -> fd_platforms.engine.initialize",
     ),
     "siblings of one layer importing each other": (
-        "kit/host_sharing.py", "from ..ipc import shm", "fd_platforms.kit.host_sharing -> fd_platforms.ipc.shm",
+        "kit/host_sharing.py",
+        "from ..ipc import shm",
+        "fd_platforms.kit.host_sharing -> fd_platforms.ipc.shm",
     ),
     "the engine importing FastDeploy's package": (  # the engine is given FastDeploy's protocol object, never imports it
-        "engine/initialize.py", "from ..fastdeploy import FASTDEPLOY",
+        "engine/initialize.py",
+        "from ..fastdeploy import FASTDEPLOY",
         "fd_platforms.engine is not allowed to import fd_platforms.fastdeploy",
     ),
     "the rules reaching FastDeploy's package through another one": (  # no indirect path either
-        "rules/sizes.py", "from ..lifecycle import spec", "fd_platforms.rules is not allowed to import fd_platforms.fastdeploy",
+        "rules/sizes.py",
+        "from ..lifecycle import spec",
+        "fd_platforms.rules is not allowed to import fd_platforms.fastdeploy",
     ),
     "fd-platforms run's processes importing an engine module past fd_platforms.engine": (  # as any engine: the API
-        "lifecycle/worker.py", "from ..engine.kv_cache import KVCache",
+        "lifecycle/worker.py",
+        "from ..engine.kv_cache import KVCache",
         "fd_platforms.lifecycle is not allowed to import fd_platforms.engine.kv_cache",
     ),
     "the CLI importing an engine module past fd_platforms.engine": (
-        "cli/plan_command.py", "from ..engine.protocols import OURS",
+        "cli/plan_command.py",
+        "from ..engine.protocols import OURS",
         "fd_platforms.cli is not allowed to import fd_platforms.engine.protocols",
     ),
     "a circle inside a package": (  # the planner imports the decision through the config
-        "rules/decision.py", "from . import planner", "No cycles are allowed in fd_platforms.rules.",
+        "rules/decision.py",
+        "from . import planner",
+        "No cycles are allowed in fd_platforms.rules.",
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize(("module", "line", "named"), BREAKS.values(), ids=BREAKS)
@@ -149,8 +163,11 @@ def test_a_plugin_importing_the_core_past_the_plugin_module_breaks_the_contract(
     tmp_path: Path, line: str, named: str
 ) -> None:
     target = tmp_path / "site" / "fd_platforms_nimbus"
-    shutil.copytree(ROOT / "examples" / "plugin-template" / "src" / "fd_platforms_nimbus", target,
-                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    shutil.copytree(
+        ROOT / "examples" / "plugin-template" / "src" / "fd_platforms_nimbus",
+        target,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     append(target / "__init__.py", line)
     done = lint(target.parent, target)
     assert done.returncode == 1

@@ -35,9 +35,11 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="per platform")
     parser.add_argument(
-        "--rule", choices=tuple(RULE_VERSIONS), default=DEFAULT_RULE,
+        "--rule",
+        choices=tuple(RULE_VERSIONS),
+        default=DEFAULT_RULE,
         help="the create-or-attach rule version the engine pins: each platform's decision is checked against it",
-    )  # fmt: skip
+    )
     parser.set_defaults(run=run)
     return parser
 
@@ -48,9 +50,12 @@ def run(args: argparse.Namespace) -> int:
     timeout = check_seconds("timeout", args.timeout, "pass a finite number of seconds > 0, e.g. --timeout 600")
     candidates = _candidates(args.names, args.all)
     results = run_suites(
-        candidates, jobs=args.jobs, timeout=timeout, finished=None if args.json else _said(len(candidates)),
+        candidates,
+        jobs=args.jobs,
+        timeout=timeout,
+        finished=None if args.json else _said(len(candidates)),
         rule=args.rule,
-    )  # fmt: skip
+    )
     passed = all(result.passed for result in results)
     if args.json:
         payload = {

@@ -38,41 +38,50 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> tuple[argparse.Acti
     add("--cache-dtype", choices=CACHE_DTYPE_WORDS, help=f"cache element type (default: {cache.cache_dtype})")
     add("--kv-cache-quant-type", choices=QUANT_WORDS, help=f"cache quantization (default: {cache.kv_cache_quant_type})")
     add(
-        "--memory-utilization", type=float, metavar="F",
+        "--memory-utilization",
+        type=float,
+        metavar="F",
         help=f"fraction of device memory the process may use, weights and cache (default: {cache.memory_utilization})",
-    )  # fmt: skip
+    )
     add(
-        "--device-memory", metavar="SIZE",
+        "--device-memory",
+        metavar="SIZE",
         help="device memory per rank: 80GiB, 81920MiB, 80GB (powers of 1000) or bytes "
         "(default: the device's live facts)",
-    )  # fmt: skip
+    )
     add(
-        "--non-cache-memory", metavar="SIZE",
+        "--non-cache-memory",
+        metavar="SIZE",
         help="memory held outside the cache: weights + activation peak (default: what the process holds now, "
         "0 before the model is loaded: weights are then not counted)",
-    )  # fmt: skip
+    )
     add(
-        "--swap-space", metavar="SIZE",
+        "--swap-space",
+        metavar="SIZE",
         help="host swap space per rank (vLLM's 'per GPU'; FastDeploy converts its swap_space for the instance): "
         "GiB as a bare number, as their swap_space is, or a size such as 512MiB (default: 0, none)",
-    )  # fmt: skip
+    )
     add("--host-memory", metavar="SIZE", help="host memory the swap space must fit in (default: this host's total)")
     add("--num-gpu-blocks-override", type=int, metavar="N", help="use exactly N blocks (default: what memory allows)")
     add(
-        "--num-gpu-block-expand-ratio", type=float, metavar="F",
+        "--num-gpu-block-expand-ratio",
+        type=float,
+        metavar="F",
         help="device blocks of the MTP layers per main-layer block, FastDeploy's int(num_blocks * F) "
         f"(default: {cache.num_gpu_block_expand_ratio:g}; with --mtp)",
-    )  # fmt: skip
+    )
     add(
-        "--rule", choices=tuple(RULE_VERSIONS),
+        "--rule",
+        choices=tuple(RULE_VERSIONS),
         help=f"the create-or-attach rule's version the engine pins (default: {DEFAULT_RULE}; "
         "with --protocol fastdeploy it must be pinned where the versions disagree; fd-platforms rules shows them)",
-    )  # fmt: skip
+    )
     add("--role", choices=SPLITWISE_ROLES, help=f"splitwise role (default: {scheduler.splitwise_role})")
     add(
-        "--protocol", choices=PROTOCOLS,
+        "--protocol",
+        choices=PROTOCOLS,
         help=f"the processes' signals and tensor handles: ours, or FastDeploy's own (default: {scheduler.protocol})",
-    )  # fmt: skip
+    )
     add("--storage-backend", choices=("none", *STORAGE_BACKENDS), help="KV cache storage backend (default: none)")
     return tuple(added)
 

@@ -67,9 +67,12 @@ def take_stdout() -> None:
     stream.flush()
     _guard = _Descriptor(os.dup(fd))  # not inherited by child processes
     _output = _Printable(
-        io.BufferedWriter(_guard), encoding=stream.encoding, errors=stream.errors,
-        line_buffering=bool(stream.line_buffering), write_through=False,
-    )  # fmt: skip
+        io.BufferedWriter(_guard),
+        encoding=stream.encoding,
+        errors=stream.errors,
+        line_buffering=bool(stream.line_buffering),
+        write_through=False,
+    )
     os.dup2(err, fd)
     sys.stdout = sys.stderr
 

@@ -47,13 +47,13 @@ def run(args: argparse.Namespace) -> int:
         )
     device_memory, non_cache, host_memory = memory_sizes(args)
     notes = tuple(
-        note for text, size in ((args.device_memory, device_memory), (args.non_cache_memory, non_cache))
+        note
+        for text, size in ((args.device_memory, device_memory), (args.non_cache_memory, non_cache))
         if size is not None and (note := decimal_note(text, size))
-    )  # fmt: skip
+    )
     platforms, on_purpose = _platforms(args.platform)
     rows = [
-        _plan_row(platform, deploy, device_memory, non_cache, host_memory, notes + on_purpose)
-        for platform in platforms
+        _plan_row(platform, deploy, device_memory, non_cache, host_memory, notes + on_purpose) for platform in platforms
     ]
     if args.json:
         emit(json.dumps(rows if args.platform == "all" else rows[0], indent=2))
@@ -97,8 +97,12 @@ def _plan_row(
 ) -> dict[str, Any]:
     cache, parallel = deploy.cache, deploy.parallel
     layout = build_layout(deploy.model, cache, parallel)
-    inputs = DecisionInputs(False, host_swap_blocks(cache, layout.bytes_per_block), cache.kvcache_storage_backend,
-                            deploy.scheduler.splitwise_role)  # fmt: skip
+    inputs = DecisionInputs(
+        False,
+        host_swap_blocks(cache, layout.bytes_per_block),
+        cache.kvcache_storage_backend,
+        deploy.scheduler.splitwise_role,
+    )
     rule = protocol_named(deploy.scheduler.protocol).rule_in_force(cache.rule, inputs, "--rule")  # before any hook
     if device_memory is None:
         detection = platform.detect()
@@ -124,10 +128,15 @@ def _plan_row(
     )
     shaped = platform.cache_layout(layout, max(1, plan.num_blocks))
     assumed = non_cache if non_cache is not None else memory.process_bytes or 0
-    non_cache_source = "--non-cache-memory" if non_cache is not None else (
-        f"what this process holds on the device ({memory.source})" if memory.process_bytes else
-        "none given: weights and activations are not counted; pass --non-cache-memory SIZE"
-    )  # fmt: skip
+    non_cache_source = (
+        "--non-cache-memory"
+        if non_cache is not None
+        else (
+            f"what this process holds on the device ({memory.source})"
+            if memory.process_bytes
+            else "none given: weights and activations are not counted; pass --non-cache-memory SIZE"
+        )
+    )
     return {
         "platform": platform.name,
         "model": deploy.model.name,
@@ -238,10 +247,11 @@ def _shape_differences(rows: list[dict[str, Any]]) -> str:
     """Where the platforms allocate a layer's tensors differently (axis order, dtype): each one's
     tensors, blocks written N; nothing when they all agree."""
     shapes = {
-        r["platform"]: "; ".join(f"{t['role']} [N, {', '.join(map(str, t['shape'][1:]))}] {t['dtype']}"
-                                 for t in r["layer_tensors"])
+        r["platform"]: "; ".join(
+            f"{t['role']} [N, {', '.join(map(str, t['shape'][1:]))}] {t['dtype']}" for t in r["layer_tensors"]
+        )
         for r in rows
-    }  # fmt: skip
+    }
     if len(set(shapes.values())) < 2:
         return ""
     headers = ("PLATFORM", "TENSORS PER LAYER (same bytes; the platform's axes and dtypes)")

@@ -23,17 +23,24 @@ def run(args: argparse.Namespace) -> int:
     names = list(RULE_VERSIONS)
     differing = differing_cases()
     if args.json:
-        emit(json.dumps({
-            "default": DEFAULT_RULE,
-            "versions": [{"name": v.name, "rule": v.text, "origin": v.origin} for v in RULE_VERSIONS.values()],
-            "cases": len(TRUTH_TABLE),
-            "differing": [
-                {"inputs": {k: v for k, v in inputs.kwargs().items() if k != "rule"},
-                 "create": {name: answer.create for name, answer in answers.items()},
-                 "deciding_term": {name: answer.deciding_term for name, answer in answers.items()}}
-                for inputs, answers in differing
-            ],
-        }, indent=2))  # fmt: skip
+        emit(
+            json.dumps(
+                {
+                    "default": DEFAULT_RULE,
+                    "versions": [{"name": v.name, "rule": v.text, "origin": v.origin} for v in RULE_VERSIONS.values()],
+                    "cases": len(TRUTH_TABLE),
+                    "differing": [
+                        {
+                            "inputs": {k: v for k, v in inputs.kwargs().items() if k != "rule"},
+                            "create": {name: answer.create for name, answer in answers.items()},
+                            "deciding_term": {name: answer.deciding_term for name, answer in answers.items()},
+                        }
+                        for inputs, answers in differing
+                    ],
+                },
+                indent=2,
+            )
+        )
         return 0
     versions = format_table(
         ("VERSION", "RULE", "ORIGIN"),

@@ -109,16 +109,35 @@ def run_suite(
         ini.write_text(SCRATCH_INI)
         report = Path(scratch) / "outcomes.json"
         command = [
-            sys.executable, "-m", "pytest", "-p", "fd_platforms.conformance.pytest_plugin", "-p", "no:cacheprovider",
-            "--fd-platform", candidate.name, "--fd-platform-report", str(report), "-c", str(ini), "-q",
-            "--rootdir", str(SUITE_PARENT), *(("--fd-platform-rule", rule) if rule else ()),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "fd_platforms.conformance.pytest_plugin",
+            "-p",
+            "no:cacheprovider",
+            "--fd-platform",
+            candidate.name,
+            "--fd-platform-report",
+            str(report),
+            "-c",
+            str(ini),
+            "-q",
+            "--rootdir",
+            str(SUITE_PARENT),
+            *(("--fd-platform-rule", rule) if rule else ()),
+        ]
         base = PlatformResult(candidate.name, candidate.distribution, candidate.version)
         try:
             done = subprocess.run(
-                command, cwd=scratch, env=_same_core(os.environ if environ is None else environ),
-                capture_output=True, text=True, timeout=timeout, check=False,
-            )  # fmt: skip
+                command,
+                cwd=scratch,
+                env=_same_core(os.environ if environ is None else environ),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             return _with_error(base, f"the suite did not finish within {timeout:g} s. Fix: raise --timeout")
         if not report.exists():
@@ -181,7 +200,13 @@ def _group(outcomes: Mapping[str, Mapping[str, str]]) -> list[CheckResult]:
         elif outcome["outcome"] == "skipped" and outcome["message"] not in tally.skip_reasons:
             tally.skip_reasons.append(outcome["message"])
     return [
-        CheckResult(check, tally.counts["passed"], tally.counts["failed"], tally.counts["skipped"],
-                    tuple(tally.failures), tuple(tally.skip_reasons))
+        CheckResult(
+            check,
+            tally.counts["passed"],
+            tally.counts["failed"],
+            tally.counts["skipped"],
+            tuple(tally.failures),
+            tuple(tally.skip_reasons),
+        )
         for check, tally in tallies.items()
     ]

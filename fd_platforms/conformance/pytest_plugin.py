@@ -58,13 +58,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--fd-platform", metavar="NAME", help="run the fd-platforms conformance suite against installed platform NAME"
     )
+    group.addoption("--fd-platform-report", metavar="FILE", help="also write each suite test's outcome to FILE as JSON")
     group.addoption(
-        "--fd-platform-report", metavar="FILE", help="also write each suite test's outcome to FILE as JSON"
-    )
-    group.addoption(
-        "--fd-platform-rule", metavar="VERSION", default=None,
+        "--fd-platform-rule",
+        metavar="VERSION",
+        default=None,
         help="the create-or-attach rule version the engine pins (default: the core's default version)",
-    )  # fmt: skip
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -163,14 +163,19 @@ def fd_platform_simulated(fd_platform: Platform) -> Platform:
     """A copy of the platform whose ``paddle`` is its facts class's simulation (:data:`SIMULATED_DEVICES`
     devices of :data:`SIMULATED_BYTES`), registered as a plugin again; skips where there is none."""
     plugin = fd_platform.manager.get_plugin(fd_platform.name)
-    if not isinstance(plugin, PaddlePlatform) or (
-        simulated := plugin.facts.simulated_paddle(plugin.device_type, SIMULATED_DEVICES, SIMULATED_BYTES)
-    ) is None:
+    if (
+        not isinstance(plugin, PaddlePlatform)
+        or (simulated := plugin.facts.simulated_paddle(plugin.device_type, SIMULATED_DEVICES, SIMULATED_BYTES)) is None
+    ):
         pytest.skip(f"{fd_platform.name} is not a PaddlePlatform whose facts class simulates Paddle")
     copy = dataclasses.replace(plugin, load_paddle=lambda: simulated)
     candidate = fd_platform.candidate
-    return call_plugin(candidate, "loading a simulated copy",
-                       lambda: register_platform(candidate, copy, drift_guard=False), detect_bound())  # fmt: skip
+    return call_plugin(
+        candidate,
+        "loading a simulated copy",
+        lambda: register_platform(candidate, copy, drift_guard=False),
+        detect_bound(),
+    )
 
 
 @pytest.fixture(scope="session")

@@ -105,8 +105,13 @@ def check_api_compatibility(declared: object, plugin: str, distribution: str, co
 
 _CLAUSE = re.compile(r"\s*(>=|<=|==|!=|<|>)\s*(\d+(?:\.\d+)*)\s*")
 _COMPARE: dict[str, Callable[[tuple[int, ...], tuple[int, ...]], bool]] = {
-    ">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne, "<": operator.lt, ">": operator.gt,
-}  # fmt: skip
+    ">=": operator.ge,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    ">": operator.gt,
+}
 
 
 def release_range_contains(declared: str, version: str) -> bool | None:

@@ -50,9 +50,7 @@ class ConfigError(FdPlatformsError, ValueError):
 
     exit_code = 2
 
-    def __init__(
-        self, field: str, value: object, allowed: str, fix: str, *, source: str | None = None
-    ) -> None:
+    def __init__(self, field: str, value: object, allowed: str, fix: str, *, source: str | None = None) -> None:
         self.field, self.value, self.allowed, self.fix, self.source = field, value, allowed, fix, source
         where = f"{source}: " if source else ""
         given = " is not given" if value is None else f"={show_value(value)} is not valid"
@@ -206,8 +204,9 @@ class CacheNotReadyError(FdPlatformsError):
 
     def with_hint(self, hint: str) -> CacheNotReadyError:
         """This error with ``hint`` ending its message."""
-        return CacheNotReadyError(self.signal_name, self.rank, self.elapsed, self.slots, self.cause, self.detail,
-                                  f"{self.fix}. {hint}")  # fmt: skip
+        return CacheNotReadyError(
+            self.signal_name, self.rank, self.elapsed, self.slots, self.cause, self.detail, f"{self.fix}. {hint}"
+        )
 
 
 class SignalWaitError(CacheNotReadyError):
@@ -219,9 +218,17 @@ class SignalWaitError(CacheNotReadyError):
     """
 
     def __init__(
-        self, signal_name: str, index: int, value: int, seen: int, elapsed: float, cause: str, what: str, detail: str,
+        self,
+        signal_name: str,
+        index: int,
+        value: int,
+        seen: int,
+        elapsed: float,
+        cause: str,
+        what: str,
+        detail: str,
         hint: str = "",
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.signal_name, self.rank, self.elapsed, self.cause = signal_name, index, elapsed, cause
         self.value, self.seen, self.what, self.slots, self.detail = value, seen, what, (seen,), detail
         step = f"{what}: " if what else ""
@@ -234,8 +241,9 @@ class SignalWaitError(CacheNotReadyError):
 
     def with_hint(self, hint: str) -> SignalWaitError:
         """This error with ``hint`` ending its message."""
-        return SignalWaitError(self.signal_name, self.rank, self.value, self.seen, self.elapsed, self.cause,
-                               self.what, self.detail, hint)  # fmt: skip
+        return SignalWaitError(
+            self.signal_name, self.rank, self.value, self.seen, self.elapsed, self.cause, self.what, self.detail, hint
+        )
 
 
 class CacheSharingError(FdPlatformsError):

@@ -324,9 +324,7 @@ def host_alloc(nbytes: int, require_pinned: bool) -> HostBuffer:
 
 
 @hookspec(firstresult=True)
-def wait_cache_ready(
-    signal_name: str, rank: int, timeout: float | None, setter_pid: int | None
-) -> float:
+def wait_cache_ready(signal_name: str, rank: int, timeout: float | None, setter_pid: int | None) -> float:
     """Block until the cache-ready slot of ``rank`` is set by the process that owns the cache.
 
     The core's implementation attaches to the signal (:mod:`fd_platforms.ipc.cache_signal`) and

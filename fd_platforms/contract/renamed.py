@@ -24,8 +24,9 @@ def renamed_warning(old: str, new: str, *, stacklevel: int, note: str = "") -> N
     """The DeprecationWarning for keyword ``old=``, now ``new=``, at the frame ``stacklevel`` above the caller."""
     warnings.warn(
         f"{old}= is deprecated and goes in fd-platforms {REMOVED_IN}: pass {new}={note}",
-        DeprecationWarning, stacklevel=stacklevel + 1,
-    )  # fmt: skip
+        DeprecationWarning,
+        stacklevel=stacklevel + 1,
+    )
 
 
 def renamed_keywords(**renames: str) -> Callable[[F], F]:
@@ -40,8 +41,9 @@ def renamed_keywords(**renames: str) -> Callable[[F], F]:
             for old, new in renames.items():
                 if old in kwargs:
                     if new in kwargs or len(args) > positions[new]:
-                        raise ConfigError(old, kwargs[old], f"not with {new}= (the same thing under its old name)",
-                                          f"drop {old}=")  # fmt: skip
+                        raise ConfigError(
+                            old, kwargs[old], f"not with {new}= (the same thing under its old name)", f"drop {old}="
+                        )
                     renamed_warning(old, new, stacklevel=2)
                     kwargs[new] = kwargs.pop(old)
             return function(*args, **kwargs)

@@ -122,9 +122,7 @@ class DeviceMemory:
                 check_int(name, getattr(self, name), 0, what="None or an integer", record="DeviceMemory")
         _check_text(self, "source")
         if self.free_bytes is not None and self.free_bytes > self.total_bytes:
-            raise RecordError(
-                "DeviceMemory", "free_bytes", self.free_bytes, f"at most total_bytes={self.total_bytes}"
-            )
+            raise RecordError("DeviceMemory", "free_bytes", self.free_bytes, f"at most total_bytes={self.total_bytes}")
 
 
 LimitKind = Literal["max_tensor_elements", "max_num_blocks"]
@@ -173,8 +171,14 @@ class Plan:
     num_draft_blocks: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("num_blocks", "memory_blocks", "bytes_per_block", "block_size", "num_cpu_blocks",
-                     "num_draft_blocks"):  # fmt: skip
+        for name in (
+            "num_blocks",
+            "memory_blocks",
+            "bytes_per_block",
+            "block_size",
+            "num_cpu_blocks",
+            "num_draft_blocks",
+        ):
             check_int(name, getattr(self, name), 0, record="Plan")
         check_int("budget_bytes", self.budget_bytes, -MAX_COUNT, note="negative when nothing fits", record="Plan")
         _check_choice(self, "binding", get_args(Binding))
@@ -215,8 +219,12 @@ class SharedTensor:
         if not callable(self._close):
             raise RecordError("SharedTensor", "_close", self._close, "a callable that drops this process's hold")
         if self._close_when_unused is not None and not callable(self._close_when_unused):
-            raise RecordError("SharedTensor", "_close_when_unused", self._close_when_unused,
-                              "None or a callable that drops the hold once nothing references the tensor")
+            raise RecordError(
+                "SharedTensor",
+                "_close_when_unused",
+                self._close_when_unused,
+                "None or a callable that drops the hold once nothing references the tensor",
+            )
 
     def close(self) -> None:
         """Drop this process's hold on the tensor; a second call does nothing."""
@@ -269,8 +277,10 @@ class CacheRoleShape:
 
     def __post_init__(self) -> None:
         _check_choice(self, "role", get_args(CacheRole))
-        if not isinstance(self.shape, tuple) or not self.shape or not all(
-            is_int(axis) and 0 < axis <= MAX_COUNT for axis in self.shape
+        if (
+            not isinstance(self.shape, tuple)
+            or not self.shape
+            or not all(is_int(axis) and 0 < axis <= MAX_COUNT for axis in self.shape)
         ):
             allowed = f"a non-empty tuple of integers from 1 to {bound_text(MAX_COUNT)}"
             raise RecordError("CacheRoleShape", "shape", self.shape, allowed)

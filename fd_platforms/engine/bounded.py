@@ -38,4 +38,3 @@ def bounded(call: Callable[[], T], seconds: float, timed_out: Callable[[], FdPla
     if raised:
         raise raised[0]
     return value[0]
-

@@ -62,16 +62,23 @@ def swap_space_clearing(clear_host: bool | None, environ: Mapping[str, str] | No
     A value that is no integer is a ConfigError naming the variable."""
     if clear_host is not None:
         if not isinstance(clear_host, bool):
-            raise ConfigError("clear_host", clear_host, "None, True or False", "pass True to free the host swap "
-                              f"space, False to keep it, None to follow {ENV_SWAP_CLEARING}")
+            raise ConfigError(
+                "clear_host",
+                clear_host,
+                "None, True or False",
+                f"pass True to free the host swap space, False to keep it, None to follow {ENV_SWAP_CLEARING}",
+            )
         return clear_host
     raw = (os.environ if environ is None else environ).get(ENV_SWAP_CLEARING, "0")
     try:
         return int(raw) != 0  # FastDeploy: int(os.getenv("FD_ENABLE_SWAP_SPACE_CLEARING", "0"))
     except ValueError:
-        raise ConfigError(ENV_SWAP_CLEARING, raw, "an integer: 0 (keep the host swap space across a clear, the "
-                          "default) or 1 (free it)",
-                          f"export {ENV_SWAP_CLEARING}=0 or =1, as FastDeploy reads it") from None
+        raise ConfigError(
+            ENV_SWAP_CLEARING,
+            raw,
+            "an integer: 0 (keep the host swap space across a clear, the default) or 1 (free it)",
+            f"export {ENV_SWAP_CLEARING}=0 or =1, as FastDeploy reads it",
+        ) from None
 
 
 def check_host_cache(host: object, layout: CacheLayout, num_blocks: int) -> HostCache:
@@ -84,9 +91,13 @@ def check_host_cache(host: object, layout: CacheLayout, num_blocks: int) -> Host
     found = (host.names, host.num_blocks, host.nbytes)
     if found != expected or host.buffer.released or not host.tensors:
         state = "freed" if host.buffer.released or not host.tensors else f"{found[1]} blocks, {found[2]} bytes"
-        raise ConfigError("host_cache", f"HostCache of {len(found[0])} tensors ({state})",
-                          f"the host swap cache of this layout: {len(expected[0])} tensors named like "
-                          f"{expected[0][0]}, {num_blocks} blocks, {expected[2]} bytes, not freed", fix)
+        raise ConfigError(
+            "host_cache",
+            f"HostCache of {len(found[0])} tensors ({state})",
+            f"the host swap cache of this layout: {len(expected[0])} tensors named like "
+            f"{expected[0][0]}, {num_blocks} blocks, {expected[2]} bytes, not freed",
+            fix,
+        )
     return host
 
 

@@ -107,9 +107,14 @@ def initialize_kv_cache(
         else:
             wire.check_signals(instance, layout.rank, manager=False, swap=False)
             cache = export_kv_cache(
-                platform, layout, num_blocks, instance, progress=progress, protocol=wire,
+                platform,
+                layout,
+                num_blocks,
+                instance,
+                progress=progress,
+                protocol=wire,
                 attachers=per_rank if num_cpu_blocks > 0 else 0,  # a cache manager with host swap attaches
-            )  # fmt: skip
+            )
         cache.create_seconds = time.monotonic() - started
         if not profile:
             cache._instance, cache._protocol = instance, wire
@@ -238,8 +243,11 @@ def hold_kv_cache(
     """Deprecated: :func:`manage_kv_cache` attaches where the rule lets the workers create, and with ``attach=True``
     beside another creator (P/D: the cache messager). This one always waits for rank ``layout.rank``'s published
     cache and attaches to it, whatever the rule."""
-    _deprecated("hold_kv_cache", "manage_kv_cache, which attaches where the rule in force lets the workers create, "
-                "and with attach=True beside the cache messager (P/D)")  # fmt: skip
+    _deprecated(
+        "hold_kv_cache",
+        "manage_kv_cache, which attaches where the rule in force lets the workers create, "
+        "and with attach=True beside the cache messager (P/D)",
+    )
     request = _request(platform, "hold_kv_cache", request, num_blocks, keywords, _MANAGER_REQUIRED, _MANAGER_DEFAULTS)
     return _manage(platform, request, "hold", None)
 
@@ -258,18 +266,22 @@ def _check_attach(platform: Platform, inputs: DecisionInputs) -> None:
     decision = platform.should_create_cache_tensor(**inputs.kwargs())
     if inputs.splitwise_role == "mixed" and not decision.create:
         raise ConfigError(
-            "attach", True, "only beside another creator of the rank's cache: the workers (where the rule in force "
+            "attach",
+            True,
+            "only beside another creator of the rank's cache: the workers (where the rule in force "
             "lets them create) or, in P/D (splitwise_role prefill or decode), the cache messager",
             f"drop attach=True: under rule {inputs.rule} the workers of this mixed instance attach "
             f"({decision.deciding_term}: {decision.reason}), so this cache manager is the one that creates",
-        )  # fmt: skip
+        )
     if inputs.num_cpu_blocks == 0:
         raise ConfigError(
-            "num_cpu_blocks", 0, "> 0 with attach=True: a cache manager attaches to carve host swap space beside the "
+            "num_cpu_blocks",
+            0,
+            "> 0 with attach=True: a cache manager attaches to carve host swap space beside the "
             "cache (without it FastDeploy starts no transfer manager, and its creator counts no second attacher)",
             "pass the deployment's num_cpu_blocks, or drop attach=True (P/D without swap space: the messager's call, "
             "manage_kv_cache with num_cpu_blocks=0, creates)",
-        )  # fmt: skip
+        )
 
 
 def _is_messager(creates: bool, inputs: DecisionInputs) -> bool:
@@ -281,17 +293,15 @@ def _is_messager(creates: bool, inputs: DecisionInputs) -> bool:
 
 _REFUSALS = {
     True: "hold a worker's cache. Fix: let the workers create their caches (role mixed, no swap space, no storage "
-          "backend), or use a platform that can share",
+    "backend), or use a platform that can share",
     False: "attach to a worker's cache. Fix: pin a rule version under which the cache manager creates it (2026-01), "
-           "or use a platform that can share",
+    "or use a platform that can share",
     "attach": "attach to the cache of another process (the workers' or the cache messager's). Fix: use a platform "
-              "that can share",
-}  # fmt: skip
+    "that can share",
+}
 
 
-def _manage(
-    platform: Platform, request: CacheRequest, side: str, progress: AllocationProgress | None
-) -> ManagedCache:
+def _manage(platform: Platform, request: CacheRequest, side: str, progress: AllocationProgress | None) -> ManagedCache:
     """:func:`manage_kv_cache`'s work. Its ``request`` was checked when it was made; here, before any hook: a
     manager never profiles and takes no draft part as its layout; then the layout in the platform's shapes (the
     engine's ``tensor_specs`` where given) and whether the manager creates (``side``: ``"rule"`` as the rule decides,
@@ -304,8 +314,12 @@ def _manage(
     read and checked here, once (:func:`~.host_cache.swap_space_clearing`), not at the first clear of a serving
     manager."""
     if request.profile:
-        raise ConfigError("profile", True, "False: a cache manager never profiles",
-                          "pass profile=False (a runner's profiling run makes a cache of its own)")  # fmt: skip
+        raise ConfigError(
+            "profile",
+            True,
+            "False: a cache manager never profiles",
+            "pass profile=False (a runner's profiling run makes a cache of its own)",
+        )
     check_not_draft(request.layout)
     frees_swap = swap_space_clearing(None)  # FD_ENABLE_SWAP_SPACE_CLEARING read (and checked) once, here
     wire = protocol_named(request.protocol)  # the object already: the request resolved it
@@ -338,19 +352,26 @@ def _manage(
             platform, layout, num_blocks, name, progress=progress, protocol=wire, attachers=expected
         )
         device.create_seconds = time.monotonic() - started
-        make_draft = None if draft_layout is None else lambda: export_kv_cache(
-            platform, draft_layout, num_blocks, name, protocol=wire, attachers=expected
-        )  # fmt: skip
+        make_draft = (
+            None
+            if draft_layout is None
+            else lambda: export_kv_cache(platform, draft_layout, num_blocks, name, protocol=wire, attachers=expected)
+        )
     else:
         waited = _wait_ready(platform, wire, name, layout.rank, limit, creator_pid, inputs, (layout, draft_layout))
         device = attach_kv_cache(platform, layout, num_blocks, name, creator_pid, wire, attachers=per_rank)
         device.wait_seconds = waited
-        make_draft = None if draft_layout is None else lambda: attach_kv_cache(
-            platform, draft_layout, num_blocks, name, creator_pid, wire, attachers=per_rank
-        )  # fmt: skip
+        make_draft = (
+            None
+            if draft_layout is None
+            else lambda: attach_kv_cache(
+                platform, draft_layout, num_blocks, name, creator_pid, wire, attachers=per_rank
+            )
+        )
     device.import_seconds = import_seconds
-    managed = _managed(platform, host_layout, device, (num_cpu_blocks, host_cache), wire, name, make_draft,
-                       announce=not messager)  # fmt: skip
+    managed = _managed(
+        platform, host_layout, device, (num_cpu_blocks, host_cache), wire, name, make_draft, announce=not messager
+    )
     managed.swap_space_clearing = frees_swap
     return managed
 
@@ -361,8 +382,13 @@ _MANAGER_DEFAULTS = {"splitwise_role": "mixed"}
 
 
 def _request(
-    platform: Platform, call: str, request: object, num_blocks: object, keywords: dict[str, Any],
-    required: Sequence[str], defaults: Mapping[str, Any] | None = None,
+    platform: Platform,
+    call: str,
+    request: object,
+    num_blocks: object,
+    keywords: dict[str, Any],
+    required: Sequence[str],
+    defaults: Mapping[str, Any] | None = None,
 ) -> CacheRequest:
     """The engine call's :class:`CacheRequest`: ``request`` itself (nothing beside it), or, in the keyword form of
     before 0.2, the one its layout, ``num_blocks`` and ``keywords`` make (the platform, layout and blocks checked
@@ -371,26 +397,39 @@ def _request(
         extra = ["num_blocks"] * (num_blocks is not None) + sorted(keywords)
         if extra:
             value = num_blocks if extra[0] == "num_blocks" else keywords[extra[0]]
-            raise ConfigError(extra[0], value, "nothing beside a CacheRequest (it holds every field)",
-                              f"set it in the request: dataclasses.replace(request, {extra[0]}=...)")  # fmt: skip
+            raise ConfigError(
+                extra[0],
+                value,
+                "nothing beside a CacheRequest (it holds every field)",
+                f"set it in the request: dataclasses.replace(request, {extra[0]}=...)",
+            )
         check_platform_and_layout(platform, request.layout)
         return request
     layout = keywords.pop("layout", request)
     num_blocks = keywords.pop("num_blocks", num_blocks)
     check_cache_arguments(platform, layout, num_blocks)
-    return CacheRequest.from_keywords(call, layout, num_blocks, keywords, required=required, defaults=defaults,
-                                      stacklevel=4)  # fmt: skip
+    return CacheRequest.from_keywords(
+        call, layout, num_blocks, keywords, required=required, defaults=defaults, stacklevel=4
+    )
 
 
 def _check_one_part(request: CacheRequest) -> None:
     """A runner's call makes one part of the rank's cache: no ``draft`` beside it, no kept host cache."""
     if request.draft is not None:
-        raise ConfigError("draft", request.draft.describe(), "None: initialize_kv_cache makes one part per call",
-                          "call initialize_kv_cache again with the draft part as the layout (the proposer's call); "
-                          "draft= is a cache manager's (manage_kv_cache)")  # fmt: skip
+        raise ConfigError(
+            "draft",
+            request.draft.describe(),
+            "None: initialize_kv_cache makes one part per call",
+            "call initialize_kv_cache again with the draft part as the layout (the proposer's call); "
+            "draft= is a cache manager's (manage_kv_cache)",
+        )
     if request.host_cache is not None:
-        raise ConfigError("host_cache", request.host_cache, "None: a runner holds no host swap cache",
-                          "pass the kept host cache to manage_kv_cache, the cache manager's call")  # fmt: skip
+        raise ConfigError(
+            "host_cache",
+            request.host_cache,
+            "None: a runner holds no host swap cache",
+            "pass the kept host cache to manage_kv_cache, the cache manager's call",
+        )
 
 
 def _draft_part(
@@ -410,15 +449,26 @@ def _draft_part(
         return None, shaped
     if tensor_specs is not None:
         blocks = draft.mtp_blocks(num_blocks)
-        tensor_specs = [CacheRoleShape(spec.role, (blocks, *spec.shape[1:]), spec.dtype)
-                        if isinstance(spec, CacheRoleShape) else spec for spec in tensor_specs]  # fmt: skip
+        tensor_specs = [
+            CacheRoleShape(spec.role, (blocks, *spec.shape[1:]), spec.dtype)
+            if isinstance(spec, CacheRoleShape)
+            else spec
+            for spec in tensor_specs
+        ]
     draft_shaped = platform.cache_layout(draft, num_blocks, tensor_specs)
     return draft_shaped, shaped.joined(draft_shaped)
 
 
 def _managed(
-    platform: Platform, layout: CacheLayout, device: KVCache, host: tuple[int, HostCache | None], wire: WireProtocol,
-    instance: str, make_draft: Callable[[], KVCache] | None = None, *, announce: bool = True,
+    platform: Platform,
+    layout: CacheLayout,
+    device: KVCache,
+    host: tuple[int, HostCache | None],
+    wire: WireProtocol,
+    instance: str,
+    make_draft: Callable[[], KVCache] | None = None,
+    *,
+    announce: bool = True,
 ) -> ManagedCache:
     """What a cache manager holds for ``device``'s rank, all or nothing: ``device`` (and the draft layers'
     cache ``make_draft`` makes) with its host swap cache (``host``: ``num_cpu_blocks`` blocks of ``layout``,
@@ -464,15 +514,20 @@ def _all_or_nothing(
             else:
                 cache.clear(WITHDRAW_SECONDS)
         except FdPlatformsError as exc:
-            logger.warning("rank %d: the KV cache of a call that failed could not be withdrawn, it is freed when "
-                           "this process exits: %s", device.rank, exc)  # fmt: skip
+            logger.warning(
+                "rank %d: the KV cache of a call that failed could not be withdrawn, it is freed when "
+                "this process exits: %s",
+                device.rank,
+                exc,
+            )
         raise
 
 
 def _deprecated(old: str, new: str) -> None:
     """A DeprecationWarning at the caller of the deprecated ``old`` (two frames up), naming ``new``."""
-    warnings.warn(f"{old} is deprecated and goes in the next minor version: use {new}", DeprecationWarning,
-                  stacklevel=3)  # fmt: skip
+    warnings.warn(
+        f"{old} is deprecated and goes in the next minor version: use {new}", DeprecationWarning, stacklevel=3
+    )
 
 
 def _wait_ready(

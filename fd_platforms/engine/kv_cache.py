@@ -253,16 +253,27 @@ def export_kv_cache(
             PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, tensor.handle, data_address(tensor.tensor))
             for spec, tensor in zip(layout.tensors, shared, strict=True)
         ]
-        publication = protocol.publish(instance, layout.rank, device, entries, platform.name,
-                                       attachers=attachers, part=layout.part)  # fmt: skip
+        publication = protocol.publish(
+            instance, layout.rank, device, entries, platform.name, attachers=attachers, part=layout.part
+        )
     except BaseException:
         _close_all(shared)
         raise
     return KVCache(
-        device, num_blocks, layout.names(), [tensor.tensor for tensor in shared], layout.device_bytes(num_blocks),
-        layout.rank, created=True, _shared=shared, _publication=publication, _instance=instance,
-        _protocol=protocol, _platform=platform, part=layout.part,
-    )  # fmt: skip
+        device,
+        num_blocks,
+        layout.names(),
+        [tensor.tensor for tensor in shared],
+        layout.device_bytes(num_blocks),
+        layout.rank,
+        created=True,
+        _shared=shared,
+        _publication=publication,
+        _instance=instance,
+        _protocol=protocol,
+        _platform=platform,
+        part=layout.part,
+    )
 
 
 def attach_kv_cache(
@@ -287,8 +298,9 @@ def attach_kv_cache(
     check_num_blocks(num_blocks)
     started = time.monotonic()
     expected = [PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, "") for spec in layout.tensors]
-    publication = protocol.open_published(instance, layout.rank, expected, platform.name, layout.part,
-                                           attachers=attachers)  # fmt: skip
+    publication = protocol.open_published(
+        instance, layout.rank, expected, platform.name, layout.part, attachers=attachers
+    )
     shared: list[SharedTensor] = []
     device = platform.identity.device_string(layout.local_device)
 
@@ -306,11 +318,21 @@ def attach_kv_cache(
         publication.withdraw()
         raise
     return KVCache(
-        device, num_blocks, layout.names(), [tensor.tensor for tensor in shared],
-        sum(tensor.nbytes for tensor in shared), layout.rank, created=False,
-        attach_seconds=time.monotonic() - started, _shared=shared, _publication=publication, _platform=platform,
-        _instance=instance, _protocol=protocol, part=layout.part,
-    )  # fmt: skip
+        device,
+        num_blocks,
+        layout.names(),
+        [tensor.tensor for tensor in shared],
+        sum(tensor.nbytes for tensor in shared),
+        layout.rank,
+        created=False,
+        attach_seconds=time.monotonic() - started,
+        _shared=shared,
+        _publication=publication,
+        _platform=platform,
+        _instance=instance,
+        _protocol=protocol,
+        part=layout.part,
+    )
 
 
 def check_provenance(publication: Published, creator_pid: int | None) -> None:
@@ -339,8 +361,10 @@ def _not_its_creator(publication: Published) -> str:
     if publication.creator_pid is not None:
         return f"not of its creator (pid {publication.creator_pid})"
     owners = Counter(handle_pid(tensor.handle) for tensor in publication.tensors)
-    named = [f"{count} name{'s' if count == 1 else ''} {'no process' if pid is None else f'pid {pid}'}"
-             for pid, count in sorted(owners.items(), key=lambda item: (item[0] is None, item[0] or 0))]  # fmt: skip
+    named = [
+        f"{count} name{'s' if count == 1 else ''} {'no process' if pid is None else f'pid {pid}'}"
+        for pid, count in sorted(owners.items(), key=lambda item: (item[0] is None, item[0] or 0))
+    ]
     return f"but its handles name no one creator ({', '.join(named)})"
 
 

@@ -94,8 +94,16 @@ class Publication:
     the cache-ready signal's owner does; only SIGKILL leaves it, for the next sweep.
     """
 
-    def __init__(self, segment: shm.Segment, rank: int, creator_pid: int, device: str,
-                 tensors: tuple[PublishedTensor, ...], *, creator: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        segment: shm.Segment,
+        rank: int,
+        creator_pid: int,
+        device: str,
+        tensors: tuple[PublishedTensor, ...],
+        *,
+        creator: bool,
+    ) -> None:
         self._held: dict[str, shm.Segment | None] = {"segment": segment}
         self.name, self.rank, self.creator_pid, self.device = segment.name, rank, creator_pid, device
         self.tensors, self.creator = tensors, creator
@@ -114,10 +122,15 @@ class Publication:
         """Publish the manifest (this process holds it). A stale one under the name (its holders all
         died) is reclaimed; one in use is a CacheSharingError."""
         document = {
-            "format": FORMAT, "rank": rank, "creator_pid": os.getpid(), "device": device,
-            "tensors": [{"name": tensor.name, "shape": tensor.shape, "dtype": tensor.dtype, "handle": tensor.handle}
-                        for tensor in tensors],
-        }  # fmt: skip
+            "format": FORMAT,
+            "rank": rank,
+            "creator_pid": os.getpid(),
+            "device": device,
+            "tensors": [
+                {"name": tensor.name, "shape": tensor.shape, "dtype": tensor.dtype, "handle": tensor.handle}
+                for tensor in tensors
+            ],
+        }
         payload = json.dumps(document, separators=(",", ":")).encode()
         try:
             segment = shm.Segment.create(name, HEADER.size + len(payload))
@@ -216,8 +229,13 @@ class Publication:
                     f"was not freed. Fix: {STILL_HELD_FIX}",
                     (self.rank,),
                 )
-            progress.say(time.monotonic(), lambda: f"rank {self.rank}'s creator waiting for its attacher to let go of "
-                         f"{self.name!r} (an attacher holds a lock on it until its KV cache is cleared)")  # fmt: skip
+            progress.say(
+                time.monotonic(),
+                lambda: (
+                    f"rank {self.rank}'s creator waiting for its attacher to let go of "
+                    f"{self.name!r} (an attacher holds a lock on it until its KV cache is cleared)"
+                ),
+            )
             time.sleep(POLL_SECONDS)
 
 
@@ -254,13 +272,17 @@ def _well_formed(document: object) -> bool:
     if not (_count(document.get("rank"), 0) and _count(document.get("creator_pid"), 1)):
         return False
     tensors = document.get("tensors")
-    return isinstance(document.get("device"), str) and isinstance(tensors, list) and all(
-        isinstance(entry, dict)
-        and all(isinstance(entry.get(key), str) for key in ("name", "dtype", "handle"))
-        and isinstance(entry.get("shape"), list)
-        and bool(entry["shape"])
-        and all(_count(extent, 1) for extent in entry["shape"])
-        for entry in tensors
+    return (
+        isinstance(document.get("device"), str)
+        and isinstance(tensors, list)
+        and all(
+            isinstance(entry, dict)
+            and all(isinstance(entry.get(key), str) for key in ("name", "dtype", "handle"))
+            and isinstance(entry.get("shape"), list)
+            and bool(entry["shape"])
+            and all(_count(extent, 1) for extent in entry["shape"])
+            for entry in tensors
+        )
     )
 
 
@@ -291,7 +313,10 @@ def reclaim_instance(instance: str) -> list[str]:
         elif verdict == shm.Verdict.IN_USE:
             logger.warning(
                 "left /dev/shm/%s in place: every process of this engine has ended, but %s. It is removed by "
-                "the first run after that process lets go; find it with: fuser /dev/shm/%s", name, detail, name,
+                "the first run after that process lets go; find it with: fuser /dev/shm/%s",
+                name,
+                detail,
+                name,
             )
     return reclaimed
 

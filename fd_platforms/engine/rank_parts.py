@@ -32,10 +32,10 @@ _COMPLETE: dict[str, frozenset[str]] = {
 #: How to publish a part a creator left out.
 _MAKE_PART = {
     "draft": "have the creating worker's MTP proposer create the draft layers too (initialize_kv_cache with "
-             "whole.draft() and the same num_blocks), or, without MTP, pass the manager no draft=",
+    "whole.draft() and the same num_blocks), or, without MTP, pass the manager no draft=",
     "main": "have the creating worker's runner create the main layers too (initialize_kv_cache with whole.main() and "
-            "the same num_blocks)",
-}  # fmt: skip
+    "the same num_blocks)",
+}
 _lock = threading.Lock()
 _created: dict[tuple[str, str, int], set[str]] = {}
 

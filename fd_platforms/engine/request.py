@@ -29,8 +29,10 @@ from .host_cache import HostCache
 from .protocols import OURS, WireProtocol, protocol_named
 
 #: What the engine calls' old keywords for the engine instance named, for the refusal of one its protocol never took.
-_OLD_KEYWORDS = {"signal_name": "our cache-ready signal",
-                 "suffix": "FastDeploy's signal suffix, with protocol='fastdeploy'"}
+_OLD_KEYWORDS = {
+    "signal_name": "our cache-ready signal",
+    "suffix": "FastDeploy's signal suffix, with protocol='fastdeploy'",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,8 +80,14 @@ class CacheRequest:
         object.__setattr__(self, "instance", _instance(wire, self.instance, self.tp, self.layout.rank))
         wire.rule_in_force(self.rule, inputs)  # the pin, or a ConfigError where the protocol needs one
         if self.creator_pid is not None:
-            check_int("creator_pid", self.creator_pid, 1, PID_MAX_LIMIT, what="None or a process id",
-                      fix="pass the pid of the process that creates the cache, or None")  # fmt: skip
+            check_int(
+                "creator_pid",
+                self.creator_pid,
+                1,
+                PID_MAX_LIMIT,
+                what="None or a process id",
+                fix="pass the pid of the process that creates the cache, or None",
+            )
         if self.timeout is not None:
             resolve_timeout(self.timeout)
         object.__setattr__(self, "tensor_specs", _specs(self.tensor_specs))
@@ -87,8 +95,12 @@ class CacheRequest:
             check_not_draft(self.layout)
             self.layout.joined(self.draft)  # the draft part of the same rank's layout, with layout its main part
         if self.host_cache is not None and not isinstance(self.host_cache, HostCache):
-            raise ConfigError("host_cache", self.host_cache, "None or the HostCache a cleared ManagedCache kept",
-                              "pass the cleared ManagedCache's .host_cache, or None")  # fmt: skip
+            raise ConfigError(
+                "host_cache",
+                self.host_cache,
+                "None or the HostCache a cleared ManagedCache kept",
+                "pass the cleared ManagedCache's .host_cache, or None",
+            )
 
     def inputs(self) -> DecisionInputs:
         """The rule's inputs (its version aside: :meth:`rule_in_force`)."""
@@ -101,8 +113,15 @@ class CacheRequest:
 
     @classmethod
     def from_keywords(
-        cls, call: str, layout: object, num_blocks: object, keywords: Mapping[str, Any], *,
-        required: Sequence[str] = (), defaults: Mapping[str, Any] | None = None, stacklevel: int = 3,
+        cls,
+        call: str,
+        layout: object,
+        num_blocks: object,
+        keywords: Mapping[str, Any],
+        *,
+        required: Sequence[str] = (),
+        defaults: Mapping[str, Any] | None = None,
+        stacklevel: int = 3,
     ) -> CacheRequest:
         """The record from an engine call's keywords as they were before 0.2 (``call`` names the call in a
         TypeError, as Python's would: an unknown keyword, a ``required`` one missing); ``signal_name=``, ``suffix=``
@@ -113,40 +132,59 @@ class CacheRequest:
             raise TypeError(f"{call}() got an unexpected keyword argument {unknown[0]!r}")
         missing = [name for name in required if name not in given]
         if missing:
-            raise TypeError(f"{call}() missing required keyword-only argument{'s' * (len(missing) > 1)}: "
-                            + ", ".join(repr(name) for name in missing))  # fmt: skip
+            raise TypeError(
+                f"{call}() missing required keyword-only argument{'s' * (len(missing) > 1)}: "
+                + ", ".join(repr(name) for name in missing)
+            )
         given = {**(defaults or {}), **given}
         layout, num_blocks = check_layout(layout), check_num_blocks(num_blocks)
         wire, instance = engine_name(
-            given.pop("protocol", OURS), given.pop("instance", None), signal_name=given.pop("signal_name", None),
-            suffix=given.pop("suffix", None), tp=given.get("tp"), rank=layout.rank,
+            given.pop("protocol", OURS),
+            given.pop("instance", None),
+            signal_name=given.pop("signal_name", None),
+            suffix=given.pop("suffix", None),
+            tp=given.get("tp"),
+            rank=layout.rank,
             stacklevel=stacklevel + 1,
-        )  # fmt: skip
+        )
         creator_pid = creator_of(given.pop("creator_pid", None), given.pop("setter_pid", None), stacklevel + 1)
-        return cls(layout=layout, num_blocks=num_blocks, instance=instance, protocol=wire,
-                   creator_pid=creator_pid, **given)  # fmt: skip
+        return cls(
+            layout=layout, num_blocks=num_blocks, instance=instance, protocol=wire, creator_pid=creator_pid, **given
+        )
 
 
 #: The engine calls' keywords before 0.2: the record's fields and the old names of two of them.
-KEYWORDS = (*(name for name in CacheRequest.__dataclass_fields__ if name not in ("layout", "num_blocks")),
-            "signal_name", "suffix", "setter_pid")  # fmt: skip
+KEYWORDS = (
+    *(name for name in CacheRequest.__dataclass_fields__ if name not in ("layout", "num_blocks")),
+    "signal_name",
+    "suffix",
+    "setter_pid",
+)
 
 
 def check_not_draft(layout: CacheLayout) -> None:
     """A cache manager's ``layout`` is the rank's whole layout or its main part; its draft part goes in ``draft=``."""
     if layout.part == "draft":
         raise ConfigError(
-            "layout", layout.describe(), "the rank's whole layout, or with MTP its main part (whole.main())",
+            "layout",
+            layout.describe(),
+            "the rank's whole layout, or with MTP its main part (whole.main())",
             "pass whole.main() as layout and whole.draft() as draft=, both of the rank's build_layout",
-        )  # fmt: skip
+        )
 
 
 def _instance(wire: WireProtocol, instance: object, tp: object, rank: int) -> str:
     """The engine instance's name under ``wire``, checked, with ``tp`` (None: unknown), which must hold ``rank``."""
     tp = check_tp(tp)
     if tp is not None:
-        check_int("layout.rank", rank, 0, tp - 1, what=f"a local rank of tp {tp}",
-                  fix="build the layout for one of the engine's local ranks")  # fmt: skip
+        check_int(
+            "layout.rank",
+            rank,
+            0,
+            tp - 1,
+            what=f"a local rank of tp {tp}",
+            fix="build the layout for one of the engine's local ranks",
+        )
     return wire.instance_name(instance, tp=tp)
 
 
@@ -154,36 +192,58 @@ def _specs(specs: object) -> tuple[CacheRoleShape, ...] | None:
     """``tensor_specs`` as a tuple of :class:`CacheRoleShape` (checked against the platform's shapes by the call)."""
     if specs is None:
         return None
-    if isinstance(specs, (str, bytes)) or not isinstance(specs, Sequence) or not specs or not all(
-        isinstance(spec, CacheRoleShape) for spec in specs
+    if (
+        isinstance(specs, (str, bytes))
+        or not isinstance(specs, Sequence)
+        or not specs
+        or not all(isinstance(spec, CacheRoleShape) for spec in specs)
     ):
         raise ConfigError(
-            "tensor_specs", specs, "None or a non-empty sequence of CacheRoleShape (one layer's tensors)",
+            "tensor_specs",
+            specs,
+            "None or a non-empty sequence of CacheRoleShape (one layer's tensors)",
             "state each tensor as CacheRoleShape(role, shape, dtype), blocks first, or pass None",
-        )  # fmt: skip
+        )
     return tuple(specs)
 
 
 def engine_name(
-    protocol: str | WireProtocol, instance: str | int | None, *, signal_name: str | None = None,
-    suffix: str | int | None = None, tp: int | None = None, rank: int = 0, stacklevel: int = 3,
+    protocol: str | WireProtocol,
+    instance: str | int | None,
+    *,
+    signal_name: str | None = None,
+    suffix: str | int | None = None,
+    tp: int | None = None,
+    rank: int = 0,
+    stacklevel: int = 3,
 ) -> tuple[WireProtocol, str]:
     """The protocol ``protocol`` (a registered name, or the object) and the engine instance's name under it
     (:meth:`WireProtocol.instance_name`), from ``instance=`` or one of the keywords that named it before 0.2
     (``signal_name=``, ``suffix=``: a DeprecationWarning ``stacklevel`` frames up, at the engine call's caller,
     where the protocol took it, else a ConfigError). ``tp`` (None: unknown) must hold ``rank``."""
     wire = protocol_named(protocol)
-    given = {key: value for key, value in (("instance", instance), ("signal_name", signal_name), ("suffix", suffix))
-             if value is not None}  # fmt: skip
+    given = {
+        key: value
+        for key, value in (("instance", instance), ("signal_name", signal_name), ("suffix", suffix))
+        if value is not None
+    }
     old = [key for key in given if key != "instance"]
     if len(given) > 1:
         extra = list(given)[1]
-        raise ConfigError(extra, given[extra], "one name for the engine instance: instance= alone",
-                          f"drop {extra}= (instance= is its name now)")  # fmt: skip
+        raise ConfigError(
+            extra,
+            given[extra],
+            "one name for the engine instance: instance= alone",
+            f"drop {extra}= (instance= is its name now)",
+        )
     if old:
         if old[0] not in wire.old_keywords:
-            raise ConfigError(old[0], given[old[0]], f"only as {_OLD_KEYWORDS[old[0]]} (deprecated), not under "
-                              f"protocol={wire.name!r}", "pass the engine instance as instance=")  # fmt: skip
+            raise ConfigError(
+                old[0],
+                given[old[0]],
+                f"only as {_OLD_KEYWORDS[old[0]]} (deprecated), not under protocol={wire.name!r}",
+                "pass the engine instance as instance=",
+            )
         renamed_warning(old[0], "instance", stacklevel=stacklevel, note=" (the engine instance's name)")
         instance = given[old[0]]
     return wire, _instance(wire, instance, tp, rank)
@@ -196,6 +256,7 @@ def creator_of(creator_pid: int | None, setter_pid: int | None, stacklevel: int 
         return creator_pid
     if creator_pid is not None:
         raise ConfigError("setter_pid", setter_pid, "not with creator_pid= (its name since 0.2)", "drop setter_pid=")
-    renamed_warning("setter_pid", "creator_pid", stacklevel=stacklevel,
-                    note=" (the pid of the process that creates the cache)")
+    renamed_warning(
+        "setter_pid", "creator_pid", stacklevel=stacklevel, note=" (the pid of the process that creates the cache)"
+    )
     return setter_pid

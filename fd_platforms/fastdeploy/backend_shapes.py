@@ -42,8 +42,12 @@ def tensor_specs_from_shapes(
     quantized = quant != "none" or settings.cache.cache_dtype != model.dtype
     dtype = "uint8" if model.attention == "dsa" else cache_type or ("uint8" if quantized else model.dtype)
     if dtype not in DTYPE_BYTES:
-        raise ConfigError("cache_type", cache_type, "one of " + ", ".join(DTYPE_BYTES),
-                          "pass the dtype FastDeploy's runner allocates the cache in")  # fmt: skip
+        raise ConfigError(
+            "cache_type",
+            cache_type,
+            "one of " + ", ".join(DTYPE_BYTES),
+            "pass the dtype FastDeploy's runner allocates the cache in",
+        )
     specs = [CacheRoleShape("key", key, dtype)]
     if value:
         specs.append(CacheRoleShape("value", value, dtype))
@@ -62,8 +66,12 @@ def backend_tensor_specs(
     ``"uint8"`` for DSA, None unquantized) and return its answer as tensor specs (:func:`tensor_specs_from_shapes`)."""
     ask = getattr(backend, "get_kv_cache_shape", None)
     if not callable(ask):
-        raise ConfigError("backend", type(backend).__name__, "FastDeploy's attention backend (it has "
-                          "get_kv_cache_shape)", "pass the runner's attn_backends[0]")  # fmt: skip
+        raise ConfigError(
+            "backend",
+            type(backend).__name__,
+            "FastDeploy's attention backend (it has get_kv_cache_shape)",
+            "pass the runner's attn_backends[0]",
+        )
     return tensor_specs_from_shapes(
         ask(max_num_blocks=num_blocks, kv_cache_quant_type=quant_word(settings)), settings, cache_type=cache_type
     )
@@ -84,15 +92,20 @@ def quant_word(settings: FastDeploySettings) -> str | None:
 def _shapes(shapes: object) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """(key, value, indexer) from the backend's answer; an empty value or indexer is ``()``."""
     if not isinstance(shapes, (tuple, list)) or len(shapes) not in (2, 3):
-        raise ConfigError(_FIELD, shapes, "(key_shape, value_shape) or, for DSA, (key_shape, value_shape, "
-                          "indexer_shape)", _FIX)  # fmt: skip
+        raise ConfigError(
+            _FIELD, shapes, "(key_shape, value_shape) or, for DSA, (key_shape, value_shape, indexer_shape)", _FIX
+        )
     found = []
     for index, one in enumerate(shapes):
-        if not isinstance(one, Sequence) or isinstance(one, str) or not all(
-            is_int(axis) and 0 < axis <= MAX_COUNT for axis in one
-        ) or (index == 0 and not one):
-            raise ConfigError(f"{_FIELD}[{index}]", one, "a list of positive integers, the blocks first (the key's "
-                              "non-empty)", _FIX)  # fmt: skip
+        if (
+            not isinstance(one, Sequence)
+            or isinstance(one, str)
+            or not all(is_int(axis) and 0 < axis <= MAX_COUNT for axis in one)
+            or (index == 0 and not one)
+        ):
+            raise ConfigError(
+                f"{_FIELD}[{index}]", one, "a list of positive integers, the blocks first (the key's non-empty)", _FIX
+            )
         found.append(tuple(one))
     return found[0], found[1], found[2] if len(found) == 3 else ()
 

@@ -69,8 +69,14 @@ def hand_off_block_count(
     target = check_suffix(instance, "instance")
     if block_count_suffix is not None:
         target = check_suffix(block_count_suffix, "block_count_suffix")
-    check_int("num_blocks", num_blocks, 1, INT32_MAX, note="FastDeploy's get_profile_block_num is int32",
-              fix="pass the agreed number of device blocks; its engine waits while the word is 0")  # fmt: skip
+    check_int(
+        "num_blocks",
+        num_blocks,
+        1,
+        INT32_MAX,
+        note="FastDeploy's get_profile_block_num is int32",
+        fix="pass the agreed number of device blocks; its engine waits while the word is 0",
+    )
     if platform is not None and not isinstance(platform, Platform):
         raise ConfigError("platform", platform, "a Platform, or None", "pass fd_platforms.current_platform()")
     check_int("ranks", ranks, 1, MAX_LOCAL_RANKS, fix="pass the number of local ranks (tp on one node)")

@@ -105,9 +105,14 @@ class _Server:
     created again) and what it does on each look."""
 
     def __init__(
-        self, status: FastDeploySignal, ready: FastDeploySignal, recreate: Callable[[int], ManagedCache],
-        limit: float, held: dict[int, ManagedCache], failures: list[ServeFailure] | None,
-    ) -> None:  # fmt: skip
+        self,
+        status: FastDeploySignal,
+        ready: FastDeploySignal,
+        recreate: Callable[[int], ManagedCache],
+        limit: float,
+        held: dict[int, ManagedCache],
+        failures: list[ServeFailure] | None,
+    ) -> None:
         self.status, self.ready, self.recreate, self.limit = status, ready, recreate, limit
         self.ranks, self.held, self.failures = list(held), held, failures
         self.answers = 0 in held  # see serve_kv_cache_status: only rank 0's manager answers
@@ -130,14 +135,20 @@ class _Server:
             return False
         # A look can miss a whole phase where another rank's manager answers, so the cue to let go
         # is a held rank's own word: only its attacher resets it, when it lets go (and its 0 holds).
-        if self.held and current != KVCacheStatus.NORMAL and any(
-            self.ready.let_go(rank) or cache.released_by_death() for rank, cache in self.held.items()
+        if (
+            self.held
+            and current != KVCacheStatus.NORMAL
+            and any(self.ready.let_go(rank) or cache.released_by_death() for rank, cache in self.held.items())
         ):
             self.clear()
         elif current in (KVCacheStatus.UPDATING, KVCacheStatus.NORMAL) and self.missing():
             self.create(answer=True)
-        elif (self.answers and current == KVCacheStatus.UPDATING and not self.missing()
-              and set(self.ready.values()) == {1}):  # fmt: skip
+        elif (
+            self.answers
+            and current == KVCacheStatus.UPDATING
+            and not self.missing()
+            and set(self.ready.values()) == {1}
+        ):
             self.status.set(0, KVCacheStatus.NORMAL)  # a late UPDATING over our NORMAL: see the docstring
         else:
             return False
@@ -205,9 +216,14 @@ class _Server:
             self.status.set(0, fault.word)
 
     def failed(self, rank: int, step: str, error: Exception) -> None:
-        logger.error("rank %d: the cache manager could not %s its KV cache (%s: %s); it serves the other ranks on",
-                     rank, step, type(error).__name__, error,
-                     exc_info=not isinstance(error, FdPlatformsError))  # fmt: skip
+        logger.error(
+            "rank %d: the cache manager could not %s its KV cache (%s: %s); it serves the other ranks on",
+            rank,
+            step,
+            type(error).__name__,
+            error,
+            exc_info=not isinstance(error, FdPlatformsError),
+        )
         if self.failures is not None:
             self.failures.append(ServeFailure(rank, step, error))
 

@@ -243,8 +243,13 @@ def drive_kv_cache_restore(
 
 
 def checked_drive(
-    suffix: str | int, timeout: float | None, creator_pid: int | None, attacher_pids: Mapping[int, int] | None,
-    platform: Platform | None, managers: str, tp: int | None,
+    suffix: str | int,
+    timeout: float | None,
+    creator_pid: int | None,
+    attacher_pids: Mapping[int, int] | None,
+    platform: Platform | None,
+    managers: str,
+    tp: int | None,
 ) -> _Drive:
     """A drive's arguments checked before any signal is touched (the ranks of ``attacher_pids`` against the
     signal's length once attached, :func:`_check_ranks_fit`)."""
@@ -289,16 +294,19 @@ def _check_start(status: FastDeploySignal, expected: KVCacheStatus) -> None:
     fault = KVCacheFault.read(current)
     if fault is not None and fault.kept == (expected == KVCacheStatus.NORMAL):
         if fault.kept:
-            logger.warning("%s says %s: every cache is held, so this drive starts from it", status.name,
-                           fault.describe())  # fmt: skip
+            logger.warning(
+                "%s says %s: every cache is held, so this drive starts from it", status.name, fault.describe()
+            )
         return
     if fault is not None and not fault.kept:
         raise CacheUpdateError(
             f"{status.name} says {fault.describe()}: the last clear/update failed after the caches were freed, so "
             "another clear would wait for caches that are not there. Fix: run drive_kv_cache_restore (the cache "
             "creator creates what is missing; its log names why it could not) once the cause is gone, e.g. space in "
-            "/dev/shm; if the cache creator exited, restart the engine", fault.word, fault.rank,
-        )  # fmt: skip
+            "/dev/shm; if the cache creator exited, restart the engine",
+            fault.word,
+            fault.rank,
+        )
     if current != expected:
         under_way = "no clear or update under way" if expected == KVCacheStatus.NORMAL else "a clear done"
         fix = f"wait for the update under way to finish, or reset {status.name} after checking no process drives it"
@@ -313,24 +321,42 @@ def _clear(drive: _Drive, status: FastDeploySignal, ready: FastDeploySignal) -> 
     for rank in range(ready.length):
         if not ready.let_go(rank):
             dead = DeathWatch(ready, rank, partial(look, drive.suffix, rank))  # an attacher of ours that died
-            ready.wait_for(rank, 0, drive.limit, watch_pid=drive.pids.get(rank), what=f"rank {rank} letting go of its "
-                           "KV cache", tend=partial(_each, clearing, dead))  # fmt: skip
+            ready.wait_for(
+                rank,
+                0,
+                drive.limit,
+                watch_pid=drive.pids.get(rank),
+                what=f"rank {rank} letting go of its KV cache",
+                tend=partial(_each, clearing, dead),
+            )
     let_go = time.monotonic()
-    status.wait_for(0, KVCacheStatus.CLEARED, drive.limit, watch_pid=drive.creator_pid,
-                    what="the cache creator freeing the caches", tend=clearing)  # fmt: skip
+    status.wait_for(
+        0,
+        KVCacheStatus.CLEARED,
+        drive.limit,
+        watch_pid=drive.creator_pid,
+        what="the cache creator freeing the caches",
+        tend=clearing,
+    )
     return let_go, time.monotonic()
 
 
 def _restore(drive: _Drive, status: FastDeploySignal, ready: FastDeploySignal) -> float:
     """After the driver's UPDATING: the creator creates and every slot is set, left set for SETTLE_SECONDS;
     when it was done (monotonic)."""
-    status.wait_for(0, KVCacheStatus.NORMAL, drive.limit, watch_pid=drive.creator_pid,
-                    what="the cache creator creating the caches",
-                    tend=_keeping(status, KVCacheStatus.UPDATING, over=KVCacheStatus.CLEARED))  # fmt: skip
+    status.wait_for(
+        0,
+        KVCacheStatus.NORMAL,
+        drive.limit,
+        watch_pid=drive.creator_pid,
+        what="the cache creator creating the caches",
+        tend=_keeping(status, KVCacheStatus.UPDATING, over=KVCacheStatus.CLEARED),
+    )
     normal = time.monotonic()
     for rank in range(ready.length):
-        ready.wait_for(rank, 1, drive.limit, watch_pid=drive.creator_pid,
-                       what=f"rank {rank}'s KV cache being created again")  # fmt: skip
+        ready.wait_for(
+            rank, 1, drive.limit, watch_pid=drive.creator_pid, what=f"rank {rank}'s KV cache being created again"
+        )
     done = time.monotonic()
     time.sleep(max(0.0, normal + SETTLE_SECONDS - done))  # every manager sees every slot at 1
     return done
@@ -344,17 +370,23 @@ def _left_after(status: FastDeploySignal, ready: FastDeploySignal, error: BaseEx
     fault = KVCacheFault.read(said)
     if (fault is None or fault.kept) and all(slot == 1 for slot in ready.values()):
         status.set(0, KVCacheStatus.NORMAL)
-        note = (f"{status.name} was written back to NORMAL (it said {_status_name(said)}): every rank's cache is "
-                "there (every cache_ready_signal slot set), so the next drive_kv_cache_update can start")  # fmt: skip
+        note = (
+            f"{status.name} was written back to NORMAL (it said {_status_name(said)}): every rank's cache is "
+            "there (every cache_ready_signal slot set), so the next drive_kv_cache_update can start"
+        )
     elif fault is not None and fault.kept:
-        note = (f"{status.name} was left at {_status_name(said)}, not NORMAL: a cache_ready_signal slot is 0 while the "
-                "creator creates again what it freed; the next drive_kv_cache_update starts from it")  # fmt: skip
+        note = (
+            f"{status.name} was left at {_status_name(said)}, not NORMAL: a cache_ready_signal slot is 0 while the "
+            "creator creates again what it freed; the next drive_kv_cache_update starts from it"
+        )
     else:
         if fault is None:
             status.set(0, KVCacheFault(FaultKind.DRIVE_FAILED).word)
-        note = (f"{status.name} was left at {_status_name(status.get(0))} (it said {_status_name(said)}), not NORMAL: "
-                "not every rank's cache is there (a cache_ready_signal slot is 0). Fix: drive_kv_cache_restore has the "
-                "creator create what is missing; the next clear or update is refused until then")  # fmt: skip
+        note = (
+            f"{status.name} was left at {_status_name(status.get(0))} (it said {_status_name(said)}), not NORMAL: "
+            "not every rank's cache is there (a cache_ready_signal slot is 0). Fix: drive_kv_cache_restore has the "
+            "creator create what is missing; the next clear or update is refused until then"
+        )
     logger.warning("drive_kv_cache_update failed (%s): %s", type(error).__name__, note)
     if isinstance(error, (SignalWaitError, CacheUpdateError)):
         return error.with_hint(note)
@@ -381,8 +413,10 @@ def _keeping(status: FastDeploySignal, ours: KVCacheStatus, *, over: KVCacheStat
             raise CacheUpdateError(
                 f"{status.name} says {fault.describe()}, in place of the drive's {ours.name}. Fix: the cache "
                 f"creator's log names the cause (an ERROR naming rank {fault.rank}): e.g. stop the process that "
-                "holds that rank's cache, or free space in /dev/shm; then drive again", fault.word, fault.rank,
-            )  # fmt: skip
+                "holds that rank's cache, or free space in /dev/shm; then drive again",
+                fault.word,
+                fault.rank,
+            )
         if now == over:
             status.set(0, ours)
 
@@ -395,8 +429,9 @@ CANNOT_CLEAR = ("xpu",)  # device types whose FastDeploy cache transfer manager 
 
 def _check_managers(managers: object, platform: object) -> None:
     if managers not in MANAGERS:
-        raise ConfigError("managers", managers, f"one of {', '.join(MANAGERS)}",
-                          "say whose cache managers serve kv_cache_status")  # fmt: skip
+        raise ConfigError(
+            "managers", managers, f"one of {', '.join(MANAGERS)}", "say whose cache managers serve kv_cache_status"
+        )
     if platform is not None and not isinstance(platform, Platform):
         raise ConfigError("platform", platform, "None or a Platform", "pass fd_platforms.current_platform()")
     if managers == "fastdeploy" and platform is not None and platform.identity.device_type in CANNOT_CLEAR:
@@ -442,9 +477,12 @@ def _check_pids(pids: object, tp: int | None) -> dict[int, int]:
     for rank, pid in pids.items():
         if not (is_int(rank) and 0 <= rank < ranks and is_int(pid) and 1 <= pid <= limit):
             raise ConfigError(
-                "attacher_pids", {rank: pid}, f"local ranks from 0 to {ranks - 1} ({of}), each to a process id from "
-                f"1 to {limit} (/proc/sys/kernel/pid_max)", ATTACHER_PIDS_FIX,
-            )  # fmt: skip
+                "attacher_pids",
+                {rank: pid},
+                f"local ranks from 0 to {ranks - 1} ({of}), each to a process id from "
+                f"1 to {limit} (/proc/sys/kernel/pid_max)",
+                ATTACHER_PIDS_FIX,
+            )
     return dict(pids)
 
 
@@ -453,10 +491,12 @@ def _check_ranks_fit(pids: Mapping[int, int], ready: FastDeploySignal) -> None:
     for rank, pid in pids.items():
         if rank >= ready.length:
             raise ConfigError(
-                "attacher_pids", {rank: pid}, f"local ranks from 0 to {ready.length - 1} ({ready.name} has "
+                "attacher_pids",
+                {rank: pid},
+                f"local ranks from 0 to {ready.length - 1} ({ready.name} has "
                 f"{ready.length} word{'s' if ready.length > 1 else ''}, one per local rank)",
                 f"{ATTACHER_PIDS_FIX} of this engine's local ranks; pass tp= to have it checked before attaching",
-            )  # fmt: skip
+            )
 
 
 def _status_name(value: int) -> str:

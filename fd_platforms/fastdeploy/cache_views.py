@@ -18,10 +18,19 @@ from typing import Any
 from ..contract.errors import ConfigError
 from ..engine import KVCache, ManagedCache
 
-_PREFIXES = {"key_caches_": "key", "value_caches_": "value", "key_cache_scales_": "key_scale",
-             "value_cache_scales_": "value_scale", "indexer_caches_": "indexer"}  # fmt: skip
-_DEVICE_LISTS = {"key": "gpu_cache_k_tensors", "value": "gpu_cache_v_tensors",
-                 "key_scale": "gpu_cache_scales_k_tensors", "value_scale": "gpu_cache_scales_v_tensors"}  # fmt: skip
+_PREFIXES = {
+    "key_caches_": "key",
+    "value_caches_": "value",
+    "key_cache_scales_": "key_scale",
+    "value_cache_scales_": "value_scale",
+    "indexer_caches_": "indexer",
+}
+_DEVICE_LISTS = {
+    "key": "gpu_cache_k_tensors",
+    "value": "gpu_cache_v_tensors",
+    "key_scale": "gpu_cache_scales_k_tensors",
+    "value_scale": "gpu_cache_scales_v_tensors",
+}
 _HOST_LISTS = {"key": "k_dst_ptrs", "value": "v_dst_ptrs", "key_scale": "k_scales_ptrs", "value_scale": "v_scales_ptrs"}
 
 
@@ -60,8 +69,12 @@ def messager_cache_kvs(cache: object) -> dict[str, Any]:
 
 def _device_by_name(managed: ManagedCache) -> dict[str, Any]:
     """The device tensors of ``managed`` by name: the main part's, then the draft's."""
-    return {name: tensor for cache in (managed.kv_cache, managed.draft) if cache is not None
-            for name, tensor in zip(cache.names, cache.tensors, strict=True)}  # fmt: skip
+    return {
+        name: tensor
+        for cache in (managed.kv_cache, managed.draft)
+        if cache is not None
+        for name, tensor in zip(cache.names, cache.tensors, strict=True)
+    }
 
 
 def _role(name: str) -> str:

@@ -98,14 +98,19 @@ class FastDeploySettings:
         """The rank's whole layout (its MTP draft layers too, where FastDeploy's speculative method is ``mtp``):
         plan on it; a runner passes :meth:`~fd_platforms.rules.layout.CacheLayout.main`, its proposer
         :meth:`~fd_platforms.rules.layout.CacheLayout.draft`, a cache process both (``draft=``)."""
-        return build_layout(self.model, self.cache, self.parallel, device_id=self.device_id,
-                            local_device=self.local_device)  # fmt: skip
+        return build_layout(
+            self.model, self.cache, self.parallel, device_id=self.device_id, local_device=self.local_device
+        )
 
     def protocol_arguments(self) -> dict[str, Any]:
         """FastDeploy's protocol as every engine call takes it: ``protocol``, ``instance`` (its suffix), ``rule``, and
         ``tp``, so that every per-rank signal is checked to be FastDeploy's array of that many words."""
-        return {"protocol": "fastdeploy", "instance": self.suffix, "rule": self.rule,
-                "tp": self.parallel.tensor_parallel_size}  # fmt: skip
+        return {
+            "protocol": "fastdeploy",
+            "instance": self.suffix,
+            "rule": self.rule,
+            "tp": self.parallel.tensor_parallel_size,
+        }
 
     def rule_inputs(self, *, profile: bool = False) -> dict[str, Any]:
         """The create-or-attach rule's inputs, as ``initialize_kv_cache`` takes them."""
@@ -127,12 +132,20 @@ class FastDeploySettings:
         of the record (``creator_pid``, ``timeout``, ``tensor_specs``, ``draft``, ``host_cache``)."""
         blocks = self.num_blocks if num_blocks is None else num_blocks
         if blocks is None:
-            raise ConfigError("num_blocks", None, "the blocks the ranks agreed on (a runner's plan; a cache process's "
-                              "--key_cache_shape)", "pass num_blocks=, the agreed plan's num_blocks")  # fmt: skip
-        arguments = {"tensor_specs": self.tensor_specs, **self.rule_inputs(profile=profile),
-                     **self.protocol_arguments()}  # fmt: skip
-        return CacheRequest(layout=self.layout() if layout is None else layout, num_blocks=blocks,
-                            **{**arguments, **fields})  # fmt: skip
+            raise ConfigError(
+                "num_blocks",
+                None,
+                "the blocks the ranks agreed on (a runner's plan; a cache process's --key_cache_shape)",
+                "pass num_blocks=, the agreed plan's num_blocks",
+            )
+        arguments = {
+            "tensor_specs": self.tensor_specs,
+            **self.rule_inputs(profile=profile),
+            **self.protocol_arguments(),
+        }
+        return CacheRequest(
+            layout=self.layout() if layout is None else layout, num_blocks=blocks, **{**arguments, **fields}
+        )
 
     def runner_arguments(self, *, profile: bool = False) -> dict[str, Any]:
         """Every keyword ``initialize_kv_cache`` needs beside FastDeploy: the rule's inputs and its protocol (the
@@ -152,8 +165,9 @@ _MODEL, _CACHE, _PARALLEL = f"{_FD}.model_config", f"{_FD}.cache_config", f"{_FD
 _SPEC = f"{_FD}.speculative_config"
 FD_FIX = "pass the FDConfig FastDeploy's worker process builds (worker_process.py initialize_fd_config) as it is"
 CLI_FIX = "pass the command line FastDeploy's launch_cache_manager gives (cache_transfer_manager.py parse_args)"
-_DEVICES_FIX = ("set CUDA_VISIBLE_DEVICES (FastDeploy copies it there) to this node's devices, by index, one per local "
-                "rank")
+_DEVICES_FIX = (
+    "set CUDA_VISIBLE_DEVICES (FastDeploy copies it there) to this node's devices, by index, one per local rank"
+)
 _ENGINE_PROCESS = (
     "pass the FDConfig of FastDeploy's worker process (worker_process.py initialize_fd_config: it holds --engine_pid, "
     "the quantization and its data-parallel rank), not the engine process's (args_utils.py "
@@ -171,32 +185,55 @@ DEFAULT_DTYPES = ("float16", "bfloat16", "uint8", "int8")
 _ABSENT = object()
 
 _FD_NAMES = {
-    **{name: f"{_MODEL}.{name}" for name in (
-        "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "kv_lora_rank",
-        "qk_rope_head_dim", "index_head_dim", "num_nextn_predict_layers", "dtype",
-    )},
-    "attention": "FD_ATTENTION_BACKEND", "block_size": f"{_CACHE}.block_size",
-    "memory_utilization": f"{_CACHE}.gpu_memory_utilization", "num_cpu_blocks": f"{_CACHE}.num_cpu_blocks",
+    **{
+        name: f"{_MODEL}.{name}"
+        for name in (
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "kv_lora_rank",
+            "qk_rope_head_dim",
+            "index_head_dim",
+            "num_nextn_predict_layers",
+            "dtype",
+        )
+    },
+    "attention": "FD_ATTENTION_BACKEND",
+    "block_size": f"{_CACHE}.block_size",
+    "memory_utilization": f"{_CACHE}.gpu_memory_utilization",
+    "num_cpu_blocks": f"{_CACHE}.num_cpu_blocks",
     "kvcache_storage_backend": f"{_CACHE}.kvcache_storage_backend",
     "num_gpu_blocks_override": f"{_CACHE}.num_gpu_blocks_override",
     "num_gpu_block_expand_ratio": f"{_SPEC}.num_gpu_block_expand_ratio",
-    "kv_cache_quant_type": f"{_FD}.quant_config.kv_cache_quant_type", "cache_dtype": f"{_MODEL}.dtype",
-    "tensor_parallel_size": f"{_PARALLEL}.tensor_parallel_size", "device_id": f"{_PARALLEL}.device_ids",
-}  # fmt: skip
+    "kv_cache_quant_type": f"{_FD}.quant_config.kv_cache_quant_type",
+    "cache_dtype": f"{_MODEL}.dtype",
+    "tensor_parallel_size": f"{_PARALLEL}.tensor_parallel_size",
+    "device_id": f"{_PARALLEL}.device_ids",
+}
 """Our record fields and the FastDeploy attributes they are read from, for an error a record raises."""
 
 _QUANT_KEY = "quantization_config.kv_cache_quant_type"
 """Where a cache process's quantization is read: the model's config.json, its ``quantization_config``."""
 _CLI_NAMES = {
-    "tensor_parallel_size": "--mp_num", "local_rank": "--rank", "device_id": "--device_id",
-    "local_device": "--device_id", "block_size": "--key_cache_shape", "num_cpu_blocks": "--num_cpu_blocks",
-    "kvcache_storage_backend": "--kvcache_storage_backend", "cache_dtype": "--cache_dtype",
+    "tensor_parallel_size": "--mp_num",
+    "local_rank": "--rank",
+    "device_id": "--device_id",
+    "local_device": "--device_id",
+    "block_size": "--key_cache_shape",
+    "num_cpu_blocks": "--num_cpu_blocks",
+    "kvcache_storage_backend": "--kvcache_storage_backend",
+    "cache_dtype": "--cache_dtype",
     "num_gpu_block_expand_ratio": "--speculative_config.num_gpu_block_expand_ratio",
-}  # fmt: skip
+}
 """Our record fields and the cache process's flags they are read from."""
 
-_SPEC_FLAGS = {"key": "--key_cache_shape", "value": "--value_cache_shape", "key_scale": "--default_dtype",
-               "value_scale": "--default_dtype"}  # fmt: skip
+_SPEC_FLAGS = {
+    "key": "--key_cache_shape",
+    "value": "--value_cache_shape",
+    "key_scale": "--default_dtype",
+    "value_scale": "--default_dtype",
+}
 
 
 def from_fd_config(fd_config: object, *, local_rank: int, rule: str | None = None) -> FastDeploySettings:
@@ -210,15 +247,24 @@ def from_fd_config(fd_config: object, *, local_rank: int, rule: str | None = Non
     check_pin(rule)
     parallel_config = _read(fd_config, "parallel_config")
     block_count_suffix = _engine_pid(parallel_config)
-    tp = integer(f"{_PARALLEL}.tensor_parallel_size", _read(parallel_config, "tensor_parallel_size", _PARALLEL), 1,
-                 MAX_RANKS, FD_FIX)  # fmt: skip
-    local_device = local_rank % integer(f"{_FD}.max_chips_per_node", _read(fd_config, "max_chips_per_node"), 1,
-                                        MAX_RANKS, FD_FIX)  # fmt: skip
+    tp = integer(
+        f"{_PARALLEL}.tensor_parallel_size",
+        _read(parallel_config, "tensor_parallel_size", _PARALLEL),
+        1,
+        MAX_RANKS,
+        FD_FIX,
+    )
+    local_device = local_rank % integer(
+        f"{_FD}.max_chips_per_node", _read(fd_config, "max_chips_per_node"), 1, MAX_RANKS, FD_FIX
+    )
     device_id = _physical_device(parallel_config, local_device, local_rank)
     suffix = _local_port(parallel_config)
-    role = one_of(f"{_FD}.scheduler_config.splitwise_role",
-                  _read(_read(fd_config, "scheduler_config"), "splitwise_role", f"{_FD}.scheduler_config"),
-                  SPLITWISE_ROLES, FD_FIX)  # fmt: skip
+    role = one_of(
+        f"{_FD}.scheduler_config.splitwise_role",
+        _read(_read(fd_config, "scheduler_config"), "splitwise_role", f"{_FD}.scheduler_config"),
+        SPLITWISE_ROLES,
+        FD_FIX,
+    )
     spec = _speculative_object(fd_config)
     _not_the_proposers(spec)
     draft_layers, ratio = _speculative(spec, _SPEC, FD_FIX, defaults=None)
@@ -228,9 +274,16 @@ def from_fd_config(fd_config: object, *, local_rank: int, rule: str | None = Non
         cache = _cache(fd_config, rule, ratio, model.dtype)
         parallel = ParallelConfig(tensor_parallel_size=tp, local_rank=local_rank % tp)
         settings = FastDeploySettings(
-            model=model, cache=cache, parallel=parallel, splitwise_role=role, device_id=device_id,
-            local_device=local_device, suffix=str(suffix), block_count_suffix=block_count_suffix, rule=rule,
-        )  # fmt: skip
+            model=model,
+            cache=cache,
+            parallel=parallel,
+            splitwise_role=role,
+            device_id=device_id,
+            local_device=local_device,
+            suffix=str(suffix),
+            block_count_suffix=block_count_suffix,
+            rule=rule,
+        )
         settings.layout()  # the tensor-parallel split, as every engine call's layout has it
     return settings
 
@@ -254,8 +307,12 @@ def from_cache_manager_args(
     path = _model_path(args, model_path)
     with _named({"path": "model_path" if model_path is not None else "--model_path"}):
         model = load_model_config(path)
-    draft_layers, ratio = _speculative(_speculative_dict(args), "--speculative_config", CLI_FIX,
-                                       defaults={"method": None, "num_gpu_block_expand_ratio": 1.0})  # fmt: skip
+    draft_layers, ratio = _speculative(
+        _speculative_dict(args),
+        "--speculative_config",
+        CLI_FIX,
+        defaults={"method": None, "num_gpu_block_expand_ratio": 1.0},
+    )
     if draft_layers:  # as the runner's: the transfer manager's num_extra_layers
         model = replace(model, num_nextn_predict_layers=draft_layers, use_mtp=True)
     _check_num_layers(args, model)
@@ -265,22 +322,33 @@ def from_cache_manager_args(
     tp = integer("--mp_num", _flag(args, "mp_num"), 1, MAX_RANKS, CLI_FIX)
     with _named({**_CLI_NAMES, "kv_cache_quant_type": _QUANT_KEY}, source=config_json):
         cache = CacheConfig(
-            block_size=key_shape[2], num_cpu_blocks=_num_cpu_blocks(args), kvcache_storage_backend=_backend(args),
-            num_gpu_block_expand_ratio=ratio, rule=rule,
-            **cache_settings_from_fastdeploy(kv_cache_quant_type=quant,  # the flag was made of it: as the runner's
-                                             cache_dtype=cache_dtype if quant is None else model.dtype),
-        )  # fmt: skip
+            block_size=key_shape[2],
+            num_cpu_blocks=_num_cpu_blocks(args),
+            kvcache_storage_backend=_backend(args),
+            num_gpu_block_expand_ratio=ratio,
+            rule=rule,
+            **cache_settings_from_fastdeploy(
+                kv_cache_quant_type=quant,  # the flag was made of it: as the runner's
+                cache_dtype=cache_dtype if quant is None else model.dtype,
+            ),
+        )
         device = integer("--device_id", _flag(args, "device_id"), 0, INT32_MAX, CLI_FIX)
         settings = FastDeploySettings(
-            model=model, cache=cache,
-            parallel=ParallelConfig(tensor_parallel_size=tp, local_rank=integer(
-                "--rank", _flag(args, "rank"), 0, tp - 1, CLI_FIX, note=f"--mp_num={tp}")),
+            model=model,
+            cache=cache,
+            parallel=ParallelConfig(
+                tensor_parallel_size=tp,
+                local_rank=integer("--rank", _flag(args, "rank"), 0, tp - 1, CLI_FIX, note=f"--mp_num={tp}"),
+            ),
             splitwise_role=one_of("--splitwise_role", _flag(args, "splitwise_role"), SPLITWISE_ROLES, CLI_FIX),
-            device_id=device, local_device=device,
+            device_id=device,
+            local_device=device,
             suffix=str(port("--engine_worker_queue_port", _flag(args, "engine_worker_queue_port"), CLI_FIX)),
-            block_count_suffix=_ipc_suffix(args), rule=rule, num_blocks=key_shape[0],
+            block_count_suffix=_ipc_suffix(args),
+            rule=rule,
+            num_blocks=key_shape[0],
             tensor_specs=_command_line_specs(args, key_shape, cache_dtype),
-        )  # fmt: skip
+        )
         _check_stated_shapes(args, settings)
     return settings
 
@@ -300,14 +368,15 @@ def _model_quant_type(path: str, cache_dtype: str) -> tuple[object, str]:
     if quant is None:
         if cache_dtype == "uint8":
             raise ConfigError(
-                _QUANT_KEY, None,
+                _QUANT_KEY,
+                None,
                 "the cache's quantization (int8, float8_e4m3fn, float8_e4m3, int4_zp, ...): --cache_dtype uint8 says "
                 "it is 4- or 8-bit, which decides its tensors, and FastDeploy's cache transfer manager and messager "
                 "get no --quantization",
                 "state the quantization FastDeploy serves with (its --quantization JSON, kv_cache_quant_type in it) "
                 "as the model's config.json quantization_config, which FastDeploy reads first (parse_quant_config)",
                 source=str(file),
-            )  # fmt: skip
+            )
         return None, str(file)
     with _named({_QUANT_KEY: _QUANT_KEY}, source=str(file)):
         fastdeploy_word(_QUANT_KEY, quant, QUANT_WORDS)
@@ -315,9 +384,11 @@ def _model_quant_type(path: str, cache_dtype: str) -> tuple[object, str]:
     made = "uint8" if any(kind in word for kind in ("int4", "int8", "float4", "float8")) else word
     if made != cache_dtype:
         raise ConfigError(
-            "--cache_dtype", cache_dtype, f"{made}, what FastDeploy's CacheConfig makes of the model's {_QUANT_KEY}="
-            f"{quant!r}", f"pass the model_path of the model the engine serves; {CLI_FIX}",
-        )  # fmt: skip
+            "--cache_dtype",
+            cache_dtype,
+            f"{made}, what FastDeploy's CacheConfig makes of the model's {_QUANT_KEY}={quant!r}",
+            f"pass the model_path of the model the engine serves; {CLI_FIX}",
+        )
     return quant, str(file)
 
 
@@ -351,9 +422,7 @@ def _check_stated_shapes(args: object, settings: FastDeploySettings) -> None:
         raise ConfigError(flag, _flag(args, flag[2:], optional=True), error.allowed, error.fix) from None
 
 
-def _first_differing_role(
-    stated: tuple[CacheRoleShape, ...], expected: tuple[CacheRoleShape, ...]
-) -> str:
+def _first_differing_role(stated: tuple[CacheRoleShape, ...], expected: tuple[CacheRoleShape, ...]) -> str:
     """The role of the first stated tensor that is not the expected one (its role, blocks or bytes), or of the
     first tensor one list has and the other lacks."""
     for got, core in zip(stated, expected, strict=False):  # the shorter list's tensors, then the rest
@@ -368,26 +437,29 @@ def _model(model_config: object, *, draft_layers: int) -> ModelConfig:
     cache holds ``draft_layers`` more: FastDeploy's ``SpeculativeConfig.num_extra_cache_layer`` (1 for ``mtp``),
     what its transfer manager allocates after the main layers (``cache_transfer_manager.py``
     ``num_extra_layers``), whatever ``num_nextn_predict_layers`` the model's config.json has."""
-    heads = integer(f"{_MODEL}.num_attention_heads", _read(model_config, "num_attention_heads", _MODEL), 1, MAX_WIDTH,
-                    FD_FIX)  # fmt: skip
+    heads = integer(
+        f"{_MODEL}.num_attention_heads", _read(model_config, "num_attention_heads", _MODEL), 1, MAX_WIDTH, FD_FIX
+    )
     latent = {name: _optional_int(model_config, name, 1, MAX_WIDTH) for name in _LATENT_KEYS}
     backend = os.environ.get("FD_ATTENTION_BACKEND", "")
     needed = "FD_ATTENTION_BACKEND" if backend in _ATTENTION_BACKENDS else f"{_MODEL}.{_first_missing(latent)}"
     with _named({"attention": needed}):  # the backend asks for a latent cache, or the model's keys half state one
         return ModelConfig(
             name=_model_name(model_config),
-            num_hidden_layers=integer(f"{_MODEL}.num_hidden_layers", _read(model_config, "num_hidden_layers", _MODEL),
-                                      1, MAX_LAYERS, FD_FIX),
+            num_hidden_layers=integer(
+                f"{_MODEL}.num_hidden_layers", _read(model_config, "num_hidden_layers", _MODEL), 1, MAX_LAYERS, FD_FIX
+            ),
             num_attention_heads=heads,
             num_key_value_heads=_kv_heads(model_config, heads),
             head_dim=integer(f"{_MODEL}.head_dim", _read(model_config, "head_dim", _MODEL), 1, MAX_WIDTH, FD_FIX),
             **latent,
-            num_nextn_predict_layers=draft_layers or _optional_int(model_config, "num_nextn_predict_layers", 0,
-                                                                   MAX_LAYERS) or 0,
+            num_nextn_predict_layers=draft_layers
+            or _optional_int(model_config, "num_nextn_predict_layers", 0, MAX_LAYERS)
+            or 0,
             use_mtp=draft_layers > 0,
             attention=_ATTENTION_BACKENDS.get(backend),
             dtype=one_of(f"{_MODEL}.dtype", _read(model_config, "dtype", _MODEL), MODEL_DTYPES, FD_FIX),
-        )  # fmt: skip
+        )
 
 
 def _kv_heads(model_config: object, heads: int) -> int:
@@ -421,20 +493,27 @@ def _cache(fd_config: object, rule: str | None, ratio: float, model_dtype: str) 
     override = _read(cache_config, "num_gpu_blocks_override", _CACHE, optional=True)
     return CacheConfig(
         block_size=integer(f"{_CACHE}.block_size", _read(cache_config, "block_size", _CACHE), 1, MAX_WIDTH, FD_FIX),
-        memory_utilization=positive(f"{_CACHE}.gpu_memory_utilization",
-                                    _read(cache_config, "gpu_memory_utilization", _CACHE), 1.0, FD_FIX),
-        num_cpu_blocks=integer(f"{_CACHE}.num_cpu_blocks", _read(cache_config, "num_cpu_blocks", _CACHE), 0, MAX_COUNT,
-                               FD_FIX),
-        kvcache_storage_backend=optional_one_of(f"{_CACHE}.kvcache_storage_backend",
-                                                _read(cache_config, "kvcache_storage_backend", _CACHE, optional=True),
-                                                STORAGE_BACKENDS, FD_FIX),
-        num_gpu_blocks_override=None if override is None else integer(f"{_CACHE}.num_gpu_blocks_override", override,
-                                                                       1, MAX_COUNT, FD_FIX),
+        memory_utilization=positive(
+            f"{_CACHE}.gpu_memory_utilization", _read(cache_config, "gpu_memory_utilization", _CACHE), 1.0, FD_FIX
+        ),
+        num_cpu_blocks=integer(
+            f"{_CACHE}.num_cpu_blocks", _read(cache_config, "num_cpu_blocks", _CACHE), 0, MAX_COUNT, FD_FIX
+        ),
+        kvcache_storage_backend=optional_one_of(
+            f"{_CACHE}.kvcache_storage_backend",
+            _read(cache_config, "kvcache_storage_backend", _CACHE, optional=True),
+            STORAGE_BACKENDS,
+            FD_FIX,
+        ),
+        num_gpu_blocks_override=None
+        if override is None
+        else integer(f"{_CACHE}.num_gpu_blocks_override", override, 1, MAX_COUNT, FD_FIX),
         num_gpu_block_expand_ratio=ratio,
         rule=rule,
-        **cache_settings_from_fastdeploy(kv_cache_quant_type=_kv_cache_quant_type(fd_config, cache_config),
-                                         cache_dtype=model_dtype),
-    )  # fmt: skip
+        **cache_settings_from_fastdeploy(
+            kv_cache_quant_type=_kv_cache_quant_type(fd_config, cache_config), cache_dtype=model_dtype
+        ),
+    )
 
 
 def _kv_cache_quant_type(fd_config: object, cache_config: object) -> object:
@@ -448,11 +527,12 @@ def _kv_cache_quant_type(fd_config: object, cache_config: object) -> object:
     stated = _read(cache_config, "cache_dtype", _CACHE)
     if quant is None and fastdeploy_word(f"{_CACHE}.cache_dtype", stated, CACHE_DTYPE_WORDS).tensor_dtype == "uint8":
         raise ConfigError(
-            f"{_FD}.quant_config", quant_config,
+            f"{_FD}.quant_config",
+            quant_config,
             f"a quant config with kv_cache_quant_type: cache_config.cache_dtype={stated!r} says the cache is "
             "quantized, and the quantization (int8, float8_e4m3fn, int4_zp, block_wise_fp8, ...) decides its tensors",
             _ENGINE_PROCESS,
-        )  # fmt: skip
+        )
     return quant
 
 
@@ -462,9 +542,12 @@ def _speculative_object(fd_config: object) -> object:
     spec = _read(fd_config, "speculative_config")
     if isinstance(spec, (str, bytes, int, float, Mapping, list, tuple, set)):
         raise ConfigError(
-            _SPEC, spec, "FastDeploy's SpeculativeConfig object, whose attributes (method, num_extra_cache_layer, "
-            "num_gpu_block_expand_ratio) its runner reads", "pass the FDConfig's SpeculativeConfig(args) as it is",
-        )  # fmt: skip
+            _SPEC,
+            spec,
+            "FastDeploy's SpeculativeConfig object, whose attributes (method, num_extra_cache_layer, "
+            "num_gpu_block_expand_ratio) its runner reads",
+            "pass the FDConfig's SpeculativeConfig(args) as it is",
+        )
     return spec
 
 
@@ -474,12 +557,13 @@ def _not_the_proposers(spec: object) -> None:
     model it is a one-layer one, so it is refused, naming the call that reads the runner's instead."""
     if getattr(spec, "model_type", "main") == "mtp":
         raise ConfigError(
-            f"{_SPEC}.model_type", "mtp",
+            f"{_SPEC}.model_type",
+            "mtp",
             "main: this is the MTP proposer's copy of its runner's FDConfig (spec_decode/base.py deepcopy; mtp.py "
             "_update_mtp_config sets num_hidden_layers = 1), which plans a one-layer model",
             "read the runner's FDConfig (the fd_config the proposer is given) with from_fd_config, and take the "
             "proposer's settings from it with proposer_settings(runner_settings, proposer.fd_config)",
-        )  # fmt: skip
+        )
 
 
 def _speculative_dict(args: object) -> Mapping[str, object]:
@@ -489,9 +573,11 @@ def _speculative_dict(args: object) -> Mapping[str, object]:
     spec = _flag(args, "speculative_config")
     if not isinstance(spec, Mapping):
         raise ConfigError(
-            "--speculative_config", spec, "the dict parse_args makes of the flag's JSON (type=json.loads), e.g. "
-            "{'method': 'mtp'}", "parse the flag's JSON with json.loads, as cache_transfer_manager.py parse_args does",
-        )  # fmt: skip
+            "--speculative_config",
+            spec,
+            "the dict parse_args makes of the flag's JSON (type=json.loads), e.g. {'method': 'mtp'}",
+            "parse the flag's JSON with json.loads, as cache_transfer_manager.py parse_args does",
+        )
     return spec
 
 
@@ -516,11 +602,12 @@ def _speculative(spec: object, field: str, fix: str, *, defaults: dict[str, obje
     stated = given("num_extra_cache_layer")
     if stated is not _ABSENT and not (is_int(stated) and stated == layers):
         raise ConfigError(
-            f"{field}.num_extra_cache_layer", stated,
+            f"{field}.num_extra_cache_layer",
+            stated,
             f"{layers} with method {method!r}: FastDeploy's SpeculativeConfig computes it (1 for mtp, else 0) and its "
             "cache transfer manager allocates that many draft layers",
             f"leave num_extra_cache_layer as FastDeploy's SpeculativeConfig sets it; {fix}",
-        )  # fmt: skip
+        )
     ratio = positive(f"{field}.num_gpu_block_expand_ratio", given("num_gpu_block_expand_ratio"), MAX_EXPAND_RATIO, fix)
     return layers, ratio
 
@@ -530,8 +617,9 @@ def _engine_pid(parallel_config: object) -> str:
     its engine passes (``--engine_pid``, ``engine.py`` ``_start_worker_service``); the engine's holds None."""
     pid = _read(parallel_config, "engine_pid", _PARALLEL, optional=True)
     if pid is None:
-        raise ConfigError(f"{_PARALLEL}.engine_pid", None, "the --engine_pid the worker's FDConfig holds",
-                          _ENGINE_PROCESS)  # fmt: skip
+        raise ConfigError(
+            f"{_PARALLEL}.engine_pid", None, "the --engine_pid the worker's FDConfig holds", _ENGINE_PROCESS
+        )
     return str(integer(f"{_PARALLEL}.engine_pid", pid, 1, INT32_MAX, FD_FIX))
 
 
@@ -543,10 +631,14 @@ def _physical_device(parallel_config: object, local_device: int, local_rank: int
     value = _read(parallel_config, "device_ids", _PARALLEL)
     devices = device_ids(field, value, _DEVICES_FIX)
     if local_device >= len(devices):
-        where = f"local rank {local_rank}" if local_device == local_rank else (
-            f"local rank {local_rank} is local device {local_device} of its node (local_rank % max_chips_per_node)")
-        raise ConfigError(field, value, f"at least {local_device + 1} device(s): {where} must be listed",
-                          _DEVICES_FIX)  # fmt: skip
+        where = (
+            f"local rank {local_rank}"
+            if local_device == local_rank
+            else (
+                f"local rank {local_rank} is local device {local_device} of its node (local_rank % max_chips_per_node)"
+            )
+        )
+        raise ConfigError(field, value, f"at least {local_device + 1} device(s): {where} must be listed", _DEVICES_FIX)
     return devices[local_device]
 
 
@@ -554,17 +646,25 @@ def _local_port(parallel_config: object) -> int:
     """This data-parallel rank's ``engine_worker_queue_port``, which suffixes FastDeploy's cache signals:
     ``engine_worker_queue_port[local_data_parallel_id]``, which ``FDConfig.postprocess_devices_and_ports`` stores as
     ``local_engine_worker_queue_port`` (None where that failed)."""
-    listed = ports(f"{_PARALLEL}.engine_worker_queue_port",
-                   _read(parallel_config, "engine_worker_queue_port", _PARALLEL), FD_FIX)  # fmt: skip
-    rank = index(f"{_PARALLEL}.local_data_parallel_id", _read(parallel_config, "local_data_parallel_id", _PARALLEL),
-                 listed, "engine_worker_queue_port", FD_FIX)  # fmt: skip
+    listed = ports(
+        f"{_PARALLEL}.engine_worker_queue_port", _read(parallel_config, "engine_worker_queue_port", _PARALLEL), FD_FIX
+    )
+    rank = index(
+        f"{_PARALLEL}.local_data_parallel_id",
+        _read(parallel_config, "local_data_parallel_id", _PARALLEL),
+        listed,
+        "engine_worker_queue_port",
+        FD_FIX,
+    )
     local = _read(parallel_config, "local_engine_worker_queue_port", _PARALLEL, optional=True)
     if local is not None and port(f"{_PARALLEL}.local_engine_worker_queue_port", local, FD_FIX) != listed[rank]:
         raise ConfigError(
-            f"{_PARALLEL}.local_engine_worker_queue_port", local,
+            f"{_PARALLEL}.local_engine_worker_queue_port",
+            local,
             f"engine_worker_queue_port[local_data_parallel_id] = {listed[rank]}, as "
-            "FDConfig.postprocess_devices_and_ports sets it", FD_FIX,
-        )  # fmt: skip
+            "FDConfig.postprocess_devices_and_ports sets it",
+            FD_FIX,
+        )
     return listed[rank]
 
 
@@ -574,8 +674,12 @@ def _model_path(args: object, model_path: object) -> str:
         return text("model_path", model_path, "pass the model folder FastDeploy serves")
     given = getattr(args, "model_path", None)
     if given is None:
-        raise ConfigError("model_path", None, "the model folder FastDeploy serves, as the transfer manager's "
-                          "--model_path (the messager has none)", "pass model_path=")  # fmt: skip
+        raise ConfigError(
+            "model_path",
+            None,
+            "the model folder FastDeploy serves, as the transfer manager's --model_path (the messager has none)",
+            "pass model_path=",
+        )
     return text("--model_path", given, CLI_FIX)
 
 
@@ -584,8 +688,12 @@ def _check_num_layers(args: object, model: ModelConfig) -> None:
     command line has it, against the model's ``config.json``."""
     layers = getattr(args, "num_layers", None)
     if layers is not None and integer("--num_layers", layers, 1, MAX_LAYERS, CLI_FIX) != model.num_hidden_layers:
-        raise ConfigError("--num_layers", layers, f"{model.num_hidden_layers}, the model's num_hidden_layers",
-                          "pass the model_path of the model the engine serves")  # fmt: skip
+        raise ConfigError(
+            "--num_layers",
+            layers,
+            f"{model.num_hidden_layers}, the model's num_hidden_layers",
+            "pass the model_path of the model the engine serves",
+        )
 
 
 def _num_cpu_blocks(args: object) -> int:
@@ -624,9 +732,11 @@ def _read(source: object, name: str, where: str = _FD, *, optional: bool = False
     value = getattr(source, name, _ABSENT)
     if value is _ABSENT or (value is None and not optional):
         raise ConfigError(
-            f"{where}.{name}", None, "the value FastDeploy's config holds there",
+            f"{where}.{name}",
+            None,
+            "the value FastDeploy's config holds there",
             "pass FastDeploy's FDConfig (or an object with its attribute names) as it is",
-        )  # fmt: skip
+        )
     return value
 
 

@@ -54,9 +54,9 @@ class KVCacheFault:
     def describe(self) -> str:
         said = {
             FaultKind.NOT_CLEARED: f"the cache creator could not clear rank {self.rank}'s KV cache; it kept the "
-                                   "others and created again what it had freed",
+            "others and created again what it had freed",
             FaultKind.NOT_CREATED: f"the cache creator could not create rank {self.rank}'s KV cache again: that rank "
-                                   "has none",
+            "has none",
             FaultKind.DRIVE_FAILED: "a drive failed after a rank let go of its KV cache: the caches may be freed",
-        }[self.kind]  # fmt: skip
+        }[self.kind]
         return f"{self.word} (fd-platforms' failure word: {said})"

@@ -200,9 +200,17 @@ class FastDeployHandles:
     (0: none, so a creator's clear waits for no let-go; :func:`~.fastdeploy_marks.attachers_per_rank`).
     """
 
-    def __init__(self, suffix: str, rank: int, tensors: tuple[PublishedTensor, ...],
-                 segments: list[shm.Segment], *, creator: bool, attachers: int = 0,
-                 mark: shm.Segment | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        suffix: str,
+        rank: int,
+        tensors: tuple[PublishedTensor, ...],
+        segments: list[shm.Segment],
+        *,
+        creator: bool,
+        attachers: int = 0,
+        mark: shm.Segment | None = None,
+    ) -> None:
         self.suffix, self.rank, self.tensors, self.creator = suffix, rank, tensors, creator
         self.attachers, self._mark = attachers, mark
         self.name = f"{tensors[0].name} and {len(tensors) - 1} more" if tensors else f"rank {rank}'s publication"
@@ -219,8 +227,9 @@ class FastDeployHandles:
         refused (:func:`_check_not_published`). Marks of attachers of ours that died before are removed: at the
         next clear they would pass for attachers of this publication gone without letting go."""
         check_suffix(suffix)
-        records = [(tensor.name, encode_handle(tensor.name, tensor.handle, platform, tensor.address))
-                   for tensor in tensors]  # fmt: skip
+        records = [
+            (tensor.name, encode_handle(tensor.name, tensor.handle, platform, tensor.address)) for tensor in tensors
+        ]
         if records:
             _check_not_published(suffix, rank, records[0][0], len(records), platform)
         held: list[shm.Segment] = []
@@ -257,8 +266,15 @@ class FastDeployHandles:
             raise
 
     @classmethod
-    def _open(cls, suffix: str, rank: int, expected: Sequence[PublishedTensor], platform: str,
-              mark: shm.Segment | None, attachers: int) -> FastDeployHandles:  # fmt: skip
+    def _open(
+        cls,
+        suffix: str,
+        rank: int,
+        expected: Sequence[PublishedTensor],
+        platform: str,
+        mark: shm.Segment | None,
+        attachers: int,
+    ) -> FastDeployHandles:
         tensors = tuple(
             PublishedTensor(tensor.name, tensor.shape, tensor.dtype, read_handle(tensor.name, platform))
             for tensor in expected
@@ -380,8 +396,9 @@ class FastDeployHandles:
         with FastDeploySignal.attach(CACHE_READY, self.suffix) as signal:
             watch = DeathWatch(signal, self.rank, self.attachers_now, Attachers((), (), self.attachers))
             try:
-                signal.wait_for(self.rank, 0, timeout, what=f"rank {self.rank}'s creator waiting for its attacher",
-                                tend=watch)  # fmt: skip
+                signal.wait_for(
+                    self.rank, 0, timeout, what=f"rank {self.rank}'s creator waiting for its attacher", tend=watch
+                )
             except SignalWaitError:
                 raise CacheInUseError(_still_attached(self, signal.name, watch.seen, timeout), (self.rank,)) from None
 
@@ -391,8 +408,9 @@ class DeathWatch:
     slot for them where they stand released by death (:func:`reset_for_the_dead`); ``seen`` is the last look.
     A creator's clear and a drive wait with one alike."""
 
-    def __init__(self, signal: FastDeploySignal, rank: int, look: Callable[[], Attachers],
-                 seen: Attachers | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, signal: FastDeploySignal, rank: int, look: Callable[[], Attachers], seen: Attachers | None = None
+    ) -> None:
         self.signal, self.rank, self._look = signal, rank, look
         self.seen = seen if seen is not None else Attachers((), (), 1)
         self._next = 0.0
@@ -414,8 +432,12 @@ def reset_for_the_dead(signal: FastDeploySignal, rank: int, seen: Attachers) -> 
     logger.warning(
         "rank %d's attacher of fd-platforms (%s) is gone without letting go (killed, or died in its attach), and no "
         "other process can be attached (%d per rank here): its slot in %s is reset for it, so its KV cache can be "
-        "freed", rank, seen.describe_dead(), seen.per_rank, signal.name,
-    )  # fmt: skip
+        "freed",
+        rank,
+        seen.describe_dead(),
+        seen.per_rank,
+        signal.name,
+    )
     signal.set(rank, 0)
     remove_dead(seen)
     return True
@@ -431,7 +453,7 @@ def _still_attached(handles: FastDeployHandles, signal: str, seen: Attachers, ti
             f"shows the holder of its mark or of the first record). Fix: {STILL_HELD_FIX}"
         )
     reset = (
-        "python -c \"from fd_platforms.fastdeploy.signals import CACHE_READY, FastDeploySignal; "
+        'python -c "from fd_platforms.fastdeploy.signals import CACHE_READY, FastDeploySignal; '
         f"FastDeploySignal.attach(CACHE_READY, '{handles.suffix}').set({handles.rank}, 0)\""
     )
     if seen.dead:

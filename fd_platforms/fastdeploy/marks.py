@@ -136,7 +136,7 @@ def sweep_orphan_marks() -> list[str]:
     A dead mark of a slot that still exists is left: it stands for its attacher until the slot's creator clears."""
     removed = []
     for name in shm.names(ATTACHER_NAME_START):
-        suffix = name[len(ATTACHER_NAME_START):].rsplit(".r", 1)[0]
+        suffix = name[len(ATTACHER_NAME_START) :].rsplit(".r", 1)[0]
         if suffix and not os.path.exists(shm.shm_path(f"{CACHE_READY}.{suffix}")):
             verdict, _ = shm.reclaim(name, _ATTACHER.size, _recognise, ATTACHER_WHAT)
             if verdict == shm.Verdict.RECLAIMED:
@@ -195,7 +195,7 @@ def stale_creator(first_record: str, record: bytes) -> int | None:
         return None
     try:
         raw = segment.read(size + 1)
-        if len(raw) != size or raw[_CREATOR.size:] != record or not segment.unused():
+        if len(raw) != size or raw[_CREATOR.size :] != record or not segment.unused():
             return None
         pid = _PID.unpack(raw[: _PID.size])[0]
         return pid if segment.unlink() else None

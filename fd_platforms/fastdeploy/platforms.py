@@ -43,10 +43,12 @@ def our_platform_name(current_platform: object) -> str:
     if not isinstance(name, str) or name not in FASTDEPLOY_PLATFORMS:
         shown = name if name is not None else f"{type(current_platform).__name__} without device_name"
         raise ConfigError(
-            _FIELD, shown, "one of FastDeploy's platforms: " + ", ".join(FASTDEPLOY_PLATFORMS),
+            _FIELD,
+            shown,
+            "one of FastDeploy's platforms: " + ", ".join(FASTDEPLOY_PLATFORMS),
             "pass fastdeploy.platforms.current_platform itself (its class sets device_name); for a platform "
             f"FastDeploy added later, set {ENV_PLATFORM} and use fd_platforms.current_platform()",
-        )  # fmt: skip
+        )
     return FASTDEPLOY_PLATFORMS[name]
 
 
@@ -62,11 +64,12 @@ def our_platform(current_platform: object, *, environ: Mapping[str, str] | None 
     requested = env.get(ENV_PLATFORM)
     if requested and requested != name:
         raise ConfigError(
-            ENV_PLATFORM, requested,
+            ENV_PLATFORM,
+            requested,
             f"unset, or {name!r}: FastDeploy runs on {getattr(current_platform, 'device_name', name)!r} "
             f"({type(current_platform).__name__})",
             f"unset {ENV_PLATFORM}, or set it to {name}, in FastDeploy's processes",
-        )  # fmt: skip
+        )
     with _lock:
         if name not in _selected:
             _selected[name] = select_platform({**env, ENV_PLATFORM: name}).platform

@@ -46,8 +46,13 @@ class ProfiledBudget:
         check_int("total_bytes", self.total_bytes, 1, _BYTES, fix=fix)
         check_int("used_bytes", self.used_bytes, 0, self.total_bytes, fix=fix, note="at most total_bytes")
         check_int("peak_increase_bytes", self.peak_increase_bytes, 0, _BYTES, fix=fix)
-        check_int("profile_blocks", self.profile_blocks, 0, MAX_COUNT,
-                  fix="pass cache_config.total_block_num, the blocks the profile run allocated")  # fmt: skip
+        check_int(
+            "profile_blocks",
+            self.profile_blocks,
+            0,
+            MAX_COUNT,
+            fix="pass cache_config.total_block_num, the blocks the profile run allocated",
+        )
 
     def memory(self) -> DeviceMemory:
         """The device as FastDeploy measured it (free memory is in ``used_bytes``, so not stated again)."""
@@ -59,12 +64,13 @@ class ProfiledBudget:
         held = self.used_bytes + self.peak_increase_bytes - profile_cache_bytes(settings, self.profile_blocks)
         if held < 0:
             raise ConfigError(
-                "peak_increase_bytes", self.peak_increase_bytes,
+                "peak_increase_bytes",
+                self.peak_increase_bytes,
                 f"at least the profile cache's {profile_cache_bytes(settings, self.profile_blocks)} bytes less "
                 f"used_bytes: the profile run allocated {self.profile_blocks} blocks",
                 "measure Paddle's peak allocation before and after the profile run, as determine_available_memory "
                 "does, and pass cache_config.total_block_num as profile_blocks",
-            )  # fmt: skip
+            )
         return held
 
 
@@ -80,8 +86,12 @@ def plan_from_profile(platform: Platform, settings: FastDeploySettings, budget: 
     non-cache bytes (:class:`ProfiledBudget`), the rank's whole layout and cache settings."""
     if not isinstance(budget, ProfiledBudget):
         raise ConfigError("budget", budget, "a ProfiledBudget", "build one from determine_available_memory's numbers")
-    return platform.max_num_blocks(layout=settings.layout(), cache=settings.cache, memory=budget.memory(),
-                                   non_cache_bytes=budget.non_cache_bytes(settings))  # fmt: skip
+    return platform.max_num_blocks(
+        layout=settings.layout(),
+        cache=settings.cache,
+        memory=budget.memory(),
+        non_cache_bytes=budget.non_cache_bytes(settings),
+    )
 
 
 __all__ = ["ProfiledBudget", "plan_from_profile", "profile_cache_bytes"]

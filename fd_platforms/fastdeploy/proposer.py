@@ -47,8 +47,12 @@ def proposer_settings(runner: FastDeploySettings, proposer_fd_config: object | N
         raise ConfigError("runner", runner, "the runner's FastDeploySettings", _FIX)
     whole = runner.layout()
     if not whole.mtp_layers:
-        raise ConfigError("fd_config.speculative_config.method", None, "mtp: the runner's layout has no draft "
-                          "layers for a proposer", "pass the settings of a runner whose FDConfig uses MTP")  # fmt: skip
+        raise ConfigError(
+            "fd_config.speculative_config.method",
+            None,
+            "mtp: the runner's layout has no draft layers for a proposer",
+            "pass the settings of a runner whose FDConfig uses MTP",
+        )
     if proposer_fd_config is not None:
         model = getattr(proposer_fd_config, "model_config", None)
         main = whole.num_layers - whole.mtp_layers
@@ -56,11 +60,12 @@ def proposer_settings(runner: FastDeploySettings, proposer_fd_config: object | N
             found = getattr(model, name, None)
             if found != expected:
                 raise ConfigError(
-                    f"proposer.fd_config.model_config.{name}", found,
+                    f"proposer.fd_config.model_config.{name}",
+                    found,
                     f"{expected}, as the proposer's copy of this runner's FDConfig holds it "
                     "(mtp.py _update_mtp_config)",
                     _FIX,
-                )  # fmt: skip
+                )
     return ProposerSettings(runner)
 
 

@@ -77,8 +77,12 @@ class FastDeployProtocol(WireProtocol):
         """FastDeploy's signal suffix (its engine's ``engine_worker_queue_port``; an int is taken as written),
         carrying ``tp`` (:class:`~.signals.FastDeploySuffix`)."""
         if instance is None:
-            raise ConfigError("instance", None, "FastDeploy's signal suffix (its engine's engine_worker_queue_port)",
-                              "pass instance=, e.g. instance=9923")  # fmt: skip
+            raise ConfigError(
+                "instance",
+                None,
+                "FastDeploy's signal suffix (its engine's engine_worker_queue_port)",
+                "pass instance=, e.g. instance=9923",
+            )
         return FastDeploySuffix.of(instance, tp=tp, field="instance")
 
     def attachers_per_rank(self, splitwise_role: str, num_cpu_blocks: int) -> int:
@@ -97,8 +101,11 @@ class FastDeployProtocol(WireProtocol):
     def check_signals(self, instance: str, rank: int, *, manager: bool, swap: bool) -> None:
         """``cache_ready_signal``, and a manager's ``swap_space_ready_signal`` (with swap space) and
         ``cache_transfer_inited_signal``: each must exist and have ``rank``'s slot."""
-        names = (CACHE_READY, *((SWAP_SPACE_READY,) if manager and swap else ()),
-                 *((CACHE_TRANSFER_INITED,) if manager else ()))  # fmt: skip
+        names = (
+            CACHE_READY,
+            *((SWAP_SPACE_READY,) if manager and swap else ()),
+            *((CACHE_TRANSFER_INITED,) if manager else ()),
+        )
         for name in names:
             with FastDeploySignal.attach(name, instance) as signal:
                 signal.get(rank)
@@ -133,15 +140,28 @@ class FastDeployProtocol(WireProtocol):
         return self.tensor_name(instance, layout.names()[0])
 
     def publish(
-        self, instance: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str,
-        *, attachers: int, part: str = "all",
+        self,
+        instance: str,
+        rank: int,
+        device: str,
+        tensors: Sequence[PublishedTensor],
+        platform_name: str,
+        *,
+        attachers: int,
+        part: str = "all",
     ) -> FastDeployHandles:
         """One record per tensor, named by its layer: a draft part's records are its own whatever ``part``."""
         return FastDeployHandles.create(instance, rank, tensors, platform_name, attachers=attachers)
 
     def open_published(
-        self, instance: str, rank: int, expected: Sequence[PublishedTensor], platform_name: str,
-        part: str = "all", *, attachers: int = 1,
+        self,
+        instance: str,
+        rank: int,
+        expected: Sequence[PublishedTensor],
+        platform_name: str,
+        part: str = "all",
+        *,
+        attachers: int = 1,
     ) -> FastDeployHandles:
         return FastDeployHandles.open(instance, rank, expected, platform_name, attachers=attachers)  # no shapes
 

@@ -59,9 +59,10 @@ class RecordLayout:
 
 GPU_RECORD = RecordLayout(struct.Struct(f"=Q{HANDLE_BYTES}s"), "custom_ops/gpu_ops/cuda_multiprocess.h")
 XPU_RECORD = RecordLayout(
-    struct.Struct(f"=Q{HANDLE_BYTES}sQ"), "custom_ops/xpu_ops/src/ops/xpu_multiprocess.h",
+    struct.Struct(f"=Q{HANDLE_BYTES}sQ"),
+    "custom_ops/xpu_ops/src/ops/xpu_multiprocess.h",
     address_offset=NPROCESSES_BYTES + HANDLE_BYTES,
-)  # fmt: skip
+)
 #: The platforms whose FastDeploy build writes another record than :data:`GPU_RECORD`.
 RECORD_LAYOUTS = {"xpu": XPU_RECORD}
 

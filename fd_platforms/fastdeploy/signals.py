@@ -224,9 +224,13 @@ class FastDeploySignal(SharedWords):
             logger.warning(
                 "FastDeploy signal %r (/dev/shm/%s) word %d holds %d, not one of FastDeploy's values %s: refused, "
                 "not acted on. Fix: find the process that writes it (only FastDeploy's engine, workers and cache "
-                "managers, or fd-platforms beside them, may)", self.name, self.name, index, value,
+                "managers, or fd-platforms beside them, may)",
+                self.name,
+                self.name,
+                index,
+                value,
                 ", ".join(map(str, self.allowed)),
-            )  # fmt: skip
+            )
         return False
 
     def let_go(self, index: int) -> bool:
@@ -298,14 +302,24 @@ class FastDeploySignal(SharedWords):
                 self._check_same_file(index, value, seen, what)
                 now = time.monotonic()
                 if watch is not None and watch.exited() and self.get(index) != value:
-                    raise SignalWaitError(self.name, index, value, seen, now - start, "watched_exited", what,
-                                          f"the process expected to write it (pid {watch.pid}) exited")  # fmt: skip
+                    raise SignalWaitError(
+                        self.name,
+                        index,
+                        value,
+                        seen,
+                        now - start,
+                        "watched_exited",
+                        what,
+                        f"the process expected to write it (pid {watch.pid}) exited",
+                    )
                 if now - start >= timeout:
-                    raise SignalWaitError(self.name, index, value, seen, now - start, "timeout", what,
-                                          f"the limit is {timeout:g} s")  # fmt: skip
+                    raise SignalWaitError(
+                        self.name, index, value, seen, now - start, "timeout", what, f"the limit is {timeout:g} s"
+                    )
                 progress.say(now, partial(self._waiting_for, index, value, seen, what, writer, watch))
-                self.sleep_while(index, seen, min(CHECK_SECONDS, start + timeout - now, progress.until_next(now)),
-                                 since=start)  # fmt: skip
+                self.sleep_while(
+                    index, seen, min(CHECK_SECONDS, start + timeout - now, progress.until_next(now)), since=start
+                )
         finally:
             if watch is not None:
                 watch.close()
@@ -339,10 +353,15 @@ class FastDeploySignal(SharedWords):
     ) -> str:
         """What a wait for word ``index`` says it waits for (:mod:`.waiting`)."""
         who = writer or "the process doing that step"
-        who += (f" (pid {watch.pid}, watched: its exit ends the wait)" if watch is not None
-                else " (no pid named, so its exit goes unnoticed)")  # fmt: skip
-        return (f"{what or 'waiting'}: FastDeploy signal {self.name!r} word {index} is {seen}, waiting for {value}; "
-                f"written by {who}")
+        who += (
+            f" (pid {watch.pid}, watched: its exit ends the wait)"
+            if watch is not None
+            else " (no pid named, so its exit goes unnoticed)"
+        )
+        return (
+            f"{what or 'waiting'}: FastDeploy signal {self.name!r} word {index} is {seen}, waiting for {value}; "
+            f"written by {who}"
+        )
 
     def sleep_while(self, index: int, seen: int, seconds: float, *, since: float | None = None) -> None:
         """Sleep up to ``seconds`` while word ``index`` is ``seen``: woken by our writes at once, a
@@ -357,8 +376,14 @@ class FastDeploySignal(SharedWords):
         return f"FastDeploySignal({self.name!r}, length={self.length}, {'owner' if self.owner else 'attached'})"
 
     def _check_index(self, index: int) -> int:
-        return check_int("index", index, 0, self.length - 1, what="an index",
-                         fix=f"signal {self.name!r} has {self.length} words (one per local rank)")  # fmt: skip
+        return check_int(
+            "index",
+            index,
+            0,
+            self.length - 1,
+            what="an index",
+            fix=f"signal {self.name!r} has {self.length} words (one per local rank)",
+        )
 
 
 def _check_shape(full: str, size: int, length: int | None, *, per_rank: bool) -> int:

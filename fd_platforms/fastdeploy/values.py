@@ -33,7 +33,7 @@ def integer(field: str, value: object, minimum: int, maximum: int, fix: str, *, 
 def _listed_integer(field: str, value: object, allowed: str, bounds: tuple[int, int], fix: str, entry: object) -> int:
     """``entry`` of a list ``value`` FastDeploy writes as text (``"4,5"``, ``"900,2,64,128"``) or holds as a Python
     list: ASCII digits, or an int in a list, within ``bounds``; else the error for the whole ``value``."""
-    number = (decimal(entry.strip()) if isinstance(entry, str) else entry)
+    number = decimal(entry.strip()) if isinstance(entry, str) else entry
     if is_int(number) and bounds[0] <= number <= bounds[1]:
         return number
     raise ConfigError(field, value, allowed, fix)
@@ -63,8 +63,15 @@ def ports(field: str, value: object, fix: str) -> tuple[int, ...]:
 
 def index(field: str, value: object, listed: Sequence[object], of: str, fix: str) -> int:
     """An index into ``listed`` (named ``of``): from 0 to its last entry, never from its end."""
-    return check_int(field, value, 0, len(listed) - 1, note=f"{of} has {len(listed)}: {list(listed)}", fix=fix,
-                     what="an index (not a bool, float or text)")  # fmt: skip
+    return check_int(
+        field,
+        value,
+        0,
+        len(listed) - 1,
+        note=f"{of} has {len(listed)}: {list(listed)}",
+        fix=fix,
+        what="an index (not a bool, float or text)",
+    )
 
 
 def device_ids(field: str, value: object, fix: str) -> tuple[int, ...]:
@@ -127,6 +134,17 @@ def text(field: str, value: object, fix: str) -> str:
 
 
 __all__ = [
-    "MAX_PORT", "SUFFIX", "device_ids", "index", "integer", "one_of", "optional_one_of", "port", "ports",
-    "positive", "shape", "suffix", "text",
-]  # fmt: skip
+    "MAX_PORT",
+    "SUFFIX",
+    "device_ids",
+    "index",
+    "integer",
+    "one_of",
+    "optional_one_of",
+    "port",
+    "ports",
+    "positive",
+    "shape",
+    "suffix",
+    "text",
+]

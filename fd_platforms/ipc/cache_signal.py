@@ -99,8 +99,9 @@ def resolve_timeout(timeout: float | None, environ: Mapping[str, str] | None = N
     """The wait limit in seconds: ``timeout``, else ``FD_CACHE_READY_TIMEOUT``, else 600; ``math.inf``
     (``FD_CACHE_READY_TIMEOUT=inf``) for none, as FastDeploy's own waits have none."""
     if timeout is not None:
-        return check_seconds("timeout", timeout, "pass a finite number of seconds > 0, or math.inf for no limit",
-                             unbounded=True)  # fmt: skip
+        return check_seconds(
+            "timeout", timeout, "pass a finite number of seconds > 0, or math.inf for no limit", unbounded=True
+        )
     return env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT, environ, unbounded=True)
 
 
@@ -235,8 +236,11 @@ class CacheReadySignal(SharedWords):
         """What a wait for ``rank``'s slot says it waits for (:mod:`.waiting`)."""
         slots = self.slots()
         ready = [index for index, value in enumerate(slots) if value]
-        creator = (f"pid {watch.pid}, watched: its exit ends the wait" if watch is not None
-                   else "no creator_pid named, so its exit goes unnoticed")  # fmt: skip
+        creator = (
+            f"pid {watch.pid}, watched: its exit ends the wait"
+            if watch is not None
+            else "no creator_pid named, so its exit goes unnoticed"
+        )
         return (
             f"rank {rank} waiting for its KV cache: cache-ready signal {self.name!r} slot {rank} is {slots[rank]}, "
             f"set once the process creating the cache has it ({creator}); slots set: {ready or 'none'} of "
@@ -258,8 +262,14 @@ class CacheReadySignal(SharedWords):
         return f"CacheReadySignal({self.name!r}, num_ranks={self.num_ranks}, {role})"
 
     def _check_rank(self, rank: int) -> int:
-        return check_int("rank", rank, 0, self.num_ranks - 1, what="a local rank",
-                         fix=f"signal {self.name!r} has {self.num_ranks} slots")  # fmt: skip
+        return check_int(
+            "rank",
+            rank,
+            0,
+            self.num_ranks - 1,
+            what="a local rank",
+            fix=f"signal {self.name!r} has {self.num_ranks} slots",
+        )
 
 
 # -- the segment itself (see fd_platforms.ipc.shm for the rules) -----------------------------------

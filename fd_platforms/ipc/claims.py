@@ -40,8 +40,10 @@ def claimer(fd: int, byte: int = 0) -> str:
     found = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, byte + 1, 1, 0))
     kind, _, _, _, pid = struct.unpack(_FLOCK, found)
     if kind == fcntl.F_UNLCK:
-        return ("a process whose pid the kernel cannot tell (this process itself, or one that closed another "
-                "descriptor of the file)")
+        return (
+            "a process whose pid the kernel cannot tell (this process itself, or one that closed another "
+            "descriptor of the file)"
+        )
     if pid == 0:
         return "a process outside this PID namespace (the kernel gives its pid as 0 here)"
     return f"pid {pid} (as this PID namespace sees it)"

@@ -65,10 +65,17 @@ def wait(address: int, expected: int, timeout: float) -> None:
     syscall, number = _SYSCALL
     seconds = max(timeout, 0.0)
     span = _Timespec(int(seconds), int((seconds % 1.0) * 1e9))
-    _timed_out(syscall(
-        ctypes.c_long(number), ctypes.c_void_p(address), ctypes.c_int(_FUTEX_WAIT), ctypes.c_int(expected),
-        ctypes.byref(span), None, ctypes.c_int(0),
-    ))  # fmt: skip
+    _timed_out(
+        syscall(
+            ctypes.c_long(number),
+            ctypes.c_void_p(address),
+            ctypes.c_int(_FUTEX_WAIT),
+            ctypes.c_int(expected),
+            ctypes.byref(span),
+            None,
+            ctypes.c_int(0),
+        )
+    )
 
 
 def sleep_while(address: int, expected: int, seconds: float, since: float | None = None) -> None:
@@ -84,8 +91,15 @@ def sleep_while(address: int, expected: int, seconds: float, since: float | None
     assert _SYSCALL is not None, "futex.sleep_while called where futex.AVAILABLE is false"
     syscall, number = _SYSCALL
     span = _Timespec(0, 0)
-    call = (ctypes.c_long(number), ctypes.c_void_p(address), ctypes.c_int(_FUTEX_WAIT), ctypes.c_int(expected),
-            ctypes.byref(span), None, ctypes.c_int(0))  # fmt: skip
+    call = (
+        ctypes.c_long(number),
+        ctypes.c_void_p(address),
+        ctypes.c_int(_FUTEX_WAIT),
+        ctypes.c_int(expected),
+        ctypes.byref(span),
+        None,
+        ctypes.c_int(0),
+    )
     now = time.monotonic()
     end = now + max(seconds, 0.0)
     since = now if since is None else min(since, now)
@@ -117,8 +131,13 @@ def wake(address: int) -> int:
     assert _SYSCALL is not None, "futex.wake called where futex.AVAILABLE is false"
     syscall, number = _SYSCALL
     result = syscall(
-        ctypes.c_long(number), ctypes.c_void_p(address), ctypes.c_int(_FUTEX_WAKE), ctypes.c_int(_WAKE_ALL),
-        None, None, ctypes.c_int(0),
+        ctypes.c_long(number),
+        ctypes.c_void_p(address),
+        ctypes.c_int(_FUTEX_WAKE),
+        ctypes.c_int(_WAKE_ALL),
+        None,
+        None,
+        ctypes.c_int(0),
     )
     if result == -1:
         code = ctypes.get_errno()

@@ -87,8 +87,14 @@ class ProcessWatch:
     """
 
     def __init__(self, pid: int) -> None:
-        check_int("creator_pid", pid, 1, PID_MAX_LIMIT, what="a process id",
-                  fix="pass the pid of the process that creates the cache (it sets the slot)")  # fmt: skip
+        check_int(
+            "creator_pid",
+            pid,
+            1,
+            PID_MAX_LIMIT,
+            what="a process id",
+            fix="pass the pid of the process that creates the cache (it sets the slot)",
+        )
         self.pid = pid
         self._start_ticks = process_start_ticks(pid)
         self._pidfd: int | None = None

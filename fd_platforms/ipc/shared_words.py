@@ -133,5 +133,11 @@ def check_tp(tp: object) -> int | None:
     """``tp`` as an engine call takes it: None, or the number of local ranks (a ConfigError naming ``tp``)."""
     if tp is None:
         return None
-    return check_int("tp", tp, 1, MAX_LOCAL_RANKS, what="None or the number of local ranks",
-              fix="pass the tensor-parallel size (FastDeploy's parallel_config.tensor_parallel_size)")  # fmt: skip
+    return check_int(
+        "tp",
+        tp,
+        1,
+        MAX_LOCAL_RANKS,
+        what="None or the number of local ranks",
+        fix="pass the tensor-parallel size (FastDeploy's parallel_config.tensor_parallel_size)",
+    )

@@ -332,6 +332,9 @@ def sweep(prefix: str, min_size: int, recognise: Recognise, what: str) -> list[s
     if skipped:
         logger.warning(
             "left %d entr%s in /dev/shm alone (not a %s this user can prove unused): %s",
-            len(skipped), "y" if len(skipped) == 1 else "ies", what, "; ".join(skipped),
+            len(skipped),
+            "y" if len(skipped) == 1 else "ies",
+            what,
+            "; ".join(skipped),
         )
     return reclaimed

@@ -57,7 +57,11 @@ def check_seconds(field: str, value: object, fix: str, *, shown: object = None, 
 
 
 def env_seconds(
-    variable: str, default: float, environ: Mapping[str, str] | None = None, *, unbounded: bool = False,
+    variable: str,
+    default: float,
+    environ: Mapping[str, str] | None = None,
+    *,
+    unbounded: bool = False,
     fix: str | None = None,
 ) -> float:
     """Seconds from environment ``variable`` (unset or empty: ``default``; ``unbounded``: also

@@ -32,9 +32,11 @@ class WaitProgress:
 
     def __init__(self, limit: float, start: float, period: float | None = None) -> None:
         self.limit, self.start = limit, start
-        self.period = PROGRESS_SECONDS if period is None else check_seconds(
-            "progress_seconds", period, "pass the seconds between two progress lines, e.g. 5"
-        )  # fmt: skip
+        self.period = (
+            PROGRESS_SECONDS
+            if period is None
+            else check_seconds("progress_seconds", period, "pass the seconds between two progress lines, e.g. 5")
+        )
         self.level = logging.WARNING if math.isinf(limit) else logging.INFO
         self._next = start + self.period
 
@@ -50,4 +52,3 @@ class WaitProgress:
         bound = "no time limit" if math.isinf(self.limit) else f"limit {self.limit:g} s"
         logger.log(self.level, "%s; waited %.1f s, %s", waiting_for(), now - self.start, bound)
         self._next = now + self.period
-

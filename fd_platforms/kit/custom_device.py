@@ -114,14 +114,21 @@ class CustomDeviceFacts(DeviceFacts):
         return shared_view(name, tensor, shape, dtype, handle, exported=False)
 
     def _wrap(
-        self, runtime: VendorDeviceRuntime, release: str, address: int, name: str, shape: tuple[int, ...],
-        dtype: str, device: str,
+        self,
+        runtime: VendorDeviceRuntime,
+        release: str,
+        address: int,
+        name: str,
+        shape: tuple[int, ...],
+        dtype: str,
+        device: str,
     ) -> Any:
         """The raw ``uint8`` tensor over ``address``, whose last holder calls the runtime's ``release``
         (``Free`` or ``IpcCloseMemHandle``); called here at once if the tensor cannot be made."""
         try:
-            return foreign_tensor(self.paddle, address, runtime.release_address(release, name),
-                                  byte_shape(shape, dtype), "uint8", device)  # fmt: skip
+            return foreign_tensor(
+                self.paddle, address, runtime.release_address(release, name), byte_shape(shape, dtype), "uint8", device
+            )
         except BaseException:
             runtime.release(release, address, name)
             raise
@@ -130,4 +137,3 @@ class CustomDeviceFacts(DeviceFacts):
         if self.device_runtime is None:
             raise self._unshareable(name)
         return self.device_runtime
-

@@ -102,7 +102,6 @@ class DeviceFacts(ABC):
         :class:`~fd_platforms.contract.errors.HostAllocError` naming the size.
         """
 
-
     def export(self, name: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
         """A zero-filled tensor other processes can open (where :attr:`sharing` is set): through
         Paddle's IPC where :attr:`ipc_methods` names it, with :meth:`on_device` around the export."""
@@ -271,9 +270,13 @@ def shared_view(
     """``raw`` (``uint8`` of :func:`byte_shape`) viewed as ``dtype``, held by a SharedTensor whose close drops it."""
     holder = [raw if dtype == "uint8" else raw.view(dtype)]
     return SharedTensor(
-        name=name, tensor=holder[0], handle=handle, nbytes=tensor_bytes(shape, dtype), exported=exported,
+        name=name,
+        tensor=holder[0],
+        handle=handle,
+        nbytes=tensor_bytes(shape, dtype),
+        exported=exported,
         _close=holder.clear,
-    )  # fmt: skip
+    )
 
 
 def data_address(tensor: Any) -> int | None:

@@ -107,10 +107,22 @@ def _compile(home: Path, library: Path) -> None:
         )
     partial = library.with_name(f"{library.name}.{os.getpid()}.partial")
     command = [
-        compiler, "-std=c++17", "-O1", "-fPIC", "-shared", "-w", str(SOURCE), "-o", str(partial),
-        f"-I{include}", f"-I{include / 'third_party'}", f"-I{sysconfig.get_paths()['include']}",
-        f"-L{home / 'base'}", "-l:libpaddle.so", f"-Wl,-rpath,{home / 'base'}",
-    ]  # fmt: skip
+        compiler,
+        "-std=c++17",
+        "-O1",
+        "-fPIC",
+        "-shared",
+        "-w",
+        str(SOURCE),
+        "-o",
+        str(partial),
+        f"-I{include}",
+        f"-I{include / 'third_party'}",
+        f"-I{sysconfig.get_paths()['include']}",
+        f"-L{home / 'base'}",
+        "-l:libpaddle.so",
+        f"-Wl,-rpath,{home / 'base'}",
+    ]
     # its own session: a timed-out compile is killed with the compiler passes g++ started (cc1plus, as, ld)
     compiling = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True

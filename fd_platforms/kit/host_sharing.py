@@ -181,10 +181,14 @@ def open_host_tensor(name: str, handle: str, shape: tuple[int, ...], dtype: str)
     finally:
         os.close(fd)  # the mapping holds the memory; the exporter's descriptor keeps it reachable
     return SharedTensor(
-        name=name, tensor=mapping.tensor(shape, dtype), handle=handle, nbytes=nbytes, exported=False,
+        name=name,
+        tensor=mapping.tensor(shape, dtype),
+        handle=handle,
+        nbytes=nbytes,
+        exported=False,
         _close=lambda: mapping.close(name, None),
         _close_when_unused=lambda then: mapping.close_when_unused(name, None, then),
-    )  # fmt: skip
+    )
 
 
 @dataclass(eq=False)

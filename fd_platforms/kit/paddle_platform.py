@@ -77,8 +77,14 @@ class PaddlePlatform(RuntimeFacts):
     @hookimpl
     def device_memory(self, device_id: int) -> DeviceMemory:
         """Memory facts of one local device, from Paddle."""
-        check_int("device_id", device_id, 0, None, what="a local device index",
-                  fix=f"pass 0 for the first visible {self.name} device")  # fmt: skip
+        check_int(
+            "device_id",
+            device_id,
+            0,
+            None,
+            what="a local device index",
+            fix=f"pass 0 for the first visible {self.name} device",
+        )
         count = self.device_facts().confirm().device_count
         if device_id >= count:
             raise ConfigError(

@@ -51,22 +51,27 @@ class RocmFacts(DeviceFacts):
     @classmethod
     def simulated_paddle(cls, device_type: str, devices: int, total_bytes: int) -> Any:
         properties = SimpleNamespace(total_memory=total_bytes)
-        cuda = SimpleNamespace(device_count=lambda: devices, max_memory_allocated=lambda device=None: 0,
-                               get_device_properties=lambda device=None: properties)  # fmt: skip
+        cuda = SimpleNamespace(
+            device_count=lambda: devices,
+            max_memory_allocated=lambda device=None: 0,
+            get_device_properties=lambda device=None: properties,
+        )
         return SimpleNamespace(is_compiled_with_rocm=lambda: True, device=SimpleNamespace(cuda=cuda))
 
     def confirm(self) -> Detection:
         if not self.paddle.is_compiled_with_rocm():
             return Detection(
-                False, f"this paddle build is not Paddle's ROCm build (paddle.is_compiled_with_rocm() is False). "
+                False,
+                f"this paddle build is not Paddle's ROCm build (paddle.is_compiled_with_rocm() is False). "
                 f"Fix: install {ROCM_BUILD}",
-            )  # fmt: skip
+            )
         count = int(self.paddle.device.cuda.device_count())
         if count == 0:
             return Detection(
-                False, f"paddle's ROCm build sees no device. Fix: check the driver (hy-smi or rocm-smi) and "
+                False,
+                f"paddle's ROCm build sees no device. Fix: check the driver (hy-smi or rocm-smi) and "
                 f"{self.visible_devices_env}",
-            )  # fmt: skip
+            )
         return Detection(True, f"paddle's ROCm build sees {count} devices", count)
 
     def memory(self, device_id: int) -> DeviceMemory:

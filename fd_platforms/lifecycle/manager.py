@@ -63,16 +63,22 @@ def _manage(conn: Connection, say: Progress, spec: RunSpec, ranks: tuple[int, ..
             for cache in held.values():
                 write_tokens(cache.kv_cache.tensors, token, last=False)
 
-        serve(conn, spec.hold_timeout, {
-            "mark": mark,
-            "check": lambda token: {rank: read_tokens(cache.kv_cache.tensors, token, last=True)
-                                    for rank, cache in held.items()},
-            "verify": lambda tokens: {rank: verify_attached(cache.kv_cache.tensors, *tokens)
-                                      for rank, cache in held.items()},
-            "clear": clear,
-            "init": take_all,
-            "rss": lambda _: resident_bytes(),
-        })  # fmt: skip
+        serve(
+            conn,
+            spec.hold_timeout,
+            {
+                "mark": mark,
+                "check": lambda token: {
+                    rank: read_tokens(cache.kv_cache.tensors, token, last=True) for rank, cache in held.items()
+                },
+                "verify": lambda tokens: {
+                    rank: verify_attached(cache.kv_cache.tensors, *tokens) for rank, cache in held.items()
+                },
+                "clear": clear,
+                "init": take_all,
+                "rss": lambda _: resident_bytes(),
+            },
+        )
     except BaseException:  # the real cause goes on at once: attachers may hold what was published, never wait
         for cache in held.values():
             with contextlib.suppress(FdPlatformsError):
@@ -105,13 +111,17 @@ def _take_all(
         host_cache = kept.pop(rank, None)
         verb = "allocating" if host_cache is None else "reusing the kept"  # kept across the clear
         if creators is None:
-            say(f"publishing {size} of KV cache" + (f" and {verb} {swap}" if plan.num_cpu_blocks else "")
-                + f" for rank {rank}")
+            say(
+                f"publishing {size} of KV cache"
+                + (f" and {verb} {swap}" if plan.num_cpu_blocks else "")
+                + f" for rank {rank}"
+            )
         else:
             kept_note = "" if host_cache is None else " (kept across the clear)"
             say(f"attaching to rank {rank}'s KV cache (worker pid {creators[rank]}) to hold {swap}{kept_note}")
-        request = spec.cache_request(rank, plan, instance, host_cache=host_cache,
-                                     creator_pid=None if creators is None else creators[rank])  # fmt: skip
+        request = spec.cache_request(
+            rank, plan, instance, host_cache=host_cache, creator_pid=None if creators is None else creators[rank]
+        )
         # it creates or attaches as the rule decides, as the engine did to pass creators
         cache = manage_kv_cache(platform, request, progress=say.allocation(f"rank {rank}: publishing {size}"))
         seconds = time.monotonic() - started

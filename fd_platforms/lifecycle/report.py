@@ -123,4 +123,3 @@ class RunReport:
         data = asdict(self)
         data["num_ranks"] = len(self.ranks)
         return data
-

@@ -149,8 +149,9 @@ class Platform:
 
     def device_memory(self, device_id: int = 0) -> DeviceMemory:
         """Memory facts of one local device."""
-        check_int("device_id", device_id, 0, INT32_MAX,
-                  fix="pass the local device index, 0 for the first visible device")  # fmt: skip
+        check_int(
+            "device_id", device_id, 0, INT32_MAX, fix="pass the local device index, 0 for the first visible device"
+        )
         return self._call("device_memory", DeviceMemory, device_id=device_id)
 
     def declared_limits(self) -> tuple[PlatformLimit, ...]:
@@ -197,9 +198,14 @@ class Platform:
             memory = self.device_memory(layout.local_device if device_id is None else device_id)
         limits = self.declared_limits()
         plan = self._call(
-            "max_num_blocks", Plan, layout=layout, memory=memory, cache=cache, limits=limits,
+            "max_num_blocks",
+            Plan,
+            layout=layout,
+            memory=memory,
+            cache=cache,
+            limits=limits,
             non_cache_bytes=non_cache_bytes,
-        )  # fmt: skip
+        )
         violations = plan_violations(plan, layout, memory, cache, limits, non_cache_bytes)
         if violations:
             raise plan_drift_error(self, violations)
@@ -237,9 +243,14 @@ class Platform:
         check_int("rank", rank, 0, MAX_LOCAL_RANKS - 1, what="a local rank", fix="pass this worker's local rank")
         limit = resolve_timeout(timeout)
         if creator_pid is not None:
-            check_int("creator_pid", creator_pid, 1, PID_MAX_LIMIT, what="None or a process id",
-                      fix="pass the pid of the process that creates the cache (the cache manager), "
-                          "or None")  # fmt: skip
+            check_int(
+                "creator_pid",
+                creator_pid,
+                1,
+                PID_MAX_LIMIT,
+                what="None or a process id",
+                fix="pass the pid of the process that creates the cache (the cache manager), or None",
+            )
         waited = self._call(
             "wait_cache_ready", float, signal_name=signal_name, rank=rank, timeout=limit, setter_pid=creator_pid
         )
@@ -295,14 +306,14 @@ class Platform:
         """``device`` must be one of this platform's: ``cpu``, or ``<device_type>:<id>``."""
         kind, _, index = device.partition(":")
         ours = self.identity.device_type
-        if kind != ours or (ours == "cpu" and index) or (
-            ours != "cpu" and decimal(index, INT32_MAX) is None
-        ):
+        if kind != ours or (ours == "cpu" and index) or (ours != "cpu" and decimal(index, INT32_MAX) is None):
             example = self.identity.device_string(0)
             raise ConfigError(
-                "device", device, f"a device of platform {self.name} ({example}{'' if ours == 'cpu' else ', ...'})",
+                "device",
+                device,
+                f"a device of platform {self.name} ({example}{'' if ours == 'cpu' else ', ...'})",
                 "pass identity.device_string(device_id) of this platform",
-            )  # fmt: skip
+            )
 
     def _check_shared(
         self, shared: SharedTensor, name: str, shape: tuple[int, ...], dtype: str, *, exported: bool
@@ -366,9 +377,11 @@ def check_tensor_request(name: object, shape: object, dtype: object, device: obj
         or not all(is_int(extent) and 0 < extent <= MAX_COUNT for extent in shape)
     ):
         raise ConfigError(
-            "shape", shape, f"a non-empty tuple of integers from 1 to {bound_text(MAX_COUNT)}",
+            "shape",
+            shape,
+            f"a non-empty tuple of integers from 1 to {bound_text(MAX_COUNT)}",
             "pass the tensor's shape, blocks first",
-        )  # fmt: skip
+        )
     if dtype not in DTYPE_BYTES:
         raise ConfigError("dtype", dtype, f"one of {', '.join(DTYPE_BYTES)}", "pass the layout's dtype")
     if not isinstance(device, str) or not device:

@@ -94,8 +94,11 @@ def _run_child(names: list[str], bound: float) -> ChildRun:
     try:
         child = subprocess.Popen(
             [sys.executable, "-m", f"{__package__}.screening_child", str(write), *names],
-            stdin=subprocess.DEVNULL, stdout=_stderr_fd(), pass_fds=(write,), env=env,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            stdout=_stderr_fd(),
+            pass_fds=(write,),
+            env=env,
+        )
     finally:
         os.close(write)
     reported: dict[str, Screened] = {}

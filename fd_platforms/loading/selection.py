@@ -307,9 +307,8 @@ def _select_requested(requested: str, allowed: list[str], prober: Prober, env: M
     present, _ = present_accelerators(env)
     if not present:
         return Selection(probe.loaded(), "env", f"{ENV_PLATFORM}={requested}")
-    reason = (
-        f"{ENV_PLATFORM}={requested}: the host's memory, on purpose; "
-        + "; ".join(accelerator.describe() for accelerator in present)
+    reason = f"{ENV_PLATFORM}={requested}: the host's memory, on purpose; " + "; ".join(
+        accelerator.describe() for accelerator in present
     )
     logger.info("using the built-in cpu platform (%s)", reason)
     return Selection(probe.loaded(), "env", reason, present)

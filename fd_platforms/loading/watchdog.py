@@ -143,11 +143,13 @@ def _register(bound: Bound) -> None:
         _registered = True
         return
     raise ConfigError(
-        bound.variable, f"{bound.seconds:g}", "0 in a process that handles SIGALRM itself",
+        bound.variable,
+        f"{bound.seconds:g}",
+        "0 in a process that handles SIGALRM itself",
         "the watchdog of plugin calls ends a call past its bound by SIGALRM, which this process handles "
         "(signal.signal): set FD_PLATFORM_DETECT_TIMEOUT=0 and FD_PLATFORM_ALLOC_TIMEOUT=0 to leave "
         "bounding plugin calls to the engine's own watchdog",
-    )  # fmt: skip
+    )
 
 
 def _enter(fn: Callable[[], T]) -> T:

@@ -186,11 +186,15 @@ def decide_cache_creation(
         holds, reason = reasons[term]
         if holds:
             return CacheDecision(False, term, reason)
-    unused = "" if "num_cpu_blocks" in version.attach_terms or not num_cpu_blocks else (
-        f" (rule {version.name}: host swap space does not decide; the cache manager attaches to it)"
-    )  # fmt: skip
+    unused = (
+        ""
+        if "num_cpu_blocks" in version.attach_terms or not num_cpu_blocks
+        else (f" (rule {version.name}: host swap space does not decide; the cache manager attaches to it)")
+    )
     return CacheDecision(
-        True, "none", f"mixed role without {' or '.join(_NONE_TEXT[t] for t in version.attach_terms[:-1])}: "
+        True,
+        "none",
+        f"mixed role without {' or '.join(_NONE_TEXT[t] for t in version.attach_terms[:-1])}: "
         f"the worker creates the cache{unused}",
     )
 

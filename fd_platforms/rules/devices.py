@@ -22,9 +22,7 @@ from ..contract.integers import INT32_MAX, check_int, decimal
 from ..contract.types import PlatformIdentity
 
 
-def physical_device_id(
-    identity: PlatformIdentity, local_device: int, environ: Mapping[str, str] | None = None
-) -> int:
+def physical_device_id(identity: PlatformIdentity, local_device: int, environ: Mapping[str, str] | None = None) -> int:
     """The physical id of local device ``local_device``: the ``local_device``-th entry of the platform's
     visible-devices variable in ``environ`` (default ``os.environ``), or ``local_device`` itself where the
     platform has no such variable or it is unset (every device visible, as FastDeploy's default list).
@@ -37,10 +35,15 @@ def physical_device_id(
     value = None if variable is None else (os.environ if environ is None else environ).get(variable)
     if variable is None or value is None:
         return local_device
-    return listed_device(variable, value, local_device, (
-        f"list the devices by index in {variable} (not by UUID, no empty entries), or unset it",
-        f"list one device per local rank in {variable}, or use fewer ranks",
-    ))  # fmt: skip
+    return listed_device(
+        variable,
+        value,
+        local_device,
+        (
+            f"list the devices by index in {variable} (not by UUID, no empty entries), or unset it",
+            f"list one device per local rank in {variable}, or use fewer ranks",
+        ),
+    )
 
 
 def listed_device(field: str, value: str, local_device: int, fixes: tuple[str, str]) -> int:
@@ -50,11 +53,13 @@ def listed_device(field: str, value: str, local_device: int, fixes: tuple[str, s
     entries = [entry.strip() for entry in value.split(",")]
     if any(decimal(entry, INT32_MAX) is None for entry in entries):
         raise ConfigError(
-            field, value, "comma-separated device indices (4,5): FastDeploy names a rank's shared tensors with them",
+            field,
+            value,
+            "comma-separated device indices (4,5): FastDeploy names a rank's shared tensors with them",
             fixes[0],
-        )  # fmt: skip
+        )
     if local_device >= len(entries):
         raise ConfigError(
             field, value, f"at least {local_device + 1} device(s): local device {local_device} must be listed", fixes[1]
-        )  # fmt: skip
+        )
     return int(entries[local_device])

@@ -194,9 +194,11 @@ class CacheLayout:
         self._check_whole("draft")
         if not self.mtp_layers:
             raise ConfigError(
-                "use_mtp", False, "a layout with MTP layers for its draft part (use_mtp and num_nextn_predict_layers)",
+                "use_mtp",
+                False,
+                "a layout with MTP layers for its draft part (use_mtp and num_nextn_predict_layers)",
                 "build the layout from a model config with use_mtp=True",
-            )  # fmt: skip
+            )
         return replace(self, num_layers=self.mtp_layers, part="draft", first_layer=self.num_layers - self.mtp_layers)
 
     def joined(self, draft: object) -> CacheLayout:
@@ -210,9 +212,11 @@ class CacheLayout:
         if whole is None or whole.draft() != draft:
             found = draft.describe() if isinstance(draft, CacheLayout) else draft
             raise ConfigError(
-                "draft", found, f"the draft part of the same rank's layout as this one ({self.describe()})",
+                "draft",
+                found,
+                f"the draft part of the same rank's layout as this one ({self.describe()})",
                 "pass whole.main() as the layout and whole.draft() as draft, both of the rank's build_layout",
-            )  # fmt: skip
+            )
         return whole
 
     def describe(self) -> str:
@@ -224,9 +228,11 @@ class CacheLayout:
     def _check_whole(self, wanted: str) -> None:
         if self.part != "all":
             raise ConfigError(
-                "layout.part", self.part, f"all: only a whole layout has a {wanted} part",
+                "layout.part",
+                self.part,
+                f"all: only a whole layout has a {wanted} part",
                 f"take .{wanted}() of the rank's whole layout (build_layout)",
-            )  # fmt: skip
+            )
 
     @property
     def allocated_roles(self) -> tuple[LayerRole, ...]:
@@ -361,9 +367,11 @@ def _layer_roles(model: ModelConfig, cache: CacheConfig, parallel: ParallelConfi
     if cache.kv_cache_quant_type == "int4_zp":
         if model.head_dim % 2:
             raise ConfigError(
-                "head_dim", model.head_dim, "an even number for kv_cache_quant_type int4_zp (two values a byte)",
+                "head_dim",
+                model.head_dim,
+                "an even number for kv_cache_quant_type int4_zp (two values a byte)",
                 "use a model with an even head_dim or another kv_cache_quant_type",
-            )  # fmt: skip
+            )
         return int4_zp_roles(heads, block, model.head_dim, None)
     kv = (heads, block, model.head_dim)
     roles: tuple[LayerRole, ...] = (LayerRole("key", kv, dtype), LayerRole("value", kv, dtype))

@@ -181,9 +181,7 @@ def plan_blocks(
     )
 
 
-def check_plan_arguments(
-    layout: object, cache: object, memory: object, non_cache_bytes: object
-) -> None:
+def check_plan_arguments(layout: object, cache: object, memory: object, non_cache_bytes: object) -> None:
     """The planner's arguments as a caller gave them; a ConfigError naming the first bad one."""
     check_layout(layout)
     if not isinstance(cache, CacheConfig):
@@ -193,8 +191,13 @@ def check_plan_arguments(
     if memory is not None and not isinstance(memory, DeviceMemory):
         raise ConfigError("memory", memory, "None or a DeviceMemory", "pass platform.device_memory(id) or None")
     if non_cache_bytes is not None:
-        check_int("non_cache_bytes", non_cache_bytes, 0, what="None or an integer",
-                  fix="pass the bytes held outside the cache (weights, activation peak), or None")  # fmt: skip
+        check_int(
+            "non_cache_bytes",
+            non_cache_bytes,
+            0,
+            what="None or an integer",
+            fix="pass the bytes held outside the cache (weights, activation peak), or None",
+        )
 
 
 def plan_violations(

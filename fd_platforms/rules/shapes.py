@@ -87,20 +87,23 @@ def engine_shaped(layout: CacheLayout, tensor_specs: object, num_blocks: int) ->
     expected = ", ".join(f"{role.role} {list(role.shape)} {role.dtype}" for role in request.default)
     if not isinstance(tensor_specs, Sequence) or not all(isinstance(spec, CacheRoleShape) for spec in tensor_specs):
         raise ConfigError(
-            "tensor_specs", tensor_specs, f"one layer's tensors as CacheRoleShape records, e.g. {expected}",
+            "tensor_specs",
+            tensor_specs,
+            f"one layer's tensors as CacheRoleShape records, e.g. {expected}",
             "state each tensor as CacheRoleShape(role, (num_blocks, ...), dtype), in the order the kernels index",
-        )  # fmt: skip
+        )
     specs = tuple(tensor_specs)
     violations = shape_violations(request, specs)
     if violations:
         stated = "; ".join(f"{spec.role} {list(spec.shape)} {spec.dtype}" for spec in specs)
         raise ConfigError(
-            "tensor_specs", stated,
+            "tensor_specs",
+            stated,
             f"the layout's roles in this order, blocks first, each with the planner's bytes: {expected} "
             "(any axes after the blocks and any dtype of the same bytes)",
             f"{violations[0]}; state what the attention backend gives for these {request.num_blocks} blocks"
             f"{_draft_note(layout, num_blocks)}, with the model, cache and parallel settings the plan used",
-        )  # fmt: skip
+        )
     return layout.shaped(specs)
 
 

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import shm_entries
 
 pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
@@ -22,13 +21,39 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kv_share.py"
 MEASURES = ("create", "attach", "recreate", "growth")
 COMMON = {"model", "tensors", "num_blocks", "bytes", "measure", "goal", "met"}
 FIELDS = {
-    "create": {"samples", "create_ms", "create_gib_s", "fresh_ms", "fresh_gib_s", "ratio", "memset_ms", "memset_gib_s",
-               "memset_ratio"},
+    "create": {
+        "samples",
+        "create_ms",
+        "create_gib_s",
+        "fresh_ms",
+        "fresh_gib_s",
+        "ratio",
+        "memset_ms",
+        "memset_gib_s",
+        "memset_ratio",
+    },
     "attach": {"samples", "attach_ms", "wait_ms", "initialize_ms", "first_attach_ms"},
-    "recreate": {"samples", "cycle_ms", "export_ms", "overhead_ms", "attacher_clear_ms", "creator_clear_ms",
-                 "attach_ms", "free_anchor_ms", "overhead_beyond_free_ms"},  # fmt: skip
-    "growth": {"cycles", "cycles_before", "shm_entries", "shm_entries_growth", "fds_growth_benchmark",
-               "fds_growth_creator", "rss_growth_benchmark_percent", "rss_growth_creator_percent"},  # fmt: skip
+    "recreate": {
+        "samples",
+        "cycle_ms",
+        "export_ms",
+        "overhead_ms",
+        "attacher_clear_ms",
+        "creator_clear_ms",
+        "attach_ms",
+        "free_anchor_ms",
+        "overhead_beyond_free_ms",
+    },
+    "growth": {
+        "cycles",
+        "cycles_before",
+        "shm_entries",
+        "shm_entries_growth",
+        "fds_growth_benchmark",
+        "fds_growth_creator",
+        "rss_growth_benchmark_percent",
+        "rss_growth_creator_percent",
+    },
 }
 
 
@@ -59,7 +84,7 @@ def test_json_rows_report_every_measure_with_its_goal_and_nothing_leaks() -> Non
             assert row["create_gib_s"] > 0 and row["memset_gib_s"] > 0 and row["ratio"] > 0
             assert row["fresh_gib_s"] > 0 and row["memset_ratio"] > 0  # the anchors, measured in the same run
         elif row["measure"] == "attach":
-            assert 0 <= row["wait_ms"] and 0 < row["attach_ms"] <= row["initialize_ms"]
+            assert row["wait_ms"] >= 0 and 0 < row["attach_ms"] <= row["initialize_ms"]
         elif row["measure"] == "recreate":
             assert 0 < row["export_ms"] < row["cycle_ms"]
             assert abs(row["overhead_ms"] - (row["cycle_ms"] - row["export_ms"])) < 0.01, "one sample: cycle - export"

@@ -27,7 +27,8 @@ def test_json_rows_split_the_time_into_plan_allocate_and_wait() -> None:
     assert done.returncode == 0, done.stderr
     creator, manager = json.loads(done.stdout)
     assert [(row["ranks"], row["path"], row["runs"]) for row in (creator, manager)] == [
-        (1, "creator", 1), (1, "manager", 1)
+        (1, "creator", 1),
+        (1, "manager", 1),
     ]
     for row in (creator, manager):
         for phase in ("plan", "allocate"):

@@ -19,8 +19,12 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "multinode.py"
 
 
 def test_json_rows_put_two_nodes_next_to_one_node() -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--json", "--repeat", "1", "--device-memory", "64MiB"],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--json", "--repeat", "1", "--device-memory", "64MiB"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     one, two = json.loads(done.stdout)
     assert (one["setup"], two["setup"], one["runs"]) == ("1 node", "2 nodes", 1)

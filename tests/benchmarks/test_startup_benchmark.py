@@ -19,8 +19,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "startup.py"
 
 
 def test_json_has_every_measurement_and_the_ratio_of_the_same_run() -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--repeat", "1", "--json"], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--repeat", "1", "--json"], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     payload = json.loads(done.stdout)
     median = {row["measurement"]: row["median_ms"] for row in payload["rows"]}

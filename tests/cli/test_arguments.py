@@ -13,13 +13,17 @@ from run_helpers import main_in_process as cli
 
 @pytest.mark.parametrize(
     ("command", "env", "says"),
-    [(("plan", "--platform", "cdua", "--model", QWEN, "--device-memory", "1GiB"), {}, "--platform='cdua'"),
-     (("plan", "--model", QWEN, "--device-memory", "1GiB"), {"FD_PLATFORM": "cdua"}, "FD_PLATFORM='cdua'"),
-     (("run", "--platform", "cdua", "--model", QWEN, "--device-memory", "256MiB"), {}, "--platform='cdua'"),
-     (("check", "cdua"), {}, "NAME='cdua'")],
+    [
+        (("plan", "--platform", "cdua", "--model", QWEN, "--device-memory", "1GiB"), {}, "--platform='cdua'"),
+        (("plan", "--model", QWEN, "--device-memory", "1GiB"), {"FD_PLATFORM": "cdua"}, "FD_PLATFORM='cdua'"),
+        (("run", "--platform", "cdua", "--model", QWEN, "--device-memory", "256MiB"), {}, "--platform='cdua'"),
+        (("check", "cdua"), {}, "NAME='cdua'"),
+    ],
     ids=["plan", "FD_PLATFORM", "run", "check"],
-)  # fmt: skip
-def test_a_misspelled_platform_name_gets_the_closest_one(command: tuple[str, ...], env: dict[str, str], says: str) -> None:
+)
+def test_a_misspelled_platform_name_gets_the_closest_one(
+    command: tuple[str, ...], env: dict[str, str], says: str
+) -> None:
     line = one_error_line(cli(*command, **env))
     assert says in line and "Fix: did you mean 'cuda'?" in line
 
@@ -29,8 +33,10 @@ def test_run_platform_all_says_all_is_for_plan() -> None:
     assert "--platform='all' is not valid" in line and "use fd-platforms plan --platform all" in line
 
 
-@pytest.mark.parametrize(("tp", "why"), [("3", "num_attention_heads=32 is not divisible by 3"),
-                                         ("64", "num_attention_heads=32 is not divisible by 64")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("tp", "why"),
+    [("3", "num_attention_heads=32 is not divisible by 3"), ("64", "num_attention_heads=32 is not divisible by 64")],
+)
 def test_a_tensor_parallel_size_that_does_not_split_the_model(tp: str, why: str) -> None:
     line = one_error_line(cli("plan", "--model", QWEN, "--tp", tp, "--device-memory", "80GiB"))
     assert f"parallel.tensor_parallel_size={tp} is not valid" in line and why in line

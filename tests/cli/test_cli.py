@@ -8,11 +8,11 @@ import os
 import sys
 
 import pytest
+from run_helpers import console_script
+from run_helpers import main_in_process as cli
 
 from fd_platforms.loading.discovery import discover
 from fd_platforms.loading.selection import IN_REPO_PLUGINS as IN_REPO
-from run_helpers import console_script
-from run_helpers import main_in_process as cli
 
 
 def test_list_json_on_a_machine_without_accelerators() -> None:
@@ -35,7 +35,14 @@ def test_list_json_on_a_machine_without_accelerators() -> None:
 def test_list_table_names_the_selection() -> None:
     result = cli("list")
     assert result.returncode == 0
-    assert result.stdout.splitlines()[0].split() == ["PLATFORM", "DISTRIBUTION", "VERSION", "STATUS", "DEVICES", "REASON"]
+    assert result.stdout.splitlines()[0].split() == [
+        "PLATFORM",
+        "DISTRIBUTION",
+        "VERSION",
+        "STATUS",
+        "DEVICES",
+        "REASON",
+    ]
     assert "selected: cpu (fallback:" in result.stdout
 
 
@@ -90,7 +97,7 @@ def test_a_multi_line_reason_is_one_line_in_the_table_and_whole_with_verbose_or_
     site = drifting(make_plugin)
     table = cli("list", PYTHONPATH=str(site))
     assert table.returncode == 0, table.stderr
-    header, *rows = table.stdout.split("\n\n")[0].splitlines()
+    _header, *rows = table.stdout.split("\n\n")[0].splitlines()
     assert len(rows) == len({row.split()[0] for row in rows}), "one line per platform"
     row = next(row for row in rows if row.startswith("oldxpu"))
     assert "disagrees with the core rule" in row and "more lines: fd-platforms list -v, or --json]" in row

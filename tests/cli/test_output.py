@@ -39,20 +39,27 @@ def test_no_traceback_even_for_an_unexpected_error(monkeypatch) -> None:
 
 @pytest.mark.parametrize(
     "command",
-    [("list",), ("list", "--json"), ("plan", "--model", QWEN, "--device-memory", "1GiB"),
-     ("plan", "--model", QWEN, "--device-memory", "1GiB", "--json")],
+    [
+        ("list",),
+        ("list", "--json"),
+        ("plan", "--model", QWEN, "--device-memory", "1GiB"),
+        ("plan", "--model", QWEN, "--device-memory", "1GiB", "--json"),
+    ],
     ids=" ".join,
-)  # fmt: skip
+)
 def test_a_full_stdout_is_one_line_and_exit_1(command: tuple[str, ...]) -> None:
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full here")
     with open("/dev/full", "w") as full:
-        done = subprocess.run([SCRIPT, *command], stdout=full, stderr=subprocess.PIPE, text=True, env=clean_env(),
-                              cwd=ROOT, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [SCRIPT, *command], stdout=full, stderr=subprocess.PIPE, text=True, env=clean_env(), cwd=ROOT, timeout=120
+        )
     assert done.returncode == 1, done.stderr
     assert done.stderr.splitlines() == [
-        "fd-platforms: error: cannot write the output to stdout: No space left on device. "
-        "Fix: free space where stdout goes (a full disk, /dev/full), or send it elsewhere"
+        (
+            "fd-platforms: error: cannot write the output to stdout: No space left on device. "
+            "Fix: free space where stdout goes (a full disk, /dev/full), or send it elsewhere"
+        )
     ]
 
 
@@ -84,7 +91,7 @@ def test_a_plugins_reason_with_control_characters_is_escaped(make_plugin) -> Non
 
 # -- a plugin cannot corrupt the output or steer selection ------------------------------------------
 
-NOISY = '''
+NOISY = """
 import os, sys
 from fd_platforms import hookimpl
 from fd_platforms.contract.types import Detection, PlatformIdentity
@@ -104,11 +111,12 @@ def detect_platform():
 @hookimpl
 def supported_api_versions():
     return ">=1.0,<2"
-'''
+"""
 
 
-@pytest.mark.parametrize("command", [("list", "--json"), ("plan", "--model", QWEN, "--device-memory", "1GiB", "--json")],
-                         ids=lambda c: c[0])  # fmt: skip
+@pytest.mark.parametrize(
+    "command", [("list", "--json"), ("plan", "--model", QWEN, "--device-memory", "1GiB", "--json")], ids=lambda c: c[0]
+)
 def test_a_plugin_printing_cannot_corrupt_json_or_steer_selection(make_plugin, command: tuple[str, ...]) -> None:
     make_plugin("noisy", source=NOISY)
     done = cli(*command)  # what the plugins print on descriptors 1 and 2 is in done.stderr, as from the console script
@@ -119,7 +127,7 @@ def test_a_plugin_printing_cannot_corrupt_json_or_steer_selection(make_plugin, c
     assert selected == "cpu", "FD_PLATFORM set by a plugin's import changed nothing"
 
 
-CLOSES_STDOUT = '''
+CLOSES_STDOUT = """
 import os
 from fd_platforms import hookimpl
 from fd_platforms.contract.types import Detection, PlatformIdentity
@@ -136,7 +144,7 @@ def detect_platform():
 @hookimpl
 def supported_api_versions():
     return ">=1.0,<2"
-'''
+"""
 
 
 def test_a_plugin_closing_stdout_is_blamed_by_name_and_the_output_survives(make_plugin) -> None:
@@ -149,11 +157,12 @@ def test_a_plugin_closing_stdout_is_blamed_by_name_and_the_output_survives(make_
 
 
 CLOSES_STDOUT_SLOWLY = CLOSES_STDOUT.replace(
-    '    os.close(1)\n', '    os.close(1)\n    import time\n    time.sleep(1.0)  # the opener takes number 1 meanwhile\n'
+    "    os.close(1)\n",
+    "    os.close(1)\n    import time\n    time.sleep(1.0)  # the opener takes number 1 meanwhile\n",
 )
 
 
-OPENS_A_FILE = '''
+OPENS_A_FILE = """
 import time
 from typing import BinaryIO
 from fd_platforms import hookimpl
@@ -173,7 +182,7 @@ def detect_platform():
 @hookimpl
 def supported_api_versions():
     return ">=1.0,<2"
-'''
+"""
 
 
 @pytest.mark.slow

@@ -7,12 +7,24 @@ import subprocess
 import sys
 
 import pytest
+from run_helpers import ROOT, main_in_process
 
 from fd_platforms.loading.discovery import discover
-from run_helpers import ROOT, main_in_process
+
 GIB = 2**30
-DONE_WHEN = ["--tp", "4", "--block-size", "64", "--device-memory", "80GiB", "--memory-utilization", "0.9",
-             "--non-cache-memory", "20GiB", "--json"]
+DONE_WHEN = [
+    "--tp",
+    "4",
+    "--block-size",
+    "64",
+    "--device-memory",
+    "80GiB",
+    "--memory-utilization",
+    "0.9",
+    "--non-cache-memory",
+    "20GiB",
+    "--json",
+]
 
 # Bytes of one block per rank, written out from facts.md §2 for tp 4, block 64, bf16.
 HAND_BYTES_PER_BLOCK = {
@@ -54,8 +66,9 @@ def test_exact_figures_for_each_example_model(model: str) -> None:
 
 @pytest.mark.parametrize(("swap", "gib"), [("16", 16), ("16GiB", 16), ("1.5", 1.5)])
 def test_a_bare_swap_space_is_gib_per_rank(swap: str, gib: float) -> None:
-    row = plan_json("--model", "examples/llama-3.1-8b", "--tp", "1", "--device-memory", "80GiB",
-                    "--swap-space", swap, "--json")
+    row = plan_json(
+        "--model", "examples/llama-3.1-8b", "--tp", "1", "--device-memory", "80GiB", "--swap-space", swap, "--json"
+    )
     per_block = 2 * 2 * 64 * 128 * 8 * 32  # 8 MiB
     assert row["num_cpu_blocks"] == int(gib * GIB) // per_block
     assert swap != "16" or row["num_cpu_blocks"] == 2048
@@ -67,8 +80,12 @@ def test_a_bare_swap_space_is_gib_per_rank(swap: str, gib: float) -> None:
         ("deepseek-v3.2", [], "uint8", {"key": "uint8", "indexer": "uint8"}),
         ("deepseek-v3.2", ["--cache-dtype", "fp8"], "uint8", {"key": "uint8", "indexer": "uint8"}),
         ("qwen3-30b-a3b", ["--cache-dtype", "fp8"], "uint8", {"key": "uint8", "value": "uint8"}),
-        ("qwen3-30b-a3b", ["--cache-dtype", "fp8", "--kv-cache-quant-type", "block_wise_fp8"], "uint8",
-         {"key": "uint8", "value": "uint8", "key_scale": "bfloat16", "value_scale": "bfloat16"}),
+        (
+            "qwen3-30b-a3b",
+            ["--cache-dtype", "fp8", "--kv-cache-quant-type", "block_wise_fp8"],
+            "uint8",
+            {"key": "uint8", "value": "uint8", "key_scale": "bfloat16", "value_scale": "bfloat16"},
+        ),
         ("qwen3-30b-a3b", [], "bfloat16", {"key": "bfloat16", "value": "bfloat16"}),
     ],
 )
@@ -137,8 +154,20 @@ def test_the_decision_names_what_decided(args: tuple[str, ...], decided_by: str,
 
 
 def test_mtp_swap_space_and_role_change_the_plan() -> None:
-    row = plan_json("--model", "examples/deepseek-v3", "--mtp", "--device-memory", "141GiB",
-                    "--swap-space", "64GiB", "--host-memory", "2TiB", "--role", "decode", "--json")
+    row = plan_json(
+        "--model",
+        "examples/deepseek-v3",
+        "--mtp",
+        "--device-memory",
+        "141GiB",
+        "--swap-space",
+        "64GiB",
+        "--host-memory",
+        "2TiB",
+        "--role",
+        "decode",
+        "--json",
+    )
     per_block = 2 * 576 * 64 * (61 + 1)
     assert row["bytes_per_block"] == per_block and row["num_layers"] == 62
     assert row["num_cpu_blocks"] == 64 * GIB // per_block  # the same bytes per block as the device
@@ -160,15 +189,27 @@ def test_host_swap_beyond_the_hosts_memory_is_refused(args: tuple[str, ...], wor
 
 
 def test_platform_all_gives_one_row_per_installed_platform() -> None:
-    rows = plan_json("--model", "examples/llama-3.1-8b", "--platform", "all", "--device-memory", "32GiB",
-                     "--storage-backend", "mooncake", "--json")
+    rows = plan_json(
+        "--model",
+        "examples/llama-3.1-8b",
+        "--platform",
+        "all",
+        "--device-memory",
+        "32GiB",
+        "--storage-backend",
+        "mooncake",
+        "--json",
+    )
     assert [r["platform"] for r in rows] == list(discover())  # in-repo and any installed vendor plugin
     assert {r["num_blocks"] for r in rows} == {32 * GIB * 9 // 10 // (2 * 2 * 64 * 128 * 8 * 32)}
     assert all(r["create_cache_tensor"] is False and r["decision_term"] == "storage_backend" for r in rows)
     table = plan("--model", "examples/llama-3.1-8b", "--platform", "all", "--device-memory", "32GiB")
     assert table.returncode == 0 and table.stdout.splitlines()[0].startswith("PLATFORM")
     plans, rule, shapes = table.stdout.split("\n\n")  # the plans, the rule version, where the shapes differ
-    assert rule == 'rule version 2026-01: profile or not (num_cpu_blocks > 0 or storage_backend or splitwise_role != "mixed")' 
+    assert (
+        rule
+        == 'rule version 2026-01: profile or not (num_cpu_blocks > 0 or storage_backend or splitwise_role != "mixed")'
+    )
     assert len(plans.splitlines()) == 1 + len(rows)
     metax = [line.split(maxsplit=1) for line in shapes.splitlines() if line.startswith("metax ")]
     assert metax == [["metax", "key [N, 64, 8, 128] bfloat16; value [N, 64, 8, 128] bfloat16"]]
@@ -182,7 +223,7 @@ def test_config_file_with_flags_winning_and_live_cpu_facts() -> None:
     assert 0 < row["num_blocks"] * row["bytes_per_block"] <= row["budget_bytes"]
 
 
-LIMITED_PLUGIN = '''
+LIMITED_PLUGIN = """
 from fd_platforms import hookimpl
 from fd_platforms.contract.types import Detection, PlatformIdentity, PlatformLimit
 
@@ -201,19 +242,37 @@ def supported_api_versions():
 @hookimpl
 def declared_limits():
     return (PlatformLimit("max_tensor_elements", 2**28 - 1, "acme kernels address at most 2**28 elements per cache tensor"),)
-'''
+"""
 
 
 def test_declared_limit_binds_with_its_reason(make_plugin) -> None:
     site = make_plugin("acme", source=LIMITED_PLUGIN)
-    row = plan_json("--model", "examples/llama-3.1-8b", "--platform", "acme", "--device-memory", "141GiB",
-                    "--block-size", "16", "--json", PYTHONPATH=str(site))
+    row = plan_json(
+        "--model",
+        "examples/llama-3.1-8b",
+        "--platform",
+        "acme",
+        "--device-memory",
+        "141GiB",
+        "--block-size",
+        "16",
+        "--json",
+        PYTHONPATH=str(site),
+    )
     elements_per_block = 8 * 16 * 128  # one layer's key tensor at tp 1
     assert row["memory_blocks"] > (2**28 - 1) // elements_per_block
     assert row["num_blocks"] == (2**28 - 1) // elements_per_block
-    assert row["binding"] == "platform_limit" and "acme kernels address at most 2**28 elements per cache tensor" in row["binding_reason"]
-    assert row["limits"] == [{"kind": "max_tensor_elements", "value": 2**28 - 1,
-                              "reason": "acme kernels address at most 2**28 elements per cache tensor"}]
+    assert (
+        row["binding"] == "platform_limit"
+        and "acme kernels address at most 2**28 elements per cache tensor" in row["binding_reason"]
+    )
+    assert row["limits"] == [
+        {
+            "kind": "max_tensor_elements",
+            "value": 2**28 - 1,
+            "reason": "acme kernels address at most 2**28 elements per cache tensor",
+        }
+    ]
 
 
 def test_unavailable_platform_without_device_memory_says_to_pass_it() -> None:
@@ -224,17 +283,23 @@ def test_unavailable_platform_without_device_memory_says_to_pass_it() -> None:
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        (["--model", "examples/llama-3.1-8b", "--device-memory", "8GiB", "--non-cache-memory", "16GB"],
-         "holds no block"),
+        (
+            ["--model", "examples/llama-3.1-8b", "--device-memory", "8GiB", "--non-cache-memory", "16GB"],
+            "holds no block",
+        ),
         (["--model", "examples/llama-3.1-8b", "--device-memory", "8GiX"], "--device-memory='8GiX'"),
-        (["--model", "examples/llama-3.1-8b", "--platform", "nosuch", "--device-memory", "8GiB"],
-         "--platform='nosuch'"),
+        (
+            ["--model", "examples/llama-3.1-8b", "--platform", "nosuch", "--device-memory", "8GiB"],
+            "--platform='nosuch'",
+        ),
         (["--model", "examples/llama-3.1-8b", "--platform", "all"], "--device-memory is not given"),
         (["--device-memory", "8GiB"], "--model is not given"),
         (["--model", "examples/no-such-model", "--device-memory", "8GiB"], "no-such-model"),
         (["--model", "examples/llama-3.1-8b", "--tp", "0", "--device-memory", "8GiB"], "tensor_parallel_size=0"),
-        (["--model", "examples/llama-3.1-8b", "--memory-utilization", "1.5", "--device-memory", "8GiB"],
-         "memory_utilization=1.5"),
+        (
+            ["--model", "examples/llama-3.1-8b", "--memory-utilization", "1.5", "--device-memory", "8GiB"],
+            "memory_utilization=1.5",
+        ),
         (["--model", "examples/llama-3.1-8b", "--role", "both"], "invalid choice: 'both'"),
     ],
 )
@@ -257,11 +322,16 @@ def test_planning_with_given_memory_never_imports_paddle() -> None:
 
 
 def test_bad_limit_record_and_broken_platform_are_named(make_plugin) -> None:
-    site = make_plugin("acme", source=LIMITED_PLUGIN.replace('(PlatformLimit("max_tensor_elements"', '(("max_tensor_elements"'))
+    site = make_plugin(
+        "acme", source=LIMITED_PLUGIN.replace('(PlatformLimit("max_tensor_elements"', '(("max_tensor_elements"')
+    )
     make_plugin("broken", source="raise ImportError('libbroken.so missing')\n")
-    bad = plan("--model", "examples/llama-3.1-8b", "--platform", "acme", "--device-memory", "8GiB", PYTHONPATH=str(site))
+    bad = plan(
+        "--model", "examples/llama-3.1-8b", "--platform", "acme", "--device-memory", "8GiB", PYTHONPATH=str(site)
+    )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "'acme' (distribution fd-test-acme)" in bad.stderr and "must return PlatformLimit" in bad.stderr
-    broken = plan("--model", "examples/llama-3.1-8b", "--platform", "broken", "--device-memory", "8GiB",
-                  PYTHONPATH=str(site))
+    broken = plan(
+        "--model", "examples/llama-3.1-8b", "--platform", "broken", "--device-memory", "8GiB", PYTHONPATH=str(site)
+    )
     assert broken.returncode == 2 and "libbroken.so missing" in broken.stderr and "fd-test-broken" in broken.stderr

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from run_helpers import MIB, QWEN, check_rank, expected_decision, qwen_bytes_per_block, run_cli, run_json
 
 pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
@@ -18,8 +17,9 @@ BACKENDS = ("none", "mooncake", "attention_store", "file")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("role", ROLES)
 def test_every_role_and_storage_backend(role: str, backend: str) -> None:
-    report = run_json("--model", QWEN, "--tp", "1", "--device-memory", "256MiB", "--role", role,
-                      "--storage-backend", backend)
+    report = run_json(
+        "--model", QWEN, "--tp", "1", "--device-memory", "256MiB", "--role", role, "--storage-backend", backend
+    )
     per_block = qwen_bytes_per_block(1)
     create, term = expected_decision(role, backend)
     assert (report["platform"], report["model"], report["num_ranks"]) == ("cpu", "qwen3-30b-a3b", 1)
@@ -45,8 +45,18 @@ def test_swap_space_goes_to_the_cache_manager_with_host_memory() -> None:
 
 
 def test_two_ranks_share_host_memory_evenly_and_use_the_minimum() -> None:
-    report = run_json("--model", QWEN, "--tp", "2", "--memory-utilization", "0.01", "--non-cache-memory", "0",
-                      "--storage-backend", "file")
+    report = run_json(
+        "--model",
+        QWEN,
+        "--tp",
+        "2",
+        "--memory-utilization",
+        "0.01",
+        "--non-cache-memory",
+        "0",
+        "--storage-backend",
+        "file",
+    )
     per_block = qwen_bytes_per_block(2)
     with open("/proc/meminfo", encoding="ascii") as meminfo:
         total = int(re.search(r"MemTotal:\s+(\d+) kB", meminfo.read()).group(1)) * 1024  # type: ignore[union-attr]
@@ -60,8 +70,19 @@ def test_two_ranks_share_host_memory_evenly_and_use_the_minimum() -> None:
 
 
 def test_profile_run_creates_even_for_a_disaggregated_role() -> None:
-    report = run_json("--model", QWEN, "--tp", "1", "--device-memory", "256MiB", "--role", "prefill",
-                      "--storage-backend", "mooncake", "--profile")
+    report = run_json(
+        "--model",
+        QWEN,
+        "--tp",
+        "1",
+        "--device-memory",
+        "256MiB",
+        "--role",
+        "prefill",
+        "--storage-backend",
+        "mooncake",
+        "--profile",
+    )
     [rank] = report["ranks"]
     check_rank(rank, qwen_bytes_per_block(1), *expected_decision("prefill", "mooncake", profile=True))
     assert report["profile"] is True and report["manager_pid"] is None
@@ -96,11 +117,14 @@ def test_table_and_progress_from_a_config_file_with_ranks_from_tp() -> None:
     manager = re.search(r"starting the cache manager \(pid (\d+)\) for rank\(s\) 0, 1", done.stderr)
     assert manager, done.stderr
     pid = manager.group(1)
-    for expected in ("started 2 worker(s)", "rank 0: planned 76 blocks",
-                     f"rank 1: waiting for the cache manager (pid {pid}) to publish this rank's cache",
-                     f"cache manager (pid {pid}): publishing 228.00 MiB of KV cache for rank 1",
-                     "rank 0: attached to 96 tensors of the cache manager's KV cache in",
-                     "every rank's KV cache is ready; shared memory verified: True"):
+    for expected in (
+        "started 2 worker(s)",
+        "rank 0: planned 76 blocks",
+        f"rank 1: waiting for the cache manager (pid {pid}) to publish this rank's cache",
+        f"cache manager (pid {pid}): publishing 228.00 MiB of KV cache for rank 1",
+        "rank 0: attached to 96 tensors of the cache manager's KV cache in",
+        "every rank's KV cache is ready; shared memory verified: True",
+    ):
         assert expected in done.stderr
     assert "Traceback" not in done.stderr
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_helpers import main_in_process
 
 from fd_platforms import API_VERSION
 from fd_platforms.cli import check_command
@@ -27,7 +28,6 @@ from fd_platforms.loading.discovery import discover
 from fd_platforms.loading.selection import IN_REPO_PLUGINS
 from fd_platforms.rules.decision import TRUTH_TABLE
 from fd_platforms.rules.shapes import shape_cases
-from run_helpers import main_in_process
 
 pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
 
@@ -96,6 +96,7 @@ def checked_all() -> CheckedAll:
 def replayed(checked: CheckedAll, *args: str) -> subprocess.CompletedProcess[str]:
     """``fd-platforms check *args`` given the results ``check --all`` found for the platforms it names: the command's
     own table, progress lines and verdict, without running any suite again."""
+
     def replay(candidates: list[Any], *, finished: Any, **_: Any) -> list[PlatformResult]:
         found = {result.name: result for result in checked.results}
         results = [found[candidate.name] for candidate in candidates]
@@ -122,8 +123,13 @@ def test_check_all_passes_for_every_installed_platform(checked_all: CheckedAll) 
     for name, result in platforms.items():
         assert result["passed"] and result["error"] is None, name
         assert result["checks"]["decision"] == {
-            "status": "pass", "passed": DECISION_TESTS, "failed": 0, "skipped": 0, "failures": [], "skip_reasons": []
-        }, name  # fmt: skip
+            "status": "pass",
+            "passed": DECISION_TESTS,
+            "failed": 0,
+            "skipped": 0,
+            "failures": [],
+            "skip_reasons": [],
+        }, name
         for check_name in ("planner", "host_alloc", "wait"):
             assert result["checks"][check_name]["status"] == "pass", (name, check_name)
     assert all(status["status"] == "pass" for status in platforms["cpu"]["checks"].values())
@@ -146,13 +152,19 @@ def test_hardware_checks_run_on_the_fake_custom_device(fake_device_root, platfor
     assert result["checks"]["device"]["passed"] == DEVICE_TESTS and result["checks"]["identity"]["skipped"] == 0
 
 
-def test_custom_devices_share_through_the_vendor_runtime_in_the_kits_checks(fake_device_root, fake_vendor_runtime) -> None:
+def test_custom_devices_share_through_the_vendor_runtime_in_the_kits_checks(
+    fake_device_root, fake_vendor_runtime
+) -> None:
     """With the (fake) vendor runtime loadable, MetaX declares sharing, and the kit's sharing checks run
     (Iluvatar goes through the same kit code; its runs attach in test_run_fake_device.py): a zero-filled export that another process opens zero-copy, writes both ways, and an open
     whose exporter is gone is a CacheSharingError."""
     platform = "metax"
-    done = check(platform, "--json", CUSTOM_DEVICE_ROOT=str(fake_device_root("metax_gpu")),
-                 LD_LIBRARY_PATH=str(fake_vendor_runtime))  # fmt: skip
+    done = check(
+        platform,
+        "--json",
+        CUSTOM_DEVICE_ROOT=str(fake_device_root("metax_gpu")),
+        LD_LIBRARY_PATH=str(fake_vendor_runtime),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     result = checks_of(json.loads(done.stdout))[platform]
     sharing = result["checks"]["sharing"]
@@ -172,13 +184,17 @@ def test_a_drifting_plugin_fails_the_decision_check_with_its_cases(make_plugin) 
     assert decision["status"] == "fail" and decision["failed"] == 21 + 1
     failed_cases = [f["test"] for f in decision["failures"]]
     assert not any("test_bad_inputs_are_config_errors" in case for case in failed_cases)
-    assert "test_decision.py::test_answers_as_the_rule[profile=False, num_cpu_blocks=64, storage_backend=None, " \
-           "splitwise_role='mixed']" in failed_cases
+    assert (
+        "test_decision.py::test_answers_as_the_rule[profile=False, num_cpu_blocks=64, storage_backend=None, "
+        "splitwise_role='mixed']" in failed_cases
+    )
     guard = next(f["message"] for f in decision["failures"] if "drift_guard" in f["test"])
     assert f"in 21 of {len(TRUTH_TABLE)} cases" in guard
     assert all(result["checks"][name]["status"] != "fail" for name in CHECKS if name != "decision")
     table = check("oldxpu", PYTHONPATH=str(site))
-    assert table.returncode == 1 and f"FAIL 22/{DECISION_TESTS}" in table.stdout and "some platforms FAIL" in table.stdout
+    assert (
+        table.returncode == 1 and f"FAIL 22/{DECISION_TESTS}" in table.stdout and "some platforms FAIL" in table.stdout
+    )
 
 
 INT_MEMORY_MODULE = """
@@ -219,8 +235,11 @@ PLATFORM = IntMemory(name="intmem", device_type="intmem_npu", visible_devices_en
 """
 
 
-@pytest.mark.parametrize(("source", "attribute"), [(INT_MEMORY_MODULE, None), (INT_MEMORY_SUBCLASS, "PLATFORM")],
-                         ids=["module-hook", "paddle-platform-override"])
+@pytest.mark.parametrize(
+    ("source", "attribute"),
+    [(INT_MEMORY_MODULE, None), (INT_MEMORY_SUBCLASS, "PLATFORM")],
+    ids=["module-hook", "paddle-platform-override"],
+)
 def test_a_device_memory_of_the_wrong_type_fails_without_hardware(make_plugin, source: str, attribute: str) -> None:
     site = make_plugin("intmem", source=source, attribute=attribute)
     done = check("intmem", "--json", PYTHONPATH=str(site))
@@ -237,10 +256,12 @@ def test_the_guides_matrix_is_what_check_all_prints(checked_all: CheckedAll) -> 
     done = replayed(checked_all, "--all")
     assert done.returncode == 0, done.stdout + done.stderr
     progress = done.stderr.splitlines()  # a line per platform as its suite ends, in any order
-    assert sorted(re.fullmatch(r"fd-platforms: checked (\w+) \(\d+ of \d+\): ok in [0-9.]+ s", line).group(1)
-                  for line in progress) == sorted(discover()), progress  # type: ignore[union-attr]
-    assert [line.split("(")[1].split(")")[0] for line in progress] == [f"{k} of {len(progress)}" for k in
-                                                                       range(1, len(progress) + 1)]
+    assert sorted(
+        re.fullmatch(r"fd-platforms: checked (\w+) \(\d+ of \d+\): ok in [0-9.]+ s", line).group(1) for line in progress
+    ) == sorted(discover()), progress  # type: ignore[union-attr]
+    assert [line.split("(")[1].split(")")[0] for line in progress] == [
+        f"{k} of {len(progress)}" for k in range(1, len(progress) + 1)
+    ]
     matrix = done.stdout.split("\n\n")[0].splitlines()
     guide = (ROOT / "docs" / "writing-a-plugin.md").read_text()
     start = re.search(r"```text\nPLATFORM +IDENTITY", guide)
@@ -248,7 +269,7 @@ def test_the_guides_matrix_is_what_check_all_prints(checked_all: CheckedAll) -> 
     block = guide[start.start() :].split("```")[1].splitlines()[1:]
     assert [line for line in block if line.strip()] == matrix
     assert matrix[0].split() == ["PLATFORM", *(name.upper() for name in CHECKS), "RESULT"]
-    assert {row.split()[0]: row.split()[-1] for row in matrix[1:]} == {name: "ok" for name in discover()}
+    assert {row.split()[0]: row.split()[-1] for row in matrix[1:]} == dict.fromkeys(discover(), "ok")
     assert re.search(rf"\nall platforms pass[^\n]* \(plugin API {re.escape(API_VERSION)}\)$", done.stdout.rstrip())
 
 
@@ -277,8 +298,11 @@ def test_pytest_fd_platform_runs_the_suite_beside_a_projects_own_tests(tmp_path:
     (tmp_path / "test_own.py").write_text("def test_vendor_specific():\n    assert True\n")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "--fd-platform", "cpu", "test_own.py", "-q", "-p", "no:cacheprovider"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     summary = done.stdout.strip().splitlines()[-1]
     # identity, decision, shapes, planner, host_alloc, wait, sharing, simulated (cpu: device_memory as it is), device
@@ -290,8 +314,11 @@ def test_pytest_fd_platform_runs_the_suite_beside_a_projects_own_tests(tmp_path:
 def test_pytest_with_an_unknown_platform_is_a_usage_error(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "--fd-platform", "nosuch", "-p", "no:cacheprovider"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert done.returncode == 4  # pytest's usage-error exit code
     assert "--fd-platform 'nosuch' is not an installed platform. Choose one of: cpu" in done.stderr
 
@@ -299,9 +326,12 @@ def test_pytest_with_an_unknown_platform_is_a_usage_error(tmp_path: Path) -> Non
 def test_without_the_option_the_plugin_adds_nothing(tmp_path: Path) -> None:
     (tmp_path / "test_own.py").write_text("def test_only():\n    pass\n")
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], capture_output=True, text=True,
-        cwd=tmp_path, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert done.returncode == 0 and done.stdout.strip().splitlines()[-1].startswith("1 passed")
 
 

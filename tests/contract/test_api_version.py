@@ -96,9 +96,13 @@ def _imported_modules(path: Path) -> set[str]:
 
 @pytest.mark.parametrize(
     "package",
-    ["examples/plugin-template/src/fd_platforms_nimbus", *(f"plugins/{name}/fd_platforms_{name}" for name in
-                                                           ("cuda", "xpu", "iluvatar", "metax", "dcu", "gcu",
-                                                            "intel_hpu", "npu"))],
+    [
+        "examples/plugin-template/src/fd_platforms_nimbus",
+        *(
+            f"plugins/{name}/fd_platforms_{name}"
+            for name in ("cuda", "xpu", "iluvatar", "metax", "dcu", "gcu", "intel_hpu", "npu")
+        ),
+    ],
 )
 def test_plugins_import_only_the_public_plugin_api(package: str) -> None:
     for source in (ROOT / package).rglob("*.py"):
@@ -106,14 +110,24 @@ def test_plugins_import_only_the_public_plugin_api(package: str) -> None:
         assert core <= set(PLUGIN_API_MODULES), f"{source} imports non-public {sorted(core - set(PLUGIN_API_MODULES))}"
 
 
-@pytest.mark.parametrize("module", ["fd_platforms_nimbus", "fd_platforms_cuda", "fd_platforms_xpu",
-                                    "fd_platforms_iluvatar", "fd_platforms_metax", "fd_platforms_dcu",
-                                    "fd_platforms_gcu", "fd_platforms_intel_hpu", "fd_platforms_npu"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "fd_platforms_nimbus",
+        "fd_platforms_cuda",
+        "fd_platforms_xpu",
+        "fd_platforms_iluvatar",
+        "fd_platforms_metax",
+        "fd_platforms_dcu",
+        "fd_platforms_gcu",
+        "fd_platforms_intel_hpu",
+        "fd_platforms_npu",
+    ],
+)
 def test_a_plugin_importing_the_plugin_module_declares_the_api_that_has_it(module: str) -> None:
     """``fd_platforms.plugin`` came with API 1.5: an older core would pass the check, then fail the import."""
     declared = importlib.import_module(module).PLATFORM.api_versions
     assert release_range_contains(declared, API_VERSION) and not release_range_contains(declared, "1.4"), declared
-
 
 
 def test_the_dcu_plugin_declares_the_api_that_has_rocm_facts() -> None:

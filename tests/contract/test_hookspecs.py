@@ -13,9 +13,19 @@ SPECS = list(hookspecs.hook_names())
 
 def test_the_contract_has_the_designed_hooks() -> None:
     assert set(SPECS) == {
-        "platform_identity", "detect_platform", "supported_api_versions", "confirm_platform", "should_create_cache_tensor", "device_memory",
-        "max_num_blocks", "declared_limits", "host_alloc", "wait_cache_ready",
-        "cache_sharing", "export_cache_tensor", "open_cache_tensor",  # plugin API 1.1
+        "platform_identity",
+        "detect_platform",
+        "supported_api_versions",
+        "confirm_platform",
+        "should_create_cache_tensor",
+        "device_memory",
+        "max_num_blocks",
+        "declared_limits",
+        "host_alloc",
+        "wait_cache_ready",
+        "cache_sharing",
+        "export_cache_tensor",
+        "open_cache_tensor",  # plugin API 1.1
         "kv_cache_shapes",  # plugin API 1.2
         "release_device_memory",  # plugin API 1.3
     }

@@ -8,8 +8,10 @@ from fd_platforms.contract.errors import ConfigError, RecordError
 from fd_platforms.contract.integers import INT32_MAX, MAX_COUNT, bound_text, check_int, is_int
 
 
-@pytest.mark.parametrize(("value", "expected"), [(0, True), (-3, True), (2**70, True), (True, False), (False, False),
-                                                 (1.0, False), ("1", False), (None, False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(0, True), (-3, True), (2**70, True), (True, False), (False, False), (1.0, False), ("1", False), (None, False)],
+)
 def test_is_int_is_an_int_that_is_not_a_bool(value: object, expected: bool) -> None:
     assert is_int(value) is expected
 
@@ -44,14 +46,23 @@ def test_the_config_error_names_the_field_the_value_what_is_allowed_and_the_fix(
         check_int("num_blocks", True, 1, fix="plan the blocks first")
     error = info.value
     assert (error.field, error.value, error.allowed, error.fix) == (
-        "num_blocks", True, "an integer from 1 to 2**63 - 1", "plan the blocks first"
+        "num_blocks",
+        True,
+        "an integer from 1 to 2**63 - 1",
+        "plan the blocks first",
     )
-    assert str(error) == "num_blocks=True is not valid; allowed: an integer from 1 to 2**63 - 1. Fix: plan the blocks first"
+    assert (
+        str(error)
+        == "num_blocks=True is not valid; allowed: an integer from 1 to 2**63 - 1. Fix: plan the blocks first"
+    )
 
 
 def test_without_a_fix_the_error_says_to_set_a_whole_number_in_range() -> None:
-    with pytest.raises(ConfigError, match=r"^head_dim=0 is not valid; allowed: an integer from 1 to 65536\. "
-                                          r"Fix: set head_dim to a whole number in that range$"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"^head_dim=0 is not valid; allowed: an integer from 1 to 65536\. "
+        r"Fix: set head_dim to a whole number in that range$",
+    ):
         check_int("head_dim", 0, 1, 65536)
 
 
@@ -79,7 +90,10 @@ def test_a_record_field_is_a_record_error_with_the_records_own_fix() -> None:
         check_int("total_bytes", 8.0e10, 1, record="DeviceMemory", fix="ignored")
     error = info.value
     assert (error.record, error.field, error.value, error.allowed) == (
-        "DeviceMemory", "total_bytes", 8.0e10, "an integer from 1 to 2**63 - 1"
+        "DeviceMemory",
+        "total_bytes",
+        8.0e10,
+        "an integer from 1 to 2**63 - 1",
     )
     assert str(error) == (
         "DeviceMemory.total_bytes=80000000000.0 is not valid; allowed: an integer from 1 to 2**63 - 1. Fix: build "
@@ -96,9 +110,17 @@ def test_a_huge_value_is_shown_by_its_digits() -> None:
 
 @pytest.mark.parametrize(
     ("bound", "text"),
-    [(MAX_COUNT, "2**63 - 1"), (INT32_MAX, "2**31 - 1"), (-MAX_COUNT, "-(2**63 - 1)"), (2**22, "4194304"),
-     (1023, "1023"), (2**30 - 1, "1073741823"), (0, "0"), (-5, "-5")],
-)  # fmt: skip
+    [
+        (MAX_COUNT, "2**63 - 1"),
+        (INT32_MAX, "2**31 - 1"),
+        (-MAX_COUNT, "-(2**63 - 1)"),
+        (2**22, "4194304"),
+        (1023, "1023"),
+        (2**30 - 1, "1073741823"),
+        (0, "0"),
+        (-5, "-5"),
+    ],
+)
 def test_a_bound_one_below_a_large_power_of_two_is_written_as_one(bound: int, text: str) -> None:
     assert bound_text(bound) == text
 

@@ -13,10 +13,12 @@ from run_helpers import ROOT
 @pytest.mark.slow  # fresh interpreters, each importing Paddle
 @pytest.mark.parametrize(
     "argv",
-    [["-c", "import fd_platforms\nfd_platforms.current_platform().host_alloc(4096).paddle()"],
-     ["examples/multinode_runner.py"]],
+    [
+        ["-c", "import fd_platforms\nfd_platforms.current_platform().host_alloc(4096).paddle()"],
+        ["examples/multinode_runner.py"],
+    ],
     ids=["HostBuffer.paddle", "two-nodes"],
-)  # fmt: skip
+)
 def test_paddle_imported_by_the_core_prints_no_ccache_warning(argv: list[str]) -> None:
     done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr

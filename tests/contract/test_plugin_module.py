@@ -11,13 +11,13 @@ import warnings
 from pathlib import Path
 
 import pytest
+from run_helpers import QWEN, ROOT, check_rank, clean_env, qwen_bytes_per_block, run_json
 
 import fd_platforms.plugin
 from fd_platforms import aliases
 from fd_platforms.contract.api_version import DEPRECATED_PLUGIN_MODULES, PLUGIN_API_MODULES
 from fd_platforms.contract.errors import PlatformUnavailableError
 from fd_platforms.loading.selection import select_platform, survey
-from run_helpers import QWEN, ROOT, check_rank, clean_env, qwen_bytes_per_block, run_json
 
 ALIAS_PATHS = sorted(path for path, kind in DEPRECATED_PLUGIN_MODULES.items() if kind == "alias")
 GUIDE = (ROOT / "docs" / "writing-a-plugin.md").read_text()
@@ -60,7 +60,7 @@ def test_the_plugin_api_is_at_most_40_names_each_resolving() -> None:
     for name in names:
         assert getattr(fd_platforms.plugin, name) is not None, name
     star: dict[str, object] = {}
-    exec("from fd_platforms.plugin import *", star)  # noqa: S102 - what a plugin may write
+    exec("from fd_platforms.plugin import *", star)
     assert set(star) - {"__builtins__"} == set(names)
 
 
@@ -89,7 +89,7 @@ def test_importing_fd_platforms_installs_the_aliases_and_nothing_else() -> None:
 
 
 def test_the_alias_table_is_the_deprecated_list() -> None:
-    assert ALIAS_PATHS == sorted(f"fd_platforms.{name}" for name in aliases.ALIASES)
+    assert sorted(f"fd_platforms.{name}" for name in aliases.ALIASES) == ALIAS_PATHS
     assert sorted(DOCUMENTED_IN_1_1) == ALIAS_PATHS
 
 
@@ -114,7 +114,7 @@ def test_from_a_1_1_path_import_names_warns_at_the_importing_line(fresh_aliases:
     name = DOCUMENTED_IN_1_1[path].split()[0]
     namespace: dict[str, object] = {"__name__": "old_plugin"}
     with pytest.warns(DeprecationWarning, match=r"fd_platforms\.plugin") as caught:
-        exec(compile(f"\n\nfrom {path} import {name}\n", "old_plugin.py", "exec"), namespace)  # noqa: S102
+        exec(compile(f"\n\nfrom {path} import {name}\n", "old_plugin.py", "exec"), namespace)
     assert [(w.filename, w.lineno) for w in caught] == [("old_plugin.py", 3)]
     assert namespace[name] is getattr(importlib.import_module(path), name)
 
@@ -135,8 +135,11 @@ def test_under_w_error_an_alias_import_fails_with_the_deprecation(tmp_path: Path
     (tmp_path / "old_plugin.py").write_text('"""Written for API 1.1."""\nfrom fd_platforms.types import Detection\n')
     run = lambda flag: subprocess.run(  # noqa: E731
         [sys.executable, "-W", flag, "-c", "import old_plugin"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
     failed = run("error::DeprecationWarning")
     assert failed.returncode == 1
     assert "DeprecationWarning: fd_platforms.types is deprecated" in failed.stderr
@@ -154,7 +157,7 @@ def test_a_path_that_was_never_public_is_still_missing() -> None:
 # --- plugins written against the 1.1 guide, as they were --------------------------------------
 
 # docs/writing-a-plugin.md at c0fb517 (plugin API 1.1), section 1: the Nimbus record, verbatim.
-NIMBUS_1_1 = '''from fd_platforms.custom_device import CustomDeviceFacts
+NIMBUS_1_1 = """from fd_platforms.custom_device import CustomDeviceFacts
 from fd_platforms.paddle_platform import PaddlePlatform
 from fd_platforms.types import PlatformLimit
 from fd_platforms.vendor_host import VendorHostRuntime
@@ -174,10 +177,10 @@ PLATFORM = PaddlePlatform(
     facts=CustomDeviceFacts,               # how Paddle reports the device (see section 4)
     host_runtime=VendorHostRuntime(library="libnimbusrt.so", alloc="nimbusHostAlloc", free="nimbusFreeHost"),
 )
-'''
+"""
 
 # The same guide, section 4: hooks written by hand in a module, verbatim.
-HAND_WRITTEN_1_1 = '''from fd_platforms import hookimpl
+HAND_WRITTEN_1_1 = """from fd_platforms import hookimpl
 from fd_platforms.types import Detection, PlatformIdentity
 
 @hookimpl
@@ -191,12 +194,13 @@ def detect_platform():
 @hookimpl
 def supported_api_versions():
     return ">=1.0,<2"
-'''
+"""
 
 
 def test_the_1_1_samples_here_are_the_1_1_guide_s() -> None:
-    done = subprocess.run(["git", "show", "c0fb517:docs/writing-a-plugin.md"], capture_output=True, text=True,
-                          cwd=ROOT, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        ["git", "show", "c0fb517:docs/writing-a-plugin.md"], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     if done.returncode != 0:
         pytest.skip(f"this checkout has no commit c0fb517 (plugin API 1.1): {done.stderr.strip()}")
     assert f"```python\n{NIMBUS_1_1}```" in done.stdout
@@ -228,7 +232,7 @@ def test_a_plugin_written_against_the_1_1_guide_loads_and_passes_the_version_che
 
 # A plugin whose cache lives in host memory, shared like cpu's, written with API 1.1's paths (as
 # run_helpers.HOST_SHARING_PLUGIN is with today's).
-HOST_SHARING_1_1 = '''
+HOST_SHARING_1_1 = """
 from fd_platforms import hookimpl
 from fd_platforms.errors import DeviceAllocError
 from fd_platforms.host_memory import system_memory
@@ -262,14 +266,23 @@ def export_cache_tensor(name, shape, dtype):
 @hookimpl
 def open_cache_tensor(name, handle, shape, dtype):
     return open_host_tensor(name, handle, shape, dtype)
-'''
+"""
 
 
 @pytest.mark.slow
 def test_a_plugin_sharing_its_cache_through_1_1_paths_runs_on_the_cpu_sharing_path(make_plugin) -> None:
     site = make_plugin("oldshare", source=HOST_SHARING_1_1)
-    report = run_json("--model", QWEN, "--tp", "1", "--device-memory", "64MiB", "--role", "decode",
-                      env=clean_env(FD_PLATFORM="oldshare", PYTHONPATH=str(site)))  # fmt: skip
+    report = run_json(
+        "--model",
+        QWEN,
+        "--tp",
+        "1",
+        "--device-memory",
+        "64MiB",
+        "--role",
+        "decode",
+        env=clean_env(FD_PLATFORM="oldshare", PYTHONPATH=str(site)),
+    )
     assert report["platform"] == "oldshare"
     [rank] = report["ranks"]
     check_rank(rank, qwen_bytes_per_block(1), False, "splitwise_role")  # attached to the manager's memfds

@@ -14,7 +14,10 @@ from fd_platforms.contract.types import CacheDecision, Detection, DeviceMemory, 
     [
         (lambda: DeviceMemory("80GiB", None, None, "x"), "DeviceMemory.total_bytes='80GiB'"),
         (lambda: DeviceMemory(8.0e10, None, None, "x"), "DeviceMemory.total_bytes=80000000000.0"),
-        (lambda: DeviceMemory(2**30, 2**31, None, "x"), "DeviceMemory.free_bytes=2147483648 is not valid; allowed: at most"),
+        (
+            lambda: DeviceMemory(2**30, 2**31, None, "x"),
+            "DeviceMemory.free_bytes=2147483648 is not valid; allowed: at most",
+        ),
         (lambda: DeviceMemory(2**30, None, -1, "x"), "DeviceMemory.process_bytes=-1"),
         (lambda: Detection("yes", "r", 1), "Detection.available='yes'"),
         (lambda: Detection(True, "r", 1.0), "Detection.device_count=1.0"),

@@ -9,12 +9,12 @@ import subprocess
 import sys
 
 import pytest
+from run_helpers import ROOT
 
 import fd_platforms
 from fd_platforms import engine
 from fd_platforms.engine import Cluster
 from fd_platforms.loading.platform import Platform
-from run_helpers import ROOT
 
 API = (ROOT / "docs" / "api.md").read_text()
 PUBLIC_METHODS = sorted(name for name in vars(Platform) if not name.startswith("_"))
@@ -38,7 +38,7 @@ def test_the_lazy_names_are_exported_where_type_checkers_read_them() -> None:
 
 
 def test_the_reference_names_the_api_version_the_code_has() -> None:
-    assert f"the plugin API this core provides (`\"{fd_platforms.API_VERSION}\"`)" in API
+    assert f'the plugin API this core provides (`"{fd_platforms.API_VERSION}"`)' in API
 
 
 @pytest.mark.parametrize("name", engine.__all__)

@@ -30,12 +30,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from conftest import left_behind_by, run_tracked, shm_entries
+from run_helpers import ROOT, SCRIPT, clean_env
+
 from fd_platforms import engine
 from fd_platforms.contract import hookspecs
 from fd_platforms.loading.platform import Platform
-from run_helpers import ROOT, SCRIPT, clean_env
 
 DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
@@ -56,8 +56,11 @@ def is_signature(block: str) -> bool:
 def python_samples(path: Path) -> list[tuple[int, str]]:
     """(the line it starts on, its code) of each ``python`` block of ``path`` that is not a hook signature."""
     text = path.read_text(encoding="utf-8")
-    found = [(text.count("\n", 0, match.start(2)) + 1, match.group(2)) for match in FENCE.finditer(text)
-             if match.group(1) == "python"]  # fmt: skip
+    found = [
+        (text.count("\n", 0, match.start(2)) + 1, match.group(2))
+        for match in FENCE.finditer(text)
+        if match.group(1) == "python"
+    ]
     assert len(found) == text.count("```python"), f"every ```python block of {path.name} is found (none skipped)"
     return [(line, code) for line, code in found if not is_signature(code)]
 
@@ -100,13 +103,19 @@ def anchors(path: Path) -> set[str]:
     """GitHub's anchors for the headings of ``path``: lowercase, punctuation but ``-`` and ``_`` dropped,
     spaces to ``-``."""
     text = FENCE.sub("", path.read_text())
-    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-            for heading in re.findall(r"^#+ (.+)$", text, re.M)}
+    return {
+        re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        for heading in re.findall(r"^#+ (.+)$", text, re.M)
+    }
 
 
 def relative_links() -> list[tuple[str, str]]:
-    return [(path.name, target) for path in DOCS for target in LINK.findall(FENCE.sub("", path.read_text()))
-            if not re.match(r"[a-z]+:", target)]
+    return [
+        (path.name, target)
+        for path in DOCS
+        for target in LINK.findall(FENCE.sub("", path.read_text()))
+        if not re.match(r"[a-z]+:", target)
+    ]
 
 
 @pytest.mark.parametrize(("doc", "target"), relative_links(), ids=lambda v: str(v)[:60])

@@ -13,7 +13,10 @@ import subprocess
 from pathlib import Path
 from types import ModuleType
 
+import port_lines
 import pytest
+from drift_plugins import OLD_XPU_RULE, drifting
+from run_helpers import SCRIPT, clean_env, main_in_process, without_sweep
 
 from fd_platforms.contract.errors import PlatformDriftError
 from fd_platforms.contract.types import DeviceMemory, Plan
@@ -21,13 +24,13 @@ from fd_platforms.ipc.cache_signal import DEFAULT_TIMEOUT, LAYOUT_VERSION
 from fd_platforms.ipc.timeouts import MAX_SECONDS
 from fd_platforms.ipc.waiting import PROGRESS_SECONDS
 from fd_platforms.lifecycle.engine import HOST_ROOM_SHARE
+from fd_platforms.loading.selection import select_platform
 from fd_platforms.loading.watchdog import (
     DEFAULT_ALLOC_TIMEOUT,
     DEFAULT_DETECT_TIMEOUT,
     ENV_ALLOC_TIMEOUT,
     ENV_DETECT_TIMEOUT,
 )
-from fd_platforms.loading.selection import select_platform
 from fd_platforms.rules.config import (
     CacheConfig,
     ModelConfig,
@@ -39,9 +42,6 @@ from fd_platforms.rules.config.limits import MAX_LAYERS, MAX_RANKS, MAX_WIDTH
 from fd_platforms.rules.decision import TRUTH_TABLE, differing_cases
 from fd_platforms.rules.layout import build_layout
 from fd_platforms.rules.planner import plan_blocks
-import port_lines
-from drift_plugins import OLD_XPU_RULE, drifting
-from run_helpers import SCRIPT, clean_env, main_in_process, without_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB, GIB = 2**20, 2**30
@@ -99,7 +99,7 @@ def test_the_bounds_quoted_are_the_codes() -> None:
     assert f"1 layout version {LAYOUT_VERSION}," in LIFECYCLE
     assert f"else `FD_CACHE_READY_TIMEOUT` (seconds), else {DEFAULT_TIMEOUT:g} s;" in LIFECYCLE
     assert f"Every {PROGRESS_SECONDS:g} s it logs one line saying what it waits for" in LIFECYCLE
-    assert f"at most half of the host's available memory (`HOST_ROOM_SHARE`)" in LIFECYCLE and HOST_ROOM_SHARE == 0.5
+    assert "at most half of the host's available memory (`HOST_ROOM_SHARE`)" in LIFECYCLE and HOST_ROOM_SHARE == 0.5
 
 
 def test_the_tensor_parallel_example_is_computed() -> None:
@@ -110,6 +110,7 @@ def test_the_tensor_parallel_example_is_computed() -> None:
 
 def test_the_foreign_poll_and_the_stand_in_rounds_quoted_are_the_codes() -> None:
     from engine_processes import DRIVEN_ROUNDS as CYCLES
+
     from fd_platforms.ipc.futex import FIRST_POLL_SECONDS, FOREIGN_POLL_SECONDS
 
     first, last = f"{FIRST_POLL_SECONDS * 1000:g} ms", f"{FOREIGN_POLL_SECONDS * 1000:g} ms"
@@ -123,8 +124,11 @@ def test_the_fastdeploy_record_table_is_the_layouts() -> None:
     """Each row's offsets, size and declaring file are the platform's record layout's own."""
     from fd_platforms.fastdeploy.records import record_layout
 
-    table = [line for line in (ROOT / "docs" / "engine-integration.md").read_text().splitlines()
-             if line.startswith("| `") and "shmStruct" not in line and "memHandle` at byte" in line]  # fmt: skip
+    table = [
+        line
+        for line in (ROOT / "docs" / "engine-integration.md").read_text().splitlines()
+        if line.startswith("| `") and "shmStruct" not in line and "memHandle` at byte" in line
+    ]
     assert len(table) == 2, "one row per record layout"
     for row in table:
         platforms, struct_text, size, source, _ = (cell.strip() for cell in row.strip("|").split(" | "))
@@ -149,8 +153,9 @@ def test_the_porting_guides_before_table_states_fastdeploys_functions_and_their_
     assert len(rows) >= 10
     for file, names, lines in rows:
         known = port_lines.FASTDEPLOY["files"][f"fastdeploy/{file}"]
-        found = [key for name in re.findall(r"`([\w.]+)`", names) for key in known
-                 if key == name or key.endswith(f".{name}")]  # fmt: skip
+        found = [
+            key for name in re.findall(r"`([\w.]+)`", names) for key in known if key == name or key.endswith(f".{name}")
+        ]
         assert found and sum(known[key]["physical"] for key in found) == int(lines), (file, names, lines)
     assert f"**{sum(int(lines) for _, _, lines in rows)} lines** at c1b7c083" in text
     assert f"**{sum(port_lines.counts().values())} lines** added in FastDeploy's own files" in text
@@ -175,9 +180,11 @@ def planned(model: str, tp: int, total: int, *, non_cache: int = 0, swap: int = 
 def test_the_planning_guides_examples_are_the_planners() -> None:
     plan = planned("qwen3-30b-a3b", 4, 80 * GIB, non_cache=20 * GIB)
     assert plan.bytes_per_block == 2 * 2 * 64 * 128 * 1 * 48 and plan.binding == "memory"
-    assert (f"`bytes_per_block` {plan.bytes_per_block} (= 2 B × 2 tensors × 64 tokens × 128 head_dim × 1 KV head "
-            f"per rank × 48 layers), `budget_bytes` {plan.budget_bytes} (80 GiB × 0.9 − 20 GiB), "
-            f"`num_blocks` {plan.num_blocks}, `binding` `memory`, `num_cpu_blocks` 0") in PLANNING
+    assert (
+        f"`bytes_per_block` {plan.bytes_per_block} (= 2 B × 2 tensors × 64 tokens × 128 head_dim × 1 KV head "
+        f"per rank × 48 layers), `budget_bytes` {plan.budget_bytes} (80 GiB × 0.9 − 20 GiB), "
+        f"`num_blocks` {plan.num_blocks}, `binding` `memory`, `num_cpu_blocks` 0"
+    ) in PLANNING
     swap = planned("llama-3.1-8b", 1, 80 * GIB, swap=16 * GIB)
     assert f"gives `num_cpu_blocks` {swap.num_cpu_blocks} (16 GiB // {swap.bytes_per_block // MIB} MiB)" in PLANNING
 
@@ -188,8 +195,10 @@ def test_the_fake_iluvatar_plan_quoted_is_the_planners() -> None:
 
     plan = planned("qwen3-30b-a3b", 4, 16 * GIB, limits=PLATFORM.limits)
     assert plan.binding == "memory"
-    quoted = (f"16.00 GiB from the runtime's device properties, free unknown, budget "
-              f"{plan.budget_bytes / GIB:.2f} GiB, {plan.num_blocks} blocks, and lists Iluvatar's declared limit")
+    quoted = (
+        f"16.00 GiB from the runtime's device properties, free unknown, budget "
+        f"{plan.budget_bytes / GIB:.2f} GiB, {plan.num_blocks} blocks, and lists Iluvatar's declared limit"
+    )
     assert quoted in PLATFORMS
 
 
@@ -211,10 +220,12 @@ def test_the_goals_quoted_are_the_benchmarks() -> None:
     assert f"goal: at most {startup.GOAL_RATIO:.0%}".replace("%", " %") in performance
     assert f"goal: at most {hooks.GOAL_RATIO:g}x" in performance
     ours, foreign = wait.GOAL, wait.FOREIGN_GOAL
-    assert (f"p50 <= {ours['p50_ms']:g} ms, p99 <= {ours['p99_ms']:g} ms, CPU <= {ours['cpu_percent']:g} % "
-            "of a core") in performance
-    assert (f"p50 <= {foreign['p50_ms']:g} ms, p99 <= {foreign['p99_ms']:g} ms, CPU <= "
-            f"{foreign['cpu_percent']:g} %") in performance
+    assert (
+        f"p50 <= {ours['p50_ms']:g} ms, p99 <= {ours['p99_ms']:g} ms, CPU <= {ours['cpu_percent']:g} % of a core"
+    ) in performance
+    assert (
+        f"p50 <= {foreign['p50_ms']:g} ms, p99 <= {foreign['p99_ms']:g} ms, CPU <= {foreign['cpu_percent']:g} %"
+    ) in performance
     goal = share.GOAL
     assert f"create ≥ {goal['ratio']:g} of the kernel's fresh pages" in performance
     assert f"attach ≤ {goal['attach_ms']:g} ms" in performance and f"≤ {goal['overhead_ms']:g} ms" in performance
@@ -240,8 +251,9 @@ def test_the_readmes_sample_run_is_what_the_main_job_prints() -> None:
     command = shlex.split(first.split(" && ")[-1])
     assert command[:2] == ["fd-platforms", "run"], first
     sample = re.findall(r"^```text\n(fd-platforms: platform cpu: .*?)^```", README_TEXT, re.S | re.M)[0]
-    done = subprocess.run([SCRIPT, *command[1:]], capture_output=True, text=True, cwd=ROOT,
-                          env=clean_env(), timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [SCRIPT, *command[1:]], capture_output=True, text=True, cwd=ROOT, env=clean_env(), timeout=300
+    )
     assert done.returncode == 0, done.stderr
     printed = [*without_sweep(done.stderr), *done.stdout.splitlines()]
     assert sorted(map(masked, printed)) == sorted(masked(line) for line in sample.splitlines() if line.strip())

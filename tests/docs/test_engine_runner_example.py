@@ -34,14 +34,16 @@ def test_the_example_runs_from_any_folder_and_leaves_nothing_behind(tmp_path: Pa
     lines = done.stdout.splitlines()
     assert re.fullmatch(r"platform cpu: \d+ blocks of 6 MiB, 2 host swap blocks", lines[0]), lines
     for cycle, (ours, theirs) in enumerate(((101.0, 7.0), (102.0, 14.0)), 1):
-        assert f"cycle {cycle}: attached=True (deciding term num_cpu_blocks), 96 tensors, read {ours} written by " \
-               "the cache manager" in lines, lines
-        assert f"cycle {cycle}: cleared; the cache manager (2 host swap blocks) read {theirs} written by the runner" \
-               in lines, lines
+        assert (
+            f"cycle {cycle}: attached=True (deciding term num_cpu_blocks), 96 tensors, read {ours} written by "
+            "the cache manager" in lines
+        ), lines
+        assert (
+            f"cycle {cycle}: cleared; the cache manager (2 host swap blocks) read {theirs} written by the runner"
+            in lines
+        ), lines
     final = re.fullmatch(r"done: cache manager exited with 0, signal fd_cache_ready\.(\S+) removed: True", lines[-1])
     assert final, lines
     instance = final.group(1)
     assert not [name for name in shm_entries() if instance in name]
     assert not left_behind_by(pids, before)
-
-

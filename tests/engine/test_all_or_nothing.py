@@ -15,11 +15,11 @@ from engine_processes import qwen_layout
 
 from fd_platforms.contract.errors import CacheSignalError
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
-from fd_platforms.fastdeploy.protocol import FastDeployProtocol
 from fd_platforms.engine.protocols.ours import FdPlatformsProtocol
 from fd_platforms.engine.publication import publication_name
-from fd_platforms.ipc.cache_signal import CacheReadySignal
+from fd_platforms.fastdeploy.protocol import FastDeployProtocol
 from fd_platforms.fastdeploy.signals import CACHE_READY, KV_CACHE_STATUS, SWAP_SPACE_READY, FastDeploySignal
+from fd_platforms.ipc.cache_signal import CacheReadySignal
 from fd_platforms.loading.platform import Platform
 
 pytestmark = pytest.mark.usefixtures("fastdeploy_record_names")
@@ -54,15 +54,18 @@ def test_a_manager_whose_swap_signal_is_missing_publishes_nothing_and_sets_no_sl
 ) -> None:
     suffix, ready = engine_without_swap_signal
     with pytest.raises(CacheSignalError, match=f"'{SWAP_SPACE_READY}.{suffix}' does not exist") as kept:
-        manage_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=4, instance=suffix,
-                        protocol="fastdeploy", rule=RULE)  # fmt: skip
+        manage_kv_cache(
+            cpu, qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=4, instance=suffix, protocol="fastdeploy", rule=RULE
+        )
     assert kept.value is not None  # the error and its frames are still held here
     assert ready.values() == (0,) and records() == set()
 
 
 @pytest.mark.parametrize("step", ["manager_up", "set_ready"])
 def test_a_manager_failing_after_it_published_withdraws_before_the_error_returns(
-    cpu: Platform, engine_without_swap_signal: tuple[str, FastDeploySignal], monkeypatch: pytest.MonkeyPatch,
+    cpu: Platform,
+    engine_without_swap_signal: tuple[str, FastDeploySignal],
+    monkeypatch: pytest.MonkeyPatch,
     step: str,
 ) -> None:
     suffix, ready = engine_without_swap_signal
@@ -77,10 +80,11 @@ def test_a_manager_failing_after_it_published_withdraws_before_the_error_returns
     freed: list[object] = []
     from fd_platforms.engine import host_cache
 
-    monkeypatch.setattr(host_cache.HostCache, "clear", lambda self: freed.append(self))
+    monkeypatch.setattr(host_cache.HostCache, "clear", freed.append)
     with pytest.raises(CacheSignalError, match="made to fail by the test") as kept:
-        manage_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=4, instance=suffix,
-                        protocol="fastdeploy", rule=RULE)  # fmt: skip
+        manage_kv_cache(
+            cpu, qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=4, instance=suffix, protocol="fastdeploy", rule=RULE
+        )
     assert kept.value is not None
     assert ready.values() == (0,) and records() == set()
     assert len(freed) == 1, "the host swap cache carved for it is freed too"
@@ -98,9 +102,17 @@ def test_a_runner_whose_ready_write_fails_withdraws_its_records(
 
     monkeypatch.setattr(FastDeployProtocol, "set_ready", set_then_fail)
     with pytest.raises(CacheSignalError, match="made to fail by the test") as kept:
-        initialize_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, profile=False, num_cpu_blocks=0,
-                            storage_backend=None, splitwise_role="mixed", instance=suffix,
-                            protocol="fastdeploy")  # fmt: skip
+        initialize_kv_cache(
+            cpu,
+            qwen_layout(0, 1, DEVICE),
+            BLOCKS,
+            profile=False,
+            num_cpu_blocks=0,
+            storage_backend=None,
+            splitwise_role="mixed",
+            instance=suffix,
+            protocol="fastdeploy",
+        )
     assert kept.value is not None
     assert ready.values() == (0,) and records() == set()
 
@@ -128,14 +140,16 @@ def test_under_our_protocol_a_failed_manager_leaves_its_slot_unset(
 
 
 def test_a_cache_an_attacher_came_to_before_the_failure_is_logged_not_freed_under_it(
-    cpu: Platform, engine_without_swap_signal: tuple[str, FastDeploySignal], monkeypatch: pytest.MonkeyPatch,
+    cpu: Platform,
+    engine_without_swap_signal: tuple[str, FastDeploySignal],
+    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """An attacher of ours opened the records between the slot and the failure: the withdrawal waits
     WITHDRAW_SECONDS for it, frees nothing under it and says so, the error still reaching the caller."""
     from fd_platforms.engine import initialize
-    from fd_platforms.fastdeploy.handles import FastDeployHandles
     from fd_platforms.engine.publication import PublishedTensor
+    from fd_platforms.fastdeploy.handles import FastDeployHandles
 
     suffix, _ = engine_without_swap_signal
     came: list[FastDeployHandles] = []
@@ -151,12 +165,20 @@ def test_a_cache_an_attacher_came_to_before_the_failure_is_logged_not_freed_unde
     monkeypatch.setattr(initialize, "WITHDRAW_SECONDS", 0.5)
     try:
         with pytest.raises(CacheSignalError, match="made to fail by the test"):
-            manage_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=0, instance=suffix,
-                            protocol="fastdeploy", rule=RULE)  # fmt: skip
+            manage_kv_cache(
+                cpu,
+                qwen_layout(0, 1, DEVICE),
+                BLOCKS,
+                num_cpu_blocks=0,
+                instance=suffix,
+                protocol="fastdeploy",
+                rule=RULE,
+            )
         assert records(), "still published: its attacher holds it"
         [line] = [r.getMessage() for r in caplog.records if "could not be withdrawn" in r.getMessage()]
-        assert line.startswith("rank 0: the KV cache of a call that failed could not be withdrawn, it is freed when "
-                               "this process exits: "), line  # fmt: skip
+        assert line.startswith(
+            "rank 0: the KV cache of a call that failed could not be withdrawn, it is freed when this process exits: "
+        ), line
         assert "still attached by a process of fd-platforms" in line, line
     finally:
         for handles in came:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from engine_processes import mtp_layout, qwen_layout
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_processes import mtp_layout, qwen_layout
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.contract.integers import MAX_COUNT
 from fd_platforms.contract.types import CacheRoleShape
@@ -85,14 +85,23 @@ def test_a_draft_goes_with_its_main_part_and_a_rank_outside_tp_is_refused() -> N
 
 
 @settings(max_examples=60, deadline=None)
-@given(num_blocks=st.integers(-3, 2**64), creator_pid=st.one_of(st.none(), st.integers(-3, 2**40)),
-       num_cpu_blocks=st.integers(-3, 2**64))  # fmt: skip
-def test_integers_are_taken_exactly_in_their_range(num_blocks: int, creator_pid: int | None, num_cpu_blocks: int) -> None:
-    bad = [name for name, ok in (
-        ("num_blocks", 1 <= num_blocks <= MAX_COUNT),
-        ("num_cpu_blocks", 0 <= num_cpu_blocks <= MAX_COUNT),
-        ("creator_pid", creator_pid is None or 1 <= creator_pid <= PID_MAX_LIMIT),
-    ) if not ok]  # fmt: skip
+@given(
+    num_blocks=st.integers(-3, 2**64),
+    creator_pid=st.one_of(st.none(), st.integers(-3, 2**40)),
+    num_cpu_blocks=st.integers(-3, 2**64),
+)
+def test_integers_are_taken_exactly_in_their_range(
+    num_blocks: int, creator_pid: int | None, num_cpu_blocks: int
+) -> None:
+    bad = [
+        name
+        for name, ok in (
+            ("num_blocks", 1 <= num_blocks <= MAX_COUNT),
+            ("num_cpu_blocks", 0 <= num_cpu_blocks <= MAX_COUNT),
+            ("creator_pid", creator_pid is None or 1 <= creator_pid <= PID_MAX_LIMIT),
+        )
+        if not ok
+    ]
     try:
         request(num_blocks=num_blocks, creator_pid=creator_pid, num_cpu_blocks=num_cpu_blocks)
     except ConfigError as error:
@@ -128,7 +137,9 @@ def test_both_forms_of_manage_kv_cache_give_the_same_cache_and_the_runner_attach
             managed = manage_kv_cache(cpu, qwen_layout(), BLOCKS, num_cpu_blocks=2, instance=ours, rule="2026-01")
         else:
             managed = manage_kv_cache(cpu, request(instance=ours, rule="2026-01", num_cpu_blocks=2))
-        runner = initialize_kv_cache(cpu, request(instance=ours, rule="2026-01", timeout=5, **{**SWAP, "profile": False}))
+        runner = initialize_kv_cache(
+            cpu, request(instance=ours, rule="2026-01", timeout=5, **{**SWAP, "profile": False})
+        )
         try:
             assert managed.created and not runner.created
             results.append((outcome(managed), managed.host_cache.names, list(managed.host_cache.tensors[0].shape)))  # type: ignore[union-attr]
@@ -149,8 +160,15 @@ def test_a_request_and_keywords_together_or_a_wrong_keyword_are_refused(cpu: Pla
     with pytest.raises(TypeError, match=r"initialize_kv_cache\(\) got an unexpected keyword argument 'signal'"):
         initialize_kv_cache(cpu, qwen_layout(), BLOCKS, signal="x", **MIXED)
     with pytest.raises(TypeError, match=r"initialize_kv_cache\(\) missing required keyword-only argument: 'profile'"):
-        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance="fd_cache_ready.x", num_cpu_blocks=0,
-                            storage_backend=None, splitwise_role="mixed")  # fmt: skip
+        initialize_kv_cache(
+            cpu,
+            qwen_layout(),
+            BLOCKS,
+            instance="fd_cache_ready.x",
+            num_cpu_blocks=0,
+            storage_backend=None,
+            splitwise_role="mixed",
+        )
 
 
 def test_each_call_refuses_what_only_the_other_takes(cpu: Platform) -> None:
@@ -164,5 +182,8 @@ def test_each_call_refuses_what_only_the_other_takes(cpu: Platform) -> None:
 
 
 def test_tensor_specs_are_held_as_a_tuple() -> None:
-    specs = [CacheRoleShape("key", (BLOCKS, 4, 64, 128), "bfloat16"), CacheRoleShape("value", (BLOCKS, 4, 64, 128), "bfloat16")]
+    specs = [
+        CacheRoleShape("key", (BLOCKS, 4, 64, 128), "bfloat16"),
+        CacheRoleShape("value", (BLOCKS, 4, 64, 128), "bfloat16"),
+    ]
     assert request(tensor_specs=specs).tensor_specs == tuple(specs)

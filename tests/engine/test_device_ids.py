@@ -39,9 +39,13 @@ def test_without_a_visible_devices_variable_the_physical_id_is_the_local_device(
 
 @pytest.mark.parametrize(
     ("value", "allowed"),
-    [("GPU-1f2e,GPU-3a4b", "comma-separated device indices"), ("", "comma-separated device indices"),
-     ("4,,5", "comma-separated device indices"), ("4", "at least 2 device(s)")],
-)  # fmt: skip
+    [
+        ("GPU-1f2e,GPU-3a4b", "comma-separated device indices"),
+        ("", "comma-separated device indices"),
+        ("4,,5", "comma-separated device indices"),
+        ("4", "at least 2 device(s)"),
+    ],
+)
 def test_a_bad_visible_devices_variable_is_a_config_error_naming_it(value: str, allowed: str) -> None:
     with pytest.raises(ConfigError) as caught:
         physical_device_id(GPU, 1, {"CUDA_VISIBLE_DEVICES": value})
@@ -85,8 +89,10 @@ def test_a_run_names_each_rank_by_its_visible_device_and_places_it_on_its_local_
     model = load_model_config(QWEN)
     deploy = DeployConfig(QWEN, model, CacheConfig(), SchedulerConfig(), ParallelConfig(2))
     spec = RunSpec(deploy, "cuda", "gpu", 2, timeout=5.0, device_ids=run_device_ids(GPU, 2))
-    assert [spec.layout(rank).names()[0] for rank in (0, 1)] == ["key_caches_0_rank0.device4",
-                                                                 "key_caches_0_rank1.device5"]  # fmt: skip
+    assert [spec.layout(rank).names()[0] for rank in (0, 1)] == [
+        "key_caches_0_rank0.device4",
+        "key_caches_0_rank1.device5",
+    ]
     assert [(spec.device_id(rank), spec.local_device(rank)) for rank in (0, 1)] == [(4, 0), (5, 1)]
     assert run_device_ids(CPU, 2) == ()  # cpu: every rank on the host
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4")

@@ -11,11 +11,11 @@ import signal
 import time
 from collections.abc import Iterator
 
-import pytest
-
 import engine_processes
+import pytest
 from conftest import SHM_DIR, shm_entries
 from engine_processes import qwen_layout
+
 from fd_platforms.contract.errors import BufferInUseError, CacheNotReadyError, CacheSharingError
 from fd_platforms.engine import initialize_kv_cache
 from fd_platforms.ipc.cache_signal import CacheReadySignal
@@ -59,8 +59,9 @@ def test_a_worker_that_creates_zero_fills_publishes_and_sets_its_slot(cpu, signa
 def test_a_worker_attaches_zero_copy_to_the_cache_managers_tensors(cpu, signal_owner) -> None:
     layout = qwen_layout()
     with cache_manager(signal_owner.name) as (manager, pid):
-        cache = initialize_kv_cache(cpu, layout, BLOCKS, instance=signal_owner.name, creator_pid=pid, timeout=30,
-                                        **DECODE)  # fmt: skip
+        cache = initialize_kv_cache(
+            cpu, layout, BLOCKS, instance=signal_owner.name, creator_pid=pid, timeout=30, **DECODE
+        )
         assert not cache.created and cache.shared
         assert cache.decision.deciding_term == "splitwise_role"
         assert cache.names == layout.names() and len(cache.tensors) == 96
@@ -75,12 +76,14 @@ def test_a_worker_attaches_zero_copy_to_the_cache_managers_tensors(cpu, signal_o
 
 @pytest.mark.slow
 def test_a_published_tensor_differing_from_the_attachers_layout_is_refused(cpu, signal_owner) -> None:
-    with cache_manager(signal_owner.name, block_size=32) as (_, pid):
-        with pytest.raises(CacheSharingError) as info:
-            initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=signal_owner.name, creator_pid=pid, timeout=30,
-                                    **DECODE)  # fmt: skip
+    with cache_manager(signal_owner.name, block_size=32) as (_, pid), pytest.raises(CacheSharingError) as info:
+        initialize_kv_cache(
+            cpu, qwen_layout(), BLOCKS, instance=signal_owner.name, creator_pid=pid, timeout=30, **DECODE
+        )
     message = str(info.value)
-    assert "KV cache tensor key_caches_0_rank0.device0: published as key_caches_0_rank0.device0 [4, 4, 32, 128]" in message
+    assert (
+        "KV cache tensor key_caches_0_rank0.device0: published as key_caches_0_rank0.device0 [4, 4, 32, 128]" in message
+    )
     assert "this process's layout expects key_caches_0_rank0.device0 [4, 4, 64, 128] bfloat16" in message
     assert "Fix: start every process of the engine with the same model" in message
 
@@ -88,8 +91,9 @@ def test_a_published_tensor_differing_from_the_attachers_layout_is_refused(cpu, 
 @pytest.mark.slow
 def test_the_manager_frees_only_after_the_attacher_let_go(cpu, signal_owner) -> None:
     with cache_manager(signal_owner.name) as (manager, pid):
-        cache = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=signal_owner.name, creator_pid=pid,
-                                        timeout=30, **DECODE)  # fmt: skip
+        cache = initialize_kv_cache(
+            cpu, qwen_layout(), BLOCKS, instance=signal_owner.name, creator_pid=pid, timeout=30, **DECODE
+        )
         started = time.monotonic()
         manager.send(("clear", 0.3))
         kind, message, ranks = manager.recv()
@@ -106,7 +110,9 @@ def test_the_manager_frees_only_after_the_attacher_let_go(cpu, signal_owner) -> 
 def test_clear_refuses_while_a_tensor_is_still_referenced(cpu, signal_owner) -> None:
     cache = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=signal_owner.name, **MIXED)
     kept = cache.tensors[3]
-    with pytest.raises(BufferInUseError, match=r"KV cache tensor fd_kv\..*value_caches_1_rank0.device0 is still referenced"):
+    with pytest.raises(
+        BufferInUseError, match=r"KV cache tensor fd_kv\..*value_caches_1_rank0.device0 is still referenced"
+    ):
         cache.clear()
     del kept
     cache.clear()
@@ -128,7 +134,10 @@ def test_a_platform_that_cannot_share_is_refused_when_it_decides(make_plugin, si
         initialize_kv_cache(platform, qwen_layout(), BLOCKS, instance=signal_owner.name, timeout=60, **DECODE)
     assert time.monotonic() - started < 5, "refused when deciding, not after waiting"
     message = str(info.value)
-    assert "rank 0: the rule decided the workers attach to the cache manager's KV cache (deciding term splitwise_role" in message
+    assert (
+        "rank 0: the rule decided the workers attach to the cache manager's KV cache (deciding term splitwise_role"
+        in message
+    )
     assert "platform noshare cannot share KV cache tensors between processes" in message and "Fix: " in message
     created = initialize_kv_cache(platform, qwen_layout(), BLOCKS, instance=signal_owner.name, **MIXED)
     assert created.created and not created.shared, "a creator still works: plain tensors, nothing published"
@@ -162,8 +171,9 @@ def test_a_profiling_run_makes_its_own_cache_beside_a_published_one(cpu, signal_
     """FastDeploy's profile run creates a temporary cache: never published, the slot untouched."""
     with cache_manager(signal_owner.name):
         before = signal_owner.slots()
-        profiled = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=signal_owner.name,
-                                           **{**DECODE, "profile": True})  # fmt: skip
+        profiled = initialize_kv_cache(
+            cpu, qwen_layout(), BLOCKS, instance=signal_owner.name, **{**DECODE, "profile": True}
+        )
         assert profiled.created and not profiled.shared and profiled.decision.deciding_term == "profile"
         assert signal_owner.slots() == before
         profiled.clear()
@@ -176,11 +186,14 @@ def test_an_attacher_resets_its_slot_before_it_lets_go(cpu, signal_owner, monkey
     from fd_platforms.engine import publication
 
     with cache_manager(signal_owner.name) as (_, pid):
-        cache = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=signal_owner.name, creator_pid=pid,
-                                        timeout=30, **DECODE)  # fmt: skip
+        cache = initialize_kv_cache(
+            cpu, qwen_layout(), BLOCKS, instance=signal_owner.name, creator_pid=pid, timeout=30, **DECODE
+        )
         seen: list[tuple[int, ...]] = []
         let_go = publication.Publication.let_go
-        monkeypatch.setattr(publication.Publication, "let_go", lambda self: (seen.append(signal_owner.slots()), let_go(self)))
+        monkeypatch.setattr(
+            publication.Publication, "let_go", lambda self: (seen.append(signal_owner.slots()), let_go(self))
+        )
         cache.clear()
         assert seen and seen[0][0] == 0, "the slot was already reset when the publication was let go"
 
@@ -193,8 +206,9 @@ def test_a_dead_cache_manager_ends_the_wait(cpu, signal_owner) -> None:
         threading_kill = time.monotonic()
         os.kill(process.pid, signal.SIGKILL)
         with pytest.raises(CacheNotReadyError, match="exited without setting it"):
-            initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=signal_owner.name, creator_pid=process.pid,
-                                    timeout=30, **DECODE)  # fmt: skip
+            initialize_kv_cache(
+                cpu, qwen_layout(), BLOCKS, instance=signal_owner.name, creator_pid=process.pid, timeout=30, **DECODE
+            )
         assert time.monotonic() - threading_kill < 5
     finally:
         process.join(10)
@@ -271,9 +285,12 @@ def test_an_exporter_holds_one_descriptor_per_tensor_and_an_attacher_none(cpu, s
     before = open_fds()
     creator = initialize_kv_cache(cpu, layout, BLOCKS, instance=signal_owner.name, **MIXED)
     assert open_fds() - before == len(layout.tensors) + 1, "one memfd per exported tensor, and the publication"
-    opened = [cpu.open_cache_tensor(f"fd_kv.{signal_owner.instance}.{spec.name}", shared.handle,
-                                    spec.shape(BLOCKS), spec.dtype, "cpu")
-              for spec, shared in zip(layout.tensors, creator._shared, strict=True)]  # fmt: skip
+    opened = [
+        cpu.open_cache_tensor(
+            f"fd_kv.{signal_owner.instance}.{spec.name}", shared.handle, spec.shape(BLOCKS), spec.dtype, "cpu"
+        )
+        for spec, shared in zip(layout.tensors, creator._shared, strict=True)
+    ]
     assert open_fds() - before == len(layout.tensors) + 1, "opening maps without keeping a descriptor"
     for tensor in opened:
         tensor.close()

@@ -19,23 +19,33 @@ MIXED = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitw
 LAYOUT = build_layout(load_model_config(ROOT / QWEN), CacheConfig(), ParallelConfig())
 
 CALLS: dict[str, tuple[Callable[[Platform], object], str]] = {
-    "initialize_kv_cache(None, ...)": (lambda cpu: initialize_kv_cache(None, LAYOUT, 4, instance=SIGNAL, **MIXED),
-                                       "platform is not given; allowed: a Platform"),
-    "initialize_kv_cache(cpu, None, ...)": (lambda cpu: initialize_kv_cache(cpu, None, 4, instance=SIGNAL, **MIXED),
-                                            "layout is not given; allowed: a CacheLayout"),
+    "initialize_kv_cache(None, ...)": (
+        lambda cpu: initialize_kv_cache(None, LAYOUT, 4, instance=SIGNAL, **MIXED),
+        "platform is not given; allowed: a Platform",
+    ),
+    "initialize_kv_cache(cpu, None, ...)": (
+        lambda cpu: initialize_kv_cache(cpu, None, 4, instance=SIGNAL, **MIXED),
+        "layout is not given; allowed: a CacheLayout",
+    ),
     "initialize_kv_cache(cpu, layout, '4', ...)": (
-        lambda cpu: initialize_kv_cache(cpu, LAYOUT, "4", instance=SIGNAL, **MIXED), "num_blocks='4' is not valid"),
-    "manage_kv_cache(None, ...)": (lambda cpu: manage_kv_cache(None, LAYOUT, 4, num_cpu_blocks=0, instance=SIGNAL),
-                                   "platform is not given; allowed: a Platform"),
+        lambda cpu: initialize_kv_cache(cpu, LAYOUT, "4", instance=SIGNAL, **MIXED),
+        "num_blocks='4' is not valid",
+    ),
+    "manage_kv_cache(None, ...)": (
+        lambda cpu: manage_kv_cache(None, LAYOUT, 4, num_cpu_blocks=0, instance=SIGNAL),
+        "platform is not given; allowed: a Platform",
+    ),
     "manage_kv_cache(cpu, 'layout', ...)": (
         lambda cpu: manage_kv_cache(cpu, "layout", 4, num_cpu_blocks=0, instance=SIGNAL),
-        "layout='layout' is not valid; allowed: a CacheLayout"),
+        "layout='layout' is not valid; allowed: a CacheLayout",
+    ),
     "manage_kv_cache(num_cpu_blocks=-1)": (
         lambda cpu: manage_kv_cache(cpu, LAYOUT, 4, num_cpu_blocks=-1, instance=SIGNAL),
-        "num_cpu_blocks=-1 is not valid; allowed: an integer from 0"),
+        "num_cpu_blocks=-1 is not valid; allowed: an integer from 0",
+    ),
     "allocate_kv_cache(None, ...)": (lambda cpu: allocate_kv_cache(None, 4, "cpu"), "layout is not given"),
     "allocate_kv_cache(device=None)": (lambda cpu: allocate_kv_cache(LAYOUT, 4, None), "device is not given"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(CALLS))

@@ -16,13 +16,13 @@ import warnings
 from pathlib import Path
 
 import pytest
+from run_helpers import ROOT
 
 import fd_platforms
 import fd_platforms.engine
 import fd_platforms.fastdeploy
 import fd_platforms.plugin
 from fd_platforms.engine import ConfigError, FdPlatformsError, errors
-from run_helpers import ROOT
 
 NAMES = fd_platforms.engine.__all__
 API = (ROOT / "docs" / "api.md").read_text()
@@ -37,7 +37,7 @@ def test_the_engine_api_is_at_most_35_names_each_resolving() -> None:
     for name in NAMES:
         assert getattr(fd_platforms.engine, name) is not None, name
     star: dict[str, object] = {}
-    exec("from fd_platforms.engine import *", star)  # noqa: S102 - what an engine may write
+    exec("from fd_platforms.engine import *", star)
     assert set(star) - {"__builtins__"} == set(NAMES)
     assert fd_platforms.engine.errors is errors  # the one module beside the names
 
@@ -62,13 +62,14 @@ def error_classes(package: str) -> set[type]:
     """Every FdPlatformsError subclass defined in ``package``'s modules."""
     root = importlib.import_module(package)
     modules = [root] + [
-        importlib.import_module(info.name)
-        for info in pkgutil.walk_packages(root.__path__, f"{package}.")
+        importlib.import_module(info.name) for info in pkgutil.walk_packages(root.__path__, f"{package}.")
     ]
     return {
-        value for module in modules for value in vars(module).values()
+        value
+        for module in modules
+        for value in vars(module).values()
         if inspect.isclass(value) and issubclass(value, FdPlatformsError) and value.__module__ == module.__name__
-    }  # fmt: skip
+    }
 
 
 # Raised and caught inside the package: an entry in /dev/shm this process must not touch never reaches a caller.
@@ -83,8 +84,12 @@ def test_the_errors_module_holds_every_error_the_engine_and_the_layers_below_it_
     for name in errors.__all__:
         error = getattr(errors, name)
         assert issubclass(error, FdPlatformsError) and own_doc(error), name
-    exported = [name for name in NAMES if inspect.isclass(getattr(fd_platforms.engine, name))
-                and issubclass(getattr(fd_platforms.engine, name), BaseException)]  # fmt: skip
+    exported = [
+        name
+        for name in NAMES
+        if inspect.isclass(getattr(fd_platforms.engine, name))
+        and issubclass(getattr(fd_platforms.engine, name), BaseException)
+    ]
     assert "FdPlatformsError" in exported and len(exported) <= 6, "the base class and a few a runner catches"
     for name in exported:  # the same classes: except clauses agree whichever module a runner took them from
         assert getattr(errors, name) is getattr(fd_platforms.engine, name)
@@ -110,7 +115,7 @@ LEFT = {"collective_backend": "fd_platforms.engine.cluster", "RankPlan": "fd_pla
 def test_a_name_that_left_the_engine_module_works_with_a_deprecation_at_the_users_line(name: str) -> None:
     namespace: dict[str, object] = {"__name__": "old_engine"}
     with pytest.warns(DeprecationWarning, match=rf"fd_platforms\.engine\.{name} is deprecated.*{LEFT[name]}") as caught:
-        exec(compile(f"\nfrom fd_platforms.engine import {name}\n", "old_engine.py", "exec"), namespace)  # noqa: S102
+        exec(compile(f"\nfrom fd_platforms.engine import {name}\n", "old_engine.py", "exec"), namespace)
     assert {(w.filename, w.lineno) for w in caught} == {("old_engine.py", 2)}
     assert namespace[name] is getattr(importlib.import_module(LEFT[name]), name)
     assert name not in NAMES
@@ -262,6 +267,13 @@ def test_the_public_modules_import_clean() -> None:
 
 def test_every_docs_sample_file_is_checked() -> None:
     checked = {path for path, *_ in SOURCES}
-    assert {"README.md", "docs/engine-integration.md", "docs/api.md", "docs/porting-fastdeploy.md",
-            "examples/engine_runner.py", "examples/launched_worker.py", "examples/multinode_runner.py"} <= checked
+    assert {
+        "README.md",
+        "docs/engine-integration.md",
+        "docs/api.md",
+        "docs/porting-fastdeploy.md",
+        "examples/engine_runner.py",
+        "examples/launched_worker.py",
+        "examples/multinode_runner.py",
+    } <= checked
     assert all(Path(ROOT / path).exists() for path in checked)

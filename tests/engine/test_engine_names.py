@@ -11,8 +11,8 @@ import warnings
 from collections.abc import Iterator
 
 import pytest
-
 from engine_processes import qwen_layout
+
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.engine import KVCache, ManagedCache, hold_kv_cache, initialize_kv_cache, manage_kv_cache
 from fd_platforms.fastdeploy import FASTDEPLOY
@@ -35,10 +35,20 @@ def suffix(fastdeploy_record_names: None) -> Iterator[str]:
 @pytest.mark.parametrize("protocol", ["fastdeploy", "fd-platforms"])
 def test_the_engine_instance_is_instance_under_either_protocol(cpu: Platform, protocol: str, request) -> None:
     name = request.getfixturevalue("suffix" if protocol == "fastdeploy" else "ours")
-    managed = manage_kv_cache(cpu, qwen_layout(), BLOCKS, num_cpu_blocks=2, instance=name, protocol=protocol,
-                              rule="2026-01")  # fmt: skip
-    runner = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=name, protocol=protocol, rule="2026-01",
-                                 timeout=5, creator_pid=os.getpid(), **SWAP)  # fmt: skip
+    managed = manage_kv_cache(
+        cpu, qwen_layout(), BLOCKS, num_cpu_blocks=2, instance=name, protocol=protocol, rule="2026-01"
+    )
+    runner = initialize_kv_cache(
+        cpu,
+        qwen_layout(),
+        BLOCKS,
+        instance=name,
+        protocol=protocol,
+        rule="2026-01",
+        timeout=5,
+        creator_pid=os.getpid(),
+        **SWAP,
+    )
     try:
         assert managed.created and not runner.created
     finally:
@@ -55,10 +65,12 @@ def test_an_old_instance_keyword_still_works_with_a_deprecation_warning(
     """``suffix=`` and ``signal_name=`` (FastDeploy's protocol took both, ours its signal's name) are ``instance=``."""
     name = request.getfixturevalue("suffix" if protocol == "fastdeploy" else "ours")
     with pytest.warns(DeprecationWarning, match=f"^{keyword}= is deprecated .* pass instance=") as caught:
-        managed = manage_kv_cache(cpu, qwen_layout(), BLOCKS, num_cpu_blocks=2, protocol=protocol, rule="2026-01",
-                                  **{keyword: name})  # fmt: skip
-        runner = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, protocol=protocol, rule="2026-01", timeout=5,
-                                     **SWAP, **{keyword: name})  # fmt: skip
+        managed = manage_kv_cache(
+            cpu, qwen_layout(), BLOCKS, num_cpu_blocks=2, protocol=protocol, rule="2026-01", **{keyword: name}
+        )
+        runner = initialize_kv_cache(
+            cpu, qwen_layout(), BLOCKS, protocol=protocol, rule="2026-01", timeout=5, **SWAP, **{keyword: name}
+        )
     try:
         assert managed.created and not runner.created
         assert [warning.filename for warning in caught] == [__file__] * 2, "the warning names the caller's line"
@@ -72,16 +84,26 @@ def test_setter_pid_is_creator_pid_with_a_deprecation_warning(cpu: Platform, our
     managed = manage_kv_cache(cpu, qwen_layout(), BLOCKS, num_cpu_blocks=2, instance=ours, rule="2026-01")
     try:
         with pytest.warns(DeprecationWarning, match="^setter_pid= is deprecated .* pass creator_pid=") as caught:
-            runner = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=ours, rule="2026-01", timeout=5,
-                                         setter_pid=os.getpid(), **SWAP)  # fmt: skip
+            runner = initialize_kv_cache(
+                cpu, qwen_layout(), BLOCKS, instance=ours, rule="2026-01", timeout=5, setter_pid=os.getpid(), **SWAP
+            )
             cpu.wait_cache_ready(ours, 0, timeout=5, setter_pid=os.getpid())
             with CacheReadySignal.attach(ours) as signal:
                 signal.wait(0, 5, setter_pid=os.getpid())
         runner.clear(5)
         assert [warning.filename for warning in caught] == [__file__] * 3, "the warning names the caller's line"
         with pytest.raises(ConfigError) as both:
-            initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=ours, rule="2026-01", timeout=5,
-                                setter_pid=os.getpid(), creator_pid=os.getpid(), **SWAP)  # fmt: skip
+            initialize_kv_cache(
+                cpu,
+                qwen_layout(),
+                BLOCKS,
+                instance=ours,
+                rule="2026-01",
+                timeout=5,
+                setter_pid=os.getpid(),
+                creator_pid=os.getpid(),
+                **SWAP,
+            )
         assert both.value.field == "setter_pid" and "Fix: drop setter_pid=" in str(both.value)
     finally:
         managed.clear(5)
@@ -89,18 +111,23 @@ def test_setter_pid_is_creator_pid_with_a_deprecation_warning(cpu: Platform, our
 
 @pytest.mark.parametrize(
     ("protocol", "names", "field"),
-    [("fastdeploy", {"signal_name": "9923", "suffix": "9923"}, "suffix"), ("fastdeploy", {}, "instance"),
-     ("fastdeploy", {"instance": "9923", "signal_name": "9923"}, "signal_name"),
-     ("fd-platforms", {"suffix": "9923"}, "suffix"), ("fd-platforms", {}, "instance")],
-)  # fmt: skip
+    [
+        ("fastdeploy", {"signal_name": "9923", "suffix": "9923"}, "suffix"),
+        ("fastdeploy", {}, "instance"),
+        ("fastdeploy", {"instance": "9923", "signal_name": "9923"}, "signal_name"),
+        ("fd-platforms", {"suffix": "9923"}, "suffix"),
+        ("fd-platforms", {}, "instance"),
+    ],
+)
 def test_a_missing_doubled_or_foreign_name_is_a_config_error(
     cpu: Platform, protocol: str, names: dict[str, str], field: str
 ) -> None:
     for call in (
         lambda: initialize_kv_cache(cpu, qwen_layout(), BLOCKS, protocol=protocol, rule="2026-01", **SWAP, **names),
-        lambda: manage_kv_cache(cpu, qwen_layout(), BLOCKS, num_cpu_blocks=2, protocol=protocol, rule="2026-01",
-                                **names),  # type: ignore[arg-type]
-    ):  # fmt: skip
+        lambda: manage_kv_cache(
+            cpu, qwen_layout(), BLOCKS, num_cpu_blocks=2, protocol=protocol, rule="2026-01", **names
+        ),  # type: ignore[arg-type]
+    ):
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # refused before any deprecation warning
             with pytest.raises(ConfigError) as caught:
@@ -112,8 +139,9 @@ def test_manage_kv_cache_attaches_where_the_rule_lets_the_workers_create(cpu: Pl
     """Rule 2026-04 with swap space: the worker creates, and the one manager call attaches (FastDeploy's transfer
     manager since PR #7471, cache_transfer_manager.py: "Waiting for runners ... to create kv cache")."""
     worker = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=ours, rule="2026-04", **SWAP)
-    managed = manage_kv_cache(cpu, qwen_layout(), BLOCKS, num_cpu_blocks=2, instance=ours, rule="2026-04",
-                              creator_pid=None, timeout=5)  # fmt: skip
+    managed = manage_kv_cache(
+        cpu, qwen_layout(), BLOCKS, num_cpu_blocks=2, instance=ours, rule="2026-04", creator_pid=None, timeout=5
+    )
     try:
         assert worker.created and not managed.created and not managed.kv_cache.created
         worker.tensors[0][0, 0, 0, 0] = 3.5
@@ -158,8 +186,9 @@ def test_managed_cache_fields_read_as_kv_caches_with_deprecated_aliases(cpu: Pla
         managed.clear(5)
 
 
-def test_every_call_that_named_the_instance_by_an_old_keyword_still_takes_it_with_a_warning_at_the_callers_line(
-) -> None:
+def test_every_call_that_named_the_instance_by_an_old_keyword_still_takes_it_with_a_warning_at_the_callers_line() -> (
+    None
+):
     """``signal_name=`` (our manifests' and tensors' names) and ``suffix=`` (FastDeploy's calls) are ``instance=``:
     the same answer, or the same refusal of a bad name, with a DeprecationWarning pointing here."""
     from fd_platforms.engine import publication_name, published_tensor_name
@@ -174,7 +203,8 @@ def test_every_call_that_named_the_instance_by_an_old_keyword_still_takes_it_wit
     with pytest.warns(DeprecationWarning, match="^signal_name= is deprecated .* pass instance=") as caught:
         assert publication_name(signal_name="fd_cache_ready.e1", rank=0) == publication_name("fd_cache_ready.e1", 0)
         assert published_tensor_name(signal_name="fd_cache_ready.e1", layout_name="k") == published_tensor_name(
-            "fd_cache_ready.e1", "k")
+            "fd_cache_ready.e1", "k"
+        )
     assert [warning.filename for warning in caught] == [__file__] * 2
     refused = [
         lambda: drive_kv_cache_clear(suffix="a/b"),

@@ -42,7 +42,10 @@ def spec(role: str, shape: tuple[int, ...], dtype: str) -> CacheRoleShape:
 
 def allocated(layout: CacheLayout, specs: tuple[CacheRoleShape, ...]) -> list[tuple[str, list[int], str]]:
     cache = allocate_kv_cache(layout, N, "cpu", tensor_specs=specs)
-    got = [(name, list(t.shape), str(t.dtype).removeprefix("paddle.")) for name, t in zip(cache.names, cache.tensors)]
+    got = [
+        (name, list(t.shape), str(t.dtype).removeprefix("paddle."))
+        for name, t in zip(cache.names, cache.tensors, strict=False)
+    ]
     cache.clear()
     return got
 
@@ -64,9 +67,13 @@ APPEND_ATTN = {
     "bf16": ({}, (spec("key", (N, H, B, D), "bfloat16"), spec("value", (N, H, B, D), "bfloat16"))),
     "block_wise_fp8": (
         {"kv_cache_quant_type": "block_wise_fp8"},
-        (spec("key", (N, H, B, D), "uint8"), spec("value", (N, H, B, D), "uint8"),
-         spec("key_scale", (N, H, B), "bfloat16"), spec("value_scale", (N, H, B), "bfloat16")),
-    ),  # fmt: skip
+        (
+            spec("key", (N, H, B, D), "uint8"),
+            spec("value", (N, H, B, D), "uint8"),
+            spec("key_scale", (N, H, B), "bfloat16"),
+            spec("value_scale", (N, H, B), "bfloat16"),
+        ),
+    ),
     "int4_zp": (  # two values a byte: [N, H, B, D // 2]
         {"kv_cache_quant_type": "int4_zp"},
         (spec("key", (N, H, B, D // 2), "uint8"), spec("value", (N, H, B, D // 2), "uint8")),
@@ -90,8 +97,10 @@ def test_xpu_shapes_int8_and_int4_zp_one_value_a_byte_in_the_order_its_kernels_i
     got = allocated(layout, xpu_int8)
     assert got == expected(layout, xpu_int8)
     layer = 1  # caches[2 * layer] is the layer's key, caches[2 * layer + 1] its value
-    assert [name for name, _, _ in got][2 * layer : 2 * layer + 2] == ["key_caches_1_rank0.device0",
-                                                                       "value_caches_1_rank0.device0"]  # fmt: skip
+    assert [name for name, _, _ in got][2 * layer : 2 * layer + 2] == [
+        "key_caches_1_rank0.device0",
+        "value_caches_1_rank0.device0",
+    ]
     int4 = layout_of(kv_cache_quant_type="int4_zp").on_device_type("xpu")
     assert allocated(int4, xpu_int8) == expected(int4, xpu_int8)
 
@@ -112,8 +121,12 @@ def test_xpu_block_wise_fp8_is_key_and_value_alone_as_its_runner_allocates_them(
 def test_metax_flash_backend_tokens_before_heads() -> None:
     """MetaX's flash backend states ``[N, block, kv_heads, head_dim]`` (``metax_model_runner.py`` with its
     backend's ``get_kv_cache_shape``), scales ``[N, block, kv_heads]``: the same bytes, other axes."""
-    specs = (spec("key", (N, B, H, D), "uint8"), spec("value", (N, B, H, D), "uint8"),
-             spec("key_scale", (N, B, H), "bfloat16"), spec("value_scale", (N, B, H), "bfloat16"))  # fmt: skip
+    specs = (
+        spec("key", (N, B, H, D), "uint8"),
+        spec("value", (N, B, H, D), "uint8"),
+        spec("key_scale", (N, B, H), "bfloat16"),
+        spec("value_scale", (N, B, H), "bfloat16"),
+    )
     layout = layout_of(kv_cache_quant_type="block_wise_fp8")
     assert allocated(layout, specs) == expected(layout, specs)
 
@@ -172,8 +185,7 @@ def test_a_refused_spec_is_raised_before_any_hook_runs(signal_name: str) -> None
     called: list[str] = []
     platform._call = lambda hook, *a, **k: called.append(hook)  # type: ignore[method-assign]
     with pytest.raises(ConfigError, match="tensor_specs"):
-        initialize_kv_cache(platform, layout_of(), N, instance=signal_name, tensor_specs=(BF16[1], BF16[0]),
-                            **MIXED)  # fmt: skip
+        initialize_kv_cache(platform, layout_of(), N, instance=signal_name, tensor_specs=(BF16[1], BF16[0]), **MIXED)
     assert called == []
 
 
@@ -192,8 +204,9 @@ def manage_with_specs(signal_name: str, conn: Connection) -> None:
     """A cache manager publishing rank 0's cache in the engine's MetaX-like specs; writes 5.0 first."""
     import fd_platforms
 
-    managed = manage_kv_cache(fd_platforms.current_platform(), layout_of(), N, num_cpu_blocks=0,
-                              instance=signal_name, tensor_specs=METAX)  # fmt: skip
+    managed = manage_kv_cache(
+        fd_platforms.current_platform(), layout_of(), N, num_cpu_blocks=0, instance=signal_name, tensor_specs=METAX
+    )
     managed.kv_cache.tensors[0][0, 0, 0, 0] = 5.0
     conn.send("ready")
     conn.recv()
@@ -222,8 +235,9 @@ def test_a_worker_stating_the_managers_specs_attaches_across_processes(signal_na
     with CacheReadySignal.create(1, signal_name), manager(signal_name) as (conn, pid):
         with pytest.raises(CacheSharingError, match=r"\[3, 64, 8, 128\]"):  # derived shapes differ from the published
             initialize_kv_cache(platform, layout_of(), N, instance=signal_name, creator_pid=pid, timeout=30, **DECODE)
-        cache = initialize_kv_cache(platform, layout_of(), N, instance=signal_name, creator_pid=pid, timeout=30,
-                                    tensor_specs=METAX, **DECODE)  # fmt: skip
+        cache = initialize_kv_cache(
+            platform, layout_of(), N, instance=signal_name, creator_pid=pid, timeout=30, tensor_specs=METAX, **DECODE
+        )
         assert not cache.created and [list(t.shape) for t in cache.tensors[:2]] == [[N, B, H, D]] * 2
         assert cache.tensors[0][0, 0, 0, 0].item() == 5.0, "the manager's write is seen here"
         cache.clear()

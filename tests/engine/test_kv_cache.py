@@ -22,7 +22,11 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def layout_of(model: str, tp: int = 4, **cache: Any) -> CacheLayout:
-    return build_layout(load_model_config(EXAMPLES / model), CacheConfig(block_size=16, **cache), ParallelConfig(tensor_parallel_size=tp))
+    return build_layout(
+        load_model_config(EXAMPLES / model),
+        CacheConfig(block_size=16, **cache),
+        ParallelConfig(tensor_parallel_size=tp),
+    )
 
 
 def test_cpu_platform_allocates_the_layout_in_order_with_its_names() -> None:
@@ -55,8 +59,11 @@ def test_tensors_are_zero_copy_views_of_raw_bytes() -> None:
     [
         ("qwen3-30b-a3b", {"cache_dtype": "float8_e4m3fn"}, {"uint8"}),  # FastDeploy's 8-bit caches are uint8
         ("qwen3-30b-a3b", {"cache_dtype": "int8"}, {"uint8"}),
-        ("qwen3-30b-a3b", {"cache_dtype": "float8_e4m3fn", "kv_cache_quant_type": "block_wise_fp8"},
-         {"uint8", "bfloat16"}),  # scales in the model's dtype (Paddle's default dtype in FastDeploy's worker)
+        (
+            "qwen3-30b-a3b",
+            {"cache_dtype": "float8_e4m3fn", "kv_cache_quant_type": "block_wise_fp8"},
+            {"uint8", "bfloat16"},
+        ),  # scales in the model's dtype (Paddle's default dtype in FastDeploy's worker)
         ("deepseek-v3", {}, {"bfloat16"}),
         ("deepseek-v3.2", {}, {"uint8"}),
     ],

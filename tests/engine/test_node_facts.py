@@ -11,10 +11,15 @@ from fd_platforms.engine.rendezvous import read_facts
 
 @pytest.mark.parametrize(
     "raw",
-    [b"[" * 200_000 + b"]" * 200_000, b'{"--model": {"nested": [1, 2]}}', b'{"--model": "' + b"x" * (70 << 10) + b'"}',
-     b"\xff\xfe", b"[1, 2]"],
+    [
+        b"[" * 200_000 + b"]" * 200_000,
+        b'{"--model": {"nested": [1, 2]}}',
+        b'{"--model": "' + b"x" * (70 << 10) + b'"}',
+        b"\xff\xfe",
+        b"[1, 2]",
+    ],
     ids=["200000-deep", "nested-value", "70-KiB", "not-utf8", "not-an-object"],
-)  # fmt: skip
+)
 def test_a_rogue_facts_entry_is_a_node_error_naming_the_node(raw: bytes) -> None:
     with pytest.raises(NodeError, match="node 1 published facts this node cannot read"):
         read_facts(raw, "node 1", "node 0 rank 0")

@@ -47,12 +47,16 @@ def forged(name: str, payload: bytes) -> Iterator[Path]:
 
 @pytest.mark.parametrize(
     "payload",
-    [b"[" * 200_000 + b"]" * 200_000,
-     b'{"format": 1, "rank": 0, "creator_pid": "x", "device": 5, "tensors": [{"name": 1}]}',
-     b'{"format": 1, "rank": 0, "creator_pid": 1, "device": "cpu", "tensors": [{"name": "a", "shape": [true],'
-     b' "dtype": "uint8", "handle": "h"}]}'],
+    [
+        b"[" * 200_000 + b"]" * 200_000,
+        b'{"format": 1, "rank": 0, "creator_pid": "x", "device": 5, "tensors": [{"name": 1}]}',
+        (
+            b'{"format": 1, "rank": 0, "creator_pid": 1, "device": "cpu", "tensors": [{"name": "a", "shape": [true],'
+            b' "dtype": "uint8", "handle": "h"}]}'
+        ),
+    ],
     ids=["nested-200000-deep", "wrong-types", "bool-extent"],
-)  # fmt: skip
+)
 def test_a_forged_publication_is_a_typed_refusal_and_the_sweep_leaves_it(payload: bytes) -> None:
     with forged("fd_kv_cache.test-forged.rank0", payload) as path:
         with pytest.raises(CacheSharingError, match="is not a complete fd-platforms KV cache publication"):
@@ -84,8 +88,10 @@ def test_an_attacher_refuses_a_publication_it_cannot_trace_to_the_setter(cpu: Pl
         try:
             with pytest.raises(CacheSharingError) as info:
                 initialize_kv_cache(cpu, LAYOUT, 1, instance=signal.name, creator_pid=setter, timeout=10, **decode)
-            says = {"creator-is-not-the-setter": f"names creator pid {os.getpid()}, but pid {other} sets this rank's slot",
-                    "handle-of-another-process": f"with a handle of pid {other}, not of its creator"}[forgery]  # fmt: skip
+            says = {
+                "creator-is-not-the-setter": f"names creator pid {os.getpid()}, but pid {other} sets this rank's slot",
+                "handle-of-another-process": f"with a handle of pid {other}, not of its creator",
+            }[forgery]
             assert says in str(info.value)
         finally:
             managed.clear(1)

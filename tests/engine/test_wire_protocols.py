@@ -7,13 +7,13 @@ import subprocess
 import sys
 
 import pytest
+from run_helpers import ROOT
 
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.engine.protocols import OURS, WireProtocol, protocol_named, register_protocol
 from fd_platforms.engine.publication import published_tensor_name
 from fd_platforms.fastdeploy import FASTDEPLOY
 from fd_platforms.rules.config.settings import PROTOCOLS
-from run_helpers import ROOT
 
 BOTH = (OURS, FASTDEPLOY)
 OPERATIONS = sorted(WireProtocol.__abstractmethods__)
@@ -140,12 +140,16 @@ def test_a_moved_module_imports_from_its_old_path_with_a_warning_at_the_importer
     assert same == "same: True"
 
 
-@pytest.mark.parametrize("name", ["drive_kv_cache_clear", "serve_kv_cache_status", "hand_off_block_count", "UpdateReport"])
+@pytest.mark.parametrize(
+    "name", ["drive_kv_cache_clear", "serve_kv_cache_status", "hand_off_block_count", "UpdateReport"]
+)
 def test_fastdeploys_names_on_the_engine_module_warn_and_are_the_same_objects(name: str) -> None:
     import fd_platforms.engine
     import fd_platforms.fastdeploy
 
-    with pytest.warns(DeprecationWarning, match=f"fd_platforms.engine.{name} is deprecated: it moved to fd_platforms.fastdeploy") as caught:
+    with pytest.warns(
+        DeprecationWarning, match=f"fd_platforms.engine.{name} is deprecated: it moved to fd_platforms.fastdeploy"
+    ) as caught:
         found = getattr(fd_platforms.engine, name)
     assert found is getattr(fd_platforms.fastdeploy, name)
     assert caught[0].filename == __file__, "the warning names the user's line"

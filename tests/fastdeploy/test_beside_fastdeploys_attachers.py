@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from fd_platforms.contract.errors import CacheInUseError, CacheSharingError
+from fd_platforms.engine.publication import PublishedTensor
 from fd_platforms.fastdeploy.handles import FastDeployHandles, read_handle
 from fd_platforms.fastdeploy.marks import attacher_prefix, attachers_per_rank, look
-from fd_platforms.engine.publication import PublishedTensor
 from fd_platforms.fastdeploy.signals import (
     CACHE_READY,
     CACHE_TRANSFER_INITED,
@@ -59,7 +59,10 @@ def memfds(names: list[str]) -> Iterator[list[PublishedTensor]]:
     fds = [os.memfd_create(name) for name in names]
     for fd in fds:
         os.ftruncate(fd, NBYTES)
-    yield [PublishedTensor(name, (4, 8), "uint8", f"memfd:{os.getpid()}:{fd}") for name, fd in zip(names, fds)]
+    yield [
+        PublishedTensor(name, (4, 8), "uint8", f"memfd:{os.getpid()}:{fd}")
+        for name, fd in zip(names, fds, strict=False)
+    ]
     for fd in fds:
         os.close(fd)
 
@@ -71,14 +74,21 @@ def expected(names: list[str]) -> list[PublishedTensor]:
 def our_attacher(suffix: str, names: list[str], attachers: int) -> subprocess.Popen:
     """An attacher of ours in another process; it lets go when its stdin closes."""
     child = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys; from fd_platforms.fastdeploy.handles import FastDeployHandles\n"
-         "from fd_platforms.engine.publication import PublishedTensor\n"
-         f"h = FastDeployHandles.open({suffix!r}, 0, [PublishedTensor(n, (4, 8), 'uint8', '') for n in {names!r}], "
-         f"'cpu', attachers={attachers})\n"
-         "print('attached', flush=True); sys.stdin.read(); h.let_go()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys; from fd_platforms.fastdeploy.handles import FastDeployHandles\n"
+                "from fd_platforms.engine.publication import PublishedTensor\n"
+                f"h = FastDeployHandles.open({suffix!r}, 0, [PublishedTensor(n, (4, 8), 'uint8', '') for n in {names!r}], "
+                f"'cpu', attachers={attachers})\n"
+                "print('attached', flush=True); sys.stdin.read(); h.let_go()"
+            ),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdout.readline().strip() == "attached"  # type: ignore[union-attr]
     return child
 
@@ -86,8 +96,12 @@ def our_attacher(suffix: str, names: list[str], attachers: int) -> subprocess.Po
 def fastdeploys(role: str, suffix: str, names: list[str], *extra: str) -> subprocess.Popen:
     """A stand-in of FastDeploy's process ``role`` for rank 0 of tp 1 (it imports nothing of ours)."""
     specs = json.dumps([[name, NBYTES] for name in names])
-    return subprocess.Popen([sys.executable, str(STANDINS), role, suffix, "0", "1", specs, *extra],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, str(STANDINS), role, suffix, "0", "1", specs, *extra],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(process: subprocess.Popen) -> None:
@@ -151,11 +165,23 @@ def test_a_held_mark_is_reported_by_the_holder_proc_locks_shows_not_the_pid_in_i
     ready = FastDeploySignal.create(CACHE_READY, suffix, 1)  # its slot lives: no creator's sweep takes the mark
     fd = os.open(f"/dev/shm/{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.write(fd, (999999).to_bytes(8, sys.byteorder) + (0).to_bytes(8, sys.byteorder) + (1).to_bytes(8, sys.byteorder))
-        holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys\n"
-                                   f"f = open('/dev/shm/{name}'); fcntl.flock(f, fcntl.LOCK_SH); print('held', "
-                                   "flush=True); sys.stdin.read()"],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        os.write(
+            fd, (999999).to_bytes(8, sys.byteorder) + (0).to_bytes(8, sys.byteorder) + (1).to_bytes(8, sys.byteorder)
+        )
+        holder = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                (
+                    "import fcntl, os, sys\n"
+                    f"f = open('/dev/shm/{name}'); fcntl.flock(f, fcntl.LOCK_SH); print('held', "
+                    "flush=True); sys.stdin.read()"
+                ),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert holder.stdout.readline().strip() == "held"  # type: ignore[union-attr]
         assert look(suffix, 0).living == (f"pid {holder.pid}",)
         finish(holder)
@@ -195,16 +221,23 @@ def test_stale_records_of_a_dead_creator_of_ours_are_still_reclaimed_with_the_sl
 ) -> None:
     with FastDeploySignal.create(CACHE_READY, suffix, 1):
         creator = subprocess.Popen(
-            [sys.executable, "-c",
-             "import sys; from fd_platforms.fastdeploy.handles import FastDeployHandles\n"
-             "from fd_platforms.engine.publication import PublishedTensor\n"
-             "from fd_platforms.fastdeploy.signals import CACHE_READY, FastDeploySignal\n"
-             f"h = FastDeployHandles.create({suffix!r}, 0, [PublishedTensor(n, (4, 8), 'uint8', 'memfd:1:3') "
-             f"for n in {names!r}], 'cpu', attachers=1)\n"
-             f"FastDeploySignal.attach(CACHE_READY, {suffix!r}).set(0, 1)\n"
-             "print('published', flush=True); sys.stdin.read()"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-c",
+                (
+                    "import sys; from fd_platforms.fastdeploy.handles import FastDeployHandles\n"
+                    "from fd_platforms.engine.publication import PublishedTensor\n"
+                    "from fd_platforms.fastdeploy.signals import CACHE_READY, FastDeploySignal\n"
+                    f"h = FastDeployHandles.create({suffix!r}, 0, [PublishedTensor(n, (4, 8), 'uint8', 'memfd:1:3') "
+                    f"for n in {names!r}], 'cpu', attachers=1)\n"
+                    f"FastDeploySignal.attach(CACHE_READY, {suffix!r}).set(0, 1)\n"
+                    "print('published', flush=True); sys.stdin.read()"
+                ),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert creator.stdout.readline().strip() == "published"  # type: ignore[union-attr]
         creator.kill()  # SIGKILL: its records, its creator mark and the slot stay
         creator.wait()
@@ -253,11 +286,21 @@ def test_decode_with_swap_our_manager_never_frees_under_fastdeploys_transfer_man
 
     monkeypatch.setenv("FD_PLATFORM", "cpu")
     platform = select_platform({"FD_PLATFORM": "cpu"}).platform
-    made = [FastDeploySignal.create(name, suffix, 1)
-            for name in (CACHE_READY, SWAP_SPACE_READY, CACHE_TRANSFER_INITED, KV_CACHE_STATUS)]  # fmt: skip
+    made = [
+        FastDeploySignal.create(name, suffix, 1)
+        for name in (CACHE_READY, SWAP_SPACE_READY, CACHE_TRANSFER_INITED, KV_CACHE_STATUS)
+    ]
     try:
-        managed = manage_kv_cache(platform, qwen_layout(), 4, num_cpu_blocks=4, splitwise_role="decode",
-                                  protocol="fastdeploy", instance=suffix, tp=1)  # fmt: skip
+        managed = manage_kv_cache(
+            platform,
+            qwen_layout(),
+            4,
+            num_cpu_blocks=4,
+            splitwise_role="decode",
+            protocol="fastdeploy",
+            instance=suffix,
+            tp=1,
+        )
         assert managed.created and made[0].get(0) == 1
         names = managed.kv_cache.names
         context = multiprocessing.get_context("spawn")
@@ -331,13 +374,16 @@ def test_serve_notices_a_dead_attacher_of_ours_when_fastdeploys_worker_drives(
 
     monkeypatch.setenv("FD_PLATFORM", "cpu")
     platform = select_platform({"FD_PLATFORM": "cpu"}).platform
-    made = [FastDeploySignal.create(name, suffix, 1)
-            for name in (CACHE_READY, SWAP_SPACE_READY, CACHE_TRANSFER_INITED, KV_CACHE_STATUS)]  # fmt: skip
+    made = [
+        FastDeploySignal.create(name, suffix, 1)
+        for name in (CACHE_READY, SWAP_SPACE_READY, CACHE_TRANSFER_INITED, KV_CACHE_STATUS)
+    ]
     ready, status = made[0], made[3]
 
     def manage(rank: int = 0) -> object:
-        return manage_kv_cache(platform, qwen_layout(), 4, num_cpu_blocks=4, protocol="fastdeploy", instance=suffix,
-                               rule="2026-01", tp=1)  # fmt: skip
+        return manage_kv_cache(
+            platform, qwen_layout(), 4, num_cpu_blocks=4, protocol="fastdeploy", instance=suffix, rule="2026-01", tp=1
+        )
 
     stop, held = threading.Event(), []
     try:
@@ -345,8 +391,11 @@ def test_serve_notices_a_dead_attacher_of_ours_when_fastdeploys_worker_drives(
         ours = our_attacher(suffix, list(managed.kv_cache.names), 1)
         ours.kill()
         ours.wait()
-        server = threading.Thread(target=lambda: held.extend(serve_kv_cache_status(
-            [managed], manage, instance=suffix, until=stop.is_set, timeout=10, tp=1)))  # fmt: skip
+        server = threading.Thread(
+            target=lambda: held.extend(
+                serve_kv_cache_status([managed], manage, instance=suffix, until=stop.is_set, timeout=10, tp=1)
+            )
+        )
         server.start()
         status.set(0, KVCacheStatus.CLEARING)  # FastDeploy's worker: it looks at no mark of ours
         deadline = time.monotonic() + 10

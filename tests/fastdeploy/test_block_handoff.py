@@ -12,8 +12,7 @@ import pytest
 
 from fd_platforms.contract.errors import CacheSignalError, ConfigError
 from fd_platforms.contract.types import PlatformIdentity
-from fd_platforms.fastdeploy import hand_off_block_count
-from fd_platforms.fastdeploy import FASTDEPLOY
+from fd_platforms.fastdeploy import FASTDEPLOY, hand_off_block_count
 from fd_platforms.fastdeploy.signals import PROFILE_BLOCK_NUM, FastDeploySignal
 from fd_platforms.loading.platform import Platform
 
@@ -111,4 +110,3 @@ def test_a_runs_fastdeploy_signals_make_the_block_count_as_fastdeploys_engine_do
         with FastDeploySignal.attach(PROFILE_BLOCK_NUM, engine_pid) as words:
             assert words.length == 3
     assert not os.path.exists(f"/dev/shm/get_profile_block_num.{engine_pid}"), "removed with the run's signals"
-

@@ -63,10 +63,17 @@ def test_the_server_checks_its_arguments_before_touching_a_signal() -> None:
 def managed(cpu: Platform, two_ranks: str) -> Iterator[list[ManagedCache]]:
     """Both ranks' caches, published with an attacher expected (host swap space): every slot set."""
     caches = [
-        manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, instance=two_ranks, protocol="fastdeploy",
-                        rule="2026-01")
+        manage_kv_cache(
+            cpu,
+            qwen_layout(rank, 2),
+            BLOCKS,
+            num_cpu_blocks=4,
+            instance=two_ranks,
+            protocol="fastdeploy",
+            rule="2026-01",
+        )
         for rank in range(2)
-    ]  # fmt: skip
+    ]
     yield caches
     with FastDeploySignal.attach(CACHE_READY, two_ranks) as ready:
         ready.write_all(0)
@@ -85,8 +92,9 @@ def signals(suffix: str) -> Iterator[tuple[FastDeploySignal, FastDeploySignal]]:
 def serve_for(seconds: float, managed: list[ManagedCache], suffix: str) -> list[ManagedCache]:
     """The creator's side for ``seconds`` (a recreate hands back what it held: nothing is made again here)."""
     end = time.monotonic() + seconds
-    return serve_kv_cache_status(managed, lambda rank: managed[rank], instance=suffix,
-                                 until=lambda: time.monotonic() > end, timeout=1)  # fmt: skip
+    return serve_kv_cache_status(
+        managed, lambda rank: managed[rank], instance=suffix, until=lambda: time.monotonic() > end, timeout=1
+    )
 
 
 @pytest.mark.parametrize("forged", [7, -99])
@@ -102,7 +110,9 @@ def test_a_status_outside_fastdeploys_set_is_refused_logged_and_never_acted_on(
         assert status.get(0) == forged, "nothing answered"
     warned = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert len(warned) == 1, warned
-    assert f"'kv_cache_status.{two_ranks}'" in warned[0] and f"holds {forged}" in warned[0] and "0, 1, -1, -2" in warned[0]
+    assert (
+        f"'kv_cache_status.{two_ranks}'" in warned[0] and f"holds {forged}" in warned[0] and "0, 1, -1, -2" in warned[0]
+    )
 
 
 def test_a_slot_that_flickers_through_0_while_its_attacher_holds_it_frees_nothing(
@@ -130,12 +140,16 @@ def test_a_late_updating_over_the_managers_normal_is_answered_normal_again(cpu: 
     (check_model_weights_status, fastdeploy/rl/dynamic_weight_manager.py); a slower rank's can land after the
     NORMAL our cache manager wrote. Holding every cache with every slot set, it answers NORMAL again instead of
     leaving FastDeploy's engine waiting for NORMAL."""
-    managed = manage_kv_cache(cpu, qwen_layout(0, 1, 6), 4, num_cpu_blocks=2, instance=one_rank,
-                              protocol="fastdeploy", rule="2026-01")  # fmt: skip
+    managed = manage_kv_cache(
+        cpu, qwen_layout(0, 1, 6), 4, num_cpu_blocks=2, instance=one_rank, protocol="fastdeploy", rule="2026-01"
+    )
     stop = threading.Event()
     served: list[object] = []
-    server = threading.Thread(target=lambda: served.extend(
-        serve_kv_cache_status([managed], lambda rank: managed, instance=one_rank, until=stop.is_set, timeout=5)))
+    server = threading.Thread(
+        target=lambda: served.extend(
+            serve_kv_cache_status([managed], lambda rank: managed, instance=one_rank, until=stop.is_set, timeout=5)
+        )
+    )
     server.start()
     try:
         with FastDeploySignal.attach(KV_CACHE_STATUS, one_rank) as status:
@@ -169,15 +183,28 @@ class Served:
             if rank in self.made and rank in recreate_fails:
                 raise recreate_fails.pop(rank)
             kept = self.made[rank].host_cache if rank in self.made else None  # type: ignore[attr-defined]
-            self.made[rank] = manage_kv_cache(cpu, qwen_layout(rank, 2), 4, num_cpu_blocks=2, instance=suffix,
-                                              protocol="fastdeploy", rule="2026-01", host_cache=kept)  # fmt: skip
+            self.made[rank] = manage_kv_cache(
+                cpu,
+                qwen_layout(rank, 2),
+                4,
+                num_cpu_blocks=2,
+                instance=suffix,
+                protocol="fastdeploy",
+                rule="2026-01",
+                host_cache=kept,
+            )
             return self.made[rank]
 
         first = [make(rank) for rank in range(2)]
         self.stop, self.armed = threading.Event(), threading.Event()
         self.held: list[object] = []
-        self.server = threading.Thread(target=lambda: self.held.extend(serve_kv_cache_status(
-            first, make, instance=suffix, until=self.stop.is_set, timeout=timeout, failures=self.failures)))  # type: ignore[arg-type]
+        self.server = threading.Thread(
+            target=lambda: self.held.extend(
+                serve_kv_cache_status(
+                    first, make, instance=suffix, until=self.stop.is_set, timeout=timeout, failures=self.failures
+                )
+            )
+        )  # type: ignore[arg-type]
         self.attachers = threading.Thread(target=self.attach, daemon=True)
         self.server.start()
         self.attachers.start()
@@ -241,8 +268,9 @@ def test_serve_keeps_serving_after_a_rank_fails_to_clear(
     assert "was written back to NORMAL" in said, "every rank's cache is there again"
     assert [(f.rank, f.step, type(f.error)) for f in serving.failures] == [(1, "clear", CacheInUseError)]
     errors = [record.getMessage() for record in caplog.records if record.levelno == logging.ERROR]
-    assert any(line.startswith("rank 1: the cache manager could not clear") and "CacheInUseError" in line
-               for line in errors), errors  # fmt: skip
+    assert any(
+        line.startswith("rank 1: the cache manager could not clear") and "CacheInUseError" in line for line in errors
+    ), errors
     assert serving.drive({0, 1}).ranks == 2, "still served"  # type: ignore[attr-defined]
     assert len(serving.close()) == 2
 

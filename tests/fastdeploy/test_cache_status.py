@@ -49,8 +49,10 @@ def test_two_drivers_started_together_one_drives_and_the_other_is_told_at_once_w
     (_, loser_kind, loser_says, loser_seconds), (winner_pid, winner_kind, _, winner_seconds) = results
     assert winner_kind == "SignalWaitError" and winner_seconds >= 1.4, results
     assert loser_kind == "CacheSignalError" and loser_seconds < 0.5, results
-    assert (f"kv_cache_status.{suffix} (/dev/shm/kv_cache_status.{suffix}) is being driven by another "
-            f"drive_kv_cache_update, pid {winner_pid} (as this PID namespace sees it)") in loser_says  # fmt: skip
+    assert (
+        f"kv_cache_status.{suffix} (/dev/shm/kv_cache_status.{suffix}) is being driven by another "
+        f"drive_kv_cache_update, pid {winner_pid} (as this PID namespace sees it)"
+    ) in loser_says
 
 
 def test_a_drive_that_finds_a_dead_attacher_names_it_and_leaves_the_word_where_the_next_drive_starts(

@@ -18,7 +18,6 @@ from engine_processes import qwen_layout
 from fd_platforms.contract.errors import BufferInUseError, CacheInUseError, ConfigError
 from fd_platforms.engine import KVCache, ManagedCache, initialize_kv_cache, manage_kv_cache
 from fd_platforms.engine.publication import publication_name
-from fd_platforms.ipc.cache_signal import CacheReadySignal
 from fd_platforms.fastdeploy.signals import (
     CACHE_READY,
     CACHE_TRANSFER_INITED,
@@ -26,6 +25,7 @@ from fd_platforms.fastdeploy.signals import (
     SWAP_SPACE_READY,
     FastDeploySignal,
 )
+from fd_platforms.ipc.cache_signal import CacheReadySignal
 from fd_platforms.loading.platform import Platform
 
 pytestmark = pytest.mark.usefixtures("fastdeploy_record_names")
@@ -41,8 +41,10 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, FastDeploySig
     """FastDeploy's engine signals for one rank: (suffix, cache_ready_signal, swap_space_ready_signal)."""
     monkeypatch.delenv("FD_ENABLE_SWAP_SPACE_CLEARING", raising=False)
     suffix = f"tclr{os.getpid()}"
-    made = [FastDeploySignal.create(name, suffix, 1) for name in (CACHE_READY, SWAP_SPACE_READY,
-                                                                 CACHE_TRANSFER_INITED, KV_CACHE_STATUS)]  # fmt: skip
+    made = [
+        FastDeploySignal.create(name, suffix, 1)
+        for name in (CACHE_READY, SWAP_SPACE_READY, CACHE_TRANSFER_INITED, KV_CACHE_STATUS)
+    ]
     try:
         yield suffix, made[0], made[1]
     finally:
@@ -51,8 +53,16 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, FastDeploySig
 
 
 def manage(cpu: Platform, suffix: str, **kwargs: object) -> ManagedCache:
-    return manage_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=CPU_BLOCKS, instance=suffix,
-                           protocol="fastdeploy", rule=RULE, **kwargs)  # type: ignore[arg-type]  # fmt: skip
+    return manage_kv_cache(
+        cpu,
+        qwen_layout(0, 1, DEVICE),
+        BLOCKS,
+        num_cpu_blocks=CPU_BLOCKS,
+        instance=suffix,
+        protocol="fastdeploy",
+        rule=RULE,
+        **kwargs,
+    )  # type: ignore[arg-type]
 
 
 def let_go_and_clear(managed: ManagedCache, ready: FastDeploySignal, **kwargs: object) -> None:
@@ -72,7 +82,9 @@ def test_a_managers_clear_keeps_the_host_swap_space_and_the_next_creation_reuses
     host.tensors[0][0, 0, 0, 0] = 7  # what was swapped out before the clear
     let_go_and_clear(managed, ready)
     assert not managed.kv_cache.shared and records() == set(), "the device cache is freed"
-    assert managed.host_cache is host and swap.values() == (1,), "the swap space kept, its word still 1, as FastDeploy's"
+    assert managed.host_cache is host and swap.values() == (1,), (
+        "the swap space kept, its word still 1, as FastDeploy's"
+    )
     again = manage(cpu, suffix, host_cache=host)
     assert again.host_cache is host and int(again.host_cache.tensors[0][0, 0, 0, 0]) == 7 and swap.values() == (1,)
     let_go_and_clear(again, ready, clear_host=True)
@@ -112,8 +124,16 @@ def test_a_kept_host_cache_that_does_not_fit_is_refused_before_anything_is_publi
     managed = manage(cpu, suffix)
     let_go_and_clear(managed, ready)
     with pytest.raises(ConfigError, match=f"{CPU_BLOCKS + 1} blocks") as caught:
-        manage_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=CPU_BLOCKS + 1, instance=suffix,
-                        protocol="fastdeploy", rule=RULE, host_cache=managed.host_cache)  # fmt: skip
+        manage_kv_cache(
+            cpu,
+            qwen_layout(0, 1, DEVICE),
+            BLOCKS,
+            num_cpu_blocks=CPU_BLOCKS + 1,
+            instance=suffix,
+            protocol="fastdeploy",
+            rule=RULE,
+            host_cache=managed.host_cache,
+        )
     assert caught.value.field == "host_cache" and records() == set() and ready.values() == (0,)
     managed.host_cache.clear()  # type: ignore[union-attr]
     with pytest.raises(ConfigError, match="freed"):
@@ -142,9 +162,11 @@ def test_allocate_host_cache_is_public_and_checks_its_arguments_before_any_hook(
     monkeypatch.setattr(Platform, "host_alloc", lambda self, nbytes: calls.append(nbytes))
     platform, layout, blocks = arguments
     with pytest.raises(ConfigError) as caught:
-        engine.allocate_host_cache(cpu if platform is None else platform,  # type: ignore[arg-type]
-                                   qwen_layout(0, 1, DEVICE) if layout is None else layout,  # type: ignore[arg-type]
-                                   blocks)  # type: ignore[arg-type]  # fmt: skip
+        engine.allocate_host_cache(
+            cpu if platform is None else platform,  # type: ignore[arg-type]
+            qwen_layout(0, 1, DEVICE) if layout is None else layout,  # type: ignore[arg-type]
+            blocks,
+        )  # type: ignore[arg-type]
     assert field in str(caught.value) and "Fix:" in str(caught.value) and calls == []
 
 
@@ -153,7 +175,7 @@ def test_allocate_host_cache_carves_the_layouts_host_tensors(cpu: Platform) -> N
 
     host = allocate_host_cache(cpu, qwen_layout(0, 1, DEVICE), CPU_BLOCKS)
     assert isinstance(host, HostCache) and host.names == qwen_layout(0, 1, DEVICE).host_names()
-    assert host.num_blocks == CPU_BLOCKS and tuple(host.tensors[0].shape)[0] == CPU_BLOCKS
+    assert host.num_blocks == CPU_BLOCKS and next(iter(host.tensors[0].shape)) == CPU_BLOCKS
     host.clear()
 
 
@@ -168,8 +190,16 @@ def memfd_mappings() -> int:
 
 def create(cpu: Platform, ready_signal: CacheReadySignal) -> KVCache:
     """Rank 0's cache as a runner that creates and publishes it (role mixed, no swap space)."""
-    return initialize_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, profile=False, num_cpu_blocks=0,
-                               storage_backend=None, splitwise_role="mixed", instance=ready_signal.name)
+    return initialize_kv_cache(
+        cpu,
+        qwen_layout(0, 1, DEVICE),
+        BLOCKS,
+        profile=False,
+        num_cpu_blocks=0,
+        storage_backend=None,
+        splitwise_role="mixed",
+        instance=ready_signal.name,
+    )
 
 
 @pytest.fixture
@@ -204,8 +234,17 @@ def test_an_attachers_lenient_clear_lets_go_only_once_the_engines_last_reference
     engine holds a tensor) has not let go, so nothing is freed under it."""
     layout = qwen_layout(0, 1, DEVICE)
     managed = manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=CPU_BLOCKS, instance=ready_signal.name)
-    cache = initialize_kv_cache(cpu, layout, BLOCKS, profile=False, num_cpu_blocks=CPU_BLOCKS, storage_backend=None,
-                                splitwise_role="mixed", instance=ready_signal.name, timeout=5)  # fmt: skip
+    cache = initialize_kv_cache(
+        cpu,
+        layout,
+        BLOCKS,
+        profile=False,
+        num_cpu_blocks=CPU_BLOCKS,
+        storage_backend=None,
+        splitwise_role="mixed",
+        instance=ready_signal.name,
+        timeout=5,
+    )
     assert not cache.created
     held = cache.tensors[-1]
     with pytest.raises(BufferInUseError):
@@ -238,8 +277,18 @@ def held_by_a_lenient_attacher(cpu: Platform, **names: object) -> tuple[ManagedC
     of one of its tensors that its engine still holds."""
     layout = qwen_layout(0, 1, DEVICE)
     managed = manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=CPU_BLOCKS, rule=RULE, **names)  # type: ignore[arg-type]
-    cache = initialize_kv_cache(cpu, layout, BLOCKS, profile=False, num_cpu_blocks=CPU_BLOCKS, storage_backend=None,
-                                splitwise_role="mixed", rule=RULE, timeout=5, **names)  # type: ignore[arg-type]  # fmt: skip
+    cache = initialize_kv_cache(
+        cpu,
+        layout,
+        BLOCKS,
+        profile=False,
+        num_cpu_blocks=CPU_BLOCKS,
+        storage_backend=None,
+        splitwise_role="mixed",
+        rule=RULE,
+        timeout=5,
+        **names,
+    )  # type: ignore[arg-type]
     held = cache.tensors[-1][0]
     cache.clear(strict=False)
     return managed, cache, held
@@ -254,7 +303,7 @@ def assert_told_to_drop_the_engines_references(refused: CacheInUseError) -> None
 def test_a_creator_held_by_a_lenient_attacher_is_told_to_drop_the_engines_references_not_to_clear_it_again(
     cpu: Platform, ready_signal: CacheReadySignal
 ) -> None:
-    managed, cache, held = held_by_a_lenient_attacher(cpu, instance=ready_signal.name)
+    managed, _cache, held = held_by_a_lenient_attacher(cpu, instance=ready_signal.name)
     with pytest.raises(CacheInUseError) as refused:
         managed.clear(0.3)
     assert_told_to_drop_the_engines_references(refused.value)
@@ -267,7 +316,7 @@ def test_a_fastdeploy_creator_held_by_a_lenient_attacher_is_told_to_drop_the_eng
     cpu: Platform, engine
 ) -> None:
     suffix, _, _ = engine
-    managed, cache, held = held_by_a_lenient_attacher(cpu, instance=suffix, protocol="fastdeploy")
+    managed, _cache, held = held_by_a_lenient_attacher(cpu, instance=suffix, protocol="fastdeploy")
     try:
         with pytest.raises(CacheInUseError) as refused:
             managed.clear(0.3)

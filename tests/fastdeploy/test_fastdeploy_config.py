@@ -28,7 +28,6 @@ from fd_platforms.loading.platform import Platform
 from fd_platforms.rules.config import load_model_config
 from fd_platforms.rules.decision import DecisionInputs
 
-
 CONFIG_JSON_KEYS = ("_name_or_path", "kv_lora_rank", "qk_rope_head_dim", "index_head_dim")
 """Keys FastDeploy's ModelConfig holds only where the model's config.json has them (MLA, DSA models)."""
 
@@ -57,9 +56,11 @@ def test_an_fd_config_gives_a_runner_its_settings_without_restating_them() -> No
     assert (settings.parallel.tensor_parallel_size, settings.rank) == (2, 1)
     assert (settings.suffix, settings.block_count_suffix) == ("8002", "4242")  # data-parallel rank 0's port
     assert settings.rule_inputs() == {
-        "profile": False, "num_cpu_blocks": settings.cache.num_cpu_blocks, "storage_backend": None,
+        "profile": False,
+        "num_cpu_blocks": settings.cache.num_cpu_blocks,
+        "storage_backend": None,
         "splitwise_role": "prefill",
-    }  # fmt: skip
+    }
     assert settings.cache.rule == "2026-04"
 
 
@@ -130,12 +131,23 @@ def test_device_ids_that_do_not_cover_the_local_rank_are_refused(monkeypatch: py
 def manager_args(**changes: object) -> argparse.Namespace:
     """The command line FastDeploy's ``launch_cache_manager`` gives its cache transfer manager for rank 1."""
     args: dict[str, object] = {
-        "splitwise_role": "mixed", "rank": 1, "device_id": 5, "num_layers": 48, "mp_num": 2,
-        "cache_dtype": "bfloat16", "default_dtype": "bfloat16", "key_cache_shape": "900,2,64,128",
-        "value_cache_shape": "900,2,64,128", "engine_worker_queue_port": 8002, "num_cpu_blocks": 85,
-        "speculative_config": {}, "create_cache_tensor": False, "kvcache_storage_backend": None,
-        "model_path": QWEN, "ipc_suffix": "4242",
-    }  # fmt: skip
+        "splitwise_role": "mixed",
+        "rank": 1,
+        "device_id": 5,
+        "num_layers": 48,
+        "mp_num": 2,
+        "cache_dtype": "bfloat16",
+        "default_dtype": "bfloat16",
+        "key_cache_shape": "900,2,64,128",
+        "value_cache_shape": "900,2,64,128",
+        "engine_worker_queue_port": 8002,
+        "num_cpu_blocks": 85,
+        "speculative_config": {},
+        "create_cache_tensor": False,
+        "kvcache_storage_backend": None,
+        "model_path": QWEN,
+        "ipc_suffix": "4242",
+    }
     args.update(changes)
     return argparse.Namespace(**args)
 
@@ -146,8 +158,12 @@ def quantized_model(folder: Path, quant: str | None, source: str = QWEN, **chang
     ``parse_quant_config``, ``mix_quant.py`` ``MixQuantConfig.from_config``), ``changes`` applied."""
     raw = json.loads((Path(source) / "config.json").read_text())
     if quant is not None:
-        raw["quantization_config"] = {"quantization": "mix_quant", "dense_quant_type": "wint8",
-                                      "moe_quant_type": "wint4", "kv_cache_quant_type": quant}  # fmt: skip
+        raw["quantization_config"] = {
+            "quantization": "mix_quant",
+            "dense_quant_type": "wint8",
+            "moe_quant_type": "wint4",
+            "kv_cache_quant_type": quant,
+        }
     raw.update(changes)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(raw))
@@ -230,8 +246,10 @@ def test_a_uint8_cache_whose_model_states_no_quantization_is_refused_naming_what
     assert "int4_zp" in caught.value.allowed and "quantization_config" in caught.value.fix
 
 
-@pytest.mark.parametrize(("quant", "flag"), [("int8", "bfloat16"), ("int4_zp", "block_wise_fp8"),
-                                             ("block_wise_fp8", "uint8"), (None, "uint8")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("quant", "flag"),
+    [("int8", "bfloat16"), ("int4_zp", "block_wise_fp8"), ("block_wise_fp8", "uint8"), (None, "uint8")],
+)
 def test_a_cache_dtype_flag_the_models_quantization_does_not_make_is_refused(
     tmp_path: Path, quant: str | None, flag: str
 ) -> None:
@@ -274,9 +292,17 @@ def test_with_mla_and_int4_zp_the_transfer_manager_attaches_to_what_the_runner_p
         created = initialize_kv_cache(cpu, runner.cache_request(num_blocks=blocks, instance=suffix))
         try:
             assert created.created and [list(t.shape) for t in created.tensors] == [[blocks, 1, 64, 576]] * 2
-            args = manager_args(rank=0, mp_num=1, device_id=0, num_layers=2, cache_dtype=config.cache_config.cache_dtype,
-                                key_cache_shape=f"{blocks},1,64,576", value_cache_shape="", model_path=model,
-                                num_cpu_blocks=2)  # fmt: skip
+            args = manager_args(
+                rank=0,
+                mp_num=1,
+                device_id=0,
+                num_layers=2,
+                cache_dtype=config.cache_config.cache_dtype,
+                key_cache_shape=f"{blocks},1,64,576",
+                value_cache_shape="",
+                model_path=model,
+                num_cpu_blocks=2,
+            )
             manager = from_cache_manager_args(args, rule="2026-04")
             assert (manager.cache.kv_cache_quant_type, manager.layout().roles) == ("int4_zp", runner.layout().roles)
             managed = manage_kv_cache(cpu, manager.cache_request(instance=suffix, creator_pid=os.getpid(), timeout=30))
@@ -296,8 +322,10 @@ def test_the_runner_and_manager_arguments_are_the_engine_calls_keywords() -> Non
     from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
 
     settings = from_cache_manager_args(manager_args(), rule="2026-04")
-    for call, arguments in ((initialize_kv_cache, settings.runner_arguments()), (manage_kv_cache,
-                                                                                settings.manager_arguments())):
+    for call, arguments in (
+        (initialize_kv_cache, settings.runner_arguments()),
+        (manage_kv_cache, settings.manager_arguments()),
+    ):
         inspect.signature(call).bind(None, None, None, **arguments)  # a TypeError fails
     assert settings.runner_arguments()["instance"] == "8002" and settings.manager_arguments()["rule"] == "2026-04"
 
@@ -316,7 +344,9 @@ def test_the_settings_give_the_request_record_the_keywords_would_build() -> None
     assert made.tensor_specs == manager.tensor_specs and made.rule == "2026-04"
     runner = from_fd_config(fd_config(QWEN, tp=2), local_rank=1)
     request = runner.cache_request(runner.layout(), 64, profile=True, timeout=5)
-    assert request == CacheRequest(layout=runner.layout(), num_blocks=64, timeout=5, **runner.runner_arguments(profile=True))
+    assert request == CacheRequest(
+        layout=runner.layout(), num_blocks=64, timeout=5, **runner.runner_arguments(profile=True)
+    )
     with pytest.raises(ConfigError) as caught:
         runner.cache_request()  # a runner's settings hold no block count: its plan does
     assert caught.value.field == "num_blocks"
@@ -363,8 +393,11 @@ def test_a_bad_fd_config_value_is_refused_naming_fastdeploys_attribute(section: 
     assert "Fix: " in str(caught.value)
 
 
-@pytest.mark.parametrize("spec", ['{"method": "mtp"}', ["mtp"], {"method": "mtp"}, object()],
-                         ids=["json-text", "list", "dict", "bare-object"])  # fmt: skip
+@pytest.mark.parametrize(
+    "spec",
+    ['{"method": "mtp"}', ["mtp"], {"method": "mtp"}, object()],
+    ids=["json-text", "list", "dict", "bare-object"],
+)
 def test_a_speculative_config_that_is_not_fastdeploys_object_is_refused(spec: object) -> None:
     config = fd_config(QWEN, tp=2)
     config.speculative_config = spec
@@ -397,18 +430,26 @@ def test_a_speculative_config_that_is_not_fastdeploys_object_is_refused(spec: ob
         ({"speculative_config": '{"method": "mtp"}'}, "--speculative_config"),
         ({"speculative_config": ["mtp"]}, "--speculative_config"),
         ({"speculative_config": object()}, "--speculative_config"),
-        ({"speculative_config": {"method": "mtp", "num_extra_cache_layer": "1"}},
-         "--speculative_config.num_extra_cache_layer"),
-        ({"speculative_config": {"method": "mtp", "num_extra_cache_layer": None}},
-         "--speculative_config.num_extra_cache_layer"),
-        ({"speculative_config": {"method": "mtp", "num_gpu_block_expand_ratio": "abc"}},
-         "--speculative_config.num_gpu_block_expand_ratio"),
-        ({"speculative_config": {"method": "mtp", "num_gpu_block_expand_ratio": 0}},
-         "--speculative_config.num_gpu_block_expand_ratio"),
+        (
+            {"speculative_config": {"method": "mtp", "num_extra_cache_layer": "1"}},
+            "--speculative_config.num_extra_cache_layer",
+        ),
+        (
+            {"speculative_config": {"method": "mtp", "num_extra_cache_layer": None}},
+            "--speculative_config.num_extra_cache_layer",
+        ),
+        (
+            {"speculative_config": {"method": "mtp", "num_gpu_block_expand_ratio": "abc"}},
+            "--speculative_config.num_gpu_block_expand_ratio",
+        ),
+        (
+            {"speculative_config": {"method": "mtp", "num_gpu_block_expand_ratio": 0}},
+            "--speculative_config.num_gpu_block_expand_ratio",
+        ),
         ({"speculative_config": {"method": "bogus"}}, "--speculative_config.method"),
         ({"cache_dtype": "block_wise_fp8", "default_dtype": "uint8"}, "--default_dtype"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_cache_manager_flag_is_refused_naming_the_flag(changes: dict[str, object], flag: str) -> None:
     with pytest.raises(ConfigError) as caught:
         from_cache_manager_args(manager_args(**changes))
@@ -449,13 +490,18 @@ def test_the_engine_processes_fd_config_is_refused_where_the_workers_reads_right
     """The engine's FDConfig (EngineArgs.create_engine_config) has no quant_config, no engine_pid and data-parallel
     rank 0's port; the worker's of the same deployment (worker_process.py) has all three."""
     local_rank = 2 * dp_rank + 1
-    worker = from_fd_config(fd_config(QWEN, tp=2, dp=2, local_data_parallel_id=dp_rank, port="8002,8012",
-                                      kv_cache_quant_type=quant), local_rank=local_rank)  # fmt: skip
+    worker = from_fd_config(
+        fd_config(QWEN, tp=2, dp=2, local_data_parallel_id=dp_rank, port="8002,8012", kv_cache_quant_type=quant),
+        local_rank=local_rank,
+    )
     assert (worker.cache.kv_cache_quant_type, worker.cache.cache_dtype) == {
-        "int8": ("none", "int8"), "float8_e4m3fn": ("none", "float8_e4m3fn"), "int4_zp": ("int4_zp", "bfloat16"),
+        "int8": ("none", "int8"),
+        "float8_e4m3fn": ("none", "float8_e4m3fn"),
+        "int4_zp": ("int4_zp", "bfloat16"),
         "float8_e4m3": ("none", "float8_e4m3fn"),
-        "block_wise_fp8": ("block_wise_fp8", "float8_e4m3fn"), None: ("none", "bfloat16"),
-    }[quant]  # fmt: skip
+        "block_wise_fp8": ("block_wise_fp8", "float8_e4m3fn"),
+        None: ("none", "bfloat16"),
+    }[quant]
     assert (worker.suffix, worker.block_count_suffix) == (("8002", "8012")[dp_rank], "4242")
     engine = engine_fd_config(QWEN, tp=2, dp=2, port="8002,8012", kv_cache_quant_type=quant)
     with pytest.raises(ConfigError) as caught:
@@ -487,10 +533,17 @@ def test_a_port_list_is_read_in_every_form_fastdeploys_parse_ports_takes() -> No
 REFUSED = object()
 """What a value that FastDeploy's config cannot mean here must give: a ConfigError naming the attribute."""
 MISSING = object()
-M, C, P, S = ("fd_config.model_config", "fd_config.cache_config", "fd_config.parallel_config",
-              "fd_config.speculative_config")  # fmt: skip
-ROLES, BACKENDS, METHODS = ("mixed", "prefill", "decode"), ("mooncake", "attention_store", "file"), (
-    "naive", "mtp", "ngram", "suffix")  # fmt: skip
+M, C, P, S = (
+    "fd_config.model_config",
+    "fd_config.cache_config",
+    "fd_config.parallel_config",
+    "fd_config.speculative_config",
+)
+ROLES, BACKENDS, METHODS = (
+    ("mixed", "prefill", "decode"),
+    ("mooncake", "attention_store", "file"),
+    ("naive", "mtp", "ngram", "suffix"),
+)
 SIXTEEN_BIT = ("bfloat16", "float16", "float32")
 CACHE_DTYPE_FLAG = {"bfloat16": ("bfloat16", "none"), "block_wise_fp8": ("float8_e4m3fn", "block_wise_fp8")}
 """What --cache_dtype means: (cache dtype, quantization) for a 128-wide key, as the runner's layout has them, with a
@@ -523,8 +576,14 @@ def port_list(value: Any) -> list[Any] | None:
     if isinstance(value, str):
         return ascii_numbers(value, 1, 65535)
     if isinstance(value, (list, tuple)) and value:
-        entries = [entry if whole(entry, 1, 65535) else (ascii_numbers(entry, 1, 65535) or [None])[0]
-                   if isinstance(entry, str) and "," not in entry else None for entry in value]  # fmt: skip
+        entries = [
+            entry
+            if whole(entry, 1, 65535)
+            else (ascii_numbers(entry, 1, 65535) or [None])[0]
+            if isinstance(entry, str) and "," not in entry
+            else None
+            for entry in value
+        ]
         return None if None in entries else entries
     return None
 
@@ -555,9 +614,16 @@ def dict_speculative(value: object) -> object:
 
 
 def quant_meaning(quant_config: object) -> object:
-    words = {None: ("bfloat16", "none"), "int8": ("int8", "none"), "int8_zp": ("int8", "none"),
-             "float8_e4m3fn": ("float8_e4m3fn", "none"), "float8_e4m3fn_zp": ("float8_e4m3fn", "none"),
-             "float8_e4m3": ("float8_e4m3fn", "none"), "block_wise_fp8": ("float8_e4m3fn", "block_wise_fp8"), "int4_zp": ("bfloat16", "int4_zp")}  # fmt: skip
+    words = {
+        None: ("bfloat16", "none"),
+        "int8": ("int8", "none"),
+        "int8_zp": ("int8", "none"),
+        "float8_e4m3fn": ("float8_e4m3fn", "none"),
+        "float8_e4m3fn_zp": ("float8_e4m3fn", "none"),
+        "float8_e4m3": ("float8_e4m3fn", "none"),
+        "block_wise_fp8": ("float8_e4m3fn", "block_wise_fp8"),
+        "int4_zp": ("bfloat16", "int4_zp"),
+    }
     word = getattr(quant_config, "kv_cache_quant_type", None)  # FastDeploy's runner: hasattr(quant_config, ...)
     word = word.lower() if isinstance(word, str) else word
     return words.get(word, REFUSED) if word is None or isinstance(word, str) else REFUSED
@@ -610,155 +676,431 @@ def kind_of_heads(value: Any) -> object:
 
 
 FD_ATTRIBUTES = (
-    Attribute(f"{P}.tensor_parallel_size", attr(f"{P}.tensor_parallel_size"),
-              lambda v: v if whole(v, 1, 65536) and 32 % v == 0 and (4 % v == 0 or v % 4 == 0) else REFUSED,
-              lambda s: s.parallel.tensor_parallel_size, (1, 2, 3, 4, 8, 64)),
-    Attribute(f"{P}.device_ids", attr(f"{P}.device_ids"),
-              lambda v: ids[1] if (ids := ascii_numbers(v, 0, 2**31 - 1)) and len(ids) > 1 else REFUSED,
-              lambda s: s.device_id, ("4,5", " 6 , 7", "0,1,2,3", "0", "GPU-1,GPU-2", "0,2147483648")),
-    Attribute("fd_config.max_chips_per_node", attr("fd_config.max_chips_per_node"),
-              lambda v: (1 % v, 1 % v) if whole(v, 1, 65536) else REFUSED, lambda s: (s.local_device, s.device_id),
-              (8, 16, 1, 2, 65536, 65537, 0, "8", 8.0)),
-    Attribute(f"{P}.engine_worker_queue_port", attr(f"{P}.engine_worker_queue_port"),
-              lambda v: "8002" if (ports := port_list(v)) and ports[0] == 8002 else REFUSED, lambda s: s.suffix,
-              ("8002", 8002, [8002, 9000], ["8002", "8012"], "8002,8012", "9000", (8002,), [8002.0]),
-              also=(f"{P}.local_engine_worker_queue_port",)),
-    Attribute(f"{P}.local_engine_worker_queue_port", attr(f"{P}.local_engine_worker_queue_port"),
-              lambda v: "8002" if v is None or whole(v, 8002, 8002) else REFUSED, lambda s: s.suffix,
-              (None, 8002, 8012, 8002.0)),
-    Attribute(f"{P}.local_data_parallel_id", attr(f"{P}.local_data_parallel_id"),
-              lambda v: "8002" if whole(v, 0, 0) else REFUSED, lambda s: s.suffix, (0, 1, 2, -1, -2),
-              also=(f"{P}.local_engine_worker_queue_port",)),
-    Attribute(f"{P}.engine_pid", attr(f"{P}.engine_pid"), lambda v: str(v) if whole(v, 1, 2**31 - 1) else REFUSED,
-              lambda s: s.block_count_suffix, (1, 4242, 2**31 - 1, 2**31, "4242")),
-    Attribute("fd_config.scheduler_config.splitwise_role", attr("fd_config.scheduler_config.splitwise_role"),
-              lambda v: v if v in ROLES and type(v) is str else REFUSED, lambda s: s.splitwise_role,
-              (*ROLES, "MIXED", "Prefill")),
-    Attribute(f"{C}.block_size", attr(f"{C}.block_size"), lambda v: v if whole(v, 1, 65536) else REFUSED,
-              lambda s: s.cache.block_size, (1, 64, 65536, 65537)),
-    Attribute(f"{C}.gpu_memory_utilization", attr(f"{C}.gpu_memory_utilization"),
-              lambda v: float(v) if real(v, 1) else REFUSED, lambda s: s.cache.memory_utilization,
-              (0.5, 1, 1.0, 0.0, 1.5, "0.9")),
-    Attribute(f"{C}.num_cpu_blocks", attr(f"{C}.num_cpu_blocks"), lambda v: v if whole(v, 0, 2**63 - 1) else REFUSED,
-              lambda s: s.cache.num_cpu_blocks, (0, 85, 2**63 - 1, 2**63)),
-    Attribute(f"{C}.kvcache_storage_backend", attr(f"{C}.kvcache_storage_backend"),
-              lambda v: v if v is None or (type(v) is str and v in BACKENDS) else REFUSED,
-              lambda s: s.cache.kvcache_storage_backend, (None, *BACKENDS, "none", "Mooncake")),
-    Attribute(f"{C}.num_gpu_blocks_override", attr(f"{C}.num_gpu_blocks_override"),
-              lambda v: v if v is None or whole(v, 1, 2**63 - 1) else REFUSED,
-              lambda s: s.cache.num_gpu_blocks_override, (None, 1, 900, 0)),
-    Attribute(f"{C}.cache_dtype", attr(f"{C}.cache_dtype"),
-              lambda v: "bfloat16" if isinstance(v, str) and v.lower() in SIXTEEN_BIT else REFUSED,
-              lambda s: s.cache.cache_dtype, ("bfloat16", "float16", "uint8", "int8", "block_wise_fp8", "int4_zp"),
-              also=("fd_config.quant_config",)),
-    Attribute("fd_config.quant_config", attr("fd_config.quant_config"), quant_meaning,
-              lambda s: (s.cache.cache_dtype, s.cache.kv_cache_quant_type),
-              tuple(QuantConfig(word) for word in (None, "int8", "int8_zp", "float8_e4m3fn", "float8_e4m3fn_zp",
-                                                   "float8_e4m3", "block_wise_fp8", "int4_zp", "bogus", 3)),  # fmt: skip
-              also=("fd_config.quant_config.kv_cache_quant_type",)),
-    Attribute(S, attr(S), object_speculative, cache_of,
-              tuple(SimpleNamespace(method=method, num_extra_cache_layer=extra, num_gpu_block_expand_ratio=ratio)
-                    for method, extra, ratio in ((None, 0, 1.0), ("mtp", 1, 1), ("MTP", 1, 0.5), ("ngram", 0, 2.0),
-                                                 ("mtp", 0, 1.0), ("bogus", 0, 1.0), ("mtp", 1, "1"))),  # fmt: skip
-              also=(f"{S}.method", f"{S}.num_extra_cache_layer", f"{S}.num_gpu_block_expand_ratio")),
-    Attribute(f"{S}.method", attr(f"{S}.method"),
-              lambda v: (49, 1.0) if isinstance(v, str) and v.lower() == "mtp" else REFUSED, cache_of,
-              ("mtp", "MTP", "Mtp", "ngram", None), also=(f"{S}.num_extra_cache_layer",), mtp=True),
-    Attribute(f"{S}.num_extra_cache_layer", attr(f"{S}.num_extra_cache_layer"),
-              lambda v: (49, 1.0) if whole(v, 1, 1) else REFUSED, cache_of, (0, 1, 2, "1", 1.0), mtp=True),
-    Attribute(f"{S}.num_gpu_block_expand_ratio", attr(f"{S}.num_gpu_block_expand_ratio"),
-              lambda v: (49, float(v)) if real(v, 64) else REFUSED, cache_of, (0.5, 1, 2.0, 64, 64.5, 0, "1"),
-              mtp=True),
-    Attribute(f"{M}.num_hidden_layers", attr(f"{M}.num_hidden_layers"),
-              lambda v: v if whole(v, 1, 10_000) else REFUSED, lambda s: s.model.num_hidden_layers, (1, 48, 10_001)),
-    Attribute(f"{M}.num_attention_heads", attr(f"{M}.num_attention_heads"),
-              lambda v: v if whole(v, 1, 65536) and v % 4 == 0 else REFUSED,
-              lambda s: s.model.num_attention_heads, (4, 32, 64, 6, 2), also=(f"{M}.num_key_value_heads",)),
-    Attribute(f"{M}.num_key_value_heads", attr(f"{M}.num_key_value_heads"), kind_of_heads,
-              lambda s: s.model.num_key_value_heads, (None, -1, -1.0, 1, 2, 4, 32, 3, 64),
-              also=(f"{P}.tensor_parallel_size",)),
-    Attribute(f"{M}.head_dim", attr(f"{M}.head_dim"), lambda v: v if whole(v, 1, 65536) else REFUSED,
-              lambda s: s.model.head_dim, (64, 128, 65537)),
-    Attribute(f"{M}.dtype", attr(f"{M}.dtype"),
-              lambda v: v if type(v) is str and v in ("bfloat16", "float16", "float32") else REFUSED,
-              lambda s: s.model.dtype, ("bfloat16", "float16", "float32", "BFloat16", "fp16")),
-    Attribute(f"{M}.model", attr(f"{M}.model"),
-              lambda v: os.path.basename(v.rstrip("/")) if isinstance(v, str) and v.strip() else REFUSED,
-              lambda s: s.model.name, (QWEN, QWEN + "/", "")),
-    Attribute(f"{M}._name_or_path", attr(f"{M}._name_or_path"),
-              lambda v: "qwen3-30b-a3b" if v is None else v if isinstance(v, str) and v.strip() else REFUSED,
-              lambda s: s.model.name, (None, "Qwen/Qwen3-30B-A3B", "")),
-    Attribute(f"{M}.kv_lora_rank", attr(f"{M}.kv_lora_rank"), lambda v: None if v is None else REFUSED,
-              lambda s: s.model.kv_lora_rank, (None, 512), also=(f"{M}.qk_rope_head_dim",)),
-    Attribute(f"{M}.qk_rope_head_dim", attr(f"{M}.qk_rope_head_dim"),
-              lambda v: v if v is None or whole(v, 1, 65536) else REFUSED, lambda s: s.model.qk_rope_head_dim,
-              (None, 64)),
-    Attribute(f"{M}.index_head_dim", attr(f"{M}.index_head_dim"), lambda v: None if v is None else REFUSED,
-              lambda s: s.model.index_head_dim, (None, 128), also=(f"{M}.kv_lora_rank",)),
-    Attribute(f"{M}.num_nextn_predict_layers", attr(f"{M}.num_nextn_predict_layers"),
-              lambda v: 0 if v is None else v if whole(v, 0, 10_000) else REFUSED,
-              lambda s: s.model.num_nextn_predict_layers, (None, 0, 1, 10_001)),
-)  # fmt: skip
+    Attribute(
+        f"{P}.tensor_parallel_size",
+        attr(f"{P}.tensor_parallel_size"),
+        lambda v: v if whole(v, 1, 65536) and 32 % v == 0 and (4 % v == 0 or v % 4 == 0) else REFUSED,
+        lambda s: s.parallel.tensor_parallel_size,
+        (1, 2, 3, 4, 8, 64),
+    ),
+    Attribute(
+        f"{P}.device_ids",
+        attr(f"{P}.device_ids"),
+        lambda v: ids[1] if (ids := ascii_numbers(v, 0, 2**31 - 1)) and len(ids) > 1 else REFUSED,
+        lambda s: s.device_id,
+        ("4,5", " 6 , 7", "0,1,2,3", "0", "GPU-1,GPU-2", "0,2147483648"),
+    ),
+    Attribute(
+        "fd_config.max_chips_per_node",
+        attr("fd_config.max_chips_per_node"),
+        lambda v: (1 % v, 1 % v) if whole(v, 1, 65536) else REFUSED,
+        lambda s: (s.local_device, s.device_id),
+        (8, 16, 1, 2, 65536, 65537, 0, "8", 8.0),
+    ),
+    Attribute(
+        f"{P}.engine_worker_queue_port",
+        attr(f"{P}.engine_worker_queue_port"),
+        lambda v: "8002" if (ports := port_list(v)) and ports[0] == 8002 else REFUSED,
+        lambda s: s.suffix,
+        ("8002", 8002, [8002, 9000], ["8002", "8012"], "8002,8012", "9000", (8002,), [8002.0]),
+        also=(f"{P}.local_engine_worker_queue_port",),
+    ),
+    Attribute(
+        f"{P}.local_engine_worker_queue_port",
+        attr(f"{P}.local_engine_worker_queue_port"),
+        lambda v: "8002" if v is None or whole(v, 8002, 8002) else REFUSED,
+        lambda s: s.suffix,
+        (None, 8002, 8012, 8002.0),
+    ),
+    Attribute(
+        f"{P}.local_data_parallel_id",
+        attr(f"{P}.local_data_parallel_id"),
+        lambda v: "8002" if whole(v, 0, 0) else REFUSED,
+        lambda s: s.suffix,
+        (0, 1, 2, -1, -2),
+        also=(f"{P}.local_engine_worker_queue_port",),
+    ),
+    Attribute(
+        f"{P}.engine_pid",
+        attr(f"{P}.engine_pid"),
+        lambda v: str(v) if whole(v, 1, 2**31 - 1) else REFUSED,
+        lambda s: s.block_count_suffix,
+        (1, 4242, 2**31 - 1, 2**31, "4242"),
+    ),
+    Attribute(
+        "fd_config.scheduler_config.splitwise_role",
+        attr("fd_config.scheduler_config.splitwise_role"),
+        lambda v: v if v in ROLES and type(v) is str else REFUSED,
+        lambda s: s.splitwise_role,
+        (*ROLES, "MIXED", "Prefill"),
+    ),
+    Attribute(
+        f"{C}.block_size",
+        attr(f"{C}.block_size"),
+        lambda v: v if whole(v, 1, 65536) else REFUSED,
+        lambda s: s.cache.block_size,
+        (1, 64, 65536, 65537),
+    ),
+    Attribute(
+        f"{C}.gpu_memory_utilization",
+        attr(f"{C}.gpu_memory_utilization"),
+        lambda v: float(v) if real(v, 1) else REFUSED,
+        lambda s: s.cache.memory_utilization,
+        (0.5, 1, 1.0, 0.0, 1.5, "0.9"),
+    ),
+    Attribute(
+        f"{C}.num_cpu_blocks",
+        attr(f"{C}.num_cpu_blocks"),
+        lambda v: v if whole(v, 0, 2**63 - 1) else REFUSED,
+        lambda s: s.cache.num_cpu_blocks,
+        (0, 85, 2**63 - 1, 2**63),
+    ),
+    Attribute(
+        f"{C}.kvcache_storage_backend",
+        attr(f"{C}.kvcache_storage_backend"),
+        lambda v: v if v is None or (type(v) is str and v in BACKENDS) else REFUSED,
+        lambda s: s.cache.kvcache_storage_backend,
+        (None, *BACKENDS, "none", "Mooncake"),
+    ),
+    Attribute(
+        f"{C}.num_gpu_blocks_override",
+        attr(f"{C}.num_gpu_blocks_override"),
+        lambda v: v if v is None or whole(v, 1, 2**63 - 1) else REFUSED,
+        lambda s: s.cache.num_gpu_blocks_override,
+        (None, 1, 900, 0),
+    ),
+    Attribute(
+        f"{C}.cache_dtype",
+        attr(f"{C}.cache_dtype"),
+        lambda v: "bfloat16" if isinstance(v, str) and v.lower() in SIXTEEN_BIT else REFUSED,
+        lambda s: s.cache.cache_dtype,
+        ("bfloat16", "float16", "uint8", "int8", "block_wise_fp8", "int4_zp"),
+        also=("fd_config.quant_config",),
+    ),
+    Attribute(
+        "fd_config.quant_config",
+        attr("fd_config.quant_config"),
+        quant_meaning,
+        lambda s: (s.cache.cache_dtype, s.cache.kv_cache_quant_type),
+        tuple(
+            QuantConfig(word)
+            for word in (
+                None,
+                "int8",
+                "int8_zp",
+                "float8_e4m3fn",
+                "float8_e4m3fn_zp",
+                "float8_e4m3",
+                "block_wise_fp8",
+                "int4_zp",
+                "bogus",
+                3,
+            )
+        ),
+        also=("fd_config.quant_config.kv_cache_quant_type",),
+    ),
+    Attribute(
+        S,
+        attr(S),
+        object_speculative,
+        cache_of,
+        tuple(
+            SimpleNamespace(method=method, num_extra_cache_layer=extra, num_gpu_block_expand_ratio=ratio)
+            for method, extra, ratio in (
+                (None, 0, 1.0),
+                ("mtp", 1, 1),
+                ("MTP", 1, 0.5),
+                ("ngram", 0, 2.0),
+                ("mtp", 0, 1.0),
+                ("bogus", 0, 1.0),
+                ("mtp", 1, "1"),
+            )
+        ),
+        also=(f"{S}.method", f"{S}.num_extra_cache_layer", f"{S}.num_gpu_block_expand_ratio"),
+    ),
+    Attribute(
+        f"{S}.method",
+        attr(f"{S}.method"),
+        lambda v: (49, 1.0) if isinstance(v, str) and v.lower() == "mtp" else REFUSED,
+        cache_of,
+        ("mtp", "MTP", "Mtp", "ngram", None),
+        also=(f"{S}.num_extra_cache_layer",),
+        mtp=True,
+    ),
+    Attribute(
+        f"{S}.num_extra_cache_layer",
+        attr(f"{S}.num_extra_cache_layer"),
+        lambda v: (49, 1.0) if whole(v, 1, 1) else REFUSED,
+        cache_of,
+        (0, 1, 2, "1", 1.0),
+        mtp=True,
+    ),
+    Attribute(
+        f"{S}.num_gpu_block_expand_ratio",
+        attr(f"{S}.num_gpu_block_expand_ratio"),
+        lambda v: (49, float(v)) if real(v, 64) else REFUSED,
+        cache_of,
+        (0.5, 1, 2.0, 64, 64.5, 0, "1"),
+        mtp=True,
+    ),
+    Attribute(
+        f"{M}.num_hidden_layers",
+        attr(f"{M}.num_hidden_layers"),
+        lambda v: v if whole(v, 1, 10_000) else REFUSED,
+        lambda s: s.model.num_hidden_layers,
+        (1, 48, 10_001),
+    ),
+    Attribute(
+        f"{M}.num_attention_heads",
+        attr(f"{M}.num_attention_heads"),
+        lambda v: v if whole(v, 1, 65536) and v % 4 == 0 else REFUSED,
+        lambda s: s.model.num_attention_heads,
+        (4, 32, 64, 6, 2),
+        also=(f"{M}.num_key_value_heads",),
+    ),
+    Attribute(
+        f"{M}.num_key_value_heads",
+        attr(f"{M}.num_key_value_heads"),
+        kind_of_heads,
+        lambda s: s.model.num_key_value_heads,
+        (None, -1, -1.0, 1, 2, 4, 32, 3, 64),
+        also=(f"{P}.tensor_parallel_size",),
+    ),
+    Attribute(
+        f"{M}.head_dim",
+        attr(f"{M}.head_dim"),
+        lambda v: v if whole(v, 1, 65536) else REFUSED,
+        lambda s: s.model.head_dim,
+        (64, 128, 65537),
+    ),
+    Attribute(
+        f"{M}.dtype",
+        attr(f"{M}.dtype"),
+        lambda v: v if type(v) is str and v in ("bfloat16", "float16", "float32") else REFUSED,
+        lambda s: s.model.dtype,
+        ("bfloat16", "float16", "float32", "BFloat16", "fp16"),
+    ),
+    Attribute(
+        f"{M}.model",
+        attr(f"{M}.model"),
+        lambda v: os.path.basename(v.rstrip("/")) if isinstance(v, str) and v.strip() else REFUSED,
+        lambda s: s.model.name,
+        (QWEN, QWEN + "/", ""),
+    ),
+    Attribute(
+        f"{M}._name_or_path",
+        attr(f"{M}._name_or_path"),
+        lambda v: "qwen3-30b-a3b" if v is None else v if isinstance(v, str) and v.strip() else REFUSED,
+        lambda s: s.model.name,
+        (None, "Qwen/Qwen3-30B-A3B", ""),
+    ),
+    Attribute(
+        f"{M}.kv_lora_rank",
+        attr(f"{M}.kv_lora_rank"),
+        lambda v: None if v is None else REFUSED,
+        lambda s: s.model.kv_lora_rank,
+        (None, 512),
+        also=(f"{M}.qk_rope_head_dim",),
+    ),
+    Attribute(
+        f"{M}.qk_rope_head_dim",
+        attr(f"{M}.qk_rope_head_dim"),
+        lambda v: v if v is None or whole(v, 1, 65536) else REFUSED,
+        lambda s: s.model.qk_rope_head_dim,
+        (None, 64),
+    ),
+    Attribute(
+        f"{M}.index_head_dim",
+        attr(f"{M}.index_head_dim"),
+        lambda v: None if v is None else REFUSED,
+        lambda s: s.model.index_head_dim,
+        (None, 128),
+        also=(f"{M}.kv_lora_rank",),
+    ),
+    Attribute(
+        f"{M}.num_nextn_predict_layers",
+        attr(f"{M}.num_nextn_predict_layers"),
+        lambda v: 0 if v is None else v if whole(v, 0, 10_000) else REFUSED,
+        lambda s: s.model.num_nextn_predict_layers,
+        (None, 0, 1, 10_001),
+    ),
+)
 
-SPEC_KEYS = {"method": ("mtp", "MTP", "ngram", None, "bogus"), "num_extra_cache_layer": (0, 1, "1", None),
-             "num_gpu_block_expand_ratio": (0.5, 1, 0, "1", None)}  # fmt: skip
+SPEC_KEYS = {
+    "method": ("mtp", "MTP", "ngram", None, "bogus"),
+    "num_extra_cache_layer": (0, 1, "1", None),
+    "num_gpu_block_expand_ratio": (0.5, 1, 0, "1", None),
+}
 
 CLI_ATTRIBUTES = (
     Attribute("--rank", flag("rank"), lambda v: v if whole(v, 0, 1) else REFUSED, lambda s: s.rank, (0, 1, 2, -1)),
-    Attribute("--mp_num", flag("mp_num"), lambda v: 2 if whole(v, 2, 2) else REFUSED,
-              lambda s: s.parallel.tensor_parallel_size, (1, 2, 3, 4), also=("--rank", "--key_cache_shape")),
-    Attribute("--device_id", flag("device_id"), lambda v: v if whole(v, 0, 2**31 - 1) else REFUSED,
-              lambda s: (s.device_id, s.local_device)[0], (0, 5, 2**31)),
-    Attribute("--cache_dtype", flag("cache_dtype"),
-              lambda v: CACHE_DTYPE_FLAG.get(v, REFUSED) if type(v) is str else REFUSED,
-              lambda s: (s.cache.cache_dtype, s.cache.kv_cache_quant_type),
-              ("bfloat16", "uint8", "block_wise_fp8", "int8", "int4_zp", "float16", "UINT8"),
-              also=("quantization_config.kv_cache_quant_type",)),
-    Attribute("--key_cache_shape", flag("key_cache_shape"),
-              lambda v: 900 if ascii_numbers(v, 0, 2**63) == [900, 2, 64, 128] else REFUSED, lambda s: s.num_blocks,
-              ("900,2,64,128", " 900, 2,64,128", "1,2,64,128", "900,2,32,128", "900,2,64,64", "900,2,64"),
-              also=("--value_cache_shape",)),
-    Attribute("--value_cache_shape", flag("value_cache_shape"),
-              lambda v: (900, 2, 64, 128) if ascii_numbers(v, 0, 2**63) == [900, 2, 64, 128] else REFUSED,
-              lambda s: s.tensor_specs[1].shape, ("900,2,64,128", "", "900,2,64,64", "900,2,64,128,1")),
-    Attribute("--engine_worker_queue_port", flag("engine_worker_queue_port"),
-              lambda v: str(v) if whole(v, 1, 65535) else REFUSED, lambda s: s.suffix, (1, 8002, 65535, 65536)),
-    Attribute("--num_cpu_blocks", flag("num_cpu_blocks"), lambda v: v if whole(v, 0, 2**63 - 1) else REFUSED,
-              lambda s: s.cache.num_cpu_blocks, (0, 85, 2**63)),
-    Attribute("--kvcache_storage_backend", flag("kvcache_storage_backend"),
-              lambda v: v if v is None or (type(v) is str and v in BACKENDS) else REFUSED,
-              lambda s: s.cache.kvcache_storage_backend, (None, *BACKENDS, "none")),
-    Attribute("--splitwise_role", flag("splitwise_role"), lambda v: v if type(v) is str and v in ROLES else REFUSED,
-              lambda s: s.splitwise_role, (*ROLES, "Decode")),
-    Attribute("--speculative_config", flag("speculative_config"), dict_speculative, cache_of,
-              ({}, {"method": "mtp"}, {"method": "MTP", "num_extra_cache_layer": 1}, {"method": "mtp",
-               "num_extra_cache_layer": 0}, {"num_gpu_block_expand_ratio": 0.5}, '{"method": "mtp"}'),
-              also=tuple(f"--speculative_config.{key}" for key in SPEC_KEYS)),
-    *(Attribute(f"--speculative_config.{key}", spec_key(key), lambda v, key=key: dict_speculative({key: v}),
-                cache_of, values) for key, values in SPEC_KEYS.items()),
-    Attribute("--model_path", flag("model_path"), lambda v: "qwen3-30b-a3b" if v in (QWEN, QWEN + "/") else REFUSED,
-              lambda s: s.model.name, (QWEN, QWEN + "/", "examples", ""), also=("model_path",)),  # None: pass it
-    Attribute("--ipc_suffix", flag("ipc_suffix"),
-              lambda v: v if v is None or (isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", v))
-              else REFUSED, lambda s: s.block_count_suffix, (None, "4242", "a_b-c", "-x", "../x", "x" * 65)),
-    Attribute("--engine_pid", flag("engine_pid"), lambda v: "4242" if v is None else str(v) if whole(v, 1, 2**31 - 1)
-              else REFUSED, lambda s: s.block_count_suffix, (None, 4242, 0, "4242")),
-    Attribute("--num_layers", flag("num_layers"), lambda v: 48 if v is None or whole(v, 48, 48) else REFUSED,
-              lambda s: s.model.num_hidden_layers, (None, 48, 47)),
-    Attribute("--default_dtype", flag("default_dtype"),
-              lambda v: v if type(v) is str and v in ("bfloat16", "float16") else REFUSED,
-              lambda s: s.tensor_specs[2].dtype, ("bfloat16", "float16", "uint8", "int8", "float32")),
-)  # fmt: skip
+    Attribute(
+        "--mp_num",
+        flag("mp_num"),
+        lambda v: 2 if whole(v, 2, 2) else REFUSED,
+        lambda s: s.parallel.tensor_parallel_size,
+        (1, 2, 3, 4),
+        also=("--rank", "--key_cache_shape"),
+    ),
+    Attribute(
+        "--device_id",
+        flag("device_id"),
+        lambda v: v if whole(v, 0, 2**31 - 1) else REFUSED,
+        lambda s: (s.device_id, s.local_device)[0],
+        (0, 5, 2**31),
+    ),
+    Attribute(
+        "--cache_dtype",
+        flag("cache_dtype"),
+        lambda v: CACHE_DTYPE_FLAG.get(v, REFUSED) if type(v) is str else REFUSED,
+        lambda s: (s.cache.cache_dtype, s.cache.kv_cache_quant_type),
+        ("bfloat16", "uint8", "block_wise_fp8", "int8", "int4_zp", "float16", "UINT8"),
+        also=("quantization_config.kv_cache_quant_type",),
+    ),
+    Attribute(
+        "--key_cache_shape",
+        flag("key_cache_shape"),
+        lambda v: 900 if ascii_numbers(v, 0, 2**63) == [900, 2, 64, 128] else REFUSED,
+        lambda s: s.num_blocks,
+        ("900,2,64,128", " 900, 2,64,128", "1,2,64,128", "900,2,32,128", "900,2,64,64", "900,2,64"),
+        also=("--value_cache_shape",),
+    ),
+    Attribute(
+        "--value_cache_shape",
+        flag("value_cache_shape"),
+        lambda v: (900, 2, 64, 128) if ascii_numbers(v, 0, 2**63) == [900, 2, 64, 128] else REFUSED,
+        lambda s: s.tensor_specs[1].shape,
+        ("900,2,64,128", "", "900,2,64,64", "900,2,64,128,1"),
+    ),
+    Attribute(
+        "--engine_worker_queue_port",
+        flag("engine_worker_queue_port"),
+        lambda v: str(v) if whole(v, 1, 65535) else REFUSED,
+        lambda s: s.suffix,
+        (1, 8002, 65535, 65536),
+    ),
+    Attribute(
+        "--num_cpu_blocks",
+        flag("num_cpu_blocks"),
+        lambda v: v if whole(v, 0, 2**63 - 1) else REFUSED,
+        lambda s: s.cache.num_cpu_blocks,
+        (0, 85, 2**63),
+    ),
+    Attribute(
+        "--kvcache_storage_backend",
+        flag("kvcache_storage_backend"),
+        lambda v: v if v is None or (type(v) is str and v in BACKENDS) else REFUSED,
+        lambda s: s.cache.kvcache_storage_backend,
+        (None, *BACKENDS, "none"),
+    ),
+    Attribute(
+        "--splitwise_role",
+        flag("splitwise_role"),
+        lambda v: v if type(v) is str and v in ROLES else REFUSED,
+        lambda s: s.splitwise_role,
+        (*ROLES, "Decode"),
+    ),
+    Attribute(
+        "--speculative_config",
+        flag("speculative_config"),
+        dict_speculative,
+        cache_of,
+        (
+            {},
+            {"method": "mtp"},
+            {"method": "MTP", "num_extra_cache_layer": 1},
+            {"method": "mtp", "num_extra_cache_layer": 0},
+            {"num_gpu_block_expand_ratio": 0.5},
+            '{"method": "mtp"}',
+        ),
+        also=tuple(f"--speculative_config.{key}" for key in SPEC_KEYS),
+    ),
+    *(
+        Attribute(
+            f"--speculative_config.{key}",
+            spec_key(key),
+            lambda v, key=key: dict_speculative({key: v}),
+            cache_of,
+            values,
+        )
+        for key, values in SPEC_KEYS.items()
+    ),
+    Attribute(
+        "--model_path",
+        flag("model_path"),
+        lambda v: "qwen3-30b-a3b" if v in (QWEN, QWEN + "/") else REFUSED,
+        lambda s: s.model.name,
+        (QWEN, QWEN + "/", "examples", ""),
+        also=("model_path",),
+    ),  # None: pass it
+    Attribute(
+        "--ipc_suffix",
+        flag("ipc_suffix"),
+        lambda v: (
+            v if v is None or (isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", v)) else REFUSED
+        ),
+        lambda s: s.block_count_suffix,
+        (None, "4242", "a_b-c", "-x", "../x", "x" * 65),
+    ),
+    Attribute(
+        "--engine_pid",
+        flag("engine_pid"),
+        lambda v: "4242" if v is None else str(v) if whole(v, 1, 2**31 - 1) else REFUSED,
+        lambda s: s.block_count_suffix,
+        (None, 4242, 0, "4242"),
+    ),
+    Attribute(
+        "--num_layers",
+        flag("num_layers"),
+        lambda v: 48 if v is None or whole(v, 48, 48) else REFUSED,
+        lambda s: s.model.num_hidden_layers,
+        (None, 48, 47),
+    ),
+    Attribute(
+        "--default_dtype",
+        flag("default_dtype"),
+        lambda v: v if type(v) is str and v in ("bfloat16", "float16") else REFUSED,
+        lambda s: s.tensor_specs[2].dtype,
+        ("bfloat16", "float16", "uint8", "int8", "float32"),
+    ),
+)
 """The cache transfer manager's flags (the --default_dtype case on a block_wise_fp8 cache, which has scales)."""
 
 ODD_VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(), st.sampled_from([0, -1, 2**31, 2**63, 10**400, 8002.0, 8002.9, 0.5, math.nan, math.inf, -math.inf]),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(),
+    st.sampled_from([0, -1, 2**31, 2**63, 10**400, 8002.0, 8002.9, 0.5, math.nan, math.inf, -math.inf]),
     st.text(max_size=10),
-    st.sampled_from(["", " ", "abc", "2", "8002", "8002,8003", "\u00b2", "\u0663", "0,\u00b2", "4,\u0663", "-1",
-                     "1e+30", "../x", " 8002 ", "0x10", "1_000", "nan", "None"]),
-    st.lists(st.integers(min_value=-5, max_value=70_000), max_size=3), st.tuples(st.just(8002)),
-    st.builds(SimpleNamespace), st.builds(object), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "abc",
+            "2",
+            "8002",
+            "8002,8003",
+            "\u00b2",
+            "\u0663",
+            "0,\u00b2",
+            "4,\u0663",
+            "-1",
+            "1e+30",
+            "../x",
+            " 8002 ",
+            "0x10",
+            "1_000",
+            "nan",
+            "None",
+        ]
+    ),
+    st.lists(st.integers(min_value=-5, max_value=70_000), max_size=3),
+    st.tuples(st.just(8002)),
+    st.builds(SimpleNamespace),
+    st.builds(object),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
 )
 """FastDeploy-shaped values of every kind: None, bools, ints (negative, huge), floats (NaN, inf, whole, not), text
 (non-ASCII digits, lists, numbers in other forms), lists, objects, dicts."""
@@ -769,8 +1111,9 @@ def engine_calls_accept(settings: FastDeploySettings, cpu: Platform) -> None:
     check_suffix(settings.suffix)
     if settings.block_count_suffix is not None:
         check_suffix(settings.block_count_suffix, "block_count_suffix")
-    DecisionInputs(False, settings.cache.num_cpu_blocks, settings.cache.kvcache_storage_backend,
-                   settings.splitwise_role)  # fmt: skip
+    DecisionInputs(
+        False, settings.cache.num_cpu_blocks, settings.cache.kvcache_storage_backend, settings.splitwise_role
+    )
     layout = settings.layout()
     # a cache process's own blocks; a runner's are its plan's, which gives the draft at least one block
     blocks = settings.num_blocks or max(16, math.ceil(1 / layout.mtp_block_ratio))
@@ -778,8 +1121,9 @@ def engine_calls_accept(settings: FastDeploySettings, cpu: Platform) -> None:
         cpu.cache_layout(part, blocks, settings.tensor_specs)
 
 
-def check_read_or_refused(read: Callable[[], FastDeploySettings], attribute: Attribute, value: object,
-                          cpu: Platform) -> None:  # fmt: skip
+def check_read_or_refused(
+    read: Callable[[], FastDeploySettings], attribute: Attribute, value: object, cpu: Platform
+) -> None:
     expected = attribute.meaning(value)
     try:
         settings = read()
@@ -801,8 +1145,13 @@ def test_a_cache_process_ratio_that_leaves_the_draft_no_block_is_refused_naming_
         from_cache_manager_args(args)
     assert refusal.value.field == "--speculative_config.num_gpu_block_expand_ratio"
     assert "int(16 x 0.03125) is 0" in str(refusal.value)
-    assert from_cache_manager_args(manager_args(speculative_config={**mtp, "num_gpu_block_expand_ratio": 0.0625},
-                                                key_cache_shape="16,2,64,128", value_cache_shape="16,2,64,128"))
+    assert from_cache_manager_args(
+        manager_args(
+            speculative_config={**mtp, "num_gpu_block_expand_ratio": 0.0625},
+            key_cache_shape="16,2,64,128",
+            value_cache_shape="16,2,64,128",
+        )
+    )
 
 
 def test_a_runners_draft_shaped_for_too_few_blocks_is_refused_naming_the_ratio(cpu: Platform) -> None:

@@ -6,8 +6,8 @@ import ctypes
 import fcntl
 import glob
 import json
-import re
 import os
+import re
 import secrets
 import struct
 import subprocess
@@ -15,18 +15,18 @@ import sys
 import time
 
 import pytest
-
 from engine_processes import qwen_layout
+
 from fd_platforms.contract.errors import CacheInUseError, CacheSharingError
 from fd_platforms.engine import manage_kv_cache
+from fd_platforms.engine.kv_cache import check_provenance
+from fd_platforms.engine.publication import PublishedTensor
 from fd_platforms.fastdeploy.handles import FastDeployHandles, encode_handle, read_handle
 from fd_platforms.fastdeploy.marks import attacher_prefix
 from fd_platforms.fastdeploy.protocol import FASTDEPLOY
 from fd_platforms.fastdeploy.records import GPU_RECORD, XPU_RECORD, record_layout
-from fd_platforms.engine.kv_cache import check_provenance
-from fd_platforms.engine.publication import PublishedTensor
-from fd_platforms.ipc import shm
 from fd_platforms.fastdeploy.signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal
+from fd_platforms.ipc import shm
 from fd_platforms.kit.vendor_device import handle_bytes, handle_text
 
 
@@ -43,22 +43,31 @@ def names() -> list[str]:
 
 
 def tensors(names: list[str], handle: str = "") -> list[PublishedTensor]:
-    return [PublishedTensor(name, (4, 8), "uint8", handle or f"memfd:{os.getpid()}:{index + 3}")
-            for index, name in enumerate(names)]  # fmt: skip
+    return [
+        PublishedTensor(name, (4, 8), "uint8", handle or f"memfd:{os.getpid()}:{index + 3}")
+        for index, name in enumerate(names)
+    ]
 
 
 def attach_in_child(suffix: str, names: list[str]) -> tuple[subprocess.Popen, list[str]]:
     """An attacher of ours in another process (it names no memory of its own): the handles it read. It lets go
     when its stdin closes."""
     child = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys; from fd_platforms.fastdeploy.handles import FastDeployHandles\n"
-         "from fd_platforms.engine.publication import PublishedTensor\n"
-         f"expected = [PublishedTensor(n, (4, 8), 'uint8', '') for n in {names!r}]\n"
-         f"h = FastDeployHandles.open({suffix!r}, 0, expected, 'cpu')\n"
-         "print(*[t.handle for t in h.tensors], flush=True); sys.stdin.read(); h.let_go()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys; from fd_platforms.fastdeploy.handles import FastDeployHandles\n"
+                "from fd_platforms.engine.publication import PublishedTensor\n"
+                f"expected = [PublishedTensor(n, (4, 8), 'uint8', '') for n in {names!r}]\n"
+                f"h = FastDeployHandles.open({suffix!r}, 0, expected, 'cpu')\n"
+                "print(*[t.handle for t in h.tensors], flush=True); sys.stdin.read(); h.let_go()"
+            ),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     return child, child.stdout.readline().split()  # type: ignore[union-attr]
 
 
@@ -82,7 +91,9 @@ def test_a_record_is_fastdeploys_struct_read_back_and_retracted_once_the_attache
             held.retract(0.2)
         assert caught.value.ranks == (0,) and os.path.exists(f"/dev/shm/{names[0]}"), "nothing freed"
         ready.set(0, 0)  # FastDeploy's let-go
-        with pytest.raises(CacheInUseError, match=f"attached by a process of fd-platforms .* holds /dev/shm/{names[0]}"):
+        with pytest.raises(
+            CacheInUseError, match=f"attached by a process of fd-platforms .* holds /dev/shm/{names[0]}"
+        ):
             held.retract(0.2)  # our attacher also holds the first record until it lets go
         let_go(opened)
         held.retract(5)
@@ -125,14 +136,21 @@ def test_a_rank_two_processes_attach_to_is_freed_only_after_both_let_go(names: l
 
 def test_a_record_held_by_a_living_creator_is_refused_and_a_leftover_is_reused(names: list[str]) -> None:
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys; from fd_platforms.fastdeploy.handles import FastDeployHandles\n"
-         "from fd_platforms.engine.publication import PublishedTensor\n"
-         f"h = FastDeployHandles.create('9923', 0, [PublishedTensor({names[0]!r}, (4,), 'uint8', 'memfd:1:3')], 'cpu', "
-         "attachers=0)\n"
-         "print('held', flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys; from fd_platforms.fastdeploy.handles import FastDeployHandles\n"
+                "from fd_platforms.engine.publication import PublishedTensor\n"
+                f"h = FastDeployHandles.create('9923', 0, [PublishedTensor({names[0]!r}, (4,), 'uint8', 'memfd:1:3')], 'cpu', "
+                "attachers=0)\n"
+                "print('held', flush=True); sys.stdin.read()"
+            ),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "held"  # type: ignore[union-attr]
     with pytest.raises(CacheSharingError, match="already published by a running process"):
         FastDeployHandles.create("9923", 0, tensors(names[:1]), "cpu", attachers=0)
@@ -148,7 +166,9 @@ def test_records_naming_several_processes_are_refused(names: list[str]) -> None:
     for name, pid in zip(names, (os.getpid(), 1), strict=True):
         with open(f"/dev/shm/{name}", "wb") as file:
             file.write(GPU_RECORD.fields.pack(0, f"memfd:{pid}:3".encode()))
-    with pytest.raises(CacheSharingError, match=r"publication \(FastDeploy.s records\) names handles of 2 processes \(pids 1, "):
+    with pytest.raises(
+        CacheSharingError, match=r"publication \(FastDeploy.s records\) names handles of 2 processes \(pids 1, "
+    ):
         FastDeployHandles.open("9923", 0, tensors(names, handle="-"), "cpu")
 
 
@@ -241,10 +261,12 @@ def test_an_xpu_record_holds_the_raw_handle_and_the_tensors_address_and_reads_ba
 
 @pytest.mark.parametrize(
     ("handle", "address", "why"),
-    [(handle_text(bytes(range(1, 65))), None, "gave no device address"),
-     (handle_text(bytes(range(1, 65))), 0, "device address 0"),
-     ("memfd:1:3", 0x1000, "is not a raw 64-byte IPC handle")],
-)  # fmt: skip
+    [
+        (handle_text(bytes(range(1, 65))), None, "gave no device address"),
+        (handle_text(bytes(range(1, 65))), 0, "device address 0"),
+        ("memfd:1:3", 0x1000, "is not a raw 64-byte IPC handle"),
+    ],
+)
 def test_an_xpu_record_that_fastdeploy_could_not_open_is_refused(handle: str, address, why: str) -> None:
     with pytest.raises(CacheSharingError, match=f"key_caches_0_rank0.device0.*{why}.*Fix: "):
         encode_handle("key_caches_0_rank0.device0", handle, "xpu", address)
@@ -343,8 +365,12 @@ root_only = pytest.mark.skipif(os.geteuid() != 0, reason="plays another user wit
 
 def spawn(code: str) -> tuple[subprocess.Popen, str]:
     """A Python child running ``code`` until its stdin closes: its first line."""
-    child = subprocess.Popen([sys.executable, "-c", f"import os, sys\n{code}\nsys.stdin.read()"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-c", f"import os, sys\n{code}\nsys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     return child, child.stdout.readline().strip()  # type: ignore[union-attr]
 
 
@@ -394,11 +420,17 @@ def test_a_record_naming_another_users_memfd_is_refused_by_the_attacher_and_by_t
         for name, fd in zip(names, fds, strict=True):
             with open(f"/dev/shm/{name}", "wb") as file:
                 file.write(GPU_RECORD.fields.pack(0, f"memfd:{pid}:{fd}".encode()))
-        with pytest.raises(CacheSharingError, match=rf"/dev/shm/{names[-1]} names memory of pid {pid}, a process of "
-                           r"uid 65534, not of this user \(uid 0\).*nothing was opened.*Fix: "):  # fmt: skip
+        with pytest.raises(
+            CacheSharingError,
+            match=rf"/dev/shm/{names[-1]} names memory of pid {pid}, a process of "
+            r"uid 65534, not of this user \(uid 0\).*nothing was opened.*Fix: ",
+        ):
             FastDeployHandles.open("9923", 0, tensors(names, handle="-"), "cpu")
-        with pytest.raises(CacheSharingError, match=rf"{names[0]} \(/proc/{pid}/fd/{fds[0]}, .*\) is memory of uid "
-                           r"65534, not of this user \(uid 0\).*Fix: "):  # fmt: skip
+        with pytest.raises(
+            CacheSharingError,
+            match=rf"{names[0]} \(/proc/{pid}/fd/{fds[0]}, .*\) is memory of uid "
+            r"65534, not of this user \(uid 0\).*Fix: ",
+        ):
             open_host_tensor(names[0], f"memfd:{pid}:{fds[0]}", (4, 8), "uint8")
     finally:
         os.close(stop_write)
@@ -426,8 +458,11 @@ def test_a_record_naming_another_process_than_the_creator_of_ours_holding_it_is_
         "print(os.getpid(), flush=True)"
     )
     try:
-        with pytest.raises(CacheSharingError, match=f"names memory of pid {pid}, which does not hold the record, while "
-                           rf"the creator of ours does \(pids {said}\)"):  # fmt: skip
+        with pytest.raises(
+            CacheSharingError,
+            match=f"names memory of pid {pid}, which does not hold the record, while "
+            rf"the creator of ours does \(pids {said}\)",
+        ):
             FastDeployHandles.open("9923", 0, tensors(names, handle="-"), "cpu")
     finally:
         stop(creator)
@@ -447,8 +482,11 @@ def test_a_record_writable_by_others_is_refused_when_read_naming_its_mode_and_ow
     with open(f"/dev/shm/{names[0]}", "wb") as file:
         file.write(GPU_RECORD.fields.pack(0, b"memfd:1:3"))
     os.chmod(f"/dev/shm/{names[0]}", 0o666)
-    with pytest.raises(CacheSharingError, match=rf"/dev/shm/{names[0]} \(owner uid {os.geteuid()}\) has mode 0666: "
-                       "users other than its owner may rewrite its handle.*Fix: "):  # fmt: skip
+    with pytest.raises(
+        CacheSharingError,
+        match=rf"/dev/shm/{names[0]} \(owner uid {os.geteuid()}\) has mode 0666: "
+        "users other than its owner may rewrite its handle.*Fix: ",
+    ):
         read_handle(names[0], "cpu")
 
 
@@ -491,15 +529,21 @@ def test_fastdeploys_own_attacher_still_makes_the_creator_wait_and_the_error_nam
     memfds = [os.memfd_create(name) for name in names]
     for fd in memfds:
         os.ftruncate(fd, 32)
-    published = [PublishedTensor(name, (4, 8), "uint8", f"memfd:{os.getpid()}:{fd}")
-                 for name, fd in zip(names, memfds, strict=True)]  # fmt: skip
+    published = [
+        PublishedTensor(name, (4, 8), "uint8", f"memfd:{os.getpid()}:{fd}")
+        for name, fd in zip(names, memfds, strict=True)
+    ]
     standins = os.path.join(os.path.dirname(__file__), "..", "support", "fastdeploy_standins.py")
     with FastDeploySignal.create(CACHE_READY, suffix, 1) as ready, FastDeploySignal.create(KV_CACHE_STATUS, suffix, 1):
         held = FastDeployHandles.create(suffix, 0, published, "cpu", attachers=1)
         ready.set(0, 1)
         specs = json.dumps([[name, 32] for name in names])
-        theirs = subprocess.Popen([sys.executable, standins, "attacher", suffix, "0", "1", specs, "0", "-1"],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        theirs = subprocess.Popen(
+            [sys.executable, standins, "attacher", suffix, "0", "1", specs, "0", "-1"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             said = [theirs.stdout.readline().strip() for _ in range(2)]  # type: ignore[union-attr]
             assert said == ["attached", "done"]
@@ -559,8 +603,12 @@ def test_a_handle_beside_handles_naming_no_process_says_what_they_name_not_pid_n
 
     other = os.getppid()  # a process of this user that holds no record
     handles = [f"memfd:{other}:3", handle_text(bytes(range(1, 65)))]
-    published = SimpleNamespace(rank=0, creator_pid=None, name=names[0], tensors=[
-        PublishedTensor(name, (4, 8), "uint8", handle) for name, handle in zip(names, handles)])  # fmt: skip
+    published = SimpleNamespace(
+        rank=0,
+        creator_pid=None,
+        name=names[0],
+        tensors=[PublishedTensor(name, (4, 8), "uint8", handle) for name, handle in zip(names, handles, strict=False)],
+    )
     with pytest.raises(CacheSharingError) as refused:
         check_provenance(published, None)  # type: ignore[arg-type]
     said = str(refused.value)
@@ -572,12 +620,15 @@ def test_a_handle_beside_handles_naming_no_process_says_what_they_name_not_pid_n
 def test_records_that_mix_a_memfd_handle_with_a_raw_one_are_refused_naming_both(names: list[str]) -> None:
     """One creator writes every record of a rank alike; a mix is refused when opened, naming both kinds (its error
     once said 'pid None')."""
-    for name, handle in zip(names, (f"memfd:{os.getpid()}:3".encode(), bytes(range(1, 65)))):
+    for name, handle in zip(names, (f"memfd:{os.getpid()}:3".encode(), bytes(range(1, 65))), strict=False):
         fd = os.open(f"/dev/shm/{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         os.write(fd, GPU_RECORD.fields.pack(0, handle))
         os.close(fd)
     expected = [PublishedTensor(name, (4, 8), "uint8", "") for name in names]
-    with pytest.raises(CacheSharingError, match=rf"publication \(FastDeploy.s records\) mixes handles of two kinds: 1 name no process .* 1 name pid {os.getpid()}"):
+    with pytest.raises(
+        CacheSharingError,
+        match=rf"publication \(FastDeploy.s records\) mixes handles of two kinds: 1 name no process .* 1 name pid {os.getpid()}",
+    ):
         FastDeployHandles.open(f"t{secrets.token_hex(4)}", 0, expected, "cpu")
 
 
@@ -587,13 +638,24 @@ def test_a_neighbour_engine_on_the_same_device_ids_is_named_as_the_cause_when_it
     first engine's, whose caches are published (with an attacher expected: host swap space)."""
     first, first_signals = FASTDEPLOY.create_signals(2, device_type="cpu", block_count_suffix=None)
     with first_signals:
-        managed = [manage_kv_cache(cpu, qwen_layout(rank, 2), 4, num_cpu_blocks=4, instance=first,
-                                   protocol="fastdeploy", rule="2026-01") for rank in range(2)]  # fmt: skip
+        managed = [
+            manage_kv_cache(
+                cpu, qwen_layout(rank, 2), 4, num_cpu_blocks=4, instance=first, protocol="fastdeploy", rule="2026-01"
+            )
+            for rank in range(2)
+        ]
         try:
             neighbour, made = FASTDEPLOY.create_signals(1, device_type="cpu", block_count_suffix=None)
             with made, pytest.raises(CacheSharingError) as caught:
-                manage_kv_cache(cpu, qwen_layout(0, 2), 4, num_cpu_blocks=0, instance=neighbour, protocol="fastdeploy",
-                                rule="2026-01")  # fmt: skip
+                manage_kv_cache(
+                    cpu,
+                    qwen_layout(0, 2),
+                    4,
+                    num_cpu_blocks=0,
+                    instance=neighbour,
+                    protocol="fastdeploy",
+                    rule="2026-01",
+                )
         finally:
             with FastDeploySignal.attach(CACHE_READY, first) as ready:
                 ready.write_all(0)

@@ -13,8 +13,13 @@ import pytest
 from fd_platforms.fastdeploy.protocol import FASTDEPLOY
 
 OTHER_UID = 65534  # nobody
-RUN_SIGNALS = ("cache_ready_signal", "swap_space_ready_signal", "cache_transfer_inited_signal", "kv_cache_status",
-               "get_profile_block_num")  # fmt: skip
+RUN_SIGNALS = (
+    "cache_ready_signal",
+    "swap_space_ready_signal",
+    "cache_transfer_inited_signal",
+    "kv_cache_status",
+    "get_profile_block_num",
+)
 
 
 def make(name: str, size: int, *, uid: int | None = None) -> int:
@@ -30,6 +35,7 @@ def make(name: str, size: int, *, uid: int | None = None) -> int:
 def leftovers() -> Iterator[dict[str, list[str]]]:
     """Signal files under run suffixes: a dead run's five, one a living process holds, one of the wrong
     size, another user's (where root), and one under a FastDeploy engine's own suffix."""
+
     def suffix() -> str:
         return f"fdp{secrets.randbelow(10**9)}-{secrets.token_hex(3)}"
 
@@ -56,7 +62,7 @@ def leftovers() -> Iterator[dict[str, list[str]]]:
 
 
 def test_the_engines_signal_creation_sweeps_only_what_dead_runs_of_ours_left(leftovers: dict[str, list[str]]) -> None:
-    suffix, made = FASTDEPLOY.create_signals(1, device_type="cpu", block_count_suffix=None)
+    _suffix, made = FASTDEPLOY.create_signals(1, device_type="cpu", block_count_suffix=None)
     made.close()
     assert [name for name in leftovers["dead"] if os.path.exists(f"/dev/shm/{name}")] == [], "a dead run's signals"
     assert [name for name in leftovers["kept"] if not os.path.exists(f"/dev/shm/{name}")] == [], (

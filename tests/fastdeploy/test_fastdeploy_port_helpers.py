@@ -42,18 +42,39 @@ def settings(model: str = QWEN, **config: object):
 
 @pytest.mark.parametrize(
     ("device_name", "ours"),
-    [("gpu", "cuda"), ("metax_gpu", "metax"), ("iluvatar_gpu", "iluvatar"), ("xpu", "xpu"), ("dcu", "dcu"),
-     ("gcu", "gcu"), ("intel_hpu", "intel_hpu"), ("npu", "npu"), ("cpu", "cpu")],
-)  # fmt: skip
+    [
+        ("gpu", "cuda"),
+        ("metax_gpu", "metax"),
+        ("iluvatar_gpu", "iluvatar"),
+        ("xpu", "xpu"),
+        ("dcu", "dcu"),
+        ("gcu", "gcu"),
+        ("intel_hpu", "intel_hpu"),
+        ("npu", "npu"),
+        ("cpu", "cpu"),
+    ],
+)
 def test_each_of_fastdeploys_platforms_names_ours(device_name: str, ours: str) -> None:
     """By the ``device_name`` each of FastDeploy's platform classes sets (``fastdeploy/platforms/*.py``): MetaX's
     class is ``MACAPlatform`` but names itself ``metax_gpu``."""
     platform = type("FastDeploysPlatform", (), {"device_name": device_name})()
     assert our_platform_name(platform) == ours
-    assert set(FASTDEPLOY_PLATFORMS) == {"gpu", "metax_gpu", "iluvatar_gpu", "xpu", "dcu", "gcu", "intel_hpu", "npu", "cpu"}
+    assert set(FASTDEPLOY_PLATFORMS) == {
+        "gpu",
+        "metax_gpu",
+        "iluvatar_gpu",
+        "xpu",
+        "dcu",
+        "gcu",
+        "intel_hpu",
+        "npu",
+        "cpu",
+    }
 
 
-@pytest.mark.parametrize("platform", [object(), type("P", (), {"device_name": "tpu"})(), type("P", (), {"device_name": 3})()])
+@pytest.mark.parametrize(
+    "platform", [object(), type("P", (), {"device_name": "tpu"})(), type("P", (), {"device_name": 3})()]
+)
 def test_an_unknown_platform_is_a_config_error_naming_device_name(platform: object) -> None:
     with pytest.raises(ConfigError) as raised:
         our_platform_name(platform)
@@ -87,15 +108,20 @@ def gqa_backend(**config: object) -> fastdeploy.AppendAttentionBackend:
 def test_gqa_key_and_value_in_the_model_dtype_and_uint8_once_quantized() -> None:
     """``gpu_model_runner.py`` ``initialize_kv_cache``: the model's dtype, ``uint8`` whenever quantized."""
     assert specs_for(QWEN, gqa_backend()) == (
-        CacheRoleShape("key", (5, 4, 64, 128), "bfloat16"), CacheRoleShape("value", (5, 4, 64, 128), "bfloat16"))
+        CacheRoleShape("key", (5, 4, 64, 128), "bfloat16"),
+        CacheRoleShape("value", (5, 4, 64, 128), "bfloat16"),
+    )
     assert {spec.dtype for spec in specs_for(QWEN, gqa_backend(), kv_cache_quant_type="int8")} == {"uint8"}
 
 
 def test_block_wise_fp8_adds_a_scale_of_the_keys_first_three_axes_per_key_and_value() -> None:
     specs = specs_for(QWEN, gqa_backend(), kv_cache_quant_type="block_wise_fp8")
     assert [(spec.role, spec.shape, spec.dtype) for spec in specs] == [
-        ("key", (5, 4, 64, 128), "uint8"), ("value", (5, 4, 64, 128), "uint8"),
-        ("key_scale", (5, 4, 64), "bfloat16"), ("value_scale", (5, 4, 64), "bfloat16")]  # fmt: skip
+        ("key", (5, 4, 64, 128), "uint8"),
+        ("value", (5, 4, 64, 128), "uint8"),
+        ("key_scale", (5, 4, 64), "bfloat16"),
+        ("value_scale", (5, 4, 64), "bfloat16"),
+    ]
 
 
 def test_int4_zp_is_the_gpu_backends_halved_key() -> None:
@@ -124,7 +150,9 @@ def test_dsa_is_a_uint8_key_and_indexer_asked_with_its_uint8_quantization(monkey
     specs = specs_for(DEEPSEEK_32, Recording(64, model.kv_lora_rank, model.qk_rope_head_dim, model.index_head_dim))
     assert asked == ["uint8"]
     assert [(spec.role, spec.shape, spec.dtype) for spec in specs] == [
-        ("key", (5, 1, 64, 656), "uint8"), ("indexer", (5, 64, 132), "uint8")]  # fmt: skip
+        ("key", (5, 1, 64, 656), "uint8"),
+        ("indexer", (5, 64, 132), "uint8"),
+    ]
 
 
 def test_the_xpu_runners_int8_is_its_cache_type() -> None:
@@ -136,7 +164,8 @@ def test_the_xpu_runners_int8_is_its_cache_type() -> None:
 
 
 @pytest.mark.parametrize(
-    "answer", [None, ([5, 4, 64, 128],), ([], []), ([5, 4, 0, 128], [5, 4, 64, 128]), ("5,4", "5,4"), [[5], [5], [5], [5]]]
+    "answer",
+    [None, ([5, 4, 64, 128],), ([], []), ([5, 4, 0, 128], [5, 4, 64, 128]), ("5,4", "5,4"), [[5], [5], [5], [5]]],
 )
 def test_an_answer_that_is_not_the_backends_shapes_is_a_config_error(answer: object) -> None:
     with pytest.raises(ConfigError) as raised:
@@ -182,8 +211,9 @@ def test_a_peak_that_missed_the_profile_cache_and_bad_numbers_are_config_errors(
     assert raised.value.field == "peak_increase_bytes"
     for bad in ({"total_bytes": 0}, {"used_bytes": 2 << 30}, {"peak_increase_bytes": -1}, {"profile_blocks": 1.5}):
         with pytest.raises(ConfigError) as raised:
-            ProfiledBudget(**{"total_bytes": 1 << 30, "used_bytes": 0, "peak_increase_bytes": 0, "profile_blocks": 0,
-                              **bad})  # type: ignore[arg-type]  # fmt: skip
+            ProfiledBudget(
+                **{"total_bytes": 1 << 30, "used_bytes": 0, "peak_increase_bytes": 0, "profile_blocks": 0, **bad}
+            )  # type: ignore[arg-type]
         assert raised.value.field == next(iter(bad))
     with pytest.raises(ConfigError):
         plan_from_profile(platform, kv, 1 << 30)  # type: ignore[arg-type]
@@ -200,7 +230,9 @@ def test_the_proposers_one_layer_copy_is_refused_and_its_settings_come_from_the_
     assert raised.value.field == "fd_config.speculative_config.model_type" and "proposer_settings" in raised.value.fix
     runner = from_fd_config(runner_config, local_rank=0, rule=FASTDEPLOY_RULE)
     proposer = proposer_settings(runner, copy)
-    assert proposer.layout() == runner.layout().draft() and proposer.layout().names()[0] == "key_caches_48_rank0.device0"
+    assert (
+        proposer.layout() == runner.layout().draft() and proposer.layout().names()[0] == "key_caches_48_rank0.device0"
+    )
     assert proposer.runner_arguments(profile=True) == runner.runner_arguments(profile=True)
 
 

@@ -20,7 +20,6 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
-
 from engine_processes import (
     DRIVEN_ROUNDS,
     FASTDEPLOY_ATTACH,
@@ -32,6 +31,8 @@ from engine_processes import (
     qwen_layout,
     write_byte,
 )
+from run_helpers import QWEN, ROOT, SCRIPT, clean_env, main_in_process
+
 from fd_platforms.contract.errors import CacheSharingError, CacheSignalError, ConfigError, SignalWaitError
 from fd_platforms.contract.types import PlatformIdentity
 from fd_platforms.engine import ManagedCache, initialize_kv_cache, manage_kv_cache
@@ -41,15 +42,19 @@ from fd_platforms.fastdeploy.cache_status import drive_kv_cache_clear, drive_kv_
 from fd_platforms.fastdeploy.records import GPU_RECORD
 from fd_platforms.fastdeploy.signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus
 from fd_platforms.loading.platform import Platform
-from run_helpers import QWEN, ROOT, SCRIPT, clean_env, main_in_process
 
 # multi-process: left out of -m "not slow"; FastDeploy's record names are the machine's, taken in turns; the runners it
 # starts select cpu
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fastdeploy_record_names", "cpu_for_children")]
 
 STANDINS = Path(__file__).resolve().parents[1] / "support" / "fastdeploy_standins.py"
-FD_SIGNAL_NAMES = ("cache_ready_signal.", "swap_space_ready_signal.", "cache_transfer_inited_signal.",
-                   "kv_cache_status.", "get_profile_block_num.")  # fmt: skip
+FD_SIGNAL_NAMES = (
+    "cache_ready_signal.",
+    "swap_space_ready_signal.",
+    "cache_transfer_inited_signal.",
+    "kv_cache_status.",
+    "get_profile_block_num.",
+)
 BLOCKS = 4
 CYCLES = DRIVEN_ROUNDS
 METAX_CYCLES = 3
@@ -71,8 +76,11 @@ def metax(fake_device_root, fake_vendor_runtime, monkeypatch) -> None:
 def standin(*args: object) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, str(STANDINS), *map(str, args)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def expect(process: subprocess.Popen[str], word: str) -> None:
@@ -109,8 +117,11 @@ def shm_names(suffixes: tuple[str, ...], tp: int) -> set[str]:
     """This test's entries in /dev/shm: the signals of its suffixes and its ranks' tensor records (other
     suites may run beside it, with records of other ranks: see test_fastdeploy_handles)."""
     records = record_names(tp)
-    return {name for name in os.listdir("/dev/shm") if name.endswith(tuple(f".{suffix}" for suffix in suffixes))
-            or name in records}  # fmt: skip
+    return {
+        name
+        for name in os.listdir("/dev/shm")
+        if name.endswith(tuple(f".{suffix}" for suffix in suffixes)) or name in records
+    }
 
 
 @contextmanager
@@ -136,8 +147,16 @@ def test_a_standin_cache_manager_wakes_our_runner_which_attaches_by_fastdeploys_
         for creator in creators:
             stack.callback(creator.kill)
         caches = [
-            initialize_kv_cache(cpu, layout, BLOCKS, instance=suffix, protocol="fastdeploy", timeout=30,
-                                creator_pid=creator.pid, **FASTDEPLOY_ATTACH)  # fmt: skip
+            initialize_kv_cache(
+                cpu,
+                layout,
+                BLOCKS,
+                instance=suffix,
+                protocol="fastdeploy",
+                timeout=30,
+                creator_pid=creator.pid,
+                **FASTDEPLOY_ATTACH,
+            )
             for layout, creator in zip(runner_layouts, creators, strict=True)
         ]
         for rank, (cache, creator) in enumerate(zip(caches, creators, strict=True)):
@@ -159,8 +178,15 @@ def test_our_cache_manager_wakes_a_standin_worker_and_tells_the_engine_it_is_up(
     with fastdeploy_engine(2) as (suffix, engine):
         attachers = [standin("attacher", suffix, rank, 2, tensor_specs(cpu, rank, 2), 0, 0) for rank in range(2)]
         managed = [
-            manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, instance=suffix, protocol="fastdeploy",
-                            rule="2026-01")
+            manage_kv_cache(
+                cpu,
+                qwen_layout(rank, 2),
+                BLOCKS,
+                num_cpu_blocks=4,
+                instance=suffix,
+                protocol="fastdeploy",
+                rule="2026-01",
+            )
             for rank in range(2)
         ]
         for attacher in attachers:
@@ -257,8 +283,16 @@ def test_a_clear_update_driven_from_the_standins_side_completes_round_after_roun
 
         def create(rank: int) -> ManagedCache:  # the host swap space a clear kept is reused, as FastDeploy's
             kept = made[rank].host_cache if rank in made else None
-            made[rank] = manage_kv_cache(cpu, qwen_layout(rank, 4), BLOCKS, num_cpu_blocks=4, instance=suffix,
-                                         protocol="fastdeploy", rule="2026-01", host_cache=kept)  # fmt: skip
+            made[rank] = manage_kv_cache(
+                cpu,
+                qwen_layout(rank, 4),
+                BLOCKS,
+                num_cpu_blocks=4,
+                instance=suffix,
+                protocol="fastdeploy",
+                rule="2026-01",
+                host_cache=kept,
+            )
             return made[rank]
 
         managed = [create(rank) for rank in range(4)]
@@ -283,7 +317,9 @@ def test_a_clear_update_driven_from_the_standins_side_completes_round_after_roun
         for reader in readers:
             reader.join(5)
         assert len(held) == 4 and all(cache.kv_cache.shared for cache in held)
-        assert [cache.host_cache for cache in held] == [cache.host_cache for cache in managed], "the swap space kept throughout"
+        assert [cache.host_cache for cache in held] == [cache.host_cache for cache in managed], (
+            "the swap space kept throughout"
+        )
         with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
             assert status.get(0) == KVCacheStatus.NORMAL
         for attacher in attachers:
@@ -316,8 +352,10 @@ def drive_rounds(  # type: ignore[type-arg]
     for _ in range(rounds):
         if two_events:
             assert drive_kv_cache_clear(suffix, timeout=30, **watched).ranks == len(runners)  # type: ignore[arg-type]
-            with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status, \
-                    FastDeploySignal.attach(CACHE_READY, suffix) as ready:  # fmt: skip
+            with (
+                FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status,
+                FastDeploySignal.attach(CACHE_READY, suffix) as ready,
+            ):
                 assert status.get(0) == KVCacheStatus.CLEARED and set(ready.values()) == {0}, "cleared, between events"
             assert drive_kv_cache_restore(suffix, timeout=30, **watched).ranks == len(runners)  # type: ignore[arg-type]
         else:
@@ -348,7 +386,10 @@ def test_a_standin_metax_cache_manager_wakes_our_metax_runners_which_attach_thro
         for creator in creators:
             stack.callback(creator.kill)
         links, runners = spawn_all(
-            stack, 2, fastdeploy_runner, lambda rank: (suffix, rank, 2, BLOCKS, METAX_CYCLES, rank)  # on device rank
+            stack,
+            2,
+            fastdeploy_runner,
+            lambda rank: (suffix, rank, 2, BLOCKS, METAX_CYCLES, rank),  # on device rank
         )
         for rank, link in enumerate(links):
             assert link.poll(120)
@@ -365,7 +406,7 @@ def test_our_metax_cache_manager_wakes_a_standin_worker_which_opens_the_raw_hand
     raw 64-byte handle FastDeploy's set_data_ipc writes; a stand-in worker opens them with mcIpcOpenMemHandle and
     writes into our memory, and FastDeploy's engine hears the cache service is up."""
     with fastdeploy_engine(2) as (suffix, engine), ExitStack() as stack:
-        links, managers = spawn_all(stack, 2, fastdeploy_manager, lambda rank: (suffix, rank, 2, BLOCKS, rank))
+        links, _managers = spawn_all(stack, 2, fastdeploy_manager, lambda rank: (suffix, rank, 2, BLOCKS, rank))
         for rank, link in enumerate(links):
             assert link.poll(120)
             said, place = link.recv()
@@ -393,8 +434,15 @@ def test_our_metax_cache_manager_wakes_a_standin_worker_which_opens_the_raw_hand
 def test_a_rank_that_never_lets_go_is_named(cpu) -> None:
     with fastdeploy_engine(2) as (suffix, _):
         managed = [
-            manage_kv_cache(cpu, qwen_layout(rank, 2), BLOCKS, num_cpu_blocks=4, instance=suffix, protocol="fastdeploy",
-                            rule="2026-01")
+            manage_kv_cache(
+                cpu,
+                qwen_layout(rank, 2),
+                BLOCKS,
+                num_cpu_blocks=4,
+                instance=suffix,
+                protocol="fastdeploy",
+                rule="2026-01",
+            )
             for rank in range(2)
         ]
         with FastDeploySignal.attach(CACHE_READY, suffix) as ready:
@@ -449,7 +497,9 @@ def test_the_block_count_goes_to_the_engines_own_suffix_not_the_cache_signals(cp
 
 def test_on_iluvatar_the_count_fills_every_ranks_word_of_the_engines_array(cpu) -> None:
     """FastDeploy's Iluvatar engine makes one word per local rank; its workers end with the agreed minimum in each."""
-    iluvatar = Platform(cpu.candidate, cpu.manager, PlatformIdentity("iluvatar", "iluvatar_gpu", "CUDA_VISIBLE_DEVICES"))
+    iluvatar = Platform(
+        cpu.candidate, cpu.manager, PlatformIdentity("iluvatar", "iluvatar_gpu", "CUDA_VISIBLE_DEVICES")
+    )
     engine_pid = f"e{secrets.token_hex(4)}"
     with fastdeploy_engine(4, engine_pid, "iluvatar") as (suffix, engine):
         with pytest.raises(CacheSignalError, match="holds 4 words, but FastDeploy's engine makes 1 for platform cpu"):
@@ -462,17 +512,39 @@ def run_entries() -> set[str]:
     """Entries of ``fd-platforms run --protocol fastdeploy`` at tp 2: its ranks' records and the signals
     under a run's suffix (``fdp<pid>-<hex>``; other suites' tests use other suffixes)."""
     ours = record_names(2)
-    return {name for name in os.listdir("/dev/shm")
-            if name in ours or (name.startswith(FD_SIGNAL_NAMES) and re.search(r"\.fdp\d+-[0-9a-f]+$", name))}  # fmt: skip
+    return {
+        name
+        for name in os.listdir("/dev/shm")
+        if name in ours or (name.startswith(FD_SIGNAL_NAMES) and re.search(r"\.fdp\d+-[0-9a-f]+$", name))
+    }
 
 
 def test_run_with_fastdeploys_protocol_attaches_verifies_and_leaves_nothing() -> None:
     before = run_entries()
     done = subprocess.run(
-        [SCRIPT, "run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode",
-         "--protocol", "fastdeploy", "--cycles", "2", "--json"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300, env=clean_env(),
-    )  # fmt: skip
+        [
+            SCRIPT,
+            "run",
+            "--model",
+            QWEN,
+            "--tp",
+            "2",
+            "--device-memory",
+            "256MiB",
+            "--role",
+            "decode",
+            "--protocol",
+            "fastdeploy",
+            "--cycles",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env=clean_env(),
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["protocol"] == "fastdeploy" and report["signal"].startswith("cache_ready_signal.fdp")
@@ -480,14 +552,34 @@ def test_run_with_fastdeploys_protocol_attaches_verifies_and_leaves_nothing() ->
     assert [cycle["verified"] for cycle in report["cycles"]] == [True, True]
     engine_pid = f"fdb{os.getpid()}-{secrets.token_hex(3)}"
     table = subprocess.run(
-        [SCRIPT, "run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode",
-         "--protocol", "fastdeploy", "--block-count-suffix", engine_pid],
-        capture_output=True, text=True, cwd=ROOT, timeout=300, env=clean_env(),
-    )  # fmt: skip
+        [
+            SCRIPT,
+            "run",
+            "--model",
+            QWEN,
+            "--tp",
+            "2",
+            "--device-memory",
+            "256MiB",
+            "--role",
+            "decode",
+            "--protocol",
+            "fastdeploy",
+            "--block-count-suffix",
+            engine_pid,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env=clean_env(),
+    )
     assert table.returncode == 0, table.stderr
     assert "rule 2026-01, protocol fastdeploy:" in table.stdout.splitlines()[0]
     blocks = report["ranks"][0]["num_blocks"]
-    assert f"rank 0: handed the agreed {blocks} blocks to the engine (get_profile_block_num.{engine_pid})" in table.stderr
+    assert (
+        f"rank 0: handed the agreed {blocks} blocks to the engine (get_profile_block_num.{engine_pid})" in table.stderr
+    )
     assert run_entries() - before == set(), "every signal and every per-tensor record removed"
     assert not os.path.exists(f"/dev/shm/get_profile_block_num.{engine_pid}")
 
@@ -503,8 +595,10 @@ def test_a_deploy_files_protocol_is_checked_by_name(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (("--block-count-suffix", "9924"), "--block-count-suffix='9924' is not valid; allowed: only with --protocol "
-                                           "fastdeploy"),
+        (
+            ("--block-count-suffix", "9924"),
+            "--block-count-suffix='9924' is not valid; allowed: only with --protocol fastdeploy",
+        ),
         (("--protocol", "fastdeploy", "--block-count-suffix", "../x"), "--block-count-suffix='../x' is not valid"),
     ],
 )
@@ -521,8 +615,24 @@ def test_run_with_fastdeploys_protocol_clears_and_creates_again_in_every_role(ro
     """mixed: each worker creates and nobody attaches (its clear waited for its own slot until the timeout);
     prefill, decode: the cache manager creates and the workers attach."""
     before = run_entries()
-    done = main_in_process("run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", role,
-                           "--protocol", "fastdeploy", "--cycles", "3", "--timeout", "10", "--json")  # fmt: skip
+    done = main_in_process(
+        "run",
+        "--model",
+        QWEN,
+        "--tp",
+        "2",
+        "--device-memory",
+        "256MiB",
+        "--role",
+        role,
+        "--protocol",
+        "fastdeploy",
+        "--cycles",
+        "3",
+        "--timeout",
+        "10",
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     attached = None if role == "mixed" else True  # tokens are checked across processes where one attaches
@@ -537,9 +647,18 @@ def test_a_creator_nobody_attaches_to_sleeps_and_wakes_20_times_at_once(cpu) -> 
     with fastdeploy_engine(1) as (suffix, _):
         for _ in range(20):
             started = time.monotonic()
-            cache = initialize_kv_cache(cpu, qwen_layout(0, 1), BLOCKS, instance=suffix, protocol="fastdeploy",
-                                        profile=False, num_cpu_blocks=0, storage_backend=None, splitwise_role="mixed",
-                                        timeout=30)  # fmt: skip
+            cache = initialize_kv_cache(
+                cpu,
+                qwen_layout(0, 1),
+                BLOCKS,
+                instance=suffix,
+                protocol="fastdeploy",
+                profile=False,
+                num_cpu_blocks=0,
+                storage_backend=None,
+                splitwise_role="mixed",
+                timeout=30,
+            )
             assert cache.created
             cache.clear()
             assert time.monotonic() - started < 1
@@ -549,8 +668,22 @@ def test_a_creator_nobody_attaches_to_sleeps_and_wakes_20_times_at_once(cpu) -> 
 def test_a_killed_run_leaves_no_process_and_the_next_run_starts(role: str) -> None:
     from run_helpers import started as started_run
 
-    with started_run("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", role,
-                     "--protocol", "fastdeploy", "--cycles", "100000", "--timeout", "30") as run:  # fmt: skip
+    with started_run(
+        "--model",
+        QWEN,
+        "--tp",
+        "2",
+        "--device-memory",
+        "256MiB",
+        "--role",
+        role,
+        "--protocol",
+        "fastdeploy",
+        "--cycles",
+        "100000",
+        "--timeout",
+        "30",
+    ) as run:
         suffix = run.read_until(r"engine instance (\S+): FastDeploy's signals").group(1)
         run.read_until(r"cycle 2: cleared")
         children = [pid for pid in run.group() if pid != run.process.pid]
@@ -564,8 +697,23 @@ def test_a_killed_run_leaves_no_process_and_the_next_run_starts(role: str) -> No
     # sweep them first (CI beside a loop did, in 1 of 9 runs), so they are its five names or fewer here
     left = {name for name in os.listdir("/dev/shm") if name.endswith(f".{suffix}")}
     assert left <= {f"{name}{suffix}" for name in FD_SIGNAL_NAMES}, left
-    done = main_in_process("run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", role,
-                           "--protocol", "fastdeploy", "--cycles", "1", "--timeout", "10")  # fmt: skip
+    done = main_in_process(
+        "run",
+        "--model",
+        QWEN,
+        "--tp",
+        "2",
+        "--device-memory",
+        "256MiB",
+        "--role",
+        role,
+        "--protocol",
+        "fastdeploy",
+        "--cycles",
+        "1",
+        "--timeout",
+        "10",
+    )
     assert done.returncode == 0, done.stderr
     assert {name for name in os.listdir("/dev/shm") if name.endswith(f".{suffix}")} == set(), "the next run swept them"
 
@@ -574,14 +722,27 @@ def test_a_clear_that_fails_is_reported_as_the_workers_own_error_once() -> None:
     """A process of ours holds rank 0's records (a second attacher), so rank 0's worker cannot free its cache:
     the run fails with that worker's CacheInUseError within its --timeout, not with the engine's "sent no
     'clear'" after the worker waited a second time on its way out."""
-    from fd_platforms.fastdeploy.handles import FastDeployHandles
-    from fd_platforms.engine.publication import PublishedTensor
     from run_helpers import started as started_run
+
+    from fd_platforms.engine.publication import PublishedTensor
+    from fd_platforms.fastdeploy.handles import FastDeployHandles
 
     timeout = 5
     names = qwen_layout(0, 2).names()
-    with started_run("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--protocol", "fastdeploy",
-                     "--cycles", "100000", "--timeout", str(timeout)) as run:  # fmt: skip
+    with started_run(
+        "--model",
+        QWEN,
+        "--tp",
+        "2",
+        "--device-memory",
+        "256MiB",
+        "--protocol",
+        "fastdeploy",
+        "--cycles",
+        "100000",
+        "--timeout",
+        str(timeout),
+    ) as run:
         suffix = run.read_until(r"engine instance (\S+): FastDeploy's signals").group(1)
         run.read_until(r"cycle 1: cleared")
         held = None
@@ -598,7 +759,10 @@ def test_a_clear_that_fails_is_reported_as_the_workers_own_error_once() -> None:
             elapsed = time.monotonic() - stopped
         finally:
             held.let_go()
-    assert code != 0 and "rank 0: CacheInUseError: rank 0's KV cache is still attached by a process of fd-platforms" in stderr, stderr
+    assert (
+        code != 0
+        and "rank 0: CacheInUseError: rank 0's KV cache is still attached by a process of fd-platforms" in stderr
+    ), stderr
     assert "sent no 'clear'" not in stderr and elapsed < 2 * timeout, f"{elapsed:.1f} s"
 
 

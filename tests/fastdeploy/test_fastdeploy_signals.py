@@ -15,8 +15,8 @@ import threading
 import time
 
 import pytest
-
 from engine_processes import qwen_layout
+
 from fd_platforms.contract.errors import CacheNotReadyError, CacheSignalError, ConfigError, SignalWaitError
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
 from fd_platforms.fastdeploy.cache_status import drive_kv_cache_update
@@ -86,9 +86,8 @@ def test_a_foreign_store_ends_a_wait(suffix: str) -> None:
 
 
 def test_a_wait_that_times_out_names_the_signal_word_and_step(suffix: str) -> None:
-    with FastDeploySignal.create(CACHE_READY, suffix, 2) as ready:
-        with pytest.raises(SignalWaitError) as caught:
-            ready.wait_for(1, 1, 0.2, what="rank 1 waiting for its KV cache")
+    with FastDeploySignal.create(CACHE_READY, suffix, 2) as ready, pytest.raises(SignalWaitError) as caught:
+        ready.wait_for(1, 1, 0.2, what="rank 1 waiting for its KV cache")
     error = caught.value
     assert isinstance(error, CacheNotReadyError), "callers that catch CacheNotReadyError catch it too"
     assert (error.rank, error.value, error.seen, error.cause) == (1, 1, 0, "timeout")
@@ -106,15 +105,21 @@ def test_a_wait_ends_when_the_watched_process_exits(suffix: str) -> None:
     assert time.monotonic() - started < 10
 
 
-def test_a_slot_outside_0_and_1_is_logged_and_never_taken_for_set(suffix: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_slot_outside_0_and_1_is_logged_and_never_taken_for_set(
+    suffix: str, caplog: pytest.LogCaptureFixture
+) -> None:
     with FastDeploySignal.create(CACHE_READY, suffix, 2) as ready:
         ready.set(1, 7)
         with caplog.at_level(logging.WARNING), pytest.raises(SignalWaitError) as caught:
             ready.wait_for(1, 1, 0.3)
         assert caught.value.seen == 7
     warned = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
-    assert len(warned) == 1 and f"'cache_ready_signal.{suffix}' (/dev/shm/cache_ready_signal.{suffix}) word 1 " \
-        "holds 7, not one of FastDeploy's values 0, 1" in warned[0], warned
+    assert (
+        len(warned) == 1
+        and f"'cache_ready_signal.{suffix}' (/dev/shm/cache_ready_signal.{suffix}) word 1 "
+        "holds 7, not one of FastDeploy's values 0, 1"
+        in warned[0]
+    ), warned
 
 
 class FakeClock:
@@ -222,8 +227,10 @@ def test_a_cache_ready_signal_not_fastdeploys_int32_array_for_the_tp_is_refused_
                 FastDeploySignal.attach(CACHE_READY, FastDeploySuffix.of(suffix, tp=2))
             else:
                 drive_kv_cache_update(suffix, tp=2, timeout=0.5)
-    expected = (f"FastDeploy signal 'cache_ready_signal.{suffix}' (/dev/shm/cache_ready_signal.{suffix}) holds {size} "
-                "bytes, but FastDeploy makes it an int32 array of 2 words (8 bytes for tp 2, one word per local rank")  # fmt: skip
+    expected = (
+        f"FastDeploy signal 'cache_ready_signal.{suffix}' (/dev/shm/cache_ready_signal.{suffix}) holds {size} "
+        "bytes, but FastDeploy makes it an int32 array of 2 words (8 bytes for tp 2, one word per local rank"
+    )
     assert expected in str(caught.value)
 
 
@@ -241,14 +248,22 @@ def test_engine_calls_given_tp_refuse_a_ready_signal_of_another_length_before_an
     """manage_kv_cache and initialize_kv_cache take the engine's tp and check the array before any tensor."""
     with FastDeploySignal.create(CACHE_READY, suffix, 3), FastDeploySignal.create(CACHE_TRANSFER_INITED, suffix, 2):
         with pytest.raises(CacheSignalError, match="holds 12 bytes.*of 2 words .8 bytes for tp 2"):
-            initialize_kv_cache(cpu, qwen_layout(0, 2), 4, profile=False, num_cpu_blocks=0, storage_backend=None,
-                                splitwise_role="mixed", protocol="fastdeploy", instance=suffix, tp=2)  # fmt: skip
+            initialize_kv_cache(
+                cpu,
+                qwen_layout(0, 2),
+                4,
+                profile=False,
+                num_cpu_blocks=0,
+                storage_backend=None,
+                splitwise_role="mixed",
+                protocol="fastdeploy",
+                instance=suffix,
+                tp=2,
+            )
         with pytest.raises(CacheSignalError, match="holds 12 bytes.*for tp 2"):
-            manage_kv_cache(cpu, qwen_layout(0, 2), 4, num_cpu_blocks=0, protocol="fastdeploy", instance=suffix,
-                            tp=2)  # fmt: skip
+            manage_kv_cache(cpu, qwen_layout(0, 2), 4, num_cpu_blocks=0, protocol="fastdeploy", instance=suffix, tp=2)
         with pytest.raises(ConfigError, match="layout.rank=2 is not valid; allowed: a local rank of tp 2"):
-            manage_kv_cache(cpu, qwen_layout(2, 4), 4, num_cpu_blocks=0, protocol="fastdeploy", instance=suffix,
-                            tp=2)  # fmt: skip
+            manage_kv_cache(cpu, qwen_layout(2, 4), 4, num_cpu_blocks=0, protocol="fastdeploy", instance=suffix, tp=2)
     assert not os.path.exists("/dev/shm/key_caches_0_rank0.device0"), "nothing published"
 
 
@@ -279,8 +294,10 @@ def test_a_signal_replaced_while_waited_on_is_reported_at_once_with_its_current_
         os.unlink(f"/dev/shm/{old.name}")  # the new file (the old one's close leaves another inode alone)
     assert elapsed < 1.5, f"noticed after {elapsed:.1f} s"
     assert len(caught) == 1 and isinstance(caught[0], CacheSignalError), caught
-    expected = (f"rank 0 waiting for its KV cache: FastDeploy signal 'cache_ready_signal.{suffix}' "
-                f"(/dev/shm/cache_ready_signal.{suffix}) was replaced by another file (its word 0 is now 1)")
+    expected = (
+        f"rank 0 waiting for its KV cache: FastDeploy signal 'cache_ready_signal.{suffix}' "
+        f"(/dev/shm/cache_ready_signal.{suffix}) was replaced by another file (its word 0 is now 1)"
+    )
     assert expected in str(caught[0])
 
 
@@ -290,11 +307,12 @@ def test_our_failure_words_in_kv_cache_status_are_known_words_and_a_stray_one_is
     """A creator's or driver's failure word (ipc.fault_words) is not logged as a stray value by every reader."""
     import logging
 
-    from fd_platforms.fastdeploy.signals import KV_CACHE_STATUS, FastDeploySignal
     from fd_platforms.fastdeploy.fault_words import FaultKind, KVCacheFault
+    from fd_platforms.fastdeploy.signals import KV_CACHE_STATUS, FastDeploySignal
 
-    with FastDeploySignal.create(KV_CACHE_STATUS, f"t{secrets.token_hex(4)}", 1) as status, caplog.at_level(
-        logging.WARNING
+    with (
+        FastDeploySignal.create(KV_CACHE_STATUS, f"t{secrets.token_hex(4)}", 1) as status,
+        caplog.at_level(logging.WARNING),
     ):
         for word in (FaultKind.DRIVE_FAILED, KVCacheFault(FaultKind.NOT_CLEARED, 3).word, FaultKind.NOT_CREATED - 1023):
             assert status.allows(0, word), word

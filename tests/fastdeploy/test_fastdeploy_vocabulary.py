@@ -139,7 +139,9 @@ def test_float8_e4m3_is_a_quantization_word_everywhere_fastdeploy_takes_one(tmp_
     (tmp_path / "deploy.toml").write_text(f'[model]\npath = "m"\n[cache]\nkv_cache_quant_type = "{FP8_E4M3}"\n')
     assert load_deploy_config(tmp_path / "deploy.toml").cache == cache
     assert cache_settings_from_fastdeploy(kv_cache_quant_type=FP8_E4M3.upper(), cache_dtype="bfloat16") == {
-        "cache_dtype": "float8_e4m3fn", "kv_cache_quant_type": "none"}  # fmt: skip
+        "cache_dtype": "float8_e4m3fn",
+        "kv_cache_quant_type": "none",
+    }
 
 
 def test_the_plan_command_takes_float8_e4m3_as_float8_e4m3fn_bytes() -> None:
@@ -149,8 +151,18 @@ def test_the_plan_command_takes_float8_e4m3_as_float8_e4m3fn_bytes() -> None:
 
     plans = []
     for word in (FP8_E4M3, "float8_e4m3fn"):
-        done = main_in_process("plan", "--platform", "cpu", "--model", QWEN, "--device-memory", "8GiB",
-                              "--kv-cache-quant-type", word, "--json")  # fmt: skip
+        done = main_in_process(
+            "plan",
+            "--platform",
+            "cpu",
+            "--model",
+            QWEN,
+            "--device-memory",
+            "8GiB",
+            "--kv-cache-quant-type",
+            word,
+            "--json",
+        )
         assert done.returncode == 0, done.stderr
         plans.append(json.loads(done.stdout))
     assert plans[0] == plans[1] and plans[0]["tensor_dtypes"] == {"key": "uint8", "value": "uint8"}

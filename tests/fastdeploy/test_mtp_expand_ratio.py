@@ -68,11 +68,13 @@ def test_runner_and_proposer_allocate_what_fastdeploys_backend_states_at_ratio_2
     blocks, draft_blocks = plan.num_blocks, int(plan.num_blocks * RATIO)
     assert plan.num_draft_blocks == draft_blocks
     assert per_layer * (model.num_hidden_layers * blocks + draft_blocks) == whole.device_bytes(blocks)
-    runner = initialize_kv_cache(cpu, whole.main(), blocks, instance=signal.name, **MIXED,
-                                 tensor_specs=backend_shapes(model, blocks))  # fmt: skip
+    runner = initialize_kv_cache(
+        cpu, whole.main(), blocks, instance=signal.name, **MIXED, tensor_specs=backend_shapes(model, blocks)
+    )
     try:
-        proposer = initialize_kv_cache(cpu, whole.draft(), blocks, instance=signal.name, **MIXED,
-                                       tensor_specs=backend_shapes(model, draft_blocks))  # fmt: skip
+        proposer = initialize_kv_cache(
+            cpu, whole.draft(), blocks, instance=signal.name, **MIXED, tensor_specs=backend_shapes(model, draft_blocks)
+        )
         try:
             assert signal.slots() == (1,), "the rank is ready once main and draft are both published"
             stated = [list(spec.shape) for spec in backend_shapes(model, draft_blocks)]
@@ -94,8 +96,7 @@ def test_draft_specs_at_the_main_block_count_are_refused_naming_the_expanded_cou
     model = model_of()
     whole = build_layout(model, CacheConfig(block_size=64, num_gpu_block_expand_ratio=RATIO), ParallelConfig())
     with pytest.raises(ConfigError) as caught:
-        initialize_kv_cache(cpu, whole.draft(), 5, instance=signal.name, **MIXED,
-                            tensor_specs=backend_shapes(model, 5))  # fmt: skip
+        initialize_kv_cache(cpu, whole.draft(), 5, instance=signal.name, **MIXED, tensor_specs=backend_shapes(model, 5))
     message = str(caught.value)
     assert caught.value.field == "tensor_specs" and "(10 blocks asked)" in message, message
     assert "int(5 * num_gpu_block_expand_ratio 2)" in message, message

@@ -16,16 +16,16 @@ from collections.abc import Iterator
 from contextlib import ExitStack, suppress
 from dataclasses import replace
 
-import pytest
-
 import engine_processes
+import pytest
 from conftest import SHM_DIR
 from engine_processes import mtp_layout, spawned_manager
+
 from fd_platforms.contract.errors import CacheNotReadyError, ConfigError, SignalWaitError
 from fd_platforms.contract.types import CacheRoleShape, DeviceMemory
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
-from fd_platforms.ipc.cache_signal import CacheReadySignal
 from fd_platforms.fastdeploy.signals import FastDeploySignal
+from fd_platforms.ipc.cache_signal import CacheReadySignal
 from fd_platforms.rules.config import CacheConfig
 from fd_platforms.rules.planner import plan_blocks
 
@@ -56,7 +56,7 @@ def test_the_proposers_later_call_creates_the_draft_and_only_then_is_the_rank_re
         assert signal_owner.slots() == (0,), "the rank is not ready while its draft layers are missing"
         proposer = initialize_kv_cache(cpu, whole.draft(), plan.num_blocks, instance=signal_owner.name, **MIXED)
         assert proposer.created and proposer.names == ("key_caches_4_rank0.device0", "value_caches_4_rank0.device0")
-        assert {tuple(t.shape)[0] for t in proposer.tensors} == {plan.num_draft_blocks} == {2 * plan.num_blocks}
+        assert {next(iter(t.shape)) for t in proposer.tensors} == {plan.num_draft_blocks} == {2 * plan.num_blocks}
         assert signal_owner.slots() == (1,)
         assert (SHM_DIR / manifest(signal_owner)).exists() and (SHM_DIR / manifest(signal_owner, ".draft")).exists()
         proposer.clear()
@@ -110,14 +110,16 @@ def test_a_managers_layout_that_is_a_draft_part_is_refused_naming_the_fix(cpu, s
 def test_a_manager_publishes_main_and_draft_and_the_runner_and_proposer_attach(cpu, signal_owner) -> None:
     whole = mtp_layout()
     with spawned_manager(engine_processes.manage_with_draft, signal_owner.name, BLOCKS) as (manager, pid):
-        runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, instance=signal_owner.name, creator_pid=pid,
-                                     timeout=30, **DECODE)  # fmt: skip
-        proposer = initialize_kv_cache(cpu, whole.draft(), BLOCKS, instance=signal_owner.name, creator_pid=pid,
-                                       timeout=30, **DECODE)  # fmt: skip
+        runner = initialize_kv_cache(
+            cpu, whole.main(), BLOCKS, instance=signal_owner.name, creator_pid=pid, timeout=30, **DECODE
+        )
+        proposer = initialize_kv_cache(
+            cpu, whole.draft(), BLOCKS, instance=signal_owner.name, creator_pid=pid, timeout=30, **DECODE
+        )
         assert not runner.created and not proposer.created
         assert runner.names == whole.main().names() and proposer.names == whole.draft().names()
         assert runner.tensors[0][0, 0, 0, 0].item() == 5.0 and proposer.tensors[0][0, 0, 0, 0].item() == 6.0
-        assert tuple(proposer.tensors[0].shape)[0] == 2 * BLOCKS
+        assert next(iter(proposer.tensors[0].shape)) == 2 * BLOCKS
         proposer.tensors[-1][-1, -1, -1, -1] = 7.0
         manager.send(("read", None))
         assert manager.recv() == 7.0, "the proposer's write is seen by the manager"
@@ -141,8 +143,16 @@ def test_a_managers_timeout_says_the_worker_published_its_main_part_but_not_the_
     runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, instance=signal_owner.name, **SWAP_2026_04)
     try:
         with pytest.raises(CacheNotReadyError) as info:
-            manage_kv_cache(cpu, whole.main(), BLOCKS, num_cpu_blocks=2, instance=signal_owner.name, rule="2026-04",
-                            draft=whole.draft(), timeout=0.3)  # fmt: skip
+            manage_kv_cache(
+                cpu,
+                whole.main(),
+                BLOCKS,
+                num_cpu_blocks=2,
+                instance=signal_owner.name,
+                rule="2026-04",
+                draft=whole.draft(),
+                timeout=0.3,
+            )
     finally:
         runner.clear(timeout=5)
     said = str(info.value)
@@ -159,8 +169,13 @@ def fastdeploy_suffix(fastdeploy_record_names) -> Iterator[str]:
     """FastDeploy's signals for one rank under a fresh suffix, as its engine creates them; removed after."""
     suffix = f"mtp{os.getpid()}"
     with ExitStack() as stack:
-        for name in ("cache_ready_signal", "swap_space_ready_signal", "cache_transfer_inited_signal",
-                     "kv_cache_status", "get_profile_block_num"):  # fmt: skip
+        for name in (
+            "cache_ready_signal",
+            "swap_space_ready_signal",
+            "cache_transfer_inited_signal",
+            "kv_cache_status",
+            "get_profile_block_num",
+        ):
             stack.enter_context(FastDeploySignal.create(name, suffix, 1))
         yield suffix
 
@@ -179,8 +194,11 @@ def test_fastdeploys_manager_attaches_main_and_draft_once_the_worker_published_b
     try:
         for part in (whole.main(), whole.draft()):
             assert not ours.poll(0.2), "the manager attached before the rank's draft layers were published"
-            caches.append(initialize_kv_cache(cpu, part, BLOCKS, instance=fastdeploy_suffix, protocol="fastdeploy",
-                                              rule="2026-04", **swap))  # fmt: skip
+            caches.append(
+                initialize_kv_cache(
+                    cpu, part, BLOCKS, instance=fastdeploy_suffix, protocol="fastdeploy", rule="2026-04", **swap
+                )
+            )
         caches[1].tensors[0][0, 0, 0, 0] = 6.0
         assert ours.poll(60), "the manager never attached"
         kind, first_draft, host_names = ours.recv()
@@ -209,9 +227,18 @@ def test_a_managers_draft_takes_the_engines_tensor_specs_as_its_main_part_does(c
     whole = mtp_layout(ratio=2.0)
     key = whole.roles[0]
     heads, block, head_dim = key.block_shape
-    tokens_first = tuple(CacheRoleShape(role.role, (BLOCKS, block, heads, head_dim), role.dtype) for role in whole.roles)
-    managed = manage_kv_cache(cpu, whole.main(), BLOCKS, num_cpu_blocks=0, instance=signal_owner.name,
-                              tensor_specs=tokens_first, draft=whole.draft())  # fmt: skip
+    tokens_first = tuple(
+        CacheRoleShape(role.role, (BLOCKS, block, heads, head_dim), role.dtype) for role in whole.roles
+    )
+    managed = manage_kv_cache(
+        cpu,
+        whole.main(),
+        BLOCKS,
+        num_cpu_blocks=0,
+        instance=signal_owner.name,
+        tensor_specs=tokens_first,
+        draft=whole.draft(),
+    )
     try:
         assert managed.draft is not None
         assert list(managed.kv_cache.tensors[0].shape) == [BLOCKS, block, heads, head_dim]
@@ -227,12 +254,22 @@ def test_a_fastdeploy_managers_timeout_says_the_worker_published_its_draft_but_n
     those of layer 0 not; the manager's wait on the one cache_ready_signal word says so. Device 11 names records
     of no other test (FastDeploy's names are the machine's)."""
     whole = replace(mtp_layout(), device_id=11)
-    proposer = initialize_kv_cache(cpu, whole.draft(), BLOCKS, instance=fastdeploy_suffix, protocol="fastdeploy",
-                                   **SWAP_2026_04)  # fmt: skip
+    proposer = initialize_kv_cache(
+        cpu, whole.draft(), BLOCKS, instance=fastdeploy_suffix, protocol="fastdeploy", **SWAP_2026_04
+    )
     try:
         with pytest.raises(SignalWaitError) as info:
-            manage_kv_cache(cpu, whole.main(), BLOCKS, num_cpu_blocks=2, instance=fastdeploy_suffix, protocol="fastdeploy",
-                            rule="2026-04", draft=whole.draft(), timeout=0.3)  # fmt: skip
+            manage_kv_cache(
+                cpu,
+                whole.main(),
+                BLOCKS,
+                num_cpu_blocks=2,
+                instance=fastdeploy_suffix,
+                protocol="fastdeploy",
+                rule="2026-04",
+                draft=whole.draft(),
+                timeout=0.3,
+            )
     finally:
         proposer.clear(timeout=5)
     said = str(info.value)

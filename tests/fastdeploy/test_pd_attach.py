@@ -45,8 +45,10 @@ def fastdeploy_signals() -> Iterator[tuple[str, dict[str, FastDeploySignal]]]:
     """FastDeploy's engine's signals for tp 1 under a fresh suffix (``engine.py`` ``_init_worker_signals``)."""
     suffix = f"t{secrets.token_hex(4)}"
     with ExitStack() as stack:
-        made = {name: stack.enter_context(FastDeploySignal.create(name, suffix, 1))
-                for name in (CACHE_READY, SWAP_SPACE_READY, CACHE_TRANSFER_INITED, KV_CACHE_STATUS)}  # fmt: skip
+        made = {
+            name: stack.enter_context(FastDeploySignal.create(name, suffix, 1))
+            for name in (CACHE_READY, SWAP_SPACE_READY, CACHE_TRANSFER_INITED, KV_CACHE_STATUS)
+        }
         yield suffix, made
 
 
@@ -92,8 +94,12 @@ def standin(role: str, suffix: str, cpu, *extra: str) -> subprocess.Popen[str]: 
     """FastDeploy's process ``role`` for rank 0 of tp 1 (``tests/support/fastdeploy_standins.py``: it imports nothing of ours)."""
     layout = cpu.cache_layout(qwen_layout(), PD_BLOCKS)
     specs = json.dumps([[spec.name, spec.nbytes(PD_BLOCKS)] for spec in layout.tensors])
-    return subprocess.Popen([sys.executable, str(STANDINS), role, suffix, "0", "1", specs, *extra],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, str(STANDINS), role, suffix, "0", "1", specs, *extra],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def said(process: subprocess.Popen[str]) -> str:
@@ -207,13 +213,29 @@ def test_attach_is_refused_where_it_would_leave_the_rank_without_a_creator(cpu) 
 
     with fastdeploy_signals() as (suffix, _):
         with pytest.raises(ConfigError) as caught:
-            manage_kv_cache(cpu, qwen_layout(), PD_BLOCKS, num_cpu_blocks=4, protocol="fastdeploy", instance=suffix,
-                            rule="2026-01", attach=True)  # fmt: skip
+            manage_kv_cache(
+                cpu,
+                qwen_layout(),
+                PD_BLOCKS,
+                num_cpu_blocks=4,
+                protocol="fastdeploy",
+                instance=suffix,
+                rule="2026-01",
+                attach=True,
+            )
         assert caught.value.field == "attach" and "rule 2026-01" in str(caught.value)
         assert "this cache manager is the one that creates" in str(caught.value)
         with pytest.raises(ConfigError) as caught:
-            manage_kv_cache(cpu, qwen_layout(), PD_BLOCKS, num_cpu_blocks=0, protocol="fastdeploy", instance=suffix,
-                            splitwise_role="decode", attach=True)  # fmt: skip
+            manage_kv_cache(
+                cpu,
+                qwen_layout(),
+                PD_BLOCKS,
+                num_cpu_blocks=0,
+                protocol="fastdeploy",
+                instance=suffix,
+                splitwise_role="decode",
+                attach=True,
+            )
         assert caught.value.field == "num_cpu_blocks" and "attach=True" in str(caught.value)
         assert not published()
 
@@ -226,8 +248,16 @@ def test_our_manager_holding_the_swap_space_frees_once_the_worker_its_only_attac
     from fd_platforms.engine import manage_kv_cache
 
     with fastdeploy_signals() as (suffix, signals), ExitStack() as stack:
-        managed = manage_kv_cache(cpu, qwen_layout(), PD_BLOCKS, num_cpu_blocks=PD_CPU_BLOCKS, protocol="fastdeploy",
-                                  instance=suffix, splitwise_role="decode", tp=1)  # fmt: skip
+        managed = manage_kv_cache(
+            cpu,
+            qwen_layout(),
+            PD_BLOCKS,
+            num_cpu_blocks=PD_CPU_BLOCKS,
+            protocol="fastdeploy",
+            instance=suffix,
+            splitwise_role="decode",
+            tp=1,
+        )
         stack.callback(managed.clear, 5)
         assert managed.created and managed.host_cache is not None
         worker = Spawned("worker", suffix, "fastdeploy")

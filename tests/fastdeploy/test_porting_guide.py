@@ -15,7 +15,17 @@ from pathlib import Path
 
 import fastdeploy_runner_standin
 import pytest
-from port_lines import FASTDEPLOY, GUIDE, HEADER, LAUNCH_LINES, PARTS, added_lines, counts, fastdeploy_blocks, guide_blocks
+from port_lines import (
+    FASTDEPLOY,
+    GUIDE,
+    HEADER,
+    LAUNCH_LINES,
+    PARTS,
+    added_lines,
+    counts,
+    fastdeploy_blocks,
+    guide_blocks,
+)
 
 from fd_platforms.engine import KVCache, ManagedCache
 
@@ -46,6 +56,7 @@ def test_fastdeploy_writes_no_module_of_its_own_and_its_files_import_only_the_pu
 def test_a_marked_line_must_be_what_its_mark_says() -> None:
     """The counting rules hold: a line of ours marked unchanged, or a stand-for line that is more than one call,
     is refused; FastDeploy's own line and a call to the stand-in are not counted."""
+
     def body(*lines: str) -> str:
         return "class GPUModelRunner:\n    def clear_cache(self, profile=False):\n" + "".join(
             f"        {line}\n" for line in lines
@@ -131,11 +142,32 @@ def test_p_d_decode_with_swap_space_the_messager_creates_and_both_attach(monkeyp
     started without ``--create_cache_tensor``, attaches too: the guide's transfer manager with ``attach=`` as
     FastDeploy decides it (``cache_transfer_manager.py`` ``_init_gpu_cache``: it creates only with the flag)."""
     port = ported()
-    signals = [port["FastDeploySignal"].create(name, "8602", 1)  # type: ignore[attr-defined]
-               for name in ("cache_ready_signal", "swap_space_ready_signal", "cache_transfer_inited_signal")]  # fmt: skip
-    flags = ("--rank 0 --device_id 0 --mp_num 1 --num_layers 48 --splitwise_role decode --cache_dtype bfloat16 "
-             "--key_cache_shape 40,4,64,128 --value_cache_shape 40,4,64,128 --engine_worker_queue_port 8602 "
-             "--model_path examples/qwen3-30b-a3b").split()  # fmt: skip
+    signals = [
+        port["FastDeploySignal"].create(name, "8602", 1)  # type: ignore[attr-defined]
+        for name in ("cache_ready_signal", "swap_space_ready_signal", "cache_transfer_inited_signal")
+    ]
+    flags = [
+        "--rank",
+        "0",
+        "--device_id",
+        "0",
+        "--mp_num",
+        "1",
+        "--num_layers",
+        "48",
+        "--splitwise_role",
+        "decode",
+        "--cache_dtype",
+        "bfloat16",
+        "--key_cache_shape",
+        "40,4,64,128",
+        "--value_cache_shape",
+        "40,4,64,128",
+        "--engine_worker_queue_port",
+        "8602",
+        "--model_path",
+        "examples/qwen3-30b-a3b",
+    ]
     messager = runner = manager = None
     try:
         monkeypatch.setattr(sys, "argv", ["cache_messager.py", *flags, "--ipc_suffix", "8602"])
@@ -145,7 +177,9 @@ def test_p_d_decode_with_swap_space_the_messager_creates_and_both_attach(monkeyp
         runner = port["GPUModelRunner"](config, "gpu:0", 0, rank=0, local_rank=0)  # type: ignore[operator]
         runner.update_share_input_block_num(40)
         manager_flags = [*flags, "--num_cpu_blocks", str(config.cache_config.num_cpu_blocks)]
-        manager = port["CacheTransferManager"](fastdeploy_runner_standin.transfer_manager_parser().parse_args(manager_flags))  # type: ignore[operator]
+        manager = port["CacheTransferManager"](
+            fastdeploy_runner_standin.transfer_manager_parser().parse_args(manager_flags)
+        )  # type: ignore[operator]
         assert messager.created and not runner.kv_cache.created and not manager.managed.created
         manager._clear_gpu_cache()
         runner.clear_cache()

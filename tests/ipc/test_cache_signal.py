@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 import signal_processes
 from conftest import SHM_DIR, shm_entries
+
 from fd_platforms.contract.errors import CacheNotReadyError, CacheSignalError, ConfigError
 from fd_platforms.ipc import futex, shm, timeouts
 from fd_platforms.ipc.cache_signal import (
@@ -126,19 +126,27 @@ def test_owner_exit_unlinks_but_a_forked_child_exit_does_not(signal_name: str) -
 
 def test_stale_segment_of_a_killed_owner_is_reclaimed(signal_name: str, caplog) -> None:
     engine = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
             import sys, time
             from fd_platforms.ipc.cache_signal import CacheReadySignal
             signal = CacheReadySignal.create(2, {signal_name!r})
             signal.set(1)
             print("created", flush=True)
             time.sleep(120)
-        """)],
-        stdout=subprocess.PIPE, text=True, cwd=REPO,
+        """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
     )
     try:
         assert engine.stdout is not None and engine.stdout.readline().strip() == "created"
-        with pytest.raises(CacheSignalError, match=rf"in use by a running engine: .*\(pid {engine.pid} in its PID namespace\)"):
+        with pytest.raises(
+            CacheSignalError, match=rf"in use by a running engine: .*\(pid {engine.pid} in its PID namespace\)"
+        ):
             CacheReadySignal.create(2, signal_name)
     finally:
         engine.kill()
@@ -152,13 +160,21 @@ def test_stale_segment_of_a_killed_owner_is_reclaimed(signal_name: str, caplog) 
 
 def test_the_sweep_reclaims_only_signals_whose_owner_is_gone(tmp_path, caplog, monkeypatch) -> None:
     killed = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\n"
-         "from fd_platforms.ipc.cache_signal import CacheReadySignal\n"
-         "signal = CacheReadySignal.create(1)\n"
-         "print(signal.name, flush=True)\n"
-         "time.sleep(120)\n"],
-        stdout=subprocess.PIPE, text=True, cwd=REPO,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time\n"
+                "from fd_platforms.ipc.cache_signal import CacheReadySignal\n"
+                "signal = CacheReadySignal.create(1)\n"
+                "print(signal.name, flush=True)\n"
+                "time.sleep(120)\n"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     try:
         assert killed.stdout is not None
         stale = killed.stdout.readline().strip()
@@ -315,8 +331,13 @@ def test_timeout_names_signal_rank_elapsed_and_every_slot(signal_name: str) -> N
     assert (error.signal_name, error.rank, error.cause, error.slots) == (signal_name, 1, "timeout", (0, 0, 1))
     assert 0.4 <= error.elapsed < 5
     message = str(error)
-    for part in (signal_name, "rank 1 was not set after 0.4 s", "limit is 0.4 s",
-                 "rank 0 clear, rank 1 clear, rank 2 set", "raise the timeout argument (seconds)"):
+    for part in (
+        signal_name,
+        "rank 1 was not set after 0.4 s",
+        "limit is 0.4 s",
+        "rank 0 clear, rank 1 clear, rank 2 set",
+        "raise the timeout argument (seconds)",
+    ):
         assert part in message
 
 
@@ -338,13 +359,18 @@ def test_a_limit_a_command_flag_set_names_that_flag(signal_name: str, monkeypatc
         for timeout in (None, 0.2):
             with pytest.raises(CacheNotReadyError) as raised:
                 owner.wait(0, timeout=timeout)
-            assert "raise --timeout (seconds)" in str(raised.value) and "FD_CACHE_READY_TIMEOUT" not in str(raised.value)
+            assert "raise --timeout (seconds)" in str(raised.value) and "FD_CACHE_READY_TIMEOUT" not in str(
+                raised.value
+            )
 
 
 @pytest.mark.parametrize("raw", ["soon", "0", "-5", "nan", "1e9", "604801", "-inf", "Infinity", "INF", "1e999", "none"])
 def test_bad_timeout_variable_is_a_config_error(raw: str) -> None:
-    with pytest.raises(ConfigError, match=rf"FD_CACHE_READY_TIMEOUT='{raw}'.*seconds > 0 and at most 604800 \(7 days\), "
-                                          "or inf for no limit.*FD_CACHE_READY_TIMEOUT=600, or to inf for no limit"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"FD_CACHE_READY_TIMEOUT='{raw}'.*seconds > 0 and at most 604800 \(7 days\), "
+        "or inf for no limit.*FD_CACHE_READY_TIMEOUT=600, or to inf for no limit",
+    ):
         resolve_timeout(None, {"FD_CACHE_READY_TIMEOUT": raw})
 
 
@@ -414,13 +440,20 @@ def test_setter_that_sets_then_exits_is_success(signal_name: str) -> None:
 def test_ctrl_c_interrupts_a_waiting_worker_at_once(signal_name: str) -> None:
     with CacheReadySignal.create(1, signal_name):
         worker = subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(f"""
+            [
+                sys.executable,
+                "-c",
+                textwrap.dedent(f"""
                 from fd_platforms.ipc.cache_signal import CacheReadySignal
                 signal = CacheReadySignal.attach({signal_name!r})
                 print("waiting", flush=True)
                 signal.wait(0, timeout=120)
-            """)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+            """),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
         )
         assert worker.stdout is not None and worker.stdout.readline().strip() == "waiting"
         time.sleep(0.2)  # let it reach the futex
@@ -442,8 +475,12 @@ def test_progress_is_logged_at_info_while_waiting(signal_name: str, caplog) -> N
     progress = [record for record in caplog.records if "waiting for its KV cache" in record.getMessage()]
     assert 3 <= len(progress) <= 5
     assert all(record.levelno == logging.INFO for record in progress), "a bounded wait says it at INFO"
-    assert all(f"signal {signal_name!r} slot 0 is 0" in record.getMessage() and "slots set: [2] of 3" in
-               record.getMessage() and record.getMessage().endswith("s, limit 0.5 s") for record in progress)
+    assert all(
+        f"signal {signal_name!r} slot 0 is 0" in record.getMessage()
+        and "slots set: [2] of 3" in record.getMessage()
+        and record.getMessage().endswith("s, limit 0.5 s")
+        for record in progress
+    )
 
 
 @pytest.mark.slow
@@ -456,9 +493,11 @@ def test_an_unbounded_wait_says_every_few_seconds_what_it_waits_for_at_warning(s
     progress = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert len(progress) >= 4, progress
     for line in progress:
-        assert line.startswith(f"rank 1 waiting for its KV cache: cache-ready signal {signal_name!r} slot 1 is 0, set "
-                               f"once the process creating the cache has it (pid {os.getpid()}, watched: its exit ends "
-                               "the wait); slots set: none of 2; waited ")
+        assert line.startswith(
+            f"rank 1 waiting for its KV cache: cache-ready signal {signal_name!r} slot 1 is 0, set "
+            f"once the process creating the cache has it (pid {os.getpid()}, watched: its exit ends "
+            "the wait); slots set: none of 2; waited "
+        )
         assert line.endswith(" s, no time limit")
 
 
@@ -524,6 +563,8 @@ def test_a_watch_of_a_pid_beyond_the_kernels_limit_is_refused_naming_it_not_an_o
     """``pidfd_open(2**70)`` raised OverflowError; every pid check bounds by the kernel's PID_MAX_LIMIT."""
     from fd_platforms.ipc.process_watch import PID_MAX_LIMIT, ProcessWatch
 
-    with pytest.raises(ConfigError, match=r"creator_pid=.* is not valid; allowed: a process id from 1 to 4194304.*Fix: pass"):
+    with pytest.raises(
+        ConfigError, match=r"creator_pid=.* is not valid; allowed: a process id from 1 to 4194304.*Fix: pass"
+    ):
         ProcessWatch(2**70)
     assert PID_MAX_LIMIT == 2**22

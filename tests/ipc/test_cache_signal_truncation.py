@@ -31,8 +31,9 @@ except CacheSignalError as exc:
 @pytest.mark.slow
 def test_a_signal_truncated_under_its_waiter_is_a_typed_error_not_sigbus() -> None:
     with CacheReadySignal.create(num_ranks=2) as signal:
-        waiter = subprocess.Popen([sys.executable, "-c", WAITER, signal.name], stdout=subprocess.PIPE, text=True,
-                                  cwd=ROOT, env=clean_env())  # fmt: skip
+        waiter = subprocess.Popen(
+            [sys.executable, "-c", WAITER, signal.name], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=clean_env()
+        )
         assert waiter.stdout is not None and waiter.stdout.readline() == "waiting\n"
         os.truncate(f"/dev/shm/{signal.name}", 0)  # what a hostile neighbour sharing /dev/shm could do
         out, _ = waiter.communicate(timeout=60)

@@ -18,7 +18,9 @@ def small_shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     """A 1 MiB tmpfs standing in for a container's small /dev/shm (Docker's default is 64 MiB)."""
     mount = tmp_path / "shm"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here (needs root and CAP_SYS_ADMIN): {done.stderr.strip()}")
     monkeypatch.setattr(shm, "SHM_DIR", str(mount))
@@ -94,10 +96,18 @@ def test_flock_holders_are_the_processes_the_kernel_lists_as_holding_a_segment()
     segment = shm.Segment.create(name, 8)
     try:
         holder = subprocess.Popen(
-            ["python3", "-c", f"import fcntl, sys; f = open('/dev/shm/{name}'); fcntl.flock(f, fcntl.LOCK_SH); "
-             "print('held', flush=True); sys.stdin.read()"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [
+                "python3",
+                "-c",
+                (
+                    f"import fcntl, sys; f = open('/dev/shm/{name}'); fcntl.flock(f, fcntl.LOCK_SH); "
+                    "print('held', flush=True); sys.stdin.read()"
+                ),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert holder.stdout.readline().strip() == "held"  # type: ignore[union-attr]
         assert shm.flock_holders(segment.inode) == {os.getpid(), holder.pid}
         holder.stdin.close()  # type: ignore[union-attr]

@@ -17,11 +17,11 @@ from multiprocessing import resource_tracker
 from pathlib import Path
 
 import pytest
-
 from conftest import SHM_DIR, held_by_a_living_process
+from run_helpers import QWEN, ROOT, SCRIPT, clean_env, run_cli, without_sweep
+
 from fd_platforms.contract.errors import CacheSignalError
 from fd_platforms.ipc.cache_signal import SIGNAL_PREFIX, CacheReadySignal, reclaim_stale_signals
-from run_helpers import QWEN, ROOT, SCRIPT, clean_env, run_cli, without_sweep
 
 pytestmark = [  # multi-process: left out of -m "not slow"
     pytest.mark.slow,
@@ -61,8 +61,12 @@ def held_in_new_pid_namespace() -> Iterator[tuple[str, int]]:
     """
     process = subprocess.Popen(
         ["unshare", "-p", "-f", "--mount-proc", "--kill-child", sys.executable, "-c", HOLD],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,
+    )
     name = ""
     try:
         assert process.stdout is not None
@@ -96,10 +100,29 @@ def test_a_signal_held_in_another_pid_namespace_is_never_reclaimed(caplog) -> No
 @needs_pid_namespace
 def test_a_run_in_another_pid_namespace_keeps_its_signal_while_a_run_outside_sweeps() -> None:
     engine = subprocess.Popen(
-        ["unshare", "-p", "-f", "--mount-proc", "--kill-child", SCRIPT, "run", "--model", QWEN, "--tp", "2",
-         "--device-memory", "256MiB", "--role", "decode"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=clean_env(),
-    )  # fmt: skip
+        [
+            "unshare",
+            "-p",
+            "-f",
+            "--mount-proc",
+            "--kill-child",
+            SCRIPT,
+            "run",
+            "--model",
+            QWEN,
+            "--tp",
+            "2",
+            "--device-memory",
+            "256MiB",
+            "--role",
+            "decode",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=clean_env(),
+    )
     try:
         assert engine.stderr is not None
         first = engine.stderr.readline()
@@ -109,8 +132,11 @@ def test_a_run_in_another_pid_namespace_keeps_its_signal_while_a_run_outside_swe
         name = first.rsplit(" ", 1)[1].strip()
         sweep = subprocess.run(
             [sys.executable, "-c", "from fd_platforms.ipc.cache_signal import reclaim_stale_signals as r; print(r())"],
-            capture_output=True, text=True, cwd=ROOT, timeout=60,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
         assert sweep.returncode == 0, sweep.stderr
         assert name not in sweep.stdout and "reclaiming" not in sweep.stderr
         _, rest = engine.communicate(timeout=120)
@@ -163,7 +189,11 @@ def test_the_sweep_leaves_every_odd_entry_alone_with_one_warning(caplog) -> None
             after = os.lstat(SHM_DIR / name)
             assert (after.st_ino, after.st_mode, after.st_size) == (info.st_ino, info.st_mode, info.st_size), name
         # (a concurrent test run's stale signal may be reclaimed too, with its own line: not counted)
-        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "reclaiming" not in r.getMessage()]
+        warnings = [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno == logging.WARNING and "reclaiming" not in r.getMessage()
+        ]
         assert len(warnings) == 1, warnings
         for name, what in made.items():
             assert f"/dev/shm/{name} {what}" in warnings[0]
@@ -196,15 +226,22 @@ def test_an_attacher_exiting_under_sigkill_leaves_no_tracker_noise(signal_name: 
     """The tracker's 'leaked shared_memory' warnings and KeyError tracebacks came from our names."""
     with CacheReadySignal.create(1, signal_name):
         done = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(f"""
+            [
+                sys.executable,
+                "-c",
+                textwrap.dedent(f"""
                 import os, signal
                 from fd_platforms.ipc.cache_signal import CacheReadySignal
                 attached = CacheReadySignal.attach({signal_name!r})
                 attached.set(0)
                 os.kill(os.getpid(), signal.SIGKILL)
-            """)],
-            capture_output=True, text=True, cwd=ROOT, timeout=60,
-        )  # fmt: skip
+            """),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
         assert done.returncode == -9
         assert "resource_tracker" not in done.stderr and "Traceback" not in done.stderr
         assert (SHM_DIR / signal_name).exists()

@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from run_helpers import ROOT
 
 pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
@@ -52,8 +51,9 @@ CASES = [("SIGTERM", "child", 143), ("SIGTERM", "engine", 143), ("SIGINT", "defa
 
 
 def run(mode: str, signum: str, handler: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", PROGRAM, mode, signum, handler], capture_output=True, text=True,
-                          cwd=ROOT, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", PROGRAM, mode, signum, handler], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
 
 
 @pytest.mark.parametrize(("signum", "handler", "code"), CASES)

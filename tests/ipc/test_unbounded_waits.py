@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-
 from engine_processes import qwen_layout
 from run_helpers import QWEN, main_in_process
+
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
 from fd_platforms.engine.protocols import protocol_named
 from fd_platforms.ipc import waiting
@@ -54,8 +54,11 @@ def progress_lines(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyP
     caplog.set_level(logging.INFO, logger="fd_platforms")
 
     def lines(level: int) -> list[str]:
-        return [record.getMessage() for record in caplog.records
-                if record.name == waiting.logger.name and record.levelno == level]  # fmt: skip
+        return [
+            record.getMessage()
+            for record in caplog.records
+            if record.name == waiting.logger.name and record.levelno == level
+        ]
 
     return lines
 
@@ -79,16 +82,22 @@ def test_an_unbounded_attach_without_setter_pid_is_woken_after_seconds_saying_wh
     protocol, name = engine
     names = named(protocol, name)
     layout = qwen_layout()
-    thread, managed = later(DELAY, lambda: manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, **names,
-                                                           protocol=protocol, rule=OLD_RULE))  # fmt: skip
-    cache = initialize_kv_cache(cpu, layout, BLOCKS, **names, protocol=protocol, timeout=math.inf,
-                                rule=OLD_RULE, **SWAP)
+    thread, managed = later(
+        DELAY, lambda: manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, **names, protocol=protocol, rule=OLD_RULE)
+    )
+    cache = initialize_kv_cache(
+        cpu, layout, BLOCKS, **names, protocol=protocol, timeout=math.inf, rule=OLD_RULE, **SWAP
+    )
     thread.join(30)
     try:
         assert not cache.created and cache.wait_seconds >= DELAY - 0.1
         lines = progress_lines(logging.WARNING)
         assert len(lines) >= 3, lines
-        word = f"'{name}' slot 0 is 0" if protocol == "fd-platforms" else f"'cache_ready_signal.{name}' word 0 is 0, waiting for 1"
+        word = (
+            f"'{name}' slot 0 is 0"
+            if protocol == "fd-platforms"
+            else f"'cache_ready_signal.{name}' word 0 is 0, waiting for 1"
+        )
         for line in lines:
             assert line.startswith("rank 0 waiting for its KV cache: ") and word in line, line
             assert "exit goes unnoticed" in line and line.endswith("s, no time limit"), line
@@ -106,10 +115,10 @@ def test_a_bounded_wait_says_the_same_at_info(
     protocol, name = engine
     names = named(protocol, name)
     layout = qwen_layout()
-    thread, managed = later(1.0, lambda: manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, **names,
-                                                         protocol=protocol, rule=OLD_RULE))  # fmt: skip
-    cache = initialize_kv_cache(cpu, layout, BLOCKS, **names, protocol=protocol, timeout=30, rule=OLD_RULE,
-                                **SWAP)
+    thread, managed = later(
+        1.0, lambda: manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, **names, protocol=protocol, rule=OLD_RULE)
+    )
+    cache = initialize_kv_cache(cpu, layout, BLOCKS, **names, protocol=protocol, timeout=30, rule=OLD_RULE, **SWAP)
     thread.join(30)
     try:
         assert progress_lines(logging.WARNING) == []
@@ -128,8 +137,7 @@ def test_an_unbounded_clear_waits_for_the_attacher_saying_so(
     names = named(protocol, name)
     layout = qwen_layout()
     managed = manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, **names, protocol=protocol, rule=OLD_RULE)
-    cache = initialize_kv_cache(cpu, layout, BLOCKS, **names, protocol=protocol, timeout=30, rule=OLD_RULE,
-                                **SWAP)
+    cache = initialize_kv_cache(cpu, layout, BLOCKS, **names, protocol=protocol, timeout=30, rule=OLD_RULE, **SWAP)
     thread, _ = later(DELAY, cache.clear)  # the attacher lets go after a few seconds
     started = time.monotonic()
     managed.clear(timeout=math.inf)
@@ -145,10 +153,12 @@ def test_the_cache_manager_holds_a_workers_cache_without_setter_pid(cpu: Platfor
     protocol, name = engine
     names = named(protocol, name)
     layout = qwen_layout()
-    thread, created = later(DELAY / 2, lambda: initialize_kv_cache(cpu, layout, BLOCKS, **names,
-                                                                    protocol=protocol, rule="2026-04", **SWAP))  # fmt: skip
-    manager = manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, **names, timeout=30, protocol=protocol,
-                              rule="2026-04")
+    thread, created = later(
+        DELAY / 2, lambda: initialize_kv_cache(cpu, layout, BLOCKS, **names, protocol=protocol, rule="2026-04", **SWAP)
+    )
+    manager = manage_kv_cache(
+        cpu, layout, BLOCKS, num_cpu_blocks=4, **names, timeout=30, protocol=protocol, rule="2026-04"
+    )
     thread.join(30)
     [cache] = created
     try:
@@ -163,7 +173,10 @@ def test_the_cache_manager_holds_a_workers_cache_without_setter_pid(cpu: Platfor
 
 @pytest.mark.parametrize(
     ("args", "env", "given"),
-    [(("--timeout", "inf"), {}, "--timeout=inf"), ((), {"FD_CACHE_READY_TIMEOUT": "inf"}, "FD_CACHE_READY_TIMEOUT='inf'")],
+    [
+        (("--timeout", "inf"), {}, "--timeout=inf"),
+        ((), {"FD_CACHE_READY_TIMEOUT": "inf"}, "FD_CACHE_READY_TIMEOUT='inf'"),
+    ],
 )
 def test_run_bounds_each_phase_so_it_refuses_no_limit(args: tuple[str, ...], env: dict[str, str], given: str) -> None:
     done = main_in_process("run", "--model", QWEN, "--device-memory", "256MiB", *args, **env)
@@ -174,7 +187,10 @@ def test_run_bounds_each_phase_so_it_refuses_no_limit(args: tuple[str, ...], env
 
 @pytest.mark.parametrize(
     ("args", "env", "given"),
-    [(("--timeout", "-1"), {}, "--timeout=-1.0"), ((), {"FD_CACHE_READY_TIMEOUT": "-1"}, "FD_CACHE_READY_TIMEOUT='-1'")],
+    [
+        (("--timeout", "-1"), {}, "--timeout=-1.0"),
+        ((), {"FD_CACHE_READY_TIMEOUT": "-1"}, "FD_CACHE_READY_TIMEOUT='-1'"),
+    ],
 )
 def test_runs_refusal_of_a_bad_timeout_never_offers_no_limit_which_run_refuses(
     args: tuple[str, ...], env: dict[str, str], given: str

@@ -17,9 +17,6 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-import fd_platforms_cuda
-import fd_platforms_metax
-import fd_platforms_xpu
 import pytest
 from engine_processes import qwen_layout
 from fake_paddle import (
@@ -39,6 +36,9 @@ from fake_paddle import (
 )
 from fastdeploy_standins import read_xpu_record
 
+import fd_platforms_cuda
+import fd_platforms_metax
+import fd_platforms_xpu
 from fd_platforms.contract.errors import CacheSharingError, CacheSignalError, ConfigError, HostAllocError
 from fd_platforms.engine.initialize import check_can_attach
 from fd_platforms.engine.kv_cache import attach_kv_cache, export_kv_cache
@@ -64,9 +64,15 @@ def test_cuda_confirms_a_cuda_build_with_devices() -> None:
 @pytest.mark.parametrize(
     ("paddle", "reason"),
     [
-        (cuda_paddle(compiled=False), "no CUDA (paddle.is_compiled_with_cuda() is False). Fix: pip install paddlepaddle-gpu"),
+        (
+            cuda_paddle(compiled=False),
+            "no CUDA (paddle.is_compiled_with_cuda() is False). Fix: pip install paddlepaddle-gpu",
+        ),
         (cuda_paddle(rocm=True), "for ROCm, not CUDA"),
-        (cuda_paddle(count=0), "paddle sees no CUDA device. Fix: check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES"),
+        (
+            cuda_paddle(count=0),
+            "paddle sees no CUDA device. Fix: check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES",
+        ),
     ],
 )
 def test_cuda_refuses_builds_and_machines_it_cannot_use(paddle: SimpleNamespace, reason: str) -> None:
@@ -128,10 +134,16 @@ def test_xpu_confirms_and_reports_free_as_total_minus_used() -> None:
     assert (memory.total_bytes, memory.free_bytes, memory.process_bytes) == (96 * GiB, 86 * GiB, 2 * GiB)
 
 
-@pytest.mark.parametrize(("paddle", "reason"), [
-    (xpu_paddle(compiled=False), "no XPU support (paddle.is_compiled_with_xpu() is False). Fix: pip install paddlepaddle-xpu"),
-    (xpu_paddle(count=0), "no Kunlun XPU. Fix: check the driver (xpu-smi) and XPU_VISIBLE_DEVICES"),
-])
+@pytest.mark.parametrize(
+    ("paddle", "reason"),
+    [
+        (
+            xpu_paddle(compiled=False),
+            "no XPU support (paddle.is_compiled_with_xpu() is False). Fix: pip install paddlepaddle-xpu",
+        ),
+        (xpu_paddle(count=0), "no Kunlun XPU. Fix: check the driver (xpu-smi) and XPU_VISIBLE_DEVICES"),
+    ],
+)
 def test_xpu_refuses_with_a_reason(paddle: SimpleNamespace, reason: str) -> None:
     detection = facts_of("xpu", paddle).confirm()
     assert not detection.available and reason in detection.reason
@@ -146,15 +158,18 @@ def test_xpu_block_wise_fp8_is_planned_and_shaped_as_fastdeploys_xpu_runner_allo
     from fd_platforms.rules.layout import build_layout
 
     platform, cache, blocks = registered("xpu", xpu_paddle()), CacheConfig(kv_cache_quant_type="block_wise_fp8"), 5
-    layout = build_layout(load_model_config("examples/qwen3-30b-a3b"), cache, ParallelConfig(tensor_parallel_size=2,
-                                                                                            local_rank=1))  # fmt: skip
+    layout = build_layout(
+        load_model_config("examples/qwen3-30b-a3b"), cache, ParallelConfig(tensor_parallel_size=2, local_rank=1)
+    )
     runner = tuple(CacheRoleShape(role, (blocks, 2, 64, 128), "int8") for role in ("key", "value"))  # type: ignore[arg-type]
     stated = platform.cache_layout(layout, blocks, runner)
     own = platform.cache_layout(layout, blocks)  # the plugin's own shapes: the same two, int8
     for shaped in (stated, own):
         assert [(spec.role, spec.shape(blocks), spec.dtype) for spec in shaped.tensors[:3]] == [
-            ("key", (blocks, 2, 64, 128), "int8"), ("value", (blocks, 2, 64, 128), "int8"),
-            ("key", (blocks, 2, 64, 128), "int8")]  # fmt: skip
+            ("key", (blocks, 2, 64, 128), "int8"),
+            ("value", (blocks, 2, 64, 128), "int8"),
+            ("key", (blocks, 2, 64, 128), "int8"),
+        ]
         assert len(shaped.tensors) == 2 * 48
     plan = platform.max_num_blocks(layout=layout, cache=cache)
     assert plan.bytes_per_block == 48 * 2 * 2 * 64 * 128  # key and value a byte a value, no scales
@@ -176,12 +191,22 @@ def test_dcu_confirms_a_rocm_build_with_devices() -> None:
     assert (detection.available, detection.device_count) == (True, 8)
 
 
-@pytest.mark.parametrize(("paddle", "reason"), [
-    (rocm_paddle(rocm=False), "not Paddle's ROCm build (paddle.is_compiled_with_rocm() is False). Fix: install "
-                              "Paddle's ROCm build (pip install paddlepaddle-dcu"),
-    (rocm_paddle(count=0), "paddle's ROCm build sees no device. Fix: check the driver (hy-smi or rocm-smi) and "
-                           "HIP_VISIBLE_DEVICES"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("paddle", "reason"),
+    [
+        (
+            rocm_paddle(rocm=False),
+            (
+                "not Paddle's ROCm build (paddle.is_compiled_with_rocm() is False). Fix: install "
+                "Paddle's ROCm build (pip install paddlepaddle-dcu"
+            ),
+        ),
+        (
+            rocm_paddle(count=0),
+            "paddle's ROCm build sees no device. Fix: check the driver (hy-smi or rocm-smi) and HIP_VISIBLE_DEVICES",
+        ),
+    ],
+)
 def test_dcu_refuses_other_builds_and_machines_without_devices(paddle: SimpleNamespace, reason: str) -> None:
     detection = facts_of("dcu", paddle).confirm()
     assert not detection.available and reason in detection.reason
@@ -210,8 +235,11 @@ def test_dcu_cannot_share_and_an_export_names_the_missing_paddle_ipc() -> None:
     """Paddle binds _share_cuda only under PADDLE_WITH_CUDA: the ROCm build has no IPC to export through."""
     platform = with_paddle("dcu", rocm_paddle())
     assert platform.cache_sharing() is None
-    with pytest.raises(CacheSharingError, match=r"gpu tensors cannot be shared between processes \(tensor fd_kv\.x\.t\): "
-                                                r"Paddle's ROCm build has no DenseTensor\._share_cuda"):  # fmt: skip
+    with pytest.raises(
+        CacheSharingError,
+        match=r"gpu tensors cannot be shared between processes \(tensor fd_kv\.x\.t\): "
+        r"Paddle's ROCm build has no DenseTensor\._share_cuda",
+    ):
         platform.export_cache_tensor("fd_kv.x.t", (8,), "uint8", "gpu:0")
     with pytest.raises(CacheSharingError, match="_share_cuda"):
         platform.open_cache_tensor("fd_kv.x.t", "{}", (8,), "uint8", "gpu:0")
@@ -261,13 +289,16 @@ def test_gaudi_and_ascend_state_no_vendor_allocator_and_no_sharing(name: str) ->
     assert platform.host_runtime is None and platform.device_runtime is None and platform.cache_sharing() is None
     with pytest.raises(PinningUnavailable, match=f"no vendor host allocator is known for '{name}'"):
         platform.device_facts().pin(64)
-    with pytest.raises(CacheSharingError, match=f"{name} tensors cannot be shared between processes .*no vendor device "
-                                                "runtime"):  # fmt: skip
+    with pytest.raises(
+        CacheSharingError, match=f"{name} tensors cannot be shared between processes .*no vendor device runtime"
+    ):
         platform.export_cache_tensor("fd_kv.x.t", (8,), "uint8", f"{name}:0")
 
 
-@pytest.mark.parametrize(("name", "library", "alloc"), [("metax", "libmcruntime.so", "mcMallocHost"),
-                                                         ("gcu", "libtopsrt.so", "topsHostMalloc")])
+@pytest.mark.parametrize(
+    ("name", "library", "alloc"),
+    [("metax", "libmcruntime.so", "mcMallocHost"), ("gcu", "libtopsrt.so", "topsHostMalloc")],
+)
 def test_custom_device_with_an_absent_vendor_library_cannot_pin(name: str, library: str, alloc: str) -> None:
     runtime = PLATFORMS[name].host_runtime
     assert runtime is not None and (runtime.library, runtime.alloc) == (library, alloc)
@@ -294,12 +325,17 @@ def test_unpinnable_memory_falls_back_to_pageable_with_one_warning(caplog) -> No
     with buffer:
         assert (buffer.pinned, buffer.kind, buffer.nbytes) == (False, "pageable", 8192)
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
-    assert warnings == ["platform 'acme' cannot pin host memory (the runtime is absent); using 8192 bytes of pageable memory"]
+    assert warnings == [
+        "platform 'acme' cannot pin host memory (the runtime is absent); using 8192 bytes of pageable memory"
+    ]
 
 
 def test_demanded_pinned_memory_that_cannot_be_had_is_an_error() -> None:
-    with pytest.raises(HostAllocError, match=r"pinned host memory of 8192 bytes was required, but platform 'acme' "
-                                             r"cannot pin here: the runtime is absent\. Fix: call host_alloc\(require_pinned=False\)"):
+    with pytest.raises(
+        HostAllocError,
+        match=r"pinned host memory of 8192 bytes was required, but platform 'acme' "
+        r"cannot pin here: the runtime is absent\. Fix: call host_alloc\(require_pinned=False\)",
+    ):
         allocate_host(8192, True, cannot_pin, "acme")
 
 
@@ -364,7 +400,9 @@ def lacking(paddle: Any, names: tuple[str, ...]) -> list[str]:
     return [f"paddle.{dotted}" for dotted in names if not callable(paddle_attribute(paddle, dotted))]
 
 
-@pytest.mark.parametrize("facts", [fd_platforms_cuda.CudaFacts, fd_platforms_xpu.XpuFacts, CustomDeviceFacts, RocmFacts])
+@pytest.mark.parametrize(
+    "facts", [fd_platforms_cuda.CudaFacts, fd_platforms_xpu.XpuFacts, CustomDeviceFacts, RocmFacts]
+)
 def test_every_declared_paddle_call_exists_in_the_installed_paddle(facts: type[DeviceFacts]) -> None:
     paddle = importlib.import_module("paddle")
     missing = lacking(paddle, facts.paddle_calls)
@@ -383,7 +421,9 @@ def leaves(node: object, prefix: str = "") -> list[str]:
     return [name for key, child in vars(node).items() for name in leaves(child, f"{prefix}.{key}" if prefix else key)]
 
 
-@pytest.mark.parametrize("facts", [fd_platforms_cuda.CudaFacts, fd_platforms_xpu.XpuFacts, CustomDeviceFacts, RocmFacts])
+@pytest.mark.parametrize(
+    "facts", [fd_platforms_cuda.CudaFacts, fd_platforms_xpu.XpuFacts, CustomDeviceFacts, RocmFacts]
+)
 def test_the_simulated_paddle_answers_confirm_and_memory_with_declared_calls_only(facts: type[DeviceFacts]) -> None:
     simulated = facts.simulated_paddle("sim_npu", 3, 5 * 2**30)
     assert set(leaves(simulated)) <= set(facts.paddle_calls), "a simulation invents no call the class does not declare"
@@ -397,7 +437,9 @@ def test_a_facts_class_without_a_simulation_says_none() -> None:
     assert DeviceFacts.simulated_paddle("x", 1, 1) is None
 
 
-@pytest.mark.parametrize(("facts", "build"), [(fd_platforms_cuda.CudaFacts, "cuda"), (fd_platforms_xpu.XpuFacts, "xpu")])
+@pytest.mark.parametrize(
+    ("facts", "build"), [(fd_platforms_cuda.CudaFacts, "cuda"), (fd_platforms_xpu.XpuFacts, "xpu")]
+)
 def test_device_build_calls_exist_in_that_build_and_are_why_the_cpu_wheel_cannot_share(facts, build: str) -> None:
     """The IPC calls are only in Paddle's device builds: present there, absent from the CPU wheel."""
     paddle = importlib.import_module("paddle")
@@ -412,7 +454,9 @@ def test_device_build_calls_exist_in_that_build_and_are_why_the_cpu_wheel_cannot
 
 
 @pytest.mark.parametrize(("name", "make", "device"), [("cuda", cuda_paddle, "gpu:3"), ("xpu", xpu_paddle, "xpu:1")])
-def test_ipc_export_and_open_map_the_same_device_memory(name: str, make: Callable[..., SimpleNamespace], device: str) -> None:
+def test_ipc_export_and_open_map_the_same_device_memory(
+    name: str, make: Callable[..., SimpleNamespace], device: str
+) -> None:
     ipc = FakeIpc(name)
     facts = facts_of(name, make(ipc=ipc))
     shared = facts.export("fd_kv.x.key_caches_0_rank0.device3", (4, 2, 64, 128), "bfloat16", device)
@@ -529,8 +573,11 @@ def test_a_handle_a_raw_record_cannot_stand_for_is_refused_saying_why() -> None:
     allocation, or VMM memory (another kind of handle), cannot be written as one."""
     inside = facts_of("cuda", cuda_paddle(ipc=FakeIpc("cuda", offset=512)))
     shared = inside.export("key_caches_0_rank0.device0", (8,), "uint8", "gpu:0")
-    with pytest.raises(CacheSharingError, match=r"key_caches_0_rank0.device0 starts 512 bytes into its device "
-                                                r"allocation.*Fix: use the fd-platforms protocol"):  # fmt: skip
+    with pytest.raises(
+        CacheSharingError,
+        match=r"key_caches_0_rank0.device0 starts 512 bytes into its device "
+        r"allocation.*Fix: use the fd-platforms protocol",
+    ):
         encode_record("key_caches_0_rank0.device0", shared.handle, "cuda")
     vmm = facts_of("cuda", cuda_paddle(ipc=FakeIpc("cuda", vmm=True)))
     shared = vmm.export("key_caches_0_rank0.device0", (8,), "uint8", "gpu:0")
@@ -538,21 +585,32 @@ def test_a_handle_a_raw_record_cannot_stand_for_is_refused_saying_why() -> None:
         encode_record("key_caches_0_rank0.device0", shared.handle, "cuda")
 
 
-@pytest.mark.parametrize(("name", "make"), [("dcu", rocm_paddle), ("gcu", lambda: custom_paddle(["gcu"])),
-                                            ("intel_hpu", lambda: custom_paddle(["intel_hpu"])),
-                                            ("npu", lambda: custom_paddle(["npu"]))])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "make"),
+    [
+        ("dcu", rocm_paddle),
+        ("gcu", lambda: custom_paddle(["gcu"])),
+        ("intel_hpu", lambda: custom_paddle(["intel_hpu"])),
+        ("npu", lambda: custom_paddle(["npu"])),
+    ],
+)
 def test_a_platform_that_cannot_share_refuses_an_attaching_worker_when_the_rule_decides(name: str, make) -> None:
     """No IPC export here: the engine's check refuses a worker sent to attach, before any wait; a creator is not."""
     platform = registered(name, make())
     assert platform.cache_sharing() is None
-    attach = platform.should_create_cache_tensor(profile=False, num_cpu_blocks=0, storage_backend=None,
-                                                 splitwise_role="decode")  # fmt: skip
+    attach = platform.should_create_cache_tensor(
+        profile=False, num_cpu_blocks=0, storage_backend=None, splitwise_role="decode"
+    )
     assert not attach.create
-    with pytest.raises(CacheSharingError, match=f"rank 0: the rule decided the workers attach .*platform {name} cannot "
-                                                "share KV cache tensors between processes"):  # fmt: skip
+    with pytest.raises(
+        CacheSharingError,
+        match=f"rank 0: the rule decided the workers attach .*platform {name} cannot "
+        "share KV cache tensors between processes",
+    ):
         check_can_attach(platform, attach, "rank 0")
-    create = platform.should_create_cache_tensor(profile=False, num_cpu_blocks=0, storage_backend=None,
-                                                 splitwise_role="mixed")  # fmt: skip
+    create = platform.should_create_cache_tensor(
+        profile=False, num_cpu_blocks=0, storage_backend=None, splitwise_role="mixed"
+    )
     check_can_attach(platform, create, "rank 0")
 
 
@@ -587,12 +645,20 @@ def test_importing_paddle_through_the_core_keeps_the_processs_sigterm_handler() 
         "{importing}\n"
         "os.kill(os.getpid(), signal.SIGTERM); time.sleep(5); print('no handler ran')\n"
     )
-    ours = subprocess.run([sys.executable, "-c", code.format(importing="from fd_platforms.contract.paddle_import "
-                                                                        "import import_paddle; import_paddle()")],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    ours = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code.format(importing="from fd_platforms.contract.paddle_import import import_paddle; import_paddle()"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ours.stdout.strip() == "clean-up ran", ours.stderr
-    plain = subprocess.run([sys.executable, "-c", code.format(importing="import paddle")],
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    plain = subprocess.run(
+        [sys.executable, "-c", code.format(importing="import paddle")], capture_output=True, text=True, timeout=120
+    )
     assert "clean-up ran" not in plain.stdout, "paddle's own handler: why the core keeps the previous one"
 
 

@@ -95,9 +95,7 @@ def build(device_type: str, outdir: Path, **env: str) -> subprocess.CompletedPro
 
 def probe(lib_dir: Path, device_type: str, **env: str) -> dict[str, Any]:
     """Import paddle with the fake runtime loaded and return what PROBE measured."""
-    base = {
-        k: v for k, v in os.environ.items() if not k.startswith(("FAKE_DEVICE_", "FLAGS_selected_", "PROBE_"))
-    }
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("FAKE_DEVICE_", "FLAGS_selected_", "PROBE_"))}
     result = subprocess.run(
         [sys.executable, "-c", PROBE, device_type],
         capture_output=True,

@@ -8,12 +8,12 @@ import json
 import subprocess
 
 import pytest
-
 from accelerator_host import host_command, skip_without_namespaces
+from run_helpers import ROOT, SCRIPT, clean_env
+
 from fd_platforms.conformance import CHECKS
 from fd_platforms.conformance.pytest_plugin import PADDLE_HINT
 from fd_platforms.loading.discovery import discover
-from run_helpers import ROOT, SCRIPT, clean_env
 
 pytestmark = pytest.mark.slow  # a pytest process per platform, in a private mount namespace
 

@@ -30,8 +30,10 @@ def refusal(paddle: Any, device: str) -> DevicePlacementError:
     return raised.value
 
 
-@pytest.mark.parametrize(("device", "kind"), [("gpu:0", "gpu"), ("GPU:1", "gpu"), ("cuda:2", "gpu"), ("cpu", "cpu"),
-                                              ("iluvatar_gpu:3", "iluvatar_gpu")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("device", "kind"),
+    [("gpu:0", "gpu"), ("GPU:1", "gpu"), ("cuda:2", "gpu"), ("cpu", "cpu"), ("iluvatar_gpu:3", "iluvatar_gpu")],
+)
 def test_the_device_type_is_read_as_paddle_reads_it(device: str, kind: str) -> None:
     assert device_type_of(device) == kind
 

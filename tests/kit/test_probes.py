@@ -66,7 +66,7 @@ def test_runtime_and_nodes_make_a_platform_available(tmp_path: Path, fake_dist) 
     )
     detection = facts.detect_platform(environ={})
     assert detection.available and detection.device_count == 2
-    assert "paddlepaddle-gpu 3.3.1 installed, 2 of 2 devices visible" == detection.reason
+    assert detection.reason == "paddlepaddle-gpu 3.3.1 installed, 2 of 2 devices visible"
     assert facts.detect_platform(environ={"CUDA_VISIBLE_DEVICES": "1"}).device_count == 1
     hidden = facts.detect_platform(environ={"CUDA_VISIBLE_DEVICES": ""})
     assert not hidden.available and "hides all" in hidden.reason and "unset CUDA_VISIBLE_DEVICES" in hidden.reason
@@ -88,7 +88,9 @@ def test_iluvatar_counts_its_drivers_nodes(tmp_path: Path, fake_dist) -> None:
     facts = dataclasses.replace(fd_platforms_iluvatar.PLATFORM, device_glob=str(tmp_path / "dev" / "iluvatar[0-9]*"))
     detection = facts.detect_platform(environ={})
     assert detection.available and detection.device_count == 2
-    assert not dataclasses.replace(facts, device_glob=str(tmp_path / "none[0-9]*")).detect_platform(environ={}).available
+    assert (
+        not dataclasses.replace(facts, device_glob=str(tmp_path / "none[0-9]*")).detect_platform(environ={}).available
+    )
 
 
 def test_metax_count_is_left_to_paddle(fake_dist) -> None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from run_helpers import QWEN, console_script, main_in_process
 
 from fd_platforms.conformance import CHECKS
-from run_helpers import QWEN, console_script, main_in_process
 
 pytestmark = pytest.mark.slow  # a pytest process for the suite; run's worker processes
 

@@ -68,8 +68,12 @@ def test_device_memory_crosses_processes_by_its_64_byte_handle(runtime: VendorDe
         current = ctypes.c_int()
         assert fake.mcGetDevice(ctypes.byref(current)) == 0 and current.value == 0, "the previous device is restored"
         ctypes.memmove(address, b"abc", 3)
-        done = subprocess.run([sys.executable, "-c", OPEN_WRITE_CLOSE, runtime.library, handle_text(raw)],
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", OPEN_WRITE_CLOSE, runtime.library, handle_text(raw)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == ["abc", "1", "0"], "read, opened on device 1, closed"
         assert ctypes.string_at(address + 100, 4) == b"back"
@@ -89,8 +93,11 @@ def test_a_failing_ipc_call_names_the_call_and_status_and_leaks_nothing(
     runtime: VendorDeviceRuntime, fake: ctypes.CDLL, ipc_status: None
 ) -> None:
     live = fake.fake_device_live()
-    with pytest.raises(CacheSharingError, match=r"mcIpcGetMemHandle of .*libmcruntime.so failed for KV cache tensor "
-                                                r"key_caches_0_rank0 \(status 801\)\. Fix: "):  # fmt: skip
+    with pytest.raises(
+        CacheSharingError,
+        match=r"mcIpcGetMemHandle of .*libmcruntime.so failed for KV cache tensor "
+        r"key_caches_0_rank0 \(status 801\)\. Fix: ",
+    ):
         runtime.share(4096, 0, "key_caches_0_rank0")
     assert fake.fake_device_live() == live, "the allocation is freed when its handle cannot be had"
 
@@ -99,7 +106,9 @@ def test_a_runtime_that_cannot_be_loaded_declares_no_sharing_and_says_why() -> N
     absent = VendorDeviceRuntime("libfd-no-such-runtime.so", "mc")
     assert absent.sharing() is None
     assert (absent.missing() or "").startswith("libfd-no-such-runtime.so (the mcIpc* calls) cannot be loaded: ")
-    with pytest.raises(CacheSharingError, match=r"Fix: install the vendor runtime and put its folder on LD_LIBRARY_PATH"):
+    with pytest.raises(
+        CacheSharingError, match=r"Fix: install the vendor runtime and put its folder on LD_LIBRARY_PATH"
+    ):
         absent.share(64, 0, "t")
 
 
@@ -151,8 +160,12 @@ def test_ranks_starting_together_compile_the_operator_once_and_reuse_it(tmp_path
     """Two processes compile into an empty cache at once: one compiles (under the lock), both load the same
     library, nothing partial is left; a later process loads it without compiling."""
     env = {**os.environ, operator.ENV_CACHE_DIR: str(tmp_path)}
-    first = [subprocess.Popen([sys.executable, "-c", BUILD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]  # fmt: skip
+    first = [
+        subprocess.Popen(
+            [sys.executable, "-c", BUILD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     for process in first:
         out, err = process.communicate(timeout=600)
         assert process.returncode == 0 and out.split()[-1] == "loaded", err
@@ -172,14 +185,19 @@ def test_without_a_compiler_the_error_names_g_plus_plus_and_the_fix(tmp_path: Pa
     )
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("CacheSharingError: g++ is not on PATH, and sharing a custom device's KV cache "
-                                  "needs the fd_platforms_foreign_tensor operator"), done.stdout  # fmt: skip
+    assert done.stdout.startswith(
+        "CacheSharingError: g++ is not on PATH, and sharing a custom device's KV cache "
+        "needs the fd_platforms_foreign_tensor operator"
+    ), done.stdout
     assert "Fix: install g++" in done.stdout and not list(tmp_path.glob("*.so"))
 
 
 def test_a_device_allocation_the_runtime_refuses_is_a_device_alloc_error(runtime: VendorDeviceRuntime) -> None:
-    with pytest.raises(DeviceAllocError, match=r"mcMalloc could not allocate 4611686018427387904 bytes on device 0 for "
-                                               r"KV cache tensor t \(status 2\)\. Fix: plan fewer blocks"):  # fmt: skip
+    with pytest.raises(
+        DeviceAllocError,
+        match=r"mcMalloc could not allocate 4611686018427387904 bytes on device 0 for "
+        r"KV cache tensor t \(status 2\)\. Fix: plan fewer blocks",
+    ):
         runtime.share(1 << 62, 0, "t")
 
 
@@ -190,23 +208,32 @@ def test_a_runtime_without_a_usable_device_declares_no_sharing_and_says_why(
     monkeypatch.setenv("FAKE_DEVICE_STATUS", "35")
     assert runtime.sharing() is None
     assert runtime.missing() == f"mcGetDevice of {runtime.library} returned status 35: no usable device or driver"
-    with pytest.raises(CacheSharingError, match=r"mcGetDevice of .*libmcruntime.so failed for KV cache tensor t "
-                                                r"\(status 35\)\. Fix: check the device and driver"):  # fmt: skip
+    with pytest.raises(
+        CacheSharingError,
+        match=r"mcGetDevice of .*libmcruntime.so failed for KV cache tensor t "
+        r"\(status 35\)\. Fix: check the device and driver",
+    ):
         runtime.share(64, 0, "t")
 
 
 def test_a_handle_of_another_kind_is_refused_by_name(runtime: VendorDeviceRuntime) -> None:
     facts = CustomDeviceFacts(None, "metax_gpu", "MACA_VISIBLE_DEVICES", None, runtime)
-    with pytest.raises(CacheSharingError, match=r"KV cache tensor t's handle 'memfd:1:3' is not a metax_gpu IPC handle\. "
-                                                r"Fix: create and attach on the same platform"):  # fmt: skip
+    with pytest.raises(
+        CacheSharingError,
+        match=r"KV cache tensor t's handle 'memfd:1:3' is not a metax_gpu IPC handle\. "
+        r"Fix: create and attach on the same platform",
+    ):
         facts.open("t", "memfd:1:3", (4,), "uint8", "metax_gpu:0")
 
 
 def test_a_paddle_without_headers_is_named_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(operator.ENV_CACHE_DIR, str(tmp_path / "cache"))
     headless = SimpleNamespace(__file__=str(tmp_path / "paddle" / "__init__.py"), __version__="0.0")
-    with pytest.raises(CacheSharingError, match=r"ships no headers \(no include/paddle/extension.h\).*Fix: install a "
-                                                r"paddlepaddle wheel that ships paddle/include"):  # fmt: skip
+    with pytest.raises(
+        CacheSharingError,
+        match=r"ships no headers \(no include/paddle/extension.h\).*Fix: install a "
+        r"paddlepaddle wheel that ships paddle/include",
+    ):
         operator.load_operator(headless)
 
 
@@ -229,8 +256,11 @@ def test_a_failed_compile_names_the_compiler_output_and_leaves_nothing(
     broken = tmp_path / "broken.cc"
     broken.write_text("this is not C++;\n")
     headless = unloaded_paddle(tmp_path, monkeypatch, broken)
-    with pytest.raises(CacheSharingError, match=r"g\+\+ could not compile the fd_platforms_foreign_tensor operator .*"
-                                                r"\(exit status 1\): .*Fix: use a paddlepaddle wheel"):  # fmt: skip
+    with pytest.raises(
+        CacheSharingError,
+        match=r"g\+\+ could not compile the fd_platforms_foreign_tensor operator .*"
+        r"\(exit status 1\): .*Fix: use a paddlepaddle wheel",
+    ):
         operator.load_operator(headless)
     assert not list((tmp_path / "cache").glob("*.so")) and not list((tmp_path / "cache").glob("*.partial"))
 
@@ -244,8 +274,11 @@ def test_a_compile_over_its_time_is_stopped_whole_and_named_with_the_fix(
     source.write_text(operator.SOURCE.read_text())  # a name of its own, to find its compiler passes by
     unloaded = unloaded_paddle(tmp_path, monkeypatch, source)
     monkeypatch.setattr(operator, "COMPILE_SECONDS", 0.5)
-    with pytest.raises(CacheSharingError, match=r"compiling the fd_platforms_foreign_tensor operator took over "
-                                                r"0\.5 s\. Fix: check the machine's load"):  # fmt: skip
+    with pytest.raises(
+        CacheSharingError,
+        match=r"compiling the fd_platforms_foreign_tensor operator took over "
+        r"0\.5 s\. Fix: check the machine's load",
+    ):
         operator.load_operator(unloaded)
     assert not compiling(source), "no compiler pass outlives the timeout"
     assert not list((tmp_path / "cache").glob("*.so")) and not list((tmp_path / "cache").glob("*.partial"))
@@ -264,10 +297,15 @@ def compiling(source: Path) -> list[str]:
     return found
 
 
-def test_a_cache_folder_that_cannot_be_made_is_named_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cache_folder_that_cannot_be_made_is_named_with_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv(operator.ENV_CACHE_DIR, str(tmp_path / "a-file" / "cache"))
     anywhere = SimpleNamespace(__file__=str(tmp_path / "paddle" / "__init__.py"), __version__="0.0")
-    with pytest.raises(CacheSharingError, match=r"cannot keep the compiled fd_platforms_foreign_tensor operator in "
-                                                r".*a-file/cache: .*Fix: set FD_PLATFORMS_CACHE_DIR to a writable"):  # fmt: skip
+    with pytest.raises(
+        CacheSharingError,
+        match=r"cannot keep the compiled fd_platforms_foreign_tensor operator in "
+        r".*a-file/cache: .*Fix: set FD_PLATFORMS_CACHE_DIR to a writable",
+    ):
         operator.load_operator(anywhere)

@@ -121,9 +121,7 @@ def test_other_status_means_pinning_unavailable(
     assert live(cudart) == before
 
 
-def test_contract_pins_when_the_runtime_can(
-    runtime: VendorHostRuntime, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_contract_pins_when_the_runtime_can(runtime: VendorHostRuntime, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger=HOST_LOGGER)
     for require_pinned in (False, True):
         with allocate_host(8192, require_pinned, runtime.allocate, "iluvatar") as buffer:

@@ -26,7 +26,7 @@ def test_a_cpu_run_that_would_take_most_of_the_host_is_refused_naming_the_sizes(
     done = console_script("run", "--config", "examples/deploy.toml")  # it starts the workers before refusing
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     last = done.stderr.splitlines()[-1]
-    assert last.startswith("fd-platforms: error: --device-memory=\"not given (the host's memory)\" is not valid")
+    assert last.startswith('fd-platforms: error: --device-memory="not given (the host\'s memory)" is not valid')
     assert "4 rank(s) x (" in last and "more than half of the" in last and "Fix: give --device-memory SIZE" in last
     signal = re.search(r"engine instance (\S+) \(its cache-ready signal\)", done.stderr)
     assert "allocat" not in done.stderr and signal is not None and signal.group(1) not in shm_entries()

@@ -99,10 +99,18 @@ def test_kv_cache_allocation_reports_progress_per_tensor() -> None:
 
 
 def test_run_error_groups_alike_failures_and_keeps_the_exit_code() -> None:
-    error = RunError((("rank 0", "InsufficientMemoryError: no block"), ("rank 1", "InsufficientMemoryError: no block"),
-                      ("cache manager", "pid 7 was killed by SIGKILL")), exit_code=2)
-    assert str(error) == ("3 processes failed:\n  rank 0, rank 1: InsufficientMemoryError: no block"
-                          "\n  cache manager: pid 7 was killed by SIGKILL")
+    error = RunError(
+        (
+            ("rank 0", "InsufficientMemoryError: no block"),
+            ("rank 1", "InsufficientMemoryError: no block"),
+            ("cache manager", "pid 7 was killed by SIGKILL"),
+        ),
+        exit_code=2,
+    )
+    assert str(error) == (
+        "3 processes failed:\n  rank 0, rank 1: InsufficientMemoryError: no block"
+        "\n  cache manager: pid 7 was killed by SIGKILL"
+    )
     assert error.exit_code == 2 and len(error.failures) == 3
     alike = RunError((("rank 0", "InsufficientMemoryError: no block"), ("rank 1", "InsufficientMemoryError: no block")))
     assert str(alike) == "rank 0, rank 1: InsufficientMemoryError: no block", "one failure stays one line"

@@ -24,9 +24,23 @@ pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left o
 def test_a_rank_stopped_during_cycles_fails_the_run_within_twice_the_timeout_and_leaves_nothing() -> None:
     timeout = 10  # the margin is min(30 s, --timeout), the stop of a stopped child 5 s more; starting the
     # workers (spawn, import paddle) is inside the first phase's --timeout too: 5 s was too few on a busy machine
-    with started("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode",
-                 "--cycles", "100000", "--timeout", str(timeout)) as run:  # fmt: skip
-        found = run.read_until(r"started 2 worker\(s\) \(pid (\d+), (\d+)\), engine instance (\S+) \(its cache-ready signal\)")
+    with started(
+        "--model",
+        QWEN,
+        "--tp",
+        "2",
+        "--device-memory",
+        "256MiB",
+        "--role",
+        "decode",
+        "--cycles",
+        "100000",
+        "--timeout",
+        str(timeout),
+    ) as run:
+        found = run.read_until(
+            r"started 2 worker\(s\) \(pid (\d+), (\d+)\), engine instance (\S+) \(its cache-ready signal\)"
+        )
         run.read_until(r"cycle 1: cleared")
         stopped_at = time.monotonic()
         os.kill(int(found.group(1)), signal.SIGSTOP)
@@ -39,8 +53,20 @@ def test_a_rank_stopped_during_cycles_fails_the_run_within_twice_the_timeout_and
 
 
 def test_a_manager_killed_after_ready_is_reported_and_its_run_leaves_nothing() -> None:
-    with started("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode",
-                 "--cycles", "100000", "--timeout", "30") as run:  # fmt: skip
+    with started(
+        "--model",
+        QWEN,
+        "--tp",
+        "2",
+        "--device-memory",
+        "256MiB",
+        "--role",
+        "decode",
+        "--cycles",
+        "100000",
+        "--timeout",
+        "30",
+    ) as run:
         signal_name = run.read_until(r"engine instance (\S+) \(its cache-ready signal\)").group(1)
         manager = int(run.read_until(r"starting the cache manager \(pid (\d+)\)").group(1))
         run.read_until(r"cycle 1: cleared")
@@ -65,8 +91,20 @@ def open_when_published(path: Path, seconds: float = 30.0) -> BinaryIO:
 
 
 def test_a_publication_held_from_outside_the_run_is_named_when_the_run_ends() -> None:
-    with started("--model", QWEN, "--tp", "1", "--device-memory", "256MiB", "--role", "decode",
-                 "--cycles", "100000", "--timeout", "30") as run:  # fmt: skip
+    with started(
+        "--model",
+        QWEN,
+        "--tp",
+        "1",
+        "--device-memory",
+        "256MiB",
+        "--role",
+        "decode",
+        "--cycles",
+        "100000",
+        "--timeout",
+        "30",
+    ) as run:
         instance = run.read_until(r"engine instance fd_cache_ready\.(\S+) \(its cache-ready signal\)").group(1)
         manager = int(run.read_until(r"starting the cache manager \(pid (\d+)\)").group(1))
         run.read_until(r"cycle 1: cleared")

@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from run_helpers import (
     MIB,
     QWEN,
@@ -52,8 +51,9 @@ def env(fake_device_root, fake_vendor_runtime) -> dict[str, str]:
     return platform_env(fake_device_root, "iluvatar", "iluvatar_gpu", str(fake_vendor_runtime))
 
 
-@pytest.mark.parametrize(("role", "backend"), [("mixed", "none"), ("decode", "none"), ("mixed", "attention_store"),
-                                               ("prefill", "file")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("role", "backend"), [("mixed", "none"), ("decode", "none"), ("mixed", "attention_store"), ("prefill", "file")]
+)
 def test_workers_create_or_attach_as_the_rule_decides(env: dict[str, str], role: str, backend: str) -> None:
     """A run creates where the rule says so and, where it sends workers to attach (a role, a storage backend),
     they open the cache manager's tensors through the vendor runtime's IPC (cudaIpc* of CoreX's libcudart.so,
@@ -80,8 +80,9 @@ def test_metax_decode_workers_attach_across_processes_on_their_own_devices(
     if protocol == "fastdeploy":  # FastDeploy's record names are the machine's: in turns with other runs
         request.getfixturevalue("fastdeploy_record_names")
     env = platform_env(fake_device_root, "metax", "metax_gpu", str(fake_vendor_runtime))
-    report = run_json("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode",
-                      "--protocol", protocol, env=env)  # fmt: skip
+    report = run_json(
+        "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode", "--protocol", protocol, env=env
+    )
     per_block = qwen_bytes_per_block(2)
     assert [rank["device"] for rank in report["ranks"]] == ["metax_gpu:0", "metax_gpu:1"]
     for rank in report["ranks"]:
@@ -94,14 +95,17 @@ def test_without_the_vendor_runtime_an_attach_is_refused_when_the_rule_decides(f
     (MetaX: its libmcruntime.so is nowhere here; a CUDA toolkit's libcudart.so may be, so not Iluvatar.)"""
     platform = "metax"
     env = platform_env(fake_device_root, platform, "metax_gpu", None)
-    loads = subprocess.run([sys.executable, "-c", "import ctypes; ctypes.CDLL('libmcruntime.so')"], env=env,
-                           capture_output=True)  # fmt: skip
+    loads = subprocess.run(
+        [sys.executable, "-c", "import ctypes; ctypes.CDLL('libmcruntime.so')"], env=env, capture_output=True
+    )
     assert loads.returncode != 0, "libmcruntime.so must not be loadable here"
     done = run_cli("--model", QWEN, "--tp", "1", "--device-memory", "256MiB", "--role", "decode", env=env)
     assert done.returncode == 2, done.stderr
     [line] = without_sweep(done.stderr)[-1:]
-    assert line.startswith(f"fd-platforms: error: platform {platform}: the rule decided the workers attach to the "
-                           "cache manager's KV cache (deciding term splitwise_role: ")  # fmt: skip
+    assert line.startswith(
+        f"fd-platforms: error: platform {platform}: the rule decided the workers attach to the "
+        "cache manager's KV cache (deciding term splitwise_role: "
+    )
     assert "cannot share KV cache tensors between processes" in line and "Fix: run so that workers create" in line
     assert "started" not in done.stderr and "Traceback" not in done.stderr, "refused before any process starts"
 
@@ -121,8 +125,19 @@ def test_fastdeploys_block_count_fills_one_word_per_rank_under_its_own_suffix(en
     _init_worker_signals): the run's engine makes it so, under --block-count-suffix, and rank 0 hands the count
     into every word (a word of another length would be a CacheSignalError failing the run)."""
     suffix = f"fdb{os.getpid()}"
-    done = run_cli("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--protocol", "fastdeploy",
-                   "--block-count-suffix", suffix, env=env)  # fmt: skip
+    done = run_cli(
+        "--model",
+        QWEN,
+        "--tp",
+        "2",
+        "--device-memory",
+        "256MiB",
+        "--protocol",
+        "fastdeploy",
+        "--block-count-suffix",
+        suffix,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     blocks = 256 * MIB * 9 // 10 // qwen_bytes_per_block(2)
     assert f"rank 0: handed the agreed {blocks} blocks to the engine (get_profile_block_num.{suffix})" in done.stderr
@@ -147,8 +162,17 @@ def test_host_swap_cache_is_carved_from_the_vendors_pinned_memory(env: dict[str,
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [
-        "True", "cudaHostAlloc", "key_caches_0_rank1", "value_caches_47_rank1", "[3,", "2,", "64,", "128]",
-        "paddle.bfloat16", "True", "True",
+        "True",
+        "cudaHostAlloc",
+        "key_caches_0_rank1",
+        "value_caches_47_rank1",
+        "[3,",
+        "2,",
+        "64,",
+        "128]",
+        "paddle.bfloat16",
+        "True",
+        "True",
     ]
 
 

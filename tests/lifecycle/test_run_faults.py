@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from run_helpers import QWEN, clean_env, host_sharing_plugin, run_cli, started, without_sweep
 
 from fd_platforms.ipc.process_watch import pid_running
-from run_helpers import QWEN, clean_env, host_sharing_plugin, run_cli, started, without_sweep
 
 pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
 
@@ -46,13 +46,16 @@ def test_cache_manager_killed_fails_every_worker_quickly_and_cleans_up() -> None
     assert code == 1, stderr
     # the workers' wait would end by its 600 s timeout; the manager's death ends it (0.25 s checks, 2 s grace)
     assert elapsed < 60, f"the run took {elapsed:.1f} s to fail after the cache manager was killed"
-    heading, *lines = stderr[stderr.index("fd-platforms: error: "):].splitlines()
+    heading, *lines = stderr[stderr.index("fd-platforms: error: ") :].splitlines()
     assert heading == "fd-platforms: error: 3 processes failed:" and "Traceback" not in stderr, stderr
     assert len(lines) == 3 and all(line.startswith("  ") for line in lines), "one line per process, under the heading"
     assert lines[0] == f"  cache manager: pid {manager} was killed by SIGKILL before sending its 'ready'"
-    for rank, line in zip((0, 1), sorted(lines[1:])):
-        assert re.match(rf"  rank {rank}: CacheNotReadyError: .*rank {rank} was not set after [0-9.]+ s: "
-                        rf"the process expected to set it \(pid {manager}\) exited without setting it", line), line
+    for rank, line in zip((0, 1), sorted(lines[1:]), strict=False):
+        assert re.match(
+            rf"  rank {rank}: CacheNotReadyError: .*rank {rank} was not set after [0-9.]+ s: "
+            rf"the process expected to set it \(pid {manager}\) exited without setting it",
+            line,
+        ), line
     assert not Path("/dev/shm", signal_name(stderr)).exists()
     assert all_gone([*workers, manager])
 
@@ -155,17 +158,30 @@ def test_a_cpu_run_larger_than_the_hosts_available_memory_is_refused_before_allo
     assert "publishing" not in done.stderr, "the cache manager, started beside the workers, allocated nothing"
 
 
-FLAKY_SHARE = host_sharing_plugin("flakyshare", export="""
+FLAKY_SHARE = host_sharing_plugin(
+    "flakyshare",
+    export="""
 if ".value_caches_3_" in name:
     raise DeviceAllocError(f"could not allocate KV cache tensor {name}: the device is full. Fix: plan fewer blocks")
 return export_host_tensor(name, shape, dtype)
-""")
+""",
+)
 
 
 def test_a_cache_manager_that_cannot_allocate_fails_the_waiting_worker_with_its_error(make_plugin) -> None:
     site = make_plugin("flakyshare", source=FLAKY_SHARE)
-    done = run_cli("--model", QWEN, "--tp", "1", "--device-memory", "64MiB", "--role", "decode", "--json",
-                   env=clean_env(FD_PLATFORM="flakyshare", PYTHONPATH=str(site)))  # fmt: skip
+    done = run_cli(
+        "--model",
+        QWEN,
+        "--tp",
+        "1",
+        "--device-memory",
+        "64MiB",
+        "--role",
+        "decode",
+        "--json",
+        env=clean_env(FD_PLATFORM="flakyshare", PYTHONPATH=str(site)),
+    )
     assert done.returncode == 1, done.stderr
     heading, manager, rank = without_sweep(done.stderr)
     assert heading == "fd-platforms: error: 2 processes failed:"

@@ -11,9 +11,9 @@ import shlex
 import subprocess
 
 import pytest
+from run_helpers import QWEN, ROOT, SCRIPT, clean_env, console_script, run_cli, without_sweep
 
 from fd_platforms.cli.run_command import next_steps
-from run_helpers import QWEN, ROOT, SCRIPT, clean_env, console_script, run_cli, without_sweep
 
 IMPORTED = re.compile(
     r"fd-platforms: 2 worker\(s\) imported Paddle (\d+\.\d{3}) s after they were started "
@@ -99,5 +99,7 @@ def test_the_hint_repeats_the_deployment_flags_given_and_drops_what_was_done() -
     )
     deployment = ("--config", "examples/deploy.toml", "--model", "my models/qwen", "--mtp", "--tp", "4")
     everything = hint(*deployment, "--memory-utilization", "0.5", "--device-memory", "80 GiB", "--swap-space", "4")
-    assert ("plan --platform all --config examples/deploy.toml --model 'my models/qwen' --mtp --tp 4 "
-            "--memory-utilization 0.5 --device-memory '80 GiB' --swap-space 4 compares") in everything
+    assert (
+        "plan --platform all --config examples/deploy.toml --model 'my models/qwen' --mtp --tp 4 "
+        "--memory-utilization 0.5 --device-memory '80 GiB' --swap-space 4 compares"
+    ) in everything

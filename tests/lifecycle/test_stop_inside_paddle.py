@@ -12,9 +12,9 @@ import subprocess
 import sys
 
 import pytest
+from run_helpers import ROOT
 
 from fd_platforms.lifecycle import interrupts
-from run_helpers import ROOT
 
 pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
 
@@ -46,8 +46,14 @@ print("never stopped", flush=True)
 
 
 def test_a_stop_inside_paddles_code_is_raised_once_that_code_has_returned() -> None:
-    done = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", PROGRAM],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert done.stdout.splitlines() == ["returned from Paddle's code"], done.stdout + done.stderr
     assert done.returncode == interrupts.STOPPED_EXIT, done.stderr
 

@@ -61,8 +61,15 @@ def test_each_in_repo_plugin_states_the_nodes_the_table_knows_for_it() -> None:
     dcu's state none (their GPUs are /dev/dri render nodes any vendor's GPU has: the table knows their
     control node), nor gcu's (its cards' nodes share their prefix with its codec nodes)."""
     assert {known.platform for known in KNOWN_ACCELERATORS} == {
-        "cuda", "xpu", "iluvatar", "metax", "dcu", "gcu", "intel_hpu", "npu"
-    }  # fmt: skip
+        "cuda",
+        "xpu",
+        "iluvatar",
+        "metax",
+        "dcu",
+        "gcu",
+        "intel_hpu",
+        "npu",
+    }
     for known in KNOWN_ACCELERATORS:
         [candidate] = discover()[known.platform]
         assert candidate.distribution == known.distribution
@@ -75,9 +82,14 @@ def test_each_in_repo_plugin_states_the_nodes_the_table_knows_for_it() -> None:
 
 @pytest.mark.parametrize(
     ("environ", "present"),
-    [({}, True), ({"CUDA_VISIBLE_DEVICES": "1"}, True), ({"CUDA_VISIBLE_DEVICES": ""}, False),
-     ({"CUDA_VISIBLE_DEVICES": "-1"}, False), ({"CUDA_VISIBLE_DEVICES": " , "}, False),
-     ({"XPU_VISIBLE_DEVICES": ""}, True)],
+    [
+        ({}, True),
+        ({"CUDA_VISIBLE_DEVICES": "1"}, True),
+        ({"CUDA_VISIBLE_DEVICES": ""}, False),
+        ({"CUDA_VISIBLE_DEVICES": "-1"}, False),
+        ({"CUDA_VISIBLE_DEVICES": " , "}, False),
+        ({"XPU_VISIBLE_DEVICES": ""}, True),
+    ],
     ids=["unset", "one-listed", "empty", "minus-one", "only-commas", "another-vendors-variable"],
 )
 def test_a_visibility_variable_that_hides_every_device_leaves_no_accelerator(host_nodes, environ, present) -> None:
@@ -100,11 +112,17 @@ def test_metax_is_known_by_its_control_node(host_nodes) -> None:
 
 @pytest.mark.parametrize(
     ("nodes", "vendor", "platform", "variable"),
-    [({"/dev/kfd": ("/dev/kfd",)}, "ROCm (Hygon DCU, AMD)", "dcu", "HIP_VISIBLE_DEVICES"),
-     ({"/dev/gcu[0-9]*": ("/dev/gcu0", "/dev/gcu0vid0")}, "Enflame", "gcu", "TOPS_VISIBLE_DEVICES"),
-     ({"/dev/accel/accel_controlD[0-9]*": ("/dev/accel/accel_controlD0",)}, "Intel Gaudi", "intel_hpu",
-      "HABANA_VISIBLE_MODULES"),
-     ({"/dev/davinci[0-9]*": ("/dev/davinci0", "/dev/davinci1")}, "Ascend", "npu", "ASCEND_RT_VISIBLE_DEVICES")],
+    [
+        ({"/dev/kfd": ("/dev/kfd",)}, "ROCm (Hygon DCU, AMD)", "dcu", "HIP_VISIBLE_DEVICES"),
+        ({"/dev/gcu[0-9]*": ("/dev/gcu0", "/dev/gcu0vid0")}, "Enflame", "gcu", "TOPS_VISIBLE_DEVICES"),
+        (
+            {"/dev/accel/accel_controlD[0-9]*": ("/dev/accel/accel_controlD0",)},
+            "Intel Gaudi",
+            "intel_hpu",
+            "HABANA_VISIBLE_MODULES",
+        ),
+        ({"/dev/davinci[0-9]*": ("/dev/davinci0", "/dev/davinci1")}, "Ascend", "npu", "ASCEND_RT_VISIBLE_DEVICES"),
+    ],
     ids=["dcu", "gcu", "intel_hpu", "npu"],
 )
 def test_fastdeploys_other_accelerators_are_known_by_their_nodes_and_hidden_by_their_variable(
@@ -124,8 +142,11 @@ def test_the_accel_class_and_render_nodes_alone_mark_no_vendor(monkeypatch: pyte
     neither the table nor an installed plugin's glob finds an accelerator in them."""
     shared = ("/dev/accel/accel0", "/dev/dri/renderD128")
     monkeypatch.setattr(accelerators, "find_nodes", lambda pattern: tuple(n for n in shared if fnmatch(n, pattern)))
-    claims = {name: claim for name, [candidate, *_] in discover().items()
-              if name != "cpu" and (claim := accelerators.node_claim(candidate.load())) is not None}  # fmt: skip
+    claims = {
+        name: claim
+        for name, [candidate, *_] in discover().items()
+        if name != "cpu" and (claim := accelerators.node_claim(candidate.load())) is not None
+    }
     assert {"intel_hpu", "npu"} <= set(claims)
     assert present_accelerators({}, claims) == ((), ())
 
@@ -166,7 +187,9 @@ def test_without_device_nodes_the_cpu_fallback_is_as_before(host_nodes, caplog: 
     caplog.set_level(logging.INFO, logger="fd_platforms")
     selection = select_platform({})
     assert (selection.platform.name, selection.how, selection.present) == ("cpu", "fallback", ())
-    assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO][0].startswith("using the built-in cpu")
+    assert next(r.getMessage() for r in caplog.records if r.levelno == logging.INFO).startswith(
+        "using the built-in cpu"
+    )
 
 
 def test_hidden_devices_fall_back_to_cpu_and_the_reason_says_what_hid_them(host_nodes) -> None:
@@ -190,8 +213,11 @@ def test_fd_platform_cpu_always_works_and_says_what_is_present(host_nodes, caplo
 
 def test_an_excluded_plugin_is_named_with_the_allow_list(host_nodes) -> None:
     host_nodes(NVIDIA)
-    with pytest.raises(AcceleratorUnusableError, match=r"platform cuda \(fd-platforms-cuda 0.1.0\) is excluded by "
-                                                       r"FD_PLATFORM_PLUGINS=''. Fix: add cuda to it"):
+    with pytest.raises(
+        AcceleratorUnusableError,
+        match=r"platform cuda \(fd-platforms-cuda 0.1.0\) is excluded by "
+        r"FD_PLATFORM_PLUGINS=''. Fix: add cuda to it",
+    ):
         select_platform({"FD_PLATFORM_PLUGINS": ""})
 
 
@@ -209,8 +235,11 @@ def test_no_plugin_installed_for_known_nodes_names_the_distribution(host_nodes) 
 def test_a_broken_plugin_for_present_nodes_is_named_with_its_error(host_nodes, make_plugin) -> None:
     make_plugin("cuda", dist="fd-test-second-cuda")  # two distributions register cuda: broken
     host_nodes(NVIDIA)
-    with pytest.raises(AcceleratorUnusableError, match=r"platform cuda \(.*\) is broken: platform name 'cuda' is "
-                                                       r"registered by 2 distributions"):
+    with pytest.raises(
+        AcceleratorUnusableError,
+        match=r"platform cuda \(.*\) is broken: platform name 'cuda' is "
+        r"registered by 2 distributions",
+    ):
         select_platform({})
 
 
@@ -234,8 +263,11 @@ def test_a_plugins_own_device_glob_counts_as_an_accelerator_present(host_nodes, 
     """A vendor plugin the table does not know: its stated nodes, screened in the child, name it."""
     make_plugin("zephyr", source=ZEPHYR, attribute="PLATFORM")
     host_nodes({"/dev/zephyr[0-9]*": ("/dev/zephyr0",)})
-    with pytest.raises(AcceleratorUnusableError, match=r"devices that platform zephyr drives are present here "
-                                                       r"\(/dev/zephyr0\).*paddle-zephyr-tpu is not installed"):
+    with pytest.raises(
+        AcceleratorUnusableError,
+        match=r"devices that platform zephyr drives are present here "
+        r"\(/dev/zephyr0\).*paddle-zephyr-tpu is not installed",
+    ):
         select_platform({})
     assert select_platform({"ZEPHYR_VISIBLE_DEVICES": ""}).platform.name == "cpu"
 
@@ -257,8 +289,10 @@ def cuda_without_paddle():
 def test_without_paddle_confirmation_is_unavailable_with_the_install_hint() -> None:
     detection = cuda_without_paddle().confirm()
     assert detection is not None and not detection.available
-    assert "platform cuda reads its device through Paddle, which cannot be imported here (ModuleNotFoundError: No " \
-           "module named 'paddle'). Fix: pip install paddlepaddle-gpu" in detection.reason
+    assert (
+        "platform cuda reads its device through Paddle, which cannot be imported here (ModuleNotFoundError: No "
+        "module named 'paddle'). Fix: pip install paddlepaddle-gpu" in detection.reason
+    )
 
 
 def test_without_paddle_device_facts_are_a_typed_error_naming_the_platform_and_fix() -> None:
@@ -301,8 +335,13 @@ def test_registering_detecting_and_confirming_never_import_paddle(pluggy_getattr
     result = json.loads(done.stdout)
     assert result["paddle"] is False
     assert result["platforms"]["cpu"][0] is True
-    assert result["platforms"]["cuda"] == [False, f"paddlepaddle-gpu is not installed. Fix: {CUDA_HINT} (Paddle's "
-                                                  "CUDA build) on a machine with an NVIDIA GPU and driver"]
+    assert result["platforms"]["cuda"] == [
+        False,
+        (
+            f"paddlepaddle-gpu is not installed. Fix: {CUDA_HINT} (Paddle's "
+            "CUDA build) on a machine with an NVIDIA GPU and driver"
+        ),
+    ]
 
 
 # The commands, as on a real host
@@ -336,17 +375,25 @@ def test_on_an_nvidia_host_without_paddles_cuda_build_nothing_falls_back_silentl
     assert (planned.returncode, planned.stdout, planned.stderr) == (2, "", error + "\n")
 
     selected = on_nvidia_host(sys.executable, "-c", "import fd_platforms; fd_platforms.current_platform()", **host)
-    assert selected.returncode == 1 and "fd_platforms.contract.errors.AcceleratorUnusableError: NVIDIA devices " \
-                                       "are present here (/dev/nvidia0)" in selected.stderr
+    assert (
+        selected.returncode == 1
+        and "fd_platforms.contract.errors.AcceleratorUnusableError: NVIDIA devices are present here (/dev/nvidia0)"
+        in selected.stderr
+    )
 
     on_purpose = on_nvidia_host(SCRIPT, "plan", "--model", QWEN, "--device-memory", "8GiB", FD_PLATFORM="cpu", **host)
     assert on_purpose.returncode == 0, on_purpose.stderr
-    assert "NVIDIA devices are present here (/dev/nvidia0); FD_PLATFORM=cpu plans for the host's memory on purpose" \
-           in on_purpose.stdout
+    assert (
+        "NVIDIA devices are present here (/dev/nvidia0); FD_PLATFORM=cpu plans for the host's memory on purpose"
+        in on_purpose.stdout
+    )
     listed_on_purpose = on_nvidia_host(SCRIPT, "list", FD_PLATFORM="cpu", **host)
-    assert listed_on_purpose.returncode == 0 and "selected: cpu (env: FD_PLATFORM=cpu: the host's memory, on " \
-                                                 "purpose; NVIDIA devices are present here (/dev/nvidia0))" \
-           in listed_on_purpose.stdout
+    assert (
+        listed_on_purpose.returncode == 0
+        and "selected: cpu (env: FD_PLATFORM=cpu: the host's memory, on "
+        "purpose; NVIDIA devices are present here (/dev/nvidia0))"
+        in listed_on_purpose.stdout
+    )
 
     hidden = on_nvidia_host(SCRIPT, "plan", "--model", QWEN, "--device-memory", "8GiB", CUDA_VISIBLE_DEVICES="", **host)
     assert hidden.returncode == 0 and "platform           cpu" in hidden.stdout, hidden.stderr

@@ -76,8 +76,10 @@ def test_selecting_by_name_imports_only_that_plugin() -> None:
     assert run_python(code, FD_PLATFORM="cpu").stdout.split() == ["cpu", "[]", "False"]
     unavailable = run_python(code, FD_PLATFORM="xpu")
     assert "PlatformUnavailableError" in unavailable.stderr
-    check = "import sys, fd_platforms\ntry:\n    fd_platforms.current_platform()\nexcept Exception:\n    pass\n" \
+    check = (
+        "import sys, fd_platforms\ntry:\n    fd_platforms.current_platform()\nexcept Exception:\n    pass\n"
         "print(sorted(m for m in sys.modules if m.startswith('fd_platforms_')))\n"
+    )
     assert run_python(check, FD_PLATFORM="xpu").stdout.strip() == "['fd_platforms_xpu']"
 
 

@@ -8,16 +8,15 @@ import os
 import subprocess
 import sys
 import threading
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from engine_processes import qwen_layout
 from fake_paddle import FakeIpc, cuda_paddle, registered, xpu_paddle
+from run_helpers import ROOT
 
 from fd_platforms.loading.selection import select_platform
 from fd_platforms.rules.config.settings import CacheConfig
-from run_helpers import ROOT
 
 RECORDER = """
 import threading
@@ -100,10 +99,21 @@ def release_device_memory(device):
 """
 
 ENGINE_SEQUENCE = {
-    "import", "platform_identity", "detect_platform", "confirm_platform", "device_memory", "declared_limits",
-    "kv_cache_shapes", "host_alloc", "cache_sharing", "export_cache_tensor", "open_cache_tensor", "close exported",
-    "close opened", "release_device_memory",
-}  # fmt: skip
+    "import",
+    "platform_identity",
+    "detect_platform",
+    "confirm_platform",
+    "device_memory",
+    "declared_limits",
+    "kv_cache_shapes",
+    "host_alloc",
+    "cache_sharing",
+    "export_cache_tensor",
+    "open_cache_tensor",
+    "close exported",
+    "close opened",
+    "release_device_memory",
+}
 
 
 def test_every_call_of_an_engines_sequence_runs_on_the_callers_thread(make_plugin) -> None:
@@ -192,8 +202,9 @@ def test_export_and_open_on_the_engines_device_never_touch_device_0(name: str, m
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("FD_")}
     environ.update(PYTHONPATH=os.pathsep.join(sys.path), **env)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=environ,
-                          timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=environ, timeout=120
+    )
 
 
 HANDLERS_SURVIVE = """

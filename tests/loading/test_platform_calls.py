@@ -33,10 +33,18 @@ LAYOUT = build_layout(ModelConfig("m", 2, 8, 8, 64), CacheConfig(), ParallelConf
         (lambda p: p.host_alloc(10, require_pinned="no"), "require_pinned"),
         (lambda p: p.host_alloc(10.0), "nbytes"),
         (lambda p: p.host_alloc(2**80), "nbytes"),
-        (lambda p: p.should_create_cache_tensor(profile=False, num_cpu_blocks=10**5000, storage_backend=None,
-                                                splitwise_role="mixed"), "num_cpu_blocks"),  # fmt: skip
-        (lambda p: p.should_create_cache_tensor(profile="yes", num_cpu_blocks=0, storage_backend=None,
-                                                splitwise_role="mixed"), "profile"),  # fmt: skip
+        (
+            lambda p: p.should_create_cache_tensor(
+                profile=False, num_cpu_blocks=10**5000, storage_backend=None, splitwise_role="mixed"
+            ),
+            "num_cpu_blocks",
+        ),
+        (
+            lambda p: p.should_create_cache_tensor(
+                profile="yes", num_cpu_blocks=0, storage_backend=None, splitwise_role="mixed"
+            ),
+            "profile",
+        ),
     ],
 )
 def test_platform_calls_blame_the_callers_argument(cpu, call, field: str) -> None:
@@ -49,13 +57,18 @@ def test_platform_calls_blame_the_callers_argument(cpu, call, field: str) -> Non
 @pytest.mark.parametrize(
     ("call", "says"),
     [
-        (lambda p: p.export_cache_tensor("fd_kv.x.t", (2, 2), "uint8", "gpu:7"),
-         "device='gpu:7' is not valid; allowed: a device of platform cpu (cpu)"),
+        (
+            lambda p: p.export_cache_tensor("fd_kv.x.t", (2, 2), "uint8", "gpu:7"),
+            "device='gpu:7' is not valid; allowed: a device of platform cpu (cpu)",
+        ),
         (lambda p: p.export_cache_tensor("fd_kv.x.t", (2, 2), "uint8", "cpu:3"), "device='cpu:3' is not valid"),
-        (lambda p: p.open_cache_tensor("fd_kv.x.t", "memfd:1:1", (2, 2), "uint8", "npu:0"), "device='npu:0' is not valid"),
+        (
+            lambda p: p.open_cache_tensor("fd_kv.x.t", "memfd:1:1", (2, 2), "uint8", "npu:0"),
+            "device='npu:0' is not valid",
+        ),
     ],
     ids=["export-gpu:7", "export-cpu:3", "open-npu:0"],
-)  # fmt: skip
+)
 def test_a_cache_tensor_on_a_device_of_another_platform_is_refused_naming_it(cpu, call, says: str) -> None:
     with pytest.raises(ConfigError) as info:
         call(cpu)
@@ -74,7 +87,11 @@ def test_a_plugin_hook_never_runs_on_a_bad_argument(make_plugin) -> None:
     )
     make_plugin("spy", source=source)
     platform = select_platform({"FD_PLATFORM": "spy"}).platform
-    for call in (lambda: platform.device_memory(-1), lambda: platform.host_alloc(0), lambda: platform.host_alloc(8, require_pinned=1)):
+    for call in (
+        lambda: platform.device_memory(-1),
+        lambda: platform.host_alloc(0),
+        lambda: platform.host_alloc(8, require_pinned=1),
+    ):
         with pytest.raises(ConfigError):
             call()
     import fd_test_plugin_fd_test_spy as spy  # type: ignore[import-not-found]
@@ -102,7 +119,7 @@ def test_a_plugin_building_a_bad_record_is_its_contract_error(make_plugin) -> No
 
 
 def test_a_shared_tensors_close_that_raises_is_blamed_on_the_plugin(make_plugin) -> None:
-    source = '''
+    source = """
 from fd_platforms import hookimpl
 from fd_platforms.contract.types import Detection, PlatformIdentity, SharedTensor
 from fd_platforms.kit.host_sharing import export_host_tensor
@@ -130,7 +147,7 @@ def export_cache_tensor(name, shape, dtype, device):
         shared.close()
         raise RuntimeError("the driver lost the handle")
     return SharedTensor(shared.name, shared.tensor, shared.handle, shared.nbytes, True, close)
-'''
+"""
     make_plugin("badclose", source=source)
     platform = select_platform({"FD_PLATFORM": "badclose"}).platform
     shared = platform.export_cache_tensor("fd_kv.test-badclose.t", (2, 8), "uint8", "cpu")

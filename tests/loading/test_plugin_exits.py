@@ -12,7 +12,7 @@ from run_helpers import QWEN, console_script
 ENDS_ITS_PROCESS = {
     "exit-in-import": "import os\nos._exit(3)\n",
     "sigkill-in-import": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
-    "exit-in-detection": '''
+    "exit-in-detection": """
 import os
 from fd_platforms import hookimpl
 from fd_platforms.contract.types import Detection, PlatformIdentity
@@ -28,12 +28,15 @@ def detect_platform():
 @hookimpl
 def supported_api_versions():
     return ">=1.0,<2"
-''',
+""",
 }
 
 
-ENDED = {"exit-in-import": "it exited with code 3", "sigkill-in-import": "it was killed by SIGKILL",
-         "exit-in-detection": "it exited with code 7"}  # fmt: skip
+ENDED = {
+    "exit-in-import": "it exited with code 3",
+    "sigkill-in-import": "it was killed by SIGKILL",
+    "exit-in-detection": "it exited with code 7",
+}
 
 
 @pytest.mark.slow
@@ -46,8 +49,10 @@ def test_a_plugin_ending_its_process_is_a_broken_row_and_plan_and_run_go_on(make
     [row] = [row for row in payload["platforms"] if row["name"] == "ender"]
     assert row["status"] == "broken" and ENDED[how] in row["reason"] and "uninstall fd-test-ender" in row["reason"]
     assert payload["selected"]["name"] == "cpu"
-    for command in (("plan", "--model", QWEN, "--device-memory", "1GiB"),
-                    ("run", "--model", QWEN, "--device-memory", "256MiB")):  # fmt: skip
+    for command in (
+        ("plan", "--model", QWEN, "--device-memory", "1GiB"),
+        ("run", "--model", QWEN, "--device-memory", "256MiB"),
+    ):
         done = console_script(*command, PYTHONPATH=str(site))
         assert done.returncode == 0, done.stderr
         assert "skipping broken platform plugin: platform plugin 'ender'" in done.stderr

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
+from run_helpers import QWEN, ROOT, SCRIPT
 
 from fd_platforms.contract.errors import PlatformUnavailableError, PluginError, PluginLoadError, PluginTimeoutError
 from fd_platforms.loading.selection import Prober, select_platform, survey
-from run_helpers import QWEN, ROOT, SCRIPT
 
 pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
 
@@ -44,8 +44,9 @@ def supported_api_versions():
 """
 
 
-def plugin(name: str, detect: str = "return Detection(True, 'present', 1)", module_level: str = "",
-           confirm: str | None = None) -> str:  # fmt: skip
+def plugin(
+    name: str, detect: str = "return Detection(True, 'present', 1)", module_level: str = "", confirm: str | None = None
+) -> str:
     """A plugin module: ``detect`` and ``confirm`` are hook bodies, ``module_level`` runs at import."""
     source = f"NAME = {name!r}\n{HEADER}\n{module_level}\n@hookimpl\ndef detect_platform():\n    {detect}\n"
     if confirm is not None:
@@ -138,8 +139,9 @@ def test_ctrl_c_while_a_plugin_hangs_stops_the_command_with_130(make_plugin, tmp
     marker = tmp_path / "marker"
     environ = {k: v for k, v in os.environ.items() if not k.startswith("FD_")}
     environ.update(PYTHONPATH=str(site), FD_PLATFORM_DETECT_TIMEOUT="600", FD_TEST_MARKER=str(marker))
-    process = subprocess.Popen([SCRIPT, "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=environ, cwd=ROOT)  # fmt: skip
+    process = subprocess.Popen(
+        [SCRIPT, "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ, cwd=ROOT
+    )
     try:
         deadline = time.monotonic() + 60
         while not (marker.exists() and "hanging" in marker.read_text()):
@@ -168,7 +170,9 @@ def test_a_bad_detection_bound_is_a_configuration_error(make_plugin, raw: str) -
 
 
 def test_a_bad_allocation_bound_is_a_configuration_error(make_plugin) -> None:
-    source = plugin("fine") + "\n@hookimpl\ndef host_alloc(nbytes, require_pinned):\n    raise OSError('never called')\n"
+    source = (
+        plugin("fine") + "\n@hookimpl\ndef host_alloc(nbytes, require_pinned):\n    raise OSError('never called')\n"
+    )
     site = make_plugin("fine", source=source)
     done, _ = python_api("platform.host_alloc(4096)", site=site, FD_PLATFORM="fine", FD_PLATFORM_ALLOC_TIMEOUT="-5")
     assert done.returncode == 2, done.stderr[-2000:]
@@ -181,7 +185,10 @@ def test_a_bad_allocation_bound_is_a_configuration_error(make_plugin) -> None:
 @pytest.mark.parametrize(
     ("source", "words"),
     [
-        (plugin("rude", module_level="raise SystemExit(3)"), "importing 'fd_test_plugin_fd_test_rude' failed: SystemExit(3)"),
+        (
+            plugin("rude", module_level="raise SystemExit(3)"),
+            "importing 'fd_test_plugin_fd_test_rude' failed: SystemExit(3)",
+        ),
         (plugin("rude", module_level="sys.exit('bye')"), "failed: SystemExit('bye')"),
         (plugin("rude", detect="raise KeyboardInterrupt"), "hook detect_platform raised KeyboardInterrupt()"),
         (plugin("rude", detect="raise SystemExit(0)"), "hook detect_platform raised SystemExit(0)"),
@@ -231,7 +238,10 @@ def test_a_screening_child_that_ends_outside_any_plugin_names_every_platform_it_
     for name in ("one", "two"):
         error = probes[name].error
         assert isinstance(error, PluginLoadError), probes[name]
-        assert "the child process that detects platforms ended before it reached this one (it exited with code 1)" in str(error)
+        assert (
+            "the child process that detects platforms ended before it reached this one (it exited with code 1)"
+            in str(error)
+        )
         assert "Fix: run the command again; if this repeats, set FD_PLATFORM" in str(error)
 
 
@@ -254,13 +264,21 @@ print("returned", flush=True)
 """
 
 
-def python_api(call: str, *, site: Path, timeout: float = 120, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:  # fmt: skip
+def python_api(
+    call: str, *, site: Path, timeout: float = 120, **env: str
+) -> tuple[subprocess.CompletedProcess[str], float]:
     """An engine's process using the Python API: select the platform, then ``call`` (``platform`` is in scope)."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("FD_")}
     environ.update(PYTHONPATH=os.pathsep.join([str(site), *sys.path]), **env)
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", API_SCRIPT.format(call=call)], capture_output=True, text=True,
-                          env=environ, cwd=ROOT, timeout=timeout)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", API_SCRIPT.format(call=call)],
+        capture_output=True,
+        text=True,
+        env=environ,
+        cwd=ROOT,
+        timeout=timeout,
+    )
     return done, time.monotonic() - started
 
 
@@ -290,15 +308,22 @@ def test_a_hook_past_its_bound_ends_the_process_naming_the_call(make_plugin, how
     assert re.search(r'File ".*fd_test_plugin_fd_test_hangs.py", line \d+ in device_memory', done.stderr)
     if how == "python-api":
         assert done.stdout.splitlines() == ["selected"]
-        assert len(re.findall(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):", done.stderr, re.M)) >= 2
+        assert (
+            len(re.findall(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):", done.stderr, re.M)) >= 2
+        )
 
 
 def test_an_allocation_hook_is_bounded_by_its_own_variable(make_plugin) -> None:
     """host_alloc may take long for a large cache: FD_PLATFORM_ALLOC_TIMEOUT bounds it, not the detection bound."""
     source = plugin("slowalloc") + "\n@hookimpl\ndef host_alloc(nbytes, require_pinned):\n    time.sleep(3600)\n"
     site = make_plugin("slowalloc", source=source)
-    done, seconds = python_api("platform.host_alloc(4096)", site=site, FD_PLATFORM="slowalloc",
-                               FD_PLATFORM_DETECT_TIMEOUT="30", FD_PLATFORM_ALLOC_TIMEOUT="1.5")  # fmt: skip
+    done, seconds = python_api(
+        "platform.host_alloc(4096)",
+        site=site,
+        FD_PLATFORM="slowalloc",
+        FD_PLATFORM_DETECT_TIMEOUT="30",
+        FD_PLATFORM_ALLOC_TIMEOUT="1.5",
+    )
     assert done.returncode == -signal.SIGALRM and seconds < 1.5 + 8, done.stderr[-2000:]
     assert timed_out_line("slowalloc", "hook host_alloc", "1.5", "FD_PLATFORM_ALLOC_TIMEOUT") in done.stderr
 
@@ -307,8 +332,9 @@ def test_a_bound_of_0_turns_the_watchdog_off(make_plugin) -> None:
     """For an engine with its own watchdog (a process has one real-time interval timer)."""
     body = "time.sleep(2)\n    raise OSError('woke up')"
     site = make_plugin("slow", source=plugin("slow") + MEMORY_HOOK.format(body=body))
-    done, seconds = python_api("platform.device_memory(0)", site=site, FD_PLATFORM="slow",
-                               FD_PLATFORM_DETECT_TIMEOUT="0")  # fmt: skip
+    done, seconds = python_api(
+        "platform.device_memory(0)", site=site, FD_PLATFORM="slow", FD_PLATFORM_DETECT_TIMEOUT="0"
+    )
     assert done.returncode == 2 and seconds >= 2, done.stderr[-2000:]
     assert "hook device_memory raised OSError: woke up" in done.stderr, "the hook ran to its end"
 
@@ -319,16 +345,20 @@ def test_a_process_that_handles_sigalrm_itself_is_told_to_turn_the_bounds_off(ma
     with both set to 0 the hook runs unbounded and the engine's handler stays."""
     source = plugin("own") + MEMORY_HOOK.format(body="raise OSError('answered')")
     site = make_plugin("own", source=source)
-    call = ("import signal; signal.signal(signal.SIGALRM, lambda *a: None)\n"
-            "    try:\n        platform.device_memory(0)\n"
-            "    finally:\n        print('handler kept', signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL)")  # fmt: skip
+    call = (
+        "import signal; signal.signal(signal.SIGALRM, lambda *a: None)\n"
+        "    try:\n        platform.device_memory(0)\n"
+        "    finally:\n        print('handler kept', signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL)"
+    )
     env = {"FD_PLATFORM_DETECT_TIMEOUT": "0", "FD_PLATFORM_ALLOC_TIMEOUT": "0"} if bounds == "off" else {}
     done, _ = python_api(call, site=site, FD_PLATFORM="own", **env)
     assert done.returncode == 2 and "handler kept True" in done.stdout, done.stderr[-2000:]
     if bounds == "off":
         assert "hook device_memory raised OSError: answered" in done.stderr
     else:
-        assert "FD_PLATFORM_DETECT_TIMEOUT='10' is not valid; allowed: 0 in a process that handles SIGALRM" in done.stderr
+        assert (
+            "FD_PLATFORM_DETECT_TIMEOUT='10' is not valid; allowed: 0 in a process that handles SIGALRM" in done.stderr
+        )
         assert "set FD_PLATFORM_DETECT_TIMEOUT=0 and FD_PLATFORM_ALLOC_TIMEOUT=0" in done.stderr
 
 
@@ -352,8 +382,14 @@ def test_ctrl_c_during_a_hook_of_the_selected_platform_stops_the_command_with_13
     marker = tmp_path / "marker"
     environ = {k: v for k, v in os.environ.items() if not k.startswith("FD_")}
     environ.update(PYTHONPATH=str(site), FD_PLATFORM="hangs", FD_TEST_MARKER=str(marker))
-    process = subprocess.Popen([SCRIPT, "plan", "--model", QWEN], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=environ, cwd=ROOT)  # fmt: skip
+    process = subprocess.Popen(
+        [SCRIPT, "plan", "--model", QWEN],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environ,
+        cwd=ROOT,
+    )
     try:
         deadline = time.monotonic() + 60
         while not (marker.exists() and "hanging" in marker.read_text()):
@@ -417,7 +453,9 @@ def test_system_exit_from_the_selected_plugin_is_its_error(make_plugin) -> None:
 
 def test_an_import_error_still_reads_as_before(make_plugin) -> None:
     make_plugin("broken", source="raise RuntimeError('vendor SDK too old')\n")
-    with pytest.raises(PluginLoadError, match=r"importing '.*' failed: RuntimeError: vendor SDK too old\. Fix: reinstall"):
+    with pytest.raises(
+        PluginLoadError, match=r"importing '.*' failed: RuntimeError: vendor SDK too old\. Fix: reinstall"
+    ):
         select_platform({"FD_PLATFORM": "broken"})
 
 

@@ -343,5 +343,7 @@ def test_unselected_platforms_are_never_confirmed(make_plugin, tmp_path) -> None
 def test_a_plugin_without_memory_facts_says_how_to_plan_anyway(make_plugin) -> None:
     make_plugin("acme")
     platform = select_platform({"FD_PLATFORM": "acme"}).platform
-    with pytest.raises(DeviceFactsUnavailableError, match=r"does not report the memory of device 0.*--device-memory SIZE"):
+    with pytest.raises(
+        DeviceFactsUnavailableError, match=r"does not report the memory of device 0.*--device-memory SIZE"
+    ):
         platform.device_memory(0)

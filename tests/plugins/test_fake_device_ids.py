@@ -22,14 +22,16 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from run_helpers import ROOT, clean_env
 
 from fd_platforms.ipc.cache_signal import CacheReadySignal
-from run_helpers import ROOT, clean_env
 
 pytestmark = pytest.mark.slow  # multi-process: left out of -m "not slow"
 
-CASES = {"iluvatar": ("iluvatar_gpu", "CUDA_VISIBLE_DEVICES", "libcudart.so"),
-         "metax": ("metax_gpu", "MACA_VISIBLE_DEVICES", "libmcruntime.so")}  # fmt: skip
+CASES = {
+    "iluvatar": ("iluvatar_gpu", "CUDA_VISIBLE_DEVICES", "libcudart.so"),
+    "metax": ("metax_gpu", "MACA_VISIBLE_DEVICES", "libmcruntime.so"),
+}
 
 # Both processes: argv = role, signal name, vendor library, then the worker's pid (the manager only).
 SCRIPT = textwrap.dedent(
@@ -97,22 +99,35 @@ def test_tensors_are_named_by_the_visible_device_and_live_on_the_local_one(
     name: str, fake_device_root, fake_vendor_runtime: Path, signal_name: str
 ) -> None:
     device_type, visible, library = CASES[name]
-    base = clean_env(FD_PLATFORM=name, CUSTOM_DEVICE_ROOT=str(fake_device_root(device_type)),
-                     FLAGS_allocator_strategy="auto_growth", FAKE_DEVICE_TOTAL_MEMORY=str(2**30),
-                     LD_LIBRARY_PATH=str(fake_vendor_runtime))  # fmt: skip
+    base = clean_env(
+        FD_PLATFORM=name,
+        CUSTOM_DEVICE_ROOT=str(fake_device_root(device_type)),
+        FLAGS_allocator_strategy="auto_growth",
+        FAKE_DEVICE_TOTAL_MEMORY=str(2**30),
+        LD_LIBRARY_PATH=str(fake_vendor_runtime),
+    )
     base = {key: value for key, value in base.items() if key != visible}
     command = [sys.executable, "-c", SCRIPT]
     with CacheReadySignal.create(2, signal_name):
         worker = subprocess.Popen(
-            [*command, "worker", signal_name, library], env={**base, visible: "4,5", "FAKE_DEVICE_COUNT": "2"},
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-        )  # fmt: skip
+            [*command, "worker", signal_name, library],
+            env={**base, visible: "4,5", "FAKE_DEVICE_COUNT": "2"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
         try:
             created = result(worker, "worker")
             manager = subprocess.run(
                 [*command, "manager", signal_name, library, str(worker.pid), "4", "5"],
-                env={**base, "FAKE_DEVICE_COUNT": "6"}, capture_output=True, text=True, cwd=ROOT, timeout=120,
-            )  # fmt: skip
+                env={**base, "FAKE_DEVICE_COUNT": "6"},
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                timeout=120,
+            )
             assert manager.returncode == 0, manager.stderr
             held = json.loads(manager.stdout.split("RESULT ", 1)[1])
             worker.communicate("\n", timeout=60)
@@ -123,9 +138,19 @@ def test_tensors_are_named_by_the_visible_device_and_live_on_the_local_one(
                 worker.wait()
     for rank, physical in ((0, 4), (1, 5)):
         names = [f"key_caches_0_rank{rank}.device{physical}", f"value_caches_0_rank{rank}.device{physical}"]
-        assert created[str(rank)] == {"names": names, "device": f"{device_type}:{rank}", "created": True,
-                                      "places": [f"Place({device_type}:{rank})"], "memory_on": [rank]}  # fmt: skip
-        assert held[str(rank)] == {"names": names, "device": f"{device_type}:{physical}", "created": False,
-                                   "places": [f"Place({device_type}:{physical})"], "memory_on": [physical],
-                                   "tokens": True}  # fmt: skip
+        assert created[str(rank)] == {
+            "names": names,
+            "device": f"{device_type}:{rank}",
+            "created": True,
+            "places": [f"Place({device_type}:{rank})"],
+            "memory_on": [rank],
+        }
+        assert held[str(rank)] == {
+            "names": names,
+            "device": f"{device_type}:{physical}",
+            "created": False,
+            "places": [f"Place({device_type}:{physical})"],
+            "memory_on": [physical],
+            "tokens": True,
+        }
     assert not os.path.exists(f"/dev/shm/{signal_name}")

@@ -206,7 +206,6 @@ def fake_dirs(fake_device_root, fake_vendor_runtime: Path) -> dict[str, Path]:
     return dirs
 
 
-
 @pytest.fixture(scope="module", params=CASES, ids=[case.name for case in CASES])
 def case(request: pytest.FixtureRequest) -> Case:
     return request.param
@@ -328,7 +327,9 @@ def test_cli_list_selects_the_confirmed_platform(case: Case, fake_dirs: dict[str
 
 def test_cli_plan_uses_the_live_device_memory(case: Case, fake_dirs: dict[str, Path]) -> None:
     env = clean_env(FD_PLATFORM=case.name, CUSTOM_DEVICE_ROOT=str(fake_dirs[case.device_type]))
-    result = run([SCRIPT, "plan", "--model", "examples/qwen3-30b-a3b", "--tp", "4", "--block-size", "64", "--json"], env)
+    result = run(
+        [SCRIPT, "plan", "--model", "examples/qwen3-30b-a3b", "--tp", "4", "--block-size", "64", "--json"], env
+    )
     assert result.returncode == 0, result.stderr
     row = json.loads(result.stdout)
     memory = row["device_memory"]

@@ -22,7 +22,9 @@ LLAMA = "examples/llama-3.1-8b"
 
 
 def plan_json(platform: str, *flags: str) -> dict:
-    done = main_in_process("plan", "--platform", platform, "--model", LLAMA, "--device-memory", "80GiB", "--json", *flags)
+    done = main_in_process(
+        "plan", "--platform", platform, "--model", LLAMA, "--device-memory", "80GiB", "--json", *flags
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -37,29 +39,61 @@ def tensors(row: dict) -> dict[str, tuple[list[int], str]]:
     [
         ("metax", (), {"key": (["N", 64, 8, 128], "bfloat16"), "value": (["N", 64, 8, 128], "bfloat16")}),
         ("cuda", (), {"key": (["N", 8, 64, 128], "bfloat16"), "value": (["N", 8, 64, 128], "bfloat16")}),
-        ("cuda", ("--kv-cache-quant-type", "int4_zp"),
-         {"key": (["N", 8, 64, 64], "uint8"), "value": (["N", 8, 64, 64], "uint8")}),
-        ("metax", ("--kv-cache-quant-type", "int4_zp"),
-         {"key": (["N", 8, 64, 64], "uint8"), "value": (["N", 8, 64, 64], "uint8")}),
-        ("cuda", ("--cache-dtype", "fp8", "--kv-cache-quant-type", "block_wise_fp8"),
-         {"key": (["N", 8, 64, 128], "uint8"), "value": (["N", 8, 64, 128], "uint8"),
-          "key_scale": (["N", 8, 64], "bfloat16"), "value_scale": (["N", 8, 64], "bfloat16")}),
-        ("metax", ("--cache-dtype", "fp8", "--kv-cache-quant-type", "block_wise_fp8"),
-         {"key": (["N", 64, 8, 128], "uint8"), "value": (["N", 64, 8, 128], "uint8"),
-          "key_scale": (["N", 64, 8], "bfloat16"), "value_scale": (["N", 64, 8], "bfloat16")}),
+        (
+            "cuda",
+            ("--kv-cache-quant-type", "int4_zp"),
+            {"key": (["N", 8, 64, 64], "uint8"), "value": (["N", 8, 64, 64], "uint8")},
+        ),
+        (
+            "metax",
+            ("--kv-cache-quant-type", "int4_zp"),
+            {"key": (["N", 8, 64, 64], "uint8"), "value": (["N", 8, 64, 64], "uint8")},
+        ),
+        (
+            "cuda",
+            ("--cache-dtype", "fp8", "--kv-cache-quant-type", "block_wise_fp8"),
+            {
+                "key": (["N", 8, 64, 128], "uint8"),
+                "value": (["N", 8, 64, 128], "uint8"),
+                "key_scale": (["N", 8, 64], "bfloat16"),
+                "value_scale": (["N", 8, 64], "bfloat16"),
+            },
+        ),
+        (
+            "metax",
+            ("--cache-dtype", "fp8", "--kv-cache-quant-type", "block_wise_fp8"),
+            {
+                "key": (["N", 64, 8, 128], "uint8"),
+                "value": (["N", 64, 8, 128], "uint8"),
+                "key_scale": (["N", 64, 8], "bfloat16"),
+                "value_scale": (["N", 64, 8], "bfloat16"),
+            },
+        ),
         ("xpu", ("--cache-dtype", "int8"), {"key": (["N", 8, 64, 128], "int8"), "value": (["N", 8, 64, 128], "int8")}),
         ("xpu", ("--cache-dtype", "fp8"), {"key": (["N", 8, 64, 128], "int8"), "value": (["N", 8, 64, 128], "int8")}),
-        ("cuda", ("--cache-dtype", "int8"), {"key": (["N", 8, 64, 128], "uint8"), "value": (["N", 8, 64, 128], "uint8")}),
-        ("xpu", ("--kv-cache-quant-type", "int4_zp"),
-         {"key": (["N", 8, 64, 128], "int8"), "value": (["N", 8, 64, 128], "int8")}),
-        ("xpu", ("--cache-dtype", "fp8", "--kv-cache-quant-type", "block_wise_fp8"),
-         {"key": (["N", 8, 64, 128], "int8"), "value": (["N", 8, 64, 128], "int8")}),
+        (
+            "cuda",
+            ("--cache-dtype", "int8"),
+            {"key": (["N", 8, 64, 128], "uint8"), "value": (["N", 8, 64, 128], "uint8")},
+        ),
+        (
+            "xpu",
+            ("--kv-cache-quant-type", "int4_zp"),
+            {"key": (["N", 8, 64, 128], "int8"), "value": (["N", 8, 64, 128], "int8")},
+        ),
+        (
+            "xpu",
+            ("--cache-dtype", "fp8", "--kv-cache-quant-type", "block_wise_fp8"),
+            {"key": (["N", 8, 64, 128], "int8"), "value": (["N", 8, 64, 128], "int8")},
+        ),
     ],
-)  # fmt: skip
+)
 def test_each_platform_shapes_llama_as_its_kernels_do(platform: str, flags: tuple[str, ...], expected: dict) -> None:
-    names = dict(zip(flags[::2], flags[1::2]))
-    cache = CacheConfig(cache_dtype=names.get("--cache-dtype", "bfloat16"),
-                        kv_cache_quant_type=names.get("--kv-cache-quant-type", "none"))  # fmt: skip
+    names = dict(zip(flags[::2], flags[1::2], strict=False))
+    cache = CacheConfig(
+        cache_dtype=names.get("--cache-dtype", "bfloat16"),
+        kv_cache_quant_type=names.get("--kv-cache-quant-type", "none"),
+    )
     layout = build_layout(load_model_config(f"{ROOT}/{LLAMA}"), cache, ParallelConfig())
     shaped = load_platform(discover()[platform][0]).cache_layout(layout, 5)
     assert {r.role: (["N", *r.block_shape], r.dtype) for r in shaped.allocated_roles} == expected
@@ -68,15 +102,20 @@ def test_each_platform_shapes_llama_as_its_kernels_do(platform: str, flags: tupl
 @pytest.mark.parametrize(("platform", "flags"), [("metax", ()), ("cuda", ("--kv-cache-quant-type", "int4_zp"))])
 def test_plan_json_lists_the_platforms_shapes(platform: str, flags: tuple[str, ...]) -> None:
     row = plan_json(platform, *flags)
-    layout = build_layout(load_model_config(f"{ROOT}/{LLAMA}"), CacheConfig(kv_cache_quant_type=row["kv_cache_quant_type"]),
-                          ParallelConfig())  # fmt: skip
+    layout = build_layout(
+        load_model_config(f"{ROOT}/{LLAMA}"),
+        CacheConfig(kv_cache_quant_type=row["kv_cache_quant_type"]),
+        ParallelConfig(),
+    )
     shaped = load_platform(discover()[platform][0]).cache_layout(layout, row["num_blocks"])
     assert tensors(row) == {r.role: (["N", *r.block_shape], r.dtype) for r in shaped.allocated_roles}
     assert all(t["shape"][0] == row["num_blocks"] for t in row["layer_tensors"])
 
 
 def test_the_platforms_plan_the_same_blocks_whatever_their_axes() -> None:
-    rows = [plan_json(name, "--cache-dtype", "fp8", "--kv-cache-quant-type", "block_wise_fp8") for name in ("cuda", "metax")]
+    rows = [
+        plan_json(name, "--cache-dtype", "fp8", "--kv-cache-quant-type", "block_wise_fp8") for name in ("cuda", "metax")
+    ]
     assert len({(row["num_blocks"], row["bytes_per_block"]) for row in rows}) == 1
 
 
@@ -85,7 +124,8 @@ def test_xpu_plans_block_wise_fp8_without_scales_as_its_runner_allocates_it() ->
     ``initialize_kv_cache``): an int8 cache's blocks, not the GPU's with scales."""
     xpu = plan_json("xpu", "--cache-dtype", "fp8", "--kv-cache-quant-type", "block_wise_fp8")
     assert (xpu["num_blocks"], xpu["bytes_per_block"]) == itemgetter("num_blocks", "bytes_per_block")(
-        plan_json("xpu", "--cache-dtype", "int8"))  # fmt: skip
+        plan_json("xpu", "--cache-dtype", "int8")
+    )
     assert set(tensors(xpu)) == {"key", "value"}
 
 
@@ -112,8 +152,12 @@ def test_mla_with_int4_zp_is_the_full_latent_a_byte_a_value_as_fastdeploys_runne
     mla = ModelConfig("mla", 2, 16, 16, 192, kv_lora_rank=512, qk_rope_head_dim=64)
     layout = build_layout(mla, CacheConfig(kv_cache_quant_type="int4_zp"), ParallelConfig())
     assert [(spec.role, spec.block_shape, spec.dtype) for spec in layout.tensors] == [
-        ("key", (1, 64, 576), "uint8"), ("key", (1, 64, 576), "uint8")]  # fmt: skip
-    assert layout.bytes_per_block == build_layout(mla, CacheConfig(cache_dtype="int8"), ParallelConfig()).bytes_per_block
+        ("key", (1, 64, 576), "uint8"),
+        ("key", (1, 64, 576), "uint8"),
+    ]
+    assert (
+        layout.bytes_per_block == build_layout(mla, CacheConfig(cache_dtype="int8"), ParallelConfig()).bytes_per_block
+    )
     shaped = load_platform(discover()[platform][0]).cache_layout(layout, 5)
     assert shaped.bytes_per_block == layout.bytes_per_block and len(shaped.tensors) == 2
 
@@ -135,8 +179,10 @@ def test_the_checker_names_the_role_the_layer_kind_and_both_sizes() -> None:
     assert violation.startswith("gqa layer, quant block_wise_fp8")
     assert "role key_scale is [3, 8, 64] float32 = 6144 bytes" in violation and "is 3072 bytes" in violation
     assert shape_violations(request, (value, key, key_scale, value_scale)) == [
-        "gqa layer, quant block_wise_fp8, cache dtype float8_e4m3fn: roles ['value', 'key', 'key_scale', "
-        "'value_scale'], expected ['key', 'value', 'key_scale', 'value_scale'] in that order"
+        (
+            "gqa layer, quant block_wise_fp8, cache dtype float8_e4m3fn: roles ['value', 'key', 'key_scale', "
+            "'value_scale'], expected ['key', 'value', 'key_scale', 'value_scale'] in that order"
+        )
     ]
     moved = (CacheRoleShape("key", (8, 3, 64, 128), "uint8"), value, key_scale, value_scale)
     assert "does not start with the block axis" in shape_violations(request, moved)[0]
@@ -192,7 +238,9 @@ def test_a_plugin_drifting_only_on_some_call_is_refused_at_that_call(make_plugin
     assert platform.cache_layout(layout, 6).tensors[0].shape(6) == (6, 8, 64, 128)
     with pytest.raises(PlatformDriftError, match="for this call") as info:
         platform.cache_layout(layout, 7)
-    assert "role key is [7, 8, 64, 256] bfloat16 = 1835008 bytes for 7 blocks; the core's [7, 8, 64, 128]" in str(info.value)
+    assert "role key is [7, 8, 64, 256] bfloat16 = 1835008 bytes for 7 blocks; the core's [7, 8, 64, 128]" in str(
+        info.value
+    )
 
 
 def test_shape_requests_carry_what_a_backend_needs() -> None:
@@ -230,10 +278,29 @@ def kv_cache_shapes(request):
 def test_a_run_allocates_publishes_and_attaches_the_platforms_shapes(make_plugin, role: str) -> None:
     site = make_plugin("flashcpu", source=FLASHCPU)
     done = subprocess.run(
-        [SCRIPT, "run", "--platform", "flashcpu", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB",
-         "--role", role, "--swap-space", "32MiB", "--json"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300, env=clean_env(PYTHONPATH=str(site)),
-    )  # fmt: skip
+        [
+            SCRIPT,
+            "run",
+            "--platform",
+            "flashcpu",
+            "--model",
+            QWEN,
+            "--tp",
+            "2",
+            "--device-memory",
+            "256MiB",
+            "--role",
+            role,
+            "--swap-space",
+            "32MiB",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env=clean_env(PYTHONPATH=str(site)),
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["platform"] == "flashcpu"

@@ -347,13 +347,25 @@ def test_a_key_missing_from_text_config_is_named_there(tmp_path: Path) -> None:
 
 
 def test_top_level_facts_win_over_text_config(tmp_path: Path) -> None:
-    folder = write_model(tmp_path / "m", num_hidden_layers=3, num_attention_heads=4, head_dim=8,
-                         text_config={"num_hidden_layers": 99, "num_attention_heads": 1, "head_dim": 8})
+    folder = write_model(
+        tmp_path / "m",
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        head_dim=8,
+        text_config={"num_hidden_layers": 99, "num_attention_heads": 1, "head_dim": 8},
+    )
     assert load_model_config(folder).num_hidden_layers == 3
 
 
-@pytest.mark.parametrize(("fields", "dtype"), [({"torch_dtype": "float16"}, "float16"), ({"dtype": "float32"}, "float32"),
-                                               ({}, "bfloat16"), ({"torch_dtype": None, "dtype": "float16"}, "float16")])
+@pytest.mark.parametrize(
+    ("fields", "dtype"),
+    [
+        ({"torch_dtype": "float16"}, "float16"),
+        ({"dtype": "float32"}, "float32"),
+        ({}, "bfloat16"),
+        ({"torch_dtype": None, "dtype": "float16"}, "float16"),
+    ],
+)
 def test_the_model_dtype_comes_from_torch_dtype_or_dtype(tmp_path: Path, fields: dict[str, object], dtype: str) -> None:
     folder = write_model(tmp_path / "m", num_hidden_layers=1, num_attention_heads=1, head_dim=8, **fields)
     assert load_model_config(folder).dtype == dtype
@@ -449,8 +461,10 @@ def test_toml_values(tmp_path: Path) -> None:
     assert deploy.parallel == ParallelConfig(2, 1)
 
 
-@pytest.mark.parametrize(("written", "expected"), [("16", 16 * 2**30), ("1.5", 3 * 2**29), ('"16"', 16 * 2**30),
-                                                   ('"512MiB"', 512 * 2**20), ('"1073741824B"', 2**30)])
+@pytest.mark.parametrize(
+    ("written", "expected"),
+    [("16", 16 * 2**30), ("1.5", 3 * 2**29), ('"16"', 16 * 2**30), ('"512MiB"', 512 * 2**20), ('"1073741824B"', 2**30)],
+)
 def test_a_bare_swap_space_is_gib_like_fastdeploys_and_vllms(tmp_path: Path, written: str, expected: int) -> None:
     file = write_toml(tmp_path, f'[model]\npath = "m"\n[cache]\nswap_space = {written}\n')
     assert load_deploy_config(file).cache.swap_space_bytes == expected

@@ -28,7 +28,9 @@ def model_folder(tmp_path: Path, text: str) -> Path:
 
 
 def test_a_5000_digit_integer_in_config_json(tmp_path: Path) -> None:
-    folder = model_folder(tmp_path, '{"num_hidden_layers": ' + "9" * 5000 + ', "num_attention_heads": 32, "hidden_size": 4096}')
+    folder = model_folder(
+        tmp_path, '{"num_hidden_layers": ' + "9" * 5000 + ', "num_attention_heads": 32, "hidden_size": 4096}'
+    )
     line = one_error_line(cli("plan", "--model", str(folder), "--device-memory", "1GiB"))
     assert "config.json: json=" in line and "Exceeds the limit" in line and len(line) < 800
 

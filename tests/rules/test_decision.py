@@ -34,11 +34,31 @@ def test_truth_table_size() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "term", "words"),
     [
-        ({"profile": True, "num_cpu_blocks": 8, "storage_backend": "file", "splitwise_role": "decode"}, "profile", "profiling"),
-        ({"profile": False, "num_cpu_blocks": 8, "storage_backend": "file", "splitwise_role": "decode"}, "num_cpu_blocks", "8 CPU blocks"),
-        ({"profile": False, "num_cpu_blocks": 0, "storage_backend": "attention_store", "splitwise_role": "mixed"}, "storage_backend", "attention_store"),
-        ({"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "prefill"}, "splitwise_role", "prefill"),
-        ({"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "mixed"}, "none", "worker creates"),
+        (
+            {"profile": True, "num_cpu_blocks": 8, "storage_backend": "file", "splitwise_role": "decode"},
+            "profile",
+            "profiling",
+        ),
+        (
+            {"profile": False, "num_cpu_blocks": 8, "storage_backend": "file", "splitwise_role": "decode"},
+            "num_cpu_blocks",
+            "8 CPU blocks",
+        ),
+        (
+            {"profile": False, "num_cpu_blocks": 0, "storage_backend": "attention_store", "splitwise_role": "mixed"},
+            "storage_backend",
+            "attention_store",
+        ),
+        (
+            {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "prefill"},
+            "splitwise_role",
+            "prefill",
+        ),
+        (
+            {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "mixed"},
+            "none",
+            "worker creates",
+        ),
     ],
 )
 def test_the_deciding_term_is_named(kwargs: dict, term: str, words: str) -> None:

@@ -7,12 +7,13 @@ import re
 from pathlib import Path
 
 import pytest
+from drift_plugins import ALWAYS_THERE, RAISES_ON_DECODE, SAME_AS_THE_RULE, drifting
+from run_helpers import main_in_process
 
 from fd_platforms.contract.errors import ConfigError, PlatformDriftError
 from fd_platforms.loading.selection import select_platform, survey
 from fd_platforms.rules.decision import TRUTH_TABLE
-from drift_plugins import ALWAYS_THERE, RAISES_ON_DECODE, SAME_AS_THE_RULE, drifting
-from run_helpers import main_in_process
+
 
 def test_the_old_xpu_rule_is_refused_with_every_differing_case(make_plugin) -> None:
     drifting(make_plugin)
@@ -23,8 +24,13 @@ def test_the_old_xpu_rule_is_refused_with_every_differing_case(make_plugin) -> N
     flipped = [case for case in error.cases if case.got.create != case.expected.create]
     # create differs where swap space or any storage backend is on in a mixed instance
     assert {(c.inputs.num_cpu_blocks, c.inputs.storage_backend) for c in flipped} == {
-        (0, "mooncake"), (0, "attention_store"), (0, "file"),
-        (64, None), (64, "mooncake"), (64, "attention_store"), (64, "file"),
+        (0, "mooncake"),
+        (0, "attention_store"),
+        (0, "file"),
+        (64, None),
+        (64, "mooncake"),
+        (64, "attention_store"),
+        (64, "file"),
     } and len(flipped) == 7
     assert all(c.inputs.splitwise_role == "mixed" and not c.inputs.profile for c in flipped)
     assert all(case.got.create is True and case.expected.create is False for case in flipped)
@@ -93,11 +99,16 @@ def test_a_rule_that_knows_one_storage_backend_is_refused_at_load(make_plugin) -
 def test_a_drift_outside_the_table_passes_load_and_is_refused_at_the_call(make_plugin) -> None:
     drifting(make_plugin, "threshold", SWAP_THRESHOLD)
     platform = select_platform({"FD_PLATFORM": "threshold"}).platform  # every table case agrees
-    assert platform.should_create_cache_tensor(
-        profile=False, num_cpu_blocks=64, storage_backend=None, splitwise_role="mixed"
-    ).create is False
+    assert (
+        platform.should_create_cache_tensor(
+            profile=False, num_cpu_blocks=64, storage_backend=None, splitwise_role="mixed"
+        ).create
+        is False
+    )
     with pytest.raises(PlatformDriftError) as info:
-        platform.should_create_cache_tensor(profile=False, num_cpu_blocks=10, storage_backend=None, splitwise_role="mixed")
+        platform.should_create_cache_tensor(
+            profile=False, num_cpu_blocks=10, storage_backend=None, splitwise_role="mixed"
+        )
     message = str(info.value)
     assert "disagrees with the core rule" in message and "on the inputs of this call" in message
     assert (
@@ -111,17 +122,30 @@ def test_a_drift_outside_the_table_passes_load_and_is_refused_at_the_call(make_p
 @pytest.mark.parametrize("command", ["plan", "run"])
 def test_the_call_check_stops_plan_and_run_before_a_worker_creates_wrongly(make_plugin, command: str) -> None:
     drifting(make_plugin, "threshold", SWAP_THRESHOLD)
-    done = main_in_process(command, "--model", "examples/qwen3-30b-a3b", "--device-memory", "1GiB", "--swap-space",
-                           "12MiB", FD_PLATFORM="threshold")  # fmt: skip
+    done = main_in_process(
+        command,
+        "--model",
+        "examples/qwen3-30b-a3b",
+        "--device-memory",
+        "1GiB",
+        "--swap-space",
+        "12MiB",
+        FD_PLATFORM="threshold",
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert re.search(r"num_cpu_blocks=2, storage_backend=None, splitwise_role='mixed': expected create=False "
-                     r"\(term 'num_cpu_blocks'\), got create=True", done.stderr), done.stderr
+    assert re.search(
+        r"num_cpu_blocks=2, storage_backend=None, splitwise_role='mixed': expected create=False "
+        r"\(term 'num_cpu_blocks'\), got create=True",
+        done.stderr,
+    ), done.stderr
     assert "on the inputs of this call" in done.stderr
 
 
 # -- max_num_blocks: fewer blocks than memory allows only through a declared limit -----------------
 
-CAPPED = ALWAYS_THERE + """
+CAPPED = (
+    ALWAYS_THERE
+    + """
 @hookimpl
 def device_memory(device_id):
     return DeviceMemory(2**30, None, 0, "stated")
@@ -135,6 +159,7 @@ def max_num_blocks(layout, memory, cache, limits, non_cache_bytes):
     plan = plan_blocks(layout, memory, cache, non_cache_bytes=non_cache_bytes, limits=limits)
     return dataclasses.replace(plan, num_blocks=min(plan.num_blocks, {cap}))
 """
+)
 DECLARED = '(PlatformLimit("max_num_blocks", 3, "the block table holds 3 entries"),)'
 
 

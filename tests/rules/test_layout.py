@@ -248,7 +248,10 @@ def test_kv_heads_fewer_than_ranks_are_replicated() -> None:
 
 def test_an_absurd_layer_count_is_refused_at_once_and_planning_builds_no_tensor_list() -> None:
     started = time.monotonic()
-    with pytest.raises(ConfigError, match=r"num_hidden_layers=1000000000000000000000000000000 is not valid; allowed: an integer from 1 to 10000"):
+    with pytest.raises(
+        ConfigError,
+        match=r"num_hidden_layers=1000000000000000000000000000000 is not valid; allowed: an integer from 1 to 10000",
+    ):
         ModelConfig("m", 10**30, 32, 8, 128)
     assert time.monotonic() - started < 5, "refused before anything the size of the count is built"
     deep = build_layout(ModelConfig("m", 10_000, 32, 8, 128), BF16, ParallelConfig(1, 0))

@@ -7,6 +7,7 @@ import math
 import subprocess
 
 import pytest
+from run_helpers import ROOT, SCRIPT, clean_env, main_in_process
 
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.contract.types import DeviceMemory, PlatformLimit
@@ -14,7 +15,6 @@ from fd_platforms.engine import allocate_kv_cache
 from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_deploy_config, load_model_config
 from fd_platforms.rules.layout import build_layout
 from fd_platforms.rules.planner import plan_blocks
-from run_helpers import ROOT, SCRIPT, clean_env, main_in_process
 
 DEEPSEEK = f"{ROOT}/examples/deepseek-v3"  # 61 hidden layers + 1 MTP layer, MLA
 
@@ -62,7 +62,9 @@ def test_a_tensor_element_limit_counts_the_larger_mtp_tensor() -> None:
     plan = plan_blocks(layout, DeviceMemory(80 * 2**30, None, None, "test"), cache, limits=(limit,))
     per_block = 64 * 576  # one block of the latent cache
     assert plan.binding == "platform_limit" and plan.num_blocks == (2**20 // per_block) // 2
-    assert layout.largest_tensor_elements(plan.num_blocks) <= 2**20 < layout.largest_tensor_elements(plan.num_blocks + 1)
+    assert (
+        layout.largest_tensor_elements(plan.num_blocks) <= 2**20 < layout.largest_tensor_elements(plan.num_blocks + 1)
+    )
 
 
 @pytest.mark.parametrize("value", [0, -1.0, math.nan, math.inf, 65.0, "2", True])
@@ -88,8 +90,9 @@ def test_the_toml_takes_the_ratio(tmp_path) -> None:
 
 
 def test_plan_json_shows_both_counts() -> None:
-    done = main_in_process("plan", "--model", DEEPSEEK, "--mtp", "--num-gpu-block-expand-ratio", "2", "--device-memory",
-                           "80GiB", "--json")  # fmt: skip
+    done = main_in_process(
+        "plan", "--model", DEEPSEEK, "--mtp", "--num-gpu-block-expand-ratio", "2", "--device-memory", "80GiB", "--json"
+    )
     assert done.returncode == 0, done.stderr
     row = json.loads(done.stdout)
     assert row["mtp_layers"] == 1 and row["mtp_num_blocks"] == 2 * row["num_blocks"]
@@ -100,10 +103,28 @@ def test_plan_json_shows_both_counts() -> None:
 @pytest.mark.slow
 def test_a_run_allocates_and_shares_the_mtp_blocks() -> None:
     done = subprocess.run(
-        [SCRIPT, "run", "--model", DEEPSEEK, "--mtp", "--num-gpu-block-expand-ratio", "2", "--tp", "2",
-         "--device-memory", "256MiB", "--role", "decode", "--json"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300, env=clean_env(),
-    )  # fmt: skip
+        [
+            SCRIPT,
+            "run",
+            "--model",
+            DEEPSEEK,
+            "--mtp",
+            "--num-gpu-block-expand-ratio",
+            "2",
+            "--tp",
+            "2",
+            "--device-memory",
+            "256MiB",
+            "--role",
+            "decode",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env=clean_env(),
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     layout, _ = layout_with(2.0)
@@ -111,8 +132,25 @@ def test_a_run_allocates_and_shares_the_mtp_blocks() -> None:
         assert report["mtp_num_blocks"] == 2 * rank["num_blocks"]
         assert rank["device_bytes"] == layout.device_bytes(rank["num_blocks"]) and rank["verified"]
     table = subprocess.run(
-        [SCRIPT, "run", "--model", DEEPSEEK, "--mtp", "--num-gpu-block-expand-ratio", "2", "--tp", "2",
-         "--device-memory", "256MiB", "--role", "decode"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300, env=clean_env(),
-    )  # fmt: skip
+        [
+            SCRIPT,
+            "run",
+            "--model",
+            DEEPSEEK,
+            "--mtp",
+            "--num-gpu-block-expand-ratio",
+            "2",
+            "--tp",
+            "2",
+            "--device-memory",
+            "256MiB",
+            "--role",
+            "decode",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env=clean_env(),
+    )
     assert f"MTP layers {report['mtp_num_blocks']} blocks each" in table.stdout.splitlines()[0]

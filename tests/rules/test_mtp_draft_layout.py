@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from run_helpers import ROOT
 
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.contract.types import DeviceMemory
@@ -21,19 +22,28 @@ from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_co
 from fd_platforms.rules.config.model import ModelConfig
 from fd_platforms.rules.layout import build_draft_layout, build_layout
 from fd_platforms.rules.planner import plan_blocks, plan_violations
-from run_helpers import ROOT
 
 DEEPSEEK = f"{ROOT}/examples/deepseek-v3"  # 61 hidden layers + 1 MTP layer, MLA
-GQA_MTP = ModelConfig("gqa-mtp", num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
-                      num_nextn_predict_layers=1, use_mtp=True)  # fmt: skip
+GQA_MTP = ModelConfig(
+    "gqa-mtp",
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=64,
+    num_nextn_predict_layers=1,
+    use_mtp=True,
+)
 MEMORY = DeviceMemory(80 * 2**30, None, None, "test")
 
 
 def fastdeploy_draft_names(main_layers: int, draft_layers: int, rank: int, device: int, scales: bool) -> list[str]:
     """The names FastDeploy's proposer gives its draft tensors, layer by layer (mtp.py, initialize_kv_cache)."""
     roles = ["key_caches", "value_caches", *(["key_cache_scales", "value_cache_scales"] if scales else [])]
-    return [f"{role}_{layer}_rank{rank}.device{device}"
-            for layer in range(main_layers, main_layers + draft_layers) for role in roles]  # fmt: skip
+    return [
+        f"{role}_{layer}_rank{rank}.device{device}"
+        for layer in range(main_layers, main_layers + draft_layers)
+        for role in roles
+    ]
 
 
 def test_the_draft_layout_names_its_layers_after_the_main_models_as_fastdeploy() -> None:
@@ -56,8 +66,9 @@ def test_the_draft_tensors_hold_fastdeploys_expanded_blocks(ratio: float) -> Non
 
 
 def test_main_and_draft_together_are_the_whole_layout() -> None:
-    whole = build_layout(load_model_config(DEEPSEEK, use_mtp=True), CacheConfig(num_gpu_block_expand_ratio=2.0),
-                         ParallelConfig())  # fmt: skip
+    whole = build_layout(
+        load_model_config(DEEPSEEK, use_mtp=True), CacheConfig(num_gpu_block_expand_ratio=2.0), ParallelConfig()
+    )
     main, draft = whole.main(), whole.draft()
     assert main.part == "main" and main.num_layers == 61 and main.mtp_layers == 0
     assert main.names() + draft.names() == whole.names()
@@ -109,11 +120,14 @@ def test_a_plan_naming_other_draft_blocks_breaks_the_planners_invariants() -> No
     assert broken == [f"num_draft_blocks={plan.num_blocks}, but the layout's draft layers hold {plan.num_draft_blocks}"]
 
 
-@pytest.mark.parametrize("other", [
-    build_layout(GQA_MTP, CacheConfig(), ParallelConfig(tensor_parallel_size=2, local_rank=1)).draft(),
-    build_layout(GQA_MTP, CacheConfig(num_gpu_block_expand_ratio=2.0), ParallelConfig()).draft(),
-    "layer 4",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "other",
+    [
+        build_layout(GQA_MTP, CacheConfig(), ParallelConfig(tensor_parallel_size=2, local_rank=1)).draft(),
+        build_layout(GQA_MTP, CacheConfig(num_gpu_block_expand_ratio=2.0), ParallelConfig()).draft(),
+        "layer 4",
+    ],
+)
 def test_only_the_same_ranks_draft_part_joins_a_main_part(other: object) -> None:
     main = build_layout(GQA_MTP, CacheConfig(), ParallelConfig()).main()
     allowed = r"allowed: the draft part of the same rank's layout as this one \(the main part of rank 0: layers 0-3"
@@ -125,6 +139,7 @@ def test_only_the_same_ranks_draft_part_joins_a_main_part(other: object) -> None
 
 
 def test_the_draft_layout_is_named_for_the_physical_device_and_lives_on_the_local_one() -> None:
-    draft = build_draft_layout(GQA_MTP, CacheConfig(), ParallelConfig(tensor_parallel_size=2, local_rank=1),
-                               device_id=5, local_device=1)  # fmt: skip
+    draft = build_draft_layout(
+        GQA_MTP, CacheConfig(), ParallelConfig(tensor_parallel_size=2, local_rank=1), device_id=5, local_device=1
+    )
     assert draft.names()[0] == "key_caches_4_rank1.device5" and draft.local_device == 1

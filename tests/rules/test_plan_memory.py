@@ -18,7 +18,7 @@ from fd_platforms.rules.sizes import format_size
 
 QWEN = Path(__file__).resolve().parents[2] / "examples" / "qwen3-30b-a3b"
 FIX = "Fix: pass memory=DeviceMemory(total_bytes=..., free_bytes=None, process_bytes=None, source=...) sized for"
-FACTS = '''
+FACTS = """
 from fd_platforms import hookimpl
 from fd_platforms.contract.types import Detection, DeviceMemory, PlatformIdentity
 
@@ -37,7 +37,7 @@ def supported_api_versions():
 @hookimpl
 def device_memory(device_id):
     return DeviceMemory(2**34, 2**33, 0, "the fake device's live facts")
-'''
+"""
 
 
 def qwen() -> tuple[CacheLayout, CacheConfig]:
@@ -52,8 +52,10 @@ def test_on_cpu_a_plan_without_memory_is_a_config_error_naming_the_host_and_the_
     error, host = info.value, system_memory()
     message = str(error)
     assert (error.field, error.value, error.exit_code) == ("memory", None, 2)
-    assert message.startswith("memory is not given; allowed: the memory to plan on, as a DeviceMemory: on platform "
-                              f"cpu the live facts are this host's memory ({format_size(host.total_bytes)} total, ")
+    assert message.startswith(
+        "memory is not given; allowed: the memory to plan on, as a DeviceMemory: on platform "
+        f"cpu the live facts are this host's memory ({format_size(host.total_bytes)} total, "
+    )
     assert f"available, from {host.source}), and a plan on them gives this one rank's KV cache " in message
     assert "memory_utilization=0.9 of it. " + FIX + " the cache you mean" in message
     assert message.endswith("to plan on the whole host on purpose, pass memory=platform.device_memory(0)")

@@ -18,14 +18,14 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-
 from engine_processes import qwen_layout
-from fd_platforms.contract.errors import CacheNotReadyError, ConfigError, SignalWaitError
-from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
-from fd_platforms.ipc.cache_signal import CacheReadySignal
-from fd_platforms.fastdeploy.signals import FastDeploySignal
 from run_helpers import QWEN, ROOT, console_script
 from run_helpers import main_in_process as cli
+
+from fd_platforms.contract.errors import CacheNotReadyError, ConfigError, SignalWaitError
+from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
+from fd_platforms.fastdeploy.signals import FastDeploySignal
+from fd_platforms.ipc.cache_signal import CacheReadySignal
 
 #: The one case where 2026-01 and 2026-04 disagree (``fd-platforms rules`` lists it).
 DISAGREE = {"profile": False, "num_cpu_blocks": 4, "storage_backend": None, "splitwise_role": "mixed"}
@@ -96,8 +96,19 @@ def test_an_unpinned_cache_manager_beside_fastdeploy_is_refused_before_any_hook(
 
 def test_run_beside_fastdeploy_without_a_rule_is_refused_before_any_process_starts() -> None:
     ours = f"fdp{os.getpid()}-"  # the suffix of the signals a run in this process would create
-    done = cli("run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--swap-space", "32MiB",
-               "--protocol", "fastdeploy")  # fmt: skip
+    done = cli(
+        "run",
+        "--model",
+        QWEN,
+        "--tp",
+        "2",
+        "--device-memory",
+        "256MiB",
+        "--swap-space",
+        "32MiB",
+        "--protocol",
+        "fastdeploy",
+    )
     assert done.returncode == 2
     [line] = done.stderr.splitlines()  # nothing started, nothing else said
     assert line.startswith("fd-platforms: error: --rule is not given; allowed: a pinned version"), line
@@ -117,8 +128,10 @@ def test_plan_beside_fastdeploy_without_a_rule_is_refused_and_decides_by_a_pinne
 def deploy_file(tmp_path: Path, rule: str | None) -> Path:
     toml = tmp_path / "deploy.toml"
     pinned = "" if rule is None else f'rule = "{rule}"\n'
-    toml.write_text(f'[model]\npath = "{ROOT / QWEN}"\n[cache]\nswap_space = "32MiB"\n{pinned}'
-                    '[scheduler]\nprotocol = "fastdeploy"\n')  # fmt: skip
+    toml.write_text(
+        f'[model]\npath = "{ROOT / QWEN}"\n[cache]\nswap_space = "32MiB"\n{pinned}'
+        '[scheduler]\nprotocol = "fastdeploy"\n'
+    )
     return toml
 
 
@@ -142,8 +155,24 @@ def test_a_deploy_file_that_pins_the_rule_is_planned_by_it(tmp_path: Path) -> No
 @pytest.mark.usefixtures("fastdeploy_record_names")
 @pytest.mark.parametrize("rule", ["2026-01", "2026-04"])
 def test_run_beside_fastdeploy_goes_the_way_its_pinned_rule_says(rule: str) -> None:
-    done = console_script("run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--swap-space", "32MiB",
-                          "--protocol", "fastdeploy", "--rule", rule, "--cycles", "1", "--json")  # fmt: skip
+    done = console_script(
+        "run",
+        "--model",
+        QWEN,
+        "--tp",
+        "2",
+        "--device-memory",
+        "256MiB",
+        "--swap-space",
+        "32MiB",
+        "--protocol",
+        "fastdeploy",
+        "--rule",
+        rule,
+        "--cycles",
+        "1",
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert (report["rule"], report["protocol"]) == (rule, "fastdeploy")
@@ -153,8 +182,9 @@ def test_run_beside_fastdeploy_goes_the_way_its_pinned_rule_says(rule: str) -> N
 
 
 def test_a_pinned_runner_beside_fastdeploy_decides_by_its_pin(cpu, fastdeploy_signals) -> None:
-    cache = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=fastdeploy_signals, protocol="fastdeploy",
-                                rule="2026-04", **DISAGREE)  # fmt: skip
+    cache = initialize_kv_cache(
+        cpu, qwen_layout(), BLOCKS, instance=fastdeploy_signals, protocol="fastdeploy", rule="2026-04", **DISAGREE
+    )
     assert cache.created and cache.decision.deciding_term == "none"  # FastDeploy from PR #7471 on: the runner creates
     clear_created(cache, fastdeploy_signals)
 
@@ -167,8 +197,9 @@ def test_a_pinned_runner_beside_fastdeploy_decides_by_its_pin(cpu, fastdeploy_si
 def test_where_the_versions_agree_an_unpinned_rule_is_no_question(cpu, fastdeploy_signals, agreeing) -> None:
     inputs = {**DISAGREE, **agreeing}
     try:
-        cache = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=fastdeploy_signals, protocol="fastdeploy",
-                                    timeout=0.2, **inputs)  # fmt: skip
+        cache = initialize_kv_cache(
+            cpu, qwen_layout(), BLOCKS, instance=fastdeploy_signals, protocol="fastdeploy", timeout=0.2, **inputs
+        )
     except SignalWaitError as error:  # sent to attach, as both versions decide; nobody creates here
         assert "rule" not in str(error), "no rule could be at fault where both versions decide alike"
         assert inputs["storage_backend"] or inputs["splitwise_role"] != "mixed"
@@ -188,22 +219,42 @@ def test_under_our_protocol_an_unpinned_rule_is_2026_01_as_before(cpu, signal_na
 
 def test_a_runner_pinned_to_2026_01_that_times_out_names_the_newer_fastdeploy(cpu, fastdeploy_signals) -> None:
     with pytest.raises(SignalWaitError) as caught:
-        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=fastdeploy_signals, protocol="fastdeploy",
-                            rule="2026-01", timeout=0.2, **DISAGREE)  # fmt: skip
+        initialize_kv_cache(
+            cpu,
+            qwen_layout(),
+            BLOCKS,
+            instance=fastdeploy_signals,
+            protocol="fastdeploy",
+            rule="2026-01",
+            timeout=0.2,
+            **DISAGREE,
+        )
     message = str(caught.value)
     assert caught.value.cause == "timeout" and "the limit is 0.2 s" in message
     assert "pinned rule 2026-01 (FastDeploy before 2026-04-29)" in message
-    assert "under rule 2026-04 (FastDeploy from PR #7471 (2026-04-29) on) the runner creates the cache and the " \
-           "cache transfer manager attaches to it" in message
+    assert (
+        "under rule 2026-04 (FastDeploy from PR #7471 (2026-04-29) on) the runner creates the cache and the "
+        "cache transfer manager attaches to it" in message
+    )
     assert "each side waits for the other" in message and "pin rule 2026-04" in message
 
 
 def test_a_manager_pinned_to_2026_04_that_times_out_names_the_older_fastdeploy(cpu, fastdeploy_signals) -> None:
     with pytest.raises(SignalWaitError) as caught:
-        manage_kv_cache(cpu, qwen_layout(), BLOCKS, num_cpu_blocks=4, instance=fastdeploy_signals,
-                        protocol="fastdeploy", rule="2026-04", timeout=0.2)  # fmt: skip
+        manage_kv_cache(
+            cpu,
+            qwen_layout(),
+            BLOCKS,
+            num_cpu_blocks=4,
+            instance=fastdeploy_signals,
+            protocol="fastdeploy",
+            rule="2026-04",
+            timeout=0.2,
+        )
     message = str(caught.value)
     assert "pinned rule 2026-04 (FastDeploy from PR #7471 (2026-04-29) on)" in message
-    assert "under rule 2026-01 (FastDeploy before 2026-04-29) the cache transfer manager creates the cache and the " \
-           "runner attaches to it" in message
+    assert (
+        "under rule 2026-01 (FastDeploy before 2026-04-29) the cache transfer manager creates the cache and the "
+        "runner attaches to it" in message
+    )
     assert "pin rule 2026-01" in message

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from run_helpers import QWEN, ROOT, console_script
+from run_helpers import main_in_process as cli
 
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.rules.config import CacheConfig, load_deploy_config
@@ -16,16 +18,16 @@ from fd_platforms.rules.decision import (
     decide_cache_creation,
     differing_cases,
 )
-from run_helpers import QWEN, ROOT, console_script
-from run_helpers import main_in_process as cli
 
 SWAP_MIXED = {"profile": False, "num_cpu_blocks": 64, "storage_backend": None, "splitwise_role": "mixed"}
 
 
 def test_each_version_is_one_entry_with_its_formula() -> None:
     assert list(RULE_VERSIONS) == ["2026-01", "2026-04"] and DEFAULT_RULE == "2026-01"
-    assert RULE == RULE_VERSIONS["2026-01"].text == (
-        'profile or not (num_cpu_blocks > 0 or storage_backend or splitwise_role != "mixed")'
+    assert (
+        RULE
+        == RULE_VERSIONS["2026-01"].text
+        == ('profile or not (num_cpu_blocks > 0 or storage_backend or splitwise_role != "mixed")')
     )
     assert RULE_VERSIONS["2026-04"].text == 'profile or not (storage_backend or splitwise_role != "mixed")'
 
@@ -59,21 +61,34 @@ def test_rules_prints_the_versions_side_by_side_and_the_cases_where_they_differ(
     assert "2026-01 (default)" in table.stdout and RULE_VERSIONS["2026-04"].text in table.stdout
     assert f"1 of {len(TRUTH_TABLE)} cases decide differently:" in table.stdout
     assert table.stdout.rstrip().splitlines()[-1].split() == [
-        "profile=False,", "num_cpu_blocks=64,", "storage_backend=None,", "splitwise_role='mixed'",
-        "attach", "(num_cpu_blocks)", "create", "(none)",
-    ]  # fmt: skip
+        "profile=False,",
+        "num_cpu_blocks=64,",
+        "storage_backend=None,",
+        "splitwise_role='mixed'",
+        "attach",
+        "(num_cpu_blocks)",
+        "create",
+        "(none)",
+    ]
     payload = json.loads(cli("rules", "--json").stdout)
     assert payload["default"] == DEFAULT_RULE and [v["name"] for v in payload["versions"]] == list(RULE_VERSIONS)
     assert payload["differing"] == [
-        {"inputs": SWAP_MIXED, "create": {"2026-01": False, "2026-04": True},
-         "deciding_term": {"2026-01": "num_cpu_blocks", "2026-04": "none"}}
-    ]  # fmt: skip
+        {
+            "inputs": SWAP_MIXED,
+            "create": {"2026-01": False, "2026-04": True},
+            "deciding_term": {"2026-01": "num_cpu_blocks", "2026-04": "none"},
+        }
+    ]
 
 
 def test_plan_decides_by_the_pinned_version_and_names_it() -> None:
     args = ("plan", "--model", QWEN, "--device-memory", "80GiB", "--swap-space", "1", "--json")
     default, newer = json.loads(cli(*args).stdout), json.loads(cli(*args, "--rule", "2026-04").stdout)
-    assert (default["rule"], default["create_cache_tensor"], default["decision_term"]) == ("2026-01", False, "num_cpu_blocks")
+    assert (default["rule"], default["create_cache_tensor"], default["decision_term"]) == (
+        "2026-01",
+        False,
+        "num_cpu_blocks",
+    )
     assert (newer["rule"], newer["create_cache_tensor"], newer["decision_term"]) == ("2026-04", True, "none")
     assert newer["rule_text"] == RULE_VERSIONS["2026-04"].text
     everyone = cli("plan", "--model", QWEN, "--device-memory", "80GiB", "--platform", "all", "--rule", "2026-04")
@@ -86,8 +101,24 @@ def test_both_directions_run_with_swap_space_verified_both_ways_through_cycles(r
     """Under 2026-04 with swap space a mixed instance's workers create and the cache manager attaches to
     hold the host swap cache; a decode instance (and every role under 2026-01) goes the other way."""
     for rule in ("2026-01", "2026-04"):
-        done = console_script("run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--swap-space", "32MiB",
-                              "--role", role, "--rule", rule, "--cycles", "2", "--json")  # fmt: skip
+        done = console_script(
+            "run",
+            "--model",
+            QWEN,
+            "--tp",
+            "2",
+            "--device-memory",
+            "256MiB",
+            "--swap-space",
+            "32MiB",
+            "--role",
+            role,
+            "--rule",
+            rule,
+            "--cycles",
+            "2",
+            "--json",
+        )
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
         assert report["rule"] == rule
@@ -102,8 +133,21 @@ def test_both_directions_run_with_swap_space_verified_both_ways_through_cycles(r
 
 def test_a_platform_that_cannot_share_is_refused_the_manager_attaching_before_any_process_starts(make_plugin) -> None:
     make_plugin("loner")  # the template plugin: no cache_sharing
-    done = cli("run", "--platform", "loner", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB",
-               "--swap-space", "32MiB", "--rule", "2026-04")  # fmt: skip
+    done = cli(
+        "run",
+        "--platform",
+        "loner",
+        "--model",
+        QWEN,
+        "--tp",
+        "2",
+        "--device-memory",
+        "256MiB",
+        "--swap-space",
+        "32MiB",
+        "--rule",
+        "2026-04",
+    )
     assert done.returncode == 2
     [line] = done.stderr.splitlines()  # nothing started, nothing else said
     assert line.startswith("fd-platforms: error: --rule='2026-04' is not valid") and "loner, which cannot share" in line
@@ -112,11 +156,25 @@ def test_a_platform_that_cannot_share_is_refused_the_manager_attaching_before_an
 
 @pytest.mark.slow
 def test_run_under_the_newer_version_without_swap_space_works_as_before() -> None:
-    done = console_script("run", "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode",
-                          "--rule", "2026-04", "--json")  # fmt: skip
+    done = console_script(
+        "run",
+        "--model",
+        QWEN,
+        "--tp",
+        "2",
+        "--device-memory",
+        "256MiB",
+        "--role",
+        "decode",
+        "--rule",
+        "2026-04",
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     ranks = json.loads(done.stdout)["ranks"]
-    assert [(rank["create"], rank["decided_by"], rank["verified"]) for rank in ranks] == [(False, "splitwise_role", True)] * 2
+    assert [(rank["create"], rank["decided_by"], rank["verified"]) for rank in ranks] == [
+        (False, "splitwise_role", True)
+    ] * 2
 
 
 @pytest.mark.slow

@@ -83,8 +83,14 @@ def test_parse_size_is_number_times_unit_any_case(number: int, unit: str, upper:
 
 
 @pytest.mark.parametrize(
-    "text", ["9223372036854775808B", "8388608TiB", pytest.param("9" * 5000, id="5000-digit-text"), 2**63,
-             pytest.param(10**5000, id="5000-digit-int")]
+    "text",
+    [
+        "9223372036854775808B",
+        "8388608TiB",
+        pytest.param("9" * 5000, id="5000-digit-text"),
+        2**63,
+        pytest.param(10**5000, id="5000-digit-int"),
+    ],
 )
 def test_sizes_beyond_8_eib_are_refused_naming_the_field(text: object) -> None:
     with pytest.raises(ConfigError, match=r"swap_space=.* is not valid; allowed: .*at most 8 EiB") as info:
@@ -128,7 +134,14 @@ def test_a_missing_size_says_not_given_never_none() -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("16", 16 * 2**30), (16, 16 * 2**30), (1.5, 3 * 2**29), ("0.5", 2**29), ("512MiB", 512 * 2**20), ("4GB", 4 * 10**9)],
+    [
+        ("16", 16 * 2**30),
+        (16, 16 * 2**30),
+        (1.5, 3 * 2**29),
+        ("0.5", 2**29),
+        ("512MiB", 512 * 2**20),
+        ("4GB", 4 * 10**9),
+    ],
 )
 def test_a_bare_number_counts_in_the_fields_bare_unit(text: object, expected: int) -> None:
     assert parse_size(text, "--swap-space", bare="GiB") == expected  # type: ignore[arg-type]

@@ -31,7 +31,9 @@ def test_a_huge_swap_space_in_toml_names_swap_space(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("command", ["plan", "run"])
 def test_swap_space_smaller_than_one_block_names_the_block(command: str) -> None:
-    line = one_error_line(cli(command, "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--swap-space", "1MiB"))
+    line = one_error_line(
+        cli(command, "--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--swap-space", "1MiB")
+    )
     assert "swap_space='1.00 MiB' is not valid; allowed: 0 (no host swap space) or at least one block, 3.00 MiB" in line
 
 

@@ -23,11 +23,14 @@ def detect_platform():
 def supported_api_versions():
     return ">=1.0,<2"
 """
-PLUGIN = ALWAYS_THERE + """
+PLUGIN = (
+    ALWAYS_THERE
+    + """
 @hookimpl
 def should_create_cache_tensor(profile, num_cpu_blocks, storage_backend, splitwise_role, rule):
 {body}
 """
+)
 OLD_XPU_RULE = """    # FastDeploy's old XPU runner: `profile or role == "mixed"`, blind to swap space and storage
     create = profile or splitwise_role == "mixed"
     term = "profile" if profile else ("none" if create else "splitwise_role")

@@ -19,8 +19,12 @@ QWEN = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "qwen3-30
 
 
 def qwen_layout(rank: int = 0, tp: int = 1, device_id: int = 0, **cache: object) -> CacheLayout:
-    return build_layout(load_model_config(QWEN), CacheConfig(**cache), ParallelConfig(tp, rank),  # type: ignore[arg-type]
-                        device_id=device_id)  # fmt: skip
+    return build_layout(
+        load_model_config(QWEN),
+        CacheConfig(**cache),
+        ParallelConfig(tp, rank),  # type: ignore[arg-type]
+        device_id=device_id,
+    )
 
 
 def manage(signal_name: str, num_blocks: int, num_cpu_blocks: int, cache: dict, conn: Connection) -> None:
@@ -72,8 +76,13 @@ python -m pytest tests/fastdeploy/test_fastdeploy_protocol.py -k "driven or rl_f
 
 #: Our runner sent to attach beside FastDeploy: swap space in a mixed instance, where only rule 2026-01
 #: (FastDeploy before PR #7471, whose cache transfer manager creates: the stand-in ``creator``) attaches.
-FASTDEPLOY_ATTACH = {"profile": False, "num_cpu_blocks": 4, "storage_backend": None, "splitwise_role": "mixed",
-                     "rule": "2026-01"}  # fmt: skip
+FASTDEPLOY_ATTACH = {
+    "profile": False,
+    "num_cpu_blocks": 4,
+    "storage_backend": None,
+    "splitwise_role": "mixed",
+    "rule": "2026-01",
+}
 
 
 def first_bytes(cache: object, index: int) -> set[int]:
@@ -134,8 +143,15 @@ def fastdeploy_manager(suffix: str, rank: int, tp: int, num_blocks: int, device_
     import fd_platforms
 
     platform = fd_platforms.current_platform()
-    managed = manage_kv_cache(platform, qwen_layout(rank, tp, device_id), num_blocks, num_cpu_blocks=4,
-                              instance=suffix, protocol=FASTDEPLOY, rule="2026-01")  # fmt: skip
+    managed = manage_kv_cache(
+        platform,
+        qwen_layout(rank, tp, device_id),
+        num_blocks,
+        num_cpu_blocks=4,
+        instance=suffix,
+        protocol=FASTDEPLOY,
+        rule="2026-01",
+    )
     conn.send(("published", str(managed.kv_cache.tensors[0].place)))
     while True:
         kind = conn.recv()
@@ -151,8 +167,15 @@ def mtp_layout(ratio: float = 2.0) -> CacheLayout:
     """A small GQA model with one MTP layer (4 main layers, the draft layer is layer 4), the whole layout."""
     from fd_platforms.rules.config.model import ModelConfig
 
-    model = ModelConfig("gqa-mtp", num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
-                        num_nextn_predict_layers=1, use_mtp=True)  # fmt: skip
+    model = ModelConfig(
+        "gqa-mtp",
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=64,
+        num_nextn_predict_layers=1,
+        use_mtp=True,
+    )
     return build_layout(model, CacheConfig(block_size=16, num_gpu_block_expand_ratio=ratio), ParallelConfig())
 
 
@@ -162,8 +185,14 @@ def manage_with_draft(signal_name: str, num_blocks: int, conn: Connection) -> No
     import fd_platforms
 
     whole = mtp_layout()
-    managed = manage_kv_cache(fd_platforms.current_platform(), whole.main(), num_blocks, num_cpu_blocks=2,
-                              instance=signal_name, draft=whole.draft())  # fmt: skip
+    managed = manage_kv_cache(
+        fd_platforms.current_platform(),
+        whole.main(),
+        num_blocks,
+        num_cpu_blocks=2,
+        instance=signal_name,
+        draft=whole.draft(),
+    )
     assert managed.draft is not None
     managed.kv_cache.tensors[0][0, 0, 0, 0] = 5.0
     managed.draft.tensors[0][0, 0, 0, 0] = 6.0
@@ -177,9 +206,17 @@ def hold_with_draft(suffix: str, num_blocks: int, conn: Connection) -> None:
     import fd_platforms
 
     whole = mtp_layout()
-    managed = manage_kv_cache(fd_platforms.current_platform(), whole.main(), num_blocks, num_cpu_blocks=2,
-                              instance=suffix, protocol=FASTDEPLOY, rule="2026-04", timeout=30,
-                              draft=whole.draft())  # fmt: skip
+    managed = manage_kv_cache(
+        fd_platforms.current_platform(),
+        whole.main(),
+        num_blocks,
+        num_cpu_blocks=2,
+        instance=suffix,
+        protocol=FASTDEPLOY,
+        rule="2026-04",
+        timeout=30,
+        draft=whole.draft(),
+    )
     assert not managed.created  # the rule in force lets the worker create: the manager attaches
     assert managed.draft is not None and managed.host_cache is not None
     conn.send(("ready", managed.draft.tensors[0][0, 0, 0, 0].item(), managed.host_cache.names))
@@ -213,9 +250,7 @@ def spawned_manager(target: Callable[..., None], *args: object) -> Iterator[tupl
             process.join(10)
 
 
-def fastdeploy_rl_runner(
-    suffix: str, rank: int, tp: int, num_blocks: int, barrier: Any, conn: Connection
-) -> None:
+def fastdeploy_rl_runner(suffix: str, rank: int, tp: int, num_blocks: int, barrier: Any, conn: Connection) -> None:
     """Our runner replacing FastDeploy's worker loop: attach rank ``rank`` by FastDeploy's names, then follow
     ``model_weights_status`` (``follow_model_weights_status``, the ranks meeting at ``barrier``, a
     multiprocessing barrier standing in for the tp group's) until told to report: let go on a clear request,
@@ -228,8 +263,15 @@ def fastdeploy_rl_runner(
     held: list[object] = []
 
     def attach() -> None:
-        cache = initialize_kv_cache(platform, qwen_layout(rank, tp), num_blocks, instance=suffix,
-                                    protocol=FASTDEPLOY, timeout=30, **FASTDEPLOY_ATTACH)  # fmt: skip
+        cache = initialize_kv_cache(
+            platform,
+            qwen_layout(rank, tp),
+            num_blocks,
+            instance=suffix,
+            protocol=FASTDEPLOY,
+            timeout=30,
+            **FASTDEPLOY_ATTACH,
+        )
         assert not cache.created and first_bytes(cache, 0) == {rank + 1}, first_bytes(cache, 0)
         held.append(cache)
 
@@ -238,8 +280,16 @@ def fastdeploy_rl_runner(
 
     attach()
     conn.send(("attached", None, None))
-    rounds = follow_model_weights_status(suffix, rank, clear=clear, restore=attach, timeout=30, tp=tp,
-                                         until=lambda: conn.poll(), barrier=lambda: barrier.wait(30))  # fmt: skip
+    rounds = follow_model_weights_status(
+        suffix,
+        rank,
+        clear=clear,
+        restore=attach,
+        timeout=30,
+        tp=tp,
+        until=conn.poll,
+        barrier=lambda: barrier.wait(30),
+    )
     conn.recv()
     conn.send(("done", rounds))
     assert conn.recv() == "stop"
@@ -258,13 +308,29 @@ def fastdeploy_serving_manager(suffix: str, rank: int, tp: int, num_blocks: int,
 
     def create(rank: int) -> object:
         kept = made[-1].host_cache if made else None  # type: ignore[attr-defined]
-        made.append(manage_kv_cache(platform, qwen_layout(rank, tp), num_blocks, num_cpu_blocks=4, instance=suffix,
-                                    protocol=FASTDEPLOY, rule="2026-01", host_cache=kept))  # fmt: skip
+        made.append(
+            manage_kv_cache(
+                platform,
+                qwen_layout(rank, tp),
+                num_blocks,
+                num_cpu_blocks=4,
+                instance=suffix,
+                protocol=FASTDEPLOY,
+                rule="2026-01",
+                host_cache=kept,
+            )
+        )
         return made[-1]
 
     conn.send(("published", str(create(rank).kv_cache.tensors[0].place)))  # type: ignore[attr-defined]
-    held = serve_kv_cache_status([made[-1]], create, instance=suffix,  # type: ignore[list-item,arg-type]
-                                 until=lambda: conn.poll(), timeout=30, tp=tp)
+    held = serve_kv_cache_status(
+        [made[-1]],
+        create,
+        instance=suffix,  # type: ignore[list-item,arg-type]
+        until=conn.poll,
+        timeout=30,
+        tp=tp,
+    )
     assert conn.recv() == "stop"
     for cache in held:
         cache.clear(30, clear_host=True)
@@ -278,9 +344,18 @@ def decode_runner(suffix: str, conn: Connection) -> None:
     from fd_platforms.engine import initialize_kv_cache
 
     cache = initialize_kv_cache(
-        fd_platforms.current_platform(), qwen_layout(), 4, profile=False, num_cpu_blocks=4, storage_backend=None,
-        splitwise_role="decode", protocol=FASTDEPLOY, instance=suffix, timeout=30, tp=1,
-    )  # fmt: skip
+        fd_platforms.current_platform(),
+        qwen_layout(),
+        4,
+        profile=False,
+        num_cpu_blocks=4,
+        storage_backend=None,
+        splitwise_role="decode",
+        protocol=FASTDEPLOY,
+        instance=suffix,
+        timeout=30,
+        tp=1,
+    )
     conn.send(("attached", cache.created))
     conn.recv()
 
@@ -306,8 +381,15 @@ def pd_process(role: str, name: str, protocol: str, conn: Connection) -> None:
     if role == "messager":
         held: Any = manage_kv_cache(platform, qwen_layout(), PD_BLOCKS, num_cpu_blocks=0, **common)
     elif role == "worker":
-        held = initialize_kv_cache(platform, qwen_layout(), PD_BLOCKS, profile=False, num_cpu_blocks=PD_CPU_BLOCKS,
-                                   storage_backend=None, **common)  # fmt: skip
+        held = initialize_kv_cache(
+            platform,
+            qwen_layout(),
+            PD_BLOCKS,
+            profile=False,
+            num_cpu_blocks=PD_CPU_BLOCKS,
+            storage_backend=None,
+            **common,
+        )
     else:
         held = manage_kv_cache(platform, qwen_layout(), PD_BLOCKS, num_cpu_blocks=PD_CPU_BLOCKS, attach=True, **common)
     cache = held.kv_cache if isinstance(held, ManagedCache) else held

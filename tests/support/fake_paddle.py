@@ -128,9 +128,14 @@ class FakeIpc:
 
     def tensor(self, key: bytes | None, dtype: str = "uint8") -> IpcTensor:
         dense = self.dense(key)
-        return IpcTensor(get_tensor=lambda: dense, dtype=dtype, memory=lambda: self.allocations[dense.key],
-                         view=lambda new: self.tensor(dense.key, new), data_ptr=lambda: self.address(dense.key),
-                         byte_shape=lambda: self.shapes[dense.key])  # fmt: skip
+        return IpcTensor(
+            get_tensor=lambda: dense,
+            dtype=dtype,
+            memory=lambda: self.allocations[dense.key],
+            view=lambda new: self.tensor(dense.key, new),
+            data_ptr=lambda: self.address(dense.key),
+            byte_shape=lambda: self.shapes[dense.key],
+        )
 
     def zeros(self, shape: list[int], dtype: str, device: str) -> IpcTensor:
         key = self.key(len(self.allocations))
@@ -154,9 +159,12 @@ class FakeIpc:
 
 
 def cuda_paddle(
-    compiled: bool = True, rocm: bool = False, count: int = 8, empty: Callable[..., Any] | None = None,
+    compiled: bool = True,
+    rocm: bool = False,
+    count: int = 8,
+    empty: Callable[..., Any] | None = None,
     ipc: FakeIpc | None = None,
-) -> SimpleNamespace:  # fmt: skip
+) -> SimpleNamespace:
     ipc = ipc or FakeIpc("cuda")
     return fake_paddle(
         fd_platforms_cuda.CudaFacts,
@@ -227,9 +235,10 @@ def custom_paddle(types: list[str], count: int = 2) -> SimpleNamespace:
         base__core__get_device_properties=lambda device_type, device_id: SimpleNamespace(total_memory=64 * GiB),
         device__max_memory_allocated=lambda place: GiB,
         # sharing goes through the vendor runtime and the foreign-tensor operator (tests/kit/test_vendor_device.py)
-        empty=_not_here, utils__cpp_extension__load_op_meta_info_and_register_op=_not_here,
+        empty=_not_here,
+        utils__cpp_extension__load_op_meta_info_and_register_op=_not_here,
         _C_ops___run_custom_op=_not_here,
-    )  # fmt: skip
+    )
 
 
 def _not_here(*args: Any, **kwargs: Any) -> Any:

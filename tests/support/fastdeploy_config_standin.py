@@ -220,8 +220,21 @@ def fd_config(
     if local_rank is not None and dp > 1:
         max_chips_per_node = 16 if platform == "iluvatar" else 8
         local_data_parallel_id = local_rank // tp % (max_chips_per_node // tp)
-    config = _build(model, tp, dp, local_data_parallel_id, splitwise_role, swap_space, kv_cache_quant_type, mtp,
-                    port, engine_pid, worker=True, cache=cache, platform=platform)  # fmt: skip
+    config = _build(
+        model,
+        tp,
+        dp,
+        local_data_parallel_id,
+        splitwise_role,
+        swap_space,
+        kv_cache_quant_type,
+        mtp,
+        port,
+        engine_pid,
+        worker=True,
+        cache=cache,
+        platform=platform,
+    )
     if local_rank is not None:
         config.parallel_config.tensor_parallel_rank = local_rank % tp
         config.parallel_config.data_parallel_rank = local_rank // tp
@@ -255,27 +268,64 @@ def engine_fd_config(
 ) -> FDConfig:
     """The FDConfig FastDeploy's ENGINE process builds for the same deployment (``args_utils.py``
     ``EngineArgs.create_engine_config``): no ``quant_config``, no ``engine_pid``, data-parallel rank 0's view."""
-    return _build(model, tp, dp, 0, splitwise_role, swap_space, kv_cache_quant_type, mtp, port, None, worker=False,
-                  cache=cache, platform=platform)  # fmt: skip
+    return _build(
+        model,
+        tp,
+        dp,
+        0,
+        splitwise_role,
+        swap_space,
+        kv_cache_quant_type,
+        mtp,
+        port,
+        None,
+        worker=False,
+        cache=cache,
+        platform=platform,
+    )
 
 
 def _build(
-    model: str, tp: int, dp: int, local_data_parallel_id: int, splitwise_role: str, swap_space: float | None,
-    kv_cache_quant_type: str | None, mtp: bool, port: str, engine_pid: int | None, *, worker: bool,
-    cache: dict[str, Any], platform: str,
+    model: str,
+    tp: int,
+    dp: int,
+    local_data_parallel_id: int,
+    splitwise_role: str,
+    swap_space: float | None,
+    kv_cache_quant_type: str | None,
+    mtp: bool,
+    port: str,
+    engine_pid: int | None,
+    *,
+    worker: bool,
+    cache: dict[str, Any],
+    platform: str,
 ) -> FDConfig:
     quantization = {"kv_cache_quant_type": kv_cache_quant_type} if kv_cache_quant_type else None
     model_config = ModelConfig({"model": model, "quantization": quantization})
     cache_config = CacheConfig({"model_cfg": model_config, "swap_space": swap_space, **cache})
-    parallel = ParallelConfig({
-        "tensor_parallel_size": tp, "data_parallel_size": dp, "local_data_parallel_id": local_data_parallel_id,
-        "engine_worker_queue_port": port, "engine_pid": engine_pid,
-    })  # fmt: skip
+    parallel = ParallelConfig(
+        {
+            "tensor_parallel_size": tp,
+            "data_parallel_size": dp,
+            "local_data_parallel_id": local_data_parallel_id,
+            "engine_worker_queue_port": port,
+            "engine_pid": engine_pid,
+        }
+    )
     speculative = SpeculativeConfig({"method": "mtp" if mtp else None})
     # parse_quant_config: config.json's quantization_config first, else the engine's --quantization (simplified: a
     # config.json stating no kv_cache_quant_type, e.g. DeepSeek's torch-format fp8, leaves the engine's here)
     kv = (model_config.quantization_config or {}).get("kv_cache_quant_type") or (quantization or {}).get(
-        "kv_cache_quant_type")
+        "kv_cache_quant_type"
+    )
     quant = QuantConfig(kv) if kv and worker else None
-    return FDConfig(model_config, cache_config, parallel, SchedulerConfig({"splitwise_role": splitwise_role}),
-                    speculative, quant, platform)  # fmt: skip
+    return FDConfig(
+        model_config,
+        cache_config,
+        parallel,
+        SchedulerConfig({"splitwise_role": splitwise_role}),
+        speculative,
+        quant,
+        platform,
+    )

@@ -246,8 +246,9 @@ class GpuWorkerBase:
 
     runner_class: type = GPUModelRunnerBase
 
-    def __init__(self, fd_config: Any, local_rank: int, rank: int, *, device_memory: MemoryInfo,
-                 activation_bytes: int) -> None:  # fmt: skip
+    def __init__(
+        self, fd_config: Any, local_rank: int, rank: int, *, device_memory: MemoryInfo, activation_bytes: int
+    ) -> None:
         self.fd_config, self.local_rank, self.rank = fd_config, local_rank, rank
         self.cache_config, self.parallel_config = fd_config.cache_config, fd_config.parallel_config
         self.device_memory, self.activation_bytes = device_memory, activation_bytes
@@ -320,8 +321,13 @@ class CacheTransferManagerBase:
 
     def _drop_gpu_views(self) -> None:
         """``_clear_gpu_cache``'s lines that empty ``gpu_cache_kvs`` and the per-role tensor lists, unchanged."""
-        for views in (self.gpu_cache_kvs, self.gpu_cache_k_tensors, self.gpu_cache_v_tensors,
-                      self.gpu_cache_scales_k_tensors, self.gpu_cache_scales_v_tensors):  # fmt: skip
+        for views in (
+            self.gpu_cache_kvs,
+            self.gpu_cache_k_tensors,
+            self.gpu_cache_v_tensors,
+            self.gpu_cache_scales_k_tensors,
+            self.gpu_cache_scales_v_tensors,
+        ):
             views.clear()
 
     def _drop_cpu_views(self) -> None:
@@ -381,8 +387,9 @@ def transfer_manager_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache_queue_port", type=int, default=9923)
     parser.add_argument("--num_cpu_blocks", type=int, default=4)
     parser.add_argument("--create_cache_tensor", action="store_true")
-    parser.add_argument("--kvcache_storage_backend", type=str, default=None,
-                        choices=["mooncake", "attention_store", "file"])  # fmt: skip
+    parser.add_argument(
+        "--kvcache_storage_backend", type=str, default=None, choices=["mooncake", "attention_store", "file"]
+    )
     parser.add_argument("--model_path", type=str)
     return parser
 
@@ -391,8 +398,9 @@ def cache_messager_parser() -> argparse.ArgumentParser:
     """``cache_messager.py`` ``parse_args``'s parser: no ``--model_path``, no ``--num_cpu_blocks``, an ``--ipc_suffix``."""
     parser = argparse.ArgumentParser("Cache Messager")
     _common_flags(parser)
-    parser.add_argument("--default_dtype", type=str, default="bfloat16",
-                        choices=["float16", "bfloat16", "uint8", "int8"])  # fmt: skip
+    parser.add_argument(
+        "--default_dtype", type=str, default="bfloat16", choices=["float16", "bfloat16", "uint8", "int8"]
+    )
     parser.add_argument("--cache_queue_port", type=int, default=9924)
     parser.add_argument("--ipc_suffix", type=str, default=None)
     return parser

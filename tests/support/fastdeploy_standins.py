@@ -289,9 +289,9 @@ def make_tensors(specs: list[list], rank: int) -> Tensors | DeviceTensors:
 
 
 def creator(suffix: str, rank: int, tp: int, specs: list[list]) -> None:
-    ready_block, ready = attach("cache_ready_signal", suffix, tp)
-    inited_block, inited = attach("cache_transfer_inited_signal", suffix, tp)
-    status_block, status = attach("kv_cache_status", suffix, 1)
+    _ready_block, ready = attach("cache_ready_signal", suffix, tp)
+    _inited_block, inited = attach("cache_transfer_inited_signal", suffix, tp)
+    _status_block, status = attach("kv_cache_status", suffix, 1)
     tensors: Tensors | DeviceTensors | None = make_tensors(specs, rank)
     ready[rank] = 1
     inited[rank] = 1
@@ -322,7 +322,7 @@ def creator(suffix: str, rank: int, tp: int, specs: list[list]) -> None:
 
 
 def messager(suffix: str, rank: int, tp: int, specs: list[list]) -> None:
-    ready_block, ready = attach("cache_ready_signal", suffix, tp)
+    _ready_block, ready = attach("cache_ready_signal", suffix, tp)
     tensors = make_tensors(specs, rank)
     ready[rank] = 1  # cache_messager.py main: the one word it writes
     print("created", flush=True)
@@ -353,8 +353,8 @@ def open_all(specs: list[list], first: int) -> list[mmap.mmap | DeviceView]:
 
 
 def attacher(suffix: str, rank: int, tp: int, specs: list[list], cycles: int, first: int) -> None:
-    ready_block, ready = attach("cache_ready_signal", suffix, tp)
-    status_block, status = attach("kv_cache_status", suffix, 1)
+    _ready_block, ready = attach("cache_ready_signal", suffix, tp)
+    _status_block, status = attach("kv_cache_status", suffix, 1)
     wait_until(lambda: ready[rank] == 1, f"rank {rank}'s cache to be created")
     views = open_all(specs, first)
     print("attached", flush=True)
@@ -391,15 +391,17 @@ def rl(suffix: str, cycles: int) -> None:
     writes ``model_weights_status`` CLEARING and waits for CLEARED there and in ``kv_cache_status`` (with a
     cache transfer manager); ``update_model_weight`` writes UPDATING and waits for NORMAL in both
     (``fastdeploy/entrypoints/engine_client.py``)."""
-    weights_block, weights = attach("model_weights_status", suffix, 1)
-    status_block, status = attach("kv_cache_status", suffix, 1)
+    _weights_block, weights = attach("model_weights_status", suffix, 1)
+    _status_block, status = attach("kv_cache_status", suffix, 1)
     for _ in range(cycles):
         weights[0] = CLEARING
-        wait_until(lambda: weights[0] == CLEARED and status[0] == CLEARED, "the weights and caches cleared",
-                   ENGINE_CLIENT_POLL)
+        wait_until(
+            lambda: weights[0] == CLEARED and status[0] == CLEARED, "the weights and caches cleared", ENGINE_CLIENT_POLL
+        )
         weights[0] = UPDATING
-        wait_until(lambda: weights[0] == NORMAL and status[0] == NORMAL, "the weights and caches updated",
-                   ENGINE_CLIENT_POLL)
+        wait_until(
+            lambda: weights[0] == NORMAL and status[0] == NORMAL, "the weights and caches updated", ENGINE_CLIENT_POLL
+        )
     print("done", flush=True)
     while not stdin_closed(0.1):
         pass
@@ -414,10 +416,10 @@ def worker(suffix: str, rank: int, tp: int, specs: list[list], cycles: int) -> N
     ``clear_cache``) and, on rank 0, writes CLEARED once every rank let go (where FastDeploy's ranks meet at a
     tp barrier in ``clear_parameters``); on UPDATING it writes ``kv_cache_status`` UPDATING, waits for its slot,
     attaches again and, on rank 0, writes NORMAL. Prints ``attached``, then ``done`` after ``cycles`` rounds."""
-    ready_block, ready = attach("cache_ready_signal", suffix, tp)
-    status_block, status = attach("kv_cache_status", suffix, 1)
-    weights_block, weights = attach("model_weights_status", suffix, 1)
-    barrier_block, barrier = attach(BARRIER, suffix, tp)
+    _ready_block, ready = attach("cache_ready_signal", suffix, tp)
+    _status_block, status = attach("kv_cache_status", suffix, 1)
+    _weights_block, weights = attach("model_weights_status", suffix, 1)
+    _barrier_block, barrier = attach(BARRIER, suffix, tp)
     wait_until(lambda: ready[rank] == 1, f"rank {rank}'s cache to be created")
     views = open_all(specs, -1)
     print("attached", flush=True)

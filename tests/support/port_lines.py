@@ -30,7 +30,11 @@ LAUNCH_LINES = {"fastdeploy/cache_manager/prefix_cache_manager.py": 1}
 
 PARTS = {
     "GPU runner + MTP proposer": (
-        ("fastdeploy/worker/gpu_model_runner.py", "fastdeploy/spec_decode/mtp.py", "fastdeploy/spec_decode/mtp_cuda.py"),
+        (
+            "fastdeploy/worker/gpu_model_runner.py",
+            "fastdeploy/spec_decode/mtp.py",
+            "fastdeploy/spec_decode/mtp_cuda.py",
+        ),
         30,
     ),
     "XPU runner": (("fastdeploy/worker/xpu_model_runner.py",), 15),
@@ -90,11 +94,17 @@ def is_standin_call(line: str) -> bool:
     if not isinstance(call, ast.Call):
         return False
     func = call.func
-    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call) and getattr(func.value.func, "id", "") == "super":
+    if (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Call)
+        and getattr(func.value.func, "id", "") == "super"
+    ):
         return True
     name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
     owners = [fastdeploy_runner_standin, *vars(fastdeploy_runner_standin).values()]
-    return any(callable(getattr(owner, name, None)) for owner in owners if isinstance(owner, type) or owner is owners[0])
+    return any(
+        callable(getattr(owner, name, None)) for owner in owners if isinstance(owner, type) or owner is owners[0]
+    )
 
 
 def added_lines(file: str, block: str) -> list[str]:

@@ -36,8 +36,10 @@ def enter() -> str | None:
         return f"unshare(CLONE_NEWNS) was refused: {os.strerror(ctypes.get_errno())} (it needs root, CAP_SYS_ADMIN)"
     # Mounts are copied from the host, shared ones still shared: made private first, the tmpfs below
     # stays in here instead of appearing on the host's /dev/shm.
-    steps = ((None, b"/", None, MS_REC | MS_PRIVATE, None),
-             (b"tmpfs", SHM.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=1777"))  # fmt: skip
+    steps = (
+        (None, b"/", None, MS_REC | MS_PRIVATE, None),
+        (b"tmpfs", SHM.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=1777"),
+    )
     for source, target, kind, flags, data in steps:
         if libc.mount(source, target, kind, flags, data) != 0:
             error = os.strerror(ctypes.get_errno())

@@ -24,8 +24,11 @@ def test_every_role_keeps_the_core_bytes(fd_platform: Platform, request_: CacheS
 
 
 @hooks("kv_cache_shapes")
-@pytest.mark.parametrize("cache", [CacheConfig(), CacheConfig(cache_dtype="fp8", kv_cache_quant_type="block_wise_fp8")],
-                         ids=["bf16", "block_wise_fp8"])  # fmt: skip
+@pytest.mark.parametrize(
+    "cache",
+    [CacheConfig(), CacheConfig(cache_dtype="fp8", kv_cache_quant_type="block_wise_fp8")],
+    ids=["bf16", "block_wise_fp8"],
+)
 def test_the_shaped_layout_allocates_the_same_bytes(
     fd_platform: Platform, fd_paddle: ModuleType, cache: CacheConfig
 ) -> None:

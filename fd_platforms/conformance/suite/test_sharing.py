@@ -97,8 +97,11 @@ def test_an_exported_tensor_is_zero_filled_and_opened_zero_copy_by_another_proce
         write_element(shared.tensor, (1, 2), 37)  # into its own memory on every device
         done = subprocess.run(
             [sys.executable, "-c", OPEN_IN_ANOTHER_PROCESS, shareable.name, name, shared.handle, device],
-            capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         assert done.stdout.split()[-1] == "37", "the other process reads what this one wrote"
         assert shared.tensor[3, 4].item() == 91, "this process reads what the other one wrote"
@@ -111,8 +114,11 @@ def test_a_handle_whose_exporter_is_gone_is_a_sharing_error(shareable: Platform,
     name = f"fd_kv.conformance-{os.getpid()}.gone"
     done = subprocess.run(
         [sys.executable, "-c", EXPORT_AND_EXIT, shareable.name, name, device],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     with pytest.raises(CacheSharingError, match=name.replace(".", r"\.")):
         shareable.open_cache_tensor(name, done.stdout.split()[-1], (4, 16), "uint8", device)

@@ -41,9 +41,10 @@ def protocol_named(name: object) -> WireProtocol:
     fix = (
         f"import {home} before naming it (importing it registers protocol {name!r}), or pass its object: "
         f"from {home} import {str(name).upper()}"
-        if home else "pass protocol='fastdeploy' beside FastDeploy's own processes (import fd_platforms.fastdeploy "
+        if home
+        else "pass protocol='fastdeploy' beside FastDeploy's own processes (import fd_platforms.fastdeploy "
         "first), else leave the default"
-    )  # fmt: skip
+    )
     raise ConfigError("protocol", name, f"one of {', '.join(sorted({*_REGISTERED, *_HOMES}))}", fix)
 
 

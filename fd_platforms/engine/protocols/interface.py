@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from ...rules.decision import DecisionInputs
     from ...rules.layout import CacheLayout
 
+
 class Published(Protocol):
     """A rank's publication: the handles of its cache as a protocol publishes them (our manifest, FastDeploy's
     records, one per tensor): what the cache record asks of it, whoever published it."""
@@ -67,8 +68,11 @@ class WireProtocol(ABC):
 
     def check_signal_name(self, signal_name: object) -> None:
         """Deprecated (0.2): :meth:`check_instance`."""
-        warnings.warn("WireProtocol.check_signal_name is deprecated and goes in fd-platforms 0.3: use check_instance",
-                      DeprecationWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(
+            "WireProtocol.check_signal_name is deprecated and goes in fd-platforms 0.3: use check_instance",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         self.check_instance(signal_name)
 
     @abstractmethod
@@ -123,8 +127,15 @@ class WireProtocol(ABC):
 
     @abstractmethod
     def publish(
-        self, instance: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str,
-        *, attachers: int, part: str = "all",
+        self,
+        instance: str,
+        rank: int,
+        device: str,
+        tensors: Sequence[PublishedTensor],
+        platform_name: str,
+        *,
+        attachers: int,
+        part: str = "all",
     ) -> Published:
         """Publish ``rank``'s exported tensors (held by this process until retracted); ``attachers``: how many
         processes are configured to attach to them (0: none); ``part`` the layout's part (its MTP draft
@@ -132,8 +143,14 @@ class WireProtocol(ABC):
 
     @abstractmethod
     def open_published(
-        self, instance: str, rank: int, expected: Sequence[PublishedTensor], platform_name: str,
-        part: str = "all", *, attachers: int = 1,
+        self,
+        instance: str,
+        rank: int,
+        expected: Sequence[PublishedTensor],
+        platform_name: str,
+        part: str = "all",
+        *,
+        attachers: int = 1,
     ) -> Published:
         """``rank``'s publication of ``part``, held by this attacher until it lets go (or withdraws, where its attach
         fails); ``expected`` is this process's layout (no handles), for a protocol whose records carry no shapes,

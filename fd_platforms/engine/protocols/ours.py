@@ -43,8 +43,12 @@ class FdPlatformsProtocol(WireProtocol):
     def instance_name(self, instance: object, *, tp: int | None) -> str:
         """Our engine instance is named by its cache-ready signal (``fd_cache_ready.<id>``); ``tp`` changes nothing."""
         if instance is None:
-            raise ConfigError("instance", None, "the engine instance's cache-ready signal (fd_cache_ready.<id>)",
-                              "pass instance=, the name of the signal the engine created")  # fmt: skip
+            raise ConfigError(
+                "instance",
+                None,
+                "the engine instance's cache-ready signal (fd_cache_ready.<id>)",
+                "pass instance=, the name of the signal the engine created",
+            )
         self.check_instance(instance)
         assert isinstance(instance, str)  # checked above
         return instance
@@ -87,15 +91,28 @@ class FdPlatformsProtocol(WireProtocol):
         return publication_name(instance, layout.rank, layout.part)
 
     def publish(
-        self, instance: str, rank: int, device: str, tensors: Sequence[PublishedTensor], platform_name: str,
-        *, attachers: int, part: str = "all",
+        self,
+        instance: str,
+        rank: int,
+        device: str,
+        tensors: Sequence[PublishedTensor],
+        platform_name: str,
+        *,
+        attachers: int,
+        part: str = "all",
     ) -> Publication:
         """Every attacher holds the manifest's lock while attached, so a clear waits for whoever does."""
         return Publication.create(publication_name(instance, rank, part), rank, device, list(tensors))
 
     def open_published(
-        self, instance: str, rank: int, expected: Sequence[PublishedTensor], platform_name: str,
-        part: str = "all", *, attachers: int = 1,
+        self,
+        instance: str,
+        rank: int,
+        expected: Sequence[PublishedTensor],
+        platform_name: str,
+        part: str = "all",
+        *,
+        attachers: int = 1,
     ) -> Publication:
         return Publication.open(publication_name(instance, rank, part), rank)  # the manifest carries the shapes
 

@@ -100,7 +100,6 @@ def _check_shape(sections: Mapping[str, object], source: str | None) -> None:
                 )
 
 
-
 def _did_you_mean(word: str, known: Iterable[str]) -> str:
     close = difflib.get_close_matches(word, list(known), n=1)
     return f"did you mean {close[0]!r}?" if close else "remove it or use one of the allowed names"

@@ -142,7 +142,10 @@ def load_model_config(path: str | Path, *, attention: str | None = None, use_mtp
         raw = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8, an integer too long, nesting too deep
         raise ConfigError(
-            "json", first_line(exc), "a valid JSON object of plain numbers", "fix or re-download config.json",
+            "json",
+            first_line(exc),
+            "a valid JSON object of plain numbers",
+            "fix or re-download config.json",
             source=source,
         ) from None
     if not isinstance(raw, dict):

@@ -14,6 +14,7 @@ from .vocabulary import resolve_cache_words
 PROTOCOLS = ("fd-platforms", "fastdeploy")
 """The inter-process protocols: ours (the default), or FastDeploy's own signals and per-tensor handles."""
 
+
 @dataclass(frozen=True)
 class CacheConfig:
     """How the KV cache is sized and stored.
@@ -103,8 +104,14 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         size = check_int("tensor_parallel_size", self.tensor_parallel_size, 1, MAX_RANKS)
-        check_int("local_rank", self.local_rank, 0, size - 1, note=f"tensor_parallel_size={size}",
-                  fix="set local_rank below tensor_parallel_size")  # fmt: skip
+        check_int(
+            "local_rank",
+            self.local_rank,
+            0,
+            size - 1,
+            note=f"tensor_parallel_size={size}",
+            fix="set local_rank below tensor_parallel_size",
+        )
 
 
 _NEEDED_FIELDS: dict[str, tuple[str, ...]] = {

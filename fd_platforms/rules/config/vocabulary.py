@@ -76,13 +76,30 @@ FASTDEPLOY_WORDS: dict[str, FastDeployWord] = {
 """Every value FastDeploy's ``kv_cache_quant_type`` and ``cache_dtype`` allow, mapped to ours."""
 
 QUANT_WORDS: tuple[str, ...] = (
-    "none", "int8", "int8_zp", "float8_e4m3fn", "float8_e4m3", "float8_e4m3fn_zp", "block_wise_fp8", "int4_zp",
-)  # fmt: skip
+    "none",
+    "int8",
+    "int8_zp",
+    "float8_e4m3fn",
+    "float8_e4m3",
+    "float8_e4m3fn_zp",
+    "block_wise_fp8",
+    "int4_zp",
+)
 """The words ``kv_cache_quant_type`` accepts (FastDeploy's list, and ``none``)."""
 
-CACHE_DTYPE_WORDS: tuple[str, ...] = tuple(dict.fromkeys((
-    "bfloat16", "float16", "float32", "uint8", "float8_e4m3", "fp8", *QUANT_WORDS[1:],
-)))  # fmt: skip
+CACHE_DTYPE_WORDS: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        (
+            "bfloat16",
+            "float16",
+            "float32",
+            "uint8",
+            "float8_e4m3",
+            "fp8",
+            *QUANT_WORDS[1:],
+        )
+    )
+)
 """The words ``cache_dtype`` accepts: element types, then the quantization words FastDeploy's config puts there."""
 
 SIXTEEN_BIT_AND_WIDER: tuple[str, ...] = ("bfloat16", "float16", "float32")
@@ -118,9 +135,11 @@ def fastdeploy_word(field: str, value: object, accepted: tuple[str, ...]) -> Fas
     normal = "none" if value is None else value.lower() if isinstance(value, str) else None
     if normal not in accepted:
         raise ConfigError(
-            field, value, f"one of {', '.join(accepted)}",
+            field,
+            value,
+            f"one of {', '.join(accepted)}",
             f"set {field} to one of FastDeploy's values ({', '.join(accepted)})",
-        )  # fmt: skip
+        )
     return FASTDEPLOY_WORDS[normal]
 
 
@@ -138,18 +157,21 @@ def resolve_cache_words(cache_dtype: object, kv_cache_quant_type: object, *, qua
     if given is not None and given.quant_type != "none":
         if quant_type not in ("none", given.quant_type):
             raise ConfigError(
-                "cache_dtype", cache_dtype, f"a word of kv_cache_quant_type={kv_cache_quant_type!r} or an element type",
+                "cache_dtype",
+                cache_dtype,
+                f"a word of kv_cache_quant_type={kv_cache_quant_type!r} or an element type",
                 "give the quantization once, as kv_cache_quant_type",
-            )  # fmt: skip
+            )
         quant_type = given.quant_type
     implied = quant.cache_dtype or (given.cache_dtype if given is not None and given.quant_type != "none" else None)
     element = given.cache_dtype if given is not None else None
     if implied is not None and element in SIXTEEN_BIT_AND_WIDER and not quant_decides:
         raise ConfigError(
-            "kv_cache_quant_type", kv_cache_quant_type,
+            "kv_cache_quant_type",
+            kv_cache_quant_type,
             f"a quantization that keeps a {element} cache (none, int4_zp), or an 8-bit cache_dtype with it",
             f"set cache_dtype to {implied} (or uint8), or kv_cache_quant_type to none",
-        )  # fmt: skip
+        )
     if implied is not None and (element is None or element in SIXTEEN_BIT_AND_WIDER or element == "uint8"):
         element = implied
     return element or "bfloat16", quant_type

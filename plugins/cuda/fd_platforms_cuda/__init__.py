@@ -51,10 +51,11 @@ class CudaFacts(DeviceFacts):
         return SimpleNamespace(
             is_compiled_with_cuda=lambda: True,
             is_compiled_with_rocm=lambda: False,
-            device=SimpleNamespace(cuda=SimpleNamespace(device_count=lambda: devices,
-                                                        max_memory_allocated=lambda device=None: 0)),
+            device=SimpleNamespace(
+                cuda=SimpleNamespace(device_count=lambda: devices, max_memory_allocated=lambda device=None: 0)
+            ),
             cuda=SimpleNamespace(mem_get_info=lambda device=None: (total_bytes, total_bytes)),
-        )  # fmt: skip
+        )
 
     def confirm(self) -> Detection:
         if not self.paddle.is_compiled_with_cuda():

@@ -47,9 +47,13 @@ class XpuFacts(DeviceFacts):
 
     @classmethod
     def simulated_paddle(cls, device_type: str, devices: int, total_bytes: int) -> Any:
-        xpu = SimpleNamespace(device_count=lambda: devices, memory_total=lambda device=None: total_bytes,
-                              memory_used=lambda device=None: 0, max_memory_allocated=lambda device=None: 0)
-        return SimpleNamespace(is_compiled_with_xpu=lambda: True, device=SimpleNamespace(xpu=xpu))  # fmt: skip
+        xpu = SimpleNamespace(
+            device_count=lambda: devices,
+            memory_total=lambda device=None: total_bytes,
+            memory_used=lambda device=None: 0,
+            max_memory_allocated=lambda device=None: 0,
+        )
+        return SimpleNamespace(is_compiled_with_xpu=lambda: True, device=SimpleNamespace(xpu=xpu))
 
     def confirm(self) -> Detection:
         if not self.paddle.is_compiled_with_xpu():

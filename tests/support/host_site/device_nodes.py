@@ -67,6 +67,7 @@ def main(argv: list[str]) -> int:
         print(f"device_nodes.py: cannot make a private /dev here: {exc}", file=sys.stderr)
         return REFUSED
     os.execvp(command[0], command)
+    return None
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ class NoPaddle(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: object = None) -> None:
         if fullname == "paddle" or fullname.startswith("paddle."):
             raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
-        return None
+        return
 
     def find_distributions(self, *args: Any, **kwargs: Any) -> Iterable[Any]:
         for dist in self.path_finder.find_distributions(*args, **kwargs):
