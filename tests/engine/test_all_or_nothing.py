@@ -80,7 +80,10 @@ def test_a_manager_failing_after_it_published_withdraws_before_the_error_returns
     freed: list[object] = []
     from fd_platforms.engine import host_cache
 
-    monkeypatch.setattr(host_cache.HostCache, "clear", freed.append)
+    def clear(cache: object) -> None:  # stands in for the method: the cache comes as self
+        freed.append(cache)
+
+    monkeypatch.setattr(host_cache.HostCache, "clear", clear)
     with pytest.raises(CacheSignalError, match="made to fail by the test") as kept:
         manage_kv_cache(
             cpu, qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=4, instance=suffix, protocol="fastdeploy", rule=RULE
