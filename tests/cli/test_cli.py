@@ -1,4 +1,7 @@
-"""``fd-platforms list``: output, exit codes, no tracebacks (``main`` run in this process, as the console script runs it)."""
+"""``fd-platforms list``: output, exit codes, no tracebacks.
+
+``main`` runs in this process, as the console script runs it.
+"""
 
 from __future__ import annotations
 

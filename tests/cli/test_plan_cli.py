@@ -241,7 +241,9 @@ def supported_api_versions():
 
 @hookimpl
 def declared_limits():
-    return (PlatformLimit("max_tensor_elements", 2**28 - 1, "acme kernels address at most 2**28 elements per cache tensor"),)
+    return (
+        PlatformLimit("max_tensor_elements", 2**28 - 1, "acme kernels address at most 2**28 elements per cache tensor"),
+    )
 """
 
 
@@ -323,7 +325,7 @@ def test_planning_with_given_memory_never_imports_paddle() -> None:
 
 def test_bad_limit_record_and_broken_platform_are_named(make_plugin) -> None:
     site = make_plugin(
-        "acme", source=LIMITED_PLUGIN.replace('(PlatformLimit("max_tensor_elements"', '(("max_tensor_elements"')
+        "acme", source=LIMITED_PLUGIN.replace('PlatformLimit("max_tensor_elements"', '("max_tensor_elements"')
     )
     make_plugin("broken", source="raise ImportError('libbroken.so missing')\n")
     bad = plan(

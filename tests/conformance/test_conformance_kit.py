@@ -156,8 +156,9 @@ def test_custom_devices_share_through_the_vendor_runtime_in_the_kits_checks(
     fake_device_root, fake_vendor_runtime
 ) -> None:
     """With the (fake) vendor runtime loadable, MetaX declares sharing, and the kit's sharing checks run
-    (Iluvatar goes through the same kit code; its runs attach in test_run_fake_device.py): a zero-filled export that another process opens zero-copy, writes both ways, and an open
-    whose exporter is gone is a CacheSharingError."""
+    (Iluvatar goes through the same kit code; its runs attach in test_run_fake_device.py): a zero-filled export
+    that another process opens zero-copy, writes both ways, and an open whose exporter is gone is a
+    CacheSharingError."""
     platform = "metax"
     done = check(
         platform,
@@ -376,5 +377,6 @@ def test_a_check_that_could_not_run_is_named_beside_the_verdict(checked_all: Che
     done = replayed(checked_all, "nimbus")  # the example plugin, without its device here
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip().endswith(
-        f"all platforms pass what could run here; not run: nimbus device (the reasons are above) (plugin API {API_VERSION})"
+        "all platforms pass what could run here; not run: nimbus device (the reasons are above) "
+        f"(plugin API {API_VERSION})"
     )

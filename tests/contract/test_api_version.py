@@ -74,13 +74,13 @@ def test_an_incompatible_plugin_is_listed_as_broken_and_not_detected(make_plugin
 @pytest.mark.parametrize("declared", ["1.x", "", 1.0, None])
 def test_a_declaration_that_is_not_a_specifier_is_a_contract_error(make_plugin, declared: object) -> None:
     versioned(make_plugin, declared)
-    with pytest.raises(PluginContractError, match="supported_api_versions returned .*Fix: return"):
+    with pytest.raises(PluginContractError, match=r"supported_api_versions returned .*Fix: return"):
         select_platform({"FD_PLATFORM": "future"})
 
 
 def test_a_plugin_without_a_declaration_is_refused(make_plugin) -> None:
     make_plugin("future", source=PLUGIN)
-    with pytest.raises(PluginHookError, match="required hook.*supported_api_versions not implemented"):
+    with pytest.raises(PluginHookError, match=r"required hook.*supported_api_versions not implemented"):
         select_platform({"FD_PLATFORM": "future"})
 
 

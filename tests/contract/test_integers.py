@@ -145,7 +145,7 @@ def test_only_ascii_digits_are_read_as_counts_wherever_digit_text_comes_from_out
     from fd_platforms.rules.devices import listed_device
 
     assert decimal(text) is None
-    with pytest.raises(ConfigError, match="CUDA_VISIBLE_DEVICES=.* is not valid; allowed: comma-separated device"):
+    with pytest.raises(ConfigError, match=r"CUDA_VISIBLE_DEVICES=.* is not valid; allowed: comma-separated device"):
         listed_device("CUDA_VISIBLE_DEVICES", f"0,{text}", 1, ("fix", "fix"))
 
 

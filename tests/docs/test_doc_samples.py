@@ -215,8 +215,8 @@ def commands(path: Path) -> list[str]:
     """The ``sh`` lines of ``path`` with continuations joined and comments dropped."""
     lines = []
     for block in blocks(path, "sh"):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = shlex.join(shlex.split(line, comments=True)) if line.strip() else ""
+        for raw in block.replace("\\\n", " ").splitlines():
+            line = shlex.join(shlex.split(raw, comments=True)) if raw.strip() else ""
             if line and not line.startswith(SETUP):
                 lines.append(line)
     return lines

@@ -280,8 +280,7 @@ def test_the_readmes_list_sample_is_what_list_prints() -> None:
         """Each row's first five columns and its reason up to the README's shortening."""
         out = []
         for line in lines:
-            line = re.sub(r"\(\d+ logical CPUs", "(N logical CPUs", line)
-            words = line.split(maxsplit=5)
+            words = re.sub(r"\(\d+ logical CPUs", "(N logical CPUs", line).split(maxsplit=5)
             out.append((words[:5], " ".join(words[5:])))
         return out
 

@@ -126,9 +126,11 @@ def test_hold_kv_cache_is_importable_warns_when_called_and_is_not_in_the_api() -
     from fd_platforms.engine.initialize import hold_kv_cache as defined
 
     assert hold_kv_cache is defined and "hold_kv_cache" not in NAMES
-    with pytest.warns(DeprecationWarning, match="hold_kv_cache is deprecated"):
-        with pytest.raises(ConfigError, match="platform"):  # the warning, then the arguments checked
-            hold_kv_cache(None, None, 0, num_cpu_blocks=0)  # type: ignore[arg-type]
+    with (
+        pytest.warns(DeprecationWarning, match="hold_kv_cache is deprecated"),
+        pytest.raises(ConfigError, match="platform"),  # the warning, then the arguments checked
+    ):
+        hold_kv_cache(None, None, 0, num_cpu_blocks=0)  # type: ignore[arg-type]
 
 
 def test_an_unknown_name_is_still_an_attribute_error() -> None:

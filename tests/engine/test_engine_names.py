@@ -214,9 +214,11 @@ def test_every_call_that_named_the_instance_by_an_old_keyword_still_takes_it_wit
         lambda: hand_off_block_count(suffix="a/b", num_blocks=8),
     ]
     for call in refused:
-        with pytest.warns(DeprecationWarning, match="^suffix= is deprecated .* pass instance=") as caught:
-            with pytest.raises(ConfigError) as refusal:
-                call()
+        with (
+            pytest.warns(DeprecationWarning, match="^suffix= is deprecated .* pass instance=") as caught,
+            pytest.raises(ConfigError) as refusal,
+        ):
+            call()
         assert refusal.value.field == "instance" and [warning.filename for warning in caught] == [__file__]
     with pytest.raises(ConfigError) as both:
         publication_name("fd_cache_ready.e1", 0, signal_name="fd_cache_ready.e1")  # type: ignore[call-arg]

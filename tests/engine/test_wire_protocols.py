@@ -61,9 +61,9 @@ def test_each_protocol_checks_its_own_signal_names() -> None:
     OURS.check_instance("fd_cache_ready.engine-8188")
     FASTDEPLOY.check_instance("9923")
     FASTDEPLOY.check_instance(9923)  # FastDeploy's suffix is its engine's port
-    with pytest.raises(ConfigError, match="^instance="):
+    with pytest.raises(ConfigError, match=r"^instance="):
         OURS.check_instance("../x")
-    with pytest.raises(ConfigError, match="^instance="):
+    with pytest.raises(ConfigError, match=r"^instance="):
         FASTDEPLOY.check_instance("fd_cache_ready.engine-8188")
 
 
@@ -129,7 +129,8 @@ MOVED_PATHS = [
 def test_a_moved_module_imports_from_its_old_path_with_a_warning_at_the_importer(old: str, name: str, new: str) -> None:
     code = (
         "import warnings\nwarnings.simplefilter('error', DeprecationWarning)\n"
-        f"import importlib\ntry:\n    from {old} import {name}\nexcept DeprecationWarning as w:\n    print('warned:', w)\n"
+        f"import importlib\ntry:\n    from {old} import {name}\n"
+        "except DeprecationWarning as w:\n    print('warned:', w)\n"
         f"warnings.simplefilter('ignore')\nfrom {old} import {name} as old\nfrom {new} import {name} as new\n"
         "print('same:', old is new)\n"
     )

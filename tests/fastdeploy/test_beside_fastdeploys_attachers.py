@@ -1,9 +1,9 @@
-"""Our creators and attachers beside FastDeploy's, which hold no mark or lock of ours (``fd_platforms.fastdeploy.marks``).
+"""Our creators and attachers beside FastDeploy's, which hold no mark or lock of ours.
 
-FastDeploy's worker and transfer manager attach through one ``cache_ready_signal`` slot and hold nothing; its cache
-messager publishes records and holds nothing either. The stand-ins (``tests/support/fastdeploy_standins.py``) import nothing
-of ours. Each case ends with FastDeploy's memory and records intact, or with a typed error naming whom our creator
-waits for.
+The marks are ``fd_platforms.fastdeploy.marks``. FastDeploy's worker and transfer manager attach through one
+``cache_ready_signal`` slot and hold nothing; its cache messager publishes records and holds nothing either. The
+stand-ins (``tests/support/fastdeploy_standins.py``) import nothing of ours. Each case ends with FastDeploy's memory
+and records intact, or with a typed error naming whom our creator waits for.
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ def our_attacher(suffix: str, names: list[str], attachers: int) -> subprocess.Po
             (
                 "import sys; from fd_platforms.fastdeploy.handles import FastDeployHandles\n"
                 "from fd_platforms.engine.publication import PublishedTensor\n"
-                f"h = FastDeployHandles.open({suffix!r}, 0, [PublishedTensor(n, (4, 8), 'uint8', '') for n in {names!r}], "
+                f"h = FastDeployHandles.open({suffix!r}, 0, "
+                f"[PublishedTensor(n, (4, 8), 'uint8', '') for n in {names!r}], "
                 f"'cpu', attachers={attachers})\n"
                 "print('attached', flush=True); sys.stdin.read(); h.let_go()"
             ),

@@ -84,9 +84,11 @@ def managed(cpu: Platform, two_ranks: str) -> Iterator[list[ManagedCache]]:
 @contextmanager
 def signals(suffix: str) -> Iterator[tuple[FastDeploySignal, FastDeploySignal]]:
     """``kv_cache_status`` and ``cache_ready_signal`` of the run, attached."""
-    with FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status:
-        with FastDeploySignal.attach(CACHE_READY, suffix) as ready:
-            yield status, ready
+    with (
+        FastDeploySignal.attach(KV_CACHE_STATUS, suffix) as status,
+        FastDeploySignal.attach(CACHE_READY, suffix) as ready,
+    ):
+        yield status, ready
 
 
 def serve_for(seconds: float, managed: list[ManagedCache], suffix: str) -> list[ManagedCache]:
@@ -210,15 +212,17 @@ class Served:
         self.attachers.start()
 
     def attach(self) -> None:
-        with FastDeploySignal.attach(KV_CACHE_STATUS, self.suffix) as status:
-            with FastDeploySignal.attach(CACHE_READY, self.suffix) as ready:
-                while not self.stop.is_set():
-                    if not self.armed.is_set() or status.get(0) != KVCacheStatus.CLEARING:
-                        time.sleep(0.005)
-                        continue
-                    self.armed.clear()
-                    for rank in sorted(self.letting_go):
-                        ready.set(rank, 0)
+        with (
+            FastDeploySignal.attach(KV_CACHE_STATUS, self.suffix) as status,
+            FastDeploySignal.attach(CACHE_READY, self.suffix) as ready,
+        ):
+            while not self.stop.is_set():
+                if not self.armed.is_set() or status.get(0) != KVCacheStatus.CLEARING:
+                    time.sleep(0.005)
+                    continue
+                self.armed.clear()
+                for rank in sorted(self.letting_go):
+                    ready.set(rank, 0)
 
     def drive(self, letting_go: set[int]) -> object:
         """drive_kv_cache_update, the ranks in ``letting_go`` letting go at its CLEARING."""

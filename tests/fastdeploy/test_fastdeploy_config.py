@@ -19,8 +19,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from run_helpers import QWEN
 
-LLAMA = "examples/llama-3.1-8b"  # 8 key/value heads: tp16 gives each rank one
-
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.fastdeploy.config import FastDeploySettings, from_cache_manager_args, from_fd_config
 from fd_platforms.fastdeploy.signals import check_suffix
@@ -28,6 +26,7 @@ from fd_platforms.loading.platform import Platform
 from fd_platforms.rules.config import load_model_config
 from fd_platforms.rules.decision import DecisionInputs
 
+LLAMA = "examples/llama-3.1-8b"  # 8 key/value heads: tp16 gives each rank one
 CONFIG_JSON_KEYS = ("_name_or_path", "kv_lora_rank", "qk_rope_head_dim", "index_head_dim")
 """Keys FastDeploy's ModelConfig holds only where the model's config.json has them (MLA, DSA models)."""
 

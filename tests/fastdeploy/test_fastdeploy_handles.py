@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from engine_processes import qwen_layout
@@ -81,7 +82,7 @@ def test_a_record_is_fastdeploys_struct_read_back_and_retracted_once_the_attache
     suffix = f"t{secrets.token_hex(4)}"
     with FastDeploySignal.create(CACHE_READY, suffix, 1) as ready:
         held = FastDeployHandles.create(suffix, 0, tensors(names), "cpu", attachers=1)
-        raw = open(f"/dev/shm/{names[0]}", "rb").read()
+        raw = Path(f"/dev/shm/{names[0]}").read_bytes()
         assert len(raw) == GPU_RECORD.size == 72 and raw[:8] == bytes(8), "size_t nprocesses 0, then 64 bytes"
         assert read_handle(names[0], "cpu") == f"memfd:{os.getpid()}:3"
         opened, handles = attach_in_child(suffix, names)
@@ -142,8 +143,8 @@ def test_a_record_held_by_a_living_creator_is_refused_and_a_leftover_is_reused(n
             (
                 "import sys; from fd_platforms.fastdeploy.handles import FastDeployHandles\n"
                 "from fd_platforms.engine.publication import PublishedTensor\n"
-                f"h = FastDeployHandles.create('9923', 0, [PublishedTensor({names[0]!r}, (4,), 'uint8', 'memfd:1:3')], 'cpu', "
-                "attachers=0)\n"
+                "h = FastDeployHandles.create('9923', 0, "
+                f"[PublishedTensor({names[0]!r}, (4,), 'uint8', 'memfd:1:3')], 'cpu', attachers=0)\n"
                 "print('held', flush=True); sys.stdin.read()"
             ),
         ],
@@ -356,7 +357,7 @@ def test_an_unheld_record_of_the_wrong_size_says_its_size_that_nobody_holds_it_a
     assert "no process of fd-platforms holds it" in message and f"Fix: remove /dev/shm/{names[0]}" in message
     with open(f"/dev/shm/{names[0]}", "rb") as held:
         fcntl.flock(held, fcntl.LOCK_SH)  # a running process of ours (on another platform) holds it
-        with pytest.raises(CacheSharingError, match="holds 10 bytes, .* a running process of fd-platforms holds it"):
+        with pytest.raises(CacheSharingError, match=r"holds 10 bytes, .* a running process of fd-platforms holds it"):
             FastDeployHandles.create("9923", 0, tensors(names[:1]), "cpu", attachers=0)
 
 
@@ -627,7 +628,10 @@ def test_records_that_mix_a_memfd_handle_with_a_raw_one_are_refused_naming_both(
     expected = [PublishedTensor(name, (4, 8), "uint8", "") for name in names]
     with pytest.raises(
         CacheSharingError,
-        match=rf"publication \(FastDeploy.s records\) mixes handles of two kinds: 1 name no process .* 1 name pid {os.getpid()}",
+        match=(
+            r"publication \(FastDeploy.s records\) mixes handles of two kinds: "
+            rf"1 name no process .* 1 name pid {os.getpid()}"
+        ),
     ):
         FastDeployHandles.open(f"t{secrets.token_hex(4)}", 0, expected, "cpu")
 

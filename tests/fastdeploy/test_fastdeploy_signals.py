@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import re
 import secrets
 import struct
 import subprocess
@@ -179,7 +180,7 @@ def test_an_existing_name_is_refused_and_left_alone(suffix: str) -> None:
 
 
 def test_attach_refuses_a_missing_or_odd_segment(suffix: str) -> None:
-    with pytest.raises(CacheSignalError, match="does not exist.*engine_worker_queue_port"):
+    with pytest.raises(CacheSignalError, match=r"does not exist.*engine_worker_queue_port"):
         FastDeploySignal.attach(CACHE_READY, suffix)
     path = f"/dev/shm/{CACHE_READY}.{suffix}"
     with open(path, "wb") as file:
@@ -207,9 +208,11 @@ def test_a_truncation_under_a_waiter_is_a_typed_error_not_sigbus(suffix: str) ->
 
 
 def test_an_index_out_of_range_is_refused(suffix: str) -> None:
-    with FastDeploySignal.create(CACHE_READY, suffix, 2) as ready:
-        with pytest.raises(ConfigError, match="an index from 0 to 1"):
-            ready.set(2, 1)
+    with (
+        FastDeploySignal.create(CACHE_READY, suffix, 2) as ready,
+        pytest.raises(ConfigError, match="an index from 0 to 1"),
+    ):
+        ready.set(2, 1)
 
 
 # -- shape and identity: an array FastDeploy did not make for this tp, a file others may write, one replaced --
@@ -221,12 +224,15 @@ def test_a_cache_ready_signal_not_fastdeploys_int32_array_for_the_tp_is_refused_
     suffix: str, size: int, reader: str
 ) -> None:
     """The engine's tp is known wherever FastDeploy's config is: every attach under its suffix checks the array."""
-    with FastDeploySignal.create(CACHE_READY, suffix, size // 4), FastDeploySignal.create(KV_CACHE_STATUS, suffix, 1):
-        with pytest.raises(CacheSignalError) as caught:
-            if reader == "attach":
-                FastDeploySignal.attach(CACHE_READY, FastDeploySuffix.of(suffix, tp=2))
-            else:
-                drive_kv_cache_update(suffix, tp=2, timeout=0.5)
+    with (
+        FastDeploySignal.create(CACHE_READY, suffix, size // 4),
+        FastDeploySignal.create(KV_CACHE_STATUS, suffix, 1),
+        pytest.raises(CacheSignalError) as caught,
+    ):
+        if reader == "attach":
+            FastDeploySignal.attach(CACHE_READY, FastDeploySuffix.of(suffix, tp=2))
+        else:
+            drive_kv_cache_update(suffix, tp=2, timeout=0.5)
     expected = (
         f"FastDeploy signal 'cache_ready_signal.{suffix}' (/dev/shm/cache_ready_signal.{suffix}) holds {size} "
         "bytes, but FastDeploy makes it an int32 array of 2 words (8 bytes for tp 2, one word per local rank"
@@ -247,7 +253,7 @@ def test_a_signal_other_users_may_write_is_refused(suffix: str) -> None:
 def test_engine_calls_given_tp_refuse_a_ready_signal_of_another_length_before_any_tensor(cpu, suffix: str) -> None:
     """manage_kv_cache and initialize_kv_cache take the engine's tp and check the array before any tensor."""
     with FastDeploySignal.create(CACHE_READY, suffix, 3), FastDeploySignal.create(CACHE_TRANSFER_INITED, suffix, 2):
-        with pytest.raises(CacheSignalError, match="holds 12 bytes.*of 2 words .8 bytes for tp 2"):
+        with pytest.raises(CacheSignalError, match=r"holds 12 bytes.*of 2 words \(8 bytes for tp 2"):
             initialize_kv_cache(
                 cpu,
                 qwen_layout(0, 2),
@@ -260,9 +266,9 @@ def test_engine_calls_given_tp_refuse_a_ready_signal_of_another_length_before_an
                 instance=suffix,
                 tp=2,
             )
-        with pytest.raises(CacheSignalError, match="holds 12 bytes.*for tp 2"):
+        with pytest.raises(CacheSignalError, match=r"holds 12 bytes.*for tp 2"):
             manage_kv_cache(cpu, qwen_layout(0, 2), 4, num_cpu_blocks=0, protocol="fastdeploy", instance=suffix, tp=2)
-        with pytest.raises(ConfigError, match="layout.rank=2 is not valid; allowed: a local rank of tp 2"):
+        with pytest.raises(ConfigError, match=re.escape("layout.rank=2 is not valid; allowed: a local rank of tp 2")):
             manage_kv_cache(cpu, qwen_layout(2, 4), 4, num_cpu_blocks=0, protocol="fastdeploy", instance=suffix, tp=2)
     assert not os.path.exists("/dev/shm/key_caches_0_rank0.device0"), "nothing published"
 

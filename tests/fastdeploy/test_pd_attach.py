@@ -91,7 +91,10 @@ def published() -> bool:
 
 
 def standin(role: str, suffix: str, cpu, *extra: str) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
-    """FastDeploy's process ``role`` for rank 0 of tp 1 (``tests/support/fastdeploy_standins.py``: it imports nothing of ours)."""
+    """FastDeploy's process ``role`` for rank 0 of tp 1.
+
+    The stand-in is ``tests/support/fastdeploy_standins.py``: it imports nothing of ours.
+    """
     layout = cpu.cache_layout(qwen_layout(), PD_BLOCKS)
     specs = json.dumps([[spec.name, spec.nbytes(PD_BLOCKS)] for spec in layout.tensors])
     return subprocess.Popen(

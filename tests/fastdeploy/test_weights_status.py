@@ -1,5 +1,7 @@
-"""``follow_model_weights_status``, our runners' side of FastDeploy's RL flow (``fd_platforms.fastdeploy.weights_status``):
-its arguments are checked before any signal is touched."""
+"""``follow_model_weights_status``, our runners' side of FastDeploy's RL flow.
+
+In ``fd_platforms.fastdeploy.weights_status``: its arguments are checked before any signal is touched.
+"""
 
 from __future__ import annotations
 

@@ -152,9 +152,11 @@ def test_stale_segment_of_a_killed_owner_is_reclaimed(signal_name: str, caplog) 
         engine.kill()
         engine.wait()
     assert (SHM_DIR / signal_name).exists(), "SIGKILL skips exit hooks: the segment is left behind"
-    with caplog.at_level(logging.WARNING, logger="fd_platforms"):
-        with CacheReadySignal.create(3, signal_name) as reclaimed:
-            assert reclaimed.slots() == (0, 0, 0)
+    with (
+        caplog.at_level(logging.WARNING, logger="fd_platforms"),
+        CacheReadySignal.create(3, signal_name) as reclaimed,
+    ):
+        assert reclaimed.slots() == (0, 0, 0)
     assert f"left behind by pid {engine.pid}" in caplog.text
 
 
@@ -237,7 +239,7 @@ def test_attach_checks_the_size_before_mapping(signal_name: str) -> None:
 
 
 def test_attaching_a_missing_signal_says_who_creates_it(signal_name: str) -> None:
-    with pytest.raises(CacheSignalError, match="does not exist.*engine process creates it"):
+    with pytest.raises(CacheSignalError, match=r"does not exist.*engine process creates it"):
         CacheReadySignal.attach(signal_name)
 
 
@@ -343,9 +345,11 @@ def test_timeout_names_signal_rank_elapsed_and_every_slot(signal_name: str) -> N
 
 def test_timeout_comes_from_the_environment_when_not_given(signal_name: str, monkeypatch) -> None:
     monkeypatch.setenv("FD_CACHE_READY_TIMEOUT", "0.3")
-    with CacheReadySignal.create(1, signal_name) as owner:
-        with pytest.raises(CacheNotReadyError, match=r"limit is 0.3 s.*raise FD_CACHE_READY_TIMEOUT \(seconds\)"):
-            owner.wait(0)
+    with (
+        CacheReadySignal.create(1, signal_name) as owner,
+        pytest.raises(CacheNotReadyError, match=r"limit is 0.3 s.*raise FD_CACHE_READY_TIMEOUT \(seconds\)"),
+    ):
+        owner.wait(0)
 
 
 @pytest.mark.slow

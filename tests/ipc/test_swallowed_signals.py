@@ -17,7 +17,9 @@ pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left o
 
 PROGRAM = """
 import signal, sys, time, weakref
-from fd_platforms.lifecycle.interrupts import STOPPED_EXIT, Terminated, redeliver_swallowed_signals, sigint_says_stopping
+from fd_platforms.lifecycle.interrupts import (
+    STOPPED_EXIT, Terminated, redeliver_swallowed_signals, sigint_says_stopping,
+)
 
 mode, signum = sys.argv[1], getattr(signal, sys.argv[2])
 if mode == "fixed":

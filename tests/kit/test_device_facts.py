@@ -362,7 +362,7 @@ def test_platform_hooks_use_the_facts_and_the_core_contract(caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="fd_platforms"), cuda.host_alloc(4096, False) as buffer:
         assert not buffer.pinned
     assert "platform 'cuda' cannot pin host memory" in caplog.text
-    with pytest.raises(ConfigError, match="device_id=0 .*paddle sees 0 cuda device"):
+    with pytest.raises(ConfigError, match=r"device_id=0 .*paddle sees 0 cuda device"):
         cuda.device_memory(0)
     with pytest.raises(ConfigError, match="device_id=-1"):
         cuda.device_memory(-1)
@@ -581,7 +581,7 @@ def test_a_handle_a_raw_record_cannot_stand_for_is_refused_saying_why() -> None:
         encode_record("key_caches_0_rank0.device0", shared.handle, "cuda")
     vmm = facts_of("cuda", cuda_paddle(ipc=FakeIpc("cuda", vmm=True)))
     shared = vmm.export("key_caches_0_rank0.device0", (8,), "uint8", "gpu:0")
-    with pytest.raises(CacheSharingError, match="virtual-memory allocator.*FLAGS_use_virtual_memory_auto_growth=0"):
+    with pytest.raises(CacheSharingError, match=r"virtual-memory allocator.*FLAGS_use_virtual_memory_auto_growth=0"):
         encode_record("key_caches_0_rank0.device0", shared.handle, "cuda")
 
 

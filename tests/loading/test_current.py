@@ -95,7 +95,8 @@ def test_selection_loads_nothing_only_later_steps_need() -> None:
     declaring the usual ``>=1.0,<2``) load when used, not when the platform is chosen."""
     code = (
         "import sys, fd_platforms\nfd_platforms.current_platform()\n"
-        "print(sorted(m for m in ('fd_platforms.ipc.cache_signal', 'fd_platforms.engine', 'packaging', 'secrets', 'paddle')"
+        "print(sorted(m for m in ('fd_platforms.ipc.cache_signal', 'fd_platforms.engine', 'packaging', "
+        "'secrets', 'paddle')"
         " if m in sys.modules))\n"
     )
     result = run_python(code)

@@ -82,8 +82,10 @@ def test_a_plugin_hook_never_runs_on_a_bad_argument(make_plugin) -> None:
         "@hookimpl\ndef platform_identity():\n    return PlatformIdentity('spy', 'spy', None)\n"
         "@hookimpl\ndef detect_platform():\n    return Detection(True, 'here', 1)\n"
         "@hookimpl\ndef supported_api_versions():\n    return '>=1.0,<2'\n"
-        "@hookimpl\ndef device_memory(device_id):\n    CALLS.append(device_id)\n    raise RuntimeError('reached')\n"
-        "@hookimpl\ndef host_alloc(nbytes, require_pinned):\n    CALLS.append(nbytes)\n    raise RuntimeError('reached')\n"
+        "@hookimpl\ndef device_memory(device_id):\n"
+        "    CALLS.append(device_id)\n    raise RuntimeError('reached')\n"
+        "@hookimpl\ndef host_alloc(nbytes, require_pinned):\n"
+        "    CALLS.append(nbytes)\n    raise RuntimeError('reached')\n"
     )
     make_plugin("spy", source=source)
     platform = select_platform({"FD_PLATFORM": "spy"}).platform
@@ -103,7 +105,8 @@ def test_a_plugin_hook_never_runs_on_a_bad_argument(make_plugin) -> None:
 
 def test_a_plugin_building_a_bad_record_is_its_contract_error(make_plugin) -> None:
     source = (
-        "from fd_platforms import hookimpl\nfrom fd_platforms.contract.types import Detection, DeviceMemory, PlatformIdentity\n"
+        "from fd_platforms import hookimpl\n"
+        "from fd_platforms.contract.types import Detection, DeviceMemory, PlatformIdentity\n"
         "@hookimpl\ndef platform_identity():\n    return PlatformIdentity('sloppy', 'sloppy', None)\n"
         "@hookimpl\ndef detect_platform():\n    return Detection(True, 'here', 1)\n"
         "@hookimpl\ndef supported_api_versions():\n    return '>=1.0,<2'\n"

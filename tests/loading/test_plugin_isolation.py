@@ -287,7 +287,10 @@ MEMORY_HOOK = "\n@hookimpl\ndef device_memory(device_id):\n    mark('hanging')\n
 
 
 def timed_out_line(plugin_name: str, step: str, seconds: str, variable: str) -> str:
-    return f"in fd-platforms: plugin {plugin_name!r} (distribution fd-test-{plugin_name}), {step}, bound {seconds} s ({variable})"
+    return (
+        f"in fd-platforms: plugin {plugin_name!r} (distribution fd-test-{plugin_name}), {step}, "
+        f"bound {seconds} s ({variable})"
+    )
 
 
 @pytest.mark.parametrize("how", ["plan", "python-api"])

@@ -138,7 +138,7 @@ def test_int4_zp_is_counted_exactly_half_a_byte_per_value() -> None:
 
 def test_int4_zp_needs_an_even_head_dim_for_its_packed_key_and_value() -> None:
     odd = ModelConfig("odd", 2, 8, 2, 127)
-    with pytest.raises(ConfigError, match="head_dim.*an even number for kv_cache_quant_type int4_zp") as info:
+    with pytest.raises(ConfigError, match=r"head_dim.*an even number for kv_cache_quant_type int4_zp") as info:
         build_layout(odd, CacheConfig(kv_cache_quant_type="int4_zp"), ParallelConfig())
     assert "Fix: use a model with an even head_dim or another kv_cache_quant_type" in str(info.value)
 

@@ -80,7 +80,8 @@ MOONCAKE_ONLY = """    # a backend test that knows only mooncake: `storage_backe
                                  storage_backend=storage_backend if not create else None,
                                  splitwise_role=splitwise_role)
 """
-SWAP_THRESHOLD = """    # treats a little swap space as none: passes every table case (0 and 64 CPU blocks) and drifts between
+SWAP_THRESHOLD = """    # treats a little swap space as none: passes every table case (0 and 64 CPU blocks)
+    # and drifts between
     blocks = num_cpu_blocks if num_cpu_blocks == 0 or num_cpu_blocks >= 64 else 0
     return decide_cache_creation(profile=profile, num_cpu_blocks=blocks,
                                  storage_backend=storage_backend, splitwise_role=splitwise_role, rule=rule)

@@ -77,7 +77,7 @@ def test_it_is_refused_before_any_hook_runs(cpu, monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(cpu, "_call", call)
     layout, cache = qwen()
-    with pytest.raises(ConfigError, match="^memory is not given"):
+    with pytest.raises(ConfigError, match=r"^memory is not given"):
         cpu.max_num_blocks(layout=layout, cache=cache, non_cache_bytes=0)
     assert called == []
 
@@ -94,9 +94,9 @@ def test_device_id_alone_is_refused_too_the_one_device_is_the_host(cpu) -> None:
 
 def test_bad_arguments_are_still_named_first(cpu) -> None:
     layout, cache = qwen()
-    with pytest.raises(ConfigError, match="^host_memory="):
+    with pytest.raises(ConfigError, match=r"^host_memory="):
         cpu.max_num_blocks(layout=layout, cache=cache, host_memory="lots")
-    with pytest.raises(ConfigError, match="^non_cache_bytes="):
+    with pytest.raises(ConfigError, match=r"^non_cache_bytes="):
         cpu.max_num_blocks(layout=layout, cache=cache, non_cache_bytes=-1)
 
 

@@ -136,7 +136,9 @@ def test_limit_that_allows_no_block() -> None:
 
 
 def test_unknown_limit_kind_is_refused_by_the_record() -> None:
-    with pytest.raises(RecordError, match="PlatformLimit.kind='max_bytes'.*one of max_tensor_elements, max_num_blocks"):
+    with pytest.raises(
+        RecordError, match=r"PlatformLimit\.kind='max_bytes'.*one of max_tensor_elements, max_num_blocks"
+    ):
         PlatformLimit("max_bytes", 1, "r")  # type: ignore[arg-type]
 
 
@@ -317,7 +319,8 @@ def test_plan_never_exceeds_budget_or_limits(
 
 def test_no_paddle_import_and_no_magic_block_cap() -> None:
     code = (
-        "import sys; import fd_platforms.rules.sizes, fd_platforms.rules.config, fd_platforms.rules.layout, fd_platforms.rules.planner; "
+        "import sys; import fd_platforms.rules.sizes, fd_platforms.rules.config, fd_platforms.rules.layout, "
+        "fd_platforms.rules.planner; "
         "assert 'paddle' not in sys.modules, 'paddle imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)})

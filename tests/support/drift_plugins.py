@@ -1,4 +1,7 @@
-"""Test-only plugins that answer the create-or-attach rule themselves: the drift guard's cases (tests/rules/test_drift_guard.py)."""
+"""Test-only plugins that answer the create-or-attach rule themselves.
+
+They are the drift guard's cases (tests/rules/test_drift_guard.py).
+"""
 
 from __future__ import annotations
 

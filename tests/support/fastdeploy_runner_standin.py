@@ -395,7 +395,10 @@ def transfer_manager_parser() -> argparse.ArgumentParser:
 
 
 def cache_messager_parser() -> argparse.ArgumentParser:
-    """``cache_messager.py`` ``parse_args``'s parser: no ``--model_path``, no ``--num_cpu_blocks``, an ``--ipc_suffix``."""
+    """``cache_messager.py`` ``parse_args``'s parser.
+
+    No ``--model_path``, no ``--num_cpu_blocks``, an ``--ipc_suffix``.
+    """
     parser = argparse.ArgumentParser("Cache Messager")
     _common_flags(parser)
     parser.add_argument(

@@ -25,8 +25,9 @@ fd-platforms (it says so on exit), so what meets our processes is FastDeploy's f
   tensors), sets its slot, waits for every slot to be 1 and writes NORMAL. It never resets its own slot.
   Every rank writes the answers, so a slower rank's CLEARED can land after the driver's UPDATING, as it
   can beside FastDeploy. Ends when stdin closes.
-- ``messager SUFFIX RANK TP TENSORS``: the cache messager of one rank in P/D (``fastdeploy/cache_manager/cache_messager.py``
-  ``main``, launched for every splitwise role but mixed by ``prefix_cache_manager.py`` ``launch_cache_manager``):
+- ``messager SUFFIX RANK TP TENSORS``: the cache messager of one rank in P/D
+  (``fastdeploy/cache_manager/cache_messager.py`` ``main``, launched for every splitwise role but mixed by
+  ``prefix_cache_manager.py`` ``launch_cache_manager``):
   creates each tensor of ``TENSORS`` as ``creator`` does, then sets ``cache_ready_signal[RANK] = 1`` and no other
   word (no ``cache_transfer_inited_signal``: that is the transfer manager's). It never clears (it follows no
   ``kv_cache_status``: FastDeploy does not clear in P/D); prints ``touched`` once an attacher wrote byte 1, and
@@ -69,7 +70,9 @@ import select
 import struct
 import sys
 import time
+from functools import partial
 from multiprocessing import resource_tracker, shared_memory
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -101,6 +104,11 @@ def wait_until(test, what: str, poll: float = SLOT_POLL) -> None:  # type: ignor
             print(f"stand-in timed out: {what}", flush=True)
             os._exit(3)
         time.sleep(poll)
+
+
+def every_word_is(words: np.ndarray, value: int) -> bool:
+    """Whether every word of a signal array holds ``value``."""
+    return all(int(word) == value for word in words)
 
 
 def stdin_closed(seconds: float) -> bool:
@@ -201,7 +209,7 @@ class Handle(ctypes.Structure):
 class Runtime:
     """The vendor runtime's CUDA-shaped calls (``FD_STANDIN_RUNTIME``, e.g. ``libmcruntime.so:mc``)."""
 
-    SIGNATURES = {
+    SIGNATURES: ClassVar[dict[str, tuple[Any, ...]]] = {
         "SetDevice": (ctypes.c_int,),
         "Malloc": (ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t),
         "Free": (ctypes.c_void_p,),
@@ -405,7 +413,7 @@ def rl(suffix: str, cycles: int) -> None:
     print("done", flush=True)
     while not stdin_closed(0.1):
         pass
-    del weights, status  # the signal mappings go with the process, as FastDeploy's do
+    # the signal mappings go with the process, as FastDeploy's do
 
 
 def worker(suffix: str, rank: int, tp: int, specs: list[list], cycles: int) -> None:
@@ -438,7 +446,7 @@ def worker(suffix: str, rank: int, tp: int, specs: list[list], cycles: int) -> N
         views = open_all(specs, -1)
         barrier[rank] = done  # finalize_update's tp barrier: rank 0 answers once every rank updated
         if rank == 0:
-            wait_until(lambda: all(int(word) == done for word in barrier), "every rank to update", WORKER_POLL)
+            wait_until(partial(every_word_is, barrier, done), "every rank to update", WORKER_POLL)
             weights[0] = NORMAL
         wait_until(lambda: weights[0] != UPDATING, "the update to finish", WORKER_POLL)  # NORMAL, or the next CLEARING
     done_then_let_go(views, ready, rank)
