@@ -5,7 +5,7 @@ collective runtime.
 then joins Paddle's global process group (``paddle.distributed.init_parallel_env``) with the
 backend Paddle uses for the device type (gloo on cpu, nccl on gpu, bkcl on xpu, xccl on a custom
 device). :meth:`Cluster.current` takes the group Paddle's launcher made instead
-(:mod:`.launched_group`). :meth:`Cluster.agree` gathers every rank's plan (``all_gather``) and
+(:mod:`.launched_group`) and compares every rank's facts (:mod:`.facts`). :meth:`Cluster.agree` gathers every rank's plan (``all_gather``) and
 returns the minimum and the rank that bound it, as FastDeploy's worker takes
 ``all_reduce(num_blocks, MIN)``. :meth:`Cluster.barrier` and
 :meth:`Cluster.gather_text` keep the nodes in step. Every call is bounded; a peer that dies or
@@ -14,13 +14,10 @@ stops answering is a :class:`~fd_platforms.contract.errors.NodeError` naming its
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import json
 import os
 import re
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -31,19 +28,28 @@ from ..contract.integers import check_int, is_int
 from ..contract.paddle_import import import_paddle
 from ..contract.types import Plan
 from ..ipc.cache_signal import ENV_TIMEOUT
-from ..ipc.console import printable
 from ..ipc.timeouts import check_seconds, knob
 from .bounded import bounded
-from .launched_group import Arrival, GroupRanks, Place, enter_group, existing_group, paddle_as_is
+from .facts import compare_facts, read_facts
+from .launched_group import (
+    PADDLE_ERRORS,
+    Arrival,
+    GroupRanks,
+    Place,
+    enter_group,
+    existing_group,
+    first_line,
+    paddle_as_is,
+    without_flags_banner,
+)
 from .nodes import NodeSpec, check_resolves
-from .rendezvous import PADDLE_ERRORS, Rendezvous, compare_facts, first_line, read_facts, wait_for_listener
+from .rendezvous import Rendezvous, wait_for_listener  # Cluster.join's alone
 
 T = TypeVar("T")
 
 #: Largest text one rank may contribute to :meth:`Cluster.gather_text` (a plan is ~300 bytes).
 MAX_TEXT_BYTES = 1 << 20
 _PAIR_RANK = re.compile(r"pair_rank\s*=\s*(\d+)")
-_FLAGS_BANNER = re.compile(r"=+ Modified FLAGS detected =+\n(FLAGS\(.*\)\n)*=+\n")
 
 
 def _check_join(
@@ -175,7 +181,7 @@ class Cluster:
         ours = json.dumps({"facts": dict(facts), **asdict(Place.here(os.environ, rank))})
         gathered = cluster.gather_text(ours, "comparing every node's facts")
         rows = [_row(row, other, cluster.me) for other, row in enumerate(gathered)]
-        cluster.nodes = GroupRanks(tuple(Place(row["host"], row["local_rank"]) for row in rows))
+        cluster.nodes = GroupRanks(tuple(Place(row["host"], row["local_rank"], row["pod"]) for row in rows))
         cluster.me = cluster.nodes.describe(rank)
         for other, row in enumerate(rows):
             compare_facts(dict(facts), row["facts"], cluster.nodes.describe(other))
@@ -200,12 +206,7 @@ class Cluster:
         what = "joining Paddle's process group"
         if self.global_rank != 0:  # rank 0 serves the group's store: connect once it listens
             wait_for_listener(self.nodes.host, self.nodes.port + 1, deadline, lambda: self._timed_out(what))
-        said = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(said):  # Paddle's banner of every modified FLAG
-                self._collective(dist.init_parallel_env, what, deadline)
-        finally:
-            sys.stderr.write(printable(_FLAGS_BANNER.sub("", said.getvalue())))
+        without_flags_banner(lambda: self._collective(dist.init_parallel_env, what, deadline))
 
     def agree(self, plan: Plan) -> Agreement:
         """Every rank's plan, and the one with the fewest blocks (the lowest global rank on ties)."""
@@ -309,8 +310,9 @@ def _row(row: str, rank: int, me: str) -> dict[str, Any]:
     """One rank's facts and place, as it sent them to ``Cluster.current``; a NodeError if unreadable."""
     try:
         data = json.loads(row)
-        place = Place(data["host"], data["local_rank"])
-        valid = isinstance(place.host, str) and is_int(place.local_rank) and isinstance(data["facts"], dict)
+        place = Place(data["host"], data["local_rank"], data["pod"])
+        valid = isinstance(place.host, str) and isinstance(place.pod, str) and is_int(place.local_rank)
+        valid = valid and isinstance(data["facts"], dict)
     except (ValueError, TypeError, KeyError):
         valid = False
     if not valid:

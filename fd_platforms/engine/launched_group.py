@@ -9,24 +9,33 @@ collective, so a rank that never comes is named instead of a collective that wai
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from ..contract.errors import ConfigError, NodeError
 from ..contract.integers import decimal
 from ..contract.paddle_import import import_paddle
+from ..ipc.console import printable
 from .bounded import bounded
-from .rendezvous import POLL_SECONDS, store_call
 
 #: Variables only ``paddle.distributed.launch`` sets (``Cluster.join`` sets none of them).
 LAUNCHER_ONLY = ("PADDLE_GLOBAL_RANK", "PADDLE_RANK_IN_NODE", "PADDLE_LOCAL_SIZE")
 ARRIVED = "fd-platforms/arrived/"
+#: What Paddle's store and collectives raise when a peer or the store's host fails.
+PADDLE_ERRORS = (RuntimeError, OSError, SystemError, ValueError)
+POLL_SECONDS = 0.02
+OP_SECONDS = 2.0  # the least a store call is allowed, however close the deadline
+_FLAGS_BANNER = re.compile(r"=+ Modified FLAGS detected =+\n(FLAGS\(.*\)\n)*=+\n")
+T = TypeVar("T")
 
 
 def paddle_as_is() -> ModuleType:
@@ -62,29 +71,42 @@ def enter_group(timeout: float, timed_out: Callable[[], NodeError]) -> tuple[int
         )  # fmt: skip
     if int(world) == 1:
         return 0, 1  # Paddle makes no group for one process
-    bounded(dist.init_parallel_env, timeout, timed_out)
+    without_flags_banner(lambda: bounded(dist.init_parallel_env, timeout, timed_out))
     return dist.get_rank(), dist.get_world_size()
+
+
+def without_flags_banner(call: Callable[[], T]) -> T:
+    """``call()``, with the banner of every modified FLAG that Paddle's ``init_parallel_env`` prints taken out
+    of what it writes to ``sys.stderr``."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            return call()
+    finally:
+        sys.stderr.write(printable(_FLAGS_BANNER.sub("", said.getvalue())))
 
 
 @dataclass(frozen=True)
 class Place:
-    """Where one rank runs: its host (the launcher's endpoint) and its index on that host."""
+    """Where one rank runs: its host (the launcher's endpoint), its index there, and the launcher that
+    started it (``POD_NAME``: two launchers on one host are two nodes)."""
 
     host: str
     local_rank: int
+    pod: str = ""
 
     @classmethod
     def here(cls, environ: Mapping[str, str], rank: int) -> Place:
         endpoint = environ.get("PADDLE_CURRENT_ENDPOINT", "")
         host = environ.get("POD_IP") or endpoint.rpartition(":")[0] or os.uname().nodename
         local = decimal(environ.get("PADDLE_LOCAL_RANK", environ.get("PADDLE_RANK_IN_NODE", "")))
-        return cls(host, rank if local is None else local)
+        return cls(host, rank if local is None else local, environ.get("POD_NAME", ""))
 
 
 @dataclass(frozen=True)
 class GroupRanks:
-    """Every rank's :class:`Place`, in the launcher's rank order; a node is a host, numbered in the
-    order its first rank comes. A rank whose host is not known yet is only its global rank."""
+    """Every rank's :class:`Place`, in the launcher's rank order; a node is a launcher on a host, numbered in
+    the order its first rank comes. A rank whose host is not known yet is only its global rank."""
 
     places: tuple[Place, ...]
 
@@ -101,9 +123,9 @@ class GroupRanks:
 
     def locate(self, global_rank: int) -> tuple[int, int]:
         """(node, local rank) of ``global_rank``."""
-        hosts = list(dict.fromkeys(place.host for place in self.places))
+        nodes = list(dict.fromkeys((place.host, place.pod) for place in self.places))
         place = self.places[global_rank]
-        return hosts.index(place.host), place.local_rank
+        return nodes.index((place.host, place.pod)), place.local_rank
 
     def describe(self, global_rank: int) -> str:
         """``node 1 (10.0.0.2) rank 0 (global rank 8)``."""
@@ -155,3 +177,22 @@ class Arrival:
             lambda first: NodeError(f"{self.me()}: lost the group's store (hosted by global rank 0) while {what}: "
                                     f"{first}. Fix: check global rank 0's output"),
         )  # fmt: skip
+
+
+def store_call(
+    call: Callable[[], Any], deadline: float, timed_out: Callable[[float], NodeError], lost: Callable[[str], NodeError]
+) -> Any:
+    """``call()`` on a Paddle store, bounded by the time left to ``deadline`` but at least :data:`OP_SECONDS`
+    (a poll near the deadline is not the store's host failing): ``timed_out(seconds)`` is raised when it
+    does not answer, ``lost(Paddle's first line)`` when Paddle raises."""
+    seconds = max(OP_SECONDS, deadline - time.monotonic())
+    try:
+        return bounded(call, seconds, lambda: timed_out(seconds))
+    except PADDLE_ERRORS as exc:
+        raise lost(first_line(exc)) from exc
+
+
+def first_line(exc: BaseException) -> str:
+    """The first non-blank line of a Paddle error (its C++ stack follows), else its type's name."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__

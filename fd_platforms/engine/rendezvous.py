@@ -1,4 +1,6 @@
-"""The handshake every rank of a multi-node engine makes before joining Paddle's process group.
+"""Deprecated with :meth:`~fd_platforms.engine.cluster.Cluster.join`, its only user, and goes with it in 0.3
+(Paddle's launcher makes the process group instead): the handshake every rank made before joining Paddle's
+process group.
 
 It runs on Paddle's own key-value store (``paddle.base.core.TCPStore``): global rank 0 hosts it at
 the master's ``HOST:PORT``, every other rank connects. Each rank claims its global rank (a second
@@ -18,18 +20,16 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
-from ..contract.errors import ConfigError, NodeError, show_value
+from ..contract.errors import ConfigError, NodeError
 from ..contract.paddle_import import import_paddle
 from ..ipc.timeouts import knob
 from .bounded import bounded
+from .facts import compare_facts, read_facts
+from .launched_group import PADDLE_ERRORS, POLL_SECONDS, first_line, store_call
 from .nodes import NodeSpec
 
 PREFIX = "fd-platforms/"
-#: What Paddle's store and collectives raise when a peer or the master fails.
-PADDLE_ERRORS = (RuntimeError, OSError, SystemError, ValueError)
-POLL_SECONDS = 0.02
 LINGER_SECONDS = 3.0  # the most the store's host waits, when refusing a node, for the others to read its facts
-OP_SECONDS = 2.0  # the least a store call is allowed, however close the handshake's deadline
 
 
 class Rendezvous:
@@ -184,51 +184,3 @@ def wait_for_listener(host: str, port: int, deadline: float, timed_out: Callable
             return
         except OSError:
             time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
-
-
-MAX_FACTS_BYTES = 64 << 10  # a node's facts are a few hundred bytes
-
-
-def read_facts(raw: Any, who: str, me: str) -> dict[str, Any]:
-    """The facts ``who`` (a node, a rank) published, or a NodeError when they are not a flat JSON object of plain
-    values (the size is checked before anything is parsed; nesting is refused)."""
-    try:
-        data = bytes(raw)
-        facts = json.loads(data.decode()) if len(data) <= MAX_FACTS_BYTES else None
-    except (ValueError, TypeError, RecursionError):
-        facts = None
-    plain = (str, int, float, bool, type(None))
-    if not isinstance(facts, dict) or not all(isinstance(value, plain) for value in facts.values()):
-        raise NodeError(f"{me}: {who} published facts this node cannot read. "
-                        "Fix: run the same fd-platforms version on every node")  # fmt: skip
-    return facts
-
-
-def compare_facts(ours: dict[str, object], theirs: dict[str, Any], who: str) -> None:
-    """A ConfigError naming the first fact on which ``who`` (a node, a rank) differs from this node,
-    with both values."""
-    for key in sorted(ours.keys() | theirs.keys()):
-        if ours.get(key) != theirs.get(key):
-            raise ConfigError(
-                key, ours.get(key), f"the same on every node; {who} was started with {key}={show_value(theirs.get(key))}",
-                f"start every node of the engine with the same {key}",
-            )  # fmt: skip
-
-
-def store_call(
-    call: Callable[[], Any], deadline: float, timed_out: Callable[[float], NodeError], lost: Callable[[str], NodeError]
-) -> Any:
-    """``call()`` on a Paddle store, bounded by the time left to ``deadline`` but at least :data:`OP_SECONDS`
-    (a poll near the deadline is not the store's host failing): ``timed_out(seconds)`` is raised when it
-    does not answer, ``lost(Paddle's first line)`` when Paddle raises."""
-    seconds = max(OP_SECONDS, deadline - time.monotonic())
-    try:
-        return bounded(call, seconds, lambda: timed_out(seconds))
-    except PADDLE_ERRORS as exc:
-        raise lost(first_line(exc)) from exc
-
-
-def first_line(exc: BaseException) -> str:
-    """The first non-blank line of a Paddle error (its C++ stack follows), else its type's name."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__

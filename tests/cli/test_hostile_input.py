@@ -694,7 +694,7 @@ def test_a_plugin_ending_its_process_is_a_broken_row_and_plan_and_run_go_on(make
 )  # fmt: skip
 def test_a_rogue_facts_entry_is_a_node_error_naming_the_node(raw: bytes) -> None:
     from fd_platforms.contract.errors import NodeError
-    from fd_platforms.engine.rendezvous import read_facts
+    from fd_platforms.engine.facts import read_facts
 
     with pytest.raises(NodeError, match="node 1 published facts this node cannot read"):
         read_facts(raw, "node 1", "node 0 rank 0")
