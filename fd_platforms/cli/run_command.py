@@ -5,8 +5,9 @@ plans its blocks (every rank then uses the minimum) and asks the platform whethe
 KV cache; creators allocate it, the others wait while one cache-manager process allocates it
 (plus host swap space). Rank ``r`` uses local device ``r``; on cpu every rank shares the host's
 memory, and without ``--device-memory`` each plans on an even share of it. With ``--nnodes N``
-this node is one of N running the same command: every rank of every node agrees on the blocks
-through Paddle's collective runtime (:mod:`fd_platforms.engine.cluster`). Progress goes to
+this node is one of N running the same command: Paddle's launcher starts the workers (``python -m
+paddle.distributed.launch``, :mod:`fd_platforms.lifecycle.launcher`) and every rank of every node agrees on
+the blocks over the process group it made (``Cluster.current``). Progress goes to
 stderr (not with ``--json``), and after a report the last line says what to try next. Exit codes: 0,
 1 a process (or another node) failed, 2 a configuration or memory error (also a child's), 130 Ctrl-C,
 143 SIGTERM.
@@ -59,7 +60,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser.add_argument("--node-rank", type=int, metavar="I", help="this node's index, 0 to N-1 (with --nnodes)")
     parser.add_argument(
         "--master", metavar="HOST:PORT",
-        help="node 0's address, the same on every node; node 0 listens on PORT and PORT+1 (with --nnodes)",
+        help="node 0's address, the same on every node: Paddle's launcher meets the other nodes' there (with --nnodes)",
     )  # fmt: skip
     parser.add_argument(
         "--block-count-suffix", metavar="SUFFIX",
@@ -73,12 +74,11 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     # Imported here: the other commands never pay for multiprocessing and the lifecycle.
-    from ..engine import NodeSpec
     from ..ipc.cache_signal import ENV_TIMEOUT
     from ..ipc.timeouts import set_by_flag
     from ..lifecycle.engine import run_lifecycle, select_run_platform
     from ..lifecycle.progress import Progress
-    from ..lifecycle.spec import RunSpec, run_device_ids
+    from ..lifecycle.spec import NodeFlags, RunSpec, run_device_ids
     from ..rules.config.nodes import check_resolves
 
     deploy = deploy_config(args)
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             "--ranks", ranks, f"1 to tensor_parallel_size={tp}{across} = {per_node} (each local rank is one tensor-parallel rank)",
             f"pass --ranks between 1 and {per_node}, or raise --tp",
         )
-    nodes = None if args.nnodes == 1 else NodeSpec(args.nnodes, args.node_rank, args.master, ranks)
+    nodes = None if args.nnodes == 1 else NodeFlags(args.nnodes, args.node_rank, args.master)
     if nodes is not None:
         check_resolves(nodes.master, "--master")
     if not 0 <= args.cycles <= MAX_CYCLES:

@@ -10,7 +10,8 @@ attach, the driver proves each maps the manager's memory (tokens both ways). ``-
 and re-initializes N more times. Whatever happens, leaving :func:`run_lifecycle` stops every child
 and removes the signal from ``/dev/shm``.
 
-Across nodes (``spec.nodes``) each worker joins the other nodes' ranks after planning and sends
+Across nodes (``spec.nodes``) Paddle's launcher starts the workers (:mod:`.launcher`) once every node has
+come; each worker agrees with the other nodes' ranks over the launcher's process group after planning and sends
 the agreement (the fewest blocks of every rank of every node) with its plan; the nodes keep in
 step with a barrier per cycle and a gather of every rank's report at the end (node 0 shows them all).
 """
@@ -22,12 +23,13 @@ import os
 import secrets
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import asdict
 from typing import Any
 
 from ..contract.errors import ConfigError, NodeError, PluginContractError, UnknownPlatformError
 from ..contract.types import Plan
-from ..engine import Agreement, NodeSpec, check_can_attach, reclaim_stale_publications
+from ..engine import Agreement, check_can_attach, reclaim_stale_publications
 from ..ipc.cache_signal import reclaim_stale_signals
 from ..kit.host_memory import available_host_bytes, host_bytes_for_swap, resident_bytes
 from ..loading.platform import Platform
@@ -36,6 +38,7 @@ from ..rules.decision import decided_by
 from ..rules.planner import check_host_swap, host_swap_blocks, min_across_ranks
 from ..rules.sizes import format_size
 from .children import Child, Children
+from .launcher import Launcher
 from .manager import manager_main
 from .progress import Progress
 from .report import Allocation, CycleReport, NodesReport, RankReport, RunReport
@@ -173,7 +176,7 @@ class _Run:
         texts: list[str] = rows[self.workers[0]]
         everyone = nodes.node_rank == 0
         if everyone:
-            ranks = tuple(_parse_rank(text, nodes, rank) for rank, text in enumerate(texts))
+            ranks = tuple(_parse_rank(text, rank) for rank, text in enumerate(texts))
         bound = agreement.bound_by
         return ranks, NodesReport(
             nnodes=nodes.nnodes, node_rank=nodes.node_rank, master=nodes.master,
@@ -219,11 +222,10 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
     reclaim_stale_publications()
     signals = EngineSignals(spec)
     try:
-        with signals, Children() as children:
-            spawned = time.monotonic()
-            workers = [children.start(f"rank {rank}", worker_main, spec, rank, signals.name) for rank in range(spec.ranks)]
-            pids = ", ".join(str(worker.pid) for worker in workers)
-            say(f"platform {spec.platform}: started {spec.ranks} worker(s) (pid {pids}), {signals.describe()}")
+        with signals, ExitStack() as stack:
+            launcher = None if spec.nodes is None else stack.enter_context(Launcher(spec))  # stopped after its workers
+            children = stack.enter_context(Children())
+            workers, spawned = _start_workers(spec, children, launcher, signals, say)
             run = _Run(spec, platform, children, workers, say)
             if not decision.create or workers_create:
                 run.attaching, run.workers_create = tuple(range(spec.ranks)), workers_create
@@ -281,12 +283,37 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
     )
 
 
-def _parse_rank(text: str, nodes: NodeSpec, rank: int) -> RankReport:
+def _start_workers(
+    spec: RunSpec, children: Children, launcher: Launcher | None, signals: EngineSignals, say: Progress
+) -> tuple[list[Child], float]:
+    """Every local rank's worker, spawned here, or on several nodes started by Paddle's launcher (which waits
+    for every node first); and when they were started."""
+    if launcher is None:
+        spawned = time.monotonic()
+        workers = [children.start(f"rank {rank}", worker_main, spec, rank, signals.name) for rank in range(spec.ranks)]
+        pids = ", ".join(str(worker.pid) for worker in workers)
+        say(f"platform {spec.platform}: started {spec.ranks} worker(s) (pid {pids}), {signals.describe()}")
+        return workers, spawned
+    nodes = launcher.nodes
+    say(
+        f"platform {spec.platform}: node {nodes.node_rank} of {nodes.nnodes}: started python -m "
+        f"paddle.distributed.launch (pid {launcher.process.pid}) for {spec.ranks} worker(s), master {nodes.master}, "
+        f"{signals.describe()}"
+    )
+    started = time.monotonic()
+    workers = launcher.accept(children, signals.name)
+    pids = ", ".join(str(worker.pid) for worker in workers)
+    seconds = time.monotonic() - started
+    say(f"the launcher started {spec.ranks} worker(s) (pid {pids}) {seconds:.3f} s later, once every node had come")
+    return workers, time.monotonic()
+
+
+def _parse_rank(text: str, rank: int) -> RankReport:
     try:
         return RankReport(**json.loads(text))
     except (ValueError, TypeError) as exc:
         raise NodeError(
-            f"{nodes.describe(rank)} sent a report this node cannot read ({exc}). "
+            f"global rank {rank} sent a report this node cannot read ({exc}). "
             "Fix: run the same fd-platforms version on every node"
         ) from exc
 
@@ -333,7 +360,7 @@ def _rank_report(
     spec: RunSpec,
     rank: int,
     final: Plan,
-    planned: tuple[Plan, float, Agreement | None, float | None],
+    planned: tuple[Plan, float, Agreement | None, tuple[int, float] | None],
     result: WorkerResult,
     managed: dict[int, Allocation],
     verified: dict[int, bool],
@@ -370,6 +397,6 @@ def _rank_report(
         attached_by=None if not attached_tensors else ("worker" if result.allocation is None else "cache manager"),
         verified=verified.get(rank),
         node=0 if spec.nodes is None else spec.nodes.node_rank,
-        global_rank=rank if spec.nodes is None else spec.nodes.global_rank(rank),
-        join_seconds=planned[3],
+        global_rank=rank if planned[3] is None else planned[3][0],
+        join_seconds=None if planned[3] is None else planned[3][1],
     )

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..contract.types import Plan, PlatformIdentity
-from ..engine import CacheRequest, NodeSpec, protocol_named
+from ..engine import CacheRequest, protocol_named
 from ..fastdeploy import FASTDEPLOY  # noqa: F401 - registers protocol "fastdeploy", which [scheduler] protocol may name
 from ..rules.config.deploy import DeployConfig
 from ..rules.decision import RULE_VERSIONS, DecisionInputs
@@ -20,6 +20,16 @@ from ..rules.planner import host_swap_blocks, shares_one_device
 #: within twice ``--timeout`` at most. Across nodes, planning (each worker's join) and sharing the
 #: report add the whole margin: there a worker's own bound names the node that is missing.
 MARGIN_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class NodeFlags:
+    """This node's place in an engine over ``nnodes`` nodes (``--nnodes``, ``--node-rank``, ``--master``), as
+    Paddle's launcher takes it (:mod:`.launcher`)."""
+
+    nnodes: int
+    node_rank: int
+    master: str
 
 
 @dataclass(frozen=True)
@@ -49,7 +59,7 @@ class RunSpec:
     host_memory: int | None = None
     quiet: bool = False
     cycles: int = 0
-    nodes: NodeSpec | None = None
+    nodes: NodeFlags | None = None
     block_count_suffix: str | None = None
     device_ids: tuple[int, ...] = ()
 

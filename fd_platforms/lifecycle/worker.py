@@ -4,8 +4,8 @@ Paddle is imported first, in parallel across ranks, so that a rank told to wait 
 manager already waits by the time that manager could fail. Messages with the engine, in order:
 send ``("imported", seconds)`` (the seconds ``import paddle`` took); receive ``("plan", None)`` (sent
 once every worker has imported, so the engine's line saying so comes before any plan's); send
-``("plan", (plan, seconds, agreement, join_seconds))`` (the agreement across nodes and the seconds
-joining them took, None on one node); receive ``("final",
+``("plan", (plan, seconds, agreement, (global_rank, join_seconds)))`` (the agreement across nodes, this
+rank's global rank and the seconds joining took; None on one node); receive ``("final",
 (plan, manager_pid))`` (the minimum across ranks, and the cache manager's pid when there is one);
 call :func:`~fd_platforms.engine.initialize_kv_cache`, which creates or attaches; send ``("ready",
 WorkerResult)``. Then serve until ``("stop", None)``: ``verify`` (an attacher reads the cache
@@ -17,6 +17,7 @@ manager's tokens and writes its own), ``clear`` and ``init`` (clear and re-initi
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -80,8 +81,9 @@ def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, instance: s
     )
     seconds = time.monotonic() - started
     say(f"planned {plan.num_blocks} blocks of {format_size(plan.bytes_per_block)} ({plan.binding_reason})")
-    cluster, agreement = _agree(spec, platform, rank, plan, say) if spec.nodes is not None else (None, None)
-    conn.send(("plan", (plan, seconds, agreement, None if cluster is None else cluster.join_seconds)))
+    cluster, agreement = _agree(spec, plan, say) if spec.nodes is not None else (None, None)
+    joined = None if cluster is None else (cluster.global_rank, cluster.join_seconds)
+    conn.send(("plan", (plan, seconds, agreement, joined)))
     final, manager_pid = expect(conn, "final", spec.timeout)
     protocol = protocol_named(spec.deploy.scheduler.protocol)
     if rank == 0 and (word := protocol.hand_off_block_count(
@@ -115,14 +117,12 @@ def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, instance: s
     state["cache"].clear(spec.timeout)
 
 
-def _agree(spec: RunSpec, platform: Platform, rank: int, plan: Plan, say: Progress) -> tuple[Cluster, Agreement]:
-    """Join every node's ranks in Paddle's process group and agree on the fewest blocks."""
+def _agree(spec: RunSpec, plan: Plan, say: Progress) -> tuple[Cluster, Agreement]:
+    """Agree with every rank of every node on the fewest blocks, over the process group Paddle's launcher made."""
     assert spec.nodes is not None
-    say(f"joining {spec.nodes.nnodes} nodes at {spec.nodes.master} as global rank {spec.nodes.global_rank(rank)}")
-    cluster = Cluster.join(
-        spec.nodes, rank, facts=spec.node_facts(), timeout=spec.timeout,
-        device_type=spec.device_type, device_id=spec.local_device(rank),
-    )  # fmt: skip
+    rank = os.environ.get("PADDLE_TRAINER_ID", "?")
+    say(f"agreeing with the ranks of {spec.nodes.nnodes} nodes in the launcher's process group as global rank {rank}")
+    cluster = Cluster.current(facts=spec.node_facts(), timeout=spec.timeout)
     agreement = cluster.agree(plan)
     bound = agreement.bound_by
     say(f"joined in {cluster.join_seconds:.3f} s; every rank of every node uses {agreement.plan.num_blocks} blocks "

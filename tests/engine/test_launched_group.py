@@ -24,7 +24,7 @@ import pytest
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.engine import Cluster, NodeSpec, free_master
 from fd_platforms.fastdeploy.signals import PROFILE_BLOCK_NUM, FastDeploySignal
-from run_helpers import ROOT, clean_env
+from run_helpers import ROOT, clean_env, free_port
 
 launcher = pytest.mark.slow  # the real launcher: left out of -m "not slow"
 
@@ -74,7 +74,7 @@ def still_running(tmp: Path) -> list[str]:
 
 def two_nodes(tmp: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Launcher arguments for nodes 0 and 1 on 127.0.0.2 and 127.0.0.3, on a free port."""
-    port = free_master("127.0.0.2").rsplit(":", 1)[1]
+    port = str(free_port("127.0.0.2"))
     return tuple(("--ips", "127.0.0.2,127.0.0.3", "--host", host, "--start_port", port, "--nproc_per_node", "1")
                  for host in ("127.0.0.2", "127.0.0.3"))  # type: ignore[return-value]  # fmt: skip
 

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -123,6 +124,13 @@ SWEEP_LINES = (": WARNING: left ", ": WARNING: reclaiming cache-ready signal ", 
 def without_sweep(stderr: str) -> list[str]:
     """stderr's lines without the start-up sweep's warnings (which name whatever else is in /dev/shm)."""
     return [line for line in stderr.splitlines() if not any(mark in line for mark in SWEEP_LINES)]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now (another process may still take it before it is used)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

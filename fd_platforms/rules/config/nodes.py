@@ -27,10 +27,8 @@ def check_nodes(nnodes: object, node_rank: object, master: object, local_ranks: 
 
 
 def parse_master(master: object, field: str = "master") -> tuple[str, int]:
-    """``HOST:PORT`` as (host, port); PORT + 1 must be a port too (Paddle's process-group store)."""
-    allowed = (
-        "HOST:PORT with an IPv4 address or a host name and a port from 1 to 65534 (node 0 listens on PORT and PORT+1)"
-    )
+    """``HOST:PORT`` as (host, port); PORT + 1 must be a port too (the deprecated ``Cluster.join`` listens there)."""
+    allowed = "HOST:PORT with an IPv4 address or a host name and a port from 1 to 65534"
     fix = f"pass {field} as node 0's address, e.g. 10.0.0.1:29500, the same on every node"
     if not isinstance(master, str) or master.count(":") != 1:
         raise ConfigError(field, master, allowed, fix)
