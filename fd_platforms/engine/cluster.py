@@ -1,11 +1,12 @@
 """One engine over several nodes: every rank of every node agrees on its KV cache through Paddle's
 collective runtime.
 
-:meth:`Cluster.join` (an engine with no launcher of its own) makes the handshake (:mod:`.rendezvous`),
-then joins Paddle's global process group (``paddle.distributed.init_parallel_env``) with the
-backend Paddle uses for the device type (gloo on cpu, nccl on gpu, bkcl on xpu, xccl on a custom
-device). :meth:`Cluster.current` takes the group Paddle's launcher made instead
-(:mod:`.launched_group`) and compares every rank's facts (:mod:`.facts`). :meth:`Cluster.agree` gathers every rank's plan (``all_gather``) and
+:meth:`Cluster.current` takes the process group Paddle's launcher made (``python -m
+paddle.distributed.launch``, as FastDeploy starts its workers; :mod:`.launched_group`) and compares every
+rank's facts (:mod:`.facts`). :meth:`Cluster.join`, deprecated (it goes in 0.3 with :mod:`.rendezvous` and
+:class:`~.nodes.NodeSpec`), made a handshake of its own and then joined Paddle's global process group
+with the backend Paddle uses for the device type (gloo on cpu, nccl on gpu, bkcl on xpu, xccl on a
+custom device). :meth:`Cluster.agree` gathers every rank's plan (``all_gather``) and
 returns the minimum and the rank that bound it, as FastDeploy's worker takes
 ``all_reduce(num_blocks, MIN)``. :meth:`Cluster.barrier` and
 :meth:`Cluster.gather_text` keep the nodes in step. Every call is bounded; a peer that dies or
@@ -42,7 +43,7 @@ from .launched_group import (
     paddle_as_is,
     without_flags_banner,
 )
-from .nodes import NodeSpec, check_resolves
+from .nodes import NodeSpec, check_resolves, deprecated
 from .rendezvous import Rendezvous, wait_for_listener  # Cluster.join's alone
 
 T = TypeVar("T")
@@ -142,10 +143,14 @@ class Cluster:
         device_id: int = 0,
         limit: str = ENV_TIMEOUT,
     ) -> Cluster:
-        """Handshake (every node's ``facts`` must equal this node's), then join the process group;
-        all within ``timeout`` seconds. ``limit`` names the setting that lengthens it in errors.
-        For an engine with no launcher of its own: inside a group Paddle's launcher made, use
-        :meth:`current`."""
+        """Deprecated, goes in 0.3 (a DeprecationWarning at the caller): start the workers with Paddle's launcher
+        and use :meth:`current`. Handshake (every node's ``facts`` must equal this node's), then join the
+        process group; all within ``timeout`` seconds. ``limit`` names the setting that lengthens it in errors."""
+        deprecated(
+            "Cluster.join",
+            "start the workers with python -m paddle.distributed.launch (--nnodes, --rank, --master) and agree over "
+            "the process group it made with Cluster.current(facts=..., timeout=...)",
+        )
         _check_join(nodes, local_rank, facts, timeout, device_type, device_id)
         _refuse_existing_group()
         started = time.monotonic()

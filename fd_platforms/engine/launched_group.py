@@ -67,7 +67,7 @@ def enter_group(timeout: float, timed_out: Callable[[], NodeError]) -> tuple[int
             "PADDLE_TRAINERS_NUM", world, "set by python -m paddle.distributed.launch, or a process group made by "
             "fleet.init(is_collective=True) / paddle.distributed.init_parallel_env()",
             "start each worker with python -m paddle.distributed.launch, or call fleet.init(is_collective=True) "
-            "before Cluster.current; an engine without a launcher of its own uses Cluster.join",
+            "before Cluster.current",
         )  # fmt: skip
     if int(world) == 1:
         return 0, 1  # Paddle makes no group for one process
