@@ -120,9 +120,15 @@ class Launcher:
                 )
             sock, _ = self.server.accept()
             conn = Connection(sock.detach())
-            rank, pid = self._hello(conn, deadline)
-            reduction.send_handle(conn, sys.stderr.fileno(), pid)  # its progress lines go where the engine's do
-            conn.send((self.spec, instance, os.getpid()))
+            try:
+                rank, pid = self._hello(conn, deadline)
+                reduction.send_handle(conn, sys.stderr.fileno(), pid)  # its progress lines go where the engine's do
+                conn.send((self.spec, instance, os.getpid()))
+            except (EOFError, OSError) as exc:
+                raise NodeError(
+                    f"node {self.nodes.node_rank}: a worker ended while it connected to the engine "
+                    f"({exc or type(exc).__name__}). Fix: check the workers' output above"
+                ) from exc
             found[rank] = children.adopt(f"rank {rank}", LaunchedProcess(pid), conn)
         return [found[rank] for rank in range(self.spec.ranks)]
 
