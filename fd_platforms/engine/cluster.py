@@ -175,7 +175,12 @@ class Cluster:
         started = time.monotonic()
         here = f"global rank {os.environ.get('PADDLE_TRAINER_ID', '?')}"
         joining = "joining the launcher's process group"
-        rank, world = enter_group(timeout, lambda: _timed_out(here, joining, timeout, limit))
+        try:
+            rank, world = enter_group(timeout, lambda: _timed_out(here, joining, timeout, limit))
+        except FdPlatformsError:
+            raise
+        except PADDLE_ERRORS as exc:  # Paddle's own, from its store or its process group
+            raise NodeError(f"{here}: {joining} failed: {first_line(exc)}. Fix: check the other ranks' output") from exc
         cluster = cls(GroupRanks.from_launcher(os.environ, world), rank, group_place, timeout, limit)
         slower = f"raise {knob(limit, argument=True)} if a rank is legitimately slower"
 

@@ -13,6 +13,7 @@ import contextlib
 import io
 import os
 import re
+import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -71,7 +72,11 @@ def enter_group(timeout: float, timed_out: Callable[[], NodeError]) -> tuple[int
         )  # fmt: skip
     if int(world) == 1:
         return 0, 1  # Paddle makes no group for one process
-    without_flags_banner(lambda: bounded(dist.init_parallel_env, timeout, timed_out))
+    deadline = time.monotonic() + timeout
+    host, _, port = os.environ.get("PADDLE_MASTER", "").rpartition(":")
+    if os.environ["PADDLE_TRAINER_ID"] != "0" and decimal(port) is not None:  # rank 0 hosts the group's store
+        wait_for_listener(host, int(port), deadline, timed_out)
+    without_flags_banner(lambda: bounded(dist.init_parallel_env, max(0.0, deadline - time.monotonic()), timed_out))
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -196,3 +201,18 @@ def first_line(exc: BaseException) -> str:
     """The first non-blank line of a Paddle error (its C++ stack follows), else its type's name."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
+
+
+def wait_for_listener(host: str, port: int, deadline: float, timed_out: Callable[[], NodeError]) -> None:
+    """Return once ``host:port`` accepts a connection (closed at once): Paddle's store client retries a
+    refused connection only every 3 s, holding the interpreter lock, so a rank that started before the
+    store's host would wait that long, past any bound of ours."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise timed_out()
+        try:
+            socket.create_connection((host, port), timeout=min(1.0, remaining)).close()
+            return
+        except OSError:
+            time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))

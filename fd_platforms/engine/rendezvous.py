@@ -25,7 +25,7 @@ from ..contract.paddle_import import import_paddle
 from ..ipc.timeouts import knob
 from .bounded import bounded
 from .facts import compare_facts, read_facts
-from .launched_group import PADDLE_ERRORS, POLL_SECONDS, first_line, store_call
+from .launched_group import PADDLE_ERRORS, POLL_SECONDS, first_line, store_call, wait_for_listener
 from .nodes import NodeSpec
 
 PREFIX = "fd-platforms/"
@@ -170,17 +170,3 @@ def check_free(port: int, master: str, me: str) -> None:
                 f"{me}: cannot listen on port {port} for --master {master}: {exc.strerror or exc}. "
                 "Fix: pick a --master port whose next port is free too (node 0 listens on PORT and PORT+1)"
             ) from exc
-
-
-def wait_for_listener(host: str, port: int, deadline: float, timed_out: Callable[[], NodeError]) -> None:
-    """Return once ``host:port`` accepts a connection (closed at once): Paddle's store retries a
-    refused connection only every 3 s, so a rank that starts before the master would wait that long."""
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise timed_out()
-        try:
-            socket.create_connection((host, port), timeout=min(1.0, remaining)).close()
-            return
-        except OSError:
-            time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))

@@ -33,7 +33,7 @@ from ..kit.host_memory import resident_bytes
 from ..loading.platform import Platform
 from ..rules.planner import memory_per_rank
 from ..rules.sizes import format_size
-from .child import child_platform, expect, run_child, serve
+from .child import child_platform, expect, killed_with_the_parent, run_child, serve
 from .progress import Progress
 from .report import Allocation
 from .spec import RunSpec
@@ -122,7 +122,8 @@ def _agree(spec: RunSpec, plan: Plan, say: Progress) -> tuple[Cluster, Agreement
     assert spec.nodes is not None
     rank = os.environ.get("PADDLE_TRAINER_ID", "?")
     say(f"agreeing with the ranks of {spec.nodes.nnodes} nodes in the launcher's process group as global rank {rank}")
-    cluster = Cluster.current(facts=spec.node_facts(), timeout=spec.timeout)
+    with killed_with_the_parent():  # the launcher's end; rank 0 waits inside Paddle for every rank to connect
+        cluster = Cluster.current(facts=spec.node_facts(), timeout=spec.timeout)
     agreement = cluster.agree(plan)
     bound = agreement.bound_by
     say(f"joined in {cluster.join_seconds:.3f} s; every rank of every node uses {agreement.plan.num_blocks} blocks "

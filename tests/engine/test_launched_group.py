@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from fd_platforms.contract.errors import ConfigError
+from fd_platforms.contract.errors import ConfigError, NodeError
 from fd_platforms.engine import Cluster, NodeSpec, free_master
 from fd_platforms.fastdeploy.signals import PROFILE_BLOCK_NUM, FastDeploySignal
 from run_helpers import ROOT, clean_env, free_port
@@ -157,6 +157,21 @@ def test_cluster_current_outside_any_group_names_the_launcher(monkeypatch) -> No
     with pytest.raises(ConfigError, match="PADDLE_TRAINERS_NUM is not given") as caught:
         Cluster.current(facts={"tp": 2}, timeout=5)
     assert "python -m paddle.distributed.launch" in str(caught.value)
+
+
+def test_a_rank_whose_groups_store_never_listens_is_a_node_error_within_its_timeout(monkeypatch) -> None:
+    """Paddle's store client retries a refused connection holding the interpreter lock, past any bound of ours: a
+    rank other than 0 waits for the store's host to listen first, bounded."""
+    launched = {"PADDLE_TRAINER_ID": "1", "PADDLE_TRAINERS_NUM": "2", "PADDLE_MASTER": f"127.0.0.1:{free_port()}"}
+    for name, value in launched.items():
+        monkeypatch.setenv(name, value)
+    import paddle  # noqa: F401 - imported before the clock starts
+
+    started = time.monotonic()
+    said = r"^global rank 1: joining the launcher's process group did not complete within 1 s"
+    with pytest.raises(NodeError, match=said):
+        Cluster.current(facts={"tp": 2}, timeout=1)
+    assert time.monotonic() - started < 5
 
 
 @pytest.mark.parametrize(("facts", "timeout", "field"), [([("tp", 2)], 5, "facts"), ({"tp": object()}, 5, "facts"),
