@@ -43,11 +43,23 @@ def worker(memory_mib: int) -> None:
     bound = agreement.bound_by
     with CacheReadySignal.create(1) as signal:  # each node's engine owns its own signal
         cache = initialize_kv_cache(
-            platform, layout, agreement.plan.num_blocks, profile=False, num_cpu_blocks=0, storage_backend=None,
-            splitwise_role="mixed", instance=signal.name, creator_pid=None, timeout=TIMEOUT)
+            platform,
+            layout,
+            agreement.plan.num_blocks,
+            profile=False,
+            num_cpu_blocks=0,
+            storage_backend=None,
+            splitwise_role="mixed",
+            instance=signal.name,
+            creator_pid=None,
+            timeout=TIMEOUT,
+        )
         cluster.barrier("every node's cache is ready")
-        print(f"node {node}: planned {plan.num_blocks} blocks, uses {agreement.plan.num_blocks} "
-              f"(node {bound.node} rank {bound.local_rank}'s plan), created={cache.created}", flush=True)
+        print(
+            f"node {node}: planned {plan.num_blocks} blocks, uses {agreement.plan.num_blocks} "
+            f"(node {bound.node} rank {bound.local_rank}'s plan), created={cache.created}",
+            flush=True,
+        )
         cache.clear(TIMEOUT)
 
 
@@ -58,12 +70,17 @@ def main(argv: list[str]) -> int:
     with socket.socket() as probe:  # a free port for node 0's launcher to meet node 1's at
         probe.bind(("127.0.0.1", 0))
         master = f"127.0.0.1:{probe.getsockname()[1]}"
+    flags = f"--nnodes 2 --nproc_per_node 1 --master {master} --rank".split()
+    launch = [sys.executable, "-m", "paddle.distributed.launch", *flags]
     with tempfile.TemporaryDirectory() as logs:
-        nodes = [subprocess.Popen([sys.executable, "-m", "paddle.distributed.launch", "--nnodes", "2", "--rank",
-                                   str(rank), "--master", master, "--nproc_per_node", "1", "--log_dir",
-                                   f"{logs}/node{rank}", __file__, "--memory-mib", str(memory)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                 for rank, memory in ((0, 96), (1, 64))]
+        nodes = [
+            subprocess.Popen(
+                [*launch, str(rank), "--log_dir", f"{logs}/node{rank}", __file__, "--memory-mib", str(memory)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for rank, memory in ((0, 96), (1, 64))
+        ]
         codes = [process.wait(timeout=TIMEOUT + 60) for process in nodes]
         for rank in range(2):  # each node's line from its worker's log, among Paddle's own; the log's end on failure
             log = (Path(logs) / f"node{rank}" / "workerlog.0").read_text()

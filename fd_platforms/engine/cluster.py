@@ -41,10 +41,11 @@ from .launched_group import (
     existing_group,
     first_line,
     paddle_as_is,
+    wait_for_listener,
     without_flags_banner,
 )
 from .nodes import NodeSpec, check_resolves, deprecated
-from .rendezvous import Rendezvous, wait_for_listener  # Cluster.join's alone
+from .rendezvous import Rendezvous  # Cluster.join's alone
 
 T = TypeVar("T")
 

@@ -9,6 +9,7 @@ worker does (:func:`~.worker.worker_main`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -49,10 +50,8 @@ def main() -> int:
 
 def _end_with(pid: int) -> None:
     """SIGTERM to this process (the worker's stop) once process ``pid`` has ended."""
-    try:
+    with contextlib.suppress(ProcessLookupError):  # gone already
         select.select([os.pidfd_open(pid)], [], [])
-    except ProcessLookupError:
-        pass  # gone already
     os.kill(os.getpid(), signal.SIGTERM)
 
 

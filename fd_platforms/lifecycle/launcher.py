@@ -29,10 +29,14 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from ..contract.errors import NodeError
 from .children import Child, Children
 from .spec import NodeFlags, RunSpec
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11's
+    from typing_extensions import Self
 
 #: Where a launched worker finds its node's engine: the path of the engine's socket.
 ENV_ENGINE = "FD_PLATFORMS_ENGINE"
@@ -127,7 +131,7 @@ class Launcher:
             except (EOFError, OSError) as exc:
                 raise NodeError(
                     f"node {self.nodes.node_rank}: a worker ended while it connected to the engine "
-                    f"({exc or type(exc).__name__}). Fix: check the workers' output above"
+                    f"({str(exc) or type(exc).__name__}). Fix: check the workers' output above"
                 ) from exc
             found[rank] = children.adopt(f"rank {rank}", LaunchedProcess(pid), conn)
         return [found[rank] for rank in range(self.spec.ranks)]
@@ -152,7 +156,7 @@ class Launcher:
             f"--node-rank and --master {master}; raise --timeout if a node starts later"
         )
 
-    def __enter__(self) -> Launcher:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
