@@ -3,10 +3,12 @@
 Both rows run ``fd-platforms run --json`` on the cpu platform with the same model, ``--tp 2`` and
 ``--device-memory``: the anchor ``1 node`` runs both ranks on one node (the minimum taken over the
 engine's pipes); ``2 nodes`` runs two ``fd-platforms run --nnodes 2`` on 127.0.0.1 (one rank each,
-their own engines and cache-ready signals), which join Paddle's process group (gloo) and agree
-through it. From the reports: ``join`` (a rank's handshake and ``init_parallel_env``), ``agree``
-(the ``all_gather`` of the plans), ``run`` (the report's wall time; the slower node's for two
-nodes); ``ratio`` is ``run`` over the anchor's. With ``--repeat N`` every number is the median of N.
+their own engines and cache-ready signals), each starting its worker through ``python -m
+paddle.distributed.launch``; the workers agree over the launcher's process group (gloo). From the
+reports: ``join`` (a rank's ``Cluster.current``: joining the launcher's group and comparing every rank's
+facts), ``agree`` (the ``all_gather`` of the plans), ``run`` (the report's wall time, the launchers'
+start included; the slower node's for two nodes); ``ratio`` is ``run`` over the anchor's. With
+``--repeat N`` every number is the median of N.
 
 Run from the repository root: ``python benchmarks/multinode.py [--json] [--repeat N]``.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -29,12 +32,23 @@ except ModuleNotFoundError:
     sys.path.insert(0, str(ROOT))
 
 from fd_platforms.cli.table import format_table  # noqa: E402
-from fd_platforms.engine import free_master  # noqa: E402
 
 
 def command(model: str, memory: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "fd_platforms.cli", "run", "--model", model, "--tp", "2",
-            "--device-memory", memory, "--json", *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "fd_platforms.cli",
+        "run",
+        "--model",
+        model,
+        "--tp",
+        "2",
+        "--device-memory",
+        memory,
+        "--json",
+        *extra,
+    ]
 
 
 def finish(process: subprocess.Popen[str]) -> dict[str, Any]:
@@ -49,11 +63,14 @@ def sample(model: str, memory: str) -> dict[str, dict[str, Any]]:
     env = {k: v for k, v in os.environ.items() if k not in ("FD_PLATFORM", "FD_PLATFORM_PLUGINS")}
 
     def start(*extra: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(command(model, memory, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, cwd=ROOT, env=env)  # fmt: skip
+        return subprocess.Popen(
+            command(model, memory, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env
+        )
 
     one = finish(start())
-    master = free_master()
+    with socket.socket() as probe:  # a free port for the launchers to meet at
+        probe.bind(("127.0.0.1", 0))
+        master = f"127.0.0.1:{probe.getsockname()[1]}"
     nodes = [start("--nnodes", "2", "--node-rank", str(node), "--master", master) for node in (0, 1)]
     reports = [finish(process) for process in nodes]
     ranks = reports[0]["ranks"]  # node 0 reports every node's ranks
@@ -91,8 +108,17 @@ def render(rows: list[dict[str, Any]]) -> str:
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{1000 * value:.1f}"
 
-    lines = [(row["setup"], row["num_blocks"], ms(row["join_s"]), ms(row["agree_s"]), f"{row['run_s']:.2f}",
-              f"{row['ratio']:.2f}") for row in rows]  # fmt: skip
+    lines = [
+        (
+            row["setup"],
+            row["num_blocks"],
+            ms(row["join_s"]),
+            ms(row["agree_s"]),
+            f"{row['run_s']:.2f}",
+            f"{row['ratio']:.2f}",
+        )
+        for row in rows
+    ]
     return f"median of {rows[0]['runs']} run(s); 2 ranks in all (--tp 2)\n" + format_table(
         ("setup", "blocks/rank", "join ms", "agree ms", "run s", "ratio"), lines
     )

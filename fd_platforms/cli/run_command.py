@@ -5,8 +5,9 @@ plans its blocks (every rank then uses the minimum) and asks the platform whethe
 KV cache; creators allocate it, the others wait while one cache-manager process allocates it
 (plus host swap space). Rank ``r`` uses local device ``r``; on cpu every rank shares the host's
 memory, and without ``--device-memory`` each plans on an even share of it. With ``--nnodes N``
-this node is one of N running the same command: every rank of every node agrees on the blocks
-through Paddle's collective runtime (:mod:`fd_platforms.engine.cluster`). Progress goes to
+this node is one of N running the same command: Paddle's launcher starts the workers (``python -m
+paddle.distributed.launch``, :mod:`fd_platforms.lifecycle.launcher`) and every rank of every node agrees on
+the blocks over the process group it made (``Cluster.current``). Progress goes to
 stderr (not with ``--json``), and after a report the last line says what to try next. Exit codes: 0,
 1 a process (or another node) failed, 2 a configuration or memory error (also a child's), 130 Ctrl-C,
 143 SIGTERM.
@@ -43,29 +44,40 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--timeout",
         type=float,
         metavar="SECONDS",
-        help="limit of each phase and of the wait for the cache, in seconds (default: FD_CACHE_READY_TIMEOUT, else 600)",
+        help="limit of each phase and of the wait for the cache, in seconds "
+        "(default: FD_CACHE_READY_TIMEOUT, else 600)",
     )
     parser.add_argument(
-        "--cycles", type=int, default=0, metavar="N",
+        "--cycles",
+        type=int,
+        default=0,
+        metavar="N",
         help="then clear every rank's cache and initialize it again N times (sleep mode)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--platform", metavar="NAME", help="platform to run on, as FD_PLATFORM would name it (default: the selected one)"
     )
     parser.add_argument(
-        "--nnodes", type=int, default=1, metavar="N",
+        "--platform",
+        metavar="NAME",
+        help="platform to run on, as FD_PLATFORM would name it (default: the selected one)",
+    )
+    parser.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        metavar="N",
         help="nodes (machines) the engine spans; each runs --tp / N ranks and all agree on the blocks (default: 1)",
-    )  # fmt: skip
+    )
     parser.add_argument("--node-rank", type=int, metavar="I", help="this node's index, 0 to N-1 (with --nnodes)")
     parser.add_argument(
-        "--master", metavar="HOST:PORT",
-        help="node 0's address, the same on every node; node 0 listens on PORT and PORT+1 (with --nnodes)",
-    )  # fmt: skip
+        "--master",
+        metavar="HOST:PORT",
+        help="node 0's address, the same on every node: Paddle's launcher meets the other nodes' there (with --nnodes)",
+    )
     parser.add_argument(
-        "--block-count-suffix", metavar="SUFFIX",
+        "--block-count-suffix",
+        metavar="SUFFIX",
         help="with --protocol fastdeploy: the suffix of get_profile_block_num, which FastDeploy's engine names apart "
         "from its other signals (its workers' engine_pid; default: the run's signal suffix)",
-    )  # fmt: skip
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON, without progress lines")
     parser.set_defaults(run=run, deployment=deployment)  # the deployment flags, repeated in the next-step line
     return parser
@@ -73,12 +85,11 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     # Imported here: the other commands never pay for multiprocessing and the lifecycle.
-    from ..engine import NodeSpec
     from ..ipc.cache_signal import ENV_TIMEOUT
     from ..ipc.timeouts import set_by_flag
     from ..lifecycle.engine import run_lifecycle, select_run_platform
     from ..lifecycle.progress import Progress
-    from ..lifecycle.spec import RunSpec, run_device_ids
+    from ..lifecycle.spec import NodeFlags, RunSpec, run_device_ids
     from ..rules.config.nodes import check_resolves
 
     deploy = deploy_config(args)
@@ -88,19 +99,25 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= ranks <= per_node:
         across = f" / --nnodes {args.nnodes}" if args.nnodes > 1 else ""
         raise ConfigError(
-            "--ranks", ranks, f"1 to tensor_parallel_size={tp}{across} = {per_node} (each local rank is one tensor-parallel rank)",
+            "--ranks",
+            ranks,
+            f"1 to tensor_parallel_size={tp}{across} = {per_node} (each local rank is one tensor-parallel rank)",
             f"pass --ranks between 1 and {per_node}, or raise --tp",
         )
-    nodes = None if args.nnodes == 1 else NodeSpec(args.nnodes, args.node_rank, args.master, ranks)
+    nodes = None if args.nnodes == 1 else NodeFlags(args.nnodes, args.node_rank, args.master)
     if nodes is not None:
         check_resolves(nodes.master, "--master")
     if not 0 <= args.cycles <= MAX_CYCLES:
-        raise ConfigError("--cycles", args.cycles, f"0 to {MAX_CYCLES}", "pass how many clear/re-initialize cycles to run")
+        raise ConfigError(
+            "--cycles", args.cycles, f"0 to {MAX_CYCLES}", "pass how many clear/re-initialize cycles to run"
+        )
     block_count_suffix = _block_count_suffix(args.block_count_suffix, deploy.scheduler.protocol)
     device_memory, non_cache, host_memory = memory_sizes(args)
     timeout = _phase_limit(args.timeout)
     set_by_flag(ENV_TIMEOUT, "--timeout", timeout)  # the children's bounds follow it; messages name --timeout
-    platform = select_run_platform(ranks, args.platform)  # before SIGTERM is ours: it may import paddle, which sets a handler
+    platform = select_run_platform(
+        ranks, args.platform
+    )  # before SIGTERM is ours: it may import paddle, which sets a handler
     spec = RunSpec(
         deploy=deploy,
         platform=platform.name,
@@ -143,9 +160,11 @@ def _block_count_suffix(suffix: str | None, protocol: str) -> str | None:
         return None
     if protocol != FASTDEPLOY.name:
         raise ConfigError(
-            "--block-count-suffix", suffix, f"only with --protocol {FASTDEPLOY.name} (only FastDeploy's engine waits "
-            "for a block count)", f"pass --protocol {FASTDEPLOY.name}, or drop --block-count-suffix",
-        )  # fmt: skip
+            "--block-count-suffix",
+            suffix,
+            f"only with --protocol {FASTDEPLOY.name} (only FastDeploy's engine waits for a block count)",
+            f"pass --protocol {FASTDEPLOY.name}, or drop --block-count-suffix",
+        )
     return check_suffix(suffix, "--block-count-suffix")
 
 
@@ -154,7 +173,9 @@ def _ranks_per_node(args: argparse.Namespace, tp: int) -> int:
     from ..rules.config.nodes import MAX_NODES, check_nodes
 
     if not 1 <= args.nnodes <= MAX_NODES:
-        raise ConfigError("--nnodes", args.nnodes, f"1 to {MAX_NODES}", "pass how many nodes (machines) the engine spans")
+        raise ConfigError(
+            "--nnodes", args.nnodes, f"1 to {MAX_NODES}", "pass how many nodes (machines) the engine spans"
+        )
     if args.nnodes == 1:
         for flag, value in (("--node-rank", args.node_rank), ("--master", args.master)):
             if value is not None:
@@ -167,9 +188,11 @@ def _ranks_per_node(args: argparse.Namespace, tp: int) -> int:
     if tp % args.nnodes:
         works = ", ".join(str(n) for n in range(2, tp + 1) if tp % n == 0) or "none"
         raise ConfigError(
-            "--nnodes", args.nnodes, f"a number of nodes that divides --tp {tp} (every node runs as many ranks): {works}",
+            "--nnodes",
+            args.nnodes,
+            f"a number of nodes that divides --tp {tp} (every node runs as many ranks): {works}",
             "pass --nnodes that divides --tp, or change --tp",
-        )  # fmt: skip
+        )
     return tp // args.nnodes
 
 
@@ -202,8 +225,24 @@ def format_report(report: RunReport) -> str:
         + (f"MTP layers {report.mtp_num_blocks} blocks each, " if report.mtp_num_blocks is not None else "")
         + f"wall {report.wall_seconds:.2f} s"
     )
-    headers: tuple[str, ...] = ("RANK", "DEVICE", "CREATE", "DECIDED BY", "ALLOCATED BY", "BLOCKS", "CPU BLOCKS", "DEVICE MEM",
-               "HOST MEM", "PINNED", "PLAN S", "ALLOCATE S", "WAIT S", "ATTACHED", "ATTACH S", "VERIFIED")
+    headers: tuple[str, ...] = (
+        "RANK",
+        "DEVICE",
+        "CREATE",
+        "DECIDED BY",
+        "ALLOCATED BY",
+        "BLOCKS",
+        "CPU BLOCKS",
+        "DEVICE MEM",
+        "HOST MEM",
+        "PINNED",
+        "PLAN S",
+        "ALLOCATE S",
+        "WAIT S",
+        "ATTACHED",
+        "ATTACH S",
+        "VERIFIED",
+    )
     rows: list[tuple[object, ...]] = [
         (
             rank.rank,
@@ -234,15 +273,23 @@ def format_report(report: RunReport) -> str:
             + ("" if nodes.all_ranks else "; node 0 shows every node's ranks")
         )
         headers = ("NODE", "GLOBAL", *headers, "JOIN S")
-        rows = [(rank.node, rank.global_rank, *row, _seconds(rank.join_seconds)) for rank, row in zip(report.ranks, rows, strict=True)]
+        rows = [
+            (rank.node, rank.global_rank, *row, _seconds(rank.join_seconds))
+            for rank, row in zip(report.ranks, rows, strict=True)
+        ]
     table = header + "\n" + format_table(headers, rows)
     if not report.cycles:
         return table
     cycles = [
-        (cycle.cycle, f"{cycle.clear_seconds:.3f}", f"{cycle.init_seconds:.3f}", _yes_no(cycle.verified),
-         ", ".join(f"{label} {_rss(rss['before'])} -> {_rss(rss['after'])}" for label, rss in cycle.rss.items()))
+        (
+            cycle.cycle,
+            f"{cycle.clear_seconds:.3f}",
+            f"{cycle.init_seconds:.3f}",
+            _yes_no(cycle.verified),
+            ", ".join(f"{label} {_rss(rss['before'])} -> {_rss(rss['after'])}" for label, rss in cycle.rss.items()),
+        )
         for cycle in report.cycles
-    ]  # fmt: skip
+    ]
     return table + "\n\n" + format_table(("CYCLE", "CLEAR S", "INIT S", "VERIFIED", "RSS BEFORE -> AFTER"), cycles)
 
 

@@ -20,9 +20,10 @@ publish, or wait and attach zero-copy by name); a cache manager calls :func:`man
 rank's device cache, carve its host swap cache, set the slot; or, where the rule in force lets the
 workers create, attach to the rank's published cache and carve its host swap cache;
 :func:`allocate_host_cache` carves a host swap cache alone). Both give back records whose ``clear()``
-lets go, so the cache can be created again. An engine over several nodes joins them with
-:meth:`Cluster.join <fd_platforms.engine.cluster.Cluster.join>` and agrees on the blocks with
-:meth:`Cluster.agree <fd_platforms.engine.cluster.Cluster.agree>`. Beside FastDeploy's own processes every
+lets go, so the cache can be created again. The workers of an engine over several nodes, started by Paddle's
+launcher, take its process group with :meth:`Cluster.current <fd_platforms.engine.cluster.Cluster.current>` and
+agree on the blocks with :meth:`Cluster.agree <fd_platforms.engine.cluster.Cluster.agree>` (``Cluster.join``,
+``NodeSpec`` and ``free_master`` are deprecated and go in 0.3). Beside FastDeploy's own processes every
 call takes FastDeploy's protocol (``protocol=FASTDEPLOY``, or ``"fastdeploy"`` once
 :mod:`fd_platforms.fastdeploy` is imported: :func:`protocol_named` resolves it) and its suffix as ``instance=``;
 everything else of FastDeploy's is :mod:`fd_platforms.fastdeploy`'s, which this package never imports. See
@@ -30,11 +31,11 @@ everything else of FastDeploy's is :mod:`fd_platforms.fastdeploy`'s, which this 
 
 Modules: :mod:`.initialize` (the two calls), :mod:`.request` (what they take: one rank's :class:`CacheRequest`),
 :mod:`.kv_cache` (the cache record; plain, exported and attached tensors), :mod:`.host_cache` (host swap tensors in the
-layout's names), :mod:`.publication` (where a rank's cache is published, by name), :mod:`.nodes` (where a rank stands
-among nodes), :mod:`.rendezvous` (the nodes' handshake), :mod:`.cluster` (the process group and the agreement),
-:mod:`.bounded` (Paddle's blocking calls, bounded), :mod:`.protocols` (the wire-protocol interface, ours, and the
-registry), :mod:`.rank_parts` (a rank's slot set once its main and MTP draft parts are both published), :mod:`.errors`
-(every error).
+layout's names), :mod:`.publication` (where a rank's cache is published, by name), :mod:`.cluster` (the process group
+and the agreement), :mod:`.launched_group` (the group Paddle's launcher made), :mod:`.facts` (what every rank must agree
+on), :mod:`.nodes` and :mod:`.rendezvous` (``Cluster.join``'s, deprecated), :mod:`.bounded` (Paddle's blocking calls,
+bounded), :mod:`.protocols` (the wire-protocol interface, ours, and the registry), :mod:`.rank_parts` (a rank's slot
+set once its main and MTP draft parts are both published), :mod:`.errors` (every error).
 """
 
 from __future__ import annotations
@@ -113,4 +114,3 @@ def __getattr__(name: str) -> object:
 
         return hold_kv_cache
     return _aliases.moved_attribute(__name__, name)
-

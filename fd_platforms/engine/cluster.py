@@ -1,11 +1,12 @@
 """One engine over several nodes: every rank of every node agrees on its KV cache through Paddle's
 collective runtime.
 
-:meth:`Cluster.join` (an engine with no launcher of its own) makes the handshake (:mod:`.rendezvous`),
-then joins Paddle's global process group (``paddle.distributed.init_parallel_env``) with the
-backend Paddle uses for the device type (gloo on cpu, nccl on gpu, bkcl on xpu, xccl on a custom
-device). :meth:`Cluster.current` takes the group Paddle's launcher made instead
-(:mod:`.launched_group`). :meth:`Cluster.agree` gathers every rank's plan (``all_gather``) and
+:meth:`Cluster.current` takes the process group Paddle's launcher made (``python -m
+paddle.distributed.launch``, as FastDeploy starts its workers; :mod:`.launched_group`) and compares every
+rank's facts (:mod:`.facts`). :meth:`Cluster.join`, deprecated (it goes in 0.3 with :mod:`.rendezvous` and
+:class:`~.nodes.NodeSpec`), made a handshake of its own and then joined Paddle's global process group
+with the backend Paddle uses for the device type (gloo on cpu, nccl on gpu, bkcl on xpu, xccl on a
+custom device). :meth:`Cluster.agree` gathers every rank's plan (``all_gather``) and
 returns the minimum and the rank that bound it, as FastDeploy's worker takes
 ``all_reduce(num_blocks, MIN)``. :meth:`Cluster.barrier` and
 :meth:`Cluster.gather_text` keep the nodes in step. Every call is bounded; a peer that dies or
@@ -14,13 +15,10 @@ stops answering is a :class:`~fd_platforms.contract.errors.NodeError` naming its
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import json
 import os
 import re
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -31,19 +29,29 @@ from ..contract.integers import check_int, is_int
 from ..contract.paddle_import import import_paddle
 from ..contract.types import Plan
 from ..ipc.cache_signal import ENV_TIMEOUT
-from ..ipc.console import printable
 from ..ipc.timeouts import check_seconds, knob
 from .bounded import bounded
-from .launched_group import Arrival, GroupRanks, Place, enter_group, existing_group, paddle_as_is
-from .nodes import NodeSpec, check_resolves
-from .rendezvous import PADDLE_ERRORS, Rendezvous, compare_facts, first_line, read_facts, wait_for_listener
+from .facts import compare_facts, read_facts
+from .launched_group import (
+    PADDLE_ERRORS,
+    Arrival,
+    GroupRanks,
+    Place,
+    enter_group,
+    existing_group,
+    first_line,
+    paddle_as_is,
+    wait_for_listener,
+    without_flags_banner,
+)
+from .nodes import NodeSpec, check_resolves, deprecated
+from .rendezvous import Rendezvous  # Cluster.join's alone
 
 T = TypeVar("T")
 
 #: Largest text one rank may contribute to :meth:`Cluster.gather_text` (a plan is ~300 bytes).
 MAX_TEXT_BYTES = 1 << 20
 _PAIR_RANK = re.compile(r"pair_rank\s*=\s*(\d+)")
-_FLAGS_BANNER = re.compile(r"=+ Modified FLAGS detected =+\n(FLAGS\(.*\)\n)*=+\n")
 
 
 def _check_join(
@@ -53,12 +61,23 @@ def _check_join(
     if not isinstance(nodes, NodeSpec):
         raise ConfigError("nodes", nodes, "a NodeSpec", "pass NodeSpec(nnodes, node_rank, master, local_ranks)")
     check_resolves(nodes.master, "nodes.master")
-    check_int("local_rank", local_rank, 0, nodes.local_ranks - 1, what="", note="this node's ranks",
-              fix="pass the rank's index on this node")  # fmt: skip
+    check_int(
+        "local_rank",
+        local_rank,
+        0,
+        nodes.local_ranks - 1,
+        what="",
+        note="this node's ranks",
+        fix="pass the rank's index on this node",
+    )
     check_seconds("timeout", timeout, "pass the seconds the handshake and the join may take, e.g. 600")
     if not isinstance(device_type, str) or not device_type:
-        raise ConfigError("device_type", device_type, "Paddle's device type (cpu, gpu, xpu, a custom device's)",
-                          "pass platform.identity.device_type")  # fmt: skip
+        raise ConfigError(
+            "device_type",
+            device_type,
+            "Paddle's device type (cpu, gpu, xpu, a custom device's)",
+            "pass platform.identity.device_type",
+        )
     check_int("device_id", device_id, 0, None, fix="pass the rank's local device id")
     _check_facts(facts)
 
@@ -68,20 +87,27 @@ def _refuse_existing_group() -> None:
     existing = existing_group(os.environ)
     if existing is not None:
         raise ConfigError(
-            *existing, "unset: Cluster.join makes a process group of its own, and this process is already in one "
+            *existing,
+            "unset: Cluster.join makes a process group of its own, and this process is already in one "
             "that python -m paddle.distributed.launch or fleet.init made",
             "agree over that group with Cluster.current(facts=..., timeout=...)",
-        )  # fmt: skip
+        )
 
 
 def _check_facts(facts: object) -> None:
     try:
-        valid = isinstance(facts, Mapping) and all(isinstance(key, str) for key in facts) and bool(json.dumps(dict(facts)))
+        valid = (
+            isinstance(facts, Mapping) and all(isinstance(key, str) for key in facts) and bool(json.dumps(dict(facts)))
+        )
     except (TypeError, ValueError):
         valid = False
     if not valid:
-        raise ConfigError("facts", facts, "a mapping of str to JSON values (what every node must agree on)",
-                          'pass e.g. {"model": "deepseek-v3", "tp": 16}')  # fmt: skip
+        raise ConfigError(
+            "facts",
+            facts,
+            "a mapping of str to JSON values (what every node must agree on)",
+            'pass e.g. {"model": "deepseek-v3", "tp": 16}',
+        )
 
 
 def collective_backend(device_type: str) -> str:
@@ -136,10 +162,14 @@ class Cluster:
         device_id: int = 0,
         limit: str = ENV_TIMEOUT,
     ) -> Cluster:
-        """Handshake (every node's ``facts`` must equal this node's), then join the process group;
-        all within ``timeout`` seconds. ``limit`` names the setting that lengthens it in errors.
-        For an engine with no launcher of its own: inside a group Paddle's launcher made, use
-        :meth:`current`."""
+        """Deprecated, goes in 0.3 (a DeprecationWarning at the caller): start the workers with Paddle's launcher
+        and use :meth:`current`. Handshake (every node's ``facts`` must equal this node's), then join the
+        process group; all within ``timeout`` seconds. ``limit`` names the setting that lengthens it in errors."""
+        deprecated(
+            "Cluster.join",
+            "start the workers with python -m paddle.distributed.launch (--nnodes, --rank, --master) and agree over "
+            "the process group it made with Cluster.current(facts=..., timeout=...)",
+        )
         _check_join(nodes, local_rank, facts, timeout, device_type, device_id)
         _refuse_existing_group()
         started = time.monotonic()
@@ -164,7 +194,12 @@ class Cluster:
         started = time.monotonic()
         here = f"global rank {os.environ.get('PADDLE_TRAINER_ID', '?')}"
         joining = "joining the launcher's process group"
-        rank, world = enter_group(timeout, lambda: _timed_out(here, joining, timeout, limit))
+        try:
+            rank, world = enter_group(timeout, lambda: _timed_out(here, joining, timeout, limit))
+        except FdPlatformsError:
+            raise
+        except PADDLE_ERRORS as exc:  # Paddle's own, from its store or its process group
+            raise NodeError(f"{here}: {joining} failed: {first_line(exc)}. Fix: check the other ranks' output") from exc
         cluster = cls(GroupRanks.from_launcher(os.environ, world), rank, group_place, timeout, limit)
         slower = f"raise {knob(limit, argument=True)} if a rank is legitimately slower"
 
@@ -175,7 +210,7 @@ class Cluster:
         ours = json.dumps({"facts": dict(facts), **asdict(Place.here(os.environ, rank))})
         gathered = cluster.gather_text(ours, "comparing every node's facts")
         rows = [_row(row, other, cluster.me) for other, row in enumerate(gathered)]
-        cluster.nodes = GroupRanks(tuple(Place(row["host"], row["local_rank"]) for row in rows))
+        cluster.nodes = GroupRanks(tuple(Place(row["host"], row["local_rank"], row["pod"]) for row in rows))
         cluster.me = cluster.nodes.describe(rank)
         for other, row in enumerate(rows):
             compare_facts(dict(facts), row["facts"], cluster.nodes.describe(other))
@@ -185,13 +220,15 @@ class Cluster:
     def _init_group(self, backend: str, device_type: str, device_id: int, deadline: float) -> None:
         assert isinstance(self.nodes, NodeSpec)
         store = f"{self.nodes.host}:{self.nodes.port + 1}"
-        os.environ.update({
-            "PADDLE_TRAINER_ID": str(self.global_rank),
-            "PADDLE_TRAINERS_NUM": str(self.nodes.world_size),
-            "PADDLE_MASTER": store,
-            "PADDLE_CURRENT_ENDPOINT": store,
-            "PADDLE_DISTRI_BACKEND": backend,
-        })  # fmt: skip
+        os.environ.update(
+            {
+                "PADDLE_TRAINER_ID": str(self.global_rank),
+                "PADDLE_TRAINERS_NUM": str(self.nodes.world_size),
+                "PADDLE_MASTER": store,
+                "PADDLE_CURRENT_ENDPOINT": store,
+                "PADDLE_DISTRI_BACKEND": backend,
+            }
+        )
         if device_type != "cpu":
             os.environ[f"FLAGS_selected_{device_type}s"] = str(device_id)
         import_paddle()  # quiet, and this process keeps its SIGTERM handler
@@ -200,12 +237,7 @@ class Cluster:
         what = "joining Paddle's process group"
         if self.global_rank != 0:  # rank 0 serves the group's store: connect once it listens
             wait_for_listener(self.nodes.host, self.nodes.port + 1, deadline, lambda: self._timed_out(what))
-        said = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(said):  # Paddle's banner of every modified FLAG
-                self._collective(dist.init_parallel_env, what, deadline)
-        finally:
-            sys.stderr.write(printable(_FLAGS_BANNER.sub("", said.getvalue())))
+        without_flags_banner(lambda: self._collective(dist.init_parallel_env, what, deadline))
 
     def agree(self, plan: Plan) -> Agreement:
         """Every rank's plan, and the one with the fewest blocks (the lowest global rank on ties)."""
@@ -237,12 +269,16 @@ class Cluster:
         dist = paddle.distributed  # the default group, looked up by each call: a restart between calls is fine
         place = self._place(paddle)
         lengths: list[Any] = []
-        self._collective(lambda: dist.all_gather(lengths, paddle.to_tensor([len(data)], dtype="int64", place=place)), what)
+        self._collective(
+            lambda: dist.all_gather(lengths, paddle.to_tensor([len(data)], dtype="int64", place=place)), what
+        )
         sizes = [int(length.numpy()[0]) for length in lengths]
         for rank, size in enumerate(sizes):
             if not 0 < size <= MAX_TEXT_BYTES:
-                raise NodeError(f"{self.me}: {self.nodes.describe(rank)} sent {size} bytes while {what}; "
-                                f"at most {MAX_TEXT_BYTES}. Fix: run the same fd-platforms on every node")  # fmt: skip
+                raise NodeError(
+                    f"{self.me}: {self.nodes.describe(rank)} sent {size} bytes while {what}; "
+                    f"at most {MAX_TEXT_BYTES}. Fix: run the same fd-platforms on every node"
+                )
         buffer = np.zeros(max(sizes), dtype=np.uint8)
         buffer[: len(data)] = np.frombuffer(data, dtype=np.uint8)
         parts: list[Any] = []
@@ -253,8 +289,10 @@ class Cluster:
         try:
             return Plan(**json.loads(row))
         except (ValueError, TypeError, FdPlatformsError) as exc:
-            raise NodeError(f"{self.me}: {self.nodes.describe(rank)} sent a plan this node cannot read ({exc}). "
-                            "Fix: run the same fd-platforms version on every node") from exc  # fmt: skip
+            raise NodeError(
+                f"{self.me}: {self.nodes.describe(rank)} sent a plan this node cannot read ({exc}). "
+                "Fix: run the same fd-platforms version on every node"
+            ) from exc
 
     def _arrive(self, what: str) -> None:
         if self._arrival is not None:
@@ -309,12 +347,15 @@ def _row(row: str, rank: int, me: str) -> dict[str, Any]:
     """One rank's facts and place, as it sent them to ``Cluster.current``; a NodeError if unreadable."""
     try:
         data = json.loads(row)
-        place = Place(data["host"], data["local_rank"])
-        valid = isinstance(place.host, str) and is_int(place.local_rank) and isinstance(data["facts"], dict)
+        place = Place(data["host"], data["local_rank"], data["pod"])
+        valid = isinstance(place.host, str) and isinstance(place.pod, str) and is_int(place.local_rank)
+        valid = valid and isinstance(data["facts"], dict)
     except (ValueError, TypeError, KeyError):
         valid = False
     if not valid:
-        raise NodeError(f"{me}: global rank {rank} sent facts this rank cannot read. "
-                        "Fix: run the same fd-platforms version on every node")  # fmt: skip
+        raise NodeError(
+            f"{me}: global rank {rank} sent facts this rank cannot read. "
+            "Fix: run the same fd-platforms version on every node"
+        )
     read_facts(json.dumps(data["facts"]).encode(), f"global rank {rank}", me)  # plain values only
     return data

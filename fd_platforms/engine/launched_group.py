@@ -9,24 +9,34 @@ collective, so a rank that never comes is named instead of a collective that wai
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import re
+import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from ..contract.errors import ConfigError, NodeError
 from ..contract.integers import decimal
 from ..contract.paddle_import import import_paddle
+from ..ipc.console import printable
 from .bounded import bounded
-from .rendezvous import POLL_SECONDS, store_call
 
 #: Variables only ``paddle.distributed.launch`` sets (``Cluster.join`` sets none of them).
 LAUNCHER_ONLY = ("PADDLE_GLOBAL_RANK", "PADDLE_RANK_IN_NODE", "PADDLE_LOCAL_SIZE")
 ARRIVED = "fd-platforms/arrived/"
+#: What Paddle's store and collectives raise when a peer or the store's host fails.
+PADDLE_ERRORS = (RuntimeError, OSError, SystemError, ValueError)
+POLL_SECONDS = 0.02
+OP_SECONDS = 2.0  # the least a store call is allowed, however close the deadline
+_FLAGS_BANNER = re.compile(r"=+ Modified FLAGS detected =+\n(FLAGS\(.*\)\n)*=+\n")
+T = TypeVar("T")
 
 
 def paddle_as_is() -> ModuleType:
@@ -55,36 +65,55 @@ def enter_group(timeout: float, timed_out: Callable[[], NodeError]) -> tuple[int
     world = os.environ.get("PADDLE_TRAINERS_NUM")
     if world is None or not decimal(world) or "PADDLE_TRAINER_ID" not in os.environ:
         raise ConfigError(
-            "PADDLE_TRAINERS_NUM", world, "set by python -m paddle.distributed.launch, or a process group made by "
+            "PADDLE_TRAINERS_NUM",
+            world,
+            "set by python -m paddle.distributed.launch, or a process group made by "
             "fleet.init(is_collective=True) / paddle.distributed.init_parallel_env()",
             "start each worker with python -m paddle.distributed.launch, or call fleet.init(is_collective=True) "
-            "before Cluster.current; an engine without a launcher of its own uses Cluster.join",
-        )  # fmt: skip
+            "before Cluster.current",
+        )
     if int(world) == 1:
         return 0, 1  # Paddle makes no group for one process
-    bounded(dist.init_parallel_env, timeout, timed_out)
+    deadline = time.monotonic() + timeout
+    host, _, port = os.environ.get("PADDLE_MASTER", "").rpartition(":")
+    if os.environ["PADDLE_TRAINER_ID"] != "0" and decimal(port) is not None:  # rank 0 hosts the group's store
+        wait_for_listener(host, int(port), deadline, timed_out)
+    without_flags_banner(lambda: bounded(dist.init_parallel_env, max(0.0, deadline - time.monotonic()), timed_out))
     return dist.get_rank(), dist.get_world_size()
+
+
+def without_flags_banner(call: Callable[[], T]) -> T:
+    """``call()``, with the banner of every modified FLAG that Paddle's ``init_parallel_env`` prints taken out
+    of what it writes to ``sys.stderr``."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            return call()
+    finally:
+        sys.stderr.write(printable(_FLAGS_BANNER.sub("", said.getvalue())))
 
 
 @dataclass(frozen=True)
 class Place:
-    """Where one rank runs: its host (the launcher's endpoint) and its index on that host."""
+    """Where one rank runs: its host (the launcher's endpoint), its index there, and the launcher that
+    started it (``POD_NAME``: two launchers on one host are two nodes)."""
 
     host: str
     local_rank: int
+    pod: str = ""
 
     @classmethod
     def here(cls, environ: Mapping[str, str], rank: int) -> Place:
         endpoint = environ.get("PADDLE_CURRENT_ENDPOINT", "")
         host = environ.get("POD_IP") or endpoint.rpartition(":")[0] or os.uname().nodename
         local = decimal(environ.get("PADDLE_LOCAL_RANK", environ.get("PADDLE_RANK_IN_NODE", "")))
-        return cls(host, rank if local is None else local)
+        return cls(host, rank if local is None else local, environ.get("POD_NAME", ""))
 
 
 @dataclass(frozen=True)
 class GroupRanks:
-    """Every rank's :class:`Place`, in the launcher's rank order; a node is a host, numbered in the
-    order its first rank comes. A rank whose host is not known yet is only its global rank."""
+    """Every rank's :class:`Place`, in the launcher's rank order; a node is a launcher on a host, numbered in
+    the order its first rank comes. A rank whose host is not known yet is only its global rank."""
 
     places: tuple[Place, ...]
 
@@ -101,9 +130,9 @@ class GroupRanks:
 
     def locate(self, global_rank: int) -> tuple[int, int]:
         """(node, local rank) of ``global_rank``."""
-        hosts = list(dict.fromkeys(place.host for place in self.places))
+        nodes = list(dict.fromkeys((place.host, place.pod) for place in self.places))
         place = self.places[global_rank]
-        return hosts.index(place.host), place.local_rank
+        return nodes.index((place.host, place.pod)), place.local_rank
 
     def describe(self, global_rank: int) -> str:
         """``node 1 (10.0.0.2) rank 0 (global rank 8)``."""
@@ -149,9 +178,48 @@ class Arrival:
 
     def _call(self, call: Callable[[], Any], what: str, deadline: float) -> Any:
         return store_call(
-            call, deadline,
-            lambda seconds: NodeError(f"{self.me()}: the group's store (hosted by global rank 0) stopped answering "
-                                      f"while {what}. Fix: check global rank 0's output"),
-            lambda first: NodeError(f"{self.me()}: lost the group's store (hosted by global rank 0) while {what}: "
-                                    f"{first}. Fix: check global rank 0's output"),
-        )  # fmt: skip
+            call,
+            deadline,
+            lambda seconds: NodeError(
+                f"{self.me()}: the group's store (hosted by global rank 0) stopped answering "
+                f"while {what}. Fix: check global rank 0's output"
+            ),
+            lambda first: NodeError(
+                f"{self.me()}: lost the group's store (hosted by global rank 0) while {what}: "
+                f"{first}. Fix: check global rank 0's output"
+            ),
+        )
+
+
+def store_call(
+    call: Callable[[], Any], deadline: float, timed_out: Callable[[float], NodeError], lost: Callable[[str], NodeError]
+) -> Any:
+    """``call()`` on a Paddle store, bounded by the time left to ``deadline`` but at least :data:`OP_SECONDS`
+    (a poll near the deadline is not the store's host failing): ``timed_out(seconds)`` is raised when it
+    does not answer, ``lost(Paddle's first line)`` when Paddle raises."""
+    seconds = max(OP_SECONDS, deadline - time.monotonic())
+    try:
+        return bounded(call, seconds, lambda: timed_out(seconds))
+    except PADDLE_ERRORS as exc:
+        raise lost(first_line(exc)) from exc
+
+
+def first_line(exc: BaseException) -> str:
+    """The first non-blank line of a Paddle error (its C++ stack follows), else its type's name."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def wait_for_listener(host: str, port: int, deadline: float, timed_out: Callable[[], NodeError]) -> None:
+    """Return once ``host:port`` accepts a connection (closed at once): Paddle's store client retries a
+    refused connection only every 3 s, holding the interpreter lock, so a rank that started before the
+    store's host would wait that long, past any bound of ours."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise timed_out()
+        try:
+            socket.create_connection((host, port), timeout=min(1.0, remaining)).close()
+            return
+        except OSError:
+            time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))

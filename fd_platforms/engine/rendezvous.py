@@ -1,4 +1,6 @@
-"""The handshake every rank of a multi-node engine makes before joining Paddle's process group.
+"""Deprecated with :meth:`~fd_platforms.engine.cluster.Cluster.join`, its only user, and goes with it in 0.3
+(Paddle's launcher makes the process group instead): the handshake every rank made before joining Paddle's
+process group.
 
 It runs on Paddle's own key-value store (``paddle.base.core.TCPStore``): global rank 0 hosts it at
 the master's ``HOST:PORT``, every other rank connects. Each rank claims its global rank (a second
@@ -14,22 +16,20 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
-from ..contract.errors import ConfigError, NodeError, show_value
+from ..contract.errors import ConfigError, NodeError
 from ..contract.paddle_import import import_paddle
 from ..ipc.timeouts import knob
 from .bounded import bounded
+from .facts import compare_facts, read_facts
+from .launched_group import PADDLE_ERRORS, POLL_SECONDS, first_line, store_call, wait_for_listener
 from .nodes import NodeSpec
 
 PREFIX = "fd-platforms/"
-#: What Paddle's store and collectives raise when a peer or the master fails.
-PADDLE_ERRORS = (RuntimeError, OSError, SystemError, ValueError)
-POLL_SECONDS = 0.02
 LINGER_SECONDS = 3.0  # the most the store's host waits, when refusing a node, for the others to read its facts
-OP_SECONDS = 2.0  # the least a store call is allowed, however close the handshake's deadline
 
 
 class Rendezvous:
@@ -49,10 +49,12 @@ class Rendezvous:
         claims = self._call(lambda: self.store.add(f"{PREFIX}rank/{self.global_rank}", 1), "claiming its rank")
         if claims > 1:
             raise ConfigError(
-                "--node-rank", self.nodes.node_rank, "a node rank no other node of this engine uses",
+                "--node-rank",
+                self.nodes.node_rank,
+                "a node rank no other node of this engine uses",
                 f"another node already joined as node {self.nodes.node_rank}: give each of the {self.nodes.nnodes} "
                 f"nodes its own --node-rank from 0 to {self.nodes.nnodes - 1}",
-            )  # fmt: skip
+            )
         ours = json.dumps(dict(facts), sort_keys=True)
         node = self.nodes.node_rank
         self._call(lambda: self.store.set(f"{PREFIX}node/{node}", ours.encode()), "publishing its node's facts")
@@ -71,7 +73,9 @@ class Rendezvous:
         others = range(1, self.nodes.nnodes)
         try:
             while time.monotonic() < deadline:
-                joined = sum(bounded(partial(self.store.add, f"{PREFIX}node/{n}/joined", 0), 1.0, _gave_up) for n in others)
+                joined = sum(
+                    bounded(partial(self.store.add, f"{PREFIX}node/{n}/joined", 0), 1.0, _gave_up) for n in others
+                )
                 if bounded(lambda: self.store.add(f"{PREFIX}node/0/read", 0), 1.0, _gave_up) >= joined:
                     return
                 time.sleep(POLL_SECONDS)
@@ -98,10 +102,17 @@ class Rendezvous:
             wait_for_listener(self.nodes.host, self.nodes.port, self.deadline, timed_out)
         try:
             # world_size 1: the master serves at once and this handshake counts the nodes itself.
-            return bounded(lambda: core.TCPStore(self.nodes.host, self.nodes.port, master, 1, seconds),
-                           self._remaining(), timed_out)  # fmt: skip
+            return bounded(
+                lambda: core.TCPStore(self.nodes.host, self.nodes.port, master, 1, seconds),
+                self._remaining(),
+                timed_out,
+            )
         except PADDLE_ERRORS as exc:
-            what = f"could not listen on {self.nodes.master}" if master else f"could not reach the master {self.nodes.master}"
+            what = (
+                f"could not listen on {self.nodes.master}"
+                if master
+                else f"could not reach the master {self.nodes.master}"
+            )
             raise NodeError(
                 f"{self.me}: {what}: {first_line(exc)}. Fix: pass --master as node 0's address and a free port "
                 f"(node 0 also listens on port {self.nodes.port + 1})"
@@ -127,9 +138,12 @@ class Rendezvous:
             if not pending:
                 return
             if time.monotonic() >= self.deadline:
-                missing = ", ".join(f"node {node} ({joined[node]} of {self.nodes.local_ranks} ranks)" for node in pending)
+                missing = ", ".join(
+                    f"node {node} ({joined[node]} of {self.nodes.local_ranks} ranks)" for node in pending
+                )
                 raise NodeError(
-                    f"{self.me}: waited {self._limit_seconds()} at the master {self.nodes.master} for every node to join; "
+                    f"{self.me}: waited {self._limit_seconds()} at the master {self.nodes.master} "
+                    "for every node to join; "
                     f"missing: {missing}. Fix: start each node with --nnodes {self.nodes.nnodes}, its own --node-rank "
                     f"and --master {self.nodes.master}; raise {knob(self.limit, argument=True)} if a node starts later"
                 )
@@ -137,7 +151,8 @@ class Rendezvous:
 
     def _call(self, call: Any, doing: str) -> Any:
         return store_call(
-            call, self.deadline,
+            call,
+            self.deadline,
             lambda seconds: NodeError(
                 f"{self.me}: the master {self.nodes.master} stopped answering while {doing} "
                 f"(no answer within {seconds:g} s). Fix: check node 0's output"
@@ -146,7 +161,7 @@ class Rendezvous:
                 f"{self.me}: lost the master {self.nodes.master} while {doing}: {first}. "
                 "Fix: check node 0's output (node 0 ends the run for every node)"
             ),
-        )  # fmt: skip
+        )
 
     def _remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
@@ -170,65 +185,3 @@ def check_free(port: int, master: str, me: str) -> None:
                 f"{me}: cannot listen on port {port} for --master {master}: {exc.strerror or exc}. "
                 "Fix: pick a --master port whose next port is free too (node 0 listens on PORT and PORT+1)"
             ) from exc
-
-
-def wait_for_listener(host: str, port: int, deadline: float, timed_out: Callable[[], NodeError]) -> None:
-    """Return once ``host:port`` accepts a connection (closed at once): Paddle's store retries a
-    refused connection only every 3 s, so a rank that starts before the master would wait that long."""
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise timed_out()
-        try:
-            socket.create_connection((host, port), timeout=min(1.0, remaining)).close()
-            return
-        except OSError:
-            time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
-
-
-MAX_FACTS_BYTES = 64 << 10  # a node's facts are a few hundred bytes
-
-
-def read_facts(raw: Any, who: str, me: str) -> dict[str, Any]:
-    """The facts ``who`` (a node, a rank) published, or a NodeError when they are not a flat JSON object of plain
-    values (the size is checked before anything is parsed; nesting is refused)."""
-    try:
-        data = bytes(raw)
-        facts = json.loads(data.decode()) if len(data) <= MAX_FACTS_BYTES else None
-    except (ValueError, TypeError, RecursionError):
-        facts = None
-    plain = (str, int, float, bool, type(None))
-    if not isinstance(facts, dict) or not all(isinstance(value, plain) for value in facts.values()):
-        raise NodeError(f"{me}: {who} published facts this node cannot read. "
-                        "Fix: run the same fd-platforms version on every node")  # fmt: skip
-    return facts
-
-
-def compare_facts(ours: dict[str, object], theirs: dict[str, Any], who: str) -> None:
-    """A ConfigError naming the first fact on which ``who`` (a node, a rank) differs from this node,
-    with both values."""
-    for key in sorted(ours.keys() | theirs.keys()):
-        if ours.get(key) != theirs.get(key):
-            raise ConfigError(
-                key, ours.get(key), f"the same on every node; {who} was started with {key}={show_value(theirs.get(key))}",
-                f"start every node of the engine with the same {key}",
-            )  # fmt: skip
-
-
-def store_call(
-    call: Callable[[], Any], deadline: float, timed_out: Callable[[float], NodeError], lost: Callable[[str], NodeError]
-) -> Any:
-    """``call()`` on a Paddle store, bounded by the time left to ``deadline`` but at least :data:`OP_SECONDS`
-    (a poll near the deadline is not the store's host failing): ``timed_out(seconds)`` is raised when it
-    does not answer, ``lost(Paddle's first line)`` when Paddle raises."""
-    seconds = max(OP_SECONDS, deadline - time.monotonic())
-    try:
-        return bounded(call, seconds, lambda: timed_out(seconds))
-    except PADDLE_ERRORS as exc:
-        raise lost(first_line(exc)) from exc
-
-
-def first_line(exc: BaseException) -> str:
-    """The first non-blank line of a Paddle error (its C++ stack follows), else its type's name."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__

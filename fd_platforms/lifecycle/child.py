@@ -16,7 +16,7 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from types import FrameType
 from typing import Any
@@ -96,6 +96,18 @@ def _stop_with_the_engine() -> None:
     engine = multiprocessing.parent_process()
     if engine is not None and os.getppid() != engine.pid:
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def killed_with_the_parent() -> Iterator[None]:
+    """Inside the block, this child's parent ending sends it SIGKILL, not SIGTERM: for a call into Paddle that waits
+    holding the interpreter lock (joining a process group whose peer never comes), where no handler of ours can
+    run. Nothing of the run's is held by then."""
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    try:
+        yield
+    finally:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def _send_error(conn: Connection, kind: str, message: str, exit_code: int) -> None:

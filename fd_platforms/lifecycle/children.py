@@ -1,4 +1,5 @@
-"""The engine's child processes: start them (spawn), collect one message from each, stop them all.
+"""The engine's child processes: start them (spawn) or adopt them (a launcher's), collect one message
+from each, stop them all.
 
 Every wait here is bounded. A child that dies without a message is a failure naming it and how
 it ended; after the first failure of a phase the others get :data:`FAILURE_GRACE` seconds to
@@ -13,9 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..contract.errors import RunError
 from ..ipc.process_watch import describe_exit
@@ -29,17 +29,37 @@ STOP_SECONDS = 5.0  # seconds children get to exit after "stop" or SIGTERM, befo
 CAUSE_SECONDS = 0.5  # how long a failed phase waits, in all, for a child outside it that is still exiting
 
 
+class Process(Protocol):
+    """What the engine uses of a process: a spawned one, or a worker Paddle's launcher started (:mod:`.launcher`)."""
+
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def sentinel(self) -> int: ...
+    @property
+    def exitcode(self) -> int | None: ...
+    def join(self, timeout: float | None = None) -> None: ...
+    def is_alive(self) -> bool: ...
+    def terminate(self) -> None: ...
+    def kill(self) -> None: ...
+
+
 @dataclass(eq=False)
 class Child:
     """One child process and the engine's end of its pipe."""
 
     label: str
-    process: BaseProcess
+    process: Process
     conn: Connection
 
     @property
     def pid(self) -> int:
         return self.process.pid or 0
+
+    def ended(self) -> str:
+        """How it ended, in words (a launched worker's exit code is its launcher's, not the engine's, to read)."""
+        code = self.process.exitcode
+        return "ended" if code is None and not self.process.is_alive() else describe_exit(code)
 
 
 class Children:
@@ -56,7 +76,11 @@ class Children:
         with sigint_ignored_by_children():
             process.start()
         theirs.close()
-        child = Child(label, process, ours)
+        return self.adopt(label, process, ours)
+
+    def adopt(self, label: str, process: Process, conn: Connection) -> Child:
+        """Count ``process``, started elsewhere, among this run's children, ``conn`` its pipe."""
+        child = Child(label, process, conn)
         self.started.append(child)
         return child
 
@@ -96,8 +120,10 @@ class Children:
         if not failed:
             for child in waiting:
                 failed[child] = (
-                    (f"sent no {kind!r} within {timeout:g} s (pid {child.pid} still running). "
-                     "Fix: raise --timeout if this phase legitimately takes longer"),
+                    (
+                        f"sent no {kind!r} within {timeout:g} s (pid {child.pid} still running). "
+                        "Fix: raise --timeout if this phase legitimately takes longer"
+                    ),
                     1,
                 )
         if failed:
@@ -134,7 +160,7 @@ class Children:
         """(what happened, exit code) for a child that did not send ``kind``."""
         if message is None:
             child.process.join(STOP_SECONDS)
-            return f"pid {child.pid} {describe_exit(child.process.exitcode)} before sending its {kind!r}", 1
+            return f"pid {child.pid} {child.ended()} before sending its {kind!r}", 1
         if message[0] == "error":
             error_type, text, code = message[1]
             return f"{error_type}: {text}", code

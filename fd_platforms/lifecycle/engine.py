@@ -10,7 +10,8 @@ attach, the driver proves each maps the manager's memory (tokens both ways). ``-
 and re-initializes N more times. Whatever happens, leaving :func:`run_lifecycle` stops every child
 and removes the signal from ``/dev/shm``.
 
-Across nodes (``spec.nodes``) each worker joins the other nodes' ranks after planning and sends
+Across nodes (``spec.nodes``) Paddle's launcher starts the workers (:mod:`.launcher`) once every node has
+come; each worker agrees with the other nodes' ranks over the launcher's process group after planning and sends
 the agreement (the fewest blocks of every rank of every node) with its plan; the nodes keep in
 step with a barrier per cycle and a gather of every rank's report at the end (node 0 shows them all).
 """
@@ -22,12 +23,13 @@ import os
 import secrets
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import asdict
 from typing import Any
 
 from ..contract.errors import ConfigError, NodeError, PluginContractError, UnknownPlatformError
 from ..contract.types import Plan
-from ..engine import Agreement, NodeSpec, check_can_attach, reclaim_stale_publications
+from ..engine import Agreement, check_can_attach, reclaim_stale_publications
 from ..ipc.cache_signal import reclaim_stale_signals
 from ..kit.host_memory import available_host_bytes, host_bytes_for_swap, resident_bytes
 from ..loading.platform import Platform
@@ -36,6 +38,7 @@ from ..rules.decision import decided_by
 from ..rules.planner import check_host_swap, host_swap_blocks, min_across_ranks
 from ..rules.sizes import format_size
 from .children import Child, Children
+from .launcher import Launcher
 from .manager import manager_main
 from .progress import Progress
 from .report import Allocation, CycleReport, NodesReport, RankReport, RunReport
@@ -53,7 +56,9 @@ def select_run_platform(ranks: int, name: str | None = None) -> Platform:
     prober = Prober()
     if name == "all":
         raise ConfigError(
-            "--platform", name, "one installed platform: a run starts its processes on one",
+            "--platform",
+            name,
+            "one installed platform: a run starts its processes on one",
             f"to compare every platform, use fd-platforms plan --platform all; to run, name one of: "
             f"{', '.join(prober.found)}",
         )
@@ -156,9 +161,12 @@ class _Run:
         after = self.rss()
         self.say(f"cycle {number}: cleared in {cleared - started:.3f} s, initialized again in {done - cleared:.3f} s")
         return CycleReport(
-            number, cleared - started, done - cleared, verified,
+            number,
+            cleared - started,
+            done - cleared,
+            verified,
             {label: {"before": before[label], "after": after[label]} for label in before},
-        )  # fmt: skip
+        )
 
     def share(
         self, ranks: tuple[RankReport, ...], agreement: Agreement, planned: dict[Child, tuple[Any, ...]]
@@ -173,15 +181,19 @@ class _Run:
         texts: list[str] = rows[self.workers[0]]
         everyone = nodes.node_rank == 0
         if everyone:
-            ranks = tuple(_parse_rank(text, nodes, rank) for rank, text in enumerate(texts))
+            ranks = tuple(_parse_rank(text, rank) for rank, text in enumerate(texts))
         bound = agreement.bound_by
         return ranks, NodesReport(
-            nnodes=nodes.nnodes, node_rank=nodes.node_rank, master=nodes.master,
-            bound_by_node=bound.node, bound_by_rank=bound.local_rank, bound_by_global_rank=bound.global_rank,
+            nnodes=nodes.nnodes,
+            node_rank=nodes.node_rank,
+            master=nodes.master,
+            bound_by_node=bound.node,
+            bound_by_rank=bound.local_rank,
+            bound_by_global_rank=bound.global_rank,
             bound_by_blocks=bound.plan.num_blocks,
             agree_seconds=max(planned[worker][2].seconds for worker in self.workers),
             all_ranks=everyone,
-        )  # fmt: skip
+        )
 
     def rss(self) -> dict[str, int | None]:
         answers = self._ask(self.everyone, "rss")
@@ -219,38 +231,45 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
     reclaim_stale_publications()
     signals = EngineSignals(spec)
     try:
-        with signals, Children() as children:
-            spawned = time.monotonic()
-            workers = [children.start(f"rank {rank}", worker_main, spec, rank, signals.name) for rank in range(spec.ranks)]
-            pids = ", ".join(str(worker.pid) for worker in workers)
-            say(f"platform {spec.platform}: started {spec.ranks} worker(s) (pid {pids}), {signals.describe()}")
+        with signals, ExitStack() as stack:
+            launcher = None if spec.nodes is None else stack.enter_context(Launcher(spec))  # stopped after its workers
+            children = stack.enter_context(Children())
+            workers, spawned = _start_workers(spec, children, launcher, signals, say)
             run = _Run(spec, platform, children, workers, say)
             if not decision.create or workers_create:
                 run.attaching, run.workers_create = tuple(range(spec.ranks)), workers_create
                 run.manager = children.start("cache manager", manager_main, spec, run.attaching, signals.name)
                 side = ": it attaches to the workers' caches to hold their host swap space" if workers_create else ""
-                say(f"starting the cache manager (pid {run.manager.pid}) for rank(s) "
-                    f"{', '.join(map(str, run.attaching))}{side}")  # fmt: skip
+                say(
+                    f"starting the cache manager (pid {run.manager.pid}) for rank(s) "
+                    f"{', '.join(map(str, run.attaching))}{side}"
+                )
             run.import_paddle(spawned)
             # across nodes a worker's own bound (its join) must end first: it names the node that is missing
             planned = children.collect(workers, "plan", spec.timeout + (0 if spec.nodes is None else MARGIN_SECONDS))
             agreement: Agreement | None = planned[workers[0]][2]
-            final = min_across_ranks([planned[worker][0] for worker in workers]) if agreement is None else agreement.plan
+            final = (
+                min_across_ranks([planned[worker][0] for worker in workers]) if agreement is None else agreement.plan
+            )
             if spec.shares_device:
                 check_host_room(final, spec)
             if agreement is None:
                 say(f"every rank planned; each uses {final.num_blocks} blocks (the minimum across ranks)")
             else:
                 bound = agreement.bound_by
-                say(f"every rank of {spec.nodes.nnodes} nodes planned; each uses {final.num_blocks} blocks "  # type: ignore[union-attr]  # agreed: nodes
-                    f"(the minimum, node {bound.node} rank {bound.local_rank}'s plan)")  # fmt: skip
+                say(
+                    f"every rank of {spec.nodes.nnodes} nodes planned; each uses {final.num_blocks} blocks "  # type: ignore[union-attr]  # agreed: nodes
+                    f"(the minimum, node {bound.node} rank {bound.local_rank}'s plan)"
+                )
             creators = {rank: worker.pid for rank, worker in enumerate(workers)} if workers_create else None
             if run.manager is not None:
                 children.send([run.manager], "final", (final, creators))
             creator = None if run.manager is None or workers_create else run.manager.pid
             children.send(workers, "final", (final, creator))
             ready, published, verified = run.initialize()
-            say("every rank's KV cache is ready" + ("" if verified is None else f"; shared memory verified: {verified}"))
+            say(
+                "every rank's KV cache is ready" + ("" if verified is None else f"; shared memory verified: {verified}")
+            )
             cycles = tuple(run.cycle(number) for number in range(1, spec.cycles + 1))
             managed = {allocation.rank: allocation for allocation in published}
             ranks = tuple(
@@ -281,12 +300,37 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
     )
 
 
-def _parse_rank(text: str, nodes: NodeSpec, rank: int) -> RankReport:
+def _start_workers(
+    spec: RunSpec, children: Children, launcher: Launcher | None, signals: EngineSignals, say: Progress
+) -> tuple[list[Child], float]:
+    """Every local rank's worker, spawned here, or on several nodes started by Paddle's launcher (which waits
+    for every node first); and when they were started."""
+    if launcher is None:
+        spawned = time.monotonic()
+        workers = [children.start(f"rank {rank}", worker_main, spec, rank, signals.name) for rank in range(spec.ranks)]
+        pids = ", ".join(str(worker.pid) for worker in workers)
+        say(f"platform {spec.platform}: started {spec.ranks} worker(s) (pid {pids}), {signals.describe()}")
+        return workers, spawned
+    nodes = launcher.nodes
+    say(
+        f"platform {spec.platform}: node {nodes.node_rank} of {nodes.nnodes}: started python -m "
+        f"paddle.distributed.launch (pid {launcher.process.pid}) for {spec.ranks} worker(s), master {nodes.master}, "
+        f"{signals.describe()}"
+    )
+    started = time.monotonic()
+    workers = launcher.accept(children, signals.name)
+    pids = ", ".join(str(worker.pid) for worker in workers)
+    seconds = time.monotonic() - started
+    say(f"the launcher started {spec.ranks} worker(s) (pid {pids}) {seconds:.3f} s later, once every node had come")
+    return workers, time.monotonic()
+
+
+def _parse_rank(text: str, rank: int) -> RankReport:
     try:
         return RankReport(**json.loads(text))
     except (ValueError, TypeError) as exc:
         raise NodeError(
-            f"{nodes.describe(rank)} sent a report this node cannot read ({exc}). "
+            f"global rank {rank} sent a report this node cannot read ({exc}). "
             "Fix: run the same fd-platforms version on every node"
         ) from exc
 
@@ -333,7 +377,7 @@ def _rank_report(
     spec: RunSpec,
     rank: int,
     final: Plan,
-    planned: tuple[Plan, float, Agreement | None, float | None],
+    planned: tuple[Plan, float, Agreement | None, tuple[int, float] | None],
     result: WorkerResult,
     managed: dict[int, Allocation],
     verified: dict[int, bool],
@@ -342,17 +386,18 @@ def _rank_report(
     held = managed.get(rank)  # where the workers create, the manager holds the host swap cache and attaches
     host = allocation if held is None else held
     attached_tensors, attach_seconds = (
-        (result.attached_tensors, result.attach_seconds) if result.allocation is None or held is None
+        (result.attached_tensors, result.attach_seconds)
+        if result.allocation is None or held is None
         else (held.attached_tensors, held.attach_seconds)
-    )  # fmt: skip
+    )
     return RankReport(
         rank=rank,
         device=allocation.device,
         create=result.decision.create,
         deciding_term=result.decision.deciding_term,
-        decided_by=decided_by(result.decision) if held is None or result.allocation is None else (
-            f"rule {spec.rule}: workers create, manager attaches"
-        ),
+        decided_by=decided_by(result.decision)
+        if held is None or result.allocation is None
+        else (f"rule {spec.rule}: workers create, manager attaches"),
         allocated_by="worker" if result.allocation is not None else "cache manager",
         planned_blocks=planned[0].num_blocks,
         num_blocks=final.num_blocks,
@@ -370,6 +415,6 @@ def _rank_report(
         attached_by=None if not attached_tensors else ("worker" if result.allocation is None else "cache manager"),
         verified=verified.get(rank),
         node=0 if spec.nodes is None else spec.nodes.node_rank,
-        global_rank=rank if spec.nodes is None else spec.nodes.global_rank(rank),
-        join_seconds=planned[3],
+        global_rank=rank if planned[3] is None else planned[3][0],
+        join_seconds=None if planned[3] is None else planned[3][1],
     )

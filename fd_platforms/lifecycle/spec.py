@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..contract.types import Plan, PlatformIdentity
-from ..engine import CacheRequest, NodeSpec, protocol_named
+from ..engine import CacheRequest, protocol_named
 from ..fastdeploy import FASTDEPLOY  # noqa: F401 - registers protocol "fastdeploy", which [scheduler] protocol may name
 from ..rules.config.deploy import DeployConfig
 from ..rules.decision import RULE_VERSIONS, DecisionInputs
@@ -20,6 +20,16 @@ from ..rules.planner import host_swap_blocks, shares_one_device
 #: within twice ``--timeout`` at most. Across nodes, planning (each worker's join) and sharing the
 #: report add the whole margin: there a worker's own bound names the node that is missing.
 MARGIN_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class NodeFlags:
+    """This node's place in an engine over ``nnodes`` nodes (``--nnodes``, ``--node-rank``, ``--master``), as
+    Paddle's launcher takes it (:mod:`.launcher`)."""
+
+    nnodes: int
+    node_rank: int
+    master: str
 
 
 @dataclass(frozen=True)
@@ -49,7 +59,7 @@ class RunSpec:
     host_memory: int | None = None
     quiet: bool = False
     cycles: int = 0
-    nodes: NodeSpec | None = None
+    nodes: NodeFlags | None = None
     block_count_suffix: str | None = None
     device_ids: tuple[int, ...] = ()
 
@@ -71,9 +81,11 @@ class RunSpec:
         engine first, before any process starts."""
         cache, scheduler = self.deploy.cache, self.deploy.scheduler
         inputs = DecisionInputs(
-            self.profile, host_swap_blocks(cache, self.layout(0).bytes_per_block), cache.kvcache_storage_backend,
+            self.profile,
+            host_swap_blocks(cache, self.layout(0).bytes_per_block),
+            cache.kvcache_storage_backend,
             scheduler.splitwise_role,
-        )  # fmt: skip
+        )
         return protocol_named(scheduler.protocol).rule_in_force(cache.rule, inputs, "--rule")
 
     @property
@@ -123,20 +135,29 @@ class RunSpec:
         """The cache tensors of ``rank`` on its device."""
         parallel = replace(self.deploy.parallel, local_rank=rank)
         return build_layout(
-            self.deploy.model, self.deploy.cache, parallel,
-            device_id=self.device_id(rank), local_device=self.local_device(rank),
-        )  # fmt: skip
+            self.deploy.model,
+            self.deploy.cache,
+            parallel,
+            device_id=self.device_id(rank),
+            local_device=self.local_device(rank),
+        )
 
     def cache_request(self, rank: int, plan: Plan, instance: str, **fields: Any) -> CacheRequest:
         """``rank``'s cache request in this run: its layout, ``plan``'s blocks, the run's rule inputs, pin, protocol
         and timeout, under the engine ``instance``; ``fields`` the rest (``profile``, ``creator_pid``,
         ``host_cache``)."""
         return CacheRequest(
-            layout=self.layout(rank), num_blocks=plan.num_blocks, num_cpu_blocks=plan.num_cpu_blocks,
+            layout=self.layout(rank),
+            num_blocks=plan.num_blocks,
+            num_cpu_blocks=plan.num_cpu_blocks,
             storage_backend=self.deploy.cache.kvcache_storage_backend,
-            splitwise_role=self.deploy.scheduler.splitwise_role, rule=self.rule,
-            protocol=self.deploy.scheduler.protocol, instance=instance, timeout=self.timeout, **fields,
-        )  # fmt: skip
+            splitwise_role=self.deploy.scheduler.splitwise_role,
+            rule=self.rule,
+            protocol=self.deploy.scheduler.protocol,
+            instance=instance,
+            timeout=self.timeout,
+            **fields,
+        )
 
 
 def run_device_ids(identity: PlatformIdentity, ranks: int) -> tuple[int, ...]:

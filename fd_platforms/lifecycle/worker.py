@@ -4,8 +4,8 @@ Paddle is imported first, in parallel across ranks, so that a rank told to wait 
 manager already waits by the time that manager could fail. Messages with the engine, in order:
 send ``("imported", seconds)`` (the seconds ``import paddle`` took); receive ``("plan", None)`` (sent
 once every worker has imported, so the engine's line saying so comes before any plan's); send
-``("plan", (plan, seconds, agreement, join_seconds))`` (the agreement across nodes and the seconds
-joining them took, None on one node); receive ``("final",
+``("plan", (plan, seconds, agreement, (global_rank, join_seconds)))`` (the agreement across nodes, this
+rank's global rank and the seconds joining took; None on one node); receive ``("final",
 (plan, manager_pid))`` (the minimum across ranks, and the cache manager's pid when there is one);
 call :func:`~fd_platforms.engine.initialize_kv_cache`, which creates or attaches; send ``("ready",
 WorkerResult)``. Then serve until ``("stop", None)``: ``verify`` (an attacher reads the cache
@@ -17,11 +17,12 @@ manager's tokens and writes its own), ``clear`` and ``init`` (clear and re-initi
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, cast
 
 from ..contract.errors import FdPlatformsError
 from ..contract.paddle_import import import_paddle
@@ -32,7 +33,7 @@ from ..kit.host_memory import resident_bytes
 from ..loading.platform import Platform
 from ..rules.planner import memory_per_rank
 from ..rules.sizes import format_size
-from .child import child_platform, expect, run_child, serve
+from .child import child_platform, expect, killed_with_the_parent, run_child, serve
 from .progress import Progress
 from .report import Allocation
 from .spec import RunSpec
@@ -80,13 +81,24 @@ def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, instance: s
     )
     seconds = time.monotonic() - started
     say(f"planned {plan.num_blocks} blocks of {format_size(plan.bytes_per_block)} ({plan.binding_reason})")
-    cluster, agreement = _agree(spec, platform, rank, plan, say) if spec.nodes is not None else (None, None)
-    conn.send(("plan", (plan, seconds, agreement, None if cluster is None else cluster.join_seconds)))
+    cluster, agreement = _agree(spec, plan, say) if spec.nodes is not None else (None, None)
+    joined = None if cluster is None else (cluster.global_rank, cluster.join_seconds)
+    conn.send(("plan", (plan, seconds, agreement, joined)))
     final, manager_pid = expect(conn, "final", spec.timeout)
     protocol = protocol_named(spec.deploy.scheduler.protocol)
-    if rank == 0 and (word := protocol.hand_off_block_count(
-        instance, final.num_blocks, block_count_suffix=spec.block_count_suffix, platform=platform, ranks=spec.ranks
-    )) is not None:  # fmt: skip
+    if (
+        rank == 0
+        and (
+            word := protocol.hand_off_block_count(
+                instance,
+                final.num_blocks,
+                block_count_suffix=spec.block_count_suffix,
+                platform=platform,
+                ranks=spec.ranks,
+            )
+        )
+        is not None
+    ):
         say(f"handed the agreed {final.num_blocks} blocks to the engine ({word})")
     state = {"cache": _initialize(platform, spec, rank, instance, final, manager_pid, say)}
     try:
@@ -115,18 +127,19 @@ def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, instance: s
     state["cache"].clear(spec.timeout)
 
 
-def _agree(spec: RunSpec, platform: Platform, rank: int, plan: Plan, say: Progress) -> tuple[Cluster, Agreement]:
-    """Join every node's ranks in Paddle's process group and agree on the fewest blocks."""
+def _agree(spec: RunSpec, plan: Plan, say: Progress) -> tuple[Cluster, Agreement]:
+    """Agree with every rank of every node on the fewest blocks, over the process group Paddle's launcher made."""
     assert spec.nodes is not None
-    say(f"joining {spec.nodes.nnodes} nodes at {spec.nodes.master} as global rank {spec.nodes.global_rank(rank)}")
-    cluster = Cluster.join(
-        spec.nodes, rank, facts=spec.node_facts(), timeout=spec.timeout,
-        device_type=spec.device_type, device_id=spec.local_device(rank),
-    )  # fmt: skip
+    rank = os.environ.get("PADDLE_TRAINER_ID", "?")
+    say(f"agreeing with the ranks of {spec.nodes.nnodes} nodes in the launcher's process group as global rank {rank}")
+    with killed_with_the_parent():  # the launcher's end; rank 0 waits inside Paddle for every rank to connect
+        cluster = Cluster.current(facts=spec.node_facts(), timeout=spec.timeout)
     agreement = cluster.agree(plan)
     bound = agreement.bound_by
-    say(f"joined in {cluster.join_seconds:.3f} s; every rank of every node uses {agreement.plan.num_blocks} blocks "
-        f"(node {bound.node} rank {bound.local_rank}'s plan), agreed in {agreement.seconds * 1000:.1f} ms")  # fmt: skip
+    say(
+        f"joined in {cluster.join_seconds:.3f} s; every rank of every node uses {agreement.plan.num_blocks} blocks "
+        f"(node {bound.node} rank {bound.local_rank}'s plan), agreed in {agreement.seconds * 1000:.1f} ms"
+    )
     return cluster, agreement
 
 
@@ -142,7 +155,8 @@ def _initialize(
     request = spec.cache_request(rank, final, instance, profile=spec.profile, creator_pid=manager_pid)
     cache = initialize_kv_cache(platform, request, progress=say.allocation(f"creating {size}"))
     if cache.created:
-        say(f"created {format_size(cache.nbytes)} of KV cache ({cache.decision.deciding_term}: {cache.decision.reason})")  # type: ignore[union-attr]  # initialize_kv_cache sets it
+        decision = cast(CacheDecision, cache.decision)  # initialize_kv_cache decides every cache it returns
+        say(f"created {format_size(cache.nbytes)} of KV cache ({decision.deciding_term}: {decision.reason})")
     else:
         say(f"attached to {len(cache.tensors)} tensors of the cache manager's KV cache in {cache.attach_seconds:.3f} s")
     return cache
@@ -159,4 +173,3 @@ def _result(cache: KVCache) -> WorkerResult:
         attached_tensors=0 if cache.created else len(cache.tensors),
         attach_seconds=cache.attach_seconds,
     )
-

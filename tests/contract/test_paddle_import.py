@@ -10,16 +10,9 @@ import pytest
 from run_helpers import ROOT
 
 
-@pytest.mark.slow  # fresh interpreters, each importing Paddle
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["-c", "import fd_platforms\nfd_platforms.current_platform().host_alloc(4096).paddle()"],
-        ["examples/multinode_runner.py"],
-    ],
-    ids=["HostBuffer.paddle", "two-nodes"],
-)
-def test_paddle_imported_by_the_core_prints_no_ccache_warning(argv: list[str]) -> None:
+@pytest.mark.slow  # a fresh interpreter importing Paddle (run --nnodes's workers: tests/lifecycle/test_multinode.py)
+def test_paddle_imported_by_the_core_prints_no_ccache_warning() -> None:
+    argv = ["-c", "import fd_platforms\nfd_platforms.current_platform().host_alloc(4096).paddle()"]
     done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "No ccache found" not in done.stdout + done.stderr

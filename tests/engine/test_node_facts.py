@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fd_platforms.contract.errors import NodeError
-from fd_platforms.engine.rendezvous import read_facts
+from fd_platforms.engine.facts import read_facts
 
 
 @pytest.mark.parametrize(

@@ -36,8 +36,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--init", choices=("fleet", "none"), default="fleet")
     parser.add_argument("--tp", default="2", help="this node's tp fact, or RANK=TP,... per global rank")
     parser.add_argument("--absent", type=int, default=-1, help="this global rank never comes to the agreement")
-    parser.add_argument("--restart", action="store_true", help="replace the default group (a restart), then agree again")
-    parser.add_argument("--join", action="store_true", help="call Cluster.join instead (it must refuse)")
+    parser.add_argument(
+        "--restart", action="store_true", help="replace the default group (a restart), then agree again"
+    )
     parser.add_argument("--timeout", type=float, default=60.0)
     return parser.parse_args()
 
@@ -84,10 +85,6 @@ def main() -> int:
         fleet.init(is_collective=True)  # as FastDeploy's worker: before profiling
     before = dict(os.environ)
     try:
-        if args.join:
-            from fd_platforms.engine import NodeSpec, free_master
-
-            Cluster.join(NodeSpec(1, 0, free_master(), 2), rank % 2, facts={}, timeout=args.timeout)
         plan, facts = example.plan_this_rank(int(args.memory_mib.split(",")[rank]), tp_of(args.tp, rank))
         if rank == args.absent:
             time.sleep(args.timeout * 3)  # alive, but never at the agreement (the launcher stops it)
@@ -104,10 +101,15 @@ def main() -> int:
         mine = paddle.to_tensor([1000 + rank], dtype="int64", place=paddle.CPUPlace())
         paddle.distributed.all_reduce(mine, op=paddle.distributed.ReduceOp.MIN)  # the user's own, on the same group
         result.update(
-            planned=plan.num_blocks, uses=[a.plan.num_blocks for a in agreements], node=node, local=local,
-            bound_by=cluster.nodes.describe(agreements[0].bound_by.global_rank), env_changed=changed,
-            user_all_reduce=int(mine.numpy()[0]), me=cluster.me,
-        )  # fmt: skip
+            planned=plan.num_blocks,
+            uses=[a.plan.num_blocks for a in agreements],
+            node=node,
+            local=local,
+            bound_by=cluster.nodes.describe(agreements[0].bound_by.global_rank),
+            env_changed=changed,
+            user_all_reduce=int(mine.numpy()[0]),
+            me=cluster.me,
+        )
     except FdPlatformsError as error:
         result["error"] = f"{type(error).__name__}: {error}"
         print(result["error"], file=sys.stderr, flush=True)

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -65,7 +66,7 @@ def main_in_process(*argv: str, cwd: Path | str = ROOT, **env: str) -> subproces
     from fd_platforms.ipc import timeouts
 
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
-    saved_flags = dict(timeouts._flags)  # noqa: SLF001 - the flags a command's --timeout named (set_by_flag)
+    saved_flags = dict(timeouts._flags)
     root = logging.getLogger()
     saved_handlers, saved_level = root.handlers[:], root.level
     saved_hook, saved_streams = sys.unraisablehook, (sys.stdout, sys.stderr)
@@ -73,8 +74,10 @@ def main_in_process(*argv: str, cwd: Path | str = ROOT, **env: str) -> subproces
         stream.flush()
     saved_fds = os.dup(1), os.dup(2)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        streams = (open(1, "w", encoding="utf-8", closefd=False),  # noqa: SIM115 - closed below
-                   open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False))  # noqa: SIM115
+        streams = (
+            open(1, "w", encoding="utf-8", closefd=False),  # noqa: SIM115 - closed below
+            open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False),  # noqa: SIM115 - closed below
+        )
         try:
             for name in [name for name in os.environ if name.startswith(UNSET)]:
                 del os.environ[name]
@@ -89,9 +92,9 @@ def main_in_process(*argv: str, cwd: Path | str = ROOT, **env: str) -> subproces
             except SystemExit as exc:  # argparse: usage errors, --version, --help
                 code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
         finally:
-            kept = output._output  # noqa: SLF001 - the stdout take_stdout kept for the command
+            kept = output._output
             if kept is not None:
-                output._output = output._guard = None  # noqa: SLF001
+                output._output = output._guard = None
                 fd = kept.fileno()
                 with suppress(OSError):
                     kept.close()
@@ -109,20 +112,31 @@ def main_in_process(*argv: str, cwd: Path | str = ROOT, **env: str) -> subproces
             for name in set(os.environ) - set(saved_env):
                 del os.environ[name]
             os.environ.update(saved_env)
-            timeouts._flags.clear()  # noqa: SLF001
-            timeouts._flags.update(saved_flags)  # noqa: SLF001
+            timeouts._flags.clear()
+            timeouts._flags.update(saved_flags)
         out.seek(0)
         err.seek(0)
         stdout, stderr = (file.read().decode().replace("\r\n", "\n").replace("\r", "\n") for file in (out, err))
     return subprocess.CompletedProcess(["fd-platforms", *argv], code, stdout, stderr)
 
 
-SWEEP_LINES = (": WARNING: left ", ": WARNING: reclaiming cache-ready signal ", ": WARNING: reclaiming FastDeploy attacher mark ")
+SWEEP_LINES = (
+    ": WARNING: left ",
+    ": WARNING: reclaiming cache-ready signal ",
+    ": WARNING: reclaiming FastDeploy attacher mark ",
+)
 
 
 def without_sweep(stderr: str) -> list[str]:
     """stderr's lines without the start-up sweep's warnings (which name whatever else is in /dev/shm)."""
     return [line for line in stderr.splitlines() if not any(mark in line for mark in SWEEP_LINES)]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now (another process may still take it before it is used)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -218,8 +232,15 @@ class Run:
 @contextmanager
 def started(*args: str, env: dict[str, str] | None = None) -> Iterator[Run]:
     """``fd-platforms run *args`` in a session of its own; killed with its children if still running at the end."""
-    process = subprocess.Popen([SCRIPT, "run", *args], cwd=ROOT, env=env or clean_env(), text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    process = subprocess.Popen(
+        [SCRIPT, "run", *args],
+        cwd=ROOT,
+        env=env or clean_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         yield Run(process)
     finally:
@@ -269,7 +290,7 @@ def open_cache_tensor(name, handle, shape, dtype):
 def host_sharing_plugin(
     name: str,
     export: str = "return export_host_tensor(name, shape, dtype)",
-    open: str = "return open_host_tensor(name, handle, shape, dtype)",  # noqa: A002 - the hook's name
+    open: str = "return open_host_tensor(name, handle, shape, dtype)",
     extra: str = "",
 ) -> str:
     """The source of platform ``name``, whose cache lives in host memory like cpu's, with the bodies

@@ -18,19 +18,25 @@ def check_nodes(nnodes: object, node_rank: object, master: object, local_ranks: 
     """A ConfigError naming the first bad value (as ``--nnodes`` ... when ``flags``), else nothing."""
     name = {"nnodes": "--nnodes", "node_rank": "--node-rank", "master": "--master", "local_ranks": "--ranks"}
     field = (lambda key: name[key]) if flags else (lambda key: key)
-    nnodes = check_int(field("nnodes"), nnodes, 1, MAX_NODES, what="",
-                       fix="pass how many nodes (machines) the engine spans")  # fmt: skip
-    check_int(field("node_rank"), node_rank, 0, nnodes - 1, what="", note="one per node; node 0 hosts the master",
-              fix=f"give each of the {nnodes} nodes its own {field('node_rank')} from 0 to {nnodes - 1}")  # fmt: skip
+    nnodes = check_int(
+        field("nnodes"), nnodes, 1, MAX_NODES, what="", fix="pass how many nodes (machines) the engine spans"
+    )
+    check_int(
+        field("node_rank"),
+        node_rank,
+        0,
+        nnodes - 1,
+        what="",
+        note="one per node; node 0 hosts the master",
+        fix=f"give each of the {nnodes} nodes its own {field('node_rank')} from 0 to {nnodes - 1}",
+    )
     check_int(field("local_ranks"), local_ranks, 1, None, fix="pass how many ranks this node runs")
     parse_master(master, field("master"))
 
 
 def parse_master(master: object, field: str = "master") -> tuple[str, int]:
-    """``HOST:PORT`` as (host, port); PORT + 1 must be a port too (Paddle's process-group store)."""
-    allowed = (
-        "HOST:PORT with an IPv4 address or a host name and a port from 1 to 65534 (node 0 listens on PORT and PORT+1)"
-    )
+    """``HOST:PORT`` as (host, port); PORT + 1 must be a port too (the deprecated ``Cluster.join`` listens there)."""
+    allowed = "HOST:PORT with an IPv4 address or a host name and a port from 1 to 65534"
     fix = f"pass {field} as node 0's address, e.g. 10.0.0.1:29500, the same on every node"
     if not isinstance(master, str) or master.count(":") != 1:
         raise ConfigError(field, master, allowed, fix)
@@ -49,6 +55,8 @@ def check_resolves(master: str, field: str = "master") -> None:
     except (OSError, UnicodeError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         raise ConfigError(
-            field, master, f"a host this machine resolves to an IPv4 address ({host!r}: {reason})",
+            field,
+            master,
+            f"a host this machine resolves to an IPv4 address ({host!r}: {reason})",
             "fix the host name, or pass node 0's IPv4 address",
         ) from None
