@@ -1114,9 +1114,14 @@ def engine_calls_accept(settings: FastDeploySettings, cpu: Platform) -> None:
         False, settings.cache.num_cpu_blocks, settings.cache.kvcache_storage_backend, settings.splitwise_role
     )
     layout = settings.layout()
-    # a cache process's own blocks; a runner's are its plan's, which gives the draft at least one block
-    blocks = settings.num_blocks or max(16, math.ceil(1 / layout.mtp_block_ratio))
+    # a cache process's own blocks; a runner's are its plan's, which gives the draft at least one block where any
+    # count can; a ratio so small that none can is refused naming it, as the planner refuses it
+    blocks = settings.num_blocks or min(max(16, math.ceil(1 / layout.mtp_block_ratio)), 2**40)
     for part in (layout.main(), layout.draft()) if layout.mtp_layers else (layout,):
+        if part.part == "draft" and part.mtp_blocks(blocks) < 1:
+            with pytest.raises(ConfigError, match="num_gpu_block_expand_ratio"):
+                cpu.cache_layout(part, blocks, settings.tensor_specs)
+            continue
         cpu.cache_layout(part, blocks, settings.tensor_specs)
 
 
@@ -1162,6 +1167,16 @@ def test_a_runners_draft_shaped_for_too_few_blocks_is_refused_naming_the_ratio(c
     with pytest.raises(ConfigError) as refusal:
         cpu.cache_layout(layout, 16)
     assert refusal.value.field == "num_gpu_block_expand_ratio"
+
+
+@pytest.mark.parametrize("ratio", [0.03125, 1e-300])
+def test_a_tiny_speculative_ratio_is_read_as_fastdeploy_means_it(cpu: Platform, ratio: float) -> None:
+    """The property test's two draws that found the draft's zero blocks: a runner's plan gives the draft a block
+    where a count can; where none can (1e-300), the engine call refuses naming the ratio."""
+    attribute = next(a for a in FD_ATTRIBUTES if a.name.endswith(".num_gpu_block_expand_ratio"))
+    config = fd_config(QWEN, tp=2, port="8002,8012", mtp=attribute.mtp)
+    attribute.put(config, ratio)
+    check_read_or_refused(lambda: from_fd_config(config, local_rank=1), attribute, ratio, cpu)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
