@@ -123,7 +123,7 @@ def test_a_hanging_confirmation_falls_back_to_cpu_and_fails_a_selection_promptly
     "args",
     [
         ("plan", "--model", QWEN, "--device-memory", "1GiB"),
-        ("run", "--model", QWEN, "--device-memory", "256MiB", "--timeout", "5"),
+        ("run", "--model", QWEN, "--device-memory", "256MiB", "--timeout", "30"),
     ],
     ids=["plan", "run"],
 )
