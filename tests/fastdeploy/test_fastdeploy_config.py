@@ -1169,14 +1169,19 @@ def test_a_runners_draft_shaped_for_too_few_blocks_is_refused_naming_the_ratio(c
     assert refusal.value.field == "num_gpu_block_expand_ratio"
 
 
+def check_fd_attribute(attribute: Attribute, value: object, cpu: Platform) -> None:
+    """``value`` put in ``attribute`` of rank 1's worker FDConfig: read as FastDeploy means it, or refused naming it."""
+    config = fd_config(QWEN, tp=2, port="8002,8012", mtp=attribute.mtp)
+    attribute.put(config, value)
+    check_read_or_refused(lambda: from_fd_config(config, local_rank=1), attribute, value, cpu)
+
+
 @pytest.mark.parametrize("ratio", [0.03125, 1e-300])
 def test_a_tiny_speculative_ratio_is_read_as_fastdeploy_means_it(cpu: Platform, ratio: float) -> None:
     """The property test's two draws that found the draft's zero blocks: a runner's plan gives the draft a block
     where a count can; where none can (1e-300), the engine call refuses naming the ratio."""
     attribute = next(a for a in FD_ATTRIBUTES if a.name.endswith(".num_gpu_block_expand_ratio"))
-    config = fd_config(QWEN, tp=2, port="8002,8012", mtp=attribute.mtp)
-    attribute.put(config, ratio)
-    check_read_or_refused(lambda: from_fd_config(config, local_rank=1), attribute, ratio, cpu)
+    check_fd_attribute(attribute, ratio, cpu)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -1186,9 +1191,7 @@ def test_every_fd_config_attribute_is_read_as_fastdeploy_means_it_or_refused_nam
 ) -> None:
     attribute = data.draw(st.sampled_from(FD_ATTRIBUTES), label="attribute")
     value = data.draw(st.one_of(st.sampled_from(attribute.good), ODD_VALUES), label="value")
-    config = fd_config(QWEN, tp=2, port="8002,8012", mtp=attribute.mtp)
-    attribute.put(config, value)
-    check_read_or_refused(lambda: from_fd_config(config, local_rank=1), attribute, value, cpu)
+    check_fd_attribute(attribute, value, cpu)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
