@@ -69,6 +69,14 @@ def keep_bytecode(config: pytest.Config) -> None:
     sys.dont_write_bytecode = False
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules holding ``slow`` tests (multi-process runs, seconds each) first, each module kept whole:
+    xdist hands tests out in this order, so a worker that draws a long test early is not still running one
+    when the other has run out of work, and a module's fixtures are set up once per worker."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     """Whose /dev/shm the tests write in."""
     shared = config.stash[SHARED_SHM]
