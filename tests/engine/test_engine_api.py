@@ -198,6 +198,7 @@ def test_an_attacher_resets_its_slot_before_it_lets_go(cpu, signal_owner, monkey
         assert seen and seen[0][0] == 0, "the slot was already reset when the publication was let go"
 
 
+@pytest.mark.slow
 def test_a_dead_cache_manager_ends_the_wait(cpu, signal_owner) -> None:
     ours, theirs = spawn.Pipe()
     process = spawn.Process(target=time.sleep, args=(60,))

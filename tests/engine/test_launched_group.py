@@ -197,6 +197,7 @@ def test_cluster_current_outside_any_group_names_the_launcher(monkeypatch) -> No
     assert "python -m paddle.distributed.launch" in str(caught.value)
 
 
+@pytest.mark.slow
 def test_a_rank_whose_groups_store_never_listens_is_a_node_error_within_its_timeout(monkeypatch) -> None:
     """Paddle's store client retries a refused connection holding the interpreter lock, past any bound of ours: a
     rank other than 0 waits for the store's host to listen first, bounded."""

@@ -99,6 +99,7 @@ def serve_for(seconds: float, managed: list[ManagedCache], suffix: str) -> list[
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("forged", [7, -99])
 def test_a_status_outside_fastdeploys_set_is_refused_logged_and_never_acted_on(
     forged: int, managed: list[ManagedCache], two_ranks: str, caplog: pytest.LogCaptureFixture
@@ -117,6 +118,7 @@ def test_a_status_outside_fastdeploys_set_is_refused_logged_and_never_acted_on(
     )
 
 
+@pytest.mark.slow
 def test_a_slot_that_flickers_through_0_while_its_attacher_holds_it_frees_nothing(
     managed: list[ManagedCache], two_ranks: str
 ) -> None:

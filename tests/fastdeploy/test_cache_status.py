@@ -55,6 +55,7 @@ def test_two_drivers_started_together_one_drives_and_the_other_is_told_at_once_w
     ) in loser_says
 
 
+@pytest.mark.slow
 def test_a_drive_that_finds_a_dead_attacher_names_it_and_leaves_the_word_where_the_next_drive_starts(
     suffix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -124,6 +125,7 @@ def test_a_drive_failing_on_python_3_10_raises_its_own_error_and_logs_what_the_w
     assert f"drive_kv_cache_update failed (_NoNotes): kv_cache_status.{suffix} was left at" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_failed_restore_leaves_a_word_saying_the_caches_are_freed_and_the_next_drive_names_it(suffix: str) -> None:
     """With the caches freed and no creator left to make them again, NORMAL would say they are there: the word
     says they may be freed, and the next clear is refused naming it."""

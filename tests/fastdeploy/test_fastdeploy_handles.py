@@ -113,6 +113,7 @@ def test_a_creator_nobody_is_configured_to_attach_to_never_waits_for_its_own_slo
         assert time.monotonic() - started < 1 and not any(os.path.exists(f"/dev/shm/{name}") for name in names)
 
 
+@pytest.mark.slow
 def test_a_rank_two_processes_attach_to_is_freed_only_after_both_let_go(names: list[str]) -> None:
     """P/D decode with swap: the worker and the transfer manager attach to one rank and one slot; the creator
     frees once the slot is reset and no attacher of ours holds the first record. An attacher killed with
@@ -636,6 +637,7 @@ def test_records_that_mix_a_memfd_handle_with_a_raw_one_are_refused_naming_both(
         FastDeployHandles.open(f"t{secrets.token_hex(4)}", 0, expected, "cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("fastdeploy_record_names")
 def test_a_neighbour_engine_on_the_same_device_ids_is_named_as_the_cause_when_it_holds_fastdeploys_names(cpu) -> None:
     """FastDeploy's record names carry no instance: a second engine's creator of rank 0 on device 0 collides with the

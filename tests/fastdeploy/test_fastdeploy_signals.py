@@ -95,6 +95,7 @@ def test_a_wait_that_times_out_names_the_signal_word_and_step(suffix: str) -> No
     assert str(error).startswith(f"rank 1 waiting for its KV cache: FastDeploy signal 'cache_ready_signal.{suffix}'")
 
 
+@pytest.mark.slow
 def test_a_wait_ends_when_the_watched_process_exits(suffix: str) -> None:
     with FastDeploySignal.create(CACHE_READY, suffix, 1) as ready:
         writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])

@@ -138,6 +138,7 @@ def test_a_manager_publishes_main_and_draft_and_the_runner_and_proposer_attach(c
 SWAP_2026_04 = {**MIXED, "num_cpu_blocks": 2, "rule": "2026-04"}  # the worker creates, the manager attaches
 
 
+@pytest.mark.slow
 def test_a_managers_timeout_says_the_worker_published_its_main_part_but_not_the_draft(cpu, signal_owner) -> None:
     whole = mtp_layout()
     runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, instance=signal_owner.name, **SWAP_2026_04)
@@ -247,6 +248,7 @@ def test_a_managers_draft_takes_the_engines_tensor_specs_as_its_main_part_does(c
         managed.clear(timeout=5)
 
 
+@pytest.mark.slow
 def test_a_fastdeploy_managers_timeout_says_the_worker_published_its_draft_but_not_the_main_part(
     cpu, fastdeploy_suffix
 ) -> None:

@@ -56,6 +56,7 @@ def ipc_status() -> Iterator[None]:
     del os.environ["FAKE_IPC_STATUS"]
 
 
+@pytest.mark.slow
 def test_device_memory_crosses_processes_by_its_64_byte_handle(runtime: VendorDeviceRuntime, fake: ctypes.CDLL) -> None:
     """Allocated zeroed on device 1 with device 1 current (and device 0 current again after); another process
     opens it on device 1 through the handle, reads and writes the same memory, and closes its mapping."""
@@ -265,6 +266,7 @@ def test_a_failed_compile_names_the_compiler_output_and_leaves_nothing(
     assert not list((tmp_path / "cache").glob("*.so")) and not list((tmp_path / "cache").glob("*.partial"))
 
 
+@pytest.mark.slow
 def test_a_compile_over_its_time_is_stopped_whole_and_named_with_the_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -45,6 +45,7 @@ def _child_platform(queue: multiprocessing.Queue) -> None:
     queue.put((selection.platform.name, selection.how))
 
 
+@pytest.mark.slow
 def test_spawned_child_resolves_the_same_platform(monkeypatch: pytest.MonkeyPatch, make_plugin) -> None:
     site = make_plugin("acme")
     monkeypatch.setenv("PYTHONPATH", f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
