@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import fcntl
+import functools
+import hashlib
 import importlib
+import importlib.metadata
 import os
 import re
 import shutil
@@ -359,52 +362,83 @@ def fastdeploy_record_names(pytestconfig: pytest.Config) -> Iterator[None]:
         yield
 
 
-@pytest.fixture(scope="session")
-def fake_device_root(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """``fake_device_root("iluvatar_gpu")``: a CUSTOM_DEVICE_ROOT holding only the fake runtime for that
-    device type (``build.sh`` printed its path), compiled once per session for every module that
-    uses it (skips where g++ is missing)."""
-    built: dict[str, Path] = {}
-
-    def build(device_type: str) -> Path:
-        if device_type not in built:
-            if shutil.which("g++") is None:
-                pytest.skip("g++ not found on PATH: cannot compile the fake custom-device runtime")
-            root = tmp_path_factory.mktemp(f"fake-{device_type}")
-            done = subprocess.run(
-                ["bash", str(FAKE_DEVICE_TOOLS / "build.sh"), device_type, str(root)],
-                capture_output=True,
-                text=True,
-                env={**os.environ, "PYTHON": sys.executable},
-                timeout=300,
-            )
-            assert done.returncode == 0, f"building the fake {device_type} runtime failed:\n{done.stderr}"
-            library = root / f"libfake_{device_type}.so"
-            assert done.stdout.strip() == str(library), f"build.sh printed {done.stdout!r}\nstderr:\n{done.stderr}"
-            assert sorted(root.iterdir()) == [library], "Paddle loads every .so in CUSTOM_DEVICE_ROOT"
-            built[device_type] = root
-        return built[device_type]
-
-    return build
-
-
-@pytest.fixture(scope="session")
-def fake_vendor_runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The folder of the fake vendor runtime (``libcudart.so``, ``libmcruntime.so``: pinned host memory,
-    device memory and its IPC), compiled once per session; put it on LD_LIBRARY_PATH of a new process."""
-    if shutil.which("g++") is None:
-        pytest.skip("g++ not found on PATH: cannot compile the fake vendor runtime")
-    folder = tmp_path_factory.mktemp("fake-vendor-runtime")
+def run_build(script: str, *args: str, **env: str) -> list[str]:
+    """Run one of the fake runtimes' build scripts (``tools/fake-custom-device``): the paths it printed."""
     done = subprocess.run(
-        ["bash", str(FAKE_DEVICE_TOOLS / "build-host-runtime.sh"), str(folder)],
+        ["bash", str(FAKE_DEVICE_TOOLS / script), *args],
         capture_output=True,
         text=True,
+        env={**os.environ, **env},
         timeout=300,
     )
-    assert done.returncode == 0, f"building the fake vendor runtime failed:\n{done.stderr}"
-    expected = [str(folder / "libcudart.so"), str(folder / "libmcruntime.so")]
-    assert done.stdout.split() == expected, f"printed {done.stdout!r}\nstderr:\n{done.stderr}"
-    return folder
+    assert done.returncode == 0, f"{script} {' '.join(args)} failed:\n{done.stderr}"
+    return done.stdout.split()
+
+
+@pytest.fixture(scope="session")
+def fake_builds(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``fake_builds(name, build)``: the folder ``build(folder)`` filled, built once for every xdist worker
+    (the first builds under a lock, the others wait and load) and kept in pytest's cache folder of this
+    checkout (``.pytest_cache/d/fake-runtimes``) so a later run loads it; without pytest's cache, a folder
+    of this run's. The name holds a digest of the build scripts and sources, the compiler's and
+    Paddle's versions and Python: an edit or another toolchain builds anew, as does ``--cache-clear``.
+    Skips where g++ is missing."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not found on PATH: cannot compile the fake runtimes")
+    cache = getattr(pytestconfig, "cache", None)
+    if cache is not None:
+        folder = cache.mkdir("fake-runtimes")
+    else:  # the worker's basetemp is popen-gwN in the run's
+        parent = tmp_path_factory.getbasetemp().parent if "PYTEST_XDIST_WORKER" in os.environ else None
+        folder = parent / "fake-runtimes" if parent else tmp_path_factory.mktemp("fake-runtimes")
+        folder.mkdir(exist_ok=True)
+    digest = hashlib.sha256(sys.executable.encode())
+    for source in sorted(FAKE_DEVICE_TOOLS.iterdir()):
+        digest.update(source.name.encode() + source.read_bytes())
+    compiler = subprocess.run(["g++", "--version"], capture_output=True, text=True, check=True).stdout
+    digest.update(compiler.encode() + importlib.metadata.version("paddlepaddle").encode())
+
+    def built(name: str, build: Callable[[Path], None]) -> Path:
+        target = folder / f"{name}-{digest.hexdigest()[:16]}"
+        with open(folder / f"{target.name}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not target.is_dir():
+                scratch = Path(tempfile.mkdtemp(dir=folder, prefix=f".{name}-"))
+                try:
+                    build(scratch)
+                    scratch.rename(target)  # whole or not at all: a build that failed leaves nothing to load
+                finally:
+                    shutil.rmtree(scratch, ignore_errors=True)
+        return target
+
+    return built
+
+
+@pytest.fixture(scope="session")
+def fake_device_root(fake_builds: Callable[..., Path]) -> Callable[[str], Path]:
+    """``fake_device_root("iluvatar_gpu")``: a CUSTOM_DEVICE_ROOT holding only the fake runtime for that
+    device type (``build.sh`` printed its path), built once (:func:`fake_builds`) for every module that uses it."""
+
+    def check_build(device_type: str, root: Path) -> None:
+        library = root / f"libfake_{device_type}.so"
+        printed = run_build("build.sh", device_type, str(root), PYTHON=sys.executable)
+        assert printed == [str(library)], f"build.sh printed {printed!r}"
+        assert sorted(root.iterdir()) == [library], "Paddle loads every .so in CUSTOM_DEVICE_ROOT"
+
+    return lambda device_type: fake_builds(f"fake-{device_type}", functools.partial(check_build, device_type))
+
+
+def build_vendor_runtime(folder: Path) -> None:
+    """``build-host-runtime.sh`` into ``folder``: it prints the two libraries it made."""
+    printed = run_build("build-host-runtime.sh", str(folder))
+    assert printed == [str(folder / "libcudart.so"), str(folder / "libmcruntime.so")], f"printed {printed!r}"
+
+
+@pytest.fixture(scope="session")
+def fake_vendor_runtime(fake_builds: Callable[..., Path]) -> Path:
+    """The folder of the fake vendor runtime (``libcudart.so``, ``libmcruntime.so``: pinned host memory,
+    device memory and its IPC), built once (:func:`fake_builds`); put it on LD_LIBRARY_PATH of a new process."""
+    return fake_builds("fake-vendor-runtime", build_vendor_runtime)
 
 
 @pytest.fixture(scope="session")
