@@ -162,6 +162,8 @@ def sources() -> list[tuple[str, int, str, tuple[str, ...]]]:
         for match in PYTHON_BLOCK.finditer(text):
             found.append((str(path.relative_to(ROOT)), text.count("\n", 0, match.start(1)) + 1, match.group(1), faces))
     for path in sorted((ROOT / "examples").rglob("*.py")):
+        if "build" in path.relative_to(ROOT).parts:  # pip's in-tree build of the example plugin: a copy, not a sample
+            continue
         faces = PLUGIN_FACES if "plugin-template" in path.parts else ENGINE_FACES
         found.append((str(path.relative_to(ROOT)), 1, path.read_text(encoding="utf-8"), faces))
     return found
