@@ -312,6 +312,19 @@ def make_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Plu
 FAKE_DEVICE_TOOLS = Path(__file__).resolve().parent.parent / "tools" / "fake-custom-device"
 
 
+def kept_folder(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """Where a build the tests share is kept: ``.pytest_cache/d/<name>`` of this checkout, so a later run loads
+    it; without pytest's cache (``-p no:cacheprovider``) a folder of this run's, one for all its xdist workers."""
+    cache = getattr(config, "cache", None)
+    if cache is not None:
+        return Path(cache.mkdir(name))
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return tmp_path_factory.mktemp(name)
+    folder = tmp_path_factory.getbasetemp().parent / name  # the worker's basetemp is popen-gwN in the run's
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="session", autouse=True)
 def operator_cache(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Where the foreign-tensor operator is compiled (about 5 s): pytest's cache folder of this checkout
@@ -324,14 +337,7 @@ def operator_cache(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPat
     from fd_platforms.kit.foreign_tensor import ENV_CACHE_DIR
 
     given = os.environ.get(ENV_CACHE_DIR)
-    cache = getattr(pytestconfig, "cache", None)
-    if cache is not None:
-        kept = cache.mkdir("foreign-tensor-operator")
-    elif "PYTEST_XDIST_WORKER" in os.environ:  # the worker's basetemp is popen-gwN in the run's
-        kept = tmp_path_factory.getbasetemp().parent / "operator-cache"
-    else:
-        kept = tmp_path_factory.mktemp("operator-cache")
-    folder = given or str(kept)
+    folder = given or str(kept_folder(pytestconfig, tmp_path_factory, "foreign-tensor-operator"))
     os.environ[ENV_CACHE_DIR] = folder
     yield folder
     if given is None:
@@ -385,13 +391,7 @@ def fake_builds(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFa
     Skips where g++ is missing."""
     if shutil.which("g++") is None:
         pytest.skip("g++ not found on PATH: cannot compile the fake runtimes")
-    cache = getattr(pytestconfig, "cache", None)
-    if cache is not None:
-        folder = cache.mkdir("fake-runtimes")
-    else:  # the worker's basetemp is popen-gwN in the run's
-        parent = tmp_path_factory.getbasetemp().parent if "PYTEST_XDIST_WORKER" in os.environ else None
-        folder = parent / "fake-runtimes" if parent else tmp_path_factory.mktemp("fake-runtimes")
-        folder.mkdir(exist_ok=True)
+    folder = kept_folder(pytestconfig, tmp_path_factory, "fake-runtimes")
     digest = hashlib.sha256(sys.executable.encode())
     for source in sorted(FAKE_DEVICE_TOOLS.iterdir()):
         digest.update(source.name.encode() + source.read_bytes())
