@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,8 +42,20 @@ class Process(Protocol):
     def exitcode(self) -> int | None: ...
     def join(self, timeout: float | None = None) -> None: ...
     def is_alive(self) -> bool: ...
-    def terminate(self) -> None: ...
+    def terminate(self) -> None:
+        """SIGTERM, then SIGCONT: a stopped process handles its SIGTERM (cleans up) at once, not after SIGKILL."""
+
     def kill(self) -> None: ...
+
+
+class _Spawned(multiprocessing.context.SpawnProcess):
+    """A spawned child whose :meth:`terminate` also continues it (:meth:`Process.terminate`)."""
+
+    def terminate(self) -> None:
+        super().terminate()
+        if self.exitcode is None and self.pid is not None:  # not reaped: the pid is still this child's
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGCONT)
 
 
 @dataclass(eq=False)
@@ -66,13 +80,12 @@ class Children:
     """Child processes of one run; leaving the ``with`` block stops every one of them."""
 
     def __init__(self) -> None:
-        self._context = multiprocessing.get_context("spawn")
         self.started: list[Child] = []
 
     def start(self, label: str, target: Callable[..., None], *args: Any) -> Child:
         """Start ``target(*args, conn)`` in a spawned process labelled ``label``."""
-        ours, theirs = self._context.Pipe()
-        process = self._context.Process(target=target, args=(*args, theirs), name=label, daemon=True)
+        ours, theirs = multiprocessing.Pipe()
+        process = _Spawned(target=target, args=(*args, theirs), name=label, daemon=True)
         with sigint_ignored_by_children():
             process.start()
         theirs.close()

@@ -76,6 +76,7 @@ class LaunchedProcess:
 
     def terminate(self) -> None:
         self._send(signal.SIGTERM)
+        self._send(signal.SIGCONT)
 
     def kill(self) -> None:
         self._send(signal.SIGKILL)

@@ -155,3 +155,35 @@ def test_a_child_outside_the_phase_that_died_is_named_first_as_the_cause() -> No
         ("cache manager", f"pid {manager.pid} exited with code 9 during this phase"),
         ("rank 0", "CacheSharingError: its exporter has exited or closed it"),
     )
+
+
+def _cleans_up_on_sigterm(conn: object) -> None:
+    """A stand-in worker between phases: it waits for its engine's word and handles SIGTERM (its clean-up) by
+    exiting 143, as a worker does (lifecycle/interrupts.py)."""
+    import signal
+    import sys
+    import time
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+    conn.send(("ready", None))  # type: ignore[attr-defined]
+    time.sleep(60)
+
+
+def test_a_stopped_child_is_continued_with_its_sigterm_so_it_ends_by_it_not_by_sigkill_seconds_later() -> None:
+    """A child stopped from outside (SIGSTOP, a debugger, a frozen cgroup) holds a SIGTERM pending until continued:
+    stopping the run sends SIGCONT after it, so the child runs its SIGTERM handler (its clean-up) at once."""
+    import os
+    import signal
+    import time
+
+    from fd_platforms.lifecycle.children import STOP_SECONDS, Children
+
+    with Children() as children:
+        child = children.start("rank 0", _cleans_up_on_sigterm)
+        children.collect([child], "ready", 30)  # its handler is in place
+        os.kill(child.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        children.stop(graceful=False)
+        took = time.monotonic() - started
+    assert child.process.exitcode == 143, child.ended()
+    assert took < STOP_SECONDS, f"{took:.1f} s"

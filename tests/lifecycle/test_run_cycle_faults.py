@@ -22,8 +22,9 @@ pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left o
 
 
 def test_a_rank_stopped_during_cycles_fails_the_run_within_twice_the_timeout_and_leaves_nothing() -> None:
-    timeout = 10  # the margin is min(30 s, --timeout), the stop of a stopped child 5 s more; starting the
-    # workers (spawn, import paddle) is inside the first phase's --timeout too: 5 s was too few on a busy machine
+    timeout = 10  # the margin is min(30 s, --timeout); the stopped child is continued with its SIGTERM, so stopping it
+    # adds nothing. Starting the workers (spawn, import paddle) is inside the first phase's --timeout too: 5 s was too
+    # few on a busy machine
     with started(
         "--model",
         QWEN,
@@ -47,7 +48,7 @@ def test_a_rank_stopped_during_cycles_fails_the_run_within_twice_the_timeout_and
         code, stderr = run.finish()
         elapsed = time.monotonic() - stopped_at
     assert code == 1 and "rank 0: sent no" in stderr.splitlines()[-1], stderr
-    assert elapsed < 2 * timeout + 5 + 10, f"{elapsed:.1f} s"  # 10 s for a busy machine
+    assert elapsed < 2 * timeout + 10, f"{elapsed:.1f} s"  # 10 s for a busy machine
     instance = found.group(3).removeprefix("fd_cache_ready.")
     assert not {name for name in shm_entries() if instance in name}, "the run's signal and publications are gone"
 
