@@ -6,6 +6,7 @@ Discovery reads installed metadata only; no plugin module is imported here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from importlib import metadata
 
 ENTRY_POINT_GROUP = "fd_platforms"
@@ -28,6 +29,7 @@ class Candidate:
         return self.entry_point.load()
 
 
+@cache  # once a process: each read parses the METADATA file (2 ms), and every plugin loaded is checked against it
 def core_version() -> str:
     """Version of the installed core distribution (``0+unknown`` when run from a source tree)."""
     try:
