@@ -159,12 +159,14 @@ def test_a_child_outside_the_phase_that_died_is_named_first_as_the_cause() -> No
 
 def _cleans_up_on_sigterm(conn: object) -> None:
     """A stand-in worker between phases: it waits for its engine's word and handles SIGTERM (its clean-up) by
-    exiting 143, as a worker does (lifecycle/interrupts.py)."""
+    exiting with STOPPED_EXIT, as a worker does (lifecycle/child.py)."""
     import signal
     import sys
     import time
 
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+    from fd_platforms.lifecycle.interrupts import STOPPED_EXIT
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(STOPPED_EXIT))
     conn.send(("ready", None))  # type: ignore[attr-defined]
     time.sleep(60)
 
@@ -177,6 +179,7 @@ def test_a_stopped_child_is_continued_with_its_sigterm_so_it_ends_by_it_not_by_s
     import time
 
     from fd_platforms.lifecycle.children import STOP_SECONDS, Children
+    from fd_platforms.lifecycle.interrupts import STOPPED_EXIT
 
     with Children() as children:
         child = children.start("rank 0", _cleans_up_on_sigterm)
@@ -185,5 +188,5 @@ def test_a_stopped_child_is_continued_with_its_sigterm_so_it_ends_by_it_not_by_s
         started = time.monotonic()
         children.stop(graceful=False)
         took = time.monotonic() - started
-    assert child.process.exitcode == 143, child.ended()
+    assert child.process.exitcode == STOPPED_EXIT == 143, child.ended()
     assert took < STOP_SECONDS, f"{took:.1f} s"
