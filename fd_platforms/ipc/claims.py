@@ -6,8 +6,11 @@ descriptor of the file does not drop it. Linux keeps ``fcntl`` locks apart from 
 opener of a segment holds (:mod:`.shm`), so a claim never stands in a sweeper's way. An OFD lock
 reports no owner (``F_OFD_GETLK`` gives pid -1), so the claimer also takes a process-owned (POSIX)
 lock on the next byte: ``F_GETLK`` on it gives the claimer's pid as this PID namespace sees it, 0
-where the claimer runs outside it. A POSIX lock is dropped when its process closes any descriptor of
-the file, so that pid is a message only: the claim alone decides.
+where the claimer runs outside it. The claimer takes that pid lock *first*, so no loser ever finds
+the claim taken and its pid not yet told; a loser that finds the pid lock held is refused at once
+(the holder is claiming or holds the claim). A POSIX lock is dropped when its process closes any
+descriptor of the file, or when the same process fails a second claim, so a pid lock found free
+decides nothing: the claim alone does.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ _FLOCK = "hhqqi4x"  # struct flock: l_type, l_whence, l_start, l_len, l_pid (Lin
 def try_claim(fd: int, byte: int = 0) -> bool:
     """Claim ``byte`` of the file open at ``fd``: True when this descriptor now holds it, False when
     another open file holds it (the claim lasts until ``fd`` is closed or :func:`release`)."""
-    if not _lock(fd, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, byte):
+    if not _lock(fd, fcntl.F_SETLK, fcntl.F_WRLCK, byte + 1):  # the claimer's pid, told before it claims
         return False
-    _lock(fd, fcntl.F_SETLK, fcntl.F_WRLCK, byte + 1)  # the claimer's pid, for the loser's message
+    if not _lock(fd, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, byte):
+        _lock(fd, fcntl.F_SETLK, fcntl.F_UNLCK, byte + 1)
+        return False
     return True
 
 
