@@ -42,7 +42,7 @@ def test_wait_cache_ready_is_the_cores_signal_wait(cpu, signal_name: str) -> Non
         waited = cpu.wait_cache_ready(signal_name, 1, timeout=10)
         assert 0.05 < waited < 5
         with pytest.raises(CacheNotReadyError, match="rank 0 was not set"):
-            cpu.wait_cache_ready(signal_name, 0, timeout=0.2)
+            cpu.wait_cache_ready(signal_name, 0, timeout=0.05)
 
 
 def test_host_alloc_is_pageable_aligned_and_zero_copy(cpu) -> None:

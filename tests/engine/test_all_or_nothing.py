@@ -165,7 +165,7 @@ def test_a_cache_an_attacher_came_to_before_the_failure_is_logged_not_freed_unde
 
     monkeypatch.setattr(FastDeployProtocol, "check_signals", lambda *_, **__: None)
     monkeypatch.setattr(FastDeployProtocol, "manager_up", attach_then_fail)
-    monkeypatch.setattr(initialize, "WITHDRAW_SECONDS", 0.5)
+    monkeypatch.setattr(initialize, "WITHDRAW_SECONDS", 0.1)
     try:
         with pytest.raises(CacheSignalError, match="made to fail by the test"):
             manage_kv_cache(

@@ -94,7 +94,7 @@ def test_a_clear_that_fails_before_any_rank_let_go_writes_normal_back_and_says_s
         ready = FastDeploySignal.attach(CACHE_READY, suffix)
         ready.set(0, 1)  # rank 0 attached, and never lets go: nothing is freed
         with pytest.raises(SignalWaitError, match="rank 0 letting go of its KV cache") as caught:
-            drive_kv_cache_clear(suffix, timeout=0.3)
+            drive_kv_cache_clear(suffix, timeout=0.1)
         assert "was written back to NORMAL (it said CLEARING): every rank's cache is there" in str(caught.value)
         assert status.get(0) == KVCacheStatus.NORMAL
         ready.set(0, 0)

@@ -252,7 +252,7 @@ def test_an_attachers_lenient_clear_lets_go_only_once_the_engines_last_reference
     cache.clear(strict=False)
     assert cache.cleared and cache.tensors == [] and ready_signal.slots() == (1,), "not let go while mapped"
     with pytest.raises(CacheInUseError):
-        managed.clear(0.3)  # the creator does not free what the attacher still maps
+        managed.clear(0.1)  # the creator does not free what the attacher still maps
     held[0, 0, 0, 0] = 1.5
     assert float(managed.kv_cache.tensors[-1][0, 0, 0, 0]) == 1.5, "the same memory, still shared"
     del held
@@ -305,7 +305,7 @@ def test_a_creator_held_by_a_lenient_attacher_is_told_to_drop_the_engines_refere
 ) -> None:
     managed, _cache, held = held_by_a_lenient_attacher(cpu, instance=ready_signal.name)
     with pytest.raises(CacheInUseError) as refused:
-        managed.clear(0.3)
+        managed.clear(0.1)
     assert_told_to_drop_the_engines_references(refused.value)
     del held
     gc.collect()
@@ -319,7 +319,7 @@ def test_a_fastdeploy_creator_held_by_a_lenient_attacher_is_told_to_drop_the_eng
     managed, _cache, held = held_by_a_lenient_attacher(cpu, instance=suffix, protocol="fastdeploy")
     try:
         with pytest.raises(CacheInUseError) as refused:
-            managed.clear(0.3)
+            managed.clear(0.1)
     finally:
         del held
         gc.collect()

@@ -577,7 +577,7 @@ def test_a_dead_attachers_mark_left_from_before_is_removed_when_the_cache_is_pub
         assert not os.path.exists(mark)
         ready.set(0, 1)  # FastDeploy's own attacher, which holds nothing
         with pytest.raises(CacheInUseError, match="No attacher of fd-platforms is attached"):
-            held.retract(0.3)
+            held.retract(0.1)
         ready.set(0, 0)
         held.retract(2)
 

@@ -88,7 +88,7 @@ def test_a_foreign_store_ends_a_wait(suffix: str) -> None:
 
 def test_a_wait_that_times_out_names_the_signal_word_and_step(suffix: str) -> None:
     with FastDeploySignal.create(CACHE_READY, suffix, 2) as ready, pytest.raises(SignalWaitError) as caught:
-        ready.wait_for(1, 1, 0.2, what="rank 1 waiting for its KV cache")
+        ready.wait_for(1, 1, 0.05, what="rank 1 waiting for its KV cache")
     error = caught.value
     assert isinstance(error, CacheNotReadyError), "callers that catch CacheNotReadyError catch it too"
     assert (error.rank, error.value, error.seen, error.cause) == (1, 1, 0, "timeout")
@@ -113,7 +113,7 @@ def test_a_slot_outside_0_and_1_is_logged_and_never_taken_for_set(
     with FastDeploySignal.create(CACHE_READY, suffix, 2) as ready:
         ready.set(1, 7)
         with caplog.at_level(logging.WARNING), pytest.raises(SignalWaitError) as caught:
-            ready.wait_for(1, 1, 0.3)
+            ready.wait_for(1, 1, 0.1)
         assert caught.value.seen == 7
     warned = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert (

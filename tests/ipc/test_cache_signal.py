@@ -344,10 +344,10 @@ def test_timeout_names_signal_rank_elapsed_and_every_slot(signal_name: str) -> N
 
 
 def test_timeout_comes_from_the_environment_when_not_given(signal_name: str, monkeypatch) -> None:
-    monkeypatch.setenv("FD_CACHE_READY_TIMEOUT", "0.3")
+    monkeypatch.setenv("FD_CACHE_READY_TIMEOUT", "0.1")
     with (
         CacheReadySignal.create(1, signal_name) as owner,
-        pytest.raises(CacheNotReadyError, match=r"limit is 0.3 s.*raise FD_CACHE_READY_TIMEOUT \(seconds\)"),
+        pytest.raises(CacheNotReadyError, match=r"limit is 0.1 s.*raise FD_CACHE_READY_TIMEOUT \(seconds\)"),
     ):
         owner.wait(0)
 

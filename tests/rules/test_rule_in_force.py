@@ -198,7 +198,7 @@ def test_where_the_versions_agree_an_unpinned_rule_is_no_question(cpu, fastdeplo
     inputs = {**DISAGREE, **agreeing}
     try:
         cache = initialize_kv_cache(
-            cpu, qwen_layout(), BLOCKS, instance=fastdeploy_signals, protocol="fastdeploy", timeout=0.2, **inputs
+            cpu, qwen_layout(), BLOCKS, instance=fastdeploy_signals, protocol="fastdeploy", timeout=0.05, **inputs
         )
     except SignalWaitError as error:  # sent to attach, as both versions decide; nobody creates here
         assert "rule" not in str(error), "no rule could be at fault where both versions decide alike"
@@ -210,7 +210,7 @@ def test_where_the_versions_agree_an_unpinned_rule_is_no_question(cpu, fastdeplo
 
 def test_under_our_protocol_an_unpinned_rule_is_2026_01_as_before(cpu, signal_name) -> None:
     with CacheReadySignal.create(1, signal_name), pytest.raises(CacheNotReadyError) as caught:
-        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=signal_name, timeout=0.2, **DISAGREE)
+        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=signal_name, timeout=0.05, **DISAGREE)
     assert caught.value.cause == "timeout"  # 2026-01: swap space on, the runner waited for a cache manager
 
 
@@ -226,11 +226,11 @@ def test_a_runner_pinned_to_2026_01_that_times_out_names_the_newer_fastdeploy(cp
             instance=fastdeploy_signals,
             protocol="fastdeploy",
             rule="2026-01",
-            timeout=0.2,
+            timeout=0.05,
             **DISAGREE,
         )
     message = str(caught.value)
-    assert caught.value.cause == "timeout" and "the limit is 0.2 s" in message
+    assert caught.value.cause == "timeout" and "the limit is 0.05 s" in message
     assert "pinned rule 2026-01 (FastDeploy before 2026-04-29)" in message
     assert (
         "under rule 2026-04 (FastDeploy from PR #7471 (2026-04-29) on) the runner creates the cache and the "
@@ -249,7 +249,7 @@ def test_a_manager_pinned_to_2026_04_that_times_out_names_the_older_fastdeploy(c
             instance=fastdeploy_signals,
             protocol="fastdeploy",
             rule="2026-04",
-            timeout=0.2,
+            timeout=0.05,
         )
     message = str(caught.value)
     assert "pinned rule 2026-04 (FastDeploy from PR #7471 (2026-04-29) on)" in message
