@@ -132,7 +132,7 @@ def run_suite(
             done = subprocess.run(
                 command,
                 cwd=scratch,
-                env=_same_core(os.environ if environ is None else environ),
+                env=_suite_environ(os.environ if environ is None else environ),
                 capture_output=True,
                 text=True,
                 timeout=timeout,
@@ -147,13 +147,19 @@ def run_suite(
     return PlatformResult(base.name, base.distribution, base.version, tuple(_group(outcomes)))
 
 
-def _same_core(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` for a suite's process, which imports fd_platforms from where this process did (a
-    checkout's folder ``python -m`` put first on this process's path, say, beside an installed copy):
-    otherwise its suite files lie outside the rootdir given, and pytest names their tests apart from
-    their files."""
+def _suite_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` for a suite's process. It imports fd_platforms from where this process did (a checkout's
+    folder ``python -m`` put first on this process's path, say, beside an installed copy): otherwise its suite
+    files lie outside the rootdir given, and pytest names their tests apart from their files. And it loads
+    the kit's pytest plugin alone (``PYTEST_DISABLE_PLUGIN_AUTOLOAD``; the command names it with ``-p``):
+    pytest plugins installed for other work (an asyncio runner, a test shuffler, one that fails every test)
+    never change a verdict, and the suite's process does not import them."""
     outer = environ.get("PYTHONPATH")
-    return {**environ, "PYTHONPATH": os.pathsep.join([str(CORE_FOLDER), *([outer] if outer else [])])}
+    return {
+        **environ,
+        "PYTHONPATH": os.pathsep.join([str(CORE_FOLDER), *([outer] if outer else [])]),
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+    }
 
 
 def run_suites(

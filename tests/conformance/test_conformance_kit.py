@@ -20,7 +20,14 @@ from run_helpers import main_in_process
 
 from fd_platforms import API_VERSION
 from fd_platforms.cli import check_command
-from fd_platforms.conformance import CHECKS, ConformanceUnavailableError, PlatformResult, require_pytest, run_suites
+from fd_platforms.conformance import (
+    CHECKS,
+    ConformanceUnavailableError,
+    PlatformResult,
+    require_pytest,
+    run_suite,
+    run_suites,
+)
 from fd_platforms.conformance.pytest_plugin import HOOKS_MARKER, suite_files
 from fd_platforms.conformance.suite import test_device as suite_test_device
 from fd_platforms.contract import hookspecs
@@ -310,6 +317,42 @@ def test_pytest_fd_platform_runs_the_suite_beside_a_projects_own_tests(tmp_path:
     suite_size = 6 + DECISION_TESTS + SHAPES_TESTS + 9 + 11 + 5 + 3 + 1 + DEVICE_TESTS
     assert f"{suite_size} passed, 5 skipped" in summary, summary  # no limit, it can share, no simulated paddle (3)
     assert "No ccache found" not in done.stdout
+
+
+OTHER_WORK_PLUGIN = """
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    raise RuntimeError("failed by a pytest plugin installed for other work")
+"""
+
+
+def test_a_pytest_plugin_installed_for_other_work_never_changes_the_kits_verdict(tmp_path: Path) -> None:
+    """pytest loads every installed plugin (entry point group pytest11) into every run; the kit's suite
+    process loads its own alone, so one that fails every test leaves check's verdict as it was."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "other_work_plugin.py").write_text(OTHER_WORK_PLUGIN)
+    info = site / "other_work-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: other-work\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[pytest11]\nother_work = other_work_plugin\n")
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    (tmp_path / "test_any.py").write_text("def test_any():\n    pass\n")
+    plain = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_any.py"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=environ,
+        timeout=120,
+    )
+    assert plain.returncode == 1 and "failed by a pytest plugin installed for other work" in plain.stdout, plain.stdout
+    [cpu] = discover()["cpu"]
+    result = run_suite(cpu, timeout=300, environ=environ)
+    assert result.error is None and result.passed, result
+    assert sum(check.passed for check in result.checks) > 0 and not any(check.failed for check in result.checks)
 
 
 def test_pytest_with_an_unknown_platform_is_a_usage_error(tmp_path: Path) -> None:
