@@ -147,8 +147,10 @@ class Segment:
     def open(cls, name: str, min_size: int = 0) -> Segment:
         """Open an existing segment of ours holding at least ``min_size`` bytes, locked (shared).
 
-        Raises ``FileNotFoundError`` when it does not exist and :class:`SegmentUnusable` when it
-        is not a regular file of this user's of that size (nothing odd is ever opened).
+        Raises ``FileNotFoundError`` when it does not exist, or was removed before the lock was had
+        (a remover unlinks while it holds the segment, so a lock had on a file still named holds it),
+        and :class:`SegmentUnusable` when it is not a regular file of this user's of that size
+        (nothing odd is ever opened).
         """
         segment = cls.inspect(name, min_size)
         try:
@@ -157,6 +159,8 @@ class Segment:
                 if time.monotonic() >= deadline:
                     raise SegmentUnusable(f"/dev/shm/{name} stays locked exclusively by another process")
                 time.sleep(0.005)
+            if not _names(shm_path(name), segment.inode):
+                raise FileNotFoundError(errno.ENOENT, "removed while this process opened it", shm_path(name))
         except BaseException:
             segment.close()
             raise
@@ -248,13 +252,21 @@ def _reserve(fd: int, name: str, size: int) -> None:
         ) from None
 
 
+def _names(path: str, inode: tuple[int, int]) -> bool:
+    """Whether ``path`` names ``inode`` (``(st_dev, st_ino)``) now."""
+    try:
+        current = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return (current.st_dev, current.st_ino) == inode
+
+
 def _unlink_if_same(path: str, inode: tuple[int, int] | os.stat_result) -> bool:
     """Unlink ``path`` only while it names ``inode``; whether it did."""
     wanted = (inode.st_dev, inode.st_ino) if isinstance(inode, os.stat_result) else inode
+    if not _names(path, wanted):
+        return False
     try:
-        current = os.lstat(path)
-        if (current.st_dev, current.st_ino) != wanted:
-            return False
         os.unlink(path)
     except FileNotFoundError:
         return False

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,6 +90,50 @@ def test_a_held_segment_is_used_and_a_released_one_unused() -> None:
     finally:
         probe.close()
         holder.close()
+
+
+def test_an_open_that_waits_out_a_probe_which_removes_the_segment_is_file_not_found() -> None:
+    """A remover unlinks while it holds the segment exclusively (a creator's probe before it frees). An open
+    that opened the file before and waited for its shared lock would get it on the removed inode: an attach
+    nobody will wait for. It is FileNotFoundError, as when the segment is gone before the open."""
+    name = f"fd_test_probed_{uuid.uuid4().hex[:8]}"
+    shm.Segment.create(name, 64).close()
+    probe = shm.Segment.inspect(name)
+    outcome: list[object] = []
+
+    def attach() -> None:
+        try:
+            outcome.append(shm.Segment.open(name))
+        except OSError as exc:
+            outcome.append(exc)
+
+    try:
+        assert probe.unused(), "nobody holds it: the probe holds it exclusively"
+        opener = threading.Thread(target=attach)
+        opener.start()
+        deadline = time.monotonic() + 10
+        while open_descriptors(shm.shm_path(name)) < 2:  # the opener has it open, and waits for its lock
+            assert time.monotonic() < deadline, "the opener never opened the segment"
+            time.sleep(0.001)
+        assert probe.unlink()
+    finally:
+        probe.close()
+    opener.join(10)
+    [result] = outcome
+    if isinstance(result, shm.Segment):
+        result.close()
+    assert isinstance(result, FileNotFoundError), result
+
+
+def open_descriptors(path: str) -> int:
+    """How many of this process's descriptors are open on ``path``."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == path
+        except OSError:
+            continue
+    return count
 
 
 @pytest.mark.slow
