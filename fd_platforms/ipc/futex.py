@@ -55,27 +55,27 @@ _SYSCALL = _load()
 AVAILABLE = _SYSCALL is not None
 
 
+def _call(
+    caller: str, address: int, operation: int, value: int, timeout: object
+) -> tuple[Callable[..., int], tuple[object, ...]]:
+    """The syscall and its arguments for ``operation`` on the int32 at ``address`` (``caller`` names the
+    function in the assertion where futexes are unavailable)."""
+    assert _SYSCALL is not None, f"futex.{caller} called where futex.AVAILABLE is false"
+    syscall, number = _SYSCALL
+    arguments = (ctypes.c_long(number), ctypes.c_void_p(address), ctypes.c_int(operation), ctypes.c_int(value))
+    return syscall, (*arguments, timeout, None, ctypes.c_int(0))
+
+
 def wait(address: int, expected: int, timeout: float) -> None:
     """Sleep while the int32 at ``address`` equals ``expected``, for at most ``timeout`` seconds.
 
     Returns on a wake, a timeout, a changed word or a signal (the caller re-checks the word; a
     pending ``KeyboardInterrupt`` is raised by Python as soon as this returns).
     """
-    assert _SYSCALL is not None, "futex.wait called where futex.AVAILABLE is false"
-    syscall, number = _SYSCALL
     seconds = max(timeout, 0.0)
     span = _Timespec(int(seconds), int((seconds % 1.0) * 1e9))
-    _timed_out(
-        syscall(
-            ctypes.c_long(number),
-            ctypes.c_void_p(address),
-            ctypes.c_int(_FUTEX_WAIT),
-            ctypes.c_int(expected),
-            ctypes.byref(span),
-            None,
-            ctypes.c_int(0),
-        )
-    )
+    syscall, call = _call("wait", address, _FUTEX_WAIT, expected, ctypes.byref(span))
+    _timed_out(syscall(*call))
 
 
 def sleep_while(address: int, expected: int, seconds: float, since: float | None = None) -> None:
@@ -88,18 +88,8 @@ def sleep_while(address: int, expected: int, seconds: float, since: float | None
     sleeps in slices passes its wait's start and the looks do not start fast again with every
     slice. ``OSError`` as :func:`wait`. Each look costs one system call and little Python.
     """
-    assert _SYSCALL is not None, "futex.sleep_while called where futex.AVAILABLE is false"
-    syscall, number = _SYSCALL
     span = _Timespec(0, 0)
-    call = (
-        ctypes.c_long(number),
-        ctypes.c_void_p(address),
-        ctypes.c_int(_FUTEX_WAIT),
-        ctypes.c_int(expected),
-        ctypes.byref(span),
-        None,
-        ctypes.c_int(0),
-    )
+    syscall, call = _call("sleep_while", address, _FUTEX_WAIT, expected, ctypes.byref(span))
     now = time.monotonic()
     end = now + max(seconds, 0.0)
     since = now if since is None else min(since, now)
@@ -128,17 +118,8 @@ def _timed_out(result: int) -> bool:
 
 def wake(address: int) -> int:
     """Wake every process sleeping on the int32 at ``address``; the number woken."""
-    assert _SYSCALL is not None, "futex.wake called where futex.AVAILABLE is false"
-    syscall, number = _SYSCALL
-    result = syscall(
-        ctypes.c_long(number),
-        ctypes.c_void_p(address),
-        ctypes.c_int(_FUTEX_WAKE),
-        ctypes.c_int(_WAKE_ALL),
-        None,
-        None,
-        ctypes.c_int(0),
-    )
+    syscall, call = _call("wake", address, _FUTEX_WAKE, _WAKE_ALL, None)
+    result = syscall(*call)
     if result == -1:
         code = ctypes.get_errno()
         raise OSError(code, f"futex wake failed: {os.strerror(code)}")
