@@ -173,8 +173,6 @@ class Segment:
         check_entry(name, os.lstat(path), min_size)
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except PermissionError as exc:
-            raise SegmentUnusable(f"/dev/shm/{name} cannot be opened: {exc.strerror}") from None
         except OSError as exc:
             if exc.errno == errno.ENOENT:
                 raise
