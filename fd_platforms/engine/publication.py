@@ -161,15 +161,14 @@ class Publication:
             raise CacheSharingError(f"rank {rank}'s KV cache publication cannot be read: {exc}") from None
         try:
             document = _read(segment)
+            if document is None or document.get("rank") != rank:
+                raise CacheSharingError(
+                    f"/dev/shm/{name} is not a complete fd-platforms KV cache publication (format {FORMAT}) of rank "
+                    f"{rank}. Fix: check the signal name; a publication of another version or engine cannot be used"
+                )
         except BaseException:
             segment.close()
             raise
-        if document is None or document.get("rank") != rank:
-            segment.close()
-            raise CacheSharingError(
-                f"/dev/shm/{name} is not a complete fd-platforms KV cache publication (format {FORMAT}) of rank "
-                f"{rank}. Fix: check the signal name; a publication of another version or engine cannot be used"
-            )
         tensors = tuple(
             PublishedTensor(entry["name"], tuple(entry["shape"]), entry["dtype"], entry["handle"])
             for entry in document["tensors"]
@@ -300,13 +299,8 @@ def reclaim_instance(instance: str) -> list[str]:
     more (its processes were killed mid-clear): the engine's own leftovers, reclaimed quietly. Call it
     once every process of the instance has ended: one still held is held from outside the engine,
     and is named in a WARNING, never left behind without a word."""
-    prefix = f"{PUBLICATION_PREFIX}{instance_of(instance)}."
-    try:
-        names = sorted(entry for entry in os.listdir(shm.SHM_DIR) if entry.startswith(prefix))
-    except OSError:
-        return []
     reclaimed = []
-    for name in names:
+    for name in shm.names(f"{PUBLICATION_PREFIX}{instance_of(instance)}."):
         verdict, detail = shm.reclaim(name, HEADER.size, _recognise, "KV cache publication", say=logger.info)
         if verdict == shm.Verdict.RECLAIMED:
             reclaimed.append(name)
