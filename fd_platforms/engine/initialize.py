@@ -29,6 +29,7 @@ from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision, CacheRoleShape
 from ..ipc.cache_signal import resolve_timeout
 from ..rules.decision import DecisionInputs
+from ..rules.layout import check_num_blocks
 from . import rank_parts
 from .host_cache import HostCache, allocate_host_cache, check_host_cache, swap_space_clearing
 from .kv_cache import (
@@ -36,7 +37,6 @@ from .kv_cache import (
     KVCache,
     allocate_kv_cache,
     attach_kv_cache,
-    check_cache_arguments,
     check_platform_and_layout,
     export_kv_cache,
 )
@@ -407,7 +407,8 @@ def _request(
         return request
     layout = keywords.pop("layout", request)
     num_blocks = keywords.pop("num_blocks", num_blocks)
-    check_cache_arguments(platform, layout, num_blocks)
+    check_platform_and_layout(platform, layout)
+    check_num_blocks(num_blocks)
     return CacheRequest.from_keywords(
         call, layout, num_blocks, keywords, required=required, defaults=defaults, stacklevel=4
     )
@@ -568,13 +569,9 @@ def check_can_attach(platform: Platform, decision: CacheDecision, who: str = "th
     :func:`initialize_kv_cache` calls it before it would wait. ``who`` starts the message.
     """
     if not decision.create and platform.cache_sharing() is None:
-        raise _cannot_attach(platform, decision, who)
-
-
-def _cannot_attach(platform: Platform, decision: CacheDecision, who: str) -> CacheSharingError:
-    return CacheSharingError(
-        f"{who}: the rule decided the workers attach to the cache manager's KV cache "
-        f"(deciding term {decision.deciding_term}: {decision.reason}), but platform {platform.name} cannot share KV "
-        "cache tensors between processes (it declares no cache_sharing). Fix: run so that workers create their own "
-        "cache (splitwise role mixed, no swap space, no storage backend), or use a platform that can share"
-    )
+        raise CacheSharingError(
+            f"{who}: the rule decided the workers attach to the cache manager's KV cache "
+            f"(deciding term {decision.deciding_term}: {decision.reason}), but platform {platform.name} cannot share "
+            "KV cache tensors between processes (it declares no cache_sharing). Fix: run so that workers create their "
+            "own cache (splitwise role mixed, no swap space, no storage backend), or use a platform that can share"
+        )

@@ -237,8 +237,7 @@ def export_kv_cache(
     check_num_blocks(num_blocks)
     device = platform.identity.device_string(layout.local_device)
     shared: list[SharedTensor] = []
-
-    def export_all() -> None:
+    try:
         done = 0
         for spec in layout.tensors:
             name = protocol.tensor_name(instance, spec.name)
@@ -246,9 +245,6 @@ def export_kv_cache(
             done += spec.nbytes(num_blocks)
             if progress is not None:
                 progress(done, layout.device_bytes(num_blocks))
-
-    try:
-        export_all()
         entries = [
             PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, tensor.handle, data_address(tensor.tensor))
             for spec, tensor in zip(layout.tensors, shared, strict=True)
@@ -303,16 +299,12 @@ def attach_kv_cache(
     )
     shared: list[SharedTensor] = []
     device = platform.identity.device_string(layout.local_device)
-
-    def open_all() -> None:
-        for spec, entry in zip(layout.tensors, publication.tensors, strict=True):
-            name = protocol.tensor_name(instance, spec.name)
-            shared.append(platform.open_cache_tensor(name, entry.handle, entry.shape, entry.dtype, device))
-
     try:
         check_provenance(publication, creator_pid)
         check_published(publication.tensors, layout, num_blocks)
-        open_all()
+        for spec, entry in zip(layout.tensors, publication.tensors, strict=True):
+            name = protocol.tensor_name(instance, spec.name)
+            shared.append(platform.open_cache_tensor(name, entry.handle, entry.shape, entry.dtype, device))
     except BaseException:
         _close_all(shared)
         publication.withdraw()
@@ -384,13 +376,6 @@ def check_published(published: Sequence[PublishedTensor], layout: CacheLayout, n
                 f"process's layout expects {spec.name} {list(expected[1])} {spec.dtype}. Fix: start every process of "
                 "the engine with the same model, cache and parallel settings and the same number of blocks"
             )
-
-
-def check_cache_arguments(platform: object, layout: object, num_blocks: object) -> None:
-    """An engine call's platform, layout and block count as the caller gave them: a ConfigError
-    naming the first bad one, before any hook runs."""
-    check_platform_and_layout(platform, layout)
-    check_num_blocks(num_blocks)
 
 
 def check_platform_and_layout(platform: object, layout: object) -> None:
