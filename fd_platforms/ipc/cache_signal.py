@@ -315,12 +315,9 @@ def _recognise(segment: shm.Segment) -> str | None:
     return None if header is None else f"pid {header[_WORD_PID]}"
 
 
-_WHAT = "cache-ready signal"
-
-
 def _reclaim_or_refuse(name: str) -> None:
     """Make room for a new signal called ``name``: reclaim a dead one, refuse anything else."""
-    verdict, detail = shm.reclaim(name, HEADER_BYTES, _recognise, _WHAT)
+    verdict, detail = shm.reclaim(name, HEADER_BYTES, _recognise, CacheReadySignal.what)
     if verdict == shm.Verdict.IN_USE:
         raise CacheSignalError(
             f"cache-ready signal {name!r} is in use by a running engine: {detail}. "
@@ -342,4 +339,4 @@ def reclaim_stale_signals() -> list[str]:
     symlinks, FIFOs, other layouts) are left alone too, named in one WARNING line. It never raises
     for what it finds.
     """
-    return shm.sweep(SIGNAL_PREFIX, HEADER_BYTES, _recognise, _WHAT)
+    return shm.sweep(SIGNAL_PREFIX, HEADER_BYTES, _recognise, CacheReadySignal.what)

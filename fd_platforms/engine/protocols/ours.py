@@ -49,9 +49,7 @@ class FdPlatformsProtocol(WireProtocol):
                 "the engine instance's cache-ready signal (fd_cache_ready.<id>)",
                 "pass instance=, the name of the signal the engine created",
             )
-        self.check_instance(instance)
-        assert isinstance(instance, str)  # checked above
-        return instance
+        return check_signal_name(instance, "instance")
 
     def attachers_per_rank(self, splitwise_role: str, num_cpu_blocks: int) -> int:
         """One: our attachers are counted by the locks they hold on the manifest, never by configuration."""
