@@ -120,7 +120,7 @@ class KVCache:
             self._clear_slot()  # unpublished: an attacher arriving now waits instead of failing to find it
         self.tensors.clear()
         if strict:
-            self._close_shared()
+            _close_all(self._shared)
             self._let_go()
         elif creator:
             self._let_go()
@@ -162,11 +162,6 @@ class KVCache:
             then()
         for tensor in shared:
             tensor.release(one_dropped)
-
-    def _close_shared(self) -> None:
-        while self._shared:
-            self._shared[-1].close()
-            self._shared.pop()
 
     def _clear_slot(self) -> None:
         if self._instance is not None:
@@ -388,8 +383,11 @@ def check_platform_and_layout(platform: object, layout: object) -> None:
 
 
 def _close_all(shared: list[SharedTensor]) -> None:
+    """Close every tensor of ``shared``, last first, each taken out once closed: one that cannot close yet (a
+    :class:`BufferInUseError`) stays, so a clear can be called again."""
     while shared:
-        shared.pop().close()
+        shared[-1].close()
+        shared.pop()
 
 
 def _zeros(paddle: Any, spec: CacheTensorSpec, shape: tuple[int, ...], device: str) -> Any:
