@@ -234,14 +234,13 @@ def _reserve(fd: int, name: str, size: int) -> None:
         os.posix_fallocate(fd, 0, size)
         return
     except OSError as exc:
-        if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-            free = shm_free_bytes()
-            if free is None or size <= free:
-                os.ftruncate(fd, size)
-                return
-        elif exc.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
+        unsupported = exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+        if not unsupported and exc.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
             raise
         free = shm_free_bytes()
+        if unsupported and (free is None or size <= free):
+            os.ftruncate(fd, size)
+            return
         raise ShmSpaceError(
             f"/dev/shm cannot hold shared memory segment {name} of {size} bytes"
             f"{'' if free is None else f' (it has {free} bytes free)'}. "
