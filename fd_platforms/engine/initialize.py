@@ -17,6 +17,7 @@ be initialized again (sleep mode and weight updates).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 import warnings
@@ -343,32 +344,28 @@ def _manage(platform: Platform, request: CacheRequest, side: str, progress: Allo
     import_seconds = _import_paddle()
     wire.check_signals(name, layout.rank, manager=not messager, swap=num_cpu_blocks > 0)
     per_rank = wire.attachers_per_rank(splitwise_role, num_cpu_blocks)
+    # Holding the host swap space itself, a creating manager is the rank's transfer manager: the worker alone
+    # attaches. The messager holds none: the transfer manager may attach beside the worker (P/D with swap).
+    expected = wire.attachers_per_rank(splitwise_role, 0 if num_cpu_blocks else 1)
+
+    def make(part: CacheLayout, progress: AllocationProgress | None = None) -> KVCache:
+        """``part`` of the rank's device cache (main, then draft): exported where the manager creates, else attached."""
+        if creates:
+            return export_kv_cache(
+                platform, part, num_blocks, name, progress=progress, protocol=wire, attachers=expected
+            )
+        return attach_kv_cache(platform, part, num_blocks, name, creator_pid, wire, attachers=per_rank)
+
     if creates:
-        # Holding the host swap space itself, a creating manager is the rank's transfer manager: the worker alone
-        # attaches. The messager holds none: the transfer manager may attach beside the worker (P/D with swap).
-        expected = wire.attachers_per_rank(splitwise_role, 0 if num_cpu_blocks else 1)
         started = time.monotonic()
-        device = export_kv_cache(
-            platform, layout, num_blocks, name, progress=progress, protocol=wire, attachers=expected
-        )
+        device = make(layout, progress)
         device.create_seconds = time.monotonic() - started
-        make_draft = (
-            None
-            if draft_layout is None
-            else lambda: export_kv_cache(platform, draft_layout, num_blocks, name, protocol=wire, attachers=expected)
-        )
     else:
         waited = _wait_ready(platform, wire, name, layout.rank, limit, creator_pid, inputs, (layout, draft_layout))
-        device = attach_kv_cache(platform, layout, num_blocks, name, creator_pid, wire, attachers=per_rank)
+        device = make(layout)
         device.wait_seconds = waited
-        make_draft = (
-            None
-            if draft_layout is None
-            else lambda: attach_kv_cache(
-                platform, draft_layout, num_blocks, name, creator_pid, wire, attachers=per_rank
-            )
-        )
     device.import_seconds = import_seconds
+    make_draft = None if draft_layout is None else functools.partial(make, draft_layout)
     managed = _managed(
         platform, host_layout, device, (num_cpu_blocks, host_cache), wire, name, make_draft, announce=not messager
     )
