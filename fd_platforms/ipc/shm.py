@@ -92,12 +92,9 @@ def flock_holders(inode: tuple[int, int]) -> set[int]:
             lines = locks.read().splitlines()
     except OSError:
         return set()
-    holders = set()
-    for line in lines:
-        fields = line.split()  # "1: FLOCK  ADVISORY  READ  1234 00:19:5678 0 EOF"; a waiter has "->" second
-        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == wanted and fields[4].isdigit():
-            holders.add(int(fields[4]))
-    return holders
+    # A row: "1: FLOCK  ADVISORY  READ  1234 00:19:5678 0 EOF"; a waiter has "->" second.
+    rows = (line.split() for line in lines)
+    return {int(row[4]) for row in rows if len(row) > 5 and row[1] == "FLOCK" and row[5] == wanted and row[4].isdigit()}
 
 
 def shm_free_bytes() -> int | None:
