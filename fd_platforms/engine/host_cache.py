@@ -81,12 +81,10 @@ def swap_space_clearing(clear_host: bool | None, environ: Mapping[str, str] | No
         ) from None
 
 
-def check_host_cache(host: object, layout: CacheLayout, num_blocks: int) -> HostCache:
-    """``host``, a kept host swap cache, as one :func:`allocate_host_cache` would make for ``layout`` and
-    ``num_blocks`` blocks (names, blocks and bytes), not yet freed; a ConfigError naming what differs."""
-    fix = "pass the host cache the cleared ManagedCache kept (its .host), with the same layout and num_cpu_blocks"
-    if not isinstance(host, HostCache):
-        raise ConfigError("host_cache", host, "None or a HostCache", fix)
+def check_host_cache(host: HostCache, layout: CacheLayout, num_blocks: int) -> None:
+    """``host``, a kept host swap cache (a :class:`HostCache`: the :class:`~.request.CacheRequest` refuses anything
+    else), as one :func:`allocate_host_cache` would make for ``layout`` and ``num_blocks`` blocks (names, blocks and
+    bytes), not yet freed; a ConfigError naming what differs."""
     expected = (layout.host_names(), num_blocks, host_offsets(layout, num_blocks)[1])
     found = (host.names, host.num_blocks, host.nbytes)
     if found != expected or host.buffer.released or not host.tensors:
@@ -96,9 +94,8 @@ def check_host_cache(host: object, layout: CacheLayout, num_blocks: int) -> Host
             f"HostCache of {len(found[0])} tensors ({state})",
             f"the host swap cache of this layout: {len(expected[0])} tensors named like "
             f"{expected[0][0]}, {num_blocks} blocks, {expected[2]} bytes, not freed",
-            fix,
+            "pass the host cache the cleared ManagedCache kept (its .host), with the same layout and num_cpu_blocks",
         )
-    return host
 
 
 def host_offsets(layout: CacheLayout, num_blocks: int) -> tuple[list[int], int]:
