@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..contract.errors import ConfigError
 from ..contract.integers import INT32_MAX, MAX_COUNT, check_int, is_int
@@ -183,6 +183,7 @@ every 4- and 8-bit word into ``uint8`` before ``launch_cache_manager`` passes it
 DEFAULT_DTYPES = ("float16", "bfloat16", "uint8", "int8")
 """``--default_dtype`` as FastDeploy's cache processes allow it (``parse_args``; ``int8`` the messager's)."""
 _ABSENT = object()
+_T = TypeVar("_T")
 
 _FD_NAMES = {
     **{
@@ -247,24 +248,12 @@ def from_fd_config(fd_config: object, *, local_rank: int, rule: str | None = Non
     check_pin(rule)
     parallel_config = _read(fd_config, "parallel_config")
     block_count_suffix = _engine_pid(parallel_config)
-    tp = integer(
-        f"{_PARALLEL}.tensor_parallel_size",
-        _read(parallel_config, "tensor_parallel_size", _PARALLEL),
-        1,
-        MAX_RANKS,
-        FD_FIX,
-    )
-    local_device = local_rank % integer(
-        f"{_FD}.max_chips_per_node", _read(fd_config, "max_chips_per_node"), 1, MAX_RANKS, FD_FIX
-    )
+    tp = _checked(integer, parallel_config, _PARALLEL, "tensor_parallel_size", 1, MAX_RANKS)
+    local_device = local_rank % _checked(integer, fd_config, _FD, "max_chips_per_node", 1, MAX_RANKS)
     device_id = _physical_device(parallel_config, local_device, local_rank)
     suffix = _local_port(parallel_config)
-    role = one_of(
-        f"{_FD}.scheduler_config.splitwise_role",
-        _read(_read(fd_config, "scheduler_config"), "splitwise_role", f"{_FD}.scheduler_config"),
-        SPLITWISE_ROLES,
-        FD_FIX,
-    )
+    scheduler_config = _read(fd_config, "scheduler_config")
+    role = _checked(one_of, scheduler_config, f"{_FD}.scheduler_config", "splitwise_role", SPLITWISE_ROLES)
     spec = _speculative_object(fd_config)
     _not_the_proposers(spec)
     draft_layers, ratio = _speculative(spec, _SPEC, FD_FIX, defaults=None)
@@ -437,28 +426,24 @@ def _model(model_config: object, *, draft_layers: int) -> ModelConfig:
     cache holds ``draft_layers`` more: FastDeploy's ``SpeculativeConfig.num_extra_cache_layer`` (1 for ``mtp``),
     what its transfer manager allocates after the main layers (``cache_transfer_manager.py``
     ``num_extra_layers``), whatever ``num_nextn_predict_layers`` the model's config.json has."""
-    heads = integer(
-        f"{_MODEL}.num_attention_heads", _read(model_config, "num_attention_heads", _MODEL), 1, MAX_WIDTH, FD_FIX
-    )
+    heads = _checked(integer, model_config, _MODEL, "num_attention_heads", 1, MAX_WIDTH)
     latent = {name: _optional_int(model_config, name, 1, MAX_WIDTH) for name in _LATENT_KEYS}
     backend = os.environ.get("FD_ATTENTION_BACKEND", "")
     needed = "FD_ATTENTION_BACKEND" if backend in _ATTENTION_BACKENDS else f"{_MODEL}.{_first_missing(latent)}"
     with _named({"attention": needed}):  # the backend asks for a latent cache, or the model's keys half state one
         return ModelConfig(
             name=_model_name(model_config),
-            num_hidden_layers=integer(
-                f"{_MODEL}.num_hidden_layers", _read(model_config, "num_hidden_layers", _MODEL), 1, MAX_LAYERS, FD_FIX
-            ),
+            num_hidden_layers=_checked(integer, model_config, _MODEL, "num_hidden_layers", 1, MAX_LAYERS),
             num_attention_heads=heads,
             num_key_value_heads=_kv_heads(model_config, heads),
-            head_dim=integer(f"{_MODEL}.head_dim", _read(model_config, "head_dim", _MODEL), 1, MAX_WIDTH, FD_FIX),
+            head_dim=_checked(integer, model_config, _MODEL, "head_dim", 1, MAX_WIDTH),
             **latent,
             num_nextn_predict_layers=draft_layers
             or _optional_int(model_config, "num_nextn_predict_layers", 0, MAX_LAYERS)
             or 0,
             use_mtp=draft_layers > 0,
             attention=_ATTENTION_BACKENDS.get(backend),
-            dtype=one_of(f"{_MODEL}.dtype", _read(model_config, "dtype", _MODEL), MODEL_DTYPES, FD_FIX),
+            dtype=_checked(one_of, model_config, _MODEL, "dtype", MODEL_DTYPES),
         )
 
 
@@ -477,7 +462,7 @@ def _first_missing(latent: dict[str, int | None]) -> str:
 
 def _model_name(model_config: object) -> str:
     """The model's ``_name_or_path`` (where its config.json has one), else its folder's name."""
-    folder = text(f"{_MODEL}.model", _read(model_config, "model", _MODEL), FD_FIX)
+    folder = _checked(text, model_config, _MODEL, "model")
     name = getattr(model_config, "_name_or_path", None)
     return os.path.basename(folder.rstrip("/")) if name is None else text(f"{_MODEL}._name_or_path", name, FD_FIX)
 
@@ -492,18 +477,11 @@ def _cache(fd_config: object, rule: str | None, ratio: float, model_dtype: str) 
     cache_config = _read(fd_config, "cache_config")
     override = _read(cache_config, "num_gpu_blocks_override", _CACHE, optional=True)
     return CacheConfig(
-        block_size=integer(f"{_CACHE}.block_size", _read(cache_config, "block_size", _CACHE), 1, MAX_WIDTH, FD_FIX),
-        memory_utilization=positive(
-            f"{_CACHE}.gpu_memory_utilization", _read(cache_config, "gpu_memory_utilization", _CACHE), 1.0, FD_FIX
-        ),
-        num_cpu_blocks=integer(
-            f"{_CACHE}.num_cpu_blocks", _read(cache_config, "num_cpu_blocks", _CACHE), 0, MAX_COUNT, FD_FIX
-        ),
-        kvcache_storage_backend=optional_one_of(
-            f"{_CACHE}.kvcache_storage_backend",
-            _read(cache_config, "kvcache_storage_backend", _CACHE, optional=True),
-            STORAGE_BACKENDS,
-            FD_FIX,
+        block_size=_checked(integer, cache_config, _CACHE, "block_size", 1, MAX_WIDTH),
+        memory_utilization=_checked(positive, cache_config, _CACHE, "gpu_memory_utilization", 1.0),
+        num_cpu_blocks=_checked(integer, cache_config, _CACHE, "num_cpu_blocks", 0, MAX_COUNT),
+        kvcache_storage_backend=_checked(
+            optional_one_of, cache_config, _CACHE, "kvcache_storage_backend", STORAGE_BACKENDS, optional=True
         ),
         num_gpu_blocks_override=None
         if override is None
@@ -646,16 +624,8 @@ def _local_port(parallel_config: object) -> int:
     """This data-parallel rank's ``engine_worker_queue_port``, which suffixes FastDeploy's cache signals:
     ``engine_worker_queue_port[local_data_parallel_id]``, which ``FDConfig.postprocess_devices_and_ports`` stores as
     ``local_engine_worker_queue_port`` (None where that failed)."""
-    listed = ports(
-        f"{_PARALLEL}.engine_worker_queue_port", _read(parallel_config, "engine_worker_queue_port", _PARALLEL), FD_FIX
-    )
-    rank = index(
-        f"{_PARALLEL}.local_data_parallel_id",
-        _read(parallel_config, "local_data_parallel_id", _PARALLEL),
-        listed,
-        "engine_worker_queue_port",
-        FD_FIX,
-    )
+    listed = _checked(ports, parallel_config, _PARALLEL, "engine_worker_queue_port")
+    rank = _checked(index, parallel_config, _PARALLEL, "local_data_parallel_id", listed, "engine_worker_queue_port")
     local = _read(parallel_config, "local_engine_worker_queue_port", _PARALLEL, optional=True)
     if local is not None and port(f"{_PARALLEL}.local_engine_worker_queue_port", local, FD_FIX) != listed[rank]:
         raise ConfigError(
@@ -738,6 +708,15 @@ def _read(source: object, name: str, where: str = _FD, *, optional: bool = False
             "pass FastDeploy's FDConfig (or an object with its attribute names) as it is",
         )
     return value
+
+
+def _checked(
+    check: Callable[..., _T], source: object, where: str, name: str, *bounds: object, optional: bool = False
+) -> _T:
+    """``source.name`` (:func:`_read`, None allowed where ``optional``), checked by ``check`` (a function of
+    :mod:`.values`) as FastDeploy's attribute ``where.name``, with ``bounds`` (its arguments between the value and
+    the fix)."""
+    return check(f"{where}.{name}", _read(source, name, where, optional=optional), *bounds, FD_FIX)
 
 
 @contextmanager
