@@ -46,6 +46,7 @@ import stat
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from contextlib import closing
 
 from ..contract.errors import CacheInUseError, CacheSharingError, FdPlatformsError, SignalWaitError
 from ..engine.publication import POLL_SECONDS, STILL_HELD_FIX, PublishedTensor
@@ -137,11 +138,9 @@ def read_handle(name: str, platform: str) -> str:
         ) from None
     except shm.SegmentUnusable as exc:
         raise CacheSharingError(f"KV cache tensor {name}'s handle record cannot be used: {exc}") from None
-    try:
+    with closing(segment):
         _check_mode(segment)
         raw = _steady_record(segment, layout, platform)
-    finally:
-        segment.close()
     record = layout.handle(raw)
     handle = record.rstrip(b"\0")
     if not handle:
@@ -356,15 +355,13 @@ class FastDeployHandles:
                 probe = shm.Segment.inspect(first.name)  # any size: one truncated while published is still ours
             except (FileNotFoundError, shm.SegmentUnusable):
                 break  # removed meanwhile: not ours to wait for
-            try:
+            with closing(probe):
                 if probe.inode != first.inode:
                     break  # replaced meanwhile: not ours to remove or wait for
                 if probe.unused():
                     probe.unlink()
                     break
                 holders = shm.flock_holders(probe.inode)
-            finally:
-                probe.close()
             if time.monotonic() >= deadline:
                 self._held[0] = shm.Segment.open(first.name)  # hold it again: still published
                 raise CacheInUseError(
@@ -501,10 +498,8 @@ def _check_not_published(suffix: str, rank: int, first: str, count: int, platfor
         probe = shm.Segment.inspect(first)
     except (FileNotFoundError, shm.SegmentUnusable):
         return  # none, or refused with its reason when written
-    try:
+    with closing(probe):
         record = probe.read(record_layout(platform).size + 1)
-    finally:
-        probe.close()
     if stale_creator(first, record) is not None or _slot(suffix, rank) != 1:
         return
     raise CacheSharingError(
@@ -535,10 +530,8 @@ def _check_creator(name: str, pid: int) -> None:
         record = shm.Segment.inspect(name)
     except (FileNotFoundError, shm.SegmentUnusable):
         return  # gone meanwhile: opening its handles reports that
-    try:
+    with closing(record):
         holders = shm.flock_holders(record.inode)
-    finally:
-        record.close()
     if pid == os.getpid() and pid not in holders:
         raise _not_the_creator(name, pid, "which is this attaching process itself, and it does not hold the record")
     uid = process_uid(pid)
@@ -605,7 +598,7 @@ def _unheld_leftover(name: str, layout: RecordLayout, platform: str) -> bool:
             f"KV cache tensor {name}'s handle record cannot be written: /dev/shm/{name} exists and cannot be reused "
             f"({exc}). Fix: remove /dev/shm/{name} if no engine uses it"
         ) from None
-    try:
+    with closing(probe):
         unused = probe.unused()
         if probe.size != layout.size:
             raise _odd_leftover(name, probe.size, layout, platform, unused)
@@ -617,8 +610,6 @@ def _unheld_leftover(name: str, layout: RecordLayout, platform: str) -> bool:
                 "Fix: give each engine distinct device ids, or run one engine per device; else clear that cache first"
             )
         return bool(os.fstat(probe.fd).st_mode & (stat.S_IWGRP | stat.S_IWOTH)) and probe.unlink()
-    finally:
-        probe.close()
 
 
 def _odd_leftover(name: str, size: int, layout: RecordLayout, platform: str, unused: bool) -> CacheSharingError:

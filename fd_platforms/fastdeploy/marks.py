@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import secrets
 import struct
+from contextlib import closing
 from dataclasses import dataclass
 
 from ..ipc import shm
@@ -105,7 +106,7 @@ def look(suffix: str, rank: int, *, also_living: set[int] | frozenset[int] = fro
             segment = shm.Segment.inspect(name, _ATTACHER.size)
         except (OSError, shm.SegmentUnusable):
             continue  # gone meanwhile, or not a mark of this user's
-        try:
+        with closing(segment):
             pid, marked_rank, attachers = _ATTACHER.unpack(segment.read(_ATTACHER.size))
             if pid <= 0 or marked_rank != rank or not 1 <= attachers <= MAX_ATTACHERS:
                 continue  # not a complete mark of ours: left alone
@@ -115,8 +116,6 @@ def look(suffix: str, rank: int, *, also_living: set[int] | frozenset[int] = fro
             else:
                 living.update(f"pid {holder}" for holder in shm.flock_holders(segment.inode) or {pid})
                 held.append(name)
-        finally:
-            segment.close()
     return Attachers(tuple(sorted(living)), tuple(dead), per_rank, tuple(sorted(held)))
 
 
@@ -177,11 +176,9 @@ def creator_attachers(first_record: str) -> int | None:
         segment = shm.Segment.inspect(creator_mark_name(first_record), _CREATOR.size)
     except (OSError, shm.SegmentUnusable):
         return None
-    try:
+    with closing(segment):
         pid, attachers = _CREATOR.unpack(segment.read(_CREATOR.size))
         return attachers if pid > 0 and 0 <= attachers <= MAX_ATTACHERS and not segment.unused() else None
-    finally:
-        segment.close()
 
 
 def stale_creator(first_record: str, record: bytes) -> int | None:
@@ -193,11 +190,9 @@ def stale_creator(first_record: str, record: bytes) -> int | None:
         segment = shm.Segment.inspect(name, size)
     except (OSError, shm.SegmentUnusable):
         return None
-    try:
+    with closing(segment):
         raw = segment.read(size + 1)
         if len(raw) != size or raw[_CREATOR.size :] != record or not segment.unused():
             return None
         pid = _PID.unpack(raw[: _PID.size])[0]
         return pid if segment.unlink() else None
-    finally:
-        segment.close()

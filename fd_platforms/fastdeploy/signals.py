@@ -41,6 +41,7 @@ import stat
 import struct
 import time
 from collections.abc import Callable
+from contextlib import closing
 from functools import partial
 
 from ..contract.errors import CacheSignalError, ConfigError, SignalWaitError
@@ -427,10 +428,8 @@ def _word_now(name: str, index: int) -> str:
         segment = shm.Segment.inspect(name)
     except (OSError, shm.SegmentUnusable) as exc:
         return f"which cannot be read: {exc}"
-    try:
+    with closing(segment):
         raw = segment.read(WORD_BYTES, index * WORD_BYTES)
-    finally:
-        segment.close()
     if len(raw) < WORD_BYTES:
         return f"of {segment.size} bytes, without word {index}"
     return f"its word {index} is now {struct.unpack('=i', raw)[0]}"
