@@ -138,14 +138,8 @@ class FastDeploySettings:
                 "the blocks the ranks agreed on (a runner's plan; a cache process's --key_cache_shape)",
                 "pass num_blocks=, the agreed plan's num_blocks",
             )
-        arguments = {
-            "tensor_specs": self.tensor_specs,
-            **self.rule_inputs(profile=profile),
-            **self.protocol_arguments(),
-        }
-        return CacheRequest(
-            layout=self.layout() if layout is None else layout, num_blocks=blocks, **{**arguments, **fields}
-        )
+        arguments = {"tensor_specs": self.tensor_specs, **self.runner_arguments(profile=profile), **fields}
+        return CacheRequest(layout=self.layout() if layout is None else layout, num_blocks=blocks, **arguments)
 
     def runner_arguments(self, *, profile: bool = False) -> dict[str, Any]:
         """Every keyword ``initialize_kv_cache`` needs beside FastDeploy: the rule's inputs and its protocol (the
