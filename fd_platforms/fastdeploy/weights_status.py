@@ -22,13 +22,11 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from ..contract.errors import ConfigError
 from ..contract.integers import check_int
 from ..contract.renamed import renamed_keywords
-from ..ipc.cache_signal import resolve_timeout
 from ..ipc.shared_words import MAX_LOCAL_RANKS
 from ..loading.platform import Platform
-from .cache_status import checked_drive, drive_kv_cache_clear, drive_kv_cache_restore
+from .cache_status import check_callable, checked_drive, drive_kv_cache_clear, drive_kv_cache_restore
 from .signals import MODEL_WEIGHTS_STATUS, FastDeploySignal, KVCacheStatus
 
 LOOK_SECONDS = 0.01  # how often the word is looked at (FastDeploy's worker: every 0.01 s)
@@ -76,10 +74,8 @@ def follow_model_weights_status(
     check_int("rank", rank, 0, MAX_LOCAL_RANKS - 1, what="a local rank", fix="pass this runner's local rank")
     meet = barrier if barrier is not None else (lambda: None)
     for name, function in (("clear", clear), ("restore", restore), ("until", until), ("barrier", meet)):
-        if not callable(function):
-            raise ConfigError(name, function, "a callable", "pass a function of no arguments")
-    checked_drive(suffix, timeout, creator_pid, None, platform, managers, tp)  # rank 0's drives, checked first
-    limit = resolve_timeout(timeout)
+        check_callable(name, function, "pass a function of no arguments")
+    limit = checked_drive(suffix, timeout, creator_pid, None, platform, managers, tp).limit  # rank 0's drives' checks
     clear_caches, restore_caches = (
         partial(half, suffix, timeout=limit, creator_pid=creator_pid, platform=platform, managers=managers, tp=tp)
         for half in (drive_kv_cache_clear, drive_kv_cache_restore)
