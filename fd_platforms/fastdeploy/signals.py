@@ -302,21 +302,14 @@ class FastDeploySignal(SharedWords):
                 self.allows(index, seen)
                 self._check_same_file(index, value, seen, what)
                 now = time.monotonic()
-                if watch is not None and watch.exited() and self.get(index) != value:
-                    raise SignalWaitError(
-                        self.name,
-                        index,
-                        value,
-                        seen,
-                        now - start,
-                        "watched_exited",
-                        what,
-                        f"the process expected to write it (pid {watch.pid}) exited",
+                exited = watch is not None and watch.exited() and self.get(index) != value
+                if exited or now - start >= timeout:
+                    kind, why = (
+                        ("watched_exited", f"the process expected to write it (pid {watch_pid}) exited")
+                        if exited
+                        else ("timeout", f"the limit is {timeout:g} s")
                     )
-                if now - start >= timeout:
-                    raise SignalWaitError(
-                        self.name, index, value, seen, now - start, "timeout", what, f"the limit is {timeout:g} s"
-                    )
+                    raise SignalWaitError(self.name, index, value, seen, now - start, kind, what, why)
                 progress.say(now, partial(self._waiting_for, index, value, seen, what, writer, watch))
                 self.sleep_while(
                     index, seen, min(CHECK_SECONDS, start + timeout - now, progress.until_next(now)), since=start
