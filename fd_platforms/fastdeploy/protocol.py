@@ -92,11 +92,11 @@ class FastDeployProtocol(WireProtocol):
         return layout_name  # FastDeploy's records are named as its layout names the tensors
 
     def set_ready(self, instance: str, rank: int) -> None:
-        self._write_ready(instance, rank, 1)
+        self._write(CACHE_READY, instance, rank, 1)
 
     def clear_ready(self, instance: str, rank: int) -> None:
         """The attacher's let-go (and a creator's clear)."""
-        self._write_ready(instance, rank, 0)
+        self._write(CACHE_READY, instance, rank, 0)
 
     def check_signals(self, instance: str, rank: int, *, manager: bool, swap: bool) -> None:
         """``cache_ready_signal``, and a manager's ``swap_space_ready_signal`` (with swap space) and
@@ -111,8 +111,9 @@ class FastDeployProtocol(WireProtocol):
                 signal.get(rank)
 
     @staticmethod
-    def _write_ready(instance: str, rank: int, value: int) -> None:
-        with FastDeploySignal.attach(CACHE_READY, instance) as signal:
+    def _write(name: str, instance: str, rank: int, value: int) -> None:
+        """Word ``rank`` of signal ``name`` under ``instance`` set to ``value``."""
+        with FastDeploySignal.attach(name, instance) as signal:
             signal.set(rank, value)
 
     def rule_in_force(self, rule: str | None, inputs: DecisionInputs, field: str = "rule") -> str:
@@ -169,15 +170,12 @@ class FastDeployProtocol(WireProtocol):
         """Say so as FastDeploy's transfer manager does: ``swap_space_ready_signal`` where it holds swap
         space, then ``cache_transfer_inited_signal``."""
         if swap:
-            with FastDeploySignal.attach(SWAP_SPACE_READY, instance) as swap_ready:
-                swap_ready.set(rank, 1)
-        with FastDeploySignal.attach(CACHE_TRANSFER_INITED, instance) as inited:
-            inited.set(rank, 1)
+            self._write(SWAP_SPACE_READY, instance, rank, 1)
+        self._write(CACHE_TRANSFER_INITED, instance, rank, 1)
 
     def manager_swap_freed(self, instance: str, rank: int) -> None:
         """Reset ``swap_space_ready_signal``, as FastDeploy's transfer manager does."""
-        with FastDeploySignal.attach(SWAP_SPACE_READY, instance) as swap_ready:
-            swap_ready.set(rank, 0)
+        self._write(SWAP_SPACE_READY, instance, rank, 0)
 
     def hand_off_block_count(
         self, instance: str, num_blocks: int, *, block_count_suffix: str | None, platform: Platform, ranks: int
