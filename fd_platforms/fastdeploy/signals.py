@@ -104,9 +104,7 @@ class FastDeploySuffix(str):
     def of(cls, suffix: object, *, tp: int | None = None, field: str = "suffix") -> FastDeploySuffix:
         """``suffix`` checked (:func:`check_suffix`, a ConfigError naming ``field``), with ``tp`` (checked)."""
         made = cls(check_suffix(suffix, field))
-        if tp is not None:
-            check_tp(tp)
-        made.tp = tp
+        made.tp = check_tp(tp)  # None stays None
         return made
 
 
