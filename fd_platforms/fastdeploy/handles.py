@@ -46,7 +46,7 @@ import stat
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from contextlib import closing
+from contextlib import closing, suppress
 
 from ..contract.errors import CacheInUseError, CacheSharingError, FdPlatformsError, SignalWaitError
 from ..engine.publication import POLL_SECONDS, STILL_HELD_FIX, PublishedTensor
@@ -85,7 +85,20 @@ def encode_handle(name: str, handle: str, platform: str, address: int | None = N
     if ipc is None:
         ipc = raw_ipc_handle(name, handle)  # Paddle's IPC metadata (cuda, xpu): the raw handle inside it
     if layout.address_offset is not None:
-        return layout.pack(_xpu_handle(name, ipc, platform), _xpu_address(name, address, platform))
+        if ipc is None:
+            raise CacheSharingError(
+                f"platform {platform}'s handle for KV cache tensor {name} is not a raw {HANDLE_BYTES}-byte IPC handle, "
+                "and FastDeploy's XPU record holds one (its transfer manager opens it with xpu_ipc_open_memhandle). "
+                "Fix: use the fd-platforms protocol on this platform (the default)"
+            )
+        if address is None or not 0 < address < 2**64:
+            said = "gave no device address" if address is None else f"gave device address {address}"
+            raise CacheSharingError(
+                f"platform {platform}'s export of KV cache tensor {name} {said}, and FastDeploy's XPU record carries "
+                "the tensor's address (its XPU runner attaches through data_ptr_addr, and crashes on 0). Fix: export "
+                "Paddle tensors (their data_ptr() is the address), or use the fd-platforms protocol (the default)"
+            )
+        return layout.pack(ipc, address)
     if ipc is not None:
         return layout.pack(ipc, None)
     raw = handle.encode("utf-8")
@@ -97,27 +110,6 @@ def encode_handle(name: str, handle: str, platform: str, address: int | None = N
             f"export gives a handle of at most {HANDLE_BYTES} bytes"
         )
     return layout.pack(raw, None)
-
-
-def _xpu_handle(name: str, ipc: bytes | None, platform: str) -> bytes:
-    if ipc is None:
-        raise CacheSharingError(
-            f"platform {platform}'s handle for KV cache tensor {name} is not a raw {HANDLE_BYTES}-byte IPC handle, "
-            "and FastDeploy's XPU record holds one (its transfer manager opens it with xpu_ipc_open_memhandle). "
-            "Fix: use the fd-platforms protocol on this platform (the default)"
-        )
-    return ipc
-
-
-def _xpu_address(name: str, address: int | None, platform: str) -> int:
-    if address is None or not 0 < address < 2**64:
-        said = "gave no device address" if address is None else f"gave device address {address}"
-        raise CacheSharingError(
-            f"platform {platform}'s export of KV cache tensor {name} {said}, and FastDeploy's XPU record carries "
-            "the tensor's address (its XPU runner attaches through data_ptr_addr, and crashes on 0). Fix: export "
-            "Paddle tensors (their data_ptr() is the address), or use the fd-platforms protocol (the default)"
-        )
-    return address
 
 
 def read_handle(name: str, platform: str) -> str:
@@ -514,11 +506,9 @@ def _check_not_published(suffix: str, rank: int, first: str, count: int, platfor
 
 def _slot(suffix: str, rank: int) -> int | None:
     """The rank's slot (its ``cache_ready_signal`` word), None where it cannot be read."""
-    try:
-        with FastDeploySignal.attach(CACHE_READY, suffix) as signal:
-            return signal.get(rank)
-    except FdPlatformsError:
-        return None
+    with suppress(FdPlatformsError), FastDeploySignal.attach(CACHE_READY, suffix) as signal:
+        return signal.get(rank)
+    return None
 
 
 def _check_creator(name: str, pid: int) -> None:
@@ -570,10 +560,8 @@ def _record_segment(name: str, platform: str) -> shm.Segment:
     ours holds it) reused, mode 0600. A leftover others could write is replaced by a new one instead: a
     descriptor opened while it was writable would still write through a mode reset."""
     layout = record_layout(platform)
-    try:
+    with suppress(FileExistsError):
         return shm.Segment.create(name, layout.size)
-    except FileExistsError:
-        pass
     if _unheld_leftover(name, layout, platform):
         try:
             return shm.Segment.create(name, layout.size)
