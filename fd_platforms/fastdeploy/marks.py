@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import secrets
 import struct
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 
@@ -121,12 +122,7 @@ def look(suffix: str, rank: int, *, also_living: set[int] | frozenset[int] = fro
 
 def remove_dead(attachers: Attachers) -> list[int]:
     """Remove the dead marks of ``attachers`` that are still dead (each proven unlocked again); their pids."""
-    removed = []
-    for mark in attachers.dead:
-        verdict, _ = shm.reclaim(mark.name, _ATTACHER.size, _recognise, ATTACHER_WHAT, say=lambda *_: None)
-        if verdict == shm.Verdict.RECLAIMED:
-            removed.append(mark.pid)
-    return removed
+    return [mark.pid for mark in attachers.dead if _reclaimed(mark.name, say=lambda *_: None)]
 
 
 def sweep_orphan_marks() -> list[str]:
@@ -136,11 +132,15 @@ def sweep_orphan_marks() -> list[str]:
     removed = []
     for name in shm.names(ATTACHER_NAME_START):
         suffix = name[len(ATTACHER_NAME_START) :].rsplit(".r", 1)[0]
-        if suffix and not os.path.exists(shm.shm_path(f"{CACHE_READY}.{suffix}")):
-            verdict, _ = shm.reclaim(name, _ATTACHER.size, _recognise, ATTACHER_WHAT)
-            if verdict == shm.Verdict.RECLAIMED:
-                removed.append(name)
+        if suffix and not os.path.exists(shm.shm_path(f"{CACHE_READY}.{suffix}")) and _reclaimed(name):
+            removed.append(name)
     return removed
+
+
+def _reclaimed(name: str, say: Callable[..., None] | None = None) -> bool:
+    """Whether attacher mark ``name`` was removed, proven ours and unlocked (:func:`fd_platforms.ipc.shm.reclaim`,
+    ``say`` as it takes it)."""
+    return shm.reclaim(name, _ATTACHER.size, _recognise, ATTACHER_WHAT, say=say)[0] == shm.Verdict.RECLAIMED
 
 
 def _recognise(segment: shm.Segment) -> str | None:
