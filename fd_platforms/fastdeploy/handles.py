@@ -251,45 +251,16 @@ class FastDeployHandles:
         check_suffix(suffix)
         mark = make_attacher_mark(suffix, rank, attachers) if expected else None  # first: a death from here on is seen
         try:
-            return cls._open(suffix, rank, expected, platform, mark, attachers)
+            tensors = tuple(
+                PublishedTensor(tensor.name, tensor.shape, tensor.dtype, read_handle(tensor.name, platform))
+                for tensor in expected
+            )
+            _check_one_creator(rank, tensors)
+            held = [_hold_record(tensors[0].name, record_layout(platform).size), mark] if mark is not None else []
+            return cls(suffix, rank, tensors, held, creator=False, attachers=attachers, mark=mark)
         except BaseException:
             _remove_mark(mark)
             raise
-
-    @classmethod
-    def _open(
-        cls,
-        suffix: str,
-        rank: int,
-        expected: Sequence[PublishedTensor],
-        platform: str,
-        mark: shm.Segment | None,
-        attachers: int,
-    ) -> FastDeployHandles:
-        tensors = tuple(
-            PublishedTensor(tensor.name, tensor.shape, tensor.dtype, read_handle(tensor.name, platform))
-            for tensor in expected
-        )
-        named = [handle_pid(tensor.handle) for tensor in tensors]
-        pids = sorted({pid for pid in named if pid is not None})
-        if pids and None in named:
-            raise CacheSharingError(
-                f"rank {rank}'s publication (FastDeploy's records) mixes handles of two kinds: {named.count(None)} "
-                f"name no process (a raw IPC handle) and {len(named) - named.count(None)} name pid "
-                f"{', '.join(map(str, pids))} (memfd:<pid>:<fd>), "
-                "but one creator on one platform writes every record of a rank alike: some were written by another "
-                "process. Fix: find what else writes to /dev/shm under FastDeploy's names; restart the engine"
-            )
-        if len(pids) > 1:
-            raise CacheSharingError(
-                f"rank {rank}'s publication (FastDeploy's records) names handles of {len(pids)} processes (pids "
-                f"{', '.join(map(str, pids))}), but one creator makes every tensor of a rank: some were written by "
-                "another process. Fix: find what else writes to /dev/shm under FastDeploy's names; restart the engine"
-            )
-        if pids:
-            _check_creator(tensors[-1].name, pids[0])
-        held = [_hold_record(tensors[0].name, record_layout(platform).size), mark] if mark is not None else []
-        return cls(suffix, rank, tensors, held, creator=False, attachers=attachers, mark=mark)
 
     #: Its :meth:`let_go` decides the rank's slot itself (:meth:`KVCache.clear` leaves it to the records).
     resets_slot = True
@@ -509,6 +480,29 @@ def _slot(suffix: str, rank: int) -> int | None:
     with suppress(FdPlatformsError), FastDeploySignal.attach(CACHE_READY, suffix) as signal:
         return signal.get(rank)
     return None
+
+
+def _check_one_creator(rank: int, tensors: Sequence[PublishedTensor]) -> None:
+    """Every record of a rank read must be one creator's: handles of one kind, naming one process (where they name
+    one), and that process one that may have created them (:func:`_check_creator`)."""
+    named = [handle_pid(tensor.handle) for tensor in tensors]
+    pids = sorted({pid for pid in named if pid is not None})
+    if pids and None in named:
+        raise CacheSharingError(
+            f"rank {rank}'s publication (FastDeploy's records) mixes handles of two kinds: {named.count(None)} "
+            f"name no process (a raw IPC handle) and {len(named) - named.count(None)} name pid "
+            f"{', '.join(map(str, pids))} (memfd:<pid>:<fd>), "
+            "but one creator on one platform writes every record of a rank alike: some were written by another "
+            "process. Fix: find what else writes to /dev/shm under FastDeploy's names; restart the engine"
+        )
+    if len(pids) > 1:
+        raise CacheSharingError(
+            f"rank {rank}'s publication (FastDeploy's records) names handles of {len(pids)} processes (pids "
+            f"{', '.join(map(str, pids))}), but one creator makes every tensor of a rank: some were written by "
+            "another process. Fix: find what else writes to /dev/shm under FastDeploy's names; restart the engine"
+        )
+    if pids:
+        _check_creator(tensors[-1].name, pids[0])
 
 
 def _check_creator(name: str, pid: int) -> None:
