@@ -112,9 +112,3 @@ class ParallelConfig:
             note=f"tensor_parallel_size={size}",
             fix="set local_rank below tensor_parallel_size",
         )
-
-
-_NEEDED_FIELDS: dict[str, tuple[str, ...]] = {
-    "mla": ("kv_lora_rank", "qk_rope_head_dim"),
-    "dsa": ("kv_lora_rank", "qk_rope_head_dim", "index_head_dim"),
-}
