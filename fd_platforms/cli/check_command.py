@@ -16,6 +16,7 @@ from typing import Any
 from ..conformance import CHECKS, PlatformResult, run_suites
 from ..contract.api_version import API_VERSION
 from ..contract.errors import ConfigError, UnknownPlatformError
+from ..contract.integers import check_int
 from ..ipc.console import write_line
 from ..ipc.timeouts import check_seconds
 from ..loading.discovery import Candidate, discover
@@ -45,8 +46,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.jobs < 1:
-        raise ConfigError("--jobs", args.jobs, "an integer >= 1", "pass e.g. --jobs 2")
+    check_int("--jobs", args.jobs, 1, None, fix="pass e.g. --jobs 2")
     timeout = check_seconds("timeout", args.timeout, "pass a finite number of seconds > 0, e.g. --timeout 600")
     candidates = _candidates(args.names, args.all)
     results = run_suites(

@@ -18,9 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..contract.errors import ConfigError
+from ..contract.integers import check_int
 from ..lifecycle.interrupts import sigint_says_stopping, sigterm_raises
 from ..rules.config.settings import SchedulerConfig
 from ..rules.sizes import format_size
@@ -29,7 +31,7 @@ from .output import emit, flush_output
 from .table import format_table
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from ..lifecycle.report import RunReport
+    from ..lifecycle.report import RankReport, RunReport
 
 
 MAX_CYCLES = 100_000
@@ -107,10 +109,7 @@ def run(args: argparse.Namespace) -> int:
     nodes = None if args.nnodes == 1 else NodeFlags(args.nnodes, args.node_rank, args.master)
     if nodes is not None:
         check_resolves(nodes.master, "--master")
-    if not 0 <= args.cycles <= MAX_CYCLES:
-        raise ConfigError(
-            "--cycles", args.cycles, f"0 to {MAX_CYCLES}", "pass how many clear/re-initialize cycles to run"
-        )
+    check_int("--cycles", args.cycles, 0, MAX_CYCLES, what="", fix="pass how many clear/re-initialize cycles to run")
     block_count_suffix = _block_count_suffix(args.block_count_suffix, deploy.scheduler.protocol)
     device_memory, non_cache, host_memory = memory_sizes(args)
     timeout = _phase_limit(args.timeout)
@@ -172,10 +171,7 @@ def _ranks_per_node(args: argparse.Namespace, tp: int) -> int:
     """``--tp / --nnodes``, once ``--nnodes``, ``--node-rank`` and ``--master`` are consistent."""
     from ..rules.config.nodes import MAX_NODES, check_nodes
 
-    if not 1 <= args.nnodes <= MAX_NODES:
-        raise ConfigError(
-            "--nnodes", args.nnodes, f"1 to {MAX_NODES}", "pass how many nodes (machines) the engine spans"
-        )
+    check_int("--nnodes", args.nnodes, 1, MAX_NODES, what="", fix="pass how many nodes (machines) the engine spans")
     if args.nnodes == 1:
         for flag, value in (("--node-rank", args.node_rank), ("--master", args.master)):
             if value is not None:
@@ -215,55 +211,40 @@ def _attached(tensors: int, by: str | None) -> str | int:
     return f"{tensors} (manager)" if by == "cache manager" else tensors
 
 
+_RANK_COLUMNS: tuple[tuple[str, Callable[[RankReport], object]], ...] = (
+    ("RANK", lambda rank: rank.rank),
+    ("DEVICE", lambda rank: rank.device),
+    ("CREATE", lambda rank: "yes" if rank.create else "no"),
+    ("DECIDED BY", lambda rank: rank.decided_by),
+    ("ALLOCATED BY", lambda rank: rank.allocated_by),
+    ("BLOCKS", lambda rank: rank.num_blocks),
+    ("CPU BLOCKS", lambda rank: _cpu_blocks(rank.num_cpu_blocks, rank.planned_cpu_blocks)),
+    ("DEVICE MEM", lambda rank: format_size(rank.device_bytes)),
+    ("HOST MEM", lambda rank: format_size(rank.host_bytes)),
+    ("PINNED", lambda rank: "-" if rank.pinned is None else ("yes" if rank.pinned else "no")),
+    ("PLAN S", lambda rank: f"{rank.plan_seconds:.3f}"),
+    ("ALLOCATE S", lambda rank: f"{rank.allocate_seconds:.3f}"),
+    ("WAIT S", lambda rank: _seconds(rank.wait_seconds)),
+    ("ATTACHED", lambda rank: _attached(rank.attached_tensors, rank.attached_by)),
+    ("ATTACH S", lambda rank: _seconds(rank.attach_seconds)),
+    ("VERIFIED", lambda rank: _yes_no(rank.verified)),
+)
+"""The report's table: each column's header and its cell for a rank."""
+
+
 def format_report(report: RunReport) -> str:
     """A header line, one table row per rank, then one per clear/re-initialize cycle."""
+    protocol = "" if report.protocol == SchedulerConfig.protocol else f", protocol {report.protocol}"
     header = (
         f"platform {report.platform}, model {report.model}, {_rank_count(report)}, "
         f"role {report.splitwise_role}, storage backend {report.storage_backend or 'none'}, rule {report.rule}"
-        f"{_unless_default('protocol', report.protocol, SchedulerConfig.protocol)}"
+        f"{protocol}"
         f"{', profile run' if report.profile else ''}: {format_size(report.bytes_per_block)} per block, "
         + (f"MTP layers {report.mtp_num_blocks} blocks each, " if report.mtp_num_blocks is not None else "")
         + f"wall {report.wall_seconds:.2f} s"
     )
-    headers: tuple[str, ...] = (
-        "RANK",
-        "DEVICE",
-        "CREATE",
-        "DECIDED BY",
-        "ALLOCATED BY",
-        "BLOCKS",
-        "CPU BLOCKS",
-        "DEVICE MEM",
-        "HOST MEM",
-        "PINNED",
-        "PLAN S",
-        "ALLOCATE S",
-        "WAIT S",
-        "ATTACHED",
-        "ATTACH S",
-        "VERIFIED",
-    )
-    rows: list[tuple[object, ...]] = [
-        (
-            rank.rank,
-            rank.device,
-            "yes" if rank.create else "no",
-            rank.decided_by,
-            rank.allocated_by,
-            rank.num_blocks,
-            _cpu_blocks(rank.num_cpu_blocks, rank.planned_cpu_blocks),
-            format_size(rank.device_bytes),
-            format_size(rank.host_bytes),
-            "-" if rank.pinned is None else ("yes" if rank.pinned else "no"),
-            f"{rank.plan_seconds:.3f}",
-            f"{rank.allocate_seconds:.3f}",
-            "-" if rank.wait_seconds is None else f"{rank.wait_seconds:.3f}",
-            _attached(rank.attached_tensors, rank.attached_by),
-            "-" if rank.attach_seconds is None else f"{rank.attach_seconds:.3f}",
-            _yes_no(rank.verified),
-        )
-        for rank in report.ranks
-    ]
+    headers = tuple(name for name, _ in _RANK_COLUMNS)
+    rows = [tuple(cell(rank) for _, cell in _RANK_COLUMNS) for rank in report.ranks]
     if report.nodes is not None:
         nodes = report.nodes
         header += (
@@ -300,11 +281,6 @@ def _rank_count(report: RunReport) -> str:
         return f"{len(report.ranks)} rank(s)"
     local = len(report.ranks) // nodes.nnodes if nodes.all_ranks else len(report.ranks)
     return f"{local * nodes.nnodes} rank(s) on {nodes.nnodes} nodes, {local} on this node"
-
-
-def _unless_default(setting: str, value: str, default: str) -> str:
-    """``, <setting> <value>`` for the header line; nothing where ``value`` is the default."""
-    return "" if value == default else f", {setting} {value}"
 
 
 def _cpu_blocks(allocated: int, planned: int) -> str:
