@@ -13,14 +13,14 @@ from typing import Any
 
 from ..contract.errors import ConfigError, PlatformUnavailableError, UnknownPlatformError
 from ..contract.types import DeviceMemory
-from ..engine import protocol_named
 from ..fastdeploy import FASTDEPLOY  # noqa: F401 - registers protocol "fastdeploy", which [scheduler] protocol may name
+from ..lifecycle.spec import rule_in_force
 from ..loading.platform import Platform
 from ..loading.selection import ENV_PLATFORM, FALLBACK_PLATFORM, Prober, select_platform
 from ..rules.config.deploy import DeployConfig
-from ..rules.decision import RULE_VERSIONS, DecisionInputs, decided_by
+from ..rules.decision import RULE_VERSIONS, decided_by
 from ..rules.layout import build_layout
-from ..rules.planner import host_swap_blocks, memory_per_rank
+from ..rules.planner import memory_per_rank
 from ..rules.sizes import decimal_note, format_size
 from .deploy_args import add_deploy_arguments, deploy_config, memory_sizes
 from .output import emit
@@ -97,13 +97,7 @@ def _plan_row(
 ) -> dict[str, Any]:
     cache, parallel = deploy.cache, deploy.parallel
     layout = build_layout(deploy.model, cache, parallel)
-    inputs = DecisionInputs(
-        False,
-        host_swap_blocks(cache, layout.bytes_per_block),
-        cache.kvcache_storage_backend,
-        deploy.scheduler.splitwise_role,
-    )
-    rule = protocol_named(deploy.scheduler.protocol).rule_in_force(cache.rule, inputs, "--rule")  # before any hook
+    rule = rule_in_force(deploy, False, layout.bytes_per_block)  # before any hook
     if device_memory is None:
         detection = platform.detect()
         if not detection.available:
@@ -127,16 +121,13 @@ def _plan_row(
         rule=rule,
     )
     shaped = platform.cache_layout(layout, max(1, plan.num_blocks))
-    assumed = non_cache if non_cache is not None else memory.process_bytes or 0
-    non_cache_source = (
-        "--non-cache-memory"
-        if non_cache is not None
-        else (
-            f"what this process holds on the device ({memory.source})"
-            if memory.process_bytes
-            else "none given: weights and activations are not counted; pass --non-cache-memory SIZE"
-        )
-    )
+    if non_cache is not None:
+        assumed, non_cache_source = non_cache, "--non-cache-memory"
+    elif memory.process_bytes:
+        assumed, non_cache_source = memory.process_bytes, f"what this process holds on the device ({memory.source})"
+    else:
+        no_weights = "none given: weights and activations are not counted; pass --non-cache-memory SIZE"
+        assumed, non_cache_source = 0, no_weights
     return {
         "platform": platform.name,
         "model": deploy.model.name,
@@ -198,11 +189,6 @@ def _dtype_text(row: dict[str, Any]) -> str:
     return "/".join(dtypes)
 
 
-def _tensors_text(row: dict[str, Any]) -> str:
-    """One layer's cache tensors as the platform allocates them: ``key [N, 64, 8, 128] bfloat16; ...``."""
-    return "; ".join(f"{t['role']} {t['shape']} {t['dtype']}" for t in row["layer_tensors"])
-
-
 def _details(row: dict[str, Any]) -> str:
     memory = row["device_memory"]
     limits = "; ".join(f"{lim['kind']}={lim['value']} ({lim['reason']})" for lim in row["limits"]) or "none declared"
@@ -220,7 +206,8 @@ def _details(row: dict[str, Any]) -> str:
         ("model", f"{row['model']} ({row['attention']}, {row['num_layers']} cache layers)"),
         ("parallel", f"tp={row['tensor_parallel_size']}, block_size={row['block_size']}"),
         ("cache dtype", _dtype_text(row)),
-        ("tensors per layer", _tensors_text(row)),
+        # one layer's cache tensors as the platform allocates them: ``key [N, 64, 8, 128] bfloat16; ...``
+        ("tensors per layer", "; ".join(f"{t['role']} {t['shape']} {t['dtype']}" for t in row["layer_tensors"])),
         ("device memory", f"{format_size(memory['total_bytes'])} ({memory['total_bytes']} B) from {memory['source']}"),
         *(("note", note) for note in row["notes"]),
         ("non-cache memory", f"{format_size(memory['non_cache_bytes'])}: {memory['non_cache_source']}"),
@@ -240,26 +227,7 @@ def _details(row: dict[str, Any]) -> str:
 def _side_by_side(rows: list[dict[str, Any]]) -> str:
     headers = ("PLATFORM", "NUM_BLOCKS", "BYTES/BLOCK", "BUDGET", "TOKENS", "CPU_BLOCKS", "CREATE", "BINDING")
     rule = f"\n\nrule version {rows[0]['rule']}: {rows[0]['rule_text']}" if rows else ""
-    return _plans_table(headers, rows) + rule + _shape_differences(rows)
-
-
-def _shape_differences(rows: list[dict[str, Any]]) -> str:
-    """Where the platforms allocate a layer's tensors differently (axis order, dtype): each one's
-    tensors, blocks written N; nothing when they all agree."""
-    shapes = {
-        r["platform"]: "; ".join(
-            f"{t['role']} [N, {', '.join(map(str, t['shape'][1:]))}] {t['dtype']}" for t in r["layer_tensors"]
-        )
-        for r in rows
-    }
-    if len(set(shapes.values())) < 2:
-        return ""
-    headers = ("PLATFORM", "TENSORS PER LAYER (same bytes; the platform's axes and dtypes)")
-    return "\n\n" + format_table(headers, list(shapes.items()))
-
-
-def _plans_table(headers: tuple[str, ...], rows: list[dict[str, Any]]) -> str:
-    return format_table(
+    plans = format_table(
         headers,
         [
             (
@@ -275,3 +243,19 @@ def _plans_table(headers: tuple[str, ...], rows: list[dict[str, Any]]) -> str:
             for r in rows
         ],
     )
+    return plans + rule + _shape_differences(rows)
+
+
+def _shape_differences(rows: list[dict[str, Any]]) -> str:
+    """Where the platforms allocate a layer's tensors differently (axis order, dtype): each one's
+    tensors, blocks written N; nothing when they all agree."""
+    shapes = {
+        r["platform"]: "; ".join(
+            f"{t['role']} [N, {', '.join(map(str, t['shape'][1:]))}] {t['dtype']}" for t in r["layer_tensors"]
+        )
+        for r in rows
+    }
+    if len(set(shapes.values())) < 2:
+        return ""
+    headers = ("PLATFORM", "TENSORS PER LAYER (same bytes; the platform's axes and dtypes)")
+    return "\n\n" + format_table(headers, list(shapes.items()))

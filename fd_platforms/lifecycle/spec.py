@@ -79,14 +79,7 @@ class RunSpec:
         what the run's protocol makes of none on the run's inputs (beside FastDeploy, where the
         versions disagree, a ConfigError naming ``--rule``). Every process works it out alike; the
         engine first, before any process starts."""
-        cache, scheduler = self.deploy.cache, self.deploy.scheduler
-        inputs = DecisionInputs(
-            self.profile,
-            host_swap_blocks(cache, self.layout(0).bytes_per_block),
-            cache.kvcache_storage_backend,
-            scheduler.splitwise_role,
-        )
-        return protocol_named(scheduler.protocol).rule_in_force(cache.rule, inputs, "--rule")
+        return rule_in_force(self.deploy, self.profile, self.layout(0).bytes_per_block)
 
     @property
     def shares_device(self) -> bool:
@@ -158,6 +151,17 @@ class RunSpec:
             timeout=self.timeout,
             **fields,
         )
+
+
+def rule_in_force(deploy: DeployConfig, profile: bool, bytes_per_block: int) -> str:
+    """The create-or-attach rule's version ``deploy`` follows (``profile``: a profiling run; ``bytes_per_block``:
+    its layout's, which sizes the host swap space): the pinned one, else what its protocol makes of none on these
+    inputs (beside FastDeploy, where the versions disagree, a ConfigError naming ``--rule``)."""
+    cache, scheduler = deploy.cache, deploy.scheduler
+    inputs = DecisionInputs(
+        profile, host_swap_blocks(cache, bytes_per_block), cache.kvcache_storage_backend, scheduler.splitwise_role
+    )
+    return protocol_named(scheduler.protocol).rule_in_force(cache.rule, inputs, "--rule")
 
 
 def run_device_ids(identity: PlatformIdentity, ranks: int) -> tuple[int, ...]:
