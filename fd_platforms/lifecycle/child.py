@@ -130,12 +130,7 @@ def serve(conn: Connection, timeout: float, handlers: dict[str, Callable[[Any], 
     """Answer the engine's requests until ``("stop", None)``: each ``(kind, payload)`` gets
     ``(kind, handlers[kind](payload))``. At most ``timeout`` seconds between two requests."""
     while True:
-        if not conn.poll(timeout):
-            raise FdPlatformsError(
-                f"the engine sent nothing for {timeout:g} s. Fix: check the engine's output; "
-                "raise --timeout if the run legitimately takes longer"
-            )
-        kind, payload = conn.recv()
+        kind, payload = _receive(conn, timeout, f"nothing for {timeout:g} s")
         if kind == "stop":
             return
         if kind not in handlers:
@@ -145,12 +140,17 @@ def serve(conn: Connection, timeout: float, handlers: dict[str, Callable[[Any], 
 
 def expect(conn: Connection, kind: str, timeout: float) -> Any:
     """The payload of the engine's next message, which must be ``kind``, within ``timeout`` seconds."""
-    if not conn.poll(timeout):
-        raise FdPlatformsError(
-            f"the engine sent no {kind!r} within {timeout:g} s. Fix: check the engine's output; "
-            "raise --timeout if the run legitimately takes longer"
-        )
-    got, payload = conn.recv()
+    got, payload = _receive(conn, timeout, f"no {kind!r} within {timeout:g} s")
     if got != kind:
         raise FdPlatformsError(f"expected {kind!r} from the engine, got {got!r}. Fix: report this as a bug")
     return payload
+
+
+def _receive(conn: Connection, timeout: float, missing: str) -> Any:
+    """The engine's next message, within ``timeout`` seconds; else an error saying the engine sent ``missing``."""
+    if not conn.poll(timeout):
+        raise FdPlatformsError(
+            f"the engine sent {missing}. Fix: check the engine's output; "
+            "raise --timeout if the run legitimately takes longer"
+        )
+    return conn.recv()

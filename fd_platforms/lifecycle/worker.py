@@ -86,20 +86,12 @@ def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, instance: s
     conn.send(("plan", (plan, seconds, agreement, joined)))
     final, manager_pid = expect(conn, "final", spec.timeout)
     protocol = protocol_named(spec.deploy.scheduler.protocol)
-    if (
-        rank == 0
-        and (
-            word := protocol.hand_off_block_count(
-                instance,
-                final.num_blocks,
-                block_count_suffix=spec.block_count_suffix,
-                platform=platform,
-                ranks=spec.ranks,
-            )
+    if rank == 0:
+        word = protocol.hand_off_block_count(
+            instance, final.num_blocks, block_count_suffix=spec.block_count_suffix, platform=platform, ranks=spec.ranks
         )
-        is not None
-    ):
-        say(f"handed the agreed {final.num_blocks} blocks to the engine ({word})")
+        if word is not None:
+            say(f"handed the agreed {final.num_blocks} blocks to the engine ({word})")
     state = {"cache": _initialize(platform, spec, rank, instance, final, manager_pid, say)}
     try:
         conn.send(("ready", _result(state["cache"])))
