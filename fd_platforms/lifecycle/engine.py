@@ -121,17 +121,17 @@ class _Run:
         if self.manager is None:
             return None
         ours, theirs = secrets.randbelow(2**31), secrets.randbelow(2**31)
-        ranks = [self.workers[rank] for rank in self.attaching]
-        if self.workers_create:  # the workers created: the manager is every rank's attacher
-            self._ask(ranks, "mark", ours)
-            seen = self._ask([self.manager], "verify", (ours, theirs))[self.manager]
-            checked = self._ask(ranks, "check", theirs)
-            self.verified = {rank: seen[rank] and checked[self.workers[rank]] for rank in self.attaching}
-        else:
-            self._ask([self.manager], "mark", ours)
-            seen = self._ask(ranks, "verify", (ours, theirs))
-            checked = self._ask([self.manager], "check", theirs)[self.manager]
-            self.verified = {rank: seen[self.workers[rank]] and checked[rank] for rank in self.attaching}
+        manager, ranks = self.manager, [self.workers[rank] for rank in self.attaching]
+        # the workers created: the manager is every rank's attacher; else it is every rank's creator
+        creators, attachers = (ranks, [manager]) if self.workers_create else ([manager], ranks)
+        self._ask(creators, "mark", ours)
+        seen = self._ask(attachers, "verify", (ours, theirs))
+        checked = self._ask(creators, "check", theirs)
+
+        def of_rank(answers: dict[Child, Any], rank: int) -> bool:  # the manager answers for every rank it serves
+            return bool(answers[manager][rank] if manager in answers else answers[self.workers[rank]])
+
+        self.verified = {rank: of_rank(seen, rank) and of_rank(checked, rank) for rank in self.attaching}
         copies = [rank for rank, shared in self.verified.items() if not shared]
         if copies:
             raise PluginContractError(
