@@ -21,11 +21,9 @@ from multiprocessing.connection import Connection
 
 from ..contract.errors import FdPlatformsError
 from ..contract.paddle_import import import_paddle
-from ..contract.types import Plan
 from ..engine import HostCache, ManagedCache, manage_kv_cache
 from ..fastdeploy import FASTDEPLOY  # noqa: F401 - registers protocol "fastdeploy", which [scheduler] protocol may name
 from ..kit.host_memory import resident_bytes
-from ..loading.platform import Platform
 from ..rules.sizes import format_size
 from .child import child_platform, expect, run_child, serve
 from .progress import Progress
@@ -47,7 +45,48 @@ def _manage(conn: Connection, say: Progress, spec: RunSpec, ranks: tuple[int, ..
     kept: dict[int, HostCache] = {}  # host swap caches a clear kept (FD_ENABLE_SWAP_SPACE_CLEARING unset), reused
 
     def take_all(_: object = None) -> tuple[Allocation, ...]:
-        return _take_all(platform, spec, ranks, plan, creators, instance, say, (held, kept))
+        """Each rank's cache: published here (``creators`` None), or attached to its worker's (the pid
+        of each rank's creating worker given); with its host swap cache either way, the one a clear kept
+        where there is one (``held``, filled here, and ``kept``, taken from)."""
+        allocations = []
+        for rank in ranks:
+            size = format_size(spec.layout(rank).device_bytes(plan.num_blocks))
+            swap_bytes = format_size(plan.num_cpu_blocks * plan.bytes_per_block)
+            swap = f"{swap_bytes} of host swap space ({plan.num_cpu_blocks} blocks)"
+            started = time.monotonic()
+            host_cache = kept.pop(rank, None)
+            verb = "allocating" if host_cache is None else "reusing the kept"  # kept across the clear
+            if creators is None:
+                say(
+                    f"publishing {size} of KV cache"
+                    + (f" and {verb} {swap}" if plan.num_cpu_blocks else "")
+                    + f" for rank {rank}"
+                )
+            else:
+                kept_note = "" if host_cache is None else " (kept across the clear)"
+                say(f"attaching to rank {rank}'s KV cache (worker pid {creators[rank]}) to hold {swap}{kept_note}")
+            request = spec.cache_request(
+                rank, plan, instance, host_cache=host_cache, creator_pid=None if creators is None else creators[rank]
+            )
+            # it creates or attaches as the rule decides, as the engine did to pass creators
+            cache = manage_kv_cache(platform, request, progress=say.allocation(f"rank {rank}: publishing {size}"))
+            seconds = time.monotonic() - started
+            held[rank] = cache
+            host = cache.host_cache
+            allocations.append(
+                Allocation(
+                    rank=rank,
+                    device=cache.kv_cache.device,
+                    device_bytes=cache.kv_cache.nbytes,
+                    host_bytes=0 if host is None else host.nbytes,
+                    pinned=None if host is None else host.pinned,
+                    host_kind=None if host is None else host.buffer.kind,
+                    seconds=seconds,
+                    attached_tensors=0 if cache.created else len(cache.kv_cache.tensors),
+                    attach_seconds=cache.kv_cache.attach_seconds,
+                )
+            )
+        return tuple(allocations)
 
     try:
         conn.send(("ready", take_all()))
@@ -86,58 +125,3 @@ def _manage(conn: Connection, say: Progress, spec: RunSpec, ranks: tuple[int, ..
         raise
     for cache in held.values():
         cache.clear(spec.timeout, clear_host=True)
-
-
-def _take_all(
-    platform: Platform,
-    spec: RunSpec,
-    ranks: tuple[int, ...],
-    plan: Plan,
-    creators: dict[int, int] | None,
-    instance: str,
-    say: Progress,
-    caches: tuple[dict[int, ManagedCache], dict[int, HostCache]],
-) -> tuple[Allocation, ...]:
-    """Each rank's cache: published here (``creators`` None), or attached to its worker's (the pid
-    of each rank's creating worker given); with its host swap cache either way, the one a clear kept
-    where there is one (``caches``: the caches held, filled here, and the kept host caches, taken)."""
-    held, kept = caches
-    allocations = []
-    for rank in ranks:
-        size = format_size(spec.layout(rank).device_bytes(plan.num_blocks))
-        swap_bytes = format_size(plan.num_cpu_blocks * plan.bytes_per_block)
-        swap = f"{swap_bytes} of host swap space ({plan.num_cpu_blocks} blocks)"
-        started = time.monotonic()
-        host_cache = kept.pop(rank, None)
-        verb = "allocating" if host_cache is None else "reusing the kept"  # kept across the clear
-        if creators is None:
-            say(
-                f"publishing {size} of KV cache"
-                + (f" and {verb} {swap}" if plan.num_cpu_blocks else "")
-                + f" for rank {rank}"
-            )
-        else:
-            kept_note = "" if host_cache is None else " (kept across the clear)"
-            say(f"attaching to rank {rank}'s KV cache (worker pid {creators[rank]}) to hold {swap}{kept_note}")
-        request = spec.cache_request(
-            rank, plan, instance, host_cache=host_cache, creator_pid=None if creators is None else creators[rank]
-        )
-        # it creates or attaches as the rule decides, as the engine did to pass creators
-        cache = manage_kv_cache(platform, request, progress=say.allocation(f"rank {rank}: publishing {size}"))
-        seconds = time.monotonic() - started
-        held[rank] = cache
-        host = cache.host_cache
-        allocations.append(
-            Allocation(
-                rank=rank,
-                device=cache.kv_cache.device,
-                device_bytes=cache.kv_cache.nbytes,
-                host_bytes=0 if host is None else host.nbytes,
-                pinned=None if host is None else host.pinned,
-                host_kind=None if host is None else host.buffer.kind,
-                seconds=seconds,
-                attached_tensors=0 if cache.created else len(cache.kv_cache.tensors),
-                attach_seconds=cache.kv_cache.attach_seconds,
-            )
-        )
-    return tuple(allocations)
