@@ -306,14 +306,9 @@ class CacheLayout:
 
     def largest_tensor_elements(self, num_blocks: int) -> int:
         """Elements of the largest single device tensor when the rank has ``num_blocks`` blocks."""
-        return max(spec.blocks(num_blocks) * spec.elements_per_block for spec in self._layer_specs())
-
-    def _layer_specs(self) -> tuple[CacheTensorSpec, ...]:
-        """One main layer's and (with MTP) one MTP layer's tensors."""
-        first_mtp = self.num_layers - self.mtp_layers
-        layers = (0,) if self.mtp_layers == 0 else ((first_mtp,) if first_mtp == 0 else (0, first_mtp))
-        per_layer = len(self.allocated_roles)
-        return tuple(self.tensors[layer * per_layer + index] for layer in layers for index in range(per_layer))
+        main = num_blocks if self.num_layers > self.mtp_layers else 0  # a draft part has no main layer
+        mtp = self.mtp_blocks(num_blocks) if self.mtp_layers else 0
+        return max(main, mtp) * self.max_elements_per_block
 
     @property
     def max_elements_per_block(self) -> int:
