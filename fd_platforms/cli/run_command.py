@@ -114,9 +114,8 @@ def run(args: argparse.Namespace) -> int:
     device_memory, non_cache, host_memory = memory_sizes(args)
     timeout = _phase_limit(args.timeout)
     set_by_flag(ENV_TIMEOUT, "--timeout", timeout)  # the children's bounds follow it; messages name --timeout
-    platform = select_run_platform(
-        ranks, args.platform
-    )  # before SIGTERM is ours: it may import paddle, which sets a handler
+    # before SIGTERM is ours: it may import paddle, which sets a handler
+    platform = select_run_platform(ranks, args.platform)
     spec = RunSpec(
         deploy=deploy,
         platform=platform.name,
