@@ -17,14 +17,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from ..contract.errors import RunError
 from ..ipc.process_watch import describe_exit
 from .interrupts import sigint_ignored_by_children
-
-if TYPE_CHECKING:  # typing.Self is Python 3.11's
-    from typing_extensions import Self
 
 FAILURE_GRACE = 2.0  # seconds the rest of a phase may still report after its first failure
 STOP_SECONDS = 5.0  # seconds children get to exit after "stop" or SIGTERM, before SIGKILL
@@ -76,7 +73,7 @@ class Child:
         return "ended" if code is None and not self.process.is_alive() else describe_exit(code)
 
 
-class Children:
+class Children(contextlib.AbstractContextManager["Children"]):
     """Child processes of one run; leaving the ``with`` block stops every one of them."""
 
     def __init__(self) -> None:
@@ -199,9 +196,6 @@ class Children:
         deadline = time.monotonic() + STOP_SECONDS
         for child in self.started:
             child.process.join(max(0.0, deadline - time.monotonic()))
-
-    def __enter__(self) -> Self:
-        return self
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None

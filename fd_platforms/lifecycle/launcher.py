@@ -24,19 +24,15 @@ import sys
 import tempfile
 import time
 import weakref
-from contextlib import suppress
+from contextlib import AbstractContextManager, suppress
 from multiprocessing import reduction
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 from ..contract.errors import NodeError
 from .children import Child, Children
 from .spec import NodeFlags, RunSpec
-
-if TYPE_CHECKING:  # typing.Self is Python 3.11's
-    from typing_extensions import Self
 
 #: Where a launched worker finds its node's engine: the path of the engine's socket.
 ENV_ENGINE = "FD_PLATFORMS_ENGINE"
@@ -86,7 +82,7 @@ class LaunchedProcess:
             signal.pidfd_send_signal(self.sentinel, signum)
 
 
-class Launcher:
+class Launcher(AbstractContextManager["Launcher"]):
     """Paddle's launcher of this node's workers, and the socket they connect back to. Leaving the ``with``
     block (after the workers have been stopped) stops the launcher, bounded, and removes the folder."""
 
@@ -156,9 +152,6 @@ class Launcher:
             f"{said[-1] if said else 'none'!r}). Fix: start each node with --nnodes {nodes.nnodes}, its own "
             f"--node-rank and --master {master}; raise --timeout if a node starts later"
         )
-
-    def __enter__(self) -> Self:
-        return self
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None

@@ -11,17 +11,14 @@ given) — and the children get the suffix. The protocol's object
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 from ..engine import protocol_named
 from .spec import RunSpec
 
-if TYPE_CHECKING:  # typing.Self is Python 3.11's
-    from typing_extensions import Self
 
-
-class EngineSignals:
+class EngineSignals(AbstractContextManager["EngineSignals"]):
     """Creates the run's signals; ``name`` is what the children are given. Close removes them."""
 
     def __init__(self, spec: RunSpec) -> None:
@@ -41,9 +38,6 @@ class EngineSignals:
 
     def close(self) -> None:
         self._held.close()
-
-    def __enter__(self) -> Self:
-        return self
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
