@@ -18,6 +18,7 @@ role stay the core's (:func:`fd_platforms.rules.shapes.shape_violations`). Any d
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -86,30 +87,25 @@ def decision_drift(platform: Platform, rule: str = DEFAULT_RULE) -> list[Decisio
 
 def drift_error(platform: Platform, drifts: list[DecisionDrift], *, at_call: bool = False) -> PlatformDriftError:
     """The refusal, listing each differing case (of the truth table at load, or the one call's)."""
-    listing = "".join(f"\n  - {drift}" for drift in drifts)
     where = "on the inputs of this call" if at_call else f"in {len(drifts)} of {len(TRUTH_TABLE)} cases"
     version = RULE_VERSIONS[drifts[0].inputs.rule]
-    return PlatformDriftError(
-        platform.name,
-        platform.distribution,
-        f"its {DECISION_HOOK} hook disagrees with the core rule `{version.text}` (version {version.name}) "
-        f"{where}:{listing}\n"
-        f"Fix: delete the plugin's {DECISION_HOOK} hook (the core's rule answers for every platform, in the "
+    return _refusal(
+        platform,
+        f"its {DECISION_HOOK} hook disagrees with the core rule `{version.text}` (version {version.name}) {where}",
+        drifts,
+        f"delete the plugin's {DECISION_HOOK} hook (the core's rule answers for every platform, in the "
         "version the engine pins)",
-        tuple(drifts),
     )
 
 
 def plan_drift_error(platform: Platform, violations: list[str]) -> PlatformDriftError:
     """The refusal of a ``max_num_blocks`` answer that breaks the planner's invariants."""
-    listing = "".join(f"\n  - {violation}" for violation in violations)
-    return PlatformDriftError(
-        platform.name,
-        platform.distribution,
-        f"its {PLAN_HOOK} answer breaks the planner's invariants:{listing}\n"
-        f"Fix: delete the plugin's {PLAN_HOOK} hook (the core's planner answers for every platform; "
+    return _refusal(
+        platform,
+        f"its {PLAN_HOOK} answer breaks the planner's invariants",
+        violations,
+        f"delete the plugin's {PLAN_HOOK} hook (the core's planner answers for every platform; "
         "declare a kernel limit with declared_limits instead)",
-        tuple(violations),
     )
 
 
@@ -117,18 +113,22 @@ def shape_drift_error(platform: Platform, violations: list[str], *, at_call: boo
     """The refusal of ``kv_cache_shapes`` answers whose roles or bytes are not the core's."""
     from .shapes import shape_cases
 
-    listing = "".join(f"\n  - {violation}" for violation in violations)
     where = (
         "for this call" if at_call else f"in the load-time cases ({len(shape_cases())} layer kinds and quantizations)"
     )
-    return PlatformDriftError(
-        platform.name,
-        platform.distribution,
-        f"its {SHAPES_HOOK} answer changes what the core counts {where}:{listing}\n"
-        f"Fix: answer the roles of request.default, in order, each with the block axis first and the same bytes "
+    return _refusal(
+        platform,
+        f"its {SHAPES_HOOK} answer changes what the core counts {where}",
+        violations,
+        "answer the roles of request.default, in order, each with the block axis first and the same bytes "
         "(reorder the other axes or pick a dtype of the same size; never change the count)",
-        tuple(violations),
     )
+
+
+def _refusal(platform: Platform, what: str, found: Sequence[object], fix: str) -> PlatformDriftError:
+    """The refusal saying ``what`` the hook did, each of ``found`` on a line of its own, then the fix."""
+    listing = "".join(f"\n  - {item}" for item in found)
+    return PlatformDriftError(platform.name, platform.distribution, f"{what}:{listing}\nFix: {fix}", tuple(found))
 
 
 def shapes_drift(platform: Platform) -> list[str]:
