@@ -44,9 +44,8 @@ def parse_size(text: str | float, field: str, *, bare: str = "B") -> int:
     bare_factor = _UNITS[bare.lower()]
     allowed = _ALLOWED if bare == "B" else f"{_ALLOWED}; a number alone counts in {bare}"
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        if isinstance(text, float) and (bare == "B" or not math.isfinite(text)):
-            raise ConfigError(field, text, allowed, _FIX)
-        if text < 0 or text > MAX_COUNT:  # compared before any conversion: a huge int cannot overflow here
+        # a float only where a bare number has a unit other than B, and finite; bounds compared before any conversion
+        if (isinstance(text, float) and (bare == "B" or not math.isfinite(text))) or not 0 <= text <= MAX_COUNT:
             raise ConfigError(field, text, allowed, _FIX)
         number, unit = Decimal(repr(text)) if isinstance(text, float) else Decimal(text), ""
     elif isinstance(text, str) and (match := _SIZE.fullmatch(text)) is not None:
