@@ -68,6 +68,7 @@ of layers; the per-layer tensor specs are built only when something asks for the
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -392,14 +393,7 @@ def expanded_blocks(num_blocks: int, ratio: float) -> int:
 def largest(holds: Callable[[int], bool], upper: int) -> int:
     """The largest ``n`` in ``0..upper`` for which ``holds(n)``, for a ``holds`` that stays true below
     any ``n`` it holds for (0 when it holds for none above 0)."""
-    low, high = 0, upper
-    while low < high:
-        middle = (low + high + 1) // 2
-        if holds(middle):
-            low = middle
-        else:
-            high = middle - 1
-    return low
+    return bisect.bisect_left(range(1, upper + 1), True, key=lambda n: not holds(n))  # the count of n >= 1 it holds for
 
 
 def check_layout(layout: object) -> CacheLayout:
