@@ -383,21 +383,18 @@ def _rank_report(
     verified: dict[int, bool],
 ) -> RankReport:
     allocation = result.allocation if result.allocation is not None else managed[rank]
-    held = managed.get(rank)  # where the workers create, the manager holds the host swap cache and attaches
+    held = managed.get(rank)  # the manager's allocation: the cache it published, or the host swap cache it holds
     host = allocation if held is None else held
-    attached_tensors, attach_seconds = (
-        (result.attached_tensors, result.attach_seconds)
-        if result.allocation is None or held is None
-        else (held.attached_tensors, held.attach_seconds)
-    )
+    holder = None if result.allocation is None else held  # where the workers create, the manager attaches
+    attached = result if holder is None else holder
     return RankReport(
         rank=rank,
         device=allocation.device,
         create=result.decision.create,
         deciding_term=result.decision.deciding_term,
         decided_by=decided_by(result.decision)
-        if held is None or result.allocation is None
-        else (f"rule {spec.rule}: workers create, manager attaches"),
+        if holder is None
+        else f"rule {spec.rule}: workers create, manager attaches",
         allocated_by="worker" if result.allocation is not None else "cache manager",
         planned_blocks=planned[0].num_blocks,
         num_blocks=final.num_blocks,
@@ -410,9 +407,9 @@ def _rank_report(
         plan_seconds=planned[1],
         allocate_seconds=allocation.seconds,
         wait_seconds=result.wait_seconds,
-        attached_tensors=attached_tensors,
-        attach_seconds=attach_seconds,
-        attached_by=None if not attached_tensors else ("worker" if result.allocation is None else "cache manager"),
+        attached_tensors=attached.attached_tensors,
+        attach_seconds=attached.attach_seconds,
+        attached_by=("worker" if result.allocation is None else "cache manager") if attached.attached_tensors else None,
         verified=verified.get(rank),
         node=0 if spec.nodes is None else spec.nodes.node_rank,
         global_rank=rank if planned[3] is None else planned[3][0],
