@@ -147,11 +147,9 @@ class _Run:
         """Clear every rank (attachers first, so the creator can free) and initialize again."""
         before = self.rss()
         started = time.monotonic()
-        if self.manager is not None and self.workers_create:
-            self._ask([self.manager], "clear")
-        self._ask(self.workers, "clear")
-        if self.manager is not None and not self.workers_create:
-            self._ask([self.manager], "clear")
+        manager = [] if self.manager is None else [self.manager]
+        for clearing in (manager, self.workers) if self.workers_create else (self.workers, manager):
+            self._ask(clearing, "clear")  # the attachers first; asking no manager asks nothing
         cleared = time.monotonic()
         self._ask(self.everyone, "init")
         verified = self.verify()
