@@ -11,6 +11,7 @@ a field of a record. Each names the field, the value, what is allowed and the fi
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TypeGuard
 
 from .errors import ConfigError, RecordError
@@ -33,6 +34,13 @@ def decimal(text: str, maximum: int = 2**63 - 1) -> int | None:
 def is_int(value: object) -> TypeGuard[int]:
     """Whether ``value`` is an int and not a bool."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_shape(value: object, *, lists: bool = False) -> TypeGuard[Sequence[int]]:
+    """Whether ``value`` is a non-empty tuple (or list, with ``lists``) of integers from 1 to :data:`MAX_COUNT`:
+    a tensor's shape (:data:`SHAPE_ALLOWED` says so in a message)."""
+    kinds = (tuple, list) if lists else (tuple,)
+    return isinstance(value, kinds) and bool(value) and all(is_int(axis) and 0 < axis <= MAX_COUNT for axis in value)
 
 
 def bound_text(bound: int) -> str:
@@ -72,3 +80,7 @@ def check_int(
     if record is not None:
         raise RecordError(record, field, value, allowed)
     raise ConfigError(field, value, allowed, fix or f"set {field} to a whole number in that range")
+
+
+SHAPE_ALLOWED = f"a non-empty tuple of integers from 1 to {bound_text(MAX_COUNT)}"
+"""What :func:`is_shape` allows, as an error message says it."""

@@ -10,13 +10,14 @@ allowed. Counts of bytes, blocks and elements are ints from 0 (or 1) to
 from __future__ import annotations
 
 import ctypes
+import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from .errors import BufferInUseError, RecordError
-from .integers import MAX_COUNT, bound_text, check_int, is_int
+from .integers import MAX_COUNT, SHAPE_ALLOWED, check_int, is_shape
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import numpy
@@ -277,22 +278,14 @@ class CacheRoleShape:
 
     def __post_init__(self) -> None:
         _check_choice(self, "role", get_args(CacheRole))
-        if (
-            not isinstance(self.shape, tuple)
-            or not self.shape
-            or not all(is_int(axis) and 0 < axis <= MAX_COUNT for axis in self.shape)
-        ):
-            allowed = f"a non-empty tuple of integers from 1 to {bound_text(MAX_COUNT)}"
-            raise RecordError("CacheRoleShape", "shape", self.shape, allowed)
+        if not is_shape(self.shape):
+            raise RecordError("CacheRoleShape", "shape", self.shape, SHAPE_ALLOWED)
         _check_choice(self, "dtype", tuple(DTYPE_BYTES))
 
     @property
     def nbytes(self) -> int:
         """Bytes of the whole tensor."""
-        count = 1
-        for axis in self.shape:
-            count *= axis
-        return count * DTYPE_BYTES[self.dtype]
+        return math.prod(self.shape) * DTYPE_BYTES[self.dtype]
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from ..contract.errors import (
     PluginHookError,
     PluginLoadError,
 )
-from ..contract.integers import INT32_MAX, MAX_COUNT, bound_text, check_int, decimal, is_int
+from ..contract.integers import INT32_MAX, SHAPE_ALLOWED, check_int, decimal, is_shape
 from ..contract.renamed import renamed_keywords
 from ..contract.types import (
     CacheDecision,
@@ -220,9 +220,7 @@ class Platform:
             raise ConfigError("require_pinned", require_pinned, "True or False", "pass a bool")
         buffer = self._call("host_alloc", HostBuffer, nbytes=nbytes, require_pinned=require_pinned)
         if buffer.nbytes < nbytes or (require_pinned and not buffer.pinned):
-            raise PluginContractError(
-                self.name,
-                self.distribution,
+            raise self._contract_error(
                 f"hook host_alloc returned {buffer.nbytes} bytes, pinned={buffer.pinned}, for a request of {nbytes} "
                 f"bytes with require_pinned={require_pinned}. Fix: return at least the bytes asked for, pinned when "
                 "required (or raise HostAllocError)",
@@ -255,19 +253,12 @@ class Platform:
             "wait_cache_ready", float, signal_name=signal_name, rank=rank, timeout=limit, setter_pid=creator_pid
         )
         if waited < 0:
-            raise PluginContractError(self.name, self.distribution, f"hook wait_cache_ready returned {waited} seconds")
+            raise self._contract_error(f"hook wait_cache_ready returned {waited} seconds")
         return waited
 
     def cache_sharing(self) -> str | None:
         """How a KV cache tensor crosses processes here, or None where it cannot (see the hook spec)."""
-        answer = self._call("cache_sharing", object)
-        if answer is not None and (not isinstance(answer, str) or not answer.strip()):
-            raise PluginContractError(
-                self.name,
-                self.distribution,
-                f"hook cache_sharing returned {answer!r}; it must return a sentence or None",
-            )
-        return answer
+        return self._call_text("cache_sharing", "a sentence")
 
     def export_cache_tensor(self, name: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
         """A zero-filled cache tensor other processes can open by its handle (see the hook spec)."""
@@ -293,14 +284,17 @@ class Platform:
         """Return the memory Paddle's allocator caches for ``device`` to the device (see the hook spec):
         what was called, or None where nothing is cached."""
         self._check_device(device)
-        answer = self._call("release_device_memory", object, device=device)
+        return self._call_text("release_device_memory", "text", device=device)
+
+    def _call_text(self, hook: str, wanted: str, **kwargs: Any) -> str | None:
+        """Call ``hook``, whose answer must be ``wanted`` (non-blank text) or None."""
+        answer = self._call(hook, object, **kwargs)
         if answer is not None and (not isinstance(answer, str) or not answer.strip()):
-            raise PluginContractError(
-                self.name,
-                self.distribution,
-                f"hook release_device_memory returned {answer!r}; it must return text or None",
-            )
+            raise self._contract_error(f"hook {hook} returned {answer!r}; it must return {wanted} or None")
         return answer
+
+    def _contract_error(self, message: str) -> PluginContractError:
+        return PluginContractError(self.name, self.distribution, message)
 
     def _check_device(self, device: str) -> None:
         """``device`` must be one of this platform's: ``cpu``, or ``<device_type>:<id>``."""
@@ -324,9 +318,7 @@ class Platform:
         got_dtype = str(getattr(shared.tensor, "dtype", "")).removeprefix("paddle.")
         if (shared.name, shared.exported, got_shape, got_dtype) != (name, exported, shape, dtype):
             shared.close()
-            raise PluginContractError(
-                self.name,
-                self.distribution,
+            raise self._contract_error(
                 f"{'export' if exported else 'open'}_cache_tensor returned {shared.name} {list(got_shape)} {got_dtype} "
                 f"(exported={shared.exported}) for {name} {list(shape)} {dtype}. Fix: return the tensor asked for",
             )
@@ -371,17 +363,8 @@ def check_tensor_request(name: object, shape: object, dtype: object, device: obj
         raise ConfigError(
             "name", name, "letters, digits, '.', '_' and '-', at most 249 characters", "pass the published tensor name"
         )
-    if (
-        not isinstance(shape, (tuple, list))
-        or not shape
-        or not all(is_int(extent) and 0 < extent <= MAX_COUNT for extent in shape)
-    ):
-        raise ConfigError(
-            "shape",
-            shape,
-            f"a non-empty tuple of integers from 1 to {bound_text(MAX_COUNT)}",
-            "pass the tensor's shape, blocks first",
-        )
+    if not is_shape(shape, lists=True):
+        raise ConfigError("shape", shape, SHAPE_ALLOWED, "pass the tensor's shape, blocks first")
     if dtype not in DTYPE_BYTES:
         raise ConfigError("dtype", dtype, f"one of {', '.join(DTYPE_BYTES)}", "pass the layout's dtype")
     if not isinstance(device, str) or not device:
