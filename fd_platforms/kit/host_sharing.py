@@ -28,6 +28,7 @@ import ctypes
 import errno
 import fcntl
 import logging
+import math
 import os
 import re
 import resource
@@ -60,10 +61,7 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 
 def tensor_bytes(shape: tuple[int, ...], dtype: str) -> int:
     """Bytes of a tensor of ``shape`` and ``dtype``."""
-    count = 1
-    for extent in shape:
-        count *= extent
-    return count * DTYPE_BYTES[dtype]
+    return math.prod(shape) * DTYPE_BYTES[dtype]
 
 
 @dataclass
@@ -113,15 +111,7 @@ def export_host_tensor(name: str, shape: tuple[int, ...], dtype: str) -> SharedT
             f"could not reserve {format_size(nbytes)} of host memory for KV cache tensor {name}: {exc.strerror}. "
             "Fix: plan fewer blocks or free host memory"
         ) from None
-    return SharedTensor(
-        name=name,
-        tensor=mapping.tensor(shape, dtype),
-        handle=f"memfd:{os.getpid()}:{fd}",
-        nbytes=nbytes,
-        exported=True,
-        _close=lambda: mapping.close(name, fd),
-        _close_when_unused=lambda then: mapping.close_when_unused(name, fd, then),
-    )
+    return mapping.shared(name, shape, dtype, f"memfd:{os.getpid()}:{fd}", fd)
 
 
 def handle_pid(handle: str) -> int | None:
@@ -180,15 +170,7 @@ def open_host_tensor(name: str, handle: str, shape: tuple[int, ...], dtype: str)
         mapping = _Mapping.of(fd, nbytes)
     finally:
         os.close(fd)  # the mapping holds the memory; the exporter's descriptor keeps it reachable
-    return SharedTensor(
-        name=name,
-        tensor=mapping.tensor(shape, dtype),
-        handle=handle,
-        nbytes=nbytes,
-        exported=False,
-        _close=lambda: mapping.close(name, None),
-        _close_when_unused=lambda then: mapping.close_when_unused(name, None, then),
-    )
+    return mapping.shared(name, shape, dtype, handle, None)
 
 
 @dataclass(eq=False)
@@ -208,6 +190,19 @@ class _Mapping:
             code = ctypes.get_errno()
             raise OSError(code, f"mmap of {nbytes} bytes failed: {os.strerror(code)}")
         return cls(address, nbytes)
+
+    def shared(self, name: str, shape: tuple[int, ...], dtype: str, handle: str, fd: int | None) -> SharedTensor:
+        """The tensor over the mapping as a SharedTensor whose close unmaps it; ``fd``: the exporter's descriptor,
+        closed with it (None: an attacher's, which keeps none)."""
+        return SharedTensor(
+            name=name,
+            tensor=self.tensor(shape, dtype),
+            handle=handle,
+            nbytes=self.nbytes,
+            exported=fd is not None,
+            _close=lambda: self.close(name, fd),
+            _close_when_unused=lambda then: self.close_when_unused(name, fd, then),
+        )
 
     def tensor(self, shape: tuple[int, ...], dtype: str) -> Any:
         """A Paddle tensor of ``shape`` and ``dtype`` over the mapping, zero-copy (raw uint8 viewed as the dtype)."""
