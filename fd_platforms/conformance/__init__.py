@@ -17,7 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -139,12 +139,12 @@ def run_suite(
                 check=False,
             )
         except subprocess.TimeoutExpired:
-            return _with_error(base, f"the suite did not finish within {timeout:g} s. Fix: raise --timeout")
+            return replace(base, error=f"the suite did not finish within {timeout:g} s. Fix: raise --timeout")
         if not report.exists():
             tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
-            return _with_error(base, f"pytest exited {done.returncode} before running the suite: {' | '.join(tail)}")
+            return replace(base, error=f"pytest exited {done.returncode} before running the suite: {' | '.join(tail)}")
         outcomes = json.loads(report.read_text())["tests"]
-    return PlatformResult(base.name, base.distribution, base.version, tuple(_group(outcomes)))
+    return replace(base, checks=tuple(_group(outcomes)))
 
 
 def _suite_environ(environ: Mapping[str, str]) -> dict[str, str]:
@@ -183,10 +183,6 @@ def run_suites(
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         return list(pool.map(one, candidates))
-
-
-def _with_error(base: PlatformResult, error: str) -> PlatformResult:
-    return PlatformResult(base.name, base.distribution, base.version, error=error)
 
 
 @dataclass

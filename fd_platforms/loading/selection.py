@@ -302,9 +302,7 @@ def _select_requested(requested: str, allowed: list[str], prober: Prober, env: M
             f"which is not available here: {probe.reason} "
             f"(or unset {ENV_PLATFORM} to use what is detected, cpu when nothing is)"
         )
-    if requested != FALLBACK_PLATFORM:
-        return Selection(probe.loaded(), "env", f"{ENV_PLATFORM}={requested}")
-    present, _ = present_accelerators(env)
+    present = present_accelerators(env)[0] if requested == FALLBACK_PLATFORM else ()
     if not present:
         return Selection(probe.loaded(), "env", f"{ENV_PLATFORM}={requested}")
     reason = f"{ENV_PLATFORM}={requested}: the host's memory, on purpose; " + "; ".join(
