@@ -135,21 +135,18 @@ def _set_timer(now: float) -> None:
 def _register(bound: Bound) -> None:
     """faulthandler's handler for SIGALRM, installed once; refused where the process handles SIGALRM itself."""
     global _registered
-    if _registered:
-        if signal.getsignal(signal.SIGALRM) is signal.SIG_DFL:
-            return
-    elif signal.getsignal(signal.SIGALRM) is signal.SIG_DFL:
+    if signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL:
+        raise ConfigError(
+            bound.variable,
+            f"{bound.seconds:g}",
+            "0 in a process that handles SIGALRM itself",
+            "the watchdog of plugin calls ends a call past its bound by SIGALRM, which this process handles "
+            "(signal.signal): set FD_PLATFORM_DETECT_TIMEOUT=0 and FD_PLATFORM_ALLOC_TIMEOUT=0 to leave "
+            "bounding plugin calls to the engine's own watchdog",
+        )
+    if not _registered:
         faulthandler.register(signal.SIGALRM, file=_output_fd, all_threads=True, chain=True)
         _registered = True
-        return
-    raise ConfigError(
-        bound.variable,
-        f"{bound.seconds:g}",
-        "0 in a process that handles SIGALRM itself",
-        "the watchdog of plugin calls ends a call past its bound by SIGALRM, which this process handles "
-        "(signal.signal): set FD_PLATFORM_DETECT_TIMEOUT=0 and FD_PLATFORM_ALLOC_TIMEOUT=0 to leave "
-        "bounding plugin calls to the engine's own watchdog",
-    )
 
 
 def _enter(fn: Callable[[], T]) -> T:
