@@ -17,7 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -185,30 +185,17 @@ def run_suites(
         return list(pool.map(one, candidates))
 
 
-@dataclass
-class _Tally:
-    counts: dict[str, int] = field(default_factory=lambda: {"passed": 0, "failed": 0, "skipped": 0})
-    failures: list[tuple[str, str]] = field(default_factory=list)
-    skip_reasons: list[str] = field(default_factory=list)
-
-
 def _group(outcomes: Mapping[str, Mapping[str, str]]) -> list[CheckResult]:
-    tallies = {check: _Tally() for check in CHECKS}
+    """The outcomes (the pytest plugin's: passed, failed or skipped, with a message) as one result per check."""
+    tests: dict[str, list[tuple[str, str, str]]] = {check: [] for check in CHECKS}
     for nodeid, outcome in outcomes.items():
-        tally = tallies.setdefault(outcome["check"], _Tally())
-        tally.counts[outcome["outcome"]] += 1
-        if outcome["outcome"] == "failed":
-            tally.failures.append((nodeid.rsplit("/", 1)[-1], outcome["message"]))
-        elif outcome["outcome"] == "skipped" and outcome["message"] not in tally.skip_reasons:
-            tally.skip_reasons.append(outcome["message"])
-    return [
-        CheckResult(
-            check,
-            tally.counts["passed"],
-            tally.counts["failed"],
-            tally.counts["skipped"],
-            tuple(tally.failures),
-            tuple(tally.skip_reasons),
-        )
-        for check, tally in tallies.items()
-    ]
+        test = nodeid.rsplit("/", 1)[-1]
+        tests.setdefault(outcome["check"], []).append((test, outcome["outcome"], outcome["message"]))
+    return [_tally(check, ran) for check, ran in tests.items()]
+
+
+def _tally(check: str, ran: list[tuple[str, str, str]]) -> CheckResult:
+    failures = tuple((test, message) for test, outcome, message in ran if outcome == "failed")
+    skips = [message for _, outcome, message in ran if outcome == "skipped"]
+    passed = len(ran) - len(failures) - len(skips)
+    return CheckResult(check, passed, len(failures), len(skips), failures, tuple(dict.fromkeys(skips)))
