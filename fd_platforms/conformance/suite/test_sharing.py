@@ -95,15 +95,8 @@ def test_an_exported_tensor_is_zero_filled_and_opened_zero_copy_by_another_proce
         assert shared.exported and shared.nbytes == 64 and list(shared.tensor.shape) == [4, 16]
         assert shared.tensor[2, 3].item() == 0, "exported tensors are zero-filled"
         write_element(shared.tensor, (1, 2), 37)  # into its own memory on every device
-        done = subprocess.run(
-            [sys.executable, "-c", OPEN_IN_ANOTHER_PROCESS, shareable.name, name, shared.handle, device],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.split()[-1] == "37", "the other process reads what this one wrote"
+        printed = _run(OPEN_IN_ANOTHER_PROCESS, shareable.name, name, shared.handle, device)
+        assert printed.split()[-1] == "37", "the other process reads what this one wrote"
         assert shared.tensor[3, 4].item() == 91, "this process reads what the other one wrote"
     finally:
         shared.close()
@@ -112,13 +105,15 @@ def test_an_exported_tensor_is_zero_filled_and_opened_zero_copy_by_another_proce
 @hooks("export_cache_tensor", "open_cache_tensor")
 def test_a_handle_whose_exporter_is_gone_is_a_sharing_error(shareable: Platform, device: str) -> None:
     name = f"fd_kv.conformance-{os.getpid()}.gone"
+    handle = _run(EXPORT_AND_EXIT, shareable.name, name, device).split()[-1]
+    with pytest.raises(CacheSharingError, match=name.replace(".", r"\.")):
+        shareable.open_cache_tensor(name, handle, (4, 16), "uint8", device)
+
+
+def _run(script: str, *args: str) -> str:
+    """What ``script`` printed, run with ``args`` in another Python process, which must succeed."""
     done = subprocess.run(
-        [sys.executable, "-c", EXPORT_AND_EXIT, shareable.name, name, device],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300, check=False
     )
     assert done.returncode == 0, done.stderr
-    with pytest.raises(CacheSharingError, match=name.replace(".", r"\.")):
-        shareable.open_cache_tensor(name, done.stdout.split()[-1], (4, 16), "uint8", device)
+    return done.stdout
