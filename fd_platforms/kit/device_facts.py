@@ -16,6 +16,7 @@ import base64
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..contract.errors import CacheSharingError, HostAllocError
@@ -30,6 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from .vendor_host import VendorHostRuntime
 
 
+@dataclass(eq=False, repr=False)  # the __init__ alone: equal only to itself, as before
 class DeviceFacts(ABC):
     """Device facts of one platform, read through ``paddle`` (the real module, or a test's fake).
 
@@ -65,19 +67,11 @@ class DeviceFacts(ABC):
     #: (``"device.cuda.empty_cache"``); None where there is none to call.
     empty_cache_call: ClassVar[str | None] = None
 
-    def __init__(
-        self,
-        paddle: Any,
-        device_type: str,
-        visible_devices_env: str,
-        host_runtime: VendorHostRuntime | None = None,
-        device_runtime: VendorDeviceRuntime | None = None,
-    ) -> None:
-        self.paddle = paddle
-        self.device_type = device_type
-        self.visible_devices_env = visible_devices_env
-        self.host_runtime = host_runtime
-        self.device_runtime = device_runtime
+    paddle: Any
+    device_type: str
+    visible_devices_env: str
+    host_runtime: VendorHostRuntime | None = None
+    device_runtime: VendorDeviceRuntime | None = None
 
     @classmethod
     def simulated_paddle(cls, device_type: str, devices: int, total_bytes: int) -> Any:
