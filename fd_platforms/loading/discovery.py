@@ -8,6 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
+from typing import TypeVar
+
+from ..contract.errors import PluginError
+
+PluginErrorT = TypeVar("PluginErrorT", bound=PluginError)
 
 ENTRY_POINT_GROUP = "fd_platforms"
 CORE_DISTRIBUTION = "fd-platforms"
@@ -27,6 +32,10 @@ class Candidate:
     def load(self) -> object:
         """Import the plugin object the entry point names."""
         return self.entry_point.load()
+
+    def error(self, kind: type[PluginErrorT], message: str) -> PluginErrorT:
+        """A ``kind`` of plugin error about this plugin, naming it and its distribution before ``message``."""
+        return kind(self.name, self.distribution, message)
 
 
 @cache  # once a process: each read parses the METADATA file (2 ms), and every plugin loaded is checked against it

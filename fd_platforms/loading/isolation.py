@@ -76,9 +76,8 @@ def call_plugin(
         raised = exc
     disturbed = _check_standard_streams(streams)
     if disturbed:  # the damage came before the call's own outcome, and outlives it
-        raise PluginContractError(
-            candidate.name,
-            candidate.distribution,
+        raise candidate.error(
+            PluginContractError,
             f"{step} closed the process's {' and '.join(disturbed)} (a closed one is reopened on /dev/null, "
             "so no file opened later takes its number). Fix: never close file descriptors 0, 1 or 2 in a plugin",
         ) from raised
@@ -140,12 +139,10 @@ def blame(
 ) -> FdPlatformsError:
     """The error a plugin's exception becomes (a deliberate fd-platforms error stays itself)."""
     if isinstance(raised, RecordError):
-        return PluginContractError(candidate.name, candidate.distribution, f"{step} built a bad record: {raised}")
+        return candidate.error(PluginContractError, f"{step} built a bad record: {raised}")
     if isinstance(raised, FdPlatformsError):
         return raised
-    return error(
-        candidate.name, candidate.distribution, f"{step} {verb} {describe(raised)}" + (f". Fix: {fix}" if fix else "")
-    )
+    return candidate.error(error, f"{step} {verb} {describe(raised)}" + (f". Fix: {fix}" if fix else ""))
 
 
 def describe(raised: BaseException) -> str:

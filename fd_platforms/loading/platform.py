@@ -389,9 +389,8 @@ def call_hook(
 def check_type(candidate: Candidate, hook: str, result: object, expected: type[RecordT]) -> RecordT:
     """``result`` when it is an ``expected``, else a PluginContractError naming the plugin and hook."""
     if not isinstance(result, expected):
-        raise PluginContractError(
-            candidate.name,
-            candidate.distribution,
+        raise candidate.error(
+            PluginContractError,
             f"hook {hook} returned {type(result).__name__} ({result!r:.80}); it must return {expected.__name__}",
         )
     return result
@@ -404,9 +403,8 @@ def refuse_unmarked_hooks(candidate: Candidate, plugin: object, implemented: set
     unmarked = [name for name in hookspecs.hook_names() if name not in implemented and hasattr(plugin, name)]
     if unmarked:
         where = type(plugin).__qualname__ if not isinstance(plugin, ModuleType) else f"module {plugin.__name__}"
-        raise PluginHookError(
-            candidate.name,
-            candidate.distribution,
+        raise candidate.error(
+            PluginHookError,
             f"{where} defines {', '.join(unmarked)} without @hookimpl, so pluggy would never call "
             f"{'it' if len(unmarked) == 1 else 'them'} (an override without the marker silently drops the hook). "
             "Fix: decorate each with @fd_platforms.hookimpl, or rename it",
@@ -448,27 +446,24 @@ def register_platform(candidate: Candidate, plugin: object, *, drift_guard: bool
         manager.register(plugin, name=candidate.name)
         manager.check_pending()
     except pluggy.PluginValidationError as exc:
-        raise PluginHookError(
-            candidate.name,
-            candidate.distribution,
+        raise candidate.error(
+            PluginHookError,
             f"{exc}. Fix: use only the hook names and arguments defined in fd_platforms.contract.hookspecs",
         ) from exc
     implemented = implemented_hooks(manager, plugin)
     refuse_unmarked_hooks(candidate, plugin, implemented)
     missing = [hook for hook in hookspecs.REQUIRED_HOOKS if hook not in implemented]
     if missing:
-        raise PluginHookError(
-            candidate.name,
-            candidate.distribution,
+        raise candidate.error(
+            PluginHookError,
             f"required hook(s) {', '.join(missing)} not implemented. Fix: add them with @fd_platforms.hookimpl",
         )
     declared = call_hook(candidate, manager, "supported_api_versions", object)
     check_api_compatibility(declared, candidate.name, candidate.distribution, core_version())
     identity = call_hook(candidate, manager, "platform_identity", PlatformIdentity)
     if identity.name != candidate.name:
-        raise PluginContractError(
-            candidate.name,
-            candidate.distribution,
+        raise candidate.error(
+            PluginContractError,
             f"platform_identity says name {identity.name!r} but the entry point registers {candidate.name!r}. "
             "Fix: make them equal",
         )

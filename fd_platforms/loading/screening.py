@@ -166,18 +166,16 @@ def _ended_error(candidate: Candidate, run: ChildRun, bound: float) -> PluginErr
             step=step,
             seconds=bound,
         )
-    return PluginLoadError(
-        candidate.name,
-        candidate.distribution,
+    return candidate.error(
+        PluginLoadError,
         f"loading or detecting it ended the process that did it (it {run.ended}), so it is broken; the command "
         f"went on without it. Fix: repair or uninstall {candidate.distribution}",
     )
 
 
 def _unscreened_error(candidate: Candidate, ended: str) -> PluginLoadError:
-    return PluginLoadError(
-        candidate.name,
-        candidate.distribution,
+    return candidate.error(
+        PluginLoadError,
         f"the child process that detects platforms ended before it reached this one (it {ended}), so it was not "
         "detected. Fix: run the command again; if this repeats, set FD_PLATFORM to the platform to use",
     )
