@@ -226,10 +226,6 @@ class AliasFinder:
 
         return ModuleSpec(fullname, loader, origin=origin)
 
-    @staticmethod
-    def invalidate_caches() -> None:
-        """Nothing cached (``importlib.invalidate_caches`` calls it on every finder that has it)."""
-
 
 class AliasLoader(Loader):
     """Fills an alias module with the names it stands for (``names()``: the names and the ``__all__``), after
