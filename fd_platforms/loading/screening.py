@@ -207,18 +207,13 @@ def _rebuilt(error: dict[str, Any]) -> FdPlatformsError:
     return kind(plugin, distribution, message)
 
 
-def record(
-    name: str,
-    detection: Detection | None,
-    device_type: str | None,
-    error: FdPlatformsError | None,
-    claim: NodeClaim | None = None,
-) -> dict[str, object]:
+def record(name: str, found: Screened) -> dict[str, object]:
     """One platform's result line: its detection, device type and node claim, or its error."""
+    error = found.error
     if error is None:
-        claimed = None if claim is None else asdict(claim)
-        detected = asdict(detection)  # type: ignore[arg-type]  # no error: a detection
-        return {"name": name, "detection": detected, "device_type": device_type, "claim": claimed}
+        claimed = None if found.claim is None else asdict(found.claim)
+        detected = asdict(found.detection)  # type: ignore[arg-type]  # no error: a detection
+        return {"name": name, "detection": detected, "device_type": found.device_type, "claim": claimed}
     described: dict[str, object] = {"type": type(error).__name__, "text": str(error)}
     if isinstance(error, PluginError):
         prefix = f"platform plugin {error.plugin!r} (distribution {error.distribution}): "

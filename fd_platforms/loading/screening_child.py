@@ -10,7 +10,7 @@ import os
 import sys
 
 from .isolation import blame_interrupts
-from .screening import record
+from .screening import Screened, record
 from .selection import Prober
 from .watchdog import write_to
 
@@ -26,7 +26,8 @@ def main(argv: list[str]) -> int:
             report.flush()
             probe = prober.confirm(name)
             device_type = None if probe.platform is None else probe.platform.identity.device_type
-            report.write(json.dumps(record(name, probe.detection, device_type, probe.error, probe.claim)) + "\n")
+            found = Screened(probe.detection, device_type, probe.error, probe.claim)
+            report.write(json.dumps(record(name, found)) + "\n")
             report.flush()
     return 0
 
