@@ -312,10 +312,8 @@ class RunError(FdPlatformsError):
         for process, what in failures:
             grouped.setdefault(what, []).append(process)
         lines = [f"{', '.join(processes)}: {what}" for what, processes in grouped.items()]
-        if len(lines) == 1:
-            super().__init__(lines[0])
-        else:
-            super().__init__(f"{len(failures)} processes failed:" + "".join(f"\n  {line}" for line in lines))
+        heading = f"{len(failures)} processes failed:"
+        super().__init__(lines[0] if len(lines) == 1 else heading + "".join(f"\n  {line}" for line in lines))
 
 
 class NodeError(FdPlatformsError):
