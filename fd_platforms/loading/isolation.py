@@ -66,7 +66,7 @@ def call_plugin(
     ``step`` names it in errors (``"hook detect_platform"``); a raised exception becomes ``error``
     with the message ``"<step> <verb> <exception>. Fix: <fix>"``.
     """
-    streams = _stream_files()
+    streams = tuple(_file_of(fd) for fd, _ in _STANDARD_STREAMS)
     label = f"fd-platforms: plugin {candidate.name!r} (distribution {candidate.distribution}), {step}"
     raised: BaseException | None = None
     try:
@@ -111,10 +111,6 @@ def _file_of(fd: int) -> tuple[int, int] | None:
     except OSError:
         return None
     return found.st_dev, found.st_ino
-
-
-def _stream_files() -> tuple[tuple[int, int] | None, ...]:
-    return tuple(_file_of(fd) for fd, _ in _STANDARD_STREAMS)
 
 
 def _check_standard_streams(before: tuple[tuple[int, int] | None, ...]) -> list[str]:
