@@ -127,21 +127,18 @@ def _compile(home: Path, library: Path) -> None:
     compiling = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
-    stderr, timed_out = "", False
     try:
         _, stderr = compiling.communicate(timeout=COMPILE_SECONDS)
     except subprocess.TimeoutExpired:
-        timed_out = True
-    finally:
+        raise CacheSharingError(
+            f"compiling the {OPERATOR} operator took over {COMPILE_SECONDS:g} s. Fix: check the machine's load, "
+            f"or compile it where g++ is faster and copy {library.name} into {library.parent}"
+        ) from None
+    finally:  # the compiler is killed and its partial output removed before any error leaves
         if compiling.returncode is None:  # timed out, or this process was interrupted
             os.killpg(compiling.pid, signal.SIGKILL)
             compiling.communicate()
             partial.unlink(missing_ok=True)
-    if timed_out:
-        raise CacheSharingError(
-            f"compiling the {OPERATOR} operator took over {COMPILE_SECONDS:g} s. Fix: check the machine's load, "
-            f"or compile it where g++ is faster and copy {library.name} into {library.parent}"
-        )
     if compiling.returncode != 0:
         partial.unlink(missing_ok=True)
         tail = " | ".join(stderr.strip().splitlines()[-3:])
