@@ -212,15 +212,13 @@ class Publication:
                 probe = shm.Segment.inspect(self.name)  # any size: ours even if damaged (truncated) since
             except (FileNotFoundError, shm.SegmentUnusable):
                 return  # removed meanwhile, or no longer a file of ours: nothing of ours is left to retract
-            try:
+            with probe:
                 if probe.inode != own.inode:
                     return  # replaced meanwhile: not ours to remove
                 if probe.unused():
                     probe.unlink()
                     self._at_exit.detach()
                     return
-            finally:
-                probe.close()
             if time.monotonic() >= deadline:
                 self._segment = shm.Segment.open(self.name)  # hold it again: still published
                 raise CacheInUseError(

@@ -46,7 +46,7 @@ import stat
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from contextlib import closing, suppress
+from contextlib import suppress
 
 from ..contract.errors import CacheInUseError, CacheSharingError, FdPlatformsError, SignalWaitError
 from ..engine.publication import POLL_SECONDS, STILL_HELD_FIX, PublishedTensor
@@ -130,7 +130,7 @@ def read_handle(name: str, platform: str) -> str:
         ) from None
     except shm.SegmentUnusable as exc:
         raise CacheSharingError(f"KV cache tensor {name}'s handle record cannot be used: {exc}") from None
-    with closing(segment):
+    with segment:
         _check_mode(segment)
         raw = _steady_record(segment, layout, platform)
     record = layout.handle(raw)
@@ -318,7 +318,7 @@ class FastDeployHandles:
                 probe = shm.Segment.inspect(first.name)  # any size: one truncated while published is still ours
             except (FileNotFoundError, shm.SegmentUnusable):
                 break  # removed meanwhile: not ours to wait for
-            with closing(probe):
+            with probe:
                 if probe.inode != first.inode:
                     break  # replaced meanwhile: not ours to remove or wait for
                 if probe.unused():
@@ -461,7 +461,7 @@ def _check_not_published(suffix: str, rank: int, first: str, count: int, platfor
         probe = shm.Segment.inspect(first)
     except (FileNotFoundError, shm.SegmentUnusable):
         return  # none, or refused with its reason when written
-    with closing(probe):
+    with probe:
         record = probe.read(record_layout(platform).size + 1)
     if stale_creator(first, record) is not None or _slot(suffix, rank) != 1:
         return
@@ -514,7 +514,7 @@ def _check_creator(name: str, pid: int) -> None:
         record = shm.Segment.inspect(name)
     except (FileNotFoundError, shm.SegmentUnusable):
         return  # gone meanwhile: opening its handles reports that
-    with closing(record):
+    with record:
         holders = shm.flock_holders(record.inode)
     if pid == os.getpid() and pid not in holders:
         raise _not_the_creator(name, pid, "which is this attaching process itself, and it does not hold the record")
@@ -580,7 +580,7 @@ def _unheld_leftover(name: str, layout: RecordLayout, platform: str) -> bool:
             f"KV cache tensor {name}'s handle record cannot be written: /dev/shm/{name} exists and cannot be reused "
             f"({exc}). Fix: remove /dev/shm/{name} if no engine uses it"
         ) from None
-    with closing(probe):
+    with probe:
         unused = probe.unused()
         if probe.size != layout.size:
             raise _odd_leftover(name, probe.size, layout, platform, unused)

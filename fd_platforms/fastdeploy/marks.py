@@ -26,7 +26,6 @@ import os
 import secrets
 import struct
 from collections.abc import Callable
-from contextlib import closing
 from dataclasses import dataclass
 
 from ..ipc import shm
@@ -107,7 +106,7 @@ def look(suffix: str, rank: int, *, also_living: set[int] | frozenset[int] = fro
             segment = shm.Segment.inspect(name, _ATTACHER.size)
         except (OSError, shm.SegmentUnusable):
             continue  # gone meanwhile, or not a mark of this user's
-        with closing(segment):
+        with segment:
             pid, marked_rank, attachers = _ATTACHER.unpack(segment.read(_ATTACHER.size))
             if pid <= 0 or marked_rank != rank or not 1 <= attachers <= MAX_ATTACHERS:
                 continue  # not a complete mark of ours: left alone
@@ -176,7 +175,7 @@ def creator_attachers(first_record: str) -> int | None:
         segment = shm.Segment.inspect(creator_mark_name(first_record), _CREATOR.size)
     except (OSError, shm.SegmentUnusable):
         return None
-    with closing(segment):
+    with segment:
         pid, attachers = _CREATOR.unpack(segment.read(_CREATOR.size))
         return attachers if pid > 0 and 0 <= attachers <= MAX_ATTACHERS and not segment.unused() else None
 
@@ -190,7 +189,7 @@ def stale_creator(first_record: str, record: bytes) -> int | None:
         segment = shm.Segment.inspect(name, size)
     except (OSError, shm.SegmentUnusable):
         return None
-    with closing(segment):
+    with segment:
         raw = segment.read(size + 1)
         if len(raw) != size or raw[_CREATOR.size :] != record or not segment.unused():
             return None

@@ -41,7 +41,6 @@ import stat
 import struct
 import time
 from collections.abc import Callable
-from contextlib import closing
 from functools import partial
 
 from ..contract.errors import CacheSignalError, ConfigError, SignalWaitError
@@ -419,7 +418,7 @@ def _word_now(name: str, index: int) -> str:
         segment = shm.Segment.inspect(name)
     except (OSError, shm.SegmentUnusable) as exc:
         return f"which cannot be read: {exc}"
-    with closing(segment):
+    with segment:
         raw = segment.read(WORD_BYTES, index * WORD_BYTES)
     if len(raw) < WORD_BYTES:
         return f"of {segment.size} bytes, without word {index}"

@@ -31,6 +31,7 @@ import os
 import stat
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from ..contract.errors import FdPlatformsError
@@ -107,11 +108,11 @@ def shm_free_bytes() -> int | None:
 
 
 @dataclass(eq=False)
-class Segment:
+class Segment(AbstractContextManager["Segment"]):
     """One open segment: its file descriptor (which carries this process's lock) and its size.
 
     Build it with :meth:`create` or :meth:`open`; :meth:`map` maps it; :meth:`close` unmaps it,
-    closes the descriptor and so drops this process's lock.
+    closes the descriptor and so drops this process's lock (a ``with`` block on it closes it on leaving).
     """
 
     name: str
@@ -220,6 +221,9 @@ class Segment:
             os.close(self.fd)
             self.fd = -1
 
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
 
 def _reserve(fd: int, name: str, size: int) -> None:
     """Give the new segment its size with its pages reserved, or raise ShmSpaceError.
@@ -296,7 +300,7 @@ def reclaim(
         return Verdict.SKIPPED, str(exc)
     except OSError as exc:
         return Verdict.SKIPPED, f"/dev/shm/{name} cannot be inspected: {exc.strerror or exc}"
-    try:
+    with segment:
         try:
             owner = recognise(segment)
         except Exception as exc:  # noqa: BLE001 - any content at all: what cannot be recognised is left alone
@@ -311,8 +315,6 @@ def reclaim(
             return Verdict.GONE, "it was replaced or removed meanwhile"
         (say or logger.warning)("reclaiming %s %r left behind by %s (no living process holds it)", what, name, owner)
         return Verdict.RECLAIMED, ""
-    finally:
-        segment.close()
 
 
 def names(prefix: str) -> list[str]:
