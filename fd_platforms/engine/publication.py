@@ -239,11 +239,8 @@ class Publication:
 def _release(held: dict[str, shm.Segment | None], creator_pid: int | None) -> None:
     """At exit or collection: the creator (not a forked child of it) unlinks what it published."""
     segment = held["segment"]
-    if segment is None:
-        return
-    if creator_pid == os.getpid():
-        segment.unlink()
-    segment.close()
+    if segment is not None:
+        segment.release(creator_pid)
     held["segment"] = None
 
 

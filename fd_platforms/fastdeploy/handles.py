@@ -629,7 +629,4 @@ def _named_pid(tensors: Sequence[PublishedTensor]) -> int | None:
 
 def _release(held: list[shm.Segment], creator_pid: int | None) -> None:
     while held:
-        segment = held.pop()
-        if creator_pid == os.getpid():
-            segment.unlink()
-        segment.close()
+        held.pop().release(creator_pid)

@@ -45,7 +45,7 @@ class SharedWords:
         del anchor  # keep no buffer export alive, so the segment can be closed
         self.name, self.owner = name, owner
         # Runs on close(), on garbage collection or at interpreter exit, whichever comes first.
-        self._release = weakref.finalize(self, _release, segment, os.getpid() if owner else None)
+        self._release = weakref.finalize(self, segment.release, os.getpid() if owner else None)
 
     def needed_bytes(self) -> int:
         """The bytes this object reads and writes (a segment shrunk below it is truncated)."""
@@ -120,13 +120,6 @@ class SharedWords:
             self._futex(futex.sleep_while, self._word_address(word), seen, seconds, since)
         else:
             self._futex(futex.wait, self._word_address(word), seen, seconds)
-
-
-def _release(segment: shm.Segment, owner_pid: int | None) -> None:
-    """Unmap the segment; unlink it too if this is the owner (not a forked child of it)."""
-    if owner_pid == os.getpid():
-        segment.unlink()
-    segment.close()
 
 
 def check_tp(tp: object) -> int | None:

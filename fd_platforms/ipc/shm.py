@@ -221,6 +221,12 @@ class Segment(AbstractContextManager["Segment"]):
             os.close(self.fd)
             self.fd = -1
 
+    def release(self, owner_pid: int | None) -> None:
+        """Close it, unlinking it first where this process is ``owner_pid`` (its creator, not a forked child of it)."""
+        if owner_pid == os.getpid():
+            self.unlink()
+        self.close()
+
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
