@@ -17,7 +17,6 @@ import struct
 import time
 import weakref
 from collections.abc import Callable
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ..contract.errors import CacheSignalError
@@ -63,9 +62,7 @@ class SharedWords:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def _fd(self) -> int:

@@ -28,7 +28,6 @@ from contextlib import AbstractContextManager, suppress
 from multiprocessing import reduction
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from types import TracebackType
 
 from ..contract.errors import NodeError
 from .children import Child, Children
@@ -153,9 +152,7 @@ class Launcher(AbstractContextManager["Launcher"]):
             f"--node-rank and --master {master}; raise --timeout if a node starts later"
         )
 
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.server.close()
         self.process.terminate()  # its workers are stopped: it has nothing left to wait for
         try:

@@ -12,7 +12,6 @@ given) — and the children get the suffix. The protocol's object
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from types import TracebackType
 
 from ..engine import protocol_named
 from .spec import RunSpec
@@ -39,7 +38,5 @@ class EngineSignals(AbstractContextManager["EngineSignals"]):
     def close(self) -> None:
         self._held.close()
 
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
