@@ -180,9 +180,7 @@ class Publication:
 
     def let_go(self) -> None:
         """Drop this process's hold (an attacher's clear). Idempotent."""
-        if self._segment is not None:
-            self._segment.close()
-            self._segment = None
+        _release(self._held, None)  # closed, not unlinked (no creator pid)
         self._at_exit.detach()
 
     def released_by_death(self) -> bool:
