@@ -89,10 +89,11 @@ def env_bound(variable: str, default: float, environ: Mapping[str, str] | None =
     value = _number(raw)
     if value == 0:
         return None
-    if not 0 < value <= MAX_SECONDS:  # as check_seconds takes a float; nan (no number) included
-        fix = f"set {variable} to seconds, e.g. {variable}={int(default)}, or to 0 for no bound"
-        raise ConfigError(variable, raw, f"{ALLOWED}, or 0 for no bound", fix)
-    return value
+    fix = f"set {variable} to seconds, e.g. {variable}={int(default)}, or to 0 for no bound"
+    try:
+        return check_seconds(variable, value, fix, shown=raw)
+    except ConfigError:
+        raise ConfigError(variable, raw, f"{ALLOWED}, or 0 for no bound", fix) from None
 
 
 def _number(raw: str) -> float:
