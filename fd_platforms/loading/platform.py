@@ -220,7 +220,8 @@ class Platform:
             raise ConfigError("require_pinned", require_pinned, "True or False", "pass a bool")
         buffer = self._call("host_alloc", HostBuffer, nbytes=nbytes, require_pinned=require_pinned)
         if buffer.nbytes < nbytes or (require_pinned and not buffer.pinned):
-            raise self._contract_error(
+            raise self.candidate.error(
+                PluginContractError,
                 f"hook host_alloc returned {buffer.nbytes} bytes, pinned={buffer.pinned}, for a request of {nbytes} "
                 f"bytes with require_pinned={require_pinned}. Fix: return at least the bytes asked for, pinned when "
                 "required (or raise HostAllocError)",
@@ -253,7 +254,7 @@ class Platform:
             "wait_cache_ready", float, signal_name=signal_name, rank=rank, timeout=limit, setter_pid=creator_pid
         )
         if waited < 0:
-            raise self._contract_error(f"hook wait_cache_ready returned {waited} seconds")
+            raise self.candidate.error(PluginContractError, f"hook wait_cache_ready returned {waited} seconds")
         return waited
 
     def cache_sharing(self) -> str | None:
@@ -290,11 +291,10 @@ class Platform:
         """Call ``hook``, whose answer must be ``wanted`` (non-blank text) or None."""
         answer = self._call(hook, object, **kwargs)
         if answer is not None and (not isinstance(answer, str) or not answer.strip()):
-            raise self._contract_error(f"hook {hook} returned {answer!r}; it must return {wanted} or None")
+            raise self.candidate.error(
+                PluginContractError, f"hook {hook} returned {answer!r}; it must return {wanted} or None"
+            )
         return answer
-
-    def _contract_error(self, message: str) -> PluginContractError:
-        return PluginContractError(self.name, self.distribution, message)
 
     def _check_device(self, device: str) -> None:
         """``device`` must be one of this platform's: ``cpu``, or ``<device_type>:<id>``."""
@@ -318,7 +318,8 @@ class Platform:
         got_dtype = str(getattr(shared.tensor, "dtype", "")).removeprefix("paddle.")
         if (shared.name, shared.exported, got_shape, got_dtype) != (name, exported, shape, dtype):
             shared.close()
-            raise self._contract_error(
+            raise self.candidate.error(
+                PluginContractError,
                 f"{'export' if exported else 'open'}_cache_tensor returned {shared.name} {list(got_shape)} {got_dtype} "
                 f"(exported={shared.exported}) for {name} {list(shape)} {dtype}. Fix: return the tensor asked for",
             )
