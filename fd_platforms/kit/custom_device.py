@@ -96,7 +96,7 @@ class CustomDeviceFacts(DeviceFacts):
         runtime = self._runtime(name)
         load_operator(self.paddle)  # compiled, where it must be, before any memory is held
         address, raw = runtime.share(tensor_bytes(shape, dtype), device_index(device), name)
-        tensor = self._wrap("Free", address, name, shape, dtype, device)
+        tensor = self._wrap(runtime, "Free", address, name, shape, dtype, device)
         return shared_view(name, tensor, shape, dtype, handle_text(raw), exported=True)
 
     def open(self, name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
@@ -110,13 +110,21 @@ class CustomDeviceFacts(DeviceFacts):
             )
         load_operator(self.paddle)
         address = runtime.open(raw, device_index(device), name)
-        tensor = self._wrap("IpcCloseMemHandle", address, name, shape, dtype, device)
+        tensor = self._wrap(runtime, "IpcCloseMemHandle", address, name, shape, dtype, device)
         return shared_view(name, tensor, shape, dtype, handle, exported=False)
 
-    def _wrap(self, release: str, address: int, name: str, shape: tuple[int, ...], dtype: str, device: str) -> Any:
-        """The raw ``uint8`` tensor over ``address``, whose last holder calls the vendor runtime's ``release``
+    def _wrap(
+        self,
+        runtime: VendorDeviceRuntime,
+        release: str,
+        address: int,
+        name: str,
+        shape: tuple[int, ...],
+        dtype: str,
+        device: str,
+    ) -> Any:
+        """The raw ``uint8`` tensor over ``address``, whose last holder calls the runtime's ``release``
         (``Free`` or ``IpcCloseMemHandle``); called here at once if the tensor cannot be made."""
-        runtime = self._runtime(name)
         try:
             return foreign_tensor(
                 self.paddle, address, runtime.release_address(release, name), byte_shape(shape, dtype), "uint8", device
