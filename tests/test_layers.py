@@ -46,14 +46,6 @@ def test_every_contract_is_kept() -> None:
     assert f"{contracts} kept, 0 broken" in done.stdout
 
 
-@pytest.fixture
-def copy(tmp_path: Path) -> Path:
-    """A copy of the fd_platforms package, to break."""
-    target = tmp_path / "site" / "fd_platforms"
-    shutil.copytree(ROOT / "fd_platforms", target, ignore=shutil.ignore_patterns("__pycache__"))
-    return target
-
-
 def append(path: Path, line: str) -> None:
     path.write_text(path.read_text() + f"\n{line}\n")
 
@@ -102,20 +94,45 @@ BREAKS = {
 }
 
 
-@pytest.mark.parametrize(("module", "line", "named"), BREAKS.values(), ids=BREAKS)
-def test_a_forbidden_import_breaks_a_contract_naming_it(copy: Path, module: str, line: str, named: str) -> None:
-    append(copy / module, line)
-    done = lint(copy.parent, copy)
-    assert done.returncode == 1
-    assert "BROKEN" in done.stdout and named in done.stdout
+ALONE = "the rules reaching FastDeploy's package through another one"
+"""The break linted on its own: the others together make an indirect path of the same kind (rules -> loading ->
+engine -> fastdeploy), which would name it without it. Each of the others is named only where it is made."""
 
 
-def test_a_package_outside_the_layers_breaks_the_contract(copy: Path) -> None:
-    (copy / "extras").mkdir()
-    (copy / "extras" / "__init__.py").write_text('"""A package no layer names."""\n')
-    done = lint(copy.parent, copy)
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[str]]:
+    """For each of :data:`BREAKS` and ``"extras"`` (a package no layer names), ``lint-imports`` over a copy of the
+    fd_platforms package holding it: two runs in all (each costs a Python start and the graph), :data:`ALONE` in
+    one and every other break in the other."""
+
+    def run(breaks: list[str], extras: bool) -> subprocess.CompletedProcess[str]:
+        copy = tmp_path_factory.mktemp("broken") / "site" / "fd_platforms"
+        shutil.copytree(ROOT / "fd_platforms", copy, ignore=shutil.ignore_patterns("__pycache__"))
+        for case in breaks:
+            module, line, _ = BREAKS[case]
+            append(copy / module, line)
+        if extras:
+            (copy / "extras").mkdir()
+            (copy / "extras" / "__init__.py").write_text('"""A package no layer names."""\n')
+        return lint(copy.parent, copy)
+
+    others = [case for case in BREAKS if case != ALONE]
+    together = run(others, extras=True)
+    return {ALONE: run([ALONE], extras=False), "extras": together, **dict.fromkeys(others, together)}
+
+
+@pytest.mark.parametrize(("case", "named"), [(case, named) for case, (_, _, named) in BREAKS.items()], ids=BREAKS)
+def test_a_forbidden_import_breaks_a_contract_naming_it(
+    broken: dict[str, subprocess.CompletedProcess[str]], case: str, named: str
+) -> None:
+    done = broken[case]
     assert done.returncode == 1
-    assert "fd_platforms.extras" in done.stdout
+    assert "BROKEN" in done.stdout and named in done.stdout, done.stdout
+
+
+def test_a_package_outside_the_layers_breaks_the_contract(broken: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    assert broken["extras"].returncode == 1
+    assert "fd_platforms.extras" in broken["extras"].stdout
 
 
 def contract(name_start: str) -> dict[str, object]:
@@ -153,21 +170,28 @@ PLUGIN_BREAKS = {
 }
 
 
-@pytest.mark.parametrize(("line", "named"), PLUGIN_BREAKS.values(), ids=PLUGIN_BREAKS)
-def test_a_plugin_importing_the_core_past_the_plugin_module_breaks_the_contract(
-    tmp_path: Path, line: str, named: str
-) -> None:
-    target = tmp_path / "site" / "fd_platforms_nimbus"
+@pytest.fixture(scope="module")
+def broken_plugin(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` over a copy of the template plugin with both of :data:`PLUGIN_BREAKS` in it (one run;
+    each names only its own import)."""
+    target = tmp_path_factory.mktemp("broken-plugin") / "site" / "fd_platforms_nimbus"
     shutil.copytree(
         ROOT / "examples" / "plugin-template" / "src" / "fd_platforms_nimbus",
         target,
         ignore=shutil.ignore_patterns("__pycache__"),
     )
-    append(target / "__init__.py", line)
-    done = lint(target.parent, target)
-    assert done.returncode == 1
-    assert "BROKEN" in done.stdout and "fd_platforms_nimbus is not allowed to import" in done.stdout
-    assert f"fd_platforms_nimbus -> {named}" in done.stdout, done.stdout
+    for line, _ in PLUGIN_BREAKS.values():
+        append(target / "__init__.py", line)
+    return lint(target.parent, target)
+
+
+@pytest.mark.parametrize("named", [named for _, named in PLUGIN_BREAKS.values()], ids=PLUGIN_BREAKS)
+def test_a_plugin_importing_the_core_past_the_plugin_module_breaks_the_contract(
+    broken_plugin: subprocess.CompletedProcess[str], named: str
+) -> None:
+    assert broken_plugin.returncode == 1
+    assert "BROKEN" in broken_plugin.stdout and "fd_platforms_nimbus is not allowed to import" in broken_plugin.stdout
+    assert f"fd_platforms_nimbus -> {named}" in broken_plugin.stdout, broken_plugin.stdout
 
 
 def test_the_readmes_layout_table_lists_the_contracts_layers_top_down() -> None:
