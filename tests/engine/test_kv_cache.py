@@ -12,7 +12,7 @@ import pytest
 
 from fd_platforms.contract.errors import ConfigError, DeviceAllocError, DevicePlacementError
 from fd_platforms.engine.kv_cache import allocate_kv_cache
-from fd_platforms.loading.selection import select_platform
+from fd_platforms.loading.platform import Platform
 from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
 from fd_platforms.rules.layout import CacheLayout, build_layout
 
@@ -29,9 +29,8 @@ def layout_of(model: str, tp: int = 4, **cache: Any) -> CacheLayout:
     )
 
 
-def test_cpu_platform_allocates_the_layout_in_order_with_its_names() -> None:
+def test_cpu_platform_allocates_the_layout_in_order_with_its_names(cpu: Platform) -> None:
     layout = layout_of("qwen3-30b-a3b")
-    cpu = select_platform({}).platform
     kv = allocate_kv_cache(layout, 4, cpu.identity.device_string(layout.local_device))
     assert kv.device == "cpu" and kv.num_blocks == 4
     assert kv.names == layout.names() and len(kv.tensors) == len(layout.tensors) == 96

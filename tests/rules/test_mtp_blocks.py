@@ -91,7 +91,16 @@ def test_the_toml_takes_the_ratio(tmp_path) -> None:
 
 def test_plan_json_shows_both_counts() -> None:
     done = main_in_process(
-        "plan", "--model", DEEPSEEK, "--mtp", "--num-gpu-block-expand-ratio", "2", "--device-memory", "80GiB", "--json"
+        "plan",
+        "--model",
+        DEEPSEEK,
+        "--mtp",
+        "--num-gpu-block-expand-ratio",
+        "2",
+        "--device-memory",
+        "80GiB",
+        "--json",
+        FD_PLATFORM="cpu",
     )
     assert done.returncode == 0, done.stderr
     row = json.loads(done.stdout)
