@@ -839,7 +839,7 @@ FD_ATTRIBUTES = (
         attr(f"{S}.num_gpu_block_expand_ratio"),
         lambda v: (49, float(v)) if real(v, 64) else REFUSED,
         cache_of,
-        (0.5, 1, 2.0, 64, 64.5, 0, "1"),
+        (0.5, 1, 2.0, 64, 64.5, 0, "1", 5e-324),  # the last: a subnormal, whose inverse is inf
         mtp=True,
     ),
     Attribute(
@@ -1115,8 +1115,9 @@ def engine_calls_accept(settings: FastDeploySettings, cpu: Platform) -> None:
     )
     layout = settings.layout()
     # a cache process's own blocks; a runner's are its plan's, which gives the draft at least one block where any
-    # count can; a ratio so small that none can is refused naming it, as the planner refuses it
-    blocks = settings.num_blocks or min(max(16, math.ceil(1 / layout.mtp_block_ratio)), 2**40)
+    # count can; a ratio so small that none can is refused naming it, as the planner refuses it (a subnormal ratio's
+    # inverse is inf, bounded before it is rounded)
+    blocks = settings.num_blocks or max(16, math.ceil(min(1 / layout.mtp_block_ratio, 2**40)))
     for part in (layout.main(), layout.draft()) if layout.mtp_layers else (layout,):
         if part.part == "draft" and part.mtp_blocks(blocks) < 1:
             with pytest.raises(ConfigError, match="num_gpu_block_expand_ratio"):
