@@ -9,11 +9,11 @@ import re
 
 import pytest
 from conftest import shm_entries
-from run_helpers import console_script, main_in_process
+from run_helpers import console_script, main_on_cpu
 
 
 def test_plan_splits_the_host_across_the_ranks_as_run_does() -> None:
-    done = main_in_process("plan", "--config", "examples/deploy.toml", "--json", FD_PLATFORM="cpu")
+    done = main_on_cpu("plan", "--config", "examples/deploy.toml", "--json")
     assert done.returncode == 0, done.stderr
     row = json.loads(done.stdout)[0] if done.stdout.lstrip().startswith("[") else json.loads(done.stdout)
     memory = row["device_memory"]

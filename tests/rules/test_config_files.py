@@ -4,18 +4,15 @@ and sane numbers, or one line naming the file and what is wrong with it, before 
 from __future__ import annotations
 
 import os
-from functools import partial
 from pathlib import Path
 
 import pytest
 from error_lines import one_error_line
-from run_helpers import QWEN, ROOT, main_in_process
+from run_helpers import QWEN, ROOT
+from run_helpers import main_on_cpu as cli
 
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.rules.config import load_model_config
-
-#: Selection is not what these tests check: the cpu platform by name (``FD_PLATFORM``) on any host, no screening child.
-cli = partial(main_in_process, FD_PLATFORM="cpu")
 
 QWEN_CONFIG = ROOT / QWEN / "config.json"
 

@@ -7,7 +7,7 @@ import math
 import subprocess
 
 import pytest
-from run_helpers import ROOT, SCRIPT, clean_env, main_in_process
+from run_helpers import ROOT, SCRIPT, clean_env, main_on_cpu
 
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.contract.types import DeviceMemory, PlatformLimit
@@ -90,17 +90,8 @@ def test_the_toml_takes_the_ratio(tmp_path) -> None:
 
 
 def test_plan_json_shows_both_counts() -> None:
-    done = main_in_process(
-        "plan",
-        "--model",
-        DEEPSEEK,
-        "--mtp",
-        "--num-gpu-block-expand-ratio",
-        "2",
-        "--device-memory",
-        "80GiB",
-        "--json",
-        FD_PLATFORM="cpu",
+    done = main_on_cpu(
+        "plan", "--model", DEEPSEEK, "--mtp", "--num-gpu-block-expand-ratio", "2", "--device-memory", "80GiB", "--json"
     )
     assert done.returncode == 0, done.stderr
     row = json.loads(done.stdout)

@@ -15,20 +15,17 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack
-from functools import partial
 from pathlib import Path
 
 import pytest
 from engine_processes import qwen_layout
-from run_helpers import QWEN, ROOT, console_script, main_in_process
+from run_helpers import QWEN, ROOT, console_script
+from run_helpers import main_on_cpu as cli
 
 from fd_platforms.contract.errors import CacheNotReadyError, ConfigError, SignalWaitError
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
 from fd_platforms.fastdeploy.signals import FastDeploySignal
 from fd_platforms.ipc.cache_signal import CacheReadySignal
-
-#: Selection is not what these tests check: the cpu platform by name (``FD_PLATFORM``) on any host, no screening child.
-cli = partial(main_in_process, FD_PLATFORM="cpu")
 
 #: The one case where 2026-01 and 2026-04 disagree (``fd-platforms rules`` lists it).
 DISAGREE = {"profile": False, "num_cpu_blocks": 4, "storage_backend": None, "splitwise_role": "mixed"}

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from functools import partial
 
 import pytest
-from run_helpers import QWEN, ROOT, console_script, main_in_process
+from run_helpers import QWEN, ROOT, console_script
+from run_helpers import main_on_cpu as cli
 
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.rules.config import CacheConfig, load_deploy_config
@@ -18,9 +18,6 @@ from fd_platforms.rules.decision import (
     decide_cache_creation,
     differing_cases,
 )
-
-#: Selection is not what these tests check: the cpu platform by name (``FD_PLATFORM``) on any host, no screening child.
-cli = partial(main_in_process, FD_PLATFORM="cpu")
 
 SWAP_MIXED = {"profile": False, "num_cpu_blocks": 64, "storage_backend": None, "splitwise_role": "mixed"}
 

@@ -3,18 +3,15 @@ one line naming ``swap_space`` (never a plugin hook), before any process starts.
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 
 import pytest
 from error_lines import one_error_line
-from run_helpers import QWEN, ROOT, main_in_process
+from run_helpers import QWEN, ROOT
+from run_helpers import main_on_cpu as cli
 
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.rules.config import load_deploy_config
-
-#: Selection is not what these tests check: the cpu platform by name (``FD_PLATFORM``) on any host, no screening child.
-cli = partial(main_in_process, FD_PLATFORM="cpu")
 
 
 def test_a_huge_swap_space_in_toml_names_swap_space(tmp_path: Path) -> None:

@@ -120,6 +120,12 @@ def main_in_process(*argv: str, cwd: Path | str = ROOT, **env: str) -> subproces
     return subprocess.CompletedProcess(["fd-platforms", *argv], code, stdout, stderr)
 
 
+def main_on_cpu(*argv: str, cwd: Path | str = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
+    """:func:`main_in_process` with the cpu platform named (``FD_PLATFORM=cpu``), for a test of something other
+    than selection: the same answer on a host with an accelerator, and no screening child."""
+    return main_in_process(*argv, cwd=cwd, FD_PLATFORM="cpu", **env)
+
+
 SWEEP_LINES = (
     ": WARNING: left ",
     ": WARNING: reclaiming cache-ready signal ",
