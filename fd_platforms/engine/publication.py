@@ -132,8 +132,9 @@ class Publication:
             ],
         }
         payload = json.dumps(document, separators=(",", ":")).encode()
+        manifest = HEADER.pack(MAGIC, len(payload)) + payload
         try:
-            segment = shm.Segment.create(name, HEADER.size + len(payload))
+            segment = shm.Segment.create(name, len(manifest), manifest)
         except FileExistsError:
             verdict, detail = shm.reclaim(name, HEADER.size, _recognise, "KV cache publication")
             if verdict not in (shm.Verdict.RECLAIMED, shm.Verdict.GONE):
@@ -141,9 +142,7 @@ class Publication:
                     f"rank {rank}'s KV cache is already published as /dev/shm/{name} ({detail}). "
                     "Fix: clear the published cache first, or give this engine instance its own signal name"
                 ) from None
-            segment = shm.Segment.create(name, HEADER.size + len(payload))
-        os.pwrite(segment.fd, payload, HEADER.size)
-        os.pwrite(segment.fd, HEADER.pack(MAGIC, len(payload)), 0)  # the magic last: complete once it is there
+            segment = shm.Segment.create(name, len(manifest), manifest)
         return cls(segment, rank, os.getpid(), device, tuple(tensors), creator=True)
 
     @classmethod

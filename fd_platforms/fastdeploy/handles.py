@@ -226,9 +226,7 @@ class FastDeployHandles:
         held: list[shm.Segment] = []
         try:
             for name, record in records:
-                segment = _record_segment(name, platform)
-                held.append(segment)
-                os.pwrite(segment.fd, record, 0)
+                held.append(_record_segment(name, platform, record))
             if records:
                 held.append(make_creator_mark(*records[0], attachers))
         except BaseException:
@@ -549,16 +547,16 @@ def _hold_record(name: str, size: int) -> shm.Segment:
         raise CacheSharingError(f"KV cache tensor {name}'s handle record cannot be held: {exc}") from None
 
 
-def _record_segment(name: str, platform: str) -> shm.Segment:
-    """A record segment for ``name`` in ``platform``'s layout: new, or FastDeploy's leftover (no process of
-    ours holds it) reused, mode 0600. A leftover others could write is replaced by a new one instead: a
+def _record_segment(name: str, platform: str, record: bytes) -> shm.Segment:
+    """Record segment ``name`` in ``platform``'s layout holding ``record``: new, or FastDeploy's leftover (no process
+    of ours holds it) reused, mode 0600. A leftover others could write is replaced by a new one instead: a
     descriptor opened while it was writable would still write through a mode reset."""
     layout = record_layout(platform)
     with suppress(FileExistsError):
-        return shm.Segment.create(name, layout.size)
+        return shm.Segment.create(name, layout.size, record)
     if _unheld_leftover(name, layout, platform):
         try:
-            return shm.Segment.create(name, layout.size)
+            return shm.Segment.create(name, layout.size, record)
         except FileExistsError:
             raise CacheSharingError(
                 f"KV cache tensor {name}'s record /dev/shm/{name} was written by another process while this one "
@@ -567,6 +565,7 @@ def _record_segment(name: str, platform: str) -> shm.Segment:
             ) from None
     segment = shm.Segment.open(name, layout.size)
     os.fchmod(segment.fd, 0o600)
+    os.pwrite(segment.fd, record, 0)
     return segment
 
 

@@ -59,9 +59,8 @@ def attacher_prefix(suffix: str, rank: int) -> str:
 
 def make_attacher_mark(suffix: str, rank: int, attachers: int) -> shm.Segment:
     """This attacher's mark of ``rank``'s slot, held (shared) until closed; the kernel drops it at death."""
-    segment = shm.Segment.create(f"{attacher_prefix(suffix, rank)}{os.getpid()}-{secrets.token_hex(3)}", _ATTACHER.size)
-    os.pwrite(segment.fd, _ATTACHER.pack(os.getpid(), rank, attachers), 0)
-    return segment
+    name = f"{attacher_prefix(suffix, rank)}{os.getpid()}-{secrets.token_hex(3)}"
+    return shm.Segment.create(name, _ATTACHER.size, _ATTACHER.pack(os.getpid(), rank, attachers))
 
 
 @dataclass(frozen=True)
@@ -156,14 +155,12 @@ def make_creator_mark(first_record: str, record: bytes, attachers: int = 1) -> s
     """A creator's mark of its records, holding its pid, the ``attachers`` it expects per rank and the first
     ``record``'s bytes, held until closed. A mark of a dead creator of ours still there (its records rewritten since
     by another) is removed first."""
-    name, size = creator_mark_name(first_record), _CREATOR.size + len(record)
+    name, content = creator_mark_name(first_record), _CREATOR.pack(os.getpid(), attachers) + record
     try:
-        segment = shm.Segment.create(name, size)
+        return shm.Segment.create(name, len(content), content)
     except FileExistsError:
         shm.reclaim(name, _PID.size, _recognise, CREATOR_WHAT)
-        segment = shm.Segment.create(name, size)  # a living creator's mark: its records were refused before
-    os.pwrite(segment.fd, _CREATOR.pack(os.getpid(), attachers) + record, 0)
-    return segment
+        return shm.Segment.create(name, len(content), content)  # a living creator's mark: its records were refused
 
 
 def creator_attachers(first_record: str) -> int | None:

@@ -152,7 +152,7 @@ class FastDeploySignal(SharedWords):
         full = segment_name(name, suffix)
         _check_length(length)
         try:
-            segment = shm.Segment.create(full, length * WORD_BYTES)
+            segment = shm.Segment.create(full, length * WORD_BYTES, struct.pack(f"={length}i", *[initial] * length))
         except FileExistsError:
             raise CacheSignalError(
                 f"FastDeploy signal {full!r} already exists (/dev/shm/{full}): another engine with this suffix may be "
@@ -161,10 +161,7 @@ class FastDeploySignal(SharedWords):
             ) from None
         except OSError as exc:
             raise CacheSignalError(f"FastDeploy signal {full!r} cannot be created in /dev/shm: {exc}") from None
-        signal = cls(segment, full, length, owner=True)
-        if initial:
-            signal.write_all(initial)
-        return signal
+        return cls(segment, full, length, owner=True)
 
     @classmethod
     def attach(cls, name: str, suffix: str | int, length: int | None = None) -> FastDeploySignal:

@@ -10,7 +10,7 @@ that wants to read it without this package:
 ====== ==============================================================================
 word   meaning
 ====== ==============================================================================
-0      magic ``0x46444352`` (``"FDCR"``), written last when the owner creates it
+0      magic ``0x46444352`` (``"FDCR"``); the header is in place before the name appears
 1      layout version, ``2``
 2      number of ranks ``N``
 3      owner pid, in the owner's PID namespace (for messages only; never for liveness)
@@ -126,21 +126,19 @@ class CacheReadySignal(SharedWords):
         check_int("num_ranks", num_ranks, 1, MAX_LOCAL_RANKS, fix="pass the number of local ranks")
         name = check_signal_name(name) if name is not None else new_signal_name()
         size = (HEADER_WORDS + num_ranks) * WORD_BYTES
+        header = struct.pack("=4i", MAGIC, LAYOUT_VERSION, num_ranks, os.getpid())  # words _WORD_MAGIC.._WORD_PID
         try:
-            segment = _create_segment(name, size)
+            segment = _create_segment(name, size, header)
         except FileExistsError:
             _reclaim_or_refuse(name)
             try:
-                segment = _create_segment(name, size)
+                segment = _create_segment(name, size, header)
             except FileExistsError:
                 raise CacheSignalError(
                     f"cache-ready signal {name!r} was created by another process while this one reclaimed it. "
                     "Fix: give each engine instance its own signal name"
                 ) from None
-        signal = cls(segment, name, num_ranks, owner=True)
-        signal._write(_WORD_VERSION, LAYOUT_VERSION, num_ranks, os.getpid())
-        signal._write(_WORD_MAGIC, MAGIC)  # last: a reader sees a complete header or none
-        return signal
+        return cls(segment, name, num_ranks, owner=True)
 
     @classmethod
     def attach(cls, name: str) -> CacheReadySignal:
@@ -275,9 +273,9 @@ class CacheReadySignal(SharedWords):
 # -- the segment itself (see fd_platforms.ipc.shm for the rules) -----------------------------------
 
 
-def _create_segment(name: str, size: int) -> shm.Segment:
+def _create_segment(name: str, size: int, header: bytes) -> shm.Segment:
     try:
-        return shm.Segment.create(name, size)
+        return shm.Segment.create(name, size, header)
     except FileExistsError:
         raise
     except OSError as exc:

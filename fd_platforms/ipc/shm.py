@@ -14,6 +14,8 @@ Real deployments share ``/dev/shm`` between pods, users and PID namespaces, so t
 - **Check sizes before mapping.** A segment is mapped only up to the size ``fstat`` reports, and
   a new one reserves its pages with ``posix_fallocate`` first, so a full ``/dev/shm`` is an error
   at creation (naming the sizes), never a SIGBUS later.
+- **Named only once complete.** A new segment gets its name when its size and first bytes are in
+  place, so a name never holds a half-made segment, not even one whose creator was killed.
 - **Delete only what is proven dead.** :meth:`Segment.unlink` removes the name only while it
   still names the inode this process holds.
 - **No resource tracker.** Python's ``multiprocessing.resource_tracker`` keeps a set of names per
@@ -122,21 +124,24 @@ class Segment(AbstractContextManager["Segment"]):
     _map: mmap.mmap | None = field(default=None, repr=False)
 
     @classmethod
-    def create(cls, name: str, size: int) -> Segment:
-        """Create ``name`` with ``size`` bytes, mode 0600, locked (shared) by this process.
+    def create(cls, name: str, size: int, content: bytes = b"") -> Segment:
+        """Create ``name`` with ``size`` bytes starting with ``content``, mode 0600, locked (shared) by this process.
 
-        Raises ``FileExistsError`` when the name is taken and :class:`ShmSpaceError` when
-        ``/dev/shm`` cannot hold ``size`` bytes (nothing is left behind then).
+        It is named only once complete: made without a name (``O_TMPFILE``), sized, written, then linked, so no
+        process ever opens it half made, and a creator killed before the link leaves nothing (the kernel frees a
+        file that has no name once its last descriptor closes). Raises ``FileExistsError`` when the name is taken
+        and :class:`ShmSpaceError` when ``/dev/shm`` cannot hold ``size`` bytes.
         """
-        path = shm_path(name)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(SHM_DIR, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
         try:
-            # Locked before it has a size: a sweeper never sees a sized segment without a holder.
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # held from its first moment under the name
             _reserve(fd, name, size)
+            os.pwrite(fd, content, 0)
+            # With src_dir_fd (ignored for an absolute path) Python calls linkat with AT_SYMLINK_FOLLOW, which links
+            # the file the /proc entry names (link(2) would link the /proc symlink itself): FileExistsError if taken.
+            os.link(f"/proc/self/fd/{fd}", shm_path(name), src_dir_fd=fd, follow_symlinks=True)
             info = os.fstat(fd)
         except BaseException:
-            _unlink_if_same(path, os.fstat(fd))
             os.close(fd)
             raise
         return cls(name, fd, size, (info.st_dev, info.st_ino))
@@ -265,10 +270,9 @@ def _names(path: str, inode: tuple[int, int]) -> bool:
     return (current.st_dev, current.st_ino) == inode
 
 
-def _unlink_if_same(path: str, inode: tuple[int, int] | os.stat_result) -> bool:
+def _unlink_if_same(path: str, inode: tuple[int, int]) -> bool:
     """Unlink ``path`` only while it names ``inode``; whether it did."""
-    wanted = (inode.st_dev, inode.st_ino) if isinstance(inode, os.stat_result) else inode
-    if not _names(path, wanted):
+    if not _names(path, inode):
         return False
     try:
         os.unlink(path)

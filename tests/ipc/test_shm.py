@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -76,6 +77,34 @@ def test_creating_a_taken_name_is_file_exists_and_leaves_it() -> None:
     finally:
         first.unlink()
         first.close()
+
+
+def test_a_segment_is_named_only_once_complete_and_a_creator_killed_before_leaves_nothing() -> None:
+    """A creator killed while it sizes a segment (the sweep's and an outside holder's moment) leaves no name:
+    a half-made entry under it would be neither recognisable nor ever proven dead."""
+    name = f"fd_test_unfinished_{uuid.uuid4().hex[:8]}"
+    stalled = (
+        "import sys, time\n"
+        "from fd_platforms.ipc import shm\n"
+        "def stall(fd, name, size):\n"
+        "    print('sizing', flush=True)\n"
+        "    time.sleep(60)\n"
+        "shm._reserve = stall\n"
+        f"shm.Segment.create({name!r}, 64, b'header')\n"
+    )
+    creator = subprocess.Popen([sys.executable, "-c", stalled], stdout=subprocess.PIPE, text=True)
+    try:
+        assert creator.stdout is not None and creator.stdout.readline() == "sizing\n"
+        assert not Path(shm.SHM_DIR, name).exists(), "named before it was complete"
+    finally:
+        creator.kill()
+        creator.wait()
+    assert not Path(shm.SHM_DIR, name).exists()
+    with shm.Segment.create(name, 64, b"header") as segment:
+        try:
+            assert Path(shm.SHM_DIR, name).read_bytes() == b"header" + bytes(58)
+        finally:
+            segment.unlink()
 
 
 def test_a_held_segment_is_used_and_a_released_one_unused() -> None:
