@@ -290,7 +290,8 @@ def reclaim_instance(instance: str) -> list[str]:
     """Unlink what the engine instance of ``instance`` published and no living process holds any
     more (its processes were killed mid-clear): the engine's own leftovers, reclaimed quietly. Call it
     once every process of the instance has ended: one still held is held from outside the engine,
-    and is named in a WARNING, never left behind without a word."""
+    and is named in a WARNING, as is any entry under its names that is not a publication of ours
+    (a directory, another user's file): nothing is left behind without a word."""
     reclaimed = []
     for name in shm.names(f"{PUBLICATION_PREFIX}{instance_of(instance)}."):
         verdict, detail = shm.reclaim(name, HEADER.size, _recognise, "KV cache publication", say=logger.info)
@@ -303,6 +304,12 @@ def reclaim_instance(instance: str) -> list[str]:
                 name,
                 detail,
                 name,
+            )
+        elif verdict == shm.Verdict.SKIPPED:
+            logger.warning(
+                "left an entry under this engine instance's names in place: %s, so it is not provably this engine's "
+                "to remove. Fix: find whose it is (ls -l, fuser), and remove it by hand if nobody needs it",
+                detail,
             )
     return reclaimed
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import struct
 from collections.abc import Iterator
@@ -20,9 +21,10 @@ from fd_platforms.engine.publication import (
     Publication,
     PublishedTensor,
     publication_name,
+    reclaim_instance,
     reclaim_stale_publications,
 )
-from fd_platforms.ipc.cache_signal import CacheReadySignal
+from fd_platforms.ipc.cache_signal import CacheReadySignal, new_signal_name
 from fd_platforms.loading.platform import Platform
 from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config
 from fd_platforms.rules.layout import build_layout
@@ -63,6 +65,28 @@ def test_a_forged_publication_is_a_typed_refusal_and_the_sweep_leaves_it(payload
             Publication.open(path.name, 0)
         reclaimed = reclaim_stale_publications()  # no crash (another suite's dead engine's may be swept too)
         assert path.name not in reclaimed and path.exists()  # and the forged one not deleted
+
+
+@pytest.mark.parametrize("entry", ["a directory", "a short file"])
+def test_an_entry_under_the_instances_names_that_is_not_its_publication_is_named_when_it_ends(
+    entry: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The end of a run leaves nothing under its names without a word: what it cannot prove its own (not a
+    publication of ours) is named in a WARNING and left in place, as a publication held from outside is."""
+    instance = new_signal_name()
+    path = Path("/dev/shm") / publication_name(instance, 0)
+    if entry == "a directory":
+        path.mkdir()
+    else:
+        path.write_bytes(b"FD")  # shorter than a publication's header
+    try:
+        with caplog.at_level(logging.WARNING, logger="fd_platforms.engine.publication"):
+            assert reclaim_instance(instance) == []
+        assert path.exists()
+        warning = f"left an entry under this engine instance's names in place: /dev/shm/{path.name}"
+        assert warning in caplog.text and "remove it by hand" in caplog.text
+    finally:
+        path.rmdir() if entry == "a directory" else path.unlink()
 
 
 def published_by_us(cpu: Platform, signal_name: str, *, handle_of: int | None = None) -> ManagedCache:
