@@ -4,13 +4,14 @@ in ``/dev/shm`` but what an outside process still holds, which it names."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
 
 import pytest
 from conftest import shm_entries
@@ -79,16 +80,35 @@ def test_a_manager_killed_after_ready_is_reported_and_its_run_leaves_nothing() -
     assert not {name for name in shm_entries() if instance in name}
 
 
-def open_when_published(path: Path, seconds: float = 30.0) -> BinaryIO:
-    """``path`` opened once it exists: a run cycling clear/re-create unpublishes it for a moment each cycle
-    (the fault loop caught an open landing in that moment)."""
+@contextlib.contextmanager
+def held_when_published(path: Path, seconds: float = 30.0) -> Iterator[None]:
+    """``path`` held (open, with a shared flock) once it is published: a run cycling clear/re-create unpublishes it
+    for a moment each cycle (the fault loop caught an open landing in that moment), and may unlink the file opened
+    before the lock was had, so the hold counts only once the name still names the locked file."""
     deadline = time.monotonic() + seconds
     while True:
         try:
-            return open(path, "rb")
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
-            assert time.monotonic() < deadline, f"{path} was not published again within {seconds:g} s"
-            time.sleep(0.001)
+            fd = -1
+        if fd >= 0:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if os.fstat(fd).st_ino == inode_named(path):
+                try:
+                    yield
+                finally:
+                    os.close(fd)
+                return
+            os.close(fd)
+        assert time.monotonic() < deadline, f"{path} was not published again within {seconds:g} s"
+        time.sleep(0.001)
+
+
+def inode_named(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
 
 
 def test_a_publication_held_from_outside_the_run_is_named_when_the_run_ends() -> None:
@@ -110,8 +130,7 @@ def test_a_publication_held_from_outside_the_run_is_named_when_the_run_ends() ->
         manager = int(run.read_until(r"starting the cache manager \(pid (\d+)\)").group(1))
         run.read_until(r"cycle 1: cleared")
         path = Path("/dev/shm") / f"fd_kv_cache.{instance}.rank0"
-        with open_when_published(path) as foreign:  # a process outside the run holds the publication
-            fcntl.flock(foreign, fcntl.LOCK_SH)
+        with held_when_published(path):  # a process outside the run holds the publication
             os.kill(manager, signal.SIGKILL)  # its creator dies without its clean-up
             code, stderr = run.finish()
             assert code == 1, stderr
