@@ -86,7 +86,10 @@ def test_an_entry_under_the_instances_names_that_is_not_its_publication_is_named
         warning = f"left an entry under this engine instance's names in place: /dev/shm/{path.name}"
         assert warning in caplog.text and "remove it by hand" in caplog.text
     finally:
-        path.rmdir() if entry == "a directory" else path.unlink()
+        if entry == "a directory":
+            path.rmdir()
+        else:
+            path.unlink()
 
 
 def published_by_us(cpu: Platform, signal_name: str, *, handle_of: int | None = None) -> ManagedCache:

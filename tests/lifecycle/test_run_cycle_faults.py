@@ -4,13 +4,10 @@ in ``/dev/shm`` but what an outside process still holds, which it names."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import re
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ from conftest import shm_entries
 from run_helpers import QWEN, started
 
 from fd_platforms.engine.publication import reclaim_stale_publications
+from fd_platforms.ipc import shm
 
 pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
 
@@ -80,35 +78,17 @@ def test_a_manager_killed_after_ready_is_reported_and_its_run_leaves_nothing() -
     assert not {name for name in shm_entries() if instance in name}
 
 
-@contextlib.contextmanager
-def held_when_published(path: Path, seconds: float = 30.0) -> Iterator[None]:
+def held_when_published(path: Path, seconds: float = 30.0) -> shm.Segment:
     """``path`` held (open, with a shared flock) once it is published: a run cycling clear/re-create unpublishes it
     for a moment each cycle (the fault loop caught an open landing in that moment), and may unlink the file opened
-    before the lock was had, so the hold counts only once the name still names the locked file."""
+    before the lock was had, which :meth:`shm.Segment.open` refuses as removed."""
     deadline = time.monotonic() + seconds
     while True:
         try:
-            fd = os.open(path, os.O_RDONLY)
+            return shm.Segment.open(path.name)
         except FileNotFoundError:
-            fd = -1
-        if fd >= 0:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            if os.fstat(fd).st_ino == inode_named(path):
-                try:
-                    yield
-                finally:
-                    os.close(fd)
-                return
-            os.close(fd)
-        assert time.monotonic() < deadline, f"{path} was not published again within {seconds:g} s"
-        time.sleep(0.001)
-
-
-def inode_named(path: Path) -> int | None:
-    try:
-        return os.stat(path).st_ino
-    except FileNotFoundError:
-        return None
+            assert time.monotonic() < deadline, f"{path} was not published again within {seconds:g} s"
+            time.sleep(0.001)
 
 
 def test_a_publication_held_from_outside_the_run_is_named_when_the_run_ends() -> None:
