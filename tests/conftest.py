@@ -8,6 +8,7 @@ import gc
 import hashlib
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 import re
 import shutil
@@ -71,6 +72,18 @@ def keep_bytecode(config: pytest.Config) -> None:
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = folder
     sys.dont_write_bytecode = False
+    warm_paddle_bytecode()
+
+
+def warm_paddle_bytecode() -> None:
+    """Paddle's bytecode in the folder before any test runs, compiled by one process (its import: 6 s of CPU).
+    Cold, every process importing Paddle at once compiled it too, each as slow as the one: a run's first
+    workers took longer than the ``--timeout`` of the test that started them (``test_run_cycle_faults``,
+    run alone with a folder of its own). Not in an xdist worker: the controller warmed the folder it handed on."""
+    spec = None if os.environ.get("PYTEST_XDIST_WORKER") else importlib.util.find_spec("paddle")
+    if spec is None or spec.origin is None or Path(importlib.util.cache_from_source(spec.origin)).exists():
+        return
+    subprocess.run([sys.executable, "-W", "ignore", "-c", "import paddle"], check=True, timeout=300)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
