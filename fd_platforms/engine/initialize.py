@@ -17,11 +17,10 @@ be initialized again (sleep mode and weight updates).
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -124,7 +123,7 @@ def initialize_kv_cache(
                     wire.set_ready(instance, layout.rank)
     else:
         check_can_attach(platform, decision, f"rank {layout.rank}")
-        waited = _wait_ready(platform, wire, instance, layout.rank, limit, creator_pid, inputs)
+        waited = _wait_ready(platform, request, layout.rank, limit)
         cache = attach_kv_cache(platform, layout, num_blocks, instance, creator_pid, wire, attachers=per_rank)
         cache.wait_seconds = waited
     cache.decision, cache.import_seconds = decision, import_seconds
@@ -337,7 +336,19 @@ def _manage(platform: Platform, request: CacheRequest, side: str, progress: Allo
             f"so a cache manager cannot {_REFUSALS['attach' if side == 'attach' else creates]}"
         )
     messager = _is_messager(creates, inputs)
-    draft_layout, host_layout = _draft_part(platform, layout, request.draft, num_blocks, request.tensor_specs)
+    # the draft part in the main part's shapes (the engine's tensor_specs are stated for the main layers: a draft
+    # layer's block axis is its int(num_blocks * ratio), as FastDeploy's transfer manager shapes its extra layers from
+    # one key_cache_shape: cache_transfer_manager.py _init_gpu_cache, num_extra_layer_gpu_blocks); the host swap
+    # cache holds the whole rank
+    draft_layout: CacheLayout | None = None
+    host_layout = layout
+    if request.draft is not None:
+        specs = request.tensor_specs
+        if specs is not None:
+            blocks = request.draft.mtp_blocks(num_blocks)
+            specs = tuple(CacheRoleShape(spec.role, (blocks, *spec.shape[1:]), spec.dtype) for spec in specs)
+        draft_layout = platform.cache_layout(request.draft, num_blocks, specs)
+        host_layout = layout.joined(draft_layout)
     if host_cache is not None:
         check_host_cache(host_cache, host_layout, num_cpu_blocks)
     limit = resolve_timeout(request.timeout)
@@ -361,15 +372,23 @@ def _manage(platform: Platform, request: CacheRequest, side: str, progress: Allo
         device = make(layout, progress)
         device.create_seconds = time.monotonic() - started
     else:
-        waited = _wait_ready(platform, wire, name, layout.rank, limit, creator_pid, inputs, (layout, draft_layout))
+        waited = _wait_ready(platform, request, layout.rank, limit, layout, draft_layout)
         device = make(layout)
         device.wait_seconds = waited
     device.import_seconds = import_seconds
-    make_draft = None if draft_layout is None else functools.partial(make, draft_layout)
-    managed = _managed(
-        platform, host_layout, device, (num_cpu_blocks, host_cache), wire, name, make_draft, announce=not messager
-    )
-    managed.swap_space_clearing = frees_swap
+    # all or nothing: the draft layers' cache and the host swap cache (a kept one is the caller's: a withdrawal keeps
+    # it), the slot set where the manager created, then the manager announced (not by the messager)
+    managed = ManagedCache(layout.rank, device, None, swap_space_clearing=frees_swap)
+    with _all_or_nothing(managed, wire, name, keep_host=host_cache is not None):
+        managed.draft = None if draft_layout is None else make(draft_layout)
+        if host_cache is None and num_cpu_blocks:
+            host_cache = allocate_host_cache(platform, host_layout, num_cpu_blocks)
+        managed.host_cache = host_cache
+        if device.created:
+            wire.set_ready(name, layout.rank)
+        managed._instance, managed._protocol = name, wire
+        if not messager:
+            wire.manager_up(name, layout.rank, swap=host_cache is not None)
     return managed
 
 
@@ -430,66 +449,6 @@ def _check_one_part(request: CacheRequest) -> None:
         )
 
 
-def _draft_part(
-    platform: Platform,
-    shaped: CacheLayout,
-    draft: CacheLayout | None,
-    num_blocks: int,
-    tensor_specs: Sequence[CacheRoleShape] | None,
-) -> tuple[CacheLayout | None, CacheLayout]:
-    """A manager's ``draft`` part (the request checked it is the draft part of its layout) in the main part's
-    shapes (the platform's, or the engine's ``tensor_specs``, stated for the main layers: a draft layer's block is a
-    main layer's, the block axis its ``int(num_blocks * ratio)``, as FastDeploy's transfer manager shapes its extra
-    layers from one ``key_cache_shape``: ``cache_transfer_manager.py`` ``_init_gpu_cache``,
-    ``num_extra_layer_gpu_blocks``; None without a draft) and the layout its host swap cache holds: the whole
-    (``shaped`` main joined with the draft), else ``shaped``."""
-    if draft is None:
-        return None, shaped
-    if tensor_specs is not None:
-        blocks = draft.mtp_blocks(num_blocks)
-        tensor_specs = [
-            CacheRoleShape(spec.role, (blocks, *spec.shape[1:]), spec.dtype)
-            if isinstance(spec, CacheRoleShape)
-            else spec
-            for spec in tensor_specs
-        ]
-    draft_shaped = platform.cache_layout(draft, num_blocks, tensor_specs)
-    return draft_shaped, shaped.joined(draft_shaped)
-
-
-def _managed(
-    platform: Platform,
-    layout: CacheLayout,
-    device: KVCache,
-    host: tuple[int, HostCache | None],
-    wire: WireProtocol,
-    instance: str,
-    make_draft: Callable[[], KVCache] | None = None,
-    *,
-    announce: bool = True,
-) -> ManagedCache:
-    """What a cache manager holds for ``device``'s rank, all or nothing: ``device`` (and the draft layers'
-    cache ``make_draft`` makes) with its host swap cache (``host``: ``num_cpu_blocks`` blocks of ``layout``,
-    none when 0, and a kept host cache to reuse or None), the rank's slot set where the manager created the
-    device cache, then the manager announced where the protocol asks for it (FastDeploy's words; not ``announce``:
-    the cache messager, which says nothing beyond the slot). A reused host cache is the caller's: a withdrawal
-    keeps it."""
-    num_cpu_blocks, kept = host
-    managed = ManagedCache(layout.rank, device, None)
-    with _all_or_nothing(managed, wire, instance, keep_host=kept is not None):
-        managed.draft = None if make_draft is None else make_draft()
-        if kept is not None:
-            managed.host_cache = kept
-        else:
-            managed.host_cache = allocate_host_cache(platform, layout, num_cpu_blocks) if num_cpu_blocks else None
-        if device.created:
-            wire.set_ready(instance, layout.rank)
-        managed._instance, managed._protocol = instance, wire
-        if announce:
-            wire.manager_up(instance, layout.rank, swap=managed.host_cache is not None)
-    return managed
-
-
 @contextlib.contextmanager
 def _all_or_nothing(
     cache: KVCache | ManagedCache, wire: WireProtocol, instance: str, *, keep_host: bool = False
@@ -529,24 +488,18 @@ def _deprecated(old: str, new: str) -> None:
 
 
 def _wait_ready(
-    platform: Platform,
-    wire: WireProtocol,
-    instance: str,
-    rank: int,
-    limit: float,
-    creator_pid: int | None,
-    inputs: DecisionInputs,
-    parts: Sequence[CacheLayout | None] = (),
+    platform: Platform, request: CacheRequest, rank: int, limit: float, *parts: CacheLayout | None
 ) -> float:
     """``wire.wait_ready``; a wait that timed out names, where it can be seen, the part of the rank's cache
     (of ``parts``: main and draft) that its creator published without the other, and, where the protocol says
     one could be at fault, a peer following another version of the rule than ``inputs.rule``."""
+    wire, inputs = protocol_named(request.protocol), request.rule_in_force()
     try:
-        return wire.wait_ready(platform, instance, rank, limit, creator_pid)
+        return wire.wait_ready(platform, request.instance, rank, limit, request.creator_pid)
     except CacheNotReadyError as error:
         if error.cause != "timeout":
             raise
-        hints = (rank_parts.one_missing(wire, instance, rank, parts), wire.rule_mismatch(inputs.rule, inputs))
+        hints = (rank_parts.one_missing(wire, request.instance, rank, parts), wire.rule_mismatch(inputs.rule, inputs))
         if not any(hints):
             raise
         raise error.with_hint(". ".join(hint for hint in hints if hint)) from None

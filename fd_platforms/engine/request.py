@@ -7,7 +7,7 @@ part and a kept host cache. A bad field is a ConfigError naming it, when the rec
 hook. What needs the platform (the specs against its shapes, whether it can share) is checked by the call.
 
 :meth:`CacheRequest.from_keywords` builds one from the engine calls' keywords as they were before 0.2 (the old
-names of the engine instance and the creator warn: :func:`engine_name`, :func:`creator_of`).
+names of the engine instance and the creator warn: :func:`creator_of`).
 """
 
 from __future__ import annotations
@@ -138,15 +138,31 @@ class CacheRequest:
             )
         given = {**(defaults or {}), **given}
         layout, num_blocks = check_layout(layout), check_num_blocks(num_blocks)
-        wire, instance = engine_name(
-            given.pop("protocol", OURS),
-            given.pop("instance", None),
-            signal_name=given.pop("signal_name", None),
-            suffix=given.pop("suffix", None),
-            tp=given.get("tp"),
-            rank=layout.rank,
-            stacklevel=stacklevel + 1,
-        )
+        # the engine instance: instance=, or one of the keywords that named it before 0.2 (signal_name=, suffix=: a
+        # DeprecationWarning where the protocol took it, else a ConfigError)
+        wire = protocol_named(given.pop("protocol", OURS))
+        names = [(key, given.pop(key, None)) for key in ("instance", "signal_name", "suffix")]
+        named = {key: value for key, value in names if value is not None}
+        instance, old = named.get("instance"), [key for key in named if key != "instance"]
+        if len(named) > 1:
+            extra = list(named)[1]
+            raise ConfigError(
+                extra,
+                named[extra],
+                "one name for the engine instance: instance= alone",
+                f"drop {extra}= (instance= is its name now)",
+            )
+        if old:
+            if old[0] not in wire.old_keywords:
+                raise ConfigError(
+                    old[0],
+                    named[old[0]],
+                    f"only as {_OLD_KEYWORDS[old[0]]} (deprecated), not under protocol={wire.name!r}",
+                    "pass the engine instance as instance=",
+                )
+            renamed_warning(old[0], "instance", stacklevel=stacklevel, note=" (the engine instance's name)")
+            instance = named[old[0]]
+        instance = _instance(wire, instance, given.get("tp"), layout.rank)
         creator_pid = creator_of(given.pop("creator_pid", None), given.pop("setter_pid", None), stacklevel + 1)
         return cls(
             layout=layout, num_blocks=num_blocks, instance=instance, protocol=wire, creator_pid=creator_pid, **given
@@ -154,12 +170,7 @@ class CacheRequest:
 
 
 #: The engine calls' keywords before 0.2: the record's fields and the old names of two of them.
-KEYWORDS = (
-    *(name for name in CacheRequest.__dataclass_fields__ if name not in ("layout", "num_blocks")),
-    "signal_name",
-    "suffix",
-    "setter_pid",
-)
+KEYWORDS = {*CacheRequest.__dataclass_fields__, *_OLD_KEYWORDS, "setter_pid"} - {"layout", "num_blocks"}
 
 
 def check_not_draft(layout: CacheLayout) -> None:
@@ -192,12 +203,7 @@ def _specs(specs: object) -> tuple[CacheRoleShape, ...] | None:
     """``tensor_specs`` as a tuple of :class:`CacheRoleShape` (checked against the platform's shapes by the call)."""
     if specs is None:
         return None
-    if (
-        isinstance(specs, (str, bytes))
-        or not isinstance(specs, Sequence)
-        or not specs
-        or not all(isinstance(spec, CacheRoleShape) for spec in specs)
-    ):
+    if not isinstance(specs, Sequence) or not specs or not all(isinstance(spec, CacheRoleShape) for spec in specs):
         raise ConfigError(
             "tensor_specs",
             specs,
@@ -205,48 +211,6 @@ def _specs(specs: object) -> tuple[CacheRoleShape, ...] | None:
             "state each tensor as CacheRoleShape(role, shape, dtype), blocks first, or pass None",
         )
     return tuple(specs)
-
-
-def engine_name(
-    protocol: str | WireProtocol,
-    instance: str | int | None,
-    *,
-    signal_name: str | None = None,
-    suffix: str | int | None = None,
-    tp: int | None = None,
-    rank: int = 0,
-    stacklevel: int = 3,
-) -> tuple[WireProtocol, str]:
-    """The protocol ``protocol`` (a registered name, or the object) and the engine instance's name under it
-    (:meth:`WireProtocol.instance_name`), from ``instance=`` or one of the keywords that named it before 0.2
-    (``signal_name=``, ``suffix=``: a DeprecationWarning ``stacklevel`` frames up, at the engine call's caller,
-    where the protocol took it, else a ConfigError). ``tp`` (None: unknown) must hold ``rank``."""
-    wire = protocol_named(protocol)
-    given = {
-        key: value
-        for key, value in (("instance", instance), ("signal_name", signal_name), ("suffix", suffix))
-        if value is not None
-    }
-    old = [key for key in given if key != "instance"]
-    if len(given) > 1:
-        extra = list(given)[1]
-        raise ConfigError(
-            extra,
-            given[extra],
-            "one name for the engine instance: instance= alone",
-            f"drop {extra}= (instance= is its name now)",
-        )
-    if old:
-        if old[0] not in wire.old_keywords:
-            raise ConfigError(
-                old[0],
-                given[old[0]],
-                f"only as {_OLD_KEYWORDS[old[0]]} (deprecated), not under protocol={wire.name!r}",
-                "pass the engine instance as instance=",
-            )
-        renamed_warning(old[0], "instance", stacklevel=stacklevel, note=" (the engine instance's name)")
-        instance = given[old[0]]
-    return wire, _instance(wire, instance, tp, rank)
 
 
 def creator_of(creator_pid: int | None, setter_pid: int | None, stacklevel: int = 3) -> int | None:
