@@ -49,23 +49,12 @@ def run(args: argparse.Namespace) -> int:
     check_int("--jobs", args.jobs, 1, None, fix="pass e.g. --jobs 2")
     timeout = check_seconds("timeout", args.timeout, "pass a finite number of seconds > 0, e.g. --timeout 600")
     candidates = _candidates(args.names, args.all)
-    results = run_suites(
-        candidates,
-        jobs=args.jobs,
-        timeout=timeout,
-        finished=None if args.json else _said(len(candidates)),
-        rule=args.rule,
-    )
+    finished = None if args.json else _said(len(candidates))
+    results = run_suites(candidates, jobs=args.jobs, timeout=timeout, finished=finished, rule=args.rule)
     passed = all(result.passed for result in results)
     if args.json:
-        payload = {
-            "api_version": API_VERSION,
-            "rule": args.rule,
-            "checks": list(CHECKS),
-            "passed": passed,
-            "platforms": [result.as_dict() for result in results],
-        }
-        emit(json.dumps(payload, indent=2))
+        payload = {"api_version": API_VERSION, "rule": args.rule, "checks": list(CHECKS), "passed": passed}
+        emit(json.dumps({**payload, "platforms": [result.as_dict() for result in results]}, indent=2))
     else:
         emit(_matrix(results))
     return 0 if passed else 1

@@ -32,12 +32,8 @@ def run(args: argparse.Namespace) -> int:
         selected = {"name": selection.platform.name, "how": selection.how, "reason": selection.reason}
     error = None if result.error is None else str(result.error)
     if args.json:
-        payload = {
-            "platforms": [dataclasses.asdict(report) for report in result.reports],
-            "selected": selected,
-            "error": error,
-        }
-        emit(json.dumps(payload, indent=2))
+        reports = [dataclasses.asdict(report) for report in result.reports]
+        emit(json.dumps({"platforms": reports, "selected": selected, "error": error}, indent=2))
     else:
         rows = [
             (

@@ -71,7 +71,6 @@ def take_stdout() -> None:
         encoding=stream.encoding,
         errors=stream.errors,
         line_buffering=bool(stream.line_buffering),
-        write_through=False,
     )
     os.dup2(err, fd)
     sys.stdout = sys.stderr

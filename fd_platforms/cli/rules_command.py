@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any
 
+from ..contract.types import CacheDecision
 from ..rules.decision import DEFAULT_RULE, RULE_VERSIONS, TRUTH_TABLE, differing_cases
 from .output import emit
 from .table import format_table
@@ -23,24 +24,17 @@ def run(args: argparse.Namespace) -> int:
     names = list(RULE_VERSIONS)
     differing = differing_cases()
     if args.json:
-        emit(
-            json.dumps(
-                {
-                    "default": DEFAULT_RULE,
-                    "versions": [{"name": v.name, "rule": v.text, "origin": v.origin} for v in RULE_VERSIONS.values()],
-                    "cases": len(TRUTH_TABLE),
-                    "differing": [
-                        {
-                            "inputs": {k: v for k, v in inputs.kwargs().items() if k != "rule"},
-                            "create": {name: answer.create for name, answer in answers.items()},
-                            "deciding_term": {name: answer.deciding_term for name, answer in answers.items()},
-                        }
-                        for inputs, answers in differing
-                    ],
-                },
-                indent=2,
-            )
-        )
+        listed = [{"name": v.name, "rule": v.text, "origin": v.origin} for v in RULE_VERSIONS.values()]
+        compared = [
+            {
+                "inputs": {k: v for k, v in inputs.kwargs().items() if k != "rule"},
+                "create": {name: answer.create for name, answer in answers.items()},
+                "deciding_term": {name: answer.deciding_term for name, answer in answers.items()},
+            }
+            for inputs, answers in differing
+        ]
+        payload = {"default": DEFAULT_RULE, "versions": listed, "cases": len(TRUTH_TABLE), "differing": compared}
+        emit(json.dumps(payload, indent=2))
         return 0
     versions = format_table(
         ("VERSION", "RULE", "ORIGIN"),
@@ -51,14 +45,11 @@ def run(args: argparse.Namespace) -> int:
     )
     cases = format_table(
         ("CASE", *(name.upper() for name in names)),
-        [
-            (str(inputs), *(_answer(answers[name].create, answers[name].deciding_term) for name in names))
-            for inputs, answers in differing
-        ],
+        [(str(inputs), *(_answer(answers[name]) for name in names)) for inputs, answers in differing],
     )
     emit(f"{versions}\n\n{len(differing)} of {len(TRUTH_TABLE)} cases decide differently:\n{cases}")
     return 0
 
 
-def _answer(create: bool, term: str) -> str:
-    return f"{'create' if create else 'attach'} ({term})"
+def _answer(answer: CacheDecision) -> str:
+    return f"{'create' if answer.create else 'attach'} ({answer.deciding_term})"
