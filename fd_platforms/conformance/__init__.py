@@ -108,35 +108,15 @@ def run_suite(
         ini = Path(scratch) / "pytest.ini"
         ini.write_text(SCRATCH_INI)
         report = Path(scratch) / "outcomes.json"
-        command = [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "fd_platforms.conformance.pytest_plugin",
-            "-p",
-            "no:cacheprovider",
-            "--fd-platform",
-            candidate.name,
-            "--fd-platform-report",
-            str(report),
-            "-c",
-            str(ini),
-            "-q",
-            "--rootdir",
-            str(SUITE_PARENT),
-            *(("--fd-platform-rule", rule) if rule else ()),
-        ]
+        command = [sys.executable, "-m", "pytest", "-p", "fd_platforms.conformance.pytest_plugin"]
+        command += ["-p", "no:cacheprovider", "--fd-platform", candidate.name, "--fd-platform-report", str(report)]
+        command += ["-c", str(ini), "-q", "--rootdir", str(SUITE_PARENT)]
+        command += ["--fd-platform-rule", rule] if rule else []
         base = PlatformResult(candidate.name, candidate.distribution, candidate.version)
+        env = _suite_environ(os.environ if environ is None else environ)
         try:
             done = subprocess.run(
-                command,
-                cwd=scratch,
-                env=_suite_environ(os.environ if environ is None else environ),
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                check=False,
+                command, cwd=scratch, env=env, capture_output=True, text=True, timeout=timeout, check=False
             )
         except subprocess.TimeoutExpired:
             return replace(base, error=f"the suite did not finish within {timeout:g} s. Fix: raise --timeout")
@@ -155,11 +135,8 @@ def _suite_environ(environ: Mapping[str, str]) -> dict[str, str]:
     pytest plugins installed for other work (an asyncio runner, a test shuffler, one that fails every test)
     never change a verdict, and the suite's process does not import them."""
     outer = environ.get("PYTHONPATH")
-    return {
-        **environ,
-        "PYTHONPATH": os.pathsep.join([str(CORE_FOLDER), *([outer] if outer else [])]),
-        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-    }
+    path = os.pathsep.join([str(CORE_FOLDER), *([outer] if outer else [])])
+    return {**environ, "PYTHONPATH": path, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 
 def run_suites(

@@ -106,23 +106,10 @@ def _compile(home: Path, library: Path) -> None:
             "cannot be compiled. Fix: install a paddlepaddle wheel that ships paddle/include"
         )
     partial = library.with_name(f"{library.name}.{os.getpid()}.partial")
-    command = [
-        compiler,
-        "-std=c++17",
-        "-O1",
-        "-fPIC",
-        "-shared",
-        "-w",
-        str(SOURCE),
-        "-o",
-        str(partial),
-        f"-I{include}",
-        f"-I{include / 'third_party'}",
-        f"-I{sysconfig.get_paths()['include']}",
-        f"-L{home / 'base'}",
-        "-l:libpaddle.so",
-        f"-Wl,-rpath,{home / 'base'}",
-    ]
+    base = home / "base"
+    command = [compiler, "-std=c++17", "-O1", "-fPIC", "-shared", "-w", str(SOURCE), "-o", str(partial)]
+    command += [f"-I{include}", f"-I{include / 'third_party'}", f"-I{sysconfig.get_paths()['include']}"]
+    command += [f"-L{base}", "-l:libpaddle.so", f"-Wl,-rpath,{base}"]
     # its own session: a timed-out compile is killed with the compiler passes g++ started (cc1plus, as, ld)
     compiling = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True

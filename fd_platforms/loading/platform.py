@@ -24,12 +24,7 @@ import pluggy
 
 from ..contract import hookspecs
 from ..contract.api_version import check_api_compatibility
-from ..contract.errors import (
-    ConfigError,
-    PluginContractError,
-    PluginHookError,
-    PluginLoadError,
-)
+from ..contract.errors import ConfigError, PluginContractError, PluginHookError, PluginLoadError
 from ..contract.integers import INT32_MAX, SHAPE_ALLOWED, check_int, decimal, is_shape
 from ..contract.renamed import renamed_keywords
 from ..contract.types import (

@@ -86,19 +86,11 @@ def screen(candidates: Iterable[Candidate], bound: float) -> dict[str, Screened]
 def _run_child(names: list[str], bound: float) -> ChildRun:
     """Screen ``names`` in one child; what it reported, and how it ended if it ended before reporting all."""
     read, write = os.pipe()
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(path for path in sys.path if path),
-        ENV_DETECT_TIMEOUT: repr(bound),
-    }
+    paths = os.pathsep.join(path for path in sys.path if path)
+    env = {**os.environ, "PYTHONPATH": paths, ENV_DETECT_TIMEOUT: repr(bound)}
+    command = [sys.executable, "-m", f"{__package__}.screening_child", str(write), *names]
     try:
-        child = subprocess.Popen(
-            [sys.executable, "-m", f"{__package__}.screening_child", str(write), *names],
-            stdin=subprocess.DEVNULL,
-            stdout=_stderr_fd(),
-            pass_fds=(write,),
-            env=env,
-        )
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=_stderr_fd(), pass_fds=(write,), env=env)
     finally:
         os.close(write)
     reported: dict[str, Screened] = {}

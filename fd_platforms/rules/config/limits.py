@@ -7,8 +7,6 @@ integers with :func:`fd_platforms.contract.integers.check_int`); a bad value rai
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from ...contract.errors import ConfigError
 
 CACHE_DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32", "float8_e4m3fn", "int8", "uint8")
@@ -28,12 +26,10 @@ MAX_RANKS = 65_536  # tensor-parallel ranks
 MAX_EXPAND_RATIO = 64.0  # MTP layers' device blocks per main-layer block (FastDeploy's default: 1.0)
 
 
-def choice(field: str, value: object, choices: tuple[str, ...], aliases: Mapping[str, str] | None = None) -> str:
-    """``value`` lower-cased and de-aliased if it is one of ``choices``, else ConfigError."""
+def choice(field: str, value: object, choices: tuple[str, ...]) -> str:
+    """``value`` lower-cased if it is one of ``choices``, else ConfigError."""
     normal = value.lower() if isinstance(value, str) else None
-    if normal is not None:
-        normal = (aliases or {}).get(normal, normal)
     if normal not in choices:
-        names = ", ".join(choices) + (f" (aliases: {', '.join(aliases)})" if aliases else "")
-        raise ConfigError(field, value, f"one of {names}", f"set {field} to one of {', '.join(choices)}")
+        names = ", ".join(choices)
+        raise ConfigError(field, value, f"one of {names}", f"set {field} to one of {names}")
     return normal

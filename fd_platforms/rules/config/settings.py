@@ -15,6 +15,13 @@ PROTOCOLS = ("fd-platforms", "fastdeploy")
 """The inter-process protocols: ours (the default), or FastDeploy's own signals and per-tensor handles."""
 
 
+def _fraction(field: str, value: object, maximum: float, fix: str) -> float:
+    """``value`` if it is a number greater than 0 and at most ``maximum`` (not a bool), else a ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= maximum:
+        raise ConfigError(field, value, f"a number greater than 0 and at most {maximum}", fix)
+    return value
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """How the KV cache is sized and stored.
@@ -48,14 +55,9 @@ class CacheConfig:
         dtype, quant = resolve_cache_words(self.cache_dtype, self.kv_cache_quant_type, quant_decides=False)
         object.__setattr__(self, "cache_dtype", dtype)
         object.__setattr__(self, "kv_cache_quant_type", quant)
-        utilization = self.memory_utilization
-        if not isinstance(utilization, (int, float)) or isinstance(utilization, bool) or not 0 < utilization <= 1:
-            raise ConfigError(
-                "memory_utilization",
-                utilization,
-                "a number greater than 0 and at most 1",
-                "give the fraction of device memory to use, e.g. 0.9",
-            )
+        _fraction(
+            "memory_utilization", self.memory_utilization, 1, "give the fraction of device memory to use, e.g. 0.9"
+        )
         check_int("num_cpu_blocks", self.num_cpu_blocks, 0)
         check_int("swap_space_bytes", self.swap_space_bytes, 0)
         if self.num_cpu_blocks and self.swap_space_bytes:
@@ -70,14 +72,8 @@ class CacheConfig:
             object.__setattr__(self, "kvcache_storage_backend", None if backend == "none" else backend)
         if self.num_gpu_blocks_override is not None:
             check_int("num_gpu_blocks_override", self.num_gpu_blocks_override, 1)
-        ratio = self.num_gpu_block_expand_ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= MAX_EXPAND_RATIO:
-            raise ConfigError(
-                "num_gpu_block_expand_ratio",
-                ratio,
-                f"a number greater than 0 and at most {MAX_EXPAND_RATIO}",
-                "give the MTP layers' device blocks as a multiple of the main layers', e.g. 1.0 (FastDeploy's default)",
-            )
+        fix = "give the MTP layers' device blocks as a multiple of the main layers', e.g. 1.0 (FastDeploy's default)"
+        ratio = _fraction("num_gpu_block_expand_ratio", self.num_gpu_block_expand_ratio, MAX_EXPAND_RATIO, fix)
         object.__setattr__(self, "num_gpu_block_expand_ratio", float(ratio))
         check_pin(self.rule)
 

@@ -88,17 +88,7 @@ QUANT_WORDS: tuple[str, ...] = (
 """The words ``kv_cache_quant_type`` accepts (FastDeploy's list, and ``none``)."""
 
 CACHE_DTYPE_WORDS: tuple[str, ...] = tuple(
-    dict.fromkeys(
-        (
-            "bfloat16",
-            "float16",
-            "float32",
-            "uint8",
-            "float8_e4m3",
-            "fp8",
-            *QUANT_WORDS[1:],
-        )
-    )
+    dict.fromkeys(("bfloat16", "float16", "float32", "uint8", "float8_e4m3", "fp8", *QUANT_WORDS[1:]))
 )
 """The words ``cache_dtype`` accepts: element types, then the quantization words FastDeploy's config puts there."""
 
