@@ -253,14 +253,7 @@ class SharedTensor:
             self._close_when_unused(then)
 
 
-DTYPE_BYTES: dict[str, int] = {
-    "bfloat16": 2,
-    "float16": 2,
-    "float8_e4m3fn": 1,
-    "int8": 1,
-    "uint8": 1,
-    "float32": 4,
-}
+DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "int8": 1, "uint8": 1, "float32": 4}
 """The dtypes a cache tensor may have, and the bytes of one element."""
 
 CacheRole = Literal["key", "value", "key_scale", "value_scale", "indexer"]

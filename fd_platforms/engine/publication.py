@@ -121,16 +121,8 @@ class Publication:
     def create(cls, name: str, rank: int, device: str, tensors: list[PublishedTensor]) -> Publication:
         """Publish the manifest (this process holds it). A stale one under the name (its holders all
         died) is reclaimed; one in use is a CacheSharingError."""
-        document = {
-            "format": FORMAT,
-            "rank": rank,
-            "creator_pid": os.getpid(),
-            "device": device,
-            "tensors": [
-                {"name": tensor.name, "shape": tensor.shape, "dtype": tensor.dtype, "handle": tensor.handle}
-                for tensor in tensors
-            ],
-        }
+        entries = [{key: getattr(tensor, key) for key in ("name", "shape", "dtype", "handle")} for tensor in tensors]
+        document = {"format": FORMAT, "rank": rank, "creator_pid": os.getpid(), "device": device, "tensors": entries}
         payload = json.dumps(document, separators=(",", ":")).encode()
         manifest = HEADER.pack(MAGIC, len(payload)) + payload
         try:

@@ -24,11 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from .protocols import WireProtocol
 
 #: The parts a rank's cache is complete with, for each part a layout can be (rules.layout.Part).
-_COMPLETE: dict[str, frozenset[str]] = {
-    "all": frozenset({"all"}),
-    "main": frozenset({"main", "draft"}),
-    "draft": frozenset({"main", "draft"}),
-}
+_COMPLETE = {"all": frozenset({"all"}), "main": frozenset({"main", "draft"}), "draft": frozenset({"main", "draft"})}
 #: How to publish a part a creator left out.
 _MAKE_PART = {
     "draft": "have the creating worker's MTP proposer create the draft layers too (initialize_kv_cache with "

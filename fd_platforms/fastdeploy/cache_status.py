@@ -56,13 +56,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
-from ..contract.errors import (
-    CacheSharingError,
-    CacheSignalError,
-    CacheUpdateError,
-    ConfigError,
-    SignalWaitError,
-)
+from ..contract.errors import CacheSharingError, CacheSignalError, CacheUpdateError, ConfigError, SignalWaitError
 from ..contract.integers import check_int, is_int
 from ..contract.renamed import renamed_keywords
 from ..ipc.cache_signal import resolve_timeout
@@ -72,13 +66,7 @@ from ..loading.platform import Platform
 from .fault_words import FaultKind, KVCacheFault
 from .handles import DeathWatch
 from .marks import look
-from .signals import (
-    CACHE_READY,
-    KV_CACHE_STATUS,
-    FastDeploySignal,
-    KVCacheStatus,
-    check_suffix,
-)
+from .signals import CACHE_READY, KV_CACHE_STATUS, FastDeploySignal, KVCacheStatus, check_suffix
 
 SETTLE_SECONDS = 0.5
 """The least time the driver leaves every slot at 0 (from the first ``CLEARED`` to its ``UPDATING``) and

@@ -17,14 +17,8 @@ from typing import Any
 
 from ..contract.errors import ConfigError
 from ..engine import KVCache, ManagedCache
+from ..rules.layout import NAME_PREFIX
 
-_PREFIXES = {
-    "key_caches_": "key",
-    "value_caches_": "value",
-    "key_cache_scales_": "key_scale",
-    "value_cache_scales_": "value_scale",
-    "indexer_caches_": "indexer",
-}
 _DEVICE_LISTS = {
     "key": "gpu_cache_k_tensors",
     "value": "gpu_cache_v_tensors",
@@ -78,7 +72,7 @@ def _device_by_name(managed: ManagedCache) -> dict[str, Any]:
 
 
 def _role(name: str) -> str:
-    return next(role for prefix, role in _PREFIXES.items() if name.startswith(prefix))
+    return next(role for role, prefix in NAME_PREFIX.items() if name.startswith(f"{prefix}_"))
 
 
 __all__ = ["messager_cache_kvs", "transfer_manager_views"]

@@ -48,19 +48,7 @@ from ..rules.config.vocabulary import CACHE_DTYPE_WORDS, QUANT_WORDS, cache_sett
 from ..rules.decision import SPLITWISE_ROLES, STORAGE_BACKENDS, check_pin
 from ..rules.layout import CacheLayout, build_layout
 from ..rules.shapes import engine_shaped, shape_request
-from .values import (
-    device_ids,
-    index,
-    integer,
-    one_of,
-    optional_one_of,
-    port,
-    ports,
-    positive,
-    shape,
-    suffix,
-    text,
-)
+from .values import device_ids, index, integer, one_of, optional_one_of, port, ports, positive, shape, suffix, text
 
 _ATTENTION_BACKENDS = {"MLA_ATTN": "mla", "DSA_ATTN": "dsa"}
 """FastDeploy's ``FD_ATTENTION_BACKEND`` values that change the cache's shape (its runners test these two)."""

@@ -78,18 +78,14 @@ class KVCacheStatus(enum.IntEnum):
     CLEARED = -2
 
 
-#: The values FastDeploy writes in each signal's words (``KVCacheStatus`` in
-#: ``fastdeploy/inter_communicator/ipc_signal_const.py``; the per-rank arrays are flags): a word outside
-#: them is refused and logged, never acted on.
-ALLOWED: dict[str, tuple[int, ...]] = {
-    CACHE_READY: (0, 1),
-    SWAP_SPACE_READY: (0, 1),
-    CACHE_TRANSFER_INITED: (0, 1),
-    KV_CACHE_STATUS: tuple(int(status) for status in KVCacheStatus),
-    MODEL_WEIGHTS_STATUS: tuple(int(status) for status in KVCacheStatus),  # ModelWeightsStatus: the same values
-}
 FIXED_LENGTH = {KV_CACHE_STATUS: 1, MODEL_WEIGHTS_STATUS: 1}  # words whatever the tp (np.zeros([1], dtype=np.int32))
 PER_RANK = (CACHE_READY, SWAP_SPACE_READY, CACHE_TRANSFER_INITED)  # one word per local rank: np.zeros([tp])
+#: The values FastDeploy writes in each signal's words (``KVCacheStatus`` in
+#: ``fastdeploy/inter_communicator/ipc_signal_const.py``, ModelWeightsStatus the same; the per-rank arrays are flags):
+#: a word outside them is refused and logged, never acted on.
+ALLOWED: dict[str, tuple[int, ...]] = dict.fromkeys(PER_RANK, (0, 1)) | dict.fromkeys(
+    FIXED_LENGTH, tuple(map(int, KVCacheStatus))
+)
 
 
 class FastDeploySuffix(str):
@@ -105,11 +101,6 @@ class FastDeploySuffix(str):
         made = cls(check_suffix(suffix, field))
         made.tp = check_tp(tp)  # None stays None
         return made
-
-
-def ranks_of(suffix: str | int) -> int | None:
-    """The tp a suffix carries (:class:`FastDeploySuffix`), else None."""
-    return getattr(suffix, "tp", None)
 
 
 def check_suffix(suffix: object, field: str = "suffix") -> str:
@@ -170,7 +161,7 @@ class FastDeploySignal(SharedWords):
         the file must be exactly the int32 array FastDeploy makes for it (:func:`_check_shape`)."""
         full = segment_name(name, suffix)
         if length is None and name in PER_RANK:
-            length = ranks_of(suffix)
+            length = getattr(suffix, "tp", None)  # the tp a FastDeploySuffix carries
         length = FIXED_LENGTH.get(name, length)
         if length is not None:
             _check_length(length)
@@ -298,11 +289,9 @@ class FastDeploySignal(SharedWords):
                 now = time.monotonic()
                 exited = watch is not None and watch.exited() and self.get(index) != value
                 if exited or now - start >= timeout:
-                    kind, why = (
-                        ("watched_exited", f"the process expected to write it (pid {watch_pid}) exited")
-                        if exited
-                        else ("timeout", f"the limit is {timeout:g} s")
-                    )
+                    kind, why = "timeout", f"the limit is {timeout:g} s"
+                    if exited:
+                        kind, why = "watched_exited", f"the process expected to write it (pid {watch_pid}) exited"
                     raise SignalWaitError(self.name, index, value, seen, now - start, kind, what, why)
                 progress.say(now, partial(self._waiting_for, index, value, seen, what, writer, watch))
                 self.sleep_while(

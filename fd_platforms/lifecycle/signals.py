@@ -35,8 +35,5 @@ class EngineSignals(AbstractContextManager["EngineSignals"]):
         """Remove what processes killed mid-clear left published under this run's names."""
         self._protocol.reclaim(self.name)
 
-    def close(self) -> None:
-        self._held.close()
-
     def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        self._held.close()

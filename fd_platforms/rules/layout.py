@@ -88,7 +88,7 @@ Role = CacheRole
 Part = Literal["all", "main", "draft"]
 
 ROLE_ORDER: tuple[Role, ...] = ("key", "value", "key_scale", "value_scale", "indexer")
-_NAME_PREFIX: dict[Role, str] = {
+NAME_PREFIX: dict[Role, str] = {
     "key": "key_caches",
     "value": "value_caches",
     "key_scale": "key_cache_scales",
@@ -321,7 +321,7 @@ class CacheLayout:
         """Every tensor of every layer, in contract order (built on first use)."""
         return tuple(
             CacheTensorSpec(
-                name=f"{_NAME_PREFIX[role.role]}_{layer}_rank{self.rank}.device{self.device_id}",
+                name=f"{NAME_PREFIX[role.role]}_{layer}_rank{self.rank}.device{self.device_id}",
                 layer=layer,
                 role=role.role,
                 block_shape=role.block_shape,
@@ -339,7 +339,7 @@ class CacheLayout:
 
     def host_names(self) -> tuple[str, ...]:
         """Names of the host swap tensors, in contract order: ``key_caches_{layer}_rank{rank}``, ... (no device)."""
-        return tuple(f"{_NAME_PREFIX[spec.role]}_{spec.layer}_rank{self.rank}" for spec in self.tensors)
+        return tuple(f"{NAME_PREFIX[spec.role]}_{spec.layer}_rank{self.rank}" for spec in self.tensors)
 
 
 def _layer_roles(model: ModelConfig, cache: CacheConfig, parallel: ParallelConfig) -> tuple[LayerRole, ...]:
