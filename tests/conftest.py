@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import gc
@@ -83,7 +84,8 @@ def warm_paddle_bytecode() -> None:
     spec = None if os.environ.get("PYTEST_XDIST_WORKER") else importlib.util.find_spec("paddle")
     if spec is None or spec.origin is None or Path(importlib.util.cache_from_source(spec.origin)).exists():
         return
-    subprocess.run([sys.executable, "-W", "ignore", "-c", "import paddle"], check=True, timeout=300)
+    with contextlib.suppress(subprocess.TimeoutExpired):  # a Paddle that fails here fails the tests that import it
+        subprocess.run([sys.executable, "-c", "import paddle"], capture_output=True, check=False, timeout=300)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
