@@ -492,13 +492,14 @@ def _wait_ready(
 ) -> float:
     """``wire.wait_ready``; a wait that timed out names, where it can be seen, the part of the rank's cache
     (of ``parts``: main and draft) that its creator published without the other, and, where the protocol says
-    one could be at fault, a peer following another version of the rule than ``inputs.rule``."""
-    wire, inputs = protocol_named(request.protocol), request.rule_in_force()
+    one could be at fault, a peer following another version of the rule than the request's."""
+    wire = protocol_named(request.protocol)  # the object already: the request resolved it
     try:
         return wire.wait_ready(platform, request.instance, rank, limit, request.creator_pid)
     except CacheNotReadyError as error:
         if error.cause != "timeout":
             raise
+        inputs = request.rule_in_force()  # the rule's inputs only for the hint of a wait that timed out
         hints = (rank_parts.one_missing(wire, request.instance, rank, parts), wire.rule_mismatch(inputs.rule, inputs))
         if not any(hints):
             raise
