@@ -1,4 +1,5 @@
-"""Integer arguments and record fields: the one check, and the general limits it checks against.
+"""Integer arguments and record fields: the one check, and the general limits it checks against; and the one
+check of a positive real number (a fraction or a ratio: :func:`check_positive`).
 
 An integer here is an ``int`` that is not a ``bool`` (Python counts ``True`` as the int 1; no count,
 id or index of ours is a bool). :func:`check_int` refuses anything else, or an integer out of its
@@ -80,6 +81,14 @@ def check_int(
     if record is not None:
         raise RecordError(record, field, value, allowed)
     raise ConfigError(field, value, allowed, fix or f"set {field} to a whole number in that range")
+
+
+def check_positive(field: str, value: object, maximum: float, fix: str) -> float:
+    """``value`` as a float if it is a finite int or float (not a bool or text) greater than 0 and at most
+    ``maximum``, else a ConfigError naming ``field`` with ``fix``."""
+    if (is_int(value) or isinstance(value, float)) and 0 < value <= maximum:  # NaN and infinity fail the range
+        return float(value)
+    raise ConfigError(field, value, f"a number greater than 0 and at most {maximum:g} (not a bool or text)", fix)
 
 
 SHAPE_ALLOWED = f"a non-empty tuple of integers from 1 to {bound_text(MAX_COUNT)}"

@@ -10,12 +10,12 @@ a number is finite, an index is within its list (no index from the end).
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 
 from ..contract.errors import ConfigError
 from ..contract.integers import INT32_MAX, MAX_COUNT, check_int, decimal, is_int
+from ..contract.integers import check_positive as positive  # a positive number: the core's one check
 from ..rules.config.limits import MAX_WIDTH
 
 MAX_PORT = 65_535
@@ -94,13 +94,6 @@ def shape(field: str, value: object, fix: str) -> tuple[int, ...]:
     return tuple(
         _listed_integer(field, value, allowed, limit, fix, part) for limit, part in zip(bounds, parts, strict=True)
     )
-
-
-def positive(field: str, value: object, maximum: float, fix: str) -> float:
-    """A finite real number above 0 and at most ``maximum`` (not a bool or text)."""
-    if (is_int(value) or (isinstance(value, float) and math.isfinite(value))) and 0 < value <= maximum:
-        return float(value)
-    raise ConfigError(field, value, f"a number greater than 0 and at most {maximum:g} (not a bool or text)", fix)
 
 
 def one_of(field: str, value: object, choices: Sequence[str], fix: str) -> str:

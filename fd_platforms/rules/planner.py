@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from ..contract.errors import ConfigError, FdPlatformsError
-from ..contract.integers import check_int
+from ..contract.integers import check_int, check_positive
 from ..contract.types import DTYPE_BYTES, Binding, DeviceMemory, Plan, PlatformLimit
 from .config.settings import CacheConfig
 from .layout import CacheLayout, check_layout, largest
@@ -59,8 +59,7 @@ def budget_bytes(memory: DeviceMemory, utilization: float, non_cache_bytes: int 
     ``non_cache`` is ``non_cache_bytes`` when given, else ``memory.process_bytes``, else 0. When
     the platform knows free memory the budget never exceeds it. May be negative.
     """
-    if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
-        raise ConfigError("memory_utilization", utilization, "a number greater than 0 and at most 1", "use e.g. 0.9")
+    check_positive("memory_utilization", utilization, 1, "give the fraction of device memory to use, e.g. 0.9")
     if non_cache_bytes is not None and non_cache_bytes < 0:
         raise ConfigError(
             "non_cache_bytes", non_cache_bytes, "an integer >= 0", "pass the bytes held outside the cache"

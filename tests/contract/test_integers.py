@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from fd_platforms.contract.errors import ConfigError, RecordError
-from fd_platforms.contract.integers import INT32_MAX, MAX_COUNT, bound_text, check_int, is_int
+from fd_platforms.contract.integers import INT32_MAX, MAX_COUNT, bound_text, check_int, check_positive, is_int
+from fd_platforms.contract.types import DeviceMemory
+from fd_platforms.fastdeploy import values
+from fd_platforms.rules.config.settings import CacheConfig
+from fd_platforms.rules.planner import budget_bytes
 
 
 @pytest.mark.parametrize(
@@ -154,3 +160,30 @@ def test_ascii_digits_are_read_up_to_the_bound() -> None:
 
     assert decimal("0") == 0 and decimal("0042") == 42 and decimal(str(INT32_MAX), INT32_MAX) == INT32_MAX
     assert decimal(str(INT32_MAX + 1), INT32_MAX) is None
+
+
+@pytest.mark.parametrize("value", [0.5, 1, 1.0, 2**-1074])
+def test_a_positive_number_up_to_the_maximum_is_returned_as_a_float(value: float) -> None:
+    assert check_positive("ratio", value, 1, "fix it") == float(value)
+    assert type(check_positive("ratio", value, 1, "fix it")) is float
+
+
+BAD_FRACTIONS = [0, 0.0, -0.5, 1.01, math.nan, math.inf, -math.inf, "0.9", True, None, 10**400]
+
+
+@pytest.mark.parametrize("value", BAD_FRACTIONS)
+def test_a_fraction_is_refused_in_the_same_words_by_the_config_the_planner_and_fastdeploys_reader(
+    value: object,
+) -> None:
+    """memory_utilization is read in three places: the engine's CacheConfig, the planner's budget and FastDeploy's
+    gpu_memory_utilization; each refuses a bad value naming it, with one statement of what is allowed."""
+    refusals = []
+    for read in (
+        lambda: CacheConfig(memory_utilization=value),  # type: ignore[arg-type]
+        lambda: budget_bytes(DeviceMemory(2**30, None, None, "test"), value, 0),  # type: ignore[arg-type]
+        lambda: values.positive("memory_utilization", value, 1.0, "give a fraction"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            read()
+        refusals.append((info.value.field, info.value.allowed))
+    assert refusals == [("memory_utilization", "a number greater than 0 and at most 1 (not a bool or text)")] * 3

@@ -71,7 +71,7 @@ def test_a_tensor_element_limit_counts_the_larger_mtp_tensor() -> None:
 def test_a_bad_ratio_is_a_config_error_naming_it(value: object) -> None:
     with pytest.raises(ConfigError, match="num_gpu_block_expand_ratio") as info:
         CacheConfig(num_gpu_block_expand_ratio=value)  # type: ignore[arg-type]
-    assert "allowed: a number greater than 0 and at most 64.0" in str(info.value)
+    assert "allowed: a number greater than 0 and at most 64 (not a bool or text)" in str(info.value)
     assert "Fix: give the MTP layers' device blocks as a multiple of the main layers'" in str(info.value)
 
 

@@ -6,20 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...contract.errors import ConfigError
-from ...contract.integers import check_int
+from ...contract.integers import check_int, check_positive
 from ..decision import SPLITWISE_ROLES, STORAGE_BACKENDS, check_pin
 from .limits import MAX_EXPAND_RATIO, MAX_RANKS, MAX_WIDTH, choice
 from .vocabulary import resolve_cache_words
 
 PROTOCOLS = ("fd-platforms", "fastdeploy")
 """The inter-process protocols: ours (the default), or FastDeploy's own signals and per-tensor handles."""
-
-
-def _positive_number(field: str, value: object, maximum: float, fix: str) -> float:
-    """``value`` if it is a number greater than 0 and at most ``maximum`` (not a bool), else a ConfigError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= maximum:
-        raise ConfigError(field, value, f"a number greater than 0 and at most {maximum}", fix)
-    return value
 
 
 @dataclass(frozen=True)
@@ -55,7 +48,7 @@ class CacheConfig:
         dtype, quant = resolve_cache_words(self.cache_dtype, self.kv_cache_quant_type, quant_decides=False)
         object.__setattr__(self, "cache_dtype", dtype)
         object.__setattr__(self, "kv_cache_quant_type", quant)
-        _positive_number(
+        check_positive(
             "memory_utilization", self.memory_utilization, 1, "give the fraction of device memory to use, e.g. 0.9"
         )
         check_int("num_cpu_blocks", self.num_cpu_blocks, 0)
@@ -73,8 +66,8 @@ class CacheConfig:
         if self.num_gpu_blocks_override is not None:
             check_int("num_gpu_blocks_override", self.num_gpu_blocks_override, 1)
         fix = "give the MTP layers' device blocks as a multiple of the main layers', e.g. 1.0 (FastDeploy's default)"
-        ratio = _positive_number("num_gpu_block_expand_ratio", self.num_gpu_block_expand_ratio, MAX_EXPAND_RATIO, fix)
-        object.__setattr__(self, "num_gpu_block_expand_ratio", float(ratio))
+        ratio = check_positive("num_gpu_block_expand_ratio", self.num_gpu_block_expand_ratio, MAX_EXPAND_RATIO, fix)
+        object.__setattr__(self, "num_gpu_block_expand_ratio", ratio)
         check_pin(self.rule)
 
 
