@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from ..contract.errors import ConfigError, FdPlatformsError
-from ..contract.integers import check_int, check_positive
+from ..contract.integers import check_int
 from ..contract.types import DTYPE_BYTES, Binding, DeviceMemory, Plan, PlatformLimit
-from .config.settings import CacheConfig
+from .config.settings import CacheConfig, check_memory_utilization
 from .layout import CacheLayout, check_layout, largest
 from .sizes import format_size
 
@@ -59,7 +59,7 @@ def budget_bytes(memory: DeviceMemory, utilization: float, non_cache_bytes: int 
     ``non_cache`` is ``non_cache_bytes`` when given, else ``memory.process_bytes``, else 0. When
     the platform knows free memory the budget never exceeds it. May be negative.
     """
-    check_positive("memory_utilization", utilization, 1, "give the fraction of device memory to use, e.g. 0.9")
+    check_memory_utilization(utilization)
     if non_cache_bytes is not None and non_cache_bytes < 0:
         raise ConfigError(
             "non_cache_bytes", non_cache_bytes, "an integer >= 0", "pass the bytes held outside the cache"

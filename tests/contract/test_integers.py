@@ -185,5 +185,7 @@ def test_a_fraction_is_refused_in_the_same_words_by_the_config_the_planner_and_f
     ):
         with pytest.raises(ConfigError) as info:
             read()
-        refusals.append((info.value.field, info.value.allowed))
-    assert refusals == [("memory_utilization", "a number greater than 0 and at most 1 (not a bool or text)")] * 3
+        refusals.append((info.value.field, info.value.allowed, info.value.fix))
+    allowed = "a number greater than 0 and at most 1 (not a bool or text)"
+    ours = ("memory_utilization", allowed, "give the fraction of device memory to use, e.g. 0.9")
+    assert refusals == [ours, ours, ("memory_utilization", allowed, "give a fraction")]

@@ -15,6 +15,12 @@ PROTOCOLS = ("fd-platforms", "fastdeploy")
 """The inter-process protocols: ours (the default), or FastDeploy's own signals and per-tensor handles."""
 
 
+def check_memory_utilization(value: object) -> float:
+    """``value`` as the fraction of device memory the KV cache may use (above 0, at most 1), else a ConfigError
+    naming ``memory_utilization``: the engine's setting, and the planner's argument."""
+    return check_positive("memory_utilization", value, 1, "give the fraction of device memory to use, e.g. 0.9")
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """How the KV cache is sized and stored.
@@ -48,9 +54,7 @@ class CacheConfig:
         dtype, quant = resolve_cache_words(self.cache_dtype, self.kv_cache_quant_type, quant_decides=False)
         object.__setattr__(self, "cache_dtype", dtype)
         object.__setattr__(self, "kv_cache_quant_type", quant)
-        check_positive(
-            "memory_utilization", self.memory_utilization, 1, "give the fraction of device memory to use, e.g. 0.9"
-        )
+        check_memory_utilization(self.memory_utilization)
         check_int("num_cpu_blocks", self.num_cpu_blocks, 0)
         check_int("swap_space_bytes", self.swap_space_bytes, 0)
         if self.num_cpu_blocks and self.swap_space_bytes:
