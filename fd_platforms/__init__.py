@@ -2,18 +2,13 @@
 
 Importing this package is cheap: it never imports paddle, and pluggy and the plugin machinery load
 on first use of a name below (PEP 562). The platform is resolved on the first call to
-:func:`current_platform`. A plugin imports :mod:`fd_platforms.plugin`; plugin API 1.1's module
-paths (``fd_platforms.types``, ...) import as deprecated aliases (:mod:`fd_platforms.aliases`).
+:func:`current_platform`. A plugin imports :mod:`fd_platforms.plugin`, an engine :mod:`fd_platforms.engine`.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
-
-from . import aliases as _aliases
-
-_aliases.install()
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .contract.api_version import API_VERSION

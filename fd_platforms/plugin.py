@@ -1,4 +1,4 @@
-"""The plugin API: everything a platform plugin may use, in one module (plugin API 1.6).
+"""The plugin API: everything a platform plugin may use, in one module (plugin API 1.0).
 
 A plugin imports from here and nowhere else in ``fd_platforms``::
 
@@ -7,10 +7,9 @@ A plugin imports from here and nowhere else in ``fd_platforms``::
 :data:`__all__` is the whole API a plugin may build on: the hook marker and the API version, the
 records hooks return, the errors hooks raise, and the kit (``PaddlePlatform`` and the facts it is
 built from, host memory, cache sharing, cache shapes, cheap probes). Every other module of the
-package is the core's own, and a plugin written for API 1.5 or later imports none of them. Removing
-or changing a name listed here, or moving this module, raises the API's MAJOR version (the policy
-is in :mod:`fd_platforms.contract.api_version`). The module paths plugins imported before 1.5 keep
-working until API 2.0 (:data:`~fd_platforms.contract.api_version.DEPRECATED_PLUGIN_MODULES`).
+package is the core's own, and a plugin imports none of them. Removing or changing a name listed
+here, or moving this module, raises the API's MAJOR version (the policy is in
+:mod:`fd_platforms.contract.api_version`).
 
 Importing this module is cheap and never imports paddle (nor numpy): each name is imported from
 the module that defines it on first use (PEP 562), so a plugin that needs records alone, like the

@@ -1,7 +1,6 @@
 """The plugin contract, the bottom layer: what a vendor team reads and implements.
 
-Internal to the core: a plugin imports these names from :mod:`fd_platforms.plugin`, never from here
-(the paths API 1.2 to 1.4 listed keep working until API 2.0, but new code does not use them).
+Internal to the core: a plugin imports these names from :mod:`fd_platforms.plugin`, never from here.
 
 - :mod:`.hookspecs` — the hooks (pluggy specs) and the ``hookimpl`` marker;
 - :mod:`.types` — the records hooks return and receive;

@@ -185,7 +185,7 @@ def should_create_cache_tensor(
     :param num_cpu_blocks: host swap blocks; > 0 means a cache-transfer process owns the cache.
     :param storage_backend: ``None``, ``"mooncake"``, ``"attention_store"`` or ``"file"``.
     :param splitwise_role: ``"mixed"``, ``"prefill"`` or ``"decode"``.
-    :param rule: the rule version the engine pinned (``"2026-01"``, ``"2026-04"``; API 1.2).
+    :param rule: the rule version the engine pinned (``"2026-01"``, ``"2026-04"``).
     :returns: a :class:`~fd_platforms.contract.types.CacheDecision` (``create``, the deciding term, reason).
 
     firstresult: yes. Errors: :class:`~fd_platforms.contract.errors.ConfigError` for a value outside the
@@ -274,7 +274,7 @@ def max_num_blocks(
 
 @hookspec(firstresult=True)
 def kv_cache_shapes(request: CacheShapeRequest) -> tuple[CacheRoleShape, ...]:
-    """State one layer's cache tensors as this platform's attention kernels lay them out (API 1.2).
+    """State one layer's cache tensors as this platform's attention kernels lay them out.
 
     The core owns the bytes, the platform the axes: ``request.default`` is the core's answer (key
     and value ``[num_blocks, kv_heads, block_size, head_dim]``, block-wise fp8 scales the key's
@@ -324,7 +324,7 @@ def host_alloc(nbytes: int, require_pinned: bool) -> HostBuffer:
 
 
 @hookspec(firstresult=True)
-def wait_cache_ready(signal_name: str, rank: int, timeout: float | None, setter_pid: int | None) -> float:
+def wait_cache_ready(signal_name: str, rank: int, timeout: float | None, creator_pid: int | None) -> float:
     """Block until the cache-ready slot of ``rank`` is set by the process that owns the cache.
 
     The core's implementation attaches to the signal (:mod:`fd_platforms.ipc.cache_signal`) and
@@ -335,25 +335,25 @@ def wait_cache_ready(signal_name: str, rank: int, timeout: float | None, setter_
     :param rank: local rank whose slot to wait on.
     :param timeout: seconds to wait at most (``None``: ``FD_CACHE_READY_TIMEOUT``, default 600;
         ``math.inf``: no limit — the wait then logs what it waits for every few seconds).
-    :param setter_pid: pid of the process expected to set the slot; its exit ends the wait
-        within about a quarter of a second.
+    :param creator_pid: pid of the process that creates the cache and sets the slot; its exit ends
+        the wait within about a quarter of a second.
     :returns: seconds waited.
 
     firstresult: yes; platforms should not implement this hook. Errors:
-    :class:`~fd_platforms.contract.errors.CacheNotReadyError` (cause ``"timeout"`` or ``"setter_exited"``)
+    :class:`~fd_platforms.contract.errors.CacheNotReadyError` (cause ``"timeout"`` or ``"creator_exited"``)
     naming the signal, the rank, the elapsed time and every slot's state;
     :class:`~fd_platforms.contract.errors.CacheSignalError` when no such signal exists;
     :class:`~fd_platforms.contract.errors.ConfigError` for a bad rank, timeout or ``FD_CACHE_READY_TIMEOUT``.
 
     Example::
 
-        waited = platform.wait_cache_ready("fd_cache_ready.engine-8188", rank=0, setter_pid=manager.pid)
+        waited = platform.wait_cache_ready("fd_cache_ready.engine-8188", rank=0, creator_pid=manager.pid)
     """
 
 
 @hookspec(firstresult=True)
 def cache_sharing() -> str | None:
-    """Say how a KV cache tensor crosses processes on this platform, or that it cannot. (API 1.1)
+    """Say how a KV cache tensor crosses processes on this platform, or that it cannot.
 
     A worker that does not create its cache attaches to the cache manager's tensors by name, with
     :func:`export_cache_tensor` and :func:`open_cache_tensor`. Where they cannot work, the core
@@ -376,7 +376,7 @@ def cache_sharing() -> str | None:
 
 @hookspec(firstresult=True)
 def export_cache_tensor(name: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
-    """Allocate one zero-filled KV cache tensor that other processes can open. (API 1.1)
+    """Allocate one zero-filled KV cache tensor that other processes can open.
 
     :param name: the tensor's published name, unique to the engine instance
         (``fd_kv.<instance>.key_caches_0_rank0.device0``); use it to label what the platform creates.
@@ -402,7 +402,7 @@ def export_cache_tensor(name: str, shape: tuple[int, ...], dtype: str, device: s
 
 @hookspec(firstresult=True)
 def open_cache_tensor(name: str, handle: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
-    """Open a tensor another process exported, zero-copy: the same memory, not a copy. (API 1.1)
+    """Open a tensor another process exported, zero-copy: the same memory, not a copy.
 
     :param name: the published name (as exported).
     :param handle: the exporter's ``SharedTensor.handle``.
@@ -424,7 +424,7 @@ def open_cache_tensor(name: str, handle: str, shape: tuple[int, ...], dtype: str
 
 @hookspec(firstresult=True)
 def release_device_memory(device: str) -> str | None:
-    """Return to the device the memory Paddle's allocator keeps cached after a KV cache was freed. (API 1.3)
+    """Return to the device the memory Paddle's allocator keeps cached after a KV cache was freed.
 
     Paddle's allocators keep freed blocks for reuse, so a cleared cache stays reserved on the
     device and creating it again (sleep mode, RL weight updates) can fail where FastDeploy's

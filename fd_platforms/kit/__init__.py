@@ -1,8 +1,7 @@
 """The plugin kit: what a vendor plugin may build on, so it states device facts and nothing else.
 
 Internal to the core: a plugin imports the kit's public names from :mod:`fd_platforms.plugin`, never
-from these modules (the paths API 1.2 to 1.4 listed keep working until API 2.0, but new code does
-not use them).
+from these modules.
 
 - :mod:`.paddle_platform` — ``PaddlePlatform``, a whole Paddle-driven platform from its facts;
 - :mod:`.device_facts` — ``DeviceFacts``, the seam between the core and Paddle (memory, pinning, IPC);

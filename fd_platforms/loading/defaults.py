@@ -95,12 +95,12 @@ def max_num_blocks(
 
 
 @hookimpl(trylast=True)
-def wait_cache_ready(signal_name: str, rank: int, timeout: float | None, setter_pid: int | None) -> float:
+def wait_cache_ready(signal_name: str, rank: int, timeout: float | None, creator_pid: int | None) -> float:
     """Attach to the engine's signal and sleep on the rank's slot (see :mod:`fd_platforms.ipc.cache_signal`)."""
     from ..ipc.cache_signal import CacheReadySignal
 
     with CacheReadySignal.attach(signal_name) as signal:
-        return signal.wait(rank, timeout=timeout, creator_pid=setter_pid)
+        return signal.wait(rank, timeout=timeout, creator_pid=creator_pid)
 
 
 @hookimpl(trylast=True)

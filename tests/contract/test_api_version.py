@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 import fd_platforms
 from fd_platforms.contract.api_version import (
     API_VERSION,
-    DEPRECATED_PLUGIN_MODULES,
     PLUGIN_API_MODULES,
     release_range_contains,
 )
@@ -44,7 +43,7 @@ def versioned(make_plugin, declared: object) -> None:
 
 
 def test_the_api_version_is_exported_lazily() -> None:
-    assert fd_platforms.API_VERSION == API_VERSION == "1.6"
+    assert fd_platforms.API_VERSION == API_VERSION == "1.0"
 
 
 @pytest.mark.parametrize("declared", [">=1.0,<2", ">=0.9", "==1.*", "~=1.0"])
@@ -61,14 +60,14 @@ def test_an_incompatible_plugin_is_refused_naming_both_versions_and_the_fix(make
     assert info.value.exit_code == 2 and "fd-test-future" in message
     assert "supports fd-platforms plugin API >=2.0,<3" in message
     assert f"the installed fd-platforms {core_version()} provides plugin API {API_VERSION}" in message
-    assert "Fix: install a release of fd-test-future that supports API 1.6" in message
+    assert "Fix: install a release of fd-test-future that supports API 1.0" in message
 
 
 def test_an_incompatible_plugin_is_listed_as_broken_and_not_detected(make_plugin) -> None:
     versioned(make_plugin, "<1.0")
     assert select_platform({}).platform.name == "cpu"
     report = {r.name: r for r in survey({}).reports}["future"]
-    assert report.status == "broken" and "provides plugin API 1.6" in report.reason
+    assert report.status == "broken" and "provides plugin API 1.0" in report.reason
 
 
 @pytest.mark.parametrize("declared", ["1.x", "", 1.0, None])
@@ -124,16 +123,11 @@ def test_plugins_import_only_the_public_plugin_api(package: str) -> None:
         "fd_platforms_npu",
     ],
 )
-def test_a_plugin_importing_the_plugin_module_declares_the_api_that_has_it(module: str) -> None:
-    """``fd_platforms.plugin`` came with API 1.5: an older core would pass the check, then fail the import."""
+def test_every_in_repo_plugin_loads_under_plugin_api_1_0_and_every_later_1_x(module: str) -> None:
+    """The first release's plugin API is 1.0: each plugin's range holds it and every 1.x after it, and no 2.x."""
     declared = importlib.import_module(module).PLATFORM.api_versions
-    assert release_range_contains(declared, API_VERSION) and not release_range_contains(declared, "1.4"), declared
-
-
-def test_the_dcu_plugin_declares_the_api_that_has_rocm_facts() -> None:
-    """``RocmFacts`` came with API 1.6: a 1.5 core has ``fd_platforms.plugin``, but not the name dcu imports."""
-    declared = importlib.import_module("fd_platforms_dcu").PLATFORM.api_versions
-    assert release_range_contains(declared, API_VERSION) and not release_range_contains(declared, "1.5"), declared
+    holds = {version: release_range_contains(declared, version) for version in ("0.9", "1.0", "1.7", "2.0")}
+    assert holds == {"0.9": False, "1.0": True, "1.7": True, "2.0": False}, declared
 
 
 VERSIONS = st.lists(st.integers(min_value=0, max_value=12), min_size=1, max_size=4).map(
@@ -160,18 +154,17 @@ GUIDE = (ROOT / "docs" / "writing-a-plugin.md").read_text()
 GUIDE_API = GUIDE[GUIDE.index("## 2. The public plugin API") : GUIDE.index("## 3. The hooks")]
 
 
-@pytest.mark.parametrize("module", [*PLUGIN_API_MODULES, *DEPRECATED_PLUGIN_MODULES])
+@pytest.mark.parametrize("module", PLUGIN_API_MODULES)
 def test_every_plugin_api_module_is_in_the_guide(module: str) -> None:
-    """The module a plugin imports, and every path plugins imported before it (until API 2.0)."""
-    listed = f"| `{module}` |" if module in PLUGIN_API_MODULES else f"`{module}`"
-    assert listed in GUIDE_API, f"section 2 of docs/writing-a-plugin.md does not list {module}"
+    """The module a plugin imports is in section 2 of the guide."""
+    assert f"| `{module}` |" in GUIDE_API, f"section 2 of docs/writing-a-plugin.md does not list {module}"
 
 
 def test_every_plugin_api_module_imports_without_paddle() -> None:
     """One fresh process imports them one after another: the first whose import brings paddle in is named."""
-    modules = [*PLUGIN_API_MODULES, *DEPRECATED_PLUGIN_MODULES]
+    modules = list(PLUGIN_API_MODULES)
     code = (
-        "import importlib, sys, warnings\nwarnings.simplefilter('ignore', DeprecationWarning)\n"
+        "import importlib, sys\n"
         f"for module in {modules!r}:\n"
         "    importlib.import_module(module)\n"
         "    assert 'paddle' not in sys.modules, f'importing {module} imported paddle'\n"

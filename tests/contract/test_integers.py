@@ -131,18 +131,6 @@ def test_a_bound_one_below_a_large_power_of_two_is_written_as_one(bound: int, te
     assert bound_text(bound) == text
 
 
-def test_the_api_1_1_aliases_still_hold_the_old_names_of_max_count() -> None:
-    import importlib
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        host_memory = importlib.import_module("fd_platforms.host_memory")
-        types = importlib.import_module("fd_platforms.types")
-    assert host_memory.MAX_BYTES == types.MAX_COUNT == MAX_COUNT == 2**63 - 1
-    assert "MAX_BYTES" in host_memory.__all__ and "MAX_COUNT" in types.__all__
-
-
 @pytest.mark.parametrize("text", ["²", "٣", "0,²", "١٢", "1e3", "-1", "", str(2**63)])
 def test_only_ascii_digits_are_read_as_counts_wherever_digit_text_comes_from_outside(text: str) -> None:
     """``str.isdigit`` takes ``"²"`` (``int`` then raises ValueError) and ``"٣"`` (``int`` reads 3): a device list

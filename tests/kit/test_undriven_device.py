@@ -26,7 +26,7 @@ def detect_platform():
 
 @hookimpl
 def supported_api_versions():
-    return ">=1.5,<2"
+    return ">=1.0,<2"
 
 @hookimpl
 def device_memory(device_id):

@@ -253,7 +253,7 @@ PLATFORM = PaddlePlatform(
     distributions=("paddle-zephyr-tpu",),
     device_glob="/dev/zephyr[0-9]*",
     install_hint="pip install paddle-zephyr-tpu",
-    api_versions=">=1.5,<2",
+    api_versions=">=1.0,<2",
     facts=CustomDeviceFacts,
 )
 """

@@ -273,7 +273,7 @@ def detect_platform():
 
 @hookimpl
 def supported_api_versions():
-    return ">=1.1,<2"
+    return ">=1.0,<2"
 
 @hookimpl
 def device_memory(device_id):

@@ -1,4 +1,4 @@
-"""The wait contract: returns when set, times out, notices a dead setter."""
+"""The wait contract: returns when set, times out, notices a dead creator."""
 
 from __future__ import annotations
 
@@ -51,20 +51,20 @@ def test_times_out_with_the_slots_named(fd_platform: Platform, signal: CacheRead
 
 
 @hooks("wait_cache_ready")
-def test_notices_a_dead_setter(fd_platform: Platform, signal: CacheReadySignal) -> None:
-    setter = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    killer = threading.Timer(0.3, setter.kill)
+def test_notices_a_dead_creator(fd_platform: Platform, signal: CacheReadySignal) -> None:
+    creator = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    killer = threading.Timer(0.3, creator.kill)
     killer.start()
     started = time.monotonic()
     try:
         with pytest.raises(CacheNotReadyError) as info:
-            fd_platform.wait_cache_ready(signal.name, 0, timeout=30, creator_pid=setter.pid)
+            fd_platform.wait_cache_ready(signal.name, 0, timeout=30, creator_pid=creator.pid)
     finally:
         killer.cancel()
-        setter.kill()
-        setter.wait(timeout=10)
-    assert info.value.cause == "setter_exited" and str(setter.pid) in str(info.value)
-    assert time.monotonic() - started < 5, "a dead setter must end the wait long before the timeout"
+        creator.kill()
+        creator.wait(timeout=10)
+    assert info.value.cause == "creator_exited" and str(creator.pid) in str(info.value)
+    assert time.monotonic() - started < 5, "a dead creator must end the wait long before the timeout"
 
 
 @hooks("wait_cache_ready")

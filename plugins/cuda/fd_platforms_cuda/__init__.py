@@ -93,7 +93,7 @@ PLATFORM = PaddlePlatform(
     distributions=("paddlepaddle-gpu",),
     device_glob="/dev/nvidia[0-9]*",
     install_hint=INSTALL_HINT,
-    api_versions=">=1.5,<2",  # 1.5: fd_platforms.plugin
+    api_versions=">=1.0,<2",
     description="NVIDIA CUDA GPUs",
     facts=CudaFacts,
 )

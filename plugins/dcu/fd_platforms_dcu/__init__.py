@@ -19,7 +19,7 @@ PLATFORM = PaddlePlatform(
     device_glob=None,  # /dev/kfd is one node for every device, /dev/dri render nodes are any vendor's
     # (FastDeploy's docs/get_started/installation/hygon_dcu.md:26-27 mounts both)
     install_hint="pip install paddlepaddle-dcu (Paddle's ROCm build) on a machine with Hygon DCUs and the DTK driver",
-    api_versions=">=1.6,<2",  # 1.6: RocmFacts in fd_platforms.plugin
+    api_versions=">=1.0,<2",
     description="Hygon DCUs (Paddle's ROCm build)",
     facts=RocmFacts,
 )

@@ -11,7 +11,7 @@ PLATFORM = PaddlePlatform(
     distributions=("paddle-custom-gcu",),
     device_glob=None,  # cards are /dev/gcuN, but /dev/gcu[0-9]* also finds the codec nodes /dev/gcuNvidM
     install_hint="pip install paddle-custom-gcu beside paddlepaddle on a machine with Enflame GCUs",
-    api_versions=">=1.5,<2",  # 1.5: fd_platforms.plugin
+    api_versions=">=1.0,<2",
     description="Enflame GCUs",
     custom_device_library="*custom-gcu*.so",  # libpaddle-custom-gcu.so
     facts=CustomDeviceFacts,

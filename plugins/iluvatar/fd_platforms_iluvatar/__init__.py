@@ -11,7 +11,7 @@ PLATFORM = PaddlePlatform(
     distributions=("paddle-iluvatar-gpu",),
     device_glob="/dev/iluvatar[0-9]*",  # CoreX's driver: one node per GPU, numbered as on the host
     install_hint="pip install paddle-iluvatar-gpu beside paddlepaddle on a machine with Iluvatar GPUs",
-    api_versions=">=1.5,<2",  # 1.5: fd_platforms.plugin (1.4: device_runtime)
+    api_versions=">=1.0,<2",
     description="Iluvatar CoreX GPUs",
     custom_device_library="*iluvatar*.so",
     limits=(

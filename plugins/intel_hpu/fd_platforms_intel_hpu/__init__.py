@@ -17,7 +17,7 @@ PLATFORM = PaddlePlatform(
     distributions=("paddle-intel-hpu",),
     device_glob="/dev/accel/accel_controlD[0-9]*",  # habanalabs' own node; accelN is any accel driver's
     install_hint="pip install paddle-intel-hpu beside paddlepaddle on a machine with Intel Gaudi HPUs and SynapseAI",
-    api_versions=">=1.5,<2",  # 1.5: fd_platforms.plugin
+    api_versions=">=1.0,<2",
     description="Intel Gaudi HPUs",
     custom_device_library="*intel-hpu*.so",  # libpaddle-intel-hpu.so
     facts=CustomDeviceFacts,

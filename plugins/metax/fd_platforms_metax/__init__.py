@@ -17,7 +17,7 @@ PLATFORM = PaddlePlatform(
     distributions=("paddle-metax-gpu",),
     device_glob=None,  # Paddle's custom-device runtime counts the devices
     install_hint="pip install paddle-metax-gpu beside paddlepaddle on a machine with MetaX GPUs",
-    api_versions=">=1.5,<2",  # 1.5: fd_platforms.plugin (1.4: device_runtime)
+    api_versions=">=1.0,<2",
     description="MetaX GPUs",
     custom_device_library="*metax*.so",
     facts=CustomDeviceFacts,

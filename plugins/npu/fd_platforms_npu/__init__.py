@@ -18,7 +18,7 @@ PLATFORM = PaddlePlatform(
     distributions=("paddle-custom-npu",),
     device_glob="/dev/davinci[0-9]*",  # one node per NPU, beside /dev/davinci_manager
     install_hint="pip install paddle-custom-npu beside paddlepaddle on a machine with Ascend NPUs and CANN",
-    api_versions=">=1.5,<2",  # 1.5: fd_platforms.plugin
+    api_versions=">=1.0,<2",
     description="Ascend NPUs",
     custom_device_library="*custom-npu*.so",  # libpaddle-custom-npu.so
     facts=CustomDeviceFacts,

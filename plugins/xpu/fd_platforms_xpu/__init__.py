@@ -91,7 +91,7 @@ PLATFORM = PaddlePlatform(
     distributions=("paddlepaddle-xpu",),
     device_glob="/dev/xpu[0-9]*",
     install_hint=INSTALL_HINT,
-    api_versions=">=1.5,<2",  # 1.5: fd_platforms.plugin (1.2: kv_cache_shapes)
+    api_versions=">=1.0,<2",
     description="Kunlun XPUs",
     facts=XpuFacts,
     cache_shapes=eight_bit_as_int8,  # XPU kernels take an 8-bit cache as int8 (GPU's is uint8)

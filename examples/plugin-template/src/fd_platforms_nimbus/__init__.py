@@ -20,7 +20,7 @@ PLATFORM = PaddlePlatform(
     distributions=("paddle-nimbus-npu",),  # Paddle's Nimbus runtime plugin
     device_glob=None,  # Paddle's custom-device runtime counts the devices
     install_hint="pip install paddle-nimbus-npu beside paddlepaddle on a machine with Nimbus NPUs",
-    api_versions=">=1.5,<2",  # written against plugin API 1.5 (fd_platforms.plugin); any later 1.x core accepts it
+    api_versions=">=1.0,<2",  # written against plugin API 1.0 (fd_platforms.plugin); any later 1.x core accepts it
     description="Nimbus NPUs (example plugin)",
     custom_device_library="*nimbus*.so",
     limits=(
