@@ -100,13 +100,13 @@ class FastDeployBoard:
         self.close()
 
 
-def _wait(signal: CacheReadySignal | FastDeploySignal, strategy: str, setter_pid: int, timeout: float) -> None:
+def _wait(signal: CacheReadySignal | FastDeploySignal, strategy: str, creator_pid: int, timeout: float) -> None:
     """Wait for slot 0 the way ``strategy`` does."""
     if isinstance(signal, FastDeploySignal):
-        signal.wait_for(0, 1, timeout, watch_pid=setter_pid)
+        signal.wait_for(0, 1, timeout, watch_pid=creator_pid)
         return
     if strategy == "futex":
-        signal.wait(0, timeout=timeout, creator_pid=setter_pid)
+        signal.wait(0, timeout=timeout, creator_pid=creator_pid)
         return
     if strategy == "spin":
         while not signal.is_set(0):
@@ -117,20 +117,20 @@ def _wait(signal: CacheReadySignal | FastDeploySignal, strategy: str, setter_pid
         time.sleep(interval)
 
 
-def waiter(name: str, strategy: str, setter_pid: int, cpu_seconds: float, rounds: int, link: Connection) -> None:
+def waiter(name: str, strategy: str, creator_pid: int, cpu_seconds: float, rounds: int, link: Connection) -> None:
     """The waiter process: one long wait for CPU, then ``rounds`` short ones for latency."""
     fastdeploy = strategy in (FASTDEPLOY, FOREIGN)
     kind, _, suffix = name.partition(".")
     with FastDeploySignal.attach(kind, suffix) if fastdeploy else CacheReadySignal.attach(name) as signal:
         link.send("ready")
         cpu_start, wall_start = time.process_time(), time.monotonic()
-        _wait(signal, strategy, setter_pid, cpu_seconds + 60)
+        _wait(signal, strategy, creator_pid, cpu_seconds + 60)
         returned = time.monotonic_ns()
         link.send((time.process_time() - cpu_start, time.monotonic() - wall_start, returned))
         for _ in range(rounds):
             link.recv()  # the slot is clear again
             link.send("ready")
-            _wait(signal, strategy, setter_pid, 60)
+            _wait(signal, strategy, creator_pid, 60)
             link.send(time.monotonic_ns())
 
 

@@ -116,14 +116,15 @@ class DuplicatePlatformError(SelectionError):
 class PluginError(FdPlatformsError):
     """A plugin could not be imported, registered, or broke the hook contract.
 
-    ``plugin`` is the platform name, ``distribution`` the installed distribution providing it.
+    ``plugin`` is the platform's name (a wire protocol's, where ``kind`` says so), ``distribution`` the installed
+    distribution providing it.
     """
 
     exit_code = 2
 
-    def __init__(self, plugin: str, distribution: str, message: str) -> None:
+    def __init__(self, plugin: str, distribution: str, message: str, *, kind: str = "platform plugin") -> None:
         self.plugin, self.distribution = plugin, distribution
-        super().__init__(f"platform plugin {plugin!r} (distribution {distribution}): {message}")
+        super().__init__(f"{kind} {plugin!r} (distribution {distribution}): {message}")
 
 
 class PluginLoadError(PluginError):
@@ -186,7 +187,7 @@ class CacheSignalError(FdPlatformsError):
 class CacheNotReadyError(FdPlatformsError):
     """A wait for a cache-ready slot ended without the slot being set.
 
-    ``cause`` is ``"timeout"`` or ``"setter_exited"``; ``slots`` holds every rank's slot value
+    ``cause`` is ``"timeout"`` or ``"creator_exited"``; ``slots`` holds every rank's slot value
     (1 set, 0 clear) at the moment the wait gave up; another cause the caller knows of ends the
     message (:meth:`with_hint`).
     """

@@ -31,7 +31,6 @@ from typing import Any
 
 from ..contract.errors import CacheInUseError, CacheSharingError
 from ..contract.integers import MAX_COUNT, is_int
-from ..contract.renamed import renamed_keywords
 from ..ipc import shm
 from ..ipc.cache_signal import SIGNAL_PREFIX, check_signal_name
 from ..ipc.waiting import WaitProgress
@@ -60,14 +59,12 @@ def instance_of(instance: str) -> str:
     return instance.removeprefix(SIGNAL_PREFIX)
 
 
-@renamed_keywords(signal_name="instance")
 def publication_name(instance: str, rank: int, part: str = "all") -> str:
     """The manifest of ``rank``'s cache in engine ``instance`` (its cache-ready signal); the MTP draft layers
     (``part`` ``"draft"``, published on a call of their own) have their own, ``...rank<r>.draft``."""
     return f"{PUBLICATION_PREFIX}{instance_of(instance)}.rank{rank}" + (".draft" if part == "draft" else "")
 
 
-@renamed_keywords(signal_name="instance")
 def published_tensor_name(instance: str, layout_name: str) -> str:
     """The name a tensor of the layout is exported under, unique to the engine instance."""
     return f"{TENSOR_PREFIX}{instance_of(instance)}.{layout_name}"

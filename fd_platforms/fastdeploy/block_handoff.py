@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from ..contract.errors import CacheSignalError, ConfigError
 from ..contract.integers import INT32_MAX, check_int
-from ..contract.renamed import renamed_keywords
 from ..ipc.shared_words import MAX_LOCAL_RANKS
 from ..loading.platform import Platform
 from .signals import PROFILE_BLOCK_NUM, FastDeploySignal, check_suffix, segment_name
@@ -43,7 +42,6 @@ def block_count_words(device_type: str, ranks: int) -> int:
     return ranks if device_type in PER_RANK_DEVICE_TYPES else 1
 
 
-@renamed_keywords(suffix="instance")
 def hand_off_block_count(
     instance: str | int,
     num_blocks: int,
@@ -55,9 +53,8 @@ def hand_off_block_count(
     """Write ``num_blocks`` into FastDeploy's ``get_profile_block_num.<block_count_suffix>`` (call it on
     local rank 0); the segment's name.
 
-    ``instance`` is the engine instance, FastDeploy's signal suffix (its ``engine_worker_queue_port``; ``suffix=``
-    before 0.2); ``block_count_suffix`` the block count's own (its worker's ``parallel_config.engine_pid``), default
-    ``instance``.
+    ``instance`` is the engine instance, FastDeploy's signal suffix (its ``engine_worker_queue_port``);
+    ``block_count_suffix`` the block count's own (its worker's ``parallel_config.engine_pid``), default ``instance``.
     ``platform`` (default: one word, as on every platform but Iluvatar) and ``ranks``, the local
     ranks, give the words FastDeploy's engine makes (:func:`block_count_words`).
 

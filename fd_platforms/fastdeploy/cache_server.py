@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..contract.errors import ConfigError, FdPlatformsError, SignalWaitError
-from ..contract.renamed import renamed_keywords
 from ..engine.initialize import ManagedCache
 from ..ipc.cache_signal import resolve_timeout
 from ..ipc.shared_words import check_tp
@@ -36,7 +35,6 @@ class ServeFailure:
     error: Exception
 
 
-@renamed_keywords(suffix="instance")
 def serve_kv_cache_status(
     managed: Sequence[ManagedCache],
     recreate: Callable[[int], ManagedCache],

@@ -58,7 +58,6 @@ from functools import partial
 
 from ..contract.errors import CacheSharingError, CacheSignalError, CacheUpdateError, ConfigError, SignalWaitError
 from ..contract.integers import check_int, is_int
-from ..contract.renamed import renamed_keywords
 from ..ipc.cache_signal import resolve_timeout
 from ..ipc.process_watch import pid_max
 from ..ipc.shared_words import MAX_LOCAL_RANKS, check_tp
@@ -116,7 +115,6 @@ class _Drive:
     tp: int | None
 
 
-@renamed_keywords(suffix="instance")
 def drive_kv_cache_update(
     instance: str | int,
     *,
@@ -131,7 +129,7 @@ def drive_kv_cache_update(
     """Drive one clear/update over every local rank: :func:`drive_kv_cache_clear`, ``update()`` (load the
     new weights there), :func:`drive_kv_cache_restore`, under one claim of ``kv_cache_status`` (no other
     driver can come between the halves); see the module docstring. ``instance`` is the engine instance, FastDeploy's
-    signal suffix (``suffix=`` before 0.2, deprecated, as in every FastDeploy call here).
+    signal suffix.
 
     Each wait is bounded by ``timeout`` (default ``FD_CACHE_READY_TIMEOUT``) and ends early, naming the
     process, when ``creator_pid`` or a rank's process in ``attacher_pids`` exits. One driver at a time: a
@@ -171,7 +169,6 @@ def drive_kv_cache_update(
         return UpdateReport(let_go - started, cleared - let_go, updated - cleared, done - updated, ready.length)
 
 
-@renamed_keywords(suffix="instance")
 def drive_kv_cache_clear(
     instance: str | int,
     *,
@@ -202,7 +199,6 @@ def drive_kv_cache_clear(
         return ClearReport(let_go - started, cleared - let_go, ready.length)
 
 
-@renamed_keywords(suffix="instance")
 def drive_kv_cache_restore(
     instance: str | int,
     *,

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from functools import partial
 
 from ..contract.integers import check_int
-from ..contract.renamed import renamed_keywords
 from ..ipc.shared_words import MAX_LOCAL_RANKS
 from ..loading.platform import Platform
 from .cache_status import check_callable, checked_drive, drive_kv_cache_clear, drive_kv_cache_restore
@@ -33,7 +32,6 @@ LOOK_SECONDS = 0.01  # how often the word is looked at (FastDeploy's worker: eve
 CLEAR_SIDE = (KVCacheStatus.CLEARING, KVCacheStatus.CLEARED)
 
 
-@renamed_keywords(suffix="instance")
 def follow_model_weights_status(
     instance: str | int,
     rank: int,

@@ -54,7 +54,6 @@ from collections.abc import Mapping
 
 from ..contract.errors import CacheNotReadyError, CacheSignalError, ConfigError
 from ..contract.integers import check_int
-from ..contract.renamed import renamed_keywords
 from . import shm
 from .process_watch import ProcessWatch
 from .shared_words import CHECK_SECONDS, MAX_LOCAL_RANKS, WORD_BYTES, SharedWords
@@ -180,7 +179,6 @@ class CacheReadySignal(SharedWords):
 
     # -- waiting ------------------------------------------------------------------------------
 
-    @renamed_keywords(setter_pid="creator_pid")
     def wait(
         self,
         rank: int,
@@ -192,10 +190,10 @@ class CacheReadySignal(SharedWords):
         """Block until ``rank``'s slot is set; the seconds waited.
 
         ``timeout`` defaults to ``FD_CACHE_READY_TIMEOUT`` (600 s); ``math.inf`` waits with no limit.
-        With ``creator_pid`` (the process that creates the cache and sets the slot; ``setter_pid=`` before 0.2,
-        deprecated), the wait fails within about :data:`CHECK_SECONDS` of that process exiting. Every
-        ``progress_seconds`` (default :data:`~.waiting.PROGRESS_SECONDS`) it logs what it waits for (:mod:`.waiting`:
-        INFO, WARNING without a limit). Raises :class:`CacheNotReadyError`; Ctrl-C interrupts at once.
+        With ``creator_pid`` (the process that creates the cache and sets the slot), the wait fails within about
+        :data:`CHECK_SECONDS` of that process exiting. Every ``progress_seconds`` (default
+        :data:`~.waiting.PROGRESS_SECONDS`) it logs what it waits for (:mod:`.waiting`: INFO, WARNING without a
+        limit). Raises :class:`CacheNotReadyError`; Ctrl-C interrupts at once.
         """
         self._check_rank(rank)
         limit = resolve_timeout(timeout)
@@ -209,7 +207,7 @@ class CacheReadySignal(SharedWords):
                     raise self._not_ready(
                         rank,
                         now - start,
-                        "setter_exited",
+                        "creator_exited",
                         f"the process expected to set it (pid {watch.pid}) exited without setting it",
                         "read that process's log for why it stopped; the KV cache of this rank was never allocated",
                     )

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from engine_processes import qwen_layout
+from kv_requests import kv_request
 
 from fd_platforms.contract.errors import CacheInUseError, CacheSharingError
 from fd_platforms.engine import manage_kv_cache
@@ -414,7 +415,7 @@ def memfds_of_another_user(names: list[str], user: int) -> tuple[int, list[int],
 @root_only
 def test_a_record_naming_another_users_memfd_is_refused_by_the_attacher_and_by_the_opener(names: list[str]) -> None:
     """Another user rewrote the records to name its own memfds (named like the tensors, sealed): a root runner
-    without setter_pid must not map them as its KV cache."""
+    without creator_pid must not map them as its KV cache."""
     from fd_platforms.kit.host_sharing import open_host_tensor
 
     pid, fds, stop_write = memfds_of_another_user(names, 65534)
@@ -450,7 +451,7 @@ def test_a_record_naming_the_attacher_itself_is_refused(names: list[str]) -> Non
 @pytest.mark.slow
 def test_a_record_naming_another_process_than_the_creator_of_ours_holding_it_is_refused(names: list[str]) -> None:
     """A creator of ours holds each record it publishes (the kernel lists it in /proc/locks): handles naming a
-    neighbour process of the same user are refused, even without setter_pid."""
+    neighbour process of the same user are refused, even without creator_pid."""
     neighbour, pid = spawn("print(os.getpid(), flush=True)")
     creator, said = spawn(
         "from fd_platforms.fastdeploy.handles import FastDeployHandles\n"
@@ -646,7 +647,10 @@ def test_a_neighbour_engine_on_the_same_device_ids_is_named_as_the_cause_when_it
     with first_signals:
         managed = [
             manage_kv_cache(
-                cpu, qwen_layout(rank, 2), 4, num_cpu_blocks=4, instance=first, protocol="fastdeploy", rule="2026-01"
+                cpu,
+                kv_request(
+                    qwen_layout(rank, 2), 4, num_cpu_blocks=4, instance=first, protocol="fastdeploy", rule="2026-01"
+                ),
             )
             for rank in range(2)
         ]
@@ -655,12 +659,14 @@ def test_a_neighbour_engine_on_the_same_device_ids_is_named_as_the_cause_when_it
             with made, pytest.raises(CacheSharingError) as caught:
                 manage_kv_cache(
                     cpu,
-                    qwen_layout(0, 2),
-                    4,
-                    num_cpu_blocks=0,
-                    instance=neighbour,
-                    protocol="fastdeploy",
-                    rule="2026-01",
+                    kv_request(
+                        qwen_layout(0, 2),
+                        4,
+                        num_cpu_blocks=0,
+                        instance=neighbour,
+                        protocol="fastdeploy",
+                        rule="2026-01",
+                    ),
                 )
         finally:
             with FastDeploySignal.attach(CACHE_READY, first) as ready:

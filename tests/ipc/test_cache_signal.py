@@ -401,7 +401,7 @@ def test_default_timeout_is_600_seconds() -> None:
 
 
 @pytest.mark.slow
-def test_setter_killed_with_sigkill_ends_the_wait_within_a_second(signal_name: str) -> None:
+def test_creator_killed_with_sigkill_ends_the_wait_within_a_second(signal_name: str) -> None:
     with CacheReadySignal.create(2, signal_name) as owner:
         manager = spawn.Process(target=signal_processes.sleep_forever)
         manager.start()
@@ -416,13 +416,13 @@ def test_setter_killed_with_sigkill_ends_the_wait_within_a_second(signal_name: s
             owner.wait(1, timeout=60, creator_pid=manager.pid)
         noticed = time.monotonic() - killed_at[0]
         manager.join(10)
-    assert noticed < 1.0, f"the dead setter was noticed after {noticed:.2f} s"
+    assert noticed < 1.0, f"the dead creator was noticed after {noticed:.2f} s"
     error = raised.value
-    assert error.cause == "setter_exited" and error.rank == 1
+    assert error.cause == "creator_exited" and error.rank == 1
     assert f"pid {manager.pid}) exited without setting it" in str(error)
 
 
-def test_setter_already_gone_fails_at_once(signal_name: str) -> None:
+def test_creator_already_gone_fails_at_once(signal_name: str) -> None:
     gone = spawn.Process(target=time.sleep, args=(0,))
     gone.start()
     gone.join(30)
@@ -430,10 +430,10 @@ def test_setter_already_gone_fails_at_once(signal_name: str) -> None:
         start = time.monotonic()
         with pytest.raises(CacheNotReadyError, match="exited without setting it"):
             owner.wait(0, timeout=30, creator_pid=gone.pid)
-        assert time.monotonic() - start < 10, "the setter's exit ended the wait, not the 30 s timeout"
+        assert time.monotonic() - start < 10, "the creator's exit ended the wait, not the 30 s timeout"
 
 
-def test_setter_that_sets_then_exits_is_success(signal_name: str) -> None:
+def test_creator_that_sets_then_exits_is_success(signal_name: str) -> None:
     with CacheReadySignal.create(1, signal_name) as owner:
         manager = spawn.Process(target=signal_processes.set_ranks, args=(signal_name, [0], 0.0))
         manager.start()
@@ -527,7 +527,7 @@ def test_futex_wake_reaches_a_waiter_in_another_process(signal_name: str) -> Non
     assert (rank, outcome) == (0, "ready") and waited < 29
 
 
-# -- watching the setter ----------------------------------------------------------------------
+# -- watching the creator ----------------------------------------------------------------------
 
 
 def test_process_watch_sees_an_unreaped_child_as_exited() -> None:
@@ -558,7 +558,7 @@ def test_process_watch_without_pidfd_falls_back_to_the_pid(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("pid", [0, -3, True, "12"])
-def test_bad_setter_pid_is_a_config_error(pid: object) -> None:
+def test_bad_creator_pid_is_a_config_error(pid: object) -> None:
     with pytest.raises(ConfigError, match="creator_pid="):
         ProcessWatch(pid)  # type: ignore[arg-type]
 

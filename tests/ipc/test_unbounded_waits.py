@@ -1,5 +1,5 @@
 """Waits with no time limit (``timeout=math.inf``), as FastDeploy's own have none, saying what they wait for
-every few seconds; and every engine call that takes ``setter_pid`` works without it, under both protocols
+every few seconds; and every engine call that takes ``creator_pid`` works without it, under both protocols
 (FastDeploy's worker cannot name its cache transfer manager's pid: its engine starts it through a shell).
 
 In-process, on cpu: the other side is a thread, which sets the word after a few seconds; the progress period
@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from engine_processes import qwen_layout
+from kv_requests import kv_request
 from run_helpers import QWEN, main_in_process
 
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
@@ -76,17 +77,20 @@ def later(seconds: float, action: Callable[[], object]) -> tuple[threading.Threa
     return thread, result
 
 
-def test_an_unbounded_attach_without_setter_pid_is_woken_after_seconds_saying_what_it_waits_for(
+def test_an_unbounded_attach_without_creator_pid_is_woken_after_seconds_saying_what_it_waits_for(
     cpu: Platform, engine: tuple[str, str], progress_lines: Callable[[int], list[str]]
 ) -> None:
     protocol, name = engine
     names = named(protocol, name)
     layout = qwen_layout()
     thread, managed = later(
-        DELAY, lambda: manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, **names, protocol=protocol, rule=OLD_RULE)
+        DELAY,
+        lambda: manage_kv_cache(
+            cpu, kv_request(layout, BLOCKS, num_cpu_blocks=4, **names, protocol=protocol, rule=OLD_RULE)
+        ),
     )
     cache = initialize_kv_cache(
-        cpu, layout, BLOCKS, **names, protocol=protocol, timeout=math.inf, rule=OLD_RULE, **SWAP
+        cpu, kv_request(layout, BLOCKS, **names, protocol=protocol, timeout=math.inf, rule=OLD_RULE, **SWAP)
     )
     thread.join(30)
     try:
@@ -116,9 +120,14 @@ def test_a_bounded_wait_says_the_same_at_info(
     names = named(protocol, name)
     layout = qwen_layout()
     thread, managed = later(
-        1.0, lambda: manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, **names, protocol=protocol, rule=OLD_RULE)
+        1.0,
+        lambda: manage_kv_cache(
+            cpu, kv_request(layout, BLOCKS, num_cpu_blocks=4, **names, protocol=protocol, rule=OLD_RULE)
+        ),
     )
-    cache = initialize_kv_cache(cpu, layout, BLOCKS, **names, protocol=protocol, timeout=30, rule=OLD_RULE, **SWAP)
+    cache = initialize_kv_cache(
+        cpu, kv_request(layout, BLOCKS, **names, protocol=protocol, timeout=30, rule=OLD_RULE, **SWAP)
+    )
     thread.join(30)
     try:
         assert progress_lines(logging.WARNING) == []
@@ -136,8 +145,12 @@ def test_an_unbounded_clear_waits_for_the_attacher_saying_so(
     protocol, name = engine
     names = named(protocol, name)
     layout = qwen_layout()
-    managed = manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=4, **names, protocol=protocol, rule=OLD_RULE)
-    cache = initialize_kv_cache(cpu, layout, BLOCKS, **names, protocol=protocol, timeout=30, rule=OLD_RULE, **SWAP)
+    managed = manage_kv_cache(
+        cpu, kv_request(layout, BLOCKS, num_cpu_blocks=4, **names, protocol=protocol, rule=OLD_RULE)
+    )
+    cache = initialize_kv_cache(
+        cpu, kv_request(layout, BLOCKS, **names, protocol=protocol, timeout=30, rule=OLD_RULE, **SWAP)
+    )
     thread, _ = later(DELAY, cache.clear)  # the attacher lets go after a few seconds
     started = time.monotonic()
     managed.clear(timeout=math.inf)
@@ -148,16 +161,19 @@ def test_an_unbounded_clear_waits_for_the_attacher_saying_so(
     assert all(line.startswith("rank 0's creator waiting for its attacher") for line in lines), lines
 
 
-def test_the_cache_manager_holds_a_workers_cache_without_setter_pid(cpu: Platform, engine: tuple[str, str]) -> None:
+def test_the_cache_manager_holds_a_workers_cache_without_creator_pid(cpu: Platform, engine: tuple[str, str]) -> None:
     """Rule 2026-04 with swap space: the worker creates, the manager waits for it and attaches; no pid named."""
     protocol, name = engine
     names = named(protocol, name)
     layout = qwen_layout()
     thread, created = later(
-        DELAY / 2, lambda: initialize_kv_cache(cpu, layout, BLOCKS, **names, protocol=protocol, rule="2026-04", **SWAP)
+        DELAY / 2,
+        lambda: initialize_kv_cache(
+            cpu, kv_request(layout, BLOCKS, **names, protocol=protocol, rule="2026-04", **SWAP)
+        ),
     )
     manager = manage_kv_cache(
-        cpu, layout, BLOCKS, num_cpu_blocks=4, **names, timeout=30, protocol=protocol, rule="2026-04"
+        cpu, kv_request(layout, BLOCKS, num_cpu_blocks=4, **names, timeout=30, protocol=protocol, rule="2026-04")
     )
     thread.join(30)
     [cache] = created

@@ -10,11 +10,11 @@ from fd_platforms.contract.errors import CacheNotReadyError
 from fd_platforms.ipc.cache_signal import CacheReadySignal
 
 
-def wait_and_report(name: str, rank: int, timeout: float, setter_pid: int | None, results: Connection) -> None:
+def wait_and_report(name: str, rank: int, timeout: float, creator_pid: int | None, results: Connection) -> None:
     """Attach, wait on ``rank`` and send back ``(rank, "ready", seconds)`` or ``(rank, cause, message)``."""
     with CacheReadySignal.attach(name) as signal:
         try:
-            waited = signal.wait(rank, timeout=timeout, creator_pid=setter_pid)
+            waited = signal.wait(rank, timeout=timeout, creator_pid=creator_pid)
         except CacheNotReadyError as error:
             results.send((rank, error.cause, str(error)))
         else:
