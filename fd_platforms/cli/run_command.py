@@ -179,7 +179,7 @@ def _ranks_per_node(args: argparse.Namespace, tp: int) -> int:
     for flag, value in (("--node-rank", args.node_rank), ("--master", args.master)):
         if value is None:
             raise ConfigError(flag, None, f"required with --nnodes {args.nnodes}", f"pass {flag} (see --help)")
-    check_nodes(args.nnodes, args.node_rank, args.master, 1, flags=True)
+    check_nodes(args.nnodes, args.node_rank, args.master)
     if tp % args.nnodes:
         works = ", ".join(str(n) for n in range(2, tp + 1) if tp % n == 0) or "none"
         raise ConfigError(

@@ -3,10 +3,7 @@ collective runtime.
 
 :meth:`Cluster.current` takes the process group Paddle's launcher made (``python -m
 paddle.distributed.launch``, as FastDeploy starts its workers; :mod:`.launched_group`) and compares every
-rank's facts (:mod:`.facts`). :meth:`Cluster.join`, deprecated (it goes in 0.3 with :mod:`.rendezvous` and
-:class:`~.nodes.NodeSpec`), made a handshake of its own and then joined Paddle's global process group
-with the backend Paddle uses for the device type (gloo on cpu, nccl on gpu, bkcl on xpu, xccl on a
-custom device). :meth:`Cluster.agree` gathers every rank's plan (``all_gather``) and
+rank's facts (:mod:`.facts`). :meth:`Cluster.agree` gathers every rank's plan (``all_gather``) and
 returns the minimum and the rank that bound it, as FastDeploy's worker takes
 ``all_reduce(num_blocks, MIN)``. :meth:`Cluster.barrier` and
 :meth:`Cluster.gather_text` keep the nodes in step. Every call is bounded; a peer that dies or
@@ -15,7 +12,6 @@ stops answering is a :class:`~fd_platforms.contract.errors.NodeError` naming its
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -25,8 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from ..contract.errors import ConfigError, FdPlatformsError, NodeError
-from ..contract.integers import check_int, is_int
-from ..contract.paddle_import import import_paddle
+from ..contract.integers import is_int
 from ..contract.types import Plan
 from ..ipc.cache_signal import ENV_TIMEOUT
 from ..ipc.timeouts import check_seconds, knob
@@ -38,60 +33,15 @@ from .launched_group import (
     GroupRanks,
     Place,
     enter_group,
-    existing_group,
     first_line,
     paddle_as_is,
-    wait_for_listener,
-    without_flags_banner,
 )
-from .nodes import NodeSpec, check_resolves, deprecated
-from .rendezvous import Rendezvous  # Cluster.join's alone
 
 T = TypeVar("T")
 
 #: Largest text one rank may contribute to :meth:`Cluster.gather_text` (a plan is ~300 bytes).
 MAX_TEXT_BYTES = 1 << 20
 _PAIR_RANK = re.compile(r"pair_rank\s*=\s*(\d+)")
-
-
-def _check_join(
-    nodes: object, local_rank: object, facts: object, timeout: object, device_type: object, device_id: object
-) -> None:
-    """The caller's arguments, checked before Paddle is touched: a ConfigError naming the first bad one."""
-    if not isinstance(nodes, NodeSpec):
-        raise ConfigError("nodes", nodes, "a NodeSpec", "pass NodeSpec(nnodes, node_rank, master, local_ranks)")
-    check_resolves(nodes.master, "nodes.master")
-    check_int(
-        "local_rank",
-        local_rank,
-        0,
-        nodes.local_ranks - 1,
-        what="",
-        note="this node's ranks",
-        fix="pass the rank's index on this node",
-    )
-    check_seconds("timeout", timeout, "pass the seconds the handshake and the join may take, e.g. 600")
-    if not isinstance(device_type, str) or not device_type:
-        raise ConfigError(
-            "device_type",
-            device_type,
-            "Paddle's device type (cpu, gpu, xpu, a custom device's)",
-            "pass platform.identity.device_type",
-        )
-    check_int("device_id", device_id, 0, None, fix="pass the rank's local device id")
-    _check_facts(facts)
-
-
-def _refuse_existing_group() -> None:
-    """A ConfigError when this process is already in a process group (Cluster.join makes its own)."""
-    existing = existing_group(os.environ)
-    if existing is not None:
-        raise ConfigError(
-            *existing,
-            "unset: Cluster.join makes a process group of its own, and this process is already in one "
-            "that python -m paddle.distributed.launch or fleet.init made",
-            "agree over that group with Cluster.current(facts=..., timeout=...)",
-        )
 
 
 def _check_facts(facts: object) -> None:
@@ -108,11 +58,6 @@ def _check_facts(facts: object) -> None:
             "a mapping of str to JSON values (what every node must agree on)",
             'pass e.g. {"model": "deepseek-v3", "tp": 16}',
         )
-
-
-def collective_backend(device_type: str) -> str:
-    """The backend Paddle's ``init_parallel_env`` uses for ``device_type``."""
-    return {"cpu": "gloo", "gpu": "nccl", "xpu": "bkcl"}.get(device_type, "xccl")
 
 
 @dataclass(frozen=True)
@@ -140,47 +85,14 @@ class Cluster:
     """This rank's place in the engine's global process group; see the module docstring."""
 
     def __init__(
-        self, nodes: NodeSpec | GroupRanks, global_rank: int, place: Callable[[Any], Any], timeout: float, limit: str
+        self, nodes: GroupRanks, global_rank: int, place: Callable[[Any], Any], timeout: float, limit: str
     ) -> None:
         """``place(paddle)``: where a collective's tensors live (the group's backend decides)."""
         self.nodes, self.global_rank, self.timeout, self.limit = nodes, global_rank, timeout, limit
         self.me = nodes.describe(global_rank)
         self.join_seconds = 0.0
         self._place = place
-        self._arrival: Arrival | None = None  # Cluster.current: every rank counts in on the group's store first
-        self._rendezvous: Rendezvous | None = None  # held: global rank 0's store serves the others while it lives
-
-    @classmethod
-    def join(
-        cls,
-        nodes: NodeSpec,
-        local_rank: int,
-        *,
-        facts: Mapping[str, object],
-        timeout: float,
-        device_type: str = "cpu",
-        device_id: int = 0,
-        limit: str = ENV_TIMEOUT,
-    ) -> Cluster:
-        """Deprecated, goes in 0.3 (a DeprecationWarning at the caller): start the workers with Paddle's launcher
-        and use :meth:`current`. Handshake (every node's ``facts`` must equal this node's), then join the
-        process group; all within ``timeout`` seconds. ``limit`` names the setting that lengthens it in errors."""
-        deprecated(
-            "Cluster.join",
-            "start the workers with python -m paddle.distributed.launch (--nnodes, --rank, --master) and agree over "
-            "the process group it made with Cluster.current(facts=..., timeout=...)",
-        )
-        _check_join(nodes, local_rank, facts, timeout, device_type, device_id)
-        _refuse_existing_group()
-        started = time.monotonic()
-        backend = collective_backend(device_type)
-        place = functools.partial(device_place, backend, device_type, device_id)
-        cluster = cls(nodes, nodes.global_rank(local_rank), place, timeout, limit)
-        cluster._rendezvous = Rendezvous(nodes, local_rank, timeout, limit)
-        cluster._rendezvous.handshake(facts)
-        cluster._init_group(backend, device_type, device_id, started + timeout)
-        cluster.join_seconds = time.monotonic() - started
-        return cluster
+        self._arrival: Arrival | None = None  # every rank counts in on the group's store first
 
     @classmethod
     def current(cls, *, facts: Mapping[str, object], timeout: float, limit: str = ENV_TIMEOUT) -> Cluster:
@@ -216,28 +128,6 @@ class Cluster:
             compare_facts(dict(facts), row["facts"], cluster.nodes.describe(other))
         cluster.join_seconds = time.monotonic() - started
         return cluster
-
-    def _init_group(self, backend: str, device_type: str, device_id: int, deadline: float) -> None:
-        assert isinstance(self.nodes, NodeSpec)
-        store = f"{self.nodes.host}:{self.nodes.port + 1}"
-        os.environ.update(
-            {
-                "PADDLE_TRAINER_ID": str(self.global_rank),
-                "PADDLE_TRAINERS_NUM": str(self.nodes.world_size),
-                "PADDLE_MASTER": store,
-                "PADDLE_CURRENT_ENDPOINT": store,
-                "PADDLE_DISTRI_BACKEND": backend,
-            }
-        )
-        if device_type != "cpu":
-            os.environ[f"FLAGS_selected_{device_type}s"] = str(device_id)
-        import_paddle()  # quiet, and this process keeps its SIGTERM handler
-        import paddle.distributed as dist
-
-        what = "joining Paddle's process group"
-        if self.global_rank != 0:  # rank 0 serves the group's store: connect once it listens
-            wait_for_listener(self.nodes.host, self.nodes.port + 1, deadline, lambda: self._timed_out(what))
-        without_flags_banner(lambda: self._collective(dist.init_parallel_env, what, deadline))
 
     def agree(self, plan: Plan) -> Agreement:
         """Every rank's plan, and the one with the fewest blocks (the lowest global rank on ties)."""
@@ -324,17 +214,6 @@ def _timed_out(me: str, what: str, timeout: float, limit: str) -> NodeError:
         f"{me}: {what} did not complete within {timeout:g} s: another node is not answering. "
         f"Fix: check every node's output; raise {knob(limit, argument=True)} if a node is legitimately slower"
     )
-
-
-def device_place(backend: str, device_type: str, device_id: int, paddle: Any) -> Any:
-    """Where ``Cluster.join``'s collectives put their tensors: the rank's device, or the host for gloo."""
-    if backend == "gloo":
-        return paddle.CPUPlace()
-    if backend == "nccl":
-        return paddle.CUDAPlace(device_id)
-    if backend == "bkcl":
-        return paddle.XPUPlace(device_id)
-    return paddle.CustomPlace(device_type, device_id)
 
 
 def group_place(paddle: Any) -> Any:

@@ -28,8 +28,6 @@ from ..contract.paddle_import import import_paddle
 from ..ipc.console import printable
 from .bounded import bounded
 
-#: Variables only ``paddle.distributed.launch`` sets (``Cluster.join`` sets none of them).
-LAUNCHER_ONLY = ("PADDLE_GLOBAL_RANK", "PADDLE_RANK_IN_NODE", "PADDLE_LOCAL_SIZE")
 ARRIVED = "fd-platforms/arrived/"
 #: What Paddle's store and collectives raise when a peer or the store's host fails.
 PADDLE_ERRORS = (RuntimeError, OSError, SystemError, ValueError)
@@ -42,17 +40,6 @@ T = TypeVar("T")
 def paddle_as_is() -> ModuleType:
     """Paddle, imported without leaving any variable of this process changed."""
     return sys.modules["paddle"] if "paddle" in sys.modules else import_paddle(leave_environment=True)
-
-
-def existing_group(environ: Mapping[str, str]) -> tuple[str, object] | None:
-    """(the variable or call, its value) that shows this process is already in a process group
-    Paddle's launcher or ``fleet.init`` made, else None."""
-    for name in LAUNCHER_ONLY:
-        if name in environ:
-            return name, environ[name]
-    if "paddle" in sys.modules and sys.modules["paddle"].distributed.is_initialized():
-        return "paddle.distributed.is_initialized()", True
-    return None
 
 
 def enter_group(timeout: float, timed_out: Callable[[], NodeError]) -> tuple[int, int]:

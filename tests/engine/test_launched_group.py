@@ -23,7 +23,7 @@ import pytest
 from run_helpers import ROOT, clean_env, free_port
 
 from fd_platforms.contract.errors import ConfigError, NodeError
-from fd_platforms.engine import Cluster, NodeSpec, free_master
+from fd_platforms.engine import Cluster
 from fd_platforms.fastdeploy.signals import PROFILE_BLOCK_NUM, FastDeploySignal
 
 launcher = pytest.mark.slow  # the real launcher: left out of -m "not slow"
@@ -173,20 +173,6 @@ def test_a_rank_that_never_comes_is_named_within_the_timeout_and_nothing_is_left
     )
     assert time.monotonic() - started < 60  # the launcher stopped the absent rank once rank 0 failed
     assert still_running(tmp_path) == []
-
-
-def test_cluster_join_node_spec_and_free_master_warn_at_the_callers_line_naming_the_launcher() -> None:
-    """The only use of the three in the suite: they still work (here, a refusal of a bad local rank) for 0.2."""
-    with pytest.warns(DeprecationWarning) as warned:
-        master = free_master()
-        nodes = NodeSpec(1, 0, master, 1)
-        with pytest.raises(ConfigError, match=r"^local_rank=1 is not valid"):
-            Cluster.join(nodes, 1, facts={}, timeout=5)
-    said = [(w.filename, *str(w.message).partition(" is deprecated and goes in 0.3: ")[::2]) for w in warned]
-    names = ("free_master", "NodeSpec", "Cluster.join")
-    assert [(file, name) for file, name, _ in said] == [(__file__, name) for name in names]
-    assert all("python -m paddle.distributed.launch" in why for _, _, why in said)
-    assert said[2][2].endswith("agree over the process group it made with Cluster.current(facts=..., timeout=...)")
 
 
 def test_cluster_current_outside_any_group_names_the_launcher(monkeypatch) -> None:

@@ -1,6 +1,6 @@
 """The values that say where an engine's nodes are, checked: a node count, a node's rank, the master's
-``HOST:PORT``. Configuration like the rest of this package (a ConfigError naming the field or the flag), read
-by the CLI before anything starts and by :class:`fd_platforms.engine.NodeSpec` on construction."""
+``HOST:PORT`` (Paddle's launcher's ``--nnodes``, ``--rank``, ``--master``). Configuration like the rest of this
+package: a ConfigError naming the flag, read by ``fd-platforms run`` before anything starts."""
 
 from __future__ import annotations
 
@@ -14,34 +14,29 @@ MAX_NODES = 4096
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?")
 
 
-def check_nodes(nnodes: object, node_rank: object, master: object, local_ranks: object, *, flags: bool = False) -> None:
-    """A ConfigError naming the first bad value (as ``--nnodes`` ... when ``flags``), else nothing."""
-    name = {"nnodes": "--nnodes", "node_rank": "--node-rank", "master": "--master", "local_ranks": "--ranks"}
-    field = (lambda key: name[key]) if flags else (lambda key: key)
-    nnodes = check_int(
-        field("nnodes"), nnodes, 1, MAX_NODES, what="", fix="pass how many nodes (machines) the engine spans"
-    )
+def check_nodes(nnodes: object, node_rank: object, master: object) -> None:
+    """A ConfigError naming the first bad one of ``--nnodes``, ``--node-rank`` and ``--master``, else nothing."""
+    nnodes = check_int("--nnodes", nnodes, 1, MAX_NODES, what="", fix="pass how many nodes (machines) the engine spans")
     check_int(
-        field("node_rank"),
+        "--node-rank",
         node_rank,
         0,
         nnodes - 1,
         what="",
         note="one per node; node 0 hosts the master",
-        fix=f"give each of the {nnodes} nodes its own {field('node_rank')} from 0 to {nnodes - 1}",
+        fix=f"give each of the {nnodes} nodes its own --node-rank from 0 to {nnodes - 1}",
     )
-    check_int(field("local_ranks"), local_ranks, 1, None, fix="pass how many ranks this node runs")
-    parse_master(master, field("master"))
+    parse_master(master, "--master")
 
 
 def parse_master(master: object, field: str = "master") -> tuple[str, int]:
-    """``HOST:PORT`` as (host, port); PORT + 1 must be a port too (the deprecated ``Cluster.join`` listens there)."""
-    allowed = "HOST:PORT with an IPv4 address or a host name and a port from 1 to 65534"
+    """``HOST:PORT`` as (host, port)."""
+    allowed = "HOST:PORT with an IPv4 address or a host name and a port from 1 to 65535"
     fix = f"pass {field} as node 0's address, e.g. 10.0.0.1:29500, the same on every node"
     if not isinstance(master, str) or master.count(":") != 1:
         raise ConfigError(field, master, allowed, fix)
     host, _, port = master.partition(":")
-    if not _HOST.fullmatch(host) or not re.fullmatch(r"[0-9]{1,5}", port) or not 1 <= int(port) <= 65534:
+    if not _HOST.fullmatch(host) or not re.fullmatch(r"[0-9]{1,5}", port) or not 1 <= int(port) <= 65535:
         raise ConfigError(field, master, allowed, fix)
     return host, int(port)
 
