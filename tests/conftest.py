@@ -300,8 +300,9 @@ def make_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Plu
 
     ``make_plugin("acme", available=True)`` registers platform ``acme`` from distribution
     ``fd-test-acme``; ``source=`` replaces the module body; ``dist=`` and ``module=`` rename them;
-    ``attribute=`` points the entry point at a module attribute (``module:PLATFORM``).
-    The folder is put on ``sys.path`` (and returned, for subprocesses' ``PYTHONPATH``).
+    ``attribute=`` points the entry point at a module attribute (``module:PLATFORM``); ``group=`` puts it in
+    another entry-point group (``fd_platforms.protocols``). The folder is put on ``sys.path`` (and returned, for
+    subprocesses' ``PYTHONPATH``).
     """
     root = tmp_path / "site"
     root.mkdir()
@@ -318,6 +319,7 @@ def make_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Plu
         dist: str | None = None,
         module: str | None = None,
         attribute: str | None = None,
+        group: str = "fd_platforms",
     ) -> Path:
         dist = dist or f"fd-test-{name}"
         module = module or f"fd_test_plugin_{dist.replace('-', '_')}"
@@ -331,7 +333,7 @@ def make_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Plu
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
         target = module if attribute is None else f"{module}:{attribute}"
-        (info / "entry_points.txt").write_text(f"[fd_platforms]\n{name} = {target}\n")
+        (info / "entry_points.txt").write_text(f"[{group}]\n{name} = {target}\n")
         modules.append(module)
         importlib.invalidate_caches()
         return root

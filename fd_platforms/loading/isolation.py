@@ -32,9 +32,16 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from ..contract.errors import FdPlatformsError, PluginContractError, PluginError, RecordError, show_value
+from ..contract.errors import (
+    FdPlatformsError,
+    PluginContractError,
+    PluginError,
+    PluginLoadError,
+    RecordError,
+    show_value,
+)
 from ..contract.paddle_import import keeping_signal_handlers
-from .watchdog import Bound, run_bounded
+from .watchdog import Bound, detect_bound, run_bounded
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .discovery import Candidate
@@ -86,6 +93,20 @@ def call_plugin(
     if (isinstance(raised, KeyboardInterrupt) and not _interrupts_are_plugins) or _from_a_signal_handler(raised):
         raise raised
     raise blame(candidate, step, raised, error, fix, verb) from raised
+
+
+def import_plugin(candidate: Candidate) -> object:
+    """The object ``candidate``'s entry point names, imported as plugin code: whatever the import raises,
+    ``SystemExit`` included, is a :class:`~fd_platforms.contract.errors.PluginLoadError` naming it."""
+    return call_plugin(
+        candidate,
+        f"importing {candidate.entry_point.value!r}",
+        candidate.load,
+        detect_bound(),
+        error=PluginLoadError,
+        fix=f"reinstall {candidate.distribution} or uninstall it",
+        verb="failed:",
+    )
 
 
 def _from_a_signal_handler(raised: BaseException) -> bool:

@@ -24,9 +24,8 @@ import pluggy
 
 from ..contract import hookspecs
 from ..contract.api_version import check_api_compatibility
-from ..contract.errors import ConfigError, PluginContractError, PluginHookError, PluginLoadError
+from ..contract.errors import ConfigError, PluginContractError, PluginHookError
 from ..contract.integers import INT32_MAX, SHAPE_ALLOWED, check_int, decimal, is_shape
-from ..contract.renamed import renamed_keywords
 from ..contract.types import (
     CacheDecision,
     CacheShapeRequest,
@@ -44,7 +43,7 @@ from ..rules.drift import DecisionDrift, drift_error, plan_drift_error, refuse_d
 from ..rules.sizes import parse_size
 from . import defaults
 from .discovery import Candidate, core_version
-from .isolation import call_plugin
+from .isolation import call_plugin, import_plugin
 from .watchdog import Bound, alloc_bound, detect_bound
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -223,12 +222,11 @@ class Platform:
             )
         return buffer
 
-    @renamed_keywords(setter_pid="creator_pid")
     def wait_cache_ready(
         self, signal_name: str, rank: int, *, timeout: float | None = None, creator_pid: int | None = None
     ) -> float:
-        """Block until ``rank``'s cache-ready slot is set; seconds waited. ``creator_pid`` (``setter_pid=`` before
-        0.2, deprecated): the process that creates the cache; its exit ends the wait (the hook's ``setter_pid``)."""
+        """Block until ``rank``'s cache-ready slot is set; seconds waited. ``creator_pid``: the process that creates
+        the cache; its exit ends the wait."""
         from ..ipc.cache_signal import check_signal_name, resolve_timeout
         from ..ipc.process_watch import PID_MAX_LIMIT
         from ..ipc.shared_words import MAX_LOCAL_RANKS
@@ -246,7 +244,7 @@ class Platform:
                 fix="pass the pid of the process that creates the cache (the cache manager), or None",
             )
         waited = self._call(
-            "wait_cache_ready", float, signal_name=signal_name, rank=rank, timeout=limit, setter_pid=creator_pid
+            "wait_cache_ready", float, signal_name=signal_name, rank=rank, timeout=limit, creator_pid=creator_pid
         )
         if waited < 0:
             raise self.candidate.error(PluginContractError, f"hook wait_cache_ready returned {waited} seconds")
@@ -420,16 +418,7 @@ def load_platform(candidate: Candidate, *, drift_guard: bool = True) -> Platform
 
 
 def _load(candidate: Candidate, drift_guard: bool) -> Platform:
-    plugin = call_plugin(
-        candidate,
-        f"importing {candidate.entry_point.value!r}",
-        candidate.load,
-        detect_bound(),
-        error=PluginLoadError,
-        fix=f"reinstall {candidate.distribution} or uninstall it",
-        verb="failed:",
-    )
-    return register_platform(candidate, plugin, drift_guard=drift_guard)
+    return register_platform(candidate, import_plugin(candidate), drift_guard=drift_guard)
 
 
 def register_platform(candidate: Candidate, plugin: object, *, drift_guard: bool = True) -> Platform:

@@ -9,8 +9,15 @@ import sys
 import pytest
 from run_helpers import ROOT
 
-from fd_platforms.contract.errors import ConfigError
-from fd_platforms.engine.protocols import OURS, WireProtocol, protocol_named, register_protocol
+from fd_platforms.contract.errors import ConfigError, PluginContractError, PluginLoadError
+from fd_platforms.engine.protocols import (
+    OURS,
+    WireProtocol,
+    installed_protocols,
+    protocol_named,
+    register_protocol,
+    registry,
+)
 from fd_platforms.engine.publication import published_tensor_name
 from fd_platforms.fastdeploy import FASTDEPLOY
 from fd_platforms.rules.config.settings import PROTOCOLS
@@ -24,9 +31,7 @@ def parameters(function: object) -> list[tuple[str, object]]:
 
 
 def test_every_public_method_of_the_interface_is_an_operation_both_must_have() -> None:
-    # what a protocol is called, the keyword its engine calls name the instance by, and the old ones it still takes
-    attributes = ("name", "name_argument", "old_keywords", "check_signal_name")  # the last: deprecated, check_instance
-    public = sorted(name for name in vars(WireProtocol) if not name.startswith("_") and name not in attributes)
+    public = sorted(name for name in vars(WireProtocol) if not name.startswith("_") and name != "name")
     assert public == OPERATIONS
 
 
@@ -47,12 +52,13 @@ def test_the_objects_are_the_config_vocabulary_in_its_order_and_the_lookup_finds
 
 
 @pytest.mark.parametrize("bad", ["FastDeploy", "", 3, ["fastdeploy"]])
-def test_the_lookup_refuses_any_other_name_naming_the_choices_and_the_fix(bad: object) -> None:
+def test_the_lookup_refuses_any_other_name_naming_the_installed_ones_and_the_fix(bad: object) -> None:
     with pytest.raises(ConfigError) as caught:
         protocol_named(bad)
     assert str(caught.value).endswith(
         "is not valid; allowed: one of fastdeploy, fd-platforms. Fix: pass protocol='fastdeploy' beside FastDeploy's "
-        "own processes (import fd_platforms.fastdeploy first), else leave the default"
+        "own processes, else leave the default; an engine's own protocol object is passed as it is, or registered by "
+        "name first (register_protocol)"
     )
     assert caught.value.field == "protocol" and caught.value.value == bad
 
@@ -82,77 +88,98 @@ def test_the_steps_only_fastdeploy_has_are_no_ops_under_ours() -> None:
     FASTDEPLOY.reclaim("nobody-made-this")
 
 
-def test_fastdeploys_protocol_resolves_by_name_only_once_its_package_registered_it() -> None:
-    """The engine never imports fd_platforms.fastdeploy: in a process that has not imported it, the name is a
-    ConfigError naming the import (or the object) as the fix; importing the package registers it."""
+def test_fastdeploys_protocol_resolves_by_name_in_a_process_that_never_imported_its_package() -> None:
+    """The engine never imports fd_platforms.fastdeploy; the package's own metadata registers its protocol in the
+    ``fd_platforms.protocols`` entry points, imported only when the name is asked for."""
     code = (
         "import sys\n"
-        "from fd_platforms.contract.errors import ConfigError\n"
-        "from fd_platforms.engine.protocols import protocol_named\n"
+        "from fd_platforms.engine.protocols import installed_protocols, protocol_named\n"
         "import fd_platforms.engine\n"
-        "assert 'fd_platforms.fastdeploy' not in sys.modules, 'the engine imported FastDeploy\\'s package'\n"
-        "try:\n"
-        "    protocol_named('fastdeploy')\n"
-        "except ConfigError as error:\n"
-        "    print('refused:', error)\n"
+        "print(installed_protocols(), 'fd_platforms.fastdeploy' in sys.modules)\n"
+        "found = protocol_named('fastdeploy')\n"
         "from fd_platforms.fastdeploy import FASTDEPLOY\n"
-        "print('registered:', protocol_named('fastdeploy') is FASTDEPLOY is protocol_named(FASTDEPLOY))\n"
+        "print(found is FASTDEPLOY is protocol_named('fastdeploy') is protocol_named(FASTDEPLOY))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    refused, registered = done.stdout.splitlines()
-    assert "protocol='fastdeploy' is not valid" in refused
-    assert "Fix: import fd_platforms.fastdeploy before naming it" in refused
-    assert "from fd_platforms.fastdeploy import FASTDEPLOY" in refused
-    assert registered == "registered: True"
+    assert done.stdout.splitlines() == ["['fastdeploy', 'fd-platforms'] False", "True"]
 
 
-def test_a_second_protocol_of_a_registered_name_is_refused() -> None:
+@pytest.fixture
+def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry as a process starts with it, given back after the test (a loaded protocol stays otherwise)."""
+    monkeypatch.setattr(registry, "_known", {OURS.name: OURS})
+
+
+ACME = """
+from fd_platforms.engine.protocols.ours import FdPlatformsProtocol
+
+class AcmeProtocol(FdPlatformsProtocol):
+    name = "acme"
+
+PROTOCOL = AcmeProtocol()
+"""
+
+
+def test_a_third_partys_protocol_is_found_by_its_entry_point_and_imported_only_when_asked_for(
+    make_plugin, fresh_registry: None
+) -> None:
+    make_plugin("acme", source=ACME, group=registry.ENTRY_POINT_GROUP, attribute="PROTOCOL", module="fd_test_acme")
+    assert installed_protocols() == ["acme", "fastdeploy", "fd-platforms"]
+    with pytest.raises(ConfigError) as caught:
+        protocol_named("acne")
+    assert "allowed: one of acme, fastdeploy, fd-platforms" in str(caught.value)
+    assert "fd_test_acme" not in sys.modules, "naming the installed protocols imports none of them"
+    found = protocol_named("acme")
+    assert found.name == "acme" and protocol_named("acme") is found is sys.modules["fd_test_acme"].PROTOCOL
+
+
+BROKEN = {
+    "raises": ("raise OSError('no wire here')", PluginLoadError, "failed: OSError: no wire here"),
+    "exits": ("raise SystemExit(3)", PluginLoadError, "failed: SystemExit(3)"),
+    "names no protocol": ("PROTOCOL = 'acme'", PluginContractError, "names 'acme', not a WireProtocol named 'acme'"),
+    "names another": (ACME.replace('name = "acme"', 'name = "zeta"'), PluginContractError, "not a WireProtocol"),
+}
+
+
+@pytest.mark.parametrize(("source", "kind", "says"), BROKEN.values(), ids=BROKEN)
+def test_a_broken_third_party_protocol_is_a_plugin_error_naming_it_and_its_distribution(
+    make_plugin, fresh_registry: None, source: str, kind: type[Exception], says: str
+) -> None:
+    make_plugin("acme", source=source, group=registry.ENTRY_POINT_GROUP, attribute="PROTOCOL")
+    with pytest.raises(kind) as caught:
+        protocol_named("acme")
+    message = str(caught.value)
+    assert message.startswith("protocol plugin 'acme' (distribution fd-test-acme): ") and says in message, message
+    assert "acme" not in registry._known
+
+
+def test_a_protocol_name_two_distributions_register_is_refused_naming_both(make_plugin, fresh_registry: None) -> None:
+    for dist in ("fd-test-acme", "fd-test-acme-fork"):
+        make_plugin("acme", source=ACME, group=registry.ENTRY_POINT_GROUP, attribute="PROTOCOL", dist=dist)
+    with pytest.raises(ConfigError) as caught:
+        protocol_named("acme")
+    assert "2 do: fd-test-acme 1.0 and fd-test-acme-fork 1.0" in str(caught.value)
+
+
+def test_an_engines_own_protocol_is_registered_by_name_unless_the_name_is_taken(fresh_registry: None) -> None:
+    class Ours2(type(OURS)):  # type: ignore[misc]
+        name = "engine-own"
+
+    own = Ours2()
+    register_protocol(own)
+    register_protocol(own)  # the same object again: nothing changes
+    assert protocol_named("engine-own") is own and "engine-own" in installed_protocols()
+
     class Impostor(type(FASTDEPLOY)):  # type: ignore[misc]
         pass
 
-    with pytest.raises(ValueError, match="a protocol named 'fastdeploy' is registered already"):
+    with pytest.raises(ConfigError) as caught:
         register_protocol(Impostor())
-    with pytest.raises(TypeError, match="register_protocol takes a WireProtocol"):
-        register_protocol("fastdeploy")  # type: ignore[arg-type]
-
-
-MOVED_PATHS = [
-    ("fd_platforms.rules.fastdeploy_config", "from_fd_config", "fd_platforms.fastdeploy.config"),
-    ("fd_platforms.ipc.fastdeploy_signals", "FastDeploySignal", "fd_platforms.fastdeploy.signals"),
-    ("fd_platforms.engine.cache_status", "drive_kv_cache_clear", "fd_platforms.fastdeploy.cache_status"),
-    ("fd_platforms.engine.fastdeploy_handles", "FastDeployHandles", "fd_platforms.fastdeploy.handles"),
-]
-
-
-@pytest.mark.parametrize(("old", "name", "new"), MOVED_PATHS)
-def test_a_moved_module_imports_from_its_old_path_with_a_warning_at_the_importer(old: str, name: str, new: str) -> None:
-    code = (
-        "import warnings\nwarnings.simplefilter('error', DeprecationWarning)\n"
-        f"import importlib\ntry:\n    from {old} import {name}\n"
-        "except DeprecationWarning as w:\n    print('warned:', w)\n"
-        f"warnings.simplefilter('ignore')\nfrom {old} import {name} as old\nfrom {new} import {name} as new\n"
-        "print('same:', old is new)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
-    warned, same = done.stdout.splitlines()
-    assert f"warned: {old} is deprecated: it moved to {new} in fd-platforms 0.2" in warned and "goes in 0.3" in warned
-    assert same == "same: True"
-
-
-@pytest.mark.parametrize(
-    "name", ["drive_kv_cache_clear", "serve_kv_cache_status", "hand_off_block_count", "UpdateReport"]
-)
-def test_fastdeploys_names_on_the_engine_module_warn_and_are_the_same_objects(name: str) -> None:
-    import fd_platforms.engine
-    import fd_platforms.fastdeploy
-
-    with pytest.warns(
-        DeprecationWarning, match=f"fd_platforms.engine.{name} is deprecated: it moved to fd_platforms.fastdeploy"
-    ) as caught:
-        found = getattr(fd_platforms.engine, name)
-    assert found is getattr(fd_platforms.fastdeploy, name)
-    assert caught[0].filename == __file__, "the warning names the user's line"
-    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
-        fd_platforms.engine.no_such_name  # noqa: B018
+    assert caught.value.field == "protocol.name" and "installed by fd-platforms" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        register_protocol(Ours2())
+    assert caught.value.field == "protocol.name" and "registered already" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        register_protocol("fastdeploy")
+    assert caught.value.field == "protocol" and "Fix: pass the engine's protocol object" in str(caught.value)

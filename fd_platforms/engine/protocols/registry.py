@@ -1,0 +1,105 @@
+"""Where a protocol's name is found: ours built in, every other one through the ``fd_platforms.protocols``
+entry points, as a platform's is found through ``fd_platforms``'.
+
+The package's own metadata registers FastDeploy's (``fastdeploy = "fd_platforms.fastdeploy.protocol:FASTDEPLOY"``),
+so ``protocol="fastdeploy"`` works in any process while the engine never imports :mod:`fd_platforms.fastdeploy`;
+another distribution registers its own the same way. An entry point is imported only when its name is asked for,
+once a process: the core's own directly, a third party's as untrusted code, as a platform plugin is
+(:func:`~fd_platforms.loading.isolation.call_plugin`: whatever its import raises, ``SystemExit`` included, is a
+:class:`~fd_platforms.contract.errors.PluginLoadError` naming it), and what it names must be a
+:class:`~.interface.WireProtocol` of that name. An unknown name lists the installed names, from metadata, loading
+none of them. An engine's own protocol object needs no metadata: :func:`register_protocol`.
+"""
+
+from __future__ import annotations
+
+from ...contract.errors import ConfigError, PluginContractError
+from ...loading.discovery import CORE_DISTRIBUTION, Candidate, discover
+from ...loading.isolation import import_plugin
+from .interface import WireProtocol
+from .ours import OURS
+
+ENTRY_POINT_GROUP = "fd_platforms.protocols"
+KIND = "protocol plugin"
+
+_known: dict[str, WireProtocol] = {OURS.name: OURS}
+"""Every protocol this process has: ours, those loaded from their entry points, and those an engine registered."""
+
+
+def protocol_named(name: object) -> WireProtocol:
+    """The protocol ``name`` (an installed protocol's name, or a :class:`WireProtocol`, taken as it is); a
+    ConfigError listing the installed names otherwise."""
+    if isinstance(name, WireProtocol):
+        return name
+    if isinstance(name, str):
+        known = _known.get(name)
+        if known is not None:
+            return known
+        candidates = _installed().get(name)
+        if candidates:
+            return _known.setdefault(name, _load(name, candidates))
+    raise ConfigError(
+        "protocol",
+        name,
+        f"one of {', '.join(installed_protocols())}",
+        "pass protocol='fastdeploy' beside FastDeploy's own processes, else leave the default; an engine's own "
+        "protocol object is passed as it is, or registered by name first (register_protocol)",
+    )
+
+
+def installed_protocols() -> list[str]:
+    """Every protocol name this process can resolve, from metadata and registrations: none of them is loaded."""
+    return sorted({*_known, *_installed()})
+
+
+def register_protocol(protocol: object) -> None:
+    """Make an engine's own ``protocol`` resolvable by its name in this process. A ConfigError where it is no
+    :class:`WireProtocol`, or where its name is another protocol's (ours, an installed one, a registered one)."""
+    if not isinstance(protocol, WireProtocol):
+        raise ConfigError(
+            "protocol",
+            protocol,
+            "a WireProtocol (an instance of a subclass that implements every operation)",
+            "pass the engine's protocol object",
+        )
+    known = _known.get(protocol.name)
+    if known is protocol:
+        return
+    holders = [f"{c.distribution} {c.version}" for c in _installed().get(protocol.name, [])]
+    if known is not None or holders:
+        held = f"installed by {' and '.join(holders)}" if holders else f"registered already ({known!r})"
+        raise ConfigError(
+            "protocol.name",
+            protocol.name,
+            f"a name no other protocol has ({held})",
+            "name the engine's protocol otherwise",
+        )
+    _known[protocol.name] = protocol
+
+
+def _installed() -> dict[str, list[Candidate]]:
+    """The protocols installed distributions register, by name, not yet imported."""
+    return discover(ENTRY_POINT_GROUP, {}, KIND)
+
+
+def _load(name: str, candidates: list[Candidate]) -> WireProtocol:
+    """Import the one entry point registering ``name``; the protocol it names, checked."""
+    if len(candidates) > 1:
+        dists = " and ".join(f"{c.distribution} {c.version}" for c in candidates)
+        raise ConfigError(
+            "protocol",
+            name,
+            f"a protocol one installed distribution registers ({len(candidates)} do: {dists})",
+            "uninstall all but one of them (pip uninstall <distribution>)",
+        )
+    [candidate] = candidates
+    # the core's own code directly (its errors are its own), a third party's as plugin code
+    loaded = candidate.load() if candidate.distribution == CORE_DISTRIBUTION else import_plugin(candidate)
+    if not isinstance(loaded, WireProtocol) or loaded.name != name:
+        raise candidate.error(
+            PluginContractError,
+            f"entry point {candidate.entry_point.value!r} names {loaded!r:.80}, not a WireProtocol named {name!r}. "
+            f"Fix: point the {ENTRY_POINT_GROUP} entry point {name!r} at an instance of a WireProtocol subclass "
+            f"whose name is {name!r}",
+        )
+    return loaded
