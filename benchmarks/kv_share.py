@@ -67,7 +67,7 @@ except ModuleNotFoundError:
 
 from fd_platforms.cli.table import format_table  # noqa: E402
 from fd_platforms.contract.errors import FdPlatformsError  # noqa: E402
-from fd_platforms.engine import initialize_kv_cache, manage_kv_cache  # noqa: E402
+from fd_platforms.engine import CacheRequest, initialize_kv_cache, manage_kv_cache  # noqa: E402
 from fd_platforms.engine.publication import PUBLICATION_PREFIX  # noqa: E402
 from fd_platforms.ipc.cache_signal import SIGNAL_PREFIX, CacheReadySignal, new_signal_name  # noqa: E402
 from fd_platforms.rules.config import CacheConfig, ParallelConfig, load_model_config  # noqa: E402
@@ -86,7 +86,6 @@ START_SECONDS = 180.0  # the creator's start (spawn, imports) on a loaded machin
 STEP_SECONDS = 120.0  # any one step of the creator, and any wait of this process for a slot
 CLEAR_SECONDS = 30.0  # a creator's clear waits at most this long for the attacher to let go
 SHM_DIR = Path("/dev/shm")
-DECODE: dict[str, Any] = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "decode"}
 
 
 def layout_of(model: str) -> CacheLayout:
@@ -126,7 +125,10 @@ def creator(instance: str, link: Connection) -> None:
         nonlocal managed
         layout = layout_of(model)
         started = time.perf_counter()
-        managed = manage_kv_cache(platform, layout, num_blocks, num_cpu_blocks=0, instance=instance)
+        request = CacheRequest(
+            layout=layout, num_blocks=num_blocks, num_cpu_blocks=0, splitwise_role="mixed", instance=instance
+        )
+        managed = manage_kv_cache(platform, request)
         return {"create_s": time.perf_counter() - started, "export_s": managed.kv_cache.create_seconds}
 
     def clear() -> dict[str, float]:
@@ -254,15 +256,16 @@ class Run:
     def attach(self, layout: CacheLayout, num_blocks: int) -> float:
         """Initialize this process's cache by attaching; the whole call's seconds."""
         started = time.perf_counter()
-        self.cache = initialize_kv_cache(
-            self.platform,
-            layout,
-            num_blocks,
+        request = CacheRequest(
+            layout=layout,
+            num_blocks=num_blocks,
+            num_cpu_blocks=0,
+            splitwise_role="decode",
             instance=self.ready.name,
             creator_pid=self.pid,
             timeout=STEP_SECONDS,
-            **DECODE,
-        )
+        )  # made inside the timed call, as every runner makes it
+        self.cache = initialize_kv_cache(self.platform, request)
         return time.perf_counter() - started
 
     def detach(self) -> float:

@@ -10,6 +10,7 @@ from fd_platforms.engine import (
     CacheConfig,
     CacheLayout,
     CacheReadySignal,
+    CacheRequest,
     DeviceMemory,
     ParallelConfig,
     build_layout,
@@ -38,9 +39,14 @@ def receive(conn: Connection, what: str) -> object:
 def cache_manager(instance: str, num_blocks: int, num_cpu_blocks: int, conn: Connection) -> None:
     platform = fd_platforms.current_platform()
     for cycle in (1, 2):
-        managed = manage_kv_cache(
-            platform, rank0_layout(), num_blocks, num_cpu_blocks=num_cpu_blocks, instance=instance
-        )  # publishes, then sets rank 0's slot
+        request = CacheRequest(
+            layout=rank0_layout(),
+            num_blocks=num_blocks,
+            num_cpu_blocks=num_cpu_blocks,
+            splitwise_role="mixed",
+            instance=instance,
+        )
+        managed = manage_kv_cache(platform, request)  # publishes, then sets rank 0's slot
         managed.kv_cache.tensors[0][0, 0, 0, 0] = 100.0 + cycle  # for the runner to read
         assert managed.host_cache is not None  # num_cpu_blocks > 0: the manager holds the host swap space
         conn.send(managed.host_cache.num_blocks)
@@ -66,19 +72,17 @@ def main() -> int:
         )
         manager.start()
         try:
+            request = CacheRequest(
+                layout=layout,
+                num_blocks=plan.num_blocks,
+                num_cpu_blocks=plan.num_cpu_blocks,
+                splitwise_role="decode",
+                instance=signal.name,
+                creator_pid=manager.pid,
+                timeout=TIMEOUT,
+            )  # one rank's request, checked once, for every cycle
             for cycle in (1, 2):
-                cache = initialize_kv_cache(
-                    platform,
-                    layout,
-                    plan.num_blocks,
-                    profile=False,
-                    num_cpu_blocks=plan.num_cpu_blocks,
-                    storage_backend=None,
-                    splitwise_role="decode",
-                    instance=signal.name,
-                    creator_pid=manager.pid,
-                    timeout=TIMEOUT,
-                )
+                cache = initialize_kv_cache(platform, request)
                 seen = cache.tensors[0][0, 0, 0, 0].item()
                 assert cache.decision is not None  # initialize_kv_cache's cache holds the rule's answer
                 cache.tensors[-1][-1, -1, -1, -1] = 7.0 * cycle

@@ -18,6 +18,7 @@ import fd_platforms
 from fd_platforms.engine import (
     CacheConfig,
     CacheReadySignal,
+    CacheRequest,
     Cluster,
     DeviceMemory,
     ParallelConfig,
@@ -42,18 +43,15 @@ def worker(memory_mib: int) -> None:
     node, _ = cluster.nodes.locate(cluster.global_rank)
     bound = agreement.bound_by
     with CacheReadySignal.create(1) as signal:  # each node's engine owns its own signal
-        cache = initialize_kv_cache(
-            platform,
-            layout,
-            agreement.plan.num_blocks,
-            profile=False,
+        request = CacheRequest(
+            layout=layout,
+            num_blocks=agreement.plan.num_blocks,
             num_cpu_blocks=0,
-            storage_backend=None,
             splitwise_role="mixed",
             instance=signal.name,
-            creator_pid=None,
             timeout=TIMEOUT,
         )
+        cache = initialize_kv_cache(platform, request)
         cluster.barrier("every node's cache is ready")
         print(
             f"node {node}: planned {plan.num_blocks} blocks, uses {agreement.plan.num_blocks} "

@@ -19,32 +19,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..contract.errors import CacheNotReadyError, CacheSharingError, ConfigError, FdPlatformsError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision, CacheRoleShape
-from ..ipc.cache_signal import resolve_timeout
+from ..loading.platform import Platform
 from ..rules.decision import DecisionInputs
-from ..rules.layout import check_num_blocks
 from . import rank_parts
 from .host_cache import HostCache, allocate_host_cache, check_host_cache, swap_space_clearing
-from .kv_cache import (
-    AllocationProgress,
-    KVCache,
-    allocate_kv_cache,
-    attach_kv_cache,
-    check_platform_and_layout,
-    export_kv_cache,
-)
-from .protocols import OURS, WireProtocol, protocol_named
+from .kv_cache import AllocationProgress, KVCache, allocate_shaped, attach_kv_cache, export_kv_cache
+from .protocols import OURS, WireProtocol
 from .request import CacheRequest, check_not_draft
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from ..loading.platform import Platform
     from ..rules.layout import CacheLayout
 
 logger = logging.getLogger(__name__)
@@ -54,19 +44,10 @@ WITHDRAW_SECONDS = 1.0
 
 
 def initialize_kv_cache(
-    platform: Platform,
-    request: CacheRequest | CacheLayout,
-    num_blocks: int | None = None,
-    *,
-    progress: AllocationProgress | None = None,
-    **keywords: Any,
+    platform: Platform, request: CacheRequest, *, progress: AllocationProgress | None = None
 ) -> KVCache:
-    """Create or attach the rank's KV cache that ``request`` (a :class:`~.request.CacheRequest`) asks for, as the
-    rule decides; see the module docstring. ``progress`` gets ``(bytes done, bytes in all)`` as a creator allocates.
-
-    The keyword form of before 0.2 still works and builds the request: ``initialize_kv_cache(platform, layout,
-    num_blocks, profile=..., num_cpu_blocks=..., storage_backend=..., splitwise_role=..., instance=..., ...)``
-    (the four rule inputs required, as they were; every other field of the record by its name).
+    """Create or attach the rank's KV cache that ``request`` asks for, as the rule decides; see the module
+    docstring. ``progress`` gets ``(bytes done, bytes in all)`` as a creator allocates.
 
     The request's fields (:class:`~.request.CacheRequest`): ``instance`` names the engine instance (under our
     protocol its cache-ready signal, which also names the rank's publication; under FastDeploy's its signal suffix,
@@ -76,9 +57,7 @@ def initialize_kv_cache(
     FastDeploy's own signals and per-tensor handles, beside its unmodified processes; ``tensor_specs`` (one layer's
     tensors as the engine's attention backend states them) are checked against the platform's shapes
     (:func:`~fd_platforms.rules.shapes.engine_shaped`) before any hook runs; ``tp`` makes every per-rank signal
-    FastDeploy's int32 array of exactly that many words. ``signal_name=``, ``suffix=`` (for ``instance=``) and
-    ``setter_pid=`` (for ``creator_pid=``) are the keywords' names before 0.2: taken with a DeprecationWarning
-    until 0.3.
+    FastDeploy's int32 array of exactly that many words.
 
     With MTP the runner passes ``whole.main()`` and the proposer, on a call of its own, ``whole.draft()``
     with the same ``num_blocks`` (its tensors hold ``plan.num_draft_blocks``). Each part creates or attaches
@@ -86,45 +65,31 @@ def initialize_kv_cache(
     this process (:mod:`.rank_parts`), whichever comes first (FastDeploy's runner calls its proposer first,
     ``gpu_model_runner.py`` ``update_share_input_block_num``); an attacher of either part waits for it.
     """
-    request = _request(platform, "initialize_kv_cache", request, num_blocks, keywords, _RUNNER_REQUIRED)
+    _check_call(platform, request)
     _check_one_part(request)
-    wire, instance, creator_pid = protocol_named(request.protocol), request.instance, request.creator_pid
-    profile, num_blocks, num_cpu_blocks = request.profile, request.num_blocks, request.num_cpu_blocks
-    inputs = request.rule_in_force()
-    limit = resolve_timeout(request.timeout)
-    layout = platform.cache_layout(request.layout, num_blocks, request.tensor_specs)  # the platform's or the engine's
+    wire, instance, inputs = request.wire, request.instance, request.inputs
+    layout = platform.cache_layout(request.layout, request.num_blocks, request.tensor_specs)
     import_seconds = _import_paddle()
     decision = platform.should_create_cache_tensor(**inputs.kwargs())
-    sharing = platform.cache_sharing()
-    per_rank = wire.attachers_per_rank(request.splitwise_role, num_cpu_blocks)
+    per_rank = wire.attachers_per_rank(inputs.splitwise_role, inputs.num_cpu_blocks)
     if decision.create:
         started = time.monotonic()
-        if profile or sharing is None:  # a profiling run's cache is its own, temporary: never published
-            cache = allocate_kv_cache(
-                layout, num_blocks, platform.identity.device_string(layout.local_device), progress=progress
-            )
-            cache._platform = platform  # its clear returns the memory to the device
+        if inputs.profile or platform.cache_sharing() is None:  # a profiling run's cache is its own: never published
+            cache = allocate_shaped(platform, layout, request.num_blocks, progress)
         else:
             wire.check_signals(instance, layout.rank, manager=False, swap=False)
-            cache = export_kv_cache(
-                platform,
-                layout,
-                num_blocks,
-                instance,
-                progress=progress,
-                protocol=wire,
-                attachers=per_rank if num_cpu_blocks > 0 else 0,  # a cache manager with host swap attaches
-            )
+            attachers = per_rank if inputs.num_cpu_blocks > 0 else 0  # a cache manager with host swap attaches
+            cache = export_kv_cache(platform, layout, request.num_blocks, instance, wire, attachers, progress)
         cache.create_seconds = time.monotonic() - started
-        if not profile:
+        if not inputs.profile:
             cache._instance, cache._protocol = instance, wire
             with _all_or_nothing(cache, wire, instance):
                 if rank_parts.created(wire.name, instance, layout.rank, layout.part):  # main and draft: both
                     wire.set_ready(instance, layout.rank)
     else:
         check_can_attach(platform, decision, f"rank {layout.rank}")
-        waited = _wait_ready(platform, request, layout.rank, limit)
-        cache = attach_kv_cache(platform, layout, num_blocks, instance, creator_pid, wire, attachers=per_rank)
+        waited = _wait_ready(platform, request, layout.rank)
+        cache = attach_kv_cache(platform, layout, request.num_blocks, instance, request.creator_pid, wire, per_rank)
         cache.wait_seconds = waited
     cache.decision, cache.import_seconds = decision, import_seconds
     return cache
@@ -151,19 +116,6 @@ class ManagedCache:
     def created(self) -> bool:
         """Whether the manager created the device cache (False: it attached to the worker's)."""
         return self.kv_cache.created
-
-    @property
-    def device(self) -> KVCache:
-        """Deprecated alias of :attr:`kv_cache` (in the next minor version ``device`` is the device string,
-        as :attr:`KVCache.device` is)."""
-        _deprecated("ManagedCache.device", "ManagedCache.kv_cache (its device string: ManagedCache.kv_cache.device)")
-        return self.kv_cache
-
-    @property
-    def host(self) -> HostCache | None:
-        """Deprecated alias of :attr:`host_cache`."""
-        _deprecated("ManagedCache.host", "ManagedCache.host_cache")
-        return self.host_cache
 
     def released_by_death(self) -> bool:
         """Whether the rank's published cache (main or draft) stands released by the death of its attachers, all
@@ -194,16 +146,10 @@ class ManagedCache:
 
 
 def manage_kv_cache(
-    platform: Platform,
-    request: CacheRequest | CacheLayout,
-    num_blocks: int | None = None,
-    *,
-    progress: AllocationProgress | None = None,
-    attach: bool = False,
-    **keywords: Any,
+    platform: Platform, request: CacheRequest, *, progress: AllocationProgress | None = None, attach: bool = False
 ) -> ManagedCache:
-    """The cache manager's side of the rank ``request`` (a :class:`~.request.CacheRequest`) names, as the rule in
-    force decides (:func:`manager_creates`):
+    """The cache manager's side of the rank ``request`` names, as the rule in force decides
+    (:func:`manager_creates`):
 
     - where the workers attach, export and publish the device cache, allocate its host swap cache
       (``num_cpu_blocks`` blocks of the same layout; none when 0) or reuse ``host_cache`` (the one a cleared
@@ -214,8 +160,7 @@ def manage_kv_cache(
       ``FD_CACHE_READY_TIMEOUT``); ``clear()`` lets go first, so the worker can clear and re-create.
 
     :attr:`ManagedCache.created` says which it did. The other fields as :func:`initialize_kv_cache`'s (a manager never
-    profiles). The keyword form of before 0.2 still works and builds the request: ``manage_kv_cache(platform,
-    layout, num_blocks, num_cpu_blocks=..., instance=..., ...)`` (``splitwise_role`` ``"mixed"`` unless given).
+    profiles).
 
     With MTP, the request's ``layout`` is ``whole.main()`` and its ``draft`` ``whole.draft()``: the draft layers are
     published (or attached) too, on their own for the proposer, before the rank's one slot is set (FastDeploy's
@@ -233,23 +178,9 @@ def manage_kv_cache(
     refused (a ConfigError) only where it would leave nobody to create: a mixed instance whose workers the rule sends to
     attach (this manager is their creator), and without swap space (FastDeploy starts no transfer manager then, and
     counts no second attacher). ``attach=False`` (the default) keeps the rule's side."""
-    request = _request(platform, "manage_kv_cache", request, num_blocks, keywords, _MANAGER_REQUIRED, _MANAGER_DEFAULTS)
-    return _manage(platform, request, "attach" if attach else "rule", progress)
-
-
-def hold_kv_cache(
-    platform: Platform, request: CacheRequest | CacheLayout, num_blocks: int | None = None, **keywords: Any
-) -> ManagedCache:
-    """Deprecated: :func:`manage_kv_cache` attaches where the rule lets the workers create, and with ``attach=True``
-    beside another creator (P/D: the cache messager). This one always waits for rank ``layout.rank``'s published
-    cache and attaches to it, whatever the rule."""
-    _deprecated(
-        "hold_kv_cache",
-        "manage_kv_cache, which attaches where the rule in force lets the workers create, "
-        "and with attach=True beside the cache messager (P/D)",
-    )
-    request = _request(platform, "hold_kv_cache", request, num_blocks, keywords, _MANAGER_REQUIRED, _MANAGER_DEFAULTS)
-    return _manage(platform, request, "hold", None)
+    _check_call(platform, request)
+    _check_manager_side(request)
+    return _manage(platform, request, attach, progress)
 
 
 def manager_creates(platform: Platform, inputs: DecisionInputs) -> bool:
@@ -301,39 +232,29 @@ _REFUSALS = {
 }
 
 
-def _manage(platform: Platform, request: CacheRequest, side: str, progress: AllocationProgress | None) -> ManagedCache:
-    """:func:`manage_kv_cache`'s work. Its ``request`` was checked when it was made; here, before any hook: a
-    manager never profiles and takes no draft part as its layout; then the layout in the platform's shapes (the
-    engine's ``tensor_specs`` where given) and whether the manager creates (``side``: ``"rule"`` as the rule decides,
-    :func:`manager_creates`; ``"attach"`` attaches, checked by :func:`_check_attach`; ``"hold"``, the deprecated
-    :func:`hold_kv_cache`, attaches unchecked). A creating P/D manager without swap space is the cache messager
-    (:func:`_is_messager`): it says nothing beyond the slot. A platform that cannot share is refused, naming what the
-    manager cannot do and the fix. A ``draft`` part (MTP) is made or attached the same way, in the platform's shapes,
-    after the main part. A kept ``host_cache`` must fit the layout (main and draft) and ``num_cpu_blocks``
-    (:func:`~.host_cache.check_host_cache`). ``FD_ENABLE_SWAP_SPACE_CLEARING``, which the manager's clear follows, is
-    read and checked here, once (:func:`~.host_cache.swap_space_clearing`), not at the first clear of a serving
-    manager."""
-    if request.profile:
-        raise ConfigError(
-            "profile",
-            True,
-            "False: a cache manager never profiles",
-            "pass profile=False (a runner's profiling run makes a cache of its own)",
-        )
-    check_not_draft(request.layout)
+def _manage(
+    platform: Platform, request: CacheRequest, attach: bool, progress: AllocationProgress | None
+) -> ManagedCache:
+    """:func:`manage_kv_cache`'s work on a checked ``request``: the layout in the platform's shapes (the engine's
+    ``tensor_specs`` where given), then whether the manager creates (as the rule decides, :func:`manager_creates`;
+    with ``attach`` it attaches, checked by :func:`_check_attach`). A creating P/D manager without swap space is the
+    cache messager (:func:`_is_messager`): it says nothing beyond the slot. A platform that cannot share is refused,
+    naming what the manager cannot do and the fix. A ``draft`` part (MTP) is made or attached the same way, in the
+    platform's shapes, after the main part. A kept ``host_cache`` must fit the layout (main and draft) and
+    ``num_cpu_blocks`` (:func:`~.host_cache.check_host_cache`). ``FD_ENABLE_SWAP_SPACE_CLEARING``, which the
+    manager's clear follows, is read and checked here, once (:func:`~.host_cache.swap_space_clearing`), not at the
+    first clear of a serving manager."""
     frees_swap = swap_space_clearing(None)  # FD_ENABLE_SWAP_SPACE_CLEARING read (and checked) once, here
-    wire = protocol_named(request.protocol)  # the object already: the request resolved it
-    name, num_blocks, creator_pid = request.instance, request.num_blocks, request.creator_pid
-    num_cpu_blocks, splitwise_role, host_cache = request.num_cpu_blocks, request.splitwise_role, request.host_cache
-    inputs = request.rule_in_force()
+    wire, name, inputs, num_blocks = request.wire, request.instance, request.inputs, request.num_blocks
+    num_cpu_blocks, host_cache = inputs.num_cpu_blocks, request.host_cache
     layout = platform.cache_layout(request.layout, num_blocks, request.tensor_specs)  # the platform's or the engine's
-    if side == "attach":
+    if attach:
         _check_attach(platform, inputs)
-    creates = manager_creates(platform, inputs) if side == "rule" else False
+    creates = not attach and manager_creates(platform, inputs)
     if platform.cache_sharing() is None:
         raise CacheSharingError(
             f"platform {platform.name} cannot share KV cache tensors between processes (it declares no cache_sharing), "
-            f"so a cache manager cannot {_REFUSALS['attach' if side == 'attach' else creates]}"
+            f"so a cache manager cannot {_REFUSALS['attach' if attach else creates]}"
         )
     messager = _is_messager(creates, inputs)
     # the draft part in the main part's shapes (the engine's tensor_specs are stated for the main layers: a draft
@@ -351,28 +272,25 @@ def _manage(platform: Platform, request: CacheRequest, side: str, progress: Allo
         host_layout = layout.joined(draft_layout)
     if host_cache is not None:
         check_host_cache(host_cache, host_layout, num_cpu_blocks)
-    limit = resolve_timeout(request.timeout)
     import_seconds = _import_paddle()
     wire.check_signals(name, layout.rank, manager=not messager, swap=num_cpu_blocks > 0)
-    per_rank = wire.attachers_per_rank(splitwise_role, num_cpu_blocks)
+    per_rank = wire.attachers_per_rank(inputs.splitwise_role, num_cpu_blocks)
     # Holding the host swap space itself, a creating manager is the rank's transfer manager: the worker alone
     # attaches. The messager holds none: the transfer manager may attach beside the worker (P/D with swap).
-    expected = wire.attachers_per_rank(splitwise_role, 0 if num_cpu_blocks else 1)
+    expected = wire.attachers_per_rank(inputs.splitwise_role, 0 if num_cpu_blocks else 1)
 
     def make(part: CacheLayout, progress: AllocationProgress | None = None) -> KVCache:
         """``part`` of the rank's device cache (main, then draft): exported where the manager creates, else attached."""
         if creates:
-            return export_kv_cache(
-                platform, part, num_blocks, name, progress=progress, protocol=wire, attachers=expected
-            )
-        return attach_kv_cache(platform, part, num_blocks, name, creator_pid, wire, attachers=per_rank)
+            return export_kv_cache(platform, part, num_blocks, name, wire, expected, progress)
+        return attach_kv_cache(platform, part, num_blocks, name, request.creator_pid, wire, per_rank)
 
     if creates:
         started = time.monotonic()
         device = make(layout, progress)
         device.create_seconds = time.monotonic() - started
     else:
-        waited = _wait_ready(platform, request, layout.rank, limit, layout, draft_layout)
+        waited = _wait_ready(platform, request, layout.rank, layout, draft_layout)
         device = make(layout)
         device.wait_seconds = waited
     device.import_seconds = import_seconds
@@ -392,42 +310,20 @@ def _manage(platform: Platform, request: CacheRequest, side: str, progress: Allo
     return managed
 
 
-_RUNNER_REQUIRED = ("profile", "num_cpu_blocks", "storage_backend", "splitwise_role")
-_MANAGER_REQUIRED = ("num_cpu_blocks",)
-_MANAGER_DEFAULTS = {"splitwise_role": "mixed"}
-
-
-def _request(
-    platform: Platform,
-    call: str,
-    request: object,
-    num_blocks: object,
-    keywords: dict[str, Any],
-    required: Sequence[str],
-    defaults: Mapping[str, Any] | None = None,
-) -> CacheRequest:
-    """The engine call's :class:`CacheRequest`: ``request`` itself (nothing beside it), or, in the keyword form of
-    before 0.2, the one its layout, ``num_blocks`` and ``keywords`` make (the platform, layout and blocks checked
-    first, as that form checked them; a deprecated keyword warns at the engine call's caller)."""
-    if isinstance(request, CacheRequest):
-        extra = ["num_blocks"] * (num_blocks is not None) + sorted(keywords)
-        if extra:
-            value = num_blocks if extra[0] == "num_blocks" else keywords[extra[0]]
-            raise ConfigError(
-                extra[0],
-                value,
-                "nothing beside a CacheRequest (it holds every field)",
-                f"set it in the request: dataclasses.replace(request, {extra[0]}=...)",
-            )
-        check_platform_and_layout(platform, request.layout)
-        return request
-    layout = keywords.pop("layout", request)
-    num_blocks = keywords.pop("num_blocks", num_blocks)
-    check_platform_and_layout(platform, layout)
-    check_num_blocks(num_blocks)
-    return CacheRequest.from_keywords(
-        call, layout, num_blocks, keywords, required=required, defaults=defaults, stacklevel=4
-    )
+def _check_call(platform: object, request: object) -> None:
+    """What an engine call takes beside the record's own checks: the platform and a :class:`CacheRequest` (a
+    ConfigError naming the argument)."""
+    if not isinstance(platform, Platform):
+        raise ConfigError(
+            "platform", platform, "a Platform", "pass the selected platform first (fd_platforms.current_platform())"
+        )
+    if not isinstance(request, CacheRequest):
+        raise ConfigError(
+            "request",
+            request,
+            "a CacheRequest (one rank's layout, blocks and rule inputs, checked when it is made)",
+            "build one: CacheRequest(layout=..., num_blocks=..., instance=..., num_cpu_blocks=..., splitwise_role=...)",
+        )
 
 
 def _check_one_part(request: CacheRequest) -> None:
@@ -435,7 +331,7 @@ def _check_one_part(request: CacheRequest) -> None:
     if request.draft is not None:
         raise ConfigError(
             "draft",
-            request.draft.describe(),
+            f"the draft part of rank {request.draft.rank}",
             "None: initialize_kv_cache makes one part per call",
             "call initialize_kv_cache again with the draft part as the layout (the proposer's call); "
             "draft= is a cache manager's (manage_kv_cache)",
@@ -447,6 +343,18 @@ def _check_one_part(request: CacheRequest) -> None:
             "None: a runner holds no host swap cache",
             "pass the kept host cache to manage_kv_cache, the cache manager's call",
         )
+
+
+def _check_manager_side(request: CacheRequest) -> None:
+    """A cache manager never profiles and takes no draft part as its layout."""
+    if request.profile:
+        raise ConfigError(
+            "profile",
+            True,
+            "False: a cache manager never profiles",
+            "pass profile=False (a runner's profiling run makes a cache of its own)",
+        )
+    check_not_draft(request.layout)
 
 
 @contextlib.contextmanager
@@ -480,26 +388,16 @@ def _all_or_nothing(
         raise
 
 
-def _deprecated(old: str, new: str) -> None:
-    """A DeprecationWarning at the caller of the deprecated ``old`` (two frames up), naming ``new``."""
-    warnings.warn(
-        f"{old} is deprecated and goes in the next minor version: use {new}", DeprecationWarning, stacklevel=3
-    )
-
-
-def _wait_ready(
-    platform: Platform, request: CacheRequest, rank: int, limit: float, *parts: CacheLayout | None
-) -> float:
+def _wait_ready(platform: Platform, request: CacheRequest, rank: int, *parts: CacheLayout | None) -> float:
     """``wire.wait_ready``; a wait that timed out names, where it can be seen, the part of the rank's cache
     (of ``parts``: main and draft) that its creator published without the other, and, where the protocol says
     one could be at fault, a peer following another version of the rule than the request's."""
-    wire = protocol_named(request.protocol)  # the object already: the request resolved it
+    wire, inputs = request.wire, request.inputs
     try:
-        return wire.wait_ready(platform, request.instance, rank, limit, request.creator_pid)
+        return wire.wait_ready(platform, request.instance, rank, request.timeout, request.creator_pid)
     except CacheNotReadyError as error:
         if error.cause != "timeout":
             raise
-        inputs = request.rule_in_force()  # the rule's inputs only for the hint of a wait that timed out
         hints = (rank_parts.one_missing(wire, request.instance, rank, parts), wire.rule_mismatch(inputs.rule, inputs))
         if not any(hints):
             raise

@@ -196,7 +196,25 @@ def allocate_kv_cache(
         raise ConfigError("device", device, "Paddle's device string (gpu:0, cpu)", "pass identity.device_string(id)")
     if tensor_specs is not None:
         layout = engine_shaped(layout, tensor_specs, num_blocks)
-    paddle = import_paddle() if paddle is None else paddle
+    return _zero_filled(layout, num_blocks, device, import_paddle() if paddle is None else paddle, progress)
+
+
+def allocate_shaped(
+    platform: Platform, layout: CacheLayout, num_blocks: int, progress: AllocationProgress | None
+) -> KVCache:
+    """:func:`allocate_kv_cache` for a layout ``platform.cache_layout`` shaped (and so checked) for ``num_blocks``, on
+    the rank's device; its clear returns the memory to the device."""
+    device = platform.identity.device_string(layout.local_device)
+    cache = _zero_filled(layout, num_blocks, device, import_paddle(), progress)
+    cache._platform = platform
+    return cache
+
+
+def _zero_filled(
+    layout: CacheLayout, num_blocks: int, device: str, paddle: Any, progress: AllocationProgress | None
+) -> KVCache:
+    """Every tensor of ``layout``, zero-filled on ``device``: where Paddle can place tensors there at all, one after
+    another, dropped again if one fails."""
     check_placeable(paddle, device)
     tensors: list[Any] = []
     done = 0
@@ -218,18 +236,17 @@ def export_kv_cache(
     layout: CacheLayout,
     num_blocks: int,
     instance: str,
-    *,
+    protocol: WireProtocol,
     attachers: int,
     progress: AllocationProgress | None = None,
-    protocol: WireProtocol = OURS,
 ) -> KVCache:
-    """Export every tensor of ``layout`` (zero-filled) and publish the rank's cache (``protocol``'s way).
+    """Export every tensor of ``layout`` (as ``platform.cache_layout`` shaped it for ``num_blocks``, zero-filled)
+    and publish the rank's cache (``protocol``'s way); the platform checks each tensor's name and shape.
 
     ``attachers``: how many processes are configured to attach each rank (0: none; a protocol whose let-go
     is a slot's value waits for it on clear only where one is, and counts them: :mod:`.fastdeploy_marks`). On any
     failure what was exported is closed again and nothing is published.
     """
-    check_num_blocks(num_blocks)
     device = platform.identity.device_string(layout.local_device)
     shared: list[SharedTensor] = []
     try:
@@ -272,10 +289,9 @@ def attach_kv_cache(
     layout: CacheLayout,
     num_blocks: int,
     instance: str,
-    creator_pid: int | None = None,
-    protocol: WireProtocol = OURS,
-    *,
-    attachers: int = 1,
+    creator_pid: int | None,
+    protocol: WireProtocol,
+    attachers: int,
 ) -> KVCache:
     """Open every tensor of rank ``layout.rank``'s published cache, zero-copy, checked against ``layout``.
 
@@ -286,7 +302,6 @@ def attach_kv_cache(
     slot (it never got the cache; another attacher may hold the slot). ``attachers``: how many processes attach
     each rank in this deployment (:func:`~.fastdeploy_marks.attachers_per_rank`).
     """
-    check_num_blocks(num_blocks)
     started = time.monotonic()
     expected = [PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, "") for spec in layout.tensors]
     publication = protocol.open_published(

@@ -48,6 +48,7 @@ from ..rules.config.vocabulary import CACHE_DTYPE_WORDS, QUANT_WORDS, cache_sett
 from ..rules.decision import SPLITWISE_ROLES, STORAGE_BACKENDS, check_pin
 from ..rules.layout import CacheLayout, build_layout
 from ..rules.shapes import engine_shaped, shape_request
+from .protocol import FASTDEPLOY
 from .values import device_ids, index, integer, one_of, optional_one_of, port, ports, positive, shape, suffix, text
 
 _ATTENTION_BACKENDS = {"MLA_ATTN": "mla", "DSA_ATTN": "dsa"}
@@ -90,34 +91,17 @@ class FastDeploySettings:
             self.model, self.cache, self.parallel, device_id=self.device_id, local_device=self.local_device
         )
 
-    def protocol_arguments(self) -> dict[str, Any]:
-        """FastDeploy's protocol as every engine call takes it: ``protocol``, ``instance`` (its suffix), ``rule``, and
-        ``tp``, so that every per-rank signal is checked to be FastDeploy's array of that many words."""
-        return {
-            "protocol": "fastdeploy",
-            "instance": self.suffix,
-            "rule": self.rule,
-            "tp": self.parallel.tensor_parallel_size,
-        }
-
-    def rule_inputs(self, *, profile: bool = False) -> dict[str, Any]:
-        """The create-or-attach rule's inputs, as ``initialize_kv_cache`` takes them."""
-        return {
-            "profile": profile,
-            "num_cpu_blocks": self.cache.num_cpu_blocks,
-            "storage_backend": self.cache.kvcache_storage_backend,
-            "splitwise_role": self.splitwise_role,
-        }
-
     def cache_request(
         self, layout: CacheLayout | None = None, num_blocks: int | None = None, *, profile: bool = False, **fields: Any
     ) -> CacheRequest:
         """The rank's :class:`~fd_platforms.engine.CacheRequest` beside FastDeploy, for ``initialize_kv_cache`` and
-        ``manage_kv_cache`` alike: ``layout`` (default :meth:`layout`, the whole; a runner passes its ``main()``, its
-        proposer its ``draft()``, a cache process the main part with ``draft=``) and ``num_blocks`` (default: a cache
-        process's own, its command line's) with the rule's inputs, FastDeploy's protocol, its suffix as the instance,
-        the pin and ``tp``, and the tensor specs a cache process's command line states; ``fields`` any other field
-        of the record (``creator_pid``, ``timeout``, ``tensor_specs``, ``draft``, ``host_cache``)."""
+        ``manage_kv_cache`` alike: ``layout`` (default :meth:`layout`, the whole; a runner passes its ``main()``, a
+        cache process the main part with ``draft=``; the proposer's is :class:`~.proposer.ProposerSettings`') and
+        ``num_blocks`` (default: a cache process's own, its command line's) with the rule's inputs, FastDeploy's
+        protocol, its suffix as the instance, the pin and ``tp`` (so every per-rank signal is checked to be
+        FastDeploy's array of that many words), and the tensor specs a cache process's command line states;
+        ``fields`` any other field of the record (``creator_pid``, ``timeout``, ``tensor_specs``, ``draft``,
+        ``host_cache``)."""
         blocks = self.num_blocks if num_blocks is None else num_blocks
         if blocks is None:
             raise ConfigError(
@@ -126,20 +110,19 @@ class FastDeploySettings:
                 "the blocks the ranks agreed on (a runner's plan; a cache process's --key_cache_shape)",
                 "pass num_blocks=, the agreed plan's num_blocks",
             )
-        arguments = {"tensor_specs": self.tensor_specs, **self.runner_arguments(profile=profile), **fields}
-        return CacheRequest(layout=self.layout() if layout is None else layout, num_blocks=blocks, **arguments)
-
-    def runner_arguments(self, *, profile: bool = False) -> dict[str, Any]:
-        """Every keyword ``initialize_kv_cache`` needs beside FastDeploy: the rule's inputs and its protocol (the
-        keyword form; :meth:`cache_request` gives the record)."""
-        return {**self.rule_inputs(profile=profile), **self.protocol_arguments()}
-
-    def manager_arguments(self) -> dict[str, Any]:
-        """Every keyword ``manage_kv_cache`` needs beside FastDeploy (a manager never profiles), with the
-        shapes its command line states where it has them (the keyword form; :meth:`cache_request` gives the record)."""
-        arguments = {**self.rule_inputs(), **self.protocol_arguments(), "tensor_specs": self.tensor_specs}
-        del arguments["profile"]
-        return arguments
+        given = {
+            "profile": profile,
+            "num_cpu_blocks": self.cache.num_cpu_blocks,
+            "storage_backend": self.cache.kvcache_storage_backend,
+            "splitwise_role": self.splitwise_role,
+            "protocol": FASTDEPLOY,
+            "instance": self.suffix,
+            "rule": self.rule,
+            "tp": self.parallel.tensor_parallel_size,
+            "tensor_specs": self.tensor_specs,
+            **fields,
+        }
+        return CacheRequest(layout=self.layout() if layout is None else layout, num_blocks=blocks, **given)
 
 
 _FD = "fd_config"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..contract.errors import ConfigError
+from ..engine.request import CacheRequest
 from ..rules.layout import CacheLayout
 from .config import FastDeploySettings
 
@@ -32,10 +33,11 @@ class ProposerSettings:
         """The proposer's layout: the draft part of the runner's whole layout."""
         return self.runner.layout().draft()
 
-    def runner_arguments(self, *, profile: bool = False) -> dict[str, Any]:
-        """The keywords ``initialize_kv_cache`` takes for the draft part: the runner's (one rank, one rule, one
-        slot)."""
-        return self.runner.runner_arguments(profile=profile)
+    def cache_request(self, num_blocks: int, *, profile: bool = False, **fields: Any) -> CacheRequest:
+        """The proposer's :class:`~fd_platforms.engine.CacheRequest` for ``initialize_kv_cache``: the draft part with
+        the runner's ``num_blocks``, rule inputs, protocol and instance (one rank, one rule, one slot); ``fields`` any
+        other field of the record (``creator_pid``, ``timeout``, ``tensor_specs``)."""
+        return self.runner.cache_request(self.layout(), num_blocks, profile=profile, **fields)
 
 
 def proposer_settings(runner: FastDeploySettings, proposer_fd_config: object | None = None) -> ProposerSettings:

@@ -32,9 +32,10 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from ..contract.errors import ConfigError
-from ..engine.protocols import WireProtocol, register_protocol
+from ..engine.protocols import WireProtocol
 from ..engine.publication import PublishedTensor
 from ..ipc import shm
+from ..ipc.cache_signal import resolve_timeout
 from ..ipc.shared_words import MAX_LOCAL_RANKS, WORD_BYTES
 from .block_handoff import block_count_words, hand_off_block_count
 from .handles import FastDeployHandles
@@ -68,7 +69,6 @@ class FastDeployProtocol(WireProtocol):
     """FastDeploy's signals and per-tensor records; see the module docstring."""
 
     name = "fastdeploy"
-    old_keywords = ("signal_name", "suffix")
 
     def check_instance(self, instance: object) -> None:
         check_suffix(instance, "instance")
@@ -123,14 +123,14 @@ class FastDeployProtocol(WireProtocol):
         return mismatch_hint(rule, inputs)
 
     def wait_ready(
-        self, platform: Platform, instance: str, rank: int, timeout: float, creator_pid: int | None
+        self, platform: Platform, instance: str, rank: int, timeout: float | None, creator_pid: int | None
     ) -> float:
         """Watched by the core itself: FastDeploy's writers wake nobody (see :mod:`fd_platforms.fastdeploy.signals`)."""
         with FastDeploySignal.attach(CACHE_READY, instance) as signal:
             return signal.wait_for(
                 rank,
                 1,
-                timeout,
+                resolve_timeout(timeout),
                 watch_pid=creator_pid,
                 what=f"rank {rank} waiting for its KV cache",
                 writer="the process creating it (FastDeploy's cache transfer manager or runner)",
@@ -239,4 +239,3 @@ def _run_signal(signal: str) -> shm.Recognise:
 
 
 FASTDEPLOY = FastDeployProtocol()
-register_protocol(FASTDEPLOY)  # protocol='fastdeploy' resolves once this package is imported

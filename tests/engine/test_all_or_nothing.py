@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 from engine_processes import qwen_layout
+from kv_requests import kv_request
 
 from fd_platforms.contract.errors import CacheSignalError
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
@@ -55,7 +56,10 @@ def test_a_manager_whose_swap_signal_is_missing_publishes_nothing_and_sets_no_sl
     suffix, ready = engine_without_swap_signal
     with pytest.raises(CacheSignalError, match=f"'{SWAP_SPACE_READY}.{suffix}' does not exist") as kept:
         manage_kv_cache(
-            cpu, qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=4, instance=suffix, protocol="fastdeploy", rule=RULE
+            cpu,
+            kv_request(
+                qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=4, instance=suffix, protocol="fastdeploy", rule=RULE
+            ),
         )
     assert kept.value is not None  # the error and its frames are still held here
     assert ready.values() == (0,) and records() == set()
@@ -86,7 +90,10 @@ def test_a_manager_failing_after_it_published_withdraws_before_the_error_returns
     monkeypatch.setattr(host_cache.HostCache, "clear", clear)
     with pytest.raises(CacheSignalError, match="made to fail by the test") as kept:
         manage_kv_cache(
-            cpu, qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=4, instance=suffix, protocol="fastdeploy", rule=RULE
+            cpu,
+            kv_request(
+                qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=4, instance=suffix, protocol="fastdeploy", rule=RULE
+            ),
         )
     assert kept.value is not None
     assert ready.values() == (0,) and records() == set()
@@ -107,14 +114,16 @@ def test_a_runner_whose_ready_write_fails_withdraws_its_records(
     with pytest.raises(CacheSignalError, match="made to fail by the test") as kept:
         initialize_kv_cache(
             cpu,
-            qwen_layout(0, 1, DEVICE),
-            BLOCKS,
-            profile=False,
-            num_cpu_blocks=0,
-            storage_backend=None,
-            splitwise_role="mixed",
-            instance=suffix,
-            protocol="fastdeploy",
+            kv_request(
+                qwen_layout(0, 1, DEVICE),
+                BLOCKS,
+                profile=False,
+                num_cpu_blocks=0,
+                storage_backend=None,
+                splitwise_role="mixed",
+                instance=suffix,
+                protocol="fastdeploy",
+            ),
         )
     assert kept.value is not None
     assert ready.values() == (0,) and records() == set()
@@ -125,7 +134,7 @@ def test_under_our_protocol_a_missing_signal_publishes_no_manifest(cpu: Platform
     name = signal.name
     signal.close()  # the engine is gone: its signal with it
     with pytest.raises(CacheSignalError) as kept:
-        manage_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=0, instance=name)
+        manage_kv_cache(cpu, kv_request(qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=0, instance=name))
     assert kept.value is not None
     assert not os.path.exists(f"/dev/shm/{publication_name(name, 0)}")
 
@@ -136,7 +145,7 @@ def test_under_our_protocol_a_failed_manager_leaves_its_slot_unset(
     monkeypatch.setattr(FdPlatformsProtocol, "manager_up", fail)
     with CacheReadySignal.create(1) as signal:
         with pytest.raises(CacheSignalError, match="made to fail by the test") as kept:
-            manage_kv_cache(cpu, qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=0, instance=signal.name)
+            manage_kv_cache(cpu, kv_request(qwen_layout(0, 1, DEVICE), BLOCKS, num_cpu_blocks=0, instance=signal.name))
         assert kept.value is not None
         assert not signal.is_set(0)
         assert not os.path.exists(f"/dev/shm/{publication_name(signal.name, 0)}")
@@ -170,12 +179,14 @@ def test_a_cache_an_attacher_came_to_before_the_failure_is_logged_not_freed_unde
         with pytest.raises(CacheSignalError, match="made to fail by the test"):
             manage_kv_cache(
                 cpu,
-                qwen_layout(0, 1, DEVICE),
-                BLOCKS,
-                num_cpu_blocks=0,
-                instance=suffix,
-                protocol="fastdeploy",
-                rule=RULE,
+                kv_request(
+                    qwen_layout(0, 1, DEVICE),
+                    BLOCKS,
+                    num_cpu_blocks=0,
+                    instance=suffix,
+                    protocol="fastdeploy",
+                    rule=RULE,
+                ),
             )
         assert records(), "still published: its attacher holds it"
         [line] = [r.getMessage() for r in caplog.records if "could not be withdrawn" in r.getMessage()]

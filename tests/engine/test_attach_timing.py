@@ -7,6 +7,7 @@ import os
 import time
 
 import pytest
+from kv_requests import kv_request
 from run_helpers import QWEN, ROOT
 
 import fd_platforms.engine.initialize as initialize
@@ -30,9 +31,11 @@ def test_importing_paddle_is_timed_apart_from_the_attach(cpu: Platform, monkeypa
 
     monkeypatch.setattr(initialize, "import_paddle", slow_import)
     with CacheReadySignal.create(num_ranks=1) as signal:
-        managed = manage_kv_cache(cpu, layout, 1, num_cpu_blocks=0, instance=signal.name)
+        managed = manage_kv_cache(cpu, kv_request(layout, 1, num_cpu_blocks=0, instance=signal.name))
         try:
-            cache = initialize_kv_cache(cpu, layout, 1, instance=signal.name, creator_pid=os.getpid(), **DECODE)
+            cache = initialize_kv_cache(
+                cpu, kv_request(layout, 1, instance=signal.name, creator_pid=os.getpid(), **DECODE)
+            )
             assert managed.kv_cache.import_seconds is not None and managed.kv_cache.import_seconds >= 1.0
             assert cache.import_seconds is not None and cache.import_seconds >= 1.0
             assert cache.attach_seconds is not None and cache.attach_seconds < cache.import_seconds

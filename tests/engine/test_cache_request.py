@@ -1,6 +1,6 @@
 """One request record for a rank's cache: ``CacheRequest`` is validated when it is made (a ConfigError naming the
-field), ``initialize_kv_cache(platform, request)`` and ``manage_kv_cache(platform, request)`` take it, and the
-keyword calls of before 0.2 build the same record and give the same result."""
+field), and ``initialize_kv_cache(platform, request)`` and ``manage_kv_cache(platform, request)`` take it and nothing
+else; a record altered after it was made is still refused where the system is touched."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ def request(**changes: object) -> CacheRequest:
 
 def test_a_request_holds_its_fields_checked_and_the_protocol_as_its_object() -> None:
     made = request(protocol="fd-platforms", creator_pid=1, timeout=5, tensor_specs=None)
-    assert made.protocol is OURS and made.instance == "fd_cache_ready.request-test" and made.creator_pid == 1
-    assert made.inputs().kwargs() == {**MIXED, "rule": "2026-01"} and made.rule_in_force().rule == "2026-01"
+    assert made.protocol is made.wire is OURS and made.instance == "fd_cache_ready.request-test"
+    assert made.creator_pid == 1 and made.inputs.kwargs() == {**MIXED, "rule": "2026-01"}
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.num_blocks = 3  # type: ignore[misc]
     assert dataclasses.replace(made, num_blocks=3).num_blocks == 3, "replace makes a new record, checked again"
@@ -110,65 +110,35 @@ def test_integers_are_taken_exactly_in_their_range(
         assert not bad
 
 
-def outcome(cache: object) -> tuple[object, ...]:
-    """What a call gave, to compare the two forms: names, shapes, dtypes, what it did and why."""
-    kv = getattr(cache, "kv_cache", cache)
-    shapes = [(list(tensor.shape), str(tensor.dtype)) for tensor in kv.tensors]  # type: ignore[attr-defined]
-    return kv.names, shapes, kv.created, kv.decision  # type: ignore[attr-defined]
+@pytest.mark.parametrize("call", [initialize_kv_cache, manage_kv_cache])
+def test_a_call_takes_the_platform_and_a_request_and_nothing_else(cpu: Platform, call) -> None:
+    with pytest.raises(ConfigError) as caught:
+        call(cpu, qwen_layout())
+    assert caught.value.field == "request" and "Fix: build one: CacheRequest(layout=" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        call("cpu", request())
+    assert caught.value.field == "platform"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'timeout'"):
+        call(cpu, request(), timeout=5)
 
 
-def test_both_forms_of_initialize_kv_cache_give_the_same_cache(cpu: Platform, ours: str) -> None:
-    by_keywords = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=ours, rule="2026-01", **MIXED)
-    first = outcome(by_keywords)
-    by_keywords.clear(5)
-    by_record = initialize_kv_cache(cpu, request(instance=ours, rule="2026-01"))
-    try:
-        assert outcome(by_record) == first and by_record.created and by_record.decision.create
-    finally:
-        by_record.clear(5)
-
-
-def test_both_forms_of_manage_kv_cache_give_the_same_cache_and_the_runner_attaches_to_either(
-    cpu: Platform, ours: str
+@pytest.mark.parametrize(("name", "value"), [("num_blocks", 0), ("layout", "x"), ("num_blocks", 2**70)])
+def test_a_request_altered_after_it_was_made_is_refused_before_any_hook(
+    cpu: Platform, name: str, value: object
 ) -> None:
-    results = []
-    for form in ("keywords", "record"):
-        if form == "keywords":
-            managed = manage_kv_cache(cpu, qwen_layout(), BLOCKS, num_cpu_blocks=2, instance=ours, rule="2026-01")
-        else:
-            managed = manage_kv_cache(cpu, request(instance=ours, rule="2026-01", num_cpu_blocks=2))
-        runner = initialize_kv_cache(
-            cpu, request(instance=ours, rule="2026-01", timeout=5, **{**SWAP, "profile": False})
-        )
-        try:
-            assert managed.created and not runner.created
-            results.append((outcome(managed), managed.host_cache.names, list(managed.host_cache.tensors[0].shape)))  # type: ignore[union-attr]
-        finally:
-            runner.clear(5)
-            managed.clear(5, clear_host=True)
-    assert results[0] == results[1]
-
-
-def test_a_request_and_keywords_together_or_a_wrong_keyword_are_refused(cpu: Platform) -> None:
+    """The record is checked once, when made; the sinks that size and shape memory keep their own guard."""
     made = request()
-    with pytest.raises(ConfigError) as caught:
-        initialize_kv_cache(cpu, made, timeout=5)
-    assert caught.value.field == "timeout" and "dataclasses.replace(request, timeout=...)" in str(caught.value)
-    with pytest.raises(ConfigError) as caught:
-        manage_kv_cache(cpu, made, BLOCKS)
-    assert caught.value.field == "num_blocks"
-    with pytest.raises(TypeError, match=r"initialize_kv_cache\(\) got an unexpected keyword argument 'signal'"):
-        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, signal="x", **MIXED)
-    with pytest.raises(TypeError, match=r"initialize_kv_cache\(\) missing required keyword-only argument: 'profile'"):
-        initialize_kv_cache(
-            cpu,
-            qwen_layout(),
-            BLOCKS,
-            instance="fd_cache_ready.x",
-            num_cpu_blocks=0,
-            storage_backend=None,
-            splitwise_role="mixed",
-        )
+    object.__setattr__(made, name, value)
+    called: list[str] = []
+    cpu._call = lambda hook, *a, **k: called.append(hook)  # type: ignore[method-assign]
+    try:
+        for call in (initialize_kv_cache, manage_kv_cache):
+            with pytest.raises(ConfigError) as caught:
+                call(cpu, made)
+            assert caught.value.field == name
+    finally:
+        del cpu._call
+    assert called == []
 
 
 def test_each_call_refuses_what_only_the_other_takes(cpu: Platform) -> None:

@@ -15,6 +15,7 @@ import engine_processes
 import pytest
 from conftest import SHM_DIR, shm_entries
 from engine_processes import qwen_layout
+from kv_requests import kv_request
 
 from fd_platforms.contract.errors import BufferInUseError, CacheNotReadyError, CacheSharingError
 from fd_platforms.engine import initialize_kv_cache
@@ -42,7 +43,7 @@ def cache_manager(signal_name: str, num_cpu_blocks: int = 0, **cache: object):
 
 def test_a_worker_that_creates_zero_fills_publishes_and_sets_its_slot(cpu, signal_owner) -> None:
     layout = qwen_layout()
-    cache = initialize_kv_cache(cpu, layout, BLOCKS, instance=signal_owner.name, **MIXED)
+    cache = initialize_kv_cache(cpu, kv_request(layout, BLOCKS, instance=signal_owner.name, **MIXED))
     assert cache.created and cache.shared and cache.decision.deciding_term == "none"
     assert cache.names == layout.names() and len(cache.tensors) == 96
     assert [tuple(t.shape) for t in cache.tensors] == [spec.shape(BLOCKS) for spec in layout.tensors]
@@ -60,7 +61,7 @@ def test_a_worker_attaches_zero_copy_to_the_cache_managers_tensors(cpu, signal_o
     layout = qwen_layout()
     with cache_manager(signal_owner.name) as (manager, pid):
         cache = initialize_kv_cache(
-            cpu, layout, BLOCKS, instance=signal_owner.name, creator_pid=pid, timeout=30, **DECODE
+            cpu, kv_request(layout, BLOCKS, instance=signal_owner.name, creator_pid=pid, timeout=30, **DECODE)
         )
         assert not cache.created and cache.shared
         assert cache.decision.deciding_term == "splitwise_role"
@@ -78,7 +79,7 @@ def test_a_worker_attaches_zero_copy_to_the_cache_managers_tensors(cpu, signal_o
 def test_a_published_tensor_differing_from_the_attachers_layout_is_refused(cpu, signal_owner) -> None:
     with cache_manager(signal_owner.name, block_size=32) as (_, pid), pytest.raises(CacheSharingError) as info:
         initialize_kv_cache(
-            cpu, qwen_layout(), BLOCKS, instance=signal_owner.name, creator_pid=pid, timeout=30, **DECODE
+            cpu, kv_request(qwen_layout(), BLOCKS, instance=signal_owner.name, creator_pid=pid, timeout=30, **DECODE)
         )
     message = str(info.value)
     assert (
@@ -92,7 +93,7 @@ def test_a_published_tensor_differing_from_the_attachers_layout_is_refused(cpu, 
 def test_the_manager_frees_only_after_the_attacher_let_go(cpu, signal_owner) -> None:
     with cache_manager(signal_owner.name) as (manager, pid):
         cache = initialize_kv_cache(
-            cpu, qwen_layout(), BLOCKS, instance=signal_owner.name, creator_pid=pid, timeout=30, **DECODE
+            cpu, kv_request(qwen_layout(), BLOCKS, instance=signal_owner.name, creator_pid=pid, timeout=30, **DECODE)
         )
         started = time.monotonic()
         manager.send(("clear", 0.3))
@@ -108,7 +109,7 @@ def test_the_manager_frees_only_after_the_attacher_let_go(cpu, signal_owner) -> 
 
 
 def test_clear_refuses_while_a_tensor_is_still_referenced(cpu, signal_owner) -> None:
-    cache = initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=signal_owner.name, **MIXED)
+    cache = initialize_kv_cache(cpu, kv_request(qwen_layout(), BLOCKS, instance=signal_owner.name, **MIXED))
     kept = cache.tensors[3]
     with pytest.raises(
         BufferInUseError, match=r"KV cache tensor fd_kv\..*value_caches_1_rank0.device0 is still referenced"
@@ -131,7 +132,9 @@ def test_a_platform_that_cannot_share_is_refused_when_it_decides(make_plugin, si
     assert platform.cache_sharing() is None
     started = time.monotonic()
     with pytest.raises(CacheSharingError) as info:
-        initialize_kv_cache(platform, qwen_layout(), BLOCKS, instance=signal_owner.name, timeout=60, **DECODE)
+        initialize_kv_cache(
+            platform, kv_request(qwen_layout(), BLOCKS, instance=signal_owner.name, timeout=60, **DECODE)
+        )
     assert time.monotonic() - started < 5, "refused when deciding, not after waiting"
     message = str(info.value)
     assert (
@@ -139,7 +142,7 @@ def test_a_platform_that_cannot_share_is_refused_when_it_decides(make_plugin, si
         in message
     )
     assert "platform noshare cannot share KV cache tensors between processes" in message and "Fix: " in message
-    created = initialize_kv_cache(platform, qwen_layout(), BLOCKS, instance=signal_owner.name, **MIXED)
+    created = initialize_kv_cache(platform, kv_request(qwen_layout(), BLOCKS, instance=signal_owner.name, **MIXED))
     assert created.created and not created.shared, "a creator still works: plain tensors, nothing published"
     created.clear()
 
@@ -151,13 +154,13 @@ def test_a_creators_clear_returns_the_cached_memory_to_the_device(make_plugin, s
         "from fd_platforms import hookimpl\nfrom fd_platforms.contract.types import Detection, PlatformIdentity\n"
         "@hookimpl\ndef platform_identity():\n    return PlatformIdentity('keeper', 'cpu', None)\n"
         "@hookimpl\ndef detect_platform():\n    return Detection(True, 'here', 1)\n"
-        "@hookimpl\ndef supported_api_versions():\n    return '>=1.3,<2'\n"
+        "@hookimpl\ndef supported_api_versions():\n    return '>=1.0,<2'\n"
         "@hookimpl\ndef release_device_memory(device):\n"
         f"    open({str(calls)!r}, 'a').write(device + '\\n')\n    return 'allocator.empty_cache()'\n"
     )
     make_plugin("keeper", source=source)
     platform = select_platform({"FD_PLATFORM": "keeper"}).platform
-    created = initialize_kv_cache(platform, qwen_layout(), BLOCKS, instance=signal_owner.name, **MIXED)
+    created = initialize_kv_cache(platform, kv_request(qwen_layout(), BLOCKS, instance=signal_owner.name, **MIXED))
     assert not calls.exists(), "nothing released while the cache lives"
     created.clear()
     assert calls.read_text() == "cpu\n", "released once, after the clear"
@@ -172,7 +175,7 @@ def test_a_profiling_run_makes_its_own_cache_beside_a_published_one(cpu, signal_
     with cache_manager(signal_owner.name):
         before = signal_owner.slots()
         profiled = initialize_kv_cache(
-            cpu, qwen_layout(), BLOCKS, instance=signal_owner.name, **{**DECODE, "profile": True}
+            cpu, kv_request(qwen_layout(), BLOCKS, instance=signal_owner.name, **{**DECODE, "profile": True})
         )
         assert profiled.created and not profiled.shared and profiled.decision.deciding_term == "profile"
         assert signal_owner.slots() == before
@@ -187,7 +190,7 @@ def test_an_attacher_resets_its_slot_before_it_lets_go(cpu, signal_owner, monkey
 
     with cache_manager(signal_owner.name) as (_, pid):
         cache = initialize_kv_cache(
-            cpu, qwen_layout(), BLOCKS, instance=signal_owner.name, creator_pid=pid, timeout=30, **DECODE
+            cpu, kv_request(qwen_layout(), BLOCKS, instance=signal_owner.name, creator_pid=pid, timeout=30, **DECODE)
         )
         seen: list[tuple[int, ...]] = []
         let_go = publication.Publication.let_go
@@ -208,7 +211,10 @@ def test_a_dead_cache_manager_ends_the_wait(cpu, signal_owner) -> None:
         os.kill(process.pid, signal.SIGKILL)
         with pytest.raises(CacheNotReadyError, match="exited without setting it"):
             initialize_kv_cache(
-                cpu, qwen_layout(), BLOCKS, instance=signal_owner.name, creator_pid=process.pid, timeout=30, **DECODE
+                cpu,
+                kv_request(
+                    qwen_layout(), BLOCKS, instance=signal_owner.name, creator_pid=process.pid, timeout=30, **DECODE
+                ),
             )
         assert time.monotonic() - threading_kill < 5
     finally:
@@ -273,13 +279,13 @@ def open_fds() -> int:
 def test_100_clear_and_recreate_cycles_leave_shm_fds_and_rss_flat(cpu, signal_owner) -> None:
     layout = qwen_layout()
     for _ in range(3):  # warm Paddle's and Python's caches before measuring
-        creator = initialize_kv_cache(cpu, layout, BLOCKS, instance=signal_owner.name, **MIXED)
+        creator = initialize_kv_cache(cpu, kv_request(layout, BLOCKS, instance=signal_owner.name, **MIXED))
         creator.clear()
     ours = signal_owner.instance  # other processes on the machine may make entries of their own meanwhile
     gc.collect()  # pipes of earlier tests' processes, closed now rather than in the middle of the count
     entries, fds, rss = {e for e in shm_entries() if ours in e}, open_fds(), resident_bytes()
     for _ in range(100):
-        creator = initialize_kv_cache(cpu, layout, BLOCKS, instance=signal_owner.name, **MIXED)
+        creator = initialize_kv_cache(cpu, kv_request(layout, BLOCKS, instance=signal_owner.name, **MIXED))
         creator.clear()
     assert {e for e in shm_entries() if ours in e} == entries and open_fds() == fds
     assert resident_bytes() - rss <= rss // 100, f"RSS grew {resident_bytes() - rss} bytes over 100 cycles"
@@ -289,7 +295,7 @@ def test_an_exporter_holds_one_descriptor_per_tensor_and_an_attacher_none(cpu, s
     layout = qwen_layout()
     gc.collect()
     before = open_fds()
-    creator = initialize_kv_cache(cpu, layout, BLOCKS, instance=signal_owner.name, **MIXED)
+    creator = initialize_kv_cache(cpu, kv_request(layout, BLOCKS, instance=signal_owner.name, **MIXED))
     assert open_fds() - before == len(layout.tensors) + 1, "one memfd per exported tensor, and the publication"
     opened = [
         cpu.open_cache_tensor(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from kv_requests import kv_request
 from run_helpers import QWEN, ROOT
 
 from fd_platforms.contract.errors import ConfigError
@@ -20,27 +21,27 @@ LAYOUT = build_layout(load_model_config(ROOT / QWEN), CacheConfig(), ParallelCon
 
 CALLS: dict[str, tuple[Callable[[Platform], object], str]] = {
     "initialize_kv_cache(None, ...)": (
-        lambda cpu: initialize_kv_cache(None, LAYOUT, 4, instance=SIGNAL, **MIXED),
+        lambda cpu: initialize_kv_cache(None, kv_request(LAYOUT, 4, instance=SIGNAL, **MIXED)),
         "platform is not given; allowed: a Platform",
     ),
     "initialize_kv_cache(cpu, None, ...)": (
-        lambda cpu: initialize_kv_cache(cpu, None, 4, instance=SIGNAL, **MIXED),
+        lambda cpu: initialize_kv_cache(cpu, kv_request(None, 4, instance=SIGNAL, **MIXED)),
         "layout is not given; allowed: a CacheLayout",
     ),
     "initialize_kv_cache(cpu, layout, '4', ...)": (
-        lambda cpu: initialize_kv_cache(cpu, LAYOUT, "4", instance=SIGNAL, **MIXED),
+        lambda cpu: initialize_kv_cache(cpu, kv_request(LAYOUT, "4", instance=SIGNAL, **MIXED)),
         "num_blocks='4' is not valid",
     ),
     "manage_kv_cache(None, ...)": (
-        lambda cpu: manage_kv_cache(None, LAYOUT, 4, num_cpu_blocks=0, instance=SIGNAL),
+        lambda cpu: manage_kv_cache(None, kv_request(LAYOUT, 4, num_cpu_blocks=0, instance=SIGNAL)),
         "platform is not given; allowed: a Platform",
     ),
     "manage_kv_cache(cpu, 'layout', ...)": (
-        lambda cpu: manage_kv_cache(cpu, "layout", 4, num_cpu_blocks=0, instance=SIGNAL),
+        lambda cpu: manage_kv_cache(cpu, kv_request("layout", 4, num_cpu_blocks=0, instance=SIGNAL)),
         "layout='layout' is not valid; allowed: a CacheLayout",
     ),
     "manage_kv_cache(num_cpu_blocks=-1)": (
-        lambda cpu: manage_kv_cache(cpu, LAYOUT, 4, num_cpu_blocks=-1, instance=SIGNAL),
+        lambda cpu: manage_kv_cache(cpu, kv_request(LAYOUT, 4, num_cpu_blocks=-1, instance=SIGNAL)),
         "num_cpu_blocks=-1 is not valid; allowed: an integer from 0",
     ),
     "allocate_kv_cache(None, ...)": (lambda cpu: allocate_kv_cache(None, 4, "cpu"), "layout is not given"),

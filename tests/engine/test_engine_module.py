@@ -22,7 +22,7 @@ import fd_platforms
 import fd_platforms.engine
 import fd_platforms.fastdeploy
 import fd_platforms.plugin
-from fd_platforms.engine import ConfigError, FdPlatformsError, errors
+from fd_platforms.engine import FdPlatformsError, errors
 
 NAMES = fd_platforms.engine.__all__
 API = (ROOT / "docs" / "api.md").read_text()
@@ -105,35 +105,7 @@ def test_importing_the_engine_module_imports_neither_paddle_nor_numpy() -> None:
     assert done.returncode == 0, done.stderr
 
 
-# --- names that left it ----------------------------------------------------------------------------
-
-# What fd_platforms.engine exported before its __all__ became the engines' API, left out since: name -> its module.
-LEFT = {"collective_backend": "fd_platforms.engine.cluster", "RankPlan": "fd_platforms.engine.cluster"}
-
-
-@pytest.mark.parametrize("name", sorted(LEFT))
-def test_a_name_that_left_the_engine_module_works_with_a_deprecation_at_the_users_line(name: str) -> None:
-    namespace: dict[str, object] = {"__name__": "old_engine"}
-    with pytest.warns(DeprecationWarning, match=rf"fd_platforms\.engine\.{name} is deprecated.*{LEFT[name]}") as caught:
-        exec(compile(f"\nfrom fd_platforms.engine import {name}\n", "old_engine.py", "exec"), namespace)
-    assert {(w.filename, w.lineno) for w in caught} == {("old_engine.py", 2)}
-    assert namespace[name] is getattr(importlib.import_module(LEFT[name]), name)
-    assert name not in NAMES
-
-
-def test_hold_kv_cache_is_importable_warns_when_called_and_is_not_in_the_api() -> None:
-    from fd_platforms.engine import hold_kv_cache
-    from fd_platforms.engine.initialize import hold_kv_cache as defined
-
-    assert hold_kv_cache is defined and "hold_kv_cache" not in NAMES
-    with (
-        pytest.warns(DeprecationWarning, match="hold_kv_cache is deprecated"),
-        pytest.raises(ConfigError, match="platform"),  # the warning, then the arguments checked
-    ):
-        hold_kv_cache(None, None, 0, num_cpu_blocks=0)  # type: ignore[arg-type]
-
-
-def test_an_unknown_name_is_still_an_attribute_error() -> None:
+def test_an_unknown_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'initialise_kv_cache'"):
         fd_platforms.engine.initialise_kv_cache  # noqa: B018
 
@@ -261,7 +233,7 @@ def test_the_docs_check_passes_what_the_public_modules_export() -> None:
 
 
 def test_the_public_modules_import_clean() -> None:
-    """What the docs may import does not warn: none of it is a deprecated path."""
+    """What the docs may import does not warn."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         for module in ENGINE_FACES + PLUGIN_FACES:

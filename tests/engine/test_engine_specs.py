@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 
 import pytest
+from kv_requests import kv_request
 
 from fd_platforms.contract.errors import CacheSharingError, ConfigError
 from fd_platforms.contract.types import CacheRoleShape
@@ -185,7 +186,9 @@ def test_a_refused_spec_is_raised_before_any_hook_runs(signal_name: str) -> None
     called: list[str] = []
     platform._call = lambda hook, *a, **k: called.append(hook)  # type: ignore[method-assign]
     with pytest.raises(ConfigError, match="tensor_specs"):
-        initialize_kv_cache(platform, layout_of(), N, instance=signal_name, tensor_specs=(BF16[1], BF16[0]), **MIXED)
+        initialize_kv_cache(
+            platform, kv_request(layout_of(), N, instance=signal_name, tensor_specs=(BF16[1], BF16[0]), **MIXED)
+        )
     assert called == []
 
 
@@ -205,7 +208,8 @@ def manage_with_specs(signal_name: str, conn: Connection) -> None:
     import fd_platforms
 
     managed = manage_kv_cache(
-        fd_platforms.current_platform(), layout_of(), N, num_cpu_blocks=0, instance=signal_name, tensor_specs=METAX
+        fd_platforms.current_platform(),
+        kv_request(layout_of(), N, num_cpu_blocks=0, instance=signal_name, tensor_specs=METAX),
     )
     managed.kv_cache.tensors[0][0, 0, 0, 0] = 5.0
     conn.send("ready")
@@ -234,9 +238,12 @@ def test_a_worker_stating_the_managers_specs_attaches_across_processes(signal_na
     platform = select_platform({"FD_PLATFORM": "cpu"}).platform
     with CacheReadySignal.create(1, signal_name), manager(signal_name) as (conn, pid):
         with pytest.raises(CacheSharingError, match=r"\[3, 64, 8, 128\]"):  # derived shapes differ from the published
-            initialize_kv_cache(platform, layout_of(), N, instance=signal_name, creator_pid=pid, timeout=30, **DECODE)
+            initialize_kv_cache(
+                platform, kv_request(layout_of(), N, instance=signal_name, creator_pid=pid, timeout=30, **DECODE)
+            )
         cache = initialize_kv_cache(
-            platform, layout_of(), N, instance=signal_name, creator_pid=pid, timeout=30, tensor_specs=METAX, **DECODE
+            platform,
+            kv_request(layout_of(), N, instance=signal_name, creator_pid=pid, timeout=30, tensor_specs=METAX, **DECODE),
         )
         assert not cache.created and [list(t.shape) for t in cache.tensors[:2]] == [[N, B, H, D]] * 2
         assert cache.tensors[0][0, 0, 0, 0].item() == 5.0, "the manager's write is seen here"

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kv_requests import kv_request
 from run_helpers import QWEN, ROOT
 
 from fd_platforms.contract.errors import CacheSharingError
@@ -94,7 +95,7 @@ def test_an_entry_under_the_instances_names_that_is_not_its_publication_is_named
 
 def published_by_us(cpu: Platform, signal_name: str, *, handle_of: int | None = None) -> ManagedCache:
     """Publish rank 0 of the layout from this process (one 1-block tensor per layout entry)."""
-    managed = manage_kv_cache(cpu, LAYOUT, 1, num_cpu_blocks=0, instance=signal_name)
+    managed = manage_kv_cache(cpu, kv_request(LAYOUT, 1, num_cpu_blocks=0, instance=signal_name))
     if handle_of is not None:  # rewrite the manifest: the same tensors, the handles of another process
         publication = managed.kv_cache._publication
         entries = [PublishedTensor(t.name, t.shape, t.dtype, f"memfd:{handle_of}:3") for t in publication.tensors]
@@ -114,7 +115,9 @@ def test_an_attacher_refuses_a_publication_it_cannot_trace_to_the_setter(cpu: Pl
         setter = other if forgery == "creator-is-not-the-setter" else os.getpid()
         try:
             with pytest.raises(CacheSharingError) as info:
-                initialize_kv_cache(cpu, LAYOUT, 1, instance=signal.name, creator_pid=setter, timeout=10, **decode)
+                initialize_kv_cache(
+                    cpu, kv_request(LAYOUT, 1, instance=signal.name, creator_pid=setter, timeout=10, **decode)
+                )
             says = {
                 "creator-is-not-the-setter": f"names creator pid {os.getpid()}, but pid {other} sets this rank's slot",
                 "handle-of-another-process": f"with a handle of pid {other}, not of its creator",
@@ -129,7 +132,7 @@ def test_a_creators_clear_removes_its_publication_even_truncated_since(cpu: Plat
     """The creator holds its manifest's inode: damaged (truncated below its header) while published, it is
     still the creator's own, and its clear removes it."""
     with CacheReadySignal.create(num_ranks=1) as signal:
-        cache = initialize_kv_cache(cpu, LAYOUT, 1, instance=signal.name, **MIXED)
+        cache = initialize_kv_cache(cpu, kv_request(LAYOUT, 1, instance=signal.name, **MIXED))
         path = Path("/dev/shm") / publication_name(signal.name, 0)
         os.truncate(path, size)
         try:

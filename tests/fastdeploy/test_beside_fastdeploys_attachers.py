@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kv_requests import kv_request
 
 from fd_platforms.contract.errors import CacheInUseError, CacheSharingError
 from fd_platforms.engine.publication import PublishedTensor
@@ -294,13 +295,15 @@ def test_decode_with_swap_our_manager_never_frees_under_fastdeploys_transfer_man
     try:
         managed = manage_kv_cache(
             platform,
-            qwen_layout(),
-            4,
-            num_cpu_blocks=4,
-            splitwise_role="decode",
-            protocol="fastdeploy",
-            instance=suffix,
-            tp=1,
+            kv_request(
+                qwen_layout(),
+                4,
+                num_cpu_blocks=4,
+                splitwise_role="decode",
+                protocol="fastdeploy",
+                instance=suffix,
+                tp=1,
+            ),
         )
         assert managed.created and made[0].get(0) == 1
         names = managed.kv_cache.names
@@ -383,7 +386,10 @@ def test_serve_notices_a_dead_attacher_of_ours_when_fastdeploys_worker_drives(
 
     def manage(rank: int = 0) -> object:
         return manage_kv_cache(
-            platform, qwen_layout(), 4, num_cpu_blocks=4, protocol="fastdeploy", instance=suffix, rule="2026-01", tp=1
+            platform,
+            kv_request(
+                qwen_layout(), 4, num_cpu_blocks=4, protocol="fastdeploy", instance=suffix, rule="2026-01", tp=1
+            ),
         )
 
     stop, held = threading.Event(), []

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 
 import pytest
 from engine_processes import qwen_layout
+from kv_requests import kv_request
 
 from fd_platforms.contract.errors import CacheInUseError, CacheUpdateError, ConfigError
 from fd_platforms.engine import ManagedCache, manage_kv_cache
@@ -65,12 +66,14 @@ def managed(cpu: Platform, two_ranks: str) -> Iterator[list[ManagedCache]]:
     caches = [
         manage_kv_cache(
             cpu,
-            qwen_layout(rank, 2),
-            BLOCKS,
-            num_cpu_blocks=4,
-            instance=two_ranks,
-            protocol="fastdeploy",
-            rule="2026-01",
+            kv_request(
+                qwen_layout(rank, 2),
+                BLOCKS,
+                num_cpu_blocks=4,
+                instance=two_ranks,
+                protocol="fastdeploy",
+                rule="2026-01",
+            ),
         )
         for rank in range(2)
     ]
@@ -145,7 +148,8 @@ def test_a_late_updating_over_the_managers_normal_is_answered_normal_again(cpu: 
     NORMAL our cache manager wrote. Holding every cache with every slot set, it answers NORMAL again instead of
     leaving FastDeploy's engine waiting for NORMAL."""
     managed = manage_kv_cache(
-        cpu, qwen_layout(0, 1, 6), 4, num_cpu_blocks=2, instance=one_rank, protocol="fastdeploy", rule="2026-01"
+        cpu,
+        kv_request(qwen_layout(0, 1, 6), 4, num_cpu_blocks=2, instance=one_rank, protocol="fastdeploy", rule="2026-01"),
     )
     stop = threading.Event()
     served: list[object] = []
@@ -189,13 +193,15 @@ class Served:
             kept = self.made[rank].host_cache if rank in self.made else None  # type: ignore[attr-defined]
             self.made[rank] = manage_kv_cache(
                 cpu,
-                qwen_layout(rank, 2),
-                4,
-                num_cpu_blocks=2,
-                instance=suffix,
-                protocol="fastdeploy",
-                rule="2026-01",
-                host_cache=kept,
+                kv_request(
+                    qwen_layout(rank, 2),
+                    4,
+                    num_cpu_blocks=2,
+                    instance=suffix,
+                    protocol="fastdeploy",
+                    rule="2026-01",
+                    host_cache=kept,
+                ),
             )
             return self.made[rank]
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 from engine_processes import qwen_layout
+from kv_requests import kv_request
 
 from fd_platforms.contract.errors import BufferInUseError, CacheInUseError, ConfigError
 from fd_platforms.engine import KVCache, ManagedCache, initialize_kv_cache, manage_kv_cache
@@ -55,13 +56,15 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, FastDeploySig
 def manage(cpu: Platform, suffix: str, **kwargs: object) -> ManagedCache:
     return manage_kv_cache(
         cpu,
-        qwen_layout(0, 1, DEVICE),
-        BLOCKS,
-        num_cpu_blocks=CPU_BLOCKS,
-        instance=suffix,
-        protocol="fastdeploy",
-        rule=RULE,
-        **kwargs,
+        kv_request(
+            qwen_layout(0, 1, DEVICE),
+            BLOCKS,
+            num_cpu_blocks=CPU_BLOCKS,
+            instance=suffix,
+            protocol="fastdeploy",
+            rule=RULE,
+            **kwargs,
+        ),
     )  # type: ignore[arg-type]
 
 
@@ -126,13 +129,15 @@ def test_a_kept_host_cache_that_does_not_fit_is_refused_before_anything_is_publi
     with pytest.raises(ConfigError, match=f"{CPU_BLOCKS + 1} blocks") as caught:
         manage_kv_cache(
             cpu,
-            qwen_layout(0, 1, DEVICE),
-            BLOCKS,
-            num_cpu_blocks=CPU_BLOCKS + 1,
-            instance=suffix,
-            protocol="fastdeploy",
-            rule=RULE,
-            host_cache=managed.host_cache,
+            kv_request(
+                qwen_layout(0, 1, DEVICE),
+                BLOCKS,
+                num_cpu_blocks=CPU_BLOCKS + 1,
+                instance=suffix,
+                protocol="fastdeploy",
+                rule=RULE,
+                host_cache=managed.host_cache,
+            ),
         )
     assert caught.value.field == "host_cache" and records() == set() and ready.values() == (0,)
     managed.host_cache.clear()  # type: ignore[union-attr]
@@ -192,13 +197,15 @@ def create(cpu: Platform, ready_signal: CacheReadySignal) -> KVCache:
     """Rank 0's cache as a runner that creates and publishes it (role mixed, no swap space)."""
     return initialize_kv_cache(
         cpu,
-        qwen_layout(0, 1, DEVICE),
-        BLOCKS,
-        profile=False,
-        num_cpu_blocks=0,
-        storage_backend=None,
-        splitwise_role="mixed",
-        instance=ready_signal.name,
+        kv_request(
+            qwen_layout(0, 1, DEVICE),
+            BLOCKS,
+            profile=False,
+            num_cpu_blocks=0,
+            storage_backend=None,
+            splitwise_role="mixed",
+            instance=ready_signal.name,
+        ),
     )
 
 
@@ -233,17 +240,19 @@ def test_an_attachers_lenient_clear_lets_go_only_once_the_engines_last_reference
     """The creator waits for an attacher's let-go before it frees: an attacher that still maps the cache (the
     engine holds a tensor) has not let go, so nothing is freed under it."""
     layout = qwen_layout(0, 1, DEVICE)
-    managed = manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=CPU_BLOCKS, instance=ready_signal.name)
+    managed = manage_kv_cache(cpu, kv_request(layout, BLOCKS, num_cpu_blocks=CPU_BLOCKS, instance=ready_signal.name))
     cache = initialize_kv_cache(
         cpu,
-        layout,
-        BLOCKS,
-        profile=False,
-        num_cpu_blocks=CPU_BLOCKS,
-        storage_backend=None,
-        splitwise_role="mixed",
-        instance=ready_signal.name,
-        timeout=5,
+        kv_request(
+            layout,
+            BLOCKS,
+            profile=False,
+            num_cpu_blocks=CPU_BLOCKS,
+            storage_backend=None,
+            splitwise_role="mixed",
+            instance=ready_signal.name,
+            timeout=5,
+        ),
     )
     assert not cache.created
     held = cache.tensors[-1]
@@ -276,18 +285,20 @@ def held_by_a_lenient_attacher(cpu: Platform, **names: object) -> tuple[ManagedC
     """A manager's cache, an attacher of it in this process that cleared with strict=False, and the view
     of one of its tensors that its engine still holds."""
     layout = qwen_layout(0, 1, DEVICE)
-    managed = manage_kv_cache(cpu, layout, BLOCKS, num_cpu_blocks=CPU_BLOCKS, rule=RULE, **names)  # type: ignore[arg-type]
+    managed = manage_kv_cache(cpu, kv_request(layout, BLOCKS, num_cpu_blocks=CPU_BLOCKS, rule=RULE, **names))  # type: ignore[arg-type]
     cache = initialize_kv_cache(
         cpu,
-        layout,
-        BLOCKS,
-        profile=False,
-        num_cpu_blocks=CPU_BLOCKS,
-        storage_backend=None,
-        splitwise_role="mixed",
-        rule=RULE,
-        timeout=5,
-        **names,
+        kv_request(
+            layout,
+            BLOCKS,
+            profile=False,
+            num_cpu_blocks=CPU_BLOCKS,
+            storage_backend=None,
+            splitwise_role="mixed",
+            rule=RULE,
+            timeout=5,
+            **names,
+        ),
     )  # type: ignore[arg-type]
     held = cache.tensors[-1][0]
     cache.clear(strict=False)

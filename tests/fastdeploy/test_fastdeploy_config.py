@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -54,11 +55,13 @@ def test_an_fd_config_gives_a_runner_its_settings_without_restating_them() -> No
     assert settings.cache.num_cpu_blocks == config.cache_config.num_cpu_blocks > 0  # FastDeploy's own count
     assert (settings.parallel.tensor_parallel_size, settings.rank) == (2, 1)
     assert (settings.suffix, settings.block_count_suffix) == ("8002", "4242")  # data-parallel rank 0's port
-    assert settings.rule_inputs() == {
+    request = settings.cache_request(settings.layout().main(), 16)
+    assert request.inputs.kwargs() == {
         "profile": False,
         "num_cpu_blocks": settings.cache.num_cpu_blocks,
         "storage_backend": None,
         "splitwise_role": "prefill",
+        "rule": "2026-04",
     }
     assert settings.cache.rule == "2026-04"
 
@@ -232,7 +235,7 @@ def test_the_managers_command_line_shapes_are_the_runners_layout(
     assert manager.layout().bytes_per_block == runner.layout().bytes_per_block
     shaped = cpu.cache_layout(manager.layout(), 900, manager.tensor_specs)
     assert [spec.shape(900) for spec in shaped.tensors[:2]] == [spec.shape for spec in manager.tensor_specs[:2]]
-    assert manager.manager_arguments()["tensor_specs"] == manager.tensor_specs
+    assert dataclasses.replace(manager, rule="2026-01").cache_request().tensor_specs == manager.tensor_specs
 
 
 def test_a_uint8_cache_whose_model_states_no_quantization_is_refused_naming_what_is_missing() -> None:
@@ -315,37 +318,29 @@ def test_with_mla_and_int4_zp_the_transfer_manager_attaches_to_what_the_runner_p
             created.clear(30)
 
 
-def test_the_runner_and_manager_arguments_are_the_engine_calls_keywords() -> None:
-    import inspect
-
-    from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
-
-    settings = from_cache_manager_args(manager_args(), rule="2026-04")
-    for call, arguments in (
-        (initialize_kv_cache, settings.runner_arguments()),
-        (manage_kv_cache, settings.manager_arguments()),
-    ):
-        inspect.signature(call).bind(None, None, None, **arguments)  # a TypeError fails
-    assert settings.runner_arguments()["instance"] == "8002" and settings.manager_arguments()["rule"] == "2026-04"
-
-
-def test_the_settings_give_the_request_record_the_keywords_would_build() -> None:
-    """``cache_request`` is the record the keyword form builds from ``runner_arguments``/``manager_arguments``."""
+def test_the_settings_give_the_request_record_of_fastdeploys_protocol_its_suffix_pin_and_tp() -> None:
     from fd_platforms.engine import CacheRequest
     from fd_platforms.fastdeploy import FASTDEPLOY
 
     manager = from_cache_manager_args(manager_args(), rule="2026-04")
     layout = manager.layout()
     made = manager.cache_request(layout)
-    keywords = manager.manager_arguments()
-    assert made == CacheRequest(layout=layout, num_blocks=manager.num_blocks, **keywords)
+    assert made == CacheRequest(
+        layout=layout,
+        num_blocks=manager.num_blocks,
+        num_cpu_blocks=manager.cache.num_cpu_blocks,
+        splitwise_role=manager.splitwise_role,
+        protocol="fastdeploy",
+        instance="8002",
+        rule="2026-04",
+        tp=manager.parallel.tensor_parallel_size,
+        tensor_specs=manager.tensor_specs,
+    )
     assert made.protocol is FASTDEPLOY and made.instance == "8002" and made.tp == manager.parallel.tensor_parallel_size
     assert made.tensor_specs == manager.tensor_specs and made.rule == "2026-04"
     runner = from_fd_config(fd_config(QWEN, tp=2), local_rank=1)
     request = runner.cache_request(runner.layout(), 64, profile=True, timeout=5)
-    assert request == CacheRequest(
-        layout=runner.layout(), num_blocks=64, timeout=5, **runner.runner_arguments(profile=True)
-    )
+    assert request.profile and request.timeout == 5 and request.num_blocks == 64 and request.tensor_specs is None
     with pytest.raises(ConfigError) as caught:
         runner.cache_request()  # a runner's settings hold no block count: its plan does
     assert caught.value.field == "num_blocks"

@@ -233,7 +233,9 @@ def test_the_proposers_one_layer_copy_is_refused_and_its_settings_come_from_the_
     assert (
         proposer.layout() == runner.layout().draft() and proposer.layout().names()[0] == "key_caches_48_rank0.device0"
     )
-    assert proposer.runner_arguments(profile=True) == runner.runner_arguments(profile=True)
+    request = proposer.cache_request(16, profile=True, timeout=5)
+    assert request == runner.cache_request(runner.layout().draft(), 16, profile=True, timeout=5)
+    assert request.layout == proposer.layout() and request.instance == runner.suffix and request.profile
 
 
 def test_a_proposer_copy_of_another_runner_or_a_runner_without_mtp_is_refused() -> None:

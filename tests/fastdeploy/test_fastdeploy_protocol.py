@@ -31,6 +31,7 @@ from engine_processes import (
     qwen_layout,
     write_byte,
 )
+from kv_requests import kv_request
 from run_helpers import QWEN, ROOT, SCRIPT, clean_env, main_in_process
 
 from fd_platforms.contract.errors import CacheSharingError, CacheSignalError, ConfigError, SignalWaitError
@@ -149,13 +150,15 @@ def test_a_standin_cache_manager_wakes_our_runner_which_attaches_by_fastdeploys_
         caches = [
             initialize_kv_cache(
                 cpu,
-                layout,
-                BLOCKS,
-                instance=suffix,
-                protocol="fastdeploy",
-                timeout=30,
-                creator_pid=creator.pid,
-                **FASTDEPLOY_ATTACH,
+                kv_request(
+                    layout,
+                    BLOCKS,
+                    instance=suffix,
+                    protocol="fastdeploy",
+                    timeout=30,
+                    creator_pid=creator.pid,
+                    **FASTDEPLOY_ATTACH,
+                ),
             )
             for layout, creator in zip(runner_layouts, creators, strict=True)
         ]
@@ -174,18 +177,59 @@ def test_a_standin_cache_manager_wakes_our_runner_which_attaches_by_fastdeploys_
             finish(creator)
 
 
+RUNNER_BY_NAME_ALONE = """
+import sys
+import fd_platforms
+from fd_platforms.engine import CacheConfig, CacheRequest, ParallelConfig, build_layout, initialize_kv_cache
+from fd_platforms.engine import load_model_config
+
+suffix, creator, model = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+layout = build_layout(load_model_config(model), CacheConfig(), ParallelConfig(1, 0))
+print("imported before the request:", "fd_platforms.fastdeploy" in sys.modules)
+request = CacheRequest(layout=layout, num_blocks=4, num_cpu_blocks=4, splitwise_role="mixed", rule="2026-01",
+                       protocol="fastdeploy", instance=suffix, creator_pid=creator, timeout=30)
+cache = initialize_kv_cache(fd_platforms.current_platform(), request)
+print("attached:", not cache.created, int(cache.tensors[0].view("uint8").reshape([-1])[0]), flush=True)
+cache.clear()
+"""
+
+
+def test_a_runner_process_that_never_imported_the_fastdeploy_package_names_its_protocol_and_attaches(cpu) -> None:
+    """``protocol="fastdeploy"`` is found through the package's entry point in a process that imported only
+    ``fd_platforms`` and ``fd_platforms.engine``, and the runner attaches beside FastDeploy's own signals and
+    records (the stand-ins of its engine and cache transfer manager import nothing of ours)."""
+    with fastdeploy_engine(1) as (suffix, _):
+        creator = standin("creator", suffix, 0, 1, tensor_specs(cpu, 0, 1))
+        try:
+            expect(creator, "created")
+            done = subprocess.run(
+                [sys.executable, "-c", RUNNER_BY_NAME_ALONE, suffix, str(creator.pid), str(ROOT / QWEN)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.splitlines() == ["imported before the request: False", "attached: True 1"], done.stdout
+            with FastDeploySignal.attach(CACHE_READY, suffix) as ready:
+                assert ready.values() == (0,), "the runner's let-go: its slot reset to 0"
+        finally:
+            finish(creator)
+
+
 def test_our_cache_manager_wakes_a_standin_worker_and_tells_the_engine_it_is_up(cpu) -> None:
     with fastdeploy_engine(2) as (suffix, engine):
         attachers = [standin("attacher", suffix, rank, 2, tensor_specs(cpu, rank, 2), 0, 0) for rank in range(2)]
         managed = [
             manage_kv_cache(
                 cpu,
-                qwen_layout(rank, 2),
-                BLOCKS,
-                num_cpu_blocks=4,
-                instance=suffix,
-                protocol="fastdeploy",
-                rule="2026-01",
+                kv_request(
+                    qwen_layout(rank, 2),
+                    BLOCKS,
+                    num_cpu_blocks=4,
+                    instance=suffix,
+                    protocol="fastdeploy",
+                    rule="2026-01",
+                ),
             )
             for rank in range(2)
         ]
@@ -285,13 +329,15 @@ def test_a_clear_update_driven_from_the_standins_side_completes_round_after_roun
             kept = made[rank].host_cache if rank in made else None
             made[rank] = manage_kv_cache(
                 cpu,
-                qwen_layout(rank, 4),
-                BLOCKS,
-                num_cpu_blocks=4,
-                instance=suffix,
-                protocol="fastdeploy",
-                rule="2026-01",
-                host_cache=kept,
+                kv_request(
+                    qwen_layout(rank, 4),
+                    BLOCKS,
+                    num_cpu_blocks=4,
+                    instance=suffix,
+                    protocol="fastdeploy",
+                    rule="2026-01",
+                    host_cache=kept,
+                ),
             )
             return made[rank]
 
@@ -436,12 +482,14 @@ def test_a_rank_that_never_lets_go_is_named(cpu) -> None:
         managed = [
             manage_kv_cache(
                 cpu,
-                qwen_layout(rank, 2),
-                BLOCKS,
-                num_cpu_blocks=4,
-                instance=suffix,
-                protocol="fastdeploy",
-                rule="2026-01",
+                kv_request(
+                    qwen_layout(rank, 2),
+                    BLOCKS,
+                    num_cpu_blocks=4,
+                    instance=suffix,
+                    protocol="fastdeploy",
+                    rule="2026-01",
+                ),
             )
             for rank in range(2)
         ]
@@ -468,10 +516,14 @@ def test_a_handle_that_does_not_fit_fastdeploys_record_is_refused(cpu, monkeypat
 
 def test_a_bad_suffix_or_protocol_is_refused_before_any_hook(cpu) -> None:
     with pytest.raises(ConfigError, match="suffix") as caught:
-        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance="../x", protocol="fastdeploy", **FASTDEPLOY_ATTACH)
+        initialize_kv_cache(
+            cpu, kv_request(qwen_layout(), BLOCKS, instance="../x", protocol="fastdeploy", **FASTDEPLOY_ATTACH)
+        )
     assert "engine_worker_queue_port" in str(caught.value)
     with pytest.raises(ConfigError, match="protocol"):
-        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance="9923", protocol="FastDeploy", **FASTDEPLOY_ATTACH)
+        initialize_kv_cache(
+            cpu, kv_request(qwen_layout(), BLOCKS, instance="9923", protocol="FastDeploy", **FASTDEPLOY_ATTACH)
+        )
 
 
 def test_the_agreed_block_count_reaches_a_standin_engine_in_its_format(cpu) -> None:
@@ -649,15 +701,17 @@ def test_a_creator_nobody_attaches_to_sleeps_and_wakes_20_times_at_once(cpu) -> 
             started = time.monotonic()
             cache = initialize_kv_cache(
                 cpu,
-                qwen_layout(0, 1),
-                BLOCKS,
-                instance=suffix,
-                protocol="fastdeploy",
-                profile=False,
-                num_cpu_blocks=0,
-                storage_backend=None,
-                splitwise_role="mixed",
-                timeout=30,
+                kv_request(
+                    qwen_layout(0, 1),
+                    BLOCKS,
+                    instance=suffix,
+                    protocol="fastdeploy",
+                    profile=False,
+                    num_cpu_blocks=0,
+                    storage_backend=None,
+                    splitwise_role="mixed",
+                    timeout=30,
+                ),
             )
             assert cache.created
             cache.clear()

@@ -17,6 +17,7 @@ import time
 
 import pytest
 from engine_processes import qwen_layout
+from kv_requests import kv_request
 
 from fd_platforms.contract.errors import CacheNotReadyError, CacheSignalError, ConfigError, SignalWaitError
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
@@ -257,20 +258,26 @@ def test_engine_calls_given_tp_refuse_a_ready_signal_of_another_length_before_an
         with pytest.raises(CacheSignalError, match=r"holds 12 bytes.*of 2 words \(8 bytes for tp 2"):
             initialize_kv_cache(
                 cpu,
-                qwen_layout(0, 2),
-                4,
-                profile=False,
-                num_cpu_blocks=0,
-                storage_backend=None,
-                splitwise_role="mixed",
-                protocol="fastdeploy",
-                instance=suffix,
-                tp=2,
+                kv_request(
+                    qwen_layout(0, 2),
+                    4,
+                    profile=False,
+                    num_cpu_blocks=0,
+                    storage_backend=None,
+                    splitwise_role="mixed",
+                    protocol="fastdeploy",
+                    instance=suffix,
+                    tp=2,
+                ),
             )
         with pytest.raises(CacheSignalError, match=r"holds 12 bytes.*for tp 2"):
-            manage_kv_cache(cpu, qwen_layout(0, 2), 4, num_cpu_blocks=0, protocol="fastdeploy", instance=suffix, tp=2)
+            manage_kv_cache(
+                cpu, kv_request(qwen_layout(0, 2), 4, num_cpu_blocks=0, protocol="fastdeploy", instance=suffix, tp=2)
+            )
         with pytest.raises(ConfigError, match=re.escape("layout.rank=2 is not valid; allowed: a local rank of tp 2")):
-            manage_kv_cache(cpu, qwen_layout(2, 4), 4, num_cpu_blocks=0, protocol="fastdeploy", instance=suffix, tp=2)
+            manage_kv_cache(
+                cpu, kv_request(qwen_layout(2, 4), 4, num_cpu_blocks=0, protocol="fastdeploy", instance=suffix, tp=2)
+            )
     assert not os.path.exists("/dev/shm/key_caches_0_rank0.device0"), "nothing published"
 
 

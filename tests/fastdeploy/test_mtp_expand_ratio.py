@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
+from kv_requests import kv_request
 
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.contract.types import CacheRoleShape, DeviceMemory
@@ -69,11 +70,14 @@ def test_runner_and_proposer_allocate_what_fastdeploys_backend_states_at_ratio_2
     assert plan.num_draft_blocks == draft_blocks
     assert per_layer * (model.num_hidden_layers * blocks + draft_blocks) == whole.device_bytes(blocks)
     runner = initialize_kv_cache(
-        cpu, whole.main(), blocks, instance=signal.name, **MIXED, tensor_specs=backend_shapes(model, blocks)
+        cpu, kv_request(whole.main(), blocks, instance=signal.name, **MIXED, tensor_specs=backend_shapes(model, blocks))
     )
     try:
         proposer = initialize_kv_cache(
-            cpu, whole.draft(), blocks, instance=signal.name, **MIXED, tensor_specs=backend_shapes(model, draft_blocks)
+            cpu,
+            kv_request(
+                whole.draft(), blocks, instance=signal.name, **MIXED, tensor_specs=backend_shapes(model, draft_blocks)
+            ),
         )
         try:
             assert signal.slots() == (1,), "the rank is ready once main and draft are both published"
@@ -96,7 +100,9 @@ def test_draft_specs_at_the_main_block_count_are_refused_naming_the_expanded_cou
     model = model_of()
     whole = build_layout(model, CacheConfig(block_size=64, num_gpu_block_expand_ratio=RATIO), ParallelConfig())
     with pytest.raises(ConfigError) as caught:
-        initialize_kv_cache(cpu, whole.draft(), 5, instance=signal.name, **MIXED, tensor_specs=backend_shapes(model, 5))
+        initialize_kv_cache(
+            cpu, kv_request(whole.draft(), 5, instance=signal.name, **MIXED, tensor_specs=backend_shapes(model, 5))
+        )
     message = str(caught.value)
     assert caught.value.field == "tensor_specs" and "(10 blocks asked)" in message, message
     assert "int(5 * num_gpu_block_expand_ratio 2)" in message, message

@@ -20,6 +20,7 @@ import engine_processes
 import pytest
 from conftest import SHM_DIR
 from engine_processes import mtp_layout, spawned_manager
+from kv_requests import kv_request
 
 from fd_platforms.contract.errors import CacheNotReadyError, ConfigError, SignalWaitError
 from fd_platforms.contract.types import CacheRoleShape, DeviceMemory
@@ -50,11 +51,13 @@ def manifest(signal: CacheReadySignal, part: str = "") -> str:
 def test_the_proposers_later_call_creates_the_draft_and_only_then_is_the_rank_ready(cpu, signal_owner) -> None:
     whole = mtp_layout(ratio=2.0)
     plan = plan_blocks(whole, DeviceMemory(2**30, None, None, "test"), CacheConfig(num_gpu_block_expand_ratio=2.0))
-    runner = initialize_kv_cache(cpu, whole.main(), plan.num_blocks, instance=signal_owner.name, **MIXED)
+    runner = initialize_kv_cache(cpu, kv_request(whole.main(), plan.num_blocks, instance=signal_owner.name, **MIXED))
     try:
         assert runner.created and runner.part == "main" and runner.names == whole.main().names()
         assert signal_owner.slots() == (0,), "the rank is not ready while its draft layers are missing"
-        proposer = initialize_kv_cache(cpu, whole.draft(), plan.num_blocks, instance=signal_owner.name, **MIXED)
+        proposer = initialize_kv_cache(
+            cpu, kv_request(whole.draft(), plan.num_blocks, instance=signal_owner.name, **MIXED)
+        )
         assert proposer.created and proposer.names == ("key_caches_4_rank0.device0", "value_caches_4_rank0.device0")
         assert {next(iter(t.shape)) for t in proposer.tensors} == {plan.num_draft_blocks} == {2 * plan.num_blocks}
         assert signal_owner.slots() == (1,)
@@ -69,19 +72,19 @@ def test_the_proposers_later_call_creates_the_draft_and_only_then_is_the_rank_re
 def test_the_proposer_may_call_first_as_fastdeploys_runner_has_it(cpu, signal_owner) -> None:
     """FastDeploy's ``update_share_input_block_num`` (gpu_model_runner.py) calls the proposer before the runner."""
     whole = mtp_layout()
-    proposer = initialize_kv_cache(cpu, whole.draft(), BLOCKS, instance=signal_owner.name, **MIXED)
+    proposer = initialize_kv_cache(cpu, kv_request(whole.draft(), BLOCKS, instance=signal_owner.name, **MIXED))
     try:
         assert signal_owner.slots() == (0,)
-        runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, instance=signal_owner.name, **MIXED)
+        runner = initialize_kv_cache(cpu, kv_request(whole.main(), BLOCKS, instance=signal_owner.name, **MIXED))
         assert signal_owner.slots() == (1,)
         runner.clear()
         assert signal_owner.slots() == (0,)
-        runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, instance=signal_owner.name, **MIXED)
+        runner = initialize_kv_cache(cpu, kv_request(whole.main(), BLOCKS, instance=signal_owner.name, **MIXED))
         assert signal_owner.slots() == (1,), "re-created: the draft layers are still published"
         runner.clear()
     finally:
         proposer.clear()
-    runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, instance=signal_owner.name, **MIXED)
+    runner = initialize_kv_cache(cpu, kv_request(whole.main(), BLOCKS, instance=signal_owner.name, **MIXED))
     assert signal_owner.slots() == (0,), "both cleared: the re-created main part alone is not the rank"
     runner.clear()
 
@@ -89,7 +92,9 @@ def test_the_proposer_may_call_first_as_fastdeploys_runner_has_it(cpu, signal_ow
 def test_a_managers_draft_must_be_the_draft_of_its_layout(cpu, signal_owner) -> None:
     whole = mtp_layout()
     with pytest.raises(ConfigError, match="draft='the main part of rank 0: layers 0-3, ratio 2' is not valid") as info:
-        manage_kv_cache(cpu, whole.main(), BLOCKS, num_cpu_blocks=0, instance=signal_owner.name, draft=whole.main())
+        manage_kv_cache(
+            cpu, kv_request(whole.main(), BLOCKS, num_cpu_blocks=0, instance=signal_owner.name, draft=whole.main())
+        )
     assert "Fix: pass whole.main() as the layout and whole.draft() as draft" in str(info.value)
     assert signal_owner.slots() == (0,) and not (SHM_DIR / manifest(signal_owner)).exists()
 
@@ -97,7 +102,7 @@ def test_a_managers_draft_must_be_the_draft_of_its_layout(cpu, signal_owner) -> 
 def test_a_managers_layout_that_is_a_draft_part_is_refused_naming_the_fix(cpu, signal_owner) -> None:
     whole = mtp_layout()
     with pytest.raises(ConfigError) as info:
-        manage_kv_cache(cpu, whole.draft(), BLOCKS, num_cpu_blocks=0, instance=signal_owner.name)
+        manage_kv_cache(cpu, kv_request(whole.draft(), BLOCKS, num_cpu_blocks=0, instance=signal_owner.name))
     assert info.value.field == "layout" and str(info.value).startswith(
         "layout='the draft part of rank 0: layers 4-4, ratio 2' is not valid; allowed: the rank's whole layout, or "
         "with MTP its main part (whole.main()). Fix: pass whole.main() as layout and whole.draft() as draft="
@@ -111,10 +116,10 @@ def test_a_manager_publishes_main_and_draft_and_the_runner_and_proposer_attach(c
     whole = mtp_layout()
     with spawned_manager(engine_processes.manage_with_draft, signal_owner.name, BLOCKS) as (manager, pid):
         runner = initialize_kv_cache(
-            cpu, whole.main(), BLOCKS, instance=signal_owner.name, creator_pid=pid, timeout=30, **DECODE
+            cpu, kv_request(whole.main(), BLOCKS, instance=signal_owner.name, creator_pid=pid, timeout=30, **DECODE)
         )
         proposer = initialize_kv_cache(
-            cpu, whole.draft(), BLOCKS, instance=signal_owner.name, creator_pid=pid, timeout=30, **DECODE
+            cpu, kv_request(whole.draft(), BLOCKS, instance=signal_owner.name, creator_pid=pid, timeout=30, **DECODE)
         )
         assert not runner.created and not proposer.created
         assert runner.names == whole.main().names() and proposer.names == whole.draft().names()
@@ -141,18 +146,20 @@ SWAP_2026_04 = {**MIXED, "num_cpu_blocks": 2, "rule": "2026-04"}  # the worker c
 @pytest.mark.slow
 def test_a_managers_timeout_says_the_worker_published_its_main_part_but_not_the_draft(cpu, signal_owner) -> None:
     whole = mtp_layout()
-    runner = initialize_kv_cache(cpu, whole.main(), BLOCKS, instance=signal_owner.name, **SWAP_2026_04)
+    runner = initialize_kv_cache(cpu, kv_request(whole.main(), BLOCKS, instance=signal_owner.name, **SWAP_2026_04))
     try:
         with pytest.raises(CacheNotReadyError) as info:
             manage_kv_cache(
                 cpu,
-                whole.main(),
-                BLOCKS,
-                num_cpu_blocks=2,
-                instance=signal_owner.name,
-                rule="2026-04",
-                draft=whole.draft(),
-                timeout=0.3,
+                kv_request(
+                    whole.main(),
+                    BLOCKS,
+                    num_cpu_blocks=2,
+                    instance=signal_owner.name,
+                    rule="2026-04",
+                    draft=whole.draft(),
+                    timeout=0.3,
+                ),
             )
     finally:
         runner.clear(timeout=5)
@@ -197,7 +204,8 @@ def test_fastdeploys_manager_attaches_main_and_draft_once_the_worker_published_b
             assert not ours.poll(0.2), "the manager attached before the rank's draft layers were published"
             caches.append(
                 initialize_kv_cache(
-                    cpu, part, BLOCKS, instance=fastdeploy_suffix, protocol="fastdeploy", rule="2026-04", **swap
+                    cpu,
+                    kv_request(part, BLOCKS, instance=fastdeploy_suffix, protocol="fastdeploy", rule="2026-04", **swap),
                 )
             )
         caches[1].tensors[0][0, 0, 0, 0] = 6.0
@@ -233,12 +241,14 @@ def test_a_managers_draft_takes_the_engines_tensor_specs_as_its_main_part_does(c
     )
     managed = manage_kv_cache(
         cpu,
-        whole.main(),
-        BLOCKS,
-        num_cpu_blocks=0,
-        instance=signal_owner.name,
-        tensor_specs=tokens_first,
-        draft=whole.draft(),
+        kv_request(
+            whole.main(),
+            BLOCKS,
+            num_cpu_blocks=0,
+            instance=signal_owner.name,
+            tensor_specs=tokens_first,
+            draft=whole.draft(),
+        ),
     )
     try:
         assert managed.draft is not None
@@ -257,20 +267,22 @@ def test_a_fastdeploy_managers_timeout_says_the_worker_published_its_draft_but_n
     of no other test (FastDeploy's names are the machine's)."""
     whole = replace(mtp_layout(), device_id=11)
     proposer = initialize_kv_cache(
-        cpu, whole.draft(), BLOCKS, instance=fastdeploy_suffix, protocol="fastdeploy", **SWAP_2026_04
+        cpu, kv_request(whole.draft(), BLOCKS, instance=fastdeploy_suffix, protocol="fastdeploy", **SWAP_2026_04)
     )
     try:
         with pytest.raises(SignalWaitError) as info:
             manage_kv_cache(
                 cpu,
-                whole.main(),
-                BLOCKS,
-                num_cpu_blocks=2,
-                instance=fastdeploy_suffix,
-                protocol="fastdeploy",
-                rule="2026-04",
-                draft=whole.draft(),
-                timeout=0.3,
+                kv_request(
+                    whole.main(),
+                    BLOCKS,
+                    num_cpu_blocks=2,
+                    instance=fastdeploy_suffix,
+                    protocol="fastdeploy",
+                    rule="2026-04",
+                    draft=whole.draft(),
+                    timeout=0.3,
+                ),
             )
     finally:
         proposer.clear(timeout=5)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from engine_processes import PD_BLOCKS, PD_CPU_BLOCKS, pd_process, qwen_layout
+from kv_requests import kv_request
 
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.fastdeploy.marks import attachers_per_rank
@@ -218,12 +219,9 @@ def test_attach_is_refused_where_it_would_leave_the_rank_without_a_creator(cpu) 
         with pytest.raises(ConfigError) as caught:
             manage_kv_cache(
                 cpu,
-                qwen_layout(),
-                PD_BLOCKS,
-                num_cpu_blocks=4,
-                protocol="fastdeploy",
-                instance=suffix,
-                rule="2026-01",
+                kv_request(
+                    qwen_layout(), PD_BLOCKS, num_cpu_blocks=4, protocol="fastdeploy", instance=suffix, rule="2026-01"
+                ),
                 attach=True,
             )
         assert caught.value.field == "attach" and "rule 2026-01" in str(caught.value)
@@ -231,12 +229,14 @@ def test_attach_is_refused_where_it_would_leave_the_rank_without_a_creator(cpu) 
         with pytest.raises(ConfigError) as caught:
             manage_kv_cache(
                 cpu,
-                qwen_layout(),
-                PD_BLOCKS,
-                num_cpu_blocks=0,
-                protocol="fastdeploy",
-                instance=suffix,
-                splitwise_role="decode",
+                kv_request(
+                    qwen_layout(),
+                    PD_BLOCKS,
+                    num_cpu_blocks=0,
+                    protocol="fastdeploy",
+                    instance=suffix,
+                    splitwise_role="decode",
+                ),
                 attach=True,
             )
         assert caught.value.field == "num_cpu_blocks" and "attach=True" in str(caught.value)
@@ -253,13 +253,15 @@ def test_our_manager_holding_the_swap_space_frees_once_the_worker_its_only_attac
     with fastdeploy_signals() as (suffix, signals), ExitStack() as stack:
         managed = manage_kv_cache(
             cpu,
-            qwen_layout(),
-            PD_BLOCKS,
-            num_cpu_blocks=PD_CPU_BLOCKS,
-            protocol="fastdeploy",
-            instance=suffix,
-            splitwise_role="decode",
-            tp=1,
+            kv_request(
+                qwen_layout(),
+                PD_BLOCKS,
+                num_cpu_blocks=PD_CPU_BLOCKS,
+                protocol="fastdeploy",
+                instance=suffix,
+                splitwise_role="decode",
+                tp=1,
+            ),
         )
         stack.callback(managed.clear, 5)
         assert managed.created and managed.host_cache is not None

@@ -552,13 +552,13 @@ def test_an_xpu_cache_published_the_fastdeploy_way_is_read_by_fastdeploys_xpu_re
     platform, suffix = registered("xpu", xpu_paddle(ipc=ipc)), f"t{secrets.token_hex(4)}"
     layout = dataclasses.replace(qwen_layout(), rank=secrets.randbelow(900) + 100, num_layers=1)  # names of its own
     with FastDeploySignal.create(CACHE_READY, suffix, layout.rank + 1):
-        created = export_kv_cache(platform, layout, 2, suffix, protocol=FASTDEPLOY, attachers=0)
+        created = export_kv_cache(platform, layout, 2, suffix, FASTDEPLOY, 0)
         try:
             for index, name in enumerate(layout.names()[:2]):
                 handle, data_ptr_addr = read_xpu_record(name)
                 assert handle == ipc.key(index), "the transfer manager's way in: the handle"
                 assert data_ptr_addr == created.tensors[index].data_ptr() == ipc.address(ipc.key(index)) != 0
-            attached = attach_kv_cache(platform, layout, 2, suffix, protocol=FASTDEPLOY)
+            attached = attach_kv_cache(platform, layout, 2, suffix, None, FASTDEPLOY, 1)
             assert [metadata[0] for metadata in ipc.opened_with[:2]] == [ipc.key(0), ipc.key(1)]
             created.tensors[0].memory()[3] = 7
             assert attached.tensors[0].memory()[3] == 7, "the creator's allocation, opened through its handle"

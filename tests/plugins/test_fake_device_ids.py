@@ -39,7 +39,7 @@ SCRIPT = textwrap.dedent(
     import ctypes, json, sys
     import fd_platforms
     from fd_platforms.conformance.suite import SMALL_MODEL
-    from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
+    from fd_platforms.engine import CacheRequest, initialize_kv_cache, manage_kv_cache
     from fd_platforms.lifecycle.tokens import read_tokens, write_tokens
     from fd_platforms.rules.config import CacheConfig, ParallelConfig
     from fd_platforms.rules.devices import physical_device_id
@@ -62,15 +62,16 @@ SCRIPT = textwrap.dedent(
             local = rank
             layout = build_layout(SMALL_MODEL, CacheConfig(block_size=16), ParallelConfig(2, rank),
                                   device_id=physical_device_id(platform.identity, local), local_device=local)
-            cache = initialize_kv_cache(platform, layout, 2, profile=False, instance=signal_name, **SWAP)
+            request = CacheRequest(layout=layout, num_blocks=2, instance=signal_name, **SWAP)
+            cache = initialize_kv_cache(platform, request)
             write_tokens(cache.tensors, 7, last=False)
             out[rank] = {**facts(cache), "created": cache.created}
         else:  # sees every device: attaches on the physical one the names carry
             physical = int(sys.argv[5 + rank])
             layout = build_layout(SMALL_MODEL, CacheConfig(block_size=16), ParallelConfig(2, rank),
                                   device_id=physical, local_device=physical_device_id(platform.identity, physical))
-            cache = manage_kv_cache(platform, layout, 2, instance=signal_name, creator_pid=int(sys.argv[4]),
-                                    timeout=30, **SWAP)
+            cache = manage_kv_cache(platform, CacheRequest(layout=layout, num_blocks=2, instance=signal_name,
+                                                           creator_pid=int(sys.argv[4]), timeout=30, **SWAP))
             out[rank] = {**facts(cache.kv_cache), "created": cache.created,
                          "tokens": read_tokens(cache.kv_cache.tensors, 7)}
         caches.append(cache)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from engine_processes import qwen_layout
+from kv_requests import kv_request
 from run_helpers import QWEN, ROOT, console_script
 from run_helpers import main_on_cpu as cli
 
@@ -83,14 +84,18 @@ def assert_names_both_versions(error: ConfigError, field: str) -> None:
 
 def test_an_unpinned_runner_beside_fastdeploy_is_refused_before_any_hook(no_hook) -> None:
     with pytest.raises(ConfigError) as caught:
-        initialize_kv_cache(no_hook, qwen_layout(), BLOCKS, instance=SUFFIX, protocol="fastdeploy", **DISAGREE)
+        initialize_kv_cache(
+            no_hook, kv_request(qwen_layout(), BLOCKS, instance=SUFFIX, protocol="fastdeploy", **DISAGREE)
+        )
     assert_names_both_versions(caught.value, "rule")
     assert "rule= in the Python API" in str(caught.value)
 
 
 def test_an_unpinned_cache_manager_beside_fastdeploy_is_refused_before_any_hook(no_hook) -> None:
     with pytest.raises(ConfigError) as caught:
-        manage_kv_cache(no_hook, qwen_layout(), BLOCKS, num_cpu_blocks=4, instance=SUFFIX, protocol="fastdeploy")
+        manage_kv_cache(
+            no_hook, kv_request(qwen_layout(), BLOCKS, num_cpu_blocks=4, instance=SUFFIX, protocol="fastdeploy")
+        )
     assert_names_both_versions(caught.value, "rule")
 
 
@@ -183,7 +188,10 @@ def test_run_beside_fastdeploy_goes_the_way_its_pinned_rule_says(rule: str) -> N
 
 def test_a_pinned_runner_beside_fastdeploy_decides_by_its_pin(cpu, fastdeploy_signals) -> None:
     cache = initialize_kv_cache(
-        cpu, qwen_layout(), BLOCKS, instance=fastdeploy_signals, protocol="fastdeploy", rule="2026-04", **DISAGREE
+        cpu,
+        kv_request(
+            qwen_layout(), BLOCKS, instance=fastdeploy_signals, protocol="fastdeploy", rule="2026-04", **DISAGREE
+        ),
     )
     assert cache.created and cache.decision.deciding_term == "none"  # FastDeploy from PR #7471 on: the runner creates
     clear_created(cache, fastdeploy_signals)
@@ -198,7 +206,10 @@ def test_where_the_versions_agree_an_unpinned_rule_is_no_question(cpu, fastdeplo
     inputs = {**DISAGREE, **agreeing}
     try:
         cache = initialize_kv_cache(
-            cpu, qwen_layout(), BLOCKS, instance=fastdeploy_signals, protocol="fastdeploy", timeout=0.05, **inputs
+            cpu,
+            kv_request(
+                qwen_layout(), BLOCKS, instance=fastdeploy_signals, protocol="fastdeploy", timeout=0.05, **inputs
+            ),
         )
     except SignalWaitError as error:  # sent to attach, as both versions decide; nobody creates here
         assert "rule" not in str(error), "no rule could be at fault where both versions decide alike"
@@ -210,7 +221,7 @@ def test_where_the_versions_agree_an_unpinned_rule_is_no_question(cpu, fastdeplo
 
 def test_under_our_protocol_an_unpinned_rule_is_2026_01_as_before(cpu, signal_name) -> None:
     with CacheReadySignal.create(1, signal_name), pytest.raises(CacheNotReadyError) as caught:
-        initialize_kv_cache(cpu, qwen_layout(), BLOCKS, instance=signal_name, timeout=0.05, **DISAGREE)
+        initialize_kv_cache(cpu, kv_request(qwen_layout(), BLOCKS, instance=signal_name, timeout=0.05, **DISAGREE))
     assert caught.value.cause == "timeout"  # 2026-01: swap space on, the runner waited for a cache manager
 
 
@@ -221,13 +232,15 @@ def test_a_runner_pinned_to_2026_01_that_times_out_names_the_newer_fastdeploy(cp
     with pytest.raises(SignalWaitError) as caught:
         initialize_kv_cache(
             cpu,
-            qwen_layout(),
-            BLOCKS,
-            instance=fastdeploy_signals,
-            protocol="fastdeploy",
-            rule="2026-01",
-            timeout=0.05,
-            **DISAGREE,
+            kv_request(
+                qwen_layout(),
+                BLOCKS,
+                instance=fastdeploy_signals,
+                protocol="fastdeploy",
+                rule="2026-01",
+                timeout=0.05,
+                **DISAGREE,
+            ),
         )
     message = str(caught.value)
     assert caught.value.cause == "timeout" and "the limit is 0.05 s" in message
@@ -243,13 +256,15 @@ def test_a_manager_pinned_to_2026_04_that_times_out_names_the_older_fastdeploy(c
     with pytest.raises(SignalWaitError) as caught:
         manage_kv_cache(
             cpu,
-            qwen_layout(),
-            BLOCKS,
-            num_cpu_blocks=4,
-            instance=fastdeploy_signals,
-            protocol="fastdeploy",
-            rule="2026-04",
-            timeout=0.05,
+            kv_request(
+                qwen_layout(),
+                BLOCKS,
+                num_cpu_blocks=4,
+                instance=fastdeploy_signals,
+                protocol="fastdeploy",
+                rule="2026-04",
+                timeout=0.05,
+            ),
         )
     message = str(caught.value)
     assert "pinned rule 2026-04 (FastDeploy from PR #7471 (2026-04-29) on)" in message

@@ -185,9 +185,11 @@ def test_check_holds_each_platform_to_the_pinned_version() -> None:
     assert payload["rule"] == "2026-04" and payload["platforms"][0]["checks"]["decision"]["status"] == "pass"
 
 
-def test_hold_kv_cache_on_a_platform_that_cannot_share_is_refused_naming_the_fix(make_plugin) -> None:
+def test_a_manager_the_rule_sends_to_attach_on_a_platform_that_cannot_share_is_refused_naming_the_fix(
+    make_plugin,
+) -> None:
     from fd_platforms.contract.errors import CacheSharingError
-    from fd_platforms.engine import hold_kv_cache
+    from fd_platforms.engine import CacheRequest, manage_kv_cache
     from fd_platforms.loading.selection import select_platform
     from fd_platforms.rules.config import ParallelConfig, load_model_config
     from fd_platforms.rules.layout import build_layout
@@ -195,8 +197,16 @@ def test_hold_kv_cache_on_a_platform_that_cannot_share_is_refused_naming_the_fix
     make_plugin("loner")  # the template plugin: no cache_sharing
     platform = select_platform({"FD_PLATFORM": "loner"}).platform
     layout = build_layout(load_model_config(ROOT / QWEN), CacheConfig(), ParallelConfig())
-    with pytest.raises(CacheSharingError) as info, pytest.warns(DeprecationWarning, match="hold_kv_cache"):
-        hold_kv_cache(platform, layout, 4, num_cpu_blocks=2, instance="fd_cache_ready.unused-0")
+    request = CacheRequest(
+        layout=layout,
+        num_blocks=4,
+        num_cpu_blocks=2,
+        splitwise_role="mixed",
+        rule="2026-04",
+        instance="fd_cache_ready.x",
+    )
+    with pytest.raises(CacheSharingError) as info:
+        manage_kv_cache(platform, request)
     message = str(info.value)
     assert "platform loner cannot share KV cache tensors" in message and "cannot attach to a worker's cache" in message
     assert "Fix: pin a rule version under which the cache manager creates it (2026-01)" in message

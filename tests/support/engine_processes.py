@@ -9,6 +9,8 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
+from kv_requests import kv_request
+
 from fd_platforms.engine import KVCache, ManagedCache, manage_kv_cache
 from fd_platforms.fastdeploy import FASTDEPLOY
 from fd_platforms.kit.device_facts import write_element
@@ -33,7 +35,7 @@ def manage(signal_name: str, num_blocks: int, num_cpu_blocks: int, cache: dict, 
 
     platform = fd_platforms.current_platform()
     managed = manage_kv_cache(
-        platform, qwen_layout(**cache), num_blocks, num_cpu_blocks=num_cpu_blocks, instance=signal_name
+        platform, kv_request(qwen_layout(**cache), num_blocks, num_cpu_blocks=num_cpu_blocks, instance=signal_name)
     )
     managed.kv_cache.tensors[0][0, 0, 0, 0] = 5.0
     serve(conn, managed, managed.kv_cache)
@@ -118,7 +120,8 @@ def fastdeploy_runner(
 
     def attach() -> object:
         cache = initialize_kv_cache(
-            platform, layout, num_blocks, instance=suffix, protocol=FASTDEPLOY, timeout=30, **FASTDEPLOY_ATTACH
+            platform,
+            kv_request(layout, num_blocks, instance=suffix, protocol=FASTDEPLOY, timeout=30, **FASTDEPLOY_ATTACH),
         )
         assert not cache.created and first_bytes(cache, 0) == {rank + 1}, first_bytes(cache, 0)
         write_byte(cache, 1, 0x5A)
@@ -145,12 +148,14 @@ def fastdeploy_manager(suffix: str, rank: int, tp: int, num_blocks: int, device_
     platform = fd_platforms.current_platform()
     managed = manage_kv_cache(
         platform,
-        qwen_layout(rank, tp, device_id),
-        num_blocks,
-        num_cpu_blocks=4,
-        instance=suffix,
-        protocol=FASTDEPLOY,
-        rule="2026-01",
+        kv_request(
+            qwen_layout(rank, tp, device_id),
+            num_blocks,
+            num_cpu_blocks=4,
+            instance=suffix,
+            protocol=FASTDEPLOY,
+            rule="2026-01",
+        ),
     )
     conn.send(("published", str(managed.kv_cache.tensors[0].place)))
     while True:
@@ -187,11 +192,7 @@ def manage_with_draft(signal_name: str, num_blocks: int, conn: Connection) -> No
     whole = mtp_layout()
     managed = manage_kv_cache(
         fd_platforms.current_platform(),
-        whole.main(),
-        num_blocks,
-        num_cpu_blocks=2,
-        instance=signal_name,
-        draft=whole.draft(),
+        kv_request(whole.main(), num_blocks, num_cpu_blocks=2, instance=signal_name, draft=whole.draft()),
     )
     assert managed.draft is not None
     managed.kv_cache.tensors[0][0, 0, 0, 0] = 5.0
@@ -208,14 +209,16 @@ def hold_with_draft(suffix: str, num_blocks: int, conn: Connection) -> None:
     whole = mtp_layout()
     managed = manage_kv_cache(
         fd_platforms.current_platform(),
-        whole.main(),
-        num_blocks,
-        num_cpu_blocks=2,
-        instance=suffix,
-        protocol=FASTDEPLOY,
-        rule="2026-04",
-        timeout=30,
-        draft=whole.draft(),
+        kv_request(
+            whole.main(),
+            num_blocks,
+            num_cpu_blocks=2,
+            instance=suffix,
+            protocol=FASTDEPLOY,
+            rule="2026-04",
+            timeout=30,
+            draft=whole.draft(),
+        ),
     )
     assert not managed.created  # the rule in force lets the worker create: the manager attaches
     assert managed.draft is not None and managed.host_cache is not None
@@ -265,12 +268,9 @@ def fastdeploy_rl_runner(suffix: str, rank: int, tp: int, num_blocks: int, barri
     def attach() -> None:
         cache = initialize_kv_cache(
             platform,
-            qwen_layout(rank, tp),
-            num_blocks,
-            instance=suffix,
-            protocol=FASTDEPLOY,
-            timeout=30,
-            **FASTDEPLOY_ATTACH,
+            kv_request(
+                qwen_layout(rank, tp), num_blocks, instance=suffix, protocol=FASTDEPLOY, timeout=30, **FASTDEPLOY_ATTACH
+            ),
         )
         assert not cache.created and first_bytes(cache, 0) == {rank + 1}, first_bytes(cache, 0)
         held.append(cache)
@@ -311,13 +311,15 @@ def fastdeploy_serving_manager(suffix: str, rank: int, tp: int, num_blocks: int,
         made.append(
             manage_kv_cache(
                 platform,
-                qwen_layout(rank, tp),
-                num_blocks,
-                num_cpu_blocks=4,
-                instance=suffix,
-                protocol=FASTDEPLOY,
-                rule="2026-01",
-                host_cache=kept,
+                kv_request(
+                    qwen_layout(rank, tp),
+                    num_blocks,
+                    num_cpu_blocks=4,
+                    instance=suffix,
+                    protocol=FASTDEPLOY,
+                    rule="2026-01",
+                    host_cache=kept,
+                ),
             )
         )
         return made[-1]
@@ -345,16 +347,18 @@ def decode_runner(suffix: str, conn: Connection) -> None:
 
     cache = initialize_kv_cache(
         fd_platforms.current_platform(),
-        qwen_layout(),
-        4,
-        profile=False,
-        num_cpu_blocks=4,
-        storage_backend=None,
-        splitwise_role="decode",
-        protocol=FASTDEPLOY,
-        instance=suffix,
-        timeout=30,
-        tp=1,
+        kv_request(
+            qwen_layout(),
+            4,
+            profile=False,
+            num_cpu_blocks=4,
+            storage_backend=None,
+            splitwise_role="decode",
+            protocol=FASTDEPLOY,
+            instance=suffix,
+            timeout=30,
+            tp=1,
+        ),
     )
     conn.send(("attached", cache.created))
     conn.recv()
@@ -375,23 +379,22 @@ def pd_process(role: str, name: str, protocol: str, conn: Connection) -> None:
     from fd_platforms.engine import initialize_kv_cache
 
     platform = fd_platforms.current_platform()
-    names = {"suffix": name, "tp": 1} if protocol == "fastdeploy" else {"signal_name": name}
+    names = {"instance": name, "tp": 1} if protocol == "fastdeploy" else {"instance": name}
     wire = FASTDEPLOY if protocol == "fastdeploy" else protocol
     common = {"protocol": wire, "splitwise_role": "decode", "timeout": 30, **names}
     if role == "messager":
-        held: Any = manage_kv_cache(platform, qwen_layout(), PD_BLOCKS, num_cpu_blocks=0, **common)
+        held: Any = manage_kv_cache(platform, kv_request(qwen_layout(), PD_BLOCKS, num_cpu_blocks=0, **common))
     elif role == "worker":
         held = initialize_kv_cache(
             platform,
-            qwen_layout(),
-            PD_BLOCKS,
-            profile=False,
-            num_cpu_blocks=PD_CPU_BLOCKS,
-            storage_backend=None,
-            **common,
+            kv_request(
+                qwen_layout(), PD_BLOCKS, profile=False, num_cpu_blocks=PD_CPU_BLOCKS, storage_backend=None, **common
+            ),
         )
     else:
-        held = manage_kv_cache(platform, qwen_layout(), PD_BLOCKS, num_cpu_blocks=PD_CPU_BLOCKS, attach=True, **common)
+        held = manage_kv_cache(
+            platform, kv_request(qwen_layout(), PD_BLOCKS, num_cpu_blocks=PD_CPU_BLOCKS, **common), attach=True
+        )
     cache = held.kv_cache if isinstance(held, ManagedCache) else held
     host = held.host_cache.num_blocks if isinstance(held, ManagedCache) and held.host_cache else 0
     bytes0 = first_bytes(cache, 0)

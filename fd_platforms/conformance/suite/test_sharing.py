@@ -12,18 +12,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from ...contract.errors import CacheSharingError
-from ...engine.initialize import initialize_kv_cache
+from ...engine import CacheRequest, initialize_kv_cache
 from ...ipc.cache_signal import CacheReadySignal, new_signal_name
 from ...kit.device_facts import write_element
 from ...loading.platform import Platform
 from . import hooks, small_layout
 
-ATTACHING: dict[str, Any] = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "decode"}
 OPEN_IN_ANOTHER_PROCESS = """
 import os, sys
 from fd_platforms.kit.device_facts import write_element
@@ -65,7 +63,15 @@ def test_a_platform_that_cannot_share_refuses_an_attaching_worker_when_it_decide
     request.getfixturevalue("fd_paddle")  # the engine API imports paddle before it decides
     started = time.monotonic()
     with pytest.raises(CacheSharingError, match=r"deciding term splitwise_role.*cannot share KV cache tensors"):
-        initialize_kv_cache(fd_platform, small_layout(), 2, instance=signal.name, timeout=60, **ATTACHING)
+        decode = CacheRequest(
+            layout=small_layout(),
+            num_blocks=2,
+            num_cpu_blocks=0,
+            splitwise_role="decode",  # the rule sends a decode worker to attach
+            instance=signal.name,
+            timeout=60,
+        )
+        initialize_kv_cache(fd_platform, decode)
     assert time.monotonic() - started < 10, "refused when deciding, not after waiting for the cache"
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -56,24 +55,10 @@ class WireProtocol(ABC):
 
     #: As the public API and ``[scheduler] protocol`` spell it.
     name: ClassVar[str]
-    #: The engine calls' keyword that names the engine instance: ``instance=`` under every protocol (it was the
-    #: protocol's own before 0.2: ``signal_name`` or ``suffix``).
-    name_argument: ClassVar[str] = "instance"
-    #: The keywords that named the engine instance under this protocol before 0.2, still taken with a warning.
-    old_keywords: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def check_instance(self, instance: object) -> None:
         """A ConfigError unless ``instance`` is a name this protocol's signals can have."""
-
-    def check_signal_name(self, signal_name: object) -> None:
-        """Deprecated (0.2): :meth:`check_instance`."""
-        warnings.warn(
-            "WireProtocol.check_signal_name is deprecated and goes in fd-platforms 0.3: use check_instance",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        self.check_instance(signal_name)
 
     @abstractmethod
     def instance_name(self, instance: object, *, tp: int | None) -> str:
@@ -115,10 +100,10 @@ class WireProtocol(ABC):
 
     @abstractmethod
     def wait_ready(
-        self, platform: Platform, instance: str, rank: int, timeout: float, creator_pid: int | None
+        self, platform: Platform, instance: str, rank: int, timeout: float | None, creator_pid: int | None
     ) -> float:
-        """Wait (at most ``timeout``, failing early when ``creator_pid`` dies) for ``rank``'s slot; the seconds
-        waited."""
+        """Wait (at most ``timeout``, None: ``FD_CACHE_READY_TIMEOUT``; failing early when ``creator_pid`` dies) for
+        ``rank``'s slot; the seconds waited."""
 
     @abstractmethod
     def part_record(self, instance: str, layout: CacheLayout) -> str:

@@ -35,7 +35,6 @@ class FdPlatformsProtocol(WireProtocol):
     """Our signal and manifests; see the module docstring."""
 
     name = "fd-platforms"
-    old_keywords = ("signal_name",)
 
     def check_instance(self, instance: object) -> None:
         check_signal_name(instance, "instance")
@@ -80,7 +79,7 @@ class FdPlatformsProtocol(WireProtocol):
         return ""
 
     def wait_ready(
-        self, platform: Platform, instance: str, rank: int, timeout: float, creator_pid: int | None
+        self, platform: Platform, instance: str, rank: int, timeout: float | None, creator_pid: int | None
     ) -> float:
         return platform.wait_cache_ready(instance, rank, timeout=timeout, creator_pid=creator_pid)
 
