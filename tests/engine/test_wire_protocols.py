@@ -139,6 +139,11 @@ BROKEN = {
     "exits": ("raise SystemExit(3)", PluginLoadError, "failed: SystemExit(3)"),
     "names no protocol": ("PROTOCOL = 'acme'", PluginContractError, "names 'acme', not a WireProtocol named 'acme'"),
     "names another": (ACME.replace('name = "acme"', 'name = "zeta"'), PluginContractError, "not a WireProtocol"),
+    "hides its name in code": (
+        ACME.replace('name = "acme"', "name = property(lambda self: 1 / 0)\n    __repr__ = lambda self: 1 / 0"),
+        PluginContractError,
+        "names <AcmeProtocol whose repr raised ZeroDivisionError>, not a WireProtocol named 'acme'",
+    ),
 }
 
 

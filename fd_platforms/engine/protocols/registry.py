@@ -13,7 +13,9 @@ none of them. An engine's own protocol object needs no metadata: :func:`register
 
 from __future__ import annotations
 
-from ...contract.errors import ConfigError, PluginContractError
+import inspect
+
+from ...contract.errors import ConfigError, PluginContractError, show_value
 from ...loading.discovery import CORE_DISTRIBUTION, Candidate, discover
 from ...loading.isolation import import_plugin
 from .interface import WireProtocol
@@ -95,10 +97,11 @@ def _load(name: str, candidates: list[Candidate]) -> WireProtocol:
     [candidate] = candidates
     # the core's own code directly (its errors are its own), a third party's as plugin code
     loaded = candidate.load() if candidate.distribution == CORE_DISTRIBUTION else import_plugin(candidate)
-    if not isinstance(loaded, WireProtocol) or loaded.name != name:
-        raise candidate.error(
+    if not isinstance(loaded, WireProtocol) or inspect.getattr_static(loaded, "name", None) != name:
+        raise candidate.error(  # its name looked up statically: no code of the plugin runs here
             PluginContractError,
-            f"entry point {candidate.entry_point.value!r} names {loaded!r:.80}, not a WireProtocol named {name!r}. "
+            f"entry point {candidate.entry_point.value!r} names {show_value(loaded)}, not a WireProtocol named "
+            f"{name!r}. "
             f"Fix: point the {ENTRY_POINT_GROUP} entry point {name!r} at an instance of a WireProtocol subclass "
             f"whose name is {name!r}",
         )
