@@ -33,17 +33,15 @@ def protocol_named(name: object) -> WireProtocol:
     ConfigError listing the installed names otherwise."""
     if isinstance(name, WireProtocol):
         return name
-    if isinstance(name, str):
-        known = _known.get(name)
-        if known is not None:
-            return known
-        candidates = _installed().get(name)
-        if candidates:
-            return _known.setdefault(name, _load(name, candidates))
+    if isinstance(name, str) and name in _known:
+        return _known[name]
+    installed = _installed()  # metadata read once, for the load or for the refusal
+    if isinstance(name, str) and installed.get(name):
+        return _known.setdefault(name, _load(name, installed[name]))
     raise ConfigError(
         "protocol",
         name,
-        f"one of {', '.join(installed_protocols())}",
+        f"one of {', '.join(_listed(installed))}",
         "pass protocol='fastdeploy' beside FastDeploy's own processes, else leave the default; an engine's own "
         "protocol object is passed as it is, or registered by name first (register_protocol)",
     )
@@ -51,7 +49,12 @@ def protocol_named(name: object) -> WireProtocol:
 
 def installed_protocols() -> list[str]:
     """Every protocol name this process can resolve, from metadata and registrations: none of them is loaded."""
-    return sorted({*_known, *_installed()})
+    return _listed(_installed())
+
+
+def _listed(installed: dict[str, list[Candidate]]) -> list[str]:
+    """The names of this process's protocols and of ``installed``, sorted."""
+    return sorted({*_known, *installed})
 
 
 def register_protocol(protocol: object) -> None:
