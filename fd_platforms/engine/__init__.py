@@ -42,6 +42,7 @@ from ..contract.errors import BufferInUseError, CacheInUseError, CacheNotReadyEr
 from ..contract.types import CacheRoleShape, DeviceMemory, Plan, PlatformIdentity
 from ..ipc.cache_signal import CacheReadySignal
 from ..rules.config import CacheConfig, ParallelConfig, load_model_config
+from ..rules.decision import register_rule_version
 from ..rules.layout import CacheLayout, build_layout
 from ..rules.planner import min_across_ranks, plan_blocks
 from . import errors  # noqa: F401 - public beside __all__: from fd_platforms.engine import errors
@@ -67,8 +68,9 @@ __all__ = [
     "ManagedCache",
     "HostCache",
     "CacheReadySignal",
-    # configs
+    # configs, and the engine's own version of the create-or-attach rule
     "CacheConfig",
+    "register_rule_version",
     "ParallelConfig",
     "load_model_config",
     # the layout: tensor names, shapes and dtypes; an attention backend's own tensor specs

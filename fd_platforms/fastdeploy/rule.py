@@ -6,8 +6,10 @@ transfer manager creates only when its engine starts it with ``--create_cache_te
 (``fastdeploy/cache_manager/prefix_cache_manager.py`` ``launch_cache_manager``) and otherwise waits
 for the runner's records (``fastdeploy/cache_manager/cache_transfer_manager.py`` ``_init_gpu_cache``,
 "Waiting for runners or messagers to create kv cache"). Since PR #7471 (2026-04-29) host swap space
-no longer makes the runner attach, so in a mixed instance with swap space and no storage backend the
-two releases put the cache in different processes (:func:`~fd_platforms.rules.decision.decisions_by_version`).
+no longer makes the runner attach, and since PR #8046 (2026-06-15) a storage backend no longer does either, so in a
+mixed instance with swap space or a storage backend the releases put the cache in different processes
+(:func:`~fd_platforms.rules.decision.decisions_by_version`); what each FastDeploy line runs on each platform is
+:mod:`.releases`'.
 
 There a version nobody pinned would be a guess, and a wrong guess is two processes each waiting for
 the other until both time out: :func:`rule_in_force` refuses it instead, naming both versions, and
@@ -19,9 +21,21 @@ FastDeploy's package at all; refusing costs one pinned setting, a wrong guess a 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..contract.errors import ConfigError
-from ..contract.types import CacheDecision
-from ..rules.decision import DEFAULT_RULE, RULE_VERSIONS, DecisionInputs, check_rule, decisions_by_version
+from ..rules.decision import (
+    BUILTIN_VERSIONS,
+    DEFAULT_RULE,
+    RULE_VERSIONS,
+    DecisionInputs,
+    check_rule,
+    decisions_by_version,
+)
+from ..rules.roles import cache_roles
+
+FASTDEPLOYS = tuple(version.name for version in BUILTIN_VERSIONS)
+"""The versions FastDeploy's processes may follow: the built-in ones (an engine's own version is no FastDeploy's)."""
 
 FASTDEPLOY_RULE = "2026-04"
 """The rule FastDeploy follows since PR #7471 (2026-04-29; develop c1b7c083, the release the porting guide ports:
@@ -37,7 +51,7 @@ def rule_in_force(rule: str | None, inputs: DecisionInputs, field: str = "rule")
     how to pin one."""
     if rule is not None:
         return check_rule(rule, field).name
-    answers = decisions_by_version(inputs)
+    answers = decisions_by_version(inputs, *FASTDEPLOYS)
     if answers is None:
         return DEFAULT_RULE
     raise ConfigError(
@@ -45,7 +59,7 @@ def rule_in_force(rule: str | None, inputs: DecisionInputs, field: str = "rule")
         None,
         f"a pinned version here: with {_case(inputs)} the rule's versions decide differently and FastDeploy's "
         "signals do not say which its processes follow: "
-        + "; ".join(f"{_version(name)}: {_who_creates(answer)}" for name, answer in answers.items()),
+        + "; ".join(f"{_version(name)}: {_who_creates(inputs, name)}" for name in answers),
         f"pin the rule version of the FastDeploy beside this engine, the same in every process of ours: {HOW_TO_PIN}",
     )
 
@@ -54,14 +68,14 @@ def mismatch_hint(rule: str, inputs: DecisionInputs) -> str:
     """For a wait on FastDeploy's side that timed out under the pinned ``rule``: where another version
     decides otherwise on ``inputs``, that a FastDeploy following it would be waiting for us too, and
     the fix; "" where every version decides alike."""
-    answers = decisions_by_version(inputs)
+    answers = decisions_by_version(inputs, *dict.fromkeys((rule, *FASTDEPLOYS)))
     if answers is None:
         return ""
     others = [name for name, answer in answers.items() if answer.create != answers[rule].create]
     return (
         f"Or the rule differs: this process follows the pinned rule {_version(rule)}, under which "
-        f"{_who_creates(answers[rule])}, but "
-        + "; ".join(f"under rule {_version(name)} {_who_creates(answers[name])}" for name in others)
+        f"{_who_creates(inputs, rule)}, but "
+        + "; ".join(f"under rule {_version(name)} {_who_creates(inputs, name)}" for name in others)
         + ": if the FastDeploy beside it follows that, each side waits for the other. Fix: then pin rule "
         + " or ".join(others)
         + f" in every process of ours ({HOW_TO_PIN})"
@@ -78,7 +92,5 @@ def _version(name: str) -> str:
     return f"{name} ({RULE_VERSIONS[name].fastdeploy})"
 
 
-def _who_creates(decision: CacheDecision) -> str:
-    if decision.create:
-        return "the runner creates the cache and the cache transfer manager attaches to it"
-    return "the cache transfer manager creates the cache and the runner attaches to it"
+def _who_creates(inputs: DecisionInputs, rule: str) -> str:
+    return str(cache_roles(replace(inputs, rule=rule)))

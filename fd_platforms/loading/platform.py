@@ -38,7 +38,7 @@ from ..contract.types import (
     SharedTensor,
 )
 from ..kit.host_memory import check_host_nbytes, host_bytes_for_swap, system_memory
-from ..rules.decision import DEFAULT_RULE, DecisionInputs, decide_cache_creation
+from ..rules.decision import DEFAULT_RULE, RULE_VERSIONS, DecisionInputs, decide_cache_creation
 from ..rules.drift import DecisionDrift, drift_error, plan_drift_error, refuse_drift, shape_drift_error
 from ..rules.sizes import parse_size
 from . import defaults
@@ -63,6 +63,10 @@ class Platform:
         self.manager = manager
         self.identity = identity
         self._implemented = frozenset(implemented_hooks(manager, manager.get_plugin(candidate.name)))
+        #: The rule versions the plugin's own decision hook was held to over the truth table (None: no drift guard,
+        #: as the conformance kit loads it to report the cases itself); a version an engine registers later is
+        #: held to at its first decision (:meth:`should_create_cache_tensor`).
+        self.rules_checked: set[str] | None = None
 
     @property
     def name(self) -> str:
@@ -107,6 +111,9 @@ class Platform:
         every call.
         """
         inputs = DecisionInputs(profile, num_cpu_blocks, storage_backend, splitwise_role, rule)  # validates
+        if self.rules_checked is not None and rule not in self.rules_checked:
+            refuse_drift(self, rules=(rule,))  # a version registered after the plugin was loaded: the whole table
+            self.rules_checked.add(rule)
         got = self.plugin_decision(inputs)
         expected = decide_cache_creation(**inputs.kwargs())
         if (got.create, got.deciding_term) != (expected.create, expected.deciding_term):
@@ -455,4 +462,5 @@ def register_platform(candidate: Candidate, plugin: object, *, drift_guard: bool
     platform = Platform(candidate, manager, identity)
     if drift_guard:
         refuse_drift(platform)
+        platform.rules_checked = set(RULE_VERSIONS)
     return platform

@@ -4,18 +4,23 @@ in every version an engine may pin.
 ``create = profile or not (num_cpu_blocks > 0 or storage_backend or splitwise_role != "mixed")``
 
 is the default version, ``2026-01``. FastDeploy changed its rule on 2026-04-29 (PR #7471) to
-``profile or not (storage_backend or splitwise_role != "mixed")``: version ``2026-04``. A version is
-one :class:`RuleVersion` entry in :data:`RULE_VERSIONS` (the terms that make a worker attach, in
-order); a third is one more entry. The engine pins the version (``rule`` in the deployment,
-``--rule``); platforms never choose it. Left unpinned (None) it is :data:`DEFAULT_RULE`, except where
-the engine's protocol cannot tell which version its peers follow (beside FastDeploy, in the cases
-where the versions disagree: :func:`decisions_by_version`), which refuses instead. Every platform answers
-``should_create_cache_tensor`` through :func:`decide_cache_creation`, and a plugin that implements the hook itself is
-held to :data:`TRUTH_TABLE` under every version (:mod:`fd_platforms.rules.drift`).
+``profile or not (storage_backend or splitwise_role != "mixed")`` (``2026-04``) and on 2026-06-15 (PR #8046,
+cherry-picked to release/2.6 as #8045) to ``profile or not (splitwise_role != "mixed")`` (``2026-06``). A version
+is data, one :class:`RuleVersion`: the terms that make a worker attach, in order, and the terms that start the
+cache transfer manager beside it (:mod:`.roles` derives from both who creates a rank's cache and who attaches to
+it). The built-in versions are :data:`BUILTIN_VERSIONS`; an engine adds its own with :func:`register_rule_version`
+(validated, refused on a name clash, then held to the drift guard like the others). :data:`RULE_VERSIONS` holds
+every version this process knows. The engine pins the version (``rule`` in the deployment, ``--rule``); platforms
+never choose it. Left unpinned (None) it is :data:`DEFAULT_RULE`, except where the engine's protocol cannot tell
+which version its peers follow (beside FastDeploy, in the cases where the versions disagree:
+:func:`decisions_by_version`), which refuses instead. Every platform answers ``should_create_cache_tensor``
+through :func:`decide_cache_creation`, and a plugin that implements the hook itself is held to :data:`TRUTH_TABLE`
+under every version (:mod:`fd_platforms.rules.drift`).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -34,16 +39,26 @@ _TERM_TEXT: dict[str, str] = {
 }
 
 
+TERMS: tuple[AttachTerm, ...] = ("num_cpu_blocks", "storage_backend", "splitwise_role")
+TRANSFER_TERMS: tuple[AttachTerm, ...] = ("num_cpu_blocks", "storage_backend")
+"""What starts FastDeploy's cache transfer manager, one per rank, under every version so far: host swap space or a
+storage backend (``cache_manager/prefix_cache_manager.py`` ``launch_cache_manager``, develop c1b7c083 ~L297-304:
+``num_cpu_blocks > 0 or kvcache_storage_backend``)."""
+
+
 @dataclass(frozen=True)
 class RuleVersion:
     """One version of the rule: a profiling run creates; else the first of ``attach_terms`` that
-    holds makes the worker attach; else it creates."""
+    holds makes the worker attach; else it creates. Where one of ``transfer_terms`` holds, a cache transfer
+    manager runs beside each worker: it creates the rank's cache where the worker attaches in a mixed instance,
+    and attaches to the creator's otherwise (:func:`~.roles.cache_roles`)."""
 
     name: str
     attach_terms: tuple[AttachTerm, ...]
     origin: str
     fastdeploy: str
     """Which FastDeploy's processes follow it, in words."""
+    transfer_terms: tuple[AttachTerm, ...] = TRANSFER_TERMS
 
     @property
     def text(self) -> str:
@@ -51,24 +66,30 @@ class RuleVersion:
         return f"profile or not ({' or '.join(_TERM_TEXT[term] for term in self.attach_terms)})"
 
 
-RULE_VERSIONS: dict[str, RuleVersion] = {
-    version.name: version
-    for version in (
-        RuleVersion(
-            "2026-01",
-            ("num_cpu_blocks", "storage_backend", "splitwise_role"),
-            "the design's rule: FastDeploy's from January 2026, when host swap space made the cache manager own it",
-            "FastDeploy before 2026-04-29",
-        ),
-        RuleVersion(
-            "2026-04",
-            ("storage_backend", "splitwise_role"),
-            "FastDeploy's since 2026-04-29 (PR #7471): swap space no longer decides; with it on, the worker "
-            "creates and the cache transfer manager attaches",
-            "FastDeploy from PR #7471 (2026-04-29) on",
-        ),
-    )
-}
+BUILTIN_VERSIONS: tuple[RuleVersion, ...] = (
+    RuleVersion(
+        "2026-01",
+        ("num_cpu_blocks", "storage_backend", "splitwise_role"),
+        "the design's rule: FastDeploy's from January 2026, when host swap space made the cache manager own it",
+        "FastDeploy before 2026-04-29",
+    ),
+    RuleVersion(
+        "2026-04",
+        ("storage_backend", "splitwise_role"),
+        "FastDeploy's since 2026-04-29 (PR #7471): swap space no longer decides; with it on, the worker "
+        "creates and the cache transfer manager attaches",
+        "FastDeploy from PR #7471 (2026-04-29) to PR #8046",
+    ),
+    RuleVersion(
+        "2026-06",
+        ("splitwise_role",),
+        "FastDeploy's since 2026-06-15 (PR #8046, release/2.6 #8045): a mixed instance's worker always creates; "
+        "with swap space or a storage backend the cache transfer manager attaches",
+        "FastDeploy from PR #8046 (2026-06-15) on",
+    ),
+)
+RULE_VERSIONS: dict[str, RuleVersion] = {version.name: version for version in BUILTIN_VERSIONS}
+"""Every version this process knows: the built-in ones, then those an engine registered."""
 DEFAULT_RULE = "2026-01"
 RULE = RULE_VERSIONS[DEFAULT_RULE].text
 """The default version's formula."""
@@ -91,6 +112,77 @@ def check_pin(rule: object, field: str = "rule") -> None:
     """``rule`` as a caller may give it: None (not pinned) or a listed version."""
     if rule is not None:
         check_rule(rule, field)
+
+
+_VERSION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")
+
+
+def register_rule_version(
+    name: object,
+    attach_terms: object,
+    *,
+    origin: object,
+    transfer_terms: object = TRANSFER_TERMS,
+    fastdeploy: str = "none of FastDeploy's releases: the engine registered it",
+) -> RuleVersion:
+    """Add the engine's own rule version to this process's :data:`RULE_VERSIONS` and return it: ``name`` (letters,
+    digits, ``.``, ``_``, ``-``; no version's name yet), ``attach_terms`` (distinct terms of :data:`TERMS`, in the
+    order they decide, ``splitwise_role`` among them), ``transfer_terms`` (distinct terms of
+    :data:`TRANSFER_TERMS`) and ``origin`` (where it comes from, in words). A ConfigError names the argument
+    otherwise. A platform's own decision hook is held to it as to the built-in ones (:mod:`.drift`), at the first
+    decision pinned to it."""
+    if not isinstance(name, str) or not _VERSION_NAME.fullmatch(name):
+        raise ConfigError(
+            "name",
+            name,
+            "1-40 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            "name it e.g. 2026-09",
+        )
+    if name in RULE_VERSIONS:
+        raise ConfigError(
+            "name",
+            name,
+            f"a name no version has ({', '.join(RULE_VERSIONS)} are taken)",
+            "name the engine's version otherwise; a built-in version is pinned by its name, never registered again",
+        )
+    terms = _terms("attach_terms", attach_terms, TERMS, empty=False)
+    if "splitwise_role" not in terms:
+        raise ConfigError(
+            "attach_terms",
+            attach_terms,
+            "terms that include splitwise_role: in P/D the cache messager creates the rank's cache under every "
+            "version, so a worker that created there too would allocate it twice",
+            f"add it: {(*terms, 'splitwise_role')!r}",
+        )
+    version = RuleVersion(
+        name,
+        terms,
+        _text("origin", origin),
+        fastdeploy,
+        _terms("transfer_terms", transfer_terms, TRANSFER_TERMS, empty=True),
+    )
+    RULE_VERSIONS[name] = version
+    return version
+
+
+def _terms(field: str, given: object, allowed: tuple[AttachTerm, ...], *, empty: bool) -> tuple[AttachTerm, ...]:
+    """``given`` as distinct terms of ``allowed`` (a tuple or list; ``empty``: none allowed); a ConfigError naming
+    ``field``."""
+    terms = tuple(given) if isinstance(given, (tuple, list)) and all(isinstance(t, str) for t in given) else None
+    if terms is None or len(set(terms)) != len(terms) or not set(terms) <= set(allowed) or (not terms and not empty):
+        raise ConfigError(
+            field,
+            given,
+            f"a tuple of distinct terms of {', '.join(allowed)}{'' if empty else ', at least one'}",
+            f"pass e.g. {allowed[-1:]!r}",
+        )
+    return terms
+
+
+def _text(field: str, given: object) -> str:
+    if not isinstance(given, str) or not given.strip():
+        raise ConfigError(field, given, "a sentence saying where the version comes from", "pass origin='...'")
+    return given
 
 
 def check_decision_inputs(profile: object, num_cpu_blocks: object, storage_backend: object, role: object) -> None:
@@ -186,20 +278,27 @@ def decide_cache_creation(
         holds, reason = reasons[term]
         if holds:
             return CacheDecision(False, term, reason)
-    unused = (
-        ""
-        if "num_cpu_blocks" in version.attach_terms or not num_cpu_blocks
-        else (f" (rule {version.name}: host swap space does not decide; the cache manager attaches to it)")
+    held = {"num_cpu_blocks": num_cpu_blocks > 0, "storage_backend": bool(storage_backend)}
+    unused = [term for term, on in held.items() if on and term not in version.attach_terms]
+    note = (
+        f" (rule {version.name}: {' and '.join(_UNUSED_TEXT[term] for term in unused)} "
+        f"{'do' if len(unused) > 1 else 'does'} not decide; the cache transfer manager attaches to it)"
+        if unused
+        else ""
     )
     return CacheDecision(
         True,
         "none",
-        f"mixed role without {' or '.join(_NONE_TEXT[t] for t in version.attach_terms[:-1])}: "
-        f"the worker creates the cache{unused}",
+        f"{', '.join(_NONE_TEXT[term] for term in version.attach_terms)}: the worker creates the cache{note}",
     )
 
 
-_NONE_TEXT = {"num_cpu_blocks": "swap space", "storage_backend": "storage backend", "splitwise_role": "role"}
+_NONE_TEXT = {
+    "num_cpu_blocks": "no swap space",
+    "storage_backend": "no storage backend",
+    "splitwise_role": "mixed role",
+}
+_UNUSED_TEXT = {"num_cpu_blocks": "host swap space", "storage_backend": "the storage backend"}
 
 
 def decided_by(decision: CacheDecision) -> str:

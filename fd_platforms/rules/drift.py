@@ -146,16 +146,17 @@ def shapes_drift(platform: Platform) -> list[str]:
     return found
 
 
-def refuse_drift(platform: Platform) -> None:
+def refuse_drift(platform: Platform, *, rules: Sequence[str] | None = None) -> None:
     """Raise :class:`PlatformDriftError` if the platform implements a rule hook checked at load
-    (the decision, the shapes) and drifts."""
+    (the decision, the shapes) and drifts. ``rules``: only the decision, under these versions (one an engine
+    registered after the platform was loaded)."""
     implemented = platform.implemented_hooks()
     if DECISION_HOOK in implemented:
-        for rule in RULE_VERSIONS:  # the default first; the engine may pin any of them
+        for rule in RULE_VERSIONS if rules is None else rules:  # the default first; the engine may pin any of them
             drifts = decision_drift(platform, rule)
             if drifts:
                 raise drift_error(platform, drifts)
-    if SHAPES_HOOK in implemented:
+    if SHAPES_HOOK in implemented and rules is None:
         violations = shapes_drift(platform)
         if violations:
             raise shape_drift_error(platform, violations)

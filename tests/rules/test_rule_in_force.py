@@ -1,6 +1,6 @@
-"""The rule in force is never a guess: beside FastDeploy, in the one case where the rule's versions
-decide differently (host swap space, no storage backend, role mixed), a rule nobody pinned is
-refused at every entry point, and a wait that times out there names the other version.
+"""The rule in force is never a guess: beside FastDeploy, in the cases where the rule's versions
+decide differently (a mixed instance with host swap space or a storage backend), a rule nobody pinned is
+refused at every entry point, and a wait that times out there names the other versions.
 
 FastDeploy's IPC has no word that says who creates: its runner decides by its own version of the
 rule (``fastdeploy/worker/gpu_model_runner.py`` ``initialize_kv_cache``) and its cache transfer
@@ -28,7 +28,7 @@ from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
 from fd_platforms.fastdeploy.signals import FastDeploySignal
 from fd_platforms.ipc.cache_signal import CacheReadySignal
 
-#: The one case where 2026-01 and 2026-04 disagree (``fd-platforms rules`` lists it).
+#: The case where 2026-01 differs from 2026-04 and 2026-06 (``fd-platforms rules`` lists it).
 DISAGREE = {"profile": False, "num_cpu_blocks": 4, "storage_backend": None, "splitwise_role": "mixed"}
 BLOCKS = 4
 SUFFIX = "9923"  # no signal of that suffix is ever made: a refusal comes before any is touched
@@ -73,7 +73,10 @@ def assert_names_both_versions(error: ConfigError, field: str) -> None:
     assert error.field == field and error.value is None, message
     assert f"{field} is not given" in message
     assert "2026-01 (FastDeploy before 2026-04-29)" in message
-    assert "2026-04 (FastDeploy from PR #7471 (2026-04-29) on)" in message
+    assert "2026-04 (FastDeploy from PR #7471 (2026-04-29) to PR #8046)" in message
+    assert "2026-06 (FastDeploy from PR #8046 (2026-06-15) on)" in message
+    assert "the cache transfer manager creates; the worker attaches" in message
+    assert "the worker creates; the cache transfer manager attaches" in message
     assert "host swap space (num_cpu_blocks=4), no storage backend and role mixed" in message
     assert "Fix: pin the rule version of the FastDeploy beside this engine" in message
     assert "--rule on the command line, rule under [cache] in the deploy file" in message
@@ -199,8 +202,8 @@ def test_a_pinned_runner_beside_fastdeploy_decides_by_its_pin(cpu, fastdeploy_si
 
 @pytest.mark.parametrize(
     "agreeing",
-    [{"profile": True}, {"num_cpu_blocks": 0}, {"storage_backend": "mooncake"}, {"splitwise_role": "decode"}],
-    ids=["profile", "no swap space", "storage backend", "decode"],
+    [{"profile": True}, {"num_cpu_blocks": 0}, {"splitwise_role": "decode"}],
+    ids=["profile", "no swap space", "decode"],
 )
 def test_where_the_versions_agree_an_unpinned_rule_is_no_question(cpu, fastdeploy_signals, agreeing) -> None:
     inputs = {**DISAGREE, **agreeing}
@@ -246,10 +249,11 @@ def test_a_runner_pinned_to_2026_01_that_times_out_names_the_newer_fastdeploy(cp
     assert caught.value.cause == "timeout" and "the limit is 0.05 s" in message
     assert "pinned rule 2026-01 (FastDeploy before 2026-04-29)" in message
     assert (
-        "under rule 2026-04 (FastDeploy from PR #7471 (2026-04-29) on) the runner creates the cache and the "
-        "cache transfer manager attaches to it" in message
+        "under rule 2026-04 (FastDeploy from PR #7471 (2026-04-29) to PR #8046) the worker creates; the cache "
+        "transfer manager attaches" in message
     )
-    assert "each side waits for the other" in message and "pin rule 2026-04" in message
+    assert "under rule 2026-06 (FastDeploy from PR #8046 (2026-06-15) on) the worker creates" in message
+    assert "each side waits for the other" in message and "pin rule 2026-04 or 2026-06" in message
 
 
 def test_a_manager_pinned_to_2026_04_that_times_out_names_the_older_fastdeploy(cpu, fastdeploy_signals) -> None:
@@ -267,9 +271,25 @@ def test_a_manager_pinned_to_2026_04_that_times_out_names_the_older_fastdeploy(c
             ),
         )
     message = str(caught.value)
-    assert "pinned rule 2026-04 (FastDeploy from PR #7471 (2026-04-29) on)" in message
+    assert "pinned rule 2026-04 (FastDeploy from PR #7471 (2026-04-29) to PR #8046)" in message
     assert (
-        "under rule 2026-01 (FastDeploy before 2026-04-29) the cache transfer manager creates the cache and the "
-        "runner attaches to it" in message
+        "under rule 2026-01 (FastDeploy before 2026-04-29) the cache transfer manager creates; the worker attaches"
+        in message
     )
     assert "pin rule 2026-01" in message
+
+
+def test_a_storage_backend_in_a_mixed_instance_needs_a_pin_since_fastdeploy_8046() -> None:
+    """PR #8046 (2026-06-15) makes the worker create with a storage backend, where 2026-01 and 2026-04 had it attach:
+    unpinned, that case is refused too, naming who creates under each version."""
+    storage = {**DISAGREE, "num_cpu_blocks": 0, "storage_backend": "file"}
+    with pytest.raises(ConfigError) as caught:
+        kv_request(qwen_layout(), BLOCKS, instance=SUFFIX, protocol="fastdeploy", **storage)
+    message = str(caught.value)
+    assert caught.value.field == "rule" and "no swap space, storage backend file and role mixed" in message
+    assert (
+        "2026-04 (FastDeploy from PR #7471 (2026-04-29) to PR #8046): the cache transfer manager creates; the worker "
+        "attaches; 2026-06 (FastDeploy from PR #8046 (2026-06-15) on): the worker creates; the cache transfer manager "
+        "attaches" in message
+    )
+    assert kv_request(qwen_layout(), BLOCKS, instance=SUFFIX, protocol="fastdeploy", rule="2026-06", **storage)

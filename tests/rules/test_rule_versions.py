@@ -23,17 +23,27 @@ SWAP_MIXED = {"profile": False, "num_cpu_blocks": 64, "storage_backend": None, "
 
 
 def test_each_version_is_one_entry_with_its_formula() -> None:
-    assert list(RULE_VERSIONS) == ["2026-01", "2026-04"] and DEFAULT_RULE == "2026-01"
+    assert list(RULE_VERSIONS) == ["2026-01", "2026-04", "2026-06"] and DEFAULT_RULE == "2026-01"
     assert (
         RULE
         == RULE_VERSIONS["2026-01"].text
         == ('profile or not (num_cpu_blocks > 0 or storage_backend or splitwise_role != "mixed")')
     )
     assert RULE_VERSIONS["2026-04"].text == 'profile or not (storage_backend or splitwise_role != "mixed")'
+    assert RULE_VERSIONS["2026-06"].text == 'profile or not (splitwise_role != "mixed")'
+
+
+def test_2026_06_differs_from_2026_04_exactly_where_a_storage_backend_decides() -> None:
+    """PR #8046: a mixed instance's worker creates with a storage backend too; nothing else changed."""
+    differing = differing_cases("2026-04", "2026-06")
+    assert len(differing) == 6 and {inputs.num_cpu_blocks for inputs, _ in differing} == {0, 64}
+    for inputs, answers in differing:
+        assert inputs.storage_backend and inputs.splitwise_role == "mixed" and not inputs.profile
+        assert (answers["2026-04"].deciding_term, answers["2026-06"].create) == ("storage_backend", True)
 
 
 def test_the_versions_differ_exactly_where_swap_space_alone_decides() -> None:
-    [(inputs, answers)] = differing_cases("2026-01", "2026-04")
+    [(inputs, answers)] = differing_cases("2026-01", "2026-04")  # the one case
     old, new = answers["2026-01"], answers["2026-04"]
     assert {k: v for k, v in inputs.kwargs().items() if k != "rule"} == SWAP_MIXED
     assert (old.create, old.deciding_term, new.create, new.deciding_term) == (False, "num_cpu_blocks", True, "none")
@@ -44,7 +54,9 @@ def test_the_versions_differ_exactly_where_swap_space_alone_decides() -> None:
 
 
 def test_an_unknown_version_names_the_field_and_the_versions() -> None:
-    with pytest.raises(ConfigError, match=r"rule='2027-01' is not valid; allowed: one of 2026-01, 2026-04") as info:
+    with pytest.raises(ConfigError, match=r"rule='2027-01' is not valid; allowed: one of 2026-01, 2026-04, 2026-06"):
+        CacheConfig(rule="2027-01")
+    with pytest.raises(ConfigError) as info:
         CacheConfig(rule="2027-01")
     assert "Fix: pin a listed rule version, or leave it unset for 2026-01" in str(info.value)
 
@@ -59,26 +71,23 @@ def test_rules_prints_the_versions_side_by_side_and_the_cases_where_they_differ(
     table = cli("rules")
     assert table.returncode == 0, table.stderr
     assert "2026-01 (default)" in table.stdout and RULE_VERSIONS["2026-04"].text in table.stdout
-    assert f"1 of {len(TRUTH_TABLE)} cases decide differently:" in table.stdout
-    assert table.stdout.rstrip().splitlines()[-1].split() == [
-        "profile=False,",
-        "num_cpu_blocks=64,",
-        "storage_backend=None,",
-        "splitwise_role='mixed'",
-        "attach",
-        "(num_cpu_blocks)",
-        "create",
-        "(none)",
-    ]
+    assert RULE_VERSIONS["2026-06"].text in table.stdout
+    assert f"7 of {len(TRUTH_TABLE)} cases decide differently" in table.stdout  # swap space or storage, mixed
+    swap_only = next(line for line in table.stdout.splitlines() if "num_cpu_blocks=64, storage_backend=None" in line)
+    assert swap_only.split()[4:] == ["attach", "(num_cpu_blocks)", "create", "(none)", "+tm", "create", "(none)", "+tm"]
     payload = json.loads(cli("rules", "--json").stdout)
     assert payload["default"] == DEFAULT_RULE and [v["name"] for v in payload["versions"]] == list(RULE_VERSIONS)
-    assert payload["differing"] == [
-        {
-            "inputs": SWAP_MIXED,
-            "create": {"2026-01": False, "2026-04": True},
-            "deciding_term": {"2026-01": "num_cpu_blocks", "2026-04": "none"},
-        }
-    ]
+    assert len(payload["differing"]) == 7
+    assert {
+        "inputs": SWAP_MIXED,
+        "create": {"2026-01": False, "2026-04": True, "2026-06": True},
+        "deciding_term": {"2026-01": "num_cpu_blocks", "2026-04": "none", "2026-06": "none"},
+        "attachers": {
+            "2026-01": ["worker"],
+            "2026-04": ["cache transfer manager"],
+            "2026-06": ["cache transfer manager"],
+        },
+    } in payload["differing"]
 
 
 def test_plan_decides_by_the_pinned_version_and_names_it() -> None:
