@@ -27,7 +27,8 @@ from ..contract.errors import CacheNotReadyError, CacheSharingError, ConfigError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision, CacheRoleShape
 from ..loading.platform import Platform
-from ..rules.decision import DecisionInputs
+from ..rules.decision import DecisionInputs, decide_cache_creation
+from ..rules.roles import TRANSFER_MANAGER, WORKER, cache_roles, most_attachers
 from . import rank_parts
 from .host_cache import HostCache, allocate_host_cache, check_host_cache, swap_space_clearing
 from .kv_cache import AllocationProgress, KVCache, allocate_shaped, attach_kv_cache, export_kv_cache
@@ -71,14 +72,14 @@ def initialize_kv_cache(
     layout = platform.cache_layout(request.layout, request.num_blocks, request.tensor_specs)
     import_seconds = _import_paddle()
     decision = platform.should_create_cache_tensor(**inputs.kwargs())
-    per_rank = wire.attachers_per_rank(inputs.splitwise_role, inputs.num_cpu_blocks)
+    roles = cache_roles(inputs)
     if decision.create:
         started = time.monotonic()
         if inputs.profile or platform.cache_sharing() is None:  # a profiling run's cache is its own: never published
             cache = allocate_shaped(platform, layout, request.num_blocks, progress)
         else:
             wire.check_signals(instance, layout.rank, manager=False, swap=False)
-            attachers = per_rank if inputs.num_cpu_blocks > 0 else 0  # a cache manager with host swap attaches
+            attachers = len(roles.others(WORKER))  # a cache transfer manager beside it attaches
             cache = export_kv_cache(platform, layout, request.num_blocks, instance, wire, attachers, progress)
         cache.create_seconds = time.monotonic() - started
         if not inputs.profile:
@@ -89,6 +90,7 @@ def initialize_kv_cache(
     else:
         check_can_attach(platform, decision, f"rank {layout.rank}")
         waited = _wait_ready(platform, request, layout.rank)
+        per_rank = len(roles.attachers)
         cache = attach_kv_cache(platform, layout, request.num_blocks, instance, request.creator_pid, wire, per_rank)
         cache.wait_seconds = waited
     cache.decision, cache.import_seconds = decision, import_seconds
@@ -184,18 +186,24 @@ def manage_kv_cache(
 
 
 def manager_creates(platform: Platform, inputs: DecisionInputs) -> bool:
-    """Whether a cache manager creates a rank's device cache on ``inputs`` (a manager never profiles): unless
-    the rule lets the workers create and the manager holds host swap space for them (``num_cpu_blocks > 0``),
-    the one case where it attaches to theirs, as FastDeploy's transfer manager does since PR #7471
-    (``fastdeploy/cache_manager/cache_transfer_manager.py``, "Waiting for runners ... to create kv cache")."""
-    return not (platform.should_create_cache_tensor(**inputs.kwargs()).create and inputs.num_cpu_blocks > 0)
+    """Whether a cache manager creates a rank's device cache on ``inputs`` (a manager never profiles): unless the rule
+    lets the workers create and a cache transfer manager runs beside them
+    (:func:`~fd_platforms.rules.roles.cache_roles`), where it attaches to theirs, as FastDeploy's transfer manager
+    does since PR #7471 (``fastdeploy/cache_manager/cache_transfer_manager.py``, "Waiting for runners ... to create
+    kv cache")."""
+    creates = platform.should_create_cache_tensor(**inputs.kwargs()).create
+    return not (creates and TRANSFER_MANAGER in cache_roles(inputs).attachers)
 
 
-def _check_attach(platform: Platform, inputs: DecisionInputs) -> None:
-    """``attach=True`` only where another process creates the rank's cache (:func:`manage_kv_cache`): a ConfigError
-    naming the rule's term where it would leave the rank with no creator."""
-    decision = platform.should_create_cache_tensor(**inputs.kwargs())
-    if inputs.splitwise_role == "mixed" and not decision.create:
+def _check_attach(inputs: DecisionInputs) -> None:
+    """``attach=True`` only where the rule in force has a cache transfer manager attach to another process's cache
+    (the workers' or the cache messager's, :func:`~fd_platforms.rules.roles.cache_roles`): a ConfigError naming the
+    input that leaves the rank with no creator, or starts no transfer manager."""
+    roles = cache_roles(inputs)
+    if TRANSFER_MANAGER in roles.attachers:
+        return
+    if roles.creator == TRANSFER_MANAGER:
+        decision = decide_cache_creation(**inputs.kwargs())
         raise ConfigError(
             "attach",
             True,
@@ -204,15 +212,15 @@ def _check_attach(platform: Platform, inputs: DecisionInputs) -> None:
             f"drop attach=True: under rule {inputs.rule} the workers of this mixed instance attach "
             f"({decision.deciding_term}: {decision.reason}), so this cache manager is the one that creates",
         )
-    if inputs.num_cpu_blocks == 0:
-        raise ConfigError(
-            "num_cpu_blocks",
-            0,
-            "> 0 with attach=True: a cache manager attaches to carve host swap space beside the "
-            "cache (without it FastDeploy starts no transfer manager, and its creator counts no second attacher)",
-            "pass the deployment's num_cpu_blocks, or drop attach=True (P/D without swap space: the messager's call, "
-            "manage_kv_cache with num_cpu_blocks=0, creates)",
-        )
+    raise ConfigError(
+        "num_cpu_blocks",
+        inputs.num_cpu_blocks,
+        "> 0, or a storage backend, with attach=True: FastDeploy starts a cache transfer manager beside the cache only "
+        "with host swap space or a storage backend (prefix_cache_manager.py launch_cache_manager), so no creator "
+        "counts another attacher",
+        "pass the deployment's num_cpu_blocks and kvcache_storage_backend, or drop attach=True (P/D with neither: "
+        "the messager's call, manage_kv_cache with num_cpu_blocks=0, creates)",
+    )
 
 
 def _is_messager(creates: bool, inputs: DecisionInputs) -> bool:
@@ -249,7 +257,7 @@ def _manage(
     num_cpu_blocks, host_cache = inputs.num_cpu_blocks, request.host_cache
     layout = platform.cache_layout(request.layout, num_blocks, request.tensor_specs)  # the platform's or the engine's
     if attach:
-        _check_attach(platform, inputs)
+        _check_attach(inputs)
     creates = not attach and manager_creates(platform, inputs)
     if platform.cache_sharing() is None:
         raise CacheSharingError(
@@ -274,10 +282,12 @@ def _manage(
         check_host_cache(host_cache, host_layout, num_cpu_blocks)
     import_seconds = _import_paddle()
     wire.check_signals(name, layout.rank, manager=not messager, swap=num_cpu_blocks > 0)
-    per_rank = wire.attachers_per_rank(inputs.splitwise_role, num_cpu_blocks)
-    # Holding the host swap space itself, a creating manager is the rank's transfer manager: the worker alone
-    # attaches. The messager holds none: the transfer manager may attach beside the worker (P/D with swap).
-    expected = wire.attachers_per_rank(inputs.splitwise_role, 0 if num_cpu_blocks else 1)
+    roles = cache_roles(inputs)
+    per_rank = len(roles.attachers)  # an attaching transfer manager is one of them
+    # A creating manager other than the messager is the rank's transfer manager: the others attach. The messager sees
+    # neither the deployment's swap space nor its storage backend (FastDeploy passes it no such flag): it expects the
+    # most P/D can have, the worker and a transfer manager.
+    expected = most_attachers(inputs.splitwise_role) if messager else max(1, len(roles.others(TRANSFER_MANAGER)))
 
     def make(part: CacheLayout, progress: AllocationProgress | None = None) -> KVCache:
         """``part`` of the rank's device cache (main, then draft): exported where the manager creates, else attached."""

@@ -300,7 +300,7 @@ def attach_kv_cache(
     is not ``creator_pid`` (where the caller knows who sets the slot) or whose handles name another
     process than its creator. Nothing is opened then, and the attach withdraws without a word in the rank's
     slot (it never got the cache; another attacher may hold the slot). ``attachers``: how many processes attach
-    each rank in this deployment (:func:`~.fastdeploy_marks.attachers_per_rank`).
+    each rank in this deployment (:func:`~fd_platforms.rules.roles.cache_roles`).
     """
     started = time.monotonic()
     expected = [PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, "") for spec in layout.tensors]

@@ -8,9 +8,9 @@ the process dies, however it dies.
 
 - **Attacher marks**, ``fdp-attacher.<suffix>.r<rank>.<pid>-<hex>``: one per attaching process and part, naming the
   slot it holds (the suffix and rank), its pid and how many processes attach each rank in its deployment
-  (:func:`attachers_per_rank`). A dead mark stands for the slot only where every attacher the deployment can have is
-  a dead one of ours (:attr:`Attachers.released_by_death`): in P/D with swap space the other attacher may be
-  FastDeploy's, and a dead mark says nothing about it.
+  (:func:`fd_platforms.rules.roles.cache_roles`). A dead mark stands for the slot only where every attacher the
+  deployment can have is a dead one of ours (:attr:`Attachers.released_by_death`): in P/D with swap space the other
+  attacher may be FastDeploy's, and a dead mark says nothing about it.
 - **Creator marks**, ``<first record>.fdp-creator``: a creator of ours holds one while its records are published,
   with its pid, how many processes it expects to attach (:func:`creator_attachers`) and the first record's bytes.
   One nobody holds whose bytes are still the record's proves the records stale ones of a dead creator of ours;
@@ -37,16 +37,6 @@ _CREATOR = struct.Struct("=qq")  # a creator mark: its pid, the attachers it exp
 ATTACHER_WHAT = "FastDeploy attacher mark"
 CREATOR_WHAT = "FastDeploy creator mark"
 MAX_ATTACHERS = 2
-
-
-def attachers_per_rank(splitwise_role: str, num_cpu_blocks: int) -> int:
-    """How many processes attach each rank's cache beside FastDeploy's: two in P/D (prefill or decode) with host swap
-    space, else one. There the cache messager creates (``cache_manager/cache_messager.py`` ``main``; it is launched
-    for every role but mixed: ``cache_manager/prefix_cache_manager.py`` ``PrefixCacheManager.__init__``
-    ``enable_splitwise``, ``launch_cache_manager``), and the worker and the cache transfer manager (launched with swap
-    space, without ``--create_cache_tensor`` in a split deployment) both attach it, one ``cache_ready`` slot between
-    them."""
-    return MAX_ATTACHERS if splitwise_role != "mixed" and num_cpu_blocks > 0 else 1
 
 
 ATTACHER_NAME_START = "fdp-attacher."

@@ -39,7 +39,7 @@ from ..ipc.cache_signal import resolve_timeout
 from ..ipc.shared_words import MAX_LOCAL_RANKS, WORD_BYTES
 from .block_handoff import block_count_words, hand_off_block_count
 from .handles import FastDeployHandles
-from .marks import attachers_per_rank, sweep_orphan_marks
+from .marks import sweep_orphan_marks
 from .rule import mismatch_hint, rule_in_force
 from .signals import (
     CACHE_READY,
@@ -84,9 +84,6 @@ class FastDeployProtocol(WireProtocol):
                 "pass instance=, e.g. instance=9923",
             )
         return FastDeploySuffix.of(instance, tp=tp, field="instance")
-
-    def attachers_per_rank(self, splitwise_role: str, num_cpu_blocks: int) -> int:
-        return attachers_per_rank(splitwise_role, num_cpu_blocks)
 
     def tensor_name(self, instance: str, layout_name: str) -> str:
         return layout_name  # FastDeploy's records are named as its layout names the tensors

@@ -24,13 +24,15 @@ from kv_requests import kv_request
 from fd_platforms.contract.errors import CacheInUseError, CacheSharingError
 from fd_platforms.engine.publication import PublishedTensor
 from fd_platforms.fastdeploy.handles import FastDeployHandles, read_handle
-from fd_platforms.fastdeploy.marks import attacher_prefix, attachers_per_rank, look
+from fd_platforms.fastdeploy.marks import attacher_prefix, look
 from fd_platforms.fastdeploy.signals import (
     CACHE_READY,
     CACHE_TRANSFER_INITED,
     KV_CACHE_STATUS,
     FastDeploySignal,
 )
+from fd_platforms.rules.decision import DecisionInputs
+from fd_platforms.rules.roles import cache_roles
 
 STANDINS = Path(__file__).resolve().parents[1] / "support" / "fastdeploy_standins.py"
 NBYTES = 32
@@ -118,7 +120,7 @@ def test_a_dead_attacher_of_ours_beside_one_that_may_be_fastdeploys_is_waited_fo
     """P/D decode with swap space: our runner and FastDeploy's transfer manager attach one rank through one slot.
     Our runner SIGKILLed: its dead mark says nothing about FastDeploy's attacher, so the creator frees nothing and
     names whom it waits for; FastDeploy's let-go then lets it free."""
-    per_rank = attachers_per_rank("decode", 64)
+    per_rank = len(cache_roles(DecisionInputs(False, 64, None, "decode")).attachers)
     assert per_rank == 2
     with FastDeploySignal.create(CACHE_READY, suffix, 1) as ready, FastDeploySignal.create(KV_CACHE_STATUS, suffix, 1):
         held = FastDeployHandles.create(suffix, 0, memfds, "cpu", attachers=per_rank)

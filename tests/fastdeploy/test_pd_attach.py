@@ -26,7 +26,6 @@ from engine_processes import PD_BLOCKS, PD_CPU_BLOCKS, pd_process, qwen_layout
 from kv_requests import kv_request
 
 from fd_platforms.contract.errors import ConfigError
-from fd_platforms.fastdeploy.marks import attachers_per_rank
 from fd_platforms.fastdeploy.signals import (
     CACHE_READY,
     CACHE_TRANSFER_INITED,
@@ -35,6 +34,8 @@ from fd_platforms.fastdeploy.signals import (
     FastDeploySignal,
 )
 from fd_platforms.ipc.cache_signal import CacheReadySignal
+from fd_platforms.rules.decision import DecisionInputs
+from fd_platforms.rules.roles import cache_roles
 
 STANDINS = Path(__file__).resolve().parents[1] / "support" / "fastdeploy_standins.py"
 pytestmark = pytest.mark.usefixtures("fastdeploy_record_names", "cpu_for_children")  # its processes select cpu too
@@ -118,8 +119,13 @@ def finish(process: subprocess.Popen[str]) -> None:
 def test_two_processes_attach_each_rank_in_either_split_role_with_swap_space() -> None:
     """FastDeploy starts the messager for prefill as for decode (``prefix_cache_manager.py`` ``enable_splitwise``), and
     the transfer manager wherever there is swap space: the prefill side has two attachers too (it said one)."""
-    assert [attachers_per_rank(role, 4) for role in ("mixed", "prefill", "decode")] == [1, 2, 2]
-    assert [attachers_per_rank(role, 0) for role in ("mixed", "prefill", "decode")] == [1, 1, 1]
+
+    def attachers(role: str, num_cpu_blocks: int, backend: str | None = None) -> int:
+        return len(cache_roles(DecisionInputs(False, num_cpu_blocks, backend, role, "2026-04")).attachers)
+
+    assert [attachers(role, 4) for role in ("mixed", "prefill", "decode")] == [1, 2, 2]
+    assert [attachers(role, 0) for role in ("prefill", "decode")] == [1, 1]
+    assert [attachers(role, 0, "file") for role in ("prefill", "decode")] == [2, 2], "a storage backend starts it too"
 
 
 @multi_process

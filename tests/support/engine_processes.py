@@ -232,6 +232,37 @@ def hold_with_draft(suffix: str, num_blocks: int, conn: Connection) -> None:
             return
 
 
+def attach_beside_worker(suffix: str, num_blocks: int, num_cpu_blocks: int, backend: str, conn: Connection) -> None:
+    """Our cache transfer manager of rank 0 as FastDeploy's since PR #8046 launches it (no ``--create_cache_tensor``,
+    ``prefix_cache_manager.py`` ``launch_cache_manager``): in a mixed instance with a storage backend it waits for the
+    worker's cache and attaches, with or without swap space; reports its host cache, then serves ``clear``/``stop``."""
+    import fd_platforms
+
+    managed = manage_kv_cache(
+        fd_platforms.current_platform(),
+        kv_request(
+            qwen_layout(),
+            num_blocks,
+            num_cpu_blocks=num_cpu_blocks,
+            storage_backend=backend,
+            instance=suffix,
+            protocol=FASTDEPLOY,
+            rule="2026-06",
+            timeout=30,
+        ),
+        attach=True,
+    )
+    assert not managed.created
+    conn.send(("ready", managed.host_cache is not None))
+    while True:
+        kind, payload = conn.recv()
+        if kind == "clear":
+            managed.clear(payload)
+            conn.send(("cleared",))
+        elif kind == "stop":
+            return
+
+
 @contextmanager
 def spawned_manager(target: Callable[..., None], *args: object) -> Iterator[tuple[Connection, int]]:
     """``target(*args, its_pipe_end)`` spawned as a cache manager that says ``ready``: yields (our pipe end, its

@@ -66,11 +66,6 @@ class WireProtocol(ABC):
         engine's local ranks."""
 
     @abstractmethod
-    def attachers_per_rank(self, splitwise_role: str, num_cpu_blocks: int) -> int:
-        """How many processes attach each rank's cache in a deployment of ``splitwise_role`` with
-        ``num_cpu_blocks`` host swap blocks."""
-
-    @abstractmethod
     def tensor_name(self, instance: str, layout_name: str) -> str:
         """The name the layout's tensor ``layout_name`` is exported and opened under."""
 

@@ -50,10 +50,6 @@ class FdPlatformsProtocol(WireProtocol):
             )
         return check_signal_name(instance, "instance")
 
-    def attachers_per_rank(self, splitwise_role: str, num_cpu_blocks: int) -> int:
-        """One: our attachers are counted by the locks they hold on the manifest, never by configuration."""
-        return 1
-
     def tensor_name(self, instance: str, layout_name: str) -> str:
         return published_tensor_name(instance, layout_name)
 
