@@ -45,10 +45,12 @@ from ..rules.config.limits import MAX_EXPAND_RATIO, MAX_LAYERS, MAX_RANKS, MAX_W
 from ..rules.config.model import ModelConfig, load_model_config
 from ..rules.config.settings import CacheConfig, ParallelConfig
 from ..rules.config.vocabulary import CACHE_DTYPE_WORDS, QUANT_WORDS, cache_settings_from_fastdeploy, fastdeploy_word
-from ..rules.decision import SPLITWISE_ROLES, STORAGE_BACKENDS, check_pin
+from ..rules.decision import SPLITWISE_ROLES, STORAGE_BACKENDS, DecisionInputs, check_pin
 from ..rules.layout import CacheLayout, build_layout
 from ..rules.shapes import engine_shaped, shape_request
+from .platforms import FASTDEPLOY_PLATFORMS
 from .protocol import FASTDEPLOY
+from .releases import line_on
 from .values import device_ids, index, integer, one_of, optional_one_of, port, ports, positive, shape, suffix, text
 
 _ATTENTION_BACKENDS = {"MLA_ATTN": "mla", "DSA_ATTN": "dsa"}
@@ -202,15 +204,27 @@ _SPEC_FLAGS = {
 }
 
 
-def from_fd_config(fd_config: object, *, local_rank: int, rule: str | None = None) -> FastDeploySettings:
+def from_fd_config(
+    fd_config: object,
+    *,
+    local_rank: int,
+    rule: str | None = None,
+    fastdeploy: str | None = None,
+    platform: str | None = None,
+) -> FastDeploySettings:
     """The settings of the runner of ``local_rank`` (FastDeploy's ``local_rank``, as ``gpu_worker.py`` has it: the
     global rank, whose device on its node is ``local_rank % fd_config.max_chips_per_node``), read from the FDConfig
     of FastDeploy's worker process; ``rule`` pins the create-or-attach rule (FastDeploy's
-    release). Every attribute is checked as FastDeploy holds it, and the settings as the engine calls check them:
-    a ConfigError names the attribute (``fd_config.parallel_config.tensor_parallel_size``). The engine process's
-    FDConfig, which lacks what the worker's holds, is refused."""
+    release). Or ``fastdeploy`` names the FastDeploy snapshot beside it (:data:`~.releases.SNAPSHOTS`) and
+    ``platform`` our platform's name (``our_platform_name(current_platform)``): the rule that snapshot's runner
+    follows there is pinned, and a snapshot that would allocate the rank's cache twice, leave it with no creator or
+    free it under an attacher on this config is refused, named (:func:`~.releases.line_on`). Every attribute is checked
+    as FastDeploy holds it, and the settings as the engine calls check them: a ConfigError names the attribute
+    (``fd_config.parallel_config.tensor_parallel_size``). The engine process's FDConfig, which lacks what the worker's
+    holds, is refused."""
     check_int("local_rank", local_rank, 0, INT32_MAX, fix="pass the runner's local_rank")
     check_pin(rule)
+    _check_line(fastdeploy, platform, rule)
     parallel_config = _read(fd_config, "parallel_config")
     block_count_suffix = _engine_pid(parallel_config)
     tp = _checked(integer, parallel_config, _PARALLEL, "tensor_parallel_size", 1, MAX_RANKS)
@@ -239,7 +253,35 @@ def from_fd_config(fd_config: object, *, local_rank: int, rule: str | None = Non
             rule=rule,
         )
         settings.layout()  # the tensor-parallel split, as every engine call's layout has it
+    if fastdeploy is not None:
+        inputs = DecisionInputs(False, cache.num_cpu_blocks, cache.kvcache_storage_backend, role)
+        pinned = line_on(fastdeploy, platform or "", inputs).worker_rule
+        settings = replace(settings, rule=pinned, cache=replace(cache, rule=pinned))
     return settings
+
+
+def _check_line(fastdeploy: object, platform: object, rule: object) -> None:
+    """``fastdeploy`` (a snapshot's name) with ``platform`` (our platform's name) and no ``rule`` beside them; a
+    ConfigError naming the argument otherwise."""
+    if fastdeploy is None:
+        if platform is not None:
+            raise ConfigError(
+                "platform", platform, "None without fastdeploy=", "pass fastdeploy= beside it, or drop it"
+            )
+        return
+    if not isinstance(fastdeploy, str):
+        raise ConfigError("fastdeploy", fastdeploy, "a snapshot's name, e.g. '2.6@8045'", "pass a str")
+    if rule is not None:
+        raise ConfigError(
+            "rule", rule, "None beside fastdeploy=: the snapshot decides the rule", "pass one of rule= or fastdeploy="
+        )
+    if platform not in FASTDEPLOY_PLATFORMS.values():
+        raise ConfigError(
+            "platform",
+            platform,
+            f"our platform's name, one of {', '.join(FASTDEPLOY_PLATFORMS.values())}",
+            "pass our_platform_name(current_platform) (fastdeploy.platforms.current_platform)",
+        )
 
 
 def from_cache_manager_args(
