@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..contract.errors import CacheSharingError, HostAllocError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import DTYPE_BYTES, Detection, DeviceMemory, HostBuffer, SharedTensor
+from .allocator_flags import AllocatorFlag, FlagReading, read_flag
 from .host_memory import PinningUnavailable
 from .host_sharing import tensor_bytes
 from .vendor_device import HANDLE_BYTES, handle_bytes
@@ -63,6 +64,9 @@ class DeviceFacts(ABC):
     #: kind (5 fields, not 7): an export is refused where the build's handle does not cover VMM memory,
     #: an open where this process cannot open the exporter's kind.
     vmm_flag: ClassVar[str | None] = None
+    #: Every allocator flag of Paddle's build that changes what the device's IPC handles cover, oldest first
+    #: (:mod:`.allocator_flags`; CUDA: ``CUDA_ALLOCATOR_FLAGS``); :meth:`memory_ipc` reads them.
+    allocator_flags: ClassVar[tuple[AllocatorFlag, ...]] = ()
     #: The call that returns the allocator's cached memory to the device, dotted under ``paddle``
     #: (``"device.cuda.empty_cache"``); None where there is none to call.
     empty_cache_call: ClassVar[str | None] = None
@@ -101,6 +105,13 @@ class DeviceFacts(ABC):
         Paddle's IPC where :attr:`ipc_methods` names it, with :meth:`on_device` around the export."""
         if self.ipc_methods is None:
             raise self._unshareable(name)
+        in_force = self.memory_ipc()
+        if in_force is not None and not in_force.flag.paddle_ipc_covers:
+            raise CacheSharingError(
+                f"KV cache tensor {name} would live in Paddle's {in_force.flag.generation} allocator: "
+                f"{in_force.said()}. Its memory is shared through {in_force.flag.ipc}, which no protocol of "
+                f"fd-platforms carries (nothing was exported). Fix: {in_force.fix()}"
+            )
         share = self.ipc_methods[0]
         shared = share_ipc_tensor(self.paddle, name, shape, dtype, device, share, on_device=self.on_device(device))
         if self._vmm_on() and len(decode_handle(shared.handle)) != VMM_FIELDS:
@@ -168,8 +179,20 @@ class DeviceFacts(ABC):
         paddle_attribute(self.paddle, self.empty_cache_call)()  # covers every device this process selected
         return f"paddle.{self.empty_cache_call}()"
 
+    def memory_ipc(self) -> FlagReading | None:
+        """Which of :attr:`allocator_flags` (and :attr:`vmm_flag`) is on in this process, read from Paddle before
+        anything is allocated: the first that is, or None where none is (a flag the build lacks counts as off), so
+        the device's memory gets its plain IPC handles."""
+        named = {flag.name for flag in self.allocator_flags}
+        flags = self.allocator_flags
+        if self.vmm_flag is not None and self.vmm_flag not in named:  # a plugin stating the flag's name alone
+            flags += (AllocatorFlag(self.vmm_flag, "VMM", "Paddle's VMM metadata (5 fields)", True, ()),)
+        readings = (read_flag(self.paddle, flag) for flag in flags)
+        return next((reading for reading in readings if reading is not None and reading.on), None)
+
     def _vmm_on(self) -> bool:
-        """Whether this process runs Paddle's VMM allocator (a flag the build lacks counts as off)."""
+        """Whether this process runs Paddle's VMM allocator of :attr:`vmm_flag` (a flag the build lacks counts as
+        off)."""
         if self.vmm_flag is None:
             return False
         try:

@@ -20,6 +20,7 @@ from ..contract.hookspecs import hookimpl
 from ..contract.integers import check_int
 from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheRoleShape, CacheShapeRequest, Detection, DeviceMemory, HostBuffer, SharedTensor
+from .allocator_flags import FlagReading
 from .device_facts import DeviceFacts
 from .host_memory import PinningUnavailable, allocate_host
 from .probes import RuntimeFacts
@@ -37,6 +38,8 @@ class PaddlePlatform(RuntimeFacts):
     device (cache sharing then goes through it);
     ``cache_shapes``: the attention kernels' cache shapes (a function of
     :mod:`fd_platforms.kit.cache_shapes`, or your own; None: the core's);
+    ``paddle_checked``: the Paddle releases the platform is checked against, and why (what a newer or older
+    one changes), as ``fd-platforms check`` shows it; None where the plugin states none;
     ``load_paddle``: how to get the ``paddle`` module (tests pass a fake).
     """
 
@@ -44,6 +47,7 @@ class PaddlePlatform(RuntimeFacts):
     host_runtime: VendorHostRuntime | None = None
     device_runtime: VendorDeviceRuntime | None = None
     cache_shapes: Callable[[CacheShapeRequest], tuple[CacheRoleShape, ...] | None] | None = None
+    paddle_checked: str | None = None
     load_paddle: Callable[[], Any] = field(default=import_paddle, repr=False, compare=False)
 
     def device_facts(self) -> DeviceFacts:
@@ -64,6 +68,13 @@ class PaddlePlatform(RuntimeFacts):
             )
             object.__setattr__(self, "_device_facts", reader)  # a frozen record keeps its reader all the same
         return reader
+
+    def memory_ipc(self) -> FlagReading | None:
+        """The Paddle allocator flag in force in this process where the device's sharing goes through Paddle's IPC
+        (:meth:`DeviceFacts.memory_ipc`), None where none is or the sharing is the vendor runtime's."""
+        if self.device_runtime is not None:
+            return None
+        return self.device_facts().memory_ipc()
 
     @hookimpl
     def confirm_platform(self) -> Detection:

@@ -47,6 +47,7 @@ from .isolation import call_plugin, import_plugin
 from .watchdog import Bound, alloc_bound, detect_bound
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..kit.allocator_flags import FlagReading
     from ..rules.config.settings import CacheConfig
     from ..rules.layout import CacheLayout
 
@@ -260,6 +261,18 @@ class Platform:
     def cache_sharing(self) -> str | None:
         """How a KV cache tensor crosses processes here, or None where it cannot (see the hook spec)."""
         return self._call_text("cache_sharing", "a sentence")
+
+    def memory_ipc(self) -> FlagReading | None:
+        """The Paddle allocator flag in force in this process (:mod:`~fd_platforms.kit.allocator_flags`) where the
+        platform is a :class:`~fd_platforms.kit.paddle_platform.PaddlePlatform` whose sharing goes through Paddle's
+        IPC, read (bounded, as plugin code) before any tensor is exported; None where none is, or the platform is
+        another kind (its export's handle is all a protocol can check)."""
+        from ..kit.paddle_platform import PaddlePlatform  # lazily: selection never reads Paddle's flags
+
+        plugin = self.manager.get_plugin(self.name)
+        if not isinstance(plugin, PaddlePlatform):
+            return None
+        return call_plugin(self.candidate, "reading Paddle's allocator flags", plugin.memory_ipc, detect_bound())
 
     def export_cache_tensor(self, name: str, shape: tuple[int, ...], dtype: str, device: str) -> SharedTensor:
         """A zero-filled cache tensor other processes can open by its handle (see the hook spec)."""

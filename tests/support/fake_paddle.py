@@ -20,6 +20,7 @@ import fd_platforms_metax
 import fd_platforms_npu
 import fd_platforms_xpu
 from fd_platforms.contract.types import DTYPE_BYTES
+from fd_platforms.kit.allocator_flags import VMM_V1
 from fd_platforms.kit.custom_device import CustomDeviceFacts
 from fd_platforms.kit.device_facts import PADDLE_UINT8, DeviceFacts
 from fd_platforms.kit.paddle_platform import PaddlePlatform
@@ -96,11 +97,26 @@ class FakeIpc:
     the legacy 7 — and, as Paddle does, labels it with the *current* device; ``_new_shared_<kind>``
     opens it onto the same allocation, as another process would, recording the current device it
     opened on. ``current`` is the current device, ``switches`` every switch.
+
+    ``flags`` are the build's allocator flags and their values (default: VMM V1's, ``vmm``; a name left out is one
+    the build lacks, which ``get_flags`` refuses as Paddle does), ``defaults`` their compiled defaults (default:
+    off), as Paddle's flag registry (``base.core.globals()``) gives them.
     """
 
-    def __init__(self, kind: str, *, vmm: bool = False, vmm_ipc: bool = True, offset: int = 0) -> None:
+    def __init__(
+        self,
+        kind: str,
+        *,
+        vmm: bool = False,
+        vmm_ipc: bool = True,
+        offset: int = 0,
+        flags: dict[str, bool] | None = None,
+        defaults: dict[str, bool] | None = None,
+    ) -> None:
         self.kind, self.allocations, self.shapes, self.current, self.switches = kind, {}, {}, 0, []
-        self.vmm, self.vmm_ipc, self.opened_on, self.exported_on = vmm, vmm_ipc, [], []
+        self.flags = {VMM_V1.name: vmm} if flags is None else dict(flags)
+        self.defaults = {**dict.fromkeys(self.flags, False), **(defaults or {})}
+        self.vmm, self.vmm_ipc, self.opened_on, self.exported_on = self.flags.get(VMM_V1.name, False), vmm_ipc, [], []
         self.offset, self.opened_with = offset, []
 
     @staticmethod
@@ -148,7 +164,14 @@ class FakeIpc:
         return self.dense(metadata[0])
 
     def get_flags(self, names: list[str]) -> dict[str, Any]:
-        return dict.fromkeys(names, self.vmm)
+        for name in names:
+            if name not in self.flags:
+                raise ValueError(f"Flag {name} cannot get its value through this function.")  # as Paddle's
+        return {name: self.flags[name] for name in names}
+
+    def globals(self) -> SimpleNamespace:
+        """Paddle's flag registry: ``get_default`` is a flag's compiled default (None for a name it lacks)."""
+        return SimpleNamespace(get_default=lambda name: self.defaults.get(name) if name in self.flags else None)
 
     def empty_cache(self) -> None:
         self.emptied = getattr(self, "emptied", 0) + 1
@@ -182,6 +205,7 @@ def cuda_paddle(
         base__core__get_cuda_current_device_id=lambda: ipc.current,
         base__core__set_cuda_current_device_id=ipc.set_current,
         get_flags=ipc.get_flags,
+        base__core__globals=ipc.globals,
         device__cuda__empty_cache=ipc.empty_cache,
     )
 

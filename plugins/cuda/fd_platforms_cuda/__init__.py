@@ -6,6 +6,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from fd_platforms.plugin import (
+    CUDA_ALLOCATOR_FLAGS,
     Detection,
     DeviceFacts,
     DeviceMemory,
@@ -16,6 +17,13 @@ from fd_platforms.plugin import (
 )
 
 INSTALL_HINT = "pip install paddlepaddle-gpu (Paddle's CUDA build) on a machine with an NVIDIA GPU and driver"
+PADDLE_CHECKED = (
+    "Paddle 3.3.x (3.3.1 here): its default allocator is not VMM, so both protocols share plain cudaIpc handles "
+    "(FLAGS_use_virtual_memory_auto_growth=1, VMM V1, is shared by the fd-platforms protocol only). A Paddle whose "
+    "VMM V2 allocator is on by default (develop after Paddle#79605; no release seen) is refused before any export "
+    "by both protocols, naming FLAGS_use_vmm_auto_growth_best_fit_allocator_v2: fd-platforms has not seen what "
+    "its IPC gives, and FastDeploy's cudaIpcMemHandle record cannot hold it (FastDeploy#8108 pins Paddle for it)"
+)
 
 
 class CudaFacts(DeviceFacts):
@@ -32,12 +40,14 @@ class CudaFacts(DeviceFacts):
         "zeros",
         "base.core.eager.Tensor",
         "get_flags",
+        "base.core.globals",
         "device.cuda.empty_cache",
     )
     sharing = "CUDA IPC handles through Paddle's DenseTensor._share_cuda and _new_shared_cuda (cudaIpcGetMemHandle)"
     ipc_methods = ("_share_cuda", "_new_shared_cuda")
     current_device_calls = ("base.core.get_cuda_current_device_id", "base.core.set_cuda_current_device_id")
-    vmm_flag = "FLAGS_use_virtual_memory_auto_growth"
+    vmm_flag = CUDA_ALLOCATOR_FLAGS[0].name  # VMM V1, whose handles this build's open must match
+    allocator_flags = CUDA_ALLOCATOR_FLAGS
     empty_cache_call = "device.cuda.empty_cache"
     device_build_calls = (
         "base.core.DenseTensor._share_cuda",
@@ -96,4 +106,5 @@ PLATFORM = PaddlePlatform(
     api_versions=">=1.0,<2",
     description="NVIDIA CUDA GPUs",
     facts=CudaFacts,
+    paddle_checked=PADDLE_CHECKED,
 )
