@@ -244,10 +244,12 @@ def export_kv_cache(
     and publish the rank's cache (``protocol``'s way); the platform checks each tensor's name and shape.
 
     ``attachers``: how many processes are configured to attach each rank (0: none; a protocol whose let-go
-    is a slot's value waits for it on clear only where one is, and counts them: :mod:`.fastdeploy_marks`). On any
-    failure what was exported is closed again and nothing is published.
+    is a slot's value waits for it on clear only where one is, and counts them: :mod:`.fastdeploy_marks`). The
+    protocol first refuses memory its records cannot carry (:meth:`~.protocols.WireProtocol.check_export`), before
+    any tensor is exported. On any failure what was exported is closed again and nothing is published.
     """
     device = platform.identity.device_string(layout.local_device)
+    protocol.check_export(platform, device)
     shared: list[SharedTensor] = []
     try:
         done = 0

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
-from ..contract.errors import ConfigError
+from ..contract.errors import CacheSharingError, ConfigError
 from ..engine.protocols import WireProtocol
 from ..engine.publication import PublishedTensor
 from ..ipc import shm
@@ -106,6 +106,20 @@ class FastDeployProtocol(WireProtocol):
         for name in names:
             with FastDeploySignal.attach(name, instance) as signal:
                 signal.get(rank)
+
+    def check_export(self, platform: Platform, device: str) -> None:
+        """FastDeploy's record holds a raw 64-byte ``cudaIpcMemHandle`` (its ``set_data_ipc`` calls
+        ``cudaIpcGetMemHandle``), which covers no memory of Paddle's VMM allocators, of either generation: refused
+        where one is on in this process, naming the flag and whether it is the build's default."""
+        in_force = platform.memory_ipc()
+        if in_force is None:
+            return
+        raise CacheSharingError(
+            f"platform {platform.name}'s KV cache on {device} would live in Paddle's {in_force.flag.generation} "
+            f"allocator: {in_force.said()}. FastDeploy's record holds a raw cudaIpcMemHandle, which covers no VMM "
+            f"memory, so nothing was exported. Fix: {in_force.fix()}; or use FastDeploy's pinned Paddle (its #8108), "
+            "whose default allocator is not VMM"
+        )
 
     @staticmethod
     def _write(name: str, instance: str, rank: int, value: int) -> None:

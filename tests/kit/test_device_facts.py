@@ -46,6 +46,7 @@ from fd_platforms.fastdeploy.handles import encode_handle as encode_record
 from fd_platforms.fastdeploy.protocol import FASTDEPLOY
 from fd_platforms.fastdeploy.records import record_layout
 from fd_platforms.fastdeploy.signals import CACHE_READY, FastDeploySignal
+from fd_platforms.kit.allocator_flags import VMM_V1, VMM_V2, read_flag
 from fd_platforms.kit.custom_device import CustomDeviceFacts
 from fd_platforms.kit.device_facts import PADDLE_UINT8, DeviceFacts, paddle_attribute
 from fd_platforms.kit.host_memory import PinningUnavailable, allocate_host
@@ -676,3 +677,130 @@ def test_a_driven_update_beside_fastdeploys_xpu_managers_is_refused_at_once() ->
     suffix = f"t{secrets.token_hex(4)}"
     with pytest.raises(CacheSignalError, match="kv_cache_status"):  # past the refusal: no such signal here
         drive_kv_cache_update(suffix, platform=platform, managers="fd-platforms", timeout=1)
+
+
+# -- Paddle's allocator flags, every generation ----------------------------------------------------
+
+V1, V2 = VMM_V1.name, VMM_V2.name
+#: Paddle builds of each generation: their allocator flags, compiled defaults and the environment's FLAGS_*.
+BUILDS = {
+    "neither flag": ({}, {}, {}),
+    "V1 on": ({V1: True}, {}, {V1: "1"}),
+    "V2 on by default": ({V1: False, V2: True}, {V2: True}, {}),
+    "V2 set by the environment": ({V1: False, V2: True}, {}, {V2: "1"}),
+    "V2 off": ({V1: False, V2: False}, {V2: True}, {V2: "0"}),
+}
+
+
+def build(monkeypatch: pytest.MonkeyPatch, name: str) -> FakeIpc:
+    """The fake IPC of one of :data:`BUILDS`, with its environment set (as Paddle read it at import)."""
+    flags, defaults, environ = BUILDS[name]
+    for flag in (V1, V2):
+        monkeypatch.delenv(flag, raising=False)
+    for flag, value in environ.items():
+        monkeypatch.setenv(flag, value)
+    return FakeIpc("cuda", flags=flags, defaults=defaults)
+
+
+@pytest.mark.parametrize(
+    ("name", "v1", "v2", "in_force"),
+    [
+        ("neither flag", None, None, None),
+        ("V1 on", (True, "environment"), None, VMM_V1),
+        ("V2 on by default", (False, "default"), (True, "default"), VMM_V2),
+        ("V2 set by the environment", (False, "default"), (True, "environment"), VMM_V2),
+        ("V2 off", (False, "default"), (False, "environment"), None),
+    ],
+)
+def test_each_allocator_flag_is_read_from_paddle_with_whether_it_is_the_builds_default(
+    monkeypatch: pytest.MonkeyPatch, name: str, v1: Any, v2: Any, in_force: Any
+) -> None:
+    paddle = cuda_paddle(ipc=build(monkeypatch, name))
+    readings = [read_flag(paddle, flag) for flag in (VMM_V1, VMM_V2)]
+    assert [None if got is None else (got.on, got.origin) for got in readings] == [v1, v2], "absent: the build lacks it"
+    reading = facts_of("cuda", paddle).memory_ipc()
+    assert (None if reading is None else reading.flag) is in_force
+
+
+def test_a_flag_set_in_process_or_on_a_build_without_defaults_says_so() -> None:
+    ipc = FakeIpc("cuda", flags={V1: False, V2: True}, defaults={V2: False})
+    paddle = cuda_paddle(ipc=ipc)
+    said = read_flag(paddle, VMM_V2, environ={})
+    assert said is not None and said.origin == "in_process" and "paddle.set_flags" in said.said()
+    paddle.base.core.globals = SimpleNamespace  # a registry without get_default
+    said = read_flag(paddle, VMM_V2, environ={})
+    assert said is not None and said.origin == "unknown" and "cannot say" in said.said()
+
+
+def fastdeploy_export(platform: Any, layout: Any) -> Any:
+    suffix = f"t{secrets.token_hex(4)}"
+    with FastDeploySignal.create(CACHE_READY, suffix, layout.rank + 1):
+        created = export_kv_cache(platform, layout, 2, suffix, FASTDEPLOY, 0)
+        created.clear(5)
+    return created
+
+
+def small_layout() -> Any:
+    return dataclasses.replace(qwen_layout(), rank=secrets.randbelow(900) + 100, num_layers=1)  # names of its own
+
+
+@pytest.mark.parametrize(
+    ("name", "flag", "origin"),
+    [
+        ("V1 on", V1, f"set by the environment variable {V1}"),
+        ("V2 on by default", V2, "this Paddle build's default"),
+        ("V2 set by the environment", V2, f"set by the environment variable {V2}"),
+    ],
+)
+def test_a_fastdeploy_share_is_refused_before_any_export_where_a_vmm_allocator_is_on(
+    monkeypatch: pytest.MonkeyPatch, name: str, flag: str, origin: str
+) -> None:
+    """FastDeploy's record holds a raw cudaIpcMemHandle, which covers no VMM memory of either generation."""
+    ipc = build(monkeypatch, name)
+    layout = small_layout()
+    with pytest.raises(CacheSharingError) as caught:
+        fastdeploy_export(registered("cuda", cuda_paddle(ipc=ipc)), layout)
+    message = str(caught.value)
+    assert f"{flag} is on ({origin})" in message and "raw cudaIpcMemHandle" in message
+    assert f"Fix: set {flag}=0 in every process of the engine, before paddle is imported" in message
+    assert "FastDeploy's pinned Paddle" in message and "nothing was exported" in message
+    assert ipc.allocations == {} and ipc.exported_on == [], "no tensor allocated, none exported"
+    assert not any(os.path.exists(f"/dev/shm/{tensor}") for tensor in layout.names())
+
+
+@pytest.mark.parametrize("name", ["neither flag", "V2 off"])
+def test_a_fastdeploy_share_proceeds_where_no_vmm_allocator_is_on(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    ipc = build(monkeypatch, name)
+    platform = registered("cuda", cuda_paddle(ipc=ipc))
+    assert platform.memory_ipc() is None
+    created = fastdeploy_export(platform, small_layout())
+    assert created.cleared and len(ipc.exported_on) == len(ipc.allocations) == 2, "both tensors exported"
+
+
+@pytest.mark.parametrize(
+    ("name", "fields"), [("neither flag", 7), ("V1 on", 5), ("V2 off", 7)], ids=["neither", "V1", "V2 off"]
+)
+def test_our_protocol_shares_what_the_builds_ipc_covers(
+    monkeypatch: pytest.MonkeyPatch, name: str, fields: int
+) -> None:
+    """Our manifest carries Paddle's metadata as the export gives it: VMM V1's 5 fields, or the plain 7."""
+    ipc = build(monkeypatch, name)
+    platform = registered("cuda", cuda_paddle(ipc=ipc))
+    assert (platform.memory_ipc() is not None) is (name == "V1 on")
+    shared = platform.export_cache_tensor("fd_kv.x.t", (8,), "uint8", "gpu:0")
+    assert len(json.loads(shared.handle)) == fields
+
+
+@pytest.mark.parametrize("name", ["V2 on by default", "V2 set by the environment"])
+def test_our_protocol_refuses_vmm_v2_before_any_export_naming_the_flag(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """What Paddle's _share_cuda gives for VMM V2 memory was not seen, so no protocol of ours claims to carry it."""
+    ipc = build(monkeypatch, name)
+    with pytest.raises(CacheSharingError) as caught:
+        facts_of("cuda", cuda_paddle(ipc=ipc)).export("fd_kv.x.t", (8,), "uint8", "gpu:0")
+    message = str(caught.value)
+    origin = "this Paddle build's default" if name == "V2 on by default" else f"set by the environment variable {V2}"
+    assert f"Paddle's VMM V2 allocator: {V2} is on ({origin})" in message and "nothing was exported" in message
+    assert f"Fix: set {V2}=0 in every process of the engine, before paddle is imported" in message
+    assert ipc.allocations == {} and ipc.exported_on == []

@@ -84,6 +84,11 @@ class WireProtocol(ABC):
         holds host swap space), so a call that cannot finish fails before it leaves anything behind."""
 
     @abstractmethod
+    def check_export(self, platform: Platform, device: str) -> None:
+        """Before any tensor is exported on ``device``: a CacheSharingError where this protocol's records cannot
+        carry the handles ``platform``'s memory gets in this process (:meth:`Platform.memory_ipc`)."""
+
+    @abstractmethod
     def rule_in_force(self, rule: str | None, inputs: DecisionInputs, field: str = "rule") -> str:
         """The rule version the processes follow on ``inputs``: ``rule`` where pinned, else the default
         where this protocol's peers can be taken to follow it; a ConfigError naming ``field`` otherwise."""

@@ -66,6 +66,11 @@ class FdPlatformsProtocol(WireProtocol):
         with CacheReadySignal.attach(instance) as signal:
             signal.is_set(rank)
 
+    def check_export(self, platform: Platform, device: str) -> None:
+        """Nothing: our manifest carries whatever handle the platform's export gives (Paddle's VMM V1 metadata
+        included), and the export itself refuses memory its IPC cannot share (VMM V2, see
+        :mod:`fd_platforms.kit.allocator_flags`) before anything is allocated."""
+
     def rule_in_force(self, rule: str | None, inputs: DecisionInputs, field: str = "rule") -> str:
         """The pinned version, else the default: every process of ours is given the engine's rule."""
         check_pin(rule, field)
