@@ -45,7 +45,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers; at run time each name
         PlatformLimit,
         SharedTensor,
     )
-    from .kit.allocator_flags import CUDA_ALLOCATOR_FLAGS, AllocatorFlag
     from .kit.cache_shapes import eight_bit_as_int8, tokens_before_heads
     from .kit.custom_device import CustomDeviceFacts
     from .kit.device_facts import DeviceFacts, open_ipc_tensor, pinned_tensor_buffer, share_ipc_tensor
@@ -65,7 +64,6 @@ _SOURCES = {
     ".contract.paddle_import": "import_paddle",
     ".contract.types": "CacheDecision CacheRoleShape CacheShapeRequest Detection DeviceMemory HostBuffer Plan "
     "PlatformIdentity PlatformLimit SharedTensor",
-    ".kit.allocator_flags": "AllocatorFlag CUDA_ALLOCATOR_FLAGS",
     ".kit.cache_shapes": "eight_bit_as_int8 tokens_before_heads",
     ".kit.custom_device": "CustomDeviceFacts",
     ".kit.device_facts": "DeviceFacts open_ipc_tensor pinned_tensor_buffer share_ipc_tensor",
@@ -123,8 +121,6 @@ __all__ = [
     # cache tensors other processes open: Paddle's IPC, or memfds for memory that is the host's
     "share_ipc_tensor",
     "open_ipc_tensor",
-    "AllocatorFlag",
-    "CUDA_ALLOCATOR_FLAGS",
     "export_host_tensor",
     "open_host_tensor",
     # ready answers for kv_cache_shapes

@@ -15,11 +15,13 @@ from typing import Any
 
 from ..conformance import CHECKS, PlatformResult, run_suites
 from ..contract.api_version import API_VERSION
-from ..contract.errors import ConfigError, UnknownPlatformError
+from ..contract.errors import ConfigError, PluginLoadError, UnknownPlatformError
 from ..contract.integers import check_int
 from ..ipc.console import write_line
 from ..ipc.timeouts import check_seconds
+from ..kit.probes import stated_fact
 from ..loading.discovery import Candidate, discover
+from ..loading.isolation import import_plugin
 from ..loading.selection import single_candidate
 from ..rules.decision import DEFAULT_RULE, RULE_VERSIONS
 from .output import emit
@@ -52,11 +54,13 @@ def run(args: argparse.Namespace) -> int:
     finished = None if args.json else _said(len(candidates))
     results = run_suites(candidates, jobs=args.jobs, timeout=timeout, finished=finished, rule=args.rule)
     passed = all(result.passed for result in results)
+    checked = paddle_checked(candidates)
     if args.json:
         payload = {"api_version": API_VERSION, "rule": args.rule, "checks": list(CHECKS), "passed": passed}
-        emit(json.dumps({**payload, "platforms": [result.as_dict() for result in results]}, indent=2))
+        platforms = [{**result.as_dict(), "paddle_checked": checked.get(result.name)} for result in results]
+        emit(json.dumps({**payload, "platforms": platforms}, indent=2))
     else:
-        emit(_matrix(results))
+        emit(_matrix(results, checked))
     return 0 if passed else 1
 
 
@@ -89,6 +93,21 @@ def _candidates(names: list[str], everything: bool) -> list[Candidate]:
     return [single_candidate(found, name) for name in names]
 
 
+def paddle_checked(candidates: list[Candidate]) -> dict[str, str]:
+    """The Paddle releases each platform states it is checked against, with the reason
+    (``PaddlePlatform.paddle_checked``), by name; a platform that states none, or cannot be imported (its
+    suite says why), is left out."""
+    stated: dict[str, str] = {}
+    for candidate in candidates:
+        try:
+            text = stated_fact(import_plugin(candidate), "paddle_checked")
+        except PluginLoadError:
+            continue
+        if text is not None:
+            stated[candidate.name] = text
+    return stated
+
+
 def _cell(result: PlatformResult, check: str) -> str:
     outcome = next(c for c in result.checks if c.check == check)
     if outcome.status == "fail":
@@ -98,9 +117,9 @@ def _cell(result: PlatformResult, check: str) -> str:
     return f"pass {outcome.passed}" + (f" ({outcome.skipped} skip)" if outcome.skipped else "")
 
 
-def _matrix(results: list[PlatformResult]) -> str:
+def _matrix(results: list[PlatformResult], checked: dict[str, str]) -> str:
     rows = []
-    notes = []
+    notes = [f"{name}: checked against {text}" for name, text in checked.items()]
     for result in results:
         if result.error is not None:
             rows.append((result.name, *("-" for _ in CHECKS), "ERROR"))

@@ -56,8 +56,8 @@ VMM_V2 = AllocatorFlag(
     paddle_ipc_covers=False,
     prs=("Paddle#79427", "Paddle#79479", "Paddle#79605", "FastDeploy#8108"),
 )
-#: The flags of Paddle's CUDA build, oldest first.
-CUDA_ALLOCATOR_FLAGS = (VMM_V1, VMM_V2)
+#: Every flag the kit knows, by name: what a facts class's ``allocator_flags`` may name.
+PADDLE_ALLOCATOR_FLAGS = {flag.name: flag for flag in (VMM_V1, VMM_V2)}
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..contract.errors import CacheSharingError, HostAllocError
+from ..contract.errors import CacheSharingError, ConfigError, HostAllocError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import DTYPE_BYTES, Detection, DeviceMemory, HostBuffer, SharedTensor
-from .allocator_flags import AllocatorFlag, FlagReading, read_flag
+from .allocator_flags import PADDLE_ALLOCATOR_FLAGS, AllocatorFlag, FlagReading, read_flag
 from .host_memory import PinningUnavailable
 from .host_sharing import tensor_bytes
 from .vendor_device import HANDLE_BYTES, handle_bytes
@@ -64,9 +64,10 @@ class DeviceFacts(ABC):
     #: kind (5 fields, not 7): an export is refused where the build's handle does not cover VMM memory,
     #: an open where this process cannot open the exporter's kind.
     vmm_flag: ClassVar[str | None] = None
-    #: Every allocator flag of Paddle's build that changes what the device's IPC handles cover, oldest first
-    #: (:mod:`.allocator_flags`; CUDA: ``CUDA_ALLOCATOR_FLAGS``); :meth:`memory_ipc` reads them.
-    allocator_flags: ClassVar[tuple[AllocatorFlag, ...]] = ()
+    #: The names of Paddle's allocator flags that change what the device's IPC handles cover, oldest first, each
+    #: one the kit knows (:data:`~.allocator_flags.PADDLE_ALLOCATOR_FLAGS`: what its memory's IPC is, and whether a
+    #: protocol carries it); :meth:`memory_ipc` reads them, and :attr:`vmm_flag`.
+    allocator_flags: ClassVar[tuple[str, ...]] = ()
     #: The call that returns the allocator's cached memory to the device, dotted under ``paddle``
     #: (``"device.cuda.empty_cache"``); None where there is none to call.
     empty_cache_call: ClassVar[str | None] = None
@@ -183,11 +184,8 @@ class DeviceFacts(ABC):
         """Which of :attr:`allocator_flags` (and :attr:`vmm_flag`) is on in this process, read from Paddle before
         anything is allocated: the first that is, or None where none is (a flag the build lacks counts as off), so
         the device's memory gets its plain IPC handles."""
-        named = {flag.name for flag in self.allocator_flags}
-        flags = self.allocator_flags
-        if self.vmm_flag is not None and self.vmm_flag not in named:  # a plugin stating the flag's name alone
-            flags += (AllocatorFlag(self.vmm_flag, "VMM", "Paddle's VMM metadata (5 fields)", True, ()),)
-        readings = (read_flag(self.paddle, flag) for flag in flags)
+        names = dict.fromkeys((*self.allocator_flags, *((self.vmm_flag,) if self.vmm_flag else ())))
+        readings = (read_flag(self.paddle, known_flag(name)) for name in names)
         return next((reading for reading in readings if reading is not None and reading.on), None)
 
     def _vmm_on(self) -> bool:
@@ -205,6 +203,19 @@ class DeviceFacts(ABC):
             f"{self.device_type} tensors cannot be shared between processes (tensor {name}): {self.no_sharing}. "
             "Fix: let the workers create their own caches"
         )
+
+
+def known_flag(name: str) -> AllocatorFlag:
+    """The kit's record of allocator flag ``name``; a ConfigError naming it where the kit knows no such flag."""
+    flag = PADDLE_ALLOCATOR_FLAGS.get(name)
+    if flag is None:
+        raise ConfigError(
+            "allocator_flags",
+            name,
+            f"one of {', '.join(PADDLE_ALLOCATOR_FLAGS)}",
+            "declare only flags whose IPC the kit knows, or add the flag's record to fd_platforms.kit.allocator_flags",
+        )
+    return flag
 
 
 #: Runs a Paddle call with the tensor's device current (CUDA's IPC export needs it).

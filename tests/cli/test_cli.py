@@ -9,11 +9,15 @@ import json
 import logging
 import os
 import sys
+from typing import Any
 
 import pytest
 from run_helpers import console_script
 from run_helpers import main_in_process as cli
 
+import fd_platforms_cuda
+from fd_platforms.cli import check_command
+from fd_platforms.conformance import CHECKS, CheckResult, PlatformResult
 from fd_platforms.loading.discovery import discover
 from fd_platforms.loading.selection import IN_REPO_PLUGINS as IN_REPO
 
@@ -165,3 +169,29 @@ def test_main_in_process_reports_what_the_console_script_does(args: tuple[str, .
     inside, outside = cli(*args), console_script(*args)
     assert (inside.returncode, inside.stdout, inside.stderr) == (outside.returncode, outside.stdout, outside.stderr)
     assert (os.fstat(1).st_ino, os.fstat(2).st_ino, sys.stdout, sys.stderr, root.handlers, root.level) == before
+
+
+def test_check_shows_the_paddle_releases_a_platform_is_checked_against(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``check cuda`` names the Paddle the plugin states it is checked against and why (its ``paddle_checked``);
+    the suite itself is replaced by a passing result here (tests/conformance runs it)."""
+
+    def passing(candidates: list[Any], **_: Any) -> list[PlatformResult]:
+        checks = tuple(CheckResult(check, passed=1) for check in CHECKS)
+        return [
+            PlatformResult(candidate.name, candidate.distribution, candidate.version, checks)
+            for candidate in candidates
+        ]
+
+    monkeypatch.setattr(check_command, "run_suites", passing)
+    stated = fd_platforms_cuda.PLATFORM.paddle_checked
+    assert (
+        stated is not None and "Paddle 3.3.x" in stated and "FLAGS_use_vmm_auto_growth_best_fit_allocator_v2" in stated
+    )
+    table = cli("check", "cuda", "cpu")
+    assert table.returncode == 0, table.stdout + table.stderr
+    assert f"cuda: checked against {stated}" in table.stdout and "cpu: checked against" not in table.stdout
+    payload = json.loads(cli("check", "cuda", "cpu", "--json").stdout)
+    assert {platform["name"]: platform["paddle_checked"] for platform in payload["platforms"]} == {
+        "cuda": stated,
+        "cpu": None,
+    }

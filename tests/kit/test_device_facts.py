@@ -804,3 +804,11 @@ def test_our_protocol_refuses_vmm_v2_before_any_export_naming_the_flag(
     assert f"Paddle's VMM V2 allocator: {V2} is on ({origin})" in message and "nothing was exported" in message
     assert f"Fix: set {V2}=0 in every process of the engine, before paddle is imported" in message
     assert ipc.allocations == {} and ipc.exported_on == []
+
+
+def test_a_facts_class_naming_a_flag_the_kit_does_not_know_is_refused_naming_it() -> None:
+    class Unknown(fd_platforms_cuda.CudaFacts):
+        allocator_flags = ("FLAGS_use_some_future_allocator",)
+
+    with pytest.raises(ConfigError, match=r"allocator_flags.*FLAGS_use_some_future_allocator.*one of FLAGS_use_virt"):
+        Unknown(cuda_paddle(), "gpu", "CUDA_VISIBLE_DEVICES").memory_ipc()

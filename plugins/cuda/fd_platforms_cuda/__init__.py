@@ -6,7 +6,6 @@ from types import SimpleNamespace
 from typing import Any
 
 from fd_platforms.plugin import (
-    CUDA_ALLOCATOR_FLAGS,
     Detection,
     DeviceFacts,
     DeviceMemory,
@@ -46,8 +45,8 @@ class CudaFacts(DeviceFacts):
     sharing = "CUDA IPC handles through Paddle's DenseTensor._share_cuda and _new_shared_cuda (cudaIpcGetMemHandle)"
     ipc_methods = ("_share_cuda", "_new_shared_cuda")
     current_device_calls = ("base.core.get_cuda_current_device_id", "base.core.set_cuda_current_device_id")
-    vmm_flag = CUDA_ALLOCATOR_FLAGS[0].name  # VMM V1, whose handles this build's open must match
-    allocator_flags = CUDA_ALLOCATOR_FLAGS
+    vmm_flag = "FLAGS_use_virtual_memory_auto_growth"
+    allocator_flags = ("FLAGS_use_virtual_memory_auto_growth", "FLAGS_use_vmm_auto_growth_best_fit_allocator_v2")
     empty_cache_call = "device.cuda.empty_cache"
     device_build_calls = (
         "base.core.DenseTensor._share_cuda",
