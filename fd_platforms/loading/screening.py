@@ -32,7 +32,7 @@ from ..contract.types import Detection
 from ..ipc.process_watch import describe_exit
 from .accelerators import NodeClaim
 from .discovery import Candidate
-from .watchdog import ENV_DETECT_TIMEOUT, EXIT_STATUS
+from .watchdog import ENV_DETECT_TIMEOUT, TIMED_OUT_STATUSES
 
 MARGIN_SECONDS = 10.0
 """What the child gets beyond its plugins' bounds: its own start-up (Python, the core, pluggy)."""
@@ -119,7 +119,7 @@ def _run_child(names: list[str], bound: float) -> ChildRun:
         return ChildRun(reported, None, None, None)
     ended = f"did not finish within {allowed:g} s" if code is None else describe_exit(code)
     in_progress = started if started not in reported else None
-    step = timed_out_step if code == EXIT_STATUS else None
+    step = timed_out_step if code in TIMED_OUT_STATUSES else None  # a watcher's exit, after the named frame
     return ChildRun(reported, in_progress, ended, step)
 
 

@@ -1,46 +1,62 @@
 """The bound on a plugin call: a call that has not returned in time ends the process, loudly.
 
 Plugin calls run in the engine's own thread (:mod:`.isolation`), so nothing can stop one from the
-side: CPython cannot interrupt a thread, and a hook that holds the interpreter lock (a
-catastrophic regex, a C loop) keeps every other Python thread and every Python signal handler from
-running at all. What still runs then is C: the kernel's interval timer (``setitimer``) sends
-SIGALRM at the deadline, and :mod:`faulthandler`, registered for SIGALRM, writes every thread's
-stack from its C signal handler with async-signal-safe writes, then passes the signal to its
-default action, which ends the process (exit status 142 in a shell, -14 to ``subprocess``:
-:data:`EXIT_STATUS`). faulthandler's other watchdog, ``dump_traceback_later``, would do the same
-but starts and joins a C thread at every arming: 25 µs a call on an idle machine and hundreds on
-a busy one, against about 1 µs for two ``setitimer`` calls (``benchmarks/hook_calls.py``).
+side: CPython cannot interrupt a thread. Nothing of ours touches the process's signals either: no
+handler, no interval timer, so an engine's own SIGALRM handler and ``setitimer`` stay its own. Two
+watchers, neither a signal handler, end a call past its bound:
 
-faulthandler's lines are fixed, so the call runs inside a frame whose function name is the line
-that says which call it is: plugin, distribution, step, bound and the variable that sets it. The
-stack shows it under the plugin's own frames::
+- **Our thread.** One daemon thread (``fd-platforms watchdog``, started at the first bounded call)
+  sleeps until the earliest deadline of the calls running. At a deadline passed it writes one line
+  naming the call and every thread's stack (:func:`faulthandler.dump_traceback`) and ends the
+  process with :data:`EXIT_STATUS` (124). A hook that sleeps, waits or loops in Python code lets it
+  run: a waiting thread gets the interpreter lock within the switch interval (5 ms).
+- **faulthandler's C timer.** A hook that holds the interpreter lock in C (a catastrophic regex, a
+  native call that never releases it) keeps every Python thread from running, ours included.
+  ``faulthandler.dump_traceback_later(exit=True)`` runs a C thread that needs no lock: it is kept set
+  :data:`BACKSTOP_SECONDS` past the latest deadline of the calls running, writes ``Timeout (...)!``
+  and every thread's stack and ends the process with :data:`BACKSTOP_EXIT_STATUS` (1, faulthandler's
+  choice). Setting it starts and joins a C thread (25 µs on an idle machine, hundreds on a busy one),
+  so it is not set per call: a call sets it only where it would fire before the call's deadline or
+  more than :data:`BACKSTOP_SECONDS` after the latest one (back-to-back calls: once every 2.5 s),
+  and our thread cancels it when no call runs. It stays set a moment after the last call ends,
+  until our thread next runs: an engine thread that held the interpreter lock in C without pause
+  for 2.5 s right then would be ended by it (its stacks would show no plugin frame).
 
-    Current thread 0x00007f3a2b1c4740 (most recent call first):
+Both watchers write the same stacks, in which the call runs inside a frame whose function name is
+the line that says which call it is: plugin, distribution, step, bound and the variable that sets
+it. The stack shows it under the plugin's own frames::
+
+    Thread 0x00007f3a2b1c4740 (most recent call first):
       File "/site-packages/fd_platforms_hangs/__init__.py", line 9 in device_memory
       ...
-      File ".../watchdog.py", line 150 in fd-platforms: plugin 'hangs' ... bound 2 s (FD_PLATFORM_DETECT_TIMEOUT)
+      File ".../watchdog.py", line 240 in fd-platforms: plugin 'hangs' ... bound 2 s (FD_PLATFORM_DETECT_TIMEOUT)
 
-The process has one real-time interval timer and one SIGALRM handler: a process that handles
-SIGALRM itself is refused when the watchdog is first armed, and an engine with a watchdog of its
-own (``signal.alarm``, ``setitimer``) sets both bounds to 0, which arms nothing. Several engine
-threads calling plugins at once share the timer; it is set for the earliest deadline. A call made
-from inside another (the hooks a plugin's loading runs) counts against the outer call's bound.
+faulthandler has one ``dump_traceback_later`` per process: setting ours cancels an engine's own,
+and nothing says whether one is set. An engine that uses it sets both bounds to 0, which starts and
+sets nothing. Several engine threads calling plugins at once share our thread and the C timer; each
+call has its own deadline. A call made from inside another (the hooks a plugin's loading runs)
+counts against the outer call's bound. What stays in the process: the thread, the C timer between
+calls as above, and fork handlers (:func:`os.register_at_fork`): a forked child whose parent had the
+C timer set could never set it again (faulthandler waits for the parent's C thread), so it is
+cancelled across the fork and set again on both sides where a call still runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import functools
-import signal
+import math
+import os
+import queue
 import sys
 import threading
 import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
-from ..contract.errors import ConfigError
 from ..ipc.timeouts import env_bound
 
 T = TypeVar("T")
@@ -53,7 +69,6 @@ ENV_ALLOC_TIMEOUT = "FD_PLATFORM_ALLOC_TIMEOUT"
 DEFAULT_ALLOC_TIMEOUT = 600.0
 """Seconds for each hook that allocates, maps or frees cache memory (host_alloc, a cache tensor's
 export, open and close, release_device_memory): a large cache takes long to allocate and zero."""
-EXIT_STATUS = -signal.SIGALRM  # the process ends by SIGALRM's default action (a shell reports 142)
 
 
 @dataclass(frozen=True)
@@ -83,19 +98,39 @@ def alloc_bound() -> Bound:
     return read_bound(ENV_ALLOC_TIMEOUT, DEFAULT_ALLOC_TIMEOUT)
 
 
-_output_fd = 2  # where faulthandler writes: the process's stderr
-_registered = False  # faulthandler's SIGALRM handler is installed
-_deadlines: dict[int, float] = {}  # thread id -> monotonic deadline of its outermost bounded call
-_lock = threading.Lock()
+BACKSTOP_SECONDS = 5.0
+"""How long past the latest deadline faulthandler's C timer waits for our thread; re-set where it is
+less than half of this or more than this past the latest deadline."""
+EXIT_STATUS = 124  # our thread ended the process: a call past its bound
+BACKSTOP_EXIT_STATUS = 1  # faulthandler's C timer ended it (its exit=True calls _exit(1))
+TIMED_OUT_STATUSES = frozenset({EXIT_STATUS, BACKSTOP_EXIT_STATUS})
+
+
+@dataclass(frozen=True)
+class _Call:
+    deadline: float  # monotonic
+    label: str  # the outermost call's frame name
+
+
+_output_fd = 2  # where the stacks go: the process's stderr
+_lock = threading.Lock()  # guards the state below and faulthandler's timer
+_calls: dict[int, _Call] = {}  # thread id -> its outermost bounded call
+_backstop: float | None = None  # when faulthandler's C timer fires (monotonic), None when not set
+_wake_at = math.inf  # when our thread next looks, unless woken
+_woken = False  # a wake is queued and not yet seen
+_wakes: queue.SimpleQueue[None] = queue.SimpleQueue()
+_watcher: threading.Thread | None = None
+_fork_handlers = False
 _inside = threading.local()  # .bound: the Bound of this thread's outermost plugin call, while one runs
 
 
 def write_to(fd: int) -> None:
     """Send the stacks of a call past its bound to ``fd`` (the screening child's report pipe)."""
     global _output_fd
-    _output_fd = fd
-    if _registered:
-        faulthandler.register(signal.SIGALRM, file=fd, all_threads=True, chain=True)
+    with _lock:
+        _output_fd = fd
+        if _backstop is not None:
+            _set_backstop(_backstop, time.monotonic())
 
 
 def run_bounded(label: str, bound: Bound, fn: Callable[[], T]) -> T:
@@ -103,50 +138,129 @@ def run_bounded(label: str, bound: Bound, fn: Callable[[], T]) -> T:
     outer: Bound | None = getattr(_inside, "bound", None)
     if outer is not None or bound.seconds is None:
         return _frame(f"{label}, {(outer or bound).describe()}")(fn)
-    _arm(bound, bound.seconds)
+    named = f"{label}, {bound.describe()}"
+    _begin(named, bound.seconds)
     _inside.bound = bound
     try:
-        return _frame(f"{label}, {bound.describe()}")(fn)
+        return _frame(named)(fn)
     finally:
         _inside.bound = None
-        _disarm()
+        _end()
 
 
-def _arm(bound: Bound, seconds: float) -> None:
+def _begin(label: str, seconds: float) -> None:
+    global _wake_at
+    ident = threading.get_ident()
     with _lock:
-        _register(bound)
         now = time.monotonic()
-        _deadlines[threading.get_ident()] = now + seconds
-        _set_timer(now)
+        deadline = now + seconds
+        _calls[ident] = _Call(deadline, label)
+        latest = deadline if len(_calls) == 1 else max(call.deadline for call in _calls.values())
+        if _backstop is None or not latest + BACKSTOP_SECONDS / 2 <= _backstop <= latest + BACKSTOP_SECONDS:
+            _set_backstop(latest + BACKSTOP_SECONDS, now)
+        if deadline < _wake_at:
+            _wake_at = deadline
+            _wake()
 
 
-def _disarm() -> None:
+def _end() -> None:
     with _lock:
-        _deadlines.pop(threading.get_ident(), None)
-        _set_timer(time.monotonic())
+        del _calls[threading.get_ident()]
 
 
-def _set_timer(now: float) -> None:
-    """The process's real-time interval timer, set for the earliest deadline of any thread (off when none)."""
-    left = min(_deadlines.values()) - now if _deadlines else 0.0
-    signal.setitimer(signal.ITIMER_REAL, max(left, 1e-6) if _deadlines else 0.0)
+def _set_backstop(at: float, now: float) -> None:
+    global _backstop
+    faulthandler.dump_traceback_later(at - now, exit=True, file=_output_fd)
+    _backstop = at
 
 
-def _register(bound: Bound) -> None:
-    """faulthandler's handler for SIGALRM, installed once; refused where the process handles SIGALRM itself."""
-    global _registered
-    if signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL:
-        raise ConfigError(
-            bound.variable,
-            f"{bound.seconds:g}",
-            "0 in a process that handles SIGALRM itself",
-            "the watchdog of plugin calls ends a call past its bound by SIGALRM, which this process handles "
-            "(signal.signal): set FD_PLATFORM_DETECT_TIMEOUT=0 and FD_PLATFORM_ALLOC_TIMEOUT=0 to leave "
-            "bounding plugin calls to the engine's own watchdog",
-        )
-    if not _registered:
-        faulthandler.register(signal.SIGALRM, file=_output_fd, all_threads=True, chain=True)
-        _registered = True
+def _cancel_backstop() -> None:
+    global _backstop
+    faulthandler.cancel_dump_traceback_later()
+    _backstop = None
+
+
+def _wake() -> None:
+    """Have our thread look now (started here the first time)."""
+    global _woken, _watcher
+    if _watcher is None:
+        _register_fork_handlers()
+        _watcher = threading.Thread(target=_watch, name="fd-platforms watchdog", daemon=True)
+        _watcher.start()
+    if not _woken:
+        _woken = True
+        _wakes.put(None)
+
+
+def _watch() -> None:
+    """Our thread: end the process at a deadline passed; cancel the C timer once no call needs it.
+
+    Every call's deadline is at least ``BACKSTOP_SECONDS / 2`` before the C timer (:func:`_begin`), so by
+    then a call still running is past its deadline."""
+    global _wake_at, _woken
+    while True:
+        with _lock:
+            _woken = False
+            now = time.monotonic()
+            late = next((call for call in _calls.values() if call.deadline <= now), None)
+            if late is not None:
+                _end_process(late)
+            if _backstop is not None and now >= _backstop - BACKSTOP_SECONDS / 2:
+                _cancel_backstop()  # no call runs: one running now would be late
+            _wake_at = min(
+                min((call.deadline for call in _calls.values()), default=math.inf),
+                math.inf if _backstop is None else _backstop - BACKSTOP_SECONDS / 2,
+            )
+            wait = None if math.isinf(_wake_at) else min(max(_wake_at - now, 0.0), threading.TIMEOUT_MAX)
+        with contextlib.suppress(queue.Empty):
+            _wakes.get(timeout=wait)
+
+
+def _end_process(call: _Call) -> NoReturn:
+    os.write(
+        _output_fd,
+        f"fd-platforms: a plugin call did not return within its bound, so it ends the process "
+        f"(exit status {EXIT_STATUS}); every thread's stack follows, the call's frame named: {call.label}\n".encode(
+            errors="backslashreplace"
+        ),
+    )
+    faulthandler.dump_traceback(file=_output_fd, all_threads=True)
+    os._exit(EXIT_STATUS)
+
+
+def _register_fork_handlers() -> None:
+    global _fork_handlers
+    if not _fork_handlers:
+        os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork_in_child)
+        _fork_handlers = True
+
+
+def _before_fork() -> None:
+    """Hold the state still and cancel the C timer, which a child could never cancel or set again."""
+    _lock.acquire()
+    if _backstop is not None:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def _after_fork() -> None:
+    if _backstop is not None:
+        faulthandler.dump_traceback_later(max(_backstop - time.monotonic(), 1e-3), exit=True, file=_output_fd)
+    _lock.release()
+
+
+def _after_fork_in_child() -> None:
+    """The child has only the thread that forked: its call (if any) is the one left, on a new watcher."""
+    global _backstop, _wake_at, _woken, _watcher, _wakes
+    mine = _calls.get(threading.get_ident())
+    _calls.clear()
+    _backstop, _wake_at, _woken, _watcher, _wakes = None, math.inf, False, None, queue.SimpleQueue()
+    _lock.release()
+    if mine is not None:
+        with _lock:
+            _calls[threading.get_ident()] = mine
+            _set_backstop(mine.deadline + BACKSTOP_SECONDS, time.monotonic())
+            _wake_at = mine.deadline
+            _wake()
 
 
 def _enter(fn: Callable[[], T]) -> T:
