@@ -1,7 +1,7 @@
 """What a call into the selected platform costs, against the plain pluggy call of the same hook.
 
 A platform's hook call (``Platform.device_memory``) checks the caller's argument, runs the plugin's
-hook as plugin code in the caller's thread (its bound armed on faulthandler's watchdog, the
+hook as plugin code in the caller's thread (its deadline handed to the watchdog thread, the
 standard descriptors compared, every exception isolated) and checks the answer's record type. The
 anchor is the same hook of the same plugin called through a bare pluggy manager in the same run:
 the built-in cpu platform's ``device_memory`` (it reads the host's memory facts, as a device

@@ -3,8 +3,9 @@ conformance.
 
 Exit codes: 0 success, 2 usage or configuration error (one message on stderr, no traceback),
 1 any other failure (an unexpected one is one ``internal error`` line; ``-v`` adds the traceback),
-130 Ctrl-C, 143 SIGTERM during ``run``, 141 the reader of stdout went away, 142 (SIGALRM) a call
-into the selected plugin past its bound, after every thread's stack (:mod:`fd_platforms.loading.watchdog`).
+130 Ctrl-C, 143 SIGTERM during ``run``, 141 the reader of stdout went away, 124 a call into the
+selected plugin past its bound, after a line naming it and every thread's stack (1, after faulthandler's
+``Timeout`` line, where the hook held the interpreter lock: :mod:`fd_platforms.loading.watchdog`).
 """
 
 from __future__ import annotations

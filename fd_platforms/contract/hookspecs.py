@@ -36,9 +36,10 @@ Rules for every hook:
 - Module-level code and ``detect_platform`` must stay cheap: no ``import paddle``, no device
   runtime start-up. Import paddle inside the hooks that need tensors or live device facts.
 - Plugins are untrusted code (:mod:`fd_platforms.loading.isolation`): the import, the registration and
-  every hook a plugin implements run in a thread of their own, bounded by
-  ``FD_PLATFORM_DETECT_TIMEOUT`` (default 10 s; ``host_alloc`` by ``FD_CACHE_READY_TIMEOUT``);
-  past it the platform is broken (:class:`~fd_platforms.contract.errors.PluginTimeoutError`). Anything a
+  every hook a plugin implements run in the caller's thread, bounded by ``FD_PLATFORM_DETECT_TIMEOUT``
+  (default 10 s; the allocation hooks by ``FD_PLATFORM_ALLOC_TIMEOUT``, default 600 s); past it the
+  process ends, naming the call (:mod:`fd_platforms.loading.watchdog`), and a platform screened in a
+  child process is broken (:class:`~fd_platforms.contract.errors.PluginTimeoutError`). Anything a
   hook raises, ``SystemExit`` and ``KeyboardInterrupt`` included, becomes a
   :class:`~fd_platforms.contract.errors.PluginError` naming the plugin and the hook.
 - The core validates the caller's arguments before a hook runs, and checks every answer on every

@@ -83,8 +83,14 @@ class Bound:
 
 
 def read_bound(variable: str, default: float) -> Bound:
-    """The bound set by environment ``variable`` (unset: ``default``; ``0``: off); a ConfigError naming it."""
-    seconds = env_bound(variable, default)
+    """The bound set by environment ``variable`` (unset: ``default``; ``0``: off); a ConfigError naming it.
+    Read at every call (an engine may change it), parsed once per value."""
+    return _parsed_bound(variable, os.environ.get(variable), default)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_bound(variable: str, raw: str | None, default: float) -> Bound:
+    seconds = env_bound(variable, default, {} if raw is None else {variable: raw})
     return Bound(seconds, variable if seconds is not None else f"{variable}=0")
 
 

@@ -26,10 +26,13 @@ from fd_platforms.ipc.waiting import PROGRESS_SECONDS
 from fd_platforms.lifecycle.engine import HOST_ROOM_SHARE
 from fd_platforms.loading.selection import select_platform
 from fd_platforms.loading.watchdog import (
+    BACKSTOP_EXIT_STATUS,
+    BACKSTOP_SECONDS,
     DEFAULT_ALLOC_TIMEOUT,
     DEFAULT_DETECT_TIMEOUT,
     ENV_ALLOC_TIMEOUT,
     ENV_DETECT_TIMEOUT,
+    EXIT_STATUS,
 )
 from fd_platforms.rules.config import (
     CacheConfig,
@@ -89,6 +92,19 @@ def test_the_guides_drift_sample_is_the_real_first_line(old_xpu_drift: PlatformD
     sample = GUIDE_TEXT[GUIDE_TEXT.index("## The drift guard") :]
     assert f"fd-platforms: error: {first}" in sample and second in sample
     assert f"{len(TRUTH_TABLE)}-case truth table" in " ".join(sample.split())
+
+
+def test_the_watchdogs_exit_statuses_and_backstop_quoted_are_the_codes() -> None:
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"130 Ctrl-C, {EXIT_STATUS} a plugin call past its bound ({BACKSTOP_EXIT_STATUS} where the hook" in readme
+    assert f"130 on Ctrl-C and {EXIT_STATUS} when a call into the selected plugin runs past its bound" in LIFECYCLE
+    assert f"({BACKSTOP_EXIT_STATUS}, after faulthandler's `Timeout` line, where the hook held" in LIFECYCLE
+    assert f"ends the process with exit status {EXIT_STATUS}." in PLATFORMS
+    backstop = (
+        f"kept {BACKSTOP_SECONDS:g} s past the latest deadline of the calls running (at least {BACKSTOP_SECONDS / 2:g}"
+    )
+    assert backstop in PLATFORMS
+    assert f"the process with exit status {BACKSTOP_EXIT_STATUS}." in PLATFORMS
 
 
 def test_the_bounds_quoted_are_the_codes() -> None:

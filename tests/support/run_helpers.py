@@ -59,7 +59,7 @@ def main_in_process(*argv: str, cwd: Path | str = ROOT, **env: str) -> subproces
     ``take_stdout`` kept are as they were, so calls do not see each other's.
 
     Only for commands that start no process of their own beyond the screening child and end normally:
-    a plugin call past its bound ends the process by SIGALRM (:mod:`fd_platforms.loading.watchdog`),
+    a plugin call past its bound ends the process (:mod:`fd_platforms.loading.watchdog`),
     a plugin may ``os._exit`` or close a descriptor; a test of those, of signals, of start-up imports,
     or of a ``run`` that starts its workers runs :func:`console_script`."""
     from fd_platforms.cli import main, output
