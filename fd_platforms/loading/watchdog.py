@@ -223,15 +223,18 @@ def _watch() -> None:
 
 
 def _end_process(call: _Call) -> NoReturn:
-    os.write(
-        _output_fd,
-        f"fd-platforms: a plugin call did not return within its bound, so it ends the process "
-        f"(exit status {EXIT_STATUS}); every thread's stack follows, the call's frame named: {call.label}\n".encode(
-            errors="backslashreplace"
-        ),
-    )
-    faulthandler.dump_traceback(file=_output_fd, all_threads=True)
-    os._exit(EXIT_STATUS)
+    """The line naming ``call``, every thread's stack, then the exit, even where the stacks cannot be written."""
+    try:
+        os.write(
+            _output_fd,
+            f"fd-platforms: a plugin call did not return within its bound, so it ends the process (exit status "
+            f"{EXIT_STATUS}); every thread's stack follows, the call's frame named: {call.label}\n".encode(
+                errors="backslashreplace"
+            ),
+        )
+        faulthandler.dump_traceback(file=_output_fd, all_threads=True)
+    finally:
+        os._exit(EXIT_STATUS)
 
 
 def _register_fork_handlers() -> None:

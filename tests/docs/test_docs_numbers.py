@@ -105,6 +105,8 @@ def test_the_watchdogs_exit_statuses_and_backstop_quoted_are_the_codes() -> None
     )
     assert backstop in PLATFORMS
     assert f"the process with exit status {BACKSTOP_EXIT_STATUS}." in PLATFORMS
+    quoted = f"set again at most once every {BACKSTOP_SECONDS / 2:g} s of back-to-back calls"
+    assert quoted in prose("docs/performance.md")
 
 
 def test_the_bounds_quoted_are_the_codes() -> None:
