@@ -294,8 +294,11 @@ def from_cache_manager_args(
     Its ``--device_id`` is the physical id and it sees every device, so the tensors live on that device too.
     Its ``--cache_dtype`` says ``uint8`` for every 4- and 8-bit cache (FastDeploy's ``CacheConfig``), hiding which
     one: the quantization is read where FastDeploy reads it, the model's ``config.json`` ``quantization_config``
-    (``kv_cache_quant_type``), and a ``uint8`` cache whose config.json states none is refused, never guessed (the
-    transfer manager gets no ``--quantization``). A flag only the transfer manager has
+    (``kv_cache_quant_type``). An engine quantized through its ``--quantization`` states none there (the transfer
+    manager gets no such flag), and then the command line's own ``--key_cache_shape`` says what the tensors hold: a
+    key as wide as a ``uint8`` cache's is one byte a value (every 8-bit quantization alike: the cache is
+    FastDeploy's ``uint8`` tensors of those shapes), one half as wide is ``int4_zp``'s two values a byte
+    (:func:`_width_quant`); FastDeploy passes nothing more. A flag only the transfer manager has
     (``--num_cpu_blocks``, ``--kvcache_storage_backend``) is off for the messager. Every flag is checked as
     FastDeploy's ``parse_args`` gives it, and the settings (the stated shapes too) as the engine calls check them:
     a ConfigError names the flag."""
@@ -315,6 +318,8 @@ def from_cache_manager_args(
     key_shape = shape("--key_cache_shape", _flag(args, "key_cache_shape"), CLI_FIX)
     cache_dtype = one_of("--cache_dtype", _flag(args, "cache_dtype"), CACHE_DTYPE_FLAG, CLI_FIX)
     quant, config_json = _model_quant_type(path, cache_dtype)
+    if quant is None and cache_dtype == "uint8":
+        quant = _width_quant(model, key_shape)
     tp = integer("--mp_num", _flag(args, "mp_num"), 1, MAX_RANKS, CLI_FIX)
     with _named({**_CLI_NAMES, "kv_cache_quant_type": _QUANT_KEY}, source=config_json):
         cache = CacheConfig(
@@ -354,25 +359,13 @@ def _model_quant_type(path: str, cache_dtype: str) -> tuple[object, str]:
     (``quantization_config.kv_cache_quant_type``, which FastDeploy's ``CacheConfig.__init__`` and
     ``parse_quant_config`` read before its engine's ``--quantization``), checked against ``--cache_dtype``, which
     FastDeploy's ``CacheConfig`` made of it (``uint8`` for a 4- or 8-bit word, else the word). Where config.json
-    states none, ``--cache_dtype`` ``bfloat16`` or ``block_wise_fp8`` speaks for itself, and ``uint8`` is refused:
-    it hides which quantization decides the tensors."""
+    states none, ``--cache_dtype`` speaks for itself (``uint8``: the stated key width decides, :func:`_width_quant`)."""
     folder = Path(path)
     file = folder / "config.json" if folder.is_dir() else folder
     raw = json.loads(read_config_file(file, "model_path", "a readable config.json"))  # load_model_config read it
     stated = raw.get("quantization_config") if isinstance(raw, dict) else None
     quant = stated.get("kv_cache_quant_type") if isinstance(stated, Mapping) else None
     if quant is None:
-        if cache_dtype == "uint8":
-            raise ConfigError(
-                _QUANT_KEY,
-                None,
-                "the cache's quantization (int8, float8_e4m3fn, float8_e4m3, int4_zp, ...): --cache_dtype uint8 says "
-                "it is 4- or 8-bit, which decides its tensors, and FastDeploy's cache transfer manager and messager "
-                "get no --quantization",
-                "state the quantization FastDeploy serves with (its --quantization JSON, kv_cache_quant_type in it) "
-                "as the model's config.json quantization_config, which FastDeploy reads first (parse_quant_config)",
-                source=str(file),
-            )
         return None, str(file)
     with _named({_QUANT_KEY: _QUANT_KEY}, source=str(file)):
         fastdeploy_word(_QUANT_KEY, quant, QUANT_WORDS)
@@ -386,6 +379,15 @@ def _model_quant_type(path: str, cache_dtype: str) -> tuple[object, str]:
             f"pass the model_path of the model the engine serves; {CLI_FIX}",
         )
     return quant, str(file)
+
+
+def _width_quant(model: ModelConfig, key_shape: tuple[int, ...]) -> str | None:
+    """The quantization a ``uint8`` cache's stated key width says, where the model's config.json states none: None
+    (a byte a value, as every 8-bit quantization stores it) where the key is as wide as a ``uint8`` layout's, else
+    ``int4_zp`` where it is half as wide (two values a byte); None otherwise, for the stated shapes' own check to
+    refuse naming ``--key_cache_shape``."""
+    width = build_layout(model, CacheConfig(cache_dtype="uint8"), ParallelConfig()).roles[0].block_shape[-1]
+    return "int4_zp" if width != key_shape[-1] and width == 2 * key_shape[-1] else None
 
 
 def _command_line_specs(args: object, key_shape: tuple[int, ...], cache_dtype: str) -> tuple[CacheRoleShape, ...]:

@@ -238,19 +238,38 @@ def test_the_managers_command_line_shapes_are_the_runners_layout(
     assert dataclasses.replace(manager, rule="2026-01").cache_request().tensor_specs == manager.tensor_specs
 
 
-def test_a_uint8_cache_whose_model_states_no_quantization_is_refused_naming_what_is_missing() -> None:
-    """``--cache_dtype uint8`` is every 4- and 8-bit cache (FastDeploy's ``CacheConfig.__init__``): which one decides
-    the tensors (int4_zp's are half as wide), and the transfer manager has no ``--quantization`` to say it."""
+@pytest.mark.parametrize(
+    ("quantization", "width"), [("int8", 128), ("float8_e4m3", 128), ("int4_zp", 64)], ids=["int8", "fp8", "int4_zp"]
+)
+def test_a_cache_process_of_an_engine_quantized_by_its_flag_starts_with_fastdeploys_block_bytes(
+    cpu: Platform, monkeypatch: pytest.MonkeyPatch, quantization: str, width: int
+) -> None:
+    """B3: an engine run with ``--quantization`` (its FDConfig's quant_config; the model's config.json states none)
+    gives its transfer manager ``--cache_dtype uint8`` and the shapes its attention backend states, never the
+    quantization (``cache_transfer_manager.py`` ``parse_args`` has no such flag). The stated key width says what the
+    tensors hold, so the manager allocates FastDeploy's block bytes; before, it was refused."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    runner = from_fd_config(fd_config(QWEN, tp=2, kv_cache_quant_type=quantization), local_rank=1)
+    shape = f"900,2,64,{width}"
+    manager = from_cache_manager_args(
+        manager_args(cache_dtype="uint8", key_cache_shape=shape, value_cache_shape=shape, num_cpu_blocks=0)
+    )
+    assert manager.layout().bytes_per_block == runner.layout().bytes_per_block  # FastDeploy's block bytes
+    assert manager.layout().names() == runner.layout().names()
+    shaped = cpu.cache_layout(manager.layout(), 900, manager.tensor_specs)
+    assert [(spec.shape(900), spec.dtype) for spec in shaped.tensors[:2]] == [((900, 2, 64, width), "uint8")] * 2
+
+
+def test_a_uint8_key_of_neither_width_is_refused_naming_the_flag() -> None:
+    shape = "900,2,64,96"
     with pytest.raises(ConfigError) as caught:
-        from_cache_manager_args(manager_args(cache_dtype="uint8"))
-    assert caught.value.field == "quantization_config.kv_cache_quant_type" and caught.value.value is None
-    assert caught.value.source == f"{QWEN}/config.json"
-    assert "int4_zp" in caught.value.allowed and "quantization_config" in caught.value.fix
+        from_cache_manager_args(manager_args(cache_dtype="uint8", key_cache_shape=shape, value_cache_shape=shape))
+    assert caught.value.field == "--key_cache_shape"
 
 
 @pytest.mark.parametrize(
     ("quant", "flag"),
-    [("int8", "bfloat16"), ("int4_zp", "block_wise_fp8"), ("block_wise_fp8", "uint8"), (None, "uint8")],
+    [("int8", "bfloat16"), ("int4_zp", "block_wise_fp8"), ("block_wise_fp8", "uint8")],
 )
 def test_a_cache_dtype_flag_the_models_quantization_does_not_make_is_refused(
     tmp_path: Path, quant: str | None, flag: str
@@ -539,9 +558,13 @@ ROLES, BACKENDS, METHODS = (
     ("naive", "mtp", "ngram", "suffix"),
 )
 SIXTEEN_BIT = ("bfloat16", "float16", "float32")
-CACHE_DTYPE_FLAG = {"bfloat16": ("bfloat16", "none"), "block_wise_fp8": ("float8_e4m3fn", "block_wise_fp8")}
+CACHE_DTYPE_FLAG = {
+    "bfloat16": ("bfloat16", "none"),
+    "block_wise_fp8": ("float8_e4m3fn", "block_wise_fp8"),
+    "uint8": ("uint8", "none"),
+}
 """What --cache_dtype means: (cache dtype, quantization) for a 128-wide key, as the runner's layout has them, with a
-model whose config.json states no quantization (``uint8`` hides which one: refused)."""
+model whose config.json states no quantization (``uint8``: a byte a value, as every 8-bit quantization stores it)."""
 
 
 def whole(value: Any, low: int, high: int) -> bool:
