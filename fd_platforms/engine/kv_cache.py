@@ -24,7 +24,6 @@ from typing import Any
 from ..contract.errors import CacheSharingError, ConfigError, DeviceAllocError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import DTYPE_BYTES, CacheDecision, CacheRoleShape, SharedTensor
-from ..ipc.cache_signal import resolve_timeout
 from ..kit.device_facts import data_address
 from ..kit.host_sharing import handle_pid
 from ..kit.placement import check_placeable
@@ -113,7 +112,7 @@ class KVCache:
         """
         if self.cleared:
             return
-        limit = resolve_timeout(timeout)
+        limit = self._protocol.wait_limit(timeout)
         creator = self._publication is not None and self._publication.creator
         if creator and self._publication is not None:
             self._publication.retract(limit)

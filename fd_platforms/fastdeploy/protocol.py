@@ -24,6 +24,7 @@ sets the two manager words, which its engine waits for before it starts its cach
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import secrets
@@ -130,6 +131,13 @@ class FastDeployProtocol(WireProtocol):
     def rule_in_force(self, rule: str | None, inputs: DecisionInputs, field: str = "rule") -> str:
         return rule_in_force(rule, inputs, field)
 
+    def wait_limit(self, timeout: float | None) -> float:
+        """As FastDeploy's processes wait (``gpu_model_runner.py`` ``initialize_kv_cache`` polls
+        ``cache_ready_signal`` and ``clear_cache`` its let-go with no limit): for ever, unless ``timeout`` or
+        ``FD_CACHE_READY_TIMEOUT`` says otherwise. Where the process waited for is known (``creator_pid``, an attacher's
+        mark), its death still ends the wait at once."""
+        return resolve_timeout(timeout, default=math.inf)
+
     def rule_mismatch(self, rule: str, inputs: DecisionInputs) -> str:
         return mismatch_hint(rule, inputs)
 
@@ -141,7 +149,7 @@ class FastDeployProtocol(WireProtocol):
             return signal.wait_for(
                 rank,
                 1,
-                resolve_timeout(timeout),
+                self.wait_limit(timeout),
                 watch_pid=creator_pid,
                 what=f"rank {rank} waiting for its KV cache",
                 writer="the process creating it (FastDeploy's cache transfer manager or runner)",

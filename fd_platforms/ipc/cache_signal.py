@@ -94,14 +94,17 @@ def check_signal_name(name: object, field: str = "signal_name") -> str:
     return name
 
 
-def resolve_timeout(timeout: float | None, environ: Mapping[str, str] | None = None) -> float:
-    """The wait limit in seconds: ``timeout``, else ``FD_CACHE_READY_TIMEOUT``, else 600; ``math.inf``
-    (``FD_CACHE_READY_TIMEOUT=inf``) for none, as FastDeploy's own waits have none."""
+def resolve_timeout(
+    timeout: float | None, environ: Mapping[str, str] | None = None, *, default: float = DEFAULT_TIMEOUT
+) -> float:
+    """The wait limit in seconds: ``timeout``, else ``FD_CACHE_READY_TIMEOUT``, else ``default`` (600; a protocol
+    whose peers wait for ever passes ``math.inf``); ``math.inf`` (``FD_CACHE_READY_TIMEOUT=inf``) for none, as
+    FastDeploy's own waits have none."""
     if timeout is not None:
         return check_seconds(
             "timeout", timeout, "pass a finite number of seconds > 0, or math.inf for no limit", unbounded=True
         )
-    return env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT, environ, unbounded=True)
+    return env_seconds(ENV_TIMEOUT, default, environ, unbounded=True)
 
 
 class CacheReadySignal(SharedWords):

@@ -8,6 +8,7 @@ they imported nothing of ours and that nothing is left in ``/dev/shm``.
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import os
 import re
@@ -826,3 +827,16 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in ("Z", "X")
+
+
+def test_waits_beside_fastdeploy_have_no_limit_unless_the_engine_sets_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FastDeploy's runner polls cache_ready_signal and its clear_cache the let-go with no limit; under its protocol
+    our waits do the same, while the request's timeout or FD_CACHE_READY_TIMEOUT still bounds them."""
+    from fd_platforms.engine.protocols import OURS
+    from fd_platforms.fastdeploy import FASTDEPLOY
+
+    monkeypatch.delenv("FD_CACHE_READY_TIMEOUT", raising=False)
+    assert (FASTDEPLOY.wait_limit(None), OURS.wait_limit(None)) == (math.inf, 600.0)
+    assert FASTDEPLOY.wait_limit(0.5) == 0.5
+    monkeypatch.setenv("FD_CACHE_READY_TIMEOUT", "2")
+    assert (FASTDEPLOY.wait_limit(None), OURS.wait_limit(None)) == (2.0, 2.0)

@@ -66,6 +66,12 @@ class WireProtocol(ABC):
         engine's local ranks."""
 
     @abstractmethod
+    def wait_limit(self, timeout: float | None) -> float:
+        """The bound of a wait of ours under this protocol (for the rank's cache, for its attachers' let-go):
+        ``timeout``, else ``FD_CACHE_READY_TIMEOUT``, else the protocol's default (a protocol whose peers wait for
+        ever has none)."""
+
+    @abstractmethod
     def tensor_name(self, instance: str, layout_name: str) -> str:
         """The name the layout's tensor ``layout_name`` is exported and opened under."""
 

@@ -21,7 +21,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from ...contract.errors import ConfigError
-from ...ipc.cache_signal import CacheReadySignal, check_signal_name
+from ...ipc.cache_signal import CacheReadySignal, check_signal_name, resolve_timeout
 from ...rules.decision import DEFAULT_RULE, DecisionInputs, check_pin
 from ..publication import Publication, PublishedTensor, publication_name, published_tensor_name, reclaim_instance
 from .interface import WireProtocol
@@ -78,6 +78,10 @@ class FdPlatformsProtocol(WireProtocol):
 
     def rule_mismatch(self, rule: str, inputs: DecisionInputs) -> str:
         return ""
+
+    def wait_limit(self, timeout: float | None) -> float:
+        """``timeout``, else ``FD_CACHE_READY_TIMEOUT``, else 600 s."""
+        return resolve_timeout(timeout)
 
     def wait_ready(
         self, platform: Platform, instance: str, rank: int, timeout: float | None, creator_pid: int | None
