@@ -45,12 +45,21 @@ from ..rules.config.limits import MAX_EXPAND_RATIO, MAX_LAYERS, MAX_RANKS, MAX_W
 from ..rules.config.model import ModelConfig, load_model_config
 from ..rules.config.settings import CacheConfig, ParallelConfig
 from ..rules.config.vocabulary import CACHE_DTYPE_WORDS, QUANT_WORDS, cache_settings_from_fastdeploy, fastdeploy_word
-from ..rules.decision import SPLITWISE_ROLES, STORAGE_BACKENDS, DecisionInputs, check_pin
+from ..rules.decision import (
+    DEFAULT_RULE,
+    SPLITWISE_ROLES,
+    STORAGE_BACKENDS,
+    DecisionInputs,
+    check_pin,
+    decisions_by_version,
+)
 from ..rules.layout import CacheLayout, build_layout
+from ..rules.roles import TRANSFER_MANAGER, cache_roles
 from ..rules.shapes import engine_shaped, shape_request
 from .platforms import FASTDEPLOY_PLATFORMS
 from .protocol import FASTDEPLOY
 from .releases import line_on
+from .rule import FASTDEPLOYS
 from .values import device_ids, index, integer, one_of, optional_one_of, port, ports, positive, shape, suffix, text
 
 _ATTENTION_BACKENDS = {"MLA_ATTN": "mla", "DSA_ATTN": "dsa"}
@@ -351,7 +360,30 @@ def from_cache_manager_args(
             tensor_specs=_command_line_specs(args, key_shape, cache_dtype),
         )
         _check_stated_shapes(args, settings)
+    _check_create_flag(args, settings)
     return settings
+
+
+def _check_create_flag(args: object, settings: FastDeploySettings) -> None:
+    """``--create_cache_tensor`` (FastDeploy's launch says its transfer manager creates: a storage backend in a mixed
+    instance before PR #8046) beside a rule under which the worker creates there (``2026-06``): the rank's cache would
+    be allocated twice, a ConfigError naming the flag. Without the flag nothing is said (FastDeploy's launches before
+    PR #7471 had none), and a rule nobody pinned where FastDeploy's versions disagree is refused by the request."""
+    if not _flag(args, "create_cache_tensor", optional=True) or settings.splitwise_role != "mixed":
+        return
+    cache = settings.cache
+    inputs = DecisionInputs(False, cache.num_cpu_blocks, cache.kvcache_storage_backend, "mixed")
+    if settings.rule is None and decisions_by_version(inputs, *FASTDEPLOYS) is not None:
+        return
+    pinned = replace(inputs, rule=settings.rule or DEFAULT_RULE)
+    if cache_roles(pinned).creator != TRANSFER_MANAGER:
+        raise ConfigError(
+            "--create_cache_tensor",
+            True,
+            f"absent under rule {pinned.rule}, where {cache_roles(pinned)} (the cache would be allocated twice)",
+            "pin the rule of the FastDeploy that launched this process: 2026-04 for one that passes "
+            "--create_cache_tensor with a storage backend (before PR #8046)",
+        )
 
 
 def _model_quant_type(path: str, cache_dtype: str) -> tuple[object, str]:

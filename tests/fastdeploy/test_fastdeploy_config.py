@@ -1223,3 +1223,17 @@ def test_every_cache_manager_flag_is_read_as_fastdeploy_means_it_or_refused_nami
     args = manager_args(**({"cache_dtype": "block_wise_fp8"} if attribute.name == "--default_dtype" else {}))
     attribute.put(args, value)
     check_read_or_refused(lambda: from_cache_manager_args(args), attribute, value, cpu)
+
+
+def test_a_transfer_manager_launched_to_create_beside_a_rule_whose_worker_creates_is_refused_naming_the_flag() -> None:
+    """A storage backend in a mixed instance: FastDeploy before PR #8046 launches its transfer manager with
+    --create_cache_tensor (prefix_cache_manager.py ~L299-301), since #8046 without; under rule 2026-06 the worker
+    creates, so the flag says the cache would be allocated twice."""
+    launched = manager_args(kvcache_storage_backend="file", num_cpu_blocks=0, create_cache_tensor=True)
+    attaching = manager_args(kvcache_storage_backend="file", num_cpu_blocks=0, create_cache_tensor=False)
+    with pytest.raises(ConfigError) as caught:
+        from_cache_manager_args(launched, rule="2026-06")
+    assert caught.value.field == "--create_cache_tensor" and "allocated twice" in str(caught.value)
+    assert from_cache_manager_args(launched, rule="2026-04").rule == "2026-04"  # its own FastDeploy's rule
+    assert from_cache_manager_args(attaching, rule="2026-06").rule == "2026-06"
+    assert from_cache_manager_args(launched).rule is None  # unpinned: the request refuses it, naming every version
