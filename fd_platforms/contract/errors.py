@@ -320,3 +320,29 @@ class RunError(FdPlatformsError):
 class NodeError(FdPlatformsError):
     """Another node of a multi-node engine failed, vanished, or did not answer in time; the
     message names the node (and rank) and what was being waited for."""
+
+
+class ExtraNotInstalledError(FdPlatformsError, ImportError):
+    """A feature needs a package that an optional extra of fd-platforms installs, and it is not installed."""
+
+    def __init__(self, package: str, extra: str, feature: str) -> None:
+        self.package, self.extra = package, extra
+        super().__init__(f"{feature} needs {package}, which is not installed. Fix: pip install 'fd-platforms[{extra}]'")
+
+
+class ControlWireError(FdPlatformsError):
+    """FastDeploy's control path (its engine cache queue, its FMQ reply queues) could not be spoken: a peer that
+    is gone, an answer that did not come in time, or a message refused."""
+
+
+class PickleRefusedError(ControlWireError):
+    """A pickle from FastDeploy's side names a class outside what its control protocol carries; nothing of it ran.
+    ``module`` and ``name`` are the class it named."""
+
+    def __init__(self, module: str, name: str, where: str) -> None:
+        self.module, self.name = module, name
+        super().__init__(
+            f"{where}: refused to unpickle {module}.{name}: only the classes FastDeploy's control protocol carries "
+            "are unpickled (ControlRequest, CacheStatus, the manager's errors); nothing of it ran. Fix: send only "
+            "ControlRequests over this queue, or check what else is listening at this address"
+        )
