@@ -4,7 +4,9 @@ FastDeploy's signals (:mod:`.signals`, their failure words :mod:`.fault_words`),
 (:mod:`.records`, :mod:`.handles`) and our marks beside them (:mod:`.marks`), its wire protocol (:mod:`.protocol`,
 the rule it follows :mod:`.rule`), its config read into ours (:mod:`.config`, its values checked :mod:`.values`),
 its block-count hand-off (:mod:`.block_handoff`), its RL clear/update (:mod:`.cache_status` drives it,
-:mod:`.cache_server` serves it, :mod:`.weights_status` follows it), and what a port of FastDeploy would otherwise
+:mod:`.cache_server` serves it, :mod:`.weights_status` follows it), its control path's sleep and wakeup
+(:mod:`.control` serves it over :mod:`.control_wire`, reading :mod:`.control_pickles`; :mod:`.runner_sleep` is our
+runner's side), and what a port of FastDeploy would otherwise
 write itself: our platform for its ``current_platform`` (:mod:`.platforms`), its attention backend's shapes as our
 tensor specs (:mod:`.backend_shapes`), its profiled budget as a plan (:mod:`.profile_budget`), the MTP proposer's
 settings from its runner's (:mod:`.proposer`), a managed cache in the views its cache processes keep
@@ -33,11 +35,14 @@ from .cache_status import (
 )
 from .cache_views import messager_cache_kvs, transfer_manager_views
 from .config import FastDeploySettings, from_cache_manager_args, from_fd_config
+from .control import serve_control_requests
+from .control_wire import ControlPlace
 from .platforms import FASTDEPLOY_PLATFORMS, our_platform, our_platform_name
 from .profile_budget import ProfiledBudget, plan_from_profile, profile_cache_bytes
 from .proposer import ProposerSettings, proposer_settings
 from .protocol import FASTDEPLOY
 from .rule import FASTDEPLOY_RULE
+from .runner_sleep import SleepingKVCache
 from .signals import FastDeploySignal, FastDeploySuffix, KVCacheStatus, check_suffix
 from .weights_status import follow_model_weights_status
 
@@ -46,6 +51,7 @@ __all__ = [
     "FASTDEPLOY_PLATFORMS",
     "FASTDEPLOY_RULE",
     "ClearReport",
+    "ControlPlace",
     "FastDeploySettings",
     "FastDeploySignal",
     "FastDeploySuffix",
@@ -53,6 +59,7 @@ __all__ = [
     "ProfiledBudget",
     "ProposerSettings",
     "RestoreReport",
+    "SleepingKVCache",
     "UpdateReport",
     "backend_tensor_specs",
     "cache_settings_from_fastdeploy",
@@ -71,6 +78,7 @@ __all__ = [
     "plan_from_profile",
     "profile_cache_bytes",
     "proposer_settings",
+    "serve_control_requests",
     "serve_kv_cache_status",
     "tensor_specs_from_shapes",
     "transfer_manager_views",

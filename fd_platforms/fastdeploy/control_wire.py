@@ -5,9 +5,10 @@ its FMQ reply queue (written).
   (``fastdeploy/inter_communicator/engine_cache_queue.py``): a stdlib ``multiprocessing.managers`` server the engine
   starts (``common_engine.py`` L500-507, authkey ``b"cache_queue_service"``, one client per tensor-parallel rank), at
   ``/dev/shm/fd_task_queue_{cache_queue_port}.sock`` with ``FD_ENGINE_TASK_QUEUE_WITH_SHM`` (default 1, ``envs.py``
-  L180) else ``(pod_ip, cache_queue_port)`` (``cache_transfer_manager.py`` L211-221). :class:`CacheTaskQueue` is the stdlib's manager client, registered under
-  FastDeploy's names (L194-211), whose connections unpickle through :func:`.control_pickles.restricted_loads`: the
-  stdlib's client for a serializer of ours, registered beside ``pickle`` in the manager module's table of serializers.
+  L180) else ``(pod_ip, cache_queue_port)`` (``cache_transfer_manager.py`` L211-221). :class:`CacheTaskQueue` is
+  the stdlib's manager client, registered under FastDeploy's names (L194-211), whose connections unpickle through
+  :func:`.control_pickles.restricted_loads`: the stdlib's client for a serializer of ours, registered beside
+  ``pickle`` in the manager module's table of serializers.
 - The reply queue is FastDeploy's FMQ ``Queue`` (``fmq.py`` L197-248): a ZeroMQ PUSH socket connected to the
   engine's PULL at ``ipc:///dev/shm/fmq_{name}.ipc`` (``EndpointManager.get_endpoint`` L110-118; ``FMQ_CONFIG_JSON``
   never takes effect at c1b7c083: ``load_config`` L98-108 calls ``vars`` on a dict and logs the error), one pickled

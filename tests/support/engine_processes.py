@@ -443,3 +443,40 @@ def pd_process(role: str, name: str, protocol: str, conn: Connection) -> None:
                 conn.send(("cleared", ""))
         elif kind == "stop":
             return
+
+
+def fastdeploy_control_manager(suffix: str, rank: int, tp: int, num_blocks: int, port: int, conn: Connection) -> None:
+    """Our cache manager for rank ``rank`` in place of FastDeploy's transfer manager: publish, then answer FastDeploy's
+    ControlRequests (serve_control_requests; the host swap space a sleep keeps is reused) until told to stop; then
+    report how many caches it made and clear what it holds."""
+    import fd_platforms
+    from fd_platforms.fastdeploy.control import serve_control_requests
+    from fd_platforms.fastdeploy.control_wire import ControlPlace
+
+    platform = fd_platforms.current_platform()
+    made: list[ManagedCache] = []
+
+    def create(rank: int) -> ManagedCache:
+        kept = made[-1].host_cache if made else None
+        request = kv_request(
+            qwen_layout(rank, tp),
+            num_blocks,
+            num_cpu_blocks=4,
+            instance=suffix,
+            protocol=FASTDEPLOY,
+            rule="2026-01",
+            host_cache=kept,
+        )
+        made.append(manage_kv_cache(platform, request))
+        conn.send(("created", made[-1].host_cache is kept and kept is not None))
+        return made[-1]
+
+    first = create(rank)
+    shm = os.environ.get("FD_ENGINE_TASK_QUEUE_WITH_SHM", "1") == "1"
+    held = serve_control_requests(
+        first, create, ControlPlace(port, tp, rank, shm_socket=shm, pod_ip="127.0.0.1"), until=conn.poll, timeout=25
+    )
+    assert conn.recv() == "stop"
+    if held is not None:
+        held.clear(30, clear_host=True)
+    conn.send(("cleared", len(made), held is not None))
