@@ -6,6 +6,7 @@ process per FastDeploy process and rank; and the allow-list that reads FastDeplo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -20,9 +21,12 @@ from multiprocessing.connection import Listener
 from pathlib import Path
 
 import pytest
-from engine_processes import fastdeploy_control_manager, qwen_layout
+from engine_processes import FASTDEPLOY_ATTACH, fastdeploy_control_manager, qwen_layout
+from kv_requests import kv_request
 
-from fd_platforms.contract.errors import ExtraNotInstalledError, PickleRefusedError
+from fd_platforms.contract.errors import CacheInUseError, ConfigError, ExtraNotInstalledError, PickleRefusedError
+from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
+from fd_platforms.fastdeploy import FASTDEPLOY, SleepingKVCache
 from fd_platforms.fastdeploy.control_pickles import CacheStatus, ControlRequest, restricted_loads
 from fd_platforms.fastdeploy.control_wire import AUTHKEY, CacheTaskQueue, ControlPlace, ReplyQueue
 from fd_platforms.fastdeploy.signals import CACHE_READY, FastDeploySignal
@@ -264,3 +268,43 @@ def test_the_control_path_without_pyzmq_names_the_extra_to_install(monkeypatch: 
 def test_importing_fd_platforms_and_its_fastdeploy_wing_imports_no_zmq() -> None:
     code = "import sys, fd_platforms, fd_platforms.fastdeploy.control; print('zmq' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+# -- our runner's side ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("fastdeploy_record_names")
+def test_our_runners_sleep_lets_go_and_its_wakeup_attaches_to_the_cache_made_again(cpu: Platform) -> None:
+    """SleepingKVCache is FastDeploy's model runner's sleep/wakeup for the kv_cache tag (gpu_model_runner.py
+    L3118-3177): a sleep lets go (our cache manager's clear then frees, which it refuses while the runner holds
+    it), a wakeup attaches to the cache made again; the weight tag alone and a repeated call change nothing."""
+    suffix, made = FASTDEPLOY.create_signals(1, device_type="cpu", block_count_suffix=None)
+    with made:
+        manager_request = kv_request(
+            qwen_layout(0, 1), BLOCKS, num_cpu_blocks=4, instance=suffix, protocol="fastdeploy", rule="2026-01"
+        )
+        managed = manage_kv_cache(cpu, manager_request)
+        request = kv_request(
+            qwen_layout(0, 1), BLOCKS, instance=suffix, protocol=FASTDEPLOY, timeout=5, **FASTDEPLOY_ATTACH
+        )
+        runner = SleepingKVCache(cpu, request, initialize_kv_cache(cpu, request))
+        first = runner.cache
+        runner.sleep("weight")
+        assert runner.cache is first, "the weight tag is the runner's own"
+        with pytest.raises(CacheInUseError):
+            managed.clear(0.3)
+        runner.sleep("weight,kv_cache")
+        runner.sleep("kv_cache")
+        assert runner.sleeping
+        managed.clear(5)
+        again = manage_kv_cache(cpu, dataclasses.replace(manager_request, host_cache=managed.host_cache))
+        runner.wakeup("kv_cache")
+        attached = runner.cache
+        assert attached is not None and not attached.created and attached is not first
+        runner.wakeup("weight,kv_cache")
+        assert runner.cache is attached, "awake: nothing attached twice"
+        with pytest.raises(ConfigError) as caught:
+            runner.sleep("kv_cache,everything")
+        assert caught.value.field == "tags"
+        runner.sleep("kv_cache")
+        again.clear(5, clear_host=True)
