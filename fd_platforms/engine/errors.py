@@ -19,14 +19,17 @@ from ..contract.errors import (
     CacheSignalError,
     CacheUpdateError,
     ConfigError,
+    ControlWireError,
     DeviceAllocError,
     DeviceFactsUnavailableError,
     DevicePlacementError,
     DuplicatePlatformError,
+    ExtraNotInstalledError,
     FdPlatformsError,
     HostAllocError,
     NodeError,
     PaddleUnavailableError,
+    PickleRefusedError,
     PlatformDriftError,
     PlatformUnavailableError,
     PluginContractError,
@@ -83,4 +86,8 @@ __all__ = [
     # several processes and nodes
     "NodeError",
     "RunError",
+    # FastDeploy's control path (fd_platforms.fastdeploy.control) and the extra it needs
+    "ControlWireError",
+    "PickleRefusedError",
+    "ExtraNotInstalledError",
 ]

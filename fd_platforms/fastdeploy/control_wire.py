@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from multiprocessing import connection, managers
+from multiprocessing import AuthenticationError, connection, managers
 from threading import BrokenBarrierError
 from typing import Any
 
@@ -135,6 +135,10 @@ class CacheTaskQueue:
                         "start this cache manager after FastDeploy's engine, with its --cache_queue_port"
                     ) from None
                 time.sleep(CONNECT_INTERVAL)
+            except AuthenticationError as error:
+                raise ControlWireError(
+                    f"{self.where} refused our authkey ({error}): it is not FastDeploy's engine cache queue"
+                ) from None
         index = 0  # the transfer manager reads data-parallel group 0's lists (cache_transfer_manager.py L220)
         self.tasks: Any = manager.get_transfer_task_queue(index)  # type: ignore[attr-defined]
         self.read: Any = manager.get_cache_sync_value(index)  # type: ignore[attr-defined]
