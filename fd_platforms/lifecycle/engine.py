@@ -34,8 +34,9 @@ from ..ipc.cache_signal import reclaim_stale_signals
 from ..kit.host_memory import available_host_bytes, host_bytes_for_swap, resident_bytes
 from ..loading.platform import Platform
 from ..loading.selection import ENV_PLATFORM, Prober, select_platform
-from ..rules.decision import decided_by
+from ..rules.decision import DecisionInputs, decided_by
 from ..rules.planner import check_host_swap, host_swap_blocks, min_across_ranks
+from ..rules.roles import TRANSFER_MANAGER, cache_roles
 from ..rules.sizes import format_size
 from .children import Child, Children
 from .launcher import Launcher
@@ -213,16 +214,18 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
     per_block = spec.layout(0).bytes_per_block
     host_bytes, measured = host_bytes_for_swap(spec.host_memory)
     check_host_swap(spec.deploy.cache, per_block, host_bytes, measured=measured, ranks=spec.ranks)
-    decision = platform.should_create_cache_tensor(
-        profile=spec.profile,
-        num_cpu_blocks=host_swap_blocks(spec.deploy.cache, per_block),
-        storage_backend=spec.deploy.cache.kvcache_storage_backend,
-        splitwise_role=spec.deploy.scheduler.splitwise_role,
-        rule=spec.rule,
+    inputs = DecisionInputs(
+        spec.profile,
+        host_swap_blocks(spec.deploy.cache, per_block),
+        spec.deploy.cache.kvcache_storage_backend,
+        spec.deploy.scheduler.splitwise_role,
+        spec.rule,
     )
+    decision = platform.should_create_cache_tensor(**inputs.kwargs())
     if not decision.create:
         check_can_attach(platform, decision, f"platform {platform.name}")  # before any process starts
-    workers_create = decision.create and not spec.profile and bool(host_swap_blocks(spec.deploy.cache, per_block))
+    # where the workers create, the cache manager runs where the rule has a transfer manager attach beside them
+    workers_create = decision.create and TRANSFER_MANAGER in cache_roles(inputs).attachers
     if workers_create:
         check_can_hold(platform, spec)
     reclaim_stale_signals()  # what engines killed with SIGKILL left behind (each warned about)
@@ -237,7 +240,11 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
             if not decision.create or workers_create:
                 run.attaching, run.workers_create = tuple(range(spec.ranks)), workers_create
                 run.manager = children.start("cache manager", manager_main, spec, run.attaching, signals.name)
-                side = ": it attaches to the workers' caches to hold their host swap space" if workers_create else ""
+                side = (
+                    ": it attaches to the workers' caches, as the transfer manager beside them"
+                    if workers_create
+                    else ""
+                )
                 say(
                     f"starting the cache manager (pid {run.manager.pid}) for rank(s) "
                     f"{', '.join(map(str, run.attaching))}{side}"
@@ -339,16 +346,18 @@ together: the rest is the host's (the engine, its workers, whatever else runs th
 
 
 def check_can_hold(platform: Platform, spec: RunSpec) -> None:
-    """Where the pinned rule lets the workers create while host swap space is on, the cache manager
-    attaches to their caches: refused before any process starts on a platform that cannot share."""
+    """Where the pinned rule lets the workers create and has a transfer manager attach beside them (swap space; under
+    2026-06 a storage backend too), the cache manager attaches to their caches: refused before any process starts on
+    a platform that cannot share."""
     if platform.cache_sharing() is None:
         raise ConfigError(
             "--rule",
             spec.rule,
             f"a rule version under which platform {platform.name}, which cannot share cache tensors, never needs "
-            "a cache manager to attach: with swap space on, rule 2026-04 has the workers create and the manager "
-            "attach to hold the host swap cache",
-            "pin --rule 2026-01 (the default), run without --swap-space, or use a platform that can share",
+            "a cache manager to attach: with swap space on (rule 2026-04), or a storage backend (2026-06), the workers "
+            "create and the manager attaches",
+            "pin --rule 2026-01 (the default), run without --swap-space and --storage-backend, or use a platform that "
+            "can share",
         )
 
 

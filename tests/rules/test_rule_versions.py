@@ -140,6 +140,43 @@ def test_both_directions_run_with_swap_space_verified_both_ways_through_cycles(r
         assert [cycle["verified"] for cycle in report["cycles"]] == [True, True]
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("fastdeploy_record_names")  # FastDeploy's record names are the machine's
+@pytest.mark.parametrize("protocol", ["fd-platforms", "fastdeploy"])
+def test_under_2026_06_a_storage_backend_without_swap_space_has_the_workers_create_and_the_manager_attach(
+    protocol: str,
+) -> None:
+    """PR #8046: the transfer manager FastDeploy starts for a storage backend attaches to the worker's cache, swap
+    space or not; the run starts its cache manager for it, which attaches and holds no host cache (before: no
+    manager started, and under FastDeploy's protocol the workers' clear waited for an attacher that never came)."""
+    done = console_script(
+        "run",
+        "--model",
+        QWEN,
+        "--tp",
+        "2",
+        "--device-memory",
+        "256MiB",
+        "--storage-backend",
+        "file",
+        "--rule",
+        "2026-06",
+        "--protocol",
+        protocol,
+        "--cycles",
+        "1",
+        "--timeout",
+        "60",
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    for rank in report["ranks"]:
+        assert (rank["create"], rank["verified"], rank["attached_by"]) == (True, True, "cache manager")
+        assert rank["num_cpu_blocks"] == 0
+    assert [cycle["verified"] for cycle in report["cycles"]] == [True]
+
+
 def test_a_platform_that_cannot_share_is_refused_the_manager_attaching_before_any_process_starts(make_plugin) -> None:
     make_plugin("loner")  # the template plugin: no cache_sharing
     done = cli(
