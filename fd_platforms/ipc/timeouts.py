@@ -73,7 +73,8 @@ def env_seconds(
     if unbounded and raw.strip() == UNBOUNDED:
         return math.inf
     if fix is None:
-        fix = f"set {variable} to seconds, e.g. {variable}={int(default)}"
+        example = int(default) if math.isfinite(default) else 60  # an unbounded default is no example of seconds
+        fix = f"set {variable} to seconds, e.g. {variable}={example}"
         if unbounded:
             fix += f", or to {UNBOUNDED} for no limit"
     value = _number(raw)  # any other spelling of infinity ("Infinity", "1e999") is refused below

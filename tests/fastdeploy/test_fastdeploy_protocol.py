@@ -840,3 +840,15 @@ def test_waits_beside_fastdeploy_have_no_limit_unless_the_engine_sets_one(monkey
     assert FASTDEPLOY.wait_limit(0.5) == 0.5
     monkeypatch.setenv("FD_CACHE_READY_TIMEOUT", "2")
     assert (FASTDEPLOY.wait_limit(None), OURS.wait_limit(None)) == (2.0, 2.0)
+
+
+def test_a_bad_fd_cache_ready_timeout_beside_fastdeploy_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refusal's example of seconds is one even where the protocol's own default is no limit."""
+    from fd_platforms.fastdeploy import FASTDEPLOY
+
+    monkeypatch.setenv("FD_CACHE_READY_TIMEOUT", "soon")
+    with pytest.raises(ConfigError) as caught:
+        FASTDEPLOY.wait_limit(None)
+    assert caught.value.field == "FD_CACHE_READY_TIMEOUT" and "FD_CACHE_READY_TIMEOUT=60, or to inf" in str(
+        caught.value
+    )
