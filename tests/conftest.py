@@ -256,6 +256,18 @@ def no_shared_memory_left_behind(pytestconfig: pytest.Config) -> Iterator[None]:
 
 
 @pytest.fixture
+def fastdeploy_suffix(fastdeploy_record_names: None) -> Iterator[str]:
+    """FastDeploy's signals for one rank under a suffix of this test's, as its engine creates them (what
+    ``fd-platforms run --protocol fastdeploy`` makes: ``FASTDEPLOY.create_signals``); removed after. Its records are
+    named as FastDeploy's, so the module takes them in turns (``fastdeploy_record_names``)."""
+    from fd_platforms.fastdeploy import FASTDEPLOY
+
+    name, held = FASTDEPLOY.create_signals(1, device_type="cpu", block_count_suffix=None)
+    with held:
+        yield name
+
+
+@pytest.fixture
 def signal_name() -> Iterator[str]:
     """A signal name no other test or engine uses; the test must leave no segment under it."""
     name = f"{TEST_SIGNAL_PREFIX}{uuid.uuid4().hex[:12]}"

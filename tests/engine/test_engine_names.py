@@ -5,7 +5,6 @@ suffix), the creator's pid ``creator_pid``, the manager's one call decides creat
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 from engine_processes import qwen_layout
@@ -13,7 +12,6 @@ from kv_requests import kv_request
 
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.engine import KVCache, ManagedCache, initialize_kv_cache, manage_kv_cache
-from fd_platforms.fastdeploy import FASTDEPLOY
 from fd_platforms.ipc.cache_signal import CacheReadySignal
 from fd_platforms.loading.platform import Platform
 
@@ -22,17 +20,9 @@ BLOCKS = 2
 SWAP = {"profile": False, "num_cpu_blocks": 2, "storage_backend": None, "splitwise_role": "mixed"}
 
 
-@pytest.fixture
-def suffix(fastdeploy_record_names: None) -> Iterator[str]:
-    """FastDeploy's signals for one rank, under a suffix of this test's (its records are named as FastDeploy's)."""
-    name, held = FASTDEPLOY.create_signals(1, device_type="cpu", block_count_suffix=None)
-    with held:
-        yield name
-
-
 @pytest.mark.parametrize("protocol", ["fastdeploy", "fd-platforms"])
 def test_the_engine_instance_is_instance_under_either_protocol(cpu: Platform, protocol: str, request) -> None:
-    name = request.getfixturevalue("suffix" if protocol == "fastdeploy" else "ours")
+    name = request.getfixturevalue("fastdeploy_suffix" if protocol == "fastdeploy" else "ours")
     managed = manage_kv_cache(
         cpu, kv_request(qwen_layout(), BLOCKS, num_cpu_blocks=2, instance=name, protocol=protocol, rule="2026-01")
     )

@@ -11,9 +11,8 @@ both in one loop before or after that one word per rank (``cache_manager/cache_t
 from __future__ import annotations
 
 import multiprocessing
-import os
 from collections.abc import Iterator
-from contextlib import ExitStack, suppress
+from contextlib import suppress
 from dataclasses import replace
 
 import engine_processes
@@ -25,7 +24,6 @@ from kv_requests import kv_request
 from fd_platforms.contract.errors import CacheNotReadyError, ConfigError, SignalWaitError
 from fd_platforms.contract.types import CacheRoleShape, DeviceMemory
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
-from fd_platforms.fastdeploy.signals import FastDeploySignal
 from fd_platforms.ipc.cache_signal import CacheReadySignal
 from fd_platforms.rules.config import CacheConfig
 from fd_platforms.rules.planner import plan_blocks
@@ -170,22 +168,6 @@ def test_a_managers_timeout_says_the_worker_published_its_main_part_but_not_the_
         "creating worker's MTP proposer create the draft layers too (initialize_kv_cache with whole.draft() and the "
         "same num_blocks), or, without MTP, pass the manager no draft="
     ), said
-
-
-@pytest.fixture
-def fastdeploy_suffix(fastdeploy_record_names) -> Iterator[str]:
-    """FastDeploy's signals for one rank under a fresh suffix, as its engine creates them; removed after."""
-    suffix = f"mtp{os.getpid()}"
-    with ExitStack() as stack:
-        for name in (
-            "cache_ready_signal",
-            "swap_space_ready_signal",
-            "cache_transfer_inited_signal",
-            "kv_cache_status",
-            "get_profile_block_num",
-        ):
-            stack.enter_context(FastDeploySignal.create(name, suffix, 1))
-        yield suffix
 
 
 @pytest.mark.slow

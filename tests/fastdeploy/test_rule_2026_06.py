@@ -7,12 +7,9 @@ process of its own, and never frees under it."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import engine_processes
@@ -23,28 +20,11 @@ from kv_requests import kv_request
 
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.engine import KVCache, initialize_kv_cache, manage_kv_cache
-from fd_platforms.fastdeploy.signals import FastDeploySignal
 
 pytest.importorskip("paddle")
 STANDINS = Path(__file__).resolve().parents[1] / "support" / "fastdeploy_standins.py"
 BLOCKS = 4
 STORAGE = {"splitwise_role": "mixed", "storage_backend": "file", "rule": "2026-06", "protocol": "fastdeploy"}
-
-
-@pytest.fixture
-def suffix(fastdeploy_record_names) -> Iterator[str]:
-    """FastDeploy's signals for one rank under a fresh suffix, as its engine creates them; removed after."""
-    made = f"r26{os.getpid()}"
-    with ExitStack() as stack:
-        for name in (
-            "cache_ready_signal",
-            "swap_space_ready_signal",
-            "cache_transfer_inited_signal",
-            "kv_cache_status",
-            "get_profile_block_num",
-        ):
-            stack.enter_context(FastDeploySignal.create(name, made, 1))
-        yield made
 
 
 def worker_creates(cpu, suffix: str, num_cpu_blocks: int) -> KVCache:
@@ -70,10 +50,11 @@ def assert_waits_and_frees_nothing(cache: KVCache, clearing: threading.Thread) -
 @pytest.mark.slow
 @pytest.mark.parametrize("num_cpu_blocks", [0, 2], ids=["no swap", "swap"])
 def test_our_transfer_manager_attaches_to_the_workers_cache_and_the_workers_clear_waits_for_it(
-    cpu, suffix: str, num_cpu_blocks: int
+    cpu, fastdeploy_suffix: str, num_cpu_blocks: int
 ) -> None:
-    cache = worker_creates(cpu, suffix, num_cpu_blocks)
-    with spawned_manager(engine_processes.attach_beside_worker, suffix, BLOCKS, num_cpu_blocks, "file") as (conn, _):
+    cache = worker_creates(cpu, fastdeploy_suffix, num_cpu_blocks)
+    attacher = (engine_processes.attach_beside_worker, fastdeploy_suffix, BLOCKS, num_cpu_blocks, "file")
+    with spawned_manager(*attacher) as (conn, _):
         clearing = clear_in_a_thread(cache)
         assert_waits_and_frees_nothing(cache, clearing)
         conn.send(("clear", 10.0))
@@ -85,8 +66,10 @@ def test_our_transfer_manager_attaches_to_the_workers_cache_and_the_workers_clea
 
 @pytest.mark.slow
 @pytest.mark.parametrize("num_cpu_blocks", [0, 2], ids=["no swap", "swap"])
-def test_fastdeploys_unmarked_transfer_manager_is_waited_for_too(cpu, suffix: str, num_cpu_blocks: int) -> None:
-    cache = worker_creates(cpu, suffix, num_cpu_blocks)
+def test_fastdeploys_unmarked_transfer_manager_is_waited_for_too(
+    cpu, fastdeploy_suffix: str, num_cpu_blocks: int
+) -> None:
+    cache = worker_creates(cpu, fastdeploy_suffix, num_cpu_blocks)
     specs = json.dumps(
         [
             [name, tensor.numel().item() * tensor.element_size()]
@@ -94,7 +77,7 @@ def test_fastdeploys_unmarked_transfer_manager_is_waited_for_too(cpu, suffix: st
         ]
     )
     theirs = subprocess.Popen(
-        [sys.executable, str(STANDINS), "attacher", suffix, "0", "1", specs, "0", "-1"],
+        [sys.executable, str(STANDINS), "attacher", fastdeploy_suffix, "0", "1", specs, "0", "-1"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -44,18 +42,6 @@ def no_hook(cpu, monkeypatch):
     for name in ("cache_layout", "should_create_cache_tensor", "cache_sharing"):
         monkeypatch.setattr(cpu, name, hook_ran)
     return cpu
-
-
-@pytest.fixture
-def fastdeploy_signals(fastdeploy_record_names) -> Iterator[str]:
-    """FastDeploy's signals for one rank under a fresh suffix, as its engine creates them; removed after."""
-    suffix = f"r{os.getpid()}"
-    with ExitStack() as stack:
-        for name in ("cache_ready_signal", "swap_space_ready_signal", "cache_transfer_inited_signal"):
-            stack.enter_context(FastDeploySignal.create(name, suffix, 1))
-        for name in ("kv_cache_status", "get_profile_block_num"):
-            stack.enter_context(FastDeploySignal.create(name, suffix, 1))
-        yield suffix
 
 
 def clear_created(cache, suffix: str) -> None:
@@ -189,15 +175,15 @@ def test_run_beside_fastdeploy_goes_the_way_its_pinned_rule_says(rule: str) -> N
     assert [cycle["verified"] for cycle in report["cycles"]] == [True]
 
 
-def test_a_pinned_runner_beside_fastdeploy_decides_by_its_pin(cpu, fastdeploy_signals) -> None:
+def test_a_pinned_runner_beside_fastdeploy_decides_by_its_pin(cpu, fastdeploy_suffix) -> None:
     cache = initialize_kv_cache(
         cpu,
         kv_request(
-            qwen_layout(), BLOCKS, instance=fastdeploy_signals, protocol="fastdeploy", rule="2026-04", **DISAGREE
+            qwen_layout(), BLOCKS, instance=fastdeploy_suffix, protocol="fastdeploy", rule="2026-04", **DISAGREE
         ),
     )
     assert cache.created and cache.decision.deciding_term == "none"  # FastDeploy from PR #7471 on: the runner creates
-    clear_created(cache, fastdeploy_signals)
+    clear_created(cache, fastdeploy_suffix)
 
 
 @pytest.mark.parametrize(
@@ -205,13 +191,13 @@ def test_a_pinned_runner_beside_fastdeploy_decides_by_its_pin(cpu, fastdeploy_si
     [{"profile": True}, {"num_cpu_blocks": 0}, {"splitwise_role": "decode"}],
     ids=["profile", "no swap space", "decode"],
 )
-def test_where_the_versions_agree_an_unpinned_rule_is_no_question(cpu, fastdeploy_signals, agreeing) -> None:
+def test_where_the_versions_agree_an_unpinned_rule_is_no_question(cpu, fastdeploy_suffix, agreeing) -> None:
     inputs = {**DISAGREE, **agreeing}
     try:
         cache = initialize_kv_cache(
             cpu,
             kv_request(
-                qwen_layout(), BLOCKS, instance=fastdeploy_signals, protocol="fastdeploy", timeout=0.05, **inputs
+                qwen_layout(), BLOCKS, instance=fastdeploy_suffix, protocol="fastdeploy", timeout=0.05, **inputs
             ),
         )
     except SignalWaitError as error:  # sent to attach, as both versions decide; nobody creates here
@@ -219,7 +205,7 @@ def test_where_the_versions_agree_an_unpinned_rule_is_no_question(cpu, fastdeplo
         assert inputs["storage_backend"] or inputs["splitwise_role"] != "mixed"
     else:
         assert cache.created
-        clear_created(cache, fastdeploy_signals)
+        clear_created(cache, fastdeploy_suffix)
 
 
 def test_under_our_protocol_an_unpinned_rule_is_2026_01_as_before(cpu, signal_name) -> None:
@@ -231,14 +217,14 @@ def test_under_our_protocol_an_unpinned_rule_is_2026_01_as_before(cpu, signal_na
 # -- a wait that times out in the disagreeing case names the other version ------------------------
 
 
-def test_a_runner_pinned_to_2026_01_that_times_out_names_the_newer_fastdeploy(cpu, fastdeploy_signals) -> None:
+def test_a_runner_pinned_to_2026_01_that_times_out_names_the_newer_fastdeploy(cpu, fastdeploy_suffix) -> None:
     with pytest.raises(SignalWaitError) as caught:
         initialize_kv_cache(
             cpu,
             kv_request(
                 qwen_layout(),
                 BLOCKS,
-                instance=fastdeploy_signals,
+                instance=fastdeploy_suffix,
                 protocol="fastdeploy",
                 rule="2026-01",
                 timeout=0.05,
@@ -256,7 +242,7 @@ def test_a_runner_pinned_to_2026_01_that_times_out_names_the_newer_fastdeploy(cp
     assert "each side waits for the other" in message and "pin rule 2026-04 or 2026-06" in message
 
 
-def test_a_manager_pinned_to_2026_04_that_times_out_names_the_older_fastdeploy(cpu, fastdeploy_signals) -> None:
+def test_a_manager_pinned_to_2026_04_that_times_out_names_the_older_fastdeploy(cpu, fastdeploy_suffix) -> None:
     with pytest.raises(SignalWaitError) as caught:
         manage_kv_cache(
             cpu,
@@ -264,7 +250,7 @@ def test_a_manager_pinned_to_2026_04_that_times_out_names_the_older_fastdeploy(c
                 qwen_layout(),
                 BLOCKS,
                 num_cpu_blocks=4,
-                instance=fastdeploy_signals,
+                instance=fastdeploy_suffix,
                 protocol="fastdeploy",
                 rule="2026-04",
                 timeout=0.05,

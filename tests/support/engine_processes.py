@@ -223,6 +223,11 @@ def hold_with_draft(suffix: str, num_blocks: int, conn: Connection) -> None:
     assert not managed.created  # the rule in force lets the worker create: the manager attaches
     assert managed.draft is not None and managed.host_cache is not None
     conn.send(("ready", managed.draft.tensors[0][0, 0, 0, 0].item(), managed.host_cache.names))
+    serve_clear(conn, managed)
+
+
+def serve_clear(conn: Connection, managed: ManagedCache) -> None:
+    """Serve ``clear`` (the manager's let-go, with a timeout; answered ``cleared``) until ``stop``."""
     while True:
         kind, payload = conn.recv()
         if kind == "clear":
@@ -254,13 +259,7 @@ def attach_beside_worker(suffix: str, num_blocks: int, num_cpu_blocks: int, back
     )
     assert not managed.created
     conn.send(("ready", managed.host_cache is not None))
-    while True:
-        kind, payload = conn.recv()
-        if kind == "clear":
-            managed.clear(payload)
-            conn.send(("cleared",))
-        elif kind == "stop":
-            return
+    serve_clear(conn, managed)
 
 
 @contextmanager
