@@ -28,7 +28,7 @@ from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision, CacheRoleShape
 from ..loading.platform import Platform
 from ..rules.decision import DecisionInputs, decide_cache_creation
-from ..rules.roles import TRANSFER_MANAGER, WORKER, cache_roles, most_attachers
+from ..rules.roles import TRANSFER_MANAGER, WORKER, CacheRoles, cache_roles, most_attachers
 from . import rank_parts
 from .host_cache import HostCache, allocate_host_cache, check_host_cache, swap_space_clearing
 from .kv_cache import AllocationProgress, KVCache, allocate_shaped, attach_kv_cache, export_kv_cache
@@ -185,21 +185,20 @@ def manage_kv_cache(
     return _manage(platform, request, attach, progress)
 
 
-def manager_creates(platform: Platform, inputs: DecisionInputs) -> bool:
+def manager_creates(platform: Platform, inputs: DecisionInputs, roles: CacheRoles) -> bool:
     """Whether a cache manager creates a rank's device cache on ``inputs`` (a manager never profiles): unless the rule
     lets the workers create and a cache transfer manager runs beside them
     (:func:`~fd_platforms.rules.roles.cache_roles`), where it attaches to theirs, as FastDeploy's transfer manager
     does since PR #7471 (``fastdeploy/cache_manager/cache_transfer_manager.py``, "Waiting for runners ... to create
-    kv cache")."""
+    kv cache"). ``roles``: the rank's, :func:`~fd_platforms.rules.roles.cache_roles` on ``inputs``."""
     creates = platform.should_create_cache_tensor(**inputs.kwargs()).create
-    return not (creates and TRANSFER_MANAGER in cache_roles(inputs).attachers)
+    return not (creates and TRANSFER_MANAGER in roles.attachers)
 
 
-def _check_attach(inputs: DecisionInputs) -> None:
+def _check_attach(inputs: DecisionInputs, roles: CacheRoles) -> None:
     """``attach=True`` only where the rule in force has a cache transfer manager attach to another process's cache
     (the workers' or the cache messager's, :func:`~fd_platforms.rules.roles.cache_roles`): a ConfigError naming the
     input that leaves the rank with no creator, or starts no transfer manager."""
-    roles = cache_roles(inputs)
     if TRANSFER_MANAGER in roles.attachers:
         return
     if roles.creator == TRANSFER_MANAGER:
@@ -256,9 +255,10 @@ def _manage(
     wire, name, inputs, num_blocks = request.wire, request.instance, request.inputs, request.num_blocks
     num_cpu_blocks, host_cache = inputs.num_cpu_blocks, request.host_cache
     layout = platform.cache_layout(request.layout, num_blocks, request.tensor_specs)  # the platform's or the engine's
+    roles = cache_roles(inputs)
     if attach:
-        _check_attach(inputs)
-    creates = not attach and manager_creates(platform, inputs)
+        _check_attach(inputs, roles)
+    creates = not attach and manager_creates(platform, inputs, roles)
     if platform.cache_sharing() is None:
         raise CacheSharingError(
             f"platform {platform.name} cannot share KV cache tensors between processes (it declares no cache_sharing), "
@@ -282,7 +282,6 @@ def _manage(
         check_host_cache(host_cache, host_layout, num_cpu_blocks)
     import_seconds = _import_paddle()
     wire.check_signals(name, layout.rank, manager=not messager, swap=num_cpu_blocks > 0)
-    roles = cache_roles(inputs)
     per_rank = len(roles.attachers)  # an attaching transfer manager is one of them
     # A creating manager other than the messager is the rank's transfer manager: the others attach. The messager sees
     # neither the deployment's swap space nor its storage backend (FastDeploy passes it no such flag): it expects the
