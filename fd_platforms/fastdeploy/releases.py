@@ -14,9 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..contract.errors import ConfigError
-from ..rules.decision import DecisionInputs, decide_cache_creation
-
-Term = str  # a rule term: num_cpu_blocks, storage_backend
+from ..rules.decision import AttachTerm, DecisionInputs, decide_cache_creation
 
 
 @dataclass(frozen=True)
@@ -31,7 +29,7 @@ class RunsOn:
     launch_rule: str
     """The version whose worker-attach decision ``launch_cache_manager`` follows: it passes ``--create_cache_tensor``
     (the transfer manager creates) where that version makes a mixed instance's worker attach."""
-    clear_waits: tuple[Term, ...]
+    clear_waits: tuple[AttachTerm, ...]
     """The terms under which a creating runner's ``clear_cache`` waits for the transfer manager's let-go (none: it
     never waits)."""
     block_cap: int | None
@@ -45,15 +43,14 @@ class RunsOn:
         if inputs.splitwise_role != "mixed" or inputs.profile:
             return ""  # P/D: the messager creates, worker and transfer manager attach, under every line
         worker_creates = decide_cache_creation(**{**inputs.kwargs(), "rule": self.worker_rule}).create
-        started = inputs.num_cpu_blocks > 0 or bool(inputs.storage_backend)
+        started = inputs.holds("num_cpu_blocks", "storage_backend")
         launched = replace(inputs, rule=self.launch_rule)
         transfer_creates = started and not decide_cache_creation(**launched.kwargs()).create
         if worker_creates and transfer_creates:
             return "its runner and its cache transfer manager both create the rank's cache (it is allocated twice)"
         if not worker_creates and not transfer_creates:
             return "nothing creates the rank's cache: its runner waits for a transfer manager that attaches"
-        holds = {"num_cpu_blocks": inputs.num_cpu_blocks > 0, "storage_backend": bool(inputs.storage_backend)}
-        if worker_creates and started and not any(holds[term] for term in self.clear_waits):
+        if worker_creates and started and not inputs.holds(*self.clear_waits):
             return (
                 "its runner's clear_cache frees the cache without waiting for the cache transfer manager that "
                 "attaches to it (sleep and weight updates free memory another process maps)"

@@ -222,6 +222,10 @@ class DecisionInputs:
         """The inputs as the keyword arguments of the rule and of the hook."""
         return asdict(self)
 
+    def holds(self, *terms: AttachTerm) -> bool:
+        """Whether any of the rule's ``terms`` holds on these inputs (:func:`term_holds`)."""
+        return any(term_holds(term, self.num_cpu_blocks, self.storage_backend, self.splitwise_role) for term in terms)
+
     def __str__(self) -> str:
         """The four inputs (reports name the rule version once, above the cases)."""
         return ", ".join(f"{key}={value!r}" for key, value in self.kwargs().items() if key != "rule")
@@ -261,25 +265,16 @@ def decide_cache_creation(
     if profile:
         return CacheDecision(True, "profile", "profiling run: it always creates its own temporary cache")
     reasons = {
-        "num_cpu_blocks": (
-            num_cpu_blocks > 0,
-            f"host swap space is on ({num_cpu_blocks} CPU blocks): the cache-transfer process owns the cache",
-        ),
-        "storage_backend": (
-            bool(storage_backend),
-            f"storage backend {storage_backend!r} is on: the cache-manager process owns the cache",
-        ),
-        "splitwise_role": (
-            splitwise_role != "mixed",
-            f"disaggregated role {splitwise_role!r}: the cache-manager process owns the cache",
-        ),
+        "num_cpu_blocks": f"host swap space is on ({num_cpu_blocks} CPU blocks): the cache-transfer process owns the "
+        "cache",
+        "storage_backend": f"storage backend {storage_backend!r} is on: the cache-manager process owns the cache",
+        "splitwise_role": f"disaggregated role {splitwise_role!r}: the cache-manager process owns the cache",
     }
+    on = [term for term in TERMS if term_holds(term, num_cpu_blocks, storage_backend, splitwise_role)]
     for term in version.attach_terms:
-        holds, reason = reasons[term]
-        if holds:
-            return CacheDecision(False, term, reason)
-    held = {"num_cpu_blocks": num_cpu_blocks > 0, "storage_backend": bool(storage_backend)}
-    unused = [term for term, on in held.items() if on and term not in version.attach_terms]
+        if term in on:
+            return CacheDecision(False, term, reasons[term])
+    unused = [term for term in _UNUSED_TEXT if term in on and term not in version.attach_terms]
     note = (
         f" (rule {version.name}: {' and '.join(_UNUSED_TEXT[term] for term in unused)} "
         f"{'do' if len(unused) > 1 else 'does'} not decide; the cache transfer manager attaches to it)"
@@ -299,6 +294,15 @@ _NONE_TEXT = {
     "splitwise_role": "mixed role",
 }
 _UNUSED_TEXT = {"num_cpu_blocks": "host swap space", "storage_backend": "the storage backend"}
+
+
+def term_holds(term: AttachTerm, num_cpu_blocks: int, storage_backend: str | None, splitwise_role: str) -> bool:
+    """Whether the rule's ``term`` holds: host swap space, a storage backend, or a split (P/D) role."""
+    if term == "num_cpu_blocks":
+        return num_cpu_blocks > 0
+    if term == "storage_backend":
+        return bool(storage_backend)
+    return splitwise_role != "mixed"
 
 
 def decided_by(decision: CacheDecision) -> str:

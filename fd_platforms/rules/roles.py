@@ -45,13 +45,7 @@ def cache_roles(inputs: DecisionInputs) -> CacheRoles:
     is its worker's alone."""
     if inputs.profile:
         return CacheRoles(WORKER, ())
-    version = RULE_VERSIONS[inputs.rule]
-    held = {
-        "num_cpu_blocks": inputs.num_cpu_blocks > 0,
-        "storage_backend": bool(inputs.storage_backend),
-        "splitwise_role": inputs.splitwise_role != "mixed",
-    }
-    transfer = (TRANSFER_MANAGER,) if any(held[term] for term in version.transfer_terms) else ()
+    transfer = (TRANSFER_MANAGER,) if inputs.holds(*RULE_VERSIONS[inputs.rule].transfer_terms) else ()
     if inputs.splitwise_role != "mixed":
         return CacheRoles(MESSAGER, (WORKER, *transfer))
     if decide_cache_creation(**inputs.kwargs()).create:
