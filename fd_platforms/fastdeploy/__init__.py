@@ -38,7 +38,7 @@ from .config import FastDeploySettings, from_cache_manager_args, from_fd_config
 from .control import serve_control_requests
 from .control_wire import ControlPlace
 from .platforms import FASTDEPLOY_PLATFORMS, our_platform, our_platform_name
-from .profile_budget import ProfiledBudget, plan_from_profile, profile_cache_bytes
+from .profile_budget import ProfiledBudget, num_blocks_for, plan_from_profile, profile_cache_bytes
 from .proposer import ProposerSettings, proposer_settings
 from .protocol import FASTDEPLOY
 from .rule import FASTDEPLOY_RULE
@@ -72,6 +72,7 @@ __all__ = [
     "from_fd_config",
     "hand_off_block_count",
     "messager_cache_kvs",
+    "num_blocks_for",
     "our_platform",
     "our_platform_name",
     "physical_device_id",

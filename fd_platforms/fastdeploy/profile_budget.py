@@ -13,10 +13,15 @@ exactly), ``non_cache_bytes`` being ``used + peak_increase - profile_cache_bytes
 add-back is :func:`profile_cache_bytes`, the bytes of the profile cache's blocks in our layout
 (:meth:`~fd_platforms.rules.layout.CacheLayout.device_bytes`: every device tensor, MTP layers and block-wise fp8
 scales included, which FastDeploy's own per-block figure leaves out).
+
+FastDeploy's other workers (XPU, DCU, Iluvatar, MetaX, GCU, HPU) answer ``determine_available_memory`` with a number
+of bytes, which their worker process divides by the worker's ``cal_theortical_kvcache()``; :func:`num_blocks_for`
+is the worker process's one call for both answers.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..contract.errors import ConfigError
@@ -94,4 +99,49 @@ def plan_from_profile(platform: Platform, settings: FastDeploySettings, budget: 
     )
 
 
-__all__ = ["ProfiledBudget", "plan_from_profile", "profile_cache_bytes"]
+def num_blocks_for(worker: object, budget: object) -> int:
+    """The blocks FastDeploy's worker process allocates for what its ``worker`` measured (``budget``, the answer of
+    ``worker.determine_available_memory()``), on every platform it runs: a :class:`ProfiledBudget` (the ported GPU
+    worker) is planned by :func:`plan_from_profile` on the ported runner's ``platform`` and ``kv``; a number of bytes
+    (the XPU, DCU, Iluvatar, MetaX, GCU and HPU workers) is divided by ``worker.cal_theortical_kvcache()``, as
+    ``worker_process.py`` ``initialize_kv_cache`` divides it (a ported runner's answers our layout's bytes).
+    A ConfigError names the measurement, the figure or the runner that cannot give a count of at least one."""
+    if isinstance(budget, ProfiledBudget):
+        runner = getattr(worker, "model_runner", None)
+        platform, settings = getattr(runner, "platform", None), getattr(runner, "kv", None)
+        if not isinstance(platform, Platform) or not isinstance(settings, FastDeploySettings):
+            raise ConfigError(
+                "worker.model_runner",
+                type(runner).__name__,
+                "a ported runner (its platform and kv set in __init__) beside a worker that answers a ProfiledBudget",
+                "port the runner's __init__ as docs/porting-fastdeploy.md shows, or keep the worker's own budget",
+            )
+        return plan_from_profile(platform, settings, budget).num_blocks
+    fix = "raise gpu_memory_utilization, or lower max_num_batched_tokens or the model length"
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget < 0:
+        raise ConfigError(
+            "available_kv_cache_memory",
+            budget,
+            "the bytes determine_available_memory measured: a finite number, at least 0, or a ProfiledBudget",
+            "return the worker's measured budget from determine_available_memory",
+        )
+    per_block = worker.cal_theortical_kvcache()  # type: ignore[attr-defined]
+    if isinstance(per_block, bool) or not isinstance(per_block, int) or per_block <= 0:
+        raise ConfigError(
+            "cal_theortical_kvcache()",
+            per_block,
+            "the bytes of one block on this rank: a positive int",
+            "return the runner's bytes per block (a ported runner: self.kv.layout().bytes_per_block)",
+        )
+    num_blocks = int(budget // per_block)
+    if num_blocks < 1:
+        raise ConfigError(
+            "available_kv_cache_memory",
+            budget,
+            f"at least one block of {per_block} bytes",
+            fix,
+        )
+    return num_blocks
+
+
+__all__ = ["ProfiledBudget", "num_blocks_for", "plan_from_profile", "profile_cache_bytes"]
