@@ -19,6 +19,7 @@ from fd_platforms.fastdeploy import (
     backend_tensor_specs,
     from_fd_config,
     messager_cache_kvs,
+    num_blocks_for,
     our_platform,
     our_platform_name,
     plan_from_profile,
@@ -219,6 +220,54 @@ def test_a_peak_that_missed_the_profile_cache_and_bad_numbers_are_config_errors(
         plan_from_profile(platform, kv, 1 << 30)  # type: ignore[arg-type]
 
 
+class _Worker:
+    """A FastDeploy worker as ``worker_process.py`` holds it: ``model_runner`` and ``cal_theortical_kvcache``."""
+
+    def __init__(self, runner: object, per_block: object) -> None:
+        self.model_runner, self.per_block = runner, per_block
+
+    def cal_theortical_kvcache(self) -> object:
+        return self.per_block
+
+
+class _PortedRunner:
+    def __init__(self) -> None:
+        self.kv, self.platform = settings(), our_platform(fastdeploy.CPUPlatform(), environ={})
+
+
+def test_the_worker_process_plans_a_profiled_budget_and_divides_any_other_workers_bytes() -> None:
+    """``worker_process.py`` ``initialize_kv_cache`` after the port: the ported GPU worker's ProfiledBudget is planned
+    on its runner's platform; the XPU, DCU, Iluvatar, MetaX, GCU and HPU workers' bytes are divided by their
+    ``cal_theortical_kvcache()``, as FastDeploy divides them (``int(available // per_block)``)."""
+    runner = _PortedRunner()
+    budget = ProfiledBudget(8 << 30, 1 << 30, profile_cache_bytes(runner.kv, 100) + (300 << 20), 100)
+    worker = _Worker(runner, runner.kv.layout().bytes_per_block)
+    assert num_blocks_for(worker, budget) == plan_from_profile(runner.platform, runner.kv, budget).num_blocks
+    assert num_blocks_for(_Worker(None, 4096), 10 * 4096 + 4095) == 10  # an unported runner's own figure
+    assert num_blocks_for(_Worker(None, 4096), float(3 * 4096)) == 3  # the XPU worker's float
+
+
+@pytest.mark.parametrize(
+    ("worker", "budget", "field"),
+    [
+        (_Worker(None, 4096), ProfiledBudget(1 << 30, 0, 0, 0), "worker.model_runner"),  # no ported runner
+        (_Worker(None, 4096), "1GB", "available_kv_cache_memory"),
+        (_Worker(None, 4096), float("nan"), "available_kv_cache_memory"),
+        (_Worker(None, 4096), -1, "available_kv_cache_memory"),
+        (_Worker(None, 4096), True, "available_kv_cache_memory"),
+        (_Worker(None, 4096), 4095, "available_kv_cache_memory"),  # under one block: FastDeploy's ValueError
+        (_Worker(None, 0), 1 << 30, "cal_theortical_kvcache()"),
+        (_Worker(None, 1.5), 1 << 30, "cal_theortical_kvcache()"),
+    ],
+)
+def test_a_budget_or_a_block_size_that_gives_no_count_is_a_config_error_naming_it(
+    worker: _Worker, budget: object, field: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        num_blocks_for(worker, budget)
+    assert raised.value.field == field
+
+
 # --- the proposer's settings from the runner's -----------------------------------------------------------------
 
 
@@ -288,3 +337,19 @@ def test_the_workers_ranks_come_from_its_global_local_rank() -> None:
 
 def test_the_rule_pin_is_the_version_fastdeploy_follows_since_pr_7471() -> None:
     assert FASTDEPLOY_RULE in RULE_VERSIONS and "7471" in RULE_VERSIONS[FASTDEPLOY_RULE].fastdeploy
+
+
+def test_on_xpu_the_proposers_draft_part_is_int8_as_its_get_cache_type_answers() -> None:
+    """``mtp.py`` ``_get_cache_type``: an 8-bit draft cache is ``uint8`` on CUDA and ``int8`` on XPU. The ported
+    proposer passes no ``tensor_specs`` on XPU, so the xpu plugin shapes the draft part as it shapes the runner's."""
+    from fd_platforms.loading.discovery import discover
+    from fd_platforms.loading.platform import load_platform
+
+    config = fd_config(QWEN, mtp=True)
+    config.quant_config = type("QuantConfig", (), {"kv_cache_quant_type": "int8"})()
+    draft = proposer_settings(from_fd_config(config, local_rank=0, rule=FASTDEPLOY_RULE), proposer_fd_config(config))
+    whole = draft.runner.layout()
+    assert whole.draft().num_layers == 1
+    shaped = {name: load_platform(discover()[name][0]).cache_layout(whole.draft(), 5) for name in ("xpu", "cuda")}
+    assert {role.dtype for role in shaped["xpu"].allocated_roles} == {"int8"}
+    assert {role.dtype for role in shaped["cuda"].allocated_roles} == {"uint8"}
