@@ -7,6 +7,7 @@ benchmark's own and that the command shown is the benchmark's.
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import shlex
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 import port_lines
+import port_splice
 import pytest
 from drift_plugins import OLD_XPU_RULE, drifting
 from run_helpers import SCRIPT, clean_env, main_in_process, without_sweep
@@ -161,8 +163,32 @@ def test_the_fastdeploy_record_table_is_the_layouts() -> None:
 
 
 def test_the_porting_guides_line_counts_are_the_counted_lines() -> None:
-    """Each part's count in the guide's table is what its blocks add to FastDeploy's files (:mod:`port_lines`)."""
+    """Each part's count in the guide's table is what its blocks add to FastDeploy's files (:mod:`port_lines`), and
+    what FastDeploy's hooks leave is the splice's recorded count (``fastdeploy_port_count.json``, written by
+    ``port_splice.py --json``: on c1b7c083, then with PR #8046 by hand), per part and in all, each at most the 100
+    lines FastDeploy would take; the #8046 table is ``port_splice.PR_8046``."""
     assert port_lines.stated() == port_lines.counts()
+    plain, with_8046 = json.loads((Path(port_lines.__file__).parent / "fastdeploy_port_count.json").read_text())
+    per_part = {
+        part: sum(plain["files"].get(file, 0) for file in files) for part, (files, _) in port_lines.PARTS.items()
+    }
+    assert port_lines.stated(column=1) == per_part
+    assert (
+        set(plain["files"])
+        == set(with_8046["files"])
+        == {file for files, _ in port_lines.PARTS.values() for file in files}
+    )
+    text = port_lines.GUIDE.read_text(encoding="utf-8")
+    assert f"**{sum(port_lines.counts().values())} lines** in the blocks and **{plain['total']} lines** after" in text
+    assert f"The port on that tree adds **{with_8046['total']} lines** after FastDeploy's hooks" in text
+    for record, flag in ((plain, False), (with_8046, True)):
+        assert record["total"] == sum(record["files"].values()) <= 100 and record["with_8046"] is flag
+        assert record["fastdeploy"] == port_lines.FASTDEPLOY["commit"]
+    rows = re.findall(r"^\| `([\w/]+\.py)` \| (\d+) \| (seen|\*\*inferred\*\*) \| (.+) \|$", text, re.M)
+    assert rows == [
+        (hunk.file.removeprefix("fastdeploy/"), str(hunk.count), "seen" if hunk.seen else "**inferred**", hunk.source)
+        for hunk in port_splice.PR_8046
+    ]
 
 
 def test_the_porting_guides_before_table_states_fastdeploys_functions_and_their_lines() -> None:
@@ -178,7 +204,6 @@ def test_the_porting_guides_before_table_states_fastdeploys_functions_and_their_
         ]
         assert found and sum(known[key]["physical"] for key in found) == int(lines), (file, names, lines)
     assert f"**{sum(int(lines) for _, _, lines in rows)} lines** at c1b7c083" in text
-    assert f"**{sum(port_lines.counts().values())} lines** added in FastDeploy's own files" in text
 
 
 def benchmark(name: str) -> ModuleType:

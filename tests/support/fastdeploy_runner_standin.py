@@ -40,25 +40,41 @@ import argparse
 import enum
 import json
 import os
+import struct
 from dataclasses import dataclass
 from typing import Any
 
 from fastdeploy_config_standin import proposer_fd_config
 
 
-class CPUPlatform:
+class _Platform:
+    """``fastdeploy/platforms/base.py`` ``Platform``: ``is_cuda()``, ``is_xpu()``, ... by its ``device_name``."""
+
+    device_name = ""
+
+    def is_cuda(self) -> bool:
+        return self.device_name == "gpu"
+
+    def is_xpu(self) -> bool:
+        return self.device_name == "xpu"
+
+    def is_maca(self) -> bool:
+        return self.device_name == "metax_gpu"
+
+
+class CPUPlatform(_Platform):
     """``fastdeploy/platforms/cpu.py``: the platform FastDeploy selects on Paddle's cpu build."""
 
     device_name = "cpu"
 
 
-class CUDAPlatform:
+class CUDAPlatform(_Platform):
     """``fastdeploy/platforms/cuda.py``."""
 
     device_name = "gpu"
 
 
-class MACAPlatform:
+class MACAPlatform(_Platform):
     """``fastdeploy/platforms/maca.py`` (MetaX)."""
 
     device_name = "metax_gpu"
@@ -154,6 +170,14 @@ class GPUModelRunnerBase:
         self.attn_backends = [attention_backend(fd_config, self.xpu)]
         self.num_gpu_blocks = 0
         self.proposer: Any = None
+        self.cache_kvs_map: dict[str, Any] = {}
+        self.enable_cache_manager_v1 = False  # envs.ENABLE_V1_KVCACHE_MANAGER (default 0)
+        self.cache_controller: Any = None  # its cache_manager/v1 CacheController, made only with that flag
+
+    def initialize_v1_cache(self) -> None:
+        """``initialize_kv_cache``'s first branch, unchanged by a port: with ``ENABLE_V1_KVCACHE_MANAGER`` its
+        ``cache_controller`` allocates the cache (not run here: the flag is off)."""
+        raise NotImplementedError("FastDeploy's cache_manager/v1 path")
 
     def load_model(self) -> None:
         """``load_model`` step 4: ``_init_speculative_proposer``."""
@@ -283,6 +307,13 @@ class PaddleDisWorkerProcBase:
         self.worker = worker
         self.max_chips_per_node = 8  # 16 on Iluvatar
 
+    def write_block_count(self, num_blocks_local: int) -> None:
+        """``initialize_kv_cache``'s hand-off, unchanged by a port: local rank 0 of a node writes the count into
+        ``get_profile_block_num.<engine_pid>`` (an ``IPCSignal`` its engine made, ``create=False``)."""
+        if self.local_rank % self.max_chips_per_node == 0:  # IPCSignal: an int32 array in /dev/shm/<name>.<suffix>
+            with open(f"/dev/shm/get_profile_block_num.{self.parallel_config.engine_pid}", "r+b") as segment:
+                segment.write(struct.pack("=i", num_blocks_local))
+
     def min_across_ranks(self, num_blocks_local: int) -> int:
         """``initialize_kv_cache``'s agreement, unchanged by a port: with ``ranks > 1`` a ``paddle.full`` of the
         count and ``dist.all_reduce(..., op=MIN)``. A worker here is its deployment's only rank (one process
@@ -352,12 +383,19 @@ MESSAGERS: list[dict[str, Any]] = []
 """What :func:`start_cache_messager` was given, for the guide's checks."""
 
 
-def start_cache_messager(args: argparse.Namespace, gpu_cache_kvs: dict[str, Any], num_extra_layers: int) -> None:
+def set_device_and_dtype(args: argparse.Namespace) -> None:
+    """``cache_messager.py`` ``main``'s first lines, unchanged by a port: ``set_device(device)`` and
+    ``paddle.set_default_dtype(args.default_dtype)`` (the cpu platform here has one device and its default dtype)."""
+
+
+def start_cache_messager(
+    args: argparse.Namespace, gpu_cache_kvs: dict[str, Any], num_extra_layers: int, rank: int, device: int
+) -> None:
     """``cache_messager.py`` ``main`` after its cache exists: ``CacheMessager(..., gpu_cache_kvs=gpu_cache_kvs,
     num_layers=args.num_layers + num_extra_layers, ...)``, which reads ``key_caches_{layer}_rank{rank}_device{id}``
     for every layer (``CacheMessager.__init__``); its transfer loop does not run here."""
     for layer in range(args.num_layers + num_extra_layers):
-        gpu_cache_kvs[f"key_caches_{layer}_rank{args.rank}_device{args.device_id}"]  # KeyError if absent
+        gpu_cache_kvs[f"key_caches_{layer}_rank{rank}_device{device}"]  # KeyError if absent
     MESSAGERS.append({"gpu_cache_kvs": gpu_cache_kvs, "num_layers": args.num_layers + num_extra_layers})
 
 

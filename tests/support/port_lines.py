@@ -151,7 +151,8 @@ def counts() -> dict[str, int]:
     return {part: sum(per_file.get(file, 0) for file in files) for part, (files, _) in PARTS.items()}
 
 
-def stated() -> dict[str, int]:
-    """The counts the guide's table states: ``| part | files | **N** | limit |``."""
-    rows = re.findall(r"^\| ([^|]+?) \| [^|]+ \| \*\*(\d+)\*\* \|", GUIDE.read_text(encoding="utf-8"), re.M)
-    return {part: int(count) for part, count in rows}
+def stated(column: int = 0) -> dict[str, int]:
+    """The counts the guide's table states: ``| part | files | **N** | M | limit |``, N (``column=0``: the
+    blocks' lines) or M (``column=1``: after FastDeploy's hooks)."""
+    rows = re.findall(r"^\| ([^|]+?) \| [^|]+ \| \*\*(\d+)\*\* \| (\d+) \|", GUIDE.read_text(encoding="utf-8"), re.M)
+    return {row[0]: int(row[1 + column]) for row in rows}
