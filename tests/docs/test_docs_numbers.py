@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 from types import ModuleType
 
+import fastdeploy_own_tests
 import port_lines
 import port_splice
 import pytest
@@ -181,6 +182,9 @@ def test_the_porting_guides_line_counts_are_the_counted_lines() -> None:
     text = port_lines.GUIDE.read_text(encoding="utf-8")
     assert f"**{sum(port_lines.counts().values())} lines** in the blocks and **{plain['total']} lines** after" in text
     assert f"The port on that tree adds **{with_8046['total']} lines** after FastDeploy's hooks" in text
+    tests = ", ".join(f"`{file.removeprefix('tests/')}` {count}" for file, count in sorted(plain["tests"].items()))
+    assert f"add **{plain['tests_total']} lines** more:\n{tests}." in text
+    assert plain["tests"] == with_8046["tests"] and plain["tests_total"] == sum(plain["tests"].values())
     for record, flag in ((plain, False), (with_8046, True)):
         assert record["total"] == sum(record["files"].values()) <= 100 and record["with_8046"] is flag
         assert record["fastdeploy"] == port_lines.FASTDEPLOY["commit"]
@@ -189,6 +193,26 @@ def test_the_porting_guides_line_counts_are_the_counted_lines() -> None:
         (hunk.file.removeprefix("fastdeploy/"), str(hunk.count), "seen" if hunk.seen else "**inferred**", hunk.source)
         for hunk in port_splice.PR_8046
     ]
+
+
+def test_the_porting_guides_table_of_fastdeploys_own_tests_is_the_recorded_run() -> None:
+    """The guide's before/after table of FastDeploy's own tests is ``fastdeploy_own_tests.json`` (written by
+    ``fastdeploy_own_tests.py --json``): every file it runs, and no id that passed before fails after."""
+    recorded = json.loads((Path(port_lines.__file__).parent / "fastdeploy_own_tests.json").read_text())
+    order = ("PASSED", "FAILED", "ERROR", "SKIPPED")
+
+    def cell(outcomes: dict[str, int]) -> str:
+        return ", ".join(
+            f"{count} {word.lower()}" for word, count in sorted(outcomes.items(), key=lambda kv: order.index(kv[0]))
+        )
+
+    text = port_lines.GUIDE.read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(tests/[\w/]+\.py)` \| ([^|]+) \| ([^|]+) \| (\d+) \|$", text, re.M)
+    assert rows == [
+        (file, cell(row["before"]), cell(row["after"]), str(len(row["lost"]))) for file, row in recorded.items()
+    ]
+    assert not any(row["lost"] for row in recorded.values())
+    assert list(recorded) == list(fastdeploy_own_tests.FILES)
 
 
 def test_the_porting_guides_before_table_states_fastdeploys_functions_and_their_lines() -> None:

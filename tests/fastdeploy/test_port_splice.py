@@ -85,7 +85,7 @@ class Runner(Base):
 def main():
     device = os.environ["DEVICE"]  # unchanged
     managed = manage_kv_cache(device)
-    run_the_rest(device)  # stands for: the rest, from "serve(device)"
+    run_the_rest(device)  # stands for: the rest, from `serve(device)`
     return managed
 """
     out = splice("x.py", FASTDEPLOY_FILE, block)
@@ -104,7 +104,7 @@ def main():
     lines = FASTDEPLOY_FILE.splitlines()
     start, end = lines.index("def main():") + 1, len(lines)
     kept = merge(
-        lines, start, end, ['    keep()  # stands for: its set-up, before "serve(device)"', "    new()"], "main"
+        lines, start, end, ["    keep()  # stands for: its set-up, before `serve(device)`", "    new()"], "main"
     )
     assert kept == [
         '    device = os.environ["DEVICE"]',
@@ -146,3 +146,19 @@ def test_the_recorded_counts_are_the_guides_port_on_a_fastdeploy_checkout(tmp_pa
     assert measured == recorded[with_8046]
     changed = subprocess.run(["git", "diff", "--name-only"], cwd=copy, check=True, capture_output=True, text=True)
     subprocess.run([python, "-m", "flake8", *changed.stdout.split()], cwd=copy, check=True)
+
+
+FASTDEPLOY_PYTHON = os.environ.get("FD_PLATFORMS_FASTDEPLOY_PYTHON")
+
+
+@pytest.mark.skipif(not (TREE and FASTDEPLOY_PYTHON), reason="no FastDeploy tree and Python with its requirements")
+def test_fastdeploys_own_tests_that_pass_before_the_port_pass_after_it(tmp_path: Path) -> None:
+    """``fastdeploy_own_tests.py`` on a copy of the tree: the recorded run, again."""
+    copy = tmp_path / "FastDeploy"
+    subprocess.run(["git", "clone", "-q", "--shared", str(TREE), str(copy)], check=True)
+    subprocess.run(["git", "checkout", "-q", port_lines.FASTDEPLOY["commit"]], cwd=copy, check=True)
+    script = Path(port_lines.__file__).parent / "fastdeploy_own_tests.py"
+    hooks = os.environ.get("FD_PLATFORMS_HOOKS_PYTHON", sys.executable)
+    command = [sys.executable, str(script), str(copy), "--python", str(FASTDEPLOY_PYTHON), "--hooks-python", hooks]
+    measured = json.loads(subprocess.run([*command, "--json"], check=True, capture_output=True, text=True).stdout)
+    assert measured == json.loads((script.parent / "fastdeploy_own_tests.json").read_text())

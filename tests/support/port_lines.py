@@ -23,6 +23,7 @@ GUIDE = ROOT / "docs" / "porting-fastdeploy.md"
 FASTDEPLOY = json.loads((ROOT / "tests" / "support" / "fastdeploy_lines.json").read_text())
 PYTHON = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 HEADER = re.compile(r"# (fastdeploy/[\w/]+\.py)\n")
+TEST_HEADER = re.compile(r"# (tests/[\w/]+\.py)\n")
 UNCHANGED, STANDS_FOR = "# unchanged", "# stands for:"
 LAUNCH_LINES = {"fastdeploy/cache_manager/prefix_cache_manager.py": 1}
 """Lines the port adds outside the blocks: ``launch_cache_messager`` passing ``--model_path`` (the guide shows it)."""
@@ -52,11 +53,12 @@ def guide_blocks() -> list[str]:
     return PYTHON.findall(GUIDE.read_text(encoding="utf-8"))
 
 
-def fastdeploy_blocks() -> dict[str, str]:
-    """The guide's blocks of FastDeploy's files, by file (a file's blocks joined)."""
+def fastdeploy_blocks(header_pattern: re.Pattern[str] = HEADER) -> dict[str, str]:
+    """The guide's blocks of FastDeploy's files, by file (a file's blocks joined); with
+    :data:`TEST_HEADER`, its blocks of FastDeploy's test files."""
     found: dict[str, str] = {}
     for block in guide_blocks():
-        header = HEADER.match(block)
+        header = header_pattern.match(block)
         if header:
             found[header.group(1)] = found.get(header.group(1), "") + block[header.end() :]
     return found

@@ -6,8 +6,8 @@ by line:
 
 - a line marked ``# unchanged`` is FastDeploy's line: the next line of its function with that text (FastDeploy's
   lines before it that no ``# stands for:`` keeps are deleted);
-- a line marked ``# stands for: ...`` keeps FastDeploy's lines in its place: from ``from "text"`` (default: where
-  the function stands) to ``to "text"`` (inclusive) or ``before "text"`` (default: the next ``# unchanged`` line,
+- a line marked ``# stands for: ...`` keeps FastDeploy's lines in its place: from ``from `text``` (default: where
+  the function stands) to ``to `text``` (inclusive) or ``before `text``` (default: the next ``# unchanged`` line,
   or the function's end);
 - any other line is the port's, written where it stands;
 - FastDeploy's ``def`` line and docstring stay, unless the block's ``def`` differs from FastDeploy's: then the block's
@@ -32,10 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from port_lines import STANDS_FOR, UNCHANGED, fastdeploy_blocks, signature
+from port_lines import STANDS_FOR, TEST_HEADER, UNCHANGED, fastdeploy_blocks, signature
 
 FASTDEPLOY_IMPORT = re.compile(r"#\s*FastDeploy:\s*(from \S+ import .+)$")
-KEEP_FROM, KEEP_TO, KEEP_BEFORE = (re.compile(rf'\b{word} "([^"]+)"') for word in ("from", "to", "before"))
+KEEP_FROM, KEEP_TO, KEEP_BEFORE = (re.compile(rf"\b{word} `([^`]+)`") for word in ("from", "to", "before"))
 LAUNCH_FLAG = (
     "fastdeploy/cache_manager/prefix_cache_manager.py",
     "PrefixCacheManager.launch_cache_messager",
@@ -333,7 +333,7 @@ def apply(tree: Path, rule: str | None = None) -> list[str]:
     """Splice every block into the FastDeploy work tree ``tree`` (pinning ``rule``, :func:`pinned`); the files
     changed."""
     changed = []
-    for file, written in fastdeploy_blocks().items():
+    for file, written in (fastdeploy_blocks() | fastdeploy_blocks(TEST_HEADER)).items():
         path = tree / file
         path.write_text(splice(file, path.read_text(encoding="utf-8"), pinned(written, rule)), encoding="utf-8")
         changed.append(file)
@@ -378,6 +378,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=args.tree,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    if dirty and not args.no_apply:
+        parser.error(f"{args.tree} has changes of its own ({dirty.split()[-1]}, ...): port a clean work tree")
     if args.with_8046:
         files = apply_hunks(args.tree)
         subprocess.run(
@@ -398,9 +407,10 @@ def main(argv: list[str] | None = None) -> int:
             "fastdeploy": commit.stdout.strip(),
             "with_8046": args.with_8046,
             "hooks": sorted(line for line in hooks if line.split("==")[0] in ("black", "isort", "ruff")),
-            "files": counts,
-            "total": sum(counts.values()),
+            "files": {file: count for file, count in counts.items() if not file.startswith("tests/")},
+            "tests": {file: count for file, count in counts.items() if file.startswith("tests/")},
         }
+        record["total"], record["tests_total"] = sum(record["files"].values()), sum(record["tests"].values())
         print(json.dumps(record, indent=1))
     else:
         for file, count in sorted(counts.items()):
