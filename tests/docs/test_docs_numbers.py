@@ -15,8 +15,8 @@ from pathlib import Path
 from types import ModuleType
 
 import fastdeploy_own_tests
+import fastdeploy_pr_8046
 import port_lines
-import port_splice
 import pytest
 from drift_plugins import OLD_XPU_RULE, drifting
 from run_helpers import SCRIPT, clean_env, main_in_process, without_sweep
@@ -167,7 +167,7 @@ def test_the_porting_guides_line_counts_are_the_counted_lines() -> None:
     """Each part's count in the guide's table is what its blocks add to FastDeploy's files (:mod:`port_lines`), and
     what FastDeploy's hooks leave is the splice's recorded count (``fastdeploy_port_count.json``, written by
     ``port_splice.py --json``: on c1b7c083, then with PR #8046 by hand), per part and in all, each at most the 100
-    lines FastDeploy would take; the #8046 table is ``port_splice.PR_8046``."""
+    lines FastDeploy would take; the #8046 table is ``fastdeploy_pr_8046.PR_8046``."""
     assert port_lines.stated() == port_lines.counts()
     plain, with_8046 = json.loads((Path(port_lines.__file__).parent / "fastdeploy_port_count.json").read_text())
     per_part = {
@@ -191,7 +191,7 @@ def test_the_porting_guides_line_counts_are_the_counted_lines() -> None:
     rows = re.findall(r"^\| `([\w/]+\.py)` \| (\d+) \| (seen|\*\*inferred\*\*) \| (.+) \|$", text, re.M)
     assert rows == [
         (hunk.file.removeprefix("fastdeploy/"), str(hunk.count), "seen" if hunk.seen else "**inferred**", hunk.source)
-        for hunk in port_splice.PR_8046
+        for hunk in fastdeploy_pr_8046.PR_8046
     ]
 
 

@@ -25,8 +25,16 @@ PYTHON = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 HEADER = re.compile(r"# (fastdeploy/[\w/]+\.py)\n")
 TEST_HEADER = re.compile(r"# (tests/[\w/]+\.py)\n")
 UNCHANGED, STANDS_FOR = "# unchanged", "# stands for:"
-LAUNCH_LINES = {"fastdeploy/cache_manager/prefix_cache_manager.py": 1}
-"""Lines the port adds outside the blocks: ``launch_cache_messager`` passing ``--model_path`` (the guide shows it)."""
+LAUNCH_FLAG = (
+    "fastdeploy/cache_manager/prefix_cache_manager.py",
+    "PrefixCacheManager.launch_cache_messager",
+    '+ f" --ipc_suffix {ipc_suffix}"',
+    '+ f" --model_path {self.config.model_config.model}"',
+)
+"""The one line the port adds outside its blocks (the messager's ``--model_path``): file, function, the line it
+follows, the line."""
+LAUNCH_LINES = {LAUNCH_FLAG[0]: 1}
+"""Lines the port adds outside the blocks, by file (the guide shows it)."""
 
 
 PARTS = {

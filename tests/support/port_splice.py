@@ -1,5 +1,6 @@
 """The porting guide applied to a FastDeploy checkout: each block of a FastDeploy file (``docs/porting-fastdeploy.md``)
-spliced into that file, then FastDeploy's own isort and black run, and every non-blank line the diff adds counted.
+spliced into that file, then FastDeploy's own hooks run (black, isort, ruff's fixes), and every non-blank line the
+diff adds counted.
 
 How a block's function goes into FastDeploy's function of the same name (``Class.method`` or ``function``), line
 by line:
@@ -15,8 +16,8 @@ by line:
 
 A top-level ``from fd_platforms...`` import is added after FastDeploy's imports; an import of the stand-in is
 FastDeploy's own where its comment says ``# FastDeploy: from ... import ...``, added only where the file lacks it.
-Run as ``python tests/support/port_splice.py FASTDEPLOY_TREE [--json]``: the tree must be a git work tree (its diff
-is what is counted); it prints the added lines per file.
+Run as ``python tests/support/port_splice.py FASTDEPLOY_TREE [--with-8046] [--json]``: the tree must be a clean git
+work tree (its diff is what is counted); it prints the added lines per file.
 """
 
 from __future__ import annotations
@@ -32,115 +33,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from port_lines import STANDS_FOR, TEST_HEADER, UNCHANGED, fastdeploy_blocks, signature
+from fastdeploy_pr_8046 import apply_hunks
+from port_lines import LAUNCH_FLAG, STANDS_FOR, TEST_HEADER, UNCHANGED, fastdeploy_blocks, signature
 
 FASTDEPLOY_IMPORT = re.compile(r"#\s*FastDeploy:\s*(from \S+ import .+)$")
 KEEP_FROM, KEEP_TO, KEEP_BEFORE = (re.compile(rf"\b{word} `([^`]+)`") for word in ("from", "to", "before"))
-LAUNCH_FLAG = (
-    "fastdeploy/cache_manager/prefix_cache_manager.py",
-    "PrefixCacheManager.launch_cache_messager",
-    '+ f" --ipc_suffix {ipc_suffix}"',
-    '+ f" --model_path {self.config.model_config.model}"',
-)
-"""The one line the port adds outside its blocks (the messager's ``--model_path``): file, function, the line it
-follows, the line."""
-
-
-OLD_CREATE = (
-    "create_cache_tensor = profile or not (",
-    "self.fd_config.cache_config.kvcache_storage_backend",
-    'or self.fd_config.scheduler_config.splitwise_role != "mixed"',
-    ")",
-)
-NEW_CREATE = 'create_cache_tensor = profile or self.fd_config.scheduler_config.splitwise_role == "mixed"'
-
-
-@dataclass(frozen=True)
-class Hunk:
-    """One change of FastDeploy PR #8046 (develop, 2026-06-15), made by hand on c1b7c083: ``lines`` (stripped)
-    become ``new`` (indented as the first of them), ``count`` times in ``file``; ``seen`` says whether its review
-    hunk was read (``True``) or the change is inferred from the PR's title and its seen hunks."""
-
-    file: str
-    lines: tuple[str, ...]
-    new: tuple[str, ...]
-    count: int
-    seen: bool
-    source: str
-
-
-PR_8046 = (
-    Hunk(
-        "fastdeploy/cache_manager/prefix_cache_manager.py",
-        ("if not self.enable_splitwise:", 'storage_arg_str += " --create_cache_tensor"'),
-        (),
-        1,
-        True,
-        "review thread prefix_cache_manager.py:299 (@@ -296,8 +296,6 @@): no --create_cache_tensor for storage",
-    ),
-    Hunk(
-        "fastdeploy/engine/args_utils.py",
-        ('if not current_platform.is_cuda() or self.splitwise_role == "prefill":',),
-        (
-            'if self.splitwise_role == "decode":',
-            "    self.enable_prefix_caching = False",
-            'if not current_platform.is_cuda() or self.splitwise_role == "prefill":',
-        ),
-        1,
-        True,
-        "review thread args_utils.py:647 (@@ -643,6 +643,8 @@): no prefix caching in decode",
-    ),
-    Hunk(
-        "fastdeploy/worker/metax_model_runner.py",
-        OLD_CREATE,
-        (NEW_CREATE,),
-        2,
-        False,
-        "review thread metax_model_runner.py:2493 (@@ -2491,10 +2488,7 @@) shows clear_cache's 4-line expression "
-        "shrinking by 3 lines, cut off; its result and the create side at ~L1350 inferred",
-    ),
-    Hunk(
-        "fastdeploy/spec_decode/mtp_cuda.py",
-        OLD_CREATE,
-        (NEW_CREATE,),
-        1,
-        False,
-        "#8045's mtp.py clear_mtp_cache hunk (release/2.6) reads profile or splitwise_role == 'mixed'; develop's "
-        "clear_mtp_cache is in mtp_cuda.py, its hunk not seen",
-    ),
-    Hunk("fastdeploy/spec_decode/mtp.py", OLD_CREATE, (NEW_CREATE,), 1, False, "the title: the worker creates"),
-    Hunk("fastdeploy/worker/gpu_model_runner.py", OLD_CREATE, (NEW_CREATE,), 2, False, "the title: the worker creates"),
-    Hunk("fastdeploy/worker/xpu_model_runner.py", OLD_CREATE, (NEW_CREATE,), 1, False, "the title: the worker creates"),
-    Hunk(
-        "fastdeploy/worker/gpu_model_runner.py",
-        ("if self.fd_config.cache_config.num_cpu_blocks > 0:",),
-        ("if self.fd_config.cache_config.num_cpu_blocks > 0 or self.fd_config.cache_config.kvcache_storage_backend:",),
-        1,
-        False,
-        "the creator's clear waits for the transfer manager a storage backend starts (the mtp.py:463 hunk of #8045 "
-        "starts 'if num_cpu_blocks > 0 or kvcache_storage_...' and is cut off)",
-    ),
-)
-"""PR #8046 as far as this package read it (``docs/porting-fastdeploy.md`` names what was seen)."""
-
-
-def apply_hunks(tree: Path, hunks: tuple[Hunk, ...] = PR_8046) -> list[str]:
-    """Make ``hunks`` in the FastDeploy work tree ``tree``; the files changed."""
-    for hunk in hunks:
-        path = tree / hunk.file
-        lines = path.read_text(encoding="utf-8").splitlines()
-        done, index = 0, 0
-        while index <= len(lines) - len(hunk.lines):
-            if tuple(line.strip() for line in lines[index : index + len(hunk.lines)]) == hunk.lines:
-                indent = lines[index][: len(lines[index]) - len(lines[index].lstrip())]
-                lines[index : index + len(hunk.lines)] = [indent + line for line in hunk.new]
-                done, index = done + 1, index + len(hunk.new)
-                continue
-            index += 1
-        if done != hunk.count:
-            raise SpliceError(f"{hunk.file}: {hunk.lines[0]!r} found {done} times, {hunk.count} expected")
-        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return sorted({hunk.file for hunk in hunks})
 
 
 class SpliceError(AssertionError):
@@ -234,12 +131,6 @@ def _signature_lines(source: list[str], function: ast.FunctionDef | ast.AsyncFun
     return source[function.lineno - 1 : function.body[0].lineno - 1]
 
 
-def _same_def(ours: ast.FunctionDef | ast.AsyncFunctionDef, theirs: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    """The same parameters by name and the same return annotation (annotations and defaults of FastDeploy's own
-    parameters are its to keep)."""
-    return signature(ours) == signature(theirs)  # type: ignore[arg-type]
-
-
 def _imports(block_tree: ast.Module, block: list[str], target: _Source) -> list[str]:
     """The import lines the block adds to FastDeploy's file."""
     have = {
@@ -280,7 +171,7 @@ def splice(file: str, original_text: str, block_text: str) -> str:
         our_body = block[body_from : function.end_lineno]
         if name in theirs:
             fd = theirs[name]
-            keep_def = _same_def(function, fd)
+            keep_def = signature(function) == signature(fd)  # names and return annotation; its own defaults stay
             start = _body_start(fd, skip_docstring=keep_def)
             merged = merge(target.lines, start, fd.end_lineno or start, our_body, where)  # type: ignore[arg-type]
             if keep_def:
