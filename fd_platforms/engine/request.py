@@ -37,7 +37,8 @@ class CacheRequest:
     ``rule`` its pinned version (None: the protocol's :meth:`~.protocols.WireProtocol.rule_in_force`); ``instance``
     the engine instance (our cache-ready signal's name, or FastDeploy's signal suffix) under ``protocol`` (an
     installed protocol's name, ``"fd-platforms"`` or ``"fastdeploy"``, or the object; held as the object: :attr:`wire`);
-    ``tp`` the local ranks where known; ``creator_pid`` the process that creates the cache (its death ends a wait)
+    ``tp`` the local ranks where known (or the tp a ``FastDeploySuffix`` instance carries; the two must agree);
+    ``creator_pid`` the process that creates the cache (its death ends a wait)
     and ``timeout`` the wait's bound (None: ``FD_CACHE_READY_TIMEOUT`` when the wait starts); ``tensor_specs`` one
     layer's tensors as the engine's attention backend states them (None: the platform's shapes). A cache manager's
     only: ``draft`` (the MTP draft part, with ``layout`` the main part) and ``host_cache`` (the one a cleared
@@ -73,6 +74,7 @@ class CacheRequest:
             raise ConfigError("storage_backend", error.value, error.allowed, error.fix) from None
         wire = protocol_named(self.protocol)
         object.__setattr__(self, "protocol", wire)
+        object.__setattr__(self, "tp", _tp(self.instance, self.tp))
         object.__setattr__(self, "instance", _instance(wire, self.instance, self.tp, self.layout.rank))
         object.__setattr__(self, "inputs", replace(inputs, rule=wire.rule_in_force(self.rule, inputs)))
         if self.creator_pid is not None:
@@ -116,9 +118,21 @@ def check_not_draft(layout: CacheLayout) -> None:
         )
 
 
-def _instance(wire: WireProtocol, instance: object, tp: object, rank: int) -> str:
+def _tp(instance: object, tp: object) -> int | None:
+    """The engine's tp: ``tp``, or the one the instance carries (a ``FastDeploySuffix``'s); both given must agree."""
+    tp, carried = check_tp(tp), check_tp(getattr(instance, "tp", None))
+    if tp is not None and carried is not None and tp != carried:
+        raise ConfigError(
+            "tp",
+            tp,
+            f"None or {carried}, the tp the instance carries",
+            "give the tp once, on the instance or as tp=, or make the two agree",
+        )
+    return carried if tp is None else tp
+
+
+def _instance(wire: WireProtocol, instance: object, tp: int | None, rank: int) -> str:
     """The engine instance's name under ``wire``, checked, with ``tp`` (None: unknown), which must hold ``rank``."""
-    tp = check_tp(tp)
     if tp is not None:
         check_int(
             "layout.rank",

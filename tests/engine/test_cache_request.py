@@ -16,6 +16,7 @@ from fd_platforms.contract.integers import MAX_COUNT
 from fd_platforms.contract.types import CacheRoleShape
 from fd_platforms.engine import CacheRequest, initialize_kv_cache, manage_kv_cache
 from fd_platforms.engine.protocols import OURS
+from fd_platforms.fastdeploy import FastDeploySuffix
 from fd_platforms.ipc.process_watch import PID_MAX_LIMIT
 from fd_platforms.loading.platform import Platform
 
@@ -157,3 +158,24 @@ def test_tensor_specs_are_held_as_a_tuple() -> None:
         CacheRoleShape("value", (BLOCKS, 4, 64, 128), "bfloat16"),
     ]
     assert request(tensor_specs=specs).tensor_specs == tuple(specs)
+
+
+def test_the_tp_a_fastdeploy_suffix_carries_travels_with_the_request_and_must_agree_with_tp() -> None:
+    """``instance=FastDeploySuffix.of(port, tp=4)`` keeps its tp in the record (each per-rank signal is then checked
+    to be exactly 4 words), ``tp=4`` beside it is the same, ``tp=2`` beside it is refused naming both, and the rank
+    must be one of its 4."""
+    suffix = FastDeploySuffix.of("9923", tp=4)
+    for made in (
+        request(protocol="fastdeploy", instance=suffix),
+        request(protocol="fastdeploy", instance=suffix, tp=4),
+    ):
+        assert made.tp == 4 and isinstance(made.instance, FastDeploySuffix) and made.instance.tp == 4
+    assert request(protocol="fastdeploy", instance="9923", tp=2).instance.tp == 2  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError) as caught:
+        request(protocol="fastdeploy", instance=suffix, tp=2)
+    assert (caught.value.field, caught.value.value) == ("tp", 2) and "4, the tp the instance carries" in str(
+        caught.value
+    )
+    with pytest.raises(ConfigError) as caught:
+        request(protocol="fastdeploy", instance=FastDeploySuffix.of("9923", tp=1), layout=qwen_layout(tp=2, rank=1))
+    assert caught.value.field == "layout.rank"
