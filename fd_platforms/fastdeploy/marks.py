@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..contract.errors import CacheSharingError
 from ..ipc import shm
 from .signals import CACHE_READY
 
@@ -144,13 +146,33 @@ def creator_mark_name(first_record: str) -> str:
 def make_creator_mark(first_record: str, record: bytes, attachers: int = 1) -> shm.Segment:
     """A creator's mark of its records, holding its pid, the ``attachers`` it expects per rank and the first
     ``record``'s bytes, held until closed. A mark of a dead creator of ours still there (its records rewritten since
-    by another) is removed first."""
+    by another) is removed first; anything else under the mark's name (a living creator's mark, an empty or foreign
+    file, a directory, a FIFO, a link, another user's entry) is a CacheSharingError naming it and its owner."""
     name, content = creator_mark_name(first_record), _CREATOR.pack(os.getpid(), attachers) + record
     try:
         return shm.Segment.create(name, len(content), content)
     except FileExistsError:
-        shm.reclaim(name, _PID.size, _recognise, CREATOR_WHAT)
-        return shm.Segment.create(name, len(content), content)  # a living creator's mark: its records were refused
+        _, why = shm.reclaim(name, _PID.size, _recognise, CREATOR_WHAT)
+    try:
+        return shm.Segment.create(name, len(content), content)
+    except FileExistsError:
+        raise CacheSharingError(
+            f"cannot mark FastDeploy's records from {first_record!r} as this creator's: /dev/shm/{name} exists "
+            f"({_entry(name)}) and is no dead creator mark of ours ({why or 'it came back meanwhile'}). Fix: if no "
+            f"engine uses this rank's records, remove /dev/shm/{name}; else give this engine another "
+            "engine_worker_queue_port"
+        ) from None
+
+
+def _entry(name: str) -> str:
+    """What ``/dev/shm/<name>`` is and whose, for an error: ``"a directory of uid 1000"``."""
+    try:
+        found = os.lstat(f"{shm.SHM_DIR}/{name}")
+    except OSError as error:
+        return f"it cannot be read: {error.strerror or error}"
+    kinds = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"))
+    kind = next((word for test, word in kinds if test(found.st_mode)), f"a file of {found.st_size} bytes")
+    return f"{kind} of uid {found.st_uid}" + (" (another user)" if found.st_uid != os.geteuid() else "")
 
 
 def creator_attachers(first_record: str) -> int | None:
