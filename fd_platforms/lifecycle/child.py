@@ -1,6 +1,6 @@
 """What every child process of a run does around its body: signals, logging, errors sent to the engine.
 
-Children are started with SIGINT ignored (:mod:`.interrupts`): on Ctrl-C the engine stops them.
+Children ignore SIGINT from their start (:mod:`.interrupts`): on Ctrl-C the engine stops them.
 SIGTERM (the engine's stop) becomes ``SystemExit(143)``, so a child releases what it holds and
 exits without a traceback (paddle's import, which installs a C++ SIGTERM handler, keeps it:
 :func:`~fd_platforms.contract.paddle_import.import_paddle`).
@@ -26,7 +26,7 @@ from ..ipc.cache_signal import ENV_TIMEOUT
 from ..ipc.timeouts import set_by_flag
 from ..loading.platform import Platform
 from ..loading.selection import ENV_PLATFORM, select_platform
-from .interrupts import STOPPED_EXIT, raise_outside_paddle, redeliver_swallowed_signals
+from .interrupts import STOPPED_EXIT, ignore_sigint_in_child, raise_outside_paddle, redeliver_swallowed_signals
 from .progress import Progress
 from .spec import RunSpec
 
@@ -63,6 +63,7 @@ def leave(code: int) -> None:
 
 
 def _run(label: str, conn: Connection, spec: RunSpec, body: Body, *args: Any) -> None:
+    ignore_sigint_in_child()
     redeliver_swallowed_signals()
     signal.signal(signal.SIGTERM, _stop)
     _stop_with_the_engine()

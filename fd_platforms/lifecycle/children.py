@@ -83,10 +83,10 @@ class Children(contextlib.AbstractContextManager["Children"]):
         """Start ``target(*args, conn)`` in a spawned process labelled ``label``."""
         ours, theirs = multiprocessing.Pipe()
         process = _Spawned(target=target, args=(*args, theirs), name=label, daemon=True)
-        with sigint_ignored_by_children():
+        with sigint_ignored_by_children():  # a Ctrl-C now is raised once the child is counted
             process.start()
-        theirs.close()
-        return self.adopt(label, process, ours)
+            theirs.close()
+            return self.adopt(label, process, ours)
 
     def adopt(self, label: str, process: Process, conn: Connection) -> Child:
         """Count ``process``, started elsewhere, among this run's children, ``conn`` its pipe."""

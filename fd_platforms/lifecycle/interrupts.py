@@ -2,7 +2,7 @@
 
 Ctrl-C sends SIGINT to the whole foreground process group. Only the engine acts on it: it stops
 its children itself (in order, with timeouts) and removes the cache-ready signal, so children
-inherit SIGINT ignored and never print a traceback from the middle of their start-up.
+ignore SIGINT from their start and never print a traceback from the middle of their start-up.
 
 A signal handler's exception is raised wherever the main thread is, and two places cannot carry it:
 a weakref callback or a ``__del__`` (garbage collection runs them anywhere), where Python prints it
@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from multiprocessing import resource_tracker
 from types import FrameType
 from typing import Any
 
@@ -81,18 +82,38 @@ def sigint_says_stopping() -> Iterator[None]:
 
 @contextmanager
 def sigint_ignored_by_children() -> Iterator[None]:
-    """Processes started inside inherit SIGINT ignored.
+    """Processes started inside ignore SIGINT from their start (:func:`ignore_sigint_in_child`); a Ctrl-C
+    to the engine in this window is held and raised as the block ends, never lost.
 
-    SIGINT is blocked meanwhile, so a Ctrl-C in this short window reaches the engine right after it
-    instead of being lost.
+    The starting thread blocks SIGINT, and a child inherits that mask through fork and exec, so a
+    Ctrl-C during its interpreter's start-up waits until the child ignores it. The engine's own
+    disposition stays a handler: were it ``SIG_IGN``, setting it would discard a pending SIGINT and
+    another thread the kernel handed one to would drop it (a Ctrl-C while workers started was lost).
     """
+    held: list[int] = []
+    # multiprocessing's resource tracker, started at the first spawn, unblocks SIGINT in the starting thread
+    # as it starts (multiprocessing/resource_tracker.py, ensure_running): it starts before the mask is set
+    resource_tracker.ensure_running()
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        held.append(signum)
+
+    previous = signal.signal(signal.SIGINT, hold)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
     finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # one pending now reaches hold
         signal.signal(signal.SIGINT, previous)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        if held:
+            signal.raise_signal(signal.SIGINT)  # the engine's own handler, now that the child is counted
+
+
+def ignore_sigint_in_child() -> None:
+    """In a child started by :func:`sigint_ignored_by_children`: SIGINT ignored (which discards one that
+    came during start-up), then unblocked, so processes this child starts inherit it ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def raise_outside_paddle(signum: int, frame: FrameType | None, exc: BaseException) -> None:
