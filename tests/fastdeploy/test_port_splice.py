@@ -126,19 +126,29 @@ def test_a_block_that_does_not_fit_fastdeploys_file_is_refused_naming_the_functi
 
 
 TREE = os.environ.get("FD_PLATFORMS_FASTDEPLOY_TREE")
+FASTDEPLOY_PYTHON = os.environ.get("FD_PLATFORMS_FASTDEPLOY_PYTHON")
+HOOKS_PYTHON = os.environ.get("FD_PLATFORMS_HOOKS_PYTHON", sys.executable)
 
 
-@pytest.mark.skipif(not TREE, reason="FD_PLATFORMS_FASTDEPLOY_TREE names no FastDeploy work tree")
-@pytest.mark.parametrize("with_8046", [False, True])
-def test_the_recorded_counts_are_the_guides_port_on_a_fastdeploy_checkout(tmp_path: Path, with_8046: bool) -> None:
-    """Splice the guide into a copy of FastDeploy's tree at the guide's commit (with PR #8046 made by hand, or not),
-    run FastDeploy's hooks, count; flake8 with FastDeploy's settings passes the ported files."""
+@pytest.fixture
+def fastdeploy_copy(tmp_path: Path) -> Path:
+    """A clone of the FastDeploy tree ``FD_PLATFORMS_FASTDEPLOY_TREE`` names, at the guide's commit, able to commit."""
     copy = tmp_path / "FastDeploy"
     subprocess.run(["git", "clone", "-q", "--shared", str(TREE), str(copy)], check=True)
     subprocess.run(["git", "checkout", "-q", port_lines.FASTDEPLOY["commit"]], cwd=copy, check=True)
     for key, value in (("user.email", "port@fd-platforms"), ("user.name", "port")):
         subprocess.run(["git", "config", key, value], cwd=copy, check=True)
-    python = os.environ.get("FD_PLATFORMS_HOOKS_PYTHON", sys.executable)
+    return copy
+
+
+@pytest.mark.skipif(not TREE, reason="FD_PLATFORMS_FASTDEPLOY_TREE names no FastDeploy work tree")
+@pytest.mark.parametrize("with_8046", [False, True])
+def test_the_recorded_counts_are_the_guides_port_on_a_fastdeploy_checkout(
+    fastdeploy_copy: Path, with_8046: bool
+) -> None:
+    """Splice the guide into a copy of FastDeploy's tree at the guide's commit (with PR #8046 made by hand, or not),
+    run FastDeploy's hooks, count; flake8 with FastDeploy's settings passes the ported files."""
+    copy, python = fastdeploy_copy, HOOKS_PYTHON
     script = Path(port_lines.__file__).parent / "port_splice.py"
     command = [sys.executable, str(script), str(copy), "--python", python, "--json", *(["--with-8046"] * with_8046)]
     measured = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
@@ -148,17 +158,11 @@ def test_the_recorded_counts_are_the_guides_port_on_a_fastdeploy_checkout(tmp_pa
     subprocess.run([python, "-m", "flake8", *changed.stdout.split()], cwd=copy, check=True)
 
 
-FASTDEPLOY_PYTHON = os.environ.get("FD_PLATFORMS_FASTDEPLOY_PYTHON")
-
-
 @pytest.mark.skipif(not (TREE and FASTDEPLOY_PYTHON), reason="no FastDeploy tree and Python with its requirements")
-def test_fastdeploys_own_tests_that_pass_before_the_port_pass_after_it(tmp_path: Path) -> None:
+def test_fastdeploys_own_tests_that_pass_before_the_port_pass_after_it(fastdeploy_copy: Path) -> None:
     """``fastdeploy_own_tests.py`` on a copy of the tree: the recorded run, again."""
-    copy = tmp_path / "FastDeploy"
-    subprocess.run(["git", "clone", "-q", "--shared", str(TREE), str(copy)], check=True)
-    subprocess.run(["git", "checkout", "-q", port_lines.FASTDEPLOY["commit"]], cwd=copy, check=True)
     script = Path(port_lines.__file__).parent / "fastdeploy_own_tests.py"
-    hooks = os.environ.get("FD_PLATFORMS_HOOKS_PYTHON", sys.executable)
-    command = [sys.executable, str(script), str(copy), "--python", str(FASTDEPLOY_PYTHON), "--hooks-python", hooks]
+    command = [sys.executable, str(script), str(fastdeploy_copy), "--python", str(FASTDEPLOY_PYTHON)]
+    command += ["--hooks-python", HOOKS_PYTHON]
     measured = json.loads(subprocess.run([*command, "--json"], check=True, capture_output=True, text=True).stdout)
     assert measured == json.loads((script.parent / "fastdeploy_own_tests.json").read_text())
