@@ -28,7 +28,7 @@ from ..contract.paddle_import import import_paddle
 from ..contract.types import CacheDecision, CacheRoleShape
 from ..loading.platform import Platform
 from ..rules.decision import DecisionInputs, decide_cache_creation
-from ..rules.roles import TRANSFER_MANAGER, WORKER, CacheRoles, cache_roles, most_attachers
+from ..rules.roles import MESSAGER, TRANSFER_MANAGER, WORKER, CacheRoles, cache_roles
 from . import rank_parts
 from .host_cache import HostCache, allocate_host_cache, check_host_cache, swap_space_clearing
 from .kv_cache import AllocationProgress, KVCache, allocate_shaped, attach_kv_cache, export_kv_cache
@@ -90,8 +90,17 @@ def initialize_kv_cache(
     else:
         check_can_attach(platform, decision, f"rank {layout.rank}")
         waited = _wait_ready(platform, request, layout.rank)
-        per_rank = len(roles.attachers)
-        cache = attach_kv_cache(platform, layout, request.num_blocks, instance, request.creator_pid, wire, per_rank)
+        per_rank, beside_messager = len(roles.attachers), roles.creator == MESSAGER
+        cache = attach_kv_cache(
+            platform,
+            layout,
+            request.num_blocks,
+            instance,
+            request.creator_pid,
+            wire,
+            per_rank,
+            beside_messager=beside_messager,
+        )
         cache.wait_seconds = waited
     cache.decision, cache.import_seconds = decision, import_seconds
     return cache
@@ -283,16 +292,21 @@ def _manage(
     import_seconds = _import_paddle()
     wire.check_signals(name, layout.rank, manager=not messager, swap=num_cpu_blocks > 0)
     per_rank = len(roles.attachers)  # an attaching transfer manager is one of them
-    # A creating manager other than the messager is the rank's transfer manager: the others attach. The messager sees
-    # neither the deployment's swap space nor its storage backend (FastDeploy passes it no such flag): it expects the
-    # most P/D can have, the worker and a transfer manager.
-    expected = most_attachers(inputs.splitwise_role) if messager else max(1, len(roles.others(TRANSFER_MANAGER)))
+    # A creating manager that holds the swap space is the rank's transfer manager (in P/D too, as fd-platforms run has
+    # it): the others attach. The messager sees neither swap space nor a storage backend (FastDeploy passes it no such
+    # flag): it counts the worker, and the transfer manager FastDeploy starts beside it once that says it is up.
+    expected = max(1, len(roles.others(TRANSFER_MANAGER)))
+    beside_messager = messager or (not creates and roles.creator == MESSAGER)
 
     def make(part: CacheLayout, progress: AllocationProgress | None = None) -> KVCache:
         """``part`` of the rank's device cache (main, then draft): exported where the manager creates, else attached."""
         if creates:
-            return export_kv_cache(platform, part, num_blocks, name, wire, expected, progress)
-        return attach_kv_cache(platform, part, num_blocks, name, request.creator_pid, wire, per_rank)
+            return export_kv_cache(
+                platform, part, num_blocks, name, wire, expected, progress, beside_messager=beside_messager
+            )
+        return attach_kv_cache(
+            platform, part, num_blocks, name, request.creator_pid, wire, per_rank, beside_messager=beside_messager
+        )
 
     if creates:
         started = time.monotonic()

@@ -104,8 +104,9 @@ class KVCache:
         ``strict=False`` clears as FastDeploy's runner does (``GPUModelRunner.clear_cache``,
         ``fastdeploy/worker/gpu_model_runner.py``, drops its own references and leaves the others, in
         ``share_inputs``, ``forward_meta``, the proposer, to the engine): this record's references are
-        dropped at once and this process's hold on the memory when the engine's last reference dies
-        (:meth:`~fd_platforms.contract.types.SharedTensor.release`), never before. A creator waits for its
+        dropped at once and this process's hold on the memory when the engine's last reference dies where the
+        platform can see it (cpu's memfd views), else at once
+        (:meth:`~fd_platforms.contract.types.SharedTensor.release`). A creator waits for its
         attachers and lets go of its slot and publication as above; an attacher resets its slot and lets
         go of the publication only once its hold is dropped, so its creator never frees memory it still
         maps. The strict clear stays the default (fd-platforms' own lifecycle).
@@ -134,8 +135,8 @@ class KVCache:
 
     def released_by_death(self) -> bool:
         """Whether this creator's published cache stands released: every attacher the deployment can have is one of
-        ours, gone without letting go (:mod:`.fastdeploy_marks`); never under our protocol, whose attachers' locks
-        the kernel drops with them."""
+        ours, gone without letting go (:mod:`fd_platforms.fastdeploy.marks`); never under our protocol, whose
+        attachers' locks the kernel drops with them."""
         return self._publication is not None and self._publication.released_by_death()
 
     def _let_go(self) -> None:
@@ -238,12 +239,15 @@ def export_kv_cache(
     protocol: WireProtocol,
     attachers: int,
     progress: AllocationProgress | None = None,
+    *,
+    beside_messager: bool = False,
 ) -> KVCache:
     """Export every tensor of ``layout`` (as ``platform.cache_layout`` shaped it for ``num_blocks``, zero-filled)
     and publish the rank's cache (``protocol``'s way); the platform checks each tensor's name and shape.
 
     ``attachers``: how many processes are configured to attach each rank (0: none; a protocol whose let-go
-    is a slot's value waits for it on clear only where one is, and counts them: :mod:`.fastdeploy_marks`). The
+    is a slot's value waits for it on clear only where one is, and counts them: :mod:`fd_platforms.fastdeploy.marks`;
+    ``beside_messager``: this creator is P/D's cache messager). The
     protocol first refuses memory its records cannot carry (:meth:`~.protocols.WireProtocol.check_export`), before
     any tensor is exported. On any failure what was exported is closed again and nothing is published.
     """
@@ -263,7 +267,14 @@ def export_kv_cache(
             for spec, tensor in zip(layout.tensors, shared, strict=True)
         ]
         publication = protocol.publish(
-            instance, layout.rank, device, entries, platform.name, attachers=attachers, part=layout.part
+            instance,
+            layout.rank,
+            device,
+            entries,
+            platform.name,
+            attachers=attachers,
+            part=layout.part,
+            beside_messager=beside_messager,
         )
     except BaseException:
         _close_all(shared)
@@ -293,6 +304,8 @@ def attach_kv_cache(
     creator_pid: int | None,
     protocol: WireProtocol,
     attachers: int,
+    *,
+    beside_messager: bool = False,
 ) -> KVCache:
     """Open every tensor of rank ``layout.rank``'s published cache, zero-copy, checked against ``layout``.
 
@@ -301,12 +314,19 @@ def attach_kv_cache(
     is not ``creator_pid`` (where the caller knows who sets the slot) or whose handles name another
     process than its creator. Nothing is opened then, and the attach withdraws without a word in the rank's
     slot (it never got the cache; another attacher may hold the slot). ``attachers``: how many processes attach
-    each rank in this deployment (:func:`~fd_platforms.rules.roles.cache_roles`).
+    each rank in this deployment (:func:`~fd_platforms.rules.roles.cache_roles`), ``beside_messager`` whether the
+    rank's creator is P/D's cache messager.
     """
     started = time.monotonic()
     expected = [PublishedTensor(spec.name, spec.shape(num_blocks), spec.dtype, "") for spec in layout.tensors]
     publication = protocol.open_published(
-        instance, layout.rank, expected, platform.name, layout.part, attachers=attachers
+        instance,
+        layout.rank,
+        expected,
+        platform.name,
+        layout.part,
+        attachers=attachers,
+        beside_messager=beside_messager,
     )
     shared: list[SharedTensor] = []
     device = platform.identity.device_string(layout.local_device)

@@ -3,7 +3,7 @@
 FastDeploy writes each cache tensor's IPC handle into a POSIX shared-memory segment named after the
 tensor (``key_caches_{layer}_rank{rank}.device{device}``, ``value_caches_...``, ...), and the other
 side opens it with ``share_external_data(name, shape)``, bringing the shape and dtype itself. The
-segment is FastDeploy's ``shmStruct`` of the platform's build (:mod:`.fastdeploy_records`): a
+segment is FastDeploy's ``shmStruct`` of the platform's build (:mod:`.records`): a
 ``size_t`` (``nprocesses``, always 0) and the 64-byte handle, then on XPU the tensor's device
 address. A platform whose handle is or holds a raw 64-byte IPC handle — MetaX's and Iluvatar's
 ``*IpcGetMemHandle`` through the vendor runtime (``ipc64:<base64>``), the handle inside Paddle's
@@ -22,7 +22,7 @@ attaches) and a runner's with host swap space (``num_cpu_blocks > 0``: FastDeplo
 attaches; ``gpu_model_runner.py`` ``clear_cache`` waits for the slot only then, since its #7764), never for
 its own slot. One slot cannot count two attachers of one rank (P/D with swap: the worker and the
 transfer manager), so every attacher of ours also holds a mark and a shared ``flock`` on the rank's first
-record while attached, which the kernel drops when it dies (:mod:`.fastdeploy_marks`); a creator frees
+record while attached, which the kernel drops when it dies (:mod:`.marks`); a creator frees
 only once no attacher of ours holds either, and resets the slot for dead attachers of ours only where they
 are every attacher the deployment can have. An attacher of ours beside one that may be FastDeploy's leaves the slot
 to it (:meth:`FastDeployHandles.let_go`), so the creator frees only once both have let go. The creator holds a
@@ -56,6 +56,7 @@ from ..kit.device_facts import raw_ipc_handle
 from ..kit.host_sharing import handle_pid
 from ..kit.vendor_device import HANDLE_BYTES, handle_bytes, handle_text
 from .marks import (
+    COUNTED,
     Attachers,
     attacher_prefix,
     creator_attachers,
@@ -63,8 +64,10 @@ from .marks import (
     make_attacher_mark,
     make_creator_mark,
     remove_dead,
+    remove_every_dead,
     stale_creator,
     sweep_orphan_marks,
+    transfer_manager_up,
 )
 from .records import RecordLayout, record_layout
 from .signals import CACHE_READY, FastDeploySignal, check_suffix
@@ -187,8 +190,11 @@ class FastDeployHandles:
 
     The same surface as :class:`~fd_platforms.engine.publication.Publication`: ``tensors``,
     ``creator``, ``creator_pid`` (the process the handles name, where they name one),
-    :meth:`retract`, :meth:`let_go` and :meth:`withdraw`. ``attachers``: how many processes attach the rank
-    (0: none, so a creator's clear waits for no let-go; :func:`~.fastdeploy_marks.attachers_per_rank`).
+    :meth:`retract`, :meth:`let_go` and :meth:`withdraw`. ``attachers``: how many processes attach the rank as
+    this process knows its deployment (0: none, so a creator's clear waits for no let-go;
+    :func:`~fd_platforms.rules.roles.cache_roles`); ``beside_messager``: the rank's creator is P/D's cache messager,
+    which sees neither swap space nor storage backend, so the count is at least one more where the rank's transfer
+    manager is up (:meth:`per_rank`).
     """
 
     def __init__(
@@ -201,9 +207,10 @@ class FastDeployHandles:
         creator: bool,
         attachers: int = 0,
         mark: shm.Segment | None = None,
+        beside_messager: bool = False,
     ) -> None:
         self.suffix, self.rank, self.tensors, self.creator = suffix, rank, tensors, creator
-        self.attachers, self._mark = attachers, mark
+        self.attachers, self._mark, self.beside_messager = attachers, mark, beside_messager
         self.name = f"{tensors[0].name} and {len(tensors) - 1} more" if tensors else f"rank {rank}'s publication"
         self.creator_pid = _named_pid(tensors)
         self._held = segments
@@ -211,10 +218,17 @@ class FastDeployHandles:
 
     @classmethod
     def create(
-        cls, suffix: str, rank: int, tensors: Sequence[PublishedTensor], platform: str, *, attachers: int
+        cls,
+        suffix: str,
+        rank: int,
+        tensors: Sequence[PublishedTensor],
+        platform: str,
+        *,
+        attachers: int,
+        beside_messager: bool = False,
     ) -> FastDeployHandles:
         """Write every tensor's record in ``platform``'s layout (this process holds them, and a creator mark of
-        its own: :mod:`.fastdeploy_marks`); on failure none is left. Records another process may still own are
+        its own: :mod:`.marks`); on failure none is left. Records another process may still own are
         refused (:func:`_check_not_published`). Marks of attachers of ours that died before are removed: at the
         next clear they would pass for attachers of this publication gone without letting go."""
         check_suffix(suffix)
@@ -228,22 +242,31 @@ class FastDeployHandles:
             for name, record in records:
                 held.append(_record_segment(name, platform, record))
             if records:
-                held.append(make_creator_mark(*records[0], attachers))
+                held.append(make_creator_mark(*records[0], COUNTED if beside_messager else attachers))
         except BaseException:
             _release(held, os.getpid())
             raise
-        handles = cls(suffix, rank, tuple(tensors), held, creator=True, attachers=attachers)
-        remove_dead(look(suffix, rank))
+        handles = cls(
+            suffix, rank, tuple(tensors), held, creator=True, attachers=attachers, beside_messager=beside_messager
+        )
+        remove_every_dead(suffix, rank)
         sweep_orphan_marks()
         return handles
 
     @classmethod
     def open(
-        cls, suffix: str, rank: int, expected: Sequence[PublishedTensor], platform: str, *, attachers: int = 1
+        cls,
+        suffix: str,
+        rank: int,
+        expected: Sequence[PublishedTensor],
+        platform: str,
+        *,
+        attachers: int = 1,
+        beside_messager: bool = False,
     ) -> FastDeployHandles:
         """Read the handle of every tensor of ``expected`` (names, shapes and dtypes are the attacher's own) from
         ``platform``'s records (on XPU the handle, as FastDeploy's transfer manager opens it, not the address),
-        and hold the first record (shared) and a mark of its own (:mod:`.fastdeploy_marks`, saying ``attachers``)
+        and hold the first record (shared) and a mark of its own (:mod:`.marks`, saying ``attachers``)
         until :meth:`let_go`, so the creator waits for this process while it lives. A failed open withdraws at
         once: it never got the cache, so it never writes the slot another attacher may hold."""
         check_suffix(suffix)
@@ -255,7 +278,16 @@ class FastDeployHandles:
             )
             _check_one_creator(rank, tensors)
             held = [_hold_record(tensors[0].name, record_layout(platform).size), mark] if mark is not None else []
-            return cls(suffix, rank, tensors, held, creator=False, attachers=attachers, mark=mark)
+            return cls(
+                suffix,
+                rank,
+                tensors,
+                held,
+                creator=False,
+                attachers=attachers,
+                mark=mark,
+                beside_messager=beside_messager,
+            )
         except BaseException:
             _remove_mark(mark)
             raise
@@ -273,23 +305,32 @@ class FastDeployHandles:
         self.withdraw()
 
     def _last_to_let_go(self) -> bool:
-        """Whether this attacher's let-go may reset the rank's one slot. With one attacher per rank, always. With two
-        (P/D with swap space: the worker and the transfer manager attach the cache messager's; any attacher's mark
-        says so, and a living creator of ours says how many it expects: one where it holds the host swap space
-        itself, the rank's transfer manager), only where the other is one of ours, living or dead by its mark: a
+        """Whether this attacher's let-go may reset the rank's one slot. With one attacher per rank
+        (:meth:`per_rank`), always. With two (P/D with swap space or a storage backend: the worker and the transfer
+        manager attach the cache messager's), only where the other is one of ours, living or dead by its mark: a
         creator of ours then waits for its lock, or frees for its death. Otherwise the other may be FastDeploy's,
         which holds nothing and resets the slot itself when it lets go; a reset now would let the creator free the
         cache under it (FastDeploy's own processes share the slot so)."""
-        seen = look(self.suffix, self.rank)
-        per_rank = max(self.attachers, seen.per_rank)  # any mark of the slot says what its deployment has
-        expected = creator_attachers(self.tensors[0].name) if self.tensors else None
-        if expected is not None:
-            per_rank = min(per_rank, max(expected, 1))
-        if per_rank <= 1:
+        seen = self.seen()
+        if seen.per_rank <= 1:
             return True
         mine = self._mark.name if self._mark is not None else None
         others = [name for name in seen.held if name != mine] + [mark.name for mark in seen.dead]
-        return len(others) + 1 >= per_rank  # by marks, not pids: one process may hold both (a test, a colocated port)
+        return len(others) + 1 >= seen.per_rank  # by marks, not pids: one process may hold both (a test, a port)
+
+    def seen(self, also_living: set[int] | frozenset[int] = frozenset()) -> Attachers:
+        """The rank's attachers as this process must count them: its own count (:attr:`attachers`) is a floor that
+        no mark, dead or forged, lowers, and any mark of the slot may raise it. Beside P/D's cache messager, which
+        is never told the engine's swap space or storage backend, the floor is two once the rank's transfer manager
+        says it is up (:func:`~.marks.transfer_manager_up`): FastDeploy starts one that attaches beside the worker
+        whenever the engine has either. An attacher takes a living creator of ours at its word where that creator
+        states its count (one where it holds the swap space itself, as ``fd-platforms run``'s manager does): the
+        creator knows whether it is the rank's transfer manager."""
+        exact = creator_attachers(self.tensors[0].name) if not self.creator and self.tensors else None
+        floor = max(self.attachers, 1)
+        if self.beside_messager and transfer_manager_up(self.suffix, self.rank):
+            floor = max(floor, 2)  # the worker and the transfer manager
+        return look(self.suffix, self.rank, also_living=also_living, floor=floor, exact=exact)
 
     def withdraw(self) -> None:
         """An attach that failed after the records were read: its mark removed and its holds dropped, the slot left
@@ -307,7 +348,7 @@ class FastDeployHandles:
         if not self._held:
             return
         deadline = time.monotonic() + timeout
-        if self.attachers:
+        if self._waits():
             self._wait_for_let_go(timeout)
         first = self._held[0]
         first.close()  # our own lock dropped: what remains are attachers' locks
@@ -334,25 +375,29 @@ class FastDeployHandles:
         self._held.pop(0)
         _release(self._held, os.getpid())
         self._at_exit.detach()
-        remove_dead(look(self.suffix, self.rank))
+        remove_every_dead(self.suffix, self.rank)
 
     def attachers_now(self) -> Attachers:
         """The rank's attachers of ours as a creator sees them: the marks, and the processes other than this one
         that hold its first record (an attacher of ours holds it even where its mark was removed)."""
         holders = shm.flock_holders(self._held[0].inode) - {os.getpid()} if self._held else set()
-        return look(self.suffix, self.rank, also_living=holders)
+        return self.seen(holders)
 
     def released_by_death(self) -> bool:
         """Whether the rank's slot stands released by the death of every attacher it can have, all of ours
-        (:attr:`~.fastdeploy_marks.Attachers.released_by_death`); never for a creator nobody attaches."""
-        return bool(self.attachers) and self.creator and self.attachers_now().released_by_death
+        (:attr:`~.marks.Attachers.released_by_death`); never for a creator nobody attaches."""
+        return self._waits() and self.creator and self.attachers_now().released_by_death
+
+    def _waits(self) -> bool:
+        """Whether a creator's clear waits for a let-go: some process attaches (a messager's worker always does)."""
+        return bool(self.attachers) or self.beside_messager
 
     def _wait_for_let_go(self, timeout: float) -> None:
         """Wait for the slot to go 0. Where it stands released by death (every attacher the deployment can have is
         one of ours gone without letting go: SIGKILLed, or died in its attach), it is reset for them, with a
         WARNING; a dead mark beside an attacher that may be FastDeploy's, which holds nothing, is waited past."""
         with FastDeploySignal.attach(CACHE_READY, self.suffix) as signal:
-            watch = DeathWatch(signal, self.rank, self.attachers_now, Attachers((), (), self.attachers))
+            watch = DeathWatch(signal, self.rank, self.attachers_now, self.attachers_now())
             try:
                 signal.wait_for(
                     self.rank, 0, timeout, what=f"rank {self.rank}'s creator waiting for its attacher", tend=watch

@@ -12,7 +12,8 @@ the process dies, however it dies.
   deployment can have is a dead one of ours (:attr:`Attachers.released_by_death`): in P/D with swap space the other
   attacher may be FastDeploy's, and a dead mark says nothing about it.
 - **Creator marks**, ``<first record>.fdp-creator``: a creator of ours holds one while its records are published,
-  with its pid, how many processes it expects to attach (:func:`creator_attachers`) and the first record's bytes.
+  with its pid, how many processes it knows attach (:func:`creator_attachers`; :data:`COUNTED` for P/D's cache
+  messager, which cannot know) and the first record's bytes.
   One nobody holds whose bytes are still the record's proves the records stale ones of a dead creator of ours;
   records without that proof may be a living FastDeploy process's.
 
@@ -29,9 +30,9 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..contract.errors import CacheSharingError
+from ..contract.errors import CacheSharingError, FdPlatformsError
 from ..ipc import shm
-from .signals import CACHE_READY
+from .signals import CACHE_READY, CACHE_TRANSFER_INITED, FastDeploySignal
 
 _ATTACHER = struct.Struct("=qqq")  # pid, rank, attachers per rank
 _PID = struct.Struct("=q")  # either mark starts with its maker's pid
@@ -39,6 +40,7 @@ _CREATOR = struct.Struct("=qq")  # a creator mark: its pid, the attachers it exp
 ATTACHER_WHAT = "FastDeploy attacher mark"
 CREATOR_WHAT = "FastDeploy creator mark"
 MAX_ATTACHERS = 2
+COUNTED = -1  # a creator mark's count where the creator (P/D's cache messager) cannot know it: counted at each look
 
 
 ATTACHER_NAME_START = "fdp-attacher."
@@ -61,6 +63,7 @@ class DeadMark:
 
     name: str
     pid: int
+    says: int = 1  # the attachers per rank its maker counted
 
 
 @dataclass(frozen=True)
@@ -85,9 +88,20 @@ class Attachers:
         return ", ".join(f"pid {mark.pid}" for mark in self.dead)
 
 
-def look(suffix: str, rank: int, *, also_living: set[int] | frozenset[int] = frozenset()) -> Attachers:
+def look(
+    suffix: str,
+    rank: int,
+    *,
+    also_living: set[int] | frozenset[int] = frozenset(),
+    floor: int = 1,
+    exact: int | None = None,
+) -> Attachers:
     """The marks of ``rank``'s slot under ``suffix``, looked at, none removed. ``also_living`` are pids of attachers
-    of ours the caller knows alive otherwise (a creator: those holding its first record), a mark of theirs or not."""
+    of ours the caller knows alive otherwise (a creator: those holding its first record), a mark of theirs or not.
+    The attachers per rank are ``exact`` where the caller knows them (a creator that sees its deployment), else the
+    most any mark says, never below ``floor``: no mark, dead or forged, lowers what the caller knows. A dead mark
+    that counts fewer attachers than that was made by no process of this deployment (each counts the same, by
+    :func:`fd_platforms.rules.roles.cache_roles`): it never stands for one of them."""
     living = {f"pid {pid}" for pid in also_living}
     dead: list[DeadMark] = []
     held: list[str] = []
@@ -103,16 +117,24 @@ def look(suffix: str, rank: int, *, also_living: set[int] | frozenset[int] = fro
                 continue  # not a complete mark of ours: left alone
             per_rank = max(per_rank, attachers)
             if segment.unused():
-                dead.append(DeadMark(name, pid))
+                dead.append(DeadMark(name, pid, attachers))
             else:
                 living.update(f"pid {holder}" for holder in shm.flock_holders(segment.inode) or {pid})
                 held.append(name)
-    return Attachers(tuple(sorted(living)), tuple(dead), per_rank, tuple(sorted(held)))
+    counted = exact if exact is not None else max(floor, per_rank)
+    ours = tuple(mark for mark in dead if mark.says >= counted)
+    return Attachers(tuple(sorted(living)), ours, counted, tuple(sorted(held)))
 
 
 def remove_dead(attachers: Attachers) -> list[int]:
     """Remove the dead marks of ``attachers`` that are still dead (each proven unlocked again); their pids."""
     return [mark.pid for mark in attachers.dead if _reclaimed(mark.name, say=lambda *_: None)]
+
+
+def remove_every_dead(suffix: str, rank: int) -> list[int]:
+    """Remove every dead mark of ``rank``'s slot, whatever it counts (a publication's start and end: none stands for
+    an attacher of the next); their pids."""
+    return remove_dead(look(suffix, rank, exact=0))
 
 
 def sweep_orphan_marks() -> list[str]:
@@ -176,10 +198,9 @@ def _entry(name: str) -> str:
 
 
 def creator_attachers(first_record: str) -> int | None:
-    """How many processes the living creator of ours of ``first_record`` expects to attach each rank (its mark says:
-    one where it holds the host swap space itself, the rank's transfer manager; two for P/D's cache messager, whose
-    transfer manager may attach beside the worker), or None where no living creator of ours holds the records
-    (FastDeploy's creators make no mark)."""
+    """How many processes the living creator of ours of ``first_record`` knows attach each rank (its mark says: one
+    where it holds the host swap space itself, the rank's transfer manager), or None where no living creator of ours
+    holds the records (FastDeploy's creators make no mark) or it cannot know (P/D's cache messager: :data:`COUNTED`)."""
     try:
         segment = shm.Segment.inspect(creator_mark_name(first_record), _CREATOR.size)
     except (OSError, shm.SegmentUnusable):
@@ -187,6 +208,18 @@ def creator_attachers(first_record: str) -> int | None:
     with segment:
         pid, attachers = _CREATOR.unpack(segment.read(_CREATOR.size))
         return attachers if pid > 0 and 0 <= attachers <= MAX_ATTACHERS and not segment.unused() else None
+
+
+def transfer_manager_up(suffix: str, rank: int) -> bool:
+    """Whether ``rank``'s cache transfer manager has said it is up in FastDeploy's ``cache_transfer_inited_signal``
+    (its ``__init__``, once attached: ``cache_transfer_manager.py`` ~L303-311 at c1b7c083; FastDeploy's engine makes
+    the signal before any cache process starts, ``common_engine.py`` ~L425, and serves only once every rank's is set,
+    ``prefix_cache_manager.py`` ~L341). In P/D that manager attaches beside the worker; FastDeploy's holds no mark."""
+    try:
+        with FastDeploySignal.attach(CACHE_TRANSFER_INITED, suffix) as inited:
+            return 0 <= rank < inited.length and inited.get(rank) == 1
+    except FdPlatformsError:
+        return False  # no FastDeploy engine made it: none of its transfer managers runs
 
 
 def stale_creator(first_record: str, record: bytes) -> int | None:

@@ -169,9 +169,12 @@ class FastDeployProtocol(WireProtocol):
         *,
         attachers: int,
         part: str = "all",
+        beside_messager: bool = False,
     ) -> FastDeployHandles:
         """One record per tensor, named by its layer: a draft part's records are its own whatever ``part``."""
-        return FastDeployHandles.create(instance, rank, tensors, platform_name, attachers=attachers)
+        return FastDeployHandles.create(
+            instance, rank, tensors, platform_name, attachers=attachers, beside_messager=beside_messager
+        )
 
     def open_published(
         self,
@@ -182,8 +185,11 @@ class FastDeployProtocol(WireProtocol):
         part: str = "all",
         *,
         attachers: int = 1,
+        beside_messager: bool = False,
     ) -> FastDeployHandles:
-        return FastDeployHandles.open(instance, rank, expected, platform_name, attachers=attachers)  # no shapes
+        return FastDeployHandles.open(  # no shapes
+            instance, rank, expected, platform_name, attachers=attachers, beside_messager=beside_messager
+        )
 
     def manager_up(self, instance: str, rank: int, *, swap: bool) -> None:
         """Say so as FastDeploy's transfer manager does: ``swap_space_ready_signal`` where it holds swap

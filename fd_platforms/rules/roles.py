@@ -51,9 +51,3 @@ def cache_roles(inputs: DecisionInputs) -> CacheRoles:
     if decide_cache_creation(**inputs.kwargs()).create:
         return CacheRoles(WORKER, transfer)
     return CacheRoles(TRANSFER_MANAGER, (WORKER,))
-
-
-def most_attachers(splitwise_role: str) -> int:
-    """The most processes that attach one rank's cache in a deployment of ``splitwise_role`` under any version: what a
-    creator that cannot see the deployment's swap space and storage backend (the cache messager) expects."""
-    return 1 if splitwise_role == "mixed" else 2

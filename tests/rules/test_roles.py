@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fd_platforms.rules.decision import BUILTIN_VERSIONS, TRUTH_TABLE, DecisionInputs, decide_cache_creation
-from fd_platforms.rules.roles import MESSAGER, TRANSFER_MANAGER, WORKER, cache_roles, most_attachers
+from fd_platforms.rules.roles import MESSAGER, TRANSFER_MANAGER, WORKER, cache_roles
 
 VERSIONS = [version.name for version in BUILTIN_VERSIONS]
 
@@ -33,7 +33,6 @@ def test_in_pd_the_messager_creates_and_a_transfer_manager_attaches_beside_the_w
     assert roles(rule, 0, None, role) == (MESSAGER, (WORKER,))
     for swap, backend in ((64, None), (0, "file"), (64, "attention_store")):
         assert roles(rule, swap, backend, role) == (MESSAGER, (WORKER, TRANSFER_MANAGER))
-    assert most_attachers(role) == 2 and most_attachers("mixed") == 1
 
 
 @pytest.mark.parametrize("rule", VERSIONS)

@@ -369,9 +369,10 @@ def fastdeploy_serving_manager(suffix: str, rank: int, tp: int, num_blocks: int,
     conn.send(("cleared", len(made)))
 
 
-def decode_runner(suffix: str, conn: Connection) -> None:
-    """Our runner of rank 0 in P/D decode with host swap space: it attaches (the cache messager's cache, two
-    attachers per rank), reports, then holds the cache until killed."""
+def decode_runner(suffix: str, conn: Connection, num_cpu_blocks: int = 4, storage_backend: str | None = None) -> None:
+    """Our runner of rank 0 in P/D decode (by default with host swap space: the cache messager's cache, two
+    attachers per rank): it attaches, reports, then on ``"clear"`` lets go and says ``"cleared"``; it holds the cache
+    until told or killed."""
     import fd_platforms
     from fd_platforms.engine import initialize_kv_cache
 
@@ -381,8 +382,8 @@ def decode_runner(suffix: str, conn: Connection) -> None:
             qwen_layout(),
             4,
             profile=False,
-            num_cpu_blocks=4,
-            storage_backend=None,
+            num_cpu_blocks=num_cpu_blocks,
+            storage_backend=storage_backend,
             splitwise_role="decode",
             protocol=FASTDEPLOY,
             instance=suffix,
@@ -391,7 +392,10 @@ def decode_runner(suffix: str, conn: Connection) -> None:
         ),
     )
     conn.send(("attached", cache.created))
-    conn.recv()
+    if conn.recv() == "clear":
+        cache.clear()
+        conn.send("cleared")
+        conn.recv()
 
 
 #: P/D decode with host swap space (FastDeploy's ``prefix_cache_manager.py`` ``launch_cache_manager``): the cache
@@ -479,3 +483,43 @@ def fastdeploy_control_manager(suffix: str, rank: int, tp: int, num_blocks: int,
     if held is not None:
         held.clear(30, clear_host=True)
     conn.send(("cleared", len(made), held is not None))
+
+
+def dropping_worker(protocol: str, name: str, conn: Connection) -> None:
+    """Our worker of rank 0 in a mixed instance with swap space (it attaches to the cache manager's cache): on
+    ``"drop"`` it keeps a reference to its first tensor, drops its ``KVCache`` without ``clear()`` and collects it,
+    then says ``("dropped", WARNINGs logged)``; on ``"write"`` it writes byte 2 = 0x6B through the kept tensor; it
+    exits on ``"stop"``."""
+    import gc
+    import logging
+
+    import fd_platforms
+    from fd_platforms.engine import initialize_kv_cache
+
+    warned: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warned.append(record.getMessage())
+
+    logging.getLogger("fd_platforms").addHandler(Keep(logging.WARNING))
+    wire = {"protocol": FASTDEPLOY, "tp": 1, "rule": "2026-01"} if protocol == "fastdeploy" else {}
+    cache: Any = initialize_kv_cache(
+        fd_platforms.current_platform(),
+        kv_request(qwen_layout(), 4, num_cpu_blocks=4, profile=False, instance=name, timeout=30, **wire),
+    )
+    conn.send(("attached", cache.created))
+    kept = None
+    while True:
+        kind = conn.recv()
+        if kind == "drop":
+            kept = cache.tensors[0]
+            del cache
+            gc.collect()
+            conn.send(("dropped", warned))
+        elif kind == "write":
+            raw = kept.view("uint8")  # type: ignore[attr-defined]
+            write_element(raw, (0,) * (raw.ndim - 1) + (2,), 0x6B)
+            conn.send("written")
+        elif kind == "stop":
+            return

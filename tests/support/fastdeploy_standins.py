@@ -39,6 +39,12 @@ fd-platforms (it says so on exit), so what meets our processes is FastDeploy's f
   its slot), waits for CLEARED, writes UPDATING, waits for its slot, attaches again, waits for
   NORMAL; another rank waits for CLEARING, lets go, waits for its slot, attaches again. ``CYCLES``
   0 drives nothing. Prints ``done``, waits for stdin to close, then lets go (resets its slot).
+- ``pd-transfer-manager SUFFIX RANK TP TENSORS``: the cache transfer manager of one rank in P/D, launched without
+  ``--create_cache_tensor`` (``prefix_cache_manager.py`` ``launch_cache_manager`` ~L297-304 at c1b7c083, whenever
+  the engine has swap space or a storage backend): its ``__init__`` attaches to the messager's cache
+  (``_init_gpu_cache``, ~L242 and ~L440-446: waits for its slot, opens every record), then sets
+  ``cache_transfer_inited_signal[RANK] = 1`` (~L303-311). Prints ``attached``, ``done``; when stdin closes it
+  unmaps and resets its slot, as ``attacher`` does.
 
 - ``rl SUFFIX CYCLES``: FastDeploy's engine side of the RL flow (``fastdeploy/entrypoints/engine_client.py``):
   per round, ``model_weights_status`` CLEARING, wait for CLEARED there and in ``kv_cache_status``; then
@@ -384,6 +390,16 @@ def attacher(suffix: str, rank: int, tp: int, specs: list[list], cycles: int, fi
     done_then_let_go(views, ready, rank)
 
 
+def pd_transfer_manager(suffix: str, rank: int, tp: int, specs: list[list]) -> None:
+    _ready_block, ready = attach("cache_ready_signal", suffix, tp)
+    _inited_block, inited = attach("cache_transfer_inited_signal", suffix, tp)
+    wait_until(lambda: ready[rank] == 1, f"rank {rank}'s cache to be created")  # _init_gpu_cache
+    views = open_all(specs, -1)
+    inited[rank] = 1  # the end of CacheTransferManager.__init__
+    print("attached", flush=True)
+    done_then_let_go(views, ready, rank)
+
+
 def done_then_let_go(views: list[mmap.mmap | DeviceView], ready: np.ndarray, rank: int) -> None:
     """Print ``done``, wait for stdin to close, then let go: unmap, reset the rank's slot."""
     print("done", flush=True)
@@ -464,6 +480,8 @@ def main(argv: list[str]) -> None:
         rl(suffix, int(rest[0]))
     elif role == "worker":
         worker(suffix, int(rest[0]), int(rest[1]), json.loads(rest[2]), int(rest[3]))
+    elif role == "pd-transfer-manager":
+        pd_transfer_manager(suffix, int(rest[0]), int(rest[1]), json.loads(rest[2]))
     elif role == "attacher":
         attacher(suffix, int(rest[0]), int(rest[1]), json.loads(rest[2]), int(rest[3]), int(rest[4]))
     else:

@@ -127,10 +127,12 @@ class WireProtocol(ABC):
         *,
         attachers: int,
         part: str = "all",
+        beside_messager: bool = False,
     ) -> Published:
         """Publish ``rank``'s exported tensors (held by this process until retracted); ``attachers``: how many
         processes are configured to attach to them (0: none); ``part`` the layout's part (its MTP draft
-        layers are published on their own)."""
+        layers are published on their own); ``beside_messager``: this creator is P/D's cache messager, which cannot
+        see whether a transfer manager attaches beside the worker (:class:`~fd_platforms.rules.roles.CacheRoles`)."""
 
     @abstractmethod
     def open_published(
@@ -142,11 +144,13 @@ class WireProtocol(ABC):
         part: str = "all",
         *,
         attachers: int = 1,
+        beside_messager: bool = False,
     ) -> Published:
         """``rank``'s publication of ``part``, held by this attacher until it lets go (or withdraws, where its attach
         fails); ``expected`` is this process's layout (no handles), for a protocol whose records carry no shapes,
-        ``platform_name`` the attaching platform, for one whose records are laid out per platform, and
-        ``attachers`` how many processes attach each rank in this deployment."""
+        ``platform_name`` the attaching platform, for one whose records are laid out per platform,
+        ``attachers`` how many processes attach each rank in this deployment, and ``beside_messager`` whether its
+        creator is P/D's cache messager."""
 
     @abstractmethod
     def manager_up(self, instance: str, rank: int, *, swap: bool) -> None:

@@ -102,6 +102,7 @@ class FdPlatformsProtocol(WireProtocol):
         *,
         attachers: int,
         part: str = "all",
+        beside_messager: bool = False,
     ) -> Publication:
         """Every attacher holds the manifest's lock while attached, so a clear waits for whoever does."""
         return Publication.create(publication_name(instance, rank, part), rank, device, list(tensors))
@@ -115,6 +116,7 @@ class FdPlatformsProtocol(WireProtocol):
         part: str = "all",
         *,
         attachers: int = 1,
+        beside_messager: bool = False,
     ) -> Publication:
         return Publication.open(publication_name(instance, rank, part), rank)  # the manifest carries the shapes
 
