@@ -88,7 +88,8 @@ class Publication:
     """A rank's manifest, held open by this process (creator or attacher) until it lets go.
 
     A creator that exits without retracting (or whose object is collected) unlinks it at exit, as
-    the cache-ready signal's owner does; only SIGKILL leaves it, for the next sweep.
+    the cache-ready signal's owner does; only SIGKILL leaves it, for the next sweep. An attacher's hold
+    ends only with its let-go or its process (:func:`hold_outlives_collection`).
     """
 
     def __init__(
@@ -104,7 +105,11 @@ class Publication:
         self._held: dict[str, shm.Segment | None] = {"segment": segment}
         self.name, self.rank, self.creator_pid, self.device = segment.name, rank, creator_pid, device
         self.tensors, self.creator = tensors, creator
-        self._at_exit = weakref.finalize(self, _release, self._held, os.getpid() if creator else None)
+        self._at_exit = (
+            weakref.finalize(self, _release, self._held, os.getpid())
+            if creator
+            else hold_outlives_collection(self, rank, "this protocol's manifest lock")
+        )
 
     @property
     def _segment(self) -> shm.Segment | None:
@@ -220,6 +225,28 @@ class Publication:
                 ),
             )
             time.sleep(POLL_SECONDS)
+
+
+def hold_outlives_collection(owner: object, rank: int, hold: str) -> weakref.finalize[Any, Any]:
+    """An attacher's finalizer: ``owner`` collected before its let-go (a ``KVCache`` dropped without ``clear()``) keeps
+    its ``hold`` (descriptors left open, and with them their locks and marks) until the process ends, and says so
+    with a WARNING naming the rank and the fix. Its tensors may still be referenced (FastDeploy keeps them in
+    ``share_inputs`` and ``forward_meta``) and device IPC memory keeps nothing of ours alive, so a creator that saw
+    the hold go would free pages this process still writes. It never runs at exit: the kernel drops the locks with
+    the process, and a creator then frees for its death."""
+    finalizer = weakref.finalize(owner, _kept_after_collection, rank, hold)
+    finalizer.atexit = False
+    return finalizer
+
+
+def _kept_after_collection(rank: int, hold: str) -> None:
+    logger.warning(
+        "rank %d's attached KV cache was dropped without clear(): this process keeps its hold on the creator's cache "
+        "(%s) until it exits, so the creator cannot free memory it may still use. Fix: call KVCache.clear() (or "
+        "ManagedCache.clear()) once the engine is done with the cache",
+        rank,
+        hold,
+    )
 
 
 def _release(held: dict[str, shm.Segment | None], creator_pid: int | None) -> None:

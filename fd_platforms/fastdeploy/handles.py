@@ -49,7 +49,7 @@ from collections.abc import Callable, Sequence
 from contextlib import suppress
 
 from ..contract.errors import CacheInUseError, CacheSharingError, FdPlatformsError, SignalWaitError
-from ..engine.publication import POLL_SECONDS, STILL_HELD_FIX, PublishedTensor
+from ..engine.publication import POLL_SECONDS, STILL_HELD_FIX, PublishedTensor, hold_outlives_collection
 from ..ipc import shm
 from ..ipc.process_watch import process_uid
 from ..kit.device_facts import raw_ipc_handle
@@ -214,7 +214,11 @@ class FastDeployHandles:
         self.name = f"{tensors[0].name} and {len(tensors) - 1} more" if tensors else f"rank {rank}'s publication"
         self.creator_pid = _named_pid(tensors)
         self._held = segments
-        self._at_exit = weakref.finalize(self, _release, self._held, os.getpid() if creator else None)
+        self._at_exit = (
+            weakref.finalize(self, _release, self._held, os.getpid())
+            if creator
+            else hold_outlives_collection(self, rank, "its mark and its lock on the first record")
+        )
 
     @classmethod
     def create(

@@ -115,6 +115,7 @@ class Segment(AbstractContextManager["Segment"]):
 
     Build it with :meth:`create` or :meth:`open`; :meth:`map` maps it; :meth:`close` unmaps it,
     closes the descriptor and so drops this process's lock (a ``with`` block on it closes it on leaving).
+    Only :meth:`close` closes it: one collected unclosed keeps its descriptor, and its lock, until the process ends.
     """
 
     name: str
