@@ -5,9 +5,10 @@ its bound (which ends the process, :mod:`.watchdog`), ``os._exit``, a signal to 
 crash in native code. When a command considers platforms it was not told to use (``list``, or
 selection without ``FD_PLATFORM``), a child process loads, detects and (where detection finds the
 device) confirms them one after another, as the in-process prober would, and reports each on a pipe
-of its own, saying first which one it starts. A platform that ends the child is broken, named with
-how the process ended (its step and bound, when it ran past the bound), and a new child screens
-the rest. The command itself then imports only the platform it selects. The child sees the
+of its own, saying first which one it starts and, once its plugin has loaded, the device nodes it claims. A
+platform that ends the child is broken, named with how the process ended (its step and bound, when it ran past
+the bound), its claim kept (so selection on a host with those nodes refuses instead of falling back to cpu), and
+a new child screens the rest. The command itself then imports only the platform it selects. The child sees the
 plugins this process sees (its ``sys.path``) and writes anything they print to this process's stderr.
 
 The child is :mod:`.screening_child`.
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..contract import errors
@@ -59,6 +60,7 @@ class ChildRun:
     started: str | None
     ended: str | None
     timed_out_step: str | None
+    claims: dict[str, NodeClaim | None] = field(default_factory=dict)
 
 
 def screen(candidates: Iterable[Candidate], bound: float) -> dict[str, Screened]:
@@ -75,7 +77,9 @@ def screen(candidates: Iterable[Candidate], bound: float) -> dict[str, Screened]
             continue
         if run.started in pending:  # the platform the child was on when it ended: broken; a new child for the rest
             candidate = pending.pop(run.started)
-            found[candidate.name] = Screened(error=_ended_error(candidate, run, bound))
+            found[candidate.name] = Screened(
+                error=_ended_error(candidate, run, bound), claim=run.claims.get(candidate.name)
+            )
         else:  # it ended outside any plugin's code: nothing is left to blame, and nothing to learn by retrying
             for candidate in pending.values():
                 found[candidate.name] = Screened(error=_unscreened_error(candidate, run.ended))
@@ -94,6 +98,7 @@ def _run_child(names: list[str], bound: float) -> ChildRun:
     finally:
         os.close(write)
     reported: dict[str, Screened] = {}
+    claims: dict[str, NodeClaim | None] = {}
     started: str | None = None
     timed_out_step: str | None = None
     allowed = len(names) * STEPS * bound + MARGIN_SECONDS
@@ -103,6 +108,9 @@ def _run_child(names: list[str], bound: float) -> ChildRun:
             parsed = _parse(line)
             if isinstance(parsed, str):
                 started = parsed
+            elif isinstance(parsed, Claimed):
+                if parsed.name in names:
+                    claims[parsed.name] = parsed.claim
             elif parsed is not None and parsed[0] in names:
                 reported[parsed[0]] = parsed[1]
             elif timed_out_step is None and (match := _TIMED_OUT.search(line.decode(errors="replace"))):
@@ -116,11 +124,11 @@ def _run_child(names: list[str], bound: float) -> ChildRun:
             child.kill()
             child.wait()
     if len(reported) == len(names):
-        return ChildRun(reported, None, None, None)
+        return ChildRun(reported, None, None, None, claims)
     ended = f"did not finish within {allowed:g} s" if code is None else describe_exit(code)
     in_progress = started if started not in reported else None
     step = timed_out_step if code in TIMED_OUT_STATUSES else None  # a watcher's exit, after the named frame
-    return ChildRun(reported, in_progress, ended, step)
+    return ChildRun(reported, in_progress, ended, step, claims)
 
 
 def _stderr_fd() -> int:
@@ -173,17 +181,32 @@ def _unscreened_error(candidate: Candidate, ended: str) -> PluginLoadError:
     )
 
 
-def _parse(line: bytes) -> str | tuple[str, Screened] | None:
-    """The name of the platform the child starts, or one result; None for anything else (faulthandler's
-    stack, or a plugin in the child writing to any descriptor)."""
+@dataclass(frozen=True)
+class Claimed:
+    """The child's word that platform ``name``'s plugin loaded, and the device nodes it claims."""
+
+    name: str
+    claim: NodeClaim | None
+
+
+def claimed_line(name: str, claim: NodeClaim | None) -> str:
+    """The child's line saying ``name``'s plugin loaded with ``claim`` (:class:`Claimed`)."""
+    return json.dumps({"loaded": name, "claim": None if claim is None else asdict(claim)})
+
+
+def _parse(line: bytes) -> str | Claimed | tuple[str, Screened] | None:
+    """The name of the platform the child starts, its claim once loaded, or one result; None for anything else
+    (faulthandler's stack, or a plugin in the child writing to any descriptor)."""
     try:
         found = json.loads(line)
         if "started" in found:
             return str(found["started"])
+        claim = None if found.get("claim") is None else NodeClaim(**found["claim"])
+        if "loaded" in found:
+            return Claimed(str(found["loaded"]), claim)
         if found.get("detection") is not None:
-            claim = None if found.get("claim") is None else NodeClaim(**found["claim"])
             return found["name"], Screened(Detection(**found["detection"]), found.get("device_type"), claim=claim)
-        return found["name"], Screened(error=_rebuilt(found["error"]))
+        return found["name"], Screened(error=_rebuilt(found["error"]), claim=claim)
     except Exception:  # noqa: BLE001 - any content at all
         return None
 
@@ -202,8 +225,8 @@ def _rebuilt(error: dict[str, Any]) -> FdPlatformsError:
 def record(name: str, found: Screened) -> dict[str, object]:
     """One platform's result line: its detection, device type and node claim, or its error."""
     error = found.error
+    claimed = None if found.claim is None else asdict(found.claim)
     if error is None:
-        claimed = None if found.claim is None else asdict(found.claim)
         detected = asdict(found.detection)  # type: ignore[arg-type]  # no error: a detection
         return {"name": name, "detection": detected, "device_type": found.device_type, "claim": claimed}
     described: dict[str, object] = {"type": type(error).__name__, "text": str(error)}
@@ -212,4 +235,4 @@ def record(name: str, found: Screened) -> dict[str, object]:
         described.update(plugin=error.plugin, distribution=error.distribution, message=str(error).removeprefix(prefix))
     if isinstance(error, PluginTimeoutError):
         described.update(step=error.step, seconds=error.seconds)
-    return {"name": name, "error": described}
+    return {"name": name, "error": described, "claim": claimed}

@@ -1,7 +1,8 @@
 """The screening child (:mod:`.screening`): ``python -m fd_platforms.loading.screening_child FD NAME...``
 loads, detects and (where detection finds the device) confirms each ``NAME`` in turn, as the
 in-process prober does, writing to descriptor ``FD`` a JSON line naming the platform it starts,
-then one with its result. A call past its bound ends this process with its stack written to ``FD``."""
+one with the device nodes its plugin claims once it has loaded, then one with its result. A call past its bound
+ends this process with its stack written to ``FD``."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import json
 import os
 import sys
 
+from .accelerators import NodeClaim
 from .isolation import blame_interrupts
-from .screening import Screened, record
+from .screening import Screened, claimed_line, record
 from .selection import Prober
 from .watchdog import write_to
 
@@ -19,8 +21,13 @@ def main(argv: list[str]) -> int:
     out, names = int(argv[0]), argv[1:]
     blame_interrupts()
     write_to(out)
-    prober = Prober(screen=False)
     with os.fdopen(out, "w") as report:
+
+        def loaded(name: str, claim: NodeClaim | None) -> None:
+            report.write(claimed_line(name, claim) + "\n")
+            report.flush()
+
+        prober = Prober(screen=False, on_loaded=loaded)
         for name in names:
             report.write(json.dumps({"started": name}) + "\n")
             report.flush()

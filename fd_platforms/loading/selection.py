@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from ..contract.errors import (
@@ -99,6 +99,9 @@ class Prober:
     confirmed: set[str] = field(default_factory=set)
     screen: bool = True
     """Load, detect and confirm the plugins not named in a child process (:mod:`.screening`), not here."""
+    on_loaded: Callable[[str, NodeClaim | None], None] | None = None
+    """Told each platform's node claim once its plugin has loaded, before its detection runs (the screening child
+    reports it then, so a detection that hangs or ends the child still leaves the claim known)."""
 
     def probe(self, name: str) -> Probe:
         """Load and detect the single candidate registered as ``name``, here: it is the one asked for."""
@@ -120,7 +123,7 @@ class Prober:
             elif self.screen and not here and not candidates[0].builtin:
                 screened.append(candidates[0])
             else:
-                self.probes[name] = _load_and_detect(candidates[0])
+                self.probes[name] = _load_and_detect(candidates[0], self.on_loaded)
         if screened:
             bound = detect_bound().seconds or DEFAULT_DETECT_TIMEOUT  # the child is bounded even where we are not
             results = screen(screened, bound)
@@ -165,12 +168,14 @@ class Prober:
         return probe
 
 
-def _load_and_detect(candidate: Candidate) -> Probe:
+def _load_and_detect(candidate: Candidate, on_loaded: Callable[[str, NodeClaim | None], None] | None) -> Probe:
     try:
         platform = load_platform(candidate)
     except FdPlatformsError as exc:
         return Probe(candidate, error=exc)
     claim = node_claim(platform.manager.get_plugin(candidate.name))
+    if on_loaded is not None:
+        on_loaded(candidate.name, claim)
     try:
         return Probe(candidate, platform, platform.detect(), claim=claim)
     except FdPlatformsError as exc:

@@ -272,6 +272,40 @@ def test_a_plugins_own_device_glob_counts_as_an_accelerator_present(host_nodes, 
     assert select_platform({"ZEPHYR_VISIBLE_DEVICES": ""}).platform.name == "cpu"
 
 
+BROKEN_DETECTIONS = {
+    "raises": "raise RuntimeError('driver mismatch')",
+    "hangs": "import time; time.sleep(600)",
+    "exits": "import os; os._exit(3)",
+}
+
+
+@pytest.mark.parametrize("how", list(BROKEN_DETECTIONS))
+def test_a_plugin_whose_detection_breaks_on_a_host_with_its_own_nodes_is_refused_never_a_cpu_fallback(
+    host_nodes, make_plugin, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Broken is no better than unavailable: the plugin's record has loaded (its claim is known) before its
+    detection raises, hangs past its bound or ends the screening child; selection names it and its error."""
+    monkeypatch.setenv("FD_PLATFORM_DETECT_TIMEOUT", "1")
+    body = textwrap.indent(BROKEN_DETECTIONS[how], " " * 8)
+    source = "from dataclasses import dataclass\nfrom fd_platforms.plugin import hookimpl\n" + ZEPHYR.replace(
+        "PLATFORM = PaddlePlatform(", "PLATFORM = Broken("
+    ).replace(
+        "\nPLATFORM = Broken(",
+        "\n@dataclass(frozen=True)\nclass Broken(PaddlePlatform):\n    @hookimpl\n"
+        f"    def detect_platform(self, environ=None):\n{body}\n\n\nPLATFORM = Broken(",
+    )
+    make_plugin("zephyr", source=source, attribute="PLATFORM")
+    host_nodes({"/dev/zephyr[0-9]*": ("/dev/zephyr0",)})
+    with pytest.raises(AcceleratorUnusableError) as info:
+        select_platform({})
+    message = str(info.value)
+    assert "devices that platform zephyr drives are present here (/dev/zephyr0)" in message
+    assert "platform zephyr (fd-test-zephyr " in message and ") is broken: " in message
+    assert {"raises": "driver mismatch", "hangs": "did not return within 1 s", "exits": "exit"}[how] in message
+    assert select_platform({"FD_PLATFORM": "cpu"}).platform.name == "cpu", "cpu on purpose still works"
+    assert select_platform({"ZEPHYR_VISIBLE_DEVICES": ""}).platform.name == "cpu", "its nodes hidden: nothing lost"
+
+
 # A Paddle-driven platform without paddle
 
 
