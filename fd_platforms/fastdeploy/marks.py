@@ -11,9 +11,14 @@ the process dies, however it dies.
   (:func:`fd_platforms.rules.roles.cache_roles`). A dead mark stands for the slot only where every attacher the
   deployment can have is a dead one of ours (:attr:`Attachers.released_by_death`): in P/D with swap space the other
   attacher may be FastDeploy's, and a dead mark says nothing about it.
-- **Creator marks**, ``<first record>.fdp-creator``: a creator of ours holds one while its records are published,
-  with its pid, how many processes it knows attach (:func:`creator_attachers`; :data:`COUNTED` for P/D's cache
-  messager, which cannot know) and the first record's bytes.
+- **Creator marks**, ``<first record>.fdp-creator.<pid>-<hex>``: a creator of ours holds one while its records are
+  published, with its pid, how many processes it knows attach (:func:`creator_attachers`; :data:`COUNTED` for P/D's
+  cache messager, which cannot know) and the first record's bytes.
+
+No mark has a fixed name: each ends in its maker's pid and random hex, and readers list the prefix and pass over
+what is not this user's mark, so an entry anyone plants in ``/dev/shm`` (another user's, an empty file, a directory)
+stops no engine. FastDeploy's own record names are fixed by FastDeploy: a planted record stays a typed refusal
+naming its owner (:mod:`.handles`).
   One nobody holds whose bytes are still the record's proves the records stale ones of a dead creator of ours;
   records without that proof may be a living FastDeploy process's.
 
@@ -25,9 +30,8 @@ from __future__ import annotations
 
 import os
 import secrets
-import stat
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..contract.errors import CacheSharingError, FdPlatformsError
@@ -40,6 +44,7 @@ _CREATOR = struct.Struct("=qq")  # a creator mark: its pid, the attachers it exp
 ATTACHER_WHAT = "FastDeploy attacher mark"
 CREATOR_WHAT = "FastDeploy creator mark"
 MAX_ATTACHERS = 2
+MARK_NAME_TRIES = 8  # random names tried for one mark (each taken only by a process racing this one)
 COUNTED = -1  # a creator mark's count where the creator (P/D's cache messager) cannot know it: counted at each look
 
 
@@ -52,9 +57,19 @@ def attacher_prefix(suffix: str, rank: int) -> str:
 
 
 def make_attacher_mark(suffix: str, rank: int, attachers: int) -> shm.Segment:
-    """This attacher's mark of ``rank``'s slot, held (shared) until closed; the kernel drops it at death."""
-    name = f"{attacher_prefix(suffix, rank)}{os.getpid()}-{secrets.token_hex(3)}"
-    return shm.Segment.create(name, _ATTACHER.size, _ATTACHER.pack(os.getpid(), rank, attachers))
+    """This attacher's mark of ``rank``'s slot, held (shared) until closed; the kernel drops it at death. Its name
+    ends in its pid and random hex, so no one can take it first: a name taken is tried again with other hex."""
+    content = _ATTACHER.pack(os.getpid(), rank, attachers)
+    for _ in range(MARK_NAME_TRIES):
+        try:
+            name = f"{attacher_prefix(suffix, rank)}{os.getpid()}-{secrets.token_hex(8)}"
+            return shm.Segment.create(name, _ATTACHER.size, content)
+        except FileExistsError:
+            continue
+    raise CacheSharingError(
+        f"cannot mark this attacher of rank {rank}: {MARK_NAME_TRIES} random names under /dev/shm/"
+        f"{attacher_prefix(suffix, rank)} were taken as they were made. Fix: look at who fills /dev/shm with them"
+    )
 
 
 @dataclass(frozen=True)
@@ -161,53 +176,60 @@ def _recognise(segment: shm.Segment) -> str | None:
     return f"pid {_PID.unpack(raw)[0]}" if len(raw) == _PID.size and _PID.unpack(raw)[0] > 0 else None
 
 
-def creator_mark_name(first_record: str) -> str:
-    return f"{first_record}.fdp-creator"
+def creator_prefix(first_record: str) -> str:
+    """The names of creator marks of the records from ``first_record`` start with this; each adds its maker's pid
+    and random hex, so no name is fixed: anyone may create any free name in ``/dev/shm``, and one planted there
+    (another user's, an empty file, a directory) is some other entry, never a mark that stops a creator."""
+    return f"{first_record}.fdp-creator."
 
 
 def make_creator_mark(first_record: str, record: bytes, attachers: int = 1) -> shm.Segment:
     """A creator's mark of its records, holding its pid, the ``attachers`` it expects per rank and the first
-    ``record``'s bytes, held until closed. A mark of a dead creator of ours still there (its records rewritten since
-    by another) is removed first; anything else under the mark's name (a living creator's mark, an empty or foreign
-    file, a directory, a FIFO, a link, another user's entry) is a CacheSharingError naming it and its owner."""
-    name, content = creator_mark_name(first_record), _CREATOR.pack(os.getpid(), attachers) + record
-    try:
-        return shm.Segment.create(name, len(content), content)
-    except FileExistsError:
-        _, why = shm.reclaim(name, _PID.size, _recognise, CREATOR_WHAT)
-    try:
-        return shm.Segment.create(name, len(content), content)
-    except FileExistsError:
-        raise CacheSharingError(
-            f"cannot mark FastDeploy's records from {first_record!r} as this creator's: /dev/shm/{name} exists "
-            f"({_entry(name)}) and is no dead creator mark of ours ({why or 'it came back meanwhile'}). Fix: if no "
-            f"engine uses this rank's records, remove /dev/shm/{name}; else give this engine another "
-            "engine_worker_queue_port"
-        ) from None
+    ``record``'s bytes, held until closed. Marks of dead creators of ours for these records (rewritten since by
+    another) are removed first; entries under the prefix that are no mark of this user's are left alone, in the
+    way of nothing. A living creator of ours holding a mark of them is a CacheSharingError naming it."""
+    prefix = creator_prefix(first_record)
+    for name in shm.names(prefix):
+        verdict, why = shm.reclaim(name, _PID.size, _recognise, CREATOR_WHAT)
+        if verdict == shm.Verdict.IN_USE:
+            raise CacheSharingError(
+                f"cannot mark FastDeploy's records from {first_record!r} as this creator's: /dev/shm/{name} is "
+                f"another creator's mark of them ({why}). Fix: clear that engine's cache first, or give this engine "
+                "other device ids (FastDeploy's record names carry only the layer, rank and device id)"
+            )
+    content = _CREATOR.pack(os.getpid(), attachers) + record
+    for _ in range(MARK_NAME_TRIES):
+        try:
+            return shm.Segment.create(f"{prefix}{os.getpid()}-{secrets.token_hex(8)}", len(content), content)
+        except FileExistsError:
+            continue  # taken by someone in the meantime: another random name
+    raise CacheSharingError(
+        f"cannot mark FastDeploy's records from {first_record!r}: {MARK_NAME_TRIES} random names under /dev/shm/"
+        f"{prefix} were taken as they were made. Fix: look at who fills /dev/shm with {prefix}* and remove those"
+    )
 
 
-def _entry(name: str) -> str:
-    """What ``/dev/shm/<name>`` is and whose, for an error: ``"a directory of uid 1000"``."""
-    try:
-        found = os.lstat(f"{shm.SHM_DIR}/{name}")
-    except OSError as error:
-        return f"it cannot be read: {error.strerror or error}"
-    kinds = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"))
-    kind = next((word for test, word in kinds if test(found.st_mode)), f"a file of {found.st_size} bytes")
-    return f"{kind} of uid {found.st_uid}" + (" (another user)" if found.st_uid != os.geteuid() else "")
+def _creator_marks(first_record: str, size: int) -> Iterator[shm.Segment]:
+    """This user's creator marks of the records from ``first_record``, each at least ``size`` bytes, opened in turn
+    (and closed after); others' entries and what cannot be opened are passed over."""
+    for name in shm.names(creator_prefix(first_record)):
+        try:
+            segment = shm.Segment.inspect(name, size)
+        except (OSError, shm.SegmentUnusable):
+            continue
+        with segment:
+            yield segment
 
 
 def creator_attachers(first_record: str) -> int | None:
     """How many processes the living creator of ours of ``first_record`` knows attach each rank (its mark says: one
     where it holds the host swap space itself, the rank's transfer manager), or None where no living creator of ours
     holds the records (FastDeploy's creators make no mark) or it cannot know (P/D's cache messager: :data:`COUNTED`)."""
-    try:
-        segment = shm.Segment.inspect(creator_mark_name(first_record), _CREATOR.size)
-    except (OSError, shm.SegmentUnusable):
-        return None
-    with segment:
+    for segment in _creator_marks(first_record, _CREATOR.size):
         pid, attachers = _CREATOR.unpack(segment.read(_CREATOR.size))
-        return attachers if pid > 0 and 0 <= attachers <= MAX_ATTACHERS and not segment.unused() else None
+        if pid > 0 and not segment.unused():
+            return attachers if 0 <= attachers <= MAX_ATTACHERS else None
+    return None
 
 
 def transfer_manager_up(suffix: str, rank: int) -> bool:
@@ -225,15 +247,9 @@ def transfer_manager_up(suffix: str, rank: int) -> bool:
 def stale_creator(first_record: str, record: bytes) -> int | None:
     """The pid of a dead creator of ours whose mark proves ``first_record`` (now holding ``record``) its stale
     leftover, its mark removed; None where no unheld mark of ours holds exactly those bytes."""
-    name = creator_mark_name(first_record)
     size = _CREATOR.size + len(record)
-    try:
-        segment = shm.Segment.inspect(name, size)
-    except (OSError, shm.SegmentUnusable):
-        return None
-    with segment:
+    for segment in _creator_marks(first_record, size):
         raw = segment.read(size + 1)
-        if len(raw) != size or raw[_CREATOR.size :] != record or not segment.unused():
-            return None
-        pid = _PID.unpack(raw[: _PID.size])[0]
-        return pid if segment.unlink() else None
+        if len(raw) == size and raw[_CREATOR.size :] == record and segment.unused() and segment.unlink():
+            return int(_PID.unpack(raw[: _PID.size])[0])
+    return None

@@ -44,9 +44,9 @@ def names() -> Iterator[list[str]]:
     rank = secrets.randbelow(10**6) + 1000
     made = [f"key_caches_0_rank{rank}.device0", f"value_caches_0_rank{rank}.device0"]
     yield made
-    for name in [*made, f"{made[0]}.fdp-creator"]:
-        if os.path.exists(f"/dev/shm/{name}"):
-            os.unlink(f"/dev/shm/{name}")
+    for path in [*(f"/dev/shm/{name}" for name in made), *glob.glob(f"/dev/shm/{made[0]}.fdp-creator.*")]:
+        if os.path.exists(path):
+            os.unlink(path)
 
 
 @pytest.fixture
