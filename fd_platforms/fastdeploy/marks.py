@@ -28,15 +28,19 @@ proves it unlocked first.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import secrets
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..contract.errors import CacheSharingError, FdPlatformsError
 from ..ipc import shm
 from .signals import CACHE_READY, CACHE_TRANSFER_INITED, FastDeploySignal
+
+logger = logging.getLogger(__name__)
 
 _ATTACHER = struct.Struct("=qqq")  # pid, rank, attachers per rank
 _PID = struct.Struct("=q")  # either mark starts with its maker's pid
@@ -49,6 +53,9 @@ COUNTED = -1  # a creator mark's count where the creator (P/D's cache messager) 
 
 
 ATTACHER_NAME_START = "fdp-attacher."
+_ATTACHER_NAME = re.compile(
+    rf"{re.escape(ATTACHER_NAME_START)}(?P<suffix>.+)\.r(?P<rank>\d+)\.(?P<pid>\d+)-[0-9a-f]{{6,16}}"
+)
 
 
 def attacher_prefix(suffix: str, rank: int) -> str:
@@ -143,7 +150,7 @@ def look(
 
 def remove_dead(attachers: Attachers) -> list[int]:
     """Remove the dead marks of ``attachers`` that are still dead (each proven unlocked again); their pids."""
-    return [mark.pid for mark in attachers.dead if _reclaimed(mark.name, say=lambda *_: None)]
+    return [mark.pid for mark in attachers.dead if _reclaimed(mark.name)]
 
 
 def remove_every_dead(suffix: str, rank: int) -> list[int]:
@@ -154,20 +161,46 @@ def remove_every_dead(suffix: str, rank: int) -> list[int]:
 
 def sweep_orphan_marks() -> list[str]:
     """Remove the dead attacher marks of slots that are gone (no ``cache_ready_signal.<suffix>`` any more: the engine
-    that owned the suffix exited, or a run's signals were swept), each proven ours and unlocked; the names removed.
-    A dead mark of a slot that still exists is left: it stands for its attacher until the slot's creator clears."""
+    that owned the suffix exited, or a run's signals were swept), each recognised as one of ours in full (its name's
+    form, its size, its pid, rank and count, :func:`_recognise_attacher`) and proven unlocked; the names removed, said
+    in one WARNING line. A dead mark of a slot that still exists is left: it stands for its attacher until the slot's
+    creator clears."""
     removed = []
     for name in shm.names(ATTACHER_NAME_START):
-        suffix = name[len(ATTACHER_NAME_START) :].rsplit(".r", 1)[0]
-        if suffix and not os.path.exists(shm.shm_path(f"{CACHE_READY}.{suffix}")) and _reclaimed(name):
+        found = _ATTACHER_NAME.fullmatch(name)
+        if found is None or os.path.exists(shm.shm_path(f"{CACHE_READY}.{found['suffix']}")):
+            continue
+        if _reclaimed(name):
             removed.append(name)
+    if removed:
+        logger.warning(
+            "removed %d dead %s(s) whose slots are gone (no process held them): %s",
+            len(removed),
+            ATTACHER_WHAT,
+            ", ".join(removed[:3]) + (f" and {len(removed) - 3} more" if len(removed) > 3 else ""),
+        )
     return removed
 
 
-def _reclaimed(name: str, say: Callable[..., None] | None = None) -> bool:
-    """Whether attacher mark ``name`` was removed, proven ours and unlocked (:func:`fd_platforms.ipc.shm.reclaim`,
-    ``say`` as it takes it)."""
-    return shm.reclaim(name, _ATTACHER.size, _recognise, ATTACHER_WHAT, say=say)[0] == shm.Verdict.RECLAIMED
+def _recognise_attacher(segment: shm.Segment) -> str | None:
+    """Who made attacher mark ``segment``, or None where it is not exactly one of ours: a name of the form
+    :func:`make_attacher_mark` gives, :data:`_ATTACHER`'s size, and the pid and rank its name says, with a count
+    of attachers a deployment can have."""
+    found = _ATTACHER_NAME.fullmatch(segment.name)
+    raw = segment.read(_ATTACHER.size + 1)
+    if found is None or len(raw) != _ATTACHER.size:
+        return None
+    pid, rank, attachers = _ATTACHER.unpack(raw)
+    if pid != int(found["pid"]) or rank != int(found["rank"]) or not 1 <= attachers <= MAX_ATTACHERS:
+        return None
+    return f"pid {pid}"
+
+
+def _reclaimed(name: str) -> bool:
+    """Whether attacher mark ``name`` was removed, recognised as ours and proven unlocked, without a word (its
+    caller says what it removed)."""
+    found = shm.reclaim(name, _ATTACHER.size, _recognise_attacher, ATTACHER_WHAT, say=lambda *_: None)
+    return found[0] == shm.Verdict.RECLAIMED
 
 
 def _recognise(segment: shm.Segment) -> str | None:
