@@ -188,3 +188,27 @@ def test_an_engines_own_protocol_is_registered_by_name_unless_the_name_is_taken(
     with pytest.raises(ConfigError) as caught:
         register_protocol("fastdeploy")
     assert caught.value.field == "protocol" and "Fix: pass the engine's protocol object" in str(caught.value)
+
+
+class _Raising:
+    def __get__(self, obj: object, owner: object) -> str:
+        raise RuntimeError("a name that runs code")
+
+
+class _Text(str):
+    pass
+
+
+@pytest.mark.parametrize("name", [5, None, "", " padded", "two words", _Text("subclass"), _Raising()])
+def test_a_protocol_whose_name_is_no_plain_text_is_refused_and_later_refusals_stay_typed(
+    fresh_registry: None, name: object
+) -> None:
+    class Named(type(OURS)):  # type: ignore[misc]
+        pass
+
+    Named.name = name  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError) as caught:
+        register_protocol(Named())
+    assert caught.value.field == "protocol.name" and "plain text without spaces" in str(caught.value)
+    with pytest.raises(ConfigError, match="protocol='no-such' is not valid"):
+        protocol_named("no-such")  # the refused one left nothing that breaks the list of names

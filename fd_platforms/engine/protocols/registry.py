@@ -59,7 +59,9 @@ def _listed(installed: dict[str, list[Candidate]]) -> list[str]:
 
 def register_protocol(protocol: object) -> None:
     """Make an engine's own ``protocol`` resolvable by its name in this process. A ConfigError where it is no
-    :class:`WireProtocol`, or where its name is another protocol's (ours, an installed one, a registered one)."""
+    :class:`WireProtocol`, where its ``name`` is no plain non-empty text without spaces (looked up statically: a
+    property or other code does not run), or where the name is another protocol's (ours, an installed one, a
+    registered one)."""
     if not isinstance(protocol, WireProtocol):
         raise ConfigError(
             "protocol",
@@ -67,19 +69,27 @@ def register_protocol(protocol: object) -> None:
             "a WireProtocol (an instance of a subclass that implements every operation)",
             "pass the engine's protocol object",
         )
-    known = _known.get(protocol.name)
-    if known is protocol:
-        return
-    holders = [f"{c.distribution} {c.version}" for c in _installed().get(protocol.name, [])]
-    if known is not None or holders:
-        held = f"installed by {' and '.join(holders)}" if holders else f"registered already ({known!r})"
+    name = inspect.getattr_static(protocol, "name", None)
+    if type(name) is not str or not name or name != name.strip() or any(char.isspace() for char in name):
         raise ConfigError(
             "protocol.name",
-            protocol.name,
+            name,
+            "plain text without spaces, set on the protocol's class or instance (protocol='<name>' finds it)",
+            "give the protocol's class a name such as name = 'my-engine'",
+        )
+    known = _known.get(name)
+    if known is protocol:
+        return
+    holders = [f"{c.distribution} {c.version}" for c in _installed().get(name, [])]
+    if known is not None or holders:
+        held = f"installed by {' and '.join(holders)}" if holders else f"registered already ({show_value(known)})"
+        raise ConfigError(
+            "protocol.name",
+            name,
             f"a name no other protocol has ({held})",
             "name the engine's protocol otherwise",
         )
-    _known[protocol.name] = protocol
+    _known[name] = protocol
 
 
 def _installed() -> dict[str, list[Candidate]]:
