@@ -202,7 +202,7 @@ class _Server:
         lost = None
         for rank in ranks:
             try:
-                self.held[rank] = self.recreate(rank)
+                self.held[rank] = _recreated(rank, self.recreate(rank))
             except Exception as error:  # noqa: BLE001 - the rank's failure is reported; the others are made
                 self.failed(rank, "create", error)
                 lost = lost or KVCacheFault(FaultKind.NOT_CREATED, rank)
@@ -224,6 +224,20 @@ class _Server:
         )
         if self.failures is not None:
             self.failures.append(ServeFailure(rank, step, error))
+
+
+def _recreated(rank: int, made: object) -> ManagedCache:
+    """What ``recreate(rank)`` returned, where it is what the serving holds: a :class:`ManagedCache` of ``rank`` that
+    created its cache; a ConfigError naming the call, what it returned and what is allowed otherwise (the rank then
+    counts as not created)."""
+    if isinstance(made, ManagedCache) and made.rank == rank and made.created:
+        return made
+    raise ConfigError(
+        f"recreate({rank})'s return value",
+        made,
+        f"the ManagedCache of rank {rank} that manage_kv_cache(..., protocol='fastdeploy') made, creating its cache",
+        "return what manage_kv_cache returned for that rank",
+    )
 
 
 def _wait_all(ready: FastDeploySignal, value: int, limit: float, what: str) -> None:

@@ -183,13 +183,16 @@ class Served:
     a thread that resets the slots of ``letting_go`` (as KVCache.clear does) at the first CLEARING after each
     :meth:`drive` starts."""
 
-    def __init__(self, cpu: Platform, suffix: str, recreate_fails: dict[int, BaseException], timeout: float) -> None:
+    def __init__(self, cpu: Platform, suffix: str, recreate_fails: dict[int, object], timeout: float) -> None:
         self.suffix, self.letting_go, self.failures = suffix, {0, 1}, []  # type: ignore[var-annotated]
         self.made: dict[int, object] = {}
 
         def make(rank: int) -> object:
-            if rank in self.made and rank in recreate_fails:
-                raise recreate_fails.pop(rank)
+            if rank in self.made and rank in recreate_fails:  # an exception raised, else what it picks returned
+                wrong = recreate_fails.pop(rank)
+                if isinstance(wrong, BaseException):
+                    raise wrong
+                return wrong(self.made)  # type: ignore[operator]
             kept = self.made[rank].host_cache if rank in self.made else None  # type: ignore[attr-defined]
             self.made[rank] = manage_kv_cache(
                 cpu,
@@ -257,7 +260,7 @@ class Served:
 def served(cpu: Platform, two_ranks: str) -> Iterator[Callable[..., Served]]:
     made: list[Served] = []
 
-    def start(recreate_fails: dict[int, BaseException] | None = None, timeout: float = 0.5) -> Served:
+    def start(recreate_fails: dict[int, object] | None = None, timeout: float = 0.5) -> Served:
         made.append(Served(cpu, two_ranks, recreate_fails or {}, timeout))
         return made[-1]
 
@@ -324,3 +327,17 @@ def test_serve_keeps_serving_when_fd_enable_swap_space_clearing_turns_bad(
     monkeypatch.setenv("FD_ENABLE_SWAP_SPACE_CLEARING", "0")
     drive_kv_cache_restore(serving.suffix, timeout=10)  # type: ignore[attr-defined]
     assert len(serving.close()) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("returned", [lambda made: None, lambda made: made[0]], ids=["nothing", "another rank's cache"])
+def test_what_recreate_returns_is_checked_and_a_wrong_answer_is_that_ranks_failure(
+    served: Callable[..., Served], returned: Callable[[dict[int, object]], object]
+) -> None:
+    serving = served({1: returned})
+    with pytest.raises(CacheUpdateError, match="could not create rank 1's KV cache again"):
+        serving.drive({0, 1})
+    [failure] = serving.failures
+    assert (failure.rank, failure.step, type(failure.error)) == (1, "create", ConfigError)
+    said = str(failure.error)
+    assert said.startswith("recreate(1)'s return value") and "allowed: the ManagedCache of rank 1" in said, said
