@@ -64,6 +64,8 @@ class CacheRequest:
     """The rule's inputs with the version the engine's processes follow (the pin, or the protocol's default)."""
 
     def __post_init__(self) -> None:
+        for name in PLAIN_FIELDS:  # taken at their value: no subclass's comparisons or hashing run later
+            object.__setattr__(self, name, plain_value(getattr(self, name)))
         check_layout(self.layout)
         check_num_blocks(self.num_blocks)
         try:
@@ -104,6 +106,29 @@ class CacheRequest:
     def wire(self) -> WireProtocol:
         """:attr:`protocol` as the object it is once the record is made (a name was resolved then)."""
         return cast(WireProtocol, self.protocol)
+
+
+#: The fields whose int or str values the record holds as plain ``int``/``str`` (:func:`plain_value`).
+PLAIN_FIELDS = (
+    "num_blocks",
+    "num_cpu_blocks",
+    "splitwise_role",
+    "storage_backend",
+    "rule",
+    "tp",
+    "creator_pid",
+    "timeout",
+)
+
+
+def plain_value(value: object) -> object:
+    """An ``int`` or ``str`` subclass's value as a plain ``int``/``str`` (``int.__int__``/``str.__str__``, which read
+    the value itself: the subclass's own methods do not run); anything else as it is (bool too: checks refuse it)."""
+    if isinstance(value, int) and not isinstance(value, bool) and type(value) is not int:
+        return int.__int__(value)
+    if isinstance(value, str) and type(value) is not str:
+        return str.__str__(value)
+    return value
 
 
 def check_not_draft(layout: CacheLayout) -> None:

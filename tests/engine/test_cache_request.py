@@ -179,3 +179,58 @@ def test_the_tp_a_fastdeploy_suffix_carries_travels_with_the_request_and_must_ag
     with pytest.raises(ConfigError) as caught:
         request(protocol="fastdeploy", instance=FastDeploySuffix.of("9923", tp=1), layout=qwen_layout(tp=2, rank=1))
     assert caught.value.field == "layout.rank"
+
+
+class LyingInt(int):
+    """An int whose comparisons and conversions lie: a check against it passes whatever its value."""
+
+    def __lt__(self, other: object) -> bool:
+        return False
+
+    def __gt__(self, other: object) -> bool:
+        return False
+
+    def __le__(self, other: object) -> bool:
+        return True
+
+    def __ge__(self, other: object) -> bool:
+        return True
+
+    def __int__(self) -> int:
+        return 1
+
+    def __index__(self) -> int:
+        return 1
+
+
+class LyingStr(str):
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = str.__hash__
+
+
+def test_int_and_str_subclasses_are_held_as_their_plain_values_and_checked_as_such() -> None:
+    made = CacheRequest(
+        layout=qwen_layout(),
+        num_blocks=LyingInt(64),
+        instance="x",
+        num_cpu_blocks=LyingInt(0),
+        splitwise_role=LyingStr("mixed"),
+        tp=LyingInt(1),
+    )
+    assert (made.num_blocks, made.num_cpu_blocks, made.tp, made.splitwise_role) == (64, 0, 1, "mixed")
+    assert [type(value) for value in (made.num_blocks, made.num_cpu_blocks, made.tp, made.splitwise_role)] == [
+        int,
+        int,
+        int,
+        str,
+    ]
+    with pytest.raises(ConfigError, match="num_blocks=0 is not valid"):  # its value, not its comparisons, checked
+        CacheRequest(
+            layout=qwen_layout(), num_blocks=LyingInt(0), instance="x", num_cpu_blocks=0, splitwise_role="mixed"
+        )
+    with pytest.raises(ConfigError, match="splitwise_role"):
+        CacheRequest(
+            layout=qwen_layout(), num_blocks=4, instance="x", num_cpu_blocks=0, splitwise_role=LyingStr("nope")
+        )
