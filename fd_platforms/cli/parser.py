@@ -13,6 +13,7 @@ import re
 import sys
 from typing import Any, NoReturn
 
+from ..contract.errors import closest_name
 from ..ipc.console import write_line
 
 USAGE_EXIT = 2
@@ -46,13 +47,13 @@ class OneLineParser(argparse.ArgumentParser):
         choice = _CHOICE.search(message)
         if choice:
             options = [option.strip(" '") for option in choice.group(3).split(",")]
-            close = difflib.get_close_matches(choice.group(2), options, n=1)
-            return f"; did you mean {close[0]!r}?" if close else ""
+            close = closest_name(choice.group(2), options)
+            return f"; did you mean {close!r}?" if close else ""
         unknown = _UNKNOWN.search(message)
         if unknown:
             first = unknown.group(1).split()[0].split("=")[0]
-            close = difflib.get_close_matches(first, self._option_strings(), n=1, cutoff=0.6)
-            return f"; did you mean {close[0]}?" if close else f"; see {self.prog} --help"
+            flag = difflib.get_close_matches(first, self._option_strings(), n=1, cutoff=0.6)
+            return f"; did you mean {flag[0]}?" if flag else f"; see {self.prog} --help"
         return f"; see {self.prog} --help"
 
     def _option_strings(self) -> list[str]:

@@ -74,6 +74,17 @@ class RecordError(FdPlatformsError, TypeError):
         super().__init__(f"{record}.{field}={show_value(value)} is not valid; allowed: {allowed}. Fix: {fix}")
 
 
+def closest_name(name: str, known: Iterable[str]) -> str | None:
+    """The known name ``name`` most likely means: one that differs only in case first (``Cpu`` is ``cpu``, not
+    ``xpu``), else the closest spelling, case aside; None where none is close."""
+    options = list(known)
+    folded = {option.casefold(): option for option in options}
+    if name.casefold() in folded:
+        return folded[name.casefold()]
+    close = difflib.get_close_matches(name.casefold(), list(folded), n=1)
+    return folded[close[0]] if close else None
+
+
 class SelectionError(FdPlatformsError):
     """The platform named or detected cannot be used (a configuration error)."""
 
@@ -86,13 +97,13 @@ class UnknownPlatformError(SelectionError, ConfigError):
 
     def __init__(self, variable: str, name: str, installed: Iterable[str], fix: str, *, also: str = "") -> None:
         self.installed = sorted(installed)
-        close = difflib.get_close_matches(name, [*self.installed, *filter(None, [also])], n=1)
+        close = closest_name(name, [*self.installed, *filter(None, [also])])
         ConfigError.__init__(
             self,
             variable,
             name,
             f"{also + ', or ' if also else ''}an installed platform. Choose one of: {', '.join(self.installed)}",
-            (f"did you mean {close[0]!r}? " if close else "") + fix,
+            (f"did you mean {close!r}? " if close else "") + fix,
         )
 
 

@@ -67,6 +67,14 @@ def test_unknown_name_lists_installed_platforms() -> None:
     assert f"Choose one of: {', '.join(discover())}" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("typed", "meant"), [("Cpu", "cpu"), ("CUDA", "cuda"), ("Intel_HPU", "intel_hpu"), ("cdua", "cuda")]
+)
+def test_a_name_in_another_case_is_told_the_installed_one_before_a_near_spelling(typed: str, meant: str) -> None:
+    with pytest.raises(UnknownPlatformError, match=f"Fix: did you mean '{meant}'\\?"):
+        select_platform({"FD_PLATFORM": typed})
+
+
 def test_missing_in_repo_plugin_says_how_to_install_it() -> None:
     without_xpu = {name: cands for name, cands in discover().items() if name != "xpu"}
     with pytest.raises(UnknownPlatformError) as info:

@@ -20,7 +20,6 @@ the file, and a ``None`` value in them means "not given".
 
 from __future__ import annotations
 
-import difflib
 import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -29,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...contract.errors import ConfigError, first_line
+from ...contract.errors import ConfigError, closest_name, first_line
 from ..sizes import parse_size
 from .files import read_config_file
 from .model import ModelConfig, check_tensor_parallel, load_model_config
@@ -101,8 +100,8 @@ def _check_shape(sections: Mapping[str, object], source: str | None) -> None:
 
 
 def _did_you_mean(word: str, known: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(known), n=1)
-    return f"did you mean {close[0]!r}?" if close else "remove it or use one of the allowed names"
+    close = closest_name(word, known)
+    return f"did you mean {close!r}?" if close else "remove it or use one of the allowed names"
 
 
 @contextmanager
