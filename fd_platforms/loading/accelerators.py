@@ -28,7 +28,8 @@ class KnownAccelerator:
     """One vendor's device nodes and the platform that drives them.
 
     ``nodes``: a glob of the nodes the driver makes; ``visible_devices_env``: the variable that hides
-    devices from its runtime; ``source``: where the node names come from.
+    devices from its runtime; ``source``: where the node names come from; ``also_made_by``: what else makes
+    the nodes, where a host may have them without the accelerator (said when none can be used).
     """
 
     vendor: str
@@ -37,6 +38,7 @@ class KnownAccelerator:
     distribution: str
     visible_devices_env: str
     source: str
+    also_made_by: str | None = None
 
 
 KNOWN_ACCELERATORS = (
@@ -82,6 +84,8 @@ KNOWN_ACCELERATORS = (
         source="the ROCm/DTK driver's kernel fusion driver node /dev/kfd, one for all devices (FastDeploy's Hygon "
         "DCU guide mounts /dev/kfd and /dev/dri); its GPUs are /dev/dri render nodes, which other vendors' GPUs "
         "have too",
+        also_made_by="Linux's amdgpu driver makes /dev/kfd for any AMD GPU, an AMD desktop's integrated display GPU "
+        "too, so this may be no accelerator for serving at all",
     ),
     KnownAccelerator(
         vendor="Enflame",
@@ -142,11 +146,13 @@ class PresentAccelerator:
     nodes: tuple[str, ...]
     platforms: tuple[str, ...]
     distribution: str | None
+    also_made_by: str | None = None
 
     def describe(self) -> str:
-        """``NVIDIA devices are present here (/dev/nvidia0, /dev/nvidia1)``."""
+        """``NVIDIA devices are present here (/dev/nvidia0, /dev/nvidia1)``, and what else makes such nodes."""
         what = f"{self.vendor} devices" if self.vendor else f"devices that platform {self.platforms[0]} drives"
-        return f"{what} are present here ({shown(self.nodes)})"
+        also = f" ({self.also_made_by})" if self.also_made_by else ""
+        return f"{what} are present here ({shown(self.nodes)}){also}"
 
 
 @dataclass(frozen=True)
@@ -188,12 +194,17 @@ def present_accelerators(
     hidden: list[Hidden] = []
 
     def consider(
-        vendor: str | None, nodes: tuple[str, ...], env: str | None, platforms: tuple[str, ...], dist: str | None
+        vendor: str | None,
+        nodes: tuple[str, ...],
+        env: str | None,
+        platforms: tuple[str, ...],
+        dist: str | None,
+        also: str | None = None,
     ) -> None:
         if env is not None and env in environ and visible_count(len(nodes), env, environ) == 0:
             hidden.append(Hidden(vendor, nodes, env, environ[env]))
         else:
-            present.append(PresentAccelerator(vendor, nodes, platforms, dist))
+            present.append(PresentAccelerator(vendor, nodes, platforms, dist, also))
 
     for known in KNOWN_ACCELERATORS:
         nodes = find_nodes(known.nodes)
@@ -203,7 +214,8 @@ def present_accelerators(
         for name in joining:
             del claimed[name]
         claimed.pop(known.platform, None)
-        consider(known.vendor, nodes, known.visible_devices_env, (known.platform, *joining), known.distribution)
+        platforms = (known.platform, *joining)
+        consider(known.vendor, nodes, known.visible_devices_env, platforms, known.distribution, known.also_made_by)
     for name, nodes in claimed.items():
         if nodes:
             consider(None, nodes, claims[name].visible_devices_env, (name,), None)

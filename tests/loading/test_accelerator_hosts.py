@@ -463,3 +463,14 @@ def test_the_docs_error_sample_is_what_selection_says(host_nodes) -> None:
     any_version = re.compile(r"paddlepaddle \d+\.\d+\.\d+")  # the CPU build CI installs
     said = f"fd-platforms: error: {info.value}"
     assert any_version.sub("paddlepaddle X", sample) == any_version.sub("paddlepaddle X", said)
+
+
+def test_a_host_with_only_dev_kfd_is_told_a_display_gpu_makes_it_too_and_how_to_run_on_cpu(host_nodes) -> None:
+    host_nodes({"/dev/kfd": ("/dev/kfd",)})
+    found = {name: cands for name, cands in discover().items() if name != "dcu"}
+    with pytest.raises(AcceleratorUnusableError) as info:
+        select_platform({}, Prober(found=found))
+    message = str(info.value)
+    assert "ROCm (Hygon DCU, AMD) devices are present here (/dev/kfd) (Linux's amdgpu driver makes /dev/kfd" in message
+    assert "an AMD desktop's integrated display GPU too" in message
+    assert message.endswith("set FD_PLATFORM=cpu"), message
