@@ -33,7 +33,8 @@ memfd zero-filled by the kernel, the manifest published in ``/dev/shm``, the slo
    attached state both times, of each process's RSS (``/proc/<pid>/statm``) and open fds
    (``/proc/<pid>/fd``), and of this run's ``/dev/shm`` entries (``fd_cache_ready.<instance>`` and
    ``fd_kv_cache.<instance>.rank*``; entries of other engines are not counted). Goal: 0 entries,
-   0 fds, RSS <= 1 % in both processes.
+   0 fds, RSS growth <= 2 KiB a cycle in both processes (Paddle's own ``from_dlpack`` leaked 8.4 KiB a cycle
+   of 96 tensors: :mod:`fd_platforms.kit.dlpack`).
 
 Measures 1-3 and the anchors are the median of ``--repeat`` samples (default 5). Every wait is
 bounded; the creator, the signal and any ``/dev/shm`` entry of the run are removed on every path.
@@ -75,12 +76,12 @@ from fd_platforms.rules.layout import CacheLayout, build_layout  # noqa: E402
 from fd_platforms.rules.sizes import format_size, parse_size  # noqa: E402
 
 MODELS = {"deepseek-v3": ROOT / "examples" / "deepseek-v3", "qwen3-30b-a3b": ROOT / "examples" / "qwen3-30b-a3b"}
-GOAL = {"ratio": 0.8, "attach_ms": 20.0, "overhead_ms": 20.0, "rss_percent": 1.0}
+GOAL = {"ratio": 0.8, "attach_ms": 20.0, "overhead_ms": 20.0, "rss_per_cycle_kib": 2.0}
 GOAL_TEXT = {
     "create": "create/fresh pages >= 0.8",
     "attach": "attach <= 20 ms",
     "recreate": "beyond alloc+free <= 20 ms",
-    "growth": "0 shm, 0 fds, RSS <= 1 %",
+    "growth": "0 shm, 0 fds, RSS <= 2 KiB a cycle",
 }
 START_SECONDS = 180.0  # the creator's start (spawn, imports) on a loaded machine
 STEP_SECONDS = 120.0  # any one step of the creator, and any wait of this process for a slot
@@ -428,11 +429,13 @@ def measure_model(run: Run, model: str, size: int, repeat: int, warmup: int, cyc
         growth[f"rss_{who}_bytes"] = after[f"rss_{who}"]
         growth[f"rss_growth_{who}_bytes"] = after[f"rss_{who}"] - before[f"rss_{who}"]
         growth[f"rss_growth_{who}_percent"] = round(100 * growth[f"rss_growth_{who}_bytes"] / before[f"rss_{who}"], 3)
+        growth[f"rss_growth_{who}_kib_per_cycle"] = round(growth[f"rss_growth_{who}_bytes"] / cycles / 1024, 2)
     growth["met"] = (
         growth["shm_entries_growth"] == 0
         and growth["fds_growth_benchmark"] == 0
         and growth["fds_growth_creator"] == 0
-        and max(growth["rss_growth_benchmark_percent"], growth["rss_growth_creator_percent"]) <= GOAL["rss_percent"]
+        and max(growth["rss_growth_benchmark_kib_per_cycle"], growth["rss_growth_creator_kib_per_cycle"])
+        <= GOAL["rss_per_cycle_kib"]
     )
     rows = [create, attach, recreate, growth]
     for row in rows:
@@ -494,8 +497,8 @@ def result_text(row: dict[str, Any]) -> str:
     return (
         f"shm {row['shm_entries_growth']:+d} (now {row['shm_entries']}), "
         f"fds {row['fds_growth_benchmark']:+d}/{row['fds_growth_creator']:+d}, "
-        f"RSS {row['rss_growth_benchmark_percent']:+.2f} %/{row['rss_growth_creator_percent']:+.2f} % "
-        f"({format_size(row['rss_growth_benchmark_bytes'])}/{format_size(row['rss_growth_creator_bytes'])}) "
+        f"RSS {row['rss_growth_benchmark_kib_per_cycle']:+.2f}/{row['rss_growth_creator_kib_per_cycle']:+.2f} KiB a "
+        f"cycle ({format_size(row['rss_growth_benchmark_bytes'])}/{format_size(row['rss_growth_creator_bytes'])}) "
         "benchmark/creator"
     )
 

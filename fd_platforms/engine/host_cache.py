@@ -17,6 +17,7 @@ from ..contract.errors import ConfigError
 from ..contract.integers import check_int
 from ..contract.paddle_import import import_paddle
 from ..contract.types import DTYPE_BYTES, HostBuffer
+from ..kit.dlpack import from_dlpack
 from ..rules.layout import CacheLayout
 from .kv_cache import check_platform_and_layout
 
@@ -128,7 +129,7 @@ def allocate_host_cache(platform: Platform, layout: CacheLayout, num_blocks: int
         raw = whole[offset : offset + num_blocks * spec.bytes_per_block].reshape(
             *shape[:-1], shape[-1] * DTYPE_BYTES[spec.dtype]
         )
-        tensor = paddle.from_dlpack(raw)
+        tensor = from_dlpack(paddle, raw)
         tensors.append(tensor if spec.dtype == "uint8" else tensor.view(spec.dtype))
     del whole, raw
     return HostCache(layout.host_names(), tensors, num_blocks, buffer)

@@ -42,6 +42,7 @@ from ..contract.errors import BufferInUseError, CacheSharingError, DeviceAllocEr
 from ..contract.paddle_import import import_paddle
 from ..contract.types import DTYPE_BYTES, SharedTensor
 from ..rules.sizes import format_size
+from .dlpack import from_dlpack
 from .host_memory import available_host_bytes
 
 logger = logging.getLogger(__name__)
@@ -212,7 +213,7 @@ class _Mapping:
         raw = np.frombuffer(memoryview((ctypes.c_uint8 * self.nbytes).from_address(self.address)), dtype=np.uint8)
         raw = raw.reshape(*shape[:-1], shape[-1] * DTYPE_BYTES[dtype])
         self._arrays.append(weakref.ref(raw))
-        tensor = paddle.from_dlpack(raw)
+        tensor = from_dlpack(paddle, raw)
         return tensor if dtype == "uint8" else tensor.view(dtype)
 
     def close_when_unused(self, name: str, fd: int | None, then: Callable[[], None]) -> None:

@@ -53,6 +53,8 @@ FIELDS = {
         "fds_growth_creator",
         "rss_growth_benchmark_percent",
         "rss_growth_creator_percent",
+        "rss_growth_benchmark_kib_per_cycle",
+        "rss_growth_creator_kib_per_cycle",
     },
 }
 
