@@ -24,9 +24,15 @@ _LAZY = {
 }
 
 __all__ = ["API_VERSION", "current_platform", "current_selection", "hookimpl", "reset_platform"]  # _LAZY's names
+__version__: str  # the distribution's version (importlib.metadata), read on first use
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # the installed distribution's, read once it is asked for
+        from importlib.metadata import version
+
+        globals()[name] = version("fd-platforms")
+        return globals()[name]
     if name in _LAZY:
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value
@@ -36,4 +42,4 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     """The module's names with the lazy public ones, before any is loaded (for ``dir()`` and completion)."""
-    return sorted({*globals(), *__all__})
+    return sorted({*globals(), *__all__, "__version__"})
