@@ -7,6 +7,7 @@ and ``--non-cache-memory`` are sizes the commands read themselves (:func:`memory
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -96,31 +97,51 @@ def given_flags(args: argparse.Namespace, actions: Sequence[argparse.Action]) ->
     return flags
 
 
+#: Each deployment field a flag sets, and the flag (``attribute`` on the parsed arguments is the flag's dest).
+FLAG_FIELDS = {
+    ("model", "path"): "--model",
+    ("model", "attention"): "--attention",
+    ("model", "use_mtp"): "--mtp",
+    ("cache", "block_size"): "--block-size",
+    ("cache", "cache_dtype"): "--cache-dtype",
+    ("cache", "kv_cache_quant_type"): "--kv-cache-quant-type",
+    ("cache", "memory_utilization"): "--memory-utilization",
+    ("cache", "swap_space"): "--swap-space",
+    ("cache", "kvcache_storage_backend"): "--storage-backend",
+    ("cache", "num_gpu_blocks_override"): "--num-gpu-blocks-override",
+    ("cache", "num_gpu_block_expand_ratio"): "--num-gpu-block-expand-ratio",
+    ("cache", "rule"): "--rule",
+    ("scheduler", "splitwise_role"): "--role",
+    ("scheduler", "protocol"): "--protocol",
+    ("parallel", "tensor_parallel_size"): "--tp",
+}
+
+
 def deploy_config(args: argparse.Namespace) -> DeployConfig:
-    """The deployment from ``--config`` (if given) with the flags as overrides."""
-    overrides = {
-        "model": {"path": args.model, "attention": args.attention, "use_mtp": args.mtp},
-        "cache": {
-            "block_size": args.block_size,
-            "cache_dtype": args.cache_dtype,
-            "kv_cache_quant_type": args.kv_cache_quant_type,
-            "memory_utilization": args.memory_utilization,
-            "swap_space": args.swap_space,
-            "kvcache_storage_backend": args.storage_backend,
-            "num_gpu_blocks_override": args.num_gpu_blocks_override,
-            "num_gpu_block_expand_ratio": args.num_gpu_block_expand_ratio,
-            "rule": args.rule,
-        },
-        "scheduler": {"splitwise_role": args.role, "protocol": args.protocol},
-        "parallel": {"tensor_parallel_size": args.tp},
-    }
-    if args.config:
-        return load_deploy_config(args.config, overrides)
-    if args.model is None:
-        raise ConfigError(
-            "--model", None, "a config.json or a folder holding one", "pass --model PATH or --config FILE"
-        )
-    return deploy_config_from_overrides(overrides)
+    """The deployment from ``--config`` (if given) with the flags as overrides. A refused value a flag gave is named
+    by that flag (``--tp=0``), not by the field it sets (``parallel.tensor_parallel_size``)."""
+    overrides: dict[str, dict[str, Any]] = {}
+    given: dict[str, str] = {}
+    for (section, key), flag in FLAG_FIELDS.items():
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        overrides.setdefault(section, {})[key] = value
+        if value is not None:
+            given[f"{section}.{key}"] = flag
+    try:
+        if args.config:
+            return load_deploy_config(args.config, overrides)
+        if args.model is None:
+            raise ConfigError(
+                "--model", None, "a config.json or a folder holding one", "pass --model PATH or --config FILE"
+            )
+        return deploy_config_from_overrides(overrides)
+    except ConfigError as error:
+        named = given.get(error.field)
+        if named is None:
+            raise
+        key = error.field.rsplit(".", 1)[1]
+        fix = re.sub(rf"\b{re.escape(key)}\b", named, error.fix)
+        raise ConfigError(named, error.value, error.allowed, fix) from None
 
 
 def memory_sizes(args: argparse.Namespace) -> tuple[int | None, int | None, int | None]:

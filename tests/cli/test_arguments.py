@@ -39,7 +39,7 @@ def test_run_platform_all_says_all_is_for_plan() -> None:
 )
 def test_a_tensor_parallel_size_that_does_not_split_the_model(tp: str, why: str) -> None:
     line = one_error_line(cli("plan", "--model", QWEN, "--tp", tp, "--device-memory", "80GiB"))
-    assert f"parallel.tensor_parallel_size={tp} is not valid" in line and why in line
+    assert f"--tp={tp} is not valid" in line and why in line, "named by the flag the user gave"
     assert "for qwen3-30b-a3b: 1, 2, 4, 8, 16, 32" in line
 
 

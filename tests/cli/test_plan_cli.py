@@ -297,10 +297,10 @@ def test_unavailable_platform_without_device_memory_says_to_pass_it() -> None:
         (["--model", "examples/llama-3.1-8b", "--platform", "all"], "--device-memory is not given"),
         (["--device-memory", "8GiB"], "--model is not given"),
         (["--model", "examples/no-such-model", "--device-memory", "8GiB"], "no-such-model"),
-        (["--model", "examples/llama-3.1-8b", "--tp", "0", "--device-memory", "8GiB"], "tensor_parallel_size=0"),
+        (["--model", "examples/llama-3.1-8b", "--tp", "0", "--device-memory", "8GiB"], "--tp=0 is not valid"),
         (
             ["--model", "examples/llama-3.1-8b", "--memory-utilization", "1.5", "--device-memory", "8GiB"],
-            "memory_utilization=1.5",
+            "--memory-utilization=1.5 is not valid",
         ),
         (["--model", "examples/llama-3.1-8b", "--role", "both"], "invalid choice: 'both'"),
     ],
