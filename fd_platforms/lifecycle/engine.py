@@ -66,7 +66,7 @@ def select_run_platform(ranks: int, name: str | None = None) -> Platform:
     if name is not None and name not in prober.found:
         raise UnknownPlatformError("--platform", name, prober.found, "name the platform to run on")
     environ = None if name is None else {**os.environ, ENV_PLATFORM: name}
-    platform = select_platform(environ, prober=prober).platform
+    platform = select_platform(environ, prober=prober, named_by="--platform" if name else ENV_PLATFORM).platform
     if platform.identity.device_type == "cpu":
         return platform
     detection = prober.probe(platform.name).detection

@@ -213,14 +213,17 @@ def allowed_names(found: Mapping[str, list[Candidate]], environ: Mapping[str, st
     return [name for name in found if name == FALLBACK_PLATFORM or name in wanted]
 
 
-def select_platform(environ: Mapping[str, str] | None = None, prober: Prober | None = None) -> Selection:
-    """Apply the selection rules to ``environ`` (default ``os.environ``); no caching."""
+def select_platform(
+    environ: Mapping[str, str] | None = None, prober: Prober | None = None, *, named_by: str = ENV_PLATFORM
+) -> Selection:
+    """Apply the selection rules to ``environ`` (default ``os.environ``); no caching. ``named_by``: what the user
+    named the platform with, for messages (a command's ``--platform`` puts its value in ``FD_PLATFORM``)."""
     env = dict(os.environ if environ is None else environ)  # read once: a plugin loaded below cannot change it
     prober = prober or Prober()
     allowed = allowed_names(prober.found, env)
     requested = env.get(ENV_PLATFORM, "").strip()
     if requested:
-        return _select_requested(requested, allowed, prober, env)
+        return _select_requested(requested, allowed, prober, env, named_by)
     # Cheap detection for every platform at once; Paddle confirms only those that detected a runtime.
     accelerators = [name for name in allowed if name != FALLBACK_PLATFORM]
     prober.probe_all(accelerators)
@@ -285,14 +288,16 @@ def _why_not(
     return f"{label} is {'broken' if probe.error is not None else 'unavailable'}: {probe.reason}"
 
 
-def _select_requested(requested: str, allowed: list[str], prober: Prober, env: Mapping[str, str]) -> Selection:
+def _select_requested(
+    requested: str, allowed: list[str], prober: Prober, env: Mapping[str, str], named_by: str = ENV_PLATFORM
+) -> Selection:
     if requested not in prober.found:
         raise UnknownPlatformError(
-            ENV_PLATFORM, requested, prober.found, f"set {ENV_PLATFORM} to one of them, or {_install_hint(requested)}"
+            named_by, requested, prober.found, f"set {named_by} to one of them, or {_install_hint(requested)}"
         )
     if requested not in allowed:
         raise SelectionError(
-            f"{ENV_PLATFORM}={requested!r} is excluded by {ENV_PLUGINS}={env.get(ENV_PLUGINS)!r}. "
+            f"{named_by}={requested!r} is excluded by {ENV_PLUGINS}={env.get(ENV_PLUGINS)!r}. "
             f"Fix: add {requested} to {ENV_PLUGINS} or unset it"
         )
     single_candidate(prober.found, requested)  # a duplicate of the requested name is refused unimported
@@ -303,9 +308,9 @@ def _select_requested(requested: str, allowed: list[str], prober: Prober, env: M
         raise probe.error
     if not probe.available:
         raise PlatformUnavailableError(
-            f"{ENV_PLATFORM}={requested!r} selects {probe.candidate.distribution} {probe.candidate.version}, "
+            f"{named_by}={requested!r} selects {probe.candidate.distribution} {probe.candidate.version}, "
             f"which is not available here: {probe.reason} "
-            f"(or unset {ENV_PLATFORM} to use what is detected, cpu when nothing is)"
+            f"(or {_leave_out(named_by)} to use what is detected, cpu when nothing is)"
         )
     present = present_accelerators(env)[0] if requested == FALLBACK_PLATFORM else ()
     if not present:
@@ -315,6 +320,11 @@ def _select_requested(requested: str, allowed: list[str], prober: Prober, env: M
     )
     logger.info("using the built-in cpu platform (%s)", reason)
     return Selection(probe.loaded(), "env", reason, present)
+
+
+def _leave_out(named_by: str) -> str:
+    """How to stop naming the platform: ``unset FD_PLATFORM``, or ``leave out --platform``."""
+    return f"leave out {named_by}" if named_by.startswith("-") else f"unset {named_by}"
 
 
 def _install_hint(name: str) -> str:

@@ -28,6 +28,14 @@ def test_a_misspelled_platform_name_gets_the_closest_one(
     assert says in line and "Fix: did you mean 'cuda'?" in line
 
 
+def test_run_names_the_platform_by_the_flag_the_user_gave_not_by_fd_platform() -> None:
+    line = one_error_line(
+        cli("run", "--platform", "cuda", "--model", QWEN, "--device-memory", "256MiB", FD_PLATFORM_PLUGINS="xpu")
+    )
+    assert line.startswith("fd-platforms: error: --platform='cuda' is excluded by FD_PLATFORM_PLUGINS='xpu'"), line
+    assert "FD_PLATFORM=" not in line.replace("FD_PLATFORM_PLUGINS", "")
+
+
 def test_run_platform_all_says_all_is_for_plan() -> None:
     line = one_error_line(cli("run", "--platform", "all", "--model", QWEN, "--device-memory", "256MiB"))
     assert "--platform='all' is not valid" in line and "use fd-platforms plan --platform all" in line
