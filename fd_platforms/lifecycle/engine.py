@@ -27,7 +27,7 @@ from contextlib import ExitStack
 from dataclasses import asdict
 from typing import Any
 
-from ..contract.errors import ConfigError, NodeError, PluginContractError, UnknownPlatformError
+from ..contract.errors import ConfigError, FdPlatformsError, NodeError, PluginContractError, UnknownPlatformError
 from ..contract.types import Plan
 from ..engine import Agreement, check_can_attach, reclaim_stale_publications
 from ..ipc.cache_signal import reclaim_stale_signals
@@ -45,7 +45,7 @@ from .progress import Progress
 from .report import Allocation, CycleReport, NodesReport, RankReport, RunReport
 from .signals import EngineSignals
 from .spec import MARGIN_SECONDS, RunSpec
-from .worker import WorkerResult, worker_main
+from .worker import WorkerResult, plan_rank, worker_main
 
 
 def select_run_platform(ranks: int, name: str | None = None) -> Platform:
@@ -228,6 +228,8 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
     workers_create = decision.create and TRANSFER_MANAGER in cache_roles(inputs).attachers
     if workers_create:
         check_can_hold(platform, spec)
+    if spec.shares_device and spec.nodes is None:  # every rank plans on an even share of this host: rank 0's is all
+        _check_host_room_first(spec, platform)
     reclaim_stale_signals()  # what engines killed with SIGKILL left behind (each warned about)
     reclaim_stale_publications()
     signals = EngineSignals(spec)
@@ -359,6 +361,16 @@ def check_can_hold(platform: Platform, spec: RunSpec) -> None:
             "pin --rule 2026-01 (the default), run without --swap-space and --storage-backend, or use a platform that "
             "can share",
         )
+
+
+def _check_host_room_first(spec: RunSpec, platform: Platform) -> None:
+    """:func:`check_host_room` on rank 0's plan, made here before any process starts (each worker plans the same
+    again). A plan that fails is left to the workers, which report it per rank as any planning error."""
+    try:
+        plan = plan_rank(spec, platform, 0)
+    except FdPlatformsError:
+        return
+    check_host_room(plan, spec)
 
 
 def check_host_room(final: Plan, spec: RunSpec) -> None:

@@ -64,6 +64,17 @@ def rank_memory(spec: RunSpec, platform: Platform, rank: int) -> DeviceMemory:
     return memory_per_rank(platform.device_memory(spec.local_device(rank)), spec.device_type, spec.ranks)
 
 
+def plan_rank(spec: RunSpec, platform: Platform, rank: int) -> Plan:
+    """``rank``'s plan: the platform's most blocks on the memory the rank plans on (:func:`rank_memory`)."""
+    return platform.max_num_blocks(
+        layout=spec.layout(rank),
+        cache=spec.deploy.cache,
+        memory=rank_memory(spec, platform, rank),
+        non_cache_bytes=spec.non_cache,
+        host_memory=spec.host_memory,
+    )
+
+
 def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, instance: str) -> None:
     importing = time.monotonic()
     import_paddle()  # before planning, in parallel across ranks: once "final" comes, a rank acts at once
@@ -71,14 +82,7 @@ def _work(conn: Connection, say: Progress, spec: RunSpec, rank: int, instance: s
     expect(conn, "plan", spec.timeout)
     platform = child_platform(spec)
     started = time.monotonic()
-    layout = spec.layout(rank)
-    plan = platform.max_num_blocks(
-        layout=layout,
-        cache=spec.deploy.cache,
-        memory=rank_memory(spec, platform, rank),
-        non_cache_bytes=spec.non_cache,
-        host_memory=spec.host_memory,
-    )
+    plan = plan_rank(spec, platform, rank)
     seconds = time.monotonic() - started
     say(f"planned {plan.num_blocks} blocks of {format_size(plan.bytes_per_block)} ({plan.binding_reason})")
     cluster, agreement = _agree(spec, plan, say) if spec.nodes is not None else (None, None)
