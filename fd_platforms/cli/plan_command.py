@@ -14,11 +14,12 @@ from typing import Any
 from ..contract.errors import ConfigError, PlatformUnavailableError, UnknownPlatformError
 from ..contract.types import DeviceMemory
 from ..fastdeploy import FASTDEPLOY  # noqa: F401 - registers protocol "fastdeploy", which [scheduler] protocol may name
+from ..lifecycle.engine import sharing_refusal
 from ..lifecycle.spec import rule_in_force
 from ..loading.platform import Platform
 from ..loading.selection import ENV_PLATFORM, FALLBACK_PLATFORM, Prober, select_platform
 from ..rules.config.deploy import DeployConfig
-from ..rules.decision import RULE_VERSIONS, decided_by
+from ..rules.decision import RULE_VERSIONS, DecisionInputs, decided_by
 from ..rules.layout import build_layout
 from ..rules.planner import memory_per_rank
 from ..rules.sizes import decimal_note, format_size
@@ -113,13 +114,11 @@ def _plan_row(
     plan = platform.max_num_blocks(
         layout=layout, cache=cache, memory=memory, non_cache_bytes=non_cache, host_memory=host_memory
     )
-    decision = platform.should_create_cache_tensor(
-        profile=False,
-        num_cpu_blocks=plan.num_cpu_blocks,
-        storage_backend=cache.kvcache_storage_backend,
-        splitwise_role=deploy.scheduler.splitwise_role,
-        rule=rule,
+    inputs = DecisionInputs(
+        False, plan.num_cpu_blocks, cache.kvcache_storage_backend, deploy.scheduler.splitwise_role, rule
     )
+    decision = platform.should_create_cache_tensor(**inputs.kwargs())
+    refusal = sharing_refusal(platform, inputs, decision)  # what run refuses before starting a process
     shaped = platform.cache_layout(layout, max(1, plan.num_blocks))
     if non_cache is not None:
         assumed, non_cache_source = non_cache, "--non-cache-memory"
@@ -161,6 +160,8 @@ def _plan_row(
         "decision_term": decision.deciding_term,
         "decided_by": decided_by(decision),
         "decision_reason": decision.reason,
+        "runs": refusal is None,
+        "run_refusal": None if refusal is None else str(refusal),
         "device_memory": {
             "total_bytes": memory.total_bytes,
             "free_bytes": memory.free_bytes,
@@ -219,13 +220,14 @@ def _details(row: dict[str, Any]) -> str:
         ("declared limits", limits),
         ("num_cpu_blocks", row["num_cpu_blocks"]),
         ("create cache", f"{outcome} ({row['decided_by']}: {row['decision_reason']})"),
+        ("run", "yes" if row["runs"] else f"refused before any process starts: {row['run_refusal']}"),
         ("rule", f"version {row['rule']}: {row['rule_text']}"),
     ]
     return format_table(("FIELD", "VALUE"), lines)
 
 
 def _side_by_side(rows: list[dict[str, Any]]) -> str:
-    headers = ("PLATFORM", "NUM_BLOCKS", "BYTES/BLOCK", "BUDGET", "TOKENS", "CPU_BLOCKS", "CREATE", "BINDING")
+    headers = ("PLATFORM", "NUM_BLOCKS", "BYTES/BLOCK", "BUDGET", "TOKENS", "CPU_BLOCKS", "CREATE", "RUN", "BINDING")
     rule = f"\n\nrule version {rows[0]['rule']}: {rows[0]['rule_text']}" if rows else ""
     plans = format_table(
         headers,
@@ -238,6 +240,7 @@ def _side_by_side(rows: list[dict[str, Any]]) -> str:
                 r["tokens"],
                 r["num_cpu_blocks"],
                 r["create_cache_tensor"],
+                "yes" if r["runs"] else "no: cannot share here",
                 f"{r['binding']}: {r['binding_reason']}",
             )
             for r in rows

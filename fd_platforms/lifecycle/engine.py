@@ -28,7 +28,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ..contract.errors import ConfigError, FdPlatformsError, NodeError, PluginContractError, UnknownPlatformError
-from ..contract.types import Plan
+from ..contract.types import CacheDecision, Plan
 from ..engine import Agreement, check_can_attach, reclaim_stale_publications
 from ..ipc.cache_signal import reclaim_stale_signals
 from ..kit.host_memory import available_host_bytes, host_bytes_for_swap, resident_bytes
@@ -222,12 +222,11 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
         spec.rule,
     )
     decision = platform.should_create_cache_tensor(**inputs.kwargs())
-    if not decision.create:
-        check_can_attach(platform, decision, f"platform {platform.name}")  # before any process starts
+    refusal = sharing_refusal(platform, inputs, decision)
+    if refusal is not None:
+        raise refusal  # before any process starts
     # where the workers create, the cache manager runs where the rule has a transfer manager attach beside them
     workers_create = decision.create and TRANSFER_MANAGER in cache_roles(inputs).attachers
-    if workers_create:
-        check_can_hold(platform, spec)
     if spec.shares_device and spec.nodes is None:  # every rank plans on an even share of this host: rank 0's is all
         _check_host_room_first(spec, platform)
     reclaim_stale_signals()  # what engines killed with SIGKILL left behind (each warned about)
@@ -347,14 +346,28 @@ HOST_ROOM_SHARE = 0.5
 together: the rest is the host's (the engine, its workers, whatever else runs there)."""
 
 
-def check_can_hold(platform: Platform, spec: RunSpec) -> None:
+def sharing_refusal(platform: Platform, inputs: DecisionInputs, decision: CacheDecision) -> FdPlatformsError | None:
+    """What ``fd-platforms run`` refuses before any process starts on a platform that cannot share cache tensors (None
+    where it can run): workers the rule sends to attach (:func:`~fd_platforms.engine.check_can_attach`), or creating
+    workers beside which the rule has a transfer manager attach (:func:`check_can_hold`). ``plan`` says the same."""
+    try:
+        if not decision.create:
+            check_can_attach(platform, decision, f"platform {platform.name}")
+        elif TRANSFER_MANAGER in cache_roles(inputs).attachers:
+            check_can_hold(platform, inputs.rule)
+    except FdPlatformsError as refused:
+        return refused
+    return None
+
+
+def check_can_hold(platform: Platform, rule: str) -> None:
     """Where the pinned rule lets the workers create and has a transfer manager attach beside them (swap space; under
     2026-06 a storage backend too), the cache manager attaches to their caches: refused before any process starts on
     a platform that cannot share."""
     if platform.cache_sharing() is None:
         raise ConfigError(
             "--rule",
-            spec.rule,
+            rule,
             f"a rule version under which platform {platform.name}, which cannot share cache tensors, never needs "
             "a cache manager to attach: with swap space on (rule 2026-04), or a storage backend (2026-06), the workers "
             "create and the manager attaches",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -337,3 +338,24 @@ def test_bad_limit_record_and_broken_platform_are_named(make_plugin) -> None:
         "--model", "examples/llama-3.1-8b", "--platform", "broken", "--device-memory", "8GiB", PYTHONPATH=str(site)
     )
     assert broken.returncode == 2 and "libbroken.so missing" in broken.stderr and "fd-test-broken" in broken.stderr
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [("--swap-space", "256MiB"), ("--role", "decode")],
+    ids=["swap space", "P/D"],
+)
+def test_plan_says_what_run_does_on_a_platform_that_cannot_share(make_plugin, flags: tuple[str, ...]) -> None:
+    """A platform available here that declares no cache sharing (as dcu, gcu, intel_hpu and npu do): run refuses
+    before any process starts, and plan says so in the same words, and marks it in --platform all."""
+    make_plugin("acme")
+    common = ("--model", "examples/qwen3-30b-a3b", "--device-memory", "8GiB", *flags)
+    planned = main_in_process("plan", *common, "--platform", "acme", "--json")
+    assert planned.returncode == 0, planned.stderr
+    row = json.loads(planned.stdout)
+    assert row["runs"] is False and "platform acme cannot share KV cache tensors" in row["run_refusal"]
+    ran = main_in_process("run", *common, "--platform", "acme")
+    assert ran.returncode == 2 and ran.stderr.splitlines()[-1] == f"fd-platforms: error: {row['run_refusal']}"
+    table = main_in_process("plan", *common, "--platform", "all")
+    assert re.search(r"^acme .* no: cannot share here ", table.stdout, re.MULTILINE), table.stdout
+    assert re.search(r"^cpu .* yes ", table.stdout, re.MULTILINE), table.stdout
