@@ -19,6 +19,8 @@ from ..rules.config.vocabulary import CACHE_DTYPE_WORDS, QUANT_WORDS
 from ..rules.decision import DEFAULT_RULE, RULE_VERSIONS, SPLITWISE_ROLES, STORAGE_BACKENDS
 from ..rules.sizes import parse_size
 
+BARE_UNIT = "GiB"  # what a size flag's number alone counts in: every size flag alike
+
 
 def add_deploy_arguments(parser: argparse.ArgumentParser) -> tuple[argparse.Action, ...]:
     """Add the model, cache, scheduler, parallel and memory flags to ``parser``; the defaults shown
@@ -47,14 +49,14 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> tuple[argparse.Acti
     add(
         "--device-memory",
         metavar="SIZE",
-        help="device memory per rank: 80GiB, 81920MiB, 80GB (powers of 1000) or bytes "
+        help="device memory per rank: 80GiB, 81920MiB, 80GB (powers of 1000), 85899345920B; a number alone is GiB "
         "(default: the device's live facts)",
     )
     add(
         "--non-cache-memory",
         metavar="SIZE",
-        help="memory held outside the cache: weights + activation peak (default: what the process holds now, "
-        "0 before the model is loaded: weights are then not counted)",
+        help="memory held outside the cache: weights + activation peak, a size as --device-memory's (default: what the "
+        "process holds now, 0 before the model is loaded: weights are then not counted)",
     )
     add(
         "--swap-space",
@@ -145,8 +147,14 @@ def deploy_config(args: argparse.Namespace) -> DeployConfig:
 
 
 def memory_sizes(args: argparse.Namespace) -> tuple[int | None, int | None, int | None]:
-    """``--device-memory``, ``--non-cache-memory`` and ``--host-memory`` in bytes, None where not given."""
-    device = None if args.device_memory is None else parse_size(args.device_memory, "--device-memory")
-    non_cache = None if args.non_cache_memory is None else parse_size(args.non_cache_memory, "--non-cache-memory")
-    host = None if args.host_memory is None else parse_size(args.host_memory, "--host-memory")
+    """``--device-memory``, ``--non-cache-memory`` and ``--host-memory`` in bytes, None where not given. A number
+    alone counts in GiB in each, as in ``--swap-space`` (FastDeploy's and vLLM's ``swap_space``): one unit for every
+    size flag (:data:`BARE_UNIT`)."""
+    device = None if args.device_memory is None else parse_size(args.device_memory, "--device-memory", bare=BARE_UNIT)
+    non_cache = (
+        None
+        if args.non_cache_memory is None
+        else parse_size(args.non_cache_memory, "--non-cache-memory", bare=BARE_UNIT)
+    )
+    host = None if args.host_memory is None else parse_size(args.host_memory, "--host-memory", bare=BARE_UNIT)
     return device, non_cache, host

@@ -359,3 +359,26 @@ def test_plan_says_what_run_does_on_a_platform_that_cannot_share(make_plugin, fl
     table = main_in_process("plan", *common, "--platform", "all")
     assert re.search(r"^acme .* no: cannot share here ", table.stdout, re.MULTILINE), table.stdout
     assert re.search(r"^cpu .* yes ", table.stdout, re.MULTILINE), table.stdout
+
+
+def test_every_size_flag_counts_a_number_alone_in_gib_as_swap_space_does() -> None:
+    """--device-memory 80 and --swap-space 80 mean the same unit: GiB, as FastDeploy's and vLLM's swap_space."""
+    row = plan_json(
+        "--model",
+        "examples/qwen3-30b-a3b",
+        "--device-memory",
+        "80",
+        "--non-cache-memory",
+        "1",
+        "--swap-space",
+        "2",
+        "--host-memory",
+        "64",
+        "--json",
+    )
+    assert row["device_memory"]["total_bytes"] == 80 * 2**30
+    assert row["device_memory"]["non_cache_bytes"] == 2**30
+    assert row["num_cpu_blocks"] == 2 * 2**30 // row["bytes_per_block"]
+    refused = plan("--model", "examples/qwen3-30b-a3b", "--device-memory", "80x")
+    assert refused.returncode == 2 and "a number alone counts in GiB" in refused.stderr
+    assert "85899345920B (a number alone is GiB)" in refused.stderr
