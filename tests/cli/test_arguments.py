@@ -54,3 +54,9 @@ def test_a_tensor_parallel_size_that_does_not_split_the_model(tp: str, why: str)
 def test_help_shows_a_default_of_zero() -> None:
     done = cli("run", "--help")
     assert re.search(r"--cycles N\s+then clear .*\(default: 0\)", " ".join(done.stdout.split())), done.stdout
+
+
+def test_a_model_path_that_names_no_config_says_so_not_how_to_repair_a_config_json() -> None:
+    line = one_error_line(cli("plan", "--model", "README.md", "--device-memory", "1GiB", FD_PLATFORM="cpu"))
+    assert line.startswith("fd-platforms: error: README.md: json=") and "config.json" not in line.split("Fix:")[0]
+    assert line.endswith("Fix: README.md is no model config: name the model's folder or its config.json")

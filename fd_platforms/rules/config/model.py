@@ -121,6 +121,14 @@ class ModelConfig:
         return self.num_hidden_layers + (self.num_nextn_predict_layers if self.use_mtp else 0)
 
 
+def _repair(file: Path) -> str:
+    """The fix for a model config that cannot be read as one: a config.json is repaired; another file was named
+    by mistake."""
+    if file.name == "config.json":
+        return "fix or re-download config.json"
+    return f"{file.name} is no model config: name the model's folder or its config.json"
+
+
 def load_model_config(path: str | Path, *, attention: str | None = None, use_mtp: bool = False) -> ModelConfig:
     """Read a Hugging Face ``config.json`` (the file, or a folder holding one) into a ModelConfig.
 
@@ -142,20 +150,10 @@ def load_model_config(path: str | Path, *, attention: str | None = None, use_mtp
         raw = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8, an integer too long, nesting too deep
         raise ConfigError(
-            "json",
-            first_line(exc),
-            "a valid JSON object of plain numbers",
-            "fix or re-download config.json",
-            source=source,
+            "json", first_line(exc), "a Hugging Face model config: a JSON object", _repair(file), source=source
         ) from None
     if not isinstance(raw, dict):
-        raise ConfigError(
-            "json",
-            type(raw).__name__,
-            "a JSON object at the top level",
-            "fix or re-download config.json",
-            source=source,
-        )
+        raise ConfigError("json", type(raw).__name__, "a JSON object at the top level", _repair(file), source=source)
     top = {key: value for key, value in raw.items() if value is not None}
     nested = top.get("text_config")
     scope, prefix = (
