@@ -53,3 +53,16 @@ def test_a_built_wheel_holds_the_license(tmp_path: Path) -> None:
     [wheel] = (tmp_path / "wheels").glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names), names
+
+
+def test_every_third_party_module_the_core_imports_is_a_declared_dependency() -> None:
+    """numpy is imported (where a host view is made) by code a public call runs: it is in the core's requirements,
+    so a core-only install does not fail later with ModuleNotFoundError. paddle is the platform's: an extra."""
+    requires = " ".join(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+    imported = {
+        line.split()[1].split(".")[0]
+        for path in (ROOT / "fd_platforms").rglob("*.py")
+        for line in path.read_text().splitlines()
+        if line.strip().startswith(("import numpy", "import pluggy", "import packaging", "from packaging"))
+    }
+    assert imported and all(name in requires for name in imported), (imported, requires)
