@@ -38,12 +38,19 @@ class InsufficientMemoryError(FdPlatformsError):
         split = any(role.role == "value" and role.block_shape[0] > 1 for role in layout.roles)
         tp = ", a larger tensor_parallel_size" if split else ""
         fp8 = ", an 8-bit cache_dtype (fp8)" if DTYPE_BYTES[layout.roles[0].dtype] > 1 else ""
+        fix = (
+            "raise memory_utilization or lower non-cache memory (weights, activations); or shrink the "
+            f"block: a smaller block_size{tp}{fp8}"
+        )
+        if memory.total_bytes < bytes_per_block:  # no device this small: the size given is the likely mistake
+            fix = (
+                f"the memory itself ({format_size(memory.total_bytes)} from {memory.source}) is less than one block: "
+                "give the device's memory per rank with its unit, e.g. 80GiB"
+            )
         super().__init__(
             f"KV cache budget {format_size(budget)} ({budget} B) holds no block of {format_size(bytes_per_block)} "
             f"({bytes_per_block} B): total {format_size(memory.total_bytes)} x memory_utilization {utilization} "
-            f"- non-cache {format_size(non_cache)}, free {free} (from {memory.source}). "
-            "Fix: raise memory_utilization or lower non-cache memory (weights, activations); or shrink the "
-            f"block: a smaller block_size{tp}{fp8}"
+            f"- non-cache {format_size(non_cache)}, free {free} (from {memory.source}). Fix: {fix}"
         )
 
 

@@ -107,7 +107,7 @@ def test_not_enough_memory_is_the_planners_error_with_exit_2() -> None:
     assert done.returncode == 2, done.stderr
     [line] = without_sweep(done.stderr)
     assert line.startswith("fd-platforms: error: rank 0: InsufficientMemoryError: KV cache budget")
-    assert "holds no block" in line and "Fix: raise memory_utilization" in line
+    assert "holds no block" in line and "Fix: the memory itself (1.00 MiB from --device-memory)" in line
     assert done.stdout == ""
 
 

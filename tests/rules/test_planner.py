@@ -199,6 +199,15 @@ def test_insufficient_memory() -> None:
     assert "\n" not in message
 
 
+def test_memory_smaller_than_one_block_is_named_as_the_likely_mistake_not_fixed_by_utilization() -> None:
+    """80 bytes of device memory is a size written without its unit, not a budget to tune."""
+    with pytest.raises(InsufficientMemoryError) as info:
+        plan_blocks(QWEN_TP4, DeviceMemory(80, None, None, "--device-memory"), CacheConfig())
+    message = str(info.value)
+    assert "Fix: the memory itself (80 B from --device-memory) is less than one block" in message
+    assert "e.g. 80GiB" in message and "raise memory_utilization" not in message
+
+
 @pytest.mark.parametrize(
     ("model", "cache", "suggested", "not_suggested"),
     [
@@ -214,7 +223,7 @@ def test_the_out_of_memory_fix_suggests_only_what_shrinks_this_block(
 ) -> None:
     layout = build_layout(load_model_config(ROOT / "examples" / model), CacheConfig(**cache), ParallelConfig(4, 0))
     with pytest.raises(InsufficientMemoryError) as info:
-        plan_blocks(layout, DeviceMemory(2**20, None, None, "test"), CacheConfig(**cache))
+        plan_blocks(layout, DeviceMemory(layout.bytes_per_block, None, None, "test"), CacheConfig(**cache))
     fix = str(info.value).split("Fix: ", 1)[1]
     assert "smaller block_size" in fix
     assert all(word in fix for word in suggested) and not any(word in fix for word in not_suggested), fix
