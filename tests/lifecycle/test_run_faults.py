@@ -150,7 +150,7 @@ def test_a_signal_left_by_an_engine_killed_with_sigkill_is_reclaimed_by_the_next
 
 def test_a_cpu_run_larger_than_the_hosts_available_memory_is_refused_before_allocating() -> None:
     twice_the_host = 2 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    done = run_cli("--model", QWEN, "--tp", "1", "--device-memory", str(twice_the_host), "--role", "decode")
+    done = run_cli("--model", QWEN, "--tp", "1", "--device-memory", f"{twice_the_host}B", "--role", "decode")
     assert done.returncode == 2, done.stderr
     [line] = without_sweep(done.stderr)[-1:]
     assert line.startswith("fd-platforms: error: --device-memory=") and "a KV cache that leaves the host" in line
