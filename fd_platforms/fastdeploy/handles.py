@@ -194,7 +194,7 @@ class FastDeployHandles:
     this process knows its deployment (0: none, so a creator's clear waits for no let-go;
     :func:`~fd_platforms.rules.roles.cache_roles`); ``beside_messager``: the rank's creator is P/D's cache messager,
     which sees neither swap space nor storage backend, so the count is at least one more where the rank's transfer
-    manager is up (:meth:`per_rank`).
+    manager is up (:meth:`seen`).
     """
 
     def __init__(
@@ -310,7 +310,7 @@ class FastDeployHandles:
 
     def _last_to_let_go(self) -> bool:
         """Whether this attacher's let-go may reset the rank's one slot. With one attacher per rank
-        (:meth:`per_rank`), always. With two (P/D with swap space or a storage backend: the worker and the transfer
+        (:meth:`seen`), always. With two (P/D with swap space or a storage backend: the worker and the transfer
         manager attach the cache messager's), only where the other is one of ours, living or dead by its mark: a
         creator of ours then waits for its lock, or frees for its death. Otherwise the other may be FastDeploy's,
         which holds nothing and resets the slot itself when it lets go; a reset now would let the creator free the

@@ -13,14 +13,14 @@ the process dies, however it dies.
   attacher may be FastDeploy's, and a dead mark says nothing about it.
 - **Creator marks**, ``<first record>.fdp-creator.<pid>-<hex>``: a creator of ours holds one while its records are
   published, with its pid, how many processes it knows attach (:func:`creator_attachers`; :data:`COUNTED` for P/D's
-  cache messager, which cannot know) and the first record's bytes.
+  cache messager, which cannot know) and the first record's bytes. One nobody holds whose bytes are still the
+  record's proves the records stale ones of a dead creator of ours; records without that proof may be a living
+  FastDeploy process's.
 
 No mark has a fixed name: each ends in its maker's pid and random hex, and readers list the prefix and pass over
 what is not this user's mark, so an entry anyone plants in ``/dev/shm`` (another user's, an empty file, a directory)
 stops no engine. FastDeploy's own record names are fixed by FastDeploy: a planted record stays a typed refusal
 naming its owner (:mod:`.handles`).
-  One nobody holds whose bytes are still the record's proves the records stale ones of a dead creator of ours;
-  records without that proof may be a living FastDeploy process's.
 
 Marks are this user's, mode 0600; one nobody holds is removed through :func:`fd_platforms.ipc.shm.reclaim`, which
 proves it unlocked first.

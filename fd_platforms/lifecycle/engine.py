@@ -27,7 +27,14 @@ from contextlib import ExitStack
 from dataclasses import asdict
 from typing import Any
 
-from ..contract.errors import ConfigError, FdPlatformsError, NodeError, PluginContractError, UnknownPlatformError
+from ..contract.errors import (
+    CacheSharingError,
+    ConfigError,
+    FdPlatformsError,
+    NodeError,
+    PluginContractError,
+    UnknownPlatformError,
+)
 from ..contract.types import CacheDecision, Plan
 from ..engine import Agreement, check_can_attach, reclaim_stale_publications
 from ..ipc.cache_signal import reclaim_stale_signals
@@ -346,7 +353,9 @@ HOST_ROOM_SHARE = 0.5
 together: the rest is the host's (the engine, its workers, whatever else runs there)."""
 
 
-def sharing_refusal(platform: Platform, inputs: DecisionInputs, decision: CacheDecision) -> FdPlatformsError | None:
+def sharing_refusal(
+    platform: Platform, inputs: DecisionInputs, decision: CacheDecision
+) -> CacheSharingError | ConfigError | None:
     """What ``fd-platforms run`` refuses before any process starts on a platform that cannot share cache tensors (None
     where it can run): workers the rule sends to attach (:func:`~fd_platforms.engine.check_can_attach`), or creating
     workers beside which the rule has a transfer manager attach (:func:`check_can_hold`). ``plan`` says the same."""
@@ -355,7 +364,7 @@ def sharing_refusal(platform: Platform, inputs: DecisionInputs, decision: CacheD
             check_can_attach(platform, decision, f"platform {platform.name}")
         elif TRANSFER_MANAGER in cache_roles(inputs).attachers:
             check_can_hold(platform, inputs.rule)
-    except FdPlatformsError as refused:
+    except (CacheSharingError, ConfigError) as refused:  # the two refusals; a plugin's own error propagates
         return refused
     return None
 
