@@ -34,7 +34,7 @@ memfd zero-filled by the kernel, the manifest published in ``/dev/shm``, the slo
    (``/proc/<pid>/fd``), and of this run's ``/dev/shm`` entries (``fd_cache_ready.<instance>`` and
    ``fd_kv_cache.<instance>.rank*``; entries of other engines are not counted). Goal: 0 entries,
    0 fds, RSS growth <= 2 KiB a cycle in both processes (Paddle's own ``from_dlpack`` leaked 8.4 KiB a cycle
-   of 96 tensors: :mod:`fd_platforms.kit.dlpack`).
+   of 96 tensors: :mod:`fd_platforms.contract.dlpack`).
 
 Measures 1-3 and the anchors are the median of ``--repeat`` samples (default 5). Every wait is
 bounded; the creator, the signal and any ``/dev/shm`` entry of the run are removed on every path.

@@ -370,9 +370,10 @@ class HostBuffer:
 
     def paddle(self) -> paddle.Tensor:
         """A zero-copy ``paddle.uint8`` CPU tensor over the buffer (through DLPack)."""
+        from .dlpack import from_dlpack
         from .paddle_import import import_paddle
 
-        return import_paddle().from_dlpack(self.numpy())
+        return from_dlpack(import_paddle(), self.numpy())
 
     def live_views(self) -> int:
         """How many views of this buffer are still alive."""

@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..contract.dlpack import from_dlpack
 from ..contract.errors import ConfigError
 from ..contract.integers import check_int
 from ..contract.paddle_import import import_paddle
 from ..contract.types import DTYPE_BYTES, HostBuffer
-from ..kit.dlpack import from_dlpack
 from ..rules.layout import CacheLayout
 from .kv_cache import check_platform_and_layout
 

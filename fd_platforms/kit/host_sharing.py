@@ -38,11 +38,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..contract.dlpack import from_dlpack
 from ..contract.errors import BufferInUseError, CacheSharingError, DeviceAllocError
 from ..contract.paddle_import import import_paddle
 from ..contract.types import DTYPE_BYTES, SharedTensor
 from ..rules.sizes import format_size
-from .dlpack import from_dlpack
 from .host_memory import available_host_bytes
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""A Paddle tensor over foreign memory (:func:`fd_platforms.kit.dlpack.from_dlpack`): zero-copy, and no object left
+"""A Paddle tensor over foreign memory (:func:`fd_platforms.contract.dlpack.from_dlpack`): zero-copy, and no object left
 behind per call (Paddle's own ``from_dlpack`` leaks a list per tensor through its keyword ``Tensor.__init__``)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from fd_platforms.kit.dlpack import from_dlpack
+from fd_platforms.contract.dlpack import from_dlpack
 
 paddle = pytest.importorskip("paddle")
 np = pytest.importorskip("numpy")
