@@ -11,10 +11,10 @@ import argparse
 import json
 from typing import Any
 
-from ..contract.errors import ConfigError, PlatformUnavailableError, UnknownPlatformError
+from ..contract.errors import ConfigError, PaddleNotInstalledError, PlatformUnavailableError, UnknownPlatformError
 from ..contract.types import DeviceMemory
 from ..fastdeploy import FASTDEPLOY  # noqa: F401 - registers protocol "fastdeploy", which [scheduler] protocol may name
-from ..lifecycle.engine import sharing_refusal
+from ..lifecycle.engine import run_refusal
 from ..lifecycle.spec import rule_in_force
 from ..loading.platform import Platform
 from ..loading.selection import ENV_PLATFORM, FALLBACK_PLATFORM, Prober, select_platform
@@ -26,6 +26,11 @@ from ..rules.sizes import decimal_note, format_size
 from .deploy_args import add_deploy_arguments, deploy_config, memory_sizes
 from .output import emit
 from .table import format_table
+
+
+def refused_because(refusal: Exception) -> str:
+    """A few words for the RUN column: why run refuses."""
+    return "no Paddle here" if isinstance(refusal, PaddleNotInstalledError) else "cannot share here"
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -118,7 +123,7 @@ def _plan_row(
         False, plan.num_cpu_blocks, cache.kvcache_storage_backend, deploy.scheduler.splitwise_role, rule
     )
     decision = platform.should_create_cache_tensor(**inputs.kwargs())
-    refusal = sharing_refusal(platform, inputs, decision)  # what run refuses before starting a process
+    refusal = run_refusal(platform, inputs, decision)  # what run refuses before starting a process
     shaped = platform.cache_layout(layout, max(1, plan.num_blocks))
     if non_cache is not None:
         assumed, non_cache_source = non_cache, "--non-cache-memory"
@@ -162,6 +167,7 @@ def _plan_row(
         "decision_reason": decision.reason,
         "runs": refusal is None,
         "run_refusal": None if refusal is None else str(refusal),
+        "run_refused_because": None if refusal is None else refused_because(refusal),
         "device_memory": {
             "total_bytes": memory.total_bytes,
             "free_bytes": memory.free_bytes,
@@ -240,7 +246,7 @@ def _side_by_side(rows: list[dict[str, Any]]) -> str:
                 r["tokens"],
                 r["num_cpu_blocks"],
                 r["create_cache_tensor"],
-                "yes" if r["runs"] else "no: cannot share here",
+                "yes" if r["runs"] else f"no: {r['run_refused_because']}",
                 f"{r['binding']}: {r['binding_reason']}",
             )
             for r in rows

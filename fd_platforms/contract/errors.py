@@ -341,6 +341,21 @@ class ExtraNotInstalledError(FdPlatformsError, ImportError):
         super().__init__(f"{feature} needs {package}, which is not installed. Fix: pip install 'fd-platforms[{extra}]'")
 
 
+class PaddleNotInstalledError(ExtraNotInstalledError):
+    """A platform needs PaddlePaddle to allocate or open its cache, and paddle is not installed in this environment."""
+
+    exit_code = 2  # refused before anything starts, as a bad setting is
+
+    def __init__(self, needed_by: str) -> None:
+        FdPlatformsError.__init__(
+            self,
+            f"{needed_by} needs PaddlePaddle, which is not installed here. Fix: pip install "
+            "'fd-platforms[paddle]' (Paddle's CPU build), or install your accelerator's Paddle build "
+            "(paddlepaddle-gpu, paddlepaddle-xpu, ...)",
+        )
+        self.package, self.extra = "paddlepaddle", "paddle"
+
+
 class ControlWireError(FdPlatformsError):
     """FastDeploy's control path (its engine cache queue, its FMQ reply queues) could not be spoken: a peer that
     is gone, an answer that did not come in time, or a message refused."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import os
 import signal
 import sys
@@ -44,6 +45,16 @@ def import_paddle(*, leave_environment: bool = False) -> ModuleType:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
         if added and leave_environment:
             del os.environ[_GLOG_LEVEL]
+
+
+def paddle_installed() -> bool:
+    """Whether ``import paddle`` can find paddle here, asked without importing it."""
+    if "paddle" in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec("paddle") is not None
+    except (ImportError, ValueError):  # a finder that refuses it, or a broken paddle entry in sys.modules
+        return False
 
 
 @contextmanager

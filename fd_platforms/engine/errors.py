@@ -28,6 +28,7 @@ from ..contract.errors import (
     FdPlatformsError,
     HostAllocError,
     NodeError,
+    PaddleNotInstalledError,
     PaddleUnavailableError,
     PickleRefusedError,
     PlatformDriftError,
@@ -90,4 +91,5 @@ __all__ = [
     "ControlWireError",
     "PickleRefusedError",
     "ExtraNotInstalledError",
+    "PaddleNotInstalledError",
 ]

@@ -32,9 +32,11 @@ from ..contract.errors import (
     ConfigError,
     FdPlatformsError,
     NodeError,
+    PaddleNotInstalledError,
     PluginContractError,
     UnknownPlatformError,
 )
+from ..contract.paddle_import import paddle_installed
 from ..contract.types import CacheDecision, Plan
 from ..engine import Agreement, check_can_attach, reclaim_stale_publications
 from ..ipc.cache_signal import reclaim_stale_signals
@@ -229,7 +231,7 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
         spec.rule,
     )
     decision = platform.should_create_cache_tensor(**inputs.kwargs())
-    refusal = sharing_refusal(platform, inputs, decision)
+    refusal = run_refusal(platform, inputs, decision)
     if refusal is not None:
         raise refusal  # before any process starts
     # where the workers create, the cache manager runs where the rule has a transfer manager attach beside them
@@ -353,12 +355,15 @@ HOST_ROOM_SHARE = 0.5
 together: the rest is the host's (the engine, its workers, whatever else runs there)."""
 
 
-def sharing_refusal(
+def run_refusal(
     platform: Platform, inputs: DecisionInputs, decision: CacheDecision
-) -> CacheSharingError | ConfigError | None:
-    """What ``fd-platforms run`` refuses before any process starts on a platform that cannot share cache tensors (None
-    where it can run): workers the rule sends to attach (:func:`~fd_platforms.engine.check_can_attach`), or creating
-    workers beside which the rule has a transfer manager attach (:func:`check_can_hold`). ``plan`` says the same."""
+) -> CacheSharingError | ConfigError | PaddleNotInstalledError | None:
+    """What ``fd-platforms run`` refuses before any process starts (None where it can run): no Paddle to allocate the
+    cache with; on a platform that cannot share cache tensors, workers the rule sends to attach
+    (:func:`~fd_platforms.engine.check_can_attach`), or creating workers beside which the rule has a transfer manager
+    attach (:func:`check_can_hold`). ``plan`` says the same."""
+    if not paddle_installed():
+        return PaddleNotInstalledError(f"platform {platform.name} (its workers allocate the cache with Paddle)")
     try:
         if not decision.create:
             check_can_attach(platform, decision, f"platform {platform.name}")

@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from run_helpers import ROOT, main_in_process
+from accelerator_host import host_command
+from run_helpers import ROOT, SCRIPT, clean_env, main_in_process
 
 from fd_platforms.loading.discovery import discover
 
@@ -359,6 +360,28 @@ def test_plan_says_what_run_does_on_a_platform_that_cannot_share(make_plugin, fl
     table = main_in_process("plan", *common, "--platform", "all")
     assert re.search(r"^acme .* no: cannot share here ", table.stdout, re.MULTILINE), table.stdout
     assert re.search(r"^cpu .* yes ", table.stdout, re.MULTILINE), table.stdout
+
+
+@pytest.mark.slow  # three console scripts on a Python without Paddle
+def test_without_paddle_run_is_refused_before_any_process_starts_and_plan_says_so() -> None:
+    """A core-only install (no Paddle): run names the missing Paddle and its fix before a worker starts (it was
+    ``rank 0: ModuleNotFoundError: No module named 'paddle'`` once two workers had started), and plan agrees."""
+    common = ("--model", "examples/qwen3-30b-a3b", "--tp", "2", "--device-memory", "1GiB")
+    command, env = host_command([SCRIPT, "plan", *common, "--json"], paddle=False)
+    planned = subprocess.run(command, capture_output=True, text=True, env=clean_env(**env), cwd=ROOT, timeout=120)
+    assert planned.returncode == 0, planned.stderr
+    row = json.loads(planned.stdout)
+    assert row["runs"] is False and row["run_refused_because"] == "no Paddle here"
+    assert (
+        "needs PaddlePaddle, which is not installed here. Fix: pip install 'fd-platforms[paddle]'" in row["run_refusal"]
+    )
+    command, env = host_command([SCRIPT, "run", *common], paddle=False)
+    ran = subprocess.run(command, capture_output=True, text=True, env=clean_env(**env), cwd=ROOT, timeout=120)
+    assert ran.returncode == 2 and ran.stderr.splitlines()[-1] == f"fd-platforms: error: {row['run_refusal']}"
+    assert "started" not in ran.stderr and "Traceback" not in ran.stderr, ran.stderr
+    command, env = host_command([SCRIPT, "plan", *common, "--platform", "all"], paddle=False)
+    table = subprocess.run(command, capture_output=True, text=True, env=clean_env(**env), cwd=ROOT, timeout=120)
+    assert re.search(r"^cpu .* no: no Paddle here ", table.stdout, re.MULTILINE), table.stdout + table.stderr
 
 
 def test_every_size_flag_counts_a_number_alone_in_gib_as_swap_space_does() -> None:
