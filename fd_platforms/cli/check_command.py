@@ -13,7 +13,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..conformance import CHECKS, PlatformResult, run_suites
+from ..conformance import CHECKS
+from ..conformance.runner import PlatformResult, run_suites
 from ..contract.api_version import API_VERSION
 from ..contract.errors import ConfigError, PluginLoadError, UnknownPlatformError
 from ..contract.integers import check_int

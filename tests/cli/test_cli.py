@@ -17,7 +17,8 @@ from run_helpers import main_in_process as cli
 
 import fd_platforms_cuda
 from fd_platforms.cli import check_command
-from fd_platforms.conformance import CHECKS, CheckResult, PlatformResult
+from fd_platforms.conformance import CHECKS
+from fd_platforms.conformance.runner import CheckResult, PlatformResult
 from fd_platforms.loading.discovery import discover
 from fd_platforms.loading.selection import IN_REPO_PLUGINS as IN_REPO
 

@@ -12,7 +12,7 @@ from accelerator_host import host_command, skip_without_namespaces
 from run_helpers import ROOT, SCRIPT, clean_env
 
 from fd_platforms.conformance import CHECKS
-from fd_platforms.conformance.pytest_plugin import PADDLE_HINT
+from fd_platforms.conformance.fixtures import PADDLE_HINT
 from fd_platforms.loading.discovery import discover
 
 pytestmark = pytest.mark.slow  # a pytest process per platform, in a private mount namespace

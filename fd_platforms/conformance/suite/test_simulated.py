@@ -14,7 +14,7 @@ import pytest
 from ...contract.errors import ConfigError, FdPlatformsError, PluginContractError, PluginTimeoutError
 from ...contract.types import Detection, DeviceMemory
 from ...loading.platform import Platform
-from ..pytest_plugin import SIMULATED_BYTES, SIMULATED_DEVICES
+from ..fixtures import SIMULATED_BYTES, SIMULATED_DEVICES
 from . import hooks
 
 
