@@ -9,6 +9,7 @@ device skip with the placement error's reason where this Paddle cannot place the
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 from pathlib import Path
 from types import ModuleType
@@ -33,6 +34,7 @@ SUITE_DIR = Path(__file__).parent / "suite"
 SIMULATED_DEVICES = 2
 SIMULATED_BYTES = 16 * 2**30
 PADDLE_HINT = "pip install paddlepaddle"  # the install hint of a platform that states none
+NUMPY_HINT = "pip install 'fd-platforms[numpy]'"
 
 
 def suite_files() -> list[Path]:
@@ -173,6 +175,16 @@ def fd_paddle(fd_platform: Platform) -> ModuleType:
     except (ImportError, OSError) as exc:
         reason = f"needs paddle, which cannot be imported here ({first_line(exc)})"
         pytest.skip(f"{reason}. Fix: {install_hint(fd_platform)}")
+
+
+@pytest.fixture(scope="session")
+def fd_numpy() -> ModuleType:
+    """``numpy``, for the tests of host buffers' numpy views (the core needs it for those alone); they skip where
+    numpy is not installed, naming the extra that installs it."""
+    try:
+        return importlib.import_module("numpy")
+    except ModuleNotFoundError:
+        pytest.skip(f"needs numpy, which is not installed here. Fix: {NUMPY_HINT}")
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from .errors import BufferInUseError, RecordError
+from .errors import BufferInUseError, ExtraNotInstalledError, RecordError
 from .integers import MAX_COUNT, SHAPE_ALLOWED, check_int, is_shape
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -359,8 +359,11 @@ class HostBuffer:
             raise RecordError("HostBuffer", "_free", self._free, "a callable that frees the memory")
 
     def numpy(self) -> numpy.ndarray:
-        """A zero-copy ``numpy.uint8`` view of the whole buffer."""
-        import numpy as np
+        """A zero-copy ``numpy.uint8`` view of the whole buffer (numpy: the extra ``numpy``, or Paddle's own)."""
+        try:
+            import numpy as np
+        except ModuleNotFoundError:
+            raise ExtraNotInstalledError("numpy", "numpy", "HostBuffer.numpy()") from None
 
         self._check_live()
         raw = (ctypes.c_uint8 * self.nbytes).from_address(self.address)

@@ -1,8 +1,9 @@
-"""The ``host_alloc`` contract: size, alignment, zero-copy views (the paddle one where paddle is here),
+"""The ``host_alloc`` contract: size, alignment, zero-copy views (numpy's and paddle's where they are here),
 release, the unpinned path."""
 
 from __future__ import annotations
 
+import ctypes
 from types import ModuleType
 from typing import Any
 
@@ -18,11 +19,23 @@ ALIGNMENT = 64  # every allocator returns at least cache-line-aligned memory; pa
 
 @hooks("host_alloc")
 @pytest.mark.parametrize("nbytes", SIZES)
-def test_size_alignment_and_zero_copy_numpy_view(fd_platform: Platform, nbytes: int) -> None:
+def test_size_alignment_and_the_memory_is_the_callers(fd_platform: Platform, nbytes: int) -> None:
+    """The buffer is ``nbytes`` of aligned memory the caller can write and read back (no numpy needed)."""
     with fd_platform.host_alloc(nbytes, require_pinned=False) as buffer:
         assert buffer.nbytes == nbytes
         assert buffer.address % ALIGNMENT == 0, f"address {buffer.address:#x} is not {ALIGNMENT}-byte aligned"
         assert isinstance(buffer.pinned, bool) and buffer.kind.strip()
+        raw = (ctypes.c_uint8 * nbytes).from_address(buffer.address)
+        raw[0] = 0xA5
+        raw[nbytes - 1] = 0x5A
+        assert raw[nbytes - 1] == 0x5A and (nbytes == 1 or raw[0] == 0xA5)
+        del raw
+
+
+@hooks("host_alloc")
+@pytest.mark.parametrize("nbytes", SIZES)
+def test_the_numpy_view_is_zero_copy(fd_platform: Platform, fd_numpy: ModuleType, nbytes: int) -> None:
+    with fd_platform.host_alloc(nbytes, require_pinned=False) as buffer:
         array = buffer.numpy()
         assert array.size == nbytes and array.ctypes.data == buffer.address
         del array
@@ -41,7 +54,7 @@ def test_the_paddle_view_is_zero_copy(fd_platform: Platform, fd_paddle: ModuleTy
 
 
 @hooks("host_alloc")
-def test_release_refuses_while_a_view_lives_and_is_idempotent(fd_platform: Platform) -> None:
+def test_release_refuses_while_a_view_lives_and_is_idempotent(fd_platform: Platform, fd_numpy: ModuleType) -> None:
     buffer = fd_platform.host_alloc(8192, require_pinned=False)
     view = buffer.numpy()
     with pytest.raises(BufferInUseError, match="Fix:"):
