@@ -37,7 +37,7 @@ from fd_platforms import engine
 from fd_platforms.contract import hookspecs
 from fd_platforms.loading.platform import Platform
 
-DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+DOCS = (ROOT / "README.md", ROOT / "PYPI.md", *sorted((ROOT / "docs").glob("*.md")))
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
 SIGNATURE = re.compile(r"def (\w+)\((.*)\) -> (.+)")
 INLINE_CALL = re.compile(r"`(?:(platform|fd_platforms)\.)?(\w+)\(([^`]*)\)`")
