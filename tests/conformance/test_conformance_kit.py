@@ -315,7 +315,7 @@ def test_pytest_fd_platform_runs_the_suite_beside_a_projects_own_tests(tmp_path:
     assert done.returncode == 0, done.stdout + done.stderr
     summary = done.stdout.strip().splitlines()[-1]
     # identity, decision, shapes, planner, host_alloc, wait, sharing, simulated (cpu: device_memory as it is), device
-    suite_size = 6 + DECISION_TESTS + SHAPES_TESTS + 9 + 11 + 5 + 3 + 1 + DEVICE_TESTS
+    suite_size = 6 + DECISION_TESTS + SHAPES_TESTS + 9 + 14 + 5 + 3 + 1 + DEVICE_TESTS
     assert f"{suite_size} passed, 5 skipped" in summary, summary  # no limit, it can share, no simulated paddle (3)
     assert "No ccache found" not in done.stdout
 
