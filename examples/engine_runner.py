@@ -46,10 +46,11 @@ def cache_manager(instance: str, num_blocks: int, num_cpu_blocks: int, conn: Con
             splitwise_role="mixed",
             instance=instance,
         )
-        managed = manage_kv_cache(platform, request)  # publishes, then sets rank 0's slot
-        managed.kv_cache.tensors[0][0, 0, 0, 0] = 100.0 + cycle  # for the runner to read
+        managed = manage_kv_cache(platform, request)  # zero-fills and publishes, then sets rank 0's slot
+        # The slot is set already: the runner may be reading now, so this write is ordered by the message below
+        managed.kv_cache.tensors[0][0, 0, 0, 0] = 100.0 + cycle
         assert managed.host_cache is not None  # num_cpu_blocks > 0: the manager holds the host swap space
-        conn.send(managed.host_cache.num_blocks)
+        conn.send(managed.host_cache.num_blocks)  # sent once the write is done
         receive(conn, '"clear" from the engine')  # sent once the runner has let go
         written = managed.kv_cache.tensors[-1][-1, -1, -1, -1].item()  # the runner's write
         managed.clear(TIMEOUT)
@@ -83,6 +84,7 @@ def main() -> int:
             )  # one rank's request, checked once, for every cycle
             for cycle in (1, 2):
                 cache = initialize_kv_cache(platform, request)
+                swap_blocks = receive(engine_end, "publication from the cache manager")  # sent after its write
                 seen = cache.tensors[0][0, 0, 0, 0].item()
                 assert cache.decision is not None  # initialize_kv_cache's cache holds the rule's answer
                 cache.tensors[-1][-1, -1, -1, -1] = 7.0 * cycle
@@ -91,7 +93,6 @@ def main() -> int:
                     f"{len(cache.tensors)} tensors, read {seen} written by the cache manager"
                 )
                 cache.clear(TIMEOUT)  # the attacher lets go first, then the cache manager clears
-                swap_blocks = receive(engine_end, "publication from the cache manager")
                 engine_end.send("clear")
                 written = receive(engine_end, "clear from the cache manager")
                 print(
