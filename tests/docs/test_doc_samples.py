@@ -3,8 +3,11 @@
 - ``python`` blocks of a file run in order as one session (a later block uses what an earlier
   one made), from the repository root, in a fresh interpreter, each compiled under the file's
   name and its own line numbers (a traceback names the doc's line); a block made only of ``def``
-  lines is a hook signature and must be the hook spec's own. The guides that write FastDeploy's
-  record names (the engine guide, the porting guide) run under their lock, as every file does here.
+  lines is a hook signature and must be the hook spec's own. A block fenced as a file of its own
+  (```` ```python title="two_processes.py" ````) is no part of the session: the engine guide's
+  two-process sample, which ``test_guide_two_process_sample.py`` runs as its own processes. The guides
+  that write FastDeploy's record names (the engine guide, the porting guide) run under their lock, as
+  every file does here.
 - ``bash`` blocks: ``docs/multinode.md``'s commands for two machines, run together by ``test_multinode.py``.
 - ``sh`` blocks: every ``fd-platforms`` command runs and exits 0 (the fake runtime a line builds
   with ``tools/fake-custom-device/build.sh`` is the session's built one); the set-up commands at
@@ -39,6 +42,7 @@ from fd_platforms.loading.platform import Platform
 
 DOCS = (ROOT / "README.md", ROOT / "PYPI.md", *sorted((ROOT / "docs").glob("*.md")))
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
+FILE_FENCE = re.compile(r'^```python title="([\w.]+)"\n', re.M)  # a python block that is a file of its own
 SIGNATURE = re.compile(r"def (\w+)\((.*)\) -> (.+)")
 INLINE_CALL = re.compile(r"`(?:(platform|fd_platforms)\.)?(\w+)\(([^`]*)\)`")
 SETUP = ("python3 -m venv", "pip install", "pytest")  # CI's own commands, or a plugin author's in their folder
@@ -54,15 +58,23 @@ def is_signature(block: str) -> bool:
 
 
 def python_samples(path: Path) -> list[tuple[int, str]]:
-    """(the line it starts on, its code) of each ``python`` block of ``path`` that is not a hook signature."""
+    """(the line it starts on, its code) of each ``python`` block of ``path`` that is part of its session: neither a
+    hook signature nor a file of its own (``FILE_FENCE``)."""
     text = path.read_text(encoding="utf-8")
     found = [
-        (text.count("\n", 0, match.start(2)) + 1, match.group(2))
+        (text.count("\n", 0, match.start(2)) + 1, match.group(2), FILE_FENCE.match(match.group(0)) is not None)
         for match in FENCE.finditer(text)
         if match.group(1) == "python"
     ]
     assert len(found) == text.count("```python"), f"every ```python block of {path.name} is found (none skipped)"
-    return [(line, code) for line, code in found if not is_signature(code)]
+    return [(line, code) for line, code, own_file in found if not own_file and not is_signature(code)]
+
+
+def test_the_only_python_file_of_its_own_is_the_engine_guides_two_process_sample() -> None:
+    """A block fenced as a file runs in no session: ``test_guide_two_process_sample.py`` runs the engine guide's
+    one; any other would run nowhere."""
+    found = {path.name: FILE_FENCE.findall(path.read_text()) for path in DOCS if FILE_FENCE.search(path.read_text())}
+    assert found == {"engine-integration.md": ["two_processes.py"]}
 
 
 # Runs the blocks given as JSON, one after another in this interpreter's __main__ (the guide's session), each
