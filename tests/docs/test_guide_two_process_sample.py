@@ -52,19 +52,18 @@ def test_the_two_process_sample_runs_as_two_processes_beside_the_engine(tmp_path
     done, pids = run_tracked(command, cwd=ROOT, env=clean_env(FD_PLATFORM="cpu"), timeout=TIMEOUT)
     assert done.returncode == 0, f"rc={done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     lines = done.stdout.splitlines()
-    assert len(lines) == 3, lines
-    runner = [m for line in lines if (m := re.fullmatch(RUNNER, line))]
-    manager = [m for line in lines if (m := re.fullmatch(MANAGER, line))]
-    engine = re.fullmatch(ENGINE, lines[-1])  # the engine prints once both have exited
-    assert len(runner) == len(manager) == 1 and engine, lines
-    runner_pid, manager_pid, engine_pid = int(runner[0]["pid"]), int(manager[0]["pid"]), int(engine["pid"])
+    assert len(lines) == 3, lines  # whole lines: the runner says its own before the manager may say anything
+    matched = [re.fullmatch(pattern, line) for pattern, line in zip((RUNNER, MANAGER, ENGINE), lines, strict=True)]
+    assert all(matched), lines
+    runner, manager, engine = (match for match in matched if match is not None)
+    runner_pid, manager_pid, engine_pid = int(runner["pid"]), int(manager["pid"]), int(engine["pid"])
     assert len({runner_pid, manager_pid, engine_pid}) == 3, "three OS processes"
     assert {runner_pid, manager_pid, engine_pid} <= pids, "the engine and the two processes it started"
     planned = int(engine["blocks"])
-    assert planned > 0 and int(runner[0]["blocks"]) == int(manager[0]["blocks"]) == planned  # the same cache
-    assert int(manager[0]["host"]) > 0  # the manager holds the host swap space: the rule sent the runner to attach
+    assert planned > 0 and int(runner["blocks"]) == int(manager["blocks"]) == planned  # the same cache
+    assert int(manager["host"]) > 0  # the manager holds the host swap space: the rule sent the runner to attach
     # the runner read the zero fill the manager wrote before it set the slot, and the manager the runner's 1.5
-    assert (runner[0]["read"], manager[0]["read"]) == ("0.0", "1.5"), lines
+    assert (runner["read"], manager["read"]) == ("0.0", "1.5"), lines
     left = left_behind_by(pids, before)
     assert not left, f"two_processes.py left {left} in /dev/shm"
     assert not [name for name in shm_entries() if f".{engine_pid}-" in name], "the signal and publication are gone"
