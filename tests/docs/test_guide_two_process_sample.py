@@ -32,7 +32,7 @@ pytestmark = [  # multi-process: left out of -m "not slow"
 def the_sample() -> str:
     found = SAMPLE.findall(GUIDE.read_text(encoding="utf-8"))
     assert len(found) == 1, "the guide has one two_processes.py"
-    return found[0]
+    return str(found[0])
 
 
 def test_the_sample_is_short_and_opens_the_guide() -> None:
