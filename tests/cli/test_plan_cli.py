@@ -367,21 +367,24 @@ def test_without_paddle_run_is_refused_before_any_process_starts_and_plan_says_s
     """A core-only install (no Paddle): run names the missing Paddle and its fix before a worker starts (it was
     ``rank 0: ModuleNotFoundError: No module named 'paddle'`` once two workers had started), and plan agrees."""
     common = ("--model", "examples/qwen3-30b-a3b", "--tp", "2", "--device-memory", "1GiB")
-    command, env = host_command([SCRIPT, "plan", *common, "--json"], paddle=False)
-    planned = subprocess.run(command, capture_output=True, text=True, env=clean_env(**env), cwd=ROOT, timeout=120)
+    planned = without_paddle("plan", *common, "--json")
     assert planned.returncode == 0, planned.stderr
     row = json.loads(planned.stdout)
     assert row["runs"] is False and row["run_refused_because"] == "no Paddle here"
     assert (
         "needs PaddlePaddle, which is not installed here. Fix: pip install 'fd-platforms[paddle]'" in row["run_refusal"]
     )
-    command, env = host_command([SCRIPT, "run", *common], paddle=False)
-    ran = subprocess.run(command, capture_output=True, text=True, env=clean_env(**env), cwd=ROOT, timeout=120)
+    ran = without_paddle("run", *common)
     assert ran.returncode == 2 and ran.stderr.splitlines()[-1] == f"fd-platforms: error: {row['run_refusal']}"
     assert "started" not in ran.stderr and "Traceback" not in ran.stderr, ran.stderr
-    command, env = host_command([SCRIPT, "plan", *common, "--platform", "all"], paddle=False)
-    table = subprocess.run(command, capture_output=True, text=True, env=clean_env(**env), cwd=ROOT, timeout=120)
+    table = without_paddle("plan", *common, "--platform", "all")
     assert re.search(r"^cpu .* no: no Paddle here ", table.stdout, re.MULTILINE), table.stdout + table.stderr
+
+
+def without_paddle(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``fd-platforms *argv`` as the console script on a Python where ``import paddle`` finds nothing."""
+    command, env = host_command([SCRIPT, *argv], paddle=False)
+    return subprocess.run(command, capture_output=True, text=True, env=clean_env(**env), cwd=ROOT, timeout=120)
 
 
 def test_every_size_flag_counts_a_number_alone_in_gib_as_swap_space_does() -> None:
