@@ -11,12 +11,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Mapping
 from fnmatch import fnmatch
+from pathlib import Path
 
 import pytest
 from accelerator_host import host_command, skip_without_namespaces
@@ -385,6 +387,20 @@ def on_nvidia_host(*argv: str, paddle: bool, pluggy_getattr: bool, **env: str) -
     """``argv`` run where ``/dev`` holds ``nvidia0``, with or without Paddle's CPU build."""
     command, extra = host_command(argv, nodes=("nvidia0",), paddle=paddle, pluggy_getattr=pluggy_getattr)
     return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=clean_env(**extra, **env), timeout=300)
+
+
+def test_the_private_dev_holds_the_node_and_leaves_nothing_in_the_temp_folder(tmp_path: Path) -> None:
+    """``device_nodes.py`` reaches the real ``/dev`` through a descriptor, not a folder: it made one with ``mkdtemp``
+    and exec'd, leaving an empty ``fd-test-dev-*`` in the temp folder each time (26 a run of the suite)."""
+    skip_without_namespaces()
+    command, _ = host_command(
+        ["sh", "-c", "test -c /dev/nvidia0 && test -c /dev/null && test -d /dev/shm"], nodes=("nvidia0",)
+    )
+    done = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "TMPDIR": str(tmp_path)}, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert list(tmp_path.iterdir()) == [], "the private /dev left something in the temp folder"
 
 
 HOSTS = [(False, False), (False, True), (True, False), (True, True)]

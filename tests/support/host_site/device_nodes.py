@@ -14,7 +14,6 @@ import os
 import re
 import stat
 import sys
-import tempfile
 
 CLONE_NEWNS = 0x00020000
 MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
@@ -37,23 +36,30 @@ def _device_number(name: str) -> int:
 
 
 def private_dev(nodes: list[str]) -> None:
-    """This process's own ``/dev``: the real entries bound in, and ``nodes`` added."""
+    """This process's own ``/dev``: the real entries bound in, and ``nodes`` added.
+
+    The real ``/dev`` is reached, once the tmpfs covers it, through a descriptor opened before
+    (``/proc/self/fd/N/<entry>`` is the entry of the mount it was opened on): no folder is made
+    anywhere for it, so none is left behind."""
     if _libc.unshare(CLONE_NEWNS) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
     _mount("none", "/", None, MS_REC | MS_PRIVATE)
-    real = tempfile.mkdtemp(prefix="fd-test-dev-")
-    _mount("/dev", real, None, MS_BIND | MS_REC)
-    _mount("tmpfs", "/dev", "tmpfs", 0, "mode=755")
-    for name in os.listdir(real):
-        source, target = os.path.join(real, name), os.path.join("/dev", name)
-        if os.path.islink(source):
-            os.symlink(os.readlink(source), target)
-            continue
-        if os.path.isdir(source):
-            os.mkdir(target)
-        else:
-            open(target, "w").close()
-        _mount(source, target, None, MS_BIND | MS_REC)
+    real = os.open("/dev", os.O_RDONLY | os.O_DIRECTORY)  # not inherited: closed by the exec if not before
+    try:
+        _mount("tmpfs", "/dev", "tmpfs", 0, "mode=755")
+        for name in os.listdir(real):
+            source, target = f"/proc/self/fd/{real}/{name}", os.path.join("/dev", name)
+            mode = os.lstat(name, dir_fd=real).st_mode
+            if stat.S_ISLNK(mode):
+                os.symlink(os.readlink(name, dir_fd=real), target)
+                continue
+            if stat.S_ISDIR(mode):
+                os.mkdir(target)
+            else:
+                open(target, "w").close()
+            _mount(source, target, None, MS_BIND | MS_REC)
+    finally:
+        os.close(real)
     for name in nodes:
         os.mknod(os.path.join("/dev", name), 0o666 | stat.S_IFCHR, _device_number(name))
 
