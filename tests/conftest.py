@@ -49,9 +49,39 @@ def pytest_configure(config: pytest.Config) -> None:
     that too (an ignored signal survives exec), and Python then never raises KeyboardInterrupt:
     give the processes the tests start the default disposition a foreground job has."""
     config.stash[SHARED_SHM] = private_shm.enter()
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # the run's first process: the controller, or the only one
+        config.stash[TEMP_BEFORE] = temp_entries()
     keep_bytecode(config)
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+TEMP_NAMES = ("fd-test-", "fd-platforms-launch-")  # device_nodes.py's fd-test-dev-* was one; a run's launch folder
+TEMP_BEFORE = pytest.StashKey[set[str]]()
+
+
+def temp_entries() -> set[str]:
+    """Names in the temp folder (``TMPDIR``, else ``/tmp``) that the tests' processes or the code they run choose."""
+    folder = tempfile.gettempdir()
+    return {name for name in os.listdir(folder) if name.startswith(TEMP_NAMES)} if os.path.isdir(folder) else set()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """A loud section, in the run's own process, naming what of ours appeared in the temp folder during the run and
+    is still there. A warning, not a failure: the temp folder is the machine's, and another test run beside this
+    one (another checkout, an older commit) makes the same names, which no name can tell apart. The failing check
+    is each maker's own test with a ``TMPDIR`` of its own (``device_nodes.py``'s in test_accelerator_hosts.py)."""
+    before = config.stash.get(TEMP_BEFORE, None)
+    if before is None:
+        return
+    left = sorted(temp_entries() - before)
+    if left:
+        folder = tempfile.gettempdir()
+        terminalreporter.write_sep("=", f"{len(left)} new entries of ours in {folder} (left by this run?)", red=True)
+        for name in left[:20]:
+            terminalreporter.write_line(f"{folder}/{name}")
+        if len(left) > 20:
+            terminalreporter.write_line(f"... and {len(left) - 20} more")
 
 
 def keep_bytecode(config: pytest.Config) -> None:
