@@ -271,7 +271,9 @@ def test_a_compile_over_its_time_is_stopped_whole_and_named_with_the_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A stuck compile is killed with every compiler pass g++ started (none keeps running), nothing partial is
-    left, and the error names the bound and the fix."""
+    left, and the error names the bound and the fix. A killed cc1plus leaves its ``cc*.s`` in g++'s temp folder:
+    the test's."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     source = tmp_path / "slow-operator.cc"
     source.write_text(operator.SOURCE.read_text())  # a name of its own, to find its compiler passes by
     unloaded = unloaded_paddle(tmp_path, monkeypatch, source)

@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -174,16 +176,32 @@ def test_nodes_started_with_another_model_are_refused_naming_both_values() -> No
     assert left_by(*[run.process.pid for run in runs]) == set()
 
 
+@pytest.fixture
+def runs_temp_folder(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A temp folder (``TMPDIR``) of the test's for the runs it starts, removed after it with what a killed run left
+    there. Made in the machine's and not under ``tmp_path``, whose depth would put a launcher's socket
+    (``fd-platforms-launch-*/engine``) past the 107 bytes an AF_UNIX path may have."""
+    folder = Path(tempfile.mkdtemp(prefix="fd-test-runs-"))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 CYCLING = (*SMALL, "--timeout", "12", "--cycles", str(MAX_CYCLES))
 
 
 @launches
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
-def test_a_node_killed_or_stopped_mid_run_fails_the_other_within_its_timeout(how: signal.Signals) -> None:
+def test_a_node_killed_or_stopped_mid_run_fails_the_other_within_its_timeout(
+    how: signal.Signals, runs_temp_folder: Path
+) -> None:
     """SIGKILL of node 1's process group (its engine and launcher; the launcher's workers are in sessions of their
     own and stop once their engine is gone), or SIGTERM to its engine, in its third cycle: node 0's rank names node
     1's rank once it has not come to a cycle within --timeout. Node 1 stopped by SIGTERM cleans up and exits 143;
-    what a killed one left is swept by the next run on that node. No worker of either node is left running."""
+    what a killed one left is swept by the next run on that node. No worker of either node is left running. A killed
+    engine cannot remove its launcher's folder (``fd-platforms-launch-*``): the runs' temp folder is the test's."""
     master = f"127.0.0.1:{free_port()}"
     with nodes((*CYCLING, *node_args(master, 0, 2)), (*CYCLING, *node_args(master, 1, 2))) as (first, second):
         second.read_until(r"cycle 3: cleared")
