@@ -40,6 +40,7 @@ class OneLineParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
+        """One line on stderr, the usage error with a did-you-mean (or where ``--help`` is), and exit 2."""
         write_line(f"{self.prog}: error: {message}{self._hint(message)}")
         sys.exit(USAGE_EXIT)
 

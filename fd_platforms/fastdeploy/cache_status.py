@@ -105,7 +105,7 @@ class RestoreReport:
 
 
 @dataclass(frozen=True)
-class _Drive:
+class Drive:
     """A drive's arguments, checked: the bound on each wait and the processes each wait watches."""
 
     suffix: str
@@ -234,7 +234,7 @@ def checked_drive(
     platform: Platform | None,
     managers: str,
     tp: int | None,
-) -> _Drive:
+) -> Drive:
     """A drive's arguments checked before any signal is touched (the ranks of ``attacher_pids`` against the
     signal's length once attached, :func:`_check_ranks_fit`)."""
     suffix = check_suffix(suffix, "instance")
@@ -244,12 +244,12 @@ def checked_drive(
     pids = _check_pids(attacher_pids, tp)
     if creator_pid is not None:
         _check_pid("creator_pid", creator_pid, "pass the cache manager's pid")
-    return _Drive(suffix, limit, creator_pid, pids, tp)
+    return Drive(suffix, limit, creator_pid, pids, tp)
 
 
 @contextmanager
 def _claimed(
-    drive: _Drive, expected: KVCacheStatus, first: KVCacheStatus
+    drive: Drive, expected: KVCacheStatus, first: KVCacheStatus
 ) -> Iterator[tuple[FastDeploySignal, FastDeploySignal]]:
     """The signals, ``kv_cache_status`` claimed for this driver, found at ``expected`` (:func:`_check_start`)
     and set to ``first``; a failure inside writes back what is true (:func:`_left_after`)."""
@@ -299,7 +299,7 @@ def _check_start(status: FastDeploySignal, expected: KVCacheStatus) -> None:
         raise ConfigError("kv_cache_status", _status_name(current), f"{expected.name} ({under_way})", fix)
 
 
-def _clear(drive: _Drive, status: FastDeploySignal, ready: FastDeploySignal) -> tuple[float, float]:
+def _clear(drive: Drive, status: FastDeploySignal, ready: FastDeploySignal) -> tuple[float, float]:
     """After the driver's CLEARING: every rank lets go, the creator frees; when each was seen (monotonic)."""
     clearing = _keeping(status, KVCacheStatus.CLEARING, over=KVCacheStatus.NORMAL)
     for rank in range(ready.length):
@@ -325,7 +325,7 @@ def _clear(drive: _Drive, status: FastDeploySignal, ready: FastDeploySignal) -> 
     return let_go, time.monotonic()
 
 
-def _restore(drive: _Drive, status: FastDeploySignal, ready: FastDeploySignal) -> float:
+def _restore(drive: Drive, status: FastDeploySignal, ready: FastDeploySignal) -> float:
     """After the driver's UPDATING: the creator creates and every slot is set, left set for SETTLE_SECONDS;
     when it was done (monotonic)."""
     status.wait_for(

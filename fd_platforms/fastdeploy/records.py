@@ -6,8 +6,7 @@ platform             FastDeploy's ``shmStruct``                                 
 ``xpu``              ``size_t nprocesses; XPUIpcMemHandle memHandle;``          80    ``custom_ops/xpu_ops/src/ops/
                      ``uint64_t data_ptr_addr`` (handle at 8, address at 72)          xpu_multiprocess.h``
 every other one      ``size_t nprocesses; cudaIpcMemHandle_t memHandle``        72    ``custom_ops/gpu_ops/
-(cuda, metax,        (handle at 8)                                                    cuda_multiprocess.h``
-iluvatar, cpu)
+                     (handle at 8): cuda, metax, iluvatar, cpu                        cuda_multiprocess.h``
 ==================== ========================================================== ===== ===============================
 
 FastDeploy builds ``gpu_ops/set_data_ipc.cu`` (the 72-byte struct) for CUDA, ROCm, Iluvatar and MetaX

@@ -56,6 +56,10 @@ class WireProtocol(ABC):
     #: As the public API and ``[scheduler] protocol`` spell it.
     name: ClassVar[str]
 
+    def __repr__(self) -> str:
+        """As a record that holds it shows it (``CacheRequest(protocol=...)``): the call that gives it back."""
+        return f"protocol_named({self.name!r})"
+
     @abstractmethod
     def check_instance(self, instance: object) -> None:
         """A ConfigError unless ``instance`` is a name this protocol's signals can have."""
