@@ -4,7 +4,7 @@ A plugin imports from here and nowhere else in ``fd_platforms``::
 
     from fd_platforms.plugin import CustomDeviceFacts, PaddlePlatform, PlatformLimit, hookimpl
 
-:data:`__all__` is the whole API a plugin may build on: the hook marker and the API version, the
+``__all__`` is the whole API a plugin may build on: the hook marker and the API version, the
 records hooks return, the errors hooks raise, and the kit (``PaddlePlatform`` and the facts it is
 built from, host memory, cache sharing, cache shapes, cheap probes). Every other module of the
 package is the core's own, and a plugin imports none of them. Removing or changing a name listed

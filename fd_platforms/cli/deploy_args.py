@@ -1,4 +1,5 @@
-"""The deployment flags ``plan`` and ``run`` share, and the :class:`DeployConfig` they build.
+"""The deployment flags ``plan`` and ``run`` share, and the :class:`~fd_platforms.rules.config.deploy.DeployConfig` they
+build.
 
 Values come from ``--config deploy.toml`` with flags winning over the file. ``--device-memory``
 and ``--non-cache-memory`` are sizes the commands read themselves (:func:`memory_sizes`).
@@ -19,7 +20,7 @@ from ..rules.config.vocabulary import CACHE_DTYPE_WORDS, QUANT_WORDS
 from ..rules.decision import DEFAULT_RULE, RULE_VERSIONS, SPLITWISE_ROLES, STORAGE_BACKENDS
 from ..rules.sizes import parse_size
 
-BARE_UNIT = "GiB"  # what a size flag's number alone counts in: every size flag alike
+BARE_UNIT = "GiB"  #: what a size flag's number alone counts in: every size flag alike
 
 
 def add_deploy_arguments(parser: argparse.ArgumentParser) -> tuple[argparse.Action, ...]:

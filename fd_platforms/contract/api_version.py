@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from .errors import PluginContractError, PluginVersionError
 
+#: The plugin API this core provides: a plugin's ``supported_api_versions`` range must hold it.
 API_VERSION = "1.0"
 PLUGIN_API_MODULES = ("fd_platforms.plugin",)
 """The modules a plugin may import: one, whose ``__all__`` is the whole plugin API."""
@@ -34,8 +35,9 @@ RECOMMENDED_RANGE = f">={API_VERSION},<{int(API_MAJOR) + 1}"
 def check_api_compatibility(declared: object, plugin: str, distribution: str, core_version: str) -> None:
     """Refuse a plugin whose declared range does not contain :data:`API_VERSION`.
 
-    Raises :class:`PluginContractError` for a declaration that is not a specifier string and
-    :class:`PluginVersionError` naming both versions and the fix when the range excludes ours.
+    Raises :class:`~fd_platforms.contract.errors.PluginContractError` for a declaration that is not a specifier
+    string and :class:`~fd_platforms.contract.errors.PluginVersionError` naming both versions and the fix when the
+    range excludes ours.
     """
     if not isinstance(declared, str) or not declared.strip():
         raise PluginContractError(

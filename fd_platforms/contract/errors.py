@@ -18,7 +18,7 @@ class FdPlatformsError(Exception):
     exit_code = 1
 
 
-MAX_SHOWN = 120  # characters of a value's repr an error message shows
+MAX_SHOWN = 120  #: characters of a value's repr an error message shows
 
 
 def show_value(value: object) -> str:
@@ -61,7 +61,7 @@ class RecordError(FdPlatformsError, TypeError):
     """A record of :mod:`fd_platforms.contract.types` was built with a field of the wrong type or value.
 
     Raised where the record is built; a record a plugin builds badly is reported as that plugin's
-    :class:`PluginContractError`.
+    :class:`~fd_platforms.contract.errors.PluginContractError`.
     """
 
     exit_code = 2

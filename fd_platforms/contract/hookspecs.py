@@ -72,6 +72,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 PROJECT = "fd_platforms"
 
 hookspec = pluggy.HookspecMarker(PROJECT)
+#: The marker of a plugin's hook implementations: ``@hookimpl def platform_identity() -> PlatformIdentity: ...``.
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 REQUIRED_HOOKS = ("platform_identity", "detect_platform", "supported_api_versions")
@@ -256,7 +257,7 @@ def max_num_blocks(
 
     :param layout: the rank's :class:`~fd_platforms.rules.layout.CacheLayout`.
     :param memory: the device's :class:`~fd_platforms.contract.types.DeviceMemory`.
-    :param cache: the validated :class:`~fd_platforms.rules.config.CacheConfig`.
+    :param cache: the validated :class:`~fd_platforms.rules.config.settings.CacheConfig`.
     :param limits: the platform's declared :class:`~fd_platforms.contract.types.PlatformLimit` records.
     :param non_cache_bytes: bytes the process holds outside the cache (weights, activation peak);
         ``None``: ``memory.process_bytes``.

@@ -3,7 +3,7 @@ check of a positive real number (a fraction or a ratio: :func:`check_positive`).
 
 An integer here is an ``int`` that is not a ``bool`` (Python counts ``True`` as the int 1; no count,
 id or index of ours is a bool). :func:`check_int` refuses anything else, or an integer out of its
-range, with the typed error of :mod:`.errors`: a
+range, with the typed error of :mod:`~fd_platforms.contract.errors`: a
 :class:`~fd_platforms.contract.errors.ConfigError` for a caller's argument or a config field (the
 config loaders add the file as ``source``), a :class:`~fd_platforms.contract.errors.RecordError` for
 a field of a record. Each names the field, the value, what is allowed and the fix.
@@ -17,7 +17,7 @@ from typing import TypeGuard
 
 from .errors import ConfigError, RecordError
 
-MAX_COUNT = 2**63 - 1  # bytes, blocks and elements are int64 counts
+MAX_COUNT = 2**63 - 1  #: bytes, blocks and elements are int64 counts
 INT32_MAX = 2**31 - 1  # device ids and device-string indices, int32 words (FastDeploy's, a futex's)
 
 

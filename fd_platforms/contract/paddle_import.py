@@ -26,8 +26,9 @@ def import_paddle(*, leave_environment: bool = False) -> ModuleType:
     ``GLOG_minloglevel``, and the Python warnings its import prints ("No ccache found", ...) are
     silenced, so a command's stderr stays one line on error; Paddle's errors still show.
 
-    The process keeps its SIGTERM and SIGINT handlers (:func:`keeping_signal_handlers`), and the two
-    signals are held in this thread while paddle loads, so neither reaches Paddle's handler then.
+    The process keeps its SIGTERM and SIGINT handlers
+    (:func:`~fd_platforms.contract.paddle_import.keeping_signal_handlers`), and the two signals are held in this thread
+    while paddle loads, so neither reaches Paddle's handler then.
 
     ``leave_environment``: the ``GLOG_minloglevel`` default holds for the import only (Paddle reads it
     then), for code running in a process that is not ours (a launcher's worker).

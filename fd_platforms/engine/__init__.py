@@ -5,7 +5,7 @@ processes, from :mod:`fd_platforms.fastdeploy`, and nowhere else in ``fd_platfor
 
     from fd_platforms.engine import CacheConfig, CacheRequest, build_layout, initialize_kv_cache, load_model_config
 
-:data:`__all__` is the whole API (at most 35 names): the calls, the record they take, the records they give back,
+``__all__`` is the whole API (at most 35 names): the calls, the record they take, the records they give back,
 the configs, the layout and the plan, a cache-ready signal, the nodes of a multi-node engine, the wire-protocol type,
 and the errors a runner catches; every other error is in :mod:`fd_platforms.engine.errors`
 (``from fd_platforms.engine import errors``). The other modules of the package are its own, and so is

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from ..contract.errors import FdPlatformsError
 
-T = TypeVar("T")
+T = TypeVar("T")  #: what the call returns, returned as it is
 
 
 def bounded(call: Callable[[], T], seconds: float, timed_out: Callable[[], FdPlatformsError]) -> T:

@@ -37,7 +37,7 @@ from .launched_group import (
     paddle_as_is,
 )
 
-T = TypeVar("T")
+T = TypeVar("T")  #: what the call returns, returned as it is
 
 #: Largest text one rank may contribute to :meth:`Cluster.gather_text` (a plan is ~300 bytes).
 MAX_TEXT_BYTES = 1 << 20

@@ -112,8 +112,9 @@ def host_offsets(layout: CacheLayout, num_blocks: int) -> tuple[list[int], int]:
 def allocate_host_cache(platform: Platform, layout: CacheLayout, num_blocks: int) -> HostCache:
     """``num_blocks`` host swap blocks of every tensor of ``layout``, in one host allocation (the platform's
     ``host_alloc``: pinned where it pins), each tensor a view named as FastDeploy's transfer manager names its
-    cpu caches (``key_caches_{layer}_rank{rank}``). What a cache manager carves (:func:`~.manage_kv_cache`); a
-    port that keeps its own manager calls it directly. ``HostCache.clear()`` frees it.
+    cpu caches (``key_caches_{layer}_rank{rank}``). What a cache manager carves
+    (:func:`~fd_platforms.engine.initialize.manage_kv_cache`); a port that keeps its own manager calls it directly.
+    ``HostCache.clear()`` frees it.
 
     The arguments are checked before any hook runs: a ConfigError naming the platform, the layout or
     ``num_cpu_blocks`` (at least 1)."""

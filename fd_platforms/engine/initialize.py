@@ -116,6 +116,7 @@ class ManagedCache:
     rank: int
     kv_cache: KVCache
     host_cache: HostCache | None
+    """The rank's host swap cache (None: none, or freed by a :meth:`clear`)."""
     _instance: str | None = field(default=None, repr=False)
     _protocol: WireProtocol = field(default=OURS, repr=False)
     draft: KVCache | None = None
@@ -130,12 +131,13 @@ class ManagedCache:
 
     def released_by_death(self) -> bool:
         """Whether the rank's published cache (main or draft) stands released by the death of its attachers, all
-        of ours (:meth:`KVCache.released_by_death`): ``serve_kv_cache_status`` clears it as if they had let go."""
+        of ours (:meth:`KVCache.released_by_death() <fd_platforms.engine.kv_cache.KVCache.released_by_death>`):
+        ``serve_kv_cache_status`` clears it as if they had let go."""
         return self.kv_cache.released_by_death() or (self.draft is not None and self.draft.released_by_death())
 
     def clear(self, timeout: float | None = None, *, clear_host: bool | None = None) -> None:
-        """Wait until the rank's attacher has let go (:class:`CacheInUseError` naming the rank after
-        ``timeout``, nothing freed), then unpublish and free the device cache (the draft
+        """Wait until the rank's attacher has let go (:class:`~fd_platforms.contract.errors.CacheInUseError` naming the
+        rank after ``timeout``, nothing freed), then unpublish and free the device cache (the draft
         layers' first).
 
         The host swap cache is kept, as FastDeploy's transfer manager keeps it across a clear/update
@@ -160,7 +162,7 @@ def manage_kv_cache(
     platform: Platform, request: CacheRequest, *, progress: AllocationProgress | None = None, attach: bool = False
 ) -> ManagedCache:
     """The cache manager's side of the rank ``request`` names, as the rule in force decides
-    (:func:`manager_creates`):
+    (:func:`~fd_platforms.engine.initialize.manager_creates`):
 
     - where the workers attach, export and publish the device cache, allocate its host swap cache
       (``num_cpu_blocks`` blocks of the same layout; none when 0) or reuse ``host_cache`` (the one a cleared

@@ -49,13 +49,15 @@ class KVCache:
     ``create_seconds`` allocating (creators), ``wait_seconds`` waiting for the cache-ready slot and
     ``attach_seconds`` opening the published tensors (attachers); ``import_seconds`` importing paddle
     first (0 once this process has it), counted in none of the others. ``part`` is the layout's part
-    (``"all"``; ``"main"`` or ``"draft"``: the runner's or the MTP proposer's, :meth:`CacheLayout.draft`).
+    (``"all"``; ``"main"`` or ``"draft"``: the runner's or the MTP proposer's,
+    :meth:`CacheLayout.draft() <fd_platforms.rules.layout.CacheLayout.draft>`).
     """
 
     device: str
     num_blocks: int
     names: tuple[str, ...]
     tensors: list[Any] = field(repr=False)
+    """The cache's tensors (paddle tensors), ``tensors[i]`` named ``names[i]``."""
     nbytes: int
     rank: int
     created: bool
@@ -89,8 +91,9 @@ class KVCache:
           between). Its next :func:`~fd_platforms.engine.initialize_kv_cache` waits until the
           manager has cleared and published again.
         - A creator whose cache is published first waits (at most ``timeout``, default
-          ``FD_CACHE_READY_TIMEOUT``) until no attacher holds it — :class:`CacheInUseError` naming
-          the rank otherwise, with nothing freed — then unpublishes it, clears its slot and frees it.
+          ``FD_CACHE_READY_TIMEOUT``) until no attacher holds it —
+          :class:`~fd_platforms.contract.errors.CacheInUseError` naming the rank otherwise, with nothing freed — then
+          unpublishes it, clears its slot and frees it.
         - A plain cache drops its tensors, returning the memory to Paddle's allocator.
 
         A creator's clear (either kind) then asks the platform to return the allocator's cached
@@ -98,8 +101,8 @@ class KVCache:
         so the cache can be created again where the device has no room to spare.
 
         ``tensors`` is emptied in place: drop your own references (and views) first. One still
-        alive is a :class:`BufferInUseError` naming the tensor, raised before the slot or the
-        publication changes for an attacher; call ``clear()`` again once it is gone. Idempotent.
+        alive is a :class:`~fd_platforms.contract.errors.BufferInUseError` naming the tensor, raised before the slot or
+        the publication changes for an attacher; call ``clear()`` again once it is gone. Idempotent.
 
         ``strict=False`` clears as FastDeploy's runner does (``GPUModelRunner.clear_cache``,
         ``fastdeploy/worker/gpu_model_runner.py``, drops its own references and leaves the others, in
@@ -180,15 +183,15 @@ def allocate_kv_cache(
     """Allocate ``layout``'s tensors for ``num_blocks`` blocks on ``device``, zero-filled, unshared.
 
     The tensors have the layout's shapes as given: pass ``platform.cache_layout(layout, num_blocks)``
-    for the platform's axis order and dtypes (:func:`initialize_kv_cache` does), or ``tensor_specs``,
-    one layer's tensors as the engine's attention backend states them, checked against the layout
+    for the platform's axis order and dtypes (:func:`~fd_platforms.engine.initialize.initialize_kv_cache` does), or
+    ``tensor_specs``, one layer's tensors as the engine's attention backend states them, checked against the layout
     (:func:`~fd_platforms.rules.shapes.engine_shaped`).
 
     Raises :class:`~fd_platforms.contract.errors.DevicePlacementError` before any tensor where this Paddle
     cannot place tensors on the device's type at all (:func:`~fd_platforms.kit.placement.check_placeable`:
-    what to install, never fewer blocks), and :class:`DeviceAllocError` naming the tensor, its size and the
-    device when Paddle cannot allocate it; tensors allocated before it are dropped first. ``progress`` is
-    called after every tensor (throttling is the caller's).
+    what to install, never fewer blocks), and :class:`~fd_platforms.contract.errors.DeviceAllocError` naming the tensor,
+    its size and the device when Paddle cannot allocate it; tensors allocated before it are dropped first. ``progress``
+    is called after every tensor (throttling is the caller's).
     """
     check_layout(layout)
     check_num_blocks(num_blocks)
@@ -248,8 +251,9 @@ def export_kv_cache(
     ``attachers``: how many processes are configured to attach each rank (0: none; a protocol whose let-go
     is a slot's value waits for it on clear only where one is, and counts them: :mod:`fd_platforms.fastdeploy.marks`;
     ``beside_messager``: this creator is P/D's cache messager). The
-    protocol first refuses memory its records cannot carry (:meth:`~.protocols.WireProtocol.check_export`), before
-    any tensor is exported. On any failure what was exported is closed again and nothing is published.
+    protocol first refuses memory its records cannot carry
+    (:meth:`~fd_platforms.engine.protocols.interface.WireProtocol.check_export`), before any tensor is exported. On any
+    failure what was exported is closed again and nothing is published.
     """
     device = platform.identity.device_string(layout.local_device)
     protocol.check_export(platform, device)
@@ -310,8 +314,8 @@ def attach_kv_cache(
     """Open every tensor of rank ``layout.rank``'s published cache, zero-copy, checked against ``layout``.
 
     A published tensor whose name, shape or dtype differs from this process's layout is a
-    :class:`CacheSharingError` naming the tensor and both shapes; so is a publication whose creator
-    is not ``creator_pid`` (where the caller knows who sets the slot) or whose handles name another
+    :class:`~fd_platforms.contract.errors.CacheSharingError` naming the tensor and both shapes; so is a publication
+    whose creator is not ``creator_pid`` (where the caller knows who sets the slot) or whose handles name another
     process than its creator. Nothing is opened then, and the attach withdraws without a word in the rank's
     slot (it never got the cache; another attacher may hold the slot). ``attachers``: how many processes attach
     each rank in this deployment (:func:`~fd_platforms.rules.roles.cache_roles`), ``beside_messager`` whether the

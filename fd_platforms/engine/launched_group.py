@@ -32,9 +32,9 @@ ARRIVED = "fd-platforms/arrived/"
 #: What Paddle's store and collectives raise when a peer or the store's host fails.
 PADDLE_ERRORS = (RuntimeError, OSError, SystemError, ValueError)
 POLL_SECONDS = 0.02
-OP_SECONDS = 2.0  # the least a store call is allowed, however close the deadline
+OP_SECONDS = 2.0  #: the least a store call is allowed, however close the deadline
 _FLAGS_BANNER = re.compile(r"=+ Modified FLAGS detected =+\n(FLAGS\(.*\)\n)*=+\n")
-T = TypeVar("T")
+T = TypeVar("T")  #: what the call returns, returned as it is
 
 
 def paddle_as_is() -> ModuleType:

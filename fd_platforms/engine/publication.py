@@ -168,7 +168,8 @@ class Publication:
         )
         return cls(segment, rank, document["creator_pid"], document["device"], tensors, creator=False)
 
-    #: Its :meth:`let_go` leaves the rank's slot alone: the attacher's :meth:`KVCache.clear` resets it.
+    #: Its :meth:`let_go` leaves the rank's slot alone: the attacher's
+    #: :meth:`KVCache.clear() <fd_platforms.engine.kv_cache.KVCache.clear>` resets it.
     resets_slot = False
 
     def let_go(self) -> None:
@@ -188,8 +189,8 @@ class Publication:
         """The creator's clear: wait (at most ``timeout`` s; ``math.inf``: no limit, saying what it waits
         for every few seconds, :mod:`fd_platforms.ipc.waiting`) until no attacher holds it, then unlink it.
 
-        Raises :class:`CacheInUseError` naming the rank when an attacher still holds it; the
-        publication then stays in place, held by this process, and the caller may retry.
+        Raises :class:`~fd_platforms.contract.errors.CacheInUseError` naming the rank when an attacher still holds it;
+        the publication then stays in place, held by this process, and the caller may retry.
         """
         if self._segment is None:
             return

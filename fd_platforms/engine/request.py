@@ -5,9 +5,10 @@ take beside the platform, in one record checked once, when it is made.
 protocol, the wait (timeout, the creator's pid), the engine's tensor specs, and for a cache manager the MTP draft
 part and a kept host cache. A bad field is a ConfigError naming it, when the record is made, before any call or
 hook. Once made, the record holds what the calls read as they are: the protocol as its object (a name is found
-through the ``fd_platforms.protocols`` entry points: :func:`~.protocols.protocol_named`), the engine instance as
-that protocol names it, and the rule's inputs with the version in force (:attr:`CacheRequest.inputs`). What needs
-the platform (the specs against its shapes, whether it can share) is checked by the call.
+through the ``fd_platforms.protocols`` entry points: :func:`~fd_platforms.engine.protocols.registry.protocol_named`),
+the engine instance as that protocol names it, and the rule's inputs with the version in force
+(:attr:`CacheRequest.inputs`). What needs the platform (the specs against its shapes, whether it can share) is checked
+by the call.
 """
 
 from __future__ import annotations
@@ -34,15 +35,15 @@ class CacheRequest:
 
     ``layout`` and ``num_blocks`` the rank's layout (with MTP: ``whole.main()``, or a proposer's ``whole.draft()``)
     and blocks; ``profile``, ``num_cpu_blocks``, ``storage_backend``, ``splitwise_role`` the rule's inputs and
-    ``rule`` its pinned version (None: the protocol's :meth:`~.protocols.WireProtocol.rule_in_force`); ``instance``
-    the engine instance (our cache-ready signal's name, or FastDeploy's signal suffix) under ``protocol`` (an
-    installed protocol's name, ``"fd-platforms"`` or ``"fastdeploy"``, or the object; held as the object: :attr:`wire`);
-    ``tp`` the local ranks where known (or the tp a ``FastDeploySuffix`` instance carries; the two must agree);
-    ``creator_pid`` the process that creates the cache (its death ends a wait)
-    and ``timeout`` the wait's bound (None: ``FD_CACHE_READY_TIMEOUT`` when the wait starts); ``tensor_specs`` one
-    layer's tensors as the engine's attention backend states them (None: the platform's shapes). A cache manager's
-    only: ``draft`` (the MTP draft part, with ``layout`` the main part) and ``host_cache`` (the one a cleared
-    :class:`~.initialize.ManagedCache` kept).
+    ``rule`` its pinned version (None: the protocol's
+    :meth:`~fd_platforms.engine.protocols.interface.WireProtocol.rule_in_force`); ``instance`` the engine instance (our
+    cache-ready signal's name, or FastDeploy's signal suffix) under ``protocol`` (an installed protocol's name,
+    ``"fd-platforms"`` or ``"fastdeploy"``, or the object; held as the object: :attr:`wire`); ``tp`` the local ranks
+    where known (or the tp a ``FastDeploySuffix`` instance carries; the two must agree); ``creator_pid`` the process
+    that creates the cache (its death ends a wait) and ``timeout`` the wait's bound (None: ``FD_CACHE_READY_TIMEOUT``
+    when the wait starts); ``tensor_specs`` one layer's tensors as the engine's attention backend states them (None: the
+    platform's shapes). A cache manager's only: ``draft`` (the MTP draft part, with ``layout`` the main part) and
+    ``host_cache`` (the one a cleared :class:`~.initialize.ManagedCache` kept).
     """
 
     layout: CacheLayout
@@ -54,6 +55,7 @@ class CacheRequest:
     storage_backend: str | None = None
     rule: str | None = None
     protocol: WireProtocol | str = field(default=OURS)
+    """The protocol the engine's processes speak, given by name or as the object; held as the object (:attr:`wire`)."""
     tp: int | None = None
     creator_pid: int | None = None
     timeout: float | None = None

@@ -10,11 +10,12 @@ runner's side), and what a port of FastDeploy would otherwise
 write itself: our platform for its ``current_platform`` (:mod:`.platforms`), its attention backend's shapes as our
 tensor specs (:mod:`.backend_shapes`), its profiled budget as a plan (:mod:`.profile_budget`), the MTP proposer's
 settings from its runner's (:mod:`.proposer`), a managed cache in the views its cache processes keep
-(:mod:`.cache_views`) and the rule its release follows (:data:`FASTDEPLOY_RULE`). The engine
-(:mod:`fd_platforms.engine`) never imports this package; importing it registers :data:`FASTDEPLOY`, so an engine call's
-``protocol="fastdeploy"`` resolves (or pass ``protocol=FASTDEPLOY``). Beside them, two rules of ours stated in
-FastDeploy's terms: its cache words read into our cache settings (``cache_settings_from_fastdeploy``) and the physical
-device id it names a rank's tensors with (``physical_device_id``). An engine beside FastDeploy imports from here, from
+(:mod:`.cache_views`) and the rule its release follows (:data:`~fd_platforms.fastdeploy.rule.FASTDEPLOY_RULE`). The
+engine (:mod:`fd_platforms.engine`) never imports this package; importing it registers
+:data:`~fd_platforms.fastdeploy.protocol.FASTDEPLOY`, so an engine call's ``protocol="fastdeploy"`` resolves (or pass
+``protocol=FASTDEPLOY``). Beside them, two rules of ours stated in FastDeploy's terms: its cache words read into our
+cache settings (``cache_settings_from_fastdeploy``) and the physical device id it names a rank's tensors with
+(``physical_device_id``). An engine beside FastDeploy imports from here, from
 :mod:`fd_platforms.engine` and from :mod:`fd_platforms`. See ``docs/porting-fastdeploy.md``.
 """
 

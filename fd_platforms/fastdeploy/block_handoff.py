@@ -56,7 +56,7 @@ def hand_off_block_count(
     ``instance`` is the engine instance, FastDeploy's signal suffix (its ``engine_worker_queue_port``);
     ``block_count_suffix`` the block count's own (its worker's ``parallel_config.engine_pid``), default ``instance``.
     ``platform`` (default: one word, as on every platform but Iluvatar) and ``ranks``, the local
-    ranks, give the words FastDeploy's engine makes (:func:`block_count_words`).
+    ranks, give the words FastDeploy's engine makes (:func:`~fd_platforms.fastdeploy.block_handoff.block_count_words`).
 
     A ConfigError for a count FastDeploy's int32 word cannot hold (or one below 1, which its engine
     would keep waiting on), a bad suffix, platform or ``ranks``; a

@@ -60,9 +60,9 @@ def serve_kv_cache_status(
     A rank that fails does not end the serving. Its error (a clear whose attacher does not let go in time,
     CacheInUseError; a creation with /dev/shm full, ShmSpaceError; any error of ``clear`` or ``recreate``)
     is logged at ERROR naming the rank and the cause and appended to ``failures`` (a list, where given) as
-    a :class:`ServeFailure`. A failed clear keeps the ranks not cleared (setting a kept rank's slot again
-    where its attacher had let go, so that it attaches again) and creates again those it freed; then the
-    manager of rank 0 writes ``NOT_CLEARED`` (``-10000 - rank``). A rank not created is left out, the
+    a :class:`~fd_platforms.fastdeploy.cache_server.ServeFailure`. A failed clear keeps the ranks not cleared (setting a
+    kept rank's slot again where its attacher had let go, so that it attaches again) and creates again those it freed;
+    then the manager of rank 0 writes ``NOT_CLEARED`` (``-10000 - rank``). A rank not created is left out, the
     others held, and its manager writes ``NOT_CREATED`` (``-20000 - rank``); the next ``UPDATING`` (a
     :func:`~.cache_status.drive_kv_cache_restore`) creates what is missing. :mod:`.cache_status` says why these words.
 

@@ -28,9 +28,9 @@ When a step fails. FastDeploy's ``KVCacheStatus`` has no word for a failure (NOR
 CLEARING -1, CLEARED -2: ``fastdeploy/inter_communicator/ipc_signal_const.py``); its transfer manager
 logs a failed clear or restore and leaves the word (``check_cache_status``), so its engine client times
 out. Here a failure is said in the word with values of fd-platforms' own, far below FastDeploy's
-(:class:`KVCacheFault`): ``-10000 - rank`` (the creator could not clear that rank; it kept the others
-and created again what it had freed), ``-20000 - rank`` (the creator could not create that rank's cache
-again: the rank has none) and ``-30000`` (a drive failed after a rank let go: the caches may be freed).
+(:class:`~fd_platforms.fastdeploy.fault_words.KVCacheFault`): ``-10000 - rank`` (the creator could not clear that rank;
+it kept the others and created again what it had freed), ``-20000 - rank`` (the creator could not create that rank's
+cache again: the rank has none) and ``-30000`` (a drive failed after a rank let go: the caches may be freed).
 A word of our own, because only the word reaches the driver in another process at once, rank included,
 and none of FastDeploy's values would be true. FastDeploy's processes are never fooled by it: its engine
 client waits for ``== NORMAL`` and ``== CLEARED`` (``EngineClient.update_model_weight`` and
@@ -181,8 +181,9 @@ def drive_kv_cache_clear(
 ) -> ClearReport:
     """The first of FastDeploy's two events: write ``CLEARING``, wait until every rank let go and the
     creator wrote ``CLEARED``, and return once every manager has seen every slot at 0
-    (:data:`SETTLE_SECONDS`). The caches are then freed, ``kv_cache_status`` says ``CLEARED`` and the
-    caller may clear or load weights for as long as it takes; :func:`drive_kv_cache_restore` is the second.
+    (:data:`~fd_platforms.fastdeploy.cache_status.SETTLE_SECONDS`). The caches are then freed, ``kv_cache_status`` says
+    ``CLEARED`` and the caller may clear or load weights for as long as it takes; :func:`drive_kv_cache_restore` is the
+    second.
 
     FastDeploy's worker writes ``CLEARING`` on its engine's clear request (``model_weights_status`` CLEARING,
     ``DynamicWeightManager.check_model_weights_status``, ``fastdeploy/rl/dynamic_weight_manager.py``), and its
@@ -236,7 +237,7 @@ def checked_drive(
     tp: int | None,
 ) -> Drive:
     """A drive's arguments checked before any signal is touched (the ranks of ``attacher_pids`` against the
-    signal's length once attached, :func:`_check_ranks_fit`)."""
+    signal's length once attached, ``_check_ranks_fit()``)."""
     suffix = check_suffix(suffix, "instance")
     _check_managers(managers, platform)
     limit = resolve_timeout(timeout)

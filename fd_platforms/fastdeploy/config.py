@@ -17,9 +17,9 @@ on several nodes its device is ``local_rank % max_chips_per_node`` and its name'
 (``gpu_worker.py``/``xpu_worker.py``/``metax_worker.py`` ``init_device``), ``max_chips_per_node`` as its ``FDConfig``
 holds it (``config.py`` ``FDConfig.__init__``: 16 on Iluvatar, else 8).
 
-Every value is checked here, each kind by one function of :mod:`.fastdeploy_values`, and the settings returned as
-the engine calls check theirs (the layout, the stated shapes, the rule's inputs, the suffixes), so no engine call
-refuses later what could be seen here: a :class:`~fd_platforms.contract.errors.ConfigError` names FastDeploy's
+Every value is checked here, each kind by one function of :mod:`fd_platforms.fastdeploy.values`, and the settings
+returned as the engine calls check theirs (the layout, the stated shapes, the rule's inputs, the suffixes), so no engine
+call refuses later what could be seen here: a :class:`~fd_platforms.contract.errors.ConfigError` names FastDeploy's
 attribute (``fd_config.parallel_config.tensor_parallel_size``) or flag (``--mp_num``), never our field. A config
 that cannot be read fully is refused naming what it lacks, never filled in: the ENGINE process's FDConfig
 (``engine/args_utils.py`` ``EngineArgs.create_engine_config``) has no ``engine_pid``, no ``quant_config`` and data-
@@ -307,7 +307,7 @@ def from_cache_manager_args(
     manager gets no such flag), and then the command line's own ``--key_cache_shape`` says what the tensors hold: a
     key as wide as a ``uint8`` cache's is one byte a value (every 8-bit quantization alike: the cache is
     FastDeploy's ``uint8`` tensors of those shapes), one half as wide is ``int4_zp``'s two values a byte
-    (:func:`_width_quant`); FastDeploy passes nothing more. A flag only the transfer manager has
+    (``_width_quant()``); FastDeploy passes nothing more. A flag only the transfer manager has
     (``--num_cpu_blocks``, ``--kvcache_storage_backend``) is off for the messager. Every flag is checked as
     FastDeploy's ``parse_args`` gives it, and the settings (the stated shapes too) as the engine calls check them:
     a ConfigError names the flag."""
@@ -391,7 +391,7 @@ def _model_quant_type(path: str, cache_dtype: str) -> tuple[object, str]:
     (``quantization_config.kv_cache_quant_type``, which FastDeploy's ``CacheConfig.__init__`` and
     ``parse_quant_config`` read before its engine's ``--quantization``), checked against ``--cache_dtype``, which
     FastDeploy's ``CacheConfig`` made of it (``uint8`` for a 4- or 8-bit word, else the word). Where config.json
-    states none, ``--cache_dtype`` speaks for itself (``uint8``: the stated key width decides, :func:`_width_quant`)."""
+    states none, ``--cache_dtype`` speaks for itself (``uint8``: the stated key width decides, ``_width_quant()``)."""
     folder = Path(path)
     file = folder / "config.json" if folder.is_dir() else folder
     raw = json.loads(read_config_file(file, "model_path", "a readable config.json"))  # load_model_config read it

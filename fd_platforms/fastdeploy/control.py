@@ -10,8 +10,9 @@ on its engine cache queue, and waits for every rank's ``ControlResponse`` on ``c
 ``barrier`` across the ranks, then the reply (200 ``Success``; 400 ``Unknown control method: <m>``; 500 ``Failed to
 execute <m>: <why>``). The handlers (L1124-1170):
 
-- ``sleep``: let go of the device cache (:meth:`ManagedCache.clear`, which waits for the rank's runner to let go,
-  as ``_clear_gpu_cache`` waits for its slot, L542-569) and of the host swap cache where
+- ``sleep``: let go of the device cache
+  (:meth:`ManagedCache.clear() <fd_platforms.engine.initialize.ManagedCache.clear>`, which waits for the rank's runner
+  to let go, as ``_clear_gpu_cache`` waits for its slot, L542-569) and of the host swap cache where
   ``FD_ENABLE_SWAP_SPACE_CLEARING`` was set (L1154; ``ManagedCache.swap_space_clearing``); a second sleep is a no-op.
 - ``wakeup``: create again (``recreate(rank)``, as :func:`~.cache_server.serve_kv_cache_status` takes it, passing
   the kept host cache); a wakeup while awake is a no-op.

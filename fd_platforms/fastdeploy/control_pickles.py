@@ -7,13 +7,14 @@ and reads their answers as a pickled FMQ ``Message`` whose payload is a ``Contro
 L737-759 and L824-841). FastDeploy is not imported here: its classes are represented by our own small ones.
 
 Trust boundary: unpickling runs whatever callable the pickle names, so bytes from a socket are read only by
-:func:`restricted_loads`, whose ``find_class`` resolves exact (module, name) pairs from :data:`ALLOWED` (FastDeploy's
-``ControlRequest`` and ``CacheStatus`` as ours; the builtin and ``threading`` exceptions a manager server answers
-with) and refuses every other with a :class:`PickleRefusedError` naming it, before anything of it is called. A
-``ControlRequest``'s state is checked (``request_id`` and ``method`` strings, ``args`` a dict) as it is set. Our
-answers are written by :func:`fastdeploy_dumps`, which names our classes by FastDeploy's module and class (the
-pickle asks FastDeploy's unpickler to import that module and take the class from it), so FastDeploy reads its own
-classes; it never writes a callable of ours.
+:func:`restricted_loads`, whose ``find_class`` resolves exact (module, name) pairs from
+:data:`ALLOWED` (FastDeploy's ``ControlRequest`` and ``CacheStatus`` as ours;
+the builtin and ``threading`` exceptions a manager server answers with) and refuses every other with a
+:class:`~fd_platforms.contract.errors.PickleRefusedError` naming it, before anything of it is called. A
+``ControlRequest``'s state is checked (``request_id`` and ``method`` strings, ``args`` a dict) as it is set. Our answers
+are written by :func:`fastdeploy_dumps`, which names our classes by FastDeploy's module and class (the pickle asks
+FastDeploy's unpickler to import that module and take the class from it), so FastDeploy reads its own classes; it never
+writes a callable of ours.
 """
 
 from __future__ import annotations
@@ -94,10 +95,11 @@ class Message:
         self.descriptor = None
 
 
-# (module, name) -> what it resolves to. The builtin exceptions are what a multiprocessing manager server answers
-# a failed call with ('#ERROR', the exception: multiprocessing/managers.py Server.serve_client); a barrier's wait
-# that times out raises threading.BrokenBarrierError there.
+# The builtin exceptions are what a multiprocessing manager server answers a failed call with ('#ERROR', the
+# exception: multiprocessing/managers.py Server.serve_client); a barrier's wait that times out raises
+# threading.BrokenBarrierError there.
 _EXCEPTIONS = ("AttributeError", "EOFError", "IndexError", "KeyError", "RuntimeError", "TypeError", "ValueError")
+#: (module, name) -> what it resolves to: every class a pickle on the control path may name.
 ALLOWED: dict[tuple[str, str], object] = {
     (REQUEST_MODULE, "ControlRequest"): ControlRequest,
     (CACHE_DATA_MODULE, "CacheStatus"): CacheStatus,
@@ -122,8 +124,9 @@ class _Restricted(pickle.Unpickler):
 
 
 def restricted_loads(data: bytes, where: str) -> Any:
-    """``data`` unpickled through :data:`ALLOWED`; :class:`PickleRefusedError` naming any other class (``where``
-    says which queue it came from)."""
+    """``data`` unpickled through :data:`ALLOWED`;
+    :class:`~fd_platforms.contract.errors.PickleRefusedError` naming any other class (``where`` says which queue it came
+    from)."""
     return _Restricted(data, where).load()
 
 

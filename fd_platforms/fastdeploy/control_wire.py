@@ -14,8 +14,9 @@ its FMQ reply queue (written).
   never takes effect at c1b7c083: ``load_config`` L98-108 calls ``vars`` on a dict and logs the error), one pickled
   ``Message`` a frame. :class:`ReplyQueue` is pyzmq's socket, imported when one is opened.
 
-Every wait is bounded: a manager call's answer (:data:`MANAGER_ANSWER_SECONDS`), the queue's lock and the barrier
-(the caller's bound), a reply's send (the caller's bound); a peer that is gone is a :class:`ControlWireError`.
+Every wait is bounded: a manager call's answer (:data:`MANAGER_ANSWER_SECONDS`),
+the queue's lock and the barrier (the caller's bound), a reply's send (the caller's bound); a peer that is gone is a
+:class:`~fd_platforms.contract.errors.ControlWireError`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .control_pickles import ControlResponse, Message, fastdeploy_dumps, restric
 
 AUTHKEY = b"cache_queue_service"  # engine_cache_queue.py L43, common_engine.py L502
 SERIALIZER = "fd-platforms-restricted"
-MANAGER_ANSWER_SECONDS = 120.0  # a manager call's answer; above the longest call, a barrier wait (at most 60 s)
+MANAGER_ANSWER_SECONDS = 120.0  #: a manager call's answer; above the longest call, a barrier wait (at most 60 s)
 CONNECT_TRIES, CONNECT_INTERVAL = 5, 3.0  # EngineCacheQueue._connect_with_retry (L255-272)
 REPLY_LINGER_MS = 5000  # FastDeploy's FMQ lingers forever (SocketOptions.linger -1, fmq.py L53); ours is bounded
 

@@ -75,9 +75,9 @@ from .signals import CACHE_READY, FastDeploySignal, check_suffix
 logger = logging.getLogger(__name__)
 
 _PRINTABLE = re.compile(rb"[\x21-\x7e]+")
-READ_TRIES = 20  # reads of one record until two agree: a rewrite in place takes microseconds
+READ_TRIES = 20  #: reads of one record until two agree: a rewrite in place takes microseconds
 READ_PAUSE = 0.001  # seconds between reads of a record that changed
-MARK_LOOK_SECONDS = 0.1  # how often a wait for a slot's let-go looks at its attachers' marks (DeathWatch)
+MARK_LOOK_SECONDS = 0.1  #: how often a wait for a slot's let-go looks at its attachers' marks (DeathWatch)
 
 
 def encode_handle(name: str, handle: str, platform: str, address: int | None = None) -> bytes:
@@ -233,7 +233,7 @@ class FastDeployHandles:
     ) -> FastDeployHandles:
         """Write every tensor's record in ``platform``'s layout (this process holds them, and a creator mark of
         its own: :mod:`.marks`); on failure none is left. Records another process may still own are
-        refused (:func:`_check_not_published`). Marks of attachers of ours that died before are removed: at the
+        refused (``_check_not_published()``). Marks of attachers of ours that died before are removed: at the
         next clear they would pass for attachers of this publication gone without letting go."""
         check_suffix(suffix)
         records = [
@@ -296,12 +296,13 @@ class FastDeployHandles:
             _remove_mark(mark)
             raise
 
-    #: Its :meth:`let_go` decides the rank's slot itself (:meth:`KVCache.clear` leaves it to the records).
+    #: Its :meth:`let_go` decides the rank's slot itself
+    #: (:meth:`KVCache.clear() <fd_platforms.engine.kv_cache.KVCache.clear>` leaves it to the records).
     resets_slot = True
 
     def let_go(self) -> None:
         """An attacher's let-go, as FastDeploy's: reset the rank's ``cache_ready_signal`` slot to 0 (where this is
-        the rank's last attacher that could be: :meth:`_last_to_let_go`), remove its mark and drop its hold on the
+        the rank's last attacher that could be: ``_last_to_let_go()``), remove its mark and drop its hold on the
         first record. Idempotent. (At exit without it only the holds go: the mark stays, unheld, and the creator
         knows the attacher of ours is gone.)"""
         if self._mark is not None and self._last_to_let_go():
@@ -323,7 +324,7 @@ class FastDeployHandles:
         return len(others) + 1 >= seen.per_rank  # by marks, not pids: one process may hold both (a test, a port)
 
     def seen(self, also_living: set[int] | frozenset[int] = frozenset()) -> Attachers:
-        """The rank's attachers as this process must count them: its own count (:attr:`attachers`) is a floor that
+        """The rank's attachers as this process must count them: its own count (``attachers``) is a floor that
         no mark, dead or forged, lowers, and any mark of the slot may raise it. Beside P/D's cache messager, which
         is never told the engine's swap space or storage backend, the floor is two once the rank's transfer manager
         says it is up (:func:`~.marks.transfer_manager_up`): FastDeploy starts one that attaches beside the worker
@@ -347,8 +348,8 @@ class FastDeployHandles:
     def retract(self, timeout: float) -> None:
         """The creator's clear: wait (at most ``timeout`` s in all) until the rank's attachers have reset its
         ``cache_ready_signal`` slot to 0 (where one is expected) and no attacher of ours holds the first
-        record, then unlink the records. A :class:`CacheInUseError` naming the rank and whom it waits for
-        otherwise, with everything left in place."""
+        record, then unlink the records. A :class:`~fd_platforms.contract.errors.CacheInUseError` naming the rank and
+        whom it waits for otherwise, with everything left in place."""
         if not self._held:
             return
         deadline = time.monotonic() + timeout

@@ -49,7 +49,7 @@ ATTACHER_WHAT = "FastDeploy attacher mark"
 CREATOR_WHAT = "FastDeploy creator mark"
 MAX_ATTACHERS = 2
 MARK_NAME_TRIES = 8  # random names tried for one mark (each taken only by a process racing this one)
-COUNTED = -1  # a creator mark's count where the creator (P/D's cache messager) cannot know it: counted at each look
+COUNTED = -1  #: a creator mark's count where the creator (P/D's cache messager) cannot know it: counted at each look
 
 
 ATTACHER_NAME_START = "fdp-attacher."
@@ -162,7 +162,7 @@ def remove_every_dead(suffix: str, rank: int) -> list[int]:
 def sweep_orphan_marks() -> list[str]:
     """Remove the dead attacher marks of slots that are gone (no ``cache_ready_signal.<suffix>`` any more: the engine
     that owned the suffix exited, or a run's signals were swept), each recognised as one of ours in full (its name's
-    form, its size, its pid, rank and count, :func:`_recognise_attacher`) and proven unlocked; the names removed, said
+    form, its size, its pid, rank and count, ``_recognise_attacher()``) and proven unlocked; the names removed, said
     in one WARNING line. A dead mark of a slot that still exists is left: it stands for its attacher until the slot's
     creator clears."""
     removed = []

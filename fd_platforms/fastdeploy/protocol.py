@@ -263,4 +263,5 @@ def _run_signal(signal: str) -> shm.Recognise:
     return recognise
 
 
+#: FastDeploy's wire protocol (``protocol="fastdeploy"``): its signals and per-tensor IPC records.
 FASTDEPLOY = FastDeployProtocol()

@@ -45,6 +45,7 @@ class RecordLayout:
 
     @property
     def size(self) -> int:
+        """The record's bytes."""
         return self.fields.size
 
     def pack(self, handle: bytes, address: int | None) -> bytes:
@@ -56,6 +57,7 @@ class RecordLayout:
         return self.fields.unpack(record)[1]
 
 
+#: The record FastDeploy's GPU build writes (and every build but those in :data:`RECORD_LAYOUTS`).
 GPU_RECORD = RecordLayout(struct.Struct(f"=Q{HANDLE_BYTES}s"), "custom_ops/gpu_ops/cuda_multiprocess.h")
 XPU_RECORD = RecordLayout(
     struct.Struct(f"=Q{HANDLE_BYTES}sQ"),

@@ -21,8 +21,8 @@ TAGS = ("weight", "kv_cache")  # common_engine.py _parse_tags (L1668-1687)
 
 
 class SleepingKVCache:
-    """One rank's KV cache that sleeps (:meth:`KVCache.clear`) and wakes up (:func:`initialize_kv_cache` with
-    ``request`` again) on FastDeploy's tags."""
+    """One rank's KV cache that sleeps (:meth:`KVCache.clear() <fd_platforms.engine.kv_cache.KVCache.clear>`) and wakes
+    up (:func:`~fd_platforms.engine.initialize.initialize_kv_cache` with ``request`` again) on FastDeploy's tags."""
 
     def __init__(self, platform: Platform, request: CacheRequest, cache: KVCache) -> None:
         self.platform, self.request = platform, request

@@ -63,7 +63,7 @@ LET_GO_HOLD_SECONDS = 0.2
 """How long a ``cache_ready_signal`` slot must read 0 (its let-go value) before a wait for that 0 ends: a
 slot flickering through 0 while its attacher still maps the cache frees nothing. A real let-go stays 0
 until the creator sets the slot again, and FastDeploy's own processes look every 0.1 s."""
-HOLD_LOOK_SECONDS = 0.005  # how often a held value is looked at while it must hold
+HOLD_LOOK_SECONDS = 0.005  #: how often a held value is looked at while it must hold
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class FastDeploySignal(SharedWords):
     def attach(cls, name: str, suffix: str | int, length: int | None = None) -> FastDeploySignal:
         """Attach to ``<name>.<suffix>``; its length is its size in words unless ``length`` is given
         (the local ranks, tp, where the caller knows them; ``kv_cache_status`` always has one word): then
-        the file must be exactly the int32 array FastDeploy makes for it (:func:`_check_shape`)."""
+        the file must be exactly the int32 array FastDeploy makes for it (``_check_shape()``)."""
         full = segment_name(name, suffix)
         if length is None and name in PER_RANK:
             length = getattr(suffix, "tp", None)  # the tp a FastDeploySuffix carries
@@ -193,8 +193,9 @@ class FastDeploySignal(SharedWords):
         return self._read(self._check_index(index), 1)[0]
 
     def checked(self, index: int) -> int | None:
-        """Word ``index`` if it holds one of FastDeploy's values for this signal (:data:`ALLOWED`), else
-        None, with a WARNING naming the signal, the value and the allowed set (once per new value)."""
+        """Word ``index`` if it holds one of FastDeploy's values for this signal
+        (:data:`~fd_platforms.fastdeploy.signals.ALLOWED`), else None, with a WARNING naming the signal, the value and
+        the allowed set (once per new value)."""
         value = self.get(index)
         return value if self.allows(index, value) else None
 
@@ -221,12 +222,14 @@ class FastDeploySignal(SharedWords):
 
     def let_go(self, index: int) -> bool:
         """Whether word ``index`` says its attacher let go: a 0 (one of FastDeploy's values, :meth:`checked`)
-        that holds in ``cache_ready_signal`` (:data:`LET_GO_HOLD_SECONDS`), as every wait for it counts it."""
+        that holds in ``cache_ready_signal`` (:data:`~fd_platforms.fastdeploy.signals.LET_GO_HOLD_SECONDS`), as every
+        wait for it counts it."""
         return self.checked(index) == 0 and self._held(index, 0)
 
     def holds(self, index: int, value: int, seconds: float) -> bool:
         """Whether word ``index`` reads ``value`` at every look for ``seconds`` (looks every
-        :data:`HOLD_LOOK_SECONDS`): a value a process only flickers through does not hold."""
+        :data:`~fd_platforms.fastdeploy.signals.HOLD_LOOK_SECONDS`): a value a process only flickers through does not
+        hold."""
         end = time.monotonic() + seconds
         while self.get(index) == value:
             now = time.monotonic()
@@ -264,14 +267,15 @@ class FastDeploySignal(SharedWords):
         tend: Callable[[], object] | None = None,
     ) -> float:
         """Block until word ``index`` equals ``value``; the seconds waited. A ``cache_ready_signal``
-        slot's 0 (the let-go) must hold for :data:`LET_GO_HOLD_SECONDS`; a value outside FastDeploy's
-        set is logged (:meth:`checked`).
+        slot's 0 (the let-go) must hold for :data:`~fd_platforms.fastdeploy.signals.LET_GO_HOLD_SECONDS`; a value
+        outside FastDeploy's set is logged (:meth:`checked`).
 
-        A :class:`SignalWaitError` after ``timeout`` seconds (``math.inf``: never), or within about
-        :data:`CHECK_SECONDS` of ``watch_pid`` exiting (the process expected to write it). ``what``
-        names the step in it. Every :data:`~.waiting.PROGRESS_SECONDS` it logs what it waits for
-        (:mod:`.waiting`), ``writer`` saying who writes the word. ``tend`` is called before every look
-        (at least every :data:`CHECK_SECONDS`), e.g. to keep another word as the caller set it.
+        A :class:`~fd_platforms.contract.errors.SignalWaitError` after ``timeout`` seconds (``math.inf``: never), or
+        within about :data:`~fd_platforms.ipc.shared_words.CHECK_SECONDS` of ``watch_pid`` exiting (the process
+        expected to write it). ``what`` names the step in it. Every :data:`~.waiting.PROGRESS_SECONDS` it logs what
+        it waits for (:mod:`.waiting`), ``writer`` saying who writes the word. ``tend`` is called before every look
+        (at least every :data:`~fd_platforms.ipc.shared_words.CHECK_SECONDS`), e.g. to keep another word as the
+        caller set it.
         """
         self._check_index(index)
         watch = ProcessWatch(watch_pid) if watch_pid is not None else None

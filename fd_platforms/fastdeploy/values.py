@@ -1,4 +1,4 @@
-"""FastDeploy's config values, each kind checked by one function: what :mod:`.fastdeploy_config` reads.
+"""FastDeploy's config values, each kind checked by one function: what :mod:`fd_platforms.fastdeploy.config` reads.
 
 Each function takes the value as FastDeploy holds it and ``field``, the name the error gives it: FastDeploy's own
 attribute (``fd_config.parallel_config.tensor_parallel_size``) or command-line flag (``--mp_num``). It returns the

@@ -24,12 +24,12 @@ whatever PID namespace it runs in (see :mod:`fd_platforms.ipc.shm`). A signal no
 over from an engine that died; one somebody holds is in use, even if its owner pid means nothing
 here (containers sharing ``/dev/shm`` but not PIDs).
 
-Lifetimes: the owner unlinks the segment on :meth:`~CacheReadySignal.close`, at interpreter exit,
-or when the owner object is garbage-collected (keep a reference while the engine runs); a forked
-child of the owner never does; attachers never unlink, and no segment is ever registered with
-Python's ``resource_tracker``. A segment left by an owner that was killed is reclaimed by the next
-owner creating the same name, or by :func:`reclaim_stale_signals`. The segment is mode 0600: the
-owning user only.
+Lifetimes: the owner unlinks the segment on
+:meth:`CacheReadySignal.close() <fd_platforms.ipc.shared_words.SharedWords.close>`, at interpreter exit, or when the
+owner object is garbage-collected (keep a reference while the engine runs); a forked child of the owner never does;
+attachers never unlink, and no segment is ever registered with Python's ``resource_tracker``. A segment left by an owner
+that was killed is reclaimed by the next owner creating the same name, or by :func:`reclaim_stale_signals`. The segment
+is mode 0600: the owning user only.
 
 Waking: a waiter sleeps on its slot with a Linux futex and the setter wakes it after writing the
 slot, so waiting costs no CPU and a wake takes microseconds. ``docs/performance.md`` has the measurements
@@ -83,7 +83,8 @@ def new_signal_name(instance: str | None = None) -> str:
 
 
 def check_signal_name(name: object, field: str = "signal_name") -> str:
-    """``name`` if it is a valid segment name, else a :class:`ConfigError` naming ``field``."""
+    """``name`` if it is a valid segment name, else a :class:`~fd_platforms.contract.errors.ConfigError` naming
+    ``field``."""
     if not isinstance(name, str) or not _NAME_PATTERN.fullmatch(name):
         raise ConfigError(
             field,
@@ -123,7 +124,8 @@ class CacheReadySignal(SharedWords):
         """Create the segment (this process becomes its owner), all slots clear.
 
         A segment of the same name that no living process holds is reclaimed with a warning;
-        one in use, or one that is not a signal of this user's, is a :class:`CacheSignalError`.
+        one in use, or one that is not a signal of this user's, is a
+        :class:`~fd_platforms.contract.errors.CacheSignalError`.
         """
         check_int("num_ranks", num_ranks, 1, MAX_LOCAL_RANKS, fix="pass the number of local ranks")
         name = check_signal_name(name) if name is not None else new_signal_name()
@@ -194,9 +196,9 @@ class CacheReadySignal(SharedWords):
 
         ``timeout`` defaults to ``FD_CACHE_READY_TIMEOUT`` (600 s); ``math.inf`` waits with no limit.
         With ``creator_pid`` (the process that creates the cache and sets the slot), the wait fails within about
-        :data:`CHECK_SECONDS` of that process exiting. Every ``progress_seconds`` (default
-        :data:`~.waiting.PROGRESS_SECONDS`) it logs what it waits for (:mod:`.waiting`: INFO, WARNING without a
-        limit). Raises :class:`CacheNotReadyError`; Ctrl-C interrupts at once.
+        :data:`~fd_platforms.ipc.shared_words.CHECK_SECONDS` of that process exiting. Every ``progress_seconds``
+        (default :data:`~.waiting.PROGRESS_SECONDS`) it logs what it waits for (:mod:`.waiting`: INFO, WARNING without a
+        limit). Raises :class:`~fd_platforms.contract.errors.CacheNotReadyError`; Ctrl-C interrupts at once.
         """
         self._check_rank(rank)
         limit = resolve_timeout(timeout)

@@ -30,8 +30,8 @@ from ..contract.integers import INT32_MAX
 _SYSCALL_NUMBERS = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98, "riscv64": 98, "loongarch64": 98}
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared (not FUTEX_PRIVATE): the word is mapped by several processes
 _WAKE_ALL = INT32_MAX  # FUTEX_WAKE's count is an int: every waiter
-FIRST_POLL_SECONDS = 0.001  # the first look for a plain store; later ones as far apart as the wait has lasted ...
-FOREIGN_POLL_SECONDS = 0.015  # ... up to this: the longest a store that wakes nobody goes unseen
+FIRST_POLL_SECONDS = 0.001  #: the first look for a plain store; later ones as far apart as the wait has lasted ...
+FOREIGN_POLL_SECONDS = 0.015  #: ... up to this: the longest a store that wakes nobody goes unseen
 
 
 class _Timespec(ctypes.Structure):
@@ -52,7 +52,7 @@ def _load() -> tuple[Callable[..., int], int] | None:
 
 
 _SYSCALL = _load()
-AVAILABLE = _SYSCALL is not None
+AVAILABLE = _SYSCALL is not None  #: whether this host's futex syscall can be called (else a wait polls)
 
 
 def _call(

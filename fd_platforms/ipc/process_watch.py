@@ -8,8 +8,8 @@ import signal
 
 from ..contract.integers import check_int, decimal
 
-START_TICKS_MASK = 0x7FFFFFFF  # start times are compared on their low 31 bits (they fit an int32 word)
-PID_MAX_LIMIT = 2**22  # the largest pid_max the kernel allows (PID_MAX_LIMIT, include/linux/threads.h)
+START_TICKS_MASK = 0x7FFFFFFF  #: start times are compared on their low 31 bits (they fit an int32 word)
+PID_MAX_LIMIT = 2**22  #: the largest pid_max the kernel allows (PID_MAX_LIMIT, include/linux/threads.h)
 
 
 def pid_max() -> int:

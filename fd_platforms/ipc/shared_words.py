@@ -1,6 +1,6 @@
 """int32 words in a ``/dev/shm`` segment, read and written so that a truncation cannot SIGBUS us.
 
-The base of both signal kinds (ours, :mod:`.cache_signal`; FastDeploy's, :mod:`.fastdeploy_signals`).
+The base of both signal kinds (ours, :mod:`.cache_signal`; FastDeploy's, :mod:`fd_platforms.fastdeploy.signals`).
 No word is read or written through the mapping: ``pread``/``pwrite`` on the descriptor, a short read
 being the typed :class:`~fd_platforms.contract.errors.CacheSignalError` naming the truncation. The
 mapping only gives a futex its address, where the kernel answers ``EFAULT`` instead of raising
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # typing.Self is Python 3.11's
 
 WORD_BYTES = 4
 MAX_LOCAL_RANKS = 1024  # the most words a signal holds, one per local rank
-CHECK_SECONDS = 0.25  # how often a wait looks at the watched process and the clock
+CHECK_SECONDS = 0.25  #: how often a wait looks at the watched process and the clock
 POLL_SECONDS = 0.002  # the sleep between looks where futexes are unavailable
 
 

@@ -21,9 +21,9 @@ from collections.abc import Mapping
 
 from ..contract.errors import ConfigError
 
-MAX_SECONDS = 7 * 24 * 3600
+MAX_SECONDS = 7 * 24 * 3600  #: the longest finite bound a wait takes: 7 days
 ALLOWED = f"a finite number of seconds > 0 and at most {MAX_SECONDS} (7 days)"
-UNBOUNDED = "inf"  # no limit: FD_CACHE_READY_TIMEOUT=inf, timeout=math.inf (float("inf"))
+UNBOUNDED = "inf"  #: no limit: FD_CACHE_READY_TIMEOUT=inf, timeout=math.inf (float("inf"))
 ALLOWED_UNBOUNDED = f"{ALLOWED}, or {UNBOUNDED} for no limit"
 
 

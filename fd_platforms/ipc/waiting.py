@@ -1,7 +1,7 @@
 """What a wait on another process says while it waits: one log line every few seconds.
 
 A wait of the core — a rank's cache-ready slot (ours, :mod:`.cache_signal`), a word of FastDeploy's
-(:mod:`.fastdeploy_signals`), a creator's wait for its attachers to let go
+(:mod:`fd_platforms.fastdeploy.signals`), a creator's wait for its attachers to let go
 (:mod:`fd_platforms.engine.publication`) — may have no time limit (``timeout=math.inf``,
 ``FD_CACHE_READY_TIMEOUT=inf``), as FastDeploy's own waits have none: its runner polls its
 ``cache_ready_signal`` word once a second until it is 1 (``fastdeploy/worker/gpu_model_runner.py``,

@@ -95,7 +95,8 @@ class DeviceFacts(ABC):
 
     @abstractmethod
     def pin(self, nbytes: int) -> HostBuffer:
-        """``nbytes`` of pinned host memory; :class:`PinningUnavailable` where that cannot be had.
+        """``nbytes`` of pinned host memory; :class:`~fd_platforms.kit.host_memory.PinningUnavailable` where that cannot
+        be had.
 
         Any other failure (the allocation itself) is raised as
         :class:`~fd_platforms.contract.errors.HostAllocError` naming the size.
@@ -331,7 +332,7 @@ def raw_ipc_handle(name: str, handle: str) -> bytes | None:
     """The raw 64-byte IPC handle inside Paddle's IPC metadata ``handle`` (what FastDeploy's per-tensor
     record holds: its ``set_data_ipc`` writes the IPC handle of the tensor's data, a ``cudaIpcMemHandle_t``
     on CUDA, an ``XPUIpcMemHandle`` on XPU), or None where ``handle`` is not such metadata. A
-    :class:`CacheSharingError` where it is, but a raw handle
+    :class:`~fd_platforms.contract.errors.CacheSharingError` where it is, but a raw handle
     cannot stand for it: VMM memory (another kind of handle), or a tensor that starts inside its
     allocation (a raw handle names the allocation, and FastDeploy's opener reads from its start)."""
     try:
@@ -391,8 +392,8 @@ def pinned_tensor_buffer(paddle: Any, nbytes: int, place_name: str, kind: str) -
     """``nbytes`` of pinned host memory held by a ``uint8`` Paddle tensor on ``paddle.<place_name>()``.
 
     A Paddle build that cannot make the place (``CUDAPinnedPlace`` on the CPU build) raises
-    :class:`PinningUnavailable`; a failed allocation raises ``HostAllocError`` naming the size.
-    Releasing the buffer drops the tensor, which returns the memory to Paddle's allocator.
+    :class:`~fd_platforms.kit.host_memory.PinningUnavailable`; a failed allocation raises ``HostAllocError`` naming the
+    size. Releasing the buffer drops the tensor, which returns the memory to Paddle's allocator.
     """
     try:
         place = getattr(paddle, place_name)()

@@ -18,9 +18,9 @@ logger = logging.getLogger(__name__)
 class PinningUnavailable(Exception):
     """Pinned host memory cannot be had on this machine (the reason is the message).
 
-    Raised by :meth:`DeviceFacts.pin`; the core's host-memory contract turns it into pageable
-    memory with a warning, or into :class:`~fd_platforms.contract.errors.HostAllocError` when the caller
-    demanded pinned memory. It never leaves the core.
+    Raised by :meth:`DeviceFacts.pin() <fd_platforms.kit.device_facts.DeviceFacts.pin>`; the core's host-memory contract
+    turns it into pageable memory with a warning, or into :class:`~fd_platforms.contract.errors.HostAllocError` when the
+    caller demanded pinned memory. It never leaves the core.
     """
 
 
@@ -49,9 +49,9 @@ def allocate_host(nbytes: int, require_pinned: bool, pin: Callable[[int], HostBu
     """The one host-memory contract: pinned when ``pin`` can, else pageable with a warning.
 
     ``pin`` raising :class:`PinningUnavailable` means pinning cannot be had here: a caller that
-    demanded pinned memory gets :class:`HostAllocError` with the reason; any other caller gets
-    pageable memory marked ``pinned=False`` and one WARNING line. A failed allocation is a
-    :class:`HostAllocError` naming the size, whichever path failed.
+    demanded pinned memory gets :class:`~fd_platforms.contract.errors.HostAllocError` with the reason; any other caller
+    gets pageable memory marked ``pinned=False`` and one WARNING line. A failed allocation is a
+    :class:`~fd_platforms.contract.errors.HostAllocError` naming the size, whichever path failed.
     """
     check_host_nbytes(nbytes)
     try:

@@ -1,4 +1,5 @@
-"""A device platform driven through Paddle: stated facts plus a :class:`DeviceFacts` reader.
+"""A device platform driven through Paddle: stated facts plus a :class:`~fd_platforms.kit.device_facts.DeviceFacts`
+reader.
 
 Plugins build one :class:`PaddlePlatform` record and name it in their entry point. Detection is
 cheap (:class:`~fd_platforms.kit.probes.RuntimeFacts`); Paddle is imported only when the platform is
@@ -32,7 +33,7 @@ from .vendor_host import VendorHostRuntime
 class PaddlePlatform(RuntimeFacts):
     """Facts of a Paddle-driven device platform.
 
-    ``facts``: the :class:`DeviceFacts` class that reads this device through Paddle;
+    ``facts``: the :class:`~fd_platforms.kit.device_facts.DeviceFacts` class that reads this device through Paddle;
     ``host_runtime``: the vendor runtime's pinned host allocator, where Paddle has none;
     ``device_runtime``: the vendor runtime's device memory and IPC, where Paddle has no IPC for the
     device (cache sharing then goes through it);
@@ -52,8 +53,8 @@ class PaddlePlatform(RuntimeFacts):
 
     def device_facts(self) -> DeviceFacts:
         """The device-facts reader, built by the first hook that needs the device: this is where paddle
-        is imported. A :class:`PaddleUnavailableError` naming the import's failure and the install hint
-        where paddle cannot be imported (nothing is kept then: a later call tries again)."""
+        is imported. A :class:`~fd_platforms.contract.errors.PaddleUnavailableError` naming the import's failure and the
+        install hint where paddle cannot be imported (nothing is kept then: a later call tries again)."""
         reader = self.__dict__.get("_device_facts")
         if reader is None:
             try:
@@ -71,7 +72,8 @@ class PaddlePlatform(RuntimeFacts):
 
     def memory_ipc(self) -> FlagReading | None:
         """The Paddle allocator flag in force in this process where the device's sharing goes through Paddle's IPC
-        (:meth:`DeviceFacts.memory_ipc`), None where none is or the sharing is the vendor runtime's."""
+        (:meth:`DeviceFacts.memory_ipc() <fd_platforms.kit.device_facts.DeviceFacts.memory_ipc>`), None where none is or
+        the sharing is the vendor runtime's."""
         if self.device_runtime is not None:
             return None
         return self.device_facts().memory_ipc()

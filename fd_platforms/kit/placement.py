@@ -37,8 +37,9 @@ def placeable_types(paddle: Any) -> tuple[str, ...]:
 
 
 def check_placeable(paddle: Any, device: str) -> None:
-    """Pass where this Paddle can place tensors on ``device``; else raise :class:`DevicePlacementError`
-    naming the device, the types this Paddle places tensors on and what to install."""
+    """Pass where this Paddle can place tensors on ``device``; else raise
+    :class:`~fd_platforms.contract.errors.DevicePlacementError` naming the device, the types this Paddle places tensors
+    on and what to install."""
     kind = device_type_of(device)
     placeable = placeable_types(paddle)
     if kind in placeable:

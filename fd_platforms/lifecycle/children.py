@@ -23,7 +23,7 @@ from ..contract.errors import RunError
 from ..ipc.process_watch import describe_exit
 from .interrupts import sigint_ignored_by_children
 
-FAILURE_GRACE = 2.0  # seconds the rest of a phase may still report after its first failure
+FAILURE_GRACE = 2.0  #: seconds the rest of a phase may still report after its first failure
 STOP_SECONDS = 5.0  # seconds children get to exit after "stop" or SIGTERM, before SIGKILL
 CAUSE_SECONDS = 0.5  # how long a failed phase waits, in all, for a child outside it that is still exiting
 
@@ -101,7 +101,8 @@ class Children(contextlib.AbstractContextManager["Children"]):
                 child.conn.send((kind, payload))
 
     def collect(self, children: Sequence[Child], kind: str, timeout: float) -> dict[Child, Any]:
-        """The payload of each child's next message, which must be ``kind``; :class:`RunError` otherwise.
+        """The payload of each child's next message, which must be ``kind``;
+        :class:`~fd_platforms.contract.errors.RunError` otherwise.
 
         Fails when a child reports an error, dies, or sends nothing within ``timeout`` seconds;
         failures are listed in the order of ``children``, and the first one's exit code is the error's.

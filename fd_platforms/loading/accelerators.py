@@ -41,6 +41,7 @@ class KnownAccelerator:
     also_made_by: str | None = None
 
 
+#: The device nodes each vendor's driver makes, with the platform and distribution that drive them.
 KNOWN_ACCELERATORS = (
     KnownAccelerator(
         vendor="NVIDIA",

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from ..contract.errors import PluginError
 
-PluginErrorT = TypeVar("PluginErrorT", bound=PluginError)
+PluginErrorT = TypeVar("PluginErrorT", bound=PluginError)  #: the error class asked for, and made
 
 ENTRY_POINT_GROUP = "fd_platforms"
 CORE_DISTRIBUTION = "fd-platforms"

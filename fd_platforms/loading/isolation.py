@@ -46,7 +46,7 @@ from .watchdog import Bound, detect_bound, run_bounded
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .discovery import Candidate
 
-T = TypeVar("T")
+T = TypeVar("T")  #: what the call returns, returned as it is
 
 _interrupts_are_plugins = False
 

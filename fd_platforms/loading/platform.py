@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..rules.config.settings import CacheConfig
     from ..rules.layout import CacheLayout
 
-RecordT = TypeVar("RecordT")
+RecordT = TypeVar("RecordT")  #: the record type a hook must answer with
 
 WAIT_MARGIN_SECONDS = 5.0  # what a plugin's own wait_cache_ready gets beyond the wait's timeout
 
@@ -443,7 +443,8 @@ def _load(candidate: Candidate, drift_guard: bool) -> Platform:
 
 def register_platform(candidate: Candidate, plugin: object, *, drift_guard: bool = True) -> Platform:
     """``plugin`` (what ``candidate``'s entry point names, or a copy of it) registered beside the
-    core defaults and validated as :func:`load_platform` describes; call it as plugin code (:func:`call_plugin`)."""
+    core defaults and validated as :func:`load_platform` describes; call it as plugin code
+    (:func:`~fd_platforms.loading.isolation.call_plugin`)."""
     manager = pluggy.PluginManager(hookspecs.PROJECT)
     manager.add_hookspecs(hookspecs)
     manager.register(defaults, name="fd_platforms.loading.defaults")

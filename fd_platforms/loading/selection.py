@@ -5,8 +5,8 @@
 - Unset: every allowed plugin is imported and detected; one available is selected, several are an
   error asking for ``FD_PLATFORM``. None available selects the built-in ``cpu`` (one INFO line says
   why) only where no accelerator is present (:mod:`.accelerators`): where an accelerator's device
-  nodes are, and nothing can drive it, selection is an :class:`AcceleratorUnusableError` naming the
-  nodes, each platform that would drive them with its reason, and the fix (``FD_PLATFORM=cpu``
+  nodes are, and nothing can drive it, selection is an :class:`~fd_platforms.contract.errors.AcceleratorUnusableError`
+  naming the nodes, each platform that would drive them with its reason, and the fix (``FD_PLATFORM=cpu``
   to run on the host on purpose).
 - ``FD_PLATFORM_PLUGINS=a,b`` limits the external plugins considered; the built-in cpu is always there.
 - The plugins not named are loaded, detected and confirmed in a child process, one after another

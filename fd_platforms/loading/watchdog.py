@@ -59,7 +59,7 @@ from typing import NoReturn, TypeVar
 
 from ..ipc.timeouts import env_bound
 
-T = TypeVar("T")
+T = TypeVar("T")  #: what the call returns, returned as it is
 
 ENV_DETECT_TIMEOUT = "FD_PLATFORM_DETECT_TIMEOUT"
 DEFAULT_DETECT_TIMEOUT = 10.0
@@ -107,8 +107,8 @@ def alloc_bound() -> Bound:
 BACKSTOP_SECONDS = 5.0
 """How long past the latest deadline faulthandler's C timer waits for our thread; re-set where it is
 less than half of this or more than this past the latest deadline."""
-EXIT_STATUS = 124  # our thread ended the process: a call past its bound
-BACKSTOP_EXIT_STATUS = 1  # faulthandler's C timer ended it (its exit=True calls _exit(1))
+EXIT_STATUS = 124  #: our thread ended the process: a call past its bound
+BACKSTOP_EXIT_STATUS = 1  #: faulthandler's C timer ended it (its exit=True calls _exit(1))
 TIMED_OUT_STATUSES = frozenset({EXIT_STATUS, BACKSTOP_EXIT_STATUS})
 
 

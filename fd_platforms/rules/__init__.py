@@ -8,7 +8,9 @@ Not part of the plugin API: a plugin imports :mod:`fd_platforms.plugin` only.
 - :mod:`.layout` — the KV cache's tensors, shapes, dtypes and bytes per block;
 - :mod:`.planner` — how many blocks a rank gets, and the invariants every plan keeps;
 - :mod:`.drift` — the reports that refuse a plugin answering a rule hook differently;
-- :mod:`.devices` — the physical device id that names a rank's tensors, from the visible-devices variable;
-- :mod:`.fastdeploy_config` — FastDeploy's ``FDConfig`` (or a cache process's command line) read as it is, each kind
-  of value checked by one function of :mod:`.fastdeploy_values`.
+- :mod:`.devices` — the physical device id that names a rank's tensors, from the visible-devices variable.
+
+FastDeploy's ``FDConfig`` (or a cache process's command line) is read into these settings above this layer, by
+:mod:`fd_platforms.fastdeploy.config`, each kind of value checked by one function of
+:mod:`fd_platforms.fastdeploy.values`.
 """

@@ -39,6 +39,7 @@ _TERM_TEXT: dict[str, str] = {
 }
 
 
+#: Every term a version may name as one that makes a worker attach.
 TERMS: tuple[AttachTerm, ...] = ("num_cpu_blocks", "storage_backend", "splitwise_role")
 TRANSFER_TERMS: tuple[AttachTerm, ...] = ("num_cpu_blocks", "storage_backend")
 """What starts FastDeploy's cache transfer manager, one per rank, under every version so far: host swap space or a
@@ -59,6 +60,7 @@ class RuleVersion:
     fastdeploy: str
     """Which FastDeploy's processes follow it, in words."""
     transfer_terms: tuple[AttachTerm, ...] = TRANSFER_TERMS
+    """The terms that start a cache transfer manager beside each worker."""
 
     @property
     def text(self) -> str:
@@ -66,6 +68,7 @@ class RuleVersion:
         return f"profile or not ({' or '.join(_TERM_TEXT[term] for term in self.attach_terms)})"
 
 
+#: The versions fd-platforms ships: ``2026-01`` (the default), ``2026-04`` and ``2026-06``.
 BUILTIN_VERSIONS: tuple[RuleVersion, ...] = (
     RuleVersion(
         "2026-01",
@@ -90,7 +93,7 @@ BUILTIN_VERSIONS: tuple[RuleVersion, ...] = (
 )
 RULE_VERSIONS: dict[str, RuleVersion] = {version.name: version for version in BUILTIN_VERSIONS}
 """Every version this process knows: the built-in ones, then those an engine registered."""
-DEFAULT_RULE = "2026-01"
+DEFAULT_RULE = "2026-01"  #: the version in force where the engine pins none (and its protocol can tell)
 RULE = RULE_VERSIONS[DEFAULT_RULE].text
 """The default version's formula."""
 
@@ -125,12 +128,12 @@ def register_rule_version(
     transfer_terms: object = TRANSFER_TERMS,
     fastdeploy: str = "none of FastDeploy's releases: the engine registered it",
 ) -> RuleVersion:
-    """Add the engine's own rule version to this process's :data:`RULE_VERSIONS` and return it: ``name`` (letters,
-    digits, ``.``, ``_``, ``-``; no version's name yet), ``attach_terms`` (distinct terms of :data:`TERMS`, in the
-    order they decide, ``splitwise_role`` among them), ``transfer_terms`` (distinct terms of
-    :data:`TRANSFER_TERMS`) and ``origin`` (where it comes from, in words). A ConfigError names the argument
-    otherwise. A platform's own decision hook is held to it as to the built-in ones (:mod:`.drift`), at the first
-    decision pinned to it."""
+    """Add the engine's own rule version to this process's :data:`~fd_platforms.rules.decision.RULE_VERSIONS` and return
+    it: ``name`` (letters, digits, ``.``, ``_``, ``-``; no version's name yet), ``attach_terms`` (distinct terms of
+    :data:`~fd_platforms.rules.decision.TERMS`, in the order they decide, ``splitwise_role`` among them),
+    ``transfer_terms`` (distinct terms of :data:`~fd_platforms.rules.decision.TRANSFER_TERMS`) and ``origin`` (where
+    it comes from, in words). A ConfigError names the argument otherwise. A platform's own decision hook is held to it
+    as to the built-in ones (:mod:`.drift`), at the first decision pinned to it."""
     if not isinstance(name, str) or not _VERSION_NAME.fullmatch(name):
         raise ConfigError(
             "name",

@@ -13,7 +13,7 @@ A ``max_num_blocks`` answer is checked on every call against the planner's invar
 (:func:`fd_platforms.rules.planner.plan_violations`). A ``kv_cache_shapes`` answer is checked on
 every call and, at load, over :func:`fd_platforms.rules.shapes.shape_cases`: the bytes of every
 role stay the core's (:func:`fd_platforms.rules.shapes.shape_violations`). Any drift is a
-:class:`PlatformDriftError`.
+:class:`~fd_platforms.contract.errors.PlatformDriftError`.
 """
 
 from __future__ import annotations
@@ -147,8 +147,8 @@ def shapes_drift(platform: Platform) -> list[str]:
 
 
 def refuse_drift(platform: Platform, *, rules: Sequence[str] | None = None) -> None:
-    """Raise :class:`PlatformDriftError` if the platform implements a rule hook checked at load
-    (the decision, the shapes) and drifts. ``rules``: only the decision, under these versions (one an engine
+    """Raise :class:`~fd_platforms.contract.errors.PlatformDriftError` if the platform implements a rule hook checked at
+    load (the decision, the shapes) and drifts. ``rules``: only the decision, under these versions (one an engine
     registered after the platform was loaded)."""
     implemented = platform.implemented_hooks()
     if DECISION_HOOK in implemented:

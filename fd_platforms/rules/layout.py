@@ -168,7 +168,9 @@ class CacheLayout:
     block_size: int
     rank: int = 0
     device_id: int = 0
+    """The device id that names the shared objects (``.device{N}``: the physical id, as FastDeploy names them)."""
     local_device: int = 0
+    """The local device index the tensors are allocated on, exported from and opened on."""
     attention: str = "gqa"
     quant_type: str = "none"
     cache_dtype: str = "bfloat16"

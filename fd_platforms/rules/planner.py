@@ -2,9 +2,10 @@
 
 The budget is ``floor(total_bytes * utilization) - non_cache_bytes``, capped by ``free_bytes``
 when the platform can tell free memory. Blocks are ``budget // layout.bytes_per_block`` (with MTP
-layers of another block ratio, the most blocks whose device tensors fit: :meth:`CacheLayout.blocks_within`); a
-platform's declared limits (each with its reason) may lower that, and
-``num_gpu_blocks_override`` replaces it while still obeying the limits and the budget.
+layers of another block ratio, the most blocks whose device tensors fit:
+:meth:`CacheLayout.blocks_within() <fd_platforms.rules.layout.CacheLayout.blocks_within>`); a platform's declared limits
+(each with its reason) may lower that, and ``num_gpu_blocks_override`` replaces it while still obeying the limits and
+the budget.
 """
 
 from __future__ import annotations

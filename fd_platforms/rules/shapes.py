@@ -3,7 +3,7 @@
 The core owns the bytes; a platform owns the axes. :func:`shape_request` asks for one layer's
 tensors of a layout (the core's shapes as the starting point); :func:`shape_violations` checks an
 answer: the same roles in the same order, the block axis first, each role's bytes the core's.
-:data:`SHAPE_CASES` is what a plugin's ``kv_cache_shapes`` is checked against when it is loaded:
+:func:`shape_cases` is what a plugin's ``kv_cache_shapes`` is checked against when it is loaded:
 every layer kind and quantization the layout knows. :func:`engine_shaped` holds an engine's own
 tensor specs (what its attention backend's ``get_kv_cache_shape`` states) to the same check.
 """
@@ -81,8 +81,9 @@ def engine_shaped(layout: CacheLayout, tensor_specs: object, num_blocks: int) ->
     them instead of deriving them: the layout's roles in the contract order (key, value, key_scale,
     value_scale, indexer: FastDeploy's ``gpu_model_runner.py`` ``initialize_kv_cache`` order, and the
     ``caches[2 * layer]`` its XPU kernels index), each role once (so every tensor name is unique),
-    the block axis first, and each role's bytes the planner's (so :attr:`CacheLayout.bytes_per_block`
-    holds). A ConfigError naming the spec, the value, what is allowed and the fix otherwise."""
+    the block axis first, and each role's bytes the planner's (so
+    :attr:`CacheLayout.bytes_per_block <fd_platforms.rules.layout.CacheLayout.bytes_per_block>` holds). A ConfigError
+    naming the spec, the value, what is allowed and the fix otherwise."""
     request = shape_request(layout, num_blocks)
     expected = ", ".join(f"{role.role} {list(role.shape)} {role.dtype}" for role in request.default)
     if not isinstance(tensor_specs, Sequence) or not all(isinstance(spec, CacheRoleShape) for spec in tensor_specs):

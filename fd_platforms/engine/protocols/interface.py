@@ -96,7 +96,8 @@ class WireProtocol(ABC):
     @abstractmethod
     def check_export(self, platform: Platform, device: str) -> None:
         """Before any tensor is exported on ``device``: a CacheSharingError where this protocol's records cannot
-        carry the handles ``platform``'s memory gets in this process (:meth:`Platform.memory_ipc`)."""
+        carry the handles ``platform``'s memory gets in this process
+        (:meth:`Platform.memory_ipc() <fd_platforms.loading.platform.Platform.memory_ipc>`)."""
 
     @abstractmethod
     def rule_in_force(self, rule: str | None, inputs: DecisionInputs, field: str = "rule") -> str:

@@ -147,4 +147,5 @@ class FdPlatformsProtocol(WireProtocol):
         reclaim_instance(instance)
 
 
+#: Our protocol (the cache-ready signal and our manifests), the one an engine speaks unless told otherwise.
 OURS = FdPlatformsProtocol()

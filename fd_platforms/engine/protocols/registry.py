@@ -29,8 +29,9 @@ _known: dict[str, WireProtocol] = {OURS.name: OURS}
 
 
 def protocol_named(name: object) -> WireProtocol:
-    """The protocol ``name`` (an installed protocol's name, or a :class:`WireProtocol`, taken as it is); a
-    ConfigError listing the installed names otherwise."""
+    """The protocol ``name`` (an installed protocol's name, or a
+    :class:`~fd_platforms.engine.protocols.interface.WireProtocol`, taken as it is); a ConfigError listing the installed
+    names otherwise."""
     if isinstance(name, WireProtocol):
         return name
     if isinstance(name, str) and name in _known:
@@ -59,9 +60,9 @@ def _listed(installed: dict[str, list[Candidate]]) -> list[str]:
 
 def register_protocol(protocol: object) -> None:
     """Make an engine's own ``protocol`` resolvable by its name in this process. A ConfigError where it is no
-    :class:`WireProtocol`, where its ``name`` is no plain non-empty text without spaces (looked up statically: a
-    property or other code does not run), or where the name is another protocol's (ours, an installed one, a
-    registered one)."""
+    :class:`~fd_platforms.engine.protocols.interface.WireProtocol`, where its ``name`` is no plain non-empty text
+    without spaces (looked up statically: a property or other code does not run), or where the name is another
+    protocol's (ours, an installed one, a registered one)."""
     if not isinstance(protocol, WireProtocol):
         raise ConfigError(
             "protocol",

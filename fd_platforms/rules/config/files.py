@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ...contract.errors import ConfigError
 
-MAX_FILE_BYTES = 64 * 2**20  # a config.json or a deploy TOML holds kilobytes
+MAX_FILE_BYTES = 64 * 2**20  #: a config.json or a deploy TOML holds kilobytes
 _KINDS = {
     stat.S_IFDIR: "a folder",
     stat.S_IFIFO: "a FIFO (named pipe)",

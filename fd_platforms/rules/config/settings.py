@@ -33,7 +33,7 @@ class CacheConfig:
     values whatever the ``cache_dtype``; ``block_wise_fp8`` needs an 8-bit ``cache_dtype``.
     ``num_gpu_block_expand_ratio`` (FastDeploy's name) scales the device blocks of MTP layers.
     ``rule`` pins the create-or-attach rule's version (:data:`~fd_platforms.rules.decision.RULE_VERSIONS`);
-    None leaves it to the protocol (:meth:`~fd_platforms.engine.protocols.WireProtocol.rule_in_force`).
+    None leaves it to the protocol (:meth:`~fd_platforms.engine.protocols.interface.WireProtocol.rule_in_force`).
     ``kvcache_storage_backend`` accepts ``"none"`` (stored as None). Host swap space is given
     either as ``num_cpu_blocks`` or as ``swap_space_bytes``, not both.
     """
