@@ -1,12 +1,12 @@
 """Hook specifications: the whole contract between the core and a platform plugin.
 
 A platform plugin is a module (or object) exposed in the entry-point group ``fd_platforms`` under
-its platform name. It implements some of these hooks with :data:`fd_platforms.hookimpl`:
+its platform name. It implements some of these hooks with :data:`fd_platforms.plugin.hookimpl`, importing every
+name from :mod:`fd_platforms.plugin` (the one module a plugin may import):
 
 .. code-block:: python
 
-    from fd_platforms import hookimpl
-    from fd_platforms.contract.types import Detection, PlatformIdentity
+    from fd_platforms.plugin import Detection, PlatformIdentity, hookimpl
 
     @hookimpl
     def platform_identity():
@@ -21,30 +21,18 @@ its platform name. It implements some of these hooks with :data:`fd_platforms.ho
     def supported_api_versions():
         return ">=1.0,<2"
 
-Rules for every hook:
+Every hook is ``firstresult``: the plugin's answer wins, and the core's defaults (registered ``trylast``) answer
+where it is silent. ``platform_identity``, ``detect_platform`` and ``supported_api_versions`` are required; an
+answer that is not the record named in ``Returns`` is a :class:`~fd_platforms.contract.errors.PluginContractError`.
+Plugin code runs in the engine's own thread, each call bounded by ``FD_PLATFORM_DETECT_TIMEOUT`` (the allocation
+hooks by ``FD_PLATFORM_ALLOC_TIMEOUT``): past its bound the process ends, naming the call
+(:mod:`fd_platforms.loading.watchdog`). What a hook raises, ``SystemExit`` included, becomes a
+:class:`~fd_platforms.contract.errors.PluginError` naming the plugin and the hook, while ``KeyboardInterrupt`` stays
+the user's Ctrl-C (:mod:`fd_platforms.loading.isolation`). The core validates the caller's arguments before a hook
+runs and checks every answer on every call, the rule hooks against the rule itself
+(:class:`~fd_platforms.contract.errors.PlatformDriftError`).
 
-- The core calls hooks with keyword arguments only; an implementation may accept any subset of a
-  spec's parameters (pluggy passes what it asks for).
-- Every hook is ``firstresult``: each platform is its own plugin manager holding the core's
-  defaults (registered ``trylast``) and one platform plugin, so the plugin's answer wins and the
-  core's default answers where the plugin is silent or returns ``None``.
-- Return the record named in ``Returns``; anything else raises
-  :class:`~fd_platforms.contract.errors.PluginContractError`.
-- ``platform_identity``, ``detect_platform`` and ``supported_api_versions`` are required; a plugin missing either, or
-  implementing a hook name not defined here, is refused at registration with
-  :class:`~fd_platforms.contract.errors.PluginHookError`.
-- Module-level code and ``detect_platform`` must stay cheap: no ``import paddle``, no device
-  runtime start-up. Import paddle inside the hooks that need tensors or live device facts.
-- Plugins are untrusted code (:mod:`fd_platforms.loading.isolation`): the import, the registration and
-  every hook a plugin implements run in the caller's thread, bounded by ``FD_PLATFORM_DETECT_TIMEOUT``
-  (default 10 s; the allocation hooks by ``FD_PLATFORM_ALLOC_TIMEOUT``, default 600 s); past it the
-  process ends, naming the call (:mod:`fd_platforms.loading.watchdog`), and a platform screened in a
-  child process is broken (:class:`~fd_platforms.contract.errors.PluginTimeoutError`). Anything a
-  hook raises, ``SystemExit`` and ``KeyboardInterrupt`` included, becomes a
-  :class:`~fd_platforms.contract.errors.PluginError` naming the plugin and the hook.
-- The core validates the caller's arguments before a hook runs, and checks every answer on every
-  call: the record type, and for the rule hooks the rule itself (a differing decision or a plan
-  breaking the planner's invariants is a :class:`~fd_platforms.contract.errors.PlatformDriftError`).
+See docs/writing-a-plugin.md, "3. The hooks", for every rule a hook is held to and why.
 """
 
 from __future__ import annotations
