@@ -1,50 +1,17 @@
 """FastDeploy's clear/update protocol over ``kv_cache_status``: the driver's calls and the creator's.
 
-RL weight updates clear the KV cache and create it again. FastDeploy's processes coordinate that
-through one word, ``kv_cache_status.<suffix>``, and the ``cache_ready_signal`` slots:
+RL weight updates clear the KV cache and create it again: the driver writes ``CLEARING``
+(:func:`drive_kv_cache_clear`), every attaching rank lets go and resets its ``cache_ready_signal`` slot, the creator
+(:func:`~fd_platforms.fastdeploy.cache_server.serve_kv_cache_status`) frees and writes ``CLEARED``; then the driver
+writes ``UPDATING`` (:func:`drive_kv_cache_restore`), the creator creates again, sets every slot and writes
+``NORMAL``, and the ranks attach again. :func:`drive_kv_cache_update` is the two halves under one claim. A late
+answer of a slower rank's transfer manager is overwritten by the driver's word; a step that fails is said in the word
+with values of fd-platforms' own (:class:`~fd_platforms.fastdeploy.fault_words.KVCacheFault`), and a failed drive
+writes ``NORMAL`` back only where every rank's cache is there
+(:class:`~fd_platforms.contract.errors.CacheUpdateError` otherwise, until :func:`drive_kv_cache_restore`).
 
-1. the driver (FastDeploy's worker, or :func:`drive_kv_cache_clear`) writes ``CLEARING``;
-2. every attaching rank lets go of its cache and resets its ``cache_ready_signal`` slot to 0;
-3. the creator (FastDeploy's cache transfer manager, or :func:`~.cache_server.serve_kv_cache_status`) sees every
-   slot at 0, frees its caches and writes ``CLEARED``;
-4. the driver updates the weights and writes ``UPDATING`` (:func:`drive_kv_cache_restore`);
-5. the creator creates the caches again, sets every slot to 1 and writes ``NORMAL``; each attaching
-   rank attaches again once its slot is set (:func:`~fd_platforms.engine.initialize_kv_cache`).
-
-FastDeploy runs steps 1-3 and 4-5 as two separate events, each on its own request to its engine
-(``model_weights_status`` CLEARING, then UPDATING: :mod:`fd_platforms.fastdeploy.weights_status`);
-:func:`drive_kv_cache_update` is the two in a row, under one claim.
-
-FastDeploy runs a cache transfer manager per rank, and each writes ``CLEARED`` and ``NORMAL`` itself
-(``fastdeploy/cache_manager/cache_transfer_manager.py``, ``check_cache_status``), so a slower rank's answer
-to one step can land after the driver wrote the next and replace it: its ``CLEARED`` over ``UPDATING``,
-its ``NORMAL`` over the next round's ``CLEARING``. No process acts on an answer, so the update would
-hang. While it waits, the driver writes its own word again each time it reads the answer to the step
-before. That never replaces a current answer: a manager answers ``CLEARED`` only once every slot is 0
-and ``NORMAL`` only once every slot is set, and a creating manager frees or creates only after it has
-seen the driver's word, so the answer to the current step needs every such manager to have seen it.
-
-When a step fails. FastDeploy's ``KVCacheStatus`` has no word for a failure (NORMAL 0, UPDATING 1,
-CLEARING -1, CLEARED -2: ``fastdeploy/inter_communicator/ipc_signal_const.py``); its transfer manager
-logs a failed clear or restore and leaves the word (``check_cache_status``), so its engine client times
-out. Here a failure is said in the word with values of fd-platforms' own, far below FastDeploy's
-(:class:`~fd_platforms.fastdeploy.fault_words.KVCacheFault`): ``-10000 - rank`` (the creator could not clear that rank;
-it kept the others and created again what it had freed), ``-20000 - rank`` (the creator could not create that rank's
-cache again: the rank has none) and ``-30000`` (a drive failed after a rank let go: the caches may be freed).
-A word of our own, because only the word reaches the driver in another process at once, rank included,
-and none of FastDeploy's values would be true. FastDeploy's processes are never fooled by it: its engine
-client waits for ``== NORMAL`` and ``== CLEARED`` (``EngineClient.update_model_weight`` and
-``clear_load_weight``, ``fastdeploy/entrypoints/engine_client.py``) and its transfer manager acts on
-``== CLEARING`` and ``== UPDATING`` only, so a failure word is neither a step done nor one to take; its
-workers write their next CLEARING or UPDATING over it (``DynamicWeightManager.check_model_weights_status``,
-``fastdeploy/rl/dynamic_weight_manager.py``). The words are :mod:`fd_platforms.fastdeploy.fault_words`, which our
-signal layer knows beside FastDeploy's values; :mod:`.cache_server` says when a creator of ours writes them.
-
-A drive that fails writes NORMAL back only where every ``cache_ready_signal`` slot reads 1: every
-rank's cache is there (a creator sets a slot once it created, an attacher resets it before it lets
-go, and a creator frees only after that). Otherwise it leaves a failure word, the next clear or update
-is refused naming it (:class:`~fd_platforms.contract.errors.CacheUpdateError`), and
-:func:`drive_kv_cache_restore`, which starts from it as from CLEARED, has the creator create what is missing.
+See docs/engine-integration.md, "The clear/update protocol over kv_cache_status", for the steps, why rewriting the
+driver's word is safe, the failure words, and the FastDeploy files each follows.
 """
 
 from __future__ import annotations

@@ -1,46 +1,17 @@
 """The cache-ready signal: one int32 slot per local rank in POSIX shared memory.
 
-The engine process creates the signal (it is the *owner*); workers and the cache-manager process
-attach to it by name. Whoever allocates a rank's KV cache sets that rank's slot; a worker that
-does not allocate waits for it with :meth:`CacheReadySignal.wait`.
+The engine process creates the signal (it is the *owner*); workers and the cache-manager process attach to it by
+name. Whoever allocates a rank's KV cache sets that rank's slot; a worker that does not allocate waits for it with
+:meth:`CacheReadySignal.wait`, asleep on a futex the setter wakes. The segment ``/dev/shm/<name>`` (mode 0600) is
+native-endian int32 words: magic ``0x46444352`` (``"FDCR"``), layout version ``2``, the number of ranks, the
+owner's pid (for messages only), four reserved, then word ``8 + r``, the slot of local rank ``r`` (0 clear,
+anything else set). Liveness is a shared ``flock`` every process using it holds (:mod:`fd_platforms.ipc.shm`): the
+owner unlinks the segment on close, and one nobody holds is reclaimed by the next owner of its name or by
+:func:`reclaim_stale_signals`. Words are read and written with ``pread``/``pwrite``, never through the mapping, so
+a truncated segment is a :class:`~fd_platforms.contract.errors.CacheSignalError`, not a SIGBUS.
 
-Layout of the segment ``/dev/shm/<name>``, native-endian int32 words, for any process of the engine
-that wants to read it without this package:
-
-====== ==============================================================================
-word   meaning
-====== ==============================================================================
-0      magic ``0x46444352`` (``"FDCR"``); the header is in place before the name appears
-1      layout version, ``2``
-2      number of ranks ``N``
-3      owner pid, in the owner's PID namespace (for messages only; never for liveness)
-4-7    reserved, 0
-8 + r  slot of local rank ``r``: 0 clear, anything else set (this package writes 1)
-====== ==============================================================================
-
-Liveness (layout 2): every process using the signal holds a shared ``flock`` on the segment for
-as long as it has it open, and the kernel drops it when the process exits, however it exits and
-whatever PID namespace it runs in (see :mod:`fd_platforms.ipc.shm`). A signal nobody holds is left
-over from an engine that died; one somebody holds is in use, even if its owner pid means nothing
-here (containers sharing ``/dev/shm`` but not PIDs).
-
-Lifetimes: the owner unlinks the segment on
-:meth:`CacheReadySignal.close() <fd_platforms.ipc.shared_words.SharedWords.close>`, at interpreter exit, or when the
-owner object is garbage-collected (keep a reference while the engine runs); a forked child of the owner never does;
-attachers never unlink, and no segment is ever registered with Python's ``resource_tracker``. A segment left by an owner
-that was killed is reclaimed by the next owner creating the same name, or by :func:`reclaim_stale_signals`. The segment
-is mode 0600: the owning user only.
-
-Waking: a waiter sleeps on its slot with a Linux futex and the setter wakes it after writing the
-slot, so waiting costs no CPU and a wake takes microseconds. ``docs/performance.md`` has the measurements
-(``benchmarks/wait_ready.py``), ``docs/lifecycle.md`` the signal's layout and lifetimes.
-
-Truncation: ``/dev/shm`` files cannot be sealed, so another process of the user may shrink the
-segment under its users. No word is ever read or written through the mapping: slots are read
-and written with ``pread``/``pwrite`` on the descriptor (a short read is the typed
-:class:`~fd_platforms.contract.errors.CacheSignalError` naming the truncation), and the mapping only
-gives the futex its address, where the kernel answers ``EFAULT`` instead of raising SIGBUS
-(:mod:`fd_platforms.ipc.shared_words`, shared with FastDeploy's signals).
+See docs/lifecycle.md, "The cache-ready signal", for the layout word by word, liveness across containers, the
+lifetimes, the wait's bounds and why a futex; docs/performance.md, "The cache-ready wait", for its measurements.
 """
 
 from __future__ import annotations

@@ -1,44 +1,16 @@
 """The bound on a plugin call: a call that has not returned in time ends the process, loudly.
 
-Plugin calls run in the engine's own thread (:mod:`.isolation`), so nothing can stop one from the
-side: CPython cannot interrupt a thread. Nothing of ours touches the process's signals either: no
-handler, no interval timer, so an engine's own SIGALRM handler and ``setitimer`` stay its own. Two
-watchers, neither a signal handler, end a call past its bound:
+Plugin calls run in the engine's own thread (:mod:`.isolation`), so nothing can stop one from the side, and nothing
+of ours touches the process's signals (no handler, no interval timer). Two watchers end a call past its bound, each
+writing every thread's stack, in which the call runs inside a frame named for it (plugin, distribution, step, bound
+and the variable that sets it): our daemon thread (``fd-platforms watchdog``), at the earliest deadline of the calls
+running, exiting with :data:`EXIT_STATUS` (124); and, for a hook that holds the interpreter lock in C,
+faulthandler's C timer, kept :data:`BACKSTOP_SECONDS` past the latest deadline, exiting with
+:data:`BACKSTOP_EXIT_STATUS` (1). An engine that uses ``faulthandler.dump_traceback_later`` itself sets both bounds
+to 0. Fork handlers (:func:`os.register_at_fork`) cancel the C timer across a fork and set it again on both sides.
 
-- **Our thread.** One daemon thread (``fd-platforms watchdog``, started at the first bounded call)
-  sleeps until the earliest deadline of the calls running. At a deadline passed it writes one line
-  naming the call and every thread's stack (:func:`faulthandler.dump_traceback`) and ends the
-  process with :data:`EXIT_STATUS` (124). A hook that sleeps, waits or loops in Python code lets it
-  run: a waiting thread gets the interpreter lock within the switch interval (5 ms).
-- **faulthandler's C timer.** A hook that holds the interpreter lock in C (a catastrophic regex, a
-  native call that never releases it) keeps every Python thread from running, ours included.
-  ``faulthandler.dump_traceback_later(exit=True)`` runs a C thread that needs no lock: it is kept set
-  :data:`BACKSTOP_SECONDS` past the latest deadline of the calls running, writes ``Timeout (...)!``
-  and every thread's stack and ends the process with :data:`BACKSTOP_EXIT_STATUS` (1, faulthandler's
-  choice). Setting it starts and joins a C thread (25 µs on an idle machine, hundreds on a busy one),
-  so it is not set per call: a call sets it only where it would fire before the call's deadline or
-  more than :data:`BACKSTOP_SECONDS` after the latest one (back-to-back calls: once every 2.5 s),
-  and our thread cancels it when no call runs. It stays set a moment after the last call ends,
-  until our thread next runs: an engine thread that held the interpreter lock in C without pause
-  for 2.5 s right then would be ended by it (its stacks would show no plugin frame).
-
-Both watchers write the same stacks, in which the call runs inside a frame whose function name is
-the line that says which call it is: plugin, distribution, step, bound and the variable that sets
-it. The stack shows it under the plugin's own frames::
-
-    Thread 0x00007f3a2b1c4740 (most recent call first):
-      File "/site-packages/fd_platforms_hangs/__init__.py", line 9 in device_memory
-      ...
-      File ".../watchdog.py", line 240 in fd-platforms: plugin 'hangs' ... bound 2 s (FD_PLATFORM_DETECT_TIMEOUT)
-
-faulthandler has one ``dump_traceback_later`` per process: setting ours cancels an engine's own,
-and nothing says whether one is set. An engine that uses it sets both bounds to 0, which starts and
-sets nothing. Several engine threads calling plugins at once share our thread and the C timer; each
-call has its own deadline. A call made from inside another (the hooks a plugin's loading runs)
-counts against the outer call's bound. What stays in the process: the thread, the C timer between
-calls as above, and fork handlers (:func:`os.register_at_fork`): a forked child whose parent had the
-C timer set could never set it again (faulthandler waits for the parent's C thread), so it is
-cancelled across the fork and set again on both sides where a call still runs.
+See docs/platforms.md, "The bound on a plugin call, in detail", for when the C timer is set and why, the stacks,
+several threads and nested calls.
 """
 
 from __future__ import annotations

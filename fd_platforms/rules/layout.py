@@ -1,69 +1,15 @@
 """The KV cache layout contract: which tensors one rank holds, in which order, named how.
 
-Order (attention kernels index the flat cache list by position, e.g. ``caches[2 * layer]``):
-layer-major; within a layer the roles come in the order ``key``, ``value``, ``key_scale``,
-``value_scale``, ``indexer``, keeping only the roles the attention variant has:
+Layer-major; within a layer the roles ``key``, ``value``, ``key_scale``, ``value_scale``, ``indexer``, those the
+attention variant has, each tensor named ``key_caches_{layer}_rank{rank}.device{device}`` (and likewise) as
+FastDeploy names it. Each spec gives the shape of one block, and :attr:`CacheLayout.bytes_per_block` is the one
+per-rank bytes-per-block figure (device and host swap blocks alike). A layout with MTP layers splits into the
+runner's and the proposer's parts (:meth:`CacheLayout.main`, :meth:`CacheLayout.draft`); with MLA the proposer's
+``value_caches_{layer}_rank...`` placeholder of shape ``[]`` per draft layer holds no block and is not part of it.
+A platform states its own axes through ``kv_cache_shapes`` (:mod:`.shapes`); the bytes stay the core's.
 
-- ``mha`` / ``gqa``: key, value, each ``(kv_heads_per_rank, block_size, head_dim)``,
-  ``kv_heads_per_rank = max(1, num_key_value_heads // tensor_parallel_size)``, in the cache dtype
-  — ``uint8`` for an 8-bit cache (fp8, int8), as FastDeploy allocates them; with
-  ``block_wise_fp8`` also key_scale, value_scale ``(kv_heads_per_rank, block_size)`` in the model's
-  dtype (FastDeploy's workers make it Paddle's default dtype, which the scales are allocated in);
-  with ``int4_zp`` key and value are ``(kv_heads_per_rank, block_size, head_dim // 2)`` ``uint8``
-  (two 4-bit values a byte; the zero points and scales are weights, not cache), except on a
-  platform the core's table stores one value a byte (XPU: ``int8`` ``head_dim``;
-  :meth:`CacheLayout.on_device_type`, applied by the platform's ``cache_layout`` and planner), and
-  ``block_wise_fp8`` has no scales on a platform whose runner allocates none (XPU, the same way).
-- ``mla``: key only, ``(1, block_size, kv_lora_rank + qk_rope_head_dim)`` in the cache dtype
-  (``uint8`` when 8-bit, and with ``int4_zp``), the same on every rank. MLA with ``int4_zp`` is what
-  FastDeploy allocates, where FastDeploy disagrees with itself: its runner allocates ``uint8`` because a
-  quantization is set (``gpu_model_runner.py`` ``initialize_kv_cache``), its MLA backend states the full latent
-  width whatever the quantization (``mla_attention_backend.py`` ``get_kv_cache_shape``; GQA's halves it) and
-  runs its kernels with ``cache_quant_type`` ``"none"``, and ``launch_cache_manager`` gives the transfer manager
-  that full width with ``--cache_dtype uint8``: one value a byte, not 4 bits. The layout follows what is
-  allocated and published, so every attacher maps the creator's tensors. With ``block_wise_fp8`` also key_scale
-  ``(1, block_size)`` in the model's dtype (FastDeploy's ``gpu_model_runner.py``
-  ``initialize_kv_cache``: the scales are the key's first three axes, key then its scales).
-- ``dsa``: key ``(1, block_size, kv_lora_rank + kv_lora_rank // 128 * 4 + 2 * qk_rope_head_dim)``
-  and indexer ``(block_size, index_head_dim + index_head_dim // 128 * 4)`` (3-D with the blocks,
-  as FastDeploy's DSA backend shapes it), both uint8 whatever the cache dtype and quantization
-  (the packed format carries its own fp8 scales; FastDeploy's runner sets its quantization to
-  ``uint8`` for DSA, so a configured one adds no tensor).
-
-Layers: ``num_hidden_layers``, plus ``num_nextn_predict_layers`` when MTP is used; on the device
-an MTP layer's tensors hold ``int(num_blocks * num_gpu_block_expand_ratio)`` blocks, as
-FastDeploy's proposer allocates them (default ratio 1: the same blocks), and the planner solves for
-``num_blocks`` with them counted. For MLA with
-MTP, FastDeploy's proposer also makes a ``value_caches_{layer}_rank...`` tensor of shape ``[]`` for
-each draft layer: a placeholder that holds no block and is never shared, so it is not part of the
-layout; a proposer attaching through the engine API makes its own placeholder.
-
-Parts: FastDeploy's MTP proposer allocates its draft layers itself, separately from the main
-runner (``fastdeploy/spec_decode/mtp.py`` ``MTPProposer.initialize_kv_cache``: layers
-``num_hidden_layers ..`` of the main model's numbering, ``int(main_model_num_blocks *
-num_gpu_block_expand_ratio)`` blocks), while its cache transfer manager makes or attaches all of
-them in one loop (``cache_manager/cache_transfer_manager.py`` ``_init_gpu_cache``, ``num_extra_layers``,
-``num_extra_layer_gpu_blocks``). So a layout with MTP layers splits in two: :meth:`CacheLayout.main`
-(the runner's layers) and :meth:`CacheLayout.draft` (the proposer's, named by their layer in the
-whole model, :func:`build_draft_layout`). The whole layout stays the one the planner counts.
-
-Names: ``key_caches_{layer}_rank{rank}.device{device}``, ``value_caches_...``,
-``key_cache_scales_...``, ``value_cache_scales_...``, ``indexer_caches_...`` with ``rank`` the
-local tensor-parallel rank and ``device`` the PHYSICAL device id (:attr:`CacheLayout.device_id`), while
-the tensors live on the LOCAL device :attr:`CacheLayout.local_device` (an index among the visible
-devices), as FastDeploy names and places them (``fastdeploy/worker/gpu_worker.py`` ``init_device``:
-``device_ids[local_rank % max_chips_per_node]`` names, ``gpu:{local_rank % max_chips_per_node}`` places;
-:func:`~fd_platforms.rules.devices.physical_device_id`); the host swap copies drop the ``.device{device}`` suffix.
-
-These are the core's shapes. A platform states its own axis order and dtype for each role through
-the ``kv_cache_shapes`` hook (:mod:`.shapes`); the bytes stay the core's, role by role, so
-:attr:`CacheLayout.bytes_per_block` holds for every platform. A layout the platform has shaped
-(:meth:`CacheLayout.shaped`) allocates, exports and checks attaches with the platform's shapes.
-
-Each spec gives the shape of ONE block; a tensor of ``n`` blocks has shape ``(n, *block_shape)``.
-:attr:`CacheLayout.bytes_per_block` is the only per-rank bytes-per-block figure: device blocks
-and host swap blocks are both counted with it. It comes from one layer's roles times the number
-of layers; the per-layer tensor specs are built only when something asks for them.
+See docs/planning.md, "The layout contract: tensors, shapes and names", for every attention variant's and
+quantization's shapes, the layers, parts and names, and the FastDeploy files each follows.
 """
 
 from __future__ import annotations
