@@ -42,13 +42,16 @@ _NOT_OURS = sorted({*sys.stdlib_module_names, "_pytest", "numpy", "paddle", "plu
 nitpick_ignore_regex = [(r"py:.*", rf"(?:{'|'.join(_NOT_OURS)})\..+")]
 
 # Where each object is documented (so that every reference to an fd_platforms object resolves, nitpicky):
-# - reference/internals/: every module, each with the objects it defines (ignore-module-all: a re-export is left to
-#   the module that defines the object), under the name it has there, fd_platforms.contract.types.Plan;
+# - reference/internals/: every module (tests/docs/test_docs_build.py holds the list to the package), each with the
+#   documented objects it defines (ignore-module-all: a re-export is left to the module that defines the object),
+#   under the name it has there, fd_platforms.contract.types.Plan. An object a docstring names needs a docstring or
+#   a doc comment (#:) of its own: else it is not on the page, and the reference fails the build;
 # - reference/fd_platforms*.rst: the public faces (fd_platforms, .plugin, .engine and .engine.errors, .fastdeploy),
-#   their __all__ (:no-ignore-module-all:); a name a face re-exports is documented under the face's name too,
-#   fd_platforms.plugin.Plan, and autodoc states the defining name as its :canonical: one.
+#   their whole __all__ (:no-ignore-module-all:, :undoc-members:); a name a face re-exports is documented under the
+#   face's name too, fd_platforms.plugin.Plan, and autodoc states the defining name as its :canonical: one.
 # A docstring may name either. The internals are read first (_internals_first): a face's :canonical: entry then
 # defers to the real one, and two faces that share a class (plugin and engine: Plan, DeviceMemory) do not collide.
+# So the build is serial: -j would read the pages in no set order.
 autodoc_default_options = {"members": True, "ignore-module-all": True}
 autodoc_member_order = "bysource"
 autodoc_docstring_signature = False  # a signature is the code's own, never read from a docstring's first line
