@@ -31,14 +31,14 @@ from ..loading.watchdog import detect_bound
 from . import CHECKS
 
 SUITE_DIR = Path(__file__).parent / "suite"
-SIMULATED_DEVICES = 2
-SIMULATED_BYTES = 16 * 2**30
-PADDLE_HINT = "pip install paddlepaddle"  # the install hint of a platform that states none
+SIMULATED_DEVICES = 2  #: the devices a simulated platform (fd_platform_simulated) has
+SIMULATED_BYTES = 16 * 2**30  #: each simulated device's memory: 16 GiB
+PADDLE_HINT = "pip install paddlepaddle"  #: the install hint of a platform that states none
 NUMPY_HINT = "pip install 'fd-platforms[numpy]'"
 
 
 def suite_files() -> list[Path]:
-    """The suite's modules, in :data:`CHECKS` order."""
+    """The suite's modules, in :data:`~fd_platforms.conformance.CHECKS` order."""
     return [SUITE_DIR / f"test_{check}.py" for check in CHECKS]
 
 
@@ -190,7 +190,8 @@ def fd_numpy() -> ModuleType:
 @pytest.fixture(scope="session")
 def fd_platform_placeable(fd_platform: Platform, fd_paddle: ModuleType) -> str:
     """Device 0's string, where this Paddle can place tensors on the platform's device type; tests that
-    allocate there skip with the :class:`DevicePlacementError`'s reason where it cannot."""
+    allocate there skip with the :class:`~fd_platforms.contract.errors.DevicePlacementError`'s reason where it
+    cannot."""
     device = fd_platform.identity.device_string(0)
     try:
         check_placeable(fd_paddle, device)
@@ -200,6 +201,6 @@ def fd_platform_placeable(fd_platform: Platform, fd_paddle: ModuleType) -> str:
 
 
 def install_hint(platform: Platform) -> str:
-    """What the plugin states a user runs to get its runtime (a :class:`RuntimeFacts` record's field, read
-    without running plugin code), else :data:`PADDLE_HINT`."""
+    """What the plugin states a user runs to get its runtime (a :class:`~fd_platforms.kit.probes.RuntimeFacts`
+    record's field, read without running plugin code), else :data:`PADDLE_HINT`."""
     return stated_fact(platform.manager.get_plugin(platform.name), "install_hint") or PADDLE_HINT
