@@ -26,6 +26,7 @@ from pathlib import Path
 
 import private_shm
 import pytest
+import warm_processes
 
 import fd_platforms
 from fd_platforms.ipc.process_watch import parent_pid, pid_running
@@ -116,6 +117,12 @@ def warm_paddle_bytecode() -> None:
         return
     with contextlib.suppress(subprocess.TimeoutExpired):  # a Paddle that fails here fails the tests that import it
         subprocess.run([sys.executable, "-c", "import paddle"], capture_output=True, check=False, timeout=300)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The warm server (:mod:`warm_processes`) stops and is reaped here, so what it and its children used is in
+    this process's rusage, and none of it outlives the session."""
+    warm_processes.stop_server()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

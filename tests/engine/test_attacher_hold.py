@@ -4,11 +4,10 @@ tensors: FastDeploy keeps them in ``share_inputs`` and ``forward_meta``). Both p
 
 from __future__ import annotations
 
-import multiprocessing
-
 import pytest
 from engine_processes import dropping_worker, first_bytes, qwen_layout
 from kv_requests import kv_request
+from warm_processes import warm
 
 from fd_platforms.contract.errors import CacheInUseError
 from fd_platforms.engine import manage_kv_cache
@@ -31,9 +30,8 @@ def test_an_attacher_dropped_without_clear_keeps_its_hold_while_it_lives_and_say
     protocol, name = wire
     extra = {"protocol": FASTDEPLOY, "tp": 1, "rule": "2026-01"} if protocol == "fastdeploy" else {}
     managed = manage_kv_cache(cpu, kv_request(qwen_layout(), 4, num_cpu_blocks=4, instance=name, **extra))
-    context = multiprocessing.get_context("spawn")
-    ours, theirs = context.Pipe()
-    worker = context.Process(target=dropping_worker, args=(protocol, name, theirs), daemon=True)
+    ours, theirs = warm.Pipe()
+    worker = warm.Process(target=dropping_worker, args=(protocol, name, theirs), daemon=True)
     worker.start()
     theirs.close()
     try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import multiprocessing
 import os
 import signal
 import time
@@ -16,6 +15,7 @@ import pytest
 from conftest import SHM_DIR, shm_entries
 from engine_processes import qwen_layout
 from kv_requests import kv_request
+from warm_processes import warm
 
 from fd_platforms.contract.errors import BufferInUseError, CacheNotReadyError, CacheSharingError
 from fd_platforms.engine import initialize_kv_cache
@@ -24,7 +24,6 @@ from fd_platforms.kit.host_memory import resident_bytes
 from fd_platforms.loading.selection import select_platform
 
 paddle = pytest.importorskip("paddle")
-spawn = multiprocessing.get_context("spawn")
 DECODE = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "decode"}
 MIXED = {**DECODE, "splitwise_role": "mixed"}
 BLOCKS = 4
@@ -203,8 +202,8 @@ def test_an_attacher_resets_its_slot_before_it_lets_go(cpu, signal_owner, monkey
 
 @pytest.mark.slow
 def test_a_dead_cache_manager_ends_the_wait(cpu, signal_owner) -> None:
-    ours, theirs = spawn.Pipe()
-    process = spawn.Process(target=time.sleep, args=(60,))
+    ours, theirs = warm.Pipe()
+    process = warm.Process(target=time.sleep, args=(60,))
     process.start()
     try:
         threading_kill = time.monotonic()
@@ -240,8 +239,8 @@ def memfd_holds(pid: int, name: str) -> list[str]:
 @pytest.mark.slow
 def test_memory_comes_back_when_every_holder_is_gone_sigkill_included(cpu) -> None:
     size, name = 256 << 20, "fd_kv.test-hold.blob"
-    ours, theirs = spawn.Pipe()
-    holder = spawn.Process(target=engine_processes.export_and_hold, args=(size, theirs))
+    ours, theirs = warm.Pipe()
+    holder = warm.Process(target=engine_processes.export_and_hold, args=(size, theirs))
     holder.start()
     try:
         assert ours.poll(60)

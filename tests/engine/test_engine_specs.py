@@ -6,13 +6,13 @@ FastDeploy's cases, each from the shapes its backend states (cited per test), ru
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
 
 import pytest
 from kv_requests import kv_request
+from warm_processes import warm
 
 from fd_platforms.contract.errors import CacheSharingError, ConfigError
 from fd_platforms.contract.types import CacheRoleShape
@@ -23,7 +23,6 @@ from fd_platforms.rules.config import CacheConfig, ModelConfig, ParallelConfig
 from fd_platforms.rules.layout import CacheLayout, build_layout
 
 paddle = pytest.importorskip("paddle")
-spawn = multiprocessing.get_context("spawn")
 
 N = 3  # blocks
 H, B, D = 8, 64, 128  # kv heads per rank, block size, head dim
@@ -220,8 +219,8 @@ def manage_with_specs(signal_name: str, conn: Connection) -> None:
 
 @contextmanager
 def manager(signal_name: str) -> Iterator[tuple[Connection, int]]:
-    ours, theirs = spawn.Pipe()
-    process = spawn.Process(target=manage_with_specs, args=(signal_name, theirs))
+    ours, theirs = warm.Pipe()
+    process = warm.Process(target=manage_with_specs, args=(signal_name, theirs))
     process.start()
     try:
         assert ours.poll(60) and ours.recv() == "ready"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from kv_requests import kv_request
+from warm_processes import warm
 
 from fd_platforms.contract.errors import CacheInUseError, CacheSharingError
 from fd_platforms.engine.publication import PublishedTensor
@@ -280,7 +281,6 @@ def test_decode_with_swap_our_manager_never_frees_under_fastdeploys_transfer_man
     """Through the engine calls: our manager creates (decode with swap space), our
     runner (another process) and FastDeploy's transfer manager attach; our runner SIGKILLed. The manager's clear
     frees nothing while FastDeploy's attacher maps the cache, naming whom it waits for; it frees once that lets go."""
-    import multiprocessing
 
     from engine_processes import decode_runner, first_bytes, qwen_layout
 
@@ -309,9 +309,8 @@ def test_decode_with_swap_our_manager_never_frees_under_fastdeploys_transfer_man
         )
         assert managed.created and made[0].get(0) == 1
         names = managed.kv_cache.names
-        context = multiprocessing.get_context("spawn")
-        ours, theirs_end = context.Pipe()
-        runner = context.Process(target=decode_runner, args=(suffix, theirs_end), daemon=True)
+        ours, theirs_end = warm.Pipe()
+        runner = warm.Process(target=decode_runner, args=(suffix, theirs_end), daemon=True)
         runner.start()
         theirs_end.close()  # the runner's end is the runner's: its death ends our wait
         assert ours.poll(60) and ours.recv() == ("attached", False)

@@ -6,13 +6,13 @@ checked before any word is written."""
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import subprocess
 import time
 from collections.abc import Iterator
 
 import pytest
 from signal_processes import drive_and_report
+from warm_processes import warm
 
 from fd_platforms.contract.errors import CacheSignalError, CacheUpdateError, ConfigError, SignalWaitError
 from fd_platforms.fastdeploy import cache_status, drive_kv_cache_clear, drive_kv_cache_restore
@@ -34,10 +34,9 @@ def suffix() -> Iterator[str]:
 @pytest.mark.slow
 def test_two_drivers_started_together_one_drives_and_the_other_is_told_at_once_who_holds_it(suffix: str) -> None:
     """No creator answers, so the driver that got the word waits its whole timeout; the other is refused at once."""
-    spawn = multiprocessing.get_context("spawn")
-    links = [spawn.Pipe(duplex=False) for _ in range(2)]
+    links = [warm.Pipe(duplex=False) for _ in range(2)]
     start = time.time() + 2.0  # both import first, then call together
-    drivers = [spawn.Process(target=drive_and_report, args=(suffix, 1.5, start, sender)) for _, sender in links]
+    drivers = [warm.Process(target=drive_and_report, args=(suffix, 1.5, start, sender)) for _, sender in links]
     for driver in drivers:
         driver.start()
     try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import multiprocessing
 import os
 import pickle
 import secrets
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 from engine_processes import FASTDEPLOY_ATTACH, fastdeploy_control_manager, qwen_layout
 from kv_requests import kv_request
+from warm_processes import warm
 
 from fd_platforms.contract.errors import CacheInUseError, ConfigError, ExtraNotInstalledError, PickleRefusedError
 from fd_platforms.engine import initialize_kv_cache, manage_kv_cache
@@ -92,11 +92,10 @@ def fastdeploy_engine(
 
 def our_managers(stack: ExitStack, suffix: str, tp: int, port: int) -> list:  # type: ignore[type-arg]
     """Our cache manager of each rank, spawned (one process per rank, as FastDeploy's transfer managers)."""
-    spawn = multiprocessing.get_context("spawn")
     links = []
     for rank in range(tp):
-        link, far = spawn.Pipe()
-        process = spawn.Process(target=fastdeploy_control_manager, args=(suffix, rank, tp, BLOCKS, port, far))
+        link, far = warm.Pipe()
+        process = warm.Process(target=fastdeploy_control_manager, args=(suffix, rank, tp, BLOCKS, port, far))
         process.start()
         stack.callback(process.kill)
         assert link.poll(120) and link.recv() == ("created", False)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 import os
 import re
 import secrets
@@ -34,6 +33,7 @@ from engine_processes import (
 )
 from kv_requests import kv_request
 from run_helpers import QWEN, ROOT, SCRIPT, clean_env, main_in_process
+from warm_processes import warm
 
 from fd_platforms.contract.errors import CacheSharingError, CacheSignalError, ConfigError, SignalWaitError
 from fd_platforms.contract.types import PlatformIdentity
@@ -309,7 +309,7 @@ def test_fastdeploys_rl_flow_over_our_runners_and_its_cache_transfer_managers_co
         creators = [standin("creator", suffix, rank, 2, tensor_specs(cpu, rank, 2)) for rank in range(2)]
         for creator in creators:
             stack.callback(creator.kill)
-        barrier = multiprocessing.get_context("spawn").Barrier(2)  # the tp group's barrier, stood in
+        barrier = warm.Barrier(2)  # the tp group's barrier, stood in
         links, runners = spawn_all(stack, 2, fastdeploy_rl_runner, lambda rank: (suffix, rank, 2, BLOCKS, barrier))
         for link in links:
             assert link.poll(120) and link.recv()[0] == "attached"
@@ -377,11 +377,10 @@ def test_a_clear_update_driven_from_the_standins_side_completes_round_after_roun
 
 def spawn_all(stack: ExitStack, ranks: int, target, args_of) -> tuple[list, list]:  # type: ignore[no-untyped-def]
     """``ranks`` spawned processes running ``target(*args_of(rank), far_end)``; their links and processes."""
-    spawn = multiprocessing.get_context("spawn")
     links, processes = [], []
     for rank in range(ranks):
-        link, far = spawn.Pipe()
-        process = spawn.Process(target=target, args=(*args_of(rank), far), daemon=True)
+        link, far = warm.Pipe()
+        process = warm.Process(target=target, args=(*args_of(rank), far), daemon=True)
         process.start()
         stack.callback(process.kill)
         links.append(link)

@@ -10,7 +10,6 @@ both in one loop before or after that one word per rank (``cache_manager/cache_t
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import replace
@@ -20,6 +19,7 @@ import pytest
 from conftest import SHM_DIR
 from engine_processes import mtp_layout, spawned_manager
 from kv_requests import kv_request
+from warm_processes import warm
 
 from fd_platforms.contract.errors import CacheNotReadyError, ConfigError, SignalWaitError
 from fd_platforms.contract.types import CacheRoleShape, DeviceMemory
@@ -29,7 +29,6 @@ from fd_platforms.rules.config import CacheConfig
 from fd_platforms.rules.planner import plan_blocks
 
 paddle = pytest.importorskip("paddle")
-spawn = multiprocessing.get_context("spawn")
 DECODE = {"profile": False, "num_cpu_blocks": 0, "storage_backend": None, "splitwise_role": "decode"}
 MIXED = {**DECODE, "splitwise_role": "mixed"}
 BLOCKS = 4
@@ -177,8 +176,8 @@ def test_fastdeploys_manager_attaches_main_and_draft_once_the_worker_published_b
     ``_init_gpu_cache`` loops over ``num_layers + num_extra_layers``): the word waits for the draft too."""
     whole = mtp_layout()
     swap = {**MIXED, "num_cpu_blocks": 2}
-    ours, theirs = spawn.Pipe()
-    manager = spawn.Process(target=engine_processes.hold_with_draft, args=(fastdeploy_suffix, BLOCKS, theirs))
+    ours, theirs = warm.Pipe()
+    manager = warm.Process(target=engine_processes.hold_with_draft, args=(fastdeploy_suffix, BLOCKS, theirs))
     manager.start()
     caches = []
     try:

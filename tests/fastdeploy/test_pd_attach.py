@@ -12,7 +12,6 @@ for runners or messagers to create kv cache"); the worker's rule sends it to att
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import secrets
 import subprocess
@@ -24,6 +23,7 @@ from pathlib import Path
 import pytest
 from engine_processes import PD_BLOCKS, PD_CPU_BLOCKS, pd_process, qwen_layout
 from kv_requests import kv_request
+from warm_processes import warm
 
 from fd_platforms.contract.errors import ConfigError
 from fd_platforms.fastdeploy.signals import (
@@ -58,9 +58,8 @@ class Spawned:
     """One process of ours running :func:`engine_processes.pd_process`, reached through a pipe."""
 
     def __init__(self, role: str, name: str, protocol: str) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.conn, theirs = context.Pipe()
-        self.process = context.Process(target=pd_process, args=(role, name, protocol, theirs), daemon=True)
+        self.conn, theirs = warm.Pipe()
+        self.process = warm.Process(target=pd_process, args=(role, name, protocol, theirs), daemon=True)
         self.process.start()
         self.role = role
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import glob
 import json
-import multiprocessing
 import os
 import struct
 import subprocess
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 from engine_processes import decode_runner, first_bytes, qwen_layout
 from kv_requests import kv_request
+from warm_processes import warm
 
 from fd_platforms.contract.errors import CacheInUseError
 from fd_platforms.engine import CacheRequest, ManagedCache, manage_kv_cache
@@ -51,9 +51,8 @@ class Worker:
     """Our worker of rank 0 in its own process, attached to the messager's cache."""
 
     def __init__(self, suffix: str, num_cpu_blocks: int, storage_backend: str | None) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.conn, theirs = context.Pipe()
-        self.process = context.Process(
+        self.conn, theirs = warm.Pipe()
+        self.process = warm.Process(
             target=decode_runner, args=(suffix, theirs, num_cpu_blocks, storage_backend), daemon=True
         )
         self.process.start()

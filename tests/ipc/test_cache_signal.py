@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import multiprocessing
 import os
 import signal as signals
 import struct
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 import signal_processes
 from conftest import SHM_DIR, shm_entries
+from warm_processes import warm
 
 from fd_platforms.contract.errors import CacheNotReadyError, CacheSignalError, ConfigError
 from fd_platforms.ipc import futex, shm, timeouts
@@ -31,8 +31,6 @@ from fd_platforms.ipc.cache_signal import (
 from fd_platforms.ipc.process_watch import ProcessWatch, pid_running
 
 pytestmark = pytest.mark.skipif(not SHM_DIR.is_dir(), reason="POSIX shared memory in /dev/shm is needed")
-
-spawn = multiprocessing.get_context("spawn")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -98,7 +96,7 @@ def test_unrelated_attacher_exiting_leaves_the_segment(signal_name: str) -> None
 
 def test_spawned_attacher_exiting_leaves_the_segment(signal_name: str) -> None:
     with CacheReadySignal.create(2, signal_name) as owner:
-        child = spawn.Process(target=signal_processes.set_ranks, args=(signal_name, [0, 1], 0.0))
+        child = warm.Process(target=signal_processes.set_ranks, args=(signal_name, [0, 1], 0.0))
         child.start()
         child.join(30)
         assert child.exitcode == 0
@@ -276,12 +274,12 @@ def test_bad_ranks_are_config_errors(rank: object, signal_name: str) -> None:
 def test_n_ranks_set_by_a_manager_process_are_waited_on_by_n_workers(signal_name: str) -> None:
     ranks = 4
     with CacheReadySignal.create(ranks, signal_name):
-        manager = spawn.Process(target=signal_processes.set_ranks, args=(signal_name, list(range(ranks)), 0.2))
+        manager = warm.Process(target=signal_processes.set_ranks, args=(signal_name, list(range(ranks)), 0.2))
         manager.start()
         receivers, workers = [], []
         for rank in range(ranks):
-            receiver, sender = spawn.Pipe(duplex=False)
-            worker = spawn.Process(
+            receiver, sender = warm.Pipe(duplex=False)
+            worker = warm.Process(
                 target=signal_processes.wait_and_report, args=(signal_name, rank, 30.0, manager.pid, sender)
             )
             worker.start()
@@ -298,8 +296,8 @@ def test_n_ranks_set_by_a_manager_process_are_waited_on_by_n_workers(signal_name
 def test_two_engine_instances_never_cross() -> None:
     engines, names = [], []
     for _ in range(2):
-        receiver, sender = spawn.Pipe()
-        engine = spawn.Process(target=signal_processes.create_and_report, args=(2, sender))
+        receiver, sender = warm.Pipe()
+        engine = warm.Process(target=signal_processes.create_and_report, args=(2, sender))
         engine.start()
         engines.append((engine, receiver))
         names.append(receiver.recv())
@@ -403,7 +401,7 @@ def test_default_timeout_is_600_seconds() -> None:
 @pytest.mark.slow
 def test_creator_killed_with_sigkill_ends_the_wait_within_a_second(signal_name: str) -> None:
     with CacheReadySignal.create(2, signal_name) as owner:
-        manager = spawn.Process(target=signal_processes.sleep_forever)
+        manager = warm.Process(target=signal_processes.sleep_forever)
         manager.start()
         killed_at: list[float] = []
 
@@ -423,7 +421,7 @@ def test_creator_killed_with_sigkill_ends_the_wait_within_a_second(signal_name: 
 
 
 def test_creator_already_gone_fails_at_once(signal_name: str) -> None:
-    gone = spawn.Process(target=time.sleep, args=(0,))
+    gone = warm.Process(target=time.sleep, args=(0,))
     gone.start()
     gone.join(30)
     with CacheReadySignal.create(1, signal_name) as owner:
@@ -435,7 +433,7 @@ def test_creator_already_gone_fails_at_once(signal_name: str) -> None:
 
 def test_creator_that_sets_then_exits_is_success(signal_name: str) -> None:
     with CacheReadySignal.create(1, signal_name) as owner:
-        manager = spawn.Process(target=signal_processes.set_ranks, args=(signal_name, [0], 0.0))
+        manager = warm.Process(target=signal_processes.set_ranks, args=(signal_name, [0], 0.0))
         manager.start()
         manager.join(30)
         assert owner.wait(0, timeout=5, creator_pid=manager.pid) < 0.5
@@ -517,8 +515,8 @@ def test_futex_wake_reaches_a_waiter_in_another_process(signal_name: str) -> Non
     if not futex.AVAILABLE:
         pytest.skip("this machine has no futex syscall the core knows (not Linux x86_64/aarch64/riscv64)")
     with CacheReadySignal.create(1, signal_name) as owner:
-        receiver, sender = spawn.Pipe(duplex=False)
-        worker = spawn.Process(target=signal_processes.wait_and_report, args=(signal_name, 0, 30.0, None, sender))
+        receiver, sender = warm.Pipe(duplex=False)
+        worker = warm.Process(target=signal_processes.wait_and_report, args=(signal_name, 0, 30.0, None, sender))
         worker.start()
         time.sleep(1.0)  # the worker is asleep in the kernel by now
         owner.set(0)

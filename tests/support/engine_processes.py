@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -10,6 +9,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from kv_requests import kv_request
+from warm_processes import warm
 
 from fd_platforms.engine import KVCache, ManagedCache, manage_kv_cache
 from fd_platforms.fastdeploy import FASTDEPLOY
@@ -266,8 +266,8 @@ def attach_beside_worker(suffix: str, num_blocks: int, num_cpu_blocks: int, back
 def spawned_manager(target: Callable[..., None], *args: object) -> Iterator[tuple[Connection, int]]:
     """``target(*args, its_pipe_end)`` spawned as a cache manager that says ``ready``: yields (our pipe end, its
     pid); stopped (killed if it will not stop) after."""
-    ours, theirs = multiprocessing.get_context("spawn").Pipe()
-    process = multiprocessing.get_context("spawn").Process(target=target, args=(*args, theirs))
+    ours, theirs = warm.Pipe()
+    process = warm.Process(target=target, args=(*args, theirs))
     process.start()
     try:
         assert ours.poll(60), "the cache manager never became ready"
