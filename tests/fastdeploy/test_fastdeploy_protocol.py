@@ -695,7 +695,8 @@ def test_run_with_fastdeploys_protocol_clears_and_creates_again_in_every_role(ro
 
 def test_a_creator_nobody_attaches_to_sleeps_and_wakes_20_times_at_once(cpu) -> None:
     """FastDeploy's sleep calls clear_cache and its wakeup initialize_kv_cache: with no host swap space no
-    process attaches, so each returns at once (gpu_model_runner.py)."""
+    process attaches, so neither waits (gpu_model_runner.py): no wait is reported, and each round ends well inside the
+    30 s any wait would be bound by (a time bound of a second failed on a loaded machine, a wait would take 30)."""
     with fastdeploy_engine(1) as (suffix, _):
         for _ in range(20):
             started = time.monotonic()
@@ -713,9 +714,9 @@ def test_a_creator_nobody_attaches_to_sleeps_and_wakes_20_times_at_once(cpu) -> 
                     timeout=30,
                 ),
             )
-            assert cache.created
+            assert cache.created and cache.wait_seconds is None
             cache.clear()
-            assert time.monotonic() - started < 1
+            assert time.monotonic() - started < 10
 
 
 @pytest.mark.parametrize("role", ["mixed", "prefill", "decode"])
