@@ -119,9 +119,11 @@ def warm_paddle_bytecode() -> None:
         subprocess.run([sys.executable, "-c", "import paddle"], capture_output=True, check=False, timeout=300)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """The warm server (:mod:`warm_processes`) stops and is reaped here, so what it and its children used is in
-    this process's rusage, and none of it outlives the session."""
+    this process's rusage, and none of it outlives the session; first, so its coverage data is written before
+    pytest-cov combines what this process's children wrote."""
     warm_processes.stop_server()
 
 
