@@ -39,8 +39,7 @@ PRELOAD = ("paddle", "numpy")  #: what the server imports once, before it forks 
 #: settings, pytest's bookkeeping), so they take effect in the child as in a spawned one.
 READ_LATER = ("FD_", "PYTEST_")
 
-_forkserver = multiprocessing.get_context("forkserver")
-_forkserver.set_forkserver_preload(list(PRELOAD))
+multiprocessing.forkserver.set_forkserver_preload(list(PRELOAD))
 _spawn = multiprocessing.get_context("spawn")
 _server_started_with: dict[str, str] = {}  # the environment the running server started with, before its import
 
