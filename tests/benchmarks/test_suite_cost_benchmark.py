@@ -52,3 +52,25 @@ def test_json_lists_each_file_with_its_cpu_seconds_within_the_runs() -> None:
 def test_a_negative_top_is_refused() -> None:
     done = run("--top", "-1")
     assert done.returncode == 2 and "--top must be >= 0" in done.stderr
+
+
+ORPHAN_TEST = """
+import subprocess, sys
+
+BURN = "import time\\nend = time.process_time() + 1.0\\nwhile time.process_time() < end:\\n    pass\\n"
+
+
+def test_a_grandchild_outlives_its_parent():
+    starter = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', sys.argv[1]])"
+    subprocess.run([sys.executable, "-c", starter, BURN], check=True)  # exits at once: its child is an orphan
+"""
+
+
+def test_an_orphans_cpu_seconds_count(tmp_path: Path) -> None:
+    test_file = tmp_path / "test_orphan.py"
+    test_file.write_text(ORPHAN_TEST)
+    done = run("--json", "--", "-n", "0", "-p", "no:cacheprovider", "-q", str(test_file))
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert (report["orphans_reaped"], report["orphans_running"]) == (1, 0)
+    assert report["unattributed_cpu_s"] >= 0.9, "the orphan's second of CPU is the suite's, outside any test's"
