@@ -72,8 +72,8 @@ def _type_checking_imports(app: Sphinx) -> None:
     import fd_platforms
 
     for info in pkgutil.walk_packages(fd_platforms.__path__, "fd_platforms."):
-        if info.name.endswith("__main__"):  # running the command is what importing it does
-            continue
+        if info.name.endswith("__main__") or info.name == "fd_platforms.lifecycle.warm":
+            continue  # importing them is what they do: run the command; import Paddle, for run's fork server
         module = importlib.import_module(info.name)
         tree = ast.parse(Path(module.__file__ or "").read_text())
         for node in tree.body:

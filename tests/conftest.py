@@ -31,6 +31,7 @@ import warm_processes
 import fd_platforms
 from fd_platforms.ipc.process_watch import parent_pid, pid_running
 from fd_platforms.ipc.shm import Segment, SegmentUnusable
+from fd_platforms.lifecycle.children import START_METHOD_ENV
 
 ISOLATED_VARS = ("FD_PLATFORM", "FD_PLATFORM_PLUGINS", "FD_CACHE_READY_TIMEOUT")
 SHM_DIR = Path("/dev/shm")
@@ -43,13 +44,15 @@ SHARED_SHM = pytest.StashKey[str | None]()  # why this process's /dev/shm is the
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Each pytest process (each xdist worker) gets a /dev/shm of its own where it can (tests/support/private_shm.py).
+    """Each pytest process (each xdist worker) gets a /dev/shm of its own where it can (tests/support/private_shm.py),
+    and the ``run``s it starts fork their children from a fork server (``FD_PLATFORMS_START_METHOD``).
 
     Tests press Ctrl-C as a terminal does, on a foreground job. Started in the background
     (``nohup pytest &``), pytest inherits SIGINT *ignored*, every process it starts would inherit
     that too (an ignored signal survives exec), and Python then never raises KeyboardInterrupt:
     give the processes the tests start the default disposition a foreground job has."""
     config.stash[SHARED_SHM] = private_shm.enter()
+    os.environ[START_METHOD_ENV] = "forkserver"  # every run forks its children from one warm server (run_helpers.KEPT)
     if "PYTEST_XDIST_WORKER" not in os.environ:  # the run's first process: the controller, or the only one
         config.stash[TEMP_BEFORE] = temp_entries()
     keep_bytecode(config)

@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     # Imported here: the other commands never pay for multiprocessing and the lifecycle.
     from ..ipc.cache_signal import ENV_TIMEOUT
     from ..ipc.timeouts import set_by_flag
+    from ..lifecycle.children import start_method
     from ..lifecycle.engine import run_lifecycle, select_run_platform
     from ..lifecycle.progress import Progress
     from ..lifecycle.spec import NodeFlags, RunSpec, run_device_ids
@@ -113,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     block_count_suffix = _block_count_suffix(args.block_count_suffix, deploy.scheduler.protocol)
     device_memory, non_cache, host_memory = memory_sizes(args)
     timeout = _phase_limit(args.timeout)
+    method = start_method()
     set_by_flag(ENV_TIMEOUT, "--timeout", timeout)  # the children's bounds follow it; messages name --timeout
     # before SIGTERM is ours: it may import paddle, which sets a handler
     platform = select_run_platform(ranks, args.platform)
@@ -131,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         nodes=nodes,
         block_count_suffix=block_count_suffix,
         device_ids=run_device_ids(platform.identity, ranks),
+        start_method=method,
     )
     say = Progress(quiet=args.json)
     with sigterm_raises(), sigint_says_stopping():

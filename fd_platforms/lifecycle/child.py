@@ -91,11 +91,14 @@ def _stop_with_the_engine() -> None:
     ends (SIGKILL included): a child inside a long wait (a creator waiting for its attacher's let-go,
     say) does not read the engine's pipe, and would otherwise hold its cache and FastDeploy's
     machine-wide names until its bound. ``prctl(PR_SET_PDEATHSIG)``; an engine already gone when it is
-    set is a stop at once."""
+    set is a stop at once. A child of the fork server has that server for its parent, which ends when the engine
+    does (at the end of its pipe from the engine), so the kernel's SIGTERM follows the engine's end one step later.
+    Whether the engine is gone is read from the end of multiprocessing's pipe from it, which the kernel closes when
+    the engine ends, however it is started."""
     if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
         return  # not Linux's prctl: the engine's pipe still ends the child at its next request
     engine = multiprocessing.parent_process()
-    if engine is not None and os.getppid() != engine.pid:
+    if engine is not None and not engine.is_alive():
         os.kill(os.getpid(), signal.SIGTERM)
 
 

@@ -1,5 +1,5 @@
-"""The engine's child processes: start them (spawn) or adopt them (a launcher's), collect one message
-from each, stop them all.
+"""The engine's child processes: start them (spawned, or forked from a fork server that imported Paddle once:
+:data:`START_METHOD_ENV`) or adopt them (a launcher's), collect one message from each, stop them all.
 
 Every wait here is bounded. A child that dies without a message is a failure naming it and how
 it ended; after the first failure of a phase the others get :data:`FAILURE_GRACE` seconds to
@@ -13,19 +13,42 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from types import TracebackType
 from typing import Any, Protocol
 
-from ..contract.errors import RunError
+from ..contract.errors import ConfigError, RunError
 from ..ipc.process_watch import describe_exit
 from .interrupts import sigint_ignored_by_children
 
 FAILURE_GRACE = 2.0  #: seconds the rest of a phase may still report after its first failure
 STOP_SECONDS = 5.0  # seconds children get to exit after "stop" or SIGTERM, before SIGKILL
 CAUSE_SECONDS = 0.5  # how long a failed phase waits, in all, for a child outside it that is still exiting
+
+START_METHOD_ENV = "FD_PLATFORMS_START_METHOD"
+"""How ``run`` starts its children. ``spawn`` (the default): each is a fresh interpreter that imports Paddle itself.
+``forkserver``: one fork server imports Paddle once (``fd_platforms.lifecycle.warm``), before any device is touched,
+and forks every child; it saves a Paddle import per child, but each child then runs in a copy of a process in which
+Paddle, and any vendor runtime Paddle's import loads (custom devices load theirs then), has already loaded: measured
+on the cpu build only."""
+START_METHODS = ("spawn", "forkserver")
+WARM_MODULE = "fd_platforms.lifecycle.warm"  #: what the fork server imports before it forks any child
+
+
+def start_method(environ: Mapping[str, str] = os.environ) -> str:
+    """The start method :data:`START_METHOD_ENV` names (``spawn`` where unset); a ConfigError naming it otherwise."""
+    method = environ.get(START_METHOD_ENV) or "spawn"
+    if method not in START_METHODS:
+        raise ConfigError(
+            START_METHOD_ENV,
+            method,
+            " or ".join(START_METHODS),
+            f"unset {START_METHOD_ENV} (spawn), or set it to forkserver to fork every child from one process that "
+            "imported Paddle",
+        )
+    return method
 
 
 class Process(Protocol):
@@ -45,14 +68,25 @@ class Process(Protocol):
     def kill(self) -> None: ...
 
 
-class _Spawned(multiprocessing.context.SpawnProcess):
-    """A spawned child whose :meth:`terminate` also continues it (:meth:`Process.terminate`)."""
+class _Continued(multiprocessing.process.BaseProcess):
+    """A started child whose :meth:`terminate` also continues it (:meth:`Process.terminate`)."""
 
     def terminate(self) -> None:
         super().terminate()
         if self.exitcode is None and self.pid is not None:  # not reaped: the pid is still this child's
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGCONT)
+
+
+class _Spawned(_Continued, multiprocessing.context.SpawnProcess):
+    """A spawned child."""
+
+
+class _Forked(_Continued, multiprocessing.context.ForkServerProcess):
+    """A child forked by the fork server (its parent process; the engine still reads its end through the server)."""
+
+
+_STARTED = {"spawn": _Spawned, "forkserver": _Forked}
 
 
 @dataclass(eq=False)
@@ -76,13 +110,16 @@ class Child:
 class Children(contextlib.AbstractContextManager["Children"]):
     """Child processes of one run; leaving the ``with`` block stops every one of them."""
 
-    def __init__(self) -> None:
+    def __init__(self, method: str = "spawn") -> None:
         self.started: list[Child] = []
+        self._process = _STARTED[method]
+        if method == "forkserver":  # this process is the run's engine: the fork server is its own
+            multiprocessing.set_forkserver_preload([WARM_MODULE])
 
     def start(self, label: str, target: Callable[..., None], *args: Any) -> Child:
-        """Start ``target(*args, conn)`` in a spawned process labelled ``label``."""
+        """Start ``target(*args, conn)`` in a new process labelled ``label``, as the start method says."""
         ours, theirs = multiprocessing.Pipe()
-        process = _Spawned(target=target, args=(*args, theirs), name=label, daemon=True)
+        process = self._process(target=target, args=(*args, theirs), name=label, daemon=True)
         with sigint_ignored_by_children():  # a Ctrl-C now is raised once the child is counted
             process.start()
             theirs.close()

@@ -115,6 +115,7 @@ class _Run:
         self.say(
             f"{len(self.workers)} worker(s) imported Paddle {time.monotonic() - since:.3f} s after they were started "
             f"(import paddle itself: {max(imported.values()):.3f} s in the slowest)"
+            + ("; the fork server had imported it once" if self.spec.start_method == "forkserver" else "")
         )
         self.children.send(self.workers, "plan")
 
@@ -244,7 +245,7 @@ def run_lifecycle(spec: RunSpec, say: Progress, platform: Platform) -> RunReport
     try:
         with signals, ExitStack() as stack:
             launcher = None if spec.nodes is None else stack.enter_context(Launcher(spec))  # stopped after its workers
-            children = stack.enter_context(Children())
+            children = stack.enter_context(Children(spec.start_method))
             workers, spawned = _start_workers(spec, children, launcher, signals, say)
             run = _Run(spec, platform, children, workers, say)
             if not decision.create or workers_create:

@@ -45,7 +45,8 @@ class RunSpec:
     ``block_count_suffix`` the suffix of FastDeploy's ``get_profile_block_num`` (``--block-count-suffix``;
     None: the run's signal suffix); ``device_ids`` each local rank's physical device id, which names its
     tensors (:func:`~fd_platforms.rules.devices.physical_device_id` of the platform's visible-devices
-    variable, worked out by the engine; empty: the local device's index).
+    variable, worked out by the engine; empty: the local device's index); ``start_method`` how the engine starts
+    its children (:data:`~fd_platforms.lifecycle.children.START_METHOD_ENV`).
     """
 
     deploy: DeployConfig
@@ -62,6 +63,7 @@ class RunSpec:
     nodes: NodeFlags | None = None
     block_count_suffix: str | None = None
     device_ids: tuple[int, ...] = ()
+    start_method: str = "spawn"
 
     @property
     def hold_timeout(self) -> float:

@@ -318,14 +318,14 @@ def masked(line: str) -> list[str]:
 
 @pytest.mark.slow
 def test_the_readmes_sample_run_is_what_the_main_job_prints() -> None:
-    """Every line of the README's sample output, pids, names and seconds aside, from the README's own command."""
+    """Every line of the README's sample output, pids, names and seconds aside, from the README's own command, run as
+    a user runs it (the default start method, spawn)."""
     first = re.findall(r"^```sh\n(.*?)^```", README_TEXT, re.S | re.M)[0]
     command = shlex.split(first.split(" && ")[-1])
     assert command[:2] == ["fd-platforms", "run"], first
     sample = re.findall(r"^```text\n(fd-platforms: platform cpu: .*?)^```", README_TEXT, re.S | re.M)[0]
-    done = subprocess.run(
-        [SCRIPT, *command[1:]], capture_output=True, text=True, cwd=ROOT, env=clean_env(), timeout=300
-    )
+    env = clean_env(FD_PLATFORMS_START_METHOD="spawn")
+    done = subprocess.run([SCRIPT, *command[1:]], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     printed = [line for line in [*without_sweep(done.stderr), *done.stdout.splitlines()] if not INTERIM.search(line)]
     assert sorted(map(masked, printed)) == sorted(masked(line) for line in sample.splitlines() if line.strip())

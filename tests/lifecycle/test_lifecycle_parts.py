@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from fd_platforms.contract.errors import RunError
+from fd_platforms.contract.errors import ConfigError, RunError
 from fd_platforms.contract.types import DeviceMemory
 from fd_platforms.ipc.process_watch import describe_exit
 from fd_platforms.lifecycle import progress as progress_module
+from fd_platforms.lifecycle.children import START_METHOD_ENV, start_method
 from fd_platforms.lifecycle.progress import Progress
 from fd_platforms.lifecycle.spec import RunSpec
 from fd_platforms.lifecycle.worker import rank_memory
@@ -190,3 +191,20 @@ def test_a_stopped_child_is_continued_with_its_sigterm_so_it_ends_by_it_not_by_s
         took = time.monotonic() - started
     assert child.process.exitcode == STOPPED_EXIT == 143, child.ended()
     assert took < STOP_SECONDS, f"{took:.1f} s"
+
+
+@pytest.mark.parametrize(("value", "method"), [(None, "spawn"), ("", "spawn"), ("spawn", "spawn"), ("forkserver",) * 2])
+def test_the_start_method_is_spawn_unless_forkserver_is_named(value: str | None, method: str) -> None:
+    environ = {} if value is None else {START_METHOD_ENV: value}
+    assert start_method(environ) == method
+
+
+@pytest.mark.parametrize("value", ["fork", "Forkserver", " spawn"])
+def test_any_other_start_method_is_a_config_error_naming_the_variable(value: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        start_method({START_METHOD_ENV: value})
+    assert (raised.value.field, raised.value.value, raised.value.allowed) == (
+        START_METHOD_ENV,
+        value,
+        "spawn or forkserver",
+    )

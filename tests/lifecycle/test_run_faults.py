@@ -18,6 +18,11 @@ from fd_platforms.ipc.process_watch import pid_running
 pytestmark = pytest.mark.slow  # multi-process, fault or benchmark-smoke: left out of -m "not slow"
 
 MANAGER_PATH = ("--model", QWEN, "--tp", "2", "--device-memory", "256MiB", "--role", "decode")
+START_METHODS = pytest.mark.parametrize("method", ["spawn", "forkserver"])  # FD_PLATFORMS_START_METHOD
+
+
+def method_env(method: str) -> dict[str, str]:
+    return clean_env(FD_PLATFORMS_START_METHOD=method)
 
 
 def signal_name(stderr: str) -> str:
@@ -60,8 +65,9 @@ def test_cache_manager_killed_fails_every_worker_quickly_and_cleans_up() -> None
     assert all_gone([*workers, manager])
 
 
-def test_ctrl_c_while_waiting_stops_every_process() -> None:
-    with started(*MANAGER_PATH) as run:
+@START_METHODS
+def test_ctrl_c_while_waiting_stops_every_process(method: str) -> None:
+    with started(*MANAGER_PATH, env=method_env(method)) as run:
         run.read_until(r"rank \d: waiting for the cache manager")
         processes = run.group()
         os.killpg(run.process.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
@@ -78,8 +84,9 @@ def test_ctrl_c_while_waiting_stops_every_process() -> None:
     assert not Path("/dev/shm", signal_name(stderr)).exists()
 
 
-def test_ctrl_c_while_workers_start_prints_no_traceback() -> None:
-    with started(*MANAGER_PATH) as run:
+@START_METHODS
+def test_ctrl_c_while_workers_start_prints_no_traceback(method: str) -> None:
+    with started(*MANAGER_PATH, env=method_env(method)) as run:
         run.read_until(r"started 2 worker\(s\)")
         processes = run.group()
         os.killpg(run.process.pid, signal.SIGINT)
@@ -90,8 +97,9 @@ def test_ctrl_c_while_workers_start_prints_no_traceback() -> None:
     assert not Path("/dev/shm", signal_name(stderr)).exists()
 
 
-def test_sigterm_to_the_engine_stops_every_process() -> None:
-    with started(*MANAGER_PATH) as run:
+@START_METHODS
+def test_sigterm_to_the_engine_stops_every_process(method: str) -> None:
+    with started(*MANAGER_PATH, env=method_env(method)) as run:
         run.read_until(r"rank \d: waiting for the cache manager")
         processes = run.group()
         run.process.terminate()
@@ -100,6 +108,33 @@ def test_sigterm_to_the_engine_stops_every_process() -> None:
     assert stderr.splitlines()[-1] == "fd-platforms: terminated" and "Traceback" not in stderr
     assert all_gone(processes)
     assert not Path("/dev/shm", signal_name(stderr)).exists()
+
+
+@START_METHODS
+def test_the_engine_killed_alone_takes_every_process_of_the_run_with_it(method: str) -> None:
+    """SIGKILL to the engine only (no group signal, no clean-up of its): each child's parent-death signal ends it,
+    a fork server's child one step later (the server ends with the engine's end of its pipe, then its children)."""
+    with started(*MANAGER_PATH, env=method_env(method)) as run:
+        left = run.read_until(r"engine instance (fd_cache_ready\.\S+) \(its cache-ready signal\)").group(1)
+        run.read_until(r"rank \d: waiting for the cache manager")
+        processes = run.group()
+        os.kill(run.process.pid, signal.SIGKILL)
+        run.finish()
+    assert len(processes) >= (5 if method == "forkserver" else 4), "the engine, 2 workers, the manager (the server)"
+    assert all_gone(processes, within=15.0), [pid for pid in processes if pid_running(pid)]
+    Path("/dev/shm", left).unlink()  # the killed engine's signal (a next run reclaims it: the test above)
+
+
+def test_an_unknown_start_method_is_refused_naming_the_variable_before_any_process_starts() -> None:
+    done = run_cli("--model", QWEN, "--device-memory", "256MiB", env=method_env("fork"))
+    assert done.returncode == 2, done.stderr
+    assert without_sweep(done.stderr) == [
+        (
+            "fd-platforms: error: FD_PLATFORMS_START_METHOD='fork' is not valid; allowed: spawn or forkserver. Fix: "
+            "unset FD_PLATFORMS_START_METHOD (spawn), or set it to forkserver to fork every child from one process "
+            "that imported Paddle"
+        )
+    ]
 
 
 def test_not_enough_memory_is_the_planners_error_with_exit_2() -> None:

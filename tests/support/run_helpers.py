@@ -18,6 +18,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from fd_platforms.lifecycle.children import START_METHOD_ENV
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(Path(sysconfig.get_path("scripts")) / "fd-platforms")
 MIB = 2**20
@@ -32,11 +34,14 @@ def qwen_bytes_per_block(tp: int) -> int:
 
 UNSET = ("FD_PLATFORM", "FD_CACHE_READY_TIMEOUT", "CUSTOM_DEVICE_ROOT", "FLAGS_selected_", "FAKE_")
 """Prefixes of the outer environment's variables a command under test never sees: selection, timeouts, fake devices."""
+KEPT = (START_METHOD_ENV,)
+"""What the tests' commands see of those after all: how ``run`` starts its children (``forkserver``, set by conftest:
+each run imports Paddle once, not once per child; a test of the default passes ``FD_PLATFORMS_START_METHOD=spawn``)."""
 
 
 def clean_env(**env: str) -> dict[str, str]:
     """The outer environment without selection, timeout or fake-device settings, plus ``env``."""
-    return {**{k: v for k, v in os.environ.items() if not k.startswith(UNSET)}, **env}
+    return {**{k: v for k, v in os.environ.items() if k in KEPT or not k.startswith(UNSET)}, **env}
 
 
 def console_script(*argv: str, cwd: Path | str = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
