@@ -70,9 +70,10 @@ def _type_checking_imports(app: Sphinx) -> None:
     import pkgutil
 
     import fd_platforms
+    from fd_platforms.lifecycle.children import WARM_MODULE
 
     for info in pkgutil.walk_packages(fd_platforms.__path__, "fd_platforms."):
-        if info.name.endswith("__main__") or info.name == "fd_platforms.lifecycle.warm":
+        if info.name.endswith("__main__") or info.name == WARM_MODULE:
             continue  # importing them is what they do: run the command; import Paddle, for run's fork server
         module = importlib.import_module(info.name)
         tree = ast.parse(Path(module.__file__ or "").read_text())

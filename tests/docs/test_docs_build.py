@@ -22,6 +22,7 @@ import pytest
 from run_helpers import ROOT
 
 import fd_platforms
+from fd_platforms.lifecycle.children import WARM_MODULE
 
 REFERENCE = ROOT / "docs" / "reference"
 #: The public faces, each documented on a page of its own (``fd_platforms.engine.errors`` on the engine's).
@@ -87,7 +88,7 @@ def test_every_module_is_on_a_reference_page() -> None:
         info.name
         for info in pkgutil.walk_packages(fd_platforms.__path__, "fd_platforms.")
         if not info.name.endswith("__main__")  # running the command is what importing it does
-        and info.name != "fd_platforms.lifecycle.warm"  # importing Paddle is: the fork server's, docs/lifecycle.md
+        and info.name != WARM_MODULE  # importing Paddle is: the fork server's, docs/lifecycle.md
     }
     on_pages = automodules()
     assert not (modules | {"fd_platforms"}) - on_pages, "add them to docs/reference/internals/<package>.rst"
