@@ -4,9 +4,12 @@ PluginError naming the plugin."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from fd_platforms.contract.errors import ConfigError, PluginError
+from fd_platforms.contract.errors import ConfigError, PluginContractError, PluginError
+from fd_platforms.loading.platform import WAIT_MARGIN_SECONDS, _bound
 from fd_platforms.loading.selection import select_platform
 from fd_platforms.rules.config import CacheConfig, ModelConfig, ParallelConfig
 from fd_platforms.rules.layout import build_layout
@@ -158,3 +161,122 @@ def export_cache_tensor(name, shape, dtype, device):
         shared.close()
     assert str(info.value).startswith("platform plugin 'badclose' (distribution fd-test-badclose): closing KV cache")
     assert "RuntimeError: the driver lost the handle" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (("../fd_kv", (2, 2), "uint8", "cpu"), "name"),
+        (("x" * 250, (2, 2), "uint8", "cpu"), "name"),
+        (("fd_kv.x.t", (2, -2), "uint8", "cpu"), "shape"),
+        (("fd_kv.x.t", "2x2", "uint8", "cpu"), "shape"),
+        (("fd_kv.x.t", (2, 2), "int3", "cpu"), "dtype"),
+        (("fd_kv.x.t", (2, 2), "uint8", ""), "device"),
+        (("fd_kv.x.t", (2, 2), "uint8", 0), "device"),
+    ],
+    ids=["name-path", "name-long", "shape-negative", "shape-text", "dtype", "device-empty", "device-int"],
+)
+def test_a_bad_cache_tensor_request_is_the_callers_error_naming_the_field(cpu, request_: tuple, field: str) -> None:
+    for call in (
+        lambda: cpu.export_cache_tensor(*request_),
+        lambda: cpu.open_cache_tensor(request_[0], "memfd:1:1", *request_[1:]),
+    ):
+        with pytest.raises(ConfigError) as info:
+            call()
+        assert info.value.field == field and not isinstance(info.value, PluginError)
+        assert "Fix:" in str(info.value)
+
+
+@pytest.mark.parametrize("handle", ["", None, 7])
+def test_opening_a_cache_tensor_without_a_handle_names_the_handle(cpu, handle: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        cpu.open_cache_tensor("fd_kv.x.t", handle, (2, 2), "uint8", "cpu")  # type: ignore[arg-type]
+    assert info.value.field == "handle" and "pass the published handle" in str(info.value)
+
+
+def test_a_list_shape_is_taken_as_the_tuple_it_stands_for(cpu) -> None:
+    shared = cpu.export_cache_tensor("fd_kv.test-list-shape.t", [2, 3], "uint8", "cpu")  # type: ignore[arg-type]
+    try:
+        assert tuple(shared.tensor.shape) == (2, 3)
+    finally:
+        shared.close()
+
+
+LIAR = """
+from fd_platforms import hookimpl
+from fd_platforms.contract.types import Detection, PlatformIdentity, SharedTensor
+from fd_platforms.kit.host_memory import allocate_pageable
+from fd_platforms.kit.host_sharing import export_host_tensor
+
+CLOSED = []
+
+@hookimpl
+def platform_identity():
+    return PlatformIdentity("liar", "cpu", None)
+
+@hookimpl
+def detect_platform():
+    return Detection(True, "here", 1)
+
+@hookimpl
+def supported_api_versions():
+    return ">=1.0,<2"
+
+@hookimpl
+def wait_cache_ready(signal_name, rank, timeout, creator_pid):
+    return -1.0
+
+@hookimpl
+def host_alloc(nbytes, require_pinned):
+    return allocate_pageable(nbytes // 2)
+
+@hookimpl
+def cache_sharing():
+    return "   "
+
+@hookimpl
+def export_cache_tensor(name, shape, dtype, device):
+    shared = export_host_tensor(name, (shape[0] + 1, *shape[1:]), dtype)
+    def close():
+        CLOSED.append(name)
+        shared.close()
+    return SharedTensor(shared.name, shared.tensor, shared.handle, shared.nbytes, True, close)
+"""
+
+
+def test_a_plugin_answering_outside_its_contract_is_refused_naming_plugin_and_hook(make_plugin) -> None:
+    """Each answer is checked on every call: a negative wait, fewer bytes than asked, blank text, a tensor of
+    another shape (closed before it is refused, so nothing it holds leaks)."""
+    make_plugin("liar", source=LIAR)
+    platform = select_platform({"FD_PLATFORM": "liar"}).platform
+    prefix = "platform plugin 'liar' (distribution fd-test-liar): "
+    for call, says in (
+        (lambda: platform.wait_cache_ready("fd_cache_ready.x", 0, timeout=1), "hook wait_cache_ready returned -1.0"),
+        (lambda: platform.host_alloc(64), "hook host_alloc returned 32 bytes, pinned=False, for a request of 64"),
+        (platform.cache_sharing, "hook cache_sharing returned '   '; it must return a sentence or None"),
+        (
+            lambda: platform.export_cache_tensor("fd_kv.test-liar.t", (2, 8), "uint8", "cpu"),
+            "export_cache_tensor returned fd_kv.test-liar.t [3, 8] uint8 (exported=True) for fd_kv.test-liar.t [2, 8]",
+        ),
+    ):
+        with pytest.raises(PluginContractError) as info:
+            call()
+        assert str(info.value).startswith(prefix) and says in str(info.value), str(info.value)
+    import fd_test_plugin_fd_test_liar as liar  # type: ignore[import-not-found]
+
+    assert liar.CLOSED == ["fd_kv.test-liar.t"]
+
+
+@pytest.mark.parametrize(
+    ("alloc_timeout", "wait_timeout", "seconds"),
+    [("0", 3.0, None), ("600", math.inf, None), ("600", 3.0, 3.0 + WAIT_MARGIN_SECONDS), (None, 1.5, 6.5)],
+    ids=["allocations-unbounded", "wait-without-limit", "wait-and-margin", "default"],
+)
+def test_a_plugins_own_wait_is_bounded_by_its_timeout_and_a_margin(
+    monkeypatch: pytest.MonkeyPatch, alloc_timeout: str | None, wait_timeout: float, seconds: float | None
+) -> None:
+    if alloc_timeout is None:
+        monkeypatch.delenv("FD_PLATFORM_ALLOC_TIMEOUT", raising=False)
+    else:
+        monkeypatch.setenv("FD_PLATFORM_ALLOC_TIMEOUT", alloc_timeout)
+    assert _bound("wait_cache_ready", {"timeout": wait_timeout}).seconds == seconds
