@@ -29,6 +29,7 @@ CheckStatus = Literal["pass", "fail", "skip"]
 SCRATCH_INI = "[pytest]\n"
 SUITE_PARENT = Path(__file__).parent  # the rootdir: test ids read suite/test_<check>.py::<test>
 CORE_FOLDER = SUITE_PARENT.parent.parent  # where this process imported fd_platforms from
+CALLERS_PYTEST = ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")  # options and plugins for every run: the caller's, not ours
 
 
 class ConformanceUnavailableError(FdPlatformsError):
@@ -132,10 +133,12 @@ def _suite_environ(environ: Mapping[str, str]) -> dict[str, str]:
     files lie outside the rootdir given, and pytest names their tests apart from their files. And it loads
     the kit's pytest plugin alone (``PYTEST_DISABLE_PLUGIN_AUTOLOAD``; the command names it with ``-p``):
     pytest plugins installed for other work (an asyncio runner, a test shuffler, one that fails every test)
-    never change a verdict, and the suite's process does not import them."""
+    never change a verdict, and the suite's process does not import them. Nor do the caller's own pytest
+    variables (:data:`CALLERS_PYTEST`): options and plugins meant for the caller's run (``--cov``, ``-x``)."""
     outer = environ.get("PYTHONPATH")
     path = os.pathsep.join([str(CORE_FOLDER), *([outer] if outer else [])])
-    return {**environ, "PYTHONPATH": path, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    kept = {name: value for name, value in environ.items() if name not in CALLERS_PYTEST}
+    return {**kept, "PYTHONPATH": path, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 
 def run_suites(

@@ -356,6 +356,24 @@ def test_a_pytest_plugin_installed_for_other_work_never_changes_the_kits_verdict
     assert sum(check.passed for check in result.checks) > 0 and not any(check.failed for check in result.checks)
 
 
+def test_the_callers_pytest_variables_never_reach_the_kits_suite(tmp_path: Path) -> None:
+    """PYTEST_ADDOPTS and PYTEST_PLUGINS add options and plugins to every pytest run: the caller's (a coverage run's
+    ``--cov``, a plugin for its own tests), which in the suite's run would be an unknown option or a foreign plugin."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "other_work_plugin.py").write_text(OTHER_WORK_PLUGIN)
+    environ = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+        "PYTEST_ADDOPTS": "--an-option-of-other-work",
+        "PYTEST_PLUGINS": "other_work_plugin",
+    }
+    [cpu] = discover()["cpu"]
+    result = run_suite(cpu, timeout=300, environ=environ)
+    assert result.error is None and result.passed, result
+    assert sum(check.passed for check in result.checks) > 0 and not any(check.failed for check in result.checks)
+
+
 def test_pytest_with_an_unknown_platform_is_a_usage_error(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "--fd-platform", "nosuch", "-p", "no:cacheprovider"],
