@@ -39,6 +39,7 @@ def lint(root: Path = ROOT, package: Path | None = None) -> subprocess.Completed
     )
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_every_contract_is_kept() -> None:
     done = lint()
     assert done.returncode == 0, done.stdout + done.stderr
@@ -122,6 +123,7 @@ def broken(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.Com
 
 
 @pytest.mark.parametrize(("case", "named"), [(case, named) for case, (_, _, named) in BREAKS.items()], ids=BREAKS)
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_forbidden_import_breaks_a_contract_naming_it(
     broken: dict[str, subprocess.CompletedProcess[str]], case: str, named: str
 ) -> None:

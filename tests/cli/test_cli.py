@@ -23,6 +23,7 @@ from fd_platforms.loading.discovery import discover
 from fd_platforms.loading.selection import IN_REPO_PLUGINS as IN_REPO
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_list_json_on_a_machine_without_accelerators() -> None:
     result = cli("list", "--json")
     assert result.returncode == 0, result.stderr
@@ -40,6 +41,7 @@ def test_list_json_on_a_machine_without_accelerators() -> None:
     assert payload["error"] is None
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_list_table_names_the_selection() -> None:
     result = cli("list")
     assert result.returncode == 0
@@ -54,6 +56,7 @@ def test_list_table_names_the_selection() -> None:
     assert "selected: cpu (fallback:" in result.stdout
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_unknown_platform_exits_2_naming_every_installed_one() -> None:
     result = cli("list", FD_PLATFORM="nosuch")
     assert result.returncode == 2
@@ -61,6 +64,7 @@ def test_unknown_platform_exits_2_naming_every_installed_one() -> None:
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_selected_unavailable_platform_exits_2_with_the_reason() -> None:
     result = cli("list", "--json", FD_PLATFORM="cuda")
     assert result.returncode == 2
@@ -69,6 +73,7 @@ def test_selected_unavailable_platform_exits_2_with_the_reason() -> None:
     assert payload["selected"] is None and "not available here" in payload["error"]
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_broken_plugin_is_listed_with_its_error(make_plugin) -> None:
     site = make_plugin("broken", source="raise RuntimeError('vendor SDK too old')\n")
     result = cli("list", "--json", PYTHONPATH=str(site))
@@ -85,6 +90,7 @@ def test_allow_list_shows_excluded_platforms() -> None:
     assert set(statuses) >= {"iluvatar", "metax", "xpu"} and set(statuses.values()) == {"excluded"}
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_list_shows_every_platform_beside_a_duplicate_name(make_plugin) -> None:
     make_plugin("acme", dist="fd-acme-one")
     site = make_plugin("acme", dist="fd-acme-two")
@@ -99,6 +105,7 @@ def test_list_shows_every_platform_beside_a_duplicate_name(make_plugin) -> None:
     assert table.returncode == 0 and table.stdout.count("registered by 2 distributions") == 2
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_multi_line_reason_is_one_line_in_the_table_and_whole_with_verbose_or_json(make_plugin) -> None:
     from drift_plugins import drifting
 
@@ -146,6 +153,7 @@ def test_usage_errors_say_what_was_likely_meant(args: tuple[str, ...], meant: st
     assert meant in cli(*args).stderr
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_version_and_verbose_after_the_subcommand() -> None:
     from importlib.metadata import version
 
@@ -162,6 +170,7 @@ def test_version_and_verbose_after_the_subcommand() -> None:
     [("list", "--json"), ("lst",), ("-v", "plan", "--model", "examples/qwen3-30b-a3b", "--device-memory", "1GiB")],
     ids=["list --json", "usage error", "plan -v"],
 )
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_main_in_process_reports_what_the_console_script_does(args: tuple[str, ...]) -> None:
     """The CLI tests run ``main`` in pytest's process (run_helpers.main_in_process): it answers as the
     console script does, and leaves this process's descriptors, streams and logging as they were."""

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from importlib import metadata
 
+import pytest
+
 import fd_platforms
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_python_m_fd_platforms_is_the_command() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "fd_platforms", "list", "--json"],

@@ -47,6 +47,7 @@ def test_no_traceback_even_for_an_unexpected_error(monkeypatch) -> None:
     ],
     ids=" ".join,
 )
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_full_stdout_is_one_line_and_exit_1(command: tuple[str, ...]) -> None:
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full here")
@@ -81,6 +82,7 @@ def test_a_models_name_with_control_characters_is_escaped(tmp_path: Path) -> Non
         assert not any(c in done.stdout + done.stderr for c in "\x1b\x07\r\u202e")
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_plugins_reason_with_control_characters_is_escaped(make_plugin) -> None:
     make_plugin("shady", available=False, reason=EVIL)
     for command in (("list",), ("plan", "--platform", "shady", "--model", QWEN)):
@@ -117,6 +119,7 @@ def supported_api_versions():
 @pytest.mark.parametrize(
     "command", [("list", "--json"), ("plan", "--model", QWEN, "--device-memory", "1GiB", "--json")], ids=lambda c: c[0]
 )
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_plugin_printing_cannot_corrupt_json_or_steer_selection(make_plugin, command: tuple[str, ...]) -> None:
     make_plugin("noisy", source=NOISY)
     done = cli(*command)  # what the plugins print on descriptors 1 and 2 is in done.stderr, as from the console script
@@ -147,6 +150,7 @@ def supported_api_versions():
 """
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_plugin_closing_stdout_is_blamed_by_name_and_the_output_survives(make_plugin) -> None:
     site = make_plugin("closer", source=CLOSES_STDOUT)
     done = console_script("list", "--json", PYTHONPATH=str(site))

@@ -315,6 +315,7 @@ def test_bad_input_exits_2_with_one_line(args: list[str], words: str) -> None:
         assert len(result.stderr.strip().splitlines()) == 1 and "Fix:" in result.stderr
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_planning_with_given_memory_never_imports_paddle() -> None:
     code = (
         "import sys\nfrom fd_platforms.cli import main\n"

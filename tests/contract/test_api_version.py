@@ -63,6 +63,7 @@ def test_an_incompatible_plugin_is_refused_naming_both_versions_and_the_fix(make
     assert "Fix: install a release of fd-test-future that supports API 1.0" in message
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_an_incompatible_plugin_is_listed_as_broken_and_not_detected(make_plugin) -> None:
     versioned(make_plugin, "<1.0")
     assert select_platform({}).platform.name == "cpu"

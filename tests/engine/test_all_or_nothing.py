@@ -66,6 +66,7 @@ def test_a_manager_whose_swap_signal_is_missing_publishes_nothing_and_sets_no_sl
 
 
 @pytest.mark.parametrize("step", ["manager_up", "set_ready"])
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_manager_failing_after_it_published_withdraws_before_the_error_returns(
     cpu: Platform,
     engine_without_swap_signal: tuple[str, FastDeploySignal],
@@ -151,6 +152,7 @@ def test_under_our_protocol_a_failed_manager_leaves_its_slot_unset(
         assert not os.path.exists(f"/dev/shm/{publication_name(signal.name, 0)}")
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_cache_an_attacher_came_to_before_the_failure_is_logged_not_freed_under_it(
     cpu: Platform,
     engine_without_swap_signal: tuple[str, FastDeploySignal],

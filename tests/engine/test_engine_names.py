@@ -21,6 +21,7 @@ SWAP = {"profile": False, "num_cpu_blocks": 2, "storage_backend": None, "splitwi
 
 
 @pytest.mark.parametrize("protocol", ["fastdeploy", "fd-platforms"])
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_the_engine_instance_is_instance_under_either_protocol(cpu: Platform, protocol: str, request) -> None:
     name = request.getfixturevalue("fastdeploy_suffix" if protocol == "fastdeploy" else "ours")
     managed = manage_kv_cache(

@@ -142,6 +142,7 @@ def test_a_slot_that_flickers_through_0_while_its_attacher_holds_it_frees_nothin
         status.set(0, KVCacheStatus.NORMAL)
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_late_updating_over_the_managers_normal_is_answered_normal_again(cpu: Platform, one_rank: str) -> None:
     """FastDeploy's workers each write kv_cache_status UPDATING on an update request
     (check_model_weights_status, fastdeploy/rl/dynamic_weight_manager.py); a slower rank's can land after the

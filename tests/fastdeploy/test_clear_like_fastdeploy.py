@@ -77,6 +77,7 @@ def records() -> set[str]:
     return set(qwen_layout(0, 1, DEVICE).names()) & set(os.listdir("/dev/shm"))
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_managers_clear_keeps_the_host_swap_space_and_the_next_creation_reuses_it(cpu: Platform, engine) -> None:
     suffix, ready, swap = engine
     managed = manage(cpu, suffix)
@@ -94,6 +95,7 @@ def test_a_managers_clear_keeps_the_host_swap_space_and_the_next_creation_reuses
     assert again.host_cache is None and swap.values() == (0,)
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_fd_enable_swap_space_clearing_frees_it_and_an_explicit_argument_overrides_it(
     cpu: Platform, engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -122,6 +124,7 @@ def test_manage_kv_cache_refuses_an_invalid_fd_enable_swap_space_clearing_before
     assert records() == set() and ready.values() == (0,) and swap.values() == (0,), "nothing published"
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_kept_host_cache_that_does_not_fit_is_refused_before_anything_is_published(cpu: Platform, engine) -> None:
     suffix, ready, _ = engine
     managed = manage(cpu, suffix)
@@ -323,6 +326,7 @@ def test_a_creator_held_by_a_lenient_attacher_is_told_to_drop_the_engines_refere
     managed.clear(5, clear_host=True)
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_fastdeploy_creator_held_by_a_lenient_attacher_is_told_to_drop_the_engines_references(
     cpu: Platform, engine
 ) -> None:

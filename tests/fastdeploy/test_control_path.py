@@ -273,6 +273,7 @@ def test_importing_fd_platforms_and_its_fastdeploy_wing_imports_no_zmq() -> None
 
 
 @pytest.mark.usefixtures("fastdeploy_record_names")
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_our_runners_sleep_lets_go_and_its_wakeup_attaches_to_the_cache_made_again(cpu: Platform) -> None:
     """SleepingKVCache is FastDeploy's model runner's sleep/wakeup for the kv_cache tag (gpu_model_runner.py
     L3118-3177): a sleep lets go (our cache manager's clear then frees, which it refuses while the runner holds

@@ -292,6 +292,7 @@ def test_a_quantization_fastdeploy_does_not_know_is_refused_naming_the_config_js
 
 
 @pytest.mark.usefixtures("fastdeploy_record_names")
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_with_mla_and_int4_zp_the_transfer_manager_attaches_to_what_the_runner_published(
     cpu: Platform, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -1205,6 +1206,7 @@ def test_a_tiny_speculative_ratio_is_read_as_fastdeploy_means_it(cpu: Platform, 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_every_fd_config_attribute_is_read_as_fastdeploy_means_it_or_refused_naming_it(
     cpu: Platform, data: st.DataObject
 ) -> None:
@@ -1215,6 +1217,7 @@ def test_every_fd_config_attribute_is_read_as_fastdeploy_means_it_or_refused_nam
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_every_cache_manager_flag_is_read_as_fastdeploy_means_it_or_refused_naming_it(
     cpu: Platform, data: st.DataObject
 ) -> None:

@@ -565,6 +565,7 @@ def test_fastdeploys_own_attacher_still_makes_the_creator_wait_and_the_error_nam
         os.close(fd)
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_dead_attachers_mark_left_from_before_is_removed_when_the_cache_is_published(names: list[str]) -> None:
     """A mark left by an attacher of ours that died beside FastDeploy's creator (which removes none) must not
     pass, at the next clear, for an attacher of the new publication gone without letting go."""

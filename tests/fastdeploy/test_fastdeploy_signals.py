@@ -287,6 +287,7 @@ def test_an_int64_kv_cache_status_is_refused_whatever_the_tp(suffix: str) -> Non
     assert "holds 8 bytes, but FastDeploy makes it an int32 array of 1 word (4 bytes)" in str(caught.value)
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_signal_replaced_while_waited_on_is_reported_at_once_with_its_current_value(suffix: str) -> None:
     with FastDeploySignal.create(CACHE_READY, suffix, 2) as old:
         caught: list[BaseException] = []

@@ -45,6 +45,7 @@ def manifest(signal: CacheReadySignal, part: str = "") -> str:
     return f"fd_kv_cache.{signal.name.removeprefix('fd_cache_ready.')}.rank0{part}"
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_the_proposers_later_call_creates_the_draft_and_only_then_is_the_rank_ready(cpu, signal_owner) -> None:
     whole = mtp_layout(ratio=2.0)
     plan = plan_blocks(whole, DeviceMemory(2**30, None, None, "test"), CacheConfig(num_gpu_block_expand_ratio=2.0))

@@ -137,6 +137,7 @@ def test_the_ported_runner_of_global_rank_9_on_the_second_node() -> None:
 
 
 @pytest.mark.usefixtures("fastdeploy_record_names")
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_p_d_decode_with_swap_space_the_messager_creates_and_both_attach(monkeypatch: pytest.MonkeyPatch) -> None:
     """FastDeploy's P/D decode with swap space: its messager creates, its worker attaches, and its transfer manager,
     started without ``--create_cache_tensor``, attaches too: the guide's transfer manager with ``attach=`` as

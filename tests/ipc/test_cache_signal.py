@@ -94,6 +94,7 @@ def test_unrelated_attacher_exiting_leaves_the_segment(signal_name: str) -> None
         assert owner.slots() == (0, 1)
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_spawned_attacher_exiting_leaves_the_segment(signal_name: str) -> None:
     with CacheReadySignal.create(2, signal_name) as owner:
         child = warm.Process(target=signal_processes.set_ranks, args=(signal_name, [0, 1], 0.0))
@@ -439,6 +440,7 @@ def test_creator_that_sets_then_exits_is_success(signal_name: str) -> None:
         assert owner.wait(0, timeout=5, creator_pid=manager.pid) < 0.5
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_ctrl_c_interrupts_a_waiting_worker_at_once(signal_name: str) -> None:
     with CacheReadySignal.create(1, signal_name):
         worker = subprocess.Popen(

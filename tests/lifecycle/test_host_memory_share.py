@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from run_helpers import console_script, main_on_cpu
 
 
@@ -18,6 +19,7 @@ def test_plan_splits_the_host_across_the_ranks_as_run_does() -> None:
     assert 4 * row["num_blocks"] * row["bytes_per_block"] <= 0.9 * 4 * memory["total_bytes"]
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_cpu_run_that_would_take_most_of_the_host_is_refused_naming_the_sizes_before_any_process_starts() -> None:
     done = console_script("run", "--config", "examples/deploy.toml")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr

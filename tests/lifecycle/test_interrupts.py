@@ -35,6 +35,7 @@ CTRL_C_WHILE_STARTING = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_ctrl_c_while_a_child_starts_is_raised_after_it_not_dropped_by_another_thread() -> None:
     done = subprocess.run([sys.executable, "-c", CTRL_C_WHILE_STARTING], capture_output=True, text=True, timeout=60)
     assert done.stdout.splitlines() == ["inside, not yet raised", "raised after the block"], done.stderr

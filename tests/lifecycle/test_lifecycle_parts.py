@@ -140,6 +140,7 @@ def _fails_after_a_while(conn: object) -> None:
     conn.send(("error", ("CacheSharingError", "its exporter has exited or closed it", 2)))  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_child_outside_the_phase_that_died_is_named_first_as_the_cause() -> None:
     """The cache manager dies while the workers re-attach: the run says so first and exits 1, rather
     than reporting only the worker's consequent sharing error (exit 2) — a CI run beside a loop hit it."""
@@ -172,6 +173,7 @@ def _cleans_up_on_sigterm(conn: object) -> None:
     time.sleep(60)
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_stopped_child_is_continued_with_its_sigterm_so_it_ends_by_it_not_by_sigkill_seconds_later() -> None:
     """A child stopped from outside (SIGSTOP, a debugger, a frozen cgroup) holds a SIGTERM pending until continued:
     stopping the run sends SIGCONT after it, so the child runs its SIGTERM handler (its clean-up) at once."""

@@ -173,6 +173,7 @@ def test_the_description_names_the_vendor_and_at_most_four_nodes(host_nodes) -> 
 # Selection in this process
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_an_accelerator_no_platform_can_use_is_an_error_naming_nodes_plugin_reason_and_fix(host_nodes) -> None:
     host_nodes(NVIDIA)
     with pytest.raises(AcceleratorUnusableError) as info:
@@ -194,6 +195,7 @@ def test_without_device_nodes_the_cpu_fallback_is_as_before(host_nodes, caplog: 
     )
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_hidden_devices_fall_back_to_cpu_and_the_reason_says_what_hid_them(host_nodes) -> None:
     host_nodes(NVIDIA)
     selection = select_platform({"CUDA_VISIBLE_DEVICES": ""})
@@ -261,6 +263,7 @@ PLATFORM = PaddlePlatform(
 """
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_plugins_own_device_glob_counts_as_an_accelerator_present(host_nodes, make_plugin) -> None:
     """A vendor plugin the table does not know: its stated nodes, screened in the child, name it."""
     make_plugin("zephyr", source=ZEPHYR, attribute="PLATFORM")
@@ -282,6 +285,7 @@ BROKEN_DETECTIONS = {
 
 
 @pytest.mark.parametrize("how", list(BROKEN_DETECTIONS))
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_plugin_whose_detection_breaks_on_a_host_with_its_own_nodes_is_refused_never_a_cpu_fallback(
     host_nodes, make_plugin, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
@@ -362,6 +366,7 @@ REGISTRATION = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("pluggy_getattr", [False, True], ids=["pluggy-1.7", "pluggy-1.6"])
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_registering_detecting_and_confirming_never_import_paddle(pluggy_getattr: bool) -> None:
     """Every installed plugin, read attribute by attribute and loaded as pluggy 1.5-1.7 register it,
     in a Python without paddle: none imports it, none is broken, each says why it is unavailable."""
@@ -471,6 +476,7 @@ def test_the_docs_table_of_known_nodes_is_the_cores() -> None:
     assert rows == [[k.vendor, k.nodes, k.platform, k.distribution, k.visible_devices_env] for k in KNOWN_ACCELERATORS]
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_the_docs_error_sample_is_what_selection_says(host_nodes) -> None:
     [sample] = [line for line in PLATFORMS_DOC.splitlines() if line.startswith("fd-platforms: error: NVIDIA")]
     host_nodes({"/dev/nvidia[0-9]*": ("/dev/nvidia0",)})

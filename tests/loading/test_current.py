@@ -18,6 +18,7 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=120)
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_resolution_is_cached_until_reset(monkeypatch: pytest.MonkeyPatch, make_plugin) -> None:
     first = fd_platforms.current_platform()
     assert first is fd_platforms.current_platform()
@@ -68,6 +69,7 @@ def test_import_never_imports_paddle() -> None:
     assert result.stdout.strip() == "ok"
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_selecting_by_name_imports_only_that_plugin() -> None:
     code = (
         "import sys, fd_platforms\n"
@@ -84,6 +86,7 @@ def test_selecting_by_name_imports_only_that_plugin() -> None:
     assert run_python(check, FD_PLATFORM="xpu").stdout.strip() == "['fd_platforms_xpu']"
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_detection_of_every_plugin_never_imports_paddle() -> None:
     code = "import sys, fd_platforms\nfd_platforms.current_platform()\nprint('paddle' in sys.modules)\n"
     result = run_python(code)
@@ -91,6 +94,7 @@ def test_detection_of_every_plugin_never_imports_paddle() -> None:
     assert result.stdout.strip() == "False"
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_selection_loads_nothing_only_later_steps_need() -> None:
     """Every worker pays for selection: the cache signal, the engine API and packaging (a plugin
     declaring the usual ``>=1.0,<2``) load when used, not when the platform is chosen."""

@@ -36,6 +36,7 @@ def test_in_repo_plugins_are_discovered_through_entry_points() -> None:
         assert not candidate.builtin
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_nothing_detected_falls_back_to_cpu_with_one_info_line(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="fd_platforms")
     selection = select_platform({})
@@ -83,6 +84,7 @@ def test_missing_in_repo_plugin_says_how_to_install_it() -> None:
     assert f"Choose one of: {', '.join(without_xpu)}." in str(info.value)
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_exactly_one_available_is_detected(make_plugin) -> None:
     make_plugin("acme", reason="acme driver 1.2, 2 devices")
     selection = select_platform({})
@@ -91,6 +93,7 @@ def test_exactly_one_available_is_detected(make_plugin) -> None:
     assert selection.platform.distribution == "fd-test-acme"
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_several_available_is_an_error_naming_them(make_plugin) -> None:
     make_plugin("acme")
     make_plugin("zeta")
@@ -133,6 +136,7 @@ def test_fd_platform_excluded_by_allow_list_is_an_error(make_plugin) -> None:
 BROKEN_IMPORT = "import fd_platforms\nraise ImportError('libacme.so.3: cannot open shared object file')\n"
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_broken_plugin_never_stops_the_others(make_plugin, caplog: pytest.LogCaptureFixture) -> None:
     make_plugin("broken", source=BROKEN_IMPORT)
     make_plugin("acme")
@@ -153,6 +157,7 @@ def test_selected_broken_plugin_names_plugin_distribution_and_cause(make_plugin)
     assert "ImportError: libacme.so.3" in message
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_detection_that_raises_marks_the_plugin_broken(make_plugin) -> None:
     source = (
         "from fd_platforms import hookimpl\nfrom fd_platforms.contract.types import PlatformIdentity\n"
@@ -174,6 +179,7 @@ def test_two_distributions_with_one_name_are_an_error_naming_both(make_plugin) -
     assert "fd-acme-one 1.0" in str(info.value) and "fd-acme-two 1.0" in str(info.value)
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_duplicate_name_never_blocks_the_other_platforms(make_plugin) -> None:
     make_plugin("acme", dist="fd-acme-one")
     make_plugin("acme", dist="fd-acme-two")
@@ -187,6 +193,7 @@ def test_a_duplicate_name_never_blocks_the_other_platforms(make_plugin) -> None:
     assert all("fd-acme-one 1.0 and fd-acme-two 1.0" in r.reason for r in reports)
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_external_plugin_cannot_shadow_the_builtin_cpu(make_plugin) -> None:
     make_plugin("cpu", dist="fd-fake-cpu")
     with pytest.raises(DuplicatePlatformError) as info:
@@ -302,6 +309,7 @@ def confirming(make_plugin, body: str) -> None:
     make_plugin("acme", source=CONFIRMING_PLUGIN.format(body=body))
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_confirmation_replaces_the_cheap_detection(make_plugin) -> None:
     confirming(make_plugin, 'return Detection(True, "paddle registers acme_npu with 4 devices", 4)')
     selection = select_platform({})
@@ -317,6 +325,7 @@ def test_refused_confirmation_of_the_requested_platform_is_a_hard_error(make_plu
         select_platform({"FD_PLATFORM": "acme"})
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_refused_confirmation_of_a_detected_platform_falls_back_to_cpu(make_plugin) -> None:
     confirming(make_plugin, 'return Detection(False, "paddle registers no acme_npu device")')
     selection = select_platform({})
@@ -325,6 +334,7 @@ def test_refused_confirmation_of_a_detected_platform_falls_back_to_cpu(make_plug
     assert report.status == "unavailable" and "paddle registers no acme_npu device" in report.reason
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_confirmation_that_raises_marks_the_plugin_broken(make_plugin) -> None:
     confirming(make_plugin, 'raise OSError("driver mismatch")')
     with pytest.raises(PluginError, match="hook confirm_platform raised OSError: driver mismatch"):

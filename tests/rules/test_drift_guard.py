@@ -44,6 +44,7 @@ def test_the_old_xpu_rule_is_refused_with_every_differing_case(make_plugin) -> N
     assert "Fix: delete the plugin's should_create_cache_tensor hook" in message
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_drifting_plugin_is_never_selected_by_detection(make_plugin, caplog) -> None:
     drifting(make_plugin)
     selection = select_platform({})
@@ -66,6 +67,7 @@ def test_an_answer_that_raises_is_a_differing_case(make_plugin) -> None:
     assert "got PluginError: " in str(info.value) and "decode is not supported" in str(info.value)
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_the_cli_refuses_it_in_one_line_per_case(make_plugin) -> None:
     drifting(make_plugin)
     done = main_in_process("list", "--json", FD_PLATFORM="oldxpu")

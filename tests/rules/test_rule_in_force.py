@@ -175,6 +175,7 @@ def test_run_beside_fastdeploy_goes_the_way_its_pinned_rule_says(rule: str) -> N
     assert [cycle["verified"] for cycle in report["cycles"]] == [True]
 
 
+@pytest.mark.slow  # starts processes (a console script, screening children or stand-ins)
 def test_a_pinned_runner_beside_fastdeploy_decides_by_its_pin(cpu, fastdeploy_suffix) -> None:
     cache = initialize_kv_cache(
         cpu,
