@@ -13,12 +13,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from pyproject_file import pyproject
 from run_helpers import ROOT
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 DISTRIBUTIONS = sorted(path.parent for path in [ROOT / "pyproject.toml", *ROOT.glob("plugins/*/pyproject.toml")])
 DISTRIBUTIONS.append(ROOT / "examples" / "plugin-template")
@@ -31,7 +27,7 @@ MARKDOWN_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 def test_each_index_page_links_only_what_an_index_can_follow(folder: Path) -> None:
     """The readme a distribution's metadata names is its page on the package index, where a link relative to the
     repository leads nowhere: its links are absolute URLs or anchors on the page itself."""
-    readme = folder / tomllib.loads((folder / "pyproject.toml").read_text())["project"]["readme"]
+    readme = folder / pyproject(folder)["project"]["readme"]
     text = re.sub(r"^```.*?^```", "", readme.read_text(), flags=re.S | re.M)
     relative = [link for link in MARKDOWN_LINK.findall(text) if not re.match(r"(https?://|#)", link)]
     assert not relative, f"{readme.relative_to(ROOT)} links {relative}, which its index page cannot follow"
@@ -39,7 +35,7 @@ def test_each_index_page_links_only_what_an_index_can_follow(folder: Path) -> No
 
 @pytest.mark.parametrize("folder", DISTRIBUTIONS, ids=lambda folder: str(folder.relative_to(ROOT)) or "core")
 def test_each_distribution_ships_the_license_its_metadata_names(folder: Path) -> None:
-    project = tomllib.loads((folder / "pyproject.toml").read_text())["project"]
+    project = pyproject(folder)["project"]
     assert project["license"] == "Apache-2.0"
     text = (folder / "LICENSE").read_text()
     assert text == (ROOT / "LICENSE").read_text(), "one license text for every distribution"
@@ -110,7 +106,7 @@ def test_every_third_party_module_the_core_imports_is_a_declared_dependency() ->
     """pluggy and packaging are the core's requirements; numpy, imported only where a host view is made
     (``HostBuffer.numpy()``, the cpu platform's cache views, which Paddle reads), is declared in the extras that need it
     (``numpy``, ``paddle``), so a core-only install stays small; a missing numpy is a typed error naming the extra."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    project = pyproject()["project"]
     requires = " ".join(project["dependencies"])
     extras = {name: " ".join(reqs) for name, reqs in project["optional-dependencies"].items()}
     imported = {

@@ -12,15 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from pyproject_file import pyproject
 from run_helpers import ROOT
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
-CONTRACTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+CONTRACTS = pyproject()["tool"]["importlinter"]["contracts"]
 
 
 def lint(root: Path = ROOT, package: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -43,7 +39,7 @@ def lint(root: Path = ROOT, package: Path | None = None) -> subprocess.Completed
 def test_every_contract_is_kept() -> None:
     done = lint()
     assert done.returncode == 0, done.stdout + done.stderr
-    contracts = len(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"])
+    contracts = len(pyproject()["tool"]["importlinter"]["contracts"])
     assert f"{contracts} kept, 0 broken" in done.stdout
 
 

@@ -11,7 +11,6 @@ import json
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -20,6 +19,7 @@ import fastdeploy_pr_8046
 import port_lines
 import pytest
 from drift_plugins import OLD_XPU_RULE, drifting
+from pyproject_file import pyproject
 from run_helpers import SCRIPT, clean_env, main_in_process, without_sweep
 
 from fd_platforms.contract.errors import PlatformDriftError
@@ -49,11 +49,6 @@ from fd_platforms.rules.config.limits import MAX_LAYERS, MAX_RANKS, MAX_WIDTH
 from fd_platforms.rules.decision import TRUTH_TABLE, differing_cases
 from fd_platforms.rules.layout import build_layout
 from fd_platforms.rules.planner import plan_blocks
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB, GIB = 2**20, 2**30
@@ -388,7 +383,7 @@ def test_the_let_go_hold_is_the_codes() -> None:
 
 def test_the_coverage_floor_quoted_is_the_one_ci_holds() -> None:
     """docs/performance.md quotes the floor ``.ci/run`` holds the whole suite to, and a figure measured above it."""
-    floor = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["coverage"]["report"]["fail_under"]
+    floor = pyproject()["tool"]["coverage"]["report"]["fail_under"]
     performance = prose("docs/performance.md")
     assert f"held to a floor of {floor:g} %" in performance
     measured = float(re.search(r"\): ([0-9.]+) % on \d{4}-\d\d-\d\d \(lines", performance)[1])  # type: ignore[index]
